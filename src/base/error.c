@@ -1,0 +1,31 @@
+#include "base/error.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define ERROR_CAPACITY 4096
+static _Thread_local char error_message[ERROR_CAPACITY];
+
+int spes_fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(error_message, sizeof error_message, fmt, ap);
+    va_end(ap);
+    return SPES_ERR;
+}
+
+int spes_fail_context(const char *fmt, ...) {
+    char previous[ERROR_CAPACITY];
+    memcpy(previous, error_message, sizeof previous);
+    char context[ERROR_CAPACITY];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(context, sizeof context, fmt, ap);
+    va_end(ap);
+    snprintf(error_message, sizeof error_message, "%s: %s", context, previous);
+    return SPES_ERR;
+}
+
+const char *spes_last_error(void) { return error_message; }
+
+void spes_clear_error(void) { error_message[0] = '\0'; }

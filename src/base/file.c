@@ -1,0 +1,228 @@
+#define _GNU_SOURCE
+#include "base/file.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+
+int file_read_all(const char *path, uint8_t **data, size_t *len) {
+    *data = NULL;
+    *len = 0;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return spes_fail("cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(fp);
+        return spes_fail("%s is not a regular file", path);
+    }
+    size_t size = (size_t)st.st_size;
+    uint8_t *buf = spes_malloc(size + 1);
+    if (!buf) {
+        fclose(fp);
+        return spes_fail_context("reading %s", path);
+    }
+    if (size && fread(buf, 1, size, fp) != size) {
+        free(buf);
+        fclose(fp);
+        return spes_fail("short read on %s", path);
+    }
+    fclose(fp);
+    buf[size] = 0;
+    *data = buf;
+    *len = size;
+    return SPES_OK;
+}
+
+int file_map(const char *path, MappedFile *out) {
+    memset(out, 0, sizeof *out);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return spes_fail("cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return spes_fail("%s is not a regular file", path);
+    }
+    if (st.st_size == 0) {
+        close(fd);
+        return SPES_OK;
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return spes_fail("cannot map %s: %s", path, strerror(errno));
+    out->data = p;
+    out->size = (size_t)st.st_size;
+    out->mapping = p;
+    return SPES_OK;
+}
+
+void file_unmap(MappedFile *mf) {
+    if (mf->mapping) munmap(mf->mapping, mf->size);
+    memset(mf, 0, sizeof *mf);
+}
+
+int atomic_file_open(AtomicFile *af, const char *path) {
+    memset(af, 0, sizeof *af);
+    af->final_path = spes_strdup(path);
+    size_t n = strlen(path) + 32;
+    af->temp_path = spes_malloc(n);
+    if (!af->final_path || !af->temp_path) {
+        atomic_file_abort(af);
+        return SPES_ERR;
+    }
+    snprintf(af->temp_path, n, "%s.tmp.%ld", path, (long)getpid());
+    af->fp = fopen(af->temp_path, "wb");
+    if (!af->fp) {
+        spes_fail("cannot create %s: %s", af->temp_path, strerror(errno));
+        atomic_file_abort(af);
+        return SPES_ERR;
+    }
+    return SPES_OK;
+}
+
+int atomic_file_write(AtomicFile *af, const void *data, size_t len) {
+    if (len && fwrite(data, 1, len, af->fp) != len)
+        return spes_fail("write to %s failed: %s", af->temp_path, strerror(errno));
+    return SPES_OK;
+}
+
+static char *dir_of(const char *path) {
+    char *copy = spes_strdup(path);
+    if (!copy) return NULL;
+    char *d = spes_strdup(dirname(copy));
+    free(copy);
+    return d;
+}
+
+int atomic_file_commit(AtomicFile *af) {
+    int rc = SPES_OK;
+    if (fflush(af->fp) != 0 || fsync(fileno(af->fp)) != 0)
+        rc = spes_fail("cannot flush %s: %s", af->temp_path, strerror(errno));
+    if (fclose(af->fp) != 0 && rc == SPES_OK)
+        rc = spes_fail("cannot close %s: %s", af->temp_path, strerror(errno));
+    af->fp = NULL;
+    if (rc == SPES_OK && rename(af->temp_path, af->final_path) != 0)
+        rc = spes_fail("cannot rename %s to %s: %s", af->temp_path, af->final_path, strerror(errno));
+    if (rc == SPES_OK) {
+        char *dir = dir_of(af->final_path);
+        if (dir) {
+            rc = fsync_dir(dir);
+            free(dir);
+        }
+        free(af->temp_path);
+        af->temp_path = NULL;   // nothing left to remove
+    }
+    atomic_file_abort(af);
+    return rc;
+}
+
+void atomic_file_abort(AtomicFile *af) {
+    if (af->fp) fclose(af->fp);
+    if (af->temp_path) unlink(af->temp_path);
+    free(af->temp_path);
+    free(af->final_path);
+    memset(af, 0, sizeof *af);
+}
+
+int file_write_atomic(const char *path, const void *data, size_t len) {
+    AtomicFile af;
+    SPES_TRY(atomic_file_open(&af, path));
+    if (atomic_file_write(&af, data, len) != SPES_OK) {
+        atomic_file_abort(&af);
+        return SPES_ERR;
+    }
+    return atomic_file_commit(&af);
+}
+
+int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int dir_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int mkdir_p(const char *path) {
+    char *copy = spes_strdup(path);
+    if (!copy) return SPES_ERR;
+    for (char *p = copy + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(copy, 0755) != 0 && errno != EEXIST) {
+            spes_fail("cannot create directory %s: %s", copy, strerror(errno));
+            free(copy);
+            return SPES_ERR;
+        }
+        *p = '/';
+    }
+    int rc = SPES_OK;
+    if (mkdir(copy, 0755) != 0 && errno != EEXIST)
+        rc = spes_fail("cannot create directory %s: %s", copy, strerror(errno));
+    else if (!dir_exists(copy))
+        rc = spes_fail("%s exists and is not a directory", copy);
+    free(copy);
+    return rc;
+}
+
+int remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? SPES_OK : spes_fail("cannot stat %s: %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        if (!d) return spes_fail("cannot open directory %s: %s", path, strerror(errno));
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char *child = path_join(path, e->d_name);
+            if (!child || remove_tree(child) != SPES_OK) {
+                free(child);
+                closedir(d);
+                return SPES_ERR;
+            }
+            free(child);
+        }
+        closedir(d);
+        if (rmdir(path) != 0) return spes_fail("cannot remove %s: %s", path, strerror(errno));
+        return SPES_OK;
+    }
+    if (unlink(path) != 0) return spes_fail("cannot remove %s: %s", path, strerror(errno));
+    return SPES_OK;
+}
+
+int fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return spes_fail("cannot open directory %s: %s", dir, strerror(errno));
+    int rc = fsync(fd) == 0 ? SPES_OK : spes_fail("cannot fsync directory %s: %s", dir, strerror(errno));
+    close(fd);
+    return rc;
+}
+
+int rename_durable(const char *from, const char *to) {
+    if (rename(from, to) != 0) return spes_fail("cannot rename %s to %s: %s", from, to, strerror(errno));
+    char *dir = dir_of(to);
+    if (!dir) return SPES_ERR;
+    int rc = fsync_dir(dir);
+    free(dir);
+    return rc;
+}
+
+char *path_join(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    char *p = spes_malloc(na + nb + 2);
+    if (!p) return NULL;
+    memcpy(p, a, na);
+    size_t at = na;
+    if (na && a[na - 1] != '/') p[at++] = '/';
+    memcpy(p + at, b, nb + 1);
+    return p;
+}

@@ -1,0 +1,12 @@
+// Console logging to stderr. Level from SPES_LOG_LEVEL (debug|info|warn|error), default info.
+#pragma once
+
+typedef enum { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR } LogLevel;
+
+void log_set_level(LogLevel level);
+void log_message(LogLevel level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define log_debug(...) log_message(LOG_DEBUG, __VA_ARGS__)
+#define log_info(...) log_message(LOG_INFO, __VA_ARGS__)
+#define log_warn(...) log_message(LOG_WARN, __VA_ARGS__)
+#define log_error(...) log_message(LOG_ERROR, __VA_ARGS__)

@@ -1,0 +1,13 @@
+// Every `spes <command>`: one function per command, one file per command in src/cli/.
+// Each returns a process exit code (0 success); on failure it has printed the error.
+#pragma once
+
+typedef int (*CommandFn)(int argc, char **argv);
+
+typedef struct {
+    const char *name;
+    CommandFn run;
+    const char *summary;
+} Command;
+
+int cmd_debug_step(int argc, char **argv);

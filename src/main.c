@@ -1,0 +1,28 @@
+// `spes <command> ...`: dispatch only. Each command lives in src/cli/<command>.c.
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+
+static const Command commands[] = {
+    {"debug-step", cmd_debug_step, "one forward+backward on an HF model dir; writes logits, losses, grads"},
+};
+static const int num_commands = (int)(sizeof commands / sizeof commands[0]);
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: spes <command> [args]\n\ncommands:\n");
+    for (int i = 0; i < num_commands; i++) fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\n`spes <command> --help` describes a command's flags.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (int i = 0; i < num_commands; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "spes: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

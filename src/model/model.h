@@ -1,0 +1,52 @@
+// The model: configuration, parameter table, one parameter buffer, gradients for trainable
+// tensors only, and activation memory planned once per (B, T).
+//
+// Forward/backward are plain functions over this struct; every numeric loop lives in ops.h.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model_config.h"
+#include "model/param_table.h"
+
+typedef struct ModelActivations ModelActivations;   // private to src/model
+
+typedef struct {
+    ModelConfig cfg;
+    ParamTable table;
+    float *params;          // [table.total_numel]
+    float *grads;           // [table.trainable_numel], NULL when nothing is trainable
+    ModelActivations *acts; // planned lazily for the (B, T) of the last call
+    int64_t *expert_counts; // [L*E] tokens routed to each expert in the last forward
+} Model;
+
+// Allocates parameters (zeroed) and gradients for every tensor (all trainable).
+int model_create(Model *m, const ModelConfig *cfg);
+void model_free(Model *m);
+// OLMo init: every matrix ~ truncated normal(0, init_std, +-cutoff*std); norm weights 1.
+// Deterministic for a seed, independent of thread count.
+void model_init_weights(Model *m, uint64_t seed);
+// Per-entry trainable mask (table order). Frees/reallocates the gradient buffer so frozen
+// tensors get no gradient memory. Gradients are zeroed.
+int model_set_trainable(Model *m, const bool *mask);
+// Convenience: shared tensors trainable, experts trainable only in [first, last] (inclusive).
+int model_set_trainable_experts(Model *m, int first, int last);
+float *model_param(Model *m, int index);            // pointer to entry `index` in params
+float *model_grad(Model *m, int index);             // NULL when the entry is frozen
+void model_zero_grad(Model *m);
+
+// Forward + backward on one micro-batch. inputs/targets [B*T] (targets IGNORE_INDEX are
+// skipped). Gradients of (grad_scale * total loss) are ADDED to m->grads, so calling this
+// for several micro-batches accumulates. Fills *out (unscaled loss values) when non-NULL.
+// logits_out [B*T*embedding_size] receives the logits when non-NULL.
+int model_forward_backward(Model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                           const LossWeights *weights, float grad_scale, LossValues *out, float *logits_out);
+
+// Forward only (eval): losses when targets != NULL, logits when logits_out != NULL.
+int model_forward(Model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                  const LossWeights *weights, LossValues *out, float *logits_out);
+
+// Model FLOPs of one training step on B*T tokens (forward + backward, counting the dW
+// GEMMs only for trainable tensors), for MFU figures.
+double model_train_flops(const Model *m, int B, int T);

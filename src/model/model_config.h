@@ -1,0 +1,57 @@
+// Model hyper-parameters (OLMoE architecture, see DESIGN.md) and loss weights.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum {
+    QK_NORM_NONE = 0,
+    QK_NORM_FULL,   // HF OLMoE: q_norm over [n_heads*head_dim], k_norm over [n_kv_heads*head_dim], before the head split
+    QK_NORM_HEAD,   // Qwen3 / attention_layer_norm_over_head: q_norm, k_norm over [head_dim], per head
+} QkNormMode;
+
+typedef struct {
+    int d_model;            // H
+    int n_heads;            // attention heads
+    int n_kv_heads;         // GQA groups (== n_heads for MHA)
+    int head_dim;           // hd (d_model / n_heads unless set)
+    int n_layers;           // L
+    int vocab_size;         // tokens the tokenizer can emit
+    int embedding_size;     // rows of embed_tokens and lm_head (>= vocab_size, padded)
+    int num_experts;        // E
+    int top_k;              // k
+    int expert_hidden;      // I: rows of gate_proj/up_proj
+    int max_seq_len;
+    float rope_theta;
+    float norm_eps;         // RMSNorm eps (inside the rsqrt)
+    QkNormMode qk_norm;
+    bool normalize_expert_weights;   // renormalise top-k probabilities (norm_topk_prob)
+    float init_std;
+    float init_cutoff_factor;        // truncation at +-cutoff*std; <= 0: no truncation
+    int eos_token_id;
+    int pad_token_id;
+} ModelConfig;
+
+// Weights of the four loss terms (DESIGN.md "Losses"). Total =
+// ce + lm_z_mult*lm_z + lb_weight*lb + router_z_weight*router_z, where each term below is the
+// unweighted quantity:
+//   lm_z      = mean over non-ignored targets of logsumexp(logits)^2
+//   lb        = E/(L*N*k) * sum_{l,e} c_{l,e} * count_{l,e} * meanprob_{l,e}   (MegaBlocks form)
+//   router_z  = sum_l mean_tok(logsumexp(router_logits_l)^2)
+typedef struct {
+    float lm_z_mult;         // softmax_auxiliary_loss ? auxiliary_loss_multiplier : 0
+    float lb_weight;         // moe_loss_weight
+    float router_z_weight;   // moe_zloss_weight
+    const float *lb_count_factor;   // [L*E] c_{l,e} (decayed aux loss), NULL = all 1
+} LossWeights;
+
+typedef struct {
+    double ce, lm_z, lb, router_z, total;   // unweighted terms + weighted total
+    int64_t num_targets;                   // non-ignored targets counted in ce
+} LossValues;
+
+#define IGNORE_INDEX (-100)
+
+// Fills derived fields (head_dim, embedding_size) and checks consistency. Error names the field.
+int model_config_validate(ModelConfig *cfg);
+// The tiny/bench presets used by tests and benchmarks ("tiny", "bench-small").
+int model_config_preset(const char *name, ModelConfig *cfg);
