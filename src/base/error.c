@@ -22,7 +22,14 @@ int spes_fail_context(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(context, sizeof context, fmt, ap);
     va_end(ap);
-    snprintf(error_message, sizeof error_message, "%s: %s", context, previous);
+    // Truncation is fine here: a very long message keeps its beginning.
+    size_t n = strnlen(context, ERROR_CAPACITY - 3);
+    memcpy(error_message, context, n);
+    memcpy(error_message + n, ": ", 2);
+    size_t room = ERROR_CAPACITY - n - 3;
+    size_t m = strnlen(previous, room);
+    memcpy(error_message + n + 2, previous, m);
+    error_message[n + 2 + m] = '\0';
     return SPES_ERR;
 }
 

@@ -1,4 +1,3 @@
-#define _GNU_SOURCE
 #include "base/file.h"
 
 #include <dirent.h>
