@@ -19,9 +19,9 @@ for t in "$BUILD"/tests/test_*; do
   out="$log_dir/$name.log"
   "$t" >"$out" 2>&1
   rc=$?
-  p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$out" | tail -1)
-  f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$out" | tail -1)
-  s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$out" | tail -1)
+  p=$(sed -n 's/.*\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$out" | tail -1)
+  f=$(sed -n 's/.*\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$out" | tail -1)
+  s=$(sed -n 's/.*\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$out" | tail -1)
   p=${p:-0} f=${f:-0} s=${s:-0}
   if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi   # crashed before cmocka could count
   passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
