@@ -6,7 +6,8 @@ CC       ?= gcc
 ARCH     ?= -march=native
 OPT      ?= -O3
 CSTD      = -std=c17 -D_GNU_SOURCE
-WARN      = -Wall -Wextra -Werror -Wno-unused-parameter
+WERROR   ?= -Werror
+WARN      = -Wall -Wextra $(WERROR) -Wno-unused-parameter
 BLAS_INC  = /usr/include/x86_64-linux-gnu/openblas-openmp
 BLAS_LIB  = /usr/lib/x86_64-linux-gnu/openblas-openmp
 CFLAGS   ?= $(OPT) -g $(ARCH)
@@ -82,6 +83,27 @@ bench: deps
 demo: deps
 	@$(MAKE) --no-print-directory build
 	@$(BUILD)/spes demo
+
+# libFuzzer harnesses (tests/fuzz/fuzz_*.c), each run for FUZZ_SECONDS from its committed
+# seed corpus (tests/fuzz/corpus/<name>/). New findings land in build-fuzz/findings/.
+FUZZ_SECONDS ?= 30
+FUZZ_SRCS = $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_SAN  = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+fuzz: deps
+	@$(MAKE) --no-print-directory build-fuzz/libspes.a BUILD=build-fuzz CC=clang OPT=-O1 WERROR= \
+	  EXTRA_CFLAGS="-fsanitize=fuzzer-no-link $(FUZZ_SAN)"
+	@mkdir -p build-fuzz/bin build-fuzz/findings
+	@for src in $(FUZZ_SRCS); do \
+	  name=$$(basename $$src .c); \
+	  clang $(CSTD) -O1 -g -fopenmp -Isrc -Ibuild-fuzz/gen -I$(BLAS_INC) -fsanitize=fuzzer $(FUZZ_SAN) \
+	    -o build-fuzz/bin/$$name $$src build-fuzz/libspes.a $(LDLIBS) || exit 1; \
+	  mkdir -p tests/fuzz/corpus/$$name build-fuzz/corpus/$$name; \
+	  echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
+	  build-fuzz/bin/$$name -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 \
+	    -artifact_prefix=build-fuzz/findings/$$name- build-fuzz/corpus/$$name tests/fuzz/corpus/$$name \
+	    2>build-fuzz/$$name.log || { tail -40 build-fuzz/$$name.log; exit 1; }; \
+	  grep -E "^#[0-9]+.*DONE" build-fuzz/$$name.log | tail -1; \
+	done
 
 clean:
 	rm -rf build build-asan build-fuzz

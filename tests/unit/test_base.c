@@ -1,0 +1,104 @@
+// Base library: error messages and context, atomic files, directories, RNG determinism.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/file.h"
+#include "base/progress.h"
+#include "base/rng.h"
+
+static void test_error_context(void **state) {
+    (void)state;
+    assert_int_equal(spes_fail("bad value %d", 7), SPES_ERR);
+    assert_int_equal(spes_fail_context("loading %s", "x.yaml"), SPES_ERR);
+    assert_string_equal(spes_last_error(), "loading x.yaml: bad value 7");
+    spes_clear_error();
+    assert_string_equal(spes_last_error(), "");
+}
+
+static void test_alloc_overflow_is_an_error(void **state) {
+    (void)state;
+    assert_null(spes_calloc(SIZE_MAX / 2, 4));
+    assert_non_null(strstr(spes_last_error(), "overflow"));
+}
+
+static void test_atomic_file(void **state) {
+    (void)state;
+    char dir[] = "/tmp/spes_base_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char *path = path_join(dir, "f.txt");
+    assert_int_equal(file_write_atomic(path, "hello", 5), SPES_OK);
+    uint8_t *data;
+    size_t len;
+    assert_int_equal(file_read_all(path, &data, &len), SPES_OK);
+    assert_int_equal(len, 5);
+    assert_memory_equal(data, "hello", 5);
+    free(data);
+    // An aborted write leaves the old content and no temp file behind.
+    AtomicFile af;
+    assert_int_equal(atomic_file_open(&af, path), SPES_OK);
+    assert_int_equal(atomic_file_write(&af, "garbage", 7), SPES_OK);
+    atomic_file_abort(&af);
+    assert_int_equal(file_read_all(path, &data, &len), SPES_OK);
+    assert_memory_equal(data, "hello", 5);
+    free(data);
+    char *sub = path_join(dir, "a/b/c");
+    assert_int_equal(mkdir_p(sub), SPES_OK);
+    assert_true(dir_exists(sub));
+    assert_int_equal(remove_tree(dir), SPES_OK);
+    assert_false(dir_exists(dir));
+    assert_int_equal(file_read_all(path, &data, &len), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), path));
+    free(sub);
+    free(path);
+}
+
+static void test_rng_deterministic_and_truncated(void **state) {
+    (void)state;
+    Rng a, b;
+    rng_seed(&a, 42);
+    rng_seed(&b, 42);
+    for (int i = 0; i < 100; i++) assert_true(rng_next_u64(&a) == rng_next_u64(&b));
+    double sum = 0, sumsq = 0, maxabs = 0;
+    const int n = 200000;
+    for (int i = 0; i < n; i++) {
+        double x = rng_truncated_normal(&a, 0.02, 3.0);
+        sum += x;
+        sumsq += x * x;
+        if (fabs(x) > maxabs) maxabs = fabs(x);
+    }
+    assert_true(maxabs <= 0.06);
+    double std = sqrt(sumsq / n - (sum / n) * (sum / n));
+    // Truncation at 3 sigma shrinks the std by ~1.3%.
+    assert_true(fabs(std - 0.02 * 0.9866) < 0.0003);
+    for (int i = 0; i < 1000; i++) assert_true(rng_below(&a, 7) < 7);
+}
+
+static void test_format_duration(void **state) {
+    (void)state;
+    char buf[32];
+    format_duration(59.4, buf, sizeof buf);
+    assert_string_equal(buf, "59s");
+    format_duration(185, buf, sizeof buf);
+    assert_string_equal(buf, "3m05s");
+    format_duration(3725, buf, sizeof buf);
+    assert_string_equal(buf, "1h02m");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_error_context), cmocka_unit_test(test_alloc_overflow_is_an_error),
+        cmocka_unit_test(test_atomic_file), cmocka_unit_test(test_rng_deterministic_and_truncated),
+        cmocka_unit_test(test_format_duration),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
