@@ -1,0 +1,146 @@
+// Training configuration: the SPES/OLMo YAML keys that matter for training, loaded with
+// libyaml, `${key}` interpolation, `--a.b=value` command-line overrides, and validation.
+//
+// Loading never opens data files (paths are checked when the dataset opens). Every value
+// remembers its file:line, so errors read
+//   "run.yaml:57: optimizer.learning_rate: expected a number, got 'abc'".
+// Keys are listed in one table (config_keys.c): supported ones fill the struct below, known
+// GPU/cluster-only ones are ignored with a reason, anything else gets ONE warning listing
+// every unknown key. docs/config-keys.md is generated from that table.
+//
+// Defaults are OLMo's (olmo/config.py) except where noted in docs/config-keys.md.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model/model_config.h"
+
+// data.memmap_dtype: element type of raw token files.
+typedef enum { TOKEN_UINT8 = 0, TOKEN_UINT16, TOKEN_UINT32, TOKEN_UINT64 } TokenDtype;
+int token_dtype_size(TokenDtype dt);            // bytes per token
+const char *token_dtype_name(TokenDtype dt);    // "uint16", ...
+
+typedef enum { SCHED_COSINE_WITH_WARMUP = 0, SCHED_LINEAR_WITH_WARMUP, SCHED_CONSTANT } SchedulerName;
+
+// max_duration: "50000" (steps), "2e9T" / "2000000000T" (tokens), "3ep" (epochs).
+typedef enum { DURATION_STEPS = 0, DURATION_TOKENS, DURATION_EPOCHS } DurationUnit;
+
+// spes_config.payload_dtype: what peers upload/download.
+typedef enum { PAYLOAD_F32 = 0, PAYLOAD_BF16 } PayloadDtype;
+
+// An `evaluators:` entry of type lm: validation loss on token files. Downstream
+// (multiple-choice) entries are skipped with a warning; `spes eval` runs those.
+typedef struct {
+    char *label;
+    char **paths;               // token files or .txt manifests (as data.paths)
+    int n_paths;
+} EvaluatorConfig;
+
+typedef struct {
+    char **paths;               // token files; an entry ending in .txt is a manifest (one path a line)
+    int n_paths;
+    TokenDtype memmap_dtype;    // default uint16 (OLMo)
+    int64_t seed;               // shuffle seed; data.seed, or the top-level seed when unset
+    bool drop_last;             // drop the last incomplete global batch of an epoch
+} DataConfig;
+
+typedef struct {
+    // Model section, mapped onto the model's own struct (expert_hidden = mlp_hidden_size/2
+    // or mlp_ratio*d_model/2; head_dim, n_kv_heads, embedding_size derived when unset).
+    ModelConfig model;
+    float moe_loss_weight;            // model.moe_loss_weight (load balancing), default 0.1
+    float moe_zloss_weight;           // model.moe_zloss_weight (router z-loss), default 0 (null)
+    bool softmax_auxiliary_loss;      // LM z-loss on/off, default false
+    float auxiliary_loss_multiplier;  // its weight, default 1e-4
+
+    // optimizer: AdamW only.
+    double learning_rate;             // default 1e-4
+    double beta1, beta2;              // optimizer.betas, default [0.9, 0.95]
+    double eps;                       // default 1e-5
+    double weight_decay;              // default 0
+    bool decay_norm_and_bias;         // default false
+    bool decay_embeddings;            // default false
+    double max_grad_norm;             // <= 0: no clipping (null), default null
+
+    // scheduler (units: steps)
+    SchedulerName scheduler;          // default cosine_with_warmup
+    int64_t t_warmup;                 // default 100
+    int64_t t_max;                    // <= 0: unset -> max steps (OLMo), default null
+    double alpha_f;                   // final lr = alpha_f * learning_rate, default 0.1
+
+    DataConfig data;
+    EvaluatorConfig *evaluators;      // type lm only
+    int n_evaluators;
+    int64_t eval_interval;            // steps, default 1000
+    int device_eval_batch_size;       // default 16
+
+    // duration and batch
+    int64_t max_duration;             // in max_duration_unit, default 10000 steps
+    DurationUnit max_duration_unit;
+    int64_t stop_at;                  // < 0: unset (null)
+    int global_train_batch_size;      // instances per optimizer step, default 512
+    int device_train_microbatch_size; // instances per forward/backward, default 16
+
+    // checkpoints and logging
+    char *save_folder;                // default "./"
+    int64_t save_interval_unsharded;  // steps; <= 0: only the final save (null)
+    int save_num_unsharded_checkpoints_to_keep;   // < 0: keep all, default -1
+    bool save_overwrite;              // default false
+    char *load_path;                  // NULL: none. Initial weights only (HF dir or checkpoint)
+    bool try_load_latest_save;        // resume from the newest complete save_folder/stepN
+    int64_t console_log_interval;     // default 1
+
+    char *run_name;                   // default NULL
+    int64_t seed;                     // default 6198
+    int threads;                      // 0: all cores (our extension)
+
+    // SPES
+    bool using_spes;                  // train only own experts and sync through the server
+    bool using_dilico;                // fedavg baseline: everything trainable, all averaged
+    int num_peers;                    // spes_config.*, defaults 1, 0, moe_num_experts, 100
+    int peer_id;
+    int num_train_experts_per_node;
+    int64_t sync_steps;
+    char *server_addr;                // default "127.0.0.1:50051"
+    bool using_decayed_aux_loss;      // default false
+    int64_t decayed_factor_update_steps;   // default 1 (recompute c(t) every N steps)
+    PayloadDtype payload_dtype;       // default f32
+
+    // Where the config came from (for messages and the checkpoint copy).
+    char *source_path;
+} TrainConfig;
+
+// OLMo defaults. cfg must be freshly declared (nothing owned yet).
+void config_defaults(TrainConfig *cfg);
+
+// Loads a YAML file, applies command-line overrides, interpolates ${...}, fills *cfg and
+// validates it. `overrides` are command-line words: "--a.b=value" or "--a.b" "value"
+// (the value is parsed as YAML: numbers, true/false, null, [a, b] lists). Unknown keys in
+// the file: one warning; unknown override keys: an error. On error *cfg is freed.
+int config_load(const char *path, int n_overrides, char **overrides, TrainConfig *cfg);
+// The same from YAML text in memory (`name` appears in messages as the file name).
+int config_load_string(const char *yaml_text, const char *name, int n_overrides, char **overrides,
+                       TrainConfig *cfg);
+
+// Cross-field checks (called by config_load; public for configs built in code).
+int config_validate(TrainConfig *cfg);
+
+// Optimizer steps max_duration means: steps as given, tokens / (global batch * seq len)
+// rounded up, epochs * (dataset_instances / global batch) (dataset_instances only needed for
+// epochs; pass -1 when unknown: then an epoch duration is an error).
+int config_max_steps(const TrainConfig *cfg, int64_t dataset_instances, int64_t *steps);
+// Micro-batches per optimizer step (global / micro; validated to divide exactly).
+int config_grad_accum_steps(const TrainConfig *cfg);
+
+// 64-bit hash of the semantic configuration: model, losses, optimizer, schedule, data,
+// batch, SPES topology. Run-control keys (intervals, folders, run_name, threads, stop_at,
+// load/resume) are excluded, so a resume with a different save_folder still matches.
+uint64_t config_hash(const TrainConfig *cfg);
+
+// Resolved configuration as YAML (every supported key, after overrides and interpolation).
+void config_write_yaml(const TrainConfig *cfg, FILE *out);
+// The key table as a Markdown table (docs/config-keys.md).
+void config_write_keys_markdown(FILE *out);
+
+void config_free(TrainConfig *cfg);
