@@ -1,0 +1,48 @@
+// AdamW over the trainable tensors only, exactly as torch.optim.AdamW (decoupled weight
+// decay, bias-corrected moments) with OLMo's weight-decay groups, plus global-norm
+// gradient clipping as OLMo's "global fixed" clipping / torch.nn.utils.clip_grad_norm_.
+//
+// Moments live in two compact buffers laid out like the gradient buffer: tensor i of the
+// parameter table owns [grad_offset, grad_offset + numel) in m and v. Frozen tensors
+// (grad_offset -1) have no optimizer state at all.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/param_table.h"
+
+typedef struct {
+    double beta1, beta2;        // optimizer.betas
+    double eps;                 // optimizer.eps
+    double weight_decay;        // optimizer.weight_decay
+    bool decay_norm_and_bias;   // optimizer.decay_norm_and_bias: norm gains decay too
+    bool decay_embeddings;      // optimizer.decay_embeddings: the input embedding decays too
+} AdamWConfig;
+
+typedef struct {
+    AdamWConfig cfg;
+    size_t numel;               // == table.trainable_numel when created
+    float *m;                   // [numel] exp_avg
+    float *v;                   // [numel] exp_avg_sq
+    int64_t step;               // updates done so far (torch's state["step"])
+} AdamW;
+
+// Zeroed moments for the trainable tensors of `table`.
+int adamw_create(AdamW *opt, const ParamTable *table, const AdamWConfig *cfg);
+void adamw_free(AdamW *opt);
+
+// OLMo's get_param_groups: Linear weights (attention, router, experts, lm_head) always
+// decay; norm weights only with decay_norm_and_bias; the embedding only with decay_embeddings.
+bool adamw_param_decays(const AdamWConfig *cfg, ParamKind kind);
+
+// One AdamW update of every trainable tensor at learning rate lr. Same float32 operation
+// order as torch's single-tensor AdamW, so results agree to rounding.
+void adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, double lr);
+
+// L2 norm of all n gradient values. Summed in double over fixed-size blocks, so the result
+// is the same for every thread count (bit-exact resume depends on it).
+double grad_global_norm(const float *grads, size_t n);
+// Scales grads by min(1, max_norm / (total_norm + 1e-6)) as torch.nn.utils.clip_grad_norm_.
+// Returns the norm before clipping. max_norm <= 0: no clipping, norm still returned.
+double grad_clip_global_norm(float *grads, size_t n, double max_norm);
