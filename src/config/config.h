@@ -16,10 +16,9 @@
 
 #include "model/model_config.h"
 
-// data.memmap_dtype: element type of raw token files.
-typedef enum { TOKEN_UINT8 = 0, TOKEN_UINT16, TOKEN_UINT32, TOKEN_UINT64 } TokenDtype;
-int token_dtype_size(TokenDtype dt);            // bytes per token
-const char *token_dtype_name(TokenDtype dt);    // "uint16", ...
+// data.memmap_dtype: element type of raw (headerless) token files; real .npy files carry
+// their own dtype in the header (src/io/npy.h).
+typedef enum { MEMMAP_UINT16 = 0, MEMMAP_UINT32 } MemmapDtype;
 
 typedef enum { SCHED_COSINE_WITH_WARMUP = 0, SCHED_LINEAR_WITH_WARMUP, SCHED_CONSTANT } SchedulerName;
 
@@ -40,7 +39,7 @@ typedef struct {
 typedef struct {
     char **paths;               // token files; an entry ending in .txt is a manifest (one path a line)
     int n_paths;
-    TokenDtype memmap_dtype;    // default uint16 (OLMo)
+    MemmapDtype memmap_dtype;   // default uint16 (OLMo)
     int64_t seed;               // shuffle seed; data.seed, or the top-level seed when unset
     bool drop_last;             // drop the last incomplete global batch of an epoch
 } DataConfig;
@@ -109,6 +108,9 @@ typedef struct {
 
     // Where the config came from (for messages and the checkpoint copy).
     char *source_path;
+    // Keys found in the file that no table entry knows ("a.b (line 3), ..."; NULL when
+    // none). config_load already warned once; kept so tests and tools can inspect them.
+    char *unknown_keys;
 } TrainConfig;
 
 // OLMo defaults. cfg must be freshly declared (nothing owned yet).

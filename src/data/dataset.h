@@ -21,7 +21,7 @@
 typedef struct TokenDataset TokenDataset;
 
 // paths may contain .txt manifests. vocab_size <= 0 disables the id check.
-int token_dataset_open(char *const *paths, int n_paths, TokenDtype dtype, int seq_len, int vocab_size,
+int token_dataset_open(char *const *paths, int n_paths, MemmapDtype dtype, int seq_len, int vocab_size,
                        TokenDataset **out);
 void token_dataset_close(TokenDataset *ds);
 
