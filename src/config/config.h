@@ -15,12 +15,12 @@
 #include <stdio.h>
 
 #include "model/model_config.h"
+#include "train/optimizer.h"
+#include "train/schedule.h"
 
 // data.memmap_dtype: element type of raw (headerless) token files; real .npy files carry
 // their own dtype in the header (src/io/npy.h).
 typedef enum { MEMMAP_UINT16 = 0, MEMMAP_UINT32 } MemmapDtype;
-
-typedef enum { SCHED_COSINE_WITH_WARMUP = 0, SCHED_LINEAR_WITH_WARMUP, SCHED_CONSTANT } SchedulerName;
 
 // max_duration: "50000" (steps), "2e9T" / "2000000000T" (tokens), "3ep" (epochs).
 typedef enum { DURATION_STEPS = 0, DURATION_TOKENS, DURATION_EPOCHS } DurationUnit;
@@ -53,20 +53,15 @@ typedef struct {
     bool softmax_auxiliary_loss;      // LM z-loss on/off, default false
     float auxiliary_loss_multiplier;  // its weight, default 1e-4
 
-    // optimizer: AdamW only.
-    double learning_rate;             // default 1e-4
-    double beta1, beta2;              // optimizer.betas, default [0.9, 0.95]
-    double eps;                       // default 1e-5
-    double weight_decay;              // default 0
-    bool decay_norm_and_bias;         // default false
-    bool decay_embeddings;            // default false
+    // optimizer: AdamW only (name: adamw). OLMo defaults: lr 1e-4, betas [0.9, 0.95],
+    // eps 1e-5, weight_decay 0, decay_norm_and_bias false, decay_embeddings false.
+    double learning_rate;
+    AdamWConfig adamw;                // betas, eps, weight_decay, decay groups
     double max_grad_norm;             // <= 0: no clipping (null), default null
 
-    // scheduler (units: steps)
-    SchedulerName scheduler;          // default cosine_with_warmup
-    int64_t t_warmup;                 // default 100
-    int64_t t_max;                    // <= 0: unset -> max steps (OLMo), default null
-    double alpha_f;                   // final lr = alpha_f * learning_rate, default 0.1
+    // scheduler (units: steps). Default cosine_with_warmup, t_warmup 100, t_max null (-> the
+    // run's max steps), alpha_f 0.1, warmup_min_lr null (-> 0.1 * lr, OLMo).
+    ScheduleConfig schedule;
 
     DataConfig data;
     EvaluatorConfig *evaluators;      // type lm only
