@@ -1,0 +1,60 @@
+#include "eval/sampling.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+int sample_argmax(const float *logits, int V) {
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    return best;
+}
+
+// Indices ordered by decreasing probability, ties by lower index (a total order, so the
+// result does not depend on the sort algorithm).
+static int by_prob_desc(const void *a, const void *b, void *probs_arg) {
+    const float *probs = probs_arg;
+    int i = *(const int *)a, j = *(const int *)b;
+    if (probs[i] > probs[j]) return -1;
+    if (probs[i] < probs[j]) return 1;
+    return i - j;
+}
+
+int sample_token(const float *logits, int V, const SamplingParams *params, Rng *rng, float *probs, int *index) {
+    if (params->temperature <= 0.0f) return sample_argmax(logits, V);
+
+    // probs = softmax(logits / T), in a numerically safe form.
+    float max = logits[sample_argmax(logits, V)];
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) {
+        probs[i] = expf((logits[i] - max) / params->temperature);
+        sum += probs[i];
+    }
+    for (int i = 0; i < V; i++) probs[i] = (float)(probs[i] / sum);
+
+    // Candidates in decreasing probability; keep the top_k, then the nucleus of mass top_p.
+    for (int i = 0; i < V; i++) index[i] = i;
+    qsort_r(index, (size_t)V, sizeof(int), by_prob_desc, probs);
+    int keep = V;
+    if (params->top_k > 0 && params->top_k < keep) keep = params->top_k;
+    if (params->top_p > 0.0f && params->top_p < 1.0f) {
+        double mass = 0.0;
+        for (int r = 0; r < keep; r++) {
+            mass += probs[index[r]];
+            if (mass >= params->top_p) {
+                keep = r + 1;
+                break;
+            }
+        }
+    }
+
+    // Draw from the kept candidates, renormalised.
+    double kept_mass = 0.0;
+    for (int r = 0; r < keep; r++) kept_mass += probs[index[r]];
+    double u = rng_uniform(rng) * kept_mass, acc = 0.0;
+    for (int r = 0; r < keep; r++) {
+        acc += probs[index[r]];
+        if (u < acc) return index[r];
+    }
+    return index[keep - 1];   // rounding left u == kept_mass: the last candidate
+}
