@@ -11,3 +11,5 @@ typedef struct {
 } Command;
 
 int cmd_debug_step(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_list_files(int argc, char **argv);

@@ -1,0 +1,398 @@
+// Training checkpoints: layout, atomic save, load, newest-complete lookup, pruning.
+// See checkpoint.h for the directory layout.
+#include "train/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/file.h"
+#include "base/log.h"
+#include "io/safetensors.h"
+#include "model/export.h"
+#include "model/hf_config.h"
+
+// ---------------------------------------------------------------------------------------
+// Tensors of a parameter table <-> safetensors
+
+// Offset of entry p in a buffer of the chosen layout; *present false when the layout skips it.
+static size_t table_slice(const ParamInfo *p, bool grad_layout, bool *present) {
+    *present = !grad_layout || (p->trainable && p->grad_offset >= 0);
+    return grad_layout ? (size_t)(p->grad_offset < 0 ? 0 : p->grad_offset) : p->offset;
+}
+
+int checkpoint_write_table(const char *path, const ParamTable *table, bool grad_layout, int n_bufs,
+                           const float *const *bufs, const char *const *prefixes) {
+    size_t cap = (size_t)table->count * (size_t)n_bufs;
+    StWriteTensor *ts = spes_calloc(cap ? cap : 1, sizeof *ts);
+    char **names = spes_calloc(cap ? cap : 1, sizeof *names);
+    int n = 0, rc = SPES_ERR;
+    if (!ts || !names) goto done;
+    for (int b = 0; b < n_bufs; b++)
+        for (int i = 0; i < table->count; i++) {
+            const ParamInfo *p = &table->entries[i];
+            bool present;
+            size_t off = table_slice(p, grad_layout, &present);
+            if (!present) continue;
+            size_t len = strlen(prefixes[b]) + strlen(p->name) + 1;
+            if (!(names[n] = spes_malloc(len))) goto done;
+            snprintf(names[n], len, "%s%s", prefixes[b], p->name);
+            ts[n] = (StWriteTensor){.name = names[n], .dtype = DTYPE_F32, .ndim = p->ndim, .data = bufs[b] + off};
+            for (int d = 0; d < p->ndim; d++) ts[n].shape[d] = p->shape[d];
+            n++;
+        }
+    rc = safetensors_write_file(path, ts, n, NULL, NULL, 0);
+done:
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    free(ts);
+    return rc;
+}
+
+int checkpoint_read_table(const char *path, const ParamTable *table, bool grad_layout, int n_bufs,
+                          float *const *bufs, const char *const *prefixes) {
+    SafeTensors st;
+    SPES_TRY(safetensors_open(path, &st));
+    int rc = SPES_OK;
+    for (int b = 0; b < n_bufs && rc == SPES_OK; b++)
+        for (int i = 0; i < table->count && rc == SPES_OK; i++) {
+            const ParamInfo *p = &table->entries[i];
+            bool present;
+            size_t off = table_slice(p, grad_layout, &present);
+            if (!present) continue;
+            char name[160];
+            snprintf(name, sizeof name, "%s%s", prefixes[b], p->name);
+            const StTensor *t = safetensors_find(&st, name);
+            if (!t) {
+                rc = spes_fail("tensor %s is missing (written for a different model or trainable set?)", name);
+                break;
+            }
+            bool same = t->ndim == p->ndim;
+            for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+            if (!same) {
+                rc = spes_fail("tensor %s has %d dims [%" PRId64 ", ...], the model expects %d dims [%" PRId64
+                               ", ...]",
+                               name, t->ndim, t->shape[0], p->ndim, p->shape[0]);
+                break;
+            }
+            rc = safetensors_to_f32(t, bufs[b] + off);
+        }
+    if (rc != SPES_OK) spes_fail_context("loading %s", path);
+    safetensors_close(&st);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------------------
+// train_state.json
+
+// FNV-1a over the names of the trainable tensors, in table order: the trainable set's identity.
+static uint64_t trainable_names_hash(const ParamTable *table, int *count) {
+    uint64_t h = 1469598103934665603ull;
+    *count = 0;
+    for (int i = 0; i < table->count; i++) {
+        if (!table->entries[i].trainable) continue;
+        (*count)++;
+        for (const char *c = table->entries[i].name; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
+        h = (h ^ 0xff) * 1099511628211ull;   // separator, so ("ab","c") != ("a","bc")
+    }
+    return h;
+}
+
+static int write_state_json(const char *path, const TrainState *s, const ParamTable *table, int64_t opt_step) {
+    int n_trainable;
+    uint64_t names_hash = trainable_names_hash(table, &n_trainable);
+    char hash_hex[17], names_hex[17];
+    snprintf(hash_hex, sizeof hash_hex, "%016" PRIx64, s->config_hash);
+    snprintf(names_hex, sizeof names_hex, "%016" PRIx64, names_hash);
+    json_t *root = json_pack("{s:i, s:I, s:I, s:I, s:{s:I, s:I, s:I}, s:s, s:{s:i, s:I, s:s}, s:s}",
+                             "schema_version", CHECKPOINT_SCHEMA_VERSION, "step", (json_int_t)s->step, "tokens_seen",
+                             (json_int_t)s->tokens_seen, "optimizer_step", (json_int_t)opt_step, "data", "epoch",
+                             (json_int_t)s->data.epoch, "index", (json_int_t)s->data.index, "seed",
+                             (json_int_t)s->data_seed, "config_hash", hash_hex, "trainable", "tensors", n_trainable,
+                             "values", (json_int_t)table->trainable_numel, "names_hash", names_hex, "rng",
+                             "none consumed: no dropout; data order is a function of (data.seed, epoch, index)");
+    if (!root) return spes_fail("cannot build train_state.json");
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    if (!text) return spes_fail("cannot serialise train_state.json");
+    int rc = file_write_atomic(path, text, strlen(text));
+    free(text);
+    return rc;
+}
+
+static int json_get_int(json_t *obj, const char *key, const char *path, int64_t *out) {
+    json_t *v = json_object_get(obj, key);
+    if (!json_is_integer(v)) return spes_fail("%s: \"%s\" is missing or not an integer", path, key);
+    *out = json_integer_value(v);
+    return SPES_OK;
+}
+
+static int json_get_hex(json_t *obj, const char *key, const char *path, uint64_t *out) {
+    const char *s = json_string_value(json_object_get(obj, key));
+    char *end = NULL;
+    if (s) *out = strtoull(s, &end, 16);
+    if (!s || !*s || *end) return spes_fail("%s: \"%s\" is missing or not a hex string", path, key);
+    return SPES_OK;
+}
+
+// Parses train_state.json; also returns the optimizer step and the trainable summary.
+static int read_state_json(const char *path, TrainState *s, int64_t *opt_step, int64_t *n_trainable,
+                           int64_t *trainable_values, uint64_t *names_hash) {
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    if (!root) return spes_fail("%s:%d: not valid JSON: %s", path, err.line, err.text);
+    int64_t version = 0, seed = 0;
+    json_t *data = json_object_get(root, "data"), *tr = json_object_get(root, "trainable");
+    int rc = SPES_ERR;
+    if (json_get_int(root, "schema_version", path, &version) != SPES_OK) goto done;
+    if (version != CHECKPOINT_SCHEMA_VERSION) {
+        spes_fail("%s: schema_version %lld, this build reads %d", path, (long long)version, CHECKPOINT_SCHEMA_VERSION);
+        goto done;
+    }
+    if (!json_is_object(data) || !json_is_object(tr)) {
+        spes_fail("%s: \"data\" and \"trainable\" must be objects", path);
+        goto done;
+    }
+    if (json_get_int(root, "step", path, &s->step) || json_get_int(root, "tokens_seen", path, &s->tokens_seen) ||
+        json_get_int(root, "optimizer_step", path, opt_step) || json_get_int(data, "epoch", path, &s->data.epoch) ||
+        json_get_int(data, "index", path, &s->data.index) || json_get_int(data, "seed", path, &seed) ||
+        json_get_hex(root, "config_hash", path, &s->config_hash) || json_get_int(tr, "tensors", path, n_trainable) ||
+        json_get_int(tr, "values", path, trainable_values) || json_get_hex(tr, "names_hash", path, names_hash))
+        goto done;
+    if (s->step < 0 || s->tokens_seen < 0 || *opt_step < 0 || s->data.epoch < 0 || s->data.index < 0) {
+        spes_fail("%s: negative step, token count or data position", path);
+        goto done;
+    }
+    s->data_seed = (uint64_t)seed;
+    rc = SPES_OK;
+done:
+    json_decref(root);
+    return rc;
+}
+
+int checkpoint_read_state(const char *dir, TrainState *state) {
+    char *path = path_join(dir, "train_state.json");
+    if (!path) return SPES_ERR;
+    int64_t opt_step, n_trainable, values;
+    uint64_t names_hash;
+    int rc = read_state_json(path, state, &opt_step, &n_trainable, &values, &names_hash);
+    free(path);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------------------
+// Save / load
+
+static int write_config_yaml(const char *path, const TrainConfig *cfg) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    if (!mem) return spes_fail("cannot serialise config.yaml: %s", strerror(errno));
+    config_write_yaml(cfg, mem);
+    fclose(mem);
+    int rc = file_write_atomic(path, text, len);
+    free(text);
+    return rc;
+}
+
+// config.json for transformers. A model without QK-norm has no HF MoE class: the checkpoint
+// then lacks config.json (resume does not need it) and says why once.
+static int write_hf_config(const char *path, const ModelConfig *cfg) {
+    static bool warned = false;
+    HfFormat format;
+    if (hf_format_for_model(cfg, HF_FORMAT_AUTO, &format) != SPES_OK) {
+        if (!warned) log_warn("checkpoints get no config.json: %s", spes_last_error());
+        warned = true;
+        spes_clear_error();
+        return SPES_OK;
+    }
+    return hf_config_write(cfg, hf_format_name(format), "float32", path);
+}
+
+static const char *const moment_prefixes[2] = {"exp_avg.", "exp_avg_sq."};
+
+static char *step_dir_name(const char *save_folder, int64_t step, const char *suffix) {
+    char name[64];
+    snprintf(name, sizeof name, "step%lld%s", (long long)step, suffix);
+    return path_join(save_folder, name);
+}
+
+int checkpoint_save(const char *save_folder, const Model *m, const AdamW *opt, const TrainState *state,
+                    const TrainConfig *cfg) {
+    char *tmp = step_dir_name(save_folder, state->step, ".tmp");
+    char *final = step_dir_name(save_folder, state->step, "");
+    char *files[5] = {0};
+    int rc = SPES_ERR;
+    if (!tmp || !final) goto done;
+    // A leftover .tmp from an interrupted save is garbage by construction.
+    if (remove_tree(tmp) != SPES_OK || mkdir_p(tmp) != SPES_OK) goto done;
+    const char *names[5] = {"model.safetensors", "config.json", "config.yaml", "train_state.safetensors",
+                            "train_state.json"};
+    for (int i = 0; i < 5; i++)
+        if (!(files[i] = path_join(tmp, names[i]))) goto done;
+    const float *weights[1] = {m->params};
+    const char *no_prefix[1] = {""};
+    if (checkpoint_write_table(files[0], &m->table, false, 1, weights, no_prefix) != SPES_OK) goto done;
+    if (write_hf_config(files[1], &m->cfg) != SPES_OK) goto done;
+    if (write_config_yaml(files[2], cfg) != SPES_OK) goto done;
+    const float *moments[2] = {opt->m, opt->v};
+    if (checkpoint_write_table(files[3], &m->table, true, 2, moments, moment_prefixes) != SPES_OK) goto done;
+    if (write_state_json(files[4], state, &m->table, opt->step) != SPES_OK) goto done;
+    if (fsync_dir(tmp) != SPES_OK) goto done;
+    if (dir_exists(final) && remove_tree(final) != SPES_OK) goto done;   // re-save of the same step
+    rc = rename_durable(tmp, final);
+done:
+    if (rc != SPES_OK) spes_fail_context("saving checkpoint step %lld in %s", (long long)state->step, save_folder);
+    for (int i = 0; i < 5; i++) free(files[i]);
+    free(tmp);
+    free(final);
+    return rc;
+}
+
+int checkpoint_load(const char *dir, Model *m, AdamW *opt, TrainState *state) {
+    char *weights = path_join(dir, "model.safetensors"), *moments = path_join(dir, "train_state.safetensors");
+    char *json = path_join(dir, "train_state.json");
+    int rc = SPES_ERR;
+    if (!weights || !moments || !json) goto done;
+    int64_t opt_step, n_trainable, values;
+    uint64_t names_hash;
+    if (read_state_json(json, state, &opt_step, &n_trainable, &values, &names_hash) != SPES_OK) goto done;
+    int mine;
+    uint64_t my_hash = trainable_names_hash(&m->table, &mine);
+    if (n_trainable != mine || (size_t)values != m->table.trainable_numel || names_hash != my_hash) {
+        spes_fail("%s was written with %lld trainable tensors (%lld values), this run trains %d (%zu values) or "
+                  "different ones; resume with the same trainable experts (spes_config.peer_id, "
+                  "num_train_experts_per_node)",
+                  json, (long long)n_trainable, (long long)values, mine, m->table.trainable_numel);
+        goto done;
+    }
+    float *wbuf[1] = {m->params};
+    const char *no_prefix[1] = {""};
+    if (checkpoint_read_table(weights, &m->table, false, 1, wbuf, no_prefix) != SPES_OK) goto done;
+    float *mbuf[2] = {opt->m, opt->v};
+    if (checkpoint_read_table(moments, &m->table, true, 2, mbuf, moment_prefixes) != SPES_OK) goto done;
+    opt->step = opt_step;
+    rc = SPES_OK;
+done:
+    if (rc != SPES_OK) spes_fail_context("resuming from %s", dir);
+    free(weights);
+    free(moments);
+    free(json);
+    return rc;
+}
+
+// Step number of a directory entry named exactly "step<digits>" (+ suffix); -1 otherwise.
+static int64_t parse_step_name(const char *name, const char *suffix) {
+    if (strncmp(name, "step", 4) != 0) return -1;
+    const char *p = name + 4;
+    int64_t step = 0;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9' && digits < 18; p++, digits++) step = step * 10 + (*p - '0');
+    return digits > 0 && !strcmp(p, suffix) ? step : -1;
+}
+
+// Steps of the complete checkpoints in save_folder, ascending. A missing folder has none.
+static int list_steps(const char *save_folder, int64_t **steps, int *count) {
+    *steps = NULL;
+    *count = 0;
+    DIR *d = opendir(save_folder);
+    if (!d) return errno == ENOENT ? SPES_OK : spes_fail("cannot list %s: %s", save_folder, strerror(errno));
+    int cap = 0, rc = SPES_OK;
+    struct dirent *e;
+    while ((e = readdir(d)) && rc == SPES_OK) {
+        int64_t step = parse_step_name(e->d_name, "");
+        if (step < 0) continue;
+        char *dir = path_join(save_folder, e->d_name);
+        char *json = dir ? path_join(dir, "train_state.json") : NULL;
+        bool complete = json && file_exists(json);
+        if (!json) rc = SPES_ERR;
+        free(dir);
+        free(json);
+        if (!complete) continue;
+        if (*count == cap) {
+            cap = cap ? 2 * cap : 16;
+            int64_t *grown = spes_realloc(*steps, (size_t)cap * sizeof **steps);
+            if (!grown) {
+                rc = SPES_ERR;
+                break;
+            }
+            *steps = grown;
+        }
+        (*steps)[(*count)++] = step;
+    }
+    closedir(d);
+    for (int i = 1; i < *count; i++)   // insertion sort: a handful of entries
+        for (int j = i; j > 0 && (*steps)[j - 1] > (*steps)[j]; j--) {
+            int64_t t = (*steps)[j];
+            (*steps)[j] = (*steps)[j - 1];
+            (*steps)[j - 1] = t;
+        }
+    return rc;
+}
+
+int checkpoint_find_latest(const char *save_folder, char **dir, int64_t *step) {
+    *dir = NULL;
+    *step = -1;
+    int64_t *steps;
+    int count;
+    SPES_TRY(list_steps(save_folder, &steps, &count));
+    if (count > 0) {
+        *step = steps[count - 1];
+        *dir = step_dir_name(save_folder, *step, "");
+    }
+    free(steps);
+    return count > 0 && !*dir ? SPES_ERR : SPES_OK;
+}
+
+int checkpoint_prune(const char *save_folder, int keep) {
+    // Interrupted saves first: stepN.tmp directories are never complete.
+    DIR *d = opendir(save_folder);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (parse_step_name(e->d_name, ".tmp") < 0) continue;
+            char *dir = path_join(save_folder, e->d_name);
+            int rc = dir ? remove_tree(dir) : SPES_ERR;
+            free(dir);
+            if (rc != SPES_OK) {
+                closedir(d);
+                return SPES_ERR;
+            }
+        }
+        closedir(d);
+    }
+    if (keep <= 0) return SPES_OK;
+    int64_t *steps;
+    int count;
+    SPES_TRY(list_steps(save_folder, &steps, &count));
+    int rc = SPES_OK;
+    for (int i = 0; i < count - keep && rc == SPES_OK; i++) {
+        char *dir = step_dir_name(save_folder, steps[i], "");
+        rc = dir ? remove_tree(dir) : SPES_ERR;
+        if (rc == SPES_OK) log_info("removed old checkpoint %s (keeping %d)", dir, keep);
+        free(dir);
+    }
+    free(steps);
+    return rc;
+}
+
+int checkpoint_remove_all(const char *save_folder) {
+    SPES_TRY(checkpoint_prune(save_folder, 0));   // leftover .tmp directories
+    int64_t *steps;
+    int count;
+    SPES_TRY(list_steps(save_folder, &steps, &count));
+    int rc = SPES_OK;
+    for (int i = 0; i < count && rc == SPES_OK; i++) {
+        char *dir = step_dir_name(save_folder, steps[i], "");
+        rc = dir ? remove_tree(dir) : SPES_ERR;
+        free(dir);
+    }
+    free(steps);
+    return rc;
+}

@@ -1,0 +1,56 @@
+// Training checkpoints: save_folder/stepN/ holding
+//   model.safetensors        every parameter, F32, Hugging Face names   } loadable by HF
+//   config.json              HF OlmoeForCausalLM / Qwen3MoeForCausalLM  } transformers
+//   config.yaml              the resolved training config (for humans and reruns)
+//   train_state.safetensors  AdamW moments of the trainable tensors: exp_avg.<name>, exp_avg_sq.<name>
+//   train_state.json         step, tokens seen, optimizer step, data-loader position and
+//                            seed, config hash, trainable-set summary, schema version
+// Everything is written into save_folder/stepN.tmp/ (each file fsync'd), then the directory
+// is renamed to stepN and the folder fsync'd: a stepN directory is always complete.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config/config.h"
+#include "data/loader.h"
+#include "model/model.h"
+#include "train/optimizer.h"
+
+#define CHECKPOINT_SCHEMA_VERSION 1
+
+typedef struct {
+    int64_t step;               // optimizer steps done
+    int64_t tokens_seen;        // training tokens consumed (inputs, all instances)
+    LoaderPosition data;        // where the next training batch starts
+    uint64_t data_seed;         // data.seed the loader order derives from
+    uint64_t config_hash;       // config_hash() of the run that wrote it
+} TrainState;
+
+// Writes save_folder/step<state->step>/ atomically (see above). cfg supplies config.yaml.
+int checkpoint_save(const char *save_folder, const Model *m, const AdamW *opt, const TrainState *state,
+                    const TrainConfig *cfg);
+
+// Restores parameters, AdamW moments + step and the train state from a step directory. The
+// model's trainable set must be the one the checkpoint was written with (checked by name).
+int checkpoint_load(const char *dir, Model *m, AdamW *opt, TrainState *state);
+// Reads only train_state.json (cheap: for the config-hash check before loading).
+int checkpoint_read_state(const char *dir, TrainState *state);
+
+// Newest complete save_folder/stepN (has train_state.json). *dir = NULL, *step = -1 when none.
+int checkpoint_find_latest(const char *save_folder, char **dir, int64_t *step);
+// Removes the oldest complete step directories until `keep` remain (keep <= 0: keep all),
+// and any leftover stepN.tmp directory from an interrupted save.
+int checkpoint_prune(const char *save_folder, int keep);
+
+// Removes every step directory (complete or not) of save_folder (save_overwrite).
+int checkpoint_remove_all(const char *save_folder);
+
+// Writes the tensors of `table` as one F32 safetensors file, for each of n_bufs buffers:
+// with grad_layout false, every tensor's slice of the buffer (parameter offsets); with true,
+// the trainable tensors' slices of a compact gradient-layout buffer (grad offsets). Tensor
+// names are "<prefix><HF name>". Serves model.safetensors and the optimizer moments.
+int checkpoint_write_table(const char *path, const ParamTable *table, bool grad_layout, int n_bufs,
+                           const float *const *bufs, const char *const *prefixes);
+// The reverse: every tensor the layout names must be present with the same shape.
+int checkpoint_read_table(const char *path, const ParamTable *table, bool grad_layout, int n_bufs,
+                          float *const *bufs, const char *const *prefixes);

@@ -1,0 +1,176 @@
+// metrics.jsonl and the console line. See metrics.h.
+#include "train/metrics.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/file.h"
+#include "base/progress.h"
+
+// Step number of a line we wrote ({"step":N,...}); -1 for anything else.
+static int64_t line_step(const char *line) {
+    static const char key[] = "{\"step\":";
+    if (strncmp(line, key, sizeof key - 1) != 0) return -1;
+    char *end;
+    long long v = strtoll(line + sizeof key - 1, &end, 10);
+    return end == line + sizeof key - 1 ? -1 : v;
+}
+
+int metrics_open(MetricsLog *log, const char *save_folder, int64_t keep_through_step) {
+    memset(log, 0, sizeof *log);
+    if (!(log->path = path_join(save_folder, "metrics.jsonl"))) return SPES_ERR;
+    // Keep the lines of steps <= keep_through_step, rewritten atomically.
+    uint8_t *old = NULL;
+    size_t old_len = 0;
+    if (file_exists(log->path) && file_read_all(log->path, &old, &old_len) != SPES_OK) goto fail;
+    char *kept = spes_malloc(old_len + 1);
+    if (!kept) goto fail;
+    size_t kept_len = 0;
+    for (size_t at = 0; at < old_len;) {
+        const char *line = (const char *)old + at;
+        const char *nl = memchr(line, '\n', old_len - at);
+        size_t len = nl ? (size_t)(nl - line) + 1 : old_len - at;
+        int64_t step = line_step(line);
+        if (nl && step >= 0 && step <= keep_through_step) {   // a torn last line is dropped too
+            memcpy(kept + kept_len, line, len);
+            kept_len += len;
+        }
+        at += len;
+    }
+    int rc = file_write_atomic(log->path, kept, kept_len);
+    free(kept);
+    free(old);
+    old = NULL;
+    if (rc != SPES_OK) goto fail;
+    if (!(log->fp = fopen(log->path, "a"))) {
+        spes_fail("cannot open %s for appending: %s", log->path, strerror(errno));
+        goto fail;
+    }
+    return SPES_OK;
+fail:
+    free(old);
+    free(log->path);
+    log->path = NULL;
+    return spes_fail_context("metrics log in %s", save_folder);
+}
+
+void metrics_close(MetricsLog *log) {
+    if (log->fp) fclose(log->fp);
+    free(log->path);
+    memset(log, 0, sizeof *log);
+}
+
+// JSON has no NaN/inf: those become null.
+static void put_num(FILE *fp, const char *key, double v, bool single) {
+    if (!isfinite(v))
+        fprintf(fp, ",\"%s\":null", key);
+    else
+        fprintf(fp, single ? ",\"%s\":%.9g" : ",\"%s\":%.17g", key, v);
+}
+
+static int flush_line(MetricsLog *log) {
+    fputc('\n', log->fp);
+    if (fflush(log->fp) != 0 || ferror(log->fp)) return spes_fail("cannot write %s: %s", log->path, strerror(errno));
+    return SPES_OK;
+}
+
+void metrics_route_balance(const int64_t *counts, int n_layers, int n_experts, double *min_ratio,
+                           double *max_ratio) {
+    *min_ratio = INFINITY;
+    *max_ratio = 0;
+    for (int l = 0; l < n_layers; l++) {
+        int64_t total = 0;
+        for (int e = 0; e < n_experts; e++) total += counts[l * n_experts + e];
+        if (total == 0) continue;
+        for (int e = 0; e < n_experts; e++) {
+            double r = (double)counts[l * n_experts + e] * n_experts / (double)total;
+            *min_ratio = fmin(*min_ratio, r);
+            *max_ratio = fmax(*max_ratio, r);
+        }
+    }
+    if (*min_ratio == INFINITY) *min_ratio = 0;
+}
+
+int metrics_write_step(MetricsLog *log, const StepMetrics *s, bool with_expert_counts) {
+    FILE *fp = log->fp;
+    fprintf(fp, "{\"step\":%" PRId64, s->step);
+    put_num(fp, "loss", s->loss.total, false);
+    put_num(fp, "ce", s->loss.ce, false);
+    put_num(fp, "lm_z", s->loss.lm_z, false);
+    put_num(fp, "lb", s->loss.lb, false);
+    put_num(fp, "router_z", s->loss.router_z, false);
+    put_num(fp, "lr", s->lr, false);
+    put_num(fp, "grad_norm", s->grad_norm, false);
+    fprintf(fp, ",\"tokens\":%" PRId64, s->tokens_seen);
+    if (s->expert_counts) {
+        double lo, hi;
+        metrics_route_balance(s->expert_counts, s->n_layers, s->n_experts, &lo, &hi);
+        put_num(fp, "route_min", lo, false);
+        put_num(fp, "route_max", hi, false);
+        if (with_expert_counts) {
+            fputs(",\"expert_tokens\":[", fp);
+            for (int l = 0; l < s->n_layers; l++) {
+                fputs(l ? ",[" : "[", fp);
+                for (int e = 0; e < s->n_experts; e++)
+                    fprintf(fp, e ? ",%" PRId64 : "%" PRId64, s->expert_counts[l * s->n_experts + e]);
+                fputc(']', fp);
+            }
+            fputc(']', fp);
+        }
+    }
+    fputs(",\"perf\":{", fp);
+    fprintf(fp, "\"step_s\":%.4f", s->step_seconds);
+    put_num(fp, "tokens_per_s", s->tokens_per_second, true);
+    put_num(fp, "mfu", s->mfu, true);
+    put_num(fp, "peak_rss_mb", s->peak_rss_mb, true);
+    fputc('}', fp);
+    fputc('}', fp);
+    return flush_line(log);
+}
+
+int metrics_write_eval(MetricsLog *log, int64_t step, const char *label, double ce, int64_t tokens) {
+    FILE *fp = log->fp;
+    fprintf(fp, "{\"step\":%" PRId64 ",\"eval\":\"", step);
+    for (const char *c = label; *c; c++)   // labels come from the config: escape what JSON needs
+        if (*c == '"' || *c == '\\')
+            fprintf(fp, "\\%c", *c);
+        else if ((unsigned char)*c < 0x20)
+            fprintf(fp, "\\u%04x", *c);
+        else
+            fputc(*c, fp);
+    fputc('"', fp);
+    put_num(fp, "ce", ce, false);
+    put_num(fp, "perplexity", exp(ce), false);
+    fprintf(fp, ",\"tokens\":%" PRId64 "}", tokens);
+    return flush_line(log);
+}
+
+static void format_count(double v, char *buf, int n) {
+    if (v >= 1e6)
+        snprintf(buf, (size_t)n, "%.2fM", v / 1e6);
+    else if (v >= 1e3)
+        snprintf(buf, (size_t)n, "%.1fk", v / 1e3);
+    else
+        snprintf(buf, (size_t)n, "%.0f", v);
+}
+
+void metrics_format_console(const StepMetrics *s, char *buf, int bufsize) {
+    char tps[32], eta[32], route[48] = "";
+    format_count(s->tokens_per_second, tps, sizeof tps);
+    format_duration(s->eta_seconds, eta, sizeof eta);
+    if (s->expert_counts) {
+        double lo, hi;
+        metrics_route_balance(s->expert_counts, s->n_layers, s->n_experts, &lo, &hi);
+        snprintf(route, sizeof route, " | route %.2f-%.2fx", lo, hi);
+    }
+    snprintf(buf, (size_t)bufsize,
+             "step %" PRId64 "/%" PRId64 " | loss %.4f (ce %.4f lm_z %.4g lb %.4f rz %.4g) | lr %.2e | gnorm %.3f | "
+             "%s tok/s | MFU %.1f%% | ETA %s | rss %.0fMB%s",
+             s->step, s->max_steps, s->loss.total, s->loss.ce, s->loss.lm_z, s->loss.lb, s->loss.router_z, s->lr,
+             s->grad_norm, tps, 100 * s->mfu, eta, s->peak_rss_mb, route);
+}

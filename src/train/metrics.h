@@ -1,0 +1,51 @@
+// Training metrics: the console line and save_folder/metrics.jsonl (one JSON object a line).
+//
+// A step line:
+//   {"step":12,"loss":..,"ce":..,"lm_z":..,"lb":..,"router_z":..,"lr":..,"grad_norm":..,
+//    "tokens":..,"route_min":..,"route_max":..[,"expert_tokens":[[layer 0 counts],..]],
+//    "perf":{"step_s":..,"tokens_per_s":..,"mfu":..,"peak_rss_mb":..}}
+// An evaluation line:
+//   {"step":12,"eval":"label","ce":..,"perplexity":..,"tokens":..}
+// Everything before "perf" is a pure function of the run (bit-exact on resume); "perf" is
+// wall-clock. Floats are printed with enough digits to round-trip (%.9g / %.17g).
+// route_min/route_max: the least/most loaded expert over all layers, as a multiple of the
+// even share (tokens*k/E): 1.0 is perfect balance, 0 is a dead expert.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model/model_config.h"
+
+typedef struct {
+    int64_t step, max_steps;
+    LossValues loss;            // unweighted terms + weighted total, mean over micro-batches
+    double lr, grad_norm;       // grad_norm before clipping
+    int64_t tokens_seen;
+    const int64_t *expert_counts;   // [L*E] tokens routed to each expert this step
+    int n_layers, n_experts;
+    // wall-clock (not reproducible)
+    double step_seconds, tokens_per_second, mfu, eta_seconds, peak_rss_mb;
+} StepMetrics;
+
+typedef struct {
+    FILE *fp;
+    char *path;
+} MetricsLog;
+
+// Opens save_folder/metrics.jsonl for appending, first dropping every line whose step is
+// greater than keep_through_step (a resume from step N forgets what came after N; a fresh
+// run passes 0 and starts an empty log).
+int metrics_open(MetricsLog *log, const char *save_folder, int64_t keep_through_step);
+void metrics_close(MetricsLog *log);
+// with_expert_counts: add the full [L][E] count table to the line.
+int metrics_write_step(MetricsLog *log, const StepMetrics *s, bool with_expert_counts);
+int metrics_write_eval(MetricsLog *log, int64_t step, const char *label, double ce, int64_t tokens);
+
+// Min and max expert load over all layers relative to the even share (see above).
+void metrics_route_balance(const int64_t *counts, int n_layers, int n_experts, double *min_ratio,
+                           double *max_ratio);
+// The console line:
+// "step 12/1000 | loss 3.2140 (ce 3.2010 lm_z 0 lb 1.0120 rz 0) | lr 3.00e-04 | gnorm 0.812 |
+//  12.3k tok/s | MFU 3.1% | ETA 5m02s | rss 512MB | route 0.61-1.52x"
+void metrics_format_console(const StepMetrics *s, char *buf, int bufsize);

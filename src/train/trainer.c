@@ -1,0 +1,372 @@
+// The training loop. See trainer.h for the contract.
+#include "train/trainer.h"
+
+#include <cblas.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/file.h"
+#include "base/log.h"
+#include "base/progress.h"
+#include "base/threads.h"
+#include "base/timer.h"
+#include "data/loader.h"
+#include "model/hf_import.h"
+#include "train/checkpoint.h"
+#include "train/optimizer.h"
+#include "train/schedule.h"
+
+typedef struct {
+    const EvaluatorConfig *cfg;
+    TokenDataset *ds;
+    DataLoader *dl;
+} Evaluator;
+
+struct Trainer {
+    const TrainConfig *cfg;
+    TrainerOptions opt;
+    Model model;
+    bool model_created;
+    AdamW adamw;
+    TokenDataset *train_ds;
+    DataLoader *train_dl;
+    Evaluator *evals;
+    int n_evals;
+    LossWeights weights;
+    TrainState state;
+    int64_t max_steps;
+    int64_t last_saved_step, last_eval_step;
+    int64_t *step_counts;       // [L*E] tokens per expert, summed over the step's micro-batches
+    MetricsLog log;
+    double peak_flops;
+    double timed_seconds;       // wall time of the steps after the first (for the ETA)
+    int64_t timed_steps;
+    int64_t steps_this_run;
+};
+
+int trainer_setup_trainable(Model *m, const TrainConfig *cfg) {
+    int experts = m->cfg.num_experts;
+    if (!cfg->using_spes) return model_set_trainable_experts(m, 0, experts - 1);
+    int per = cfg->num_train_experts_per_node, first = cfg->peer_id * per;
+    if (per <= 0 || first < 0 || first + per > experts)
+        return spes_fail("spes_config: peer %d with %d experts per node owns experts [%d, %d), outside the model's "
+                         "%d experts; check peer_id and num_train_experts_per_node",
+                         cfg->peer_id, per, first, first + per, experts);
+    return model_set_trainable_experts(m, first, first + per - 1);
+}
+
+// sgemm throughput on this machine with the current thread count: the ceiling MFU is
+// measured against when no peak is configured (CPU "peak" is what BLAS reaches).
+static double measure_peak_flops(void) {
+    const int n = 512, reps = 4;
+    float *a = spes_alloc_aligned((size_t)n * n * sizeof(float) * 3);
+    if (!a) return 0;
+    float *b = a + (size_t)n * n, *c = b + (size_t)n * n;
+    for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = (float)(i % 13) * 0.01f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);   // warm-up
+    double t0 = now_seconds();
+    for (int r = 0; r < reps; r++)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    double dt = now_seconds() - t0;
+    spes_free_aligned(a);
+    return dt > 0 ? 2.0 * n * n * (double)n * reps / dt : 0;
+}
+
+static double peak_rss_mb(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss / 1024.0 : 0;   // ru_maxrss is in KiB
+}
+
+// Resume from the newest complete checkpoint in save_folder. *resumed false when none.
+static int resume_latest(Trainer *t, bool *resumed) {
+    const TrainConfig *cfg = t->cfg;
+    char *dir;
+    int64_t step;
+    *resumed = false;
+    SPES_TRY(checkpoint_find_latest(cfg->save_folder, &dir, &step));
+    if (!dir) {
+        log_info("no checkpoint in %s: starting from scratch", cfg->save_folder);
+        return SPES_OK;
+    }
+    TrainState saved;
+    int rc = checkpoint_read_state(dir, &saved);
+    uint64_t mine = config_hash(cfg);
+    if (rc == SPES_OK && saved.config_hash != mine) {
+        if (t->opt.ignore_config_hash)
+            log_warn("%s was written with a different configuration (hash %016" PRIx64 ", now %016" PRIx64
+                     "); resuming anyway as asked",
+                     dir, saved.config_hash, mine);
+        else
+            rc = spes_fail("%s was written with a different configuration (hash %016" PRIx64 ", now %016" PRIx64
+                           "): model, optimizer, schedule, data or batch settings changed. Resume with the same "
+                           "settings, or pass --force-resume to continue anyway",
+                           dir, saved.config_hash, mine);
+    }
+    if (rc == SPES_OK) rc = checkpoint_load(dir, &t->model, &t->adamw, &t->state);
+    if (rc == SPES_OK) rc = loader_set_position(t->train_dl, t->state.data);
+    if (rc == SPES_OK) {
+        t->state.config_hash = mine;
+        log_info("resumed from %s: step %" PRId64 ", %" PRId64 " tokens seen, data epoch %" PRId64 " index %" PRId64,
+                 dir, t->state.step, t->state.tokens_seen, t->state.data.epoch, t->state.data.index);
+        *resumed = true;
+    }
+    free(dir);
+    return rc;
+}
+
+// load_path: weights only (an HF OLMoE/Qwen3-MoE directory or one of our step directories);
+// the optimizer starts fresh and the step count at 0.
+static int load_initial_weights(Model *m, const char *dir) {
+    HfTensorSet set;
+    if (hf_tensors_open(dir, &set) != SPES_OK) return spes_fail_context("load_path %s", dir);
+    int rc = hf_tensors_load_model(&set, m, false);
+    hf_tensors_close(&set);
+    if (rc != SPES_OK) return spes_fail_context("load_path %s", dir);
+    log_info("initial weights from %s", dir);
+    return SPES_OK;
+}
+
+// A fresh run must not mix its checkpoints with an older run's (OLMo refuses too).
+static int claim_save_folder(const TrainConfig *cfg) {
+    char *dir;
+    int64_t step;
+    SPES_TRY(checkpoint_find_latest(cfg->save_folder, &dir, &step));
+    if (!dir) return SPES_OK;
+    int rc = SPES_OK;
+    if (!cfg->save_overwrite)
+        rc = spes_fail("%s already holds checkpoints (newest %s): pass --resume to continue that run, "
+                       "--save_overwrite=true to replace it, or choose another save_folder",
+                       cfg->save_folder, dir);
+    else {
+        log_warn("save_overwrite: removing the checkpoints in %s", cfg->save_folder);
+        rc = checkpoint_remove_all(cfg->save_folder);
+    }
+    free(dir);
+    return rc;
+}
+
+static int open_evaluators(Trainer *t) {
+    if (t->cfg->n_evaluators == 0) return SPES_OK;
+    t->evals = spes_calloc((size_t)t->cfg->n_evaluators, sizeof *t->evals);
+    if (!t->evals) return SPES_ERR;
+    for (int i = 0; i < t->cfg->n_evaluators; i++) {
+        Evaluator *e = &t->evals[i];
+        e->cfg = &t->cfg->evaluators[i];
+        t->n_evals++;
+        if (loader_open_eval(t->cfg, e->cfg, &e->ds, &e->dl) != SPES_OK)
+            return spes_fail_context("evaluator '%s'", e->cfg->label);
+    }
+    return SPES_OK;
+}
+
+int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **out) {
+    *out = NULL;
+    Trainer *t = spes_calloc(1, sizeof *t);
+    if (!t) return SPES_ERR;
+    t->cfg = cfg;
+    t->opt = *opt;
+    t->last_eval_step = -1;
+    threads_set(cfg->threads);
+    t->weights = (LossWeights){.lm_z_mult = cfg->softmax_auxiliary_loss ? cfg->auxiliary_loss_multiplier : 0.0f,
+                               .lb_weight = cfg->moe_loss_weight,
+                               .router_z_weight = cfg->moe_zloss_weight};
+    if (loader_open_train(cfg, &t->train_ds, &t->train_dl) != SPES_OK) goto fail;
+    if (config_max_steps(cfg, token_dataset_len(t->train_ds), &t->max_steps) != SPES_OK) goto fail;
+    if (schedule_validate(&cfg->schedule, cfg->learning_rate, t->max_steps) != SPES_OK) goto fail;
+    if (open_evaluators(t) != SPES_OK) goto fail;
+
+    if (model_create(&t->model, &cfg->model) != SPES_OK) goto fail;
+    t->model_created = true;
+    if (trainer_setup_trainable(&t->model, cfg) != SPES_OK) goto fail;
+    if (adamw_create(&t->adamw, &t->model.table, &cfg->adamw) != SPES_OK) goto fail;
+    size_t n_counts = (size_t)cfg->model.n_layers * (size_t)cfg->model.num_experts;
+    if (!(t->step_counts = spes_calloc(n_counts, sizeof *t->step_counts))) goto fail;
+
+    t->state = (TrainState){.data_seed = (uint64_t)cfg->data.seed, .config_hash = config_hash(cfg)};
+    bool resumed = false;
+    if ((opt->resume || cfg->try_load_latest_save) && resume_latest(t, &resumed) != SPES_OK) goto fail;
+    if (!resumed) {
+        if (claim_save_folder(cfg) != SPES_OK) goto fail;
+        model_init_weights(&t->model, (uint64_t)cfg->seed);
+        if (cfg->load_path && load_initial_weights(&t->model, cfg->load_path) != SPES_OK) goto fail;
+    }
+    t->last_saved_step = resumed ? t->state.step : -1;
+    if (mkdir_p(cfg->save_folder) != SPES_OK) goto fail;
+    if (metrics_open(&t->log, cfg->save_folder, t->state.step) != SPES_OK) goto fail;
+
+    t->peak_flops = opt->peak_flops > 0 ? opt->peak_flops : measure_peak_flops();
+    int n_trainable = 0;
+    for (int i = 0; i < t->model.table.count; i++) n_trainable += t->model.table.entries[i].trainable;
+    log_info("model: %zu parameters, %zu trainable in %d of %d tensors; %" PRId64 " training instances of %d "
+             "tokens; %" PRId64 " steps of %d instances (%d micro-batches); MFU relative to %.1f GFLOP/s%s",
+             t->model.table.total_numel, t->model.table.trainable_numel, n_trainable, t->model.table.count,
+             token_dataset_len(t->train_ds), cfg->model.max_seq_len, t->max_steps, cfg->global_train_batch_size,
+             config_grad_accum_steps(cfg), t->peak_flops / 1e9, opt->peak_flops > 0 ? "" : " (measured sgemm)");
+    *out = t;
+    return SPES_OK;
+fail:
+    trainer_free(t);
+    return SPES_ERR;
+}
+
+void trainer_free(Trainer *t) {
+    if (!t) return;
+    metrics_close(&t->log);
+    for (int i = 0; i < t->n_evals; i++) {
+        loader_free(t->evals[i].dl);
+        token_dataset_close(t->evals[i].ds);
+    }
+    free(t->evals);
+    free(t->step_counts);
+    adamw_free(&t->adamw);
+    if (t->model_created) model_free(&t->model);
+    loader_free(t->train_dl);
+    token_dataset_close(t->train_ds);
+    free(t);
+}
+
+Model *trainer_model(Trainer *t) { return &t->model; }
+int64_t trainer_step_count(const Trainer *t) { return t->state.step; }
+int64_t trainer_max_steps(const Trainer *t) { return t->max_steps; }
+
+int trainer_step(Trainer *t, StepMetrics *out) {
+    const TrainConfig *cfg = t->cfg;
+    Model *m = &t->model;
+    double t0 = now_seconds();
+    const Batch *batch;
+    SPES_TRY(loader_next(t->train_dl, &batch));
+    int T = batch->T, rows = batch->rows, micro = cfg->device_train_microbatch_size;
+    int n_micro = (rows + micro - 1) / micro;   // a short last batch (drop_last false) has fewer
+    int64_t step = t->state.step + 1;
+    size_t n_counts = (size_t)m->cfg.n_layers * (size_t)m->cfg.num_experts;
+    memset(t->step_counts, 0, n_counts * sizeof *t->step_counts);
+    model_zero_grad(m);
+
+    // Gradient accumulation: grads of sum_i loss_i / n_micro (OLMo's train_batch).
+    LossValues mean = {0};
+    double flops = 0;
+    for (int i = 0; i < n_micro; i++) {
+        int r0 = i * micro, nb = rows - r0 < micro ? rows - r0 : micro;
+        LossValues lv;
+        if (model_forward_backward(m, batch->inputs + (size_t)r0 * T, batch->targets + (size_t)r0 * T, nb, T,
+                                   &t->weights, 1.0f / (float)n_micro, &lv, NULL) != SPES_OK)
+            return spes_fail_context("step %" PRId64 ", micro-batch %d", step, i);
+        mean.ce += lv.ce / n_micro;
+        mean.lm_z += lv.lm_z / n_micro;
+        mean.lb += lv.lb / n_micro;
+        mean.router_z += lv.router_z / n_micro;
+        mean.total += lv.total / n_micro;
+        mean.num_targets += lv.num_targets;
+        for (size_t k = 0; k < n_counts; k++) t->step_counts[k] += m->expert_counts[k];
+        flops += model_train_flops(m, nb, T);
+    }
+    if (!isfinite(mean.total))
+        return spes_fail("step %" PRId64 ": the loss is %g (ce %g); lower optimizer.learning_rate or set "
+                         "max_grad_norm; the last checkpoint is unaffected",
+                         step, mean.total, mean.ce);
+
+    size_t n_grad = m->table.trainable_numel;
+    double norm = n_grad ? grad_clip_global_norm(m->grads, n_grad, cfg->max_grad_norm) : 0.0;
+    double lr = schedule_lr(&cfg->schedule, cfg->learning_rate, step, t->max_steps);
+    if (n_grad) adamw_step(&t->adamw, &m->table, m->params, m->grads, lr);
+
+    t->state.step = step;
+    t->state.tokens_seen += (int64_t)rows * T;
+    t->state.data = loader_get_position(t->train_dl);
+
+    double dt = now_seconds() - t0;
+    if (t->steps_this_run++ > 0) {   // this process's first step warms caches: no ETA basis
+        t->timed_seconds += dt;
+        t->timed_steps++;
+    }
+    double avg = t->timed_steps ? t->timed_seconds / (double)t->timed_steps : dt;
+    *out = (StepMetrics){.step = step,
+                         .max_steps = t->max_steps,
+                         .loss = mean,
+                         .lr = lr,
+                         .grad_norm = norm,
+                         .tokens_seen = t->state.tokens_seen,
+                         .expert_counts = t->step_counts,
+                         .n_layers = m->cfg.n_layers,
+                         .n_experts = m->cfg.num_experts,
+                         .step_seconds = dt,
+                         .tokens_per_second = dt > 0 ? (double)rows * T / dt : 0,
+                         .mfu = dt > 0 && t->peak_flops > 0 ? flops / dt / t->peak_flops : 0,
+                         .eta_seconds = avg * (double)(t->max_steps - step),
+                         .peak_rss_mb = peak_rss_mb()};
+    return SPES_OK;
+}
+
+int trainer_evaluate(Trainer *t) {
+    for (int i = 0; i < t->n_evals; i++) {
+        Evaluator *e = &t->evals[i];
+        double t0 = now_seconds(), ce_sum = 0;
+        int64_t targets = 0;
+        SPES_TRY(loader_set_position(e->dl, (LoaderPosition){0, 0}));
+        for (;;) {
+            const Batch *b;
+            SPES_TRY(loader_next(e->dl, &b));
+            if (b->rows == 0) break;
+            LossValues lv;
+            if (model_forward(&t->model, b->inputs, b->targets, b->rows, b->T, &t->weights, &lv, NULL) != SPES_OK)
+                return spes_fail_context("evaluator '%s'", e->cfg->label);
+            ce_sum += lv.ce * (double)lv.num_targets;
+            targets += lv.num_targets;
+        }
+        double ce = targets ? ce_sum / (double)targets : NAN;
+        log_info("eval %s at step %" PRId64 ": ce %.4f, perplexity %.3f over %" PRId64 " tokens (%.1fs)",
+                 e->cfg->label, t->state.step, ce, exp(ce), targets, now_seconds() - t0);
+        SPES_TRY(metrics_write_eval(&t->log, t->state.step, e->cfg->label, ce, targets));
+    }
+    t->last_eval_step = t->state.step;
+    return SPES_OK;
+}
+
+int trainer_save(Trainer *t) {
+    double t0 = now_seconds();
+    SPES_TRY(checkpoint_save(t->cfg->save_folder, &t->model, &t->adamw, &t->state, t->cfg));
+    SPES_TRY(checkpoint_prune(t->cfg->save_folder, t->cfg->save_num_unsharded_checkpoints_to_keep));
+    t->last_saved_step = t->state.step;
+    log_info("saved %s/step%" PRId64 " (%.1fs)", t->cfg->save_folder, t->state.step, now_seconds() - t0);
+    return SPES_OK;
+}
+
+int trainer_run(Trainer *t) {
+    const TrainConfig *cfg = t->cfg;
+    int64_t log_every = cfg->console_log_interval > 0 ? cfg->console_log_interval : 1;
+    while (t->state.step < t->max_steps) {
+        if (cfg->stop_at >= 0 && t->state.step >= cfg->stop_at) {
+            log_info("stop_at %" PRId64 " reached", cfg->stop_at);
+            break;
+        }
+        StepMetrics sm;
+        SPES_TRY(trainer_step(t, &sm));
+        int64_t step = sm.step;
+        bool log_step = step % log_every == 0 || step == 1 || step == t->max_steps;
+        if (log_step) {
+            char line[512];
+            metrics_format_console(&sm, line, sizeof line);
+            log_info("%s", line);
+        }
+        SPES_TRY(metrics_write_step(&t->log, &sm, step % log_every == 0));
+        if (t->opt.after_step && t->opt.after_step(t->opt.after_step_ctx, &t->model, step) != SPES_OK)
+            return spes_fail_context("after step %" PRId64, step);
+        bool interrupted = t->opt.stop && *t->opt.stop;
+        if (cfg->save_interval_unsharded > 0 && step % cfg->save_interval_unsharded == 0) SPES_TRY(trainer_save(t));
+        if (interrupted) {
+            log_info("interrupted: finishing at step %" PRId64, step);
+            break;
+        }
+        if (t->n_evals > 0 && cfg->eval_interval > 0 && step % cfg->eval_interval == 0) SPES_TRY(trainer_evaluate(t));
+    }
+    if (t->last_saved_step != t->state.step) SPES_TRY(trainer_save(t));
+    // A completed run ends with a validation figure even off the eval_interval grid.
+    bool completed = t->state.step >= t->max_steps;
+    if (completed && t->n_evals > 0 && t->last_eval_step != t->state.step) SPES_TRY(trainer_evaluate(t));
+    return SPES_OK;
+}

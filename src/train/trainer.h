@@ -1,0 +1,58 @@
+// The training loop: data -> micro-batches -> forward/backward (gradient accumulation) ->
+// global-norm clip -> learning-rate schedule -> AdamW -> after-step hook -> log, save, eval.
+//
+// Gradient accumulation follows OLMo's Trainer.train_batch: each micro-batch's losses are
+// means over that micro-batch and are divided by the number of micro-batches, so the
+// step's gradient is that of the mean of the micro-batch means. The schedule is evaluated
+// at the 1-based number of the step being taken (OLMo increments global_step first).
+//
+// One trainer runs one model on one node. SPES hooks in through `after_step` (called after
+// every optimizer step with the model and the step number: upload/download happen there)
+// and trainer_setup_trainable (the single place the trainable mask is decided).
+#pragma once
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config/config.h"
+#include "model/model.h"
+#include "train/metrics.h"
+
+typedef struct Trainer Trainer;
+
+// Called after every optimizer step. It may change the parameters (load an aggregated
+// model); the optimizer state is kept. SPES_ERR stops training with that error.
+typedef int (*TrainerAfterStep)(void *ctx, Model *m, int64_t step);
+
+typedef struct {
+    bool resume;                    // --resume: newest complete checkpoint (as try_load_latest_save)
+    bool ignore_config_hash;        // resume although the configuration changed
+    double peak_flops;              // FLOP/s that MFU is relative to; <= 0: measured (sgemm) at start
+    volatile sig_atomic_t *stop;    // set asynchronously (SIGINT): finish the step, save, return
+    TrainerAfterStep after_step;
+    void *after_step_ctx;
+} TrainerOptions;
+
+// Opens the data, builds and initialises (or loads / resumes) the model and optimizer.
+// cfg must outlive the trainer.
+int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **out);
+void trainer_free(Trainer *t);
+
+// Steps until max_duration or stop_at, or until *opt.stop is set; saves every
+// save_interval_unsharded steps and at the end; evaluates every eval_interval steps.
+int trainer_run(Trainer *t);
+// One optimizer step on the next global batch; fills *out (wall-clock fields too).
+int trainer_step(Trainer *t, StepMetrics *out);
+// Token-weighted mean cross-entropy of every lm evaluator, logged and written to metrics.jsonl.
+int trainer_evaluate(Trainer *t);
+// Writes save_folder/step<N> and prunes old ones to the keep count.
+int trainer_save(Trainer *t);
+
+Model *trainer_model(Trainer *t);
+int64_t trainer_step_count(const Trainer *t);     // optimizer steps done
+int64_t trainer_max_steps(const Trainer *t);
+
+// The trainable mask for this config: every tensor, or with using_spes the shared tensors
+// plus the peer's own experts [peer_id*m, (peer_id+1)*m) of every layer
+// (m = num_train_experts_per_node). Reallocates the model's gradient buffer.
+int trainer_setup_trainable(Model *m, const TrainConfig *cfg);

@@ -1,0 +1,206 @@
+// Checkpoints (src/train/checkpoint.c): layout, bit-exact round trip of weights, moments and
+// train state, newest-complete lookup, pruning, and the errors for damaged or mismatched
+// checkpoints.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/file.h"
+#include "config/config.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "train/checkpoint.h"
+#include "train/optimizer.h"
+
+typedef struct {
+    char dir[64];
+    TrainConfig cfg;
+    Model model;
+    AdamW opt;
+} Fixture;
+
+static char *join(const char *a, const char *b) {
+    char *p = path_join(a, b);
+    assert_non_null(p);
+    return p;
+}
+
+// A tiny model with random weights, experts 2..3 trainable, and non-trivial moments.
+static int setup(void **state) {
+    Fixture *f = calloc(1, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "/tmp/spes_ckpt_test_XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    config_defaults(&f->cfg);
+    assert_int_equal(model_config_preset("tiny", &f->cfg.model), SPES_OK);
+    assert_int_equal(model_create(&f->model, &f->cfg.model), SPES_OK);
+    model_init_weights(&f->model, 7);
+    assert_int_equal(model_set_trainable_experts(&f->model, 2, 3), SPES_OK);
+    AdamWConfig ac = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    assert_int_equal(adamw_create(&f->opt, &f->model.table, &ac), SPES_OK);
+    for (size_t i = 0; i < f->opt.numel; i++) {
+        f->opt.m[i] = (float)i * 1e-3f - 0.5f;
+        f->opt.v[i] = (float)(i % 17) * 1e-4f;
+    }
+    f->opt.step = 5;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    Fixture *f = *state;
+    adamw_free(&f->opt);
+    model_free(&f->model);
+    config_free(&f->cfg);
+    remove_tree(f->dir);
+    free(f);
+    return 0;
+}
+
+static TrainState sample_state(int64_t step) {
+    return (TrainState){.step = step,
+                        .tokens_seen = step * 4096,
+                        .data = {.epoch = 1, .index = 24},
+                        .data_seed = 6198,
+                        .config_hash = 0xfedcba9876543210ull};
+}
+
+static void test_layout_and_round_trip(void **state) {
+    Fixture *f = *state;
+    TrainState st = sample_state(10);
+    assert_int_equal(checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg), SPES_OK);
+    char *step_dir = join(f->dir, "step10"), *tmp_dir = join(f->dir, "step10.tmp");
+    assert_true(dir_exists(step_dir));
+    assert_false(dir_exists(tmp_dir));
+    const char *files[] = {"model.safetensors", "config.json", "config.yaml", "train_state.safetensors",
+                           "train_state.json"};
+    for (int i = 0; i < 5; i++) {
+        char *p = join(step_dir, files[i]);
+        if (!file_exists(p)) fail_msg("missing %s", p);
+        free(p);
+    }
+    // Moments are named exp_avg.<name> / exp_avg_sq.<name>, only for trainable tensors.
+    char *ts_path = join(step_dir, "train_state.safetensors");
+    SafeTensors ts;
+    assert_int_equal(safetensors_open(ts_path, &ts), SPES_OK);
+    assert_non_null(safetensors_find(&ts, "exp_avg.model.layers.0.mlp.experts.2.gate_proj.weight"));
+    assert_non_null(safetensors_find(&ts, "exp_avg_sq.lm_head.weight"));
+    assert_null(safetensors_find(&ts, "exp_avg.model.layers.0.mlp.experts.0.gate_proj.weight"));
+    safetensors_close(&ts);
+
+    // Load into a fresh model + optimizer with the same trainable set: bit-identical.
+    Model m2;
+    AdamW o2;
+    assert_int_equal(model_create(&m2, &f->cfg.model), SPES_OK);
+    assert_int_equal(model_set_trainable_experts(&m2, 2, 3), SPES_OK);
+    assert_int_equal(adamw_create(&o2, &m2.table, &f->opt.cfg), SPES_OK);
+    TrainState back;
+    assert_int_equal(checkpoint_load(step_dir, &m2, &o2, &back), SPES_OK);
+    assert_memory_equal(m2.params, f->model.params, f->model.table.total_numel * sizeof(float));
+    assert_memory_equal(o2.m, f->opt.m, f->opt.numel * sizeof(float));
+    assert_memory_equal(o2.v, f->opt.v, f->opt.numel * sizeof(float));
+    assert_int_equal(o2.step, 5);
+    assert_int_equal(back.step, 10);
+    assert_int_equal(back.tokens_seen, 40960);
+    assert_int_equal(back.data.epoch, 1);
+    assert_int_equal(back.data.index, 24);
+    assert_int_equal(back.data_seed, 6198);
+    assert_true(back.config_hash == 0xfedcba9876543210ull);
+
+    // A different trainable set is refused by name, before anything is read.
+    assert_int_equal(model_set_trainable_experts(&m2, 0, 1), SPES_OK);
+    adamw_free(&o2);
+    assert_int_equal(adamw_create(&o2, &m2.table, &f->opt.cfg), SPES_OK);
+    assert_int_equal(checkpoint_load(step_dir, &m2, &o2, &back), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "trainable"));
+    adamw_free(&o2);
+    model_free(&m2);
+    free(ts_path);
+    free(step_dir);
+    free(tmp_dir);
+}
+
+static void test_latest_and_prune(void **state) {
+    Fixture *f = *state;
+    char *dir;
+    int64_t step;
+    assert_int_equal(checkpoint_find_latest(f->dir, &dir, &step), SPES_OK);
+    assert_null(dir);
+    assert_int_equal(step, -1);
+    int64_t steps[] = {3, 12, 9, 20};
+    for (int i = 0; i < 4; i++) {
+        TrainState st = sample_state(steps[i]);
+        assert_int_equal(checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg), SPES_OK);
+    }
+    // Incomplete directories never count: an interrupted save and a step dir without state.
+    char *tmp = join(f->dir, "step99.tmp"), *partial = join(f->dir, "step50"), *other = join(f->dir, "step7x");
+    assert_int_equal(mkdir_p(tmp), SPES_OK);
+    assert_int_equal(mkdir_p(partial), SPES_OK);
+    assert_int_equal(mkdir_p(other), SPES_OK);
+    assert_int_equal(checkpoint_find_latest(f->dir, &dir, &step), SPES_OK);
+    assert_int_equal(step, 20);
+    assert_non_null(strstr(dir, "step20"));
+    free(dir);
+
+    assert_int_equal(checkpoint_prune(f->dir, 2), SPES_OK);
+    char *gone3 = join(f->dir, "step3"), *gone9 = join(f->dir, "step9"), *kept12 = join(f->dir, "step12");
+    assert_false(dir_exists(gone3));
+    assert_false(dir_exists(gone9));
+    assert_true(dir_exists(kept12));
+    assert_false(dir_exists(tmp));      // leftovers of interrupted saves are cleaned
+    assert_true(dir_exists(other));     // not ours: untouched
+    assert_int_equal(checkpoint_remove_all(f->dir), SPES_OK);
+    assert_int_equal(checkpoint_find_latest(f->dir, &dir, &step), SPES_OK);
+    assert_null(dir);
+    free(tmp);
+    free(partial);
+    free(other);
+    free(gone3);
+    free(gone9);
+    free(kept12);
+}
+
+static void write_text(const char *path, const char *text) {
+    assert_int_equal(file_write_atomic(path, text, strlen(text)), SPES_OK);
+}
+
+static void test_damaged_state(void **state) {
+    Fixture *f = *state;
+    TrainState st = sample_state(4);
+    assert_int_equal(checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg), SPES_OK);
+    char *dir = join(f->dir, "step4"), *json = join(dir, "train_state.json");
+    TrainState back;
+    write_text(json, "{\"schema_version\": 1, \"step\": \"four\"}");
+    assert_int_equal(checkpoint_read_state(dir, &back), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "step"));
+    write_text(json, "{not json");
+    assert_int_equal(checkpoint_read_state(dir, &back), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "train_state.json"));
+    write_text(json, "{\"schema_version\": 99}");
+    assert_int_equal(checkpoint_read_state(dir, &back), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "schema_version"));
+    // Truncated moments file: a clear error naming it, not a crash.
+    assert_int_equal(checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg), SPES_OK);
+    char *moments = join(dir, "train_state.safetensors");
+    assert_int_equal(truncate(moments, 100), 0);
+    assert_int_equal(checkpoint_load(dir, &f->model, &f->opt, &back), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "train_state.safetensors"));
+    free(moments);
+    free(json);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_layout_and_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_latest_and_prune, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_state, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
