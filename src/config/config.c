@@ -1,0 +1,356 @@
+// Config loading pipeline: YAML file -> tree -> command-line overrides -> ${...}
+// interpolation -> TrainConfig (key table in config_keys.c) -> cross-field validation.
+#include "config/config.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/file.h"
+#include "base/log.h"
+#include "config/config_internal.h"
+
+static const char COMMAND_LINE[] = "command line";
+
+// ---------------------------------------------------------------------------------------
+// Overrides: "--a.b=value" or "--a.b" "value"; the value is YAML ("3", "1e-4", "[a, b]", "null").
+
+static void mark_command_line(YNode *n) {
+    n->origin = COMMAND_LINE;
+    n->line = 0;
+    for (int i = 0; i < n->n; i++) mark_command_line(n->items[i]);
+}
+
+static bool valid_key_name(const char *s, size_t len) {
+    if (len == 0 || s[0] == '.' || s[len - 1] == '.') return false;
+    for (size_t i = 0; i < len; i++) {
+        char ch = s[i];
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+                  (ch == '.' && s[i + 1] != '.');
+        if (!ok) return false;
+    }
+    return true;
+}
+
+static int apply_overrides(YNode *root, int n, char **args) {
+    for (int i = 0; i < n; i++) {
+        const char *arg = args[i];
+        if (strncmp(arg, "--", 2) != 0)
+            return spes_fail("command line: '%s' is not a config override (expected --key=value, e.g. "
+                             "--spes_config.peer_id=1)", arg);
+        arg += 2;
+        const char *eq = strchr(arg, '=');
+        size_t key_len = eq ? (size_t)(eq - arg) : strlen(arg);
+        if (!valid_key_name(arg, key_len))
+            return spes_fail("command line: '--%s' is not a config override (keys are dotted names like "
+                             "optimizer.learning_rate)", arg);
+        char key[256];
+        if (key_len >= sizeof key) return spes_fail("command line: override key too long: '--%.40s...'", arg);
+        memcpy(key, arg, key_len);
+        key[key_len] = '\0';
+        const char *value;
+        if (eq) {
+            value = eq + 1;
+        } else {
+            if (i + 1 >= n) return spes_fail("command line --%s: needs a value (--%s=VALUE or --%s VALUE)", key, key, key);
+            value = args[++i];
+        }
+        if (!config_key_known(key))
+            return spes_fail("command line --%s: unknown config key (docs/config-keys.md lists them)", key);
+        YNode *node = NULL;
+        if (value[0] == '\0') {   // "--load_path=": null
+            node = spes_calloc(1, sizeof(YNode));
+            if (!node || !(node->value = spes_strdup(""))) {
+                free(node);
+                return SPES_ERR;
+            }
+            node->kind = YNODE_SCALAR;
+            node->plain = true;
+        } else if (ytree_parse(value, strlen(value), COMMAND_LINE, 0, &node) != SPES_OK) {
+            return spes_fail_context("command line --%s", key);
+        }
+        mark_command_line(node);
+        SPES_TRY(ytree_set_path(root, key, node));
+    }
+    return SPES_OK;
+}
+
+// ---------------------------------------------------------------------------------------
+// ${a.b} interpolation (OmegaConf style), after overrides so --spes_config.peer_id=2 reaches
+// save_folder: output/${run_name}/node${spes_config.peer_id}.
+
+static int interpolate_scalar(YNode *root, YNode *n, const char *key, int depth) {
+    if (!strstr(n->value, "${")) return SPES_OK;
+    if (depth > 16) return key_fail(n, key, "interpolation nests deeper than 16 levels (a cycle?)");
+    char *out = NULL;
+    size_t out_len = 0;
+    FILE *mem = open_memstream(&out, &out_len);
+    if (!mem) return spes_fail("out of memory interpolating %s", key);
+    const char *p = n->value;
+    bool whole = false;   // the value is exactly one ${...}: it takes the target's type
+    bool target_plain = true;
+    int rc = SPES_OK;
+    while (*p) {
+        const char *start = strstr(p, "${");
+        if (!start) {
+            fputs(p, mem);
+            break;
+        }
+        fwrite(p, 1, (size_t)(start - p), mem);
+        const char *end = strchr(start + 2, '}');
+        if (!end) {
+            rc = key_fail(n, key, "unterminated ${ in '%s'", n->value);
+            break;
+        }
+        char name[256];
+        size_t len = (size_t)(end - start - 2);
+        if (len == 0 || len >= sizeof name) {
+            rc = key_fail(n, key, "bad interpolation '%.*s'", (int)(end - start + 1), start);
+            break;
+        }
+        memcpy(name, start + 2, len);
+        name[len] = '\0';
+        YNode *target = ytree_get_path(root, name);
+        if (!target) {
+            rc = key_fail(n, key, "unknown interpolation ${%s}: no such key in the config", name);
+            break;
+        }
+        if (target->kind != YNODE_SCALAR) {
+            rc = key_fail(n, key, "${%s} is %s, not a single value", name, target->kind == YNODE_MAP ? "a mapping" : "a list");
+            break;
+        }
+        if (target == n) {
+            rc = key_fail(n, key, "${%s} refers to itself", name);
+            break;
+        }
+        if ((rc = interpolate_scalar(root, target, name, depth + 1)) != SPES_OK) break;
+        whole = start == n->value && end[1] == '\0';
+        target_plain = target->plain;
+        fputs(ytree_is_null(target) && !whole ? "None" : target->value, mem);   // OmegaConf's str(None)
+        p = end + 1;
+    }
+    fclose(mem);
+    if (rc != SPES_OK) {
+        free(out);
+        return rc;
+    }
+    free(n->value);
+    n->value = out;
+    n->plain = whole ? target_plain : false;
+    return SPES_OK;
+}
+
+static int interpolate_tree(YNode *root, YNode *n, const char *path) {
+    if (n->kind == YNODE_SCALAR) return interpolate_scalar(root, n, path, 0);
+    for (int i = 0; i < n->n; i++) {
+        char child[512];
+        if (n->kind == YNODE_MAP) snprintf(child, sizeof child, "%s%s%s", path, path[0] ? "." : "", n->keys[i]);
+        else snprintf(child, sizeof child, "%s[%d]", path, i);
+        SPES_TRY(interpolate_tree(root, n->items[i], child));
+    }
+    return SPES_OK;
+}
+
+// ---------------------------------------------------------------------------------------
+// Validation: cross-field checks, errors at the line of the key that was set.
+
+static const YNode *where(const YNode *root, const char *path) { return root ? ytree_get_path(root, path) : NULL; }
+
+#define CHECK(cond, key, ...)                                         \
+    do {                                                              \
+        if (!(cond)) return key_fail(where(root, key), key, __VA_ARGS__); \
+    } while (0)
+
+static int validate_at(TrainConfig *cfg, const YNode *root) {
+    ModelConfig *m = &cfg->model;
+    // model: fill what OLMo derives, then check shapes
+    if (m->n_kv_heads == 0) m->n_kv_heads = m->n_heads;
+    if (m->embedding_size == 0) m->embedding_size = m->vocab_size;
+    CHECK(m->d_model > 0 && m->n_heads > 0 && m->n_layers > 0 && m->vocab_size > 0 && m->num_experts > 0,
+          "model", "d_model, n_heads, n_layers, vocab_size and moe_num_experts must be > 0");
+    CHECK(m->n_heads % m->n_kv_heads == 0, "model.n_kv_heads", "n_heads (%d) must be a multiple of n_kv_heads (%d)",
+          m->n_heads, m->n_kv_heads);
+    if (m->head_dim == 0) {
+        CHECK(m->d_model % m->n_heads == 0, "model.n_heads", "d_model (%d) is not divisible by n_heads (%d); set model.head_dim",
+              m->d_model, m->n_heads);
+        m->head_dim = m->d_model / m->n_heads;
+    }
+    CHECK(m->head_dim % 2 == 0, "model.head_dim", "head_dim %d must be even (rotary embeddings rotate pairs)", m->head_dim);
+    CHECK(m->embedding_size >= m->vocab_size, "model.embedding_size", "must be >= vocab_size (%d), got %d",
+          m->vocab_size, m->embedding_size);
+    CHECK(m->top_k <= m->num_experts, "model.moe_top_k", "must be <= moe_num_experts (%d), got %d", m->num_experts, m->top_k);
+    CHECK(m->expert_hidden > 0, "model.mlp_hidden_size", "expert hidden size must be > 0");
+    CHECK(m->max_seq_len >= 2, "model.max_sequence_length", "must be >= 2 (an instance predicts positions 1..T-1), got %d",
+          m->max_seq_len);
+    CHECK(m->eos_token_id < m->embedding_size, "model.eos_token_id", "%d is outside the embedding (%d rows)",
+          m->eos_token_id, m->embedding_size);
+    CHECK(m->pad_token_id < m->embedding_size, "model.pad_token_id", "%d is outside the embedding (%d rows)",
+          m->pad_token_id, m->embedding_size);
+
+    // batch and duration
+    CHECK(cfg->global_train_batch_size > 0, "global_train_batch_size", "must be > 0");
+    CHECK(cfg->device_train_microbatch_size > 0, "device_train_microbatch_size", "must be > 0");
+    CHECK(cfg->global_train_batch_size % cfg->device_train_microbatch_size == 0, "device_train_microbatch_size",
+          "global_train_batch_size (%d) must be a multiple of device_train_microbatch_size (%d)",
+          cfg->global_train_batch_size, cfg->device_train_microbatch_size);
+    CHECK(cfg->max_duration > 0, "max_duration", "must be > 0");
+
+    // optimizer and schedule
+    CHECK(cfg->schedule.alpha_f <= 1.0, "scheduler.alpha_f", "must be in [0, 1], got %g", cfg->schedule.alpha_f);
+    CHECK(cfg->schedule.t_max <= 0 || cfg->schedule.t_max > cfg->schedule.t_warmup, "scheduler.t_max",
+          "must be > t_warmup (%" PRId64 "), got %" PRId64, cfg->schedule.t_warmup, cfg->schedule.t_max);
+    CHECK(cfg->schedule.warmup_min_lr < 0 || cfg->schedule.warmup_min_lr <= cfg->learning_rate, "scheduler.warmup_min_lr",
+          "must be <= optimizer.learning_rate (%g), got %g", cfg->learning_rate, cfg->schedule.warmup_min_lr);
+
+    // checkpoints
+    CHECK(cfg->save_folder && cfg->save_folder[0], "save_folder", "must be a directory path");
+    CHECK(cfg->save_num_unsharded_checkpoints_to_keep == -1 || cfg->save_num_unsharded_checkpoints_to_keep >= 1,
+          "save_num_unsharded_checkpoints_to_keep", "must be -1 (keep all) or >= 1, got %d",
+          cfg->save_num_unsharded_checkpoints_to_keep);
+
+    // SPES topology
+    // The SPES configs set using_dilico together with using_spes: dilico (FedAvg) is a mode of
+    // the federated client in which every expert is trainable, so ownership is not checked.
+    CHECK(cfg->num_peers >= 1, "spes_config.num_peers", "must be >= 1");
+    CHECK(cfg->peer_id >= 0 && cfg->peer_id < cfg->num_peers, "spes_config.peer_id", "must be in [0, num_peers = %d), got %d",
+          cfg->num_peers, cfg->peer_id);
+    if (cfg->num_train_experts_per_node == 0)
+        cfg->num_train_experts_per_node = cfg->using_spes && !cfg->using_dilico ? m->num_experts / cfg->num_peers : m->num_experts;
+    CHECK(cfg->num_train_experts_per_node >= 1 && cfg->num_train_experts_per_node <= m->num_experts,
+          "spes_config.num_train_experts_per_node", "must be in [1, moe_num_experts = %d], got %d", m->num_experts,
+          cfg->num_train_experts_per_node);
+    if (cfg->using_spes && !cfg->using_dilico) {
+        // This peer owns experts [peer_id*m, (peer_id+1)*m): they must exist. A topology where
+        // num_peers*m != E (the seeds' 3B config: 8 peers x 2 of 8 experts) is only warned
+        // about: the server decides what several owners of an expert mean.
+        int64_t m_own = cfg->num_train_experts_per_node, first = (int64_t)cfg->peer_id * m_own;
+        CHECK(first + m_own <= m->num_experts, "spes_config.peer_id",
+              "peer %d would own experts [%" PRId64 ", %" PRId64 ") but model.moe_num_experts is %d "
+              "(num_train_experts_per_node = %" PRId64 ")",
+              cfg->peer_id, first, first + m_own, m->num_experts, m_own);
+        if ((int64_t)cfg->num_peers * m_own != m->num_experts)
+            log_warn("%s: spes_config: num_peers (%d) * num_train_experts_per_node (%" PRId64 ") != moe_num_experts (%d): "
+                     "experts are not partitioned exactly once over the peers",
+                     cfg->source_path ? cfg->source_path : "config", cfg->num_peers, m_own, m->num_experts);
+    }
+    if (cfg->using_spes || cfg->using_dilico)
+        CHECK(cfg->server_addr && cfg->server_addr[0], "spes_config.server_addr", "needs host:port of the parameter server");
+    CHECK(cfg->sync_steps > 0, "spes_config.sync_steps", "must be > 0");
+    CHECK(cfg->decayed_factor_update_steps > 0, "spes_config.decayed_factor_update_steps", "must be > 0");
+    return SPES_OK;
+}
+
+int config_validate(TrainConfig *cfg) { return validate_at(cfg, NULL); }
+
+// ---------------------------------------------------------------------------------------
+// Loading
+
+static void report_keys(const TrainConfig *cfg, ParseCtx *ctx) {
+    if (ctx->ignored.n) {
+        char *list = strlist_join(&ctx->ignored, ", ");
+        log_info("%s: %d GPU/cluster-only key%s ignored (docs/config-keys.md says why): %s", cfg->source_path,
+                 ctx->ignored.n, ctx->ignored.n == 1 ? "" : "s", list ? list : "");
+        free(list);
+    }
+    if (ctx->downstream.n) {
+        char *list = strlist_join(&ctx->downstream, ", ");
+        log_warn("%s: %d downstream evaluator%s skipped during training (run `spes eval` for them): %s",
+                 cfg->source_path, ctx->downstream.n, ctx->downstream.n == 1 ? "" : "s", list ? list : "");
+        free(list);
+    }
+    if (ctx->unknown.n)
+        log_warn("%s: %d unknown key%s ignored (typo? docs/config-keys.md lists the known ones): %s", cfg->source_path,
+                 ctx->unknown.n, ctx->unknown.n == 1 ? "" : "s", cfg->unknown_keys ? cfg->unknown_keys : "");
+}
+
+int config_load_string(const char *yaml_text, const char *name, int n_overrides, char **overrides, TrainConfig *cfg) {
+    config_defaults(cfg);
+    YNode *root = NULL;
+    ParseCtx ctx = {.mlp_ratio = 4.0};
+    int rc = SPES_ERR;
+    if (!cfg->save_folder || !cfg->server_addr || !(cfg->source_path = spes_strdup(name))) goto out;
+    // node origins point at cfg->source_path, which outlives the tree
+    if (ytree_parse(yaml_text, strlen(yaml_text), cfg->source_path, 0, &root) != SPES_OK) goto out;
+    if (root->kind != YNODE_MAP) {
+        spes_fail("%s:%d: a config must be a mapping of keys (key: value lines)", name, root->line);
+        goto out;
+    }
+    if (apply_overrides(root, n_overrides, overrides) != SPES_OK) goto out;
+    if (interpolate_tree(root, root, "") != SPES_OK) goto out;
+    if (config_apply_tree(&ctx, root, cfg) != SPES_OK) goto out;
+    if (config_finish(&ctx, root, cfg) != SPES_OK) goto out;
+    if (ctx.unknown.n && !(cfg->unknown_keys = strlist_join(&ctx.unknown, ", "))) goto out;
+    if (validate_at(cfg, root) != SPES_OK) goto out;
+    report_keys(cfg, &ctx);
+    rc = SPES_OK;
+out:
+    ytree_free(root);
+    strlist_free(&ctx.unknown);
+    strlist_free(&ctx.ignored);
+    strlist_free(&ctx.downstream);
+    if (rc != SPES_OK) config_free(cfg);
+    return rc;
+}
+
+int config_load(const char *path, int n_overrides, char **overrides, TrainConfig *cfg) {
+    uint8_t *text = NULL;
+    size_t len = 0;
+    if (file_read_all(path, &text, &len) != SPES_OK) {
+        *cfg = (TrainConfig){0};
+        return spes_fail_context("config");
+    }
+    int rc = SPES_OK;
+    if (strlen((const char *)text) != len) rc = spes_fail("%s: NUL byte in the config file", path);
+    else rc = config_load_string((const char *)text, path, n_overrides, overrides, cfg);
+    if (rc != SPES_OK) *cfg = (TrainConfig){0};
+    free(text);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------------------
+// Derived quantities
+
+int config_grad_accum_steps(const TrainConfig *cfg) {
+    return cfg->global_train_batch_size / cfg->device_train_microbatch_size;
+}
+
+int config_max_steps(const TrainConfig *cfg, int64_t dataset_instances, int64_t *steps) {
+    switch (cfg->max_duration_unit) {
+    case DURATION_STEPS: *steps = cfg->max_duration; return SPES_OK;
+    case DURATION_TOKENS: {
+        int64_t per_step = (int64_t)cfg->global_train_batch_size * cfg->model.max_seq_len;
+        *steps = (cfg->max_duration + per_step - 1) / per_step;
+        return SPES_OK;
+    }
+    case DURATION_EPOCHS: {
+        if (dataset_instances < 0) return spes_fail("max_duration: %" PRId64 "ep needs the dataset size", cfg->max_duration);
+        int64_t per_epoch = dataset_instances / cfg->global_train_batch_size;   // OLMo: floor
+        if (per_epoch == 0)
+            return spes_fail("max_duration: %" PRId64 "ep: the dataset (%" PRId64 " instances) holds less than one "
+                             "global batch (%d)", cfg->max_duration, dataset_instances, cfg->global_train_batch_size);
+        *steps = cfg->max_duration * per_epoch;
+        return SPES_OK;
+    }
+    }
+    return spes_fail("max_duration: unknown unit");
+}
+
+uint64_t config_hash(const TrainConfig *cfg) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    if (!mem) return 0;
+    config_write_values(cfg, mem, true);
+    fclose(mem);
+    uint64_t h = 0xcbf29ce484222325ULL;   // FNV-1a 64
+    for (size_t i = 0; i < len; i++) {
+        h ^= (uint8_t)text[i];
+        h *= 0x100000001b3ULL;
+    }
+    free(text);
+    return h;
+}
+
+void config_write_yaml(const TrainConfig *cfg, FILE *out) { config_write_values(cfg, out, false); }

@@ -1,0 +1,978 @@
+// The key table: every SPES/OLMo config key we know, how it is read into TrainConfig, how it
+// is printed back, and why it is ignored when it is. The loader, the resolved-YAML dump, the
+// config hash and docs/config-keys.md all come from this one table.
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "config/config_internal.h"
+
+// ---------------------------------------------------------------------------------------
+// Small helpers
+
+int strlist_push(StrList *l, char *owned) {
+    if (!owned) return SPES_ERR;
+    if (l->n == l->cap) {
+        int cap = l->cap ? l->cap * 2 : 16;
+        char **items = spes_realloc(l->items, (size_t)cap * sizeof(char *));
+        if (!items) {
+            free(owned);
+            return SPES_ERR;
+        }
+        l->items = items;
+        l->cap = cap;
+    }
+    l->items[l->n++] = owned;
+    return SPES_OK;
+}
+
+void strlist_free(StrList *l) {
+    for (int i = 0; i < l->n; i++) free(l->items[i]);
+    free(l->items);
+    *l = (StrList){0};
+}
+
+char *strlist_join(const StrList *l, const char *sep) {
+    size_t len = 1;
+    for (int i = 0; i < l->n; i++) len += strlen(l->items[i]) + strlen(sep);
+    char *s = spes_malloc(len);
+    if (!s) return NULL;
+    s[0] = '\0';
+    for (int i = 0; i < l->n; i++) {
+        if (i) strcat(s, sep);
+        strcat(s, l->items[i]);
+    }
+    return s;
+}
+
+static char *str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *str_printf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    int rc = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    if (rc < 0) {
+        spes_fail("out of memory formatting a message");
+        return NULL;
+    }
+    return s;
+}
+
+int key_fail(const YNode *n, const char *key, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!n) return spes_fail("%s: %s", key, msg);   // a default or derived value
+    if (n->line > 0) return spes_fail("%s:%d: %s: %s", n->origin, n->line, key, msg);
+    return spes_fail("command line --%s: %s", key, msg);
+}
+
+static const char *kind_word(const YNode *n) {
+    return n->kind == YNODE_MAP ? "a mapping" : n->kind == YNODE_SEQ ? "a list" : "a value";
+}
+
+static int scalar_of(const YNode *n, const char *key, const char *expected, const char **text) {
+    if (n->kind != YNODE_SCALAR) return key_fail(n, key, "expected %s, got %s", expected, kind_word(n));
+    *text = n->value;
+    return SPES_OK;
+}
+
+// Whole-string integer (decimal, optional sign; "1_000" is not accepted).
+static int parse_i64(const YNode *n, const char *key, int64_t *out) {
+    const char *s = NULL;
+    SPES_TRY(scalar_of(n, key, "an integer", &s));
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (s[0] == '\0' || *end != '\0' || errno == ERANGE) {
+        // "5000.0" / "1e4": accept when the number is exactly integral (OmegaConf would not,
+        // but it is what the user meant); anything else is a type error.
+        double d = strtod(s, &end);
+        if (s[0] != '\0' && *end == '\0' && isfinite(d) && d == floor(d) && fabs(d) < 9.0e15) {
+            *out = (int64_t)d;
+            return SPES_OK;
+        }
+        return key_fail(n, key, "expected an integer, got '%s'", s);
+    }
+    *out = v;
+    return SPES_OK;
+}
+
+static int parse_f64(const YNode *n, const char *key, double *out) {
+    const char *s = NULL;
+    SPES_TRY(scalar_of(n, key, "a number", &s));
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (s[0] == '\0' || *end != '\0' || !isfinite(v) || errno == ERANGE)
+        return key_fail(n, key, "expected a number, got '%s'", s);
+    *out = v;
+    return SPES_OK;
+}
+
+// YAML 1.1 booleans, as PyYAML/OmegaConf read them.
+static int bool_word(const char *s, bool *out) {
+    static const char *const yes[] = {"true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON"};
+    static const char *const no[] = {"false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"};
+    for (size_t i = 0; i < sizeof yes / sizeof *yes; i++) {
+        if (strcmp(s, yes[i]) == 0) return *out = true, SPES_OK;
+        if (strcmp(s, no[i]) == 0) return *out = false, SPES_OK;
+    }
+    return SPES_ERR;
+}
+
+static int parse_bool(const YNode *n, const char *key, bool *out) {
+    const char *s = NULL;
+    SPES_TRY(scalar_of(n, key, "true or false", &s));
+    if (bool_word(s, out) != SPES_OK) return key_fail(n, key, "expected true or false, got '%s'", s);
+    return SPES_OK;
+}
+
+static void free_strings(char **list, int n) {
+    for (int i = 0; i < n; i++) free(list[i]);
+    free(list);
+}
+
+// A list of strings; a single scalar counts as a one-element list.
+static int parse_strlist(const YNode *n, const char *key, char ***list, int *count) {
+    int len = n->kind == YNODE_SEQ ? n->n : 1;
+    if (n->kind == YNODE_MAP) return key_fail(n, key, "expected a list of strings, got a mapping");
+    char **out = spes_calloc((size_t)(len ? len : 1), sizeof(char *));
+    if (!out) return SPES_ERR;
+    for (int i = 0; i < len; i++) {
+        const YNode *item = n->kind == YNODE_SEQ ? n->items[i] : n;
+        if (item->kind != YNODE_SCALAR || ytree_is_null(item)) {
+            free_strings(out, i);
+            return key_fail(item, key, "entry %d: expected a string, got %s", i,
+                            item->kind == YNODE_SCALAR ? "null" : kind_word(item));
+        }
+        if (!(out[i] = spes_strdup(item->value))) {
+            free_strings(out, i);
+            return SPES_ERR;
+        }
+    }
+    free_strings(*list, *count);
+    *list = out;
+    *count = len;
+    return SPES_OK;
+}
+
+// ---------------------------------------------------------------------------------------
+// The table
+
+typedef enum {
+    K_SECTION,  // a mapping whose keys have their own entries
+    K_INT,      // int field
+    K_I64,      // int64_t field
+    K_F32,      // float field
+    K_F64,      // double field
+    K_BOOL,     // bool field
+    K_STR,      // char * field (owned)
+    K_STRLIST,  // char ** + int count right after it (DataConfig/EvaluatorConfig layout)
+    K_FIXED,    // no field: only `fixed` (or null) is accepted, it is what we implement
+    K_IGNORED,  // no field: GPU/cluster-only, reason in `meaning`; subtree not read
+    K_SPECIAL,  // parse/format functions below
+} KeyKind;
+
+typedef enum { MIN_NONE = 0, MIN_POSITIVE, MIN_NONNEG } KeyMin;
+
+typedef struct ConfigKey ConfigKey;
+struct ConfigKey {
+    const char *path;
+    KeyKind kind;
+    size_t offset;
+    KeyMin min;
+    bool nullable;          // null accepted: numbers store null_value, strings NULL
+    double null_value;
+    bool hashed;            // part of config_hash
+    const char *fixed;      // K_FIXED: the accepted value
+    int (*parse)(ParseCtx *, const YNode *, const char *key, TrainConfig *);
+    void (*format)(const TrainConfig *, FILE *);   // K_SPECIAL; NULL: not printed
+    const char *meaning;    // docs text; for K_IGNORED the reason
+};
+
+#define F(field) offsetof(TrainConfig, field)
+
+// ---- special keys
+
+static int parse_mlp_hidden_size(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
+    if (ytree_is_null(n)) return c->mlp_hidden_size = 0, SPES_OK;
+    int64_t v = 0;
+    SPES_TRY(parse_i64(n, key, &v));
+    if (v <= 0 || v > INT_MAX || v % 2 != 0)
+        return key_fail(n, key, "must be a positive even number (SwiGLU splits it in two halves), got %" PRId64, v);
+    c->mlp_hidden_size = (int)v;
+    return SPES_OK;
+}
+static void format_mlp_hidden_size(const TrainConfig *cfg, FILE *out) { fprintf(out, "%d", 2 * cfg->model.expert_hidden); }
+
+static int parse_mlp_ratio(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
+    double v = 0;
+    SPES_TRY(parse_f64(n, key, &v));
+    if (!(v > 0)) return key_fail(n, key, "must be > 0, got %g", v);
+    c->mlp_ratio = v;
+    return SPES_OK;
+}
+
+static int parse_attention_layer_norm(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
+    return parse_bool(n, key, &c->attention_layer_norm);
+}
+static void format_attention_layer_norm(const TrainConfig *cfg, FILE *out) {
+    fputs(cfg->model.qk_norm != QK_NORM_NONE ? "true" : "false", out);
+}
+static int parse_attention_layer_norm_over_head(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
+    if (ytree_is_null(n)) return c->attention_layer_norm_over_head = false, SPES_OK;
+    return parse_bool(n, key, &c->attention_layer_norm_over_head);
+}
+static void format_attention_layer_norm_over_head(const TrainConfig *cfg, FILE *out) {
+    fputs(cfg->model.qk_norm == QK_NORM_HEAD ? "true" : "false", out);
+}
+
+// OLMoE passes this to MegaBlocks as the p of a p-norm; the SPES configs write `true` (= 1).
+static int parse_normalize_expert_weights(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
+    if (ytree_is_null(n)) return cfg->model.normalize_expert_weights = false, SPES_OK;
+    bool b;
+    if (n->kind == YNODE_SCALAR && bool_word(n->value, &b) == SPES_OK) return cfg->model.normalize_expert_weights = b, SPES_OK;
+    double p = 0;
+    SPES_TRY(parse_f64(n, key, &p));
+    if (p != 1.0) return key_fail(n, key, "only true/1 (L1 renormalisation of the top-k weights) is supported, got '%s'", n->value);
+    cfg->model.normalize_expert_weights = true;
+    return SPES_OK;
+}
+static void format_normalize_expert_weights(const TrainConfig *cfg, FILE *out) {
+    fputs(cfg->model.normalize_expert_weights ? "true" : "false", out);
+}
+
+static int parse_betas(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
+    if (n->kind != YNODE_SEQ || n->n != 2)
+        return key_fail(n, key, "expected a list of two numbers [beta1, beta2], got %s",
+                        n->kind == YNODE_SEQ ? "a list of another length" : kind_word(n));
+    double b[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        SPES_TRY(parse_f64(n->items[i], key, &b[i]));
+        if (!(b[i] >= 0.0 && b[i] < 1.0)) return key_fail(n->items[i], key, "each beta must be in [0, 1), got %g", b[i]);
+    }
+    cfg->adamw.beta1 = b[0];
+    cfg->adamw.beta2 = b[1];
+    return SPES_OK;
+}
+
+static void print_number(FILE *out, double v);
+static void format_betas(const TrainConfig *cfg, FILE *out) {
+    fputc('[', out);
+    print_number(out, cfg->adamw.beta1);
+    fputs(", ", out);
+    print_number(out, cfg->adamw.beta2);
+    fputc(']', out);
+}
+
+static int parse_scheduler_name(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
+    const char *s = NULL;
+    SPES_TRY(scalar_of(n, key, "a scheduler name", &s));
+    if (schedule_kind_from_name(s, &cfg->schedule.kind) != SPES_OK)
+        return key_fail(n, key, "expected cosine_with_warmup, linear_with_warmup or constant, got '%s'", s);
+    return SPES_OK;
+}
+static void format_scheduler_name(const TrainConfig *cfg, FILE *out) { fputs(schedule_kind_name(cfg->schedule.kind), out); }
+
+static int parse_memmap_dtype(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
+    const char *s = NULL;
+    SPES_TRY(scalar_of(n, key, "a dtype name", &s));
+    if (strcmp(s, "uint16") == 0) cfg->data.memmap_dtype = MEMMAP_UINT16;
+    else if (strcmp(s, "uint32") == 0) cfg->data.memmap_dtype = MEMMAP_UINT32;
+    else return key_fail(n, key, "expected uint16 or uint32 (what tokenize_data.py writes), got '%s'", s);
+    return SPES_OK;
+}
+static void format_memmap_dtype(const TrainConfig *cfg, FILE *out) {
+    fputs(cfg->data.memmap_dtype == MEMMAP_UINT32 ? "uint32" : "uint16", out);
+}
+
+static int parse_payload_dtype(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
+    const char *s = NULL;
+    SPES_TRY(scalar_of(n, key, "f32 or bf16", &s));
+    if (strcmp(s, "f32") == 0 || strcmp(s, "float32") == 0) cfg->payload_dtype = PAYLOAD_F32;
+    else if (strcmp(s, "bf16") == 0 || strcmp(s, "bfloat16") == 0) cfg->payload_dtype = PAYLOAD_BF16;
+    else return key_fail(n, key, "expected f32 or bf16, got '%s'", s);
+    return SPES_OK;
+}
+static void format_payload_dtype(const TrainConfig *cfg, FILE *out) {
+    fputs(cfg->payload_dtype == PAYLOAD_BF16 ? "bf16" : "f32", out);
+}
+
+static int parse_data_seed(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
+    if (ytree_is_null(n)) return c->data_seed_set = false, SPES_OK;
+    int64_t v = 0;
+    SPES_TRY(parse_i64(n, key, &v));
+    if (v < 0) return key_fail(n, key, "must be >= 0, got %" PRId64, v);
+    cfg->data.seed = v;
+    c->data_seed_set = true;
+    return SPES_OK;
+}
+static void format_data_seed(const TrainConfig *cfg, FILE *out) { fprintf(out, "%" PRId64, cfg->data.seed); }
+
+// "50000" steps, "1e9T" / "1000000000T" tokens, "2ep" epochs (OLMo's forms).
+static int parse_max_duration(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
+    const char *s = NULL;
+    SPES_TRY(scalar_of(n, key, "a duration (steps, <N>T tokens or <N>ep epochs)", &s));
+    size_t len = strlen(s);
+    DurationUnit unit = DURATION_STEPS;
+    if (len > 1 && s[len - 1] == 'T') unit = DURATION_TOKENS, len -= 1;
+    else if (len > 2 && strcmp(s + len - 2, "ep") == 0) unit = DURATION_EPOCHS, len -= 2;
+    char num[64];
+    if (len == 0 || len >= sizeof num) return key_fail(n, key, "expected steps, <N>T or <N>ep, got '%s'", s);
+    memcpy(num, s, len);
+    num[len] = '\0';
+    char *end;
+    errno = 0;
+    double v = strtod(num, &end);
+    if (*end != '\0' || !isfinite(v) || v != floor(v) || v <= 0 || v > 9.0e18)
+        return key_fail(n, key, "expected a positive whole number of steps, <N>T tokens or <N>ep epochs, got '%s'", s);
+    cfg->max_duration = (int64_t)v;
+    cfg->max_duration_unit = unit;
+    return SPES_OK;
+}
+static void format_max_duration(const TrainConfig *cfg, FILE *out) {
+    static const char *const suffix[] = {"", "T", "ep"};
+    fprintf(out, "%" PRId64 "%s", cfg->max_duration, suffix[cfg->max_duration_unit]);
+}
+
+static void evaluator_free(EvaluatorConfig *ev) {
+    free(ev->label);
+    free_strings(ev->paths, ev->n_paths);
+    *ev = (EvaluatorConfig){0};
+}
+
+// One `evaluators:` entry. type lm (OLMo's default) needs data.paths; downstream ones are
+// recorded and skipped (`spes eval` runs those).
+static int parse_one_evaluator(ParseCtx *c, const YNode *n, int index, EvaluatorConfig *ev, bool *keep) {
+    char where[64];
+    snprintf(where, sizeof where, "evaluators[%d]", index);
+    if (n->kind != YNODE_MAP) return key_fail(n, where, "expected a mapping with label/type/data, got %s", kind_word(n));
+    const YNode *label = ytree_map_get(n, "label");
+    const YNode *type = ytree_map_get(n, "type");
+    if (!label || label->kind != YNODE_SCALAR || ytree_is_null(label))
+        return key_fail(n, where, "every evaluator needs a label");
+    const char *type_name = "lm";
+    if (type && !ytree_is_null(type)) SPES_TRY(scalar_of(type, where, "lm or downstream", &type_name));
+    if (strcmp(type_name, "downstream") == 0) {
+        *keep = false;
+        return strlist_push(&c->downstream, spes_strdup(label->value));
+    }
+    if (strcmp(type_name, "lm") != 0) return key_fail(type, where, "type must be lm or downstream, got '%s'", type_name);
+    *keep = true;
+    if (!(ev->label = spes_strdup(label->value))) return SPES_ERR;
+    for (int i = 0; i < n->n; i++) {
+        const char *k = n->keys[i];
+        if (strcmp(k, "label") == 0 || strcmp(k, "type") == 0) continue;
+        if (strcmp(k, "subset_num_batches") == 0 || strcmp(k, "device_eval_batch_size") == 0) {
+            SPES_TRY(strlist_push(&c->ignored, str_printf("%s.%s", where, k)));
+            continue;
+        }
+        if (strcmp(k, "data") == 0 && n->items[i]->kind == YNODE_MAP) {
+            const YNode *data = n->items[i];
+            for (int j = 0; j < data->n; j++) {
+                char key[128];
+                snprintf(key, sizeof key, "%s.data.%s", where, data->keys[j]);
+                if (strcmp(data->keys[j], "paths") == 0) {
+                    SPES_TRY(parse_strlist(data->items[j], key, &ev->paths, &ev->n_paths));
+                } else if (strcmp(data->keys[j], "memmap_dtype") == 0 || strcmp(data->keys[j], "num_workers") == 0 ||
+                           strcmp(data->keys[j], "drop_last") == 0 || strcmp(data->keys[j], "pin_memory") == 0 ||
+                           strcmp(data->keys[j], "persistent_workers") == 0 || strcmp(data->keys[j], "prefetch_factor") == 0) {
+                    // the evaluator reads with the training data's dtype and loader
+                    SPES_TRY(strlist_push(&c->ignored, spes_strdup(key)));
+                } else {
+                    SPES_TRY(strlist_push(&c->unknown, str_printf("%s (%s:%d)", key, data->items[j]->origin, data->items[j]->line)));
+                }
+            }
+            continue;
+        }
+        SPES_TRY(strlist_push(&c->unknown, str_printf("%s.%s (%s:%d)", where, k, n->items[i]->origin, n->items[i]->line)));
+    }
+    if (ev->n_paths == 0)
+        return key_fail(n, where, "lm evaluator '%s' needs data.paths (token files for the validation loss)", ev->label);
+    return SPES_OK;
+}
+
+static void free_evaluators(TrainConfig *cfg) {
+    for (int i = 0; i < cfg->n_evaluators; i++) evaluator_free(&cfg->evaluators[i]);
+    free(cfg->evaluators);
+    cfg->evaluators = NULL;
+    cfg->n_evaluators = 0;
+}
+
+static int parse_evaluators(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
+    free_evaluators(cfg);
+    if (ytree_is_null(n)) return SPES_OK;
+    if (n->kind != YNODE_SEQ) return key_fail(n, key, "expected a list of evaluators, got %s", kind_word(n));
+    cfg->evaluators = spes_calloc((size_t)(n->n ? n->n : 1), sizeof(EvaluatorConfig));
+    if (!cfg->evaluators) return SPES_ERR;
+    for (int i = 0; i < n->n; i++) {
+        EvaluatorConfig ev = {0};
+        bool keep = false;
+        if (parse_one_evaluator(c, n->items[i], i, &ev, &keep) != SPES_OK) {
+            evaluator_free(&ev);
+            return SPES_ERR;
+        }
+        if (keep) cfg->evaluators[cfg->n_evaluators++] = ev;
+    }
+    return SPES_OK;
+}
+
+static void print_string(FILE *out, const char *s);
+static void format_evaluators(const TrainConfig *cfg, FILE *out) {
+    if (cfg->n_evaluators == 0) {
+        fputs("[]", out);
+        return;
+    }
+    for (int i = 0; i < cfg->n_evaluators; i++) {
+        const EvaluatorConfig *ev = &cfg->evaluators[i];
+        fputs("\n  - label: ", out);
+        print_string(out, ev->label);
+        fputs("\n    type: lm\n    data:\n      paths: [", out);
+        for (int j = 0; j < ev->n_paths; j++) {
+            if (j) fputs(", ", out);
+            print_string(out, ev->paths[j]);
+        }
+        fputc(']', out);
+    }
+}
+
+// ---- the table itself. Each section's keys are contiguous (the YAML dump relies on it).
+
+static const ConfigKey KEYS[] = {
+    {"run_name", K_STR, F(run_name), .nullable = true, .meaning = "Name of the run; used in `${run_name}` interpolation and logs."},
+    {"seed", K_I64, F(seed), MIN_NONNEG, .hashed = true, .meaning = "Seed of weight initialisation, and of the data order when `data.seed` is unset."},
+    {"threads", K_INT, F(threads), MIN_NONNEG, .meaning = "CPU threads (0: all cores). Our extension."},
+    {"dry_run", K_IGNORED, .meaning = "OLMo debugging switch."},
+    {"no_pre_train_checkpoint", K_IGNORED, .meaning = "We never write a step-0 checkpoint."},
+    {"wandb", K_IGNORED, .meaning = "Weights & Biases is not built in; metrics go to `save_folder/metrics.jsonl`."},
+    {"compile", K_IGNORED, .meaning = "torch.compile settings."},
+    {"fused_loss", K_IGNORED, .meaning = "GPU fused cross-entropy kernel; the loss is the same."},
+    {"precision", K_IGNORED, .meaning = "CPU training runs in fp32 (amp_bf16 is a GPU mode)."},
+    {"distributed_strategy", K_IGNORED, .meaning = "FSDP/DDP within a node; one process trains a node here."},
+    {"fsdp", K_IGNORED, .meaning = "FSDP settings (GPU only)."},
+    {"ddp", K_IGNORED, .meaning = "DDP settings (GPU only)."},
+    {"activation_checkpointing", K_IGNORED, .meaning = "Activations are kept (planned once per batch shape)."},
+    {"speed_monitor", K_IGNORED, .meaning = "Tokens/s is always on the console line."},
+    {"tokenizer", K_IGNORED, .meaning = "Token files already hold ids; the tokenizer is chosen at `spes tokenize` time."},
+    {"softmax_auxiliary_loss", K_BOOL, F(softmax_auxiliary_loss), .hashed = true, .meaning = "Add the LM z-loss `mean(logsumexp(logits)^2)`."},
+    {"auxiliary_loss_multiplier", K_F32, F(auxiliary_loss_multiplier), MIN_NONNEG, .hashed = true, .meaning = "Weight of the LM z-loss."},
+    {"using_spes", K_BOOL, F(using_spes), .hashed = true, .meaning = "SPES: train shared tensors + own experts, sync through the parameter server."},
+    {"using_dilico", K_BOOL, F(using_dilico), .hashed = true, .meaning = "FedAvg baseline: every tensor trainable on every peer, all averaged."},
+    {"max_duration", K_SPECIAL, .hashed = false, .parse = parse_max_duration, .format = format_max_duration, .meaning = "Training length: steps, `<N>T` tokens or `<N>ep` epochs."},
+    {"stop_at", K_I64, F(stop_at), MIN_POSITIVE, .nullable = true, .null_value = -1, .meaning = "Stop at this step even if max_duration is later (null: no)."},
+    {"global_train_batch_size", K_INT, F(global_train_batch_size), MIN_POSITIVE, .hashed = true, .meaning = "Instances per optimizer step."},
+    {"device_train_microbatch_size", K_INT, F(device_train_microbatch_size), MIN_POSITIVE, .meaning = "Instances per forward/backward; gradients accumulate over global/micro of them."},
+    {"max_grad_norm", K_F64, F(max_grad_norm), MIN_NONNEG, .nullable = true, .null_value = 0, .hashed = true, .meaning = "Global gradient-norm clipping threshold (null: no clipping)."},
+    {"max_grad_norm_ratio", K_FIXED, .fixed = "null", .meaning = "Adaptive clipping is not implemented."},
+    {"save_folder", K_STR, F(save_folder), .meaning = "Checkpoints (`stepN/`) and metrics.jsonl go here."},
+    {"save_overwrite", K_BOOL, F(save_overwrite), .meaning = "Allow writing into a save_folder that already holds checkpoints of another run."},
+    {"save_interval", K_IGNORED, .meaning = "Sharded (FSDP) checkpoints are not written; use save_interval_unsharded."},
+    {"save_interval_ephemeral", K_IGNORED, .meaning = "Sharded (FSDP) checkpoints are not written."},
+    {"save_num_checkpoints_to_keep", K_IGNORED, .meaning = "Sharded (FSDP) checkpoints are not written."},
+    {"sharded_checkpointer", K_IGNORED, .meaning = "Sharded (FSDP) checkpoints are not written."},
+    {"save_interval_unsharded", K_I64, F(save_interval_unsharded), MIN_NONNEG, .nullable = true, .null_value = 0, .meaning = "Save `save_folder/stepN/` every N steps (null: only at the end)."},
+    {"save_num_unsharded_checkpoints_to_keep", K_INT, F(save_num_unsharded_checkpoints_to_keep), .meaning = "Newest checkpoints kept (-1: all)."},
+    {"load_path", K_STR, F(load_path), .nullable = true, .meaning = "Initial weights only: a checkpoint step directory or an HF OLMoE directory."},
+    {"try_load_latest_save", K_BOOL, F(try_load_latest_save), .meaning = "Resume from the newest complete checkpoint in save_folder, if any."},
+    {"console_log_interval", K_I64, F(console_log_interval), MIN_POSITIVE, .meaning = "Console line every N steps."},
+    {"eval_interval", K_I64, F(eval_interval), MIN_POSITIVE, .meaning = "Validation loss every N steps (lm evaluators)."},
+    {"eval_subset_num_batches", K_IGNORED, .meaning = "Validation always covers the whole evaluator dataset."},
+    {"device_eval_batch_size", K_INT, F(device_eval_batch_size), MIN_POSITIVE, .meaning = "Instances per validation forward."},
+    {"evaluators", K_SPECIAL, .parse = parse_evaluators, .format = format_evaluators, .meaning = "`type: lm` entries (label + data.paths): validation loss. `downstream` entries are skipped with a warning (run `spes eval`)."},
+
+    {"model", K_SECTION, .meaning = "Model architecture (OLMoE)."},
+    {"model.d_model", K_INT, F(model.d_model), MIN_POSITIVE, .hashed = true, .meaning = "Hidden size H."},
+    {"model.n_heads", K_INT, F(model.n_heads), MIN_POSITIVE, .hashed = true, .meaning = "Attention heads."},
+    {"model.n_kv_heads", K_INT, F(model.n_kv_heads), MIN_POSITIVE, .nullable = true, .null_value = 0, .hashed = true, .meaning = "Key/value heads (GQA); null: n_heads."},
+    {"model.head_dim", K_INT, F(model.head_dim), MIN_POSITIVE, .nullable = true, .null_value = 0, .hashed = true, .meaning = "Per-head size; null: d_model / n_heads. Our extension."},
+    {"model.n_layers", K_INT, F(model.n_layers), MIN_POSITIVE, .hashed = true, .meaning = "Transformer blocks L."},
+    {"model.mlp_hidden_size", K_SPECIAL, .hashed = true, .parse = parse_mlp_hidden_size, .format = format_mlp_hidden_size, .meaning = "SwiGLU input width; each expert's hidden size is half of it."},
+    {"model.mlp_ratio", K_SPECIAL, .parse = parse_mlp_ratio, .meaning = "When mlp_hidden_size is null: mlp_hidden_size = mlp_ratio * d_model."},
+    {"model.vocab_size", K_INT, F(model.vocab_size), MIN_POSITIVE, .hashed = true, .meaning = "Token ids the data may contain (ids >= vocab_size are an error)."},
+    {"model.embedding_size", K_INT, F(model.embedding_size), MIN_POSITIVE, .nullable = true, .null_value = 0, .hashed = true, .meaning = "Rows of embed_tokens / lm_head (>= vocab_size); null: vocab_size."},
+    {"model.max_sequence_length", K_INT, F(model.max_seq_len), MIN_POSITIVE, .hashed = true, .meaning = "Tokens per training instance T."},
+    {"model.rope_theta", K_F32, F(model.rope_theta), MIN_POSITIVE, .hashed = true, .meaning = "RoPE base."},
+    {"model.layer_norm_eps", K_F32, F(model.norm_eps), MIN_POSITIVE, .hashed = true, .meaning = "RMSNorm epsilon."},
+    {"model.attention_layer_norm", K_SPECIAL, .hashed = true, .parse = parse_attention_layer_norm, .format = format_attention_layer_norm, .meaning = "QK-norm on queries and keys."},
+    {"model.attention_layer_norm_over_head", K_SPECIAL, .hashed = true, .parse = parse_attention_layer_norm_over_head, .format = format_attention_layer_norm_over_head, .meaning = "QK-norm per head (Qwen3 style) instead of over the whole projection (OLMoE)."},
+    {"model.moe_num_experts", K_INT, F(model.num_experts), MIN_POSITIVE, .hashed = true, .meaning = "Experts per layer E."},
+    {"model.moe_top_k", K_INT, F(model.top_k), MIN_POSITIVE, .hashed = true, .meaning = "Experts per token k."},
+    {"model.moe_normalize_expert_weights", K_SPECIAL, .hashed = true, .parse = parse_normalize_expert_weights, .format = format_normalize_expert_weights, .meaning = "Renormalise the top-k router probabilities to sum to 1 (true/1; null: no)."},
+    {"model.moe_loss_weight", K_F32, F(moe_loss_weight), MIN_NONNEG, .nullable = true, .null_value = 0, .hashed = true, .meaning = "Load-balancing loss weight."},
+    {"model.moe_zloss_weight", K_F32, F(moe_zloss_weight), MIN_NONNEG, .nullable = true, .null_value = 0, .hashed = true, .meaning = "Router z-loss weight (null: 0)."},
+    {"model.init_std", K_F32, F(model.init_std), MIN_POSITIVE, .hashed = true, .meaning = "Std of the normal weight init."},
+    {"model.init_cutoff_factor", K_F32, F(model.init_cutoff_factor), MIN_POSITIVE, .nullable = true, .null_value = 0, .hashed = true, .meaning = "Truncate the init at +-factor*std (null: no truncation)."},
+    {"model.eos_token_id", K_INT, F(model.eos_token_id), MIN_NONNEG, .hashed = true, .meaning = "End-of-document token id."},
+    {"model.pad_token_id", K_INT, F(model.pad_token_id), MIN_NONNEG, .hashed = true, .meaning = "Padding token id."},
+    {"model.block_type", K_FIXED, .fixed = "moe", .meaning = "Only MoE blocks are implemented."},
+    {"model.activation_type", K_FIXED, .fixed = "swiglu", .meaning = "Experts are SwiGLU."},
+    {"model.layer_norm_type", K_FIXED, .fixed = "rms", .meaning = "RMSNorm."},
+    {"model.layer_norm_with_affine", K_FIXED, .fixed = "true", .meaning = "Norms have a gain."},
+    {"model.attention_layer_norm_with_affine", K_FIXED, .fixed = "true", .meaning = "QK-norms have a gain."},
+    {"model.bias_for_layer_norm", K_FIXED, .fixed = "false", .meaning = "No norm biases."},
+    {"model.include_bias", K_FIXED, .fixed = "false", .meaning = "No linear biases."},
+    {"model.weight_tying", K_FIXED, .fixed = "false", .meaning = "Untied lm_head (OLMoE)."},
+    {"model.rope", K_FIXED, .fixed = "true", .meaning = "Rotary embeddings."},
+    {"model.alibi", K_FIXED, .fixed = "false", .meaning = "No ALiBi."},
+    {"model.init_fn", K_FIXED, .fixed = "normal", .meaning = "Truncated-normal init with init_std."},
+    {"model.moe_dropless", K_FIXED, .fixed = "true", .meaning = "Dropless MoE: every routed token is computed."},
+    {"model.attention_dropout", K_FIXED, .fixed = "0", .meaning = "No dropout."},
+    {"model.residual_dropout", K_FIXED, .fixed = "0", .meaning = "No dropout."},
+    {"model.embedding_dropout", K_FIXED, .fixed = "0", .meaning = "No dropout."},
+    {"model.clip_qkv", K_FIXED, .fixed = "null", .meaning = "QKV clipping is not implemented."},
+    {"model.moe_shared_expert", K_FIXED, .fixed = "false", .meaning = "No shared expert."},
+    {"model.flash_attention", K_IGNORED, .meaning = "Attention kernel choice (GPU); same maths."},
+    {"model.init_device", K_IGNORED, .meaning = "GPU placement of the init."},
+    {"model.using_custom_moe_impl", K_IGNORED, .meaning = "MegaBlocks switch; the MoE here is always dropless."},
+    {"model.moe_mlp_impl", K_IGNORED, .meaning = "MegaBlocks kernel choice (sparse/grouped); same maths."},
+    {"model.moe_log_expert_assignment", K_IGNORED, .meaning = "Per-expert token counts are always logged."},
+    {"model.moe_lbl_in_fp32", K_IGNORED, .meaning = "Losses are always fp32."},
+    {"model.moe_capacity_factor", K_IGNORED, .meaning = "Dropless: no capacity limit."},
+
+    {"optimizer", K_SECTION, .meaning = "AdamW."},
+    {"optimizer.name", K_FIXED, .fixed = "adamw", .meaning = "Only AdamW is implemented (OLMo's default is lionw)."},
+    {"optimizer.learning_rate", K_F64, F(learning_rate), MIN_NONNEG, .hashed = true, .meaning = "Peak learning rate."},
+    {"optimizer.betas", K_SPECIAL, .hashed = true, .parse = parse_betas, .format = format_betas, .meaning = "[beta1, beta2]."},
+    {"optimizer.eps", K_F64, F(adamw.eps), MIN_POSITIVE, .hashed = true, .meaning = "AdamW epsilon."},
+    {"optimizer.weight_decay", K_F64, F(adamw.weight_decay), MIN_NONNEG, .hashed = true, .meaning = "Decoupled weight decay."},
+    {"optimizer.decay_norm_and_bias", K_BOOL, F(adamw.decay_norm_and_bias), .hashed = true, .meaning = "Norm gains decay too."},
+    {"optimizer.decay_embeddings", K_BOOL, F(adamw.decay_embeddings), .hashed = true, .meaning = "The input embedding decays too."},
+    {"optimizer.metrics_log_interval", K_IGNORED, .meaning = "Per-parameter optimizer metrics are not logged."},
+
+    {"scheduler", K_SECTION, .meaning = "Learning-rate schedule."},
+    {"scheduler.name", K_SPECIAL, .hashed = true, .parse = parse_scheduler_name, .format = format_scheduler_name, .meaning = "cosine_with_warmup, linear_with_warmup or constant."},
+    {"scheduler.units", K_FIXED, .fixed = "steps", .meaning = "Schedules count optimizer steps."},
+    {"scheduler.t_warmup", K_I64, F(schedule.t_warmup), MIN_NONNEG, .hashed = true, .meaning = "Warm-up steps."},
+    {"scheduler.t_max", K_I64, F(schedule.t_max), MIN_POSITIVE, .nullable = true, .null_value = 0, .hashed = true, .meaning = "Step where the decay ends (null: the run's max steps)."},
+    {"scheduler.alpha_f", K_F64, F(schedule.alpha_f), MIN_NONNEG, .hashed = true, .meaning = "Final lr = alpha_f * learning_rate."},
+    {"scheduler.warmup_min_lr", K_F64, F(schedule.warmup_min_lr), MIN_NONNEG, .nullable = true, .null_value = -1, .hashed = true, .meaning = "lr at step 0 of the warm-up (null: 0.1 * learning_rate, OLMo)."},
+    {"scheduler.grad_clip_warmup_steps", K_FIXED, .fixed = "null", .meaning = "Clipping warm-up is not implemented."},
+    {"scheduler.grad_clip_warmup_factor", K_FIXED, .fixed = "null", .meaning = "Clipping warm-up is not implemented."},
+
+    {"data", K_SECTION, .meaning = "Training token files."},
+    {"data.paths", K_STRLIST, F(data.paths), .hashed = true, .meaning = "Token files; an entry ending in `.txt` is a manifest (one path a line). Relative paths resolve against the current directory."},
+    {"data.memmap_dtype", K_SPECIAL, .hashed = true, .parse = parse_memmap_dtype, .format = format_memmap_dtype, .meaning = "uint16 or uint32: element type of headerless token files (.npy headers win)."},
+    {"data.seed", K_SPECIAL, .hashed = true, .parse = parse_data_seed, .format = format_data_seed, .meaning = "Shuffle seed (epoch e uses seed + e); null: the top-level seed."},
+    {"data.drop_last", K_BOOL, F(data.drop_last), .hashed = true, .meaning = "Skip an epoch's last incomplete global batch."},
+    {"data.pad_direction", K_IGNORED, .meaning = "Instances are full length: nothing to pad."},
+    {"data.num_workers", K_IGNORED, .meaning = "The loader reads memory-mapped files inline."},
+    {"data.pin_memory", K_IGNORED, .meaning = "The loader reads memory-mapped files inline."},
+    {"data.prefetch_factor", K_IGNORED, .meaning = "The loader reads memory-mapped files inline."},
+    {"data.persistent_workers", K_IGNORED, .meaning = "The loader reads memory-mapped files inline."},
+    {"data.timeout", K_IGNORED, .meaning = "The loader reads memory-mapped files inline."},
+    {"data.instance_filter", K_IGNORED, .meaning = "NOT implemented: OLMo masks the loss of instances with long repeated n-grams; here every instance is trained on."},
+
+    {"spes_config", K_SECTION, .meaning = "SPES topology."},
+    {"spes_config.num_peers", K_INT, F(num_peers), MIN_POSITIVE, .hashed = true, .meaning = "Training nodes."},
+    {"spes_config.peer_id", K_INT, F(peer_id), MIN_NONNEG, .hashed = true, .meaning = "This node (0-based); owns experts [peer_id*m, (peer_id+1)*m)."},
+    {"spes_config.num_train_experts_per_node", K_INT, F(num_train_experts_per_node), MIN_POSITIVE, .nullable = true, .null_value = 0, .hashed = true, .meaning = "m; with using_spes num_peers*m must equal moe_num_experts (null: E / num_peers)."},
+    {"spes_config.sync_steps", K_I64, F(sync_steps), MIN_POSITIVE, .hashed = true, .meaning = "Steps between synchronisations."},
+    {"spes_config.server_addr", K_STR, F(server_addr), .meaning = "Parameter server host:port."},
+    {"spes_config.using_decayed_aux_loss", K_BOOL, F(using_decayed_aux_loss), .hashed = true, .meaning = "Decayed load-balancing counts for own experts (DESIGN.md)."},
+    {"spes_config.decayed_factor_update_steps", K_I64, F(decayed_factor_update_steps), MIN_POSITIVE, .hashed = true, .meaning = "Recompute the decay factor every N steps."},
+    {"spes_config.payload_dtype", K_SPECIAL, .hashed = true, .parse = parse_payload_dtype, .format = format_payload_dtype, .meaning = "f32 or bf16 sync payloads. Our extension."},
+};
+#define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
+
+static const ConfigKey *find_key(const char *path) {
+    for (int i = 0; i < N_KEYS; i++)
+        if (strcmp(KEYS[i].path, path) == 0) return &KEYS[i];
+    return NULL;
+}
+
+bool config_key_known(const char *path) {
+    const ConfigKey *k = find_key(path);
+    if (k) return true;
+    // inside an ignored or free-form key ("fsdp.precision", "evaluators.0")?
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *dot = strrchr(buf, '.'); dot; dot = strrchr(buf, '.')) {
+        *dot = '\0';
+        k = find_key(buf);
+        if (k) return k->kind == K_IGNORED || k->kind == K_SPECIAL;
+    }
+    return false;
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading the tree
+
+static bool fixed_matches(const ConfigKey *k, const YNode *n) {
+    if (ytree_is_null(n)) return true;   // null means "OLMo default", which is what we do
+    if (n->kind != YNODE_SCALAR) return false;
+    bool want, got;
+    if (bool_word(k->fixed, &want) == SPES_OK) return bool_word(n->value, &got) == SPES_OK && got == want;
+    char *end;
+    double fixed_num = strtod(k->fixed, &end);
+    if (*end == '\0') {
+        double v = strtod(n->value, &end);
+        return n->value[0] != '\0' && *end == '\0' && v == fixed_num;
+    }
+    return strcmp(n->value, k->fixed) == 0;
+}
+
+static int check_min(const ConfigKey *k, const YNode *n, const char *path, double v) {
+    if (k->min == MIN_POSITIVE && !(v > 0)) return key_fail(n, path, "must be > 0, got %s", n->value);
+    if (k->min == MIN_NONNEG && !(v >= 0)) return key_fail(n, path, "must be >= 0, got %s", n->value);
+    return SPES_OK;
+}
+
+static int apply_key(ParseCtx *c, const ConfigKey *k, const YNode *n, const char *path, TrainConfig *cfg) {
+    char *field = (char *)cfg + k->offset;
+    if (k->kind == K_SPECIAL) return k->parse(c, n, path, cfg);
+    if (k->kind == K_FIXED) {
+        if (!fixed_matches(k, n))
+            return key_fail(n, path, "only %s is supported here (%s), got %s", k->fixed, k->meaning,
+                            n->kind == YNODE_SCALAR ? n->value : kind_word(n));
+        return SPES_OK;
+    }
+    if (ytree_is_null(n) && k->kind != K_BOOL) {
+        if (!k->nullable) return key_fail(n, path, "must not be null");
+        switch (k->kind) {
+        case K_INT: *(int *)field = (int)k->null_value; break;
+        case K_I64: *(int64_t *)field = (int64_t)k->null_value; break;
+        case K_F32: *(float *)field = (float)k->null_value; break;
+        case K_F64: *(double *)field = k->null_value; break;
+        case K_STR: free(*(char **)field), *(char **)field = NULL; break;
+        default: return key_fail(n, path, "must not be null");
+        }
+        return SPES_OK;
+    }
+    switch (k->kind) {
+    case K_INT:
+    case K_I64: {
+        int64_t v = 0;
+        SPES_TRY(parse_i64(n, path, &v));
+        SPES_TRY(check_min(k, n, path, (double)v));
+        if (k->kind == K_INT) {
+            if (v < INT_MIN || v > INT_MAX) return key_fail(n, path, "%s does not fit in 32 bits", n->value);
+            *(int *)field = (int)v;
+        } else {
+            *(int64_t *)field = v;
+        }
+        return SPES_OK;
+    }
+    case K_F32:
+    case K_F64: {
+        double v = 0;
+        SPES_TRY(parse_f64(n, path, &v));
+        SPES_TRY(check_min(k, n, path, v));
+        if (k->kind == K_F32) {
+            if (fabs(v) > 3.0e38) return key_fail(n, path, "%s is out of float range", n->value);
+            *(float *)field = (float)v;
+        } else {
+            *(double *)field = v;
+        }
+        return SPES_OK;
+    }
+    case K_BOOL: return parse_bool(n, path, (bool *)field);
+    case K_STR: {
+        const char *s = NULL;
+        SPES_TRY(scalar_of(n, path, "a string", &s));
+        char *copy = spes_strdup(s);
+        if (!copy) return SPES_ERR;
+        free(*(char **)field);
+        *(char **)field = copy;
+        return SPES_OK;
+    }
+    case K_STRLIST: {
+        char ***list = (char ***)field;
+        int *count = (int *)(field + sizeof(char **));
+        if (ytree_is_null(n)) {
+            free_strings(*list, *count);
+            *list = NULL;
+            *count = 0;
+            return SPES_OK;
+        }
+        return parse_strlist(n, path, list, count);
+    }
+    default: return key_fail(n, path, "internal error: key kind %d", (int)k->kind);
+    }
+}
+
+static int walk_map(ParseCtx *c, const YNode *map, const char *prefix, TrainConfig *cfg) {
+    for (int i = 0; i < map->n; i++) {
+        const YNode *n = map->items[i];
+        char *path = prefix ? str_printf("%s.%s", prefix, map->keys[i]) : spes_strdup(map->keys[i]);
+        if (!path) return SPES_ERR;
+        const ConfigKey *k = find_key(path);
+        int rc = SPES_OK;
+        if (!k) {
+            rc = strlist_push(&c->unknown, str_printf("%s (%s:%d)", path, n->origin, n->line));
+        } else if (k->kind == K_IGNORED) {
+            rc = strlist_push(&c->ignored, spes_strdup(path));
+        } else if (k->kind == K_SECTION) {
+            if (n->kind == YNODE_MAP) rc = walk_map(c, n, path, cfg);
+            else if (!ytree_is_null(n)) rc = key_fail(n, path, "expected a mapping, got %s", kind_word(n));
+        } else {
+            rc = apply_key(c, k, n, path, cfg);
+        }
+        free(path);
+        SPES_TRY(rc);
+    }
+    return SPES_OK;
+}
+
+int config_apply_tree(ParseCtx *ctx, const YNode *root, TrainConfig *cfg) {
+    if (root->kind != YNODE_MAP) return key_fail(root, "(top level)", "a config must be a mapping of keys");
+    return walk_map(ctx, root, NULL, cfg);
+}
+
+// Error location of a key for cross-field checks: its node when the file set it.
+static const YNode *node_of(const YNode *root, const char *path) { return root ? ytree_get_path(root, path) : NULL; }
+
+int config_finish(ParseCtx *ctx, const YNode *root, TrainConfig *cfg) {
+    ModelConfig *m = &cfg->model;
+    if (ctx->mlp_hidden_size > 0) {
+        m->expert_hidden = ctx->mlp_hidden_size / 2;
+    } else {
+        double hidden = ctx->mlp_ratio * m->d_model;
+        if (hidden != floor(hidden) || (int64_t)hidden % 2 != 0 || hidden > INT_MAX)
+            return key_fail(node_of(root, "model.mlp_ratio"), "model.mlp_ratio",
+                            "mlp_ratio * d_model = %g must be an even whole number", hidden);
+        m->expert_hidden = (int)(hidden / 2);
+    }
+    m->qk_norm = !ctx->attention_layer_norm ? QK_NORM_NONE
+                 : ctx->attention_layer_norm_over_head ? QK_NORM_HEAD
+                                                       : QK_NORM_FULL;
+    if (ctx->attention_layer_norm_over_head && !ctx->attention_layer_norm)
+        return key_fail(node_of(root, "model.attention_layer_norm_over_head"), "model.attention_layer_norm_over_head",
+                        "needs model.attention_layer_norm: true");
+    if (!ctx->data_seed_set) cfg->data.seed = cfg->seed;
+    return SPES_OK;
+}
+
+// ---------------------------------------------------------------------------------------
+// Printing values (resolved YAML, hash input, docs defaults)
+
+// Shortest text that reads back as the same double.
+static void print_number(FILE *out, double v) {
+    char buf[64];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    // YAML 1.1 readers (PyYAML) want a dot in floats: 1e-05 -> 1.0e-05
+    if (!strpbrk(buf, ".ni")) {
+        char *e = strchr(buf, 'e');
+        if (e) {
+            char tail[32];
+            snprintf(tail, sizeof tail, "%s", e);
+            snprintf(e, sizeof buf - (size_t)(e - buf), ".0%s", tail);
+        }
+    }
+    fputs(buf, out);
+}
+
+static void print_float(FILE *out, float v) {
+    char buf[64];
+    for (int prec = 1; prec <= 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)v);
+        if (strtof(buf, NULL) == v) break;
+    }
+    print_number(out, strtod(buf, NULL));
+}
+
+static void print_string(FILE *out, const char *s) {
+    if (!s) {
+        fputs("null", out);
+        return;
+    }
+    fputc('"', out);
+    for (const char *p = s; *p; p++) {
+        if (*p == '"' || *p == '\\') fputc('\\', out);
+        fputc(*p, out);
+    }
+    fputc('"', out);
+}
+
+// The value text of one key; false when the key has nothing to print.
+static bool print_value(const ConfigKey *k, const TrainConfig *cfg, FILE *out) {
+    const char *field = (const char *)cfg + k->offset;
+    switch (k->kind) {
+    case K_INT: {
+        int v = *(const int *)field;
+        if (k->nullable && v == (int)k->null_value) fputs("null", out);
+        else fprintf(out, "%d", v);
+        return true;
+    }
+    case K_I64: {
+        int64_t v = *(const int64_t *)field;
+        if (k->nullable && v == (int64_t)k->null_value) fputs("null", out);
+        else fprintf(out, "%" PRId64, v);
+        return true;
+    }
+    case K_F32: {
+        float v = *(const float *)field;
+        if (k->nullable && v == (float)k->null_value) fputs("null", out);
+        else print_float(out, v);
+        return true;
+    }
+    case K_F64: {
+        double v = *(const double *)field;
+        if (k->nullable && v == k->null_value) fputs("null", out);
+        else print_number(out, v);
+        return true;
+    }
+    case K_BOOL: fputs(*(const bool *)field ? "true" : "false", out); return true;
+    case K_STR: print_string(out, *(char *const *)field); return true;
+    case K_STRLIST: {
+        char *const *list = *(char **const *)field;
+        int count = *(const int *)(field + sizeof(char **));
+        fputc('[', out);
+        for (int i = 0; i < count; i++) {
+            if (i) fputs(", ", out);
+            print_string(out, list[i]);
+        }
+        fputc(']', out);
+        return true;
+    }
+    case K_FIXED: fputs(k->fixed, out); return true;
+    case K_SPECIAL:
+        if (!k->format) return false;
+        k->format(cfg, out);
+        return true;
+    default: return false;
+    }
+}
+
+void config_write_values(const TrainConfig *cfg, FILE *out, bool hashed_only) {
+    const char *section = NULL;   // open section ("model"), NULL at top level
+    for (int i = 0; i < N_KEYS; i++) {
+        const ConfigKey *k = &KEYS[i];
+        if (k->kind == K_SECTION || k->kind == K_IGNORED) continue;
+        if (hashed_only) {
+            if (!k->hashed) continue;
+            fprintf(out, "%s=", k->path);
+            print_value(k, cfg, out);
+            fputc('\n', out);
+            continue;
+        }
+        if (k->kind == K_SPECIAL && !k->format) continue;
+        const char *dot = strchr(k->path, '.');
+        if (dot) {
+            size_t len = (size_t)(dot - k->path);
+            if (!section || strncmp(section, k->path, len) != 0 || section[len] != '.') {
+                fprintf(out, "%.*s:\n", (int)len, k->path);
+            }
+            section = k->path;
+            fprintf(out, "  %s: ", dot + 1);
+        } else {
+            section = NULL;
+            fprintf(out, "%s: ", k->path);
+        }
+        print_value(k, cfg, out);
+        fputc('\n', out);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// docs/config-keys.md
+
+static void print_cell(FILE *out, const char *s) {
+    for (const char *p = s; *p; p++) {
+        if (*p == '|') fputs("\\|", out);
+        else if (*p == '\n') fputc(' ', out);
+        else fputc(*p, out);
+    }
+}
+
+void config_write_keys_markdown(FILE *out) {
+    TrainConfig defaults;
+    config_defaults(&defaults);
+    fputs("# Config keys\n\n"
+          "Generated from the key table in `src/config/config_keys.c` (`build/tests/test_config_keys "
+          "--write-docs docs/config-keys.md`); a unit test fails when this file and the table disagree.\n\n"
+          "- **supported**: read and used.\n"
+          "- **fixed**: only the value shown is implemented; `null` or that value is accepted, anything "
+          "else is an error naming the file and line.\n"
+          "- **ignored**: recognised and skipped (GPU/cluster-only), listed once at start-up. A whole "
+          "ignored section (e.g. `fsdp`) is skipped with everything under it.\n"
+          "- Keys that are in no row get ONE warning listing them all (typos show up there).\n\n"
+          "Defaults are OLMo's, except: `optimizer.name` defaults to adamw (OLMo: lionw), "
+          "`model.embedding_size` defaults to vocab_size (OLMo: 50304), `model.block_type` is moe.\n\n"
+          "| key | default | status | meaning |\n|---|---|---|---|\n",
+          out);
+    for (int i = 0; i < N_KEYS; i++) {
+        const ConfigKey *k = &KEYS[i];
+        fprintf(out, "| `%s` | ", k->path);
+        if (k->kind == K_SECTION || k->kind == K_IGNORED) {
+            fputs("", out);
+        } else {
+            char *text = NULL;
+            size_t len = 0;
+            FILE *mem = open_memstream(&text, &len);
+            if (mem) {
+                if (k->kind == K_SPECIAL && k->parse == parse_mlp_ratio) fputs("4", mem);
+                else print_value(k, &defaults, mem);
+                fclose(mem);
+                fputc('`', out);
+                print_cell(out, text);
+                fputc('`', out);
+                free(text);
+            }
+        }
+        const char *status = k->kind == K_SECTION ? "section" : k->kind == K_IGNORED ? "ignored" : k->kind == K_FIXED ? "fixed" : "supported";
+        fprintf(out, " | %s | ", status);
+        print_cell(out, k->meaning);
+        fputs(" |\n", out);
+    }
+    config_free(&defaults);
+}
+
+// ---------------------------------------------------------------------------------------
+// Defaults and ownership
+
+void config_defaults(TrainConfig *cfg) {
+    *cfg = (TrainConfig){0};
+    cfg->model = (ModelConfig){
+        .d_model = 768, .n_heads = 12, .n_layers = 12, .vocab_size = 50257, .num_experts = 8, .top_k = 2,
+        .expert_hidden = 4 * 768 / 2, .max_seq_len = 1024, .rope_theta = 10000.0f, .norm_eps = 1e-5f,
+        .qk_norm = QK_NORM_NONE, .init_std = 0.02f, .eos_token_id = 50256, .pad_token_id = 50256,
+    };
+    cfg->moe_loss_weight = 0.1f;
+    cfg->auxiliary_loss_multiplier = 1e-4f;
+    cfg->learning_rate = 1e-4;
+    cfg->adamw = (AdamWConfig){.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-5};
+    cfg->schedule = (ScheduleConfig){.kind = SCHEDULE_COSINE_WITH_WARMUP, .t_warmup = 100, .t_max = 0,
+                                     .alpha_f = 0.1, .warmup_min_lr = -1};
+    cfg->data.memmap_dtype = MEMMAP_UINT16;
+    cfg->seed = 6198;
+    cfg->data.seed = 6198;
+    cfg->eval_interval = 1000;
+    cfg->device_eval_batch_size = 16;
+    cfg->max_duration = 10000;
+    cfg->max_duration_unit = DURATION_STEPS;
+    cfg->stop_at = -1;
+    cfg->global_train_batch_size = 512;
+    cfg->device_train_microbatch_size = 16;
+    cfg->save_folder = spes_strdup("./");
+    cfg->save_num_unsharded_checkpoints_to_keep = -1;
+    cfg->console_log_interval = 1;
+    cfg->num_peers = 1;
+    cfg->sync_steps = 100;
+    cfg->server_addr = spes_strdup("127.0.0.1:50051");
+    cfg->decayed_factor_update_steps = 1;
+}
+
+void config_free(TrainConfig *cfg) {
+    free_evaluators(cfg);
+    free_strings(cfg->data.paths, cfg->data.n_paths);
+    free(cfg->save_folder);
+    free(cfg->load_path);
+    free(cfg->run_name);
+    free(cfg->server_addr);
+    free(cfg->source_path);
+    free(cfg->unknown_keys);
+    *cfg = (TrainConfig){0};
+}
