@@ -1,0 +1,221 @@
+// Hugging Face config.json reading and writing (jansson), with type-checked keys.
+#include "model/hf_config.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/error.h"
+#include "base/file.h"
+
+typedef struct {
+    json_t *root;
+    const char *path;
+} JsonDoc;
+
+// Integer key; absent (or null when allowed) leaves *out unchanged unless required.
+static int get_int(const JsonDoc *d, const char *key, bool required, int *out) {
+    json_t *v = json_object_get(d->root, key);
+    if (!v || json_is_null(v)) {
+        if (required) return spes_fail("%s: required key \"%s\" is missing", d->path, key);
+        return SPES_OK;
+    }
+    if (!json_is_integer(v)) return spes_fail("%s: \"%s\" must be an integer", d->path, key);
+    json_int_t x = json_integer_value(v);
+    if (x < -2147483647LL || x > 2147483647LL) return spes_fail("%s: \"%s\" = %lld is out of range", d->path, key, (long long)x);
+    *out = (int)x;
+    return SPES_OK;
+}
+
+static int get_float(const JsonDoc *d, json_t *obj, const char *key, float *out) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) return SPES_OK;
+    if (!json_is_number(v)) return spes_fail("%s: \"%s\" must be a number", d->path, key);
+    *out = (float)json_number_value(v);
+    return SPES_OK;
+}
+
+static int get_bool(const JsonDoc *d, const char *key, bool *out) {
+    json_t *v = json_object_get(d->root, key);
+    if (!v || json_is_null(v)) return SPES_OK;
+    if (!json_is_boolean(v)) return spes_fail("%s: \"%s\" must be true or false", d->path, key);
+    *out = json_is_true(v);
+    return SPES_OK;
+}
+
+// A key whose value must be `expected` (or absent/null) because we implement nothing else.
+static int require_false(const JsonDoc *d, const char *key) {
+    json_t *v = json_object_get(d->root, key);
+    if (v && !json_is_null(v) && !json_is_false(v))
+        return spes_fail("%s: \"%s\" is not supported (must be false or absent)", d->path, key);
+    return SPES_OK;
+}
+
+// eos_token_id may be an int or a list of ints (HF); we keep the first.
+static int get_token_id(const JsonDoc *d, const char *key, int *out) {
+    json_t *v = json_object_get(d->root, key);
+    if (json_is_array(v) && json_array_size(v) > 0) v = json_array_get(v, 0);
+    if (!v || json_is_null(v)) return SPES_OK;
+    if (!json_is_integer(v)) return spes_fail("%s: \"%s\" must be an integer or a list of integers", d->path, key);
+    *out = (int)json_integer_value(v);
+    return SPES_OK;
+}
+
+static int parse_config(const JsonDoc *d, ModelConfig *cfg) {
+    if (!json_is_object(d->root)) return spes_fail("%s: expected a JSON object", d->path);
+    json_t *type = json_object_get(d->root, "model_type");
+    if (!json_is_string(type)) return spes_fail("%s: \"model_type\" (a string) is missing", d->path);
+    const char *model_type = json_string_value(type);
+    bool qwen = !strcmp(model_type, "qwen3_moe");
+    if (!qwen && strcmp(model_type, "olmoe") != 0)
+        return spes_fail("%s: model_type \"%s\" is not supported (olmoe or qwen3_moe)", d->path, model_type);
+
+    memset(cfg, 0, sizeof *cfg);
+    cfg->qk_norm = qwen ? QK_NORM_HEAD : QK_NORM_FULL;
+    cfg->rope_theta = 10000.0f;
+    cfg->norm_eps = qwen ? 1e-6f : 1e-5f;
+    cfg->max_seq_len = 4096;
+    cfg->init_std = 0.02f;
+    cfg->init_cutoff_factor = 3.0f;
+    cfg->eos_token_id = 0;
+    cfg->pad_token_id = 1;
+    SPES_TRY(get_int(d, "hidden_size", true, &cfg->d_model));
+    SPES_TRY(get_int(d, "num_attention_heads", true, &cfg->n_heads));
+    SPES_TRY(get_int(d, "num_key_value_heads", false, &cfg->n_kv_heads));
+    SPES_TRY(get_int(d, "head_dim", false, &cfg->head_dim));
+    SPES_TRY(get_int(d, "num_hidden_layers", true, &cfg->n_layers));
+    SPES_TRY(get_int(d, "vocab_size", true, &cfg->embedding_size));
+    cfg->vocab_size = cfg->embedding_size;
+    SPES_TRY(get_int(d, "spes_vocab_size", false, &cfg->vocab_size));
+    SPES_TRY(get_int(d, "num_experts", true, &cfg->num_experts));
+    SPES_TRY(get_int(d, "num_experts_per_tok", true, &cfg->top_k));
+    SPES_TRY(get_int(d, qwen ? "moe_intermediate_size" : "intermediate_size", true, &cfg->expert_hidden));
+    SPES_TRY(get_int(d, "max_position_embeddings", false, &cfg->max_seq_len));
+    SPES_TRY(get_float(d, d->root, "rope_theta", &cfg->rope_theta));
+    json_t *rope = json_object_get(d->root, "rope_parameters");
+    if (json_is_object(rope)) {
+        json_t *rt = json_object_get(rope, "rope_type");
+        if (rt && !json_is_null(rt) && (!json_is_string(rt) || strcmp(json_string_value(rt), "default") != 0))
+            return spes_fail("%s: rope_parameters.rope_type must be \"default\"", d->path);
+        SPES_TRY(get_float(d, rope, "rope_theta", &cfg->rope_theta));
+    }
+    json_t *scaling = json_object_get(d->root, "rope_scaling");
+    if (scaling && !json_is_null(scaling)) return spes_fail("%s: \"rope_scaling\" is not supported", d->path);
+    SPES_TRY(get_float(d, d->root, "rms_norm_eps", &cfg->norm_eps));
+    SPES_TRY(get_float(d, d->root, "initializer_range", &cfg->init_std));
+    SPES_TRY(get_bool(d, "norm_topk_prob", &cfg->normalize_expert_weights));
+    SPES_TRY(get_token_id(d, "eos_token_id", &cfg->eos_token_id));
+    SPES_TRY(get_token_id(d, "pad_token_id", &cfg->pad_token_id));
+
+    SPES_TRY(require_false(d, "attention_bias"));
+    SPES_TRY(require_false(d, "tie_word_embeddings"));
+    SPES_TRY(require_false(d, "use_sliding_window"));
+    json_t *act = json_object_get(d->root, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
+        return spes_fail("%s: \"hidden_act\" must be \"silu\"", d->path);
+    json_t *clip = json_object_get(d->root, "clip_qkv");
+    if (clip && !json_is_null(clip)) return spes_fail("%s: \"clip_qkv\" is not supported (must be null)", d->path);
+    if (qwen) {
+        int step = 1;
+        SPES_TRY(get_int(d, "decoder_sparse_step", false, &step));
+        json_t *dense = json_object_get(d->root, "mlp_only_layers");
+        if (step != 1 || (dense && !json_is_null(dense) && (!json_is_array(dense) || json_array_size(dense) > 0)))
+            return spes_fail("%s: dense (non-MoE) layers are not supported: decoder_sparse_step must be 1 and "
+                             "mlp_only_layers empty",
+                             d->path);
+    }
+    if (model_config_validate(cfg) != SPES_OK) return spes_fail_context("%s", d->path);
+    return SPES_OK;
+}
+
+int hf_config_read(const char *dir_or_file, ModelConfig *cfg) {
+    struct stat st;
+    char *path = NULL;
+    if (stat(dir_or_file, &st) == 0 && S_ISDIR(st.st_mode)) {
+        path = path_join(dir_or_file, "config.json");
+        if (!path) return SPES_ERR;
+    }
+    const char *p = path ? path : dir_or_file;
+    json_error_t err;
+    json_t *root = json_load_file(p, JSON_REJECT_DUPLICATES, &err);
+    int rc;
+    if (!root) {
+        rc = spes_fail("%s: cannot read JSON (line %d: %s)", p, err.line, err.text);
+    } else {
+        JsonDoc d = {root, p};
+        rc = parse_config(&d, cfg);
+        json_decref(root);
+    }
+    free(path);
+    return rc;
+}
+
+static int set_new(json_t *obj, const char *key, json_t *value) {
+    if (!value || json_object_set_new(obj, key, value) != 0)
+        return spes_fail("config.json: cannot set \"%s\" (out of memory)", key);
+    return SPES_OK;
+}
+
+static int build_config(const ModelConfig *cfg, bool qwen, const char *torch_dtype, json_t *o) {
+    SPES_TRY(set_new(o, "architectures", json_pack("[s]", qwen ? "Qwen3MoeForCausalLM" : "OlmoeForCausalLM")));
+    SPES_TRY(set_new(o, "model_type", json_string(qwen ? "qwen3_moe" : "olmoe")));
+    SPES_TRY(set_new(o, "hidden_size", json_integer(cfg->d_model)));
+    SPES_TRY(set_new(o, "num_attention_heads", json_integer(cfg->n_heads)));
+    SPES_TRY(set_new(o, "num_key_value_heads", json_integer(cfg->n_kv_heads)));
+    SPES_TRY(set_new(o, "head_dim", json_integer(cfg->head_dim)));
+    SPES_TRY(set_new(o, "num_hidden_layers", json_integer(cfg->n_layers)));
+    SPES_TRY(set_new(o, "vocab_size", json_integer(cfg->embedding_size)));
+    if (cfg->vocab_size != cfg->embedding_size) SPES_TRY(set_new(o, "spes_vocab_size", json_integer(cfg->vocab_size)));
+    SPES_TRY(set_new(o, "num_experts", json_integer(cfg->num_experts)));
+    SPES_TRY(set_new(o, "num_experts_per_tok", json_integer(cfg->top_k)));
+    SPES_TRY(set_new(o, qwen ? "moe_intermediate_size" : "intermediate_size", json_integer(cfg->expert_hidden)));
+    if (qwen) {
+        SPES_TRY(set_new(o, "intermediate_size", json_integer(cfg->expert_hidden)));   // unused: no dense layers
+        SPES_TRY(set_new(o, "decoder_sparse_step", json_integer(1)));
+        SPES_TRY(set_new(o, "mlp_only_layers", json_array()));
+        SPES_TRY(set_new(o, "use_sliding_window", json_false()));
+    } else {
+        SPES_TRY(set_new(o, "clip_qkv", json_null()));
+    }
+    SPES_TRY(set_new(o, "max_position_embeddings", json_integer(cfg->max_seq_len)));
+    SPES_TRY(set_new(o, "rope_theta", json_real(cfg->rope_theta)));
+    SPES_TRY(set_new(o, "rope_parameters", json_pack("{s:s, s:f}", "rope_type", "default", "rope_theta",
+                                                     (double)cfg->rope_theta)));
+    SPES_TRY(set_new(o, "rms_norm_eps", json_real(cfg->norm_eps)));
+    SPES_TRY(set_new(o, "norm_topk_prob", json_boolean(cfg->normalize_expert_weights)));
+    SPES_TRY(set_new(o, "initializer_range", json_real(cfg->init_std)));
+    SPES_TRY(set_new(o, "hidden_act", json_string("silu")));
+    SPES_TRY(set_new(o, "attention_bias", json_false()));
+    SPES_TRY(set_new(o, "attention_dropout", json_real(0.0)));
+    SPES_TRY(set_new(o, "tie_word_embeddings", json_false()));
+    SPES_TRY(set_new(o, "eos_token_id", json_integer(cfg->eos_token_id)));
+    SPES_TRY(set_new(o, "pad_token_id", json_integer(cfg->pad_token_id)));
+    SPES_TRY(set_new(o, "output_router_logits", json_false()));
+    SPES_TRY(set_new(o, "use_cache", json_true()));
+    SPES_TRY(set_new(o, "dtype", json_string(torch_dtype)));
+    SPES_TRY(set_new(o, "torch_dtype", json_string(torch_dtype)));
+    return SPES_OK;
+}
+
+int hf_config_write(const ModelConfig *cfg, const char *format, const char *torch_dtype, const char *path) {
+    bool qwen = !strcmp(format, "qwen3_moe");
+    if (!qwen && strcmp(format, "olmoe") != 0)
+        return spes_fail("config.json format \"%s\" is not supported (olmoe or qwen3_moe)", format);
+    QkNormMode needed = qwen ? QK_NORM_HEAD : QK_NORM_FULL;
+    if (cfg->qk_norm != needed)
+        return spes_fail("%s: format %s needs QK-norm %s, the model has %s", path, format, qwen ? "head" : "full",
+                         cfg->qk_norm == QK_NORM_FULL ? "full" : cfg->qk_norm == QK_NORM_HEAD ? "head" : "none");
+    json_t *o = json_object();
+    if (!o) return spes_fail("%s: out of memory", path);
+    int rc = build_config(cfg, qwen, torch_dtype, o);
+    char *text = rc == SPES_OK ? json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) : NULL;
+    json_decref(o);
+    if (rc != SPES_OK) return spes_fail_context("%s", path);
+    if (!text) return spes_fail("%s: cannot serialise config.json", path);
+    size_t len = strlen(text);
+    text[len] = '\0';
+    rc = file_write_atomic(path, text, len);
+    free(text);
+    return rc;
+}

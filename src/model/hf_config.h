@@ -1,0 +1,20 @@
+// Hugging Face config.json <-> ModelConfig, for "olmoe" (OlmoeForCausalLM, QK-norm over the
+// whole projection) and "qwen3_moe" (Qwen3MoeForCausalLM, QK-norm per head).
+//
+// Keys: hidden_size, num_attention_heads, num_key_value_heads, head_dim (optional: else
+// hidden_size / num_attention_heads), num_hidden_layers, vocab_size, num_experts,
+// num_experts_per_tok, intermediate_size (olmoe) / moe_intermediate_size (qwen3_moe),
+// rope_theta (or rope_parameters.rope_theta), rms_norm_eps, norm_topk_prob,
+// max_position_embeddings, initializer_range, eos_token_id, pad_token_id.
+// HF's vocab_size is our embedding_size (the padded row count); our tokenizer vocab size,
+// when smaller, travels in the extra key "spes_vocab_size".
+#pragma once
+#include "model/model_config.h"
+
+// Reads <dir_or_file>/config.json (or the file itself) into *cfg (validated). Features we
+// do not implement (biases, clip_qkv, tied embeddings, dense layers, sliding windows,
+// another activation) are an error naming the key.
+int hf_config_read(const char *dir_or_file, ModelConfig *cfg);
+// Writes config.json atomically. format: "olmoe" | "qwen3_moe"; torch_dtype: "float32" |
+// "bfloat16" (the dtype the weights are stored in).
+int hf_config_write(const ModelConfig *cfg, const char *format, const char *torch_dtype, const char *path);

@@ -1,0 +1,130 @@
+// Model lifecycle: parameter and gradient buffers, OLMo init, trainable masks, FLOP count.
+#include "model/model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/rng.h"
+#include "model/model_internal.h"
+
+static float *alloc_floats(size_t n, const char *what) {
+    size_t bytes;
+    if (!spes_mul_size(n, sizeof(float), &bytes)) {
+        spes_fail("%s: %zu floats overflow size_t", what, n);
+        return NULL;
+    }
+    float *p = spes_alloc_aligned(bytes);
+    if (!p) spes_fail_context("%s (%zu floats)", what, n);
+    return p;
+}
+
+int model_create(Model *m, const ModelConfig *cfg) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    SPES_TRY(model_config_validate(&m->cfg));
+    SPES_TRY(param_table_build(&m->cfg, &m->table));
+    m->params = alloc_floats(m->table.total_numel, "model parameters");
+    m->grads = m->params ? alloc_floats(m->table.trainable_numel, "model gradients") : NULL;
+    m->expert_counts = spes_calloc((size_t)m->cfg.n_layers * m->cfg.num_experts, sizeof(int64_t));
+    if (!m->params || !m->grads || !m->expert_counts) {
+        model_free(m);
+        return SPES_ERR;
+    }
+    return SPES_OK;
+}
+
+void model_free(Model *m) {
+    model_acts_free(m);
+    spes_free_aligned(m->params);
+    spes_free_aligned(m->grads);
+    free(m->expert_counts);
+    param_table_free(&m->table);
+    memset(m, 0, sizeof *m);
+}
+
+// Each tensor draws from its own stream (seed, tensor index), so the result does not depend
+// on how tensors are spread over threads.
+void model_init_weights(Model *m, uint64_t seed) {
+    const double std = m->cfg.init_std;
+    const double cutoff = m->cfg.init_cutoff_factor > 0 ? m->cfg.init_cutoff_factor : 1e300;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < m->table.count; i++) {
+        const ParamInfo *p = &m->table.entries[i];
+        float *w = m->params + p->offset;
+        if (param_kind_is_norm(p->kind)) {
+            for (size_t j = 0; j < p->numel; j++) w[j] = 1.0f;
+            continue;
+        }
+        Rng rng;
+        rng_seed(&rng, seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(i + 1)));
+        for (size_t j = 0; j < p->numel; j++) w[j] = (float)rng_truncated_normal(&rng, std, cutoff);
+    }
+}
+
+int model_set_trainable(Model *m, const bool *mask) {
+    param_table_set_trainable(&m->table, mask);
+    spes_free_aligned(m->grads);
+    m->grads = NULL;
+    if (m->table.trainable_numel > 0) {
+        m->grads = alloc_floats(m->table.trainable_numel, "model gradients");
+        if (!m->grads) return SPES_ERR;
+    }
+    return SPES_OK;
+}
+
+int model_set_trainable_experts(Model *m, int first, int last) {
+    bool *mask = spes_calloc((size_t)m->table.count, sizeof(bool));
+    if (!mask) return SPES_ERR;
+    for (int i = 0; i < m->table.count; i++) {
+        int e = m->table.entries[i].expert;
+        mask[i] = e < 0 || (e >= first && e <= last);
+    }
+    int rc = model_set_trainable(m, mask);
+    free(mask);
+    return rc;
+}
+
+float *model_param(Model *m, int index) { return m->params + m->table.entries[index].offset; }
+
+float *model_grad(Model *m, int index) {
+    const ParamInfo *p = &m->table.entries[index];
+    return p->trainable ? m->grads + p->grad_offset : NULL;
+}
+
+float *model_param_of(Model *m, ParamKind kind, int layer, int expert) {
+    int i = param_table_index(&m->table, kind, layer, expert);
+    return i < 0 ? NULL : model_param(m, i);
+}
+
+float *model_grad_of(Model *m, ParamKind kind, int layer, int expert) {
+    int i = param_table_index(&m->table, kind, layer, expert);
+    return i < 0 ? NULL : model_grad(m, i);
+}
+
+void model_zero_grad(Model *m) {
+    if (m->grads) memset(m->grads, 0, m->table.trainable_numel * sizeof(float));
+}
+
+// Matmul FLOPs: forward 2*m*n*k per GEMM, backward 2x that for dX + dW, the dW half only for
+// trainable tensors. Experts: each token visits k experts; the trainable share of expert dW
+// is estimated as the trainable fraction of experts (uniform routing). Attention scores and
+// the weighted sum count the causal half.
+double model_train_flops(const Model *m, int B, int T) {
+    const ModelConfig *c = &m->cfg;
+    const double N = (double)B * T, hd = c->head_dim;
+    double fwd = 0.0, dw = 0.0;
+    for (int i = 0; i < m->table.count; i++) {
+        const ParamInfo *p = &m->table.entries[i];
+        if (p->ndim != 2 || p->kind == PARAM_EMBED) continue;
+        double tokens = N;
+        if (p->kind == PARAM_EXPERT_GATE || p->kind == PARAM_EXPERT_UP || p->kind == PARAM_EXPERT_DOWN)
+            tokens = N * c->top_k / c->num_experts;
+        double f = 2.0 * tokens * (double)p->numel;
+        fwd += f;
+        if (p->trainable) dw += f;
+    }
+    double attn = c->n_layers * 2.0 * 2.0 * (double)B * c->n_heads * hd * (double)T * (T + 1) / 2.0;
+    return fwd + fwd + dw + 3.0 * attn;   // forward, dX, dW; attention fwd + 2x bwd
+}

@@ -1,0 +1,128 @@
+// Activation memory: one arena per (B, T), carved into the buffers of model_internal.h.
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "model/model_internal.h"
+
+// Rows of the LM-head block: logits exist for this many tokens at a time.
+#define LOGIT_BLOCK_ROWS 256
+
+typedef struct {
+    char *base;     // NULL while measuring
+    size_t used;    // bytes
+    bool overflow;
+} Carver;
+
+static void *carve(Carver *c, size_t count, size_t elem) {
+    size_t bytes;
+    if (!spes_mul_size(count, elem, &bytes) || c->used + bytes + 64 < c->used) {
+        c->overflow = true;
+        return NULL;
+    }
+    void *p = c->base ? c->base + c->used : NULL;
+    c->used += (bytes + 63) & ~(size_t)63;
+    return p;
+}
+
+#define CARVE_F(c, n) ((float *)carve((c), (n), sizeof(float)))
+#define CARVE_I(c, n) ((int32_t *)carve((c), (n), sizeof(int32_t)))
+
+static void layout(const ModelConfig *cfg, ModelActivations *a, LayerActs *layers, Carver *c) {
+    const size_t N = (size_t)a->B * a->T, H = cfg->d_model, hd = cfg->head_dim, E = cfg->num_experts;
+    const size_t qd = (size_t)cfg->n_heads * hd, kd = (size_t)cfg->n_kv_heads * hd, I = cfg->expert_hidden;
+    const size_t NK = N * cfg->top_k, V = cfg->embedding_size;
+    const size_t q_rows = cfg->qk_norm == QK_NORM_HEAD ? N * cfg->n_heads : N;
+    const size_t k_rows = cfg->qk_norm == QK_NORM_HEAD ? N * cfg->n_kv_heads : N;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        LayerActs *la = &layers[l];
+        la->x_in = CARVE_F(c, N * H);
+        la->h1 = CARVE_F(c, N * H);
+        la->rstd1 = CARVE_F(c, N);
+        if (cfg->qk_norm != QK_NORM_NONE) {
+            la->q_raw = CARVE_F(c, N * qd);
+            la->k_raw = CARVE_F(c, N * kd);
+            la->q_rstd = CARVE_F(c, q_rows);
+            la->k_rstd = CARVE_F(c, k_rows);
+        }
+        la->q = CARVE_F(c, N * qd);
+        la->k = CARVE_F(c, N * kd);
+        la->v = CARVE_F(c, N * kd);
+        la->att = CARVE_F(c, N * qd);
+        la->att_lse = CARVE_F(c, N * cfg->n_heads);
+        la->x_mid = CARVE_F(c, N * H);
+        la->h2 = CARVE_F(c, N * H);
+        la->rstd2 = CARVE_F(c, N);
+        la->probs = CARVE_F(c, N * E);
+        la->router_lse = CARVE_F(c, N);
+        la->topk_idx = CARVE_I(c, NK);
+        la->topk_w = CARVE_F(c, NK);
+        la->expert_offsets = CARVE_I(c, E + 1);
+        la->row_token = CARVE_I(c, NK);
+        la->row_of_slot = CARVE_I(c, NK);
+        la->gu = CARVE_F(c, NK * 2 * I);
+        la->a = CARVE_F(c, NK * I);
+        la->y = CARVE_F(c, NK * H);
+    }
+    a->x_final = CARVE_F(c, N * H);
+    a->hf = CARVE_F(c, N * H);
+    a->rstd_f = CARVE_F(c, N);
+    a->rope_cos = CARVE_F(c, (size_t)a->T * hd / 2);
+    a->rope_sin = CARVE_F(c, (size_t)a->T * hd / 2);
+    a->xe = CARVE_F(c, NK * H);
+    a->dxe = CARVE_F(c, NK * H);
+    a->da = CARVE_F(c, NK * I);
+    a->router_logits = CARVE_F(c, N * E);
+    a->dtopk_w = CARVE_F(c, NK);
+    a->dresid = CARVE_F(c, N * H);
+    a->dh = CARVE_F(c, N * H);
+    a->dq = CARVE_F(c, N * qd);
+    a->dk = CARVE_F(c, N * kd);
+    a->dv = CARVE_F(c, N * kd);
+    a->datt = CARVE_F(c, N * qd);
+    a->logit_rows = N < LOGIT_BLOCK_ROWS ? (int)N : LOGIT_BLOCK_ROWS;
+    a->logits = CARVE_F(c, (size_t)a->logit_rows * V);
+    a->row_ce = CARVE_F(c, N);
+    a->row_lse = CARVE_F(c, N);
+}
+
+int model_acts_plan(Model *m, int B, int T) {
+    if (m->acts && m->acts->B == B && m->acts->T == T) return SPES_OK;
+    model_acts_free(m);
+    ModelActivations *a = spes_calloc(1, sizeof *a);
+    LayerActs *layers = a ? spes_calloc((size_t)m->cfg.n_layers, sizeof *layers) : NULL;
+    if (!layers) {
+        free(a);
+        return spes_fail_context("activation plan");
+    }
+    a->B = B;
+    a->T = T;
+    Carver measure = {0};
+    layout(&m->cfg, a, layers, &measure);
+    if (measure.overflow) {
+        free(layers);
+        free(a);
+        return spes_fail("activation memory for batch %d x seq %d overflows size_t", B, T);
+    }
+    Carver fill = {.base = spes_alloc_aligned(measure.used)};
+    if (!fill.base) {
+        free(layers);
+        free(a);
+        return spes_fail_context("activation memory for batch %d x seq %d (%.1f MiB)", B, T,
+                                 measure.used / 1048576.0);
+    }
+    layout(&m->cfg, a, layers, &fill);
+    a->arena = fill.base;
+    a->layers = layers;
+    m->acts = a;
+    return SPES_OK;
+}
+
+void model_acts_free(Model *m) {
+    if (!m->acts) return;
+    spes_free_aligned(m->acts->arena);
+    free(m->acts->layers);
+    free(m->acts);
+    m->acts = NULL;
+}

@@ -1,0 +1,102 @@
+// The parameter table: names, shapes and buffer offsets of every tensor, in HF order.
+#include "model/param_table.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+
+static void add_entry(ParamTable *t, ParamKind kind, int layer, int expert, const char *name, int64_t rows,
+                      int64_t cols) {
+    ParamInfo *p = &t->entries[t->count++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->kind = kind;
+    p->layer = layer;
+    p->expert = expert;
+    p->ndim = cols > 0 ? 2 : 1;
+    p->shape[0] = rows;
+    p->shape[1] = cols > 0 ? cols : 0;
+    p->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+    p->offset = t->total_numel;
+    p->trainable = true;
+    t->total_numel += p->numel;
+}
+
+int param_table_build(const ModelConfig *cfg, ParamTable *table) {
+    memset(table, 0, sizeof *table);
+    const int H = cfg->d_model, hd = cfg->head_dim, E = cfg->num_experts, I = cfg->expert_hidden;
+    const int qd = cfg->n_heads * hd, kd = cfg->n_kv_heads * hd, V = cfg->embedding_size;
+    const bool qk = cfg->qk_norm != QK_NORM_NONE, per_head = cfg->qk_norm == QK_NORM_HEAD;
+    int per_layer = 5 + (qk ? 2 : 0) + 2 + 3 * E;
+    int capacity = 3 + cfg->n_layers * per_layer;
+    table->entries = spes_calloc((size_t)capacity, sizeof(ParamInfo));
+    if (!table->entries) return spes_fail_context("parameter table");
+
+    char name[96];
+    add_entry(table, PARAM_EMBED, -1, -1, "model.embed_tokens.weight", V, H);
+    for (int l = 0; l < cfg->n_layers; l++) {
+#define LAYER_NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix), name)
+        add_entry(table, PARAM_ATTN_NORM, l, -1, LAYER_NAME("input_layernorm.weight"), H, 0);
+        add_entry(table, PARAM_Q, l, -1, LAYER_NAME("self_attn.q_proj.weight"), qd, H);
+        add_entry(table, PARAM_K, l, -1, LAYER_NAME("self_attn.k_proj.weight"), kd, H);
+        add_entry(table, PARAM_V, l, -1, LAYER_NAME("self_attn.v_proj.weight"), kd, H);
+        add_entry(table, PARAM_O, l, -1, LAYER_NAME("self_attn.o_proj.weight"), H, qd);
+        if (qk) {
+            add_entry(table, PARAM_Q_NORM, l, -1, LAYER_NAME("self_attn.q_norm.weight"), per_head ? hd : qd, 0);
+            add_entry(table, PARAM_K_NORM, l, -1, LAYER_NAME("self_attn.k_norm.weight"), per_head ? hd : kd, 0);
+        }
+        add_entry(table, PARAM_MLP_NORM, l, -1, LAYER_NAME("post_attention_layernorm.weight"), H, 0);
+        add_entry(table, PARAM_ROUTER, l, -1, LAYER_NAME("mlp.gate.weight"), E, H);
+#undef LAYER_NAME
+        for (int e = 0; e < E; e++) {
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+            add_entry(table, PARAM_EXPERT_GATE, l, e, name, I, H);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+            add_entry(table, PARAM_EXPERT_UP, l, e, name, I, H);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+            add_entry(table, PARAM_EXPERT_DOWN, l, e, name, H, I);
+        }
+    }
+    add_entry(table, PARAM_FINAL_NORM, -1, -1, "model.norm.weight", H, 0);
+    add_entry(table, PARAM_LM_HEAD, -1, -1, "lm_head.weight", V, H);
+    param_table_set_trainable(table, NULL);
+    return SPES_OK;
+}
+
+void param_table_free(ParamTable *table) {
+    free(table->entries);
+    memset(table, 0, sizeof *table);
+}
+
+int param_table_find(const ParamTable *table, const char *name) {
+    for (int i = 0; i < table->count; i++)
+        if (!strcmp(table->entries[i].name, name)) return i;
+    return -1;
+}
+
+int param_table_index(const ParamTable *table, ParamKind kind, int layer, int expert) {
+    for (int i = 0; i < table->count; i++) {
+        const ParamInfo *p = &table->entries[i];
+        if (p->kind == kind && p->layer == layer && p->expert == expert) return i;
+    }
+    return -1;
+}
+
+void param_table_set_trainable(ParamTable *table, const bool *mask) {
+    size_t offset = 0;
+    for (int i = 0; i < table->count; i++) {
+        ParamInfo *p = &table->entries[i];
+        p->trainable = mask ? mask[i] : true;
+        p->grad_offset = p->trainable ? (ssize_t)offset : -1;
+        if (p->trainable) offset += p->numel;
+    }
+    table->trainable_numel = offset;
+}
+
+bool param_kind_is_norm(ParamKind kind) {
+    return kind == PARAM_ATTN_NORM || kind == PARAM_Q_NORM || kind == PARAM_K_NORM || kind == PARAM_MLP_NORM ||
+           kind == PARAM_FINAL_NORM;
+}

@@ -1,0 +1,270 @@
+// Model config validation, presets, parameter table, init statistics and reproducibility,
+// frozen experts (bitwise-identical trainable gradients), determinism, accumulation.
+#include <math.h>
+#include <omp.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "base/threads.h"
+#include "model/model.h"
+
+static ModelConfig tiny(void) {
+    ModelConfig cfg;
+    assert_int_equal(model_config_preset("tiny", &cfg), SPES_OK);
+    return cfg;
+}
+
+static void test_config_validation(void **state) {
+    (void)state;
+    ModelConfig c = tiny();
+    c.head_dim = 0;
+    assert_int_equal(model_config_validate(&c), SPES_OK);
+    assert_int_equal(c.head_dim, c.d_model / c.n_heads);
+
+    c = tiny();
+    c.embedding_size = c.vocab_size - 1;
+    assert_int_equal(model_config_validate(&c), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "embedding_size"));
+
+    c = tiny();
+    c.n_kv_heads = 3;
+    assert_int_equal(model_config_validate(&c), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "n_kv_heads"));
+
+    c = tiny();
+    c.top_k = c.num_experts + 1;
+    assert_int_equal(model_config_validate(&c), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "top_k"));
+
+    c = tiny();
+    c.d_model = 0;
+    assert_int_equal(model_config_validate(&c), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "d_model"));
+
+    assert_int_equal(model_config_preset("bench-small", &c), SPES_OK);
+    assert_int_equal(c.d_model, 512);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.expert_hidden, 1024);
+    assert_int_equal(model_config_preset("nope", &c), SPES_ERR);
+}
+
+static void test_param_table(void **state) {
+    (void)state;
+    ModelConfig c = tiny();
+    ParamTable t;
+    assert_int_equal(param_table_build(&c, &t), SPES_OK);
+    // embed + per layer (2 norms + 4 proj + 2 qk norms + router + 3E) + final norm + lm_head
+    assert_int_equal(t.count, 3 + c.n_layers * (9 + 3 * c.num_experts));
+    assert_string_equal(t.entries[0].name, "model.embed_tokens.weight");
+    assert_int_equal(t.entries[0].shape[0], c.embedding_size);
+    assert_string_equal(t.entries[t.count - 1].name, "lm_head.weight");
+    int i = param_table_find(&t, "model.layers.1.self_attn.k_norm.weight");
+    assert_true(i >= 0);
+    assert_int_equal(t.entries[i].ndim, 1);
+    assert_int_equal(t.entries[i].shape[0], c.n_kv_heads * c.head_dim);   // full QK-norm
+    i = param_table_find(&t, "model.layers.0.mlp.experts.5.down_proj.weight");
+    assert_int_equal(i, param_table_index(&t, PARAM_EXPERT_DOWN, 0, 5));
+    assert_int_equal(t.entries[i].shape[0], c.d_model);
+    assert_int_equal(t.entries[i].shape[1], c.expert_hidden);
+    assert_int_equal(t.entries[i].expert, 5);
+    assert_int_equal(param_table_find(&t, "model.layers.2.mlp.gate.weight"), -1);
+    size_t sum = 0;
+    for (int j = 0; j < t.count; j++) {
+        assert_int_equal(t.entries[j].offset, sum);
+        sum += t.entries[j].numel;
+    }
+    assert_int_equal(sum, t.total_numel);
+    assert_int_equal(t.trainable_numel, t.total_numel);
+
+    bool *mask = calloc((size_t)t.count, sizeof(bool));
+    mask[1] = mask[5] = true;
+    param_table_set_trainable(&t, mask);
+    assert_int_equal(t.entries[0].grad_offset, -1);
+    assert_int_equal(t.entries[1].grad_offset, 0);
+    assert_int_equal(t.entries[5].grad_offset, (ssize_t)t.entries[1].numel);
+    assert_int_equal(t.trainable_numel, t.entries[1].numel + t.entries[5].numel);
+    free(mask);
+    param_table_free(&t);
+
+    c.qk_norm = QK_NORM_HEAD;
+    assert_int_equal(param_table_build(&c, &t), SPES_OK);
+    i = param_table_find(&t, "model.layers.0.self_attn.q_norm.weight");
+    assert_int_equal(t.entries[i].shape[0], c.head_dim);
+    param_table_free(&t);
+}
+
+static void test_init_statistics_and_reproducibility(void **state) {
+    (void)state;
+    ModelConfig c;
+    assert_int_equal(model_config_preset("tiny", &c), SPES_OK);
+    c.d_model = 64;
+    c.head_dim = 16;
+    c.init_std = 0.05f;
+    c.init_cutoff_factor = 2.0f;
+    Model a, b;
+    assert_int_equal(model_create(&a, &c), SPES_OK);
+    assert_int_equal(model_create(&b, &c), SPES_OK);
+    int saved = threads_get();
+    threads_set(1);
+    model_init_weights(&a, 42);
+    threads_set(2);
+    model_init_weights(&b, 42);
+    threads_set(saved);
+    assert_memory_equal(a.params, b.params, a.table.total_numel * sizeof(float));
+    model_init_weights(&b, 43);
+    assert_true(memcmp(a.params, b.params, a.table.total_numel * sizeof(float)) != 0);
+
+    double sum = 0, sum2 = 0, maxabs = 0;
+    size_t n = 0;
+    for (int i = 0; i < a.table.count; i++) {
+        const ParamInfo *p = &a.table.entries[i];
+        const float *w = model_param(&a, i);
+        for (size_t j = 0; j < p->numel; j++) {
+            if (param_kind_is_norm(p->kind)) {
+                assert_true(w[j] == 1.0f);
+                continue;
+            }
+            sum += w[j];
+            sum2 += (double)w[j] * w[j];
+            if (fabs(w[j]) > maxabs) maxabs = fabs(w[j]);
+            n++;
+        }
+    }
+    double mean = sum / n, std = sqrt(sum2 / n - mean * mean);
+    // Normal(0, 0.05) truncated at 2 std has std 0.05 * sqrt(1 - 4 phi(2) / (2 Phi(2) - 1)) = 0.05 * 0.8796.
+    printf("init: n=%zu mean=%.5f std=%.5f (expect %.5f) max|w|=%.4f (cutoff %.4f)\n", n, mean, std, 0.05 * 0.8796,
+           maxabs, 0.1);
+    assert_true(fabs(mean) < 1e-3);
+    assert_true(fabs(std - 0.05 * 0.8796) < 1e-3);
+    assert_true(maxabs <= 0.1 + 1e-7);
+    assert_true(maxabs > 0.099);
+    model_free(&a);
+    model_free(&b);
+}
+
+enum { B = 2, T = 70 };   // T > one attention block (64) to cover the tiling
+
+static void tokens(int32_t *in, int32_t *tg, int V) {
+    for (int i = 0; i < B * T; i++) {
+        in[i] = (int32_t)((i * 37 + 11) % V);
+        tg[i] = (int32_t)((i * 53 + 5) % V);
+    }
+    tg[7] = IGNORE_INDEX;
+}
+
+static void setup_model(Model *m, QkNormMode qk) {
+    ModelConfig c = tiny();
+    c.qk_norm = qk;
+    c.max_seq_len = T;
+    c.init_std = 0.1f;
+    assert_int_equal(model_create(m, &c), SPES_OK);
+    model_init_weights(m, 5);
+}
+
+static void test_frozen_experts_bitwise(void **state) {
+    (void)state;
+    Model full, frozen;
+    setup_model(&full, QK_NORM_FULL);
+    setup_model(&frozen, QK_NORM_FULL);
+    assert_int_equal(model_set_trainable_experts(&frozen, 2, 3), SPES_OK);
+    assert_true(frozen.table.trainable_numel < full.table.trainable_numel);
+    int32_t in[B * T], tg[B * T];
+    tokens(in, tg, full.cfg.embedding_size);
+    LossWeights w = {.lm_z_mult = 1e-2f, .lb_weight = 0.1f, .router_z_weight = 1e-3f};
+    LossValues la, lb;
+    assert_int_equal(model_forward_backward(&full, in, tg, B, T, &w, 1.0f, &la, NULL), SPES_OK);
+    assert_int_equal(model_forward_backward(&frozen, in, tg, B, T, &w, 1.0f, &lb, NULL), SPES_OK);
+    assert_true(la.total == lb.total);
+    int compared = 0;
+    for (int i = 0; i < full.table.count; i++) {
+        const ParamInfo *p = &frozen.table.entries[i];
+        if (!p->trainable) {
+            assert_null(model_grad(&frozen, i));
+            assert_true(p->expert >= 0 && (p->expert < 2 || p->expert > 3));
+            continue;
+        }
+        assert_memory_equal(model_grad(&full, i), model_grad(&frozen, i), p->numel * sizeof(float));
+        compared++;
+    }
+    assert_int_equal(compared, 3 + full.cfg.n_layers * (9 + 3 * 2));
+    model_free(&full);
+    model_free(&frozen);
+}
+
+static void test_determinism_accumulation_and_forward(void **state) {
+    (void)state;
+    Model m;
+    setup_model(&m, QK_NORM_HEAD);
+    int32_t in[B * T], tg[B * T];
+    tokens(in, tg, m.cfg.embedding_size);
+    LossWeights w = {.lm_z_mult = 1e-2f, .lb_weight = 0.1f, .router_z_weight = 1e-3f};
+    size_t n = m.table.trainable_numel;
+    float *g1 = malloc(n * sizeof(float));
+    LossValues v1, v2, v3;
+    model_zero_grad(&m);
+    assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 1.0f, &v1, NULL), SPES_OK);
+    memcpy(g1, m.grads, n * sizeof(float));
+    model_zero_grad(&m);
+    assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 1.0f, &v2, NULL), SPES_OK);
+    assert_memory_equal(g1, m.grads, n * sizeof(float));   // same inputs, same bits
+    assert_true(v1.total == v2.total);
+    assert_int_equal(v1.num_targets, B * T - 1);
+    // Accumulation: a second call with grad_scale 0.5 adds half the gradient.
+    assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 0.5f, NULL, NULL), SPES_OK);
+    for (size_t i = 0; i < n; i++) assert_true(fabsf(m.grads[i] - 1.5f * g1[i]) <= 1e-6f + 1e-5f * fabsf(g1[i]));
+    // Forward only gives the same losses.
+    assert_int_equal(model_forward(&m, in, tg, B, T, &w, &v3, NULL), SPES_OK);
+    assert_true(v3.total == v1.total && v3.ce == v1.ce && v3.lb == v1.lb);
+    int64_t routed = 0;
+    for (int i = 0; i < m.cfg.n_layers * m.cfg.num_experts; i++) routed += m.expert_counts[i];
+    assert_int_equal(routed, (int64_t)m.cfg.n_layers * B * T * m.cfg.top_k);
+    free(g1);
+    model_free(&m);
+}
+
+static void test_bad_inputs(void **state) {
+    (void)state;
+    Model m;
+    setup_model(&m, QK_NORM_FULL);
+    int32_t in[B * T], tg[B * T];
+    tokens(in, tg, m.cfg.embedding_size);
+    in[3] = m.cfg.embedding_size;
+    assert_int_equal(model_forward_backward(&m, in, tg, B, T, NULL, 1.0f, NULL, NULL), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "input token"));
+    tokens(in, tg, m.cfg.embedding_size);
+    tg[4] = -2;
+    assert_int_equal(model_forward(&m, in, tg, B, T, NULL, NULL, NULL), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "target"));
+    assert_int_equal(model_forward(&m, in, NULL, 1, T + 1, NULL, NULL, NULL), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "max_seq_len"));
+    // All targets ignored: losses 0, gradient of the CE part 0, no NaN.
+    for (int i = 0; i < B * T; i++) tg[i] = IGNORE_INDEX;
+    tokens(in, tg + 0, m.cfg.embedding_size);
+    for (int i = 0; i < B * T; i++) tg[i] = IGNORE_INDEX;
+    LossValues v;
+    model_zero_grad(&m);
+    assert_int_equal(model_forward_backward(&m, in, tg, B, T, NULL, 1.0f, &v, NULL), SPES_OK);
+    assert_true(v.ce == 0.0 && v.num_targets == 0);
+    for (size_t i = 0; i < m.table.trainable_numel; i++) assert_true(m.grads[i] == 0.0f);
+    model_free(&m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_validation),
+        cmocka_unit_test(test_param_table),
+        cmocka_unit_test(test_init_statistics_and_reproducibility),
+        cmocka_unit_test(test_frozen_experts_bitwise),
+        cmocka_unit_test(test_determinism_accumulation_and_forward),
+        cmocka_unit_test(test_bad_inputs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

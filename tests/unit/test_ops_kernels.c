@@ -1,0 +1,135 @@
+// Fast kernels against their plain references: GEMM (every transpose, strided), tiled
+// attention (GQA, T spanning several blocks, ragged last block), chunked RMSNorm backward;
+// plus the MoE dispatch invariants and the router's tie-breaking.
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "base/rng.h"
+#include "ops/ops.h"
+
+static float *random_floats(size_t n, uint64_t seed, double scale) {
+    Rng rng;
+    rng_seed(&rng, seed);
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = (float)(scale * rng_normal(&rng));
+    return x;
+}
+
+// max |a-b| / (max|b| over the array), so tolerances are relative to the data's scale
+static double rel_err(const float *a, const float *b, size_t n) {
+    double diff = 0.0, mag = 1e-3;   // floor: an all-zero reference (T=1: dq = 0) compares absolutely
+    for (size_t i = 0; i < n; i++) {
+        diff = fmax(diff, fabs((double)a[i] - b[i]));
+        mag = fmax(mag, fabs((double)b[i]));
+    }
+    return diff / mag;
+}
+
+static void test_gemm_matches_reference(void **state) {
+    (void)state;
+    const int M = 37, N = 29, K = 53, pad = 3;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+            float *A = random_floats((size_t)(ta ? K : M) * lda, 1, 1.0);
+            float *Bm = random_floats((size_t)(tb ? N : K) * ldb, 2, 1.0);
+            float *C1 = random_floats((size_t)M * ldc, 3, 1.0);
+            float *C2 = malloc((size_t)M * ldc * sizeof(float));
+            memcpy(C2, C1, (size_t)M * ldc * sizeof(float));
+            op_gemm(ta, tb, M, N, K, 0.7f, A, lda, Bm, ldb, 0.5f, C1, ldc);
+            op_gemm_ref(ta, tb, M, N, K, 0.7f, A, lda, Bm, ldb, 0.5f, C2, ldc);
+            double e = rel_err(C1, C2, (size_t)M * ldc);
+            printf("gemm ta=%d tb=%d rel err %.2e\n", ta, tb, e);
+            assert_true(e < 1e-5);
+            free(A), free(Bm), free(C1), free(C2);
+        }
+}
+
+static void check_attention(int B, int T, int nh, int nkv, int hd) {
+    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
+    float *q = random_floats(nq, 10, 1.0), *k = random_floats(nk, 11, 1.0), *v = random_floats(nk, 12, 1.0);
+    float *dout = random_floats(nq, 13, 1.0);
+    float *o1 = malloc(nq * 4), *o2 = malloc(nq * 4), *l1 = malloc((size_t)B * nh * T * 4),
+          *l2 = malloc((size_t)B * nh * T * 4);
+    float *dq1 = malloc(nq * 4), *dq2 = malloc(nq * 4), *dk1 = malloc(nk * 4), *dk2 = malloc(nk * 4),
+          *dv1 = malloc(nk * 4), *dv2 = malloc(nk * 4);
+    assert_int_equal(op_attention_forward(o1, l1, q, k, v, B, T, nh, nkv, hd), SPES_OK);
+    assert_int_equal(op_attention_forward_ref(o2, l2, q, k, v, B, T, nh, nkv, hd), SPES_OK);
+    assert_int_equal(op_attention_backward(dq1, dk1, dv1, dout, o2, l2, q, k, v, B, T, nh, nkv, hd), SPES_OK);
+    assert_int_equal(op_attention_backward_ref(dq2, dk2, dv2, dout, o2, l2, q, k, v, B, T, nh, nkv, hd), SPES_OK);
+    double eo = rel_err(o1, o2, nq), el = rel_err(l1, l2, (size_t)B * nh * T);
+    double eq = rel_err(dq1, dq2, nq), ek = rel_err(dk1, dk2, nk), ev = rel_err(dv1, dv2, nk);
+    printf("attention B=%d T=%d nh=%d nkv=%d hd=%d: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n", B, T, nh, nkv, hd,
+           eo, el, eq, ek, ev);
+    assert_true(eo < 1e-5 && el < 1e-5 && eq < 1e-4 && ek < 1e-4 && ev < 1e-4);
+    free(q), free(k), free(v), free(dout), free(o1), free(o2), free(l1), free(l2);
+    free(dq1), free(dq2), free(dk1), free(dk2), free(dv1), free(dv2);
+}
+
+static void test_attention_matches_reference(void **state) {
+    (void)state;
+    check_attention(2, 150, 4, 2, 16);   // GQA, 3 query blocks, ragged last one
+    check_attention(1, 64, 2, 2, 8);     // exactly one block, MHA
+    check_attention(1, 1, 4, 1, 8);      // a single token
+}
+
+static void test_rmsnorm_backward_matches_reference(void **state) {
+    (void)state;
+    const int R = 300, C = 24;
+    float *x = random_floats((size_t)R * C, 20, 1.0), *w = random_floats(C, 21, 1.0), *dy = random_floats((size_t)R * C, 22, 1.0);
+    float *y = malloc((size_t)R * C * 4), *rstd = malloc(R * 4);
+    op_rmsnorm_forward(y, rstd, x, w, R, C, 1e-5f);
+    float *dx1 = random_floats((size_t)R * C, 23, 1.0), *dx2 = malloc((size_t)R * C * 4);
+    memcpy(dx2, dx1, (size_t)R * C * 4);
+    float dw1[24] = {0}, dw2[24] = {0};
+    op_rmsnorm_backward(dx1, dw1, dy, x, w, rstd, R, C, true);
+    op_rmsnorm_backward_ref(dx2, dw2, dy, x, w, rstd, R, C, true);
+    assert_true(rel_err(dx1, dx2, (size_t)R * C) < 1e-6);
+    assert_true(rel_err(dw1, dw2, C) < 1e-5);
+    free(x), free(w), free(dy), free(y), free(rstd), free(dx1), free(dx2);
+}
+
+static void test_router_ties_and_dispatch(void **state) {
+    (void)state;
+    // token 0: experts 1 and 3 tie for first, 0 and 2 tie below: lower index wins
+    const int N = 3, E = 4, k = 2;
+    float logits[12] = {0.5f, 2.0f, 0.5f, 2.0f, /**/ 3.0f, 1.0f, 2.0f, 0.0f, /**/ 0.0f, 0.0f, 0.0f, 0.0f};
+    float probs[12], lse[3], w[6];
+    int32_t idx[6];
+    op_router_forward(probs, lse, idx, w, logits, N, E, k, true);
+    assert_int_equal(idx[0], 1);
+    assert_int_equal(idx[1], 3);
+    assert_int_equal(idx[2], 0);
+    assert_int_equal(idx[3], 2);
+    assert_int_equal(idx[4], 0);
+    assert_int_equal(idx[5], 1);
+    assert_true(fabsf(w[0] + w[1] - 1.0f) < 1e-6f);
+    int32_t off[5], row_token[6], row_of_slot[6];
+    op_moe_plan(off, row_token, row_of_slot, idx, N, E, k);
+    int32_t want_off[5] = {0, 2, 4, 5, 6};
+    assert_memory_equal(off, want_off, sizeof want_off);
+    for (int s = 0; s < N * k; s++) {
+        int row = row_of_slot[s];
+        assert_int_equal(row_token[row], s / k);
+        assert_true(row >= off[idx[s]] && row < off[idx[s] + 1]);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemm_matches_reference),
+        cmocka_unit_test(test_attention_matches_reference),
+        cmocka_unit_test(test_rmsnorm_backward_matches_reference),
+        cmocka_unit_test(test_router_ties_and_dispatch),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
