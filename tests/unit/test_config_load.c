@@ -1,0 +1,307 @@
+// Config loading: the SPES reference configs and our committed copies load with the values
+// they spell; overrides, interpolation, defaults, unknown keys, hash, YAML round trip.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "config/config.h"
+
+// ../shared/reference/configs, found from $SPES_TEST_DATA (default ../shared/data).
+static const char *reference_dir(void) {
+    static char dir[4096];
+    const char *data = getenv("SPES_TEST_DATA");
+    snprintf(dir, sizeof dir, "%s/../reference/configs", data && data[0] ? data : "../shared/data");
+    return dir;
+}
+
+static int load_reference(const char *name, int n_over, char **over, TrainConfig *cfg) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", reference_dir(), name);
+    if (access(path, R_OK) != 0) return 77;
+    int rc = config_load(path, n_over, over, cfg);
+    if (rc != SPES_OK) fail_msg("%s: %s", name, spes_last_error());
+    return rc;
+}
+
+static void test_reference_spes_1b(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    int rc = load_reference("spes_moe_1b_4nodes_node_0.yaml", 0, NULL, &cfg);
+    if (rc == 77) skip();
+    const ModelConfig *m = &cfg.model;
+    assert_int_equal(m->d_model, 768);
+    assert_int_equal(m->n_heads, 12);
+    assert_int_equal(m->n_kv_heads, 12);
+    assert_int_equal(m->head_dim, 64);
+    assert_int_equal(m->n_layers, 12);
+    assert_int_equal(m->expert_hidden, 2048);   // mlp_hidden_size 4096 / 2
+    assert_int_equal(m->vocab_size, 151665);
+    assert_int_equal(m->embedding_size, 151665);
+    assert_int_equal(m->max_seq_len, 2048);
+    assert_int_equal(m->qk_norm, QK_NORM_FULL);
+    assert_int_equal(m->num_experts, 16);
+    assert_int_equal(m->top_k, 2);
+    assert_false(m->normalize_expert_weights);
+    assert_float_equal(m->rope_theta, 500000.0f, 0.0f);
+    assert_float_equal(m->norm_eps, 1e-6f, 0.0f);
+    assert_float_equal(m->init_cutoff_factor, 3.0f, 0.0f);
+    assert_int_equal(m->eos_token_id, 151643);
+    assert_float_equal(cfg.moe_loss_weight, 0.01f, 0.0f);
+    assert_float_equal(cfg.moe_zloss_weight, 0.001f, 0.0f);
+    assert_true(cfg.softmax_auxiliary_loss);
+    assert_float_equal(cfg.auxiliary_loss_multiplier, 1e-5f, 0.0f);
+    assert_float_equal(cfg.learning_rate, 5e-4, 0.0);
+    assert_float_equal(cfg.adamw.beta1, 0.9, 0.0);
+    assert_float_equal(cfg.adamw.beta2, 0.95, 0.0);
+    assert_float_equal(cfg.adamw.eps, 1e-8, 0.0);
+    assert_float_equal(cfg.adamw.weight_decay, 0.1, 0.0);
+    assert_true(cfg.adamw.decay_norm_and_bias);
+    assert_true(cfg.adamw.decay_embeddings);
+    assert_int_equal(cfg.schedule.kind, SCHEDULE_COSINE_WITH_WARMUP);
+    assert_int_equal(cfg.schedule.t_warmup, 2000);
+    assert_int_equal(cfg.schedule.t_max, 50000);
+    assert_float_equal(cfg.schedule.alpha_f, 0.1, 0.0);
+    assert_int_equal(cfg.max_duration, 50000);
+    assert_int_equal(cfg.max_duration_unit, DURATION_STEPS);
+    assert_int_equal(cfg.stop_at, 50000);
+    assert_int_equal(cfg.global_train_batch_size, 1024);
+    assert_int_equal(cfg.device_train_microbatch_size, 8);
+    assert_int_equal(config_grad_accum_steps(&cfg), 128);
+    assert_float_equal(cfg.max_grad_norm, 1.0, 0.0);
+    assert_string_equal(cfg.save_folder, "output/spes_moe_1b_slimpajama_100b_tokens_bsz256_4nodes/node0");
+    assert_int_equal(cfg.save_interval_unsharded, 5000);
+    assert_int_equal(cfg.save_num_unsharded_checkpoints_to_keep, 5);
+    assert_null(cfg.load_path);
+    assert_int_equal(cfg.eval_interval, 2500);
+    assert_int_equal(cfg.n_evaluators, 0);   // all downstream
+    assert_int_equal(cfg.data.memmap_dtype, MEMMAP_UINT32);
+    assert_int_equal(cfg.data.seed, 6198);
+    assert_true(cfg.data.drop_last);
+    assert_true(cfg.data.n_paths > 1000);
+    assert_string_equal(cfg.data.paths[0], "data/SlimPajama-627B/030_000012.npy");
+    assert_true(cfg.using_spes);
+    assert_false(cfg.using_dilico);
+    assert_int_equal(cfg.num_peers, 4);
+    assert_int_equal(cfg.peer_id, 0);
+    assert_int_equal(cfg.num_train_experts_per_node, 4);
+    assert_int_equal(cfg.sync_steps, 100);
+    assert_string_equal(cfg.server_addr, "127.0.0.1:50051");
+    assert_null(cfg.unknown_keys);   // every key of the seeds' config is known
+    config_free(&cfg);
+}
+
+static void test_reference_3b_norm_router(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    if (load_reference("spes_moe_3b_9b_4nodes_norm_router.yaml", 0, NULL, &cfg) == 77) skip();
+    assert_int_equal(cfg.model.d_model, 2048);
+    assert_int_equal(cfg.model.expert_hidden, 6 * 2048 / 2);   // mlp_ratio 6
+    assert_int_equal(cfg.model.n_kv_heads, 8);
+    assert_int_equal(cfg.model.head_dim, 128);
+    assert_int_equal(cfg.model.qk_norm, QK_NORM_HEAD);
+    assert_true(cfg.model.normalize_expert_weights);
+    assert_int_equal(cfg.model.embedding_size, 151936);
+    assert_int_equal(cfg.num_peers, 8);
+    assert_int_equal(cfg.num_train_experts_per_node, 2);
+    assert_false(cfg.using_decayed_aux_loss);
+    assert_int_equal(cfg.device_train_microbatch_size, 1);
+    assert_null(cfg.unknown_keys);
+    config_free(&cfg);
+}
+
+static void test_reference_dilico(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    if (load_reference("dilico_fedavg_moe_1b_node0.yaml", 0, NULL, &cfg) == 77) skip();
+    assert_true(cfg.using_dilico);
+    assert_true(cfg.using_spes);
+    assert_int_equal(cfg.num_train_experts_per_node, 16);
+    assert_int_equal(cfg.sync_steps, 50);
+    assert_float_equal(cfg.model.rope_theta, 32000.0f, 0.0f);
+    assert_null(cfg.unknown_keys);
+    config_free(&cfg);
+}
+
+// The committed trimmed copy spells the same model/optimizer/schedule as the seeds' config.
+static void test_trimmed_copy_matches_reference(void **state) {
+    (void)state;
+    TrainConfig trimmed, ref;
+    assert_int_equal(config_load("configs/spes_moe_1b_trimmed.yaml", 0, NULL, &trimmed), SPES_OK);
+    assert_int_equal(trimmed.data.n_paths, 4);
+    assert_null(trimmed.unknown_keys);
+    if (load_reference("spes_moe_1b_4nodes_node_0.yaml", 0, NULL, &ref) == 77) {
+        config_free(&trimmed);
+        skip();
+    }
+    assert_memory_equal(&trimmed.model, &ref.model, sizeof(ModelConfig));
+    assert_memory_equal(&trimmed.adamw, &ref.adamw, sizeof(AdamWConfig));
+    assert_memory_equal(&trimmed.schedule, &ref.schedule, sizeof(ScheduleConfig));
+    assert_string_equal(trimmed.save_folder, ref.save_folder);
+    config_free(&trimmed);
+    config_free(&ref);
+}
+
+static void test_tiny_config(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    assert_int_equal(config_load("configs/tiny_shakespeare.yaml", 0, NULL, &cfg), SPES_OK);
+    assert_int_equal(cfg.model.vocab_size, 257);
+    assert_int_equal(cfg.model.embedding_size, 264);
+    assert_int_equal(cfg.model.expert_hidden, 128);
+    assert_string_equal(cfg.save_folder, "output/tiny-shakespeare");
+    assert_null(cfg.unknown_keys);
+    config_free(&cfg);
+}
+
+// Overrides are applied before interpolation: peer_id reaches save_folder.
+static void test_override_reaches_interpolation(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    char *over[] = {"--spes_config.peer_id=2", "--run_name", "myrun", "--optimizer.betas=[0.8, 0.99]",
+                    "--load_path=ckpt/step10", "--max_duration=2e6T"};
+    assert_int_equal(config_load("configs/spes_moe_1b_trimmed.yaml", 6, over, &cfg), SPES_OK);
+    assert_int_equal(cfg.peer_id, 2);
+    assert_string_equal(cfg.save_folder, "output/myrun/node2");
+    assert_string_equal(cfg.run_name, "myrun");
+    assert_float_equal(cfg.adamw.beta1, 0.8, 0.0);
+    assert_float_equal(cfg.adamw.beta2, 0.99, 0.0);
+    assert_string_equal(cfg.load_path, "ckpt/step10");
+    assert_int_equal(cfg.max_duration, 2000000);
+    assert_int_equal(cfg.max_duration_unit, DURATION_TOKENS);
+    int64_t steps;
+    assert_int_equal(config_max_steps(&cfg, -1, &steps), SPES_OK);
+    assert_int_equal(steps, 1);   // ceil(2e6 / (1024 * 2048))
+    config_free(&cfg);
+}
+
+static void test_defaults_are_olmo(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    assert_int_equal(config_load_string("", "empty.yaml", 0, NULL, &cfg), SPES_OK);
+    assert_int_equal(cfg.seed, 6198);
+    assert_int_equal(cfg.data.seed, 6198);   // data.seed falls back to seed
+    assert_float_equal(cfg.learning_rate, 1e-4, 0.0);
+    assert_float_equal(cfg.adamw.eps, 1e-5, 0.0);
+    assert_float_equal(cfg.adamw.weight_decay, 0.0, 0.0);
+    assert_int_equal(cfg.schedule.kind, SCHEDULE_COSINE_WITH_WARMUP);
+    assert_int_equal(cfg.schedule.t_warmup, 100);
+    assert_int_equal(cfg.global_train_batch_size, 512);
+    assert_int_equal(cfg.device_train_microbatch_size, 16);
+    assert_int_equal(cfg.max_duration, 10000);
+    assert_int_equal(cfg.model.max_seq_len, 1024);
+    assert_int_equal(cfg.model.expert_hidden, 4 * 768 / 2);   // mlp_ratio 4
+    assert_int_equal(cfg.model.qk_norm, QK_NORM_NONE);
+    assert_float_equal(cfg.model.norm_eps, 1e-5f, 0.0f);
+    assert_float_equal(cfg.moe_loss_weight, 0.1f, 0.0f);
+    assert_int_equal(cfg.data.memmap_dtype, MEMMAP_UINT16);
+    assert_false(cfg.data.drop_last);
+    assert_int_equal(cfg.stop_at, -1);
+    assert_string_equal(cfg.save_folder, "./");
+    config_free(&cfg);
+}
+
+static void test_unknown_keys_collected(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    const char *yaml = "fooo: 1\nmodel:\n  d_model: 64\n  n_heads: 4\n  barr: 2\nfsdp:\n  anything: [1, 2]\n";
+    assert_int_equal(config_load_string(yaml, "u.yaml", 0, NULL, &cfg), SPES_OK);
+    assert_non_null(cfg.unknown_keys);
+    assert_non_null(strstr(cfg.unknown_keys, "fooo (u.yaml:1)"));
+    assert_non_null(strstr(cfg.unknown_keys, "model.barr (u.yaml:5)"));
+    assert_null(strstr(cfg.unknown_keys, "fsdp"));   // ignored section, not unknown
+    config_free(&cfg);
+}
+
+static void test_evaluators(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    const char *yaml = "evaluators:\n"
+                       "  - label: val\n"
+                       "    data:\n"
+                       "      paths: [a.npy, b.npy]\n"
+                       "  - label: piqa\n"
+                       "    type: downstream\n";
+    assert_int_equal(config_load_string(yaml, "e.yaml", 0, NULL, &cfg), SPES_OK);
+    assert_int_equal(cfg.n_evaluators, 1);
+    assert_string_equal(cfg.evaluators[0].label, "val");
+    assert_int_equal(cfg.evaluators[0].n_paths, 2);
+    assert_string_equal(cfg.evaluators[0].paths[1], "b.npy");
+    config_free(&cfg);
+}
+
+static void test_max_duration_forms(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    const char *yaml = "max_duration: 3ep\nglobal_train_batch_size: 4\ndevice_train_microbatch_size: 2\n";
+    assert_int_equal(config_load_string(yaml, "d.yaml", 0, NULL, &cfg), SPES_OK);
+    int64_t steps;
+    assert_int_equal(config_max_steps(&cfg, 10, &steps), SPES_OK);
+    assert_int_equal(steps, 3 * (10 / 4));
+    assert_int_equal(config_max_steps(&cfg, -1, &steps), SPES_ERR);
+    config_free(&cfg);
+}
+
+// The hash covers the semantics, not the run control; the YAML dump reloads to the same hash.
+static void test_hash_and_round_trip(void **state) {
+    (void)state;
+    TrainConfig a, b, c;
+    assert_int_equal(config_load("configs/spes_moe_1b_trimmed.yaml", 0, NULL, &a), SPES_OK);
+    char *over_folder[] = {"--save_folder=/elsewhere", "--console_log_interval=7", "--stop_at=10"};
+    assert_int_equal(config_load("configs/spes_moe_1b_trimmed.yaml", 3, over_folder, &b), SPES_OK);
+    assert_true(config_hash(&a) == config_hash(&b));
+    config_free(&b);
+    char *over_lr[] = {"--optimizer.learning_rate=4e-4"};
+    assert_int_equal(config_load("configs/spes_moe_1b_trimmed.yaml", 1, over_lr, &b), SPES_OK);
+    assert_true(config_hash(&a) != config_hash(&b));
+    config_free(&b);
+
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    config_write_yaml(&a, mem);
+    fclose(mem);
+    assert_int_equal(config_load_string(text, "dump.yaml", 0, NULL, &c), SPES_OK);
+    assert_true(config_hash(&a) == config_hash(&c));
+    assert_memory_equal(&a.model, &c.model, sizeof(ModelConfig));
+    assert_string_equal(a.save_folder, c.save_folder);
+    assert_null(c.unknown_keys);
+    free(text);
+    config_free(&a);
+    config_free(&c);
+}
+
+// Loading never opens data files: the seeds' paths do not exist here.
+static void test_loading_does_not_touch_data(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    assert_int_equal(config_load_string("data:\n  paths: [/nonexistent/x.npy, /nonexistent/list.txt]\n", "p.yaml", 0,
+                                        NULL, &cfg),
+                     SPES_OK);
+    assert_int_equal(cfg.data.n_paths, 2);
+    config_free(&cfg);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reference_spes_1b),
+        cmocka_unit_test(test_reference_3b_norm_router),
+        cmocka_unit_test(test_reference_dilico),
+        cmocka_unit_test(test_trimmed_copy_matches_reference),
+        cmocka_unit_test(test_tiny_config),
+        cmocka_unit_test(test_override_reaches_interpolation),
+        cmocka_unit_test(test_defaults_are_olmo),
+        cmocka_unit_test(test_unknown_keys_collected),
+        cmocka_unit_test(test_evaluators),
+        cmocka_unit_test(test_max_duration_forms),
+        cmocka_unit_test(test_hash_and_round_trip),
+        cmocka_unit_test(test_loading_does_not_touch_data),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
