@@ -1,0 +1,134 @@
+// Every kind of bad config is an error naming the key and where it was set (file:line, or
+// "command line --key"), never a crash and never silently accepted.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "config/config.h"
+
+typedef struct {
+    const char *what;
+    const char *yaml;
+    const char *override;   // one command-line word, or NULL
+    const char *expect1;    // substrings the message must contain
+    const char *expect2;
+} BadCase;
+
+static const BadCase CASES[] = {
+    {"not a number", "optimizer:\n  learning_rate: abc\n", NULL,
+     "bad.yaml:2: optimizer.learning_rate: expected a number, got 'abc'", NULL},
+    {"not an integer", "seed: 1\nglobal_train_batch_size: 1.5\n", NULL, "bad.yaml:2: global_train_batch_size",
+     "expected an integer"},
+    {"not a bool", "using_spes: maybe\n", NULL, "bad.yaml:1: using_spes", "expected true or false"},
+    {"negative size", "model:\n  d_model: -4\n", NULL, "bad.yaml:2: model.d_model", "must be > 0"},
+    {"zero experts", "model:\n  moe_num_experts: 0\n", NULL, "bad.yaml:2: model.moe_num_experts", "must be > 0"},
+    {"list for a scalar", "seed: [1, 2]\n", NULL, "bad.yaml:1: seed", "got a list"},
+    {"mapping for a list", "data:\n  paths:\n    a: b\n", NULL, "bad.yaml:3: data.paths", "got a mapping"},
+    {"section not a mapping", "model: 5\n", NULL, "bad.yaml:1: model", "expected a mapping"},
+    {"null for required", "model:\n  d_model: null\n", NULL, "bad.yaml:2: model.d_model", "must not be null"},
+    {"bad dtype", "data:\n  memmap_dtype: float32\n", NULL, "bad.yaml:2: data.memmap_dtype", "uint16 or uint32"},
+    {"bad payload dtype", "spes_config:\n  payload_dtype: fp8\n", NULL, "bad.yaml:2: spes_config.payload_dtype", "f32 or bf16"},
+    {"bad scheduler", "scheduler:\n  name: inverse_sqrt\n", NULL, "bad.yaml:2: scheduler.name", "cosine_with_warmup"},
+    {"scheduler units", "scheduler:\n  units: tokens\n", NULL, "bad.yaml:2: scheduler.units", "only steps"},
+    {"optimizer name", "optimizer:\n  name: lionw\n", NULL, "bad.yaml:2: optimizer.name", "only adamw"},
+    {"unsupported activation", "model:\n  activation_type: gelu\n", NULL, "bad.yaml:2: model.activation_type", "only swiglu"},
+    {"dropout", "model:\n  residual_dropout: 0.1\n", NULL, "bad.yaml:2: model.residual_dropout", "only 0"},
+    {"weight tying", "model:\n  weight_tying: true\n", NULL, "bad.yaml:2: model.weight_tying", "only false"},
+    {"betas length", "optimizer:\n  betas: [0.9]\n", NULL, "bad.yaml:2: optimizer.betas", "two numbers"},
+    {"beta range", "optimizer:\n  betas: [0.9, 1.5]\n", NULL, "bad.yaml:2: optimizer.betas", "[0, 1)"},
+    {"normalize p-norm", "model:\n  moe_normalize_expert_weights: 2.0\n", NULL,
+     "bad.yaml:2: model.moe_normalize_expert_weights", "only true/1"},
+    {"odd mlp hidden", "model:\n  mlp_hidden_size: 4097\n", NULL, "bad.yaml:2: model.mlp_hidden_size", "even"},
+    {"bad max_duration", "max_duration: 12x\n", NULL, "bad.yaml:1: max_duration", "<N>ep"},
+    {"batch divisibility", "global_train_batch_size: 10\ndevice_train_microbatch_size: 3\n", NULL,
+     "bad.yaml:2: device_train_microbatch_size", "multiple of device_train_microbatch_size (3)"},
+    {"embedding smaller than vocab", "model:\n  vocab_size: 300\n  embedding_size: 264\n", NULL,
+     "bad.yaml:3: model.embedding_size", "must be >= vocab_size (300)"},
+    {"heads do not divide", "model:\n  d_model: 100\n  n_heads: 3\n", NULL, "bad.yaml:3: model.n_heads", "divisible"},
+    {"kv heads", "model:\n  n_heads: 12\n  n_kv_heads: 5\n", NULL, "bad.yaml:3: model.n_kv_heads", "multiple of n_kv_heads"},
+    {"top_k > experts", "model:\n  moe_num_experts: 4\n  moe_top_k: 5\n", NULL, "bad.yaml:3: model.moe_top_k", "<= moe_num_experts"},
+    {"over_head without qk norm", "model:\n  attention_layer_norm_over_head: true\n", NULL,
+     "bad.yaml:2: model.attention_layer_norm_over_head", "attention_layer_norm: true"},
+    {"t_max before warmup", "scheduler:\n  t_warmup: 100\n  t_max: 50\n", NULL, "bad.yaml:3: scheduler.t_max", "> t_warmup"},
+    {"alpha_f > 1", "scheduler:\n  alpha_f: 2\n", NULL, "bad.yaml:2: scheduler.alpha_f", "[0, 1]"},
+    {"keep zero checkpoints", "save_num_unsharded_checkpoints_to_keep: 0\n", NULL,
+     "bad.yaml:1: save_num_unsharded_checkpoints_to_keep", "-1 (keep all)"},
+    {"peer_id out of range", "spes_config:\n  num_peers: 4\n  peer_id: 4\n", NULL, "bad.yaml:3: spes_config.peer_id",
+     "[0, num_peers = 4)"},
+    {"peer owns missing experts", "using_spes: true\nmodel:\n  moe_num_experts: 8\nspes_config:\n  num_peers: 8\n  peer_id: 5\n  num_train_experts_per_node: 2\n",
+     NULL, "bad.yaml:6: spes_config.peer_id", "experts [10, 12)"},
+    {"too many experts per node", "model:\n  moe_num_experts: 8\nspes_config:\n  num_train_experts_per_node: 9\n", NULL,
+     "bad.yaml:4: spes_config.num_train_experts_per_node", "[1, moe_num_experts = 8]"},
+    {"evaluator without paths", "evaluators:\n  - label: val\n    type: lm\n", NULL, "bad.yaml:2: evaluators[0]", "needs data.paths"},
+    {"evaluator bad type", "evaluators:\n  - label: val\n    type: weird\n", NULL, "bad.yaml:3: evaluators[0]", "lm or downstream"},
+    {"unknown interpolation", "save_folder: out/${nope}\n", NULL, "bad.yaml:1: save_folder", "unknown interpolation ${nope}"},
+    {"interpolation cycle", "run_name: ${save_folder}\nsave_folder: ${run_name}\n", NULL, "bad.yaml:", "cycle"},
+    {"interpolation of a section", "run_name: ${model}\nmodel:\n  d_model: 64\n", NULL, "bad.yaml:1: run_name", "a mapping"},
+    {"unterminated interpolation", "run_name: abc${seed\n", NULL, "bad.yaml:1: run_name", "unterminated"},
+    {"YAML syntax", "model:\n  d_model: 4\n bad: [\n", NULL, "bad.yaml:", "YAML syntax error"},
+    {"YAML tab indentation", "model:\n\td_model: 4\n", NULL, "bad.yaml:2:", "YAML syntax error"},
+    {"duplicate key", "seed: 1\nseed: 2\n", NULL, "bad.yaml:2:", "'seed' appears twice"},
+    {"alias", "a: &x 1\nseed: *x\n", NULL, "bad.yaml:2:", "aliases"},
+    {"two documents", "seed: 1\n---\nseed: 2\n", NULL, "bad.yaml:", "more than one YAML document"},
+    {"top level list", "- a\n- b\n", NULL, "bad.yaml:1:", "mapping of keys"},
+    {"override type error", "", "--optimizer.learning_rate=abc", "command line --optimizer.learning_rate",
+     "expected a number, got 'abc'"},
+    {"override unknown key", "", "--optimizer.learning_rat=1", "command line --optimizer.learning_rat", "unknown config key"},
+    {"override without value", "", "--seed", "command line --seed", "needs a value"},
+    {"override not a flag", "", "seed=3", "command line", "not a config override"},
+    {"override bad key chars", "", "--se ed=3", "command line", "not a config override"},
+    {"override bad YAML", "", "--data.paths=[a,", "command line --data.paths", "YAML syntax error"},
+    {"override into a scalar", "", "--seed.x=1", "command line --seed.x", "unknown config key"},
+    {"override validation", "", "--spes_config.peer_id=7", "spes_config.peer_id", "[0, num_peers = 1)"},
+};
+
+static void test_bad_configs(void **state) {
+    (void)state;
+    int failures = 0;
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        const BadCase *c = &CASES[i];
+        TrainConfig cfg;
+        char *over[1] = {(char *)c->override};
+        int rc = config_load_string(c->yaml, "bad.yaml", c->override ? 1 : 0, over, &cfg);
+        const char *msg = spes_last_error();
+        bool ok = rc == SPES_ERR && strstr(msg, c->expect1) && (!c->expect2 || strstr(msg, c->expect2));
+        if (!ok) {
+            print_error("case '%s': rc %d, message \"%s\" (expected \"%s\"%s%s)\n", c->what, rc, msg, c->expect1,
+                        c->expect2 ? " and " : "", c->expect2 ? c->expect2 : "");
+            failures++;
+        }
+        if (rc == SPES_OK) config_free(&cfg);
+    }
+    assert_int_equal(failures, 0);
+}
+
+static void test_missing_file(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    assert_int_equal(config_load("/nonexistent/dir/run.yaml", 0, NULL, &cfg), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "/nonexistent/dir/run.yaml"));
+}
+
+// Fixed keys accept their value and null; values are case-exact like OLMo's enums.
+static void test_fixed_keys_accept_value_and_null(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    const char *yaml = "model:\n  activation_type: swiglu\n  attention_dropout: 0.0\n  clip_qkv: null\n"
+                       "  weight_tying: False\nmax_grad_norm_ratio: ~\n";
+    assert_int_equal(config_load_string(yaml, "ok.yaml", 0, NULL, &cfg), SPES_OK);
+    config_free(&cfg);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_configs),
+        cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_fixed_keys_accept_value_and_null),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
