@@ -8,6 +8,7 @@ static const Command commands[] = {
     {"debug-step", cmd_debug_step, "one forward+backward on an HF model dir; writes logits, losses, grads"},
     {"train", cmd_train, "train from a SPES/OLMo YAML config (checkpoints, resume, metrics.jsonl)"},
     {"list-files", cmd_list_files, "write the manifest (file_list.txt) of the token files under a directory"},
+    {"server", cmd_server, "SPES parameter server (gRPC): aggregates peers' uploads every sync round"},
 };
 static const int num_commands = (int)(sizeof commands / sizeof commands[0]);
 

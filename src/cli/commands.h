@@ -13,3 +13,4 @@ typedef struct {
 int cmd_debug_step(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_list_files(int argc, char **argv);
+int cmd_server(int argc, char **argv);

@@ -1,0 +1,136 @@
+// `spes server`: the SPES parameter server (gRPC). Runs until SIGINT or SIGTERM.
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "cli/cli_parse.h"
+#include "cli/commands.h"
+#include "sync/server.h"
+#include "sync/wire.h"
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: spes server --total_peers P [options]\n"
+            "\n"
+            "Parameter server: peers upload their trainable tensors every sync_steps, the server\n"
+            "aggregates when all P peers uploaded a step, peers download the aggregate.\n"
+            "\n"
+            "  --total_peers P                  number of peers (required)\n"
+            "  --num_train_experts_per_node M   experts each peer owns; P*M = experts per layer (spes mode)\n"
+            "  --mode spes|fedavg               spes: owners' experts + mean of shared; fedavg: mean of all (default spes)\n"
+            "  --host ADDR                      address to bind (default 0.0.0.0)\n"
+            "  --port N                         port (default 50051; 0: any free port, printed at start)\n"
+            "  --merge_interval N               expert-merging warm-up every N steps (default 0: never)\n"
+            "  --merge_alpha_start A            merge strength at step 0, in [0, 1] (default 0)\n"
+            "  --merge_decay_steps N            alpha decays linearly to 0 at step N (default 1000)\n"
+            "  --merge_topk K                   merge each expert with its K most similar (default 4)\n"
+            "  --keep_steps N                   aggregates kept for download (default 2)\n"
+            "  --chunk_size BYTES               download chunk payload (default %zu)\n"
+            "  --max_message_size BYTES         largest gRPC message (default %zu)\n"
+            "  --max_wait_seconds S             longest WaitAggregate long poll (default 30)\n"
+            "  --idle_timeout_seconds S         cancel a call idle this long (default 120)\n",
+            SYNC_DEFAULT_CHUNK_SIZE, SYNC_DEFAULT_MAX_MESSAGE);
+}
+
+static int parse_size(const char *flag, const char *text, size_t *out) {
+    uint64_t v;
+    SPES_TRY(cli_u64(flag, text, &v));
+    if (v == 0 || v > ((uint64_t)1 << 31)) return spes_fail("%s must be in [1, 2^31] bytes (got %s)", flag, text);
+    *out = (size_t)v;
+    return SPES_OK;
+}
+
+int cmd_server(int argc, char **argv) {
+    SyncServerConfig cfg;
+    sync_server_config_defaults(&cfg);
+    AggregateConfig *agg = &cfg.rounds.agg;
+    agg->merge_decay_steps = 1000;
+    float seconds;
+    static const struct option options[] = {
+        {"total_peers", required_argument, NULL, 'P'},
+        {"num_train_experts_per_node", required_argument, NULL, 'm'},
+        {"mode", required_argument, NULL, 'M'},
+        {"host", required_argument, NULL, 'H'},
+        {"port", required_argument, NULL, 'p'},
+        {"merge_interval", required_argument, NULL, 'i'},
+        {"merge_alpha_start", required_argument, NULL, 'a'},
+        {"merge_decay_steps", required_argument, NULL, 'd'},
+        {"merge_topk", required_argument, NULL, 'k'},
+        {"keep_steps", required_argument, NULL, 'K'},
+        {"chunk_size", required_argument, NULL, 'c'},
+        {"max_message_size", required_argument, NULL, 'x'},
+        {"max_wait_seconds", required_argument, NULL, 'w'},
+        {"idle_timeout_seconds", required_argument, NULL, 't'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int status = SPES_OK, c;
+    optind = 1;
+    while (status == SPES_OK && (c = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        switch (c) {
+        case 'P': status = cli_int("--total_peers", optarg, 1, 100000, &agg->num_peers); break;
+        case 'm': status = cli_int("--num_train_experts_per_node", optarg, 1, 100000, &agg->experts_per_node); break;
+        case 'M': status = sync_mode_parse(optarg, &agg->mode); break;
+        case 'H': cfg.host = optarg; break;
+        case 'p': status = cli_int("--port", optarg, 0, 65535, &cfg.port); break;
+        case 'i': status = cli_int("--merge_interval", optarg, 0, 1 << 30, &agg->merge_interval); break;
+        case 'a': status = cli_float("--merge_alpha_start", optarg, 0, 1, &agg->merge_alpha_start); break;
+        case 'd': status = cli_int("--merge_decay_steps", optarg, 0, 1 << 30, &agg->merge_decay_steps); break;
+        case 'k': status = cli_int("--merge_topk", optarg, 1, 100000, &agg->merge_topk); break;
+        case 'K': status = cli_int("--keep_steps", optarg, 1, 1000, &cfg.rounds.keep_steps); break;
+        case 'c': status = parse_size("--chunk_size", optarg, &cfg.chunk_size); break;
+        case 'x': status = parse_size("--max_message_size", optarg, &cfg.max_message_size); break;
+        case 'w':
+            status = cli_float("--max_wait_seconds", optarg, 0.01, 3600, &seconds);
+            cfg.max_wait_seconds = seconds;
+            break;
+        case 't':
+            status = cli_float("--idle_timeout_seconds", optarg, 1, 86400, &seconds);
+            cfg.idle_timeout_seconds = seconds;
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (status != SPES_OK) return cli_report_error();
+    if (optind < argc) {
+        fprintf(stderr, "spes server: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    if (agg->num_peers < 1) {
+        fprintf(stderr, "spes server: --total_peers is required\n");
+        usage(stderr);
+        return 2;
+    }
+    if (agg->mode == SYNC_MODE_SPES && agg->experts_per_node < 1) {
+        fprintf(stderr, "spes server: --num_train_experts_per_node is required in spes mode\n");
+        return 2;
+    }
+    // Block the stop signals before any thread starts, so only sigwait below sees them.
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    SyncServer *srv;
+    if (sync_server_start(&cfg, &srv) != SPES_OK) return cli_report_error();
+    printf("spes server: listening on %s:%d (%d peers, mode %s, %d experts per node)\n", cfg.host, sync_server_port(srv),
+           agg->num_peers, sync_mode_name(agg->mode), agg->experts_per_node);
+    fflush(stdout);
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    log_info("server: signal %d, shutting down", sig);
+    RoundsStatus st;
+    rounds_status(sync_server_rounds(srv), &st);
+    sync_server_stop(srv);
+    printf("spes server: stopped after %lld rounds (last step %d), %lld bytes in, %lld bytes out, %lld uploads refused\n",
+           (long long)st.rounds_completed, st.last_aggregate_step, (long long)st.bytes_received, (long long)st.bytes_sent,
+           (long long)st.uploads_rejected);
+    return 0;
+}

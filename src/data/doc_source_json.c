@@ -1,0 +1,168 @@
+// .json: a top-level array of objects, e.g. [{"text": "..."}, {"text": "..."}]; a lone
+// top-level object is one record (as in SPES's tokenize_data.py). The file is memory-
+// mapped and walked one entry at a time: a small scanner finds where each entry ends
+// (strings, escapes, nesting) and jansson decodes just that entry, so a bad entry is
+// reported by index and line and skipped. A file that ends inside the array is an error.
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/file.h"
+#include "data/doc_source.h"
+
+typedef struct {
+    DocSource base;
+    MappedFile file;
+    char *path;
+    const char *text_field;
+    DocReport *report;
+    size_t pos;             // next unread byte
+    uint64_t line;          // 1-based line of pos
+    uint64_t index;         // index of the next entry
+    int in_array;           // 0: a single top-level object
+    int done;
+    json_t *record;
+} JsonSource;
+
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static void skip_space(JsonSource *s) {
+    const char *b = (const char *)s->file.data;
+    while (s->pos < s->file.size && is_space(b[s->pos])) {
+        if (b[s->pos] == '\n') s->line++;
+        s->pos++;
+    }
+}
+
+// Advances s->pos to the ',' or ']' that ends the entry starting at s->pos (depth 0,
+// outside strings). Returns the entry's length without trailing spaces; SPES_ERR when
+// the file ends first.
+static int scan_entry(JsonSource *s, size_t *entry_len) {
+    const char *b = (const char *)s->file.data;
+    size_t start = s->pos, i = s->pos, last_nonspace = s->pos;
+    uint64_t depth = 0;
+    int in_string = 0;
+    for (; i < s->file.size; i++) {
+        char c = b[i];
+        if (c == '\n') s->line++;
+        if (in_string) {
+            if (c == '\\') i++;    // the escaped character cannot end the string
+            else if (c == '"') in_string = 0;
+            last_nonspace = i + 1;
+            continue;
+        }
+        if (depth == 0 && (c == ',' || c == ']')) break;
+        if (c == '"') in_string = 1;
+        else if (c == '[' || c == '{') depth++;
+        else if ((c == ']' || c == '}') && depth > 0) depth--;
+        if (!is_space(c)) last_nonspace = i + 1;
+    }
+    if (i >= s->file.size)
+        return spes_fail("%s: the JSON array is not closed (the file ends inside entry %llu, line %llu; truncated?)",
+                         s->path, (unsigned long long)s->index, (unsigned long long)s->line);
+    s->pos = i;
+    *entry_len = last_nonspace - start;
+    return SPES_OK;
+}
+
+// Decodes one entry; 1 with the text, 0 when it was malformed (reported).
+static int decode_entry(JsonSource *s, const char *entry, size_t n, uint64_t line, const char **text, size_t *len) {
+    uint64_t index = s->index++;
+    if (n == 0) {
+        doc_report_malformed(s->report, line, "entry %llu: empty entry", (unsigned long long)index);
+        return 0;
+    }
+    json_error_t err;
+    json_t *record = json_loadb(entry, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &err);
+    if (!record) {
+        doc_report_malformed(s->report, line, "entry %llu: invalid JSON: %s", (unsigned long long)index, err.text);
+        return 0;
+    }
+    char why[256];
+    const char *t = doc_json_text(record, s->text_field, len, why, sizeof why);
+    if (!t) {
+        doc_report_malformed(s->report, line, "entry %llu: %s", (unsigned long long)index, why);
+        json_decref(record);
+        return 0;
+    }
+    s->record = record;
+    *text = t;
+    return 1;
+}
+
+static int json_next(DocSource *base, const char **text, size_t *len) {
+    JsonSource *s = (JsonSource *)base;
+    json_decref(s->record);
+    s->record = NULL;
+    const char *b = (const char *)s->file.data;
+    while (!s->done) {
+        skip_space(s);
+        if (!s->in_array) {   // a single object: the rest of the file is the entry
+            s->done = 1;
+            uint64_t line = s->line;
+            size_t start = s->pos;
+            s->pos = s->file.size;
+            if (decode_entry(s, b + start, s->file.size - start, line, text, len)) return 1;
+            return 0;
+        }
+        if (s->pos >= s->file.size)
+            return spes_fail("%s: the JSON array is not closed (truncated?)", s->path);
+        if (b[s->pos] == ']') {   // end of the array: only whitespace may follow
+            s->pos++;
+            s->done = 1;
+            skip_space(s);
+            if (s->pos < s->file.size)
+                return spes_fail("%s: unexpected data after the JSON array at line %llu", s->path,
+                                 (unsigned long long)s->line);
+            return 0;
+        }
+        uint64_t line = s->line;
+        size_t start = s->pos, n = 0;
+        SPES_TRY(scan_entry(s, &n));
+        if (b[s->pos] == ',') s->pos++;
+        if (decode_entry(s, b + start, n, line, text, len)) return 1;
+    }
+    return 0;
+}
+
+static uint64_t json_bytes_read(const DocSource *base) { return ((const JsonSource *)base)->pos; }
+
+static void json_close(DocSource *base) {
+    JsonSource *s = (JsonSource *)base;
+    json_decref(s->record);
+    file_unmap(&s->file);
+    free(s->path);
+    free(s);
+}
+
+int doc_source_json_open(const char *path, const char *text_field, DocReport *rep, DocSource **out) {
+    JsonSource *s = spes_calloc(1, sizeof *s);
+    if (!s) return SPES_ERR;
+    s->base = (DocSource){json_next, json_bytes_read, json_close};
+    s->text_field = text_field;
+    s->report = rep;
+    s->line = 1;
+    s->path = spes_strdup(path);
+    if (!s->path || file_map(path, &s->file) != SPES_OK) {
+        json_close(&s->base);
+        return SPES_ERR;
+    }
+    const char *b = (const char *)s->file.data;
+    if (s->file.size >= 3 && !memcmp(b, "\xEF\xBB\xBF", 3)) s->pos = 3;   // UTF-8 byte order mark
+    skip_space(s);
+    if (s->pos >= s->file.size) {
+        s->done = 1;   // empty file: no documents
+    } else if (b[s->pos] == '[') {
+        s->in_array = 1;
+        s->pos++;
+    } else if (b[s->pos] != '{') {
+        spes_fail("%s: expected a JSON array of objects (or one object), found '%c' at line %llu", path, b[s->pos],
+                  (unsigned long long)s->line);
+        json_close(&s->base);
+        return SPES_ERR;
+    }
+    *out = &s->base;
+    return SPES_OK;
+}

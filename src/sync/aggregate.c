@@ -1,0 +1,258 @@
+// Aggregation maths (see aggregate.h). Memory-bound: every tensor is processed in chunks of
+// CHUNK values that stay in L1, in one pass over the uploads, OpenMP over the chunks of a
+// tensor; the result is written straight to its final place (the download payload).
+#include "sync/aggregate.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+
+#define CHUNK 1024               // values per work item: 4 KiB of fp32, four buffers fit in L1
+#define COSINE_BLOCKS 64         // fixed split of the gate vectors, so sums do not depend on threads
+
+int aggregate_config_check(const AggregateConfig *cfg, const ModelSpec *spec) {
+    if (cfg->num_peers < 1) return spes_fail("aggregate: total_peers must be >= 1 (got %d)", cfg->num_peers);
+    if (cfg->mode == SYNC_MODE_SPES) {
+        if (cfg->experts_per_node < 1)
+            return spes_fail("aggregate: num_train_experts_per_node must be >= 1 (got %d)", cfg->experts_per_node);
+        if (spec && spec->num_experts != cfg->num_peers * cfg->experts_per_node)
+            return spes_fail("aggregate: the model has %d experts per layer but total_peers * num_train_experts_per_node = "
+                             "%d * %d = %d; in spes mode every expert needs exactly one owner",
+                             spec->num_experts, cfg->num_peers, cfg->experts_per_node, cfg->num_peers * cfg->experts_per_node);
+    }
+    if (cfg->merge_topk < 1) return spes_fail("aggregate: merge_topk must be >= 1 (got %d)", cfg->merge_topk);
+    if (!(cfg->merge_alpha_start >= 0.0f && cfg->merge_alpha_start <= 1.0f))
+        return spes_fail("aggregate: merge_alpha_start must be in [0, 1] (got %g)", (double)cfg->merge_alpha_start);
+    return SPES_OK;
+}
+
+float aggregate_merge_alpha(const AggregateConfig *cfg, int step) {
+    if (cfg->merge_interval <= 0 || cfg->merge_alpha_start <= 0.0f || step % cfg->merge_interval != 0) return 0.0f;
+    double progress = cfg->merge_decay_steps > 0 ? fmin((double)step / cfg->merge_decay_steps, 1.0) : 0.0;
+    return (float)(cfg->merge_alpha_start * (1.0 - progress));
+}
+
+// bf16 -> fp32 is exact: the bf16 bits are the top half of the fp32 (same as bf16_to_f32,
+// inlined here because it runs once per uploaded value).
+static inline float widen_bf16(const uint8_t *p) {
+    uint32_t bits = ((uint32_t)p[0] | (uint32_t)p[1] << 8) << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// Values [start, start+n) of t as fp32: a pointer into t's data when it is aligned F32,
+// otherwise converted into tmp[n].
+static const float *read_chunk(const StTensor *t, size_t start, size_t n, float *tmp) {
+    if (t->dtype == DTYPE_F32) {
+        const uint8_t *p = t->data + start * 4;
+        if (((uintptr_t)p & 3) == 0) return (const float *)(const void *)p;
+        memcpy(tmp, p, n * 4);
+        return tmp;
+    }
+    const uint8_t *p = t->data + start * 2;
+    for (size_t i = 0; i < n; i++) tmp[i] = widen_bf16(p + 2 * i);
+    return tmp;
+}
+
+typedef struct {
+    const ModelSpec *spec;
+    const AggregateConfig *cfg;
+    const StTensor *const *uploads;   // [P][spec->count]
+} Inputs;
+
+// Pre-merge value of tensor t, values [start, start+n), into acc[n]: the owner's upload for
+// an expert in spes mode, otherwise the mean over peers (fp32, peers in order). tmp[n] scratch.
+static void premerge_chunk(const Inputs *in, int t, size_t start, size_t n, float *acc, float *tmp) {
+    const SpecTensor *st = &in->spec->tensors[t];
+    int count = in->spec->count, P = in->cfg->num_peers;
+    if (in->cfg->mode == SYNC_MODE_SPES && st->expert >= 0) {
+        int owner = st->expert / in->cfg->experts_per_node;
+        const float *x = read_chunk(in->uploads[(size_t)owner * count + t], start, n, acc);
+        if (x != acc) memcpy(acc, x, n * sizeof(float));
+        return;
+    }
+    const float *x0 = read_chunk(in->uploads[t], start, n, acc);
+    if (x0 != acc) memcpy(acc, x0, n * sizeof(float));
+    for (int p = 1; p < P; p++) {
+        const float *x = read_chunk(in->uploads[(size_t)p * count + t], start, n, tmp);
+        for (size_t i = 0; i < n; i++) acc[i] += x[i];
+    }
+    if (P > 1)
+        for (size_t i = 0; i < n; i++) acc[i] /= (float)P;
+}
+
+// theta_i + alpha * mean_{j in nbr}(theta_j - theta_i) for values [start, start+n) of the
+// tensors ti (expert i) and nbr_tensors[k] (its neighbours, same projection), into acc[n].
+static void merged_chunk(const Inputs *in, int ti, const int *nbr_tensors, int k, float alpha, size_t start, size_t n,
+                         float *acc, float *sum, float *other, float *tmp) {
+    premerge_chunk(in, ti, start, n, acc, tmp);
+    memset(sum, 0, n * sizeof(float));
+    for (int r = 0; r < k; r++) {
+        premerge_chunk(in, nbr_tensors[r], start, n, other, tmp);
+        for (size_t i = 0; i < n; i++) sum[i] += other[i] - acc[i];
+    }
+    for (size_t i = 0; i < n; i++) acc[i] += alpha * (sum[i] / (float)k);
+}
+
+static void store_chunk(const float *acc, size_t start, size_t n, uint8_t *out, DType out_dtype) {
+    if (out_dtype == DTYPE_F32) {
+        memcpy(out + start * 4, acc, n * 4);
+        return;
+    }
+    uint8_t *p = out + start * 2;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t v = f32_to_bf16(acc[i]);
+        p[2 * i] = (uint8_t)v;
+        p[2 * i + 1] = (uint8_t)(v >> 8);
+    }
+}
+
+// sum_i a[i]*b[i] in double (products of large finite weights must not overflow).
+static double dot(const float *a, const float *b, size_t n) {
+    double lane[4] = {0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int l = 0; l < 4; l++) lane[l] += (double)a[i + l] * (double)b[i + l];
+    for (; i < n; i++) lane[0] += (double)a[i] * (double)b[i];
+    return (lane[0] + lane[1]) + (lane[2] + lane[3]);
+}
+
+int aggregate_expert_cosines(const ModelSpec *spec, const AggregateConfig *cfg, const StTensor *const *uploads, int slot,
+                             double *cos) {
+    const Inputs in = {spec, cfg, uploads};
+    int E = spec->num_experts;
+    size_t n = spec->tensors[model_spec_expert_tensor(spec, slot, 0, EXPERT_PROJ_GATE)].numel;
+    size_t EE = (size_t)E * E;
+    double *partial = spes_calloc(COSINE_BLOCKS * EE, sizeof(double));   // [block][E][E], upper triangle
+    if (!partial) return SPES_ERR;
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
+    {
+        float *vals = spes_malloc(((size_t)E + 1) * CHUNK * sizeof(float));   // [E][CHUNK] + tmp
+        if (!vals) failed = 1;
+#pragma omp for schedule(static)
+        for (int b = 0; b < COSINE_BLOCKS; b++) {
+            if (!vals) continue;
+            size_t lo = n * (size_t)b / COSINE_BLOCKS, hi = n * (size_t)(b + 1) / COSINE_BLOCKS;
+            double *G = partial + (size_t)b * EE;
+            for (size_t start = lo; start < hi; start += CHUNK) {
+                size_t len = hi - start < CHUNK ? hi - start : CHUNK;
+                for (int e = 0; e < E; e++)
+                    premerge_chunk(&in, model_spec_expert_tensor(spec, slot, e, EXPERT_PROJ_GATE), start, len,
+                                   vals + (size_t)e * CHUNK, vals + (size_t)E * CHUNK);
+                for (int a = 0; a < E; a++)
+                    for (int c = a; c < E; c++) G[a * E + c] += dot(vals + (size_t)a * CHUNK, vals + (size_t)c * CHUNK, len);
+            }
+        }
+        free(vals);
+    }
+    if (failed) {
+        free(partial);
+        return spes_fail_context("computing expert cosine similarities");
+    }
+    for (size_t i = 0; i < EE; i++) {
+        double s = 0;
+        for (int b = 0; b < COSINE_BLOCKS; b++) s += partial[(size_t)b * EE + i];
+        cos[i] = s;
+    }
+    free(partial);
+    // Gram -> cosine (0 against a zero vector), mirrored to the lower triangle.
+    for (int a = 0; a < E; a++)
+        for (int c = a + 1; c < E; c++) {
+            double norms = sqrt(cos[a * E + a]) * sqrt(cos[c * E + c]);
+            double v = norms > 0 ? cos[a * E + c] / norms : 0.0;
+            cos[a * E + c] = cos[c * E + a] = v;
+        }
+    for (int a = 0; a < E; a++) cos[a * E + a] = 1.0;
+    return SPES_OK;
+}
+
+void aggregate_expert_neighbours(const double *cos, int num_experts, int k, int *nbr) {
+    int E = num_experts;
+    for (int i = 0; i < E; i++) {
+        // Insertion into a sorted top-k list: higher cosine first; equal cosines keep the
+        // lower index first because candidates arrive in index order and ties do not move up.
+        int *top = nbr + (size_t)i * k, have = 0;
+        for (int j = 0; j < E; j++) {
+            if (j == i) continue;
+            double v = cos[i * E + j];
+            int pos = have;
+            while (pos > 0 && cos[i * E + top[pos - 1]] < v) pos--;
+            if (pos >= k) continue;
+            int last = have < k ? have : k - 1;
+            for (int r = last; r > pos; r--) top[r] = top[r - 1];
+            top[pos] = j;
+            if (have < k) have++;
+        }
+    }
+}
+
+// For merge steps: nbr_tensor[t*k + r] = tensor of the r-th neighbour of expert tensor t
+// (same layer, same projection); -1 rows for shared tensors.
+static int plan_merge(const ModelSpec *spec, const AggregateConfig *cfg, const StTensor *const *uploads, int k,
+                      int **out) {
+    int E = spec->num_experts;
+    int *nbr_tensor = spes_malloc((size_t)spec->count * k * sizeof(int));
+    double *cos = spes_malloc((size_t)E * E * sizeof(double));
+    int *nbr = spes_malloc((size_t)E * k * sizeof(int));
+    int rc = nbr_tensor && cos && nbr ? SPES_OK : SPES_ERR;
+    for (size_t i = 0; rc == SPES_OK && i < (size_t)spec->count * k; i++) nbr_tensor[i] = -1;
+    for (int s = 0; rc == SPES_OK && s < spec->num_moe_layers; s++) {
+        rc = aggregate_expert_cosines(spec, cfg, uploads, s, cos);
+        if (rc != SPES_OK) break;
+        aggregate_expert_neighbours(cos, E, k, nbr);
+        for (int e = 0; e < E; e++)
+            for (int p = 0; p < EXPERT_PROJ_COUNT; p++) {
+                int t = model_spec_expert_tensor(spec, s, e, p);
+                for (int r = 0; r < k; r++) nbr_tensor[(size_t)t * k + r] = model_spec_expert_tensor(spec, s, nbr[e * k + r], p);
+            }
+    }
+    free(cos);
+    free(nbr);
+    if (rc != SPES_OK) {
+        free(nbr_tensor);
+        return SPES_ERR;
+    }
+    *out = nbr_tensor;
+    return SPES_OK;
+}
+
+int aggregate_compute(const ModelSpec *spec, const AggregateConfig *cfg, int step, const StTensor *const *uploads,
+                      uint8_t *const *out, DType out_dtype) {
+    SPES_TRY(aggregate_config_check(cfg, spec));
+    if (out_dtype != DTYPE_F32 && out_dtype != DTYPE_BF16)
+        return spes_fail("aggregate: output dtype %s is not F32 or BF16", dtype_name(out_dtype));
+    for (int t = 0; t < spec->count; t++)
+        for (int p = 0; p < cfg->num_peers; p++) {
+            const StTensor *u = uploads[(size_t)p * spec->count + t];
+            if (model_spec_peer_sends(spec, cfg->mode, cfg->experts_per_node, p, t) && (!u || u->numel != spec->tensors[t].numel || (u->dtype != DTYPE_F32 && u->dtype != DTYPE_BF16)))
+                return spes_fail("aggregate: peer %d's '%s' is missing or not a %zu-value F32/BF16 tensor", p,
+                                 spec->tensors[t].name, spec->tensors[t].numel);
+        }
+    float alpha = aggregate_merge_alpha(cfg, step);
+    int k = spec->num_experts - 1 < cfg->merge_topk ? spec->num_experts - 1 : cfg->merge_topk;
+    bool merging = alpha > 0.0f && k >= 1;
+    int *nbr_tensor = NULL;
+    if (merging) SPES_TRY(plan_merge(spec, cfg, uploads, k, &nbr_tensor));
+
+    const Inputs in = {spec, cfg, uploads};
+    for (int t = 0; t < spec->count; t++) {
+        size_t numel = spec->tensors[t].numel;
+        long nchunks = (long)((numel + CHUNK - 1) / CHUNK);
+        const int *nbr = merging && spec->tensors[t].expert >= 0 ? nbr_tensor + (size_t)t * k : NULL;
+#pragma omp parallel for schedule(static) if (nchunks > 8)
+        for (long c = 0; c < nchunks; c++) {
+            float acc[CHUNK], sum[CHUNK], other[CHUNK], tmp[CHUNK];
+            size_t start = (size_t)c * CHUNK, n = numel - start < CHUNK ? numel - start : CHUNK;
+            if (nbr) merged_chunk(&in, t, nbr, k, alpha, start, n, acc, sum, other, tmp);
+            else premerge_chunk(&in, t, start, n, acc, tmp);
+            store_chunk(acc, start, n, out[t], out_dtype);
+        }
+    }
+    free(nbr_tensor);
+    return SPES_OK;
+}

@@ -1,0 +1,46 @@
+// The parameter server's maths, as pure functions: uploads in, aggregate out, no sockets.
+//
+// For every tensor t of the spec:
+//   shared tensor (and every tensor in fedavg mode): element-wise mean over the peers,
+//     accumulated in fp32 in peer order 0..P-1, then divided by P;
+//   expert e of a layer (spes mode): the upload of its owner peer e / m;
+//   on merge steps (step % merge_interval == 0 and alpha > 0), every expert tensor becomes
+//     theta_i + alpha * mean_{j in N_i}(theta_j - theta_i), where N_i are the top-k experts of
+//     the same layer most similar to i by cosine of their flattened gate_proj weights (k =
+//     min(merge_topk, E-1), ties to the lower index), all computed from pre-merge values,
+//     tensors matched by name; alpha = merge_alpha_start * (1 - min(step / merge_decay_steps, 1)).
+// Uploads may be F32 or BF16 (converted to fp32 as they are read); the output is F32 or BF16.
+#pragma once
+#include <stdint.h>
+
+#include "io/safetensors.h"
+#include "sync/model_spec.h"
+
+typedef struct {
+    SyncMode mode;
+    int num_peers;              // P
+    int experts_per_node;       // m: peer p owns experts [p*m, (p+1)*m) of every layer
+    int merge_interval;         // <= 0: never merge
+    float merge_alpha_start;
+    int merge_decay_steps;      // <= 0: alpha does not decay
+    int merge_topk;             // k before clipping to E-1
+} AggregateConfig;
+
+// Checks the config against the spec (P*m == E in spes mode, ranges). Names what is wrong.
+int aggregate_config_check(const AggregateConfig *cfg, const ModelSpec *spec);
+
+// The merge strength at `step`; 0 when this step does not merge.
+float aggregate_merge_alpha(const AggregateConfig *cfg, int step);
+
+// Cosine similarities of the pre-merge gate_proj weights of the E experts of MoE layer `slot`:
+// cos[i*E + j]. Deterministic whatever the thread count.
+int aggregate_expert_cosines(const ModelSpec *spec, const AggregateConfig *cfg, const StTensor *const *uploads, int slot,
+                             double *cos);
+// N_i for every expert: nbr[i*k + r], r-th most similar other expert (ties: lower index first).
+void aggregate_expert_neighbours(const double *cos, int num_experts, int k, int *nbr);
+
+// uploads[p * spec->count + t]: peer p's tensor t (F32/BF16, spec shape), NULL where p does
+// not send t (spes: others' experts). Callers validate uploads first (upload_check.h).
+// out[t]: where tensor t of the aggregate goes, numel values of out_dtype (F32 or BF16).
+int aggregate_compute(const ModelSpec *spec, const AggregateConfig *cfg, int step, const StTensor *const *uploads,
+                      uint8_t *const *out, DType out_dtype);

@@ -1,0 +1,390 @@
+// Peer side of the parameter server (see client.h).
+#include "sync/client.h"
+
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/timer.h"
+#include "sync/wire.h"
+
+struct SyncClient {
+    SyncClientConfig cfg;
+    char *addr;
+    grpc_channel *channel;
+    grpc_completion_queue *cq;
+    size_t chunk_size;
+    SyncStats stats;
+    grpc_status_code last_status;
+};
+
+void sync_client_config_defaults(SyncClientConfig *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->server_addr = "127.0.0.1:50051";
+    cfg->mode = SYNC_MODE_SPES;
+    cfg->payload_dtype = DTYPE_F32;
+    cfg->max_message_size = SYNC_DEFAULT_MAX_MESSAGE;
+    cfg->connect_timeout_s = 60;
+    cfg->call_timeout_s = 1800;
+    cfg->wait_timeout_s = 0;
+}
+
+int sync_client_create(const SyncClientConfig *cfg, SyncClient **out) {
+    if (cfg->payload_dtype != DTYPE_F32 && cfg->payload_dtype != DTYPE_BF16)
+        return spes_fail("sync client: payload dtype must be F32 or BF16");
+    SyncClient *c = spes_calloc(1, sizeof *c);
+    if (!c) return SPES_ERR;
+    c->cfg = *cfg;
+    c->addr = spes_strdup(cfg->server_addr);
+    if (!c->addr) {
+        free(c);
+        return SPES_ERR;
+    }
+    c->cfg.server_addr = c->addr;
+    c->chunk_size = cfg->chunk_size ? cfg->chunk_size : SYNC_DEFAULT_CHUNK_SIZE;
+    grpc_init();
+    grpc_arg args[2];
+    grpc_channel_args channel_args;
+    wire_channel_args(cfg->max_message_size, args, &channel_args);
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    c->channel = grpc_channel_create(c->addr, creds, &channel_args);
+    grpc_channel_credentials_release(creds);
+    c->cq = grpc_completion_queue_create_for_pluck(NULL);
+    *out = c;
+    return SPES_OK;
+}
+
+void sync_client_destroy(SyncClient *c) {
+    if (!c) return;
+    grpc_channel_destroy(c->channel);
+    grpc_completion_queue_shutdown(c->cq);
+    while (grpc_completion_queue_pluck(c->cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(c->cq);
+    free(c->addr);
+    free(c);
+    grpc_shutdown();
+}
+
+const SyncStats *sync_client_stats(const SyncClient *c) { return &c->stats; }
+int sync_client_last_status(const SyncClient *c) { return c->last_status; }
+
+// ---- one call ----
+
+// Final part of every call: initial metadata, one response message, the status. On a non-OK
+// status the error message names the server, the method and the server's details.
+static grpc_status_code finish_call(SyncClient *c, grpc_call *call, const char *method, grpc_byte_buffer **response) {
+    grpc_metadata_array initial, trailing;
+    grpc_metadata_array_init(&initial);
+    grpc_metadata_array_init(&trailing);
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[0].data.recv_initial_metadata.recv_initial_metadata = &initial;
+    ops[1].op = GRPC_OP_RECV_MESSAGE;
+    ops[1].data.recv_message.recv_message = response;
+    ops[2].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[2].data.recv_status_on_client.trailing_metadata = &trailing;
+    ops[2].data.recv_status_on_client.status = &code;
+    ops[2].data.recv_status_on_client.status_details = &details;
+    wire_run_batch(call, c->cq, ops, 3, 0);   // bounded by the call's own deadline
+    if (code != GRPC_STATUS_OK) {
+        char *text = grpc_slice_to_c_string(details);
+        spes_fail("server %s: %s failed (%s): %s", c->addr, method, wire_status_name(code), text);
+        gpr_free(text);
+        c->last_status = code;
+        if (*response) {
+            grpc_byte_buffer_destroy(*response);
+            *response = NULL;
+        }
+    }
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&initial);
+    grpc_metadata_array_destroy(&trailing);
+    return code;
+}
+
+static grpc_call *start_call(SyncClient *c, const char *method, double timeout_s) {
+    return grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq, grpc_slice_from_static_string(method),
+                                    NULL, wire_deadline(timeout_s), NULL);
+}
+
+// One unary call attempt.
+static grpc_status_code unary_once(SyncClient *c, const char *method, const ProtobufCMessage *req,
+                                   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp, double timeout_s) {
+    grpc_byte_buffer *request = wire_pack(req);
+    if (!request) return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    grpc_call *call = start_call(c, method, timeout_s);
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = request;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    wire_run_batch(call, c->cq, ops, 3, 0);
+    grpc_byte_buffer *response = NULL;
+    grpc_status_code code = finish_call(c, call, method, &response);
+    grpc_byte_buffer_destroy(request);
+    grpc_call_unref(call);
+    if (code != GRPC_STATUS_OK) return code;
+    *resp = response ? wire_unpack(resp_desc, response) : NULL;
+    if (response) grpc_byte_buffer_destroy(response);
+    if (!*resp) {
+        spes_fail("server %s: %s returned a malformed response", c->addr, method);
+        return c->last_status = GRPC_STATUS_INTERNAL;
+    }
+    return GRPC_STATUS_OK;
+}
+
+static void sleep_seconds(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+// Runs attempt(...) until it succeeds, fails with anything but UNAVAILABLE, or
+// connect_timeout_s passes: backoff 0.1 s doubling up to 2 s between tries.
+#define WITH_RETRY(c, code, attempt)                                                         \
+    do {                                                                                     \
+        double retry_start_ = now_seconds(), backoff_ = 0.1;                                 \
+        for (;;) {                                                                           \
+            (code) = (attempt);                                                              \
+            if ((code) != GRPC_STATUS_UNAVAILABLE ||                                         \
+                now_seconds() - retry_start_ + backoff_ > (c)->cfg.connect_timeout_s)        \
+                break;                                                                       \
+            sleep_seconds(backoff_);                                                         \
+            backoff_ = backoff_ * 2 > 2.0 ? 2.0 : backoff_ * 2;                              \
+        }                                                                                    \
+    } while (0)
+
+static grpc_status_code unary(SyncClient *c, const char *method, const ProtobufCMessage *req,
+                              const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp, double timeout_s) {
+    grpc_status_code code;
+    WITH_RETRY(c, code, unary_once(c, method, req, resp_desc, resp, timeout_s));
+    return code;
+}
+
+// ---- RPCs ----
+
+int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
+    HelloRequest req = HELLO_REQUEST__INIT;
+    req.peer_id = c->cfg.peer_id;
+    req.num_peers = c->cfg.num_peers;
+    req.experts_per_node = c->cfg.experts_per_node;
+    req.mode = (char *)sync_mode_name(c->cfg.mode);
+    req.fingerprint = spec->fingerprint;
+    req.payload_dtype = (char *)dtype_name(c->cfg.payload_dtype);
+    TensorInfo *infos = spes_calloc((size_t)spec->count, sizeof *infos);
+    TensorInfo **ptrs = spes_calloc((size_t)spec->count, sizeof *ptrs);
+    if (!infos || !ptrs) {
+        free(infos);
+        free(ptrs);
+        return SPES_ERR;
+    }
+    for (int t = 0; t < spec->count; t++) {
+        tensor_info__init(&infos[t]);
+        infos[t].name = spec->tensors[t].name;
+        infos[t].dtype = (char *)dtype_name(spec->tensors[t].dtype);
+        infos[t].n_shape = (size_t)spec->tensors[t].ndim;
+        infos[t].shape = (int64_t *)spec->tensors[t].shape;
+        ptrs[t] = &infos[t];
+    }
+    req.n_tensors = (size_t)spec->count;
+    req.tensors = ptrs;
+    HelloResponse *resp = NULL;
+    grpc_status_code code = unary(c, "/FederatedServer/Hello", &req.base, &hello_response__descriptor,
+                                  (ProtobufCMessage **)&resp, 60);
+    free(infos);
+    free(ptrs);
+    if (code != GRPC_STATUS_OK) return SPES_ERR;
+    if (!c->cfg.chunk_size && resp->chunk_size > 0) c->chunk_size = (size_t)resp->chunk_size;
+    hello_response__free_unpacked(resp, NULL);
+    return SPES_OK;
+}
+
+// One attempt at streaming the whole payload.
+static grpc_status_code upload_once(SyncClient *c, int step, const uint8_t *bytes, size_t len) {
+    static const char *method = "/FederatedServer/UploadChunk";
+    size_t n_chunks = len == 0 ? 1 : (len + c->chunk_size - 1) / c->chunk_size;
+    if (n_chunks > 0x7fffffff) return spes_fail("upload of %zu bytes needs too many chunks", len), GRPC_STATUS_INVALID_ARGUMENT;
+    grpc_call *call = start_call(c, method, c->cfg.call_timeout_s);
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_INITIAL_METADATA;
+    bool sending = wire_run_batch(call, c->cq, &op, 1, 0);
+    for (size_t i = 0; sending && i < n_chunks; i++) {
+        UploadChunkRequest m = UPLOAD_CHUNK_REQUEST__INIT;
+        m.peer_id = c->cfg.peer_id;
+        m.step = step;
+        m.chunk_id = (int32_t)i;
+        m.total_chunks = (int32_t)n_chunks;
+        m.chunk_data.data = (uint8_t *)bytes + i * c->chunk_size;
+        m.chunk_data.len = len - i * c->chunk_size < c->chunk_size ? len - i * c->chunk_size : c->chunk_size;
+        grpc_byte_buffer *bb = wire_pack(&m.base);
+        if (!bb) break;
+        memset(&op, 0, sizeof op);
+        op.op = GRPC_OP_SEND_MESSAGE;
+        op.data.send_message.send_message = bb;
+        sending = wire_run_batch(call, c->cq, &op, 1, 0);   // fails once the server has answered early
+        grpc_byte_buffer_destroy(bb);
+    }
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    wire_run_batch(call, c->cq, &op, 1, 0);
+    grpc_byte_buffer *response = NULL;
+    grpc_status_code code = finish_call(c, call, method, &response);
+    if (response) grpc_byte_buffer_destroy(response);
+    grpc_call_unref(call);
+    return code;
+}
+
+int sync_client_upload_bytes(SyncClient *c, int step, const uint8_t *bytes, size_t len) {
+    double start = now_seconds();
+    grpc_status_code code;
+    WITH_RETRY(c, code, upload_once(c, step, bytes, len));
+    // ALREADY_EXISTS: the round was aggregated with our earlier upload (a retry after a lost reply).
+    if (code != GRPC_STATUS_OK && code != GRPC_STATUS_ALREADY_EXISTS) return SPES_ERR;
+    c->stats.step = step;
+    c->stats.upload_s = now_seconds() - start;
+    c->stats.bytes_up = len;
+    c->stats.total_bytes_up += len;
+    return SPES_OK;
+}
+
+int sync_client_upload(SyncClient *c, int step, const StWriteTensor *tensors, int n) {
+    // Convert to the payload dtype where needed (bf16 halves the traffic).
+    StWriteTensor *w = spes_calloc(n > 0 ? (size_t)n : 1, sizeof *w);
+    uint16_t **converted = spes_calloc(n > 0 ? (size_t)n : 1, sizeof *converted);
+    int rc = w && converted ? SPES_OK : SPES_ERR;
+    for (int i = 0; rc == SPES_OK && i < n; i++) {
+        w[i] = tensors[i];
+        if (tensors[i].dtype == c->cfg.payload_dtype) continue;
+        if (tensors[i].dtype != DTYPE_F32 || c->cfg.payload_dtype != DTYPE_BF16) {
+            rc = spes_fail("upload: tensor '%s' is %s; give F32 (or the payload dtype %s)", tensors[i].name,
+                           dtype_name(tensors[i].dtype), dtype_name(c->cfg.payload_dtype));
+            break;
+        }
+        size_t numel = 1;
+        for (int d = 0; d < tensors[i].ndim; d++) numel *= (size_t)tensors[i].shape[d];
+        converted[i] = spes_malloc(numel * 2 + 1);
+        if (!converted[i]) {
+            rc = SPES_ERR;
+            break;
+        }
+        const float *src = tensors[i].data;
+        for (size_t k = 0; k < numel; k++) converted[i][k] = f32_to_bf16(src[k]);
+        w[i].dtype = DTYPE_BF16;
+        w[i].data = converted[i];
+    }
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    if (rc == SPES_OK) rc = safetensors_serialize(w, n, NULL, NULL, 0, &bytes, &len);
+    for (int i = 0; converted && i < n; i++) free(converted[i]);
+    free(converted);
+    free(w);
+    if (rc == SPES_OK) rc = sync_client_upload_bytes(c, step, bytes, len);
+    free(bytes);
+    return rc;
+}
+
+// Long-polls until step's aggregate is ready; fills its size and chunk count.
+static int wait_ready(SyncClient *c, int step, int64_t *total_bytes, int *total_chunks) {
+    double start = now_seconds();
+    for (;;) {
+        double left = c->cfg.wait_timeout_s > 0 ? c->cfg.wait_timeout_s - (now_seconds() - start) : 1e9;
+        if (left <= 0)
+            return spes_fail("server %s: the aggregate of step %d was not ready after %.0f s (a peer missing? see `Status`)",
+                             c->addr, step, c->cfg.wait_timeout_s);
+        WaitAggregateRequest req = WAIT_AGGREGATE_REQUEST__INIT;
+        req.peer_id = c->cfg.peer_id;
+        req.step = step;
+        req.timeout_ms = (int32_t)(left < 25.0 ? left * 1000 : 25000);
+        WaitAggregateResponse *resp = NULL;
+        grpc_status_code code = unary(c, "/FederatedServer/WaitAggregate", &req.base, &wait_aggregate_response__descriptor,
+                                      (ProtobufCMessage **)&resp, req.timeout_ms / 1000.0 + 30);
+        if (code != GRPC_STATUS_OK) return SPES_ERR;
+        bool ready = resp->ready;
+        *total_bytes = resp->total_bytes;
+        *total_chunks = resp->total_chunks;
+        wait_aggregate_response__free_unpacked(resp, NULL);
+        if (ready) break;
+    }
+    if (*total_bytes < 0 || *total_chunks < 1)
+        return spes_fail("server %s: step %d's aggregate has %lld bytes in %d chunks?", c->addr, step, (long long)*total_bytes,
+                         *total_chunks);
+    return SPES_OK;
+}
+
+int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size_t *len) {
+    double start = now_seconds();
+    int64_t total = 0;
+    int chunks = 0;
+    SPES_TRY(wait_ready(c, step, &total, &chunks));
+    double waited = now_seconds();
+    uint8_t *buf = spes_malloc(total ? (size_t)total : 1);
+    if (!buf) return SPES_ERR;
+    size_t have = 0;
+    for (int i = 0; i < chunks; i++) {
+        DownloadChunkRequest req = DOWNLOAD_CHUNK_REQUEST__INIT;
+        req.peer_id = c->cfg.peer_id;
+        req.step = step;
+        req.chunk_id = i;
+        DownloadChunkResponse *resp = NULL;
+        grpc_status_code code = unary(c, "/FederatedServer/DownloadChunk", &req.base, &download_chunk_response__descriptor,
+                                      (ProtobufCMessage **)&resp, c->cfg.call_timeout_s);
+        if (code != GRPC_STATUS_OK) {
+            free(buf);
+            return SPES_ERR;
+        }
+        bool bad = !resp->ready || resp->chunk_data.len > (size_t)total - have || resp->last_chunk != (i == chunks - 1);
+        if (!bad) memcpy(buf + have, resp->chunk_data.data, resp->chunk_data.len);
+        have += bad ? 0 : resp->chunk_data.len;
+        download_chunk_response__free_unpacked(resp, NULL);
+        if (bad) {
+            free(buf);
+            return spes_fail("server %s: chunk %d of step %d's aggregate is inconsistent (not ready, too long, or last_chunk "
+                             "misplaced)",
+                             c->addr, i, step);
+        }
+    }
+    if (have != (size_t)total) {
+        free(buf);
+        return spes_fail("server %s: step %d's aggregate came to %zu bytes, %lld announced", c->addr, step, have, (long long)total);
+    }
+    c->stats.step = step;
+    c->stats.wait_s = waited - start;
+    c->stats.download_s = now_seconds() - waited;
+    c->stats.bytes_down = have;
+    c->stats.total_bytes_down += have;
+    c->stats.rounds++;
+    *bytes = buf;
+    *len = have;
+    return SPES_OK;
+}
+
+int sync_client_status(SyncClient *c, RoundsStatus *out) {
+    StatusRequest req = STATUS_REQUEST__INIT;
+    StatusResponse *resp = NULL;
+    if (unary(c, "/FederatedServer/Status", &req.base, &status_response__descriptor, (ProtobufCMessage **)&resp, 30) !=
+        GRPC_STATUS_OK)
+        return SPES_ERR;
+    memset(out, 0, sizeof *out);
+    out->rounds_completed = resp->rounds_completed;
+    out->open_step = resp->open_step;
+    out->num_uploaded = resp->n_peers_uploaded < 1024 ? (int)resp->n_peers_uploaded : 1024;
+    for (int i = 0; i < out->num_uploaded; i++) out->peers_uploaded[i] = resp->peers_uploaded[i];
+    out->last_aggregate_step = resp->last_aggregate_step;
+    out->bytes_received = resp->bytes_received;
+    out->bytes_sent = resp->bytes_sent;
+    out->uploads_rejected = resp->uploads_rejected;
+    out->fingerprint = resp->fingerprint;
+    out->last_aggregate_seconds = resp->last_aggregate_seconds;
+    status_response__free_unpacked(resp, NULL);
+    return SPES_OK;
+}

@@ -1,0 +1,67 @@
+// A peer's side of the parameter server. Typical use in the trainer:
+//
+//   SyncClientConfig cfg; sync_client_config_defaults(&cfg);
+//   cfg.server_addr = "10.0.0.1:50051"; cfg.peer_id = 2; cfg.num_peers = 4; cfg.experts_per_node = 2;
+//   SyncClient *c; SPES_TRY(sync_client_create(&cfg, &c));
+//   SPES_TRY(sync_client_hello(c, &spec));            // whole model: names, shapes, dtypes
+//   every sync_steps steps:
+//     SPES_TRY(sync_client_upload(c, step, trainable, n));   // shared tensors + own experts (F32)
+//     SPES_TRY(sync_client_wait_and_download(c, step, &bytes, &len));
+//     safetensors_parse(bytes, len, ...) -> load every tensor; free(bytes)
+//     sync_client_stats(c) -> upload/wait/download seconds and bytes for the console
+//   sync_client_destroy(c);
+//
+// Calls retry an unreachable server (UNAVAILABLE) with exponential backoff up to
+// connect_timeout_s; the wait for an aggregate is a series of server-side long polls (no
+// fixed sleeps). Not thread-safe: one client per thread.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "io/safetensors.h"
+#include "sync/model_spec.h"
+#include "sync/rounds.h"
+
+typedef struct {
+    const char *server_addr;        // "host:port"
+    int peer_id;
+    int num_peers;
+    int experts_per_node;           // m (spes mode)
+    SyncMode mode;
+    DType payload_dtype;            // F32 or BF16: uploads are converted, the aggregate comes back in it
+    size_t chunk_size;              // upload chunk payload bytes (0: the server's, from Hello)
+    size_t max_message_size;
+    double connect_timeout_s;       // how long to retry an unreachable server
+    double call_timeout_s;          // deadline of one upload / download call
+    double wait_timeout_s;          // longest wait for one aggregate (0: forever)
+} SyncClientConfig;
+
+typedef struct {
+    int step;                       // last round
+    double upload_s, wait_s, download_s;
+    uint64_t bytes_up, bytes_down;  // payload bytes of the last round
+    uint64_t total_bytes_up, total_bytes_down;
+    int rounds;
+} SyncStats;
+
+typedef struct SyncClient SyncClient;
+
+void sync_client_config_defaults(SyncClientConfig *cfg);
+int sync_client_create(const SyncClientConfig *cfg, SyncClient **out);
+void sync_client_destroy(SyncClient *c);
+
+// Handshake: the server adopts or checks the model spec and run settings. A refusal names
+// what differs (e.g. a tensor's shape, num_peers, mode).
+int sync_client_hello(SyncClient *c, const ModelSpec *spec);
+// Serialises the tensors (converted to the payload dtype) as safetensors and uploads them
+// for step. Tensors are given in F32 or BF16.
+int sync_client_upload(SyncClient *c, int step, const StWriteTensor *tensors, int n);
+// Uploads ready-made safetensors bytes.
+int sync_client_upload_bytes(SyncClient *c, int step, const uint8_t *bytes, size_t len);
+// Waits for step's aggregate and downloads it: *bytes (malloc'd, caller frees) is safetensors.
+int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size_t *len);
+int sync_client_status(SyncClient *c, RoundsStatus *out);
+
+const SyncStats *sync_client_stats(const SyncClient *c);
+// gRPC status of the last failed call (GRPC_STATUS_OK if none failed).
+int sync_client_last_status(const SyncClient *c);

@@ -1,0 +1,498 @@
+// Parameter-server state: spec, open rounds, kept aggregates (see rounds.h).
+#include "sync/rounds.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/timer.h"
+#include "sync/upload_check.h"
+
+typedef struct {
+    int step;                   // -1: free slot
+    bool aggregating;           // all uploads in; no more changes
+    int num_uploaded;
+    uint8_t **payload;          // [P] upload bytes (NULL: not yet)
+    SafeTensors *parsed;        // [P] views into payload
+    const StTensor **rows;      // [P][spec.count] rows for aggregate_compute
+} OpenRound;
+
+struct Rounds {
+    RoundsConfig cfg;
+    pthread_mutex_t mu;
+    pthread_cond_t changed;     // an aggregate was published, or closing
+    bool closing;
+
+    bool have_spec;             // once set, spec and the layout below never change
+    ModelSpec spec;
+    DType payload_dtype;        // dtype of the aggregate (the peers' payload dtype)
+    uint8_t *header;            // safetensors header of every aggregate (same layout each round)
+    size_t header_len, aggregate_len;
+    size_t *tensor_offset;      // [spec.count] byte offset of tensor t in the aggregate
+
+    OpenRound *open;            // [max_open_rounds]
+    AggregateBlob **kept;       // [keep_steps], NULL: empty
+    int last_completed_step;
+    RoundsStatus stats;         // counters (open_step / peers are computed on demand)
+};
+
+int rounds_create(const RoundsConfig *cfg, Rounds **out) {
+    if (cfg->keep_steps < 1) return spes_fail("server: keep_steps must be >= 1 (got %d)", cfg->keep_steps);
+    if (cfg->max_open_rounds < 1) return spes_fail("server: max_open_rounds must be >= 1");
+    SPES_TRY(aggregate_config_check(&cfg->agg, NULL));
+    Rounds *r = spes_calloc(1, sizeof *r);
+    if (!r) return SPES_ERR;
+    r->cfg = *cfg;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->changed, &attr);
+    pthread_condattr_destroy(&attr);
+    r->open = spes_calloc((size_t)cfg->max_open_rounds, sizeof(OpenRound));
+    r->kept = spes_calloc((size_t)cfg->keep_steps, sizeof(AggregateBlob *));
+    if (!r->open || !r->kept) {
+        rounds_destroy(r);
+        return SPES_ERR;
+    }
+    for (int i = 0; i < cfg->max_open_rounds; i++) r->open[i].step = -1;
+    r->last_completed_step = -1;
+    r->stats.last_aggregate_step = -1;
+    *out = r;
+    return SPES_OK;
+}
+
+static void free_round(Rounds *r, OpenRound *round) {
+    if (round->payload)
+        for (int p = 0; p < r->cfg.agg.num_peers; p++) {
+            if (round->payload[p]) safetensors_close(&round->parsed[p]);
+            free(round->payload[p]);
+        }
+    free(round->payload);
+    free(round->parsed);
+    free(round->rows);
+    memset(round, 0, sizeof *round);
+    round->step = -1;
+}
+
+static void blob_unref(AggregateBlob *blob) {
+    if (--blob->refs == 0) {
+        free(blob->bytes);
+        free(blob);
+    }
+}
+
+void rounds_close(Rounds *r) {
+    pthread_mutex_lock(&r->mu);
+    r->closing = true;
+    pthread_cond_broadcast(&r->changed);
+    pthread_mutex_unlock(&r->mu);
+}
+
+void rounds_destroy(Rounds *r) {
+    if (!r) return;
+    for (int i = 0; r->open && i < r->cfg.max_open_rounds; i++) free_round(r, &r->open[i]);
+    for (int i = 0; r->kept && i < r->cfg.keep_steps; i++)
+        if (r->kept[i]) blob_unref(r->kept[i]);
+    free(r->open);
+    free(r->kept);
+    free(r->header);
+    free(r->tensor_offset);
+    model_spec_free(&r->spec);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->changed);
+    free(r);
+}
+
+// Fixes the aggregate's layout once: serialises a zero-filled aggregate (calloc'd source,
+// so no real memory is read), keeps its header bytes and each tensor's data offset. Every
+// round then writes the header and aggregates straight into the data region.
+static int plan_aggregate_layout(Rounds *r) {
+    const ModelSpec *spec = &r->spec;
+    size_t largest = 0, elem = dtype_size(r->payload_dtype);
+    for (int t = 0; t < spec->count; t++)
+        if (spec->tensors[t].numel * elem > largest) largest = spec->tensors[t].numel * elem;
+    StWriteTensor *w = spes_calloc((size_t)spec->count, sizeof *w);
+    void *zeros = spes_calloc(largest ? largest : 1, 1);
+    r->tensor_offset = spes_calloc((size_t)spec->count, sizeof(size_t));
+    int rc = w && zeros && r->tensor_offset ? SPES_OK : SPES_ERR;
+    for (int t = 0; rc == SPES_OK && t < spec->count; t++) {
+        w[t].name = spec->tensors[t].name;
+        w[t].dtype = r->payload_dtype;
+        w[t].ndim = spec->tensors[t].ndim;
+        memcpy(w[t].shape, spec->tensors[t].shape, sizeof w[t].shape);
+        w[t].data = zeros;
+    }
+    uint8_t *image = NULL;
+    size_t len = 0;
+    if (rc == SPES_OK) rc = safetensors_serialize(w, spec->count, NULL, NULL, 0, &image, &len);
+    SafeTensors parsed;
+    if (rc == SPES_OK) rc = safetensors_parse(image, len, "aggregate layout", &parsed);
+    if (rc == SPES_OK) {
+        r->header_len = len;
+        for (int t = 0; t < spec->count; t++) {
+            const StTensor *x = safetensors_find(&parsed, spec->tensors[t].name);
+            r->tensor_offset[t] = (size_t)(x->data - image);
+            if (r->tensor_offset[t] < r->header_len) r->header_len = r->tensor_offset[t];
+        }
+        if (spec->count == 0) r->header_len = len;
+        safetensors_close(&parsed);
+        r->aggregate_len = len;
+        r->header = spes_malloc(r->header_len);
+        if (r->header) memcpy(r->header, image, r->header_len);
+        else rc = SPES_ERR;
+    }
+    free(image);
+    free(zeros);
+    free(w);
+    return rc;
+}
+
+// Takes the spec (moving it out of *spec) and plans the aggregate layout. Under r->mu.
+static grpc_status_code adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype) {
+    if (aggregate_config_check(&r->cfg.agg, spec) != SPES_OK) return GRPC_STATUS_FAILED_PRECONDITION;
+    r->spec = *spec;
+    model_spec_init(spec);
+    r->payload_dtype = payload_dtype;
+    if (plan_aggregate_layout(r) != SPES_OK) {
+        free(r->tensor_offset);
+        r->tensor_offset = NULL;
+        model_spec_free(&r->spec);
+        return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    }
+    r->have_spec = true;
+    r->stats.fingerprint = r->spec.fingerprint;
+    log_info("server: model spec fixed: %d tensors, %zu values, %d experts x %d MoE layers, payload %s, fingerprint %016llx",
+             r->spec.count, r->spec.total_numel, r->spec.num_experts, r->spec.num_moe_layers, dtype_name(payload_dtype),
+             (unsigned long long)r->spec.fingerprint);
+    return GRPC_STATUS_OK;
+}
+
+grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode, DType payload_dtype,
+                              ModelSpec *spec, int *last_completed_step) {
+    const AggregateConfig *a = &r->cfg.agg;
+    if (num_peers != a->num_peers)
+        return spes_fail("hello from peer %d: it runs with %d peers, the server with --total_peers %d", peer, num_peers, a->num_peers),
+               GRPC_STATUS_FAILED_PRECONDITION;
+    if (peer < 0 || peer >= a->num_peers)
+        return spes_fail("hello: peer_id %d is outside [0, %d)", peer, a->num_peers), GRPC_STATUS_INVALID_ARGUMENT;
+    if (mode != a->mode)
+        return spes_fail("hello from peer %d: it runs in %s mode, the server in %s mode", peer, sync_mode_name(mode),
+                         sync_mode_name(a->mode)),
+               GRPC_STATUS_FAILED_PRECONDITION;
+    if (mode == SYNC_MODE_SPES && experts_per_node != a->experts_per_node)
+        return spes_fail("hello from peer %d: it trains %d experts per node, the server expects "
+                         "--num_train_experts_per_node %d",
+                         peer, experts_per_node, a->experts_per_node),
+               GRPC_STATUS_FAILED_PRECONDITION;
+    if (payload_dtype != DTYPE_F32 && payload_dtype != DTYPE_BF16)
+        return spes_fail("hello from peer %d: payload dtype %s is not F32 or BF16", peer, dtype_name(payload_dtype)),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    pthread_mutex_lock(&r->mu);
+    grpc_status_code code = GRPC_STATUS_OK;
+    if (!r->have_spec) {
+        code = adopt_spec(r, spec, payload_dtype);
+        if (code != GRPC_STATUS_OK) spes_fail_context("hello from peer %d", peer);
+    } else if (r->spec.fingerprint != spec->fingerprint || r->spec.count != spec->count) {
+        char diff[1024];
+        model_spec_describe_difference(&r->spec, spec, diff, sizeof diff);
+        spes_fail("hello from peer %d: its model (fingerprint %016llx) differs from the server's (%016llx): %s", peer,
+                  (unsigned long long)spec->fingerprint, (unsigned long long)r->spec.fingerprint, diff);
+        code = GRPC_STATUS_FAILED_PRECONDITION;
+    } else if (payload_dtype != r->payload_dtype) {
+        spes_fail("hello from peer %d: payload dtype %s, but the other peers use %s", peer, dtype_name(payload_dtype),
+                  dtype_name(r->payload_dtype));
+        code = GRPC_STATUS_FAILED_PRECONDITION;
+    }
+    *last_completed_step = r->last_completed_step;
+    pthread_mutex_unlock(&r->mu);
+    return code;
+}
+
+size_t rounds_upload_cap(Rounds *r, int peer) {
+    pthread_mutex_lock(&r->mu);
+    size_t cap = r->have_spec && peer >= 0 && peer < r->cfg.agg.num_peers
+                     ? upload_max_bytes(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer)
+                     : r->cfg.max_upload_bytes;
+    pthread_mutex_unlock(&r->mu);
+    return cap;
+}
+
+// The open round of step, creating it if needed; NULL when all slots are taken. Under r->mu.
+static OpenRound *open_round(Rounds *r, int step) {
+    OpenRound *free_slot = NULL;
+    for (int i = 0; i < r->cfg.max_open_rounds; i++) {
+        if (r->open[i].step == step) return &r->open[i];
+        if (r->open[i].step < 0 && !free_slot) free_slot = &r->open[i];
+    }
+    if (!free_slot) return NULL;
+    int P = r->cfg.agg.num_peers;
+    free_slot->payload = spes_calloc((size_t)P, sizeof(uint8_t *));
+    free_slot->parsed = spes_calloc((size_t)P, sizeof(SafeTensors));
+    free_slot->rows = spes_calloc((size_t)P * r->spec.count, sizeof(StTensor *));
+    if (!free_slot->payload || !free_slot->parsed || !free_slot->rows) {
+        free_round(r, free_slot);
+        return NULL;
+    }
+    free_slot->step = step;
+    return free_slot;
+}
+
+// Aggregates a complete round into a new blob (outside the lock: the round is frozen).
+static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
+    AggregateBlob *blob = spes_calloc(1, sizeof *blob);
+    uint8_t **out = spes_calloc((size_t)r->spec.count, sizeof(uint8_t *));
+    if (blob) blob->bytes = spes_malloc(r->aggregate_len);
+    if (!blob || !blob->bytes || !out) goto fail;
+    memcpy(blob->bytes, r->header, r->header_len);
+    for (int t = 0; t < r->spec.count; t++) out[t] = blob->bytes + r->tensor_offset[t];
+    if (aggregate_compute(&r->spec, &r->cfg.agg, round->step, round->rows, out, r->payload_dtype) != SPES_OK) goto fail;
+    free(out);
+    blob->step = round->step;
+    blob->len = r->aggregate_len;
+    blob->refs = 1;
+    return blob;
+fail:
+    free(out);
+    if (blob) free(blob->bytes);
+    free(blob);
+    return NULL;
+}
+
+// Puts blob in the kept list (dropping the oldest when full) and frees the round. Under r->mu.
+static void publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seconds) {
+    int slot = 0;
+    for (int i = 0; i < r->cfg.keep_steps; i++) {
+        if (!r->kept[i]) {
+            slot = i;
+            break;
+        }
+        if (r->kept[i]->step < r->kept[slot]->step) slot = i;
+    }
+    if (r->kept[slot]) blob_unref(r->kept[slot]);
+    r->kept[slot] = blob;
+    if (blob->step > r->last_completed_step) r->last_completed_step = blob->step;
+    r->stats.rounds_completed++;
+    r->stats.last_aggregate_step = r->last_completed_step;
+    r->stats.last_aggregate_seconds = seconds;
+    free_round(r, round);
+    pthread_cond_broadcast(&r->changed);
+}
+
+// Parses and validates an upload against the spec into the round's slot for peer.
+static grpc_status_code check_upload(Rounds *r, int peer, int step, const uint8_t *bytes, size_t len, SafeTensors *st,
+                                     const StTensor **row) {
+    char what[64];
+    snprintf(what, sizeof what, "upload from peer %d for step %d", peer, step);
+    if (safetensors_parse(bytes, len, what, st) != SPES_OK) return GRPC_STATUS_INVALID_ARGUMENT;
+    if (upload_check(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, st, row) != SPES_OK) {
+        safetensors_close(st);
+        spes_fail_context("step %d", step);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    return GRPC_STATUS_OK;
+}
+
+// Infers the spec from the first upload of a peer that never said Hello. Under r->mu.
+static grpc_status_code infer_spec(Rounds *r, int peer, const uint8_t *bytes, size_t len) {
+    SafeTensors st;
+    if (safetensors_parse(bytes, len, "first upload (model spec inferred from it)", &st) != SPES_OK)
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    ModelSpec spec;
+    int E = r->cfg.agg.num_peers * r->cfg.agg.experts_per_node;
+    if (model_spec_infer_from_upload(&st, r->cfg.agg.mode, E, &spec) != SPES_OK) {
+        safetensors_close(&st);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    DType dtype = st.count > 0 ? st.tensors[0].dtype : DTYPE_F32;
+    if (dtype != DTYPE_BF16) dtype = DTYPE_F32;
+    // Validate the upload against what it implies before adopting anything from it.
+    const StTensor **row = spes_calloc((size_t)spec.count, sizeof *row);
+    grpc_status_code code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    if (row) {
+        code = upload_check(&spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, &st, row) == SPES_OK
+                   ? adopt_spec(r, &spec, dtype)
+                   : GRPC_STATUS_INVALID_ARGUMENT;
+        if (code == GRPC_STATUS_OK) log_info("server: no Hello before the first upload; model spec inferred from peer %d's upload", peer);
+    }
+    free(row);
+    model_spec_free(&spec);
+    safetensors_close(&st);
+    return code;
+}
+
+static grpc_status_code reject(Rounds *r, grpc_status_code code, uint8_t *bytes) {
+    free(bytes);
+    pthread_mutex_lock(&r->mu);
+    r->stats.uploads_rejected++;
+    pthread_mutex_unlock(&r->mu);
+    log_warn("server: upload refused: %s", spes_last_error());
+    return code;
+}
+
+grpc_status_code rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, size_t len) {
+    int P = r->cfg.agg.num_peers;
+    if (peer < 0 || peer >= P)
+        return spes_fail("upload: peer_id %d is outside [0, %d)", peer, P), reject(r, GRPC_STATUS_INVALID_ARGUMENT, bytes);
+    if (step < 0) return spes_fail("upload from peer %d: step %d is negative", peer, step), reject(r, GRPC_STATUS_INVALID_ARGUMENT, bytes);
+
+    pthread_mutex_lock(&r->mu);
+    grpc_status_code code = r->closing ? GRPC_STATUS_UNAVAILABLE : GRPC_STATUS_OK;
+    if (r->closing) spes_fail("server is shutting down");
+    if (code == GRPC_STATUS_OK && !r->have_spec) code = infer_spec(r, peer, bytes, len);
+    pthread_mutex_unlock(&r->mu);
+    if (code != GRPC_STATUS_OK) return reject(r, code, bytes);
+
+    // The spec never changes once set, so the (slow) validation runs outside the lock.
+    SafeTensors st;
+    const StTensor **row = spes_calloc((size_t)r->spec.count, sizeof *row);
+    if (!row) return reject(r, GRPC_STATUS_RESOURCE_EXHAUSTED, bytes);
+    code = check_upload(r, peer, step, bytes, len, &st, row);
+    if (code != GRPC_STATUS_OK) {
+        free(row);
+        return reject(r, code, bytes);
+    }
+
+    pthread_mutex_lock(&r->mu);
+    OpenRound *round = NULL;
+    if (step <= r->last_completed_step) {
+        spes_fail("upload from peer %d: the round of step %d is already aggregated (last completed step %d); download it", peer,
+                  step, r->last_completed_step);
+        code = GRPC_STATUS_ALREADY_EXISTS;
+    } else if (!(round = open_round(r, step))) {
+        spes_fail("upload from peer %d for step %d: %d rounds are already open (peers far apart in steps?)", peer, step,
+                  r->cfg.max_open_rounds);
+        code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    } else if (round->aggregating) {
+        spes_fail("upload from peer %d: the round of step %d is being aggregated", peer, step);
+        code = GRPC_STATUS_ALREADY_EXISTS;
+    }
+    if (code != GRPC_STATUS_OK) {
+        pthread_mutex_unlock(&r->mu);
+        safetensors_close(&st);
+        free(row);
+        return reject(r, code, bytes);
+    }
+    if (round->payload[peer]) {   // a retry replaces the previous upload
+        safetensors_close(&round->parsed[peer]);
+        free(round->payload[peer]);
+    } else {
+        round->num_uploaded++;
+    }
+    round->payload[peer] = bytes;
+    round->parsed[peer] = st;
+    memcpy(round->rows + (size_t)peer * r->spec.count, row, (size_t)r->spec.count * sizeof *row);
+    free(row);
+    r->stats.bytes_received += (int64_t)len;
+    bool complete = round->num_uploaded == P;
+    if (complete) round->aggregating = true;
+    pthread_mutex_unlock(&r->mu);
+    log_info("server: step %d: upload from peer %d accepted (%zu bytes)", step, peer, len);
+    if (!complete) return GRPC_STATUS_OK;
+
+    double start = now_seconds();
+    AggregateBlob *blob = compute_aggregate(r, round);
+    double seconds = now_seconds() - start;
+    pthread_mutex_lock(&r->mu);
+    if (!blob) {
+        // Out of memory: drop this peer's upload so that its retry completes the round again.
+        safetensors_close(&round->parsed[peer]);
+        free(round->payload[peer]);
+        round->payload[peer] = NULL;
+        round->num_uploaded--;
+        round->aggregating = false;
+        pthread_mutex_unlock(&r->mu);
+        spes_fail_context("aggregating step %d (retry the upload)", step);
+        return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    }
+    publish(r, round, blob, seconds);
+    pthread_mutex_unlock(&r->mu);
+    log_info("server: step %d: aggregated %d peers in %.3f s (%zu bytes)", step, P, seconds, blob->len);
+    return GRPC_STATUS_OK;
+}
+
+grpc_status_code rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob **out) {
+    *out = NULL;
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    double whole = (double)(long)timeout_s;
+    deadline.tv_sec += (time_t)whole;
+    deadline.tv_nsec += (long)((timeout_s - whole) * 1e9);
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&r->mu);
+    grpc_status_code code = GRPC_STATUS_OK;
+    for (;;) {
+        for (int i = 0; i < r->cfg.keep_steps; i++)
+            if (r->kept[i] && r->kept[i]->step == step) {
+                *out = r->kept[i];
+                r->kept[i]->refs++;
+            }
+        if (*out) break;
+        if (step <= r->last_completed_step) {
+            spes_fail("the aggregate of step %d is no longer kept (--keep_steps %d; latest step %d)", step, r->cfg.keep_steps,
+                      r->last_completed_step);
+            code = GRPC_STATUS_NOT_FOUND;
+            break;
+        }
+        if (r->closing) {
+            spes_fail("server is shutting down");
+            code = GRPC_STATUS_UNAVAILABLE;
+            break;
+        }
+        if (timeout_s <= 0 || pthread_cond_timedwait(&r->changed, &r->mu, &deadline) == ETIMEDOUT) {
+            for (int i = 0; i < r->cfg.keep_steps; i++)   // a publish may have raced the timeout
+                if (r->kept[i] && r->kept[i]->step == step) {
+                    *out = r->kept[i];
+                    r->kept[i]->refs++;
+                }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return code;
+}
+
+void rounds_release(Rounds *r, AggregateBlob *blob) {
+    if (!blob) return;
+    pthread_mutex_lock(&r->mu);
+    blob_unref(blob);
+    pthread_mutex_unlock(&r->mu);
+}
+
+void rounds_count_sent(Rounds *r, size_t bytes) {
+    pthread_mutex_lock(&r->mu);
+    r->stats.bytes_sent += (int64_t)bytes;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void rounds_status(Rounds *r, RoundsStatus *out) {
+    pthread_mutex_lock(&r->mu);
+    *out = r->stats;
+    out->open_step = -1;
+    out->num_uploaded = 0;
+    const OpenRound *lowest = NULL;
+    for (int i = 0; i < r->cfg.max_open_rounds; i++)
+        if (r->open[i].step >= 0 && (!lowest || r->open[i].step < lowest->step)) lowest = &r->open[i];
+    if (lowest) {
+        out->open_step = lowest->step;
+        for (int p = 0; p < r->cfg.agg.num_peers && out->num_uploaded < 1024; p++)
+            if (lowest->payload[p]) out->peers_uploaded[out->num_uploaded++] = p;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+int rounds_last_completed_step(Rounds *r) {
+    pthread_mutex_lock(&r->mu);
+    int step = r->last_completed_step;
+    pthread_mutex_unlock(&r->mu);
+    return step;
+}

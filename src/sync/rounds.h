@@ -1,0 +1,77 @@
+// The parameter server's state, independent of the transport: the model spec agreed at the
+// handshake, open rounds (uploads per step), and the aggregates kept for download.
+//
+// Round semantics: the round of `step` completes when every one of the P peers has a valid
+// upload for it; the thread whose upload completes it aggregates (aggregate.h) and publishes
+// the result, which downloads of that step then return. A bad upload is refused with a status
+// and message and leaves the round as it was (the peer may retry; other uploads stay). A
+// repeated valid upload from the same peer for an open round replaces its previous one.
+// Steps are expected to increase: an upload for a step <= the last completed one is answered
+// ALREADY_EXISTS. The newest keep_steps aggregates stay downloadable.
+//
+// Thread-safe: every function may be called from any call thread.
+#pragma once
+#include <grpc/status.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sync/aggregate.h"
+#include "sync/model_spec.h"
+
+typedef struct {
+    AggregateConfig agg;        // mode, P, m, merge settings
+    int keep_steps;             // aggregates kept for download (>= 1)
+    size_t max_upload_bytes;    // upload cap while no model spec is known yet
+    int max_open_rounds;        // steps with uploads but no aggregate yet (bounds memory)
+} RoundsConfig;
+
+typedef struct {
+    int step;
+    uint8_t *bytes;             // the aggregate as safetensors bytes
+    size_t len;
+    int refs;                   // the kept list holds one; each download in progress one
+} AggregateBlob;
+
+typedef struct {
+    int64_t rounds_completed;
+    int open_step;              // lowest step with uploads but no aggregate, -1 if none
+    int num_uploaded;           // peers that uploaded for open_step
+    int peers_uploaded[1024];   // their ids (first num_uploaded; capped at 1024)
+    int last_aggregate_step;    // -1 if none
+    int64_t bytes_received, bytes_sent, uploads_rejected;
+    uint64_t fingerprint;       // 0 until the spec is known
+    double last_aggregate_seconds;
+} RoundsStatus;
+
+typedef struct Rounds Rounds;
+
+int rounds_create(const RoundsConfig *cfg, Rounds **out);
+// Wakes every waiter (they return UNAVAILABLE) and refuses new work.
+void rounds_close(Rounds *r);
+void rounds_destroy(Rounds *r);
+
+// Handshake. Adopts *spec (moving its contents out) when the server has none yet, otherwise
+// compares. The caller frees *spec afterwards in every case. Sets *last_completed_step.
+// Statuses: OK, INVALID_ARGUMENT, FAILED_PRECONDITION (mismatch; message names what differs).
+grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode, DType payload_dtype,
+                              ModelSpec *spec, int *last_completed_step);
+
+// Largest upload accepted from peer right now (its F32 size once the spec is known).
+size_t rounds_upload_cap(Rounds *r, int peer);
+
+// One complete upload (safetensors bytes; ownership passes to r on every path). Validates,
+// stores and, if it completes the round, aggregates before returning.
+// Statuses: OK, INVALID_ARGUMENT (bad payload), ALREADY_EXISTS (round already aggregated),
+// RESOURCE_EXHAUSTED (too many open rounds, out of memory), UNAVAILABLE (closing).
+grpc_status_code rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, size_t len);
+
+// The aggregate of step, waiting up to timeout_s (0: just look). *out is a reference to
+// release with rounds_release, or NULL when not ready in time.
+// Statuses: OK (ready or not), NOT_FOUND (aggregated but no longer kept), UNAVAILABLE.
+grpc_status_code rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob **out);
+void rounds_release(Rounds *r, AggregateBlob *blob);
+
+void rounds_count_sent(Rounds *r, size_t bytes);
+void rounds_status(Rounds *r, RoundsStatus *out);
+int rounds_last_completed_step(Rounds *r);

@@ -1,0 +1,504 @@
+// gRPC transport of the parameter server (see server.h): accept loop, one thread per call,
+// one handler per RPC.
+#include "sync/server.h"
+
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "sync/wire.h"
+
+struct SyncServer {
+    SyncServerConfig cfg;
+    char *host;
+    Rounds *rounds;
+    grpc_server *server;
+    grpc_completion_queue *cq;      // new-call notifications and the shutdown tag
+    pthread_t accept_thread;
+    int port;
+    int shutdown_tag;
+    pthread_mutex_t mu;
+    pthread_cond_t calls_done;
+    int active_calls;
+};
+
+typedef struct {
+    SyncServer *srv;
+    grpc_call *call;
+    grpc_call_details details;
+    grpc_metadata_array metadata;
+    grpc_completion_queue *cq;      // this call's own queue (pluck)
+} Call;
+
+void sync_server_config_defaults(SyncServerConfig *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->host = "0.0.0.0";
+    cfg->port = 50051;
+    cfg->chunk_size = SYNC_DEFAULT_CHUNK_SIZE;
+    cfg->max_message_size = SYNC_DEFAULT_MAX_MESSAGE;
+    cfg->max_wait_seconds = 30;
+    cfg->idle_timeout_seconds = 120;
+    cfg->max_calls = 256;
+    cfg->rounds.keep_steps = 2;
+    cfg->rounds.max_upload_bytes = (size_t)64 << 30;
+    cfg->rounds.max_open_rounds = 4;
+    cfg->rounds.agg.merge_topk = 4;
+}
+
+// ---- call plumbing ----
+
+static Call *call_new(SyncServer *srv) {
+    Call *c = spes_calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->srv = srv;
+    grpc_call_details_init(&c->details);
+    grpc_metadata_array_init(&c->metadata);
+    c->cq = grpc_completion_queue_create_for_pluck(NULL);
+    return c;
+}
+
+static void call_free(Call *c) {
+    if (c->call) grpc_call_unref(c->call);
+    grpc_completion_queue_shutdown(c->cq);
+    while (grpc_completion_queue_pluck(c->cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(c->cq);
+    grpc_call_details_destroy(&c->details);
+    grpc_metadata_array_destroy(&c->metadata);
+    free(c);
+}
+
+// The next request message; NULL at the end of the client's stream or when the call failed
+// (*ok false: cancelled, idle too long, or the connection dropped).
+static grpc_byte_buffer *recv_message(Call *c, bool *ok) {
+    grpc_byte_buffer *bb = NULL;
+    grpc_op op = {0};
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &bb;
+    *ok = wire_run_batch(c->call, c->cq, &op, 1, c->srv->cfg.idle_timeout_seconds);
+    if (!*ok && bb) {
+        grpc_byte_buffer_destroy(bb);
+        bb = NULL;
+    }
+    return bb;
+}
+
+// Sends the response (when code is OK) and the final status; details from spes_last_error().
+static void finish(Call *c, grpc_status_code code, const ProtobufCMessage *response) {
+    grpc_op ops[4];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    grpc_byte_buffer *bb = NULL;
+    if (code == GRPC_STATUS_OK && response) {
+        bb = wire_pack(response);
+        if (!bb) code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    }
+    if (bb) {
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n++].data.send_message.send_message = bb;
+    }
+    grpc_slice details = grpc_slice_from_copied_string(code == GRPC_STATUS_OK ? "" : spes_last_error());
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = code;
+    ops[n++].data.send_status_from_server.status_details = &details;
+    int cancelled = 0;
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n++].data.recv_close_on_server.cancelled = &cancelled;
+    wire_run_batch(c->call, c->cq, ops, n, c->srv->cfg.idle_timeout_seconds);
+    grpc_slice_unref(details);
+    if (bb) grpc_byte_buffer_destroy(bb);
+}
+
+// Reads the single request of a unary call; on failure finishes the call and returns NULL.
+static ProtobufCMessage *recv_request(Call *c, const ProtobufCMessageDescriptor *desc) {
+    bool ok;
+    grpc_byte_buffer *bb = recv_message(c, &ok);
+    if (!bb) {
+        spes_fail("no %s request message", desc->name);
+        if (ok) finish(c, GRPC_STATUS_INVALID_ARGUMENT, NULL);
+        return NULL;
+    }
+    ProtobufCMessage *msg = wire_unpack(desc, bb);
+    grpc_byte_buffer_destroy(bb);
+    if (!msg) {
+        spes_fail("malformed %s message", desc->name);
+        finish(c, GRPC_STATUS_INVALID_ARGUMENT, NULL);
+    }
+    return msg;
+}
+
+// ---- handlers ----
+
+// Appends one chunk of a client stream to the upload, checking order and size.
+typedef struct {
+    int peer, step, total_chunks, next_chunk;
+    size_t cap, len, capacity;
+    uint8_t *bytes;
+} UploadBuffer;
+
+static grpc_status_code take_chunk(Call *c, UploadBuffer *up, const UploadChunkRequest *m) {
+    if (up->next_chunk == 0) {
+        up->peer = m->peer_id;
+        up->step = m->step;
+        up->total_chunks = m->total_chunks;
+        up->cap = rounds_upload_cap(c->srv->rounds, m->peer_id);
+        if (m->total_chunks < 1 || (size_t)m->total_chunks > up->cap)
+            return spes_fail("upload from peer %d: total_chunks %d is not a sensible count", m->peer_id, m->total_chunks),
+                   GRPC_STATUS_INVALID_ARGUMENT;
+    } else if (m->peer_id != up->peer || m->step != up->step || m->total_chunks != up->total_chunks) {
+        return spes_fail("upload stream began as peer %d step %d of %d chunks but chunk %d says peer %d step %d of %d", up->peer,
+                         up->step, up->total_chunks, m->chunk_id, m->peer_id, m->step, m->total_chunks),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (m->chunk_id != up->next_chunk)
+        return spes_fail("upload from peer %d step %d: chunk %d arrived where chunk %d was expected (chunks go in order, once)",
+                         up->peer, up->step, m->chunk_id, up->next_chunk),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    if (m->chunk_id >= up->total_chunks)
+        return spes_fail("upload from peer %d step %d: chunk %d beyond total_chunks %d", up->peer, up->step, m->chunk_id,
+                         up->total_chunks),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    size_t add = m->chunk_data.len;
+    if (add > up->cap - up->len)
+        return spes_fail("upload from peer %d step %d: more than %zu bytes, the most its tensors can take (F32 + header)", up->peer,
+                         up->step, up->cap),
+               GRPC_STATUS_RESOURCE_EXHAUSTED;
+    if (up->len + add > up->capacity) {
+        size_t want = up->capacity ? up->capacity : add * (size_t)up->total_chunks;
+        while (want < up->len + add) want *= 2;
+        if (want > up->cap) want = up->cap;
+        uint8_t *grown = spes_realloc(up->bytes, want ? want : 1);
+        if (!grown) return GRPC_STATUS_RESOURCE_EXHAUSTED;
+        up->bytes = grown;
+        up->capacity = want;
+    }
+    if (add) memcpy(up->bytes + up->len, m->chunk_data.data, add);
+    up->len += add;
+    up->next_chunk++;
+    return GRPC_STATUS_OK;
+}
+
+static void handle_upload(Call *c) {
+    UploadBuffer up = {0};
+    grpc_status_code code = GRPC_STATUS_OK;
+    for (;;) {
+        bool ok;
+        grpc_byte_buffer *bb = recv_message(c, &ok);
+        if (!ok) {
+            free(up.bytes);
+            return;   // cancelled or gone: nobody to answer
+        }
+        if (!bb) break;
+        UploadChunkRequest *m = (UploadChunkRequest *)wire_unpack(&upload_chunk_request__descriptor, bb);
+        grpc_byte_buffer_destroy(bb);
+        if (!m) {
+            spes_fail("malformed UploadChunkRequest message");
+            code = GRPC_STATUS_INVALID_ARGUMENT;
+        } else {
+            code = take_chunk(c, &up, m);
+            upload_chunk_request__free_unpacked(m, NULL);
+        }
+        if (code != GRPC_STATUS_OK) break;
+    }
+    if (code == GRPC_STATUS_OK && up.next_chunk == 0) {
+        spes_fail("upload stream without chunks");
+        code = GRPC_STATUS_INVALID_ARGUMENT;
+    } else if (code == GRPC_STATUS_OK && up.next_chunk != up.total_chunks) {
+        spes_fail("upload from peer %d step %d ended after %d of %d chunks", up.peer, up.step, up.next_chunk, up.total_chunks);
+        code = GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (code != GRPC_STATUS_OK) {
+        free(up.bytes);
+        log_warn("server: upload refused: %s", spes_last_error());
+        finish(c, code, NULL);
+        return;
+    }
+    code = rounds_upload(c->srv->rounds, up.peer, up.step, up.bytes, up.len);   // takes the bytes
+    UploadChunkResponse resp = UPLOAD_CHUNK_RESPONSE__INIT;
+    resp.success = code == GRPC_STATUS_OK;
+    finish(c, code, &resp.base);
+}
+
+static size_t chunk_count(size_t len, size_t chunk) { return len == 0 ? 1 : (len + chunk - 1) / chunk; }
+
+static void handle_download(Call *c) {
+    DownloadChunkRequest *req = (DownloadChunkRequest *)recv_request(c, &download_chunk_request__descriptor);
+    if (!req) return;
+    AggregateBlob *blob = NULL;
+    grpc_status_code code = rounds_get(c->srv->rounds, req->step, 0, &blob);
+    DownloadChunkResponse resp = DOWNLOAD_CHUNK_RESPONSE__INIT;
+    if (code == GRPC_STATUS_OK && blob) {
+        size_t chunk = c->srv->cfg.chunk_size, n = chunk_count(blob->len, chunk);
+        if (req->chunk_id < 0 || (size_t)req->chunk_id >= n) {
+            spes_fail("download of step %d: chunk_id %d is outside [0, %zu)", req->step, req->chunk_id, n);
+            code = GRPC_STATUS_OUT_OF_RANGE;
+        } else {
+            size_t at = (size_t)req->chunk_id * chunk;
+            resp.chunk_data.data = blob->bytes + at;
+            resp.chunk_data.len = blob->len - at < chunk ? blob->len - at : chunk;
+            resp.last_chunk = (size_t)req->chunk_id == n - 1;
+            resp.ready = true;
+        }
+    }
+    finish(c, code, &resp.base);   // packs (copies) the chunk before the blob is released
+    if (code == GRPC_STATUS_OK) rounds_count_sent(c->srv->rounds, resp.chunk_data.len);
+    rounds_release(c->srv->rounds, blob);
+    download_chunk_request__free_unpacked(req, NULL);
+}
+
+// The peer's model spec from its Hello; checks the fingerprint it claims.
+static grpc_status_code spec_from_hello(const HelloRequest *req, ModelSpec *spec) {
+    model_spec_init(spec);
+    for (size_t i = 0; i < req->n_tensors; i++) {
+        const TensorInfo *ti = req->tensors[i];
+        DType dtype;
+        if (dtype_from_name(ti->dtype, &dtype) != SPES_OK || ti->n_shape > ST_MAX_DIMS ||
+            model_spec_add(spec, ti->name, dtype, (int)ti->n_shape, ti->shape) != SPES_OK) {
+            if (ti->n_shape > ST_MAX_DIMS) spes_fail("tensor '%s' has %zu dimensions", ti->name, ti->n_shape);
+            return spes_fail_context("hello from peer %d: tensor %zu", req->peer_id, i), GRPC_STATUS_INVALID_ARGUMENT;
+        }
+    }
+    if (model_spec_finish(spec) != SPES_OK)
+        return spes_fail_context("hello from peer %d", req->peer_id), GRPC_STATUS_INVALID_ARGUMENT;
+    if (spec->fingerprint != req->fingerprint)
+        return spes_fail("hello from peer %d: fingerprint %016llx does not match its own tensor list (%016llx)", req->peer_id,
+                         (unsigned long long)req->fingerprint, (unsigned long long)spec->fingerprint),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    return GRPC_STATUS_OK;
+}
+
+static void handle_hello(Call *c) {
+    HelloRequest *req = (HelloRequest *)recv_request(c, &hello_request__descriptor);
+    if (!req) return;
+    ModelSpec spec;
+    SyncMode mode = SYNC_MODE_SPES;
+    DType payload = DTYPE_F32;
+    int last = -1;
+    grpc_status_code code = spec_from_hello(req, &spec);
+    if (code == GRPC_STATUS_OK && (sync_mode_parse(req->mode, &mode) != SPES_OK ||
+                                   (req->payload_dtype[0] && dtype_from_name(req->payload_dtype, &payload) != SPES_OK)))
+        code = GRPC_STATUS_INVALID_ARGUMENT;
+    if (code == GRPC_STATUS_OK)
+        code = rounds_hello(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode, payload, &spec, &last);
+    HelloResponse resp = HELLO_RESPONSE__INIT;
+    resp.fingerprint = spec.fingerprint;
+    if (code == GRPC_STATUS_OK) {
+        RoundsStatus st;
+        rounds_status(c->srv->rounds, &st);
+        resp.fingerprint = st.fingerprint;
+        log_info("server: hello from peer %d accepted", req->peer_id);
+    } else {
+        log_warn("server: hello refused: %s", spes_last_error());
+    }
+    resp.chunk_size = (int64_t)c->srv->cfg.chunk_size;
+    resp.max_message_size = (int64_t)c->srv->cfg.max_message_size;
+    resp.last_completed_step = last;
+    finish(c, code, &resp.base);
+    model_spec_free(&spec);
+    hello_request__free_unpacked(req, NULL);
+}
+
+static void handle_wait(Call *c) {
+    WaitAggregateRequest *req = (WaitAggregateRequest *)recv_request(c, &wait_aggregate_request__descriptor);
+    if (!req) return;
+    double timeout = req->timeout_ms / 1000.0;
+    if (timeout > c->srv->cfg.max_wait_seconds) timeout = c->srv->cfg.max_wait_seconds;
+    AggregateBlob *blob = NULL;
+    grpc_status_code code = rounds_get(c->srv->rounds, req->step, timeout, &blob);
+    WaitAggregateResponse resp = WAIT_AGGREGATE_RESPONSE__INIT;
+    if (blob) {
+        resp.ready = true;
+        resp.total_bytes = (int64_t)blob->len;
+        resp.total_chunks = (int32_t)chunk_count(blob->len, c->srv->cfg.chunk_size);
+    }
+    resp.last_completed_step = rounds_last_completed_step(c->srv->rounds);
+    rounds_release(c->srv->rounds, blob);
+    finish(c, code, &resp.base);
+    wait_aggregate_request__free_unpacked(req, NULL);
+}
+
+static void handle_status(Call *c) {
+    StatusRequest *req = (StatusRequest *)recv_request(c, &status_request__descriptor);
+    if (!req) return;
+    RoundsStatus st;
+    rounds_status(c->srv->rounds, &st);
+    StatusResponse resp = STATUS_RESPONSE__INIT;
+    resp.rounds_completed = st.rounds_completed;
+    resp.open_step = st.open_step;
+    resp.n_peers_uploaded = (size_t)st.num_uploaded;
+    resp.peers_uploaded = st.peers_uploaded;
+    resp.last_aggregate_step = st.last_aggregate_step;
+    resp.bytes_received = st.bytes_received;
+    resp.bytes_sent = st.bytes_sent;
+    resp.total_peers = c->srv->cfg.rounds.agg.num_peers;
+    resp.mode = (char *)sync_mode_name(c->srv->cfg.rounds.agg.mode);
+    resp.fingerprint = st.fingerprint;
+    resp.uploads_rejected = st.uploads_rejected;
+    resp.last_aggregate_seconds = st.last_aggregate_seconds;
+    finish(c, GRPC_STATUS_OK, &resp.base);
+    status_request__free_unpacked(req, NULL);
+}
+
+typedef struct {
+    const char *method;
+    void (*handle)(Call *c);
+} Route;
+
+static const Route routes[] = {
+    {"/FederatedServer/UploadChunk", handle_upload},     {"/FederatedServer/DownloadChunk", handle_download},
+    {"/FederatedServer/Hello", handle_hello},            {"/FederatedServer/WaitAggregate", handle_wait},
+    {"/FederatedServer/Status", handle_status},
+};
+
+static void *call_main(void *arg) {
+    Call *c = arg;
+    SyncServer *srv = c->srv;
+    const Route *route = NULL;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (grpc_slice_str_cmp(c->details.method, routes[i].method) == 0) route = &routes[i];
+    pthread_mutex_lock(&srv->mu);
+    bool too_many = srv->active_calls > srv->cfg.max_calls;
+    pthread_mutex_unlock(&srv->mu);
+    if (too_many) {
+        spes_fail("server busy: more than %d calls in progress", srv->cfg.max_calls);
+        finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
+    } else if (!route) {
+        char *method = grpc_slice_to_c_string(c->details.method);
+        spes_fail("no method %s on this server", method);
+        gpr_free(method);
+        finish(c, GRPC_STATUS_UNIMPLEMENTED, NULL);
+    } else {
+        route->handle(c);
+    }
+    call_free(c);
+    pthread_mutex_lock(&srv->mu);
+    if (--srv->active_calls == 0) pthread_cond_broadcast(&srv->calls_done);
+    pthread_mutex_unlock(&srv->mu);
+    return NULL;
+}
+
+// ---- accept loop and lifecycle ----
+
+static bool request_next_call(SyncServer *srv) {
+    Call *c = call_new(srv);
+    if (!c) return false;
+    if (grpc_server_request_call(srv->server, &c->call, &c->details, &c->metadata, c->cq, srv->cq, c) != GRPC_CALL_OK) {
+        call_free(c);
+        return false;
+    }
+    return true;
+}
+
+static void *accept_loop(void *arg) {
+    SyncServer *srv = arg;
+    bool requesting = request_next_call(srv);
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+        if (ev.type != GRPC_OP_COMPLETE) continue;
+        if (ev.tag == &srv->shutdown_tag) {
+            grpc_completion_queue_shutdown(srv->cq);
+            continue;
+        }
+        Call *c = ev.tag;
+        if (!ev.success) {   // the server is shutting down: no more calls
+            call_free(c);
+            requesting = false;
+            continue;
+        }
+        pthread_mutex_lock(&srv->mu);
+        srv->active_calls++;
+        pthread_mutex_unlock(&srv->mu);
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&thread, &attr, call_main, c) != 0) {
+            spes_fail("server: cannot start a thread for a new call");
+            finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
+            call_free(c);
+            pthread_mutex_lock(&srv->mu);
+            srv->active_calls--;
+            pthread_mutex_unlock(&srv->mu);
+        }
+        pthread_attr_destroy(&attr);
+        if (requesting) requesting = request_next_call(srv);
+    }
+    return NULL;
+}
+
+int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
+    if (cfg->chunk_size < 1 || cfg->chunk_size + 1024 > cfg->max_message_size)
+        return spes_fail("server: chunk_size %zu must be >= 1 and at least 1 KiB below max_message_size %zu", cfg->chunk_size,
+                         cfg->max_message_size);
+    SyncServer *srv = spes_calloc(1, sizeof *srv);
+    if (!srv) return SPES_ERR;
+    srv->cfg = *cfg;
+    srv->host = spes_strdup(cfg->host);
+    if (!srv->host || rounds_create(&cfg->rounds, &srv->rounds) != SPES_OK) {
+        free(srv->host);
+        free(srv);
+        return SPES_ERR;
+    }
+    srv->cfg.host = srv->host;
+    pthread_mutex_init(&srv->mu, NULL);
+    pthread_cond_init(&srv->calls_done, NULL);
+    grpc_init();
+    grpc_arg args[2];
+    grpc_channel_args channel_args;
+    wire_channel_args(cfg->max_message_size, args, &channel_args);
+    srv->server = grpc_server_create(&channel_args, NULL);
+    srv->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
+    char addr[300];
+    snprintf(addr, sizeof addr, strchr(cfg->host, ':') ? "[%s]:%d" : "%s:%d", cfg->host, cfg->port);
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    srv->port = grpc_server_add_http2_port(srv->server, addr, creds);
+    grpc_server_credentials_release(creds);
+    if (srv->port == 0) {
+        grpc_server_destroy(srv->server);   // never started: nothing to shut down
+        grpc_completion_queue_shutdown(srv->cq);
+        while (grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+        }
+        grpc_completion_queue_destroy(srv->cq);
+        rounds_destroy(srv->rounds);
+        free(srv->host);
+        free(srv);
+        grpc_shutdown();
+        return spes_fail("server: cannot listen on %s (port in use, or not an address of this host?)", addr);
+    }
+    grpc_server_start(srv->server);
+    pthread_create(&srv->accept_thread, NULL, accept_loop, srv);
+    log_info("server: listening on %s:%d", cfg->host, srv->port);
+    *out = srv;
+    return SPES_OK;
+}
+
+int sync_server_port(const SyncServer *s) { return s->port; }
+Rounds *sync_server_rounds(SyncServer *s) { return s->rounds; }
+
+void sync_server_stop(SyncServer *s) {
+    if (!s) return;
+    rounds_close(s->rounds);   // long polls return now
+    grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
+    grpc_server_cancel_all_calls(s->server);
+    pthread_join(s->accept_thread, NULL);
+    pthread_mutex_lock(&s->mu);
+    while (s->active_calls > 0) pthread_cond_wait(&s->calls_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    grpc_server_destroy(s->server);
+    grpc_completion_queue_destroy(s->cq);
+    rounds_destroy(s->rounds);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->calls_done);
+    free(s->host);
+    free(s);
+    grpc_shutdown();
+}

@@ -1,0 +1,32 @@
+// The parameter server's transport: gRPC C core around rounds.h. One accept thread takes new
+// calls from the server's completion queue and gives each call a thread of its own with its
+// own completion queue, so a slow or silent peer only ever holds up its own call (and is
+// cancelled after idle_timeout). Aggregation runs in the thread of the upload that completes
+// a round. RPCs: see proto/federated.proto and docs/sync.md.
+#pragma once
+#include <stddef.h>
+
+#include "sync/rounds.h"
+
+typedef struct {
+    const char *host;               // address to bind, e.g. "0.0.0.0" or "127.0.0.1"
+    int port;                       // 0: any free port (see sync_server_port)
+    size_t chunk_size;              // download chunk payload bytes
+    size_t max_message_size;        // largest message accepted or sent
+    double max_wait_seconds;        // longest single WaitAggregate long poll
+    double idle_timeout_seconds;    // a call making no progress this long is cancelled
+    int max_calls;                  // concurrent calls; more are refused RESOURCE_EXHAUSTED
+    RoundsConfig rounds;
+} SyncServerConfig;
+
+// Defaults for everything but rounds.agg (mode, peers, merge settings).
+void sync_server_config_defaults(SyncServerConfig *cfg);
+
+typedef struct SyncServer SyncServer;
+
+// Binds, starts serving in background threads, returns.
+int sync_server_start(const SyncServerConfig *cfg, SyncServer **out);
+int sync_server_port(const SyncServer *s);
+Rounds *sync_server_rounds(SyncServer *s);
+// Refuses new calls, cancels those in progress, waits for their threads, frees everything.
+void sync_server_stop(SyncServer *s);

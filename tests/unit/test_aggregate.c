@@ -1,0 +1,407 @@
+// Aggregation maths on crafted tensors: means, ownership, fedavg, alpha schedule, cosine
+// neighbours, merge values, bf16 in and out, determinism across thread counts.
+#include <math.h>
+#include <omp.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "sync/aggregate.h"
+
+// A tiny MoE: embed [6,4]; per layer (2 layers) router [E,4] and E experts with
+// gate [3,4], up [3,4], down [4,3]; lm_head [6,4].
+static void build_spec(ModelSpec *spec, int E) {
+    model_spec_init(spec);
+    int64_t embed[2] = {6, 4}, router[2] = {E, 4}, gate[2] = {3, 4}, down[2] = {4, 3};
+    assert_int_equal(model_spec_add(spec, "model.embed_tokens.weight", DTYPE_F32, 2, embed), SPES_OK);
+    for (int l = 0; l < 2; l++) {
+        char name[128];
+        snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", l);
+        assert_int_equal(model_spec_add(spec, name, DTYPE_F32, 2, router), SPES_OK);
+        for (int e = 0; e < E; e++) {
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+            assert_int_equal(model_spec_add(spec, name, DTYPE_F32, 2, gate), SPES_OK);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+            assert_int_equal(model_spec_add(spec, name, DTYPE_F32, 2, gate), SPES_OK);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+            assert_int_equal(model_spec_add(spec, name, DTYPE_F32, 2, down), SPES_OK);
+        }
+    }
+    assert_int_equal(model_spec_add(spec, "lm_head.weight", DTYPE_F32, 2, embed), SPES_OK);
+    assert_int_equal(model_spec_finish(spec), SPES_OK);
+}
+
+// P peers' uploads as F32 (or BF16) tensors; values from fill(peer, tensor, index).
+typedef struct {
+    int P, count;
+    StTensor *tensors;          // [P][count]
+    const StTensor **rows;      // [P][count], NULL where the peer does not send
+    uint8_t **data;
+} Uploads;
+
+typedef float (*FillFn)(int peer, int t, size_t i);
+
+static void make_uploads(Uploads *u, const ModelSpec *spec, const AggregateConfig *cfg, DType dtype, FillFn fill) {
+    u->P = cfg->num_peers;
+    u->count = spec->count;
+    size_t n = (size_t)u->P * spec->count;
+    u->tensors = calloc(n, sizeof(StTensor));
+    u->rows = calloc(n, sizeof(StTensor *));
+    u->data = calloc(n, sizeof(uint8_t *));
+    for (int p = 0; p < u->P; p++)
+        for (int t = 0; t < spec->count; t++) {
+            if (!model_spec_peer_sends(spec, cfg->mode, cfg->experts_per_node, p, t)) continue;
+            const SpecTensor *st = &spec->tensors[t];
+            size_t k = (size_t)p * spec->count + t;
+            StTensor *x = &u->tensors[k];
+            x->name = st->name;
+            x->dtype = dtype;
+            x->ndim = st->ndim;
+            memcpy(x->shape, st->shape, sizeof x->shape);
+            x->numel = st->numel;
+            x->nbytes = st->numel * dtype_size(dtype);
+            u->data[k] = malloc(x->nbytes + 1);
+            for (size_t i = 0; i < st->numel; i++) {
+                float v = fill(p, t, i);
+                if (dtype == DTYPE_F32) memcpy(u->data[k] + 4 * i, &v, 4);
+                else {
+                    uint16_t b = f32_to_bf16(v);
+                    memcpy(u->data[k] + 2 * i, &b, 2);
+                }
+            }
+            x->data = u->data[k];
+            u->rows[k] = x;
+        }
+}
+
+static void free_uploads(Uploads *u) {
+    for (int i = 0; i < u->P * u->count; i++) free(u->data[i]);
+    free(u->data);
+    free(u->rows);
+    free(u->tensors);
+}
+
+// Output buffers, one float array per tensor, laid end to end.
+static float *run_aggregate(const ModelSpec *spec, const AggregateConfig *cfg, int step, const Uploads *u, uint8_t ***outs) {
+    float *all = calloc(spec->total_numel, sizeof(float));
+    *outs = calloc((unsigned)spec->count, sizeof(uint8_t *));
+    size_t at = 0;
+    for (int t = 0; t < spec->count; t++) {
+        (*outs)[t] = (uint8_t *)(all + at);
+        at += spec->tensors[t].numel;
+    }
+    assert_int_equal(aggregate_compute(spec, cfg, step, u->rows, *outs, DTYPE_F32), SPES_OK);
+    return all;
+}
+
+static float upload_value(const Uploads *u, int p, int t, size_t i) {
+    const StTensor *x = u->rows[(size_t)p * u->count + t];
+    assert_non_null(x);
+    if (x->dtype == DTYPE_F32) {
+        float v;
+        memcpy(&v, x->data + 4 * i, 4);
+        return v;
+    }
+    uint16_t b;
+    memcpy(&b, x->data + 2 * i, 2);
+    return bf16_to_f32(b);
+}
+
+static float fill_distinct(int peer, int t, size_t i) { return (float)(peer * 1000 + t * 10) + 0.25f * (float)i; }
+
+static AggregateConfig base_config(SyncMode mode, int P, int m) {
+    AggregateConfig cfg = {.mode = mode, .num_peers = P, .experts_per_node = m, .merge_interval = 0,
+                           .merge_alpha_start = 0.0f, .merge_decay_steps = 100, .merge_topk = 4};
+    return cfg;
+}
+
+static void test_shared_mean_and_owner_experts(void **state) {
+    (void)state;
+    ModelSpec spec;
+    build_spec(&spec, 4);
+    AggregateConfig cfg = base_config(SYNC_MODE_SPES, 2, 2);
+    Uploads u;
+    make_uploads(&u, &spec, &cfg, DTYPE_F32, fill_distinct);
+    uint8_t **outs;
+    float *all = run_aggregate(&spec, &cfg, 10, &u, &outs);
+    for (int t = 0; t < spec.count; t++) {
+        const float *o = (const float *)outs[t];
+        int e = spec.tensors[t].expert;
+        for (size_t i = 0; i < spec.tensors[t].numel; i++) {
+            float want = e < 0 ? (upload_value(&u, 0, t, i) + upload_value(&u, 1, t, i)) / 2.0f : upload_value(&u, e / 2, t, i);
+            assert_true(o[i] == want);
+        }
+    }
+    free(all);
+    free(outs);
+    free_uploads(&u);
+    model_spec_free(&spec);
+}
+
+static void test_fedavg_averages_every_tensor(void **state) {
+    (void)state;
+    ModelSpec spec;
+    build_spec(&spec, 4);
+    AggregateConfig cfg = base_config(SYNC_MODE_FEDAVG, 3, 0);
+    Uploads u;
+    make_uploads(&u, &spec, &cfg, DTYPE_F32, fill_distinct);
+    uint8_t **outs;
+    float *all = run_aggregate(&spec, &cfg, 7, &u, &outs);
+    for (int t = 0; t < spec.count; t++)
+        for (size_t i = 0; i < spec.tensors[t].numel; i++) {
+            float want = ((upload_value(&u, 0, t, i) + upload_value(&u, 1, t, i)) + upload_value(&u, 2, t, i)) / 3.0f;
+            assert_true(((const float *)outs[t])[i] == want);
+        }
+    free(all);
+    free(outs);
+    free_uploads(&u);
+    model_spec_free(&spec);
+}
+
+static void test_alpha_schedule(void **state) {
+    (void)state;
+    AggregateConfig cfg = base_config(SYNC_MODE_SPES, 4, 2);
+    cfg.merge_interval = 10;
+    cfg.merge_alpha_start = 0.5f;
+    cfg.merge_decay_steps = 100;
+    assert_float_equal(aggregate_merge_alpha(&cfg, 0), 0.5f, 1e-7);
+    assert_float_equal(aggregate_merge_alpha(&cfg, 10), 0.45f, 1e-7);
+    assert_float_equal(aggregate_merge_alpha(&cfg, 50), 0.25f, 1e-7);
+    assert_float_equal(aggregate_merge_alpha(&cfg, 5), 0.0f, 0);      // not a merge step
+    assert_float_equal(aggregate_merge_alpha(&cfg, 100), 0.0f, 0);    // fully decayed
+    assert_float_equal(aggregate_merge_alpha(&cfg, 300), 0.0f, 0);
+    cfg.merge_decay_steps = 0;                                        // no decay
+    assert_float_equal(aggregate_merge_alpha(&cfg, 300), 0.5f, 1e-7);
+    cfg.merge_interval = 0;                                           // merging off
+    assert_float_equal(aggregate_merge_alpha(&cfg, 300), 0.0f, 0);
+}
+
+static void test_neighbours_order_and_ties(void **state) {
+    (void)state;
+    // cos row 0: [1, .9, .5, .9, -1] -> N_0 = 1, 3 (tie, lower first), 2, 4.
+    double cos[25] = {0};
+    double row0[5] = {1, 0.9, 0.5, 0.9, -1};
+    for (int j = 0; j < 5; j++) cos[j] = cos[j * 5] = row0[j];
+    for (int i = 1; i < 5; i++) cos[i * 5 + i] = 1;
+    int nbr[5 * 4];
+    aggregate_expert_neighbours(cos, 5, 4, nbr);
+    assert_int_equal(nbr[0], 1);
+    assert_int_equal(nbr[1], 3);
+    assert_int_equal(nbr[2], 2);
+    assert_int_equal(nbr[3], 4);
+    // Row 2: cos to 0 is 0.5, to everyone else 0 -> 0 first, then 1, 3, 4 by index.
+    assert_int_equal(nbr[8], 0);
+    assert_int_equal(nbr[9], 1);
+    assert_int_equal(nbr[10], 3);
+    assert_int_equal(nbr[11], 4);
+    // k = 2 keeps only the top two.
+    int top2[5 * 2];
+    aggregate_expert_neighbours(cos, 5, 2, top2);
+    assert_int_equal(top2[0], 1);
+    assert_int_equal(top2[1], 3);
+}
+
+// Gate vectors (12 values) with known cosines: e0 = x, e1 = x + y (cos 1/sqrt2 to e0),
+// e2 = z, e3 = -x. The up/down values are arbitrary per expert.
+static float fill_merge(int peer, int t, size_t i) {
+    (void)peer;
+    // Tensor layout of build_spec with E = 4: embed 0, then per layer 1 router + 12 expert tensors.
+    int rel = (t - 1) % 13 - 1;                // -1 router, else expert*3 + proj
+    if (t == 0 || t == 27 || rel < 0) return 0.1f * (float)i;
+    int e = rel / 3, proj = rel % 3;
+    if (proj != EXPERT_PROJ_GATE) return (float)(e + 1) * 0.5f + 0.01f * (float)i + (float)proj;
+    float x = i == 0 ? 1.0f : 0.0f, y = i == 1 ? 1.0f : 0.0f, z = i == 2 ? 1.0f : 0.0f;
+    switch (e) {
+    case 0: return x;
+    case 1: return x + y;
+    case 2: return z;
+    default: return -x;
+    }
+}
+
+static void test_cosines_of_crafted_gates(void **state) {
+    (void)state;
+    ModelSpec spec;
+    build_spec(&spec, 4);
+    AggregateConfig cfg = base_config(SYNC_MODE_SPES, 4, 1);
+    Uploads u;
+    make_uploads(&u, &spec, &cfg, DTYPE_F32, fill_merge);
+    double cos[16];
+    assert_int_equal(aggregate_expert_cosines(&spec, &cfg, u.rows, 1, cos), SPES_OK);
+    assert_float_equal(cos[0 * 4 + 1], 1.0 / sqrt(2.0), 1e-12);
+    assert_float_equal(cos[0 * 4 + 2], 0.0, 1e-12);
+    assert_float_equal(cos[0 * 4 + 3], -1.0, 1e-12);
+    assert_float_equal(cos[1 * 4 + 3], -1.0 / sqrt(2.0), 1e-12);
+    assert_float_equal(cos[3 * 4 + 1], -1.0 / sqrt(2.0), 1e-12);
+    free_uploads(&u);
+    model_spec_free(&spec);
+}
+
+static void test_merge_uses_known_neighbours(void **state) {
+    (void)state;
+    ModelSpec spec;
+    build_spec(&spec, 4);
+    AggregateConfig cfg = base_config(SYNC_MODE_SPES, 4, 1);
+    cfg.merge_interval = 10;
+    cfg.merge_alpha_start = 0.5f;
+    cfg.merge_decay_steps = 100;
+    cfg.merge_topk = 2;
+    Uploads u;
+    make_uploads(&u, &spec, &cfg, DTYPE_F32, fill_merge);
+    uint8_t **outs;
+    float *all = run_aggregate(&spec, &cfg, 20, &u, &outs);
+    float alpha = 0.5f * (1.0f - 0.2f);
+    // By hand from the cosines above (top 2, ties to the lower index):
+    // N_0 = {1, 2} (.707, 0), N_1 = {0, 2} (.707, 0), N_2 = {0, 1} (0, 0 tie), N_3 = {2, 1} (0, -.707).
+    const int N[4][2] = {{1, 2}, {0, 2}, {0, 1}, {2, 1}};
+    for (int l = 0; l < 2; l++)
+        for (int e = 0; e < 4; e++)
+            for (int p = 0; p < 3; p++) {
+                int t = 1 + l * 13 + 1 + e * 3 + p;
+                assert_int_equal(spec.tensors[t].expert, e);
+                for (size_t i = 0; i < spec.tensors[t].numel; i++) {
+                    float self = upload_value(&u, e, t, i);
+                    float a = upload_value(&u, N[e][0], t + 3 * (N[e][0] - e), i);
+                    float b = upload_value(&u, N[e][1], t + 3 * (N[e][1] - e), i);
+                    float want = self + alpha * (((a - self) + (b - self)) / 2.0f);
+                    assert_float_equal(((const float *)outs[t])[i], want, 1e-6);
+                }
+            }
+    // Shared tensors are still means, untouched by the merge.
+    for (size_t i = 0; i < spec.tensors[0].numel; i++) assert_float_equal(((const float *)outs[0])[i], 0.1f * (float)i, 1e-6);
+    // A non-merge step copies the owners' experts unchanged.
+    free(all);
+    free(outs);
+    all = run_aggregate(&spec, &cfg, 25, &u, &outs);
+    int t = 1 + 13 + 1 + 2 * 3;   // layer 1, expert 2, gate
+    for (size_t i = 0; i < spec.tensors[t].numel; i++) assert_true(((const float *)outs[t])[i] == upload_value(&u, 2, t, i));
+    free(all);
+    free(outs);
+    free_uploads(&u);
+    model_spec_free(&spec);
+}
+
+static float fill_halves(int peer, int t, size_t i) { return (float)(peer + 1) * 1.5f + (float)((t + (int)i) % 7) * 0.25f; }
+
+static void test_bf16_uploads_and_bf16_output(void **state) {
+    (void)state;
+    ModelSpec spec;
+    build_spec(&spec, 4);
+    AggregateConfig cfg = base_config(SYNC_MODE_SPES, 2, 2);
+    Uploads u;
+    make_uploads(&u, &spec, &cfg, DTYPE_BF16, fill_halves);   // all values exact in bf16
+    uint8_t **outs;
+    float *all = run_aggregate(&spec, &cfg, 3, &u, &outs);
+    for (int t = 0; t < spec.count; t++) {
+        int e = spec.tensors[t].expert;
+        for (size_t i = 0; i < spec.tensors[t].numel; i++) {
+            float want = e < 0 ? (fill_halves(0, t, i) + fill_halves(1, t, i)) / 2.0f : fill_halves(e / 2, t, i);
+            assert_true(((const float *)outs[t])[i] == want);
+        }
+    }
+    // The same aggregate written as BF16 equals the rounded F32 one.
+    uint16_t *half = calloc(spec.total_numel, 2);
+    uint8_t **houts = calloc((unsigned)spec.count, sizeof(uint8_t *));
+    size_t at = 0;
+    for (int t = 0; t < spec.count; t++) {
+        houts[t] = (uint8_t *)(half + at);
+        at += spec.tensors[t].numel;
+    }
+    assert_int_equal(aggregate_compute(&spec, &cfg, 3, u.rows, houts, DTYPE_BF16), SPES_OK);
+    for (size_t i = 0; i < spec.total_numel; i++) assert_int_equal(half[i], f32_to_bf16(all[i]));
+    free(half);
+    free(houts);
+    free(all);
+    free(outs);
+    free_uploads(&u);
+    model_spec_free(&spec);
+}
+
+static float fill_random(int peer, int t, size_t i) {
+    uint64_t x = (uint64_t)peer * 0x9e3779b97f4a7c15ull ^ (uint64_t)t * 0xbf58476d1ce4e5b9ull ^ (uint64_t)i * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    x *= 0xd6e8feb96a9e3b5dull;
+    x ^= x >> 29;
+    return (float)((double)(x >> 11) / 9007199254740992.0) - 0.5f;
+}
+
+static void test_deterministic_across_thread_counts(void **state) {
+    (void)state;
+    // Bigger experts so the chunked loops and cosine blocks really split.
+    ModelSpec spec;
+    model_spec_init(&spec);
+    int64_t shared[2] = {300, 77}, gate[2] = {129, 101}, down[2] = {101, 129};
+    assert_int_equal(model_spec_add(&spec, "model.embed_tokens.weight", DTYPE_F32, 2, shared), SPES_OK);
+    for (int e = 0; e < 8; e++) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.gate_proj.weight", e);
+        assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, gate), SPES_OK);
+        snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.up_proj.weight", e);
+        assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, gate), SPES_OK);
+        snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.down_proj.weight", e);
+        assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, down), SPES_OK);
+    }
+    assert_int_equal(model_spec_finish(&spec), SPES_OK);
+    AggregateConfig cfg = base_config(SYNC_MODE_SPES, 4, 2);
+    cfg.merge_interval = 1;
+    cfg.merge_alpha_start = 0.3f;
+    Uploads u;
+    make_uploads(&u, &spec, &cfg, DTYPE_F32, fill_random);
+    uint8_t **o1, **o2;
+    omp_set_num_threads(1);
+    float *a1 = run_aggregate(&spec, &cfg, 4, &u, &o1);
+    omp_set_num_threads(2);
+    float *a2 = run_aggregate(&spec, &cfg, 4, &u, &o2);
+    assert_memory_equal(a1, a2, spec.total_numel * sizeof(float));
+    free(a1);
+    free(a2);
+    free(o1);
+    free(o2);
+    free_uploads(&u);
+    model_spec_free(&spec);
+}
+
+static void test_config_errors_name_the_problem(void **state) {
+    (void)state;
+    ModelSpec spec;
+    build_spec(&spec, 4);
+    AggregateConfig cfg = base_config(SYNC_MODE_SPES, 3, 2);   // 3*2 != 4 experts
+    assert_int_equal(aggregate_config_check(&cfg, &spec), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "4 experts"));
+    cfg = base_config(SYNC_MODE_SPES, 2, 2);
+    cfg.merge_topk = 0;
+    assert_int_equal(aggregate_config_check(&cfg, &spec), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "merge_topk"));
+    // A missing upload is an error, not a crash.
+    Uploads u;
+    make_uploads(&u, &spec, &cfg, DTYPE_F32, fill_distinct);
+    cfg.merge_topk = 4;
+    u.rows[1 * spec.count + 0] = NULL;
+    uint8_t **outs = calloc((unsigned)spec.count, sizeof(uint8_t *));
+    assert_int_equal(aggregate_compute(&spec, &cfg, 1, u.rows, outs, DTYPE_F32), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "peer 1"));
+    free(outs);
+    free_uploads(&u);
+    model_spec_free(&spec);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shared_mean_and_owner_experts),
+        cmocka_unit_test(test_fedavg_averages_every_tensor),
+        cmocka_unit_test(test_alpha_schedule),
+        cmocka_unit_test(test_neighbours_order_and_ties),
+        cmocka_unit_test(test_cosines_of_crafted_gates),
+        cmocka_unit_test(test_merge_uses_known_neighbours),
+        cmocka_unit_test(test_bf16_uploads_and_bf16_output),
+        cmocka_unit_test(test_deterministic_across_thread_counts),
+        cmocka_unit_test(test_config_errors_name_the_problem),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
