@@ -69,7 +69,10 @@ static int apply_overrides(YNode *root, int n, char **args) {
             node->kind = YNODE_SCALAR;
             node->plain = true;
         } else if (ytree_parse(value, strlen(value), COMMAND_LINE, 0, &node) != SPES_OK) {
-            return spes_fail_context("command line --%s", key);
+            char why[512];   // the parser's message names "command line:<line>"; keep only the why
+            const char *syntax = strstr(spes_last_error(), "YAML");
+            snprintf(why, sizeof why, "%s", syntax ? syntax : spes_last_error());
+            return spes_fail("command line --%s: '%s' is not a valid YAML value (%s)", key, value, why);
         }
         mark_command_line(node);
         SPES_TRY(ytree_set_path(root, key, node));

@@ -901,6 +901,23 @@ void config_write_keys_markdown(FILE *out) {
           "- Keys that are in no row get ONE warning listing them all (typos show up there).\n\n"
           "Defaults are OLMo's, except: `optimizer.name` defaults to adamw (OLMo: lionw), "
           "`model.embedding_size` defaults to vocab_size (OLMo: 50304), `model.block_type` is moe.\n\n"
+          "## Loading rules\n\n"
+          "- Overrides: `--a.b=value` or `--a.b value` after the config path; the value is YAML "
+          "(`3`, `1e-4`, `[0.9, 0.95]`, `null`). An override of an unknown key is an error.\n"
+          "- `${a.b}` interpolation runs after the overrides, so `--spes_config.peer_id=2` changes "
+          "`save_folder: output/${run_name}/node${spes_config.peer_id}`. Only keys written in the file or "
+          "given as overrides can be referenced (not defaults); a value that is exactly `${x}` takes x's type.\n"
+          "- Loading never opens data files. Relative data paths (in `data.paths`, evaluators and in "
+          "`.txt` manifests) resolve against the current directory, as in OLMo; a manifest lists one "
+          "token file a line (blank lines and `#` comments skipped; `spes list-files` writes absolute paths).\n"
+          "- `using_spes: true` with `using_dilico: true` (as the seeds' dilico config has it) is the "
+          "FedAvg baseline: every expert trainable, `num_train_experts_per_node` is not an ownership. With "
+          "SPES, peer p owns experts [p*m, (p+1)*m), which must exist; `num_peers * m != moe_num_experts` "
+          "is only warned about (the seeds' 3B config has 8 peers x 2 of 8 experts).\n"
+          "- Data order is OLMo's: per file floor(tokens / max_sequence_length) instances (the tail is "
+          "dropped), files concatenated in order, epoch e shuffled with numpy's "
+          "`Generator(PCG64(data.seed + e)).permutation` (reproduced bit for bit). Deviation: a token file "
+          "shorter than one instance is an error (OLMo silently skips it).\n\n"
           "| key | default | status | meaning |\n|---|---|---|---|\n",
           out);
     for (int i = 0; i < N_KEYS; i++) {

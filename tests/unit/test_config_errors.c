@@ -82,7 +82,7 @@ static const BadCase CASES[] = {
     {"override without value", "", "--seed", "command line --seed", "needs a value"},
     {"override not a flag", "", "seed=3", "command line", "not a config override"},
     {"override bad key chars", "", "--se ed=3", "command line", "not a config override"},
-    {"override bad YAML", "", "--data.paths=[a,", "command line --data.paths", "YAML syntax error"},
+    {"override bad YAML", "", "--data.paths=[a,", "command line --data.paths: '[a,' is not a valid YAML value", "YAML syntax error"},
     {"override into a scalar", "", "--seed.x=1", "command line --seed.x", "unknown config key"},
     {"override validation", "", "--spes_config.peer_id=7", "spes_config.peer_id", "[0, num_peers = 1)"},
 };
