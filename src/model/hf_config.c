@@ -88,7 +88,9 @@ static int parse_config(const JsonDoc *d, ModelConfig *cfg) {
     SPES_TRY(get_int(d, "vocab_size", true, &cfg->embedding_size));
     cfg->vocab_size = cfg->embedding_size;
     SPES_TRY(get_int(d, "spes_vocab_size", false, &cfg->vocab_size));
-    SPES_TRY(get_int(d, "num_experts", true, &cfg->num_experts));
+    // transformers 5 names it num_local_experts for qwen3_moe (num_experts is its alias)
+    const char *experts_key = json_object_get(d->root, "num_experts") ? "num_experts" : "num_local_experts";
+    SPES_TRY(get_int(d, experts_key, true, &cfg->num_experts));
     SPES_TRY(get_int(d, "num_experts_per_tok", true, &cfg->top_k));
     SPES_TRY(get_int(d, qwen ? "moe_intermediate_size" : "intermediate_size", true, &cfg->expert_hidden));
     SPES_TRY(get_int(d, "max_position_embeddings", false, &cfg->max_seq_len));
@@ -171,6 +173,7 @@ static int build_config(const ModelConfig *cfg, bool qwen, const char *torch_dty
     SPES_TRY(set_new(o, "num_experts_per_tok", json_integer(cfg->top_k)));
     SPES_TRY(set_new(o, qwen ? "moe_intermediate_size" : "intermediate_size", json_integer(cfg->expert_hidden)));
     if (qwen) {
+        SPES_TRY(set_new(o, "num_local_experts", json_integer(cfg->num_experts)));   // transformers >= 5
         SPES_TRY(set_new(o, "intermediate_size", json_integer(cfg->expert_hidden)));   // unused: no dense layers
         SPES_TRY(set_new(o, "decoder_sparse_step", json_integer(1)));
         SPES_TRY(set_new(o, "mlp_only_layers", json_array()));

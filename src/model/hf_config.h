@@ -2,7 +2,8 @@
 // whole projection) and "qwen3_moe" (Qwen3MoeForCausalLM, QK-norm per head).
 //
 // Keys: hidden_size, num_attention_heads, num_key_value_heads, head_dim (optional: else
-// hidden_size / num_attention_heads), num_hidden_layers, vocab_size, num_experts,
+// hidden_size / num_attention_heads), num_hidden_layers, vocab_size, num_experts (qwen3_moe
+// in transformers 5: num_local_experts),
 // num_experts_per_tok, intermediate_size (olmoe) / moe_intermediate_size (qwen3_moe),
 // rope_theta (or rope_parameters.rope_theta), rms_norm_eps, norm_topk_prob,
 // max_position_embeddings, initializer_range, eos_token_id, pad_token_id.
