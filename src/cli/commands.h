@@ -14,3 +14,7 @@ int cmd_debug_step(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_list_files(int argc, char **argv);
 int cmd_server(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_upcycle(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_generate(int argc, char **argv);

@@ -1,0 +1,10 @@
+// Checked conversion of command-line values (the export/upcycle/eval/generate commands):
+// the whole text must be a number in range, else an error naming the flag.
+#pragma once
+#include <stdint.h>
+
+int cli_int(const char *flag, const char *text, long min, long max, int *out);
+int cli_u64(const char *flag, const char *text, uint64_t *out);
+int cli_float(const char *flag, const char *text, double min, double max, float *out);
+// Prints "spes: <last error>" to stderr and returns the exit code 1.
+int cli_report_error(void);

@@ -1,0 +1,151 @@
+// `spes generate`: sample text from a model, streaming each token to stdout as it comes.
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/file.h"
+#include "base/threads.h"
+#include "base/timer.h"
+#include "cli/cli_parse.h"
+#include "cli/commands.h"
+#include "data/tokenizer.h"
+#include "eval/generate.h"
+#include "model/hf_import.h"
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: spes generate --model DIR --tokenizer T (--prompt TEXT | --prompt_file F) [options]\n"
+            "\n"
+            "  --model DIR            model directory (checkpoint step, export, upcycle or HF OLMoE/Qwen3-MoE)\n"
+            "  --tokenizer T          tokenizer.json, a directory holding one, or 'bytes'\n"
+            "  --max_new_tokens N     default 128 (bounded by the model's max_position_embeddings)\n"
+            "  --temperature T        0 = greedy; default 0.8\n"
+            "  --top_k K              keep the K most likely tokens (0 = all; default 50)\n"
+            "  --top_p P              nucleus sampling mass (1 = off; default 0.95)\n"
+            "  --seed N               sampling seed (default 0)\n"
+            "  --no_stop              keep going after the EOS token\n"
+            "  --no_cache             recompute the whole sequence per token (slow; for comparison)\n"
+            "  --print_ids            print token ids (one line) instead of text\n"
+            "  --threads N            CPU threads (default: all cores)\n");
+}
+
+typedef struct {
+    const Tokenizer *tok;
+    int eos;
+    bool print_ids;
+} Stream;
+
+// Writes each token's bytes as soon as it is chosen (byte-level BPE: a multi-byte character
+// may span tokens; the terminal reassembles it).
+static int stream_token(void *user, int32_t token) {
+    Stream *s = user;
+    if (s->print_ids) {
+        printf("%d ", token);
+        fflush(stdout);
+        return SPES_OK;
+    }
+    if (token == s->eos) return SPES_OK;
+    char *text = NULL;
+    size_t len = 0;
+    uint32_t id = (uint32_t)token;
+    SPES_TRY(tokenizer_decode(s->tok, &id, 1, &text, &len));
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    free(text);
+    return SPES_OK;
+}
+
+int cmd_generate(int argc, char **argv) {
+    static const struct option options[] = {
+        {"model", required_argument, 0, 'm'},          {"tokenizer", required_argument, 0, 't'},
+        {"prompt", required_argument, 0, 'p'},         {"prompt_file", required_argument, 0, 'P'},
+        {"max_new_tokens", required_argument, 0, 'n'}, {"temperature", required_argument, 0, 'T'},
+        {"top_k", required_argument, 0, 'k'},          {"top_p", required_argument, 0, 'q'},
+        {"seed", required_argument, 0, 's'},           {"no_stop", no_argument, 0, 'S'},
+        {"no_cache", no_argument, 0, 'C'},             {"print_ids", no_argument, 0, 'I'},
+        {"threads", required_argument, 0, 'j'},        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    const char *model_dir = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL;
+    GenerateOptions opt = {.max_new_tokens = 128,
+                           .sampling = {.temperature = 0.8f, .top_k = 50, .top_p = 0.95f},
+                           .seed = 0,
+                           .stop_at_eos = true,
+                           .use_cache = true};
+    bool print_ids = false;
+    int threads = 0, c, status = SPES_OK;
+    optind = 1;
+    while (status == SPES_OK && (c = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        switch (c) {
+        case 'm': model_dir = optarg; break;
+        case 't': tok_path = optarg; break;
+        case 'p': prompt = optarg; break;
+        case 'P': prompt_file = optarg; break;
+        case 'n': status = cli_int("max_new_tokens", optarg, 1, 1 << 24, &opt.max_new_tokens); break;
+        case 'T': status = cli_float("temperature", optarg, 0.0, 100.0, &opt.sampling.temperature); break;
+        case 'k': status = cli_int("top_k", optarg, 0, 1 << 30, &opt.sampling.top_k); break;
+        case 'q': status = cli_float("top_p", optarg, 0.0, 1.0, &opt.sampling.top_p); break;
+        case 's': status = cli_u64("seed", optarg, &opt.seed); break;
+        case 'S': opt.stop_at_eos = false; break;
+        case 'C': opt.use_cache = false; break;
+        case 'I': print_ids = true; break;
+        case 'j': status = cli_int("threads", optarg, 1, 4096, &threads); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (status != SPES_OK) return cli_report_error();
+    if (!model_dir || !tok_path || (!prompt == !prompt_file) || optind < argc) {
+        usage(stderr);
+        return 2;
+    }
+    threads_set(threads);
+    uint8_t *file_text = NULL;
+    size_t prompt_len = prompt ? strlen(prompt) : 0;
+    if (prompt_file && file_read_all(prompt_file, &file_text, &prompt_len) != SPES_OK) return cli_report_error();
+    if (prompt_file) prompt = (const char *)file_text;
+
+    Tokenizer *tok = NULL;
+    TokenEncoder *enc = NULL;
+    IdBuffer ids = {0};
+    Model m;
+    bool model_loaded = false;
+    int32_t *prompt_ids = NULL, *out = NULL;
+    status = tokenizer_load(tok_path, &tok);
+    if (status == SPES_OK) status = tokenizer_encoder_new(tok, &enc);
+    if (status == SPES_OK) status = tokenizer_encode(enc, prompt, prompt_len, &ids);
+    if (status == SPES_OK && ids.len == 0) status = spes_fail("the prompt encodes to no tokens");
+    if (status == SPES_OK) status = model_load_hf_dir(model_dir, &m);
+    model_loaded = status == SPES_OK;
+    if (status == SPES_OK) {
+        prompt_ids = spes_malloc(ids.len * sizeof(int32_t));
+        out = spes_malloc((size_t)opt.max_new_tokens * sizeof(int32_t));
+        if (!prompt_ids || !out) status = SPES_ERR;
+    }
+    int n_out = 0;
+    double start = now_seconds();
+    if (status == SPES_OK) {
+        for (size_t i = 0; i < ids.len; i++) prompt_ids[i] = (int32_t)ids.ids[i];
+        Stream stream = {.tok = tok, .eos = m.cfg.eos_token_id, .print_ids = print_ids};
+        if (!print_ids) {
+            fwrite(prompt, 1, prompt_len, stdout);
+            fflush(stdout);
+        }
+        status = generate_tokens(&m, prompt_ids, (int)ids.len, &opt, stream_token, &stream, out, &n_out);
+        printf("\n");
+    }
+    double seconds = now_seconds() - start;
+    if (status == SPES_OK)
+        fprintf(stderr, "generate: %d prompt tokens, %d new tokens in %.2f s (%.1f tok/s%s)\n", (int)ids.len, n_out,
+                seconds, n_out / (seconds > 0 ? seconds : 1e-9), opt.use_cache ? "" : ", no KV cache");
+    free(prompt_ids);
+    free(out);
+    free(file_text);
+    id_buffer_free(&ids);
+    if (model_loaded) model_free(&m);
+    tokenizer_encoder_free(enc);
+    tokenizer_free(tok);
+    return status == SPES_OK ? 0 : cli_report_error();
+}

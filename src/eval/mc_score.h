@@ -1,0 +1,26 @@
+// Scores multiple-choice requests: log P(continuation | context) under the model, the way
+// lm-evaluation-harness's HF backend does it (so figures agree with it):
+//   - trailing whitespace of the context moves to the front of the continuation;
+//   - context_enc = encode(context), whole = encode(context + continuation),
+//     continuation_enc = whole[len(context_enc):];
+//   - an empty context becomes the EOS token (lm-eval's prefix token);
+//   - too long: context tokens are dropped from the left so that context + continuation - 1
+//     fits in the window.
+// A document's choices share the context: it is run once into a KV cache, then each
+// choice continues from there (kv_cache_truncate back to the context between choices).
+#pragma once
+#include <stdint.h>
+
+#include "data/tokenizer.h"
+#include "eval/mc_task.h"
+#include "model/model.h"
+
+typedef struct {
+    int max_seq;            // window in tokens; <= 0: the model's max_seq_len
+    int show_progress;      // progress line on stderr
+} McScoreOptions;
+
+// Fills scores[task->num_requests] for every request of the kept documents (and of their
+// unconditional partners); the others get sum_logprob 0, num_tokens 0.
+int mc_task_score(const Model *m, const Tokenizer *tok, const McTask *task, const McScoreOptions *opt,
+                  McScore *scores);

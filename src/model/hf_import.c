@@ -1,0 +1,220 @@
+#include "model/hf_import.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/file.h"
+#include "base/log.h"
+#include "model/hf_config.h"
+
+// Shard file names from the index's weight_map, each once, in order of first appearance.
+static int shard_names_from_index(const char *index_path, char ***names, int *count) {
+    json_error_t jerr;
+    json_t *root = json_load_file(index_path, 0, &jerr);
+    json_t *map = root ? json_object_get(root, "weight_map") : NULL;
+    if (!json_is_object(map)) {
+        json_decref(root);
+        return spes_fail("%s: not a safetensors index (needs a \"weight_map\" object)%s%s", index_path,
+                         root ? "" : ": ", root ? "" : jerr.text);
+    }
+    size_t n = json_object_size(map);
+    char **out = spes_calloc(n + 1, sizeof(char *));
+    int found = 0, status = out ? SPES_OK : SPES_ERR;
+    const char *key;
+    json_t *value;
+    json_object_foreach(map, key, value) {
+        if (status != SPES_OK) break;
+        const char *file = json_string_value(value);
+        if (!file || strchr(file, '/') || !strcmp(file, "..") || !*file) {
+            status = spes_fail("%s: weight_map entry \"%s\" must name a file in the same directory", index_path, key);
+            break;
+        }
+        bool seen = false;
+        for (int i = 0; i < found && !seen; i++) seen = !strcmp(out[i], file);
+        if (!seen && !(out[found++] = spes_strdup(file))) status = SPES_ERR;
+    }
+    json_decref(root);
+    if (status == SPES_OK && found == 0) status = spes_fail("%s: the weight_map is empty", index_path);
+    if (status != SPES_OK) {
+        for (int i = 0; out && i < found; i++) free(out[i]);
+        free(out);
+        return SPES_ERR;
+    }
+    *names = out;
+    *count = found;
+    return SPES_OK;
+}
+
+int hf_tensors_open(const char *dir, HfTensorSet *out) {
+    memset(out, 0, sizeof *out);
+    char *index = path_join(dir, "model.safetensors.index.json");
+    char *single = path_join(dir, "model.safetensors");
+    char **names = NULL;
+    int count = 0, status = index && single ? SPES_OK : SPES_ERR;
+    if (status == SPES_OK && file_exists(index)) {
+        status = shard_names_from_index(index, &names, &count);
+    } else if (status == SPES_OK && file_exists(single)) {
+        names = spes_calloc(1, sizeof(char *));
+        if (names && (names[0] = spes_strdup("model.safetensors"))) count = 1;
+        else status = SPES_ERR;
+    } else if (status == SPES_OK) {
+        status = spes_fail("%s holds neither model.safetensors nor model.safetensors.index.json: not a Hugging Face "
+                           "model directory (or a checkpoint written without weights)", dir);
+    }
+    free(index);
+    free(single);
+    if (status == SPES_OK) {
+        out->shards = spes_calloc((size_t)count, sizeof(SafeTensors));
+        out->shard_paths = spes_calloc((size_t)count, sizeof(char *));
+        if (!out->shards || !out->shard_paths) status = SPES_ERR;
+    }
+    for (int i = 0; i < count && status == SPES_OK; i++) {
+        out->shard_paths[i] = path_join(dir, names[i]);
+        if (!out->shard_paths[i]) status = SPES_ERR;
+        else if ((status = safetensors_open(out->shard_paths[i], &out->shards[i])) == SPES_OK) out->count++;
+    }
+    for (int i = 0; i < count; i++) free(names[i]);
+    free(names);
+    if (status != SPES_OK) {
+        // shard_paths beyond out->count may be set: free them all.
+        for (int i = out->count; out->shard_paths && i < count; i++) free(out->shard_paths[i]);
+        hf_tensors_close(out);
+    }
+    return status;
+}
+
+void hf_tensors_close(HfTensorSet *set) {
+    for (int i = 0; i < set->count; i++) {
+        safetensors_close(&set->shards[i]);
+        free(set->shard_paths[i]);
+    }
+    free(set->shards);
+    free(set->shard_paths);
+    memset(set, 0, sizeof *set);
+}
+
+const StTensor *hf_tensors_find(const HfTensorSet *set, const char *name) {
+    for (int i = 0; i < set->count; i++) {
+        const StTensor *t = safetensors_find(&set->shards[i], name);
+        if (t) return t;
+    }
+    return NULL;
+}
+
+static void format_shape(const StTensor *t, char *buf, size_t size) {
+    int at = snprintf(buf, size, "[");
+    for (int d = 0; d < t->ndim && at < (int)size; d++)
+        at += snprintf(buf + at, size - (size_t)at, d ? ", %lld" : "%lld", (long long)t->shape[d]);
+    if (at < (int)size) snprintf(buf + at, size - (size_t)at, "]");
+}
+
+// NULL when the tensor fits [rows] / [rows, cols] and has a float dtype; else why not.
+static const char *shape_problem(const StTensor *t, int64_t rows, int64_t cols, char *why, size_t size) {
+    bool float_type = t->dtype == DTYPE_F32 || t->dtype == DTYPE_BF16 || t->dtype == DTYPE_F16 || t->dtype == DTYPE_F64;
+    bool shape_ok = cols > 0 ? t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols
+                             : t->ndim == 1 && t->shape[0] == rows;
+    if (shape_ok && float_type) return NULL;
+    char got[96];
+    format_shape(t, got, sizeof got);
+    if (!shape_ok) {
+        if (cols > 0) snprintf(why, size, "%s is %s, expected [%lld, %lld]", t->name, got, (long long)rows, (long long)cols);
+        else snprintf(why, size, "%s is %s, expected [%lld]", t->name, got, (long long)rows);
+    } else {
+        snprintf(why, size, "%s has dtype %s (needs F32, BF16, F16 or F64)", t->name, dtype_name(t->dtype));
+    }
+    return why;
+}
+
+int hf_tensor_read(const HfTensorSet *set, const char *name, int64_t rows, int64_t cols, float *dst) {
+    const StTensor *t = hf_tensors_find(set, name);
+    if (!t) return spes_fail("tensor %s is missing", name);
+    char why[256];
+    if (shape_problem(t, rows, cols, why, sizeof why)) return spes_fail("%s", why);
+    return safetensors_to_f32(t, dst);
+}
+
+// Up to this many names per kind of problem go into the error message.
+#define MAX_LISTED 12
+
+typedef struct {
+    char text[4096];
+    int at, count;
+} NameList;
+
+static void list_add(NameList *l, const char *item) {
+    if (l->count++ < MAX_LISTED && l->at < (int)sizeof l->text)
+        l->at += snprintf(l->text + l->at, sizeof l->text - (size_t)l->at, "%s%s", l->count > 1 ? ", " : "", item);
+}
+
+int hf_tensors_load_model(const HfTensorSet *set, Model *m, bool tie_lm_head) {
+    NameList missing = {0}, bad = {0};
+    int embed = -1, lm_head = -1;
+    for (int i = 0; i < m->table.count; i++) {
+        const ParamInfo *p = &m->table.entries[i];
+        if (p->kind == PARAM_EMBED) embed = i;
+        const StTensor *t = hf_tensors_find(set, p->name);
+        if (!t) {
+            if (p->kind == PARAM_LM_HEAD && tie_lm_head) lm_head = i;
+            else list_add(&missing, p->name);
+            continue;
+        }
+        char why[256];
+        if (shape_problem(t, p->shape[0], p->ndim == 2 ? p->shape[1] : 0, why, sizeof why)) {
+            list_add(&bad, why);
+            continue;
+        }
+        SPES_TRY(safetensors_to_f32(t, m->params + p->offset));
+    }
+    if (missing.count || bad.count) {
+        char msg[9000];
+        int at = 0;
+        if (missing.count)
+            at += snprintf(msg, sizeof msg, "%d missing tensor%s (%s%s)", missing.count, missing.count == 1 ? "" : "s",
+                           missing.text, missing.count > MAX_LISTED ? ", ..." : "");
+        if (bad.count)
+            snprintf(msg + at, sizeof msg - (size_t)at, "%s%d mis-shaped tensor%s (%s%s)", at ? "; " : "", bad.count,
+                     bad.count == 1 ? "" : "s", bad.text, bad.count > MAX_LISTED ? ", ..." : "");
+        return spes_fail("%s", msg);
+    }
+    if (lm_head >= 0 && embed >= 0)
+        memcpy(m->params + m->table.entries[lm_head].offset, m->params + m->table.entries[embed].offset,
+               m->table.entries[embed].numel * sizeof(float));
+    // Tensors we do not know: most likely a different architecture; name a few.
+    int unknown = 0;
+    for (int s = 0; s < set->count; s++)
+        for (int i = 0; i < set->shards[s].count; i++)
+            if (param_table_find(&m->table, set->shards[s].tensors[i].name) < 0 && unknown++ < 3)
+                log_warn("ignoring tensor %s (not part of this model)", set->shards[s].tensors[i].name);
+    if (unknown > 3) log_warn("ignoring %d more unknown tensors", unknown - 3);
+    return SPES_OK;
+}
+
+int model_create_frozen(Model *m, const ModelConfig *cfg) {
+    SPES_TRY(model_create(m, cfg));
+    bool *frozen = spes_calloc((size_t)m->table.count, sizeof(bool));
+    int status = frozen ? model_set_trainable(m, frozen) : SPES_ERR;
+    free(frozen);
+    if (status != SPES_OK) model_free(m);
+    return status;
+}
+
+int model_load_hf_dir(const char *dir, Model *m) {
+    ModelConfig cfg;
+    SPES_TRY(hf_config_read(dir, &cfg));
+    SPES_TRY(model_create_frozen(m, &cfg));
+    HfTensorSet set;
+    int status = hf_tensors_open(dir, &set);
+    if (status == SPES_OK) {
+        status = hf_tensors_load_model(&set, m, false);
+        hf_tensors_close(&set);
+    }
+    if (status != SPES_OK) {
+        model_free(m);
+        return spes_fail_context("loading the model in %s", dir);
+    }
+    return SPES_OK;
+}
