@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# `make bench` driver: bash bench/run_all.sh <build-dir>
+#
+# Runs the benchmark sections in the order of SECTIONS. Each section prints its detail lines
+# and then exactly ONE final line "<section>: key=value ...", or "<section>: skipped (<why>)"
+# when a binary or the Python virtualenv it needs is missing, or "<section>: failed (<why>)".
+# The script exits non-zero when any section failed (skips are not failures).
+#
+# To add a section: write a function section_<name> below that prints its detail, then its
+# final line through `final` / `skip` / `fail`, and add its name to SECTIONS. Sections run
+# one after another, never in parallel (the machine has 2 cores).
+set -u
+BUILD=${1:-build}
+cd "$(dirname "$0")/.."
+case $BUILD in /*) BUILD_DIR=$BUILD ;; *) BUILD_DIR="$PWD/$BUILD" ;; esac
+VENV_PY=${SPES_VENV_PY:-$PWD/.venv/bin/python}
+SECTIONS=(bench_small)
+
+LOG_DIR=$(mktemp -d)
+trap 'rm -rf "$LOG_DIR"' EXIT
+failed_sections=()
+
+# Final-line helpers: every section ends with exactly one of these.
+final() { echo "$*"; }
+skip() { echo "$1: skipped ($2)"; }
+fail() { echo "$1: failed ($2)"; failed_sections+=("$1"); }
+
+# value KEY FILE: the value of the last "KEY=value" token in FILE, NA when absent.
+value() {
+  local v
+  v=$(grep -oE "(^|[[:space:]])$1=[^[:space:]]+" "$2" 2>/dev/null | tail -1 | sed 's/.*=//')
+  echo "${v:-NA}"
+}
+
+# ratio A B: A/B with 2 decimals, NA unless both are positive numbers.
+ratio() {
+  awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "NA" }'
+}
+
+# have_venv: the test virtualenv with torch + transformers is usable.
+have_venv() {
+  [ -x "$VENV_PY" ] && "$VENV_PY" -c 'import torch, transformers' 2>/dev/null
+}
+
+# run_logged NAME CMD...: runs CMD, shows its output live and keeps it in $LOG_DIR/NAME.log.
+run_logged() {
+  local name=$1
+  shift
+  "$@" 2>&1 | tee "$LOG_DIR/$name.log"
+  return "${PIPESTATUS[0]}"
+}
+
+# bench-small: one training step (forward, backward, AdamW) of the bench-small model,
+# ours (bench/train_step.c) against HF OlmoeForCausalLM in PyTorch eager CPU
+# (bench/train_step_torch.py), both fp32 on 2 threads.
+section_bench_small() {
+  local name=bench-small ours="$BUILD_DIR/bench/train_step"
+  if [ ! -x "$ours" ]; then skip $name "no $ours; build it with make build BUILD=$BUILD"; return; fi
+  echo "== $name: ours ($ours)"
+  if ! run_logged ours "$ours"; then fail $name "$ours exited non-zero"; return; fi
+  local pytorch=NA
+  if have_venv; then
+    echo "== $name: pytorch (bench/train_step_torch.py)"
+    if ! run_logged torch "$VENV_PY" bench/train_step_torch.py; then fail $name "train_step_torch.py exited non-zero"; return; fi
+    pytorch=$(value pytorch_tok_s "$LOG_DIR/torch.log")
+  else
+    echo "== $name: pytorch skipped: no virtualenv with torch at $VENV_PY (run tests/setup_venv.sh)"
+  fi
+  local ours_tok_s
+  ours_tok_s=$(value ours_tok_s "$LOG_DIR/ours.log")
+  final "$name: ours_tok_s=$ours_tok_s pytorch_tok_s=$pytorch ratio=$(ratio "$ours_tok_s" "$pytorch")" \
+    "gflops=$(value gflops "$LOG_DIR/ours.log") sgemm_gflops=$(value sgemm_gflops "$LOG_DIR/ours.log")" \
+    "mfu=$(value mfu "$LOG_DIR/ours.log") peak_rss_mb=$(value peak_rss_mb "$LOG_DIR/ours.log")"
+}
+
+for section in "${SECTIONS[@]}"; do
+  "section_$section"
+done
+if [ ${#failed_sections[@]} -gt 0 ]; then
+  echo "bench: failed sections: ${failed_sections[*]}"
+  exit 1
+fi
