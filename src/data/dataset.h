@@ -3,13 +3,13 @@
 // remainder is dropped), and the global instance index runs over the files in order.
 //
 // Files are raw little-endian arrays of data.memmap_dtype (what SPES's tokenize_data.py
-// writes, named .npy but without a header) or true .npy files (\x93NUMPY header; its dtype
-// must agree with memmap_dtype). A path ending in .txt is a manifest: one token-file path a
+// writes, named .npy but without a header) or true .npy files (\x93NUMPY header: its dtype
+// wins over memmap_dtype; see src/io/npy.h). A path ending in .txt is a manifest: one token-file path a
 // line (blank lines and lines starting with # skipped). Relative paths, in the config and in
 // manifests, resolve against the current directory (OLMo's behaviour).
 //
 // Opening maps every file read-only and checks: missing / empty / truncated (size not a
-// multiple of the token size) files, .npy dtype mismatches, files shorter than one instance
+// multiple of the token size) files, malformed .npy headers, files shorter than one instance
 // (an error naming the file: OLMo silently skips them, which hides mistakes) and an empty
 // dataset. Token ids >= vocab_size are caught when an instance is read (every token is
 // converted anyway, so the check is free) with the file and token offset in the message.
