@@ -1,0 +1,116 @@
+// Model spec: expert classification, structure errors, fingerprint, difference messages,
+// inference from a seeds client's first upload.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "sync_test_model.h"
+
+static void test_experts_are_classified_by_name(void **state) {
+    (void)state;
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    assert_int_equal(spec.num_experts, 4);
+    assert_int_equal(spec.num_moe_layers, 2);
+    int t = model_spec_find(&spec, "model.layers.1.mlp.experts.3.down_proj.weight");
+    assert_true(t >= 0);
+    assert_int_equal(spec.tensors[t].layer, 1);
+    assert_int_equal(spec.tensors[t].expert, 3);
+    assert_int_equal(spec.tensors[t].proj, EXPERT_PROJ_DOWN);
+    assert_int_equal(model_spec_expert_tensor(&spec, 1, 3, EXPERT_PROJ_DOWN), t);
+    assert_int_equal(spec.tensors[model_spec_find(&spec, "model.layers.1.mlp.gate.weight")].expert, -1);
+    assert_int_equal(model_spec_find(&spec, "nope"), -1);
+    // Ownership: peer 1 of 2 (m = 2) sends shared tensors and experts 2, 3.
+    assert_true(model_spec_peer_sends(&spec, SYNC_MODE_SPES, 2, 1, t));
+    assert_false(model_spec_peer_sends(&spec, SYNC_MODE_SPES, 2, 0, t));
+    assert_true(model_spec_peer_sends(&spec, SYNC_MODE_SPES, 2, 0, 0));
+    assert_true(model_spec_peer_sends(&spec, SYNC_MODE_FEDAVG, 2, 0, t));
+    model_spec_free(&spec);
+}
+
+static void test_structure_errors_name_the_tensor(void **state) {
+    (void)state;
+    ModelSpec spec;
+    int64_t shape[2] = {3, 4}, other[2] = {5, 4};
+    model_spec_init(&spec);
+    model_spec_add(&spec, "model.layers.0.mlp.experts.0.gate_proj.weight", DTYPE_F32, 2, shape);
+    model_spec_add(&spec, "model.layers.0.mlp.experts.0.up_proj.weight", DTYPE_F32, 2, shape);
+    assert_int_equal(model_spec_finish(&spec), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "experts.0.down_proj"));
+    model_spec_free(&spec);
+
+    model_spec_init(&spec);
+    static const char *proj[3] = {"gate", "up", "down"};
+    for (int e = 0; e < 2; e++)
+        for (int p = 0; p < 3; p++) {
+            char name[96];
+            snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.%s_proj.weight", e, proj[p]);
+            model_spec_add(&spec, name, DTYPE_F32, 2, e == 1 && p == 1 ? other : shape);
+        }
+    assert_int_equal(model_spec_finish(&spec), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "differ in shape"));
+    model_spec_free(&spec);
+
+    model_spec_init(&spec);
+    model_spec_add(&spec, "a", DTYPE_F32, 2, shape);
+    model_spec_add(&spec, "a", DTYPE_F32, 2, shape);
+    assert_int_equal(model_spec_finish(&spec), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "'a' is listed twice"));
+    model_spec_free(&spec);
+
+    model_spec_init(&spec);
+    assert_int_equal(model_spec_add(&spec, "ids", DTYPE_I32, 2, shape), SPES_ERR);
+    model_spec_free(&spec);
+}
+
+static void test_fingerprint_and_differences(void **state) {
+    (void)state;
+    ModelSpec a, b, c;
+    assert_int_equal(sync_test_spec(&a, 4, 6), SPES_OK);
+    assert_int_equal(sync_test_spec(&b, 4, 6), SPES_OK);
+    assert_int_equal(sync_test_spec(&c, 4, 8), SPES_OK);
+    assert_true(a.fingerprint == b.fingerprint);
+    assert_true(a.fingerprint != c.fingerprint);
+    char msg[512];
+    model_spec_describe_difference(&a, &c, msg, sizeof msg);
+    assert_string_equal(msg, "tensor 'lm_head.weight': shape [6,4] here, [8,4] from the peer");
+    model_spec_free(&c);
+    assert_int_equal(sync_test_spec(&c, 2, 6), SPES_OK);   // fewer experts
+    model_spec_describe_difference(&a, &c, msg, sizeof msg);
+    assert_non_null(strstr(msg, "shape [4,4] here, [2,4]"));   // the router row count differs first
+    model_spec_free(&a);
+    model_spec_free(&b);
+    model_spec_free(&c);
+}
+
+static void test_spec_inferred_from_a_first_upload(void **state) {
+    (void)state;
+    ModelSpec spec, inferred;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    uint8_t *bytes;
+    size_t len;
+    // Peer 1 of 2 (experts 2, 3) uploads; the server must reconstruct all 4 experts per layer.
+    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, 1, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
+    SafeTensors st;
+    assert_int_equal(safetensors_parse(bytes, len, "upload", &st), SPES_OK);
+    assert_int_equal(model_spec_infer_from_upload(&st, SYNC_MODE_SPES, 4, &inferred), SPES_OK);
+    assert_int_equal(inferred.count, spec.count);
+    assert_true(inferred.fingerprint == spec.fingerprint);   // same names, shapes, order
+    model_spec_free(&inferred);
+    safetensors_close(&st);
+    free(bytes);
+    model_spec_free(&spec);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_experts_are_classified_by_name),
+        cmocka_unit_test(test_structure_errors_name_the_tensor),
+        cmocka_unit_test(test_fingerprint_and_differences),
+        cmocka_unit_test(test_spec_inferred_from_a_first_upload),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,136 @@
+// Round bookkeeping without a network: handshake adoption and refusal, a bad upload does not
+// poison the round, retries replace, completion aggregates, late uploads, keep_steps,
+// long-poll timeout, spec inferred from a Hello-less first upload.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "base/timer.h"
+#include "sync/rounds.h"
+#include "sync_test_model.h"
+
+static Rounds *make_rounds(int keep_steps) {
+    RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4},
+                        .keep_steps = keep_steps, .max_upload_bytes = 1 << 20, .max_open_rounds = 2};
+    Rounds *r;
+    assert_int_equal(rounds_create(&cfg, &r), SPES_OK);
+    return r;
+}
+
+static void hello(Rounds *r, int peer, int64_t lm_head_rows, grpc_status_code want) {
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, lm_head_rows), SPES_OK);
+    int last;
+    assert_int_equal(rounds_hello(r, peer, 2, 2, SYNC_MODE_SPES, DTYPE_F32, &spec, &last), want);
+    model_spec_free(&spec);
+}
+
+static grpc_status_code upload(Rounds *r, int peer, int step, SyncTestTweak tweak) {
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    uint8_t *bytes;
+    size_t len;
+    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, peer, DTYPE_F32, tweak, &bytes, &len), SPES_OK);
+    model_spec_free(&spec);
+    return rounds_upload(r, peer, step, bytes, len);
+}
+
+static void make_nan(StWriteTensor *w, float *d, int t) { d[0] = 0.0f / 0.0f; }
+static void plus_one(StWriteTensor *w, float *d, int t) { d[0] += 1.0f; }
+
+static void test_round_completes_despite_a_bad_upload(void **state) {
+    (void)state;
+    Rounds *r = make_rounds(2);
+    hello(r, 0, 6, GRPC_STATUS_OK);
+    hello(r, 1, 8, GRPC_STATUS_FAILED_PRECONDITION);
+    assert_non_null(strstr(spes_last_error(), "lm_head.weight"));
+    assert_int_equal(upload(r, 0, 10, plus_one), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 10, NULL), GRPC_STATUS_OK);             // a retry replaces the first
+    assert_int_equal(upload(r, 1, 10, make_nan), GRPC_STATUS_INVALID_ARGUMENT);
+    AggregateBlob *blob;
+    assert_int_equal(rounds_get(r, 10, 0, &blob), GRPC_STATUS_OK);
+    assert_null(blob);                                                    // not complete yet
+    RoundsStatus st;
+    rounds_status(r, &st);
+    assert_int_equal(st.open_step, 10);
+    assert_int_equal(st.num_uploaded, 1);
+    assert_int_equal(st.peers_uploaded[0], 0);
+    assert_int_equal(st.uploads_rejected, 1);
+    assert_int_equal(upload(r, 1, 10, NULL), GRPC_STATUS_OK);             // completes and aggregates
+    assert_int_equal(rounds_get(r, 10, 0, &blob), GRPC_STATUS_OK);
+    assert_non_null(blob);
+    SafeTensors agg;
+    assert_int_equal(safetensors_parse(blob->bytes, blob->len, "aggregate", &agg), SPES_OK);
+    // embed (t = 0): mean of peer 0 (0 + 0.01 i) and peer 1 (1 + 0.01 i), not of the replaced upload.
+    float v;
+    memcpy(&v, safetensors_find(&agg, "model.embed_tokens.weight")->data + 4, 4);
+    assert_float_equal(v, (0.01f + 1.01f) / 2, 1e-7);
+    safetensors_close(&agg);
+    rounds_release(r, blob);
+    assert_int_equal(upload(r, 0, 10, NULL), GRPC_STATUS_ALREADY_EXISTS);   // late upload
+    rounds_status(r, &st);
+    assert_int_equal(st.rounds_completed, 1);
+    assert_int_equal(st.last_aggregate_step, 10);
+    assert_int_equal(st.open_step, -1);
+    rounds_destroy(r);
+}
+
+static void test_keep_steps_and_long_poll(void **state) {
+    (void)state;
+    Rounds *r = make_rounds(1);
+    hello(r, 0, 6, GRPC_STATUS_OK);
+    for (int step = 1; step <= 2; step++) {
+        assert_int_equal(upload(r, 0, step, NULL), GRPC_STATUS_OK);
+        assert_int_equal(upload(r, 1, step, NULL), GRPC_STATUS_OK);
+    }
+    AggregateBlob *blob;
+    assert_int_equal(rounds_get(r, 1, 0, &blob), GRPC_STATUS_NOT_FOUND);   // dropped: keep_steps 1
+    assert_non_null(strstr(spes_last_error(), "no longer kept"));
+    assert_int_equal(rounds_get(r, 2, 0, &blob), GRPC_STATUS_OK);
+    assert_non_null(blob);
+    rounds_release(r, blob);
+    double start = now_seconds();
+    assert_int_equal(rounds_get(r, 3, 0.2, &blob), GRPC_STATUS_OK);   // nobody uploads step 3
+    assert_null(blob);
+    double waited = now_seconds() - start;
+    assert_true(waited >= 0.19 && waited < 2.0);
+    // Too many open rounds at once (max_open_rounds 2) is refused, not buffered forever.
+    assert_int_equal(upload(r, 0, 3, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 4, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 5, NULL), GRPC_STATUS_RESOURCE_EXHAUSTED);
+    rounds_close(r);
+    assert_int_equal(rounds_get(r, 3, 5, &blob), GRPC_STATUS_UNAVAILABLE);
+    rounds_destroy(r);
+}
+
+static void test_spec_inferred_without_hello(void **state) {
+    (void)state;
+    Rounds *r = make_rounds(2);
+    assert_int_equal(upload(r, 1, 7, make_nan), GRPC_STATUS_INVALID_ARGUMENT);   // a bad first upload fixes nothing
+    RoundsStatus st;
+    rounds_status(r, &st);
+    assert_true(st.fingerprint == 0);
+    assert_int_equal(upload(r, 1, 7, NULL), GRPC_STATUS_OK);
+    rounds_status(r, &st);
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    assert_true(st.fingerprint == spec.fingerprint);
+    model_spec_free(&spec);
+    assert_int_equal(upload(r, 0, 7, NULL), GRPC_STATUS_OK);
+    hello(r, 0, 6, GRPC_STATUS_OK);   // a later Hello with the same model is accepted
+    rounds_status(r, &st);
+    assert_int_equal(st.rounds_completed, 1);
+    rounds_destroy(r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_completes_despite_a_bad_upload),
+        cmocka_unit_test(test_keep_steps_and_long_poll),
+        cmocka_unit_test(test_spec_inferred_without_hello),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
