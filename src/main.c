@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 
 static const Command commands[] = {
+    {"tokenize", cmd_tokenize, "text files (jsonl/json/gz/zst/parquet/txt) -> token shards, like SPES tokenize_data.py"},
     {"debug-step", cmd_debug_step, "one forward+backward on an HF model dir; writes logits, losses, grads"},
     {"train", cmd_train, "train from a SPES/OLMo YAML config (checkpoints, resume, metrics.jsonl)"},
     {"list-files", cmd_list_files, "write the manifest (file_list.txt) of the token files under a directory"},

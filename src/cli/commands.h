@@ -11,6 +11,7 @@ typedef struct {
 } Command;
 
 int cmd_debug_step(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_list_files(int argc, char **argv);
 int cmd_server(int argc, char **argv);
