@@ -14,7 +14,7 @@ BUILD=${1:-build}
 cd "$(dirname "$0")/.."
 case $BUILD in /*) BUILD_DIR=$BUILD ;; *) BUILD_DIR="$PWD/$BUILD" ;; esac
 VENV_PY=${SPES_VENV_PY:-$PWD/.venv/bin/python}
-SECTIONS=(bench_small)
+SECTIONS=(bench_small tokenize)
 
 LOG_DIR=$(mktemp -d)
 trap 'rm -rf "$LOG_DIR"' EXIT
@@ -71,6 +71,15 @@ section_bench_small() {
   final "$name: ours_tok_s=$ours_tok_s pytorch_tok_s=$pytorch ratio=$(ratio "$ours_tok_s" "$pytorch")" \
     "gflops=$(value gflops "$LOG_DIR/ours.log") sgemm_gflops=$(value sgemm_gflops "$LOG_DIR/ours.log")" \
     "mfu=$(value mfu "$LOG_DIR/ours.log") peak_rss_mb=$(value peak_rss_mb "$LOG_DIR/ours.log")"
+}
+
+# tokenize: tokenizer throughput, ours (bench/tokenize.c) against HF tokenizers encode_batch
+# (bench/tokenize_hf.py) on Tiny Shakespeare x ~50 MB and a Unicode-heavy text, 1 and 2
+# processes; bench/tokenize.sh prints the table and the final line itself.
+section_tokenize() {
+  if ! run_logged tokenize bash bench/tokenize.sh "$BUILD_DIR" "$VENV_PY"; then
+    fail tokenize "bench/tokenize.sh exited non-zero"
+  fi
 }
 
 for section in "${SECTIONS[@]}"; do

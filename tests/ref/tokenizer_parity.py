@@ -21,7 +21,6 @@ import subprocess
 import sys
 import unicodedata
 
-from tokenizers import Tokenizer
 
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -50,33 +49,36 @@ def behaviours(base):
     return t
 
 
+# Snippets of many scripts and edge cases (also the benchmark's Unicode corpus).
+STRESS_PIECES = [
+    "Hello, world! It's John's book; they'll say we've done what I'd do. IT'S LOUD. 'ſ 'S 'K ",
+    "Ünïcödé façade naïve café — «quotes» „Anführung“ ‘single’ “double” … ",
+    "Ελληνικά κείμενα, Русский текст с ёлками, Українська мова ґ, Հայերեն, ქართული ",
+    "עברית עם ניקוד: שָׁלוֹם, العربية: مَرْحَبًا بِالعالم، فارسی: سلام ",
+    "हिन्दी देवनागरी क्षत्रिय, বাংলা ভাষা, தமிழ் எழுத்து, ไทย ภาษาไทยไม่มีช่องว่าง, ລາວ, မြန်မာ, ខ្មែរ ",
+    "中文汉字没有空格分词，日本語のひらがなとカタカナ、한국어 한글 문장입니다. ",
+    "Emoji: 😀👍🏽👨‍👩‍👧‍👦 🏳️‍🌈 🇩🇪🇯🇵 ❤️‍🔥 🧑🏿‍💻 #️⃣ 1️⃣ ",
+    "Combining: e\u0301 a\u0308 o\u0302\u0323 n\u0303 A\u030a \u1100\u1161\u11a8 \u1112\u1161\u11ab =\u0338 <\u0338 ",
+    "Digits: 1234567890123456789012345678901234567890 ١٢٣٤٥٦٧٨٩٠ ०१२३४५६७८९ ½ ⅔ Ⅻ 3.14159e-10 0x1F ",
+    "Whitespace:\t\ttabs\n\nnewlines\r\nCRLF\r\n\r\nmore\x0bvt\x0cff\u0085nel\u00a0nbsp\u1680ogham",
+    "\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000",
+    "\u180emongolian\u200bzwsp\ufeffbom\u200czwnj\u200dzwj ",
+    "Special: a<|endoftext|>b <|endoftext|> x<|endoftext|>\u0338 <|fim_prefix|>mid<|pad|> <|padding|>",
+    "|||IP_ADDRESS||| |||EMAIL_ADDRESS|||x|||PHONE_NUMBER||| <extra_id_1> <|extra_id_0|> ",
+    "spaces:  two   three    four" + " " * 30 + "thirty" + " " * 7 + "\n" + " " * 25 + "end ",
+    "Code: def f(x):\n    return x**2  # comment\n\tif (a && b) { c->d[i] += 1; }\n",
+    "URL https://example.com/a?b=c&d=e#frag email a.b@c.de ... !!! ??? --- ___ *** ",
+    "Controls: \x01\x02\x1b[31m\x7f end ",
+    "Private use \ue000 and astral 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝐀𝐁𝐂 🜁 𓀀 ",
+    "Mixed3D4d 42nd 1st ABCdefGHI camelCaseWord snake_case_word kebab-case-word ",
+]
+
+
 def stress_text(seed):
     rng = random.Random(seed)
-    pieces = [
-        "Hello, world! It's John's book; they'll say we've done what I'd do. IT'S LOUD. 'ſ 'S 'K ",
-        "Ünïcödé façade naïve café — «quotes» „Anführung“ ‘single’ “double” … ",
-        "Ελληνικά κείμενα, Русский текст с ёлками, Українська мова ґ, Հայերեն, ქართული ",
-        "עברית עם ניקוד: שָׁלוֹם, العربية: مَرْحَبًا بِالعالم، فارسی: سلام ",
-        "हिन्दी देवनागरी क्षत्रिय, বাংলা ভাষা, தமிழ் எழுத்து, ไทย ภาษาไทยไม่มีช่องว่าง, ລາວ, မြန်မာ, ខ្មែរ ",
-        "中文汉字没有空格分词，日本語のひらがなとカタカナ、한국어 한글 문장입니다. ",
-        "Emoji: 😀👍🏽👨‍👩‍👧‍👦 🏳️‍🌈 🇩🇪🇯🇵 ❤️‍🔥 🧑🏿‍💻 #️⃣ 1️⃣ ",
-        "Combining: e\u0301 a\u0308 o\u0302\u0323 n\u0303 A\u030a \u1100\u1161\u11a8 \u1112\u1161\u11ab =\u0338 <\u0338 ",
-        "Digits: 1234567890123456789012345678901234567890 ١٢٣٤٥٦٧٨٩٠ ०१२३४५६७८९ ½ ⅔ Ⅻ 3.14159e-10 0x1F ",
-        "Whitespace:\t\ttabs\n\nnewlines\r\nCRLF\r\n\r\nmore\x0bvt\x0cff\u0085nel\u00a0nbsp\u1680ogham",
-        "\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000",
-        "\u180emongolian\u200bzwsp\ufeffbom\u200czwnj\u200dzwj ",
-        "Special: a<|endoftext|>b <|endoftext|> x<|endoftext|>\u0338 <|fim_prefix|>mid<|pad|> <|padding|>",
-        "|||IP_ADDRESS||| |||EMAIL_ADDRESS|||x|||PHONE_NUMBER||| <extra_id_1> <|extra_id_0|> ",
-        "spaces:  two   three    four" + " " * 30 + "thirty" + " " * 7 + "\n" + " " * 25 + "end ",
-        "Code: def f(x):\n    return x**2  # comment\n\tif (a && b) { c->d[i] += 1; }\n",
-        "URL https://example.com/a?b=c&d=e#frag email a.b@c.de ... !!! ??? --- ___ *** ",
-        "Controls: \x01\x02\x1b[31m\x7f end ",
-        "Private use \ue000 and astral 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝐀𝐁𝐂 🜁 𓀀 ",
-        "Mixed3D4d 42nd 1st ABCdefGHI camelCaseWord snake_case_word kebab-case-word ",
-    ]
     out = []
     for _ in range(400):
-        p = rng.choice(pieces)
+        p = rng.choice(STRESS_PIECES)
         if rng.random() < 0.3:
             p = "".join(rng.sample(p, len(p)))   # shuffled characters: odd combinations
         out.append(p)
@@ -138,6 +140,8 @@ def compare(name, tok, spes, tok_path, text_path, work):
 
 
 def main():
+    from tokenizers import Tokenizer   # here, so the benchmark can import STRESS_PIECES without it
+
     spes, data, work = sys.argv[1], sys.argv[2], sys.argv[3]
     tok_dir = os.path.join(data, "tokenizers")
     dolma2 = json.load(open(os.path.join(tok_dir, "dolma2.json"), encoding="utf-8"))
