@@ -50,3 +50,22 @@ int model_forward(Model *m, const int32_t *inputs, const int32_t *targets, int B
 // Model FLOPs of one training step on B*T tokens (forward + backward, counting the dW
 // GEMMs only for trainable tensors), for MFU figures.
 double model_train_flops(const Model *m, int B, int T);
+
+// Per-phase wall time of forward/backward calls since the last reset (for the bench's
+// profile). Phases are the model's stages; forward and backward of each counted apart.
+typedef enum {
+    MODEL_PHASE_EMBED = 0,      // embedding lookup + its gradient
+    MODEL_PHASE_NORMS,          // RMSNorms (layer, QK, final) forward + backward
+    MODEL_PHASE_ATTN_FWD,       // q/k/v/o projections, RoPE, attention
+    MODEL_PHASE_ATTN_BWD,
+    MODEL_PHASE_ROUTER,         // router logits, softmax/top-k, dispatch plan, aux losses, router backward
+    MODEL_PHASE_EXPERTS_FWD,    // gather, expert GEMMs, SwiGLU, weighted combine
+    MODEL_PHASE_EXPERTS_BWD,
+    MODEL_PHASE_LM_HEAD,        // LM head, cross-entropy/z-loss, their backward
+    MODEL_PHASE_COUNT
+} ModelPhase;
+
+const char *model_phase_name(ModelPhase phase);
+// seconds[MODEL_PHASE_COUNT]; zeros when no pass ran yet.
+void model_phase_seconds(const Model *m, double *seconds);
+void model_phase_reset(Model *m);

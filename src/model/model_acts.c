@@ -4,6 +4,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/timer.h"
 #include "model/model_internal.h"
 
 // Rows of the LM-head block: logits exist for this many tokens at a time.
@@ -125,4 +126,23 @@ void model_acts_free(Model *m) {
     free(m->acts->layers);
     free(m->acts);
     m->acts = NULL;
+}
+
+double phase_begin(void) { return now_seconds(); }
+
+void phase_end(Model *m, ModelPhase phase, double t0) { m->acts->phase_seconds[phase] += now_seconds() - t0; }
+
+const char *model_phase_name(ModelPhase phase) {
+    static const char *const names[MODEL_PHASE_COUNT] = {"embedding",   "norms",       "attention fwd",
+                                                          "attention bwd", "router",   "experts fwd",
+                                                          "experts bwd", "lm_head+loss"};
+    return (unsigned)phase < MODEL_PHASE_COUNT ? names[phase] : "?";
+}
+
+void model_phase_seconds(const Model *m, double *seconds) {
+    for (int i = 0; i < MODEL_PHASE_COUNT; i++) seconds[i] = m->acts ? m->acts->phase_seconds[i] : 0.0;
+}
+
+void model_phase_reset(Model *m) {
+    if (m->acts) memset(m->acts->phase_seconds, 0, sizeof m->acts->phase_seconds);
 }

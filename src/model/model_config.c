@@ -93,6 +93,9 @@ int model_config_preset(const char *name, ModelConfig *cfg) {
         c.expert_hidden = 16;
         c.max_seq_len = 64;
     } else if (!strcmp(name, "bench-small")) {
+        // rope_theta / eps as the SPES configs (and bench/train_step_torch.py)
+        c.rope_theta = 500000.0f;
+        c.norm_eps = 1e-6f;
         c.d_model = 512;
         c.n_heads = 8;
         c.n_kv_heads = 8;

@@ -47,7 +47,12 @@ struct ModelActivations {
     float *logits;           // [R,V] one row block of the LM head
     float *row_ce, *row_lse; // [N]
     int logit_rows;          // R
+    double phase_seconds[MODEL_PHASE_COUNT];   // profile, see model_phase_seconds
 };
+
+// Profiling: t = phase_begin(); ...; phase_end(m, PHASE, t) adds the elapsed time.
+double phase_begin(void);
+void phase_end(Model *m, ModelPhase phase, double t0);
 
 // Plans activation memory for (B, T), reusing the current plan when it fits.
 int model_acts_plan(Model *m, int B, int T);

@@ -17,7 +17,10 @@ void moe_block_forward(Model *m, int l, const LossWeights *w) {
     const int N = a->B * a->T, H = c->d_model, E = c->num_experts, k = c->top_k, I = c->expert_hidden;
     float *x_out = layer_output(m, l);
 
+    double t = phase_begin();
     op_rmsnorm_forward(la->h2, la->rstd2, la->x_mid, model_param_of(m, PARAM_MLP_NORM, l, -1), N, H, c->norm_eps);
+    phase_end(m, MODEL_PHASE_NORMS, t);
+    t = phase_begin();
     op_linear_forward(a->router_logits, la->h2, model_param_of(m, PARAM_ROUTER, l, -1), N, H, E, false);
     op_router_forward(la->probs, la->router_lse, la->topk_idx, la->topk_w, a->router_logits, N, E, k,
                       c->normalize_expert_weights);
@@ -37,7 +40,9 @@ void moe_block_forward(Model *m, int l, const LossWeights *w) {
     double z = 0.0;
     for (int n = 0; n < N; n++) z += (double)la->router_lse[n] * la->router_lse[n];
     la->router_z = z / N;
+    phase_end(m, MODEL_PHASE_ROUTER, t);
 
+    t = phase_begin();
     op_gather_rows(a->xe, la->h2, la->row_token, N * k, H);
     for (int e = 0; e < E; e++) {
         int r0 = la->expert_offsets[e], cnt = la->expert_offsets[e + 1] - r0;
@@ -55,6 +60,7 @@ void moe_block_forward(Model *m, int l, const LossWeights *w) {
     }
     memcpy(x_out, la->x_mid, (size_t)N * H * sizeof(float));
     op_moe_combine(x_out, la->y, la->topk_w, la->row_of_slot, N, k, H);
+    phase_end(m, MODEL_PHASE_EXPERTS_FWD, t);
 }
 
 // dW[gate; up] += dgu^T xe for whichever of the two is trainable (one GEMM when both are
@@ -76,7 +82,10 @@ void moe_block_backward(Model *m, int l, const LossWeights *w, float grad_scale)
     const int N = a->B * a->T, H = c->d_model, E = c->num_experts, k = c->top_k, I = c->expert_hidden;
 
     // combine: dresid is dL/dx_out; dy (in dxe) = w * dout, dtopk_w = dout . y
+    double t = phase_begin();
     op_moe_combine_backward(a->dxe, a->dtopk_w, a->dresid, la->y, la->topk_w, la->row_of_slot, N, k, H);
+    phase_end(m, MODEL_PHASE_EXPERTS_BWD, t);
+    t = phase_begin();
 
     // router: load balancing adds the same dL/dprob[e] to every token; z-loss through lse.
     float dprob[E];
@@ -91,6 +100,8 @@ void moe_block_backward(Model *m, int l, const LossWeights *w, float grad_scale)
     float *drouter = model_grad_of(m, PARAM_ROUTER, l, -1);
     if (drouter) op_linear_backward_weight(drouter, a->router_logits, la->h2, N, H, E);
     op_linear_backward_input(a->dh, a->router_logits, model_param_of(m, PARAM_ROUTER, l, -1), N, H, E, false);
+    phase_end(m, MODEL_PHASE_ROUTER, t);
+    t = phase_begin();
 
     // experts, one block each; frozen experts still pass dX back, but skip their dW.
     op_gather_rows(a->xe, la->h2, la->row_token, N * k, H);
@@ -108,7 +119,10 @@ void moe_block_backward(Model *m, int l, const LossWeights *w, float grad_scale)
         op_linear_backward_input(dy, gu, model_param(m, gi), cnt, H, 2 * I, false);   // dy now holds dxe
     }
     op_moe_uncombine_add(a->dh, a->dxe, la->row_of_slot, N, k, H);
+    phase_end(m, MODEL_PHASE_EXPERTS_BWD, t);
+    t = phase_begin();
     // post_attention_layernorm + residual: dresid becomes dL/dx_mid
     op_rmsnorm_backward(a->dresid, model_grad_of(m, PARAM_MLP_NORM, l, -1), a->dh, la->x_mid,
                         model_param_of(m, PARAM_MLP_NORM, l, -1), la->rstd2, N, H, true);
+    phase_end(m, MODEL_PHASE_NORMS, t);
 }

@@ -66,15 +66,21 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
     if (targets)
         for (int i = 0; i < N; i++) num_targets += targets[i] != IGNORE_INDEX;
 
+    double t = phase_begin();
     op_rope_tables(a->rope_cos, a->rope_sin, T, c->head_dim, c->rope_theta);
     op_embedding_forward(a->layers[0].x_in, model_param_of(m, PARAM_EMBED, -1, -1), inputs, N, H);
+    phase_end(m, MODEL_PHASE_EMBED, t);
     for (int l = 0; l < L; l++) {
         SPES_TRY(attention_block_forward(m, l));
         moe_block_forward(m, l, w);
     }
+    t = phase_begin();
     op_rmsnorm_forward(a->hf, a->rstd_f, a->x_final, model_param_of(m, PARAM_FINAL_NORM, -1, -1), N, H, c->norm_eps);
+    phase_end(m, MODEL_PHASE_NORMS, t);
+    t = phase_begin();
     float ce_scale = num_targets ? grad_scale / (float)num_targets : 0.0f;
     lm_head_and_loss(m, targets, ce_scale, ce_scale * w->lm_z_mult, grad, logits_out);
+    phase_end(m, MODEL_PHASE_LM_HEAD, t);
 
     if (out) {
         memset(out, 0, sizeof *out);
@@ -98,14 +104,18 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
     if (!grad) return SPES_OK;
 
     // backward: a->dh holds dL/dhf
+    t = phase_begin();
     op_rmsnorm_backward(a->dresid, model_grad_of(m, PARAM_FINAL_NORM, -1, -1), a->dh, a->x_final,
                         model_param_of(m, PARAM_FINAL_NORM, -1, -1), a->rstd_f, N, H, false);
+    phase_end(m, MODEL_PHASE_NORMS, t);
     for (int l = L - 1; l >= 0; l--) {
         moe_block_backward(m, l, w, grad_scale);
         SPES_TRY(attention_block_backward(m, l));
     }
+    t = phase_begin();
     float *demb = model_grad_of(m, PARAM_EMBED, -1, -1);
     if (demb) op_embedding_backward(demb, a->dresid, inputs, N, H);
+    phase_end(m, MODEL_PHASE_EMBED, t);
     return SPES_OK;
 }
 
