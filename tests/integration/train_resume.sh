@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Resume is bit-exact: 8 steps straight vs 4 steps (stop_at) + --resume + 4 steps, on a tiny
+# MoE with gradient accumulation (2 micro-batches), warm-up + cosine, clipping and weight
+# decay. Every weight, both AdamW moments, the train state and the loss log must be equal
+# byte for byte. Also: a changed config refuses to resume (and --force-resume overrides),
+# a fresh run refuses a save_folder that holds checkpoints, old checkpoints are pruned,
+# and SIGINT finishes the step, saves and exits 0.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SPES_BIN=${SPES_BIN:-$PWD/build/spes}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export SPES_NUM_THREADS=2   # fixed thread count: same reduction order in every run
+
+# 40 instances of 32 tokens: deterministic pseudo-random ids in [0, 64), raw uint16.
+python3 - "$tmp/tokens.npy" <<'EOF'
+import struct, sys
+x, out = 12345, []
+for _ in range(40 * 32):
+    x = (1103515245 * x + 12345) % 2**31
+    out.append((x >> 16) % 64)
+open(sys.argv[1], "wb").write(struct.pack("<%dH" % len(out), *out))
+EOF
+
+cat > "$tmp/tiny.yaml" <<EOF
+run_name: resume-test
+seed: 17
+model:
+  d_model: 32
+  n_heads: 4
+  n_layers: 2
+  mlp_hidden_size: 64
+  max_sequence_length: 32
+  vocab_size: 64
+  embedding_size: 64
+  eos_token_id: 63
+  pad_token_id: 63
+  attention_layer_norm: true
+  moe_num_experts: 4
+  moe_top_k: 2
+  moe_loss_weight: 0.01
+  moe_zloss_weight: 0.001
+  init_std: 0.02
+softmax_auxiliary_loss: true
+auxiliary_loss_multiplier: 1e-4
+optimizer:
+  name: adamw
+  learning_rate: 3.0e-3
+  weight_decay: 0.1
+  eps: 1.0e-8
+  betas: [0.9, 0.95]
+scheduler:
+  name: cosine_with_warmup
+  t_warmup: 2
+  alpha_f: 0.1
+max_grad_norm: 0.5
+data:
+  paths: [$tmp/tokens.npy]
+  memmap_dtype: uint16
+  seed: 3
+  drop_last: true
+max_duration: 8
+global_train_batch_size: 8
+device_train_microbatch_size: 4
+save_interval_unsharded: 2
+save_num_unsharded_checkpoints_to_keep: 2
+console_log_interval: 2
+EOF
+
+run() { "$SPES_BIN" train "$tmp/tiny.yaml" "$@"; }
+
+run --save_folder="$tmp/straight" > "$tmp/straight.log" 2>&1 || { cat "$tmp/straight.log"; exit 1; }
+run --save_folder="$tmp/split" --stop_at=4 > "$tmp/split1.log" 2>&1 || { cat "$tmp/split1.log"; exit 1; }
+[ -d "$tmp/split/step4" ] || { echo "no step4 checkpoint after stop_at=4"; exit 1; }
+[ ! -d "$tmp/split/step8" ] || { echo "stop_at=4 trained past step 4"; exit 1; }
+run --save_folder="$tmp/split" --resume > "$tmp/split2.log" 2>&1 || { cat "$tmp/split2.log"; exit 1; }
+grep -q "resumed from .*step4" "$tmp/split2.log" || { echo "second half did not resume from step4"; cat "$tmp/split2.log"; exit 1; }
+
+for f in model.safetensors train_state.safetensors train_state.json config.json; do
+  cmp "$tmp/straight/step8/$f" "$tmp/split/step8/$f" || { echo "step8/$f differs between straight and resumed runs"; exit 1; }
+done
+strip_perf() { sed 's/,"perf":{[^}]*}//' "$1"; }
+strip_perf "$tmp/straight/metrics.jsonl" > "$tmp/a.jsonl"
+strip_perf "$tmp/split/metrics.jsonl" > "$tmp/b.jsonl"
+[ "$(wc -l < "$tmp/a.jsonl")" -eq 8 ] || { echo "expected 8 step lines"; cat "$tmp/a.jsonl"; exit 1; }
+cmp "$tmp/a.jsonl" "$tmp/b.jsonl" || { echo "loss logs differ"; diff "$tmp/a.jsonl" "$tmp/b.jsonl"; exit 1; }
+echo "bit-exact: step8 weights, moments, train state and loss log equal after stop+resume"
+
+# The loss went down (the trainer trains).
+python3 - "$tmp/a.jsonl" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+first, last = rows[0]["ce"], rows[-1]["ce"]
+assert last < first, f"ce did not fall: {first} -> {last}"
+print(f"ce {first:.4f} -> {last:.4f}")
+EOF
+
+# Pruning: keep 2 -> step6 and step8 remain.
+ls "$tmp/straight" | grep -q '^step6$' && ls "$tmp/straight" | grep -q '^step8$' || { echo "missing kept checkpoints"; ls "$tmp/straight"; exit 1; }
+! ls "$tmp/straight" | grep -q '^step[24]$' || { echo "old checkpoints not pruned"; ls "$tmp/straight"; exit 1; }
+
+# A changed configuration does not resume silently...
+if run --save_folder="$tmp/split" --resume --optimizer.learning_rate=1e-2 > "$tmp/hash.log" 2>&1; then
+  echo "resume with a different learning rate was accepted"; exit 1
+fi
+grep -q "different configuration" "$tmp/hash.log" || { echo "unclear config-hash error:"; cat "$tmp/hash.log"; exit 1; }
+# ...unless forced.
+run --save_folder="$tmp/split" --force-resume --optimizer.learning_rate=1e-2 > "$tmp/force.log" 2>&1 || { cat "$tmp/force.log"; exit 1; }
+# A fresh run into a folder with checkpoints is refused.
+if run --save_folder="$tmp/straight" > "$tmp/fresh.log" 2>&1; then echo "fresh run overwrote checkpoints"; exit 1; fi
+grep -q "already holds checkpoints" "$tmp/fresh.log" || { cat "$tmp/fresh.log"; exit 1; }
+
+# SIGINT: finish the step, save, exit 0. (The binary itself goes to the background, not a
+# function: a backgrounded subshell would ignore SIGINT and never pass it on.)
+"$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/sig" --max_duration=100000 --save_interval_unsharded=1000000 --console_log_interval=1 \
+  > "$tmp/sig.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do
+  [ -f "$tmp/sig/metrics.jsonl" ] && [ "$(wc -l < "$tmp/sig/metrics.jsonl")" -ge 3 ] && break
+  sleep 0.1
+done
+kill -INT "$pid"
+rc=0; timeout 60 tail --pid="$pid" -f /dev/null || { kill -9 "$pid"; echo "SIGINT did not stop training"; exit 1; }
+wait "$pid" || rc=$?
+[ "$rc" -eq 0 ] || { echo "SIGINT exit status $rc"; cat "$tmp/sig.log"; exit 1; }
+last=$(tail -1 "$tmp/sig/metrics.jsonl" | sed 's/^{"step":\([0-9]*\).*/\1/')
+[ -f "$tmp/sig/step$last/train_state.json" ] || { echo "no checkpoint at step $last after SIGINT"; ls "$tmp/sig"; exit 1; }
+echo "SIGINT at step $last: checkpoint saved, exit 0"

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Quality check on real text: byte-level tokens of tinyshakespeare (ids 0..255 = bytes, EOS
+# 256, embedding padded to 264), the last 32 KiB held out for validation; a small MoE
+# trains for SPES_SHAKESPEARE_STEPS steps (default 300, about a minute on 2 cores) and the
+# held-out cross-entropy must end well below the unigram entropy of the training bytes
+# (what a model that ignores context can reach) -- by at least 0.8 nats.
+# SPES_SHAKESPEARE_OUT=DIR keeps the run (metrics.jsonl, checkpoints) and writes the plot
+# DIR/shakespeare_loss.svg (scripts/plot_loss.py) for the README.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SPES_BIN=${SPES_BIN:-$PWD/build/spes}
+DATA=${SPES_TEST_DATA:-$PWD/../shared/data}
+STEPS=${SPES_SHAKESPEARE_STEPS:-300}
+if [ ! -f "$DATA/tinyshakespeare.txt" ]; then
+  echo "SKIPPED: $DATA/tinyshakespeare.txt not found (set SPES_TEST_DATA)"
+  exit 77
+fi
+if [ -n "${SPES_SHAKESPEARE_OUT:-}" ]; then
+  out=$SPES_SHAKESPEARE_OUT; mkdir -p "$out"; rm -rf "$out/run"
+else
+  out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+fi
+
+# Byte tokens, EOS at the end of each split; unigram entropy (nats) of the training bytes.
+H=$(python3 - "$DATA/tinyshakespeare.txt" "$out" <<'EOF'
+import math, struct, sys
+from collections import Counter
+text = open(sys.argv[1], "rb").read()
+held = 32 * 1024
+train, val = text[:-held], text[-held:]
+for name, part in (("train", train), ("val", val)):
+    ids = list(part) + [256]
+    open(f"{sys.argv[2]}/{name}.npy", "wb").write(struct.pack("<%dH" % len(ids), *ids))
+counts = Counter(train)
+n = len(train)
+print("%.6f" % -sum(c / n * math.log(c / n) for c in counts.values()))
+EOF
+)
+echo "unigram entropy of the training bytes: $H nats"
+
+cat > "$out/shakespeare.yaml" <<EOF
+run_name: shakespeare-bytes
+seed: 6198
+model:
+  d_model: 128
+  n_heads: 4
+  n_layers: 2
+  mlp_hidden_size: 256
+  max_sequence_length: 128
+  vocab_size: 257
+  embedding_size: 264
+  eos_token_id: 256
+  pad_token_id: 256
+  attention_layer_norm: true
+  moe_num_experts: 4
+  moe_top_k: 2
+  moe_loss_weight: 0.01
+  moe_zloss_weight: 0.001
+  init_std: 0.02
+softmax_auxiliary_loss: true
+auxiliary_loss_multiplier: 1e-4
+optimizer:
+  name: adamw
+  learning_rate: 3.0e-3
+  weight_decay: 0.1
+  eps: 1.0e-8
+  betas: [0.9, 0.95]
+scheduler:
+  name: cosine_with_warmup
+  t_warmup: 30
+  alpha_f: 0.1
+max_grad_norm: 1.0
+data:
+  paths: [$out/train.npy]
+  memmap_dtype: uint16
+  seed: 1
+  drop_last: true
+evaluators:
+  - label: shakespeare-val
+    type: lm
+    data:
+      paths: [$out/val.npy]
+eval_interval: 50
+device_eval_batch_size: 32
+max_duration: $STEPS
+global_train_batch_size: 16
+device_train_microbatch_size: 16
+save_folder: $out/run
+save_interval_unsharded: null
+console_log_interval: 25
+EOF
+
+start=$(date +%s)
+"$SPES_BIN" train "$out/shakespeare.yaml" 2>&1 | tee "$out/train.log"
+echo "trained $STEPS steps in $(( $(date +%s) - start ))s"
+
+python3 - "$out/run/metrics.jsonl" "$H" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+H = float(sys.argv[2])
+evals = [r for r in rows if "eval" in r]
+train = [r for r in rows if "eval" not in r]
+assert evals, "no validation loss was logged"
+final = evals[-1]["ce"]
+print(f"train ce {train[0]['ce']:.3f} -> {train[-1]['ce']:.3f}; validation ce {evals[0]['ce']:.3f} -> {final:.3f} "
+      f"(step {evals[-1]['step']}); unigram entropy {H:.3f}")
+assert final < H - 0.8, f"validation ce {final:.3f} is not well below the unigram entropy {H:.3f}"
+EOF
+if [ -n "${SPES_SHAKESPEARE_OUT:-}" ]; then
+  python3 scripts/plot_loss.py "$out/run/metrics.jsonl" --unigram "$H" --out "$out/shakespeare_loss.svg" \
+    --title "tinyshakespeare, byte-level MoE (4 experts, top-2): cross-entropy"
+fi
