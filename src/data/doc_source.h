@@ -35,8 +35,3 @@ int doc_source_json_open(const char *path, const char *text_field, DocReport *re
 int doc_source_txt_open(const char *path, DocSource **out);
 // `.parquet`: the string column named text_field; nulls are skipped (not malformed).
 int doc_source_parquet_open(const char *path, const char *text_field, DocSource **out);
-
-// The string of field `text_field` of a decoded JSON record (a pointer into it), or NULL
-// with the reason it is malformed written to why. Shared by the .jsonl and .json sources.
-struct json_t;
-const char *doc_json_text(struct json_t *record, const char *text_field, size_t *len, char *why, size_t why_cap);

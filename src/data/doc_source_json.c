@@ -1,9 +1,8 @@
 // .json: a top-level array of objects, e.g. [{"text": "..."}, {"text": "..."}]; a lone
 // top-level object is one record (as in SPES's tokenize_data.py). The file is memory-
 // mapped and walked one entry at a time: a small scanner finds where each entry ends
-// (strings, escapes, nesting) and jansson decodes just that entry, so a bad entry is
+// (strings, escapes, nesting) and json_field.h parses just that entry, so a bad entry is
 // reported by index and line and skipped. A file that ends inside the array is an error.
-#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +10,7 @@
 #include "base/error.h"
 #include "base/file.h"
 #include "data/doc_source.h"
+#include "data/json_field.h"
 
 typedef struct {
     DocSource base;
@@ -23,7 +23,7 @@ typedef struct {
     uint64_t index;         // index of the next entry
     int in_array;           // 0: a single top-level object
     int done;
-    json_t *record;
+    JsonScratch scratch;    // the current document when its JSON string has escapes
 } JsonSource;
 
 static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -67,35 +67,23 @@ static int scan_entry(JsonSource *s, size_t *entry_len) {
     return SPES_OK;
 }
 
-// Decodes one entry; 1 with the text, 0 when it was malformed (reported).
+// Decodes one entry; 1 with the text, 0 when it was malformed (reported), SPES_ERR.
 static int decode_entry(JsonSource *s, const char *entry, size_t n, uint64_t line, const char **text, size_t *len) {
     uint64_t index = s->index++;
     if (n == 0) {
         doc_report_malformed(s->report, line, "entry %llu: empty entry", (unsigned long long)index);
         return 0;
     }
-    json_error_t err;
-    json_t *record = json_loadb(entry, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &err);
-    if (!record) {
-        doc_report_malformed(s->report, line, "entry %llu: invalid JSON: %s", (unsigned long long)index, err.text);
-        return 0;
-    }
     char why[256];
-    const char *t = doc_json_text(record, s->text_field, len, why, sizeof why);
-    if (!t) {
-        doc_report_malformed(s->report, line, "entry %llu: %s", (unsigned long long)index, why);
-        json_decref(record);
-        return 0;
-    }
-    s->record = record;
-    *text = t;
-    return 1;
+    JsonFieldResult r = json_field_string(entry, n, s->text_field, &s->scratch, text, len, why, sizeof why);
+    if (r == JSON_FIELD_OK) return 1;
+    if (r == JSON_FIELD_ERROR) return spes_fail_context("%s: entry %llu", s->path, (unsigned long long)index);
+    doc_report_malformed(s->report, line, "entry %llu: %s", (unsigned long long)index, why);
+    return 0;
 }
 
 static int json_next(DocSource *base, const char **text, size_t *len) {
     JsonSource *s = (JsonSource *)base;
-    json_decref(s->record);
-    s->record = NULL;
     const char *b = (const char *)s->file.data;
     while (!s->done) {
         skip_space(s);
@@ -104,8 +92,7 @@ static int json_next(DocSource *base, const char **text, size_t *len) {
             uint64_t line = s->line;
             size_t start = s->pos;
             s->pos = s->file.size;
-            if (decode_entry(s, b + start, s->file.size - start, line, text, len)) return 1;
-            return 0;
+            return decode_entry(s, b + start, s->file.size - start, line, text, len);
         }
         if (s->pos >= s->file.size)
             return spes_fail("%s: the JSON array is not closed (truncated?)", s->path);
@@ -122,7 +109,8 @@ static int json_next(DocSource *base, const char **text, size_t *len) {
         size_t start = s->pos, n = 0;
         SPES_TRY(scan_entry(s, &n));
         if (b[s->pos] == ',') s->pos++;
-        if (decode_entry(s, b + start, n, line, text, len)) return 1;
+        int rc = decode_entry(s, b + start, n, line, text, len);
+        if (rc != 0) return rc;
     }
     return 0;
 }
@@ -131,7 +119,7 @@ static uint64_t json_bytes_read(const DocSource *base) { return ((const JsonSour
 
 static void json_close(DocSource *base) {
     JsonSource *s = (JsonSource *)base;
-    json_decref(s->record);
+    json_scratch_free(&s->scratch);
     file_unmap(&s->file);
     free(s->path);
     free(s);

@@ -1,13 +1,13 @@
-// JSON lines (.jsonl, .jsonl.gz, .jsonl.zst): one object a line, decoded with jansson.
-// Blank lines are skipped; a line that is not valid JSON, not an object, or whose text
-// field is missing or not a string is reported (path:line) and skipped.
-#include <jansson.h>
+// JSON lines (.jsonl, .jsonl.gz, .jsonl.zst): one object a line (json_field.h extracts the
+// text field). Blank lines are skipped; a line that is not valid JSON, not an object, or
+// whose text field is missing or not a string is reported (path:line) and skipped.
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
 #include "data/doc_source.h"
+#include "data/json_field.h"
 #include "data/line_reader.h"
 
 typedef struct {
@@ -16,40 +16,8 @@ typedef struct {
     char *path;
     const char *text_field;
     DocReport *report;
-    json_t *record;         // keeps the current document's text alive
+    JsonScratch scratch;    // the current document when its JSON string has escapes
 } JsonlSource;
-
-static const char *json_type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER:
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "?";
-}
-
-const char *doc_json_text(json_t *record, const char *text_field, size_t *len, char *why, size_t why_cap) {
-    if (!json_is_object(record)) {
-        snprintf(why, why_cap, "record is %s, not a JSON object", json_type_name(record));
-        return NULL;
-    }
-    json_t *value = json_object_get(record, text_field);
-    if (!value) {
-        snprintf(why, why_cap, "no field '%s'", text_field);
-        return NULL;
-    }
-    if (!json_is_string(value)) {
-        snprintf(why, why_cap, "field '%s' is %s, not a string", text_field, json_type_name(value));
-        return NULL;
-    }
-    *len = json_string_length(value);
-    return json_string_value(value);
-}
 
 static int is_blank(const char *s, size_t n) {
     for (size_t i = 0; i < n; i++)
@@ -59,30 +27,17 @@ static int is_blank(const char *s, size_t n) {
 
 static int jsonl_next(DocSource *base, const char **text, size_t *len) {
     JsonlSource *s = (JsonlSource *)base;
-    json_decref(s->record);
-    s->record = NULL;
     for (;;) {
         const char *line;
         size_t n;
         int rc = line_reader_next(&s->lines, &line, &n);
         if (rc != 1) return rc;
         if (is_blank(line, n)) continue;
-        json_error_t err;
-        json_t *record = json_loadb(line, n, JSON_ALLOW_NUL, &err);
-        if (!record) {
-            doc_report_malformed(s->report, s->lines.line_no, "invalid JSON at column %d: %s", err.column, err.text);
-            continue;
-        }
         char why[256];
-        const char *t = doc_json_text(record, s->text_field, len, why, sizeof why);
-        if (!t) {
-            doc_report_malformed(s->report, s->lines.line_no, "%s", why);
-            json_decref(record);
-            continue;
-        }
-        s->record = record;
-        *text = t;
-        return 1;
+        JsonFieldResult r = json_field_string(line, n, s->text_field, &s->scratch, text, len, why, sizeof why);
+        if (r == JSON_FIELD_OK) return 1;
+        if (r == JSON_FIELD_ERROR) return spes_fail_context("%s:%llu", s->path, (unsigned long long)s->lines.line_no);
+        doc_report_malformed(s->report, s->lines.line_no, "%s", why);
     }
 }
 
@@ -92,7 +47,7 @@ static uint64_t jsonl_bytes_read(const DocSource *base) {
 
 static void jsonl_close(DocSource *base) {
     JsonlSource *s = (JsonlSource *)base;
-    json_decref(s->record);
+    json_scratch_free(&s->scratch);
     line_reader_close(&s->lines);
     free(s->path);
     free(s);

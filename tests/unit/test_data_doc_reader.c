@@ -356,6 +356,58 @@ static void test_txt_and_unknown(void **state) {
     free(missing);
 }
 
+// Real data from $SPES_TEST_DATA: an oe-eval requests.jsonl.gz (every line has a string
+// "request_type") and Tiny Shakespeare as one .txt document. Lines are counted with
+// zlib's gzread, independently of our reader.
+static void test_shared_data(void **state) {
+    (void)state;
+    const char *root = getenv("SPES_TEST_DATA") ? getenv("SPES_TEST_DATA") : "../shared/data";
+    char *gz = path_join(root, "eval/arc_easy_rc_0shot/requests.jsonl.gz");
+    char *txt = path_join(root, "tinyshakespeare.txt");
+    if (!file_exists(gz) || !file_exists(txt)) {
+        free(gz);
+        free(txt);
+        print_message("test data not found under %s\n", root);
+        skip();
+    }
+    gzFile g = gzopen(gz, "rb");
+    assert_non_null(g);
+    uint64_t lines = 0;
+    char buf[65536];
+    int n;
+    while ((n = gzread(g, buf, sizeof buf)) > 0)
+        for (int i = 0; i < n; i++) lines += buf[i] == '\n';
+    gzclose(g);
+    assert_true(lines > 100);
+
+    DocReader *r;
+    assert_int_equal(doc_reader_open(gz, "request_type", NULL, NULL, &r), SPES_OK);
+    const char *text;
+    size_t len;
+    uint64_t docs = 0;
+    while (doc_reader_next(r, &text, &len) == 1) {
+        assert_int_equal(len, 13);
+        assert_memory_equal(text, "loglikelihood", 13);
+        docs++;
+    }
+    assert_int_equal(docs, lines);
+    assert_int_equal(doc_reader_malformed(r), 0);
+    doc_reader_close(r);
+
+    uint8_t *whole;
+    size_t whole_len;
+    assert_int_equal(file_read_all(txt, &whole, &whole_len), SPES_OK);
+    assert_int_equal(doc_reader_open(txt, "text", NULL, NULL, &r), SPES_OK);
+    assert_int_equal(doc_reader_next(r, &text, &len), 1);
+    assert_int_equal(len, whole_len);
+    assert_memory_equal(text, whole, len);
+    assert_int_equal(doc_reader_next(r, &text, &len), 0);
+    doc_reader_close(r);
+    free(whole);
+    free(gz);
+    free(txt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_jsonl_documents_and_malformed_lines),
@@ -366,6 +418,7 @@ int main(void) {
         cmocka_unit_test(test_gzip_multi_member_and_truncation),
         cmocka_unit_test(test_zstd_multi_frame_and_truncation),
         cmocka_unit_test(test_txt_and_unknown),
+        cmocka_unit_test(test_shared_data),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
