@@ -30,9 +30,8 @@ int hf_format_for_model(const ModelConfig *cfg, HfFormat requested, HfFormat *ou
                        : cfg->qk_norm == QK_NORM_HEAD ? HF_FORMAT_QWEN3_MOE
                                                       : HF_FORMAT_AUTO;
     if (natural == HF_FORMAT_AUTO)
-        return spes_fail("the model has no QK-norm, and both OlmoeForCausalLM and Qwen3MoeForCausalLM always apply "
-                         "one: it has no Hugging Face MoE equivalent to export to (it still loads with load_path / "
-                         "--model)");
+        return spes_fail("the model has no QK-norm (a Llama-style model), and both OlmoeForCausalLM and "
+                         "Qwen3MoeForCausalLM always apply one: it has no Hugging Face MoE equivalent to write");
     if (requested != HF_FORMAT_AUTO && requested != natural)
         return spes_fail("format %s needs QK-norm '%s', but the model's QK-norm is '%s' (use --format %s)",
                          hf_format_name(requested), requested == HF_FORMAT_OLMOE ? "full" : "head",
