@@ -6,6 +6,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -98,9 +101,31 @@ static void merged_chunk(const Inputs *in, int ti, const int *nbr_tensors, int k
     for (size_t i = 0; i < n; i++) acc[i] += alpha * (sum[i] / (float)k);
 }
 
+// Copies n bytes to dst with non-temporal stores where possible: the aggregate is written
+// once and not read back by this pass, so skipping the read-for-ownership of every output
+// line saves a third of the memory traffic. Callers end with stream_fence().
+static void stream_bytes(uint8_t *dst, const uint8_t *src, size_t n) {
+#ifdef __AVX__
+    size_t head = (32 - ((uintptr_t)dst & 31)) & 31;
+    if (head > n) head = n;
+    memcpy(dst, src, head);
+    size_t i = head;
+    for (; i + 32 <= n; i += 32) _mm256_stream_si256((__m256i *)(void *)(dst + i), _mm256_loadu_si256((const __m256i *)(const void *)(src + i)));
+    memcpy(dst + i, src + i, n - i);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+static void stream_fence(void) {
+#ifdef __AVX__
+    _mm_sfence();
+#endif
+}
+
 static void store_chunk(const float *acc, size_t start, size_t n, uint8_t *out, DType out_dtype) {
     if (out_dtype == DTYPE_F32) {
-        memcpy(out + start * 4, acc, n * 4);
+        stream_bytes(out + start * 4, (const uint8_t *)acc, n * 4);
         return;
     }
     uint8_t *p = out + start * 2;
@@ -239,20 +264,46 @@ int aggregate_compute(const ModelSpec *spec, const AggregateConfig *cfg, int ste
     int *nbr_tensor = NULL;
     if (merging) SPES_TRY(plan_merge(spec, cfg, uploads, k, &nbr_tensor));
 
-    const Inputs in = {spec, cfg, uploads};
-    for (int t = 0; t < spec->count; t++) {
-        size_t numel = spec->tensors[t].numel;
-        long nchunks = (long)((numel + CHUNK - 1) / CHUNK);
-        const int *nbr = merging && spec->tensors[t].expert >= 0 ? nbr_tensor + (size_t)t * k : NULL;
-#pragma omp parallel for schedule(static) if (nchunks > 8)
-        for (long c = 0; c < nchunks; c++) {
-            float acc[CHUNK], sum[CHUNK], other[CHUNK], tmp[CHUNK];
-            size_t start = (size_t)c * CHUNK, n = numel - start < CHUNK ? numel - start : CHUNK;
-            if (nbr) merged_chunk(&in, t, nbr, k, alpha, start, n, acc, sum, other, tmp);
-            else premerge_chunk(&in, t, start, n, acc, tmp);
-            store_chunk(acc, start, n, out[t], out_dtype);
-        }
+    // One parallel loop over every chunk of every tensor (chunk g of the model lies in tensor t
+    // with first_chunk[t] <= g < first_chunk[t+1]): one barrier per aggregate, and dynamic
+    // scheduling keeps both cores busy even when one is shared with other processes.
+    size_t *first_chunk = spes_malloc(((size_t)spec->count + 1) * sizeof(size_t));
+    if (!first_chunk) {
+        free(nbr_tensor);
+        return SPES_ERR;
     }
+    first_chunk[0] = 0;
+    for (int t = 0; t < spec->count; t++) first_chunk[t + 1] = first_chunk[t] + (spec->tensors[t].numel + CHUNK - 1) / CHUNK;
+    const Inputs in = {spec, cfg, uploads};
+    size_t elem = dtype_size(out_dtype);
+    long total_chunks = (long)first_chunk[spec->count];
+#pragma omp parallel for schedule(dynamic, 64)
+    for (long g = 0; g < total_chunks; g++) {
+        int lo = 0, hi = spec->count - 1;   // binary search: the tensor holding chunk g
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (first_chunk[mid] <= (size_t)g) lo = mid;
+            else hi = mid - 1;
+        }
+        int t = lo;
+        const SpecTensor *st = &spec->tensors[t];
+        size_t start = ((size_t)g - first_chunk[t]) * CHUNK, n = st->numel - start < CHUNK ? st->numel - start : CHUNK;
+        const int *nbr = merging && st->expert >= 0 ? nbr_tensor + (size_t)t * k : NULL;
+        if (!nbr && cfg->mode == SYNC_MODE_SPES && st->expert >= 0) {
+            // The common case, an owner's expert kept as uploaded, is a plain copy of its bytes.
+            const StTensor *u = uploads[(size_t)(st->expert / cfg->experts_per_node) * spec->count + t];
+            if (u->dtype == out_dtype) {
+                stream_bytes(out[t] + start * elem, u->data + start * elem, n * elem);
+                continue;
+            }
+        }
+        float acc[CHUNK], sum[CHUNK], other[CHUNK], tmp[CHUNK];
+        if (nbr) merged_chunk(&in, t, nbr, k, alpha, start, n, acc, sum, other, tmp);
+        else premerge_chunk(&in, t, start, n, acc, tmp);
+        store_chunk(acc, start, n, out[t], out_dtype);
+    }
+    free(first_chunk);
+    stream_fence();
     free(nbr_tensor);
     return SPES_OK;
 }
