@@ -14,7 +14,7 @@ BUILD=${1:-build}
 cd "$(dirname "$0")/.."
 case $BUILD in /*) BUILD_DIR=$BUILD ;; *) BUILD_DIR="$PWD/$BUILD" ;; esac
 VENV_PY=${SPES_VENV_PY:-$PWD/.venv/bin/python}
-SECTIONS=(bench_small tokenize)
+SECTIONS=(bench_small tokenize aggregate)
 
 LOG_DIR=$(mktemp -d)
 trap 'rm -rf "$LOG_DIR"' EXIT
@@ -80,6 +80,17 @@ section_tokenize() {
   if ! run_logged tokenize bash bench/tokenize.sh "$BUILD_DIR" "$VENV_PY"; then
     fail tokenize "bench/tokenize.sh exited non-zero"
   fi
+}
+
+# aggregate: parameter-server aggregation throughput for 4 peers on bench-small with E=16
+# (453 MB F32, spes mode, 4 experts per peer) next to memcpy in the same run, and the bytes per
+# sync round of spes vs fedavg (bench/aggregate.c prints both lines).
+section_aggregate() {
+  local name=aggregate bin="$BUILD_DIR/bench/aggregate"
+  if [ ! -x "$bin" ]; then skip $name "no $bin; build it with make build BUILD=$BUILD"; return; fi
+  if ! run_logged aggregate "$bin" >/dev/null; then fail $name "$bin exited non-zero"; return; fi
+  grep -v '^aggregate:' "$LOG_DIR/aggregate.log"
+  final "$(grep '^aggregate:' "$LOG_DIR/aggregate.log" | tail -1)"
 }
 
 for section in "${SECTIONS[@]}"; do
