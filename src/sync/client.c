@@ -257,7 +257,7 @@ int sync_client_upload_bytes(SyncClient *c, int step, const uint8_t *bytes, size
     return SPES_OK;
 }
 
-int sync_client_upload(SyncClient *c, int step, const StWriteTensor *tensors, int n) {
+int sync_client_serialize(const SyncClient *c, const StWriteTensor *tensors, int n, uint8_t **bytes, size_t *len) {
     // Convert to the payload dtype where needed (bf16 halves the traffic).
     StWriteTensor *w = spes_calloc(n > 0 ? (size_t)n : 1, sizeof *w);
     uint16_t **converted = spes_calloc(n > 0 ? (size_t)n : 1, sizeof *converted);
@@ -282,13 +282,18 @@ int sync_client_upload(SyncClient *c, int step, const StWriteTensor *tensors, in
         w[i].dtype = DTYPE_BF16;
         w[i].data = converted[i];
     }
-    uint8_t *bytes = NULL;
-    size_t len = 0;
-    if (rc == SPES_OK) rc = safetensors_serialize(w, n, NULL, NULL, 0, &bytes, &len);
+    if (rc == SPES_OK) rc = safetensors_serialize(w, n, NULL, NULL, 0, bytes, len);
     for (int i = 0; converted && i < n; i++) free(converted[i]);
     free(converted);
     free(w);
-    if (rc == SPES_OK) rc = sync_client_upload_bytes(c, step, bytes, len);
+    return rc;
+}
+
+int sync_client_upload(SyncClient *c, int step, const StWriteTensor *tensors, int n) {
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    SPES_TRY(sync_client_serialize(c, tensors, n, &bytes, &len));
+    int rc = sync_client_upload_bytes(c, step, bytes, len);
     free(bytes);
     return rc;
 }

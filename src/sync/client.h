@@ -56,6 +56,8 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec);
 // Serialises the tensors (converted to the payload dtype) as safetensors and uploads them
 // for step. Tensors are given in F32 or BF16.
 int sync_client_upload(SyncClient *c, int step, const StWriteTensor *tensors, int n);
+// The same in two steps (e.g. to keep an audit copy of the payload): serialise, then upload.
+int sync_client_serialize(const SyncClient *c, const StWriteTensor *tensors, int n, uint8_t **bytes, size_t *len);
 // Uploads ready-made safetensors bytes.
 int sync_client_upload_bytes(SyncClient *c, int step, const uint8_t *bytes, size_t len);
 // Waits for step's aggregate and downloads it: *bytes (malloc'd, caller frees) is safetensors.
