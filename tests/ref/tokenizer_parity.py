@@ -37,6 +37,13 @@ def qwen2_style(base):
     return t
 
 
+def ignore_merges(base):
+    """Llama-3 style: a word found whole in the vocab skips the merges."""
+    t = json.loads(json.dumps(base))
+    t["model"]["ignore_merges"] = True
+    return t
+
+
 def behaviours(base):
     t = json.loads(json.dumps(base))
     t["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
@@ -147,7 +154,8 @@ def main():
     dolma2 = json.load(open(os.path.join(tok_dir, "dolma2.json"), encoding="utf-8"))
     neox = json.load(open(os.path.join(tok_dir, "gpt-neox-olmo.json"), encoding="utf-8"))
     tokenizers = {"dolma2": os.path.join(tok_dir, "dolma2.json"), "gpt-neox-olmo": os.path.join(tok_dir, "gpt-neox-olmo.json")}
-    for name, t in (("qwen2-style", qwen2_style(dolma2)), ("behaviours", behaviours(neox))):
+    for name, t in (("qwen2-style", qwen2_style(dolma2)), ("behaviours", behaviours(neox)),
+                    ("ignore-merges", ignore_merges(dolma2))):
         tokenizers[name] = os.path.join(work, name + ".json")
         json.dump(t, open(tokenizers[name], "w", encoding="utf-8"), ensure_ascii=False)
 

@@ -103,6 +103,19 @@ static void test_bpe_merge_order(void **state) {
     assert_int_equal(tokenizer_vocab_size(tok), 261);
     assert_int_equal(tokenizer_eos_id(tok), -1);
     tokenizer_free(tok);
+
+    // ignore_merges: a word that is a vocab entry is taken whole, even when no merge builds it.
+    const char *extra2[] = {"ab", "abc", NULL};   // 256 "ab", 257 "abc"
+    const char *merges2[] = {"a b", NULL};
+    json_t *j = make_tokenizer(extra2, merges2, NULL, NULL, NULL);
+    assert_int_equal(load(json_deep_copy(j), &tok), SPES_OK);
+    expect_ids(tok, "abc", (uint32_t[]){256, 'c', END});
+    tokenizer_free(tok);
+    json_object_set_new(json_object_get(j, "model"), "ignore_merges", json_true());
+    assert_int_equal(load(j, &tok), SPES_OK);
+    expect_ids(tok, "abc", (uint32_t[]){257, END});
+    expect_ids(tok, "abcab", (uint32_t[]){256, 'c', 256, END});   // not whole: merges as usual
+    tokenizer_free(tok);
 }
 
 static void test_added_tokens(void **state) {
