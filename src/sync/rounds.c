@@ -38,6 +38,8 @@ struct Rounds {
 
     OpenRound *open;            // [max_open_rounds]
     AggregateBlob **kept;       // [keep_steps], NULL: empty
+    uint8_t *spare;             // bytes of a dropped aggregate, reused by the next round: a fresh
+                                // model-sized buffer would page-fault through every byte again
     int last_completed_step;
     RoundsStatus stats;         // counters (open_step / peers are computed on demand)
 };
@@ -81,11 +83,12 @@ static void free_round(Rounds *r, OpenRound *round) {
     round->step = -1;
 }
 
-static void blob_unref(AggregateBlob *blob) {
-    if (--blob->refs == 0) {
-        free(blob->bytes);
-        free(blob);
-    }
+// Drops a reference; the last one frees the blob (keeping its bytes as the spare). Under r->mu.
+static void blob_unref(Rounds *r, AggregateBlob *blob) {
+    if (--blob->refs > 0) return;
+    if (!r->spare && blob->len == r->aggregate_len) r->spare = blob->bytes;
+    else free(blob->bytes);
+    free(blob);
 }
 
 void rounds_close(Rounds *r) {
@@ -99,7 +102,8 @@ void rounds_destroy(Rounds *r) {
     if (!r) return;
     for (int i = 0; r->open && i < r->cfg.max_open_rounds; i++) free_round(r, &r->open[i]);
     for (int i = 0; r->kept && i < r->cfg.keep_steps; i++)
-        if (r->kept[i]) blob_unref(r->kept[i]);
+        if (r->kept[i]) blob_unref(r, r->kept[i]);
+    free(r->spare);
     free(r->open);
     free(r->kept);
     free(r->header);
@@ -248,7 +252,11 @@ static OpenRound *open_round(Rounds *r, int step) {
 static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
     AggregateBlob *blob = spes_calloc(1, sizeof *blob);
     uint8_t **out = spes_calloc((size_t)r->spec.count, sizeof(uint8_t *));
-    if (blob) blob->bytes = spes_malloc(r->aggregate_len);
+    pthread_mutex_lock(&r->mu);
+    if (blob) blob->bytes = r->spare;
+    if (blob) r->spare = NULL;
+    pthread_mutex_unlock(&r->mu);
+    if (blob && !blob->bytes) blob->bytes = spes_malloc(r->aggregate_len);
     if (!blob || !blob->bytes || !out) goto fail;
     memcpy(blob->bytes, r->header, r->header_len);
     for (int t = 0; t < r->spec.count; t++) out[t] = blob->bytes + r->tensor_offset[t];
@@ -275,7 +283,7 @@ static void publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double sec
         }
         if (r->kept[i]->step < r->kept[slot]->step) slot = i;
     }
-    if (r->kept[slot]) blob_unref(r->kept[slot]);
+    if (r->kept[slot]) blob_unref(r, r->kept[slot]);
     r->kept[slot] = blob;
     if (blob->step > r->last_completed_step) r->last_completed_step = blob->step;
     r->stats.rounds_completed++;
@@ -464,7 +472,7 @@ grpc_status_code rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob
 void rounds_release(Rounds *r, AggregateBlob *blob) {
     if (!blob) return;
     pthread_mutex_lock(&r->mu);
-    blob_unref(blob);
+    blob_unref(r, blob);
     pthread_mutex_unlock(&r->mu);
 }
 

@@ -171,7 +171,10 @@ static grpc_status_code take_chunk(Call *c, UploadBuffer *up, const UploadChunkR
                          up->step, up->cap),
                GRPC_STATUS_RESOURCE_EXHAUSTED;
     if (up->len + add > up->capacity) {
-        size_t want = up->capacity ? up->capacity : add * (size_t)up->total_chunks;
+        // First reservation: the announced size (at most 1 GiB, it is only a claim), then doubling.
+        size_t claimed = add * (size_t)up->total_chunks, want = up->capacity;
+        if (want == 0) want = claimed < ((size_t)1 << 30) ? claimed : ((size_t)1 << 30);
+        if (want < add) want = add;
         while (want < up->len + add) want *= 2;
         if (want > up->cap) want = up->cap;
         uint8_t *grown = spes_realloc(up->bytes, want ? want : 1);
