@@ -9,6 +9,7 @@
 #include "base/log.h"
 #include "cli/commands.h"
 #include "config/config.h"
+#include "train/spes_peer.h"
 #include "train/trainer.h"
 
 static void usage(FILE *out) {
@@ -97,12 +98,26 @@ int cmd_train(int argc, char **argv) {
     }
     free(overrides);
     Trainer *trainer = NULL;
+    SpesPeer *peer = NULL;
     install_handlers();
-    int rc = trainer_create(&cfg, &opt, &trainer);
+    int rc = SPES_OK;
+    // A SPES (or fedavg) peer: sync with the parameter server after every sync_steps steps.
+    if (cfg.using_spes || cfg.using_dilico) {
+        rc = spes_peer_create(&cfg, &peer);
+        if (rc == SPES_OK) {
+            opt.after_step = spes_peer_after_step;
+            opt.after_step_ctx = peer;
+            opt.lb_count_factor = spes_peer_lb_count_factor(peer);
+        }
+    }
+    if (rc == SPES_OK) rc = trainer_create(&cfg, &opt, &trainer);
+    if (rc == SPES_OK && peer)
+        rc = spes_peer_connect(peer, trainer_model(trainer), trainer_step_count(trainer), trainer_max_steps(trainer));
     if (rc == SPES_OK) rc = trainer_run(trainer);
     if (rc != SPES_OK) fprintf(stderr, "spes: %s\n", spes_last_error());
     else if (stop_requested) log_info("stopped by signal at step %lld; resume with --resume", (long long)trainer_step_count(trainer));
     trainer_free(trainer);
+    spes_peer_free(peer);
     config_free(&cfg);
     return rc == SPES_OK ? 0 : 1;
 }

@@ -31,6 +31,7 @@ typedef struct {
     volatile sig_atomic_t *stop;    // set asynchronously (SIGINT): finish the step, save, return
     TrainerAfterStep after_step;
     void *after_step_ctx;
+    const float *lb_count_factor;   // [L*E] load-balancing count factors (SPES decayed aux loss), NULL = 1
 } TrainerOptions;
 
 // Opens the data, builds and initialises (or loads / resumes) the model and optimizer.

@@ -1,0 +1,36 @@
+// The peer side of SPES inside `spes train`: which tensors this node trains, the decayed
+// load-balancing factor for its own experts, and every `sync_steps` steps the round trip
+// to the parameter server (upload trainable tensors, wait for the aggregate, load it; the
+// optimizer state is kept).
+//
+//   SpesPeer *peer; spes_peer_create(cfg, &peer);       // before the trainer: opt.lb_count_factor
+//   trainer_create(cfg, &opt with after_step = spes_peer_after_step, ctx = peer, ...)
+//   spes_peer_connect(peer, trainer_model(t));          // Hello: model fingerprint, topology
+//   trainer_run(t); spes_peer_free(peer);
+#pragma once
+#include <stdint.h>
+
+#include "config/config.h"
+#include "model/model.h"
+
+typedef struct SpesPeer SpesPeer;
+
+// Needs cfg->using_spes or cfg->using_dilico. cfg must outlive the peer.
+int spes_peer_create(const TrainConfig *cfg, SpesPeer **out);
+void spes_peer_free(SpesPeer *p);
+// [L*E] count factors c_{l,e} for the load-balancing loss (all 1 unless
+// spes_config.using_decayed_aux_loss); the buffer lives as long as the peer and is updated
+// in place, so the trainer can hold the pointer.
+const float *spes_peer_lb_count_factor(const SpesPeer *p);
+// Handshake with the server: the whole model's names, shapes and dtypes, num_peers,
+// experts per node, mode. `start_step` is the step training starts from (0, or the resumed
+// one) so the decayed factor starts at the right value.
+int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_steps);
+// TrainerAfterStep: on steps that are multiples of sync_steps, one sync round.
+int spes_peer_after_step(void *ctx, Model *m, int64_t step);
+
+// c(t) = 0.7 + 0.3 * t / (0.2 * T) for t < 0.2 * T, then 1 (DESIGN.md).
+float spes_decayed_factor(int64_t step, int64_t total_steps);
+// Loads every tensor of an aggregate (safetensors bytes, F32 or BF16) into the model's
+// parameters; an aggregate that lacks a model tensor or has a wrong shape is an error.
+int spes_load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char *what);
