@@ -269,11 +269,11 @@ def check_loss_formulas():
     assert abs(float(got["total"]) - total) < 1e-9 * abs(total)
     # Gradients: lb differentiates only through the mean probabilities (counts constant),
     # so it matches finite differences wherever the top-k sets do not change.
-    r = router[0].clone().requires_grad_(True)
+    r = router[0][:12].clone().requires_grad_(True)
 
     def lb_only(x):
-        return moe_losses(logits, targets, (x,), k)["lb"]
-    assert torch.autograd.gradcheck(lb_only, (r,), eps=1e-7, atol=1e-8), "lb gradient"
+        return moe_losses(logits[:1, :2], targets[:1, :2], (x,), k)["lb"]
+    assert torch.autograd.gradcheck(lb_only, (r,), eps=1e-7, atol=1e-8, fast_mode=True), "lb gradient"
     print("loss formulas: ok (CE vs HF ForCausalLMLoss, lb vs HF aux loss at L=1, loops, gradcheck)")
 
 
