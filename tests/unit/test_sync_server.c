@@ -1,0 +1,277 @@
+// The gRPC transport's edge cases, with raw gRPC calls against a real server on loopback:
+// a stalled upload stream does not block other calls and is cancelled after the idle
+// timeout; chunks out of order, malformed messages, unknown methods, chunk ids past the end,
+// dropped aggregates each get their status; WaitAggregate returns at its deadline when the
+// round is open and at once when it is complete.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+
+#include "base/timer.h"
+#include "sync/client.h"
+#include "sync/server.h"
+#include "sync/wire.h"
+#include "sync_test_model.h"
+
+typedef struct {
+    SyncServer *srv;
+    char addr[64];
+    grpc_channel *channel;
+    grpc_completion_queue *cq;
+} Fixture;
+
+static int setup(void **state) {
+    Fixture *f = calloc(1, sizeof *f);
+    SyncServerConfig cfg;
+    sync_server_config_defaults(&cfg);
+    cfg.host = "127.0.0.1";
+    cfg.port = 0;
+    cfg.chunk_size = 100;
+    cfg.idle_timeout_seconds = 1;
+    cfg.rounds.keep_steps = 1;
+    cfg.rounds.agg = (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4};
+    assert_int_equal(sync_server_start(&cfg, &f->srv), SPES_OK);
+    snprintf(f->addr, sizeof f->addr, "127.0.0.1:%d", sync_server_port(f->srv));
+    grpc_init();
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    f->channel = grpc_channel_create(f->addr, creds, NULL);
+    grpc_channel_credentials_release(creds);
+    f->cq = grpc_completion_queue_create_for_pluck(NULL);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    Fixture *f = *state;
+    grpc_channel_destroy(f->channel);
+    grpc_completion_queue_shutdown(f->cq);
+    while (grpc_completion_queue_pluck(f->cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(f->cq);
+    grpc_shutdown();
+    sync_server_stop(f->srv);
+    free(f);
+    return 0;
+}
+
+static grpc_call *open_call(Fixture *f, const char *method) {
+    grpc_call *call = grpc_channel_create_call(f->channel, NULL, GRPC_PROPAGATE_DEFAULTS, f->cq,
+                                               grpc_slice_from_static_string(method), NULL, wire_deadline(20), NULL);
+    grpc_op op = {0};
+    op.op = GRPC_OP_SEND_INITIAL_METADATA;
+    assert_true(wire_run_batch(call, f->cq, &op, 1, 20));
+    return call;
+}
+
+static bool send_bytes(Fixture *f, grpc_call *call, grpc_byte_buffer *bb) {
+    grpc_op op = {0};
+    op.op = GRPC_OP_SEND_MESSAGE;
+    op.data.send_message.send_message = bb;
+    bool ok = wire_run_batch(call, f->cq, &op, 1, 20);
+    grpc_byte_buffer_destroy(bb);
+    return ok;
+}
+
+// Half-closes (when asked), reads the response and the status; returns the status code and
+// unpacks the response into *resp when desc is given and a message came.
+static grpc_status_code close_call(Fixture *f, grpc_call *call, bool half_close, const ProtobufCMessageDescriptor *desc,
+                                   ProtobufCMessage **resp, char *details, size_t cap) {
+    if (half_close) {
+        grpc_op op = {0};
+        op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+        wire_run_batch(call, f->cq, &op, 1, 20);
+    }
+    grpc_metadata_array initial, trailing;
+    grpc_metadata_array_init(&initial);
+    grpc_metadata_array_init(&trailing);
+    grpc_byte_buffer *bb = NULL;
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    grpc_slice text = grpc_empty_slice();
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[0].data.recv_initial_metadata.recv_initial_metadata = &initial;
+    ops[1].op = GRPC_OP_RECV_MESSAGE;
+    ops[1].data.recv_message.recv_message = &bb;
+    ops[2].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[2].data.recv_status_on_client.trailing_metadata = &trailing;
+    ops[2].data.recv_status_on_client.status = &code;
+    ops[2].data.recv_status_on_client.status_details = &text;
+    wire_run_batch(call, f->cq, ops, 3, 30);
+    char *s = grpc_slice_to_c_string(text);
+    snprintf(details, cap, "%s", s);
+    gpr_free(s);
+    if (resp) *resp = bb && desc ? wire_unpack(desc, bb) : NULL;
+    if (bb) grpc_byte_buffer_destroy(bb);
+    grpc_slice_unref(text);
+    grpc_metadata_array_destroy(&initial);
+    grpc_metadata_array_destroy(&trailing);
+    grpc_call_unref(call);
+    return code;
+}
+
+static grpc_status_code unary(Fixture *f, const char *method, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
+                              ProtobufCMessage **resp, char *details, size_t cap) {
+    grpc_call *call = open_call(f, method);
+    assert_true(send_bytes(f, call, wire_pack(req)));
+    return close_call(f, call, true, desc, resp, details, cap);
+}
+
+static grpc_byte_buffer *chunk(int peer, int step, int id, int total, const uint8_t *data, size_t len) {
+    UploadChunkRequest m = UPLOAD_CHUNK_REQUEST__INIT;
+    m.peer_id = peer;
+    m.step = step;
+    m.chunk_id = id;
+    m.total_chunks = total;
+    m.chunk_data.data = (uint8_t *)data;
+    m.chunk_data.len = len;
+    return wire_pack(&m.base);
+}
+
+static void test_stalled_upload_blocks_nobody(void **state) {
+    Fixture *f = *state;
+    uint8_t data[50] = {0};
+    grpc_call *stalled = open_call(f, "/FederatedServer/UploadChunk");
+    assert_true(send_bytes(f, stalled, chunk(0, 1, 0, 3, data, sizeof data)));
+    // Meanwhile the server answers others at once.
+    double start = now_seconds();
+    StatusRequest sreq = STATUS_REQUEST__INIT;
+    StatusResponse *st = NULL;
+    char details[512];
+    assert_int_equal(unary(f, "/FederatedServer/Status", &sreq.base, &status_response__descriptor, (ProtobufCMessage **)&st,
+                           details, sizeof details),
+                     GRPC_STATUS_OK);
+    assert_int_equal(st->total_peers, 2);
+    assert_string_equal(st->mode, "spes");
+    status_response__free_unpacked(st, NULL);
+    assert_true(now_seconds() - start < 0.9);
+    // The stalled stream is cancelled by the server's 1 s idle timeout.
+    grpc_status_code code = close_call(f, stalled, false, NULL, NULL, details, sizeof details);
+    assert_true(code == GRPC_STATUS_DEADLINE_EXCEEDED || code == GRPC_STATUS_CANCELLED);
+    assert_true(now_seconds() - start < 10);
+}
+
+static void test_protocol_errors_get_statuses(void **state) {
+    Fixture *f = *state;
+    char details[512];
+    uint8_t data[10] = {0};
+    // Chunks out of order.
+    grpc_call *call = open_call(f, "/FederatedServer/UploadChunk");
+    send_bytes(f, call, chunk(0, 1, 0, 3, data, sizeof data));
+    send_bytes(f, call, chunk(0, 1, 2, 3, data, sizeof data));
+    assert_int_equal(close_call(f, call, true, NULL, NULL, details, sizeof details), GRPC_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(details, "chunk 2 arrived where chunk 1 was expected"));
+    // A stream that ends early.
+    call = open_call(f, "/FederatedServer/UploadChunk");
+    send_bytes(f, call, chunk(0, 1, 0, 3, data, sizeof data));
+    assert_int_equal(close_call(f, call, true, NULL, NULL, details, sizeof details), GRPC_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(details, "ended after 1 of 3 chunks"));
+    // Bytes that are no protobuf message.
+    call = open_call(f, "/FederatedServer/DownloadChunk");
+    grpc_slice junk = grpc_slice_from_static_string("\xff\xff\xff\xff\xff");
+    send_bytes(f, call, grpc_raw_byte_buffer_create(&junk, 1));
+    assert_int_equal(close_call(f, call, true, NULL, NULL, details, sizeof details), GRPC_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(details, "malformed DownloadChunkRequest"));
+    // A method the server does not have.
+    StatusRequest sreq = STATUS_REQUEST__INIT;
+    assert_int_equal(unary(f, "/FederatedServer/UploadWeights", &sreq.base, NULL, NULL, details, sizeof details),
+                     GRPC_STATUS_UNIMPLEMENTED);
+    // Not ready yet: ready = false, no data.
+    DownloadChunkRequest dreq = DOWNLOAD_CHUNK_REQUEST__INIT;
+    dreq.step = 5;
+    DownloadChunkResponse *dresp = NULL;
+    assert_int_equal(unary(f, "/FederatedServer/DownloadChunk", &dreq.base, &download_chunk_response__descriptor,
+                           (ProtobufCMessage **)&dresp, details, sizeof details),
+                     GRPC_STATUS_OK);
+    assert_false(dresp->ready);
+    assert_int_equal(dresp->chunk_data.len, 0);
+    download_chunk_response__free_unpacked(dresp, NULL);
+}
+
+static void test_downloads_and_long_poll(void **state) {
+    Fixture *f = *state;
+    char details[512];
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    SyncClientConfig cfg;
+    sync_client_config_defaults(&cfg);
+    cfg.server_addr = f->addr;
+    cfg.num_peers = 2;
+    cfg.experts_per_node = 2;
+    SyncClient *peers[2];
+    for (int p = 0; p < 2; p++) {
+        cfg.peer_id = p;
+        assert_int_equal(sync_client_create(&cfg, &peers[p]), SPES_OK);
+        assert_int_equal(sync_client_hello(peers[p], &spec), SPES_OK);
+    }
+    for (int step = 1; step <= 2; step++)
+        for (int p = 0; p < 2; p++) {
+            uint8_t *bytes;
+            size_t len;
+            assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, p, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
+            assert_int_equal(sync_client_upload_bytes(peers[p], step, bytes, len), SPES_OK);
+            free(bytes);
+        }
+    // Step 2 is ready: WaitAggregate answers at once, with the chunk count of 100-byte chunks.
+    WaitAggregateRequest wreq = WAIT_AGGREGATE_REQUEST__INIT;
+    wreq.step = 2;
+    wreq.timeout_ms = 5000;
+    WaitAggregateResponse *wresp = NULL;
+    double start = now_seconds();
+    assert_int_equal(unary(f, "/FederatedServer/WaitAggregate", &wreq.base, &wait_aggregate_response__descriptor,
+                           (ProtobufCMessage **)&wresp, details, sizeof details),
+                     GRPC_STATUS_OK);
+    assert_true(wresp->ready);
+    assert_int_equal(wresp->total_chunks, (wresp->total_bytes + 99) / 100);
+    int32_t chunks = wresp->total_chunks;
+    wait_aggregate_response__free_unpacked(wresp, NULL);
+    assert_true(now_seconds() - start < 2);
+    // Step 3 is open: the poll returns not ready after its 300 ms.
+    wreq.step = 3;
+    wreq.timeout_ms = 300;
+    start = now_seconds();
+    assert_int_equal(unary(f, "/FederatedServer/WaitAggregate", &wreq.base, &wait_aggregate_response__descriptor,
+                           (ProtobufCMessage **)&wresp, details, sizeof details),
+                     GRPC_STATUS_OK);
+    assert_false(wresp->ready);
+    assert_int_equal(wresp->last_completed_step, 2);
+    wait_aggregate_response__free_unpacked(wresp, NULL);
+    double waited = now_seconds() - start;
+    assert_true(waited >= 0.29 && waited < 3);
+    // Chunk id past the end; a dropped step (keep_steps 1).
+    DownloadChunkRequest dreq = DOWNLOAD_CHUNK_REQUEST__INIT;
+    dreq.step = 2;
+    dreq.chunk_id = chunks;
+    assert_int_equal(unary(f, "/FederatedServer/DownloadChunk", &dreq.base, NULL, NULL, details, sizeof details),
+                     GRPC_STATUS_OUT_OF_RANGE);
+    dreq.step = 1;
+    dreq.chunk_id = 0;
+    assert_int_equal(unary(f, "/FederatedServer/DownloadChunk", &dreq.base, NULL, NULL, details, sizeof details),
+                     GRPC_STATUS_NOT_FOUND);
+    assert_non_null(strstr(details, "no longer kept"));
+    // The last chunk is flagged and the client reassembles exactly total_bytes.
+    uint8_t *agg;
+    size_t len;
+    assert_int_equal(sync_client_wait_and_download(peers[0], 2, &agg, &len), SPES_OK);
+    SafeTensors st;
+    assert_int_equal(safetensors_parse(agg, len, "aggregate", &st), SPES_OK);
+    assert_int_equal(st.count, spec.count);
+    safetensors_close(&st);
+    free(agg);
+    for (int p = 0; p < 2; p++) sync_client_destroy(peers[p]);
+    model_spec_free(&spec);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_stalled_upload_blocks_nobody, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_protocol_errors_get_statuses, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_downloads_and_long_poll, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
