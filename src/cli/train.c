@@ -111,7 +111,8 @@ int cmd_train(int argc, char **argv) {
         }
     }
     if (rc == SPES_OK) rc = trainer_create(&cfg, &opt, &trainer);
-    if (rc == SPES_OK && peer)
+    // A finished run (resumed at its last step) has no round left to sync.
+    if (rc == SPES_OK && peer && trainer_step_count(trainer) < trainer_max_steps(trainer))
         rc = spes_peer_connect(peer, trainer_model(trainer), trainer_step_count(trainer), trainer_max_steps(trainer));
     if (rc == SPES_OK) rc = trainer_run(trainer);
     if (rc != SPES_OK) fprintf(stderr, "spes: %s\n", spes_last_error());
