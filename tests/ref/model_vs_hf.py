@@ -49,7 +49,7 @@ MIN_ROUTING_GAP = 1e-4
 # Shared shape of every tiny model: 2 layers, 8 experts top-2, 96 embedding rows of which
 # the tokens use only the first 80 (padded rows), non-default rope_theta.
 COMMON = dict(num_hidden_layers=2, num_experts=8, num_experts_per_tok=2, vocab_size=96,
-              max_position_embeddings=64, tie_word_embeddings=False, attention_bias=False,
+              max_position_embeddings=256, tie_word_embeddings=False, attention_bias=False,
               attention_dropout=0.0)
 USED_TOKENS = 80
 # pad_token_id becomes nn.Embedding(padding_idx=...), whose row HF never gives a gradient;
@@ -73,6 +73,11 @@ CONFIGS = [
      dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=4, head_dim=12,
           moe_intermediate_size=24, norm_topk_prob=True, rope_theta=40000.0, rms_norm_eps=1e-5,
           decoder_sparse_step=1, mlp_only_layers=[]), 2, 12, "uint32"),
+    # T = 150 spans several query blocks of the tiled attention (64 rows) with a partial last
+    # one, rope at larger positions, and hundreds of tokens per expert.
+    ("olmoe_gqa_longseq", "olmoe",
+     dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, intermediate_size=32,
+          norm_topk_prob=True, rope_theta=10000.0, rms_norm_eps=1e-5), 2, 150, "uint16"),
 ]
 # (lm_z_mult, lb_weight, router_z_weight): every config runs MIXED; the first config also
 # runs each auxiliary term alone (and CE alone), so a failure names the loss that causes it.
