@@ -1,22 +1,37 @@
 // Documents out of input files for `spes tokenize`: one iterator over every supported
-// format, chosen by file name: .jsonl, .json (array of objects), .jsonl.gz, .jsonl.zst,
-// .parquet (string column), .txt (the whole file is one document).
-// Malformed records (bad JSON line, missing/non-string field) are counted and reported
-// with file:line through the callback below, never fatal; an unreadable file is an error.
+// format, chosen by file name (case-insensitive):
+//   .jsonl                        one JSON object a line (blank lines skipped)
+//   .jsonl.gz / .json.gz          the same, gzip-compressed (multi-member files too)
+//   .jsonl.zst / .json.zst        the same, zstd-compressed (any number of frames)
+//   .json                         a top-level array of objects (or one object)
+//   .parquet                      the string column named text_field (nulls skipped)
+//   .txt                          the whole file is one document
+// (.json.gz is read as JSON lines, as SPES's tokenize_data.py does.)
+// Malformed records (bad JSON line, not an object, missing/null/non-string field) are
+// counted and reported with file:line through the callback below, never fatal; an
+// unreadable, truncated or corrupt file is an error. Large files are streamed (or mapped),
+// never read whole; one JSON line may be at most LINE_READER_MAX_LINE_BYTES (256 MiB).
+// Texts are passed on exactly as stored: not stripped, not UTF-8-validated for .txt and
+// .parquet (JSON strings are valid UTF-8 by construction) — cleaning is the caller's job.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
 
 typedef struct DocReader DocReader;
 
-// Called for each malformed record (may be NULL: then they are only counted).
+// Called for each malformed record (may be NULL: then they are only counted). For .json
+// files `line` is the line where the entry starts and `why` names the entry index.
 typedef void (*DocMalformedFn)(void *user, const char *path, uint64_t line, const char *why);
 
+// text_field NULL or "" means "text".
 int doc_reader_open(const char *path, const char *text_field, DocMalformedFn on_malformed, void *user,
                     DocReader **out);
 // Next document: 1 with *text (UTF-8 bytes, not NUL-terminated, valid until the next call)
 // and *len; 0 at end; SPES_ERR on an I/O or format error (message set).
 int doc_reader_next(DocReader *r, const char **text, size_t *len);
 uint64_t doc_reader_malformed(const DocReader *r);   // records skipped so far
-uint64_t doc_reader_bytes_read(const DocReader *r);  // input bytes consumed (for MB/s)
+// Input bytes consumed (for MB/s and ETA against the file size): bytes of the FILE, so
+// compressed bytes for .gz/.zst; for .parquet the file size times the fraction of the
+// column's values read (only one column's pages are read).
+uint64_t doc_reader_bytes_read(const DocReader *r);
 void doc_reader_close(DocReader *r);

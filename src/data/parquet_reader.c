@@ -58,7 +58,11 @@ static int page_body(ParquetStringReader *r, int32_t codec, const uint8_t *src, 
                      PageBuffer *buf, const uint8_t **out) {
     if (raw_len > PARQUET_MAX_PAGE_BYTES)
         return spes_fail("page of %zu bytes exceeds the %zu-byte limit", raw_len, PARQUET_MAX_PAGE_BYTES);
-    if (codec == PQ_CODEC_UNCOMPRESSED || raw_len == 0) {
+    if (raw_len == 0) {   // nothing to decode (e.g. an empty dictionary): any codec's bytes are moot
+        *out = src;
+        return SPES_OK;
+    }
+    if (codec == PQ_CODEC_UNCOMPRESSED) {
         if (src_len != raw_len)
             return spes_fail("uncompressed page has %zu bytes but declares %zu", src_len, raw_len);
         *out = src;
@@ -148,6 +152,8 @@ static int read_data_page_v2(ParquetStringReader *r, const ParquetPageHeader *h,
     if (r->col.max_def_level > 0)
         SPES_TRY(parquet_count_defined(payload + h->rep_levels_bytes, (size_t)h->def_levels_bytes, n, r->col.max_def_level,
                                        &defined));
+    if (n - defined != (uint32_t)h->num_nulls)
+        return spes_fail("data page v2 declares %d nulls but its definition levels give %u", h->num_nulls, n - defined);
     int32_t codec = h->is_compressed ? r->col.chunks[r->chunk].codec : PQ_CODEC_UNCOMPRESSED;
     const uint8_t *body;
     size_t raw_len = (size_t)h->uncompressed_size - levels;

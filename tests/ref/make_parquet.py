@@ -87,7 +87,10 @@ def main():
 
     # A row group whose text is all null, and an empty table.
     texts = [None] * 50 + ["after the nulls", "", "end"]
-    write("all_null_group.parquet", table_for(texts), texts, compression="none", row_group_size=50)
+    for codec in ["none", "snappy", "gzip", "zstd"]:
+        for version in ["1.0", "2.0"]:
+            write(f"all_null_group_{codec}_v{version[0]}.parquet", table_for(texts), texts, compression=codec,
+                  data_page_version=version, row_group_size=50)
     write("empty.parquet", table_for([]), [], compression="snappy")
 
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
