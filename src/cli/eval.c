@@ -44,6 +44,8 @@ static void usage(FILE *out) {
             "  --tokenizer T        tokenizer.json, a directory holding one, or 'bytes' (needed for --text\n"
             "                       and --task; with --tokens it adds bits per byte)\n"
             "  --output FILE        results as JSON\n"
+            "  --output_requests F  every scored request as a JSON line: task, doc_id, idx, sum_logprob,\n"
+            "                       num_tokens (to compare per-choice log-likelihoods with other tools)\n"
             "  --threads N          CPU threads (default: all cores)\n"
             "  --no_progress        no progress line\n");
 }
@@ -110,8 +112,26 @@ static double metric_value(const McMetrics *mm, int i) {
     return v[i];
 }
 
+// One JSON line per scored request (documents kept by --limit and their unconditional twins).
+static int write_request_scores(FILE *out, const McTask *task, const McScore *scores) {
+    for (int r = 0; r < task->num_requests; r++) {
+        if (scores[r].num_tokens == 0) continue;   // not scored (beyond --limit)
+        const McRequest *q = &task->requests[r];
+        json_t *line = json_pack("{s:s, s:I, s:i, s:f, s:i}", "task", task->name, "doc_id", (json_int_t)q->doc_id,
+                                 "idx", q->idx, "sum_logprob", scores[r].sum_logprob, "num_tokens", scores[r].num_tokens);
+        char *text = line ? json_dumps(line, JSON_COMPACT) : NULL;
+        json_decref(line);
+        if (!text || fprintf(out, "%s\n", text) < 0) {
+            free(text);
+            return spes_fail("cannot write the request scores");
+        }
+        free(text);
+    }
+    return SPES_OK;
+}
+
 static int run_task(const Model *m, const Tokenizer *tok, const char *path, int limit, const McScoreOptions *mopt,
-                    json_t *tasks) {
+                    FILE *requests_out, json_t *tasks) {
     McTask task;
     SPES_TRY(mc_task_load(path, limit, &task));
     McScore *scores = spes_calloc((size_t)task.num_requests, sizeof(McScore));
@@ -119,6 +139,7 @@ static int run_task(const Model *m, const Tokenizer *tok, const char *path, int 
     double start = now_seconds();
     int status = scores ? mc_task_score(m, tok, &task, mopt, scores) : SPES_ERR;
     if (status == SPES_OK) status = mc_task_metrics(&task, scores, &mm);
+    if (status == SPES_OK && requests_out) status = write_request_scores(requests_out, &task, scores);
     double seconds = now_seconds() - start;
     if (status == SPES_OK) {
         printf("task %s: docs=%d", task.name, mm.num_docs);
@@ -166,8 +187,10 @@ int cmd_eval(int argc, char **argv) {
         {"limit", required_argument, 0, 'l'},      {"max_seq", required_argument, 0, 'w'},
         {"tokenizer", required_argument, 0, 't'},  {"output", required_argument, 0, 'o'},
         {"threads", required_argument, 0, 'j'},    {"no_progress", no_argument, 0, 'P'},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+        {"output_requests", required_argument, 0, 'R'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     const char *model_dir = NULL, *tokens = NULL, *text = NULL, *tok_path = NULL, *output = NULL;
+    const char *requests_path = NULL;
     const char *tasks[MAX_TASKS];
     int num_tasks = 0, seq = 0, batch = 4, limit = 0, max_seq = 0, threads = 0, c, status = SPES_OK;
     bool progress = true;
@@ -191,6 +214,7 @@ int cmd_eval(int argc, char **argv) {
         case 'w': status = cli_int("max_seq", optarg, 2, 1 << 24, &max_seq); break;
         case 't': tok_path = optarg; break;
         case 'o': output = optarg; break;
+        case 'R': requests_path = optarg; break;
         case 'j': status = cli_int("threads", optarg, 1, 4096, &threads); break;
         case 'P': progress = false; break;
         case 'h': usage(stdout); return 0;
@@ -224,8 +248,13 @@ int cmd_eval(int argc, char **argv) {
     }
     json_t *task_results = json_object();
     McScoreOptions mopt = {.max_seq = max_seq > 0 ? max_seq : (seq > 0 ? seq : window), .show_progress = progress};
+    FILE *requests_out = NULL;
+    if (status == SPES_OK && requests_path && !(requests_out = fopen(requests_path, "w")))
+        status = spes_fail("cannot create %s", requests_path);
     for (int i = 0; i < num_tasks && status == SPES_OK; i++)
-        status = run_task(&m, tok, tasks[i], limit, &mopt, task_results);
+        status = run_task(&m, tok, tasks[i], limit, &mopt, requests_out, task_results);
+    if (requests_out && fclose(requests_out) != 0 && status == SPES_OK)
+        status = spes_fail("cannot write %s", requests_path);
     json_object_set_new(results, "tasks", task_results);
     if (status == SPES_OK && output) status = write_results(output, results);
     json_decref(results);
