@@ -74,7 +74,7 @@ section_bench_small() {
 }
 
 # tokenize: tokenizer throughput, ours (bench/tokenize.c) against HF tokenizers encode_batch
-# (bench/tokenize_hf.py) on Tiny Shakespeare x ~50 MB and a Unicode-heavy text, 1 and 2
+# (bench/tokenize_hf.py) on Tiny Shakespeare x ~20 MB and a Unicode-heavy text, 1 and 2
 # processes; bench/tokenize.sh prints the table and the final line itself.
 section_tokenize() {
   if ! run_logged tokenize bash bench/tokenize.sh "$BUILD_DIR" "$VENV_PY"; then

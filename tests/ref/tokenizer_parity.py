@@ -172,6 +172,8 @@ def main():
     for tname, tpath in tokenizers.items():
         hf = Tokenizer.from_file(tpath)
         for iname, ipath in inputs.items():
+            if iname == "tinyshakespeare" and tname in ("behaviours", "ignore-merges"):
+                continue   # keeps the test fast; the variants are about the stress text
             ok &= compare(f"{tname}/{iname}", hf, spes, tpath, ipath, work)
 
     # Invalid UTF-8 (HF cannot be asked): ours must refuse, naming the byte offset.
