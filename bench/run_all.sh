@@ -7,8 +7,10 @@
 # The script exits non-zero when any section failed (skips are not failures).
 #
 # To add a section: write a function section_<name> below that prints its detail, then its
-# final line through `final` / `skip` / `fail`, and add its name to SECTIONS. Sections run
-# one after another, never in parallel (the machine has 2 cores).
+# final line through `final` / `skip` / `fail`, and add its name to SECTIONS. A section that
+# lives in its own script (which prints its own final line) is one line:
+#   section_tokenize() { script_section tokenize bench/tokenize.sh "$BUILD_DIR" "$VENV_PY"; }
+# Sections run one after another, never in parallel (the machine has 2 cores).
 set -u
 BUILD=${1:-build}
 cd "$(dirname "$0")/.."
@@ -24,6 +26,14 @@ failed_sections=()
 final() { echo "$*"; }
 skip() { echo "$1: skipped ($2)"; }
 fail() { echo "$1: failed ($2)"; failed_sections+=("$1"); }
+
+# script_section NAME SCRIPT ARGS...: runs a bench script that prints its detail and its own
+# final line (or its own "skipped" line); a non-zero exit adds "NAME: failed (...)".
+script_section() {
+  local name=$1 script=$2
+  shift 2
+  if ! bash "$script" "$@"; then fail "$name" "$script exited non-zero"; fi
+}
 
 # value KEY FILE: the value of the last "KEY=value" token in FILE, NA when absent.
 value() {
