@@ -11,12 +11,15 @@
 # lives in its own script (which prints its own final line) is one line:
 #   section_tokenize() { script_section tokenize bench/tokenize.sh "$BUILD_DIR" "$VENV_PY"; }
 # Sections run one after another, never in parallel (the machine has 2 cores).
+# BENCH_ONLY="bench_small aggregate" runs a subset.
 set -u
 BUILD=${1:-build}
 cd "$(dirname "$0")/.."
 case $BUILD in /*) BUILD_DIR=$BUILD ;; *) BUILD_DIR="$PWD/$BUILD" ;; esac
 VENV_PY=${SPES_VENV_PY:-$PWD/.venv/bin/python}
 SECTIONS=(bench_small tokenize aggregate)
+# BENCH_ONLY="bench_small aggregate" runs just those sections.
+if [ -n "${BENCH_ONLY:-}" ]; then read -ra SECTIONS <<< "$BENCH_ONLY"; fi
 
 LOG_DIR=$(mktemp -d)
 trap 'rm -rf "$LOG_DIR"' EXIT
