@@ -5,8 +5,10 @@ usage: make_parquet.py OUTDIR
 Every codec (none, snappy, gzip, zstd) x data page version (1.0, 2.0) x dictionary on/off,
 plus special layouts (required column, DELTA encodings, nested column before the text,
 dictionary fallback to PLAIN, all-null row group). Each file has nulls, unicode, empty
-strings, several row groups and pages, and extra non-text columns. OUTDIR/expected.json maps
-each file name to its text column's non-null values in order (what the reader must yield).
+strings, several row groups and pages, and extra non-text columns; also other Arrow string
+types and writer options (page index, checksums, huge values). OUTDIR/expected.json holds
+"files": each file name -> its text column's non-null values in order (what the reader must
+yield), and "errors": file name -> part of the error the reader must give (unsupported codecs).
 """
 import json
 import os
@@ -93,8 +95,31 @@ def main():
                   data_page_version=version, row_group_size=50)
     write("empty.parquet", table_for([]), [], compression="snappy")
 
+    # Other writer options and Arrow types that land on the same physical BYTE_ARRAY column.
+    texts = sample_texts(rng, 400)
+    for name, arrow_type in [("large_string", pa.large_string()), ("string_view", pa.string_view()),
+                             ("binary", pa.binary())]:
+        values = [t.encode() if (t is not None and arrow_type == pa.binary()) else t for t in texts]
+        write(f"type_{name}.parquet", pa.table({"text": pa.array(values, arrow_type)}), texts, compression="zstd",
+              row_group_size=150)
+    write("type_dictionary.parquet", pa.table({"text": pa.array(texts).dictionary_encode()}), texts,
+          compression="snappy", row_group_size=150)
+    write("page_index_crc_bloom.parquet", table_for(texts), texts, compression="snappy", write_page_index=True,
+          write_page_checksum=True, row_group_size=150, data_page_size=1024)
+    big = ["h" * (3 << 20), None, "after the big one", "é" * (1 << 20)]   # pages far beyond data_page_size
+    write("huge_values.parquet", table_for(big), big, compression="zstd", data_page_version="2.0")
+
+    # Files the reader must refuse with a clear message (substring of the error).
+    errors = {}
+    for codec, message in [("lz4", "LZ4_RAW is not supported"), ("brotli", "BROTLI is not supported")]:
+        try:
+            pq.write_table(table_for(texts), os.path.join(out, f"codec_{codec}.parquet"), compression=codec)
+            errors[f"codec_{codec}.parquet"] = message
+        except Exception:   # codec not built into this pyarrow: nothing to test
+            pass
+
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
-        json.dump(expected, f, ensure_ascii=False)
+        json.dump({"files": expected, "errors": errors}, f, ensure_ascii=False)
 
 
 if __name__ == "__main__":

@@ -65,10 +65,11 @@ static void test_pyarrow_files(void **state) {
     }
     char *expected_path = path_join(dir, "expected.json");
     json_error_t jerr;
-    json_t *expected = json_load_file(expected_path, JSON_ALLOW_NUL, &jerr);
+    json_t *root = json_load_file(expected_path, JSON_ALLOW_NUL, &jerr);
     free(expected_path);
-    assert_non_null(expected);
-    assert_true(json_object_size(expected) >= 20);
+    assert_non_null(root);
+    json_t *expected = json_object_get(root, "files"), *errors = json_object_get(root, "errors");
+    assert_true(json_object_size(expected) >= 30);
 
     const char *name;
     json_t *texts;
@@ -124,7 +125,23 @@ static void test_pyarrow_files(void **state) {
     assert_non_null(strstr(spes_last_error(), "nested"));
     free(path);
 
-    json_decref(expected);
+    // Unsupported codecs: a clear error naming the file and the codec, at open or first read.
+    json_t *message;
+    json_object_foreach(errors, name, message) {
+        path = path_join(dir, name);
+        int rc = doc_reader_open(path, "text", NULL, NULL, &r);
+        if (rc == SPES_OK) {
+            while ((rc = doc_reader_next(r, &text, &len)) == 1) {
+            }
+            doc_reader_close(r);
+        }
+        if (rc != SPES_ERR) fail_msg("%s: read without error", name);
+        if (!strstr(spes_last_error(), json_string_value(message)) || !strstr(spes_last_error(), name))
+            fail_msg("%s: unexpected error '%s'", name, spes_last_error());
+        free(path);
+    }
+
+    json_decref(root);
     remove_tree(dir);
 }
 
