@@ -30,7 +30,8 @@ static int die(void) {
 }
 
 // Serialises what `peer` uploads (everything in fedavg mode) from params[total_numel].
-static int serialize_upload(const ModelSpec *spec, SyncMode mode, int peer, const float *params, uint8_t **bytes, size_t *len) {
+static int serialize_upload(const ModelSpec *spec, SyncMode mode, int peer, const float *params, uint8_t **bytes,
+                            size_t *len) {
     StWriteTensor *w = spes_calloc((size_t)spec->count, sizeof *w);
     if (!w) return SPES_ERR;
     int n = 0;
@@ -60,7 +61,8 @@ int main(void) {
     ModelSpec spec;
     model_spec_init(&spec);
     for (int i = 0; i < table.count; i++)
-        if (model_spec_add(&spec, table.entries[i].name, DTYPE_F32, table.entries[i].ndim, table.entries[i].shape) != SPES_OK)
+        if (model_spec_add(&spec, table.entries[i].name, DTYPE_F32, table.entries[i].ndim, table.entries[i].shape) !=
+            SPES_OK)
             return die();
     if (model_spec_finish(&spec) != SPES_OK) return die();
     size_t model_bytes = spec.total_numel * sizeof(float);
@@ -104,9 +106,10 @@ int main(void) {
     size_t expert_numel = 0;
     for (int t = 0; t < spec.count; t++)
         if (spec.tensors[t].expert >= 0) expert_numel += spec.tensors[t].numel;
-    printf("model: bench-small with E=%d: %d tensors, %.1f M params, %.1f MB F32 (experts %.0f%%); %d peers x %d experts\n",
-           mc.num_experts, spec.count, spec.total_numel / 1e6, model_bytes / 1e6, 100.0 * expert_numel / spec.total_numel, PEERS,
-           M);
+    printf("model: bench-small with E=%d: %d tensors, %.1f M params, %.1f MB F32 (experts %.0f%%); %d peers x %d "
+           "experts\n",
+           mc.num_experts, spec.count, spec.total_numel / 1e6, model_bytes / 1e6,
+           100.0 * expert_numel / spec.total_numel, PEERS, M);
     printf("threads: %d\n", threads_get());
 
     double best = 1e30, best_merge = 1e30, best_copy = 1e30;
@@ -127,8 +130,8 @@ int main(void) {
         if (t1 < best_merge) best_merge = t1;
     }
     double gb_s = upload_total / best / 1e9, copy_gb_s = model_bytes / best_copy / 1e9;
-    printf("aggregate (no merge): %.1f MB of uploads in %.3f s; merge step (top-4 of 16): %.3f s\n", upload_total / 1e6, best,
-           best_merge);
+    printf("aggregate (no merge): %.1f MB of uploads in %.3f s; merge step (top-4 of 16): %.3f s\n", upload_total / 1e6,
+           best, best_merge);
     printf("memcpy: %.1f MB in %.3f s\n", model_bytes / 1e6, best_copy);
     printf("spes-traffic: spes_up_mb=%.1f spes_down_mb=%.1f fedavg_up_mb=%.1f fedavg_down_mb=%.1f\n", spes_up / 1e6,
            fedavg_up / 1e6, fedavg_up / 1e6, fedavg_up / 1e6);

@@ -22,7 +22,8 @@ static void usage(FILE *out) {
             "\n"
             "  --total_peers P                  number of peers (required)\n"
             "  --num_train_experts_per_node M   experts each peer owns; P*M = experts per layer (spes mode)\n"
-            "  --mode spes|fedavg               spes: owners' experts + mean of shared; fedavg: mean of all (default spes)\n"
+            "  --mode spes|fedavg               spes: owners' experts + mean of shared; fedavg: mean of all (default "
+            "spes)\n"
             "  --host ADDR                      address to bind (default 0.0.0.0)\n"
             "  --port N                         port (default 50051; 0: any free port, printed at start)\n"
             "  --merge_interval N               expert-merging warm-up every N steps (default 0: never)\n"
@@ -120,8 +121,8 @@ int cmd_server(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
     SyncServer *srv;
     if (sync_server_start(&cfg, &srv) != SPES_OK) return cli_report_error();
-    printf("spes server: listening on %s:%d (%d peers, mode %s, %d experts per node)\n", cfg.host, sync_server_port(srv),
-           agg->num_peers, sync_mode_name(agg->mode), agg->experts_per_node);
+    printf("spes server: listening on %s:%d (%d peers, mode %s, %d experts per node)\n", cfg.host,
+           sync_server_port(srv), agg->num_peers, sync_mode_name(agg->mode), agg->experts_per_node);
     fflush(stdout);
     int sig = 0;
     sigwait(&stop_signals, &sig);
@@ -129,8 +130,9 @@ int cmd_server(int argc, char **argv) {
     RoundsStatus st;
     rounds_status(sync_server_rounds(srv), &st);
     sync_server_stop(srv);
-    printf("spes server: stopped after %lld rounds (last step %d), %lld bytes in, %lld bytes out, %lld uploads refused\n",
-           (long long)st.rounds_completed, st.last_aggregate_step, (long long)st.bytes_received, (long long)st.bytes_sent,
-           (long long)st.uploads_rejected);
+    printf(
+        "spes server: stopped after %lld rounds (last step %d), %lld bytes in, %lld bytes out, %lld uploads refused\n",
+        (long long)st.rounds_completed, st.last_aggregate_step, (long long)st.bytes_received, (long long)st.bytes_sent,
+        (long long)st.uploads_rejected);
     return 0;
 }

@@ -22,9 +22,10 @@ int aggregate_config_check(const AggregateConfig *cfg, const ModelSpec *spec) {
         if (cfg->experts_per_node < 1)
             return spes_fail("aggregate: num_train_experts_per_node must be >= 1 (got %d)", cfg->experts_per_node);
         if (spec && spec->num_experts != cfg->num_peers * cfg->experts_per_node)
-            return spes_fail("aggregate: the model has %d experts per layer but total_peers * num_train_experts_per_node = "
-                             "%d * %d = %d; in spes mode every expert needs exactly one owner",
-                             spec->num_experts, cfg->num_peers, cfg->experts_per_node, cfg->num_peers * cfg->experts_per_node);
+            return spes_fail(
+                "aggregate: the model has %d experts per layer but total_peers * num_train_experts_per_node = "
+                "%d * %d = %d; in spes mode every expert needs exactly one owner",
+                spec->num_experts, cfg->num_peers, cfg->experts_per_node, cfg->num_peers * cfg->experts_per_node);
     }
     if (cfg->merge_topk < 1) return spes_fail("aggregate: merge_topk must be >= 1 (got %d)", cfg->merge_topk);
     if (!(cfg->merge_alpha_start >= 0.0f && cfg->merge_alpha_start <= 1.0f))
@@ -110,7 +111,8 @@ static void stream_bytes(uint8_t *dst, const uint8_t *src, size_t n) {
     if (head > n) head = n;
     memcpy(dst, src, head);
     size_t i = head;
-    for (; i + 32 <= n; i += 32) _mm256_stream_si256((__m256i *)(void *)(dst + i), _mm256_loadu_si256((const __m256i *)(const void *)(src + i)));
+    for (; i + 32 <= n; i += 32)
+        _mm256_stream_si256((__m256i *)(void *)(dst + i), _mm256_loadu_si256((const __m256i *)(const void *)(src + i)));
     memcpy(dst + i, src + i, n - i);
 #else
     memcpy(dst, src, n);
@@ -146,8 +148,8 @@ static double dot(const float *a, const float *b, size_t n) {
     return (lane[0] + lane[1]) + (lane[2] + lane[3]);
 }
 
-int aggregate_expert_cosines(const ModelSpec *spec, const AggregateConfig *cfg, const StTensor *const *uploads, int slot,
-                             double *cos) {
+int aggregate_expert_cosines(const ModelSpec *spec, const AggregateConfig *cfg, const StTensor *const *uploads,
+                             int slot, double *cos) {
     const Inputs in = {spec, cfg, uploads};
     int E = spec->num_experts;
     size_t n = spec->tensors[model_spec_expert_tensor(spec, slot, 0, EXPERT_PROJ_GATE)].numel;
@@ -170,7 +172,8 @@ int aggregate_expert_cosines(const ModelSpec *spec, const AggregateConfig *cfg, 
                     premerge_chunk(&in, model_spec_expert_tensor(spec, slot, e, EXPERT_PROJ_GATE), start, len,
                                    vals + (size_t)e * CHUNK, vals + (size_t)E * CHUNK);
                 for (int a = 0; a < E; a++)
-                    for (int c = a; c < E; c++) G[a * E + c] += dot(vals + (size_t)a * CHUNK, vals + (size_t)c * CHUNK, len);
+                    for (int c = a; c < E; c++)
+                        G[a * E + c] += dot(vals + (size_t)a * CHUNK, vals + (size_t)c * CHUNK, len);
             }
         }
         free(vals);
@@ -233,7 +236,8 @@ static int plan_merge(const ModelSpec *spec, const AggregateConfig *cfg, const S
         for (int e = 0; e < E; e++)
             for (int p = 0; p < EXPERT_PROJ_COUNT; p++) {
                 int t = model_spec_expert_tensor(spec, s, e, p);
-                for (int r = 0; r < k; r++) nbr_tensor[(size_t)t * k + r] = model_spec_expert_tensor(spec, s, nbr[e * k + r], p);
+                for (int r = 0; r < k; r++)
+                    nbr_tensor[(size_t)t * k + r] = model_spec_expert_tensor(spec, s, nbr[e * k + r], p);
             }
     }
     free(cos);
@@ -254,7 +258,8 @@ int aggregate_compute(const ModelSpec *spec, const AggregateConfig *cfg, int ste
     for (int t = 0; t < spec->count; t++)
         for (int p = 0; p < cfg->num_peers; p++) {
             const StTensor *u = uploads[(size_t)p * spec->count + t];
-            if (model_spec_peer_sends(spec, cfg->mode, cfg->experts_per_node, p, t) && (!u || u->numel != spec->tensors[t].numel || (u->dtype != DTYPE_F32 && u->dtype != DTYPE_BF16)))
+            if (model_spec_peer_sends(spec, cfg->mode, cfg->experts_per_node, p, t) &&
+                (!u || u->numel != spec->tensors[t].numel || (u->dtype != DTYPE_F32 && u->dtype != DTYPE_BF16)))
                 return spes_fail("aggregate: peer %d's '%s' is missing or not a %zu-value F32/BF16 tensor", p,
                                  spec->tensors[t].name, spec->tensors[t].numel);
         }
@@ -273,7 +278,8 @@ int aggregate_compute(const ModelSpec *spec, const AggregateConfig *cfg, int ste
         return SPES_ERR;
     }
     first_chunk[0] = 0;
-    for (int t = 0; t < spec->count; t++) first_chunk[t + 1] = first_chunk[t] + (spec->tensors[t].numel + CHUNK - 1) / CHUNK;
+    for (int t = 0; t < spec->count; t++)
+        first_chunk[t + 1] = first_chunk[t] + (spec->tensors[t].numel + CHUNK - 1) / CHUNK;
     const Inputs in = {spec, cfg, uploads};
     size_t elem = dtype_size(out_dtype);
     long total_chunks = (long)first_chunk[spec->count];

@@ -63,7 +63,8 @@ void sync_client_destroy(SyncClient *c) {
     if (!c) return;
     grpc_channel_destroy(c->channel);
     grpc_completion_queue_shutdown(c->cq);
-    while (grpc_completion_queue_pluck(c->cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+    while (grpc_completion_queue_pluck(c->cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
     }
     grpc_completion_queue_destroy(c->cq);
     free(c->addr);
@@ -112,13 +113,14 @@ static grpc_status_code finish_call(SyncClient *c, grpc_call *call, const char *
 }
 
 static grpc_call *start_call(SyncClient *c, const char *method, double timeout_s) {
-    return grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq, grpc_slice_from_static_string(method),
-                                    NULL, wire_deadline(timeout_s), NULL);
+    return grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq,
+                                    grpc_slice_from_static_string(method), NULL, wire_deadline(timeout_s), NULL);
 }
 
 // One unary call attempt.
 static grpc_status_code unary_once(SyncClient *c, const char *method, const ProtobufCMessage *req,
-                                   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp, double timeout_s) {
+                                   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
+                                   double timeout_s) {
     grpc_byte_buffer *request = wire_pack(req);
     if (!request) return GRPC_STATUS_RESOURCE_EXHAUSTED;
     grpc_call *call = start_call(c, method, timeout_s);
@@ -212,7 +214,8 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
 static grpc_status_code upload_once(SyncClient *c, int step, const uint8_t *bytes, size_t len) {
     static const char *method = "/FederatedServer/UploadChunk";
     size_t n_chunks = len == 0 ? 1 : (len + c->chunk_size - 1) / c->chunk_size;
-    if (n_chunks > 0x7fffffff) return spes_fail("upload of %zu bytes needs too many chunks", len), GRPC_STATUS_INVALID_ARGUMENT;
+    if (n_chunks > 0x7fffffff)
+        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload of %zu bytes needs too many chunks", len);
     grpc_call *call = start_call(c, method, c->cfg.call_timeout_s);
     grpc_op op;
     memset(&op, 0, sizeof op);
@@ -304,15 +307,17 @@ static int wait_ready(SyncClient *c, int step, int64_t *total_bytes, int *total_
     for (;;) {
         double left = c->cfg.wait_timeout_s > 0 ? c->cfg.wait_timeout_s - (now_seconds() - start) : 1e9;
         if (left <= 0)
-            return spes_fail("server %s: the aggregate of step %d was not ready after %.0f s (a peer missing? see `Status`)",
-                             c->addr, step, c->cfg.wait_timeout_s);
+            return spes_fail(
+                "server %s: the aggregate of step %d was not ready after %.0f s (a peer missing? see `Status`)",
+                c->addr, step, c->cfg.wait_timeout_s);
         WaitAggregateRequest req = WAIT_AGGREGATE_REQUEST__INIT;
         req.peer_id = c->cfg.peer_id;
         req.step = step;
         req.timeout_ms = (int32_t)(left < 25.0 ? left * 1000 : 25000);
         WaitAggregateResponse *resp = NULL;
-        grpc_status_code code = unary(c, "/FederatedServer/WaitAggregate", &req.base, &wait_aggregate_response__descriptor,
-                                      (ProtobufCMessage **)&resp, req.timeout_ms / 1000.0 + 30);
+        grpc_status_code code =
+            unary(c, "/FederatedServer/WaitAggregate", &req.base, &wait_aggregate_response__descriptor,
+                  (ProtobufCMessage **)&resp, req.timeout_ms / 1000.0 + 30);
         if (code != GRPC_STATUS_OK) return SPES_ERR;
         bool ready = resp->ready;
         *total_bytes = resp->total_bytes;
@@ -321,8 +326,8 @@ static int wait_ready(SyncClient *c, int step, int64_t *total_bytes, int *total_
         if (ready) break;
     }
     if (*total_bytes < 0 || *total_chunks < 1)
-        return spes_fail("server %s: step %d's aggregate has %lld bytes in %d chunks?", c->addr, step, (long long)*total_bytes,
-                         *total_chunks);
+        return spes_fail("server %s: step %d's aggregate has %lld bytes in %d chunks?", c->addr, step,
+                         (long long)*total_bytes, *total_chunks);
     return SPES_OK;
 }
 
@@ -341,8 +346,9 @@ int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size
         req.step = step;
         req.chunk_id = i;
         DownloadChunkResponse *resp = NULL;
-        grpc_status_code code = unary(c, "/FederatedServer/DownloadChunk", &req.base, &download_chunk_response__descriptor,
-                                      (ProtobufCMessage **)&resp, c->cfg.call_timeout_s);
+        grpc_status_code code =
+            unary(c, "/FederatedServer/DownloadChunk", &req.base, &download_chunk_response__descriptor,
+                  (ProtobufCMessage **)&resp, c->cfg.call_timeout_s);
         if (code != GRPC_STATUS_OK) {
             free(buf);
             return SPES_ERR;
@@ -353,14 +359,16 @@ int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size
         download_chunk_response__free_unpacked(resp, NULL);
         if (bad) {
             free(buf);
-            return spes_fail("server %s: chunk %d of step %d's aggregate is inconsistent (not ready, too long, or last_chunk "
-                             "misplaced)",
-                             c->addr, i, step);
+            return spes_fail(
+                "server %s: chunk %d of step %d's aggregate is inconsistent (not ready, too long, or last_chunk "
+                "misplaced)",
+                c->addr, i, step);
         }
     }
     if (have != (size_t)total) {
         free(buf);
-        return spes_fail("server %s: step %d's aggregate came to %zu bytes, %lld announced", c->addr, step, have, (long long)total);
+        return spes_fail("server %s: step %d's aggregate came to %zu bytes, %lld announced", c->addr, step, have,
+                         (long long)total);
     }
     c->stats.step = step;
     c->stats.wait_s = waited - start;

@@ -48,11 +48,13 @@ static bool parse_expert_name(const char *name, int *layer, int *expert, int *pr
 }
 
 int model_spec_add(ModelSpec *spec, const char *name, DType dtype, int ndim, const int64_t *shape) {
-    if (!name || !name[0] || strlen(name) > 1024) return spes_fail("model spec: tensor name is empty or longer than 1024 bytes");
+    if (!name || !name[0] || strlen(name) > 1024)
+        return spes_fail("model spec: tensor name is empty or longer than 1024 bytes");
     if (dtype != DTYPE_F32 && dtype != DTYPE_BF16)
         return spes_fail("model spec: tensor '%s' has dtype %s; only F32 and BF16 models are synchronised", name,
                          dtype_name(dtype));
-    if (ndim < 0 || ndim > ST_MAX_DIMS) return spes_fail("model spec: tensor '%s' has %d dimensions (max %d)", name, ndim, ST_MAX_DIMS);
+    if (ndim < 0 || ndim > ST_MAX_DIMS)
+        return spes_fail("model spec: tensor '%s' has %d dimensions (max %d)", name, ndim, ST_MAX_DIMS);
     if (spec->count == spec->capacity) {
         int cap = spec->capacity ? spec->capacity * 2 : 64;
         SpecTensor *grown = spes_realloc(spec->tensors, (size_t)cap * sizeof *grown);
@@ -116,7 +118,8 @@ static int build_name_index(ModelSpec *spec) {
 
 static void format_shape(const int64_t *shape, int ndim, char *out, size_t cap) {
     size_t at = (size_t)snprintf(out, cap, "[");
-    for (int d = 0; d < ndim && at < cap; d++) at += (size_t)snprintf(out + at, cap - at, d ? ",%lld" : "%lld", (long long)shape[d]);
+    for (int d = 0; d < ndim && at < cap; d++)
+        at += (size_t)snprintf(out + at, cap - at, d ? ",%lld" : "%lld", (long long)shape[d]);
     if (at < cap) snprintf(out + at, cap - at, "]");
 }
 
@@ -138,8 +141,8 @@ static int index_experts(ModelSpec *spec) {
     }
     if (max_expert < 0) return SPES_OK;   // a dense model: everything is shared
     if (max_layer > 100000 || max_expert > 100000)
-        return spes_fail("model spec: expert tensor names give layer %d / expert %d; that many is not a real model", max_layer,
-                         max_expert);
+        return spes_fail("model spec: expert tensor names give layer %d / expert %d; that many is not a real model",
+                         max_layer, max_expert);
     int E = max_expert + 1;
     int *slot_of_layer = spes_malloc((size_t)(max_layer + 1) * sizeof(int));
     if (!slot_of_layer) return SPES_ERR;
@@ -172,8 +175,9 @@ static int index_experts(ModelSpec *spec) {
             for (int e = 0; e < E; e++) {
                 int t = model_spec_expert_tensor(spec, s, e, p);
                 if (t < 0)
-                    return spes_fail("model spec: layer %d has %d experts but no model.layers.%d.mlp.experts.%d.%s_proj.weight",
-                                     spec->moe_layers[s], E, spec->moe_layers[s], e, proj_names[p]);
+                    return spes_fail(
+                        "model spec: layer %d has %d experts but no model.layers.%d.mlp.experts.%d.%s_proj.weight",
+                        spec->moe_layers[s], E, spec->moe_layers[s], e, proj_names[p]);
                 const SpecTensor *first = &spec->tensors[model_spec_expert_tensor(spec, s, 0, p)];
                 if (!same_shape(&spec->tensors[t], first))
                     return spes_fail("model spec: '%s' and '%s' differ in shape; experts of one layer must be alike",
@@ -223,7 +227,8 @@ void model_spec_describe_difference(const ModelSpec *a, const ModelSpec *b, char
             return;
         }
         if (x->dtype != y->dtype) {
-            snprintf(msg, cap, "tensor '%s': dtype %s here, %s from the peer", x->name, dtype_name(x->dtype), dtype_name(y->dtype));
+            snprintf(msg, cap, "tensor '%s': dtype %s here, %s from the peer", x->name, dtype_name(x->dtype),
+                     dtype_name(y->dtype));
             return;
         }
     }
@@ -277,8 +282,9 @@ int model_spec_infer_from_upload(const SafeTensors *upload, SyncMode mode, int n
         for (int e = 0; e < num_experts && rc == SPES_OK; e++)
             for (int p = 0; p < EXPERT_PROJ_COUNT && rc == SPES_OK; p++) {
                 if (!proj_shape[p]) {
-                    rc = spes_fail("cannot infer the model from the first upload: layer %d has no %s_proj expert tensor", layer,
-                                   proj_names[p]);
+                    rc =
+                        spes_fail("cannot infer the model from the first upload: layer %d has no %s_proj expert tensor",
+                                  layer, proj_names[p]);
                     break;
                 }
                 char name[160];

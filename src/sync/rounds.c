@@ -2,6 +2,7 @@
 #include "sync/rounds.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,16 @@ struct Rounds {
     int last_completed_step;
     RoundsStatus stats;         // counters (open_step / peers are computed on demand)
 };
+
+grpc_status_code status_fail(grpc_status_code code, const char *fmt, ...) {
+    char message[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    spes_fail("%s", message);
+    return code;
+}
 
 int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     if (cfg->keep_steps < 1) return spes_fail("server: keep_steps must be >= 1 (got %d)", cfg->keep_steps);
@@ -172,32 +183,34 @@ static grpc_status_code adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dty
     }
     r->have_spec = true;
     r->stats.fingerprint = r->spec.fingerprint;
-    log_info("server: model spec fixed: %d tensors, %zu values, %d experts x %d MoE layers, payload %s, fingerprint %016llx",
-             r->spec.count, r->spec.total_numel, r->spec.num_experts, r->spec.num_moe_layers, dtype_name(payload_dtype),
-             (unsigned long long)r->spec.fingerprint);
+    log_info(
+        "server: model spec fixed: %d tensors, %zu values, %d experts x %d MoE layers, payload %s, fingerprint %016llx",
+        r->spec.count, r->spec.total_numel, r->spec.num_experts, r->spec.num_moe_layers, dtype_name(payload_dtype),
+        (unsigned long long)r->spec.fingerprint);
     return GRPC_STATUS_OK;
 }
 
-grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode, DType payload_dtype,
-                              ModelSpec *spec, int *last_completed_step) {
+grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
+                              DType payload_dtype, ModelSpec *spec, int *last_completed_step) {
     const AggregateConfig *a = &r->cfg.agg;
     if (num_peers != a->num_peers)
-        return spes_fail("hello from peer %d: it runs with %d peers, the server with --total_peers %d", peer, num_peers, a->num_peers),
-               GRPC_STATUS_FAILED_PRECONDITION;
+        return status_fail(GRPC_STATUS_FAILED_PRECONDITION,
+                           "hello from peer %d: it runs with %d peers, the server with --total_peers %d", peer,
+                           num_peers, a->num_peers);
     if (peer < 0 || peer >= a->num_peers)
-        return spes_fail("hello: peer_id %d is outside [0, %d)", peer, a->num_peers), GRPC_STATUS_INVALID_ARGUMENT;
+        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "hello: peer_id %d is outside [0, %d)", peer, a->num_peers);
     if (mode != a->mode)
-        return spes_fail("hello from peer %d: it runs in %s mode, the server in %s mode", peer, sync_mode_name(mode),
-                         sync_mode_name(a->mode)),
-               GRPC_STATUS_FAILED_PRECONDITION;
+        return status_fail(GRPC_STATUS_FAILED_PRECONDITION,
+                           "hello from peer %d: it runs in %s mode, the server in %s mode", peer, sync_mode_name(mode),
+                           sync_mode_name(a->mode));
     if (mode == SYNC_MODE_SPES && experts_per_node != a->experts_per_node)
-        return spes_fail("hello from peer %d: it trains %d experts per node, the server expects "
-                         "--num_train_experts_per_node %d",
-                         peer, experts_per_node, a->experts_per_node),
-               GRPC_STATUS_FAILED_PRECONDITION;
+        return status_fail(GRPC_STATUS_FAILED_PRECONDITION,
+                           "hello from peer %d: it trains %d experts per node, the server expects "
+                           "--num_train_experts_per_node %d",
+                           peer, experts_per_node, a->experts_per_node);
     if (payload_dtype != DTYPE_F32 && payload_dtype != DTYPE_BF16)
-        return spes_fail("hello from peer %d: payload dtype %s is not F32 or BF16", peer, dtype_name(payload_dtype)),
-               GRPC_STATUS_INVALID_ARGUMENT;
+        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "hello from peer %d: payload dtype %s is not F32 or BF16",
+                           peer, dtype_name(payload_dtype));
     pthread_mutex_lock(&r->mu);
     grpc_status_code code = GRPC_STATUS_OK;
     if (!r->have_spec) {
@@ -206,13 +219,14 @@ grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_pe
     } else if (r->spec.fingerprint != spec->fingerprint || r->spec.count != spec->count) {
         char diff[1024];
         model_spec_describe_difference(&r->spec, spec, diff, sizeof diff);
-        spes_fail("hello from peer %d: its model (fingerprint %016llx) differs from the server's (%016llx): %s", peer,
-                  (unsigned long long)spec->fingerprint, (unsigned long long)r->spec.fingerprint, diff);
-        code = GRPC_STATUS_FAILED_PRECONDITION;
+        code =
+            status_fail(GRPC_STATUS_FAILED_PRECONDITION,
+                        "hello from peer %d: its model (fingerprint %016llx) differs from the server's (%016llx): %s",
+                        peer, (unsigned long long)spec->fingerprint, (unsigned long long)r->spec.fingerprint, diff);
     } else if (payload_dtype != r->payload_dtype) {
-        spes_fail("hello from peer %d: payload dtype %s, but the other peers use %s", peer, dtype_name(payload_dtype),
-                  dtype_name(r->payload_dtype));
-        code = GRPC_STATUS_FAILED_PRECONDITION;
+        code = status_fail(GRPC_STATUS_FAILED_PRECONDITION,
+                           "hello from peer %d: payload dtype %s, but the other peers use %s", peer,
+                           dtype_name(payload_dtype), dtype_name(r->payload_dtype));
     }
     *last_completed_step = r->last_completed_step;
     pthread_mutex_unlock(&r->mu);
@@ -327,7 +341,8 @@ static grpc_status_code infer_spec(Rounds *r, int peer, const uint8_t *bytes, si
         code = upload_check(&spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, &st, row) == SPES_OK
                    ? adopt_spec(r, &spec, dtype)
                    : GRPC_STATUS_INVALID_ARGUMENT;
-        if (code == GRPC_STATUS_OK) log_info("server: no Hello before the first upload; model spec inferred from peer %d's upload", peer);
+        if (code == GRPC_STATUS_OK)
+            log_info("server: no Hello before the first upload; model spec inferred from peer %d's upload", peer);
     }
     free(row);
     model_spec_free(&spec);
@@ -347,8 +362,12 @@ static grpc_status_code reject(Rounds *r, grpc_status_code code, uint8_t *bytes)
 grpc_status_code rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, size_t len) {
     int P = r->cfg.agg.num_peers;
     if (peer < 0 || peer >= P)
-        return spes_fail("upload: peer_id %d is outside [0, %d)", peer, P), reject(r, GRPC_STATUS_INVALID_ARGUMENT, bytes);
-    if (step < 0) return spes_fail("upload from peer %d: step %d is negative", peer, step), reject(r, GRPC_STATUS_INVALID_ARGUMENT, bytes);
+        return reject(r, status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload: peer_id %d is outside [0, %d)", peer, P),
+                      bytes);
+    if (step < 0)
+        return reject(r,
+                      status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload from peer %d: step %d is negative", peer, step),
+                      bytes);
 
     pthread_mutex_lock(&r->mu);
     grpc_status_code code = r->closing ? GRPC_STATUS_UNAVAILABLE : GRPC_STATUS_OK;
@@ -370,16 +389,17 @@ grpc_status_code rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, si
     pthread_mutex_lock(&r->mu);
     OpenRound *round = NULL;
     if (step <= r->last_completed_step) {
-        spes_fail("upload from peer %d: the round of step %d is already aggregated (last completed step %d); download it", peer,
-                  step, r->last_completed_step);
-        code = GRPC_STATUS_ALREADY_EXISTS;
+        code = status_fail(
+            GRPC_STATUS_ALREADY_EXISTS,
+            "upload from peer %d: the round of step %d is already aggregated (last completed step %d); download it",
+            peer, step, r->last_completed_step);
     } else if (!(round = open_round(r, step))) {
-        spes_fail("upload from peer %d for step %d: %d rounds are already open (peers far apart in steps?)", peer, step,
-                  r->cfg.max_open_rounds);
-        code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        code = status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "upload from peer %d for step %d: %d rounds are already open (peers far apart in steps?)",
+                           peer, step, r->cfg.max_open_rounds);
     } else if (round->aggregating) {
-        spes_fail("upload from peer %d: the round of step %d is being aggregated", peer, step);
-        code = GRPC_STATUS_ALREADY_EXISTS;
+        code = status_fail(GRPC_STATUS_ALREADY_EXISTS, "upload from peer %d: the round of step %d is being aggregated",
+                           peer, step);
     }
     if (code != GRPC_STATUS_OK) {
         pthread_mutex_unlock(&r->mu);
@@ -446,14 +466,13 @@ grpc_status_code rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob
             }
         if (*out) break;
         if (step <= r->last_completed_step) {
-            spes_fail("the aggregate of step %d is no longer kept (--keep_steps %d; latest step %d)", step, r->cfg.keep_steps,
-                      r->last_completed_step);
-            code = GRPC_STATUS_NOT_FOUND;
+            code = status_fail(GRPC_STATUS_NOT_FOUND,
+                               "the aggregate of step %d is no longer kept (--keep_steps %d; latest step %d)", step,
+                               r->cfg.keep_steps, r->last_completed_step);
             break;
         }
         if (r->closing) {
-            spes_fail("server is shutting down");
-            code = GRPC_STATUS_UNAVAILABLE;
+            code = status_fail(GRPC_STATUS_UNAVAILABLE, "server is shutting down");
             break;
         }
         if (timeout_s <= 0 || pthread_cond_timedwait(&r->changed, &r->mu, &deadline) == ETIMEDOUT) {

@@ -19,6 +19,10 @@
 #include "sync/aggregate.h"
 #include "sync/model_spec.h"
 
+// Sets the error message (printf-style, like spes_fail) and returns code: the transport
+// sends both to the peer as the call's status.
+grpc_status_code status_fail(grpc_status_code code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 typedef struct {
     AggregateConfig agg;        // mode, P, m, merge settings
     int keep_steps;             // aggregates kept for download (>= 1)

@@ -66,7 +66,8 @@ static Call *call_new(SyncServer *srv) {
 static void call_free(Call *c) {
     if (c->call) grpc_call_unref(c->call);
     grpc_completion_queue_shutdown(c->cq);
-    while (grpc_completion_queue_pluck(c->cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+    while (grpc_completion_queue_pluck(c->cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
     }
     grpc_completion_queue_destroy(c->cq);
     grpc_call_details_destroy(&c->details);
@@ -150,26 +151,29 @@ static grpc_status_code take_chunk(Call *c, UploadBuffer *up, const UploadChunkR
         up->total_chunks = m->total_chunks;
         up->cap = rounds_upload_cap(c->srv->rounds, m->peer_id);
         if (m->total_chunks < 1 || (size_t)m->total_chunks > up->cap)
-            return spes_fail("upload from peer %d: total_chunks %d is not a sensible count", m->peer_id, m->total_chunks),
-                   GRPC_STATUS_INVALID_ARGUMENT;
+            return status_fail(GRPC_STATUS_INVALID_ARGUMENT,
+                               "upload from peer %d: total_chunks %d is not a sensible count", m->peer_id,
+                               m->total_chunks);
     } else if (m->peer_id != up->peer || m->step != up->step || m->total_chunks != up->total_chunks) {
-        return spes_fail("upload stream began as peer %d step %d of %d chunks but chunk %d says peer %d step %d of %d", up->peer,
-                         up->step, up->total_chunks, m->chunk_id, m->peer_id, m->step, m->total_chunks),
-               GRPC_STATUS_INVALID_ARGUMENT;
+        return status_fail(
+            GRPC_STATUS_INVALID_ARGUMENT,
+            "upload stream began as peer %d step %d of %d chunks but chunk %d says peer %d step %d of %d", up->peer,
+            up->step, up->total_chunks, m->chunk_id, m->peer_id, m->step, m->total_chunks);
     }
     if (m->chunk_id != up->next_chunk)
-        return spes_fail("upload from peer %d step %d: chunk %d arrived where chunk %d was expected (chunks go in order, once)",
-                         up->peer, up->step, m->chunk_id, up->next_chunk),
-               GRPC_STATUS_INVALID_ARGUMENT;
+        return status_fail(
+            GRPC_STATUS_INVALID_ARGUMENT,
+            "upload from peer %d step %d: chunk %d arrived where chunk %d was expected (chunks go in order, once)",
+            up->peer, up->step, m->chunk_id, up->next_chunk);
     if (m->chunk_id >= up->total_chunks)
-        return spes_fail("upload from peer %d step %d: chunk %d beyond total_chunks %d", up->peer, up->step, m->chunk_id,
-                         up->total_chunks),
-               GRPC_STATUS_INVALID_ARGUMENT;
+        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload from peer %d step %d: chunk %d beyond total_chunks %d",
+                           up->peer, up->step, m->chunk_id, up->total_chunks);
     size_t add = m->chunk_data.len;
     if (add > up->cap - up->len)
-        return spes_fail("upload from peer %d step %d: more than %zu bytes, the most its tensors can take (F32 + header)", up->peer,
-                         up->step, up->cap),
-               GRPC_STATUS_RESOURCE_EXHAUSTED;
+        return status_fail(
+            GRPC_STATUS_RESOURCE_EXHAUSTED,
+            "upload from peer %d step %d: more than %zu bytes, the most its tensors can take (F32 + header)", up->peer,
+            up->step, up->cap);
     if (up->len + add > up->capacity) {
         // First reservation: the announced size (at most 1 GiB, it is only a claim), then doubling.
         size_t claimed = add * (size_t)up->total_chunks, want = up->capacity;
@@ -202,8 +206,7 @@ static void handle_upload(Call *c) {
         UploadChunkRequest *m = (UploadChunkRequest *)wire_unpack(&upload_chunk_request__descriptor, bb);
         grpc_byte_buffer_destroy(bb);
         if (!m) {
-            spes_fail("malformed UploadChunkRequest message");
-            code = GRPC_STATUS_INVALID_ARGUMENT;
+            code = status_fail(GRPC_STATUS_INVALID_ARGUMENT, "malformed UploadChunkRequest message");
         } else {
             code = take_chunk(c, &up, m);
             upload_chunk_request__free_unpacked(m, NULL);
@@ -211,11 +214,10 @@ static void handle_upload(Call *c) {
         if (code != GRPC_STATUS_OK) break;
     }
     if (code == GRPC_STATUS_OK && up.next_chunk == 0) {
-        spes_fail("upload stream without chunks");
-        code = GRPC_STATUS_INVALID_ARGUMENT;
+        code = status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload stream without chunks");
     } else if (code == GRPC_STATUS_OK && up.next_chunk != up.total_chunks) {
-        spes_fail("upload from peer %d step %d ended after %d of %d chunks", up.peer, up.step, up.next_chunk, up.total_chunks);
-        code = GRPC_STATUS_INVALID_ARGUMENT;
+        code = status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload from peer %d step %d ended after %d of %d chunks",
+                           up.peer, up.step, up.next_chunk, up.total_chunks);
     }
     if (code != GRPC_STATUS_OK) {
         free(up.bytes);
@@ -240,8 +242,8 @@ static void handle_download(Call *c) {
     if (code == GRPC_STATUS_OK && blob) {
         size_t chunk = c->srv->cfg.chunk_size, n = chunk_count(blob->len, chunk);
         if (req->chunk_id < 0 || (size_t)req->chunk_id >= n) {
-            spes_fail("download of step %d: chunk_id %d is outside [0, %zu)", req->step, req->chunk_id, n);
-            code = GRPC_STATUS_OUT_OF_RANGE;
+            code = status_fail(GRPC_STATUS_OUT_OF_RANGE, "download of step %d: chunk_id %d is outside [0, %zu)",
+                               req->step, req->chunk_id, n);
         } else {
             size_t at = (size_t)req->chunk_id * chunk;
             resp.chunk_data.data = blob->bytes + at;
@@ -265,15 +267,18 @@ static grpc_status_code spec_from_hello(const HelloRequest *req, ModelSpec *spec
         if (dtype_from_name(ti->dtype, &dtype) != SPES_OK || ti->n_shape > ST_MAX_DIMS ||
             model_spec_add(spec, ti->name, dtype, (int)ti->n_shape, ti->shape) != SPES_OK) {
             if (ti->n_shape > ST_MAX_DIMS) spes_fail("tensor '%s' has %zu dimensions", ti->name, ti->n_shape);
-            return spes_fail_context("hello from peer %d: tensor %zu", req->peer_id, i), GRPC_STATUS_INVALID_ARGUMENT;
+            spes_fail_context("hello from peer %d: tensor %zu", req->peer_id, i);
+            return GRPC_STATUS_INVALID_ARGUMENT;
         }
     }
-    if (model_spec_finish(spec) != SPES_OK)
-        return spes_fail_context("hello from peer %d", req->peer_id), GRPC_STATUS_INVALID_ARGUMENT;
+    if (model_spec_finish(spec) != SPES_OK) {
+        spes_fail_context("hello from peer %d", req->peer_id);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
     if (spec->fingerprint != req->fingerprint)
-        return spes_fail("hello from peer %d: fingerprint %016llx does not match its own tensor list (%016llx)", req->peer_id,
-                         (unsigned long long)req->fingerprint, (unsigned long long)spec->fingerprint),
-               GRPC_STATUS_INVALID_ARGUMENT;
+        return status_fail(GRPC_STATUS_INVALID_ARGUMENT,
+                           "hello from peer %d: fingerprint %016llx does not match its own tensor list (%016llx)",
+                           req->peer_id, (unsigned long long)req->fingerprint, (unsigned long long)spec->fingerprint);
     return GRPC_STATUS_OK;
 }
 
@@ -289,7 +294,8 @@ static void handle_hello(Call *c) {
                                    (req->payload_dtype[0] && dtype_from_name(req->payload_dtype, &payload) != SPES_OK)))
         code = GRPC_STATUS_INVALID_ARGUMENT;
     if (code == GRPC_STATUS_OK)
-        code = rounds_hello(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode, payload, &spec, &last);
+        code = rounds_hello(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode, payload, &spec,
+                            &last);
     HelloResponse resp = HELLO_RESPONSE__INIT;
     resp.fingerprint = spec.fingerprint;
     if (code == GRPC_STATUS_OK) {
@@ -439,8 +445,8 @@ static void *accept_loop(void *arg) {
 
 int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     if (cfg->chunk_size < 1 || cfg->chunk_size + 1024 > cfg->max_message_size)
-        return spes_fail("server: chunk_size %zu must be >= 1 and at least 1 KiB below max_message_size %zu", cfg->chunk_size,
-                         cfg->max_message_size);
+        return spes_fail("server: chunk_size %zu must be >= 1 and at least 1 KiB below max_message_size %zu",
+                         cfg->chunk_size, cfg->max_message_size);
     SyncServer *srv = spes_calloc(1, sizeof *srv);
     if (!srv) return SPES_ERR;
     srv->cfg = *cfg;
@@ -468,7 +474,8 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     if (srv->port == 0) {
         grpc_server_destroy(srv->server);   // never started: nothing to shut down
         grpc_completion_queue_shutdown(srv->cq);
-        while (grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+        while (grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+               GRPC_QUEUE_SHUTDOWN) {
         }
         grpc_completion_queue_destroy(srv->cq);
         rounds_destroy(srv->rounds);

@@ -36,9 +36,12 @@ static int check_tensor(const ModelSpec *spec, const StTensor *u, int t, int pee
     for (int d = 0; same && d < st->ndim; d++) same = u->shape[d] == st->shape[d];
     if (!same) {
         char got[128] = "", want[128] = "";
-        for (int d = 0, at = 0; d < u->ndim && at < 100; d++) at += snprintf(got + at, sizeof got - (size_t)at, " %lld", (long long)u->shape[d]);
-        for (int d = 0, at = 0; d < st->ndim && at < 100; d++) at += snprintf(want + at, sizeof want - (size_t)at, " %lld", (long long)st->shape[d]);
-        return spes_fail("upload from peer %d: tensor '%s' has shape [%s ] but the model's is [%s ]", peer, u->name, got, want);
+        for (int d = 0, at = 0; d < u->ndim && at < 100; d++)
+            at += snprintf(got + at, sizeof got - (size_t)at, " %lld", (long long)u->shape[d]);
+        for (int d = 0, at = 0; d < st->ndim && at < 100; d++)
+            at += snprintf(want + at, sizeof want - (size_t)at, " %lld", (long long)st->shape[d]);
+        return spes_fail("upload from peer %d: tensor '%s' has shape [%s ] but the model's is [%s ]", peer, u->name,
+                         got, want);
     }
     size_t bad = first_non_finite(u);
     if (bad < u->numel)
@@ -53,11 +56,14 @@ int upload_check(const ModelSpec *spec, SyncMode mode, int experts_per_node, int
     for (int i = 0; i < upload->count; i++) {
         const StTensor *u = &upload->tensors[i];
         int t = model_spec_find(spec, u->name);
-        if (t < 0) return spes_fail("upload from peer %d: tensor '%s' is not part of the model agreed at the handshake", peer, u->name);
+        if (t < 0)
+            return spes_fail("upload from peer %d: tensor '%s' is not part of the model agreed at the handshake", peer,
+                             u->name);
         if (!model_spec_peer_sends(spec, mode, experts_per_node, peer, t))
-            return spes_fail("upload from peer %d: tensor '%s' belongs to expert %d, owned by peer %d; a peer uploads only "
-                             "the shared tensors and its own experts",
-                             peer, u->name, spec->tensors[t].expert, spec->tensors[t].expert / experts_per_node);
+            return spes_fail(
+                "upload from peer %d: tensor '%s' belongs to expert %d, owned by peer %d; a peer uploads only "
+                "the shared tensors and its own experts",
+                peer, u->name, spec->tensors[t].expert, spec->tensors[t].expert / experts_per_node);
         if (row[t]) return spes_fail("upload from peer %d: tensor '%s' appears twice", peer, u->name);
         SPES_TRY(check_tensor(spec, u, t, peer));
         row[t] = u;
@@ -69,8 +75,9 @@ int upload_check(const ModelSpec *spec, SyncMode mode, int experts_per_node, int
             missing++;
         }
     if (missing)
-        return spes_fail("upload from peer %d: tensor '%s' is missing (%d of the tensors this peer must send are missing)",
-                         peer, spec->tensors[first_missing].name, missing);
+        return spes_fail(
+            "upload from peer %d: tensor '%s' is missing (%d of the tensors this peer must send are missing)", peer,
+            spec->tensors[first_missing].name, missing);
     return SPES_OK;
 }
 

@@ -88,7 +88,8 @@ static void free_uploads(Uploads *u) {
 }
 
 // Output buffers, one float array per tensor, laid end to end.
-static float *run_aggregate(const ModelSpec *spec, const AggregateConfig *cfg, int step, const Uploads *u, uint8_t ***outs) {
+static float *run_aggregate(const ModelSpec *spec, const AggregateConfig *cfg, int step, const Uploads *u,
+                            uint8_t ***outs) {
     float *all = calloc(spec->total_numel, sizeof(float));
     *outs = calloc((unsigned)spec->count, sizeof(uint8_t *));
     size_t at = 0;
@@ -134,7 +135,8 @@ static void test_shared_mean_and_owner_experts(void **state) {
         const float *o = (const float *)outs[t];
         int e = spec.tensors[t].expert;
         for (size_t i = 0; i < spec.tensors[t].numel; i++) {
-            float want = e < 0 ? (upload_value(&u, 0, t, i) + upload_value(&u, 1, t, i)) / 2.0f : upload_value(&u, e / 2, t, i);
+            float want =
+                e < 0 ? (upload_value(&u, 0, t, i) + upload_value(&u, 1, t, i)) / 2.0f : upload_value(&u, e / 2, t, i);
             assert_true(o[i] == want);
         }
     }
@@ -274,20 +276,24 @@ static void test_merge_uses_known_neighbours(void **state) {
                 }
             }
     // Shared tensors are still means, untouched by the merge.
-    for (size_t i = 0; i < spec.tensors[0].numel; i++) assert_float_equal(((const float *)outs[0])[i], 0.1f * (float)i, 1e-6);
+    for (size_t i = 0; i < spec.tensors[0].numel; i++)
+        assert_float_equal(((const float *)outs[0])[i], 0.1f * (float)i, 1e-6);
     // A non-merge step copies the owners' experts unchanged.
     free(all);
     free(outs);
     all = run_aggregate(&spec, &cfg, 25, &u, &outs);
     int t = 1 + 13 + 1 + 2 * 3;   // layer 1, expert 2, gate
-    for (size_t i = 0; i < spec.tensors[t].numel; i++) assert_true(((const float *)outs[t])[i] == upload_value(&u, 2, t, i));
+    for (size_t i = 0; i < spec.tensors[t].numel; i++)
+        assert_true(((const float *)outs[t])[i] == upload_value(&u, 2, t, i));
     free(all);
     free(outs);
     free_uploads(&u);
     model_spec_free(&spec);
 }
 
-static float fill_halves(int peer, int t, size_t i) { return (float)(peer + 1) * 1.5f + (float)((t + (int)i) % 7) * 0.25f; }
+static float fill_halves(int peer, int t, size_t i) {
+    return (float)(peer + 1) * 1.5f + (float)((t + (int)i) % 7) * 0.25f;
+}
 
 static void test_bf16_uploads_and_bf16_output(void **state) {
     (void)state;
@@ -324,7 +330,8 @@ static void test_bf16_uploads_and_bf16_output(void **state) {
 }
 
 static float fill_random(int peer, int t, size_t i) {
-    uint64_t x = (uint64_t)peer * 0x9e3779b97f4a7c15ull ^ (uint64_t)t * 0xbf58476d1ce4e5b9ull ^ (uint64_t)i * 0x94d049bb133111ebull;
+    uint64_t x = (uint64_t)peer * 0x9e3779b97f4a7c15ull ^ (uint64_t)t * 0xbf58476d1ce4e5b9ull ^
+                 (uint64_t)i * 0x94d049bb133111ebull;
     x ^= x >> 31;
     x *= 0xd6e8feb96a9e3b5dull;
     x ^= x >> 29;

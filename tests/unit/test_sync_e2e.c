@@ -115,7 +115,8 @@ static void send_bad_uploads(SyncClient *c, const ModelSpec *spec, int peer) {
     uint8_t *bytes;
     size_t len;
     PEER_CHECK(serialize_upload(spec, peer, 10, true, false, &bytes, &len) == SPES_OK, "serialize");
-    PEER_CHECK(sync_client_upload_bytes(c, 10, bytes, len) == SPES_ERR && sync_client_last_status(c) == GRPC_STATUS_INVALID_ARGUMENT &&
+    PEER_CHECK(sync_client_upload_bytes(c, 10, bytes, len) == SPES_ERR &&
+                   sync_client_last_status(c) == GRPC_STATUS_INVALID_ARGUMENT &&
                    strstr(spes_last_error(), "non-finite"),
                "NaN upload not refused as INVALID_ARGUMENT: %s", spes_last_error());
     free(bytes);
@@ -126,7 +127,8 @@ static void send_bad_uploads(SyncClient *c, const ModelSpec *spec, int peer) {
                "garbage upload not refused: %s", spes_last_error());
     size_t huge = 4u << 20;   // far beyond this peer's F32 tensors + header room
     uint8_t *big = calloc(huge, 1);
-    PEER_CHECK(sync_client_upload_bytes(c, 10, big, huge) == SPES_ERR && sync_client_last_status(c) == GRPC_STATUS_RESOURCE_EXHAUSTED,
+    PEER_CHECK(sync_client_upload_bytes(c, 10, big, huge) == SPES_ERR &&
+                   sync_client_last_status(c) == GRPC_STATUS_RESOURCE_EXHAUSTED,
                "oversized upload not refused as RESOURCE_EXHAUSTED: %s", spes_last_error());
     free(big);
     PEER_CHECK(serialize_upload(spec, peer, 10, false, true, &bytes, &len) == SPES_OK, "serialize");
@@ -161,7 +163,8 @@ static void run_peer(int peer, int port_fd, const char *dir) {
         size_t len, agg_len;
         PEER_CHECK(serialize_upload(&spec, peer, step, false, false, &bytes, &len) == SPES_OK, "serialize");
         save(dir, "up", step, peer, bytes, len);
-        PEER_CHECK(sync_client_upload_bytes(c, step, bytes, len) == SPES_OK, "upload step %d: %s", step, spes_last_error());
+        PEER_CHECK(sync_client_upload_bytes(c, step, bytes, len) == SPES_OK, "upload step %d: %s", step,
+                   spes_last_error());
         free(bytes);
         PEER_CHECK(sync_client_wait_and_download(c, step, &agg, &agg_len) == SPES_OK, "download step %d: %s", step,
                    spes_last_error());
@@ -265,8 +268,13 @@ static void test_four_peers_three_rounds(void **state) {
     cfg.host = "127.0.0.1";
     cfg.port = 0;
     cfg.chunk_size = 1000;
-    cfg.rounds.agg = (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = PEERS, .experts_per_node = M, .merge_interval = 20,
-                                       .merge_alpha_start = 0.5f, .merge_decay_steps = 100, .merge_topk = 3};
+    cfg.rounds.agg = (AggregateConfig){.mode = SYNC_MODE_SPES,
+                                       .num_peers = PEERS,
+                                       .experts_per_node = M,
+                                       .merge_interval = 20,
+                                       .merge_alpha_start = 0.5f,
+                                       .merge_decay_steps = 100,
+                                       .merge_topk = 3};
     SyncServer *srv;
     assert_int_equal(sync_server_start(&cfg, &srv), SPES_OK);
     int port = sync_server_port(srv);

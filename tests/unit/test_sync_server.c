@@ -50,7 +50,8 @@ static int teardown(void **state) {
     Fixture *f = *state;
     grpc_channel_destroy(f->channel);
     grpc_completion_queue_shutdown(f->cq);
-    while (grpc_completion_queue_pluck(f->cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+    while (grpc_completion_queue_pluck(f->cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
     }
     grpc_completion_queue_destroy(f->cq);
     grpc_shutdown();
@@ -115,8 +116,9 @@ static grpc_status_code close_call(Fixture *f, grpc_call *call, bool half_close,
     return code;
 }
 
-static grpc_status_code unary(Fixture *f, const char *method, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
-                              ProtobufCMessage **resp, char *details, size_t cap) {
+static grpc_status_code unary(Fixture *f, const char *method, const ProtobufCMessage *req,
+                              const ProtobufCMessageDescriptor *desc, ProtobufCMessage **resp, char *details,
+                              size_t cap) {
     grpc_call *call = open_call(f, method);
     send_bytes(f, call, wire_pack(req));   // may fail when the server answers before reading it
     return close_call(f, call, true, desc, resp, details, cap);
@@ -143,8 +145,8 @@ static void test_stalled_upload_blocks_nobody(void **state) {
     StatusRequest sreq = STATUS_REQUEST__INIT;
     StatusResponse *st = NULL;
     char details[512];
-    assert_int_equal(unary(f, "/FederatedServer/Status", &sreq.base, &status_response__descriptor, (ProtobufCMessage **)&st,
-                           details, sizeof details),
+    assert_int_equal(unary(f, "/FederatedServer/Status", &sreq.base, &status_response__descriptor,
+                           (ProtobufCMessage **)&st, details, sizeof details),
                      GRPC_STATUS_OK);
     assert_int_equal(st->total_peers, 2);
     assert_string_equal(st->mode, "spes");

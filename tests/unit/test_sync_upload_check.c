@@ -84,7 +84,8 @@ static void test_wrong_tensor_set_is_refused(void **state) {
     free(bytes);
     free(row);
     // The cap: peer's F32 bytes + header room, smaller for a spes peer than for fedavg.
-    size_t spes_cap = upload_max_bytes(&spec, SYNC_MODE_SPES, 2, 1), fedavg_cap = upload_max_bytes(&spec, SYNC_MODE_FEDAVG, 2, 1);
+    size_t spes_cap = upload_max_bytes(&spec, SYNC_MODE_SPES, 2, 1),
+           fedavg_cap = upload_max_bytes(&spec, SYNC_MODE_FEDAVG, 2, 1);
     assert_true(spes_cap < fedavg_cap);
     assert_int_equal(fedavg_cap - spes_cap, 12 * (12 * 4 + 256));   // 2 layers x 2 experts x 3 tensors of 12 values
     model_spec_free(&spec);
