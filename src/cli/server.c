@@ -41,7 +41,7 @@ static void usage(FILE *out) {
 static int parse_size(const char *flag, const char *text, size_t *out) {
     uint64_t v;
     SPES_TRY(cli_u64(flag, text, &v));
-    if (v == 0 || v > ((uint64_t)1 << 31)) return spes_fail("%s must be in [1, 2^31] bytes (got %s)", flag, text);
+    if (v == 0 || v > ((uint64_t)1 << 31)) return spes_fail("--%s must be in [1, 2^31] bytes (got %s)", flag, text);
     *out = (size_t)v;
     return SPES_OK;
 }
@@ -74,24 +74,24 @@ int cmd_server(int argc, char **argv) {
     optind = 1;
     while (status == SPES_OK && (c = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (c) {
-        case 'P': status = cli_int("--total_peers", optarg, 1, 100000, &agg->num_peers); break;
-        case 'm': status = cli_int("--num_train_experts_per_node", optarg, 1, 100000, &agg->experts_per_node); break;
+        case 'P': status = cli_int("total_peers", optarg, 1, 100000, &agg->num_peers); break;
+        case 'm': status = cli_int("num_train_experts_per_node", optarg, 1, 100000, &agg->experts_per_node); break;
         case 'M': status = sync_mode_parse(optarg, &agg->mode); break;
         case 'H': cfg.host = optarg; break;
-        case 'p': status = cli_int("--port", optarg, 0, 65535, &cfg.port); break;
-        case 'i': status = cli_int("--merge_interval", optarg, 0, 1 << 30, &agg->merge_interval); break;
-        case 'a': status = cli_float("--merge_alpha_start", optarg, 0, 1, &agg->merge_alpha_start); break;
-        case 'd': status = cli_int("--merge_decay_steps", optarg, 0, 1 << 30, &agg->merge_decay_steps); break;
-        case 'k': status = cli_int("--merge_topk", optarg, 1, 100000, &agg->merge_topk); break;
-        case 'K': status = cli_int("--keep_steps", optarg, 1, 1000, &cfg.rounds.keep_steps); break;
-        case 'c': status = parse_size("--chunk_size", optarg, &cfg.chunk_size); break;
-        case 'x': status = parse_size("--max_message_size", optarg, &cfg.max_message_size); break;
+        case 'p': status = cli_int("port", optarg, 0, 65535, &cfg.port); break;
+        case 'i': status = cli_int("merge_interval", optarg, 0, 1 << 30, &agg->merge_interval); break;
+        case 'a': status = cli_float("merge_alpha_start", optarg, 0, 1, &agg->merge_alpha_start); break;
+        case 'd': status = cli_int("merge_decay_steps", optarg, 0, 1 << 30, &agg->merge_decay_steps); break;
+        case 'k': status = cli_int("merge_topk", optarg, 1, 100000, &agg->merge_topk); break;
+        case 'K': status = cli_int("keep_steps", optarg, 1, 1000, &cfg.rounds.keep_steps); break;
+        case 'c': status = parse_size("chunk_size", optarg, &cfg.chunk_size); break;
+        case 'x': status = parse_size("max_message_size", optarg, &cfg.max_message_size); break;
         case 'w':
-            status = cli_float("--max_wait_seconds", optarg, 0.01, 3600, &seconds);
+            status = cli_float("max_wait_seconds", optarg, 0.01, 3600, &seconds);
             cfg.max_wait_seconds = seconds;
             break;
         case 't':
-            status = cli_float("--idle_timeout_seconds", optarg, 1, 86400, &seconds);
+            status = cli_float("idle_timeout_seconds", optarg, 1, 86400, &seconds);
             cfg.idle_timeout_seconds = seconds;
             break;
         case 'h': usage(stdout); return 0;
@@ -113,6 +113,8 @@ int cmd_server(int argc, char **argv) {
         fprintf(stderr, "spes server: --num_train_experts_per_node is required in spes mode\n");
         return 2;
     }
+    if (agg->merge_alpha_start > 0 && agg->merge_interval <= 0)
+        log_warn("server: --merge_alpha_start %g has no effect without --merge_interval N > 0", (double)agg->merge_alpha_start);
     // Block the stop signals before any thread starts, so only sigwait below sees them.
     sigset_t stop_signals;
     sigemptyset(&stop_signals);

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# `spes server` flags: --help, required flags, bad values named, a bind failure explained,
+# and a clean stop on SIGTERM with the summary line.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+[ -x "${SPES_BIN:-}" ] || { echo "spes binary not built: ${SPES_BIN:-<unset>}"; exit 1; }
+fail() { echo "FAIL: $*"; exit 1; }
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+"$SPES_BIN" server --help >"$out/help" 2>&1 || fail "--help exits non-zero"
+grep -q -- "--merge_topk" "$out/help" || fail "--help does not list --merge_topk"
+"$SPES_BIN" server >"$out/none" 2>&1; [ $? -eq 2 ] || fail "no flags: exit code not 2"
+grep -q -- "--total_peers is required" "$out/none" || fail "no flags: message does not name --total_peers"
+"$SPES_BIN" server --total_peers 4 >"$out/nom" 2>&1; [ $? -eq 2 ] || fail "spes mode without M: exit code not 2"
+grep -q -- "--num_train_experts_per_node is required" "$out/nom" || fail "missing M not named"
+"$SPES_BIN" server --total_peers 4 --num_train_experts_per_node 2 --merge_alpha_start 2 >"$out/alpha" 2>&1
+[ $? -eq 1 ] || fail "alpha 2: exit code not 1"
+grep -q -- "--merge_alpha_start: '2' is not a number in \[0, 1\]" "$out/alpha" || fail "bad alpha not named: $(cat "$out/alpha")"
+"$SPES_BIN" server --total_peers 4 --num_train_experts_per_node 2 --mode dilico >"$out/mode" 2>&1
+[ $? -eq 1 ] || fail "bad mode: exit code not 1"
+grep -q "sync mode 'dilico' is not one of spes, fedavg" "$out/mode" || fail "bad mode not named"
+"$SPES_BIN" server --total_peers 4 --num_train_experts_per_node 2 --host 256.1.1.1 >"$out/bind" 2>&1
+[ $? -eq 1 ] || fail "unbindable host: exit code not 1"
+grep -q "cannot listen on 256.1.1.1:50051" "$out/bind" || fail "bind failure not explained"
+
+"$SPES_BIN" server --total_peers 2 --mode fedavg --host 127.0.0.1 --port 0 >"$out/run" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q "listening on" "$out/run" && break; sleep 0.1; done
+grep -q "listening on 127.0.0.1:[0-9]* (2 peers, mode fedavg" "$out/run" || { kill $pid; fail "no listening line"; }
+kill -TERM $pid
+wait $pid || fail "SIGTERM: server exited non-zero"
+grep -q "stopped after 0 rounds" "$out/run" || fail "no summary line on stop"
+echo "spes server CLI: ok"
