@@ -3,7 +3,8 @@
 //   .jsonl                        one JSON object a line (blank lines skipped)
 //   .jsonl.gz / .json.gz          the same, gzip-compressed (multi-member files too)
 //   .jsonl.zst / .json.zst        the same, zstd-compressed (any number of frames)
-//   .json                         a top-level array of objects (or one object)
+//   .json                         a top-level array of objects, or one object, or
+//                                 objects one after another (read as JSON lines)
 //   .parquet                      the string column named text_field (nulls skipped)
 //   .txt                          the whole file is one document
 // (.json.gz is read as JSON lines, as SPES's tokenize_data.py does.)

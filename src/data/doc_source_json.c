@@ -1,5 +1,6 @@
 // .json: a top-level array of objects, e.g. [{"text": "..."}, {"text": "..."}]; a lone
-// top-level object is one record (as in SPES's tokenize_data.py). The file is memory-
+// top-level object is one record (as in SPES's tokenize_data.py); objects one after
+// another (JSON lines named .json) are read as JSON lines. The file is memory-
 // mapped and walked one entry at a time: a small scanner finds where each entry ends
 // (strings, escapes, nesting) and json_field.h parses just that entry, so a bad entry is
 // reported by index and line and skipped. A file that ends inside the array is an error.
@@ -36,35 +37,57 @@ static void skip_space(JsonSource *s) {
     }
 }
 
-// Advances s->pos to the ',' or ']' that ends the entry starting at s->pos (depth 0,
-// outside strings). Returns the entry's length without trailing spaces; SPES_ERR when
-// the file ends first.
-static int scan_entry(JsonSource *s, size_t *entry_len) {
-    const char *b = (const char *)s->file.data;
-    size_t start = s->pos, i = s->pos, last_nonspace = s->pos;
+// Walks JSON text from b[pos], honouring strings and escapes, and returns where it stops:
+// at the first ',' or ']' at nesting depth 0 (stop_after_value == 0: the end of an array
+// entry), or just after the object/array that starts at pos closes (stop_after_value ==
+// 1). Returns size when the text ends first. Counts the newlines passed and the end of
+// the last non-space byte.
+static size_t scan_json(const char *b, size_t size, size_t pos, int stop_after_value, uint64_t *newlines,
+                        size_t *last_nonspace) {
     uint64_t depth = 0;
     int in_string = 0;
-    for (; i < s->file.size; i++) {
+    size_t i = pos;
+    *last_nonspace = pos;
+    for (; i < size; i++) {
         char c = b[i];
-        if (c == '\n') s->line++;
+        if (c == '\n') (*newlines)++;
         if (in_string) {
             if (c == '\\') i++;    // the escaped character cannot end the string
             else if (c == '"') in_string = 0;
-            last_nonspace = i + 1;
+            *last_nonspace = i + 1;
             continue;
         }
         if (depth == 0 && (c == ',' || c == ']')) break;
+        if (!is_space(c)) *last_nonspace = i + 1;
         if (c == '"') in_string = 1;
         else if (c == '[' || c == '{') depth++;
-        else if ((c == ']' || c == '}') && depth > 0) depth--;
-        if (!is_space(c)) last_nonspace = i + 1;
+        else if ((c == ']' || c == '}') && depth > 0 && --depth == 0 && stop_after_value) return i + 1;
     }
-    if (i >= s->file.size)
+    return i < size ? i : size;
+}
+
+// Advances s->pos to the ',' or ']' that ends the entry starting at s->pos. Returns the
+// entry's length without trailing spaces; SPES_ERR when the file ends first.
+static int scan_entry(JsonSource *s, size_t *entry_len) {
+    size_t last_nonspace, start = s->pos;
+    size_t end = scan_json((const char *)s->file.data, s->file.size, s->pos, 0, &s->line, &last_nonspace);
+    if (end >= s->file.size)
         return spes_fail("%s: the JSON array is not closed (the file ends inside entry %llu, line %llu; truncated?)",
                          s->path, (unsigned long long)s->index, (unsigned long long)s->line);
-    s->pos = i;
+    s->pos = end;
     *entry_len = last_nonspace - start;
     return SPES_OK;
+}
+
+// A file that starts with an object and has more after it is JSON lines under a .json
+// name (what Hugging Face datasets' to_json writes by default).
+static int is_json_lines(const JsonSource *s) {
+    const char *b = (const char *)s->file.data;
+    uint64_t newlines = 0;
+    size_t last_nonspace;
+    size_t end = scan_json(b, s->file.size, s->pos, 1, &newlines, &last_nonspace);
+    while (end < s->file.size && is_space(b[end])) end++;
+    return end < s->file.size;
 }
 
 // Decodes one entry; 1 with the text, 0 when it was malformed (reported), SPES_ERR.
@@ -150,6 +173,9 @@ int doc_source_json_open(const char *path, const char *text_field, DocReport *re
                   (unsigned long long)s->line);
         json_close(&s->base);
         return SPES_ERR;
+    } else if (is_json_lines(s)) {
+        json_close(&s->base);
+        return doc_source_jsonl_open(path, BYTE_STREAM_PLAIN, text_field, rep, out);
     }
     *out = &s->base;
     return SPES_OK;

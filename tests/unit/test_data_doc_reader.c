@@ -209,6 +209,24 @@ static void test_json_other_shapes(void **state) {
     assert_string_equal(c.docs[0], "solo");
     free(path);
 
+    // JSON lines under a .json name (HF datasets' to_json default) read as JSON lines;
+    // a pretty-printed single object stays one record.
+    const char lines[] = "{\"text\": \"l1\"}\n{\"text\": 2}\n{\"text\": \"l3\"}\n";
+    path = write_file("lines.json", lines, strlen(lines));
+    collect(path, "text", &c);
+    assert_int_equal(c.rc, 0);
+    assert_int_equal(c.n_docs, 2);
+    assert_string_equal(c.docs[1], "l3");
+    assert_int_equal(c.n_bad, 1);
+    assert_int_equal(c.bad_lines[0], 2);
+    free(path);
+    const char pretty[] = "{\n  \"text\": \"p\",\n  \"n\": {\"a\": \"}\"}\n}\n\n";
+    path = write_file("pretty.json", pretty, strlen(pretty));
+    collect(path, "text", &c);
+    assert_int_equal(c.n_docs, 1);
+    assert_string_equal(c.docs[0], "p");
+    free(path);
+
     path = write_file("empty_array.json", " [ ] ", 5);
     collect(path, "text", &c);
     assert_int_equal(c.rc, 0);
