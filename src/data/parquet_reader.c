@@ -228,6 +228,8 @@ int parquet_string_reader_next(ParquetStringReader *r, const uint8_t **data, siz
 
 static int open_buffer(ParquetStringReader *r, const char *column) {
     // "PAR1" <pages...> <FileMetaData> <4-byte footer length> "PAR1"
+    if (r->len >= 4 && memcmp(r->buf + r->len - 4, "PARE", 4) == 0)
+        return spes_fail("%s: encrypted Parquet files are not supported", r->what);
     if (r->len < 12 || memcmp(r->buf, PAR1, 4) != 0 || memcmp(r->buf + r->len - 4, PAR1, 4) != 0)
         return spes_fail("%s: not a Parquet file (missing the PAR1 magic at its start or end; truncated?)", r->what);
     size_t footer_len = (size_t)(uint32_t)read_le32(r->buf + r->len - 8);

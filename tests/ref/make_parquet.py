@@ -65,8 +65,9 @@ def main():
                       use_dictionary=dictionary, row_group_size=250, data_page_size=2048)
 
     texts = [t if t is not None else "was null" for t in sample_texts(rng, 300)]
-    write("required_column.parquet", table_for(texts, nullable=False), texts, compression="snappy",
-          row_group_size=100)
+    for version in ["1.0", "2.0"]:
+        write(f"required_column_v{version[0]}.parquet", table_for(texts, nullable=False), texts, compression="snappy",
+              data_page_version=version, row_group_size=100)
 
     for enc in ["DELTA_LENGTH_BYTE_ARRAY", "DELTA_BYTE_ARRAY"]:
         for version in ["1.0", "2.0"]:

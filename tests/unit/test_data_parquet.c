@@ -222,6 +222,10 @@ static void test_garbage_footers(void **state) {
     buf[56] = 40, buf[57] = 0;                                   // 40 bytes of 0xAB as Thrift
     assert_int_equal(read_all(buf, sizeof buf, &count, NULL, 0), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "fixture.parquet: footer"));
+    memcpy(buf + 60, "PARE", 4);                                 // encrypted footer
+    assert_int_equal(read_all(buf, sizeof buf, &count, NULL, 0), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "encrypted"));
+    memcpy(buf + 60, "PAR1", 4);
     memset(buf + 16, 0, 40);                                     // an empty struct: no schema
     assert_int_equal(read_all(buf, sizeof buf, &count, NULL, 0), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "lacks the schema"));
