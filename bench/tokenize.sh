@@ -35,25 +35,31 @@ for corpus in shakespeare unicode; do
     line=$("$OURS" "$TOK" "$work/$corpus.txt" "$procs") || { echo "tokenize: failed (ours on $corpus)"; exit 1; }
     echo "$corpus, $procs process(es): $line"
     R[ours_${corpus}_$procs]=$(field mb_s "$line")
+    R[ourscpu_${corpus}_$procs]=$(field mb_cpu_s "$line")
     R[ours_tokens_$corpus]=$(field tokens "$line")
     if [ $have_hf = 1 ]; then
       line=$(RAYON_NUM_THREADS=$procs TOKENIZERS_PARALLELISM=true "$PY" bench/tokenize_hf.py "$TOK" "$work/$corpus.txt") ||
         { echo "tokenize: failed (HF on $corpus)"; exit 1; }
       echo "$corpus, $procs thread(s):    $line"
       R[hf_${corpus}_$procs]=$(field mb_s "$line")
+      R[hfcpu_${corpus}_$procs]=$(field mb_cpu_s "$line")
       hf_tokens=$(field tokens "$line")
       [ "$hf_tokens" = "${R[ours_tokens_$corpus]}" ] || { echo "tokenize: failed (token counts differ on $corpus: ours ${R[ours_tokens_$corpus]}, HF $hf_tokens)"; exit 1; }
     fi
   done
 done
 echo
-printf "%-12s %-6s %12s %12s %8s\n" corpus procs ours_mb_s hf_mb_s ratio
+# ratio A B
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "NA" }'; }
+echo "MB/s of input text (wall clock), and per CPU second (robust when other jobs share the cores):"
+printf "%-12s %-6s %10s %10s %7s   %12s %12s %7s\n" corpus procs ours_mb_s hf_mb_s ratio ours_mb_cpu_s hf_mb_cpu_s ratio
 for corpus in shakespeare unicode; do
   for procs in 1 2; do
     o=${R[ours_${corpus}_$procs]} h=${R[hf_${corpus}_$procs]:-NA}
-    printf "%-12s %-6s %12s %12s %8s\n" "$corpus" "$procs" "$o" "$h" \
-      "$(awk -v a="$o" -v b="$h" 'BEGIN { if (b + 0 > 0) printf "%.2f", a / b; else print "NA" }')"
+    oc=${R[ourscpu_${corpus}_$procs]} hc=${R[hfcpu_${corpus}_$procs]:-NA}
+    printf "%-12s %-6s %10s %10s %7s   %12s %12s %7s\n" "$corpus" "$procs" "$o" "$h" "$(ratio "$o" "$h")" \
+      "$oc" "$hc" "$(ratio "$oc" "$hc")"
   done
 done
 o=${R[ours_shakespeare_1]} h=${R[hf_shakespeare_1]:-NA}
-echo "tokenize: ours_mb_s=$o hf_mb_s=$h ratio=$(awk -v a="$o" -v b="$h" 'BEGIN { if (b + 0 > 0) printf "%.2f", a / b; else print "NA" }')"
+echo "tokenize: ours_mb_s=$o hf_mb_s=$h ratio=$(ratio "$o" "$h")"

@@ -56,6 +56,8 @@ static void usage(FILE *out) {
             "       spes tokenize --dump_ids FILE --tokenizer_name_or_path PATH [--dump_decoded OUT]\n"
             "                     (testing: ids of FILE encoded as one document, one per line on stdout;\n"
             "                     OUT gets decode(ids))\n\n"
+            "--batch_size is accepted for command-line compatibility with the script and has no effect (documents\n"
+            "stream one at a time, in input order; the script shuffles each batch with an unseeded RNG).\n"
             "Inputs: .jsonl .json .jsonl.gz .json.gz .jsonl.zst .parquet .txt. Output: {prefix}{proc:03d}_{shard:06d}.npy,\n"
             "raw little-endian token ids without header (SPES tokenize_data.py format). EOS per document: the\n"
             "tokenizer's eos_token (tokenizer_config.json, else <|endoftext|>, </s>, ...); built-in 'bytes' uses 256.\n");

@@ -218,6 +218,9 @@ int tokenizer_load(const char *path, Tokenizer **out) {
         *out = t;
         return SPES_OK;
     }
+    if (!file_exists(path) && !dir_exists(path))
+        return spes_fail("tokenizer %s not found: give a tokenizer.json, a directory holding one (e.g. a downloaded "
+                         "Hugging Face model), or 'bytes'; Hub names are not downloaded", path);
     char *json_path = dir_exists(path) ? path_join(path, "tokenizer.json") : spes_strdup(path);
     if (!json_path) return SPES_ERR;
     uint8_t *json = NULL, *config = NULL;
