@@ -119,3 +119,12 @@ void op_swiglu_backward(float *dgu, const float *da, const float *gu, int R, int
 //   L = ce_scale * sum_r ce[r] + z_scale * sum_r lse[r]^2   (ignored rows: zeros).
 void op_cross_entropy_rows(float *logits, float *ce, float *lse, const int32_t *targets, int R, int V,
                            float ce_scale, float z_scale, bool grad);
+
+// ---- OpenBLAS kernel selection ------------------------------------------------------------
+// Older OpenBLAS releases (Debian 12 ships 0.3.21) do not recognise recent CPUs (e.g. Intel
+// Sapphire Rapids) and fall back to their Prescott (SSE3) kernels, 3-5x slower. OpenBLAS
+// reads OPENBLAS_CORETYPE only when it loads, so a program that finds itself on that
+// fallback on an AVX2/AVX-512 CPU re-executes itself once (argv kept) with the matching
+// core type. Returns only when nothing needed doing or the re-exec failed (then it warns).
+void op_blas_ensure_fast_kernels(char **argv);
+const char *op_blas_core_name(void);

@@ -13,6 +13,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "ops/cpu/vmath.h"
 #include "ops/ops.h"
 
 #define ATTN_BLOCK 64
@@ -23,13 +24,9 @@ static void softmax_strip(float *s, float *lse_out, int nq, int kend, int q0) {
     for (int i = 0; i < nq; i++) {
         float *row = s + (size_t)i * kend;
         int valid = q0 + i + 1;
-        float mx = -INFINITY;
-        for (int j = 0; j < valid; j++) mx = row[j] > mx ? row[j] : mx;
-        float sum = 0.0f;
-        for (int j = 0; j < valid; j++) {
-            row[j] = expf(row[j] - mx);
-            sum += row[j];
-        }
+        float mx = vmaxf(row, valid);
+        for (int j = 0; j < valid; j++) row[j] = vexpf(row[j] - mx);
+        float sum = vsum(row, valid);
         float inv = 1.0f / sum;
         for (int j = 0; j < valid; j++) row[j] *= inv;
         for (int j = valid; j < kend; j++) row[j] = 0.0f;
@@ -109,7 +106,8 @@ int op_attention_backward(float *dq, float *dk, float *dv, const float *dout, co
                         for (int i = 0; i < nq; i++) {
                             float *row = p + (size_t)i * kend;
                             int valid = q0 + i + 1;
-                            for (int j = 0; j < valid; j++) row[j] = expf(row[j] - lp[i]);
+                            float li = lp[i];
+                            for (int j = 0; j < valid; j++) row[j] = vexpf(row[j] - li);
                             for (int j = valid; j < kend; j++) row[j] = 0.0f;
                         }
                         // dV += P^T dO ; dP = dO V^T
@@ -118,8 +116,7 @@ int op_attention_backward(float *dq, float *dk, float *dv, const float *dout, co
                         // dS = P * (dP - rowsum(dO * O))   (stored in dp)
                         for (int i = 0; i < nq; i++) {
                             const float *o = op + (size_t)i * qs, *d = dop + (size_t)i * qs;
-                            float di = 0.0f;
-                            for (int c = 0; c < hd; c++) di += d[c] * o[c];
+                            float di = vdot(d, o, hd);
                             float *prow = p + (size_t)i * kend, *dprow = dp + (size_t)i * kend;
                             for (int j = 0; j < kend; j++) dprow[j] = prow[j] * (dprow[j] - di);
                         }

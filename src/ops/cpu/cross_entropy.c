@@ -2,6 +2,7 @@
 #include <math.h>
 
 #include "model/model_config.h"
+#include "ops/cpu/vmath.h"
 #include "ops/ops.h"
 
 void op_cross_entropy_rows(float *logits, float *ce, float *lse, const int32_t *targets, int R, int V,
@@ -15,17 +16,14 @@ void op_cross_entropy_rows(float *logits, float *ce, float *lse, const int32_t *
                 for (int v = 0; v < V; v++) x[v] = 0.0f;
             continue;
         }
-        float mx = -INFINITY;
-        for (int v = 0; v < V; v++) mx = x[v] > mx ? x[v] : mx;
-        float sum = 0.0f;
-        for (int v = 0; v < V; v++) sum += expf(x[v] - mx);
-        float l = mx + logf(sum);
+        float mx = vmaxf(x, V);
+        float l = mx + logf(vsum_exp(x, V, mx));
         lse[r] = l;
         ce[r] = l - x[targets[r]];
         if (grad) {
             // d/dx [ce_scale*(lse - x_t) + z_scale*lse^2] = (ce_scale + 2*z_scale*lse)*softmax - ce_scale*onehot
             float a = ce_scale + 2.0f * z_scale * l;
-            for (int v = 0; v < V; v++) x[v] = a * expf(x[v] - l);
+            for (int v = 0; v < V; v++) x[v] = a * vexpf(x[v] - l);
             x[targets[r]] -= ce_scale;
         }
     }

@@ -1,6 +1,7 @@
 // Row-parallel elementwise kernels: residual add, embedding lookup, SwiGLU.
 #include <math.h>
 
+#include "ops/cpu/vmath.h"
 #include "ops/ops.h"
 
 void op_add_inplace(float *y, const float *x, size_t n) {
@@ -32,7 +33,7 @@ void op_embedding_backward(float *dtable, const float *dout, const int32_t *toke
     }
 }
 
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + vexpf(-x)); }
 
 void op_swiglu_forward(float *a, const float *gu, int R, int I) {
 #pragma omp parallel for schedule(static)

@@ -2,6 +2,7 @@
 // gathered rows in, weighted sums back out. Every output row has one owner thread.
 #include <string.h>
 
+#include "ops/cpu/vmath.h"
 #include "ops/ops.h"
 
 // Counting sort by expert, stable in token order: deterministic, O(N*k + E).
@@ -46,12 +47,9 @@ void op_moe_combine_backward(float *dy, float *dw, const float *dout, const floa
             size_t row = (size_t)row_of_slot[(size_t)n * k + j];
             const float *yr = y + row * H;
             float *dyr = dy + row * H;
-            float wj = w[(size_t)n * k + j], dot = 0.0f;
-            for (int c = 0; c < H; c++) {
-                dot += d[c] * yr[c];
-                dyr[c] = wj * d[c];
-            }
-            dw[(size_t)n * k + j] = dot;
+            float wj = w[(size_t)n * k + j];
+            dw[(size_t)n * k + j] = vdot(d, yr, H);
+            for (int c = 0; c < H; c++) dyr[c] = wj * d[c];
         }
     }
 }

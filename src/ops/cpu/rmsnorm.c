@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops/cpu/vmath.h"
 #include "ops/ops.h"
 
 void op_rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int R, int C, float eps) {
@@ -10,9 +11,7 @@ void op_rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, i
     for (int r = 0; r < R; r++) {
         const float *xr = x + (size_t)r * C;
         float *yr = y + (size_t)r * C;
-        float ss = 0.0f;
-        for (int c = 0; c < C; c++) ss += xr[c] * xr[c];
-        float s = 1.0f / sqrtf(ss / (float)C + eps);
+        float s = 1.0f / sqrtf(vdot(xr, xr, C) / (float)C + eps);
         rstd[r] = s;
         for (int c = 0; c < C; c++) yr[c] = xr[c] * s * w[c];
     }
@@ -21,8 +20,7 @@ void op_rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, i
 // dx for one row: dx = rstd*(dy*w) - x * rstd^3/C * sum(dy*w*x).
 static void rmsnorm_backward_row(float *dx, const float *dy, const float *x, const float *w, float rstd, int C,
                                  bool accumulate) {
-    float dot = 0.0f;
-    for (int c = 0; c < C; c++) dot += dy[c] * w[c] * x[c];
+    float dot = vdot3(dy, w, x, C);
     float k = rstd * rstd * rstd * dot / (float)C;
     for (int c = 0; c < C; c++) {
         float g = rstd * dy[c] * w[c] - x[c] * k;

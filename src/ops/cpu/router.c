@@ -2,6 +2,7 @@
 // does in practice), optional renormalisation, and the exact backward of all three.
 #include <math.h>
 
+#include "ops/cpu/vmath.h"
 #include "ops/ops.h"
 
 void op_router_forward(float *probs, float *lse, int32_t *topk_idx, float *topk_w, const float *logits, int N,
@@ -14,7 +15,7 @@ void op_router_forward(float *probs, float *lse, int32_t *topk_idx, float *topk_
         for (int e = 0; e < E; e++) mx = z[e] > mx ? z[e] : mx;
         float sum = 0.0f;
         for (int e = 0; e < E; e++) {
-            p[e] = expf(z[e] - mx);
+            p[e] = vexpf(z[e] - mx);
             sum += p[e];
         }
         for (int e = 0; e < E; e++) p[e] /= sum;
