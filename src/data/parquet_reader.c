@@ -42,7 +42,9 @@ struct ParquetStringReader {
     uint32_t values_cap, num_values, next_value;
 };
 
-static int read_le32(const uint8_t *p) { return (int)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24); }
+static uint32_t read_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
 
 static int page_buffer_reserve(PageBuffer *b, size_t n) {
     if (n <= b->cap) return SPES_OK;
@@ -134,7 +136,7 @@ static int read_data_page_v1(ParquetStringReader *r, const ParquetPageHeader *h,
         if (h->def_level_encoding != PQ_ENC_RLE)
             return spes_fail("definition level encoding %s is not supported", parquet_encoding_name(h->def_level_encoding));
         if (len < 4) return spes_fail("data page too short for its definition levels");
-        size_t levels_len = (size_t)(uint32_t)read_le32(body);
+        size_t levels_len = read_le32(body);
         if (levels_len > len - 4) return spes_fail("definition levels (%zu bytes) run past the end of the page", levels_len);
         SPES_TRY(parquet_count_defined(body + 4, levels_len, n, r->col.max_def_level, &defined));
         body += 4 + levels_len;
@@ -232,7 +234,7 @@ static int open_buffer(ParquetStringReader *r, const char *column) {
         return spes_fail("%s: encrypted Parquet files are not supported", r->what);
     if (r->len < 12 || memcmp(r->buf, PAR1, 4) != 0 || memcmp(r->buf + r->len - 4, PAR1, 4) != 0)
         return spes_fail("%s: not a Parquet file (missing the PAR1 magic at its start or end; truncated?)", r->what);
-    size_t footer_len = (size_t)(uint32_t)read_le32(r->buf + r->len - 8);
+    size_t footer_len = read_le32(r->buf + r->len - 8);
     if (footer_len > r->len - 12)
         return spes_fail("%s: footer length %zu is larger than the file allows (%zu bytes)", r->what, footer_len, r->len);
     size_t footer_at = r->len - 8 - footer_len;
