@@ -159,16 +159,19 @@ typedef struct {
     int reported;
 } MalformedCtx;
 
-// where: "line" (a record the reader rejected) or "document" (the n-th document, which the
-// tokenizer rejected).
-static void report_malformed(MalformedCtx *m, const char *path, const char *where, uint64_t n, const char *why) {
-    if (m->reported < MAX_MALFORMED_REPORTS) log_warn("%s %s %" PRIu64 ": skipped: %s", path, where, n, why);
+// "path:line: ..." for a record the reader rejected; "path: document n: ..." for the n-th
+// document of a file, which the tokenizer rejected (a parquet row or JSON array entry has no line).
+static void report_malformed(MalformedCtx *m, const char *path, int is_line, uint64_t n, const char *why) {
+    if (m->reported < MAX_MALFORMED_REPORTS) {
+        if (is_line) log_warn("%s:%" PRIu64 ": skipped: %s", path, n, why);
+        else log_warn("%s: document %" PRIu64 ": skipped: %s", path, n, why);
+    }
     else if (m->reported == MAX_MALFORMED_REPORTS) log_warn("further malformed records are only counted");
     m->reported++;
 }
 
 static void on_malformed(void *user, const char *path, uint64_t line, const char *why) {
-    report_malformed(user, path, "line", line, why);
+    report_malformed(user, path, 1, line, why);
 }
 
 static int tokenize_file(const TokenizeArgs *a, TokenEncoder *enc, int64_t eos, TokenWriter *w, const char *path,
@@ -195,7 +198,7 @@ static int tokenize_file(const TokenizeArgs *a, TokenEncoder *enc, int64_t eos, 
         ids->len = 0;
         if (tokenizer_encode(enc, clean_text, clean_len, ids) != SPES_OK) {
             // Text HF could not encode (invalid UTF-8): skipped like the script's tokenize errors.
-            report_malformed(mctx, path, "document", doc_index, spes_last_error());
+            report_malformed(mctx, path, 0, doc_index, spes_last_error());
             STAT_SET(st->malformed, st->malformed + 1);
             continue;
         }

@@ -114,7 +114,7 @@ def main():
         print("FAIL: spes tokenize exited", r.returncode)
         return 1
     ok = True
-    if "a.jsonl line 48" not in r.stderr:
+    if "a.jsonl:48: skipped" not in r.stderr:
         print("FAIL: the malformed line a.jsonl:48 was not reported")
         ok = False
 

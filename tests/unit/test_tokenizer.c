@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -400,6 +401,83 @@ static void test_uint16_refused_for_big_vocab(void **state) {
     free(dir);
 }
 
+// A document HF could not encode (invalid UTF-8) is skipped and reported, not fatal.
+static void test_tokenize_skips_invalid_utf8(void **state) {
+    (void)state;
+    char *dir = temp_dir();
+    char bad[600], good[600], prefix[600], glob[600], shard[700];
+    snprintf(bad, sizeof bad, "%s/a.txt", dir);
+    snprintf(good, sizeof good, "%s/b.txt", dir);
+    snprintf(prefix, sizeof prefix, "%s/out/t_", dir);
+    snprintf(glob, sizeof glob, "%s/*.txt", dir);
+    assert_int_equal(file_write_atomic(bad, "bad \xff", 5), SPES_OK);
+    assert_int_equal(file_write_atomic(good, " ok\n", 4), SPES_OK);
+    json_t *added = json_array();
+    json_array_append_new(added, added_token("</s>", 256, 1, 0));
+    char tok_path[600];
+    snprintf(tok_path, sizeof tok_path, "%s/tok.json", dir);
+    json_t *j = make_tokenizer(NULL, NULL, added, NULL, NULL);
+    assert_int_equal(json_dump_file(j, tok_path, 0), 0);
+    json_decref(j);
+    char *argv[] = {"tokenize", "--file_glob", glob, "--tokenizer_name_or_path", tok_path, "--output_prefix", prefix, NULL};
+    assert_int_equal(cmd_tokenize(7, argv), 0);
+    snprintf(shard, sizeof shard, "%s000_000001.npy", prefix);
+    uint8_t *data;
+    size_t len;
+    assert_int_equal(file_read_all(shard, &data, &len), SPES_OK);
+    uint32_t want[] = {'o', 'k', 256};   // stripped "ok" + EOS "</s>"; a.txt skipped
+    assert_int_equal(len, sizeof want);
+    assert_memory_equal(data, want, sizeof want);
+    free(data);
+    remove_tree(dir);
+    free(dir);
+}
+
+// One shared Tokenizer, one encoder per thread: identical ids from concurrent encodes.
+typedef struct {
+    const Tokenizer *tok;
+    const char *text;
+    IdBuffer ids;
+    int rc;
+} EncodeJob;
+
+static void *encode_job(void *arg) {
+    EncodeJob *job = arg;
+    TokenEncoder *enc;
+    job->rc = tokenizer_encoder_new(job->tok, &enc);
+    for (int rep = 0; job->rc == SPES_OK && rep < 50; rep++) {
+        job->ids.len = 0;
+        job->rc = tokenizer_encode(enc, job->text, strlen(job->text), &job->ids);
+    }
+    tokenizer_encoder_free(enc);
+    return NULL;
+}
+
+static void test_concurrent_encoders(void **state) {
+    (void)state;
+    const char *extra[] = {"ab", "bc", "abc", NULL};
+    const char *merges[] = {"a b", "b c", "ab c", NULL};
+    json_t *added = json_array();
+    json_array_append_new(added, added_token("<|endoftext|>", 300, 1, 0));
+    Tokenizer *tok;
+    assert_int_equal(load(make_tokenizer(extra, merges, added, json_pack("{s:s}", "type", "NFC"), NULL), &tok), SPES_OK);
+    const char *text = "abc abcab e\xcc\x81 <|endoftext|>bcab 12345 abcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabc";
+    EncodeJob jobs[4];
+    pthread_t threads[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (EncodeJob){.tok = tok, .text = text};
+        assert_int_equal(pthread_create(&threads[i], NULL, encode_job, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) assert_int_equal(pthread_join(threads[i], NULL), 0);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(jobs[i].rc, SPES_OK);
+        assert_int_equal(jobs[i].ids.len, jobs[0].ids.len);
+        assert_memory_equal(jobs[i].ids.ids, jobs[0].ids.ids, jobs[0].ids.len * sizeof(uint32_t));
+    }
+    for (int i = 0; i < 4; i++) id_buffer_free(&jobs[i].ids);
+    tokenizer_free(tok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bpe_merge_order),
@@ -412,6 +490,8 @@ int main(void) {
         cmocka_unit_test(test_doc_clean),
         cmocka_unit_test(test_shard_boundaries),
         cmocka_unit_test(test_uint16_refused_for_big_vocab),
+        cmocka_unit_test(test_tokenize_skips_invalid_utf8),
+        cmocka_unit_test(test_concurrent_encoders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
