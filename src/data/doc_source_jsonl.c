@@ -1,6 +1,7 @@
 // JSON lines (.jsonl, .jsonl.gz, .jsonl.zst): one object a line (json_field.h extracts the
 // text field). Blank lines are skipped; a line that is not valid JSON, not an object, or
-// whose text field is missing or not a string is reported (path:line) and skipped.
+// whose text field is missing or not a string is reported (path:line) and skipped. A UTF-8
+// byte order mark at the start of the file is ignored.
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +33,10 @@ static int jsonl_next(DocSource *base, const char **text, size_t *len) {
         size_t n;
         int rc = line_reader_next(&s->lines, &line, &n);
         if (rc != 1) return rc;
+        if (s->lines.line_no == 1 && n >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3)) {   // UTF-8 byte order mark
+            line += 3;
+            n -= 3;
+        }
         if (is_blank(line, n)) continue;
         char why[256];
         JsonFieldResult r = json_field_string(line, n, s->text_field, &s->scratch, text, len, why, sizeof why);

@@ -123,7 +123,7 @@ static void test_jsonl_documents_and_malformed_lines(void **state) {
 
 static void test_jsonl_custom_field(void **state) {
     (void)state;
-    const char data[] = "{\"content\": \"x\", \"text\": \"y\"}\n{\"text\": \"z\"}\n";
+    const char data[] = "\xEF\xBB\xBF{\"content\": \"x\", \"text\": \"y\"}\n{\"text\": \"z\"}\n";
     char *path = write_file("b.jsonl", data, strlen(data));
     Collected c;
     collect(path, "content", &c);
