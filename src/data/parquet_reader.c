@@ -106,23 +106,27 @@ static int read_dictionary_page(ParquetStringReader *r, const ParquetPageHeader 
     return SPES_OK;
 }
 
-// Decodes `defined` non-null values of the given encoding into r->values.
+// Decodes `defined` non-null values of the given encoding into r->values; they become
+// the current page's values only when all decoded.
 static int decode_values(ParquetStringReader *r, int32_t encoding, const uint8_t *data, size_t len, uint32_t defined) {
     SPES_TRY(reserve_values(r, defined));
-    r->num_values = defined;
-    r->next_value = 0;
+    r->num_values = r->next_value = 0;
+    int rc;
     switch (encoding) {
-    case PQ_ENC_PLAIN: return parquet_decode_plain(data, len, defined, r->values);
+    case PQ_ENC_PLAIN: rc = parquet_decode_plain(data, len, defined, r->values); break;
     case PQ_ENC_PLAIN_DICTIONARY:
     case PQ_ENC_RLE_DICTIONARY:
-        if (!r->have_dict) return spes_fail("dictionary-encoded page without a dictionary page");
-        return parquet_decode_dictionary(data, len, defined, r->dict, r->dict_size, r->values);
-    case PQ_ENC_DELTA_LENGTH_BYTE_ARRAY: return parquet_decode_delta_length(data, len, defined, r->values);
+        rc = r->have_dict ? parquet_decode_dictionary(data, len, defined, r->dict, r->dict_size, r->values)
+                          : spes_fail("dictionary-encoded page without a dictionary page");
+        break;
+    case PQ_ENC_DELTA_LENGTH_BYTE_ARRAY: rc = parquet_decode_delta_length(data, len, defined, r->values); break;
     case PQ_ENC_DELTA_BYTE_ARRAY:
-        return parquet_decode_delta_byte_array(data, len, defined, r->values, &r->arena, &r->arena_cap);
-    default:
-        return spes_fail("value encoding %s is not supported for string columns", parquet_encoding_name(encoding));
+        rc = parquet_decode_delta_byte_array(data, len, defined, r->values, &r->arena, &r->arena_cap);
+        break;
+    default: rc = spes_fail("value encoding %s is not supported for string columns", parquet_encoding_name(encoding));
     }
+    if (rc == SPES_OK) r->num_values = defined;
+    return rc;
 }
 
 // Data page v1: [def levels: 4-byte length + RLE hybrid] [values], all compressed together.
