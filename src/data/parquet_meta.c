@@ -342,6 +342,13 @@ int parquet_read_page_header(const uint8_t *data, size_t len, ParquetPageHeader 
         case 1: SPES_TRY(thrift_field_i32(&r, &f, "PageHeader.type", &h->type)); break;
         case 2: SPES_TRY(thrift_field_i32(&r, &f, "PageHeader.uncompressed_page_size", &h->uncompressed_size)); break;
         case 3: SPES_TRY(thrift_field_i32(&r, &f, "PageHeader.compressed_page_size", &h->compressed_size)); break;
+        case 4: {
+            int32_t crc;
+            SPES_TRY(thrift_field_i32(&r, &f, "PageHeader.crc", &crc));
+            h->crc = (uint32_t)crc;
+            h->has_crc = 1;
+            break;
+        }
         case 5:
             SPES_TRY(thrift_field_expect(&f, THRIFT_STRUCT, "PageHeader.data_page_header"));
             SPES_TRY(read_data_page_header(&r, h));

@@ -59,6 +59,8 @@ typedef struct {
     int32_t def_levels_bytes;        // v2 only: level bytes lead the page, uncompressed
     int32_t rep_levels_bytes;        // v2 only
     int is_compressed;               // v2 only (default true)
+    int has_crc;                     // optional CRC-32 (as gzip's) of the page bytes as stored
+    uint32_t crc;
 } ParquetPageHeader;
 
 // Decodes the page header at data[0..len); *header_len gets its encoded size.

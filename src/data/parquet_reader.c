@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -201,6 +202,8 @@ static int next_page(ParquetStringReader *r) {
                              h.compressed_size);
         size_t page_at = r->page_pos;
         r->page_pos = payload_at + (size_t)h.compressed_size;
+        if (h.has_crc && (uint32_t)crc32(0, payload, (uInt)h.compressed_size) != h.crc)
+            return spes_fail("row group %d: page at byte %zu fails its CRC-32 check (corrupt file)", r->chunk, page_at);
         int rc = SPES_OK;
         if (h.type == PQ_PAGE_DICTIONARY) {
             rc = read_dictionary_page(r, &h, payload);

@@ -5,7 +5,8 @@
 //   -> row groups -> the column's chunk -> pages: dictionary page, data page v1 (levels
 //   length-prefixed, inside the compressed data), data page v2 (levels uncompressed,
 //   outside it); PLAIN, PLAIN_DICTIONARY/RLE_DICTIONARY, DELTA_LENGTH_BYTE_ARRAY and
-//   DELTA_BYTE_ARRAY values; UNCOMPRESSED, SNAPPY, GZIP and ZSTD pages.
+//   DELTA_BYTE_ARRAY values; UNCOMPRESSED, SNAPPY, GZIP and ZSTD pages; page CRC-32s are
+//   checked when the writer stored them (pyarrow: write_page_checksum=True).
 // Not supported (clear errors): nested/repeated columns, other codecs, encrypted files,
 // column chunks in external files. The file is memory-mapped; every length, offset and
 // count is checked against it, so a corrupt file gives an error naming the file and the

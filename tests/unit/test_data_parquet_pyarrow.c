@@ -47,6 +47,40 @@ static void corrupt_and_read(const char *path, unsigned seed) {
     free(orig);
 }
 
+// With page CRCs stored, no flipped byte in the pages may change the text silently:
+// every flip before the footer gives an error or exactly the expected texts.
+static void crc_catches_flips(const char *path, json_t *texts) {
+    uint8_t *orig;
+    size_t len;
+    assert_int_equal(file_read_all(path, &orig, &len), SPES_OK);
+    size_t footer_len = (size_t)orig[len - 8] | (size_t)orig[len - 7] << 8 | (size_t)orig[len - 6] << 16;
+    size_t pages_end = len - 8 - footer_len;
+    uint8_t *copy = malloc(len);
+    int detected = 0;
+    for (size_t at = 4; at < pages_end; at++) {
+        memcpy(copy, orig, len);
+        copy[at] ^= 0x20;
+        ParquetStringReader *r;
+        if (parquet_string_reader_open_memory(copy, len, path, "text", &r) != SPES_OK) {
+            detected++;
+            continue;
+        }
+        const uint8_t *data;
+        size_t n, i = 0;
+        int rc, same = 1;
+        while ((rc = parquet_string_reader_next(r, &data, &n)) == 1) {
+            json_t *want = json_array_get(texts, i++);
+            same &= want && n == json_string_length(want) && !memcmp(data, json_string_value(want), n);
+        }
+        parquet_string_reader_close(r);
+        if (rc != 0) detected++;
+        else if (!same || i != json_array_size(texts)) fail_msg("%s: flipping byte %zu changed the text silently", path, at);
+    }
+    assert_true(detected > 100);
+    free(copy);
+    free(orig);
+}
+
 static void test_pyarrow_files(void **state) {
     (void)state;
     const char *py = getenv("SPES_VENV_PY");
@@ -103,6 +137,9 @@ static void test_pyarrow_files(void **state) {
     }
 
     assert_true(total > 10000);
+    char *crc_path = path_join(dir, "page_index_crc_bloom.parquet");
+    crc_catches_flips(crc_path, json_object_get(expected, "page_index_crc_bloom.parquet"));
+    free(crc_path);
 
     // Other columns by name: a non-string column is a clear error, a missing one too.
     char *path = path_join(dir, "zstd_v2_dict.parquet");
