@@ -77,39 +77,13 @@ int sync_client_last_status(const SyncClient *c) { return c->last_status; }
 
 // ---- one call ----
 
-// Final part of every call: initial metadata, one response message, the status. On a non-OK
-// status the error message names the server, the method and the server's details.
-static grpc_status_code finish_call(SyncClient *c, grpc_call *call, const char *method, grpc_byte_buffer **response) {
-    grpc_metadata_array initial, trailing;
-    grpc_metadata_array_init(&initial);
-    grpc_metadata_array_init(&trailing);
-    grpc_status_code code = GRPC_STATUS_UNKNOWN;
-    grpc_slice details = grpc_empty_slice();
-    grpc_op ops[3];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[0].data.recv_initial_metadata.recv_initial_metadata = &initial;
-    ops[1].op = GRPC_OP_RECV_MESSAGE;
-    ops[1].data.recv_message.recv_message = response;
-    ops[2].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[2].data.recv_status_on_client.trailing_metadata = &trailing;
-    ops[2].data.recv_status_on_client.status = &code;
-    ops[2].data.recv_status_on_client.status_details = &details;
-    wire_run_batch(call, c->cq, ops, 3, 0);   // bounded by the call's own deadline
-    if (code != GRPC_STATUS_OK) {
-        char *text = grpc_slice_to_c_string(details);
-        spes_fail("server %s: %s failed (%s): %s", c->addr, method, wire_status_name(code), text);
-        gpr_free(text);
-        c->last_status = code;
-        if (*response) {
-            grpc_byte_buffer_destroy(*response);
-            *response = NULL;
-        }
-    }
-    grpc_slice_unref(details);
-    grpc_metadata_array_destroy(&initial);
-    grpc_metadata_array_destroy(&trailing);
-    return code;
+// Records a failed call: the error message names the server, the method, the status and the
+// server's details.
+static grpc_status_code call_failed(SyncClient *c, const char *method, grpc_status_code code, grpc_slice details) {
+    char *text = grpc_slice_to_c_string(details);
+    spes_fail("server %s: %s failed (%s): %s", c->addr, method, wire_status_name(code), text);
+    gpr_free(text);
+    return c->last_status = code;
 }
 
 static grpc_call *start_call(SyncClient *c, const char *method, double timeout_s) {
@@ -117,32 +91,102 @@ static grpc_call *start_call(SyncClient *c, const char *method, double timeout_s
                                     grpc_slice_from_static_string(method), NULL, wire_deadline(timeout_s), NULL);
 }
 
-// One unary call attempt.
-static grpc_status_code unary_once(SyncClient *c, const char *method, const ProtobufCMessage *req,
-                                   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
-                                   double timeout_s) {
-    grpc_byte_buffer *request = wire_pack(req);
-    if (!request) return GRPC_STATUS_RESOURCE_EXHAUSTED;
-    grpc_call *call = start_call(c, method, timeout_s);
+// Final part of the upload stream: initial metadata, the response, the status.
+static grpc_status_code finish_stream(SyncClient *c, grpc_call *call, const char *method) {
+    grpc_metadata_array initial, trailing;
+    grpc_metadata_array_init(&initial);
+    grpc_metadata_array_init(&trailing);
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    grpc_byte_buffer *response = NULL;
     grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[0].data.recv_initial_metadata.recv_initial_metadata = &initial;
+    ops[1].op = GRPC_OP_RECV_MESSAGE;
+    ops[1].data.recv_message.recv_message = &response;
+    ops[2].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[2].data.recv_status_on_client.trailing_metadata = &trailing;
+    ops[2].data.recv_status_on_client.status = &code;
+    ops[2].data.recv_status_on_client.status_details = &details;
+    wire_run_batch(call, c->cq, ops, 3, 0);   // bounded by the call's own deadline
+    if (code != GRPC_STATUS_OK) call_failed(c, method, code, details);
+    if (response) grpc_byte_buffer_destroy(response);
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&initial);
+    grpc_metadata_array_destroy(&trailing);
+    return code;
+}
+
+// A unary call in flight: unary_start sends the request and asks for the reply in one batch
+// tagged with the call itself, unary_finish plucks that tag. Several may be in flight at once.
+typedef struct {
+    const char *method;
+    grpc_call *call;
+    grpc_byte_buffer *request, *response;
+    grpc_metadata_array initial, trailing;
+    grpc_status_code code;
+    grpc_slice details;
+    bool started;
+} UnaryCall;
+
+static void unary_start(SyncClient *c, UnaryCall *u, const char *method, const ProtobufCMessage *req, double timeout_s) {
+    memset(u, 0, sizeof *u);
+    u->method = method;
+    u->code = GRPC_STATUS_UNKNOWN;
+    u->details = grpc_empty_slice();
+    grpc_metadata_array_init(&u->initial);
+    grpc_metadata_array_init(&u->trailing);
+    u->request = wire_pack(req);
+    if (!u->request) return;
+    u->call = start_call(c, method, timeout_s);
+    grpc_op ops[6];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = request;
+    ops[1].data.send_message.send_message = u->request;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    wire_run_batch(call, c->cq, ops, 3, 0);
-    grpc_byte_buffer *response = NULL;
-    grpc_status_code code = finish_call(c, call, method, &response);
-    grpc_byte_buffer_destroy(request);
-    grpc_call_unref(call);
-    if (code != GRPC_STATUS_OK) return code;
-    *resp = response ? wire_unpack(resp_desc, response) : NULL;
-    if (response) grpc_byte_buffer_destroy(response);
-    if (!*resp) {
-        spes_fail("server %s: %s returned a malformed response", c->addr, method);
-        return c->last_status = GRPC_STATUS_INTERNAL;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &u->initial;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &u->response;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &u->trailing;
+    ops[5].data.recv_status_on_client.status = &u->code;
+    ops[5].data.recv_status_on_client.status_details = &u->details;
+    u->started = grpc_call_start_batch(u->call, ops, 6, u, NULL) == GRPC_CALL_OK;
+}
+
+// Waits for u and releases it; on OK *resp is the unpacked response (resp may be NULL to
+// discard it).
+static grpc_status_code unary_finish(SyncClient *c, UnaryCall *u, const ProtobufCMessageDescriptor *resp_desc,
+                                     ProtobufCMessage **resp) {
+    if (u->started) grpc_completion_queue_pluck(c->cq, u, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    grpc_status_code code = u->code;
+    if (!u->request) code = status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory packing a %s request", u->method);
+    else if (code != GRPC_STATUS_OK) call_failed(c, u->method, code, u->details);
+    if (resp) *resp = NULL;
+    if (code == GRPC_STATUS_OK && resp) {
+        *resp = u->response ? wire_unpack(resp_desc, u->response) : NULL;
+        if (!*resp) code = c->last_status = status_fail(GRPC_STATUS_INTERNAL, "server %s: %s returned a malformed response",
+                                                         c->addr, u->method);
     }
-    return GRPC_STATUS_OK;
+    if (u->response) grpc_byte_buffer_destroy(u->response);
+    if (u->request) grpc_byte_buffer_destroy(u->request);
+    if (u->call) grpc_call_unref(u->call);
+    grpc_slice_unref(u->details);
+    grpc_metadata_array_destroy(&u->initial);
+    grpc_metadata_array_destroy(&u->trailing);
+    memset(u, 0, sizeof *u);
+    return code;
+}
+
+static grpc_status_code unary_once(SyncClient *c, const char *method, const ProtobufCMessage *req,
+                                   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
+                                   double timeout_s) {
+    UnaryCall u;
+    unary_start(c, &u, method, req, timeout_s);
+    return unary_finish(c, &u, resp_desc, resp);
 }
 
 static void sleep_seconds(double s) {
@@ -240,9 +284,7 @@ static grpc_status_code upload_once(SyncClient *c, int step, const uint8_t *byte
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
     wire_run_batch(call, c->cq, &op, 1, 0);
-    grpc_byte_buffer *response = NULL;
-    grpc_status_code code = finish_call(c, call, method, &response);
-    if (response) grpc_byte_buffer_destroy(response);
+    grpc_status_code code = finish_stream(c, call, method);
     grpc_call_unref(call);
     return code;
 }
@@ -331,6 +373,66 @@ static int wait_ready(SyncClient *c, int step, int64_t *total_bytes, int *total_
     return SPES_OK;
 }
 
+// Chunks in flight at once while downloading: hides the round trip per chunk on slow links.
+#define DOWNLOAD_WINDOW 4
+
+static void start_chunk(SyncClient *c, UnaryCall *u, int step, int chunk) {
+    DownloadChunkRequest req = DOWNLOAD_CHUNK_REQUEST__INIT;
+    req.peer_id = c->cfg.peer_id;
+    req.step = step;
+    req.chunk_id = chunk;
+    unary_start(c, u, "/FederatedServer/DownloadChunk", &req.base, c->cfg.call_timeout_s);
+}
+
+// Downloads chunks [0, chunks) of step's aggregate into buf[total], DOWNLOAD_WINDOW at a
+// time, appending them in order. A chunk that meets an unreachable server is fetched again
+// with the usual retries.
+static int download_chunks(SyncClient *c, int step, int chunks, uint8_t *buf, size_t total) {
+    UnaryCall window[DOWNLOAD_WINDOW];
+    int started = 0, finished = 0, rc = SPES_OK;
+    size_t have = 0;
+    for (; started < chunks && started < DOWNLOAD_WINDOW; started++) start_chunk(c, &window[started], step, started);
+    for (int i = 0; i < chunks; i++) {
+        DownloadChunkResponse *resp = NULL;
+        grpc_status_code code = unary_finish(c, &window[i % DOWNLOAD_WINDOW], &download_chunk_response__descriptor,
+                                             (ProtobufCMessage **)&resp);
+        finished = i + 1;
+        if (code == GRPC_STATUS_UNAVAILABLE) {
+            DownloadChunkRequest req = DOWNLOAD_CHUNK_REQUEST__INIT;
+            req.peer_id = c->cfg.peer_id;
+            req.step = step;
+            req.chunk_id = i;
+            code = unary(c, "/FederatedServer/DownloadChunk", &req.base, &download_chunk_response__descriptor,
+                         (ProtobufCMessage **)&resp, c->cfg.call_timeout_s);
+        }
+        if (code != GRPC_STATUS_OK) {
+            rc = SPES_ERR;
+            break;
+        }
+        bool bad = !resp->ready || resp->chunk_data.len > total - have || resp->last_chunk != (i == chunks - 1);
+        if (!bad) memcpy(buf + have, resp->chunk_data.data, resp->chunk_data.len);
+        have += bad ? 0 : resp->chunk_data.len;
+        download_chunk_response__free_unpacked(resp, NULL);
+        if (bad) {
+            rc = spes_fail("server %s: chunk %d of step %d's aggregate is inconsistent (not ready, too long, or "
+                           "last_chunk misplaced)",
+                           c->addr, i, step);
+            break;
+        }
+        if (started < chunks) start_chunk(c, &window[i % DOWNLOAD_WINDOW], step, started++);
+    }
+    // After a failure, let the calls still in flight end without touching the error message.
+    char message[1024];
+    snprintf(message, sizeof message, "%s", spes_last_error());
+    grpc_status_code first_status = c->last_status;
+    for (int j = finished; j < started; j++) unary_finish(c, &window[j % DOWNLOAD_WINDOW], NULL, NULL);
+    c->last_status = first_status;
+    if (rc != SPES_OK) return spes_fail("%s", message);
+    if (have != total)
+        return spes_fail("server %s: step %d's aggregate came to %zu bytes, %zu announced", c->addr, step, have, total);
+    return SPES_OK;
+}
+
 int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size_t *len) {
     double start = now_seconds();
     int64_t total = 0;
@@ -339,45 +441,18 @@ int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size
     double waited = now_seconds();
     uint8_t *buf = spes_malloc(total ? (size_t)total : 1);
     if (!buf) return SPES_ERR;
-    size_t have = 0;
-    for (int i = 0; i < chunks; i++) {
-        DownloadChunkRequest req = DOWNLOAD_CHUNK_REQUEST__INIT;
-        req.peer_id = c->cfg.peer_id;
-        req.step = step;
-        req.chunk_id = i;
-        DownloadChunkResponse *resp = NULL;
-        grpc_status_code code =
-            unary(c, "/FederatedServer/DownloadChunk", &req.base, &download_chunk_response__descriptor,
-                  (ProtobufCMessage **)&resp, c->cfg.call_timeout_s);
-        if (code != GRPC_STATUS_OK) {
-            free(buf);
-            return SPES_ERR;
-        }
-        bool bad = !resp->ready || resp->chunk_data.len > (size_t)total - have || resp->last_chunk != (i == chunks - 1);
-        if (!bad) memcpy(buf + have, resp->chunk_data.data, resp->chunk_data.len);
-        have += bad ? 0 : resp->chunk_data.len;
-        download_chunk_response__free_unpacked(resp, NULL);
-        if (bad) {
-            free(buf);
-            return spes_fail(
-                "server %s: chunk %d of step %d's aggregate is inconsistent (not ready, too long, or last_chunk "
-                "misplaced)",
-                c->addr, i, step);
-        }
-    }
-    if (have != (size_t)total) {
+    if (download_chunks(c, step, chunks, buf, (size_t)total) != SPES_OK) {
         free(buf);
-        return spes_fail("server %s: step %d's aggregate came to %zu bytes, %lld announced", c->addr, step, have,
-                         (long long)total);
+        return SPES_ERR;
     }
     c->stats.step = step;
     c->stats.wait_s = waited - start;
     c->stats.download_s = now_seconds() - waited;
-    c->stats.bytes_down = have;
-    c->stats.total_bytes_down += have;
+    c->stats.bytes_down = (uint64_t)total;
+    c->stats.total_bytes_down += (uint64_t)total;
     c->stats.rounds++;
     *bytes = buf;
-    *len = have;
+    *len = (size_t)total;
     return SPES_OK;
 }
 

@@ -265,6 +265,9 @@ static void test_downloads_and_long_poll(void **state) {
     assert_int_equal(st.count, spec.count);
     safetensors_close(&st);
     free(agg);
+    assert_int_equal(sync_client_wait_and_download(peers[1], 1, &agg, &len), SPES_ERR);   // dropped step
+    assert_int_equal(sync_client_last_status(peers[1]), GRPC_STATUS_NOT_FOUND);
+    assert_non_null(strstr(spes_last_error(), "no longer kept"));
     for (int p = 0; p < 2; p++) sync_client_destroy(peers[p]);
     model_spec_free(&spec);
 }
