@@ -283,10 +283,12 @@ static int feed(SplitState *st, const char *p, size_t n, int is_match) {
     return SPES_OK;
 }
 
+// Like HF's find_matches: gaps and matches in order. An empty match is a segment too (it can
+// separate or join pieces under the merging behaviours); the search then steps one character on.
 static int split_with_regex(const PreTokStep *step, SplitState *st, const char *text, size_t len) {
     PreTokScratch *s = st->s;
     size_t off = 0, prev = 0;
-    while (off < len) {
+    while (off <= len) {
         int rc = step->jit ? pcre2_jit_match(step->re, (PCRE2_SPTR)text, len, off, 0, s->match, s->mctx)
                            : pcre2_match(step->re, (PCRE2_SPTR)text, len, off, PCRE2_NO_UTF_CHECK, s->match, s->mctx);
         if (rc == PCRE2_ERROR_NOMATCH) break;
@@ -297,14 +299,16 @@ static int split_with_regex(const PreTokStep *step, SplitState *st, const char *
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->match);
         size_t ms = ov[0], me = ov[1];
-        if (me == ms) {   // an empty match splits nothing: step over one character
-            off = ms + 1;
-            while (off < len && ((unsigned char)text[off] & 0xC0) == 0x80) off++;
-            continue;
-        }
         if (ms > prev) SPES_TRY(feed(st, text + prev, ms - prev, step->invert));
         SPES_TRY(feed(st, text + ms, me - ms, !step->invert));
-        prev = off = me;
+        prev = me;
+        if (me > ms) {
+            off = me;
+            continue;
+        }
+        if (ms >= len) break;
+        off = ms + 1;   // past the empty match: next character boundary
+        while (off < len && ((unsigned char)text[off] & 0xC0) == 0x80) off++;
     }
     if (prev < len) SPES_TRY(feed(st, text + prev, len - prev, step->invert));
     if (st->have_pending) SPES_TRY(pass_on(st, st->pending, st->pending_len));

@@ -44,6 +44,18 @@ def ignore_merges(base):
     return t
 
 
+def empty_matches(base):
+    """Split patterns that can match the empty string, under every behaviour."""
+    t = json.loads(json.dumps(base))
+    steps = [{"type": "Split", "pattern": {"Regex": pat}, "behavior": beh, "invert": inv}
+             for pat, beh, inv in ((r"x*", "MergedWithNext", True), (r"(?=[A-Z])", "MergedWithPrevious", False),
+                                   (r"\d*", "Contiguous", False), (r"\s*", "Isolated", False),
+                                   (r"[aeiou]?", "Removed", False))]
+    t["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": steps + [
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    return t
+
+
 def behaviours(base):
     t = json.loads(json.dumps(base))
     t["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
@@ -155,7 +167,7 @@ def main():
     neox = json.load(open(os.path.join(tok_dir, "gpt-neox-olmo.json"), encoding="utf-8"))
     tokenizers = {"dolma2": os.path.join(tok_dir, "dolma2.json"), "gpt-neox-olmo": os.path.join(tok_dir, "gpt-neox-olmo.json")}
     for name, t in (("qwen2-style", qwen2_style(dolma2)), ("behaviours", behaviours(neox)),
-                    ("ignore-merges", ignore_merges(dolma2))):
+                    ("ignore-merges", ignore_merges(dolma2)), ("empty-matches", empty_matches(neox))):
         tokenizers[name] = os.path.join(work, name + ".json")
         json.dump(t, open(tokenizers[name], "w", encoding="utf-8"), ensure_ascii=False)
 
@@ -172,7 +184,7 @@ def main():
     for tname, tpath in tokenizers.items():
         hf = Tokenizer.from_file(tpath)
         for iname, ipath in inputs.items():
-            if iname == "tinyshakespeare" and tname in ("behaviours", "ignore-merges"):
+            if iname == "tinyshakespeare" and tname in ("behaviours", "ignore-merges", "empty-matches"):
                 continue   # keeps the test fast; the variants are about the stress text
             ok &= compare(f"{tname}/{iname}", hf, spes, tpath, ipath, work)
 
