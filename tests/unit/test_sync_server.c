@@ -272,11 +272,71 @@ static void test_downloads_and_long_poll(void **state) {
     model_spec_free(&spec);
 }
 
+// Peers with payload_dtype BF16 hand F32 tensors to sync_client_upload; the client converts,
+// the server aggregates into a BF16 safetensors file.
+static void test_bf16_payload_round_trip(void **state) {
+    Fixture *f = *state;
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    SyncClientConfig cfg;
+    sync_client_config_defaults(&cfg);
+    cfg.server_addr = f->addr;
+    cfg.num_peers = 2;
+    cfg.experts_per_node = 2;
+    cfg.payload_dtype = DTYPE_BF16;
+    SyncClient *peers[2];
+    float *values = malloc(spec.total_numel * sizeof(float));
+    for (int p = 0; p < 2; p++) {
+        cfg.peer_id = p;
+        assert_int_equal(sync_client_create(&cfg, &peers[p]), SPES_OK);
+        assert_int_equal(sync_client_hello(peers[p], &spec), SPES_OK);
+    }
+    for (int p = 0; p < 2; p++) {
+        StWriteTensor *w = calloc((size_t)spec.count, sizeof *w);
+        int n = 0;
+        size_t at = 0;
+        for (int t = 0; t < spec.count; t++) {
+            const SpecTensor *st = &spec.tensors[t];
+            for (size_t i = 0; i < st->numel; i++) values[at + i] = (float)(p + 1) * 0.5f + (float)(i % 4) * 0.25f;
+            if (model_spec_peer_sends(&spec, SYNC_MODE_SPES, 2, p, t)) {
+                w[n] = (StWriteTensor){.name = st->name, .dtype = DTYPE_F32, .ndim = st->ndim, .data = values + at};
+                memcpy(w[n].shape, st->shape, sizeof w[n].shape);
+                n++;
+            }
+            at += st->numel;
+        }
+        assert_int_equal(sync_client_upload(peers[p], 4, w, n), SPES_OK);
+        free(w);
+    }
+    uint8_t *agg;
+    size_t len;
+    assert_int_equal(sync_client_wait_and_download(peers[0], 4, &agg, &len), SPES_OK);
+    SafeTensors st;
+    assert_int_equal(safetensors_parse(agg, len, "aggregate", &st), SPES_OK);
+    const StTensor *embed = safetensors_find(&st, "model.embed_tokens.weight");
+    const StTensor *expert3 = safetensors_find(&st, "model.layers.1.mlp.experts.3.up_proj.weight");
+    assert_int_equal(embed->dtype, DTYPE_BF16);
+    for (size_t i = 0; i < embed->numel; i++) {
+        uint16_t a, b;
+        memcpy(&a, embed->data + 2 * i, 2);
+        memcpy(&b, expert3->data + 2 * i, 2);
+        assert_float_equal(bf16_to_f32(a), 0.75f + (float)(i % 4) * 0.25f, 0);   // mean of 0.5 and 1.0 (+ i%4/4)
+        assert_float_equal(bf16_to_f32(b), 1.0f + (float)(i % 4) * 0.25f, 0);    // owner: peer 1
+    }
+    assert_int_equal(sync_client_stats(peers[0])->bytes_down, len);
+    safetensors_close(&st);
+    free(agg);
+    free(values);
+    for (int p = 0; p < 2; p++) sync_client_destroy(peers[p]);
+    model_spec_free(&spec);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stalled_upload_blocks_nobody, setup, teardown),
         cmocka_unit_test_setup_teardown(test_protocol_errors_get_statuses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_downloads_and_long_poll, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_payload_round_trip, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
