@@ -6,6 +6,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "base/progress.h"
 #include "eval/kv_forward.h"
 
@@ -24,11 +25,12 @@ static int encode(TokenEncoder *enc, const char *text, size_t len, IdBuffer *out
     return tokenizer_encode(enc, text, len, out);
 }
 
-// Context and continuation tokens of one request (lm-eval's _encode_pair).
+// One request as model input: seq = context ids followed by continuation ids (lm-eval's
+// _encode_pair).
 typedef struct {
     IdBuffer context, whole;
-    int32_t *cont;          // continuation ids
-    int cont_len, cont_cap;
+    int32_t *seq;           // [ctx_len + cont_len]
+    int ctx_len, cont_len, cap;
 } PairEncoding;
 
 static int encode_pair(TokenEncoder *enc, const McRequest *r, int eos_id, PairEncoding *pe) {
@@ -44,88 +46,90 @@ static int encode_pair(TokenEncoder *enc, const McRequest *r, int eos_id, PairEn
     if (status == SPES_OK) status = encode(enc, joined, ctx_len + cont_len, &pe->whole);
     free(joined);
     SPES_TRY(status);
+    // An empty context becomes EOS; the continuation is then the whole encoding.
+    size_t from = kept == 0 ? 0 : pe->context.len;
     if (pe->context.len == 0) {
         if (eos_id < 0)
             return spes_fail("doc_id %lld: empty context and the model has no eos_token_id to stand in for it",
                              (long long)r->doc_id);
         SPES_TRY(id_buffer_push(&pe->context, (uint32_t)eos_id));
-        // whole = [eos] + encode(continuation): lm-eval encodes the continuation alone here.
     }
-    size_t from = pe->context.len;
-    if (kept == 0) from = 0;
     if (pe->whole.len <= from)
         return spes_fail("doc_id %lld idx %d: the continuation '%.40s' encodes to no tokens", (long long)r->doc_id,
                          r->idx, r->continuation);
-    int n = (int)(pe->whole.len - from);
-    if (n > pe->cont_cap) {
-        int32_t *bigger = spes_realloc(pe->cont, (size_t)n * sizeof(int32_t));
+    int n_ctx = (int)pe->context.len, n_cont = (int)(pe->whole.len - from);
+    if (n_ctx + n_cont > pe->cap) {
+        int32_t *bigger = spes_realloc(pe->seq, (size_t)(n_ctx + n_cont) * sizeof(int32_t));
         if (!bigger) return SPES_ERR;
-        pe->cont = bigger;
-        pe->cont_cap = n;
+        pe->seq = bigger;
+        pe->cap = n_ctx + n_cont;
     }
-    for (int i = 0; i < n; i++) pe->cont[i] = (int32_t)pe->whole.ids[from + i];
-    pe->cont_len = n;
+    for (int i = 0; i < n_ctx; i++) pe->seq[i] = (int32_t)pe->context.ids[i];
+    for (int i = 0; i < n_cont; i++) pe->seq[n_ctx + i] = (int32_t)pe->whole.ids[from + i];
+    pe->ctx_len = n_ctx;
+    pe->cont_len = n_cont;
     return SPES_OK;
 }
 
-// Scores every choice of one document (all share the context string: the request files
-// repeat it per choice; a document whose choices differ in context is an error).
-// Logits rows for chunks of up to `rows` tokens, grown on demand (continuations are short;
-// a window-sized buffer would be window * vocab floats).
+// Logits rows for chunks of continuation tokens, grown on demand (a window-sized buffer
+// would be window * vocab floats), and the prefix whose run is in the KV cache.
 typedef struct {
-    float *ctx_last;        // [V] logits after the context: they predict continuation token 0
+    float *prefix_last;     // [V] logits after the cached prefix: they predict the first scored token
     float *rows;            // [cap, V]
     int cap;
-} LogitsBuffers;
+    int32_t *prefix;        // [window] tokens of the prefix in the cache
+    int prefix_len;         // 0: nothing cached
+} ScoreState;
 
-static int reserve_rows(LogitsBuffers *lb, int rows, int V) {
-    if (rows <= lb->cap) return SPES_OK;
-    float *bigger = spes_realloc(lb->rows, (size_t)rows * (size_t)V * sizeof(float));
+static int reserve_rows(ScoreState *st, int rows, int V) {
+    if (rows <= st->cap) return SPES_OK;
+    float *bigger = spes_realloc(st->rows, (size_t)rows * (size_t)V * sizeof(float));
     if (!bigger) return SPES_ERR;
-    lb->rows = bigger;
-    lb->cap = rows;
+    st->rows = bigger;
+    st->cap = rows;
     return SPES_OK;
 }
 
-static int score_document(const Model *m, TokenEncoder *enc, KvCache *cache, const McTask *task, const McDoc *doc,
-                          int window, LogitsBuffers *lb, PairEncoding *pe, McScore *scores) {
-    const int V = m->cfg.embedding_size;
-    const McRequest *first = &task->requests[doc->request_of_choice[0]];
-    // Longest continuation of the document bounds how much context fits.
-    int max_cont = 0;
-    for (int c = 0; c < doc->num_choices; c++) {
-        const McRequest *r = &task->requests[doc->request_of_choice[c]];
-        if (strcmp(r->context, first->context) != 0)
-            return spes_fail("doc_id %lld: choices have different contexts; each document needs one context",
-                             (long long)doc->doc_id);
-        SPES_TRY(encode_pair(enc, r, m->cfg.eos_token_id, pe));
-        if (pe->cont_len > max_cont) max_cont = pe->cont_len;
+// log P(continuation | context) of one encoded request. Like lm-eval, the model sees at
+// most `window` tokens: seq = (context + continuation)[-(window + 1):], the continuation
+// tokens inside it are scored (all of them unless the continuation alone exceeds the
+// window). The prefix before the scored tokens (usually the context, shared by all choices
+// of a document) runs once and stays in the cache while the next request has the same one.
+static int score_request(KvCache *cache, const PairEncoding *pe, int window, int V, ScoreState *st, McScore *out) {
+    int total = pe->ctx_len + pe->cont_len;
+    int keep = total < window + 1 ? total : window + 1;
+    int n_scored = pe->cont_len < keep - 1 ? pe->cont_len : keep - 1;
+    const int32_t *prefix = pe->seq + (total - keep);
+    const int32_t *scored = pe->seq + (total - n_scored);
+    int prefix_len = keep - n_scored;
+    bool cached = prefix_len == st->prefix_len && !memcmp(prefix, st->prefix, (size_t)prefix_len * sizeof(int32_t));
+    if (!cached) {
+        kv_cache_truncate(cache, 0);
+        st->prefix_len = 0;
+        SPES_TRY(kv_forward(cache, prefix, prefix_len, st->prefix_last, 1));
+        memcpy(st->prefix, prefix, (size_t)prefix_len * sizeof(int32_t));
+        st->prefix_len = prefix_len;
     }
-    if (max_cont >= window)
-        return spes_fail("doc_id %lld: a continuation of %d tokens does not fit the %d-token window (--max_seq)",
-                         (long long)doc->doc_id, max_cont, window);
-    // Context (shared): the encoding from the last encode_pair call is the same for all.
-    int ctx_len = (int)pe->context.len, ctx_keep = ctx_len;
-    if (ctx_keep + max_cont - 1 > window) ctx_keep = window - (max_cont - 1);
-    int32_t *ctx = spes_malloc((size_t)ctx_keep * sizeof(int32_t));
-    if (!ctx) return SPES_ERR;
-    for (int i = 0; i < ctx_keep; i++) ctx[i] = (int32_t)pe->context.ids[ctx_len - ctx_keep + i];
-    kv_cache_truncate(cache, 0);
-    int status = kv_forward(cache, ctx, ctx_keep, lb->ctx_last, 1);
-    free(ctx);
-    SPES_TRY(status);
-    SPES_TRY(reserve_rows(lb, max_cont, V));
+    double sum = log_prob(st->prefix_last, V, scored[0]);
+    if (n_scored > 1) {
+        SPES_TRY(reserve_rows(st, n_scored - 1, V));
+        kv_cache_truncate(cache, prefix_len);
+        SPES_TRY(kv_forward(cache, scored, n_scored - 1, st->rows, n_scored - 1));
+        for (int i = 1; i < n_scored; i++) sum += log_prob(st->rows + (size_t)(i - 1) * V, V, scored[i]);
+    }
+    out->sum_logprob = sum;
+    out->num_tokens = n_scored;
+    return SPES_OK;
+}
+
+// Scores every choice of one document; returns how many continuations were cut to fit.
+static int score_document(const Model *m, TokenEncoder *enc, KvCache *cache, const McTask *task, const McDoc *doc,
+                          int window, ScoreState *st, PairEncoding *pe, McScore *scores, int *cut) {
     for (int c = 0; c < doc->num_choices; c++) {
         int r = doc->request_of_choice[c];
         SPES_TRY(encode_pair(enc, &task->requests[r], m->cfg.eos_token_id, pe));
-        double sum = log_prob(lb->ctx_last, V, pe->cont[0]);
-        if (pe->cont_len > 1) {
-            kv_cache_truncate(cache, ctx_keep);
-            SPES_TRY(kv_forward(cache, pe->cont, pe->cont_len - 1, lb->rows, pe->cont_len - 1));
-            for (int i = 1; i < pe->cont_len; i++) sum += log_prob(lb->rows + (size_t)(i - 1) * V, V, pe->cont[i]);
-        }
-        scores[r].sum_logprob = sum;
-        scores[r].num_tokens = pe->cont_len;
+        SPES_TRY(score_request(cache, pe, window, m->cfg.embedding_size, st, &scores[r]));
+        *cut += scores[r].num_tokens < pe->cont_len;
     }
     return SPES_OK;
 }
@@ -143,26 +147,32 @@ int mc_task_score(const Model *m, const Tokenizer *tok, const McTask *task, cons
         tokenizer_encoder_free(enc);
         return SPES_ERR;
     }
-    LogitsBuffers lb = {.ctx_last = spes_malloc((size_t)m->cfg.embedding_size * sizeof(float))};
-    int status = lb.ctx_last ? SPES_OK : SPES_ERR;
+    ScoreState st = {.prefix_last = spes_malloc((size_t)m->cfg.embedding_size * sizeof(float)),
+                     .prefix = spes_malloc((size_t)(window + 1) * sizeof(int32_t))};
+    int status = st.prefix_last && st.prefix ? SPES_OK : SPES_ERR;
     int total = task->num_docs;
     for (int d = 0; d < task->num_docs; d++) total += task->docs[d].uncond >= 0;
     Progress progress;
     if (opt->show_progress) progress_start(&progress, task->name, "docs", (uint64_t)total);
-    int done = 0;
+    int done = 0, cut = 0;
     for (int d = 0; d < task->num_docs && status == SPES_OK; d++) {
         const McDoc *doc = &task->docs[d];
-        status = score_document(m, enc, &cache, task, doc, window, &lb, &pe, scores);
+        status = score_document(m, enc, &cache, task, doc, window, &st, &pe, scores, &cut);
         if (status == SPES_OK && doc->uncond >= 0)
-            status = score_document(m, enc, &cache, task, &task->uncond_docs[doc->uncond], window, &lb, &pe, scores);
+            status = score_document(m, enc, &cache, task, &task->uncond_docs[doc->uncond], window, &st, &pe, scores,
+                                    &cut);
         done += 1 + (doc->uncond >= 0);
         if (opt->show_progress) progress_update(&progress, (uint64_t)done, NULL);
     }
     if (opt->show_progress) progress_finish(&progress, NULL);
     if (status != SPES_OK) spes_fail_context("task %s", task->name);
-    free(lb.ctx_last);
-    free(lb.rows);
-    free(pe.cont);
+    if (status == SPES_OK && cut > 0)
+        log_warn("task %s: %d continuation%s longer than the %d-token window: only their last tokens were scored",
+                 task->name, cut, cut == 1 ? "" : "s", window);
+    free(st.prefix_last);
+    free(st.rows);
+    free(st.prefix);
+    free(pe.seq);
     id_buffer_free(&pe.context);
     id_buffer_free(&pe.whole);
     kv_cache_free(&cache);

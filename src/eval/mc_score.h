@@ -4,10 +4,11 @@
 //   - context_enc = encode(context), whole = encode(context + continuation),
 //     continuation_enc = whole[len(context_enc):];
 //   - an empty context becomes the EOS token (lm-eval's prefix token);
-//   - too long: context tokens are dropped from the left so that context + continuation - 1
-//     fits in the window.
-// A document's choices share the context: it is run once into a KV cache, then each
-// choice continues from there (kv_cache_truncate back to the context between choices).
+//   - the model sees at most `window` tokens: (context + continuation)[-(window + 1):],
+//     scoring the continuation tokens inside it (all, unless the continuation alone is
+//     longer than the window: then its first tokens are dropped, with a warning).
+// The prefix before the scored tokens (the context: shared by a document's choices) runs
+// once into a KV cache; each choice continues from there (kv_cache_truncate between them).
 #pragma once
 #include <stdint.h>
 

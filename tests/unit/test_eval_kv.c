@@ -191,12 +191,11 @@ static void test_forced_answer_task(void **state) {
 
 // Scores with the shared-context KV path equal log-softmax sums over full forwards of
 // context + continuation (random model, every QK mode exercised elsewhere).
-static void test_scores_match_full_forward(void **state) {
-    (void)state;
+static void check_scores_match_full_forward(int window) {
     char dir[] = "/tmp/spes_kv_XXXXXX";
     assert_non_null(mkdtemp(dir));
     char *path = write_task(dir, REQ("The cat sat on the", " mat", 0, 0, 0) REQ("The cat sat on the", " hat and more", 0, 1, 0)
-                                     REQ("", "empty context", 1, 0, 0) REQ("", "x", 1, 1, 0));
+                                     REQ("", "empty context, long continuation", 1, 0, 0) REQ("", "x", 1, 1, 0));
     McTask task;
     assert_int_equal(mc_task_load(path, 0, &task), SPES_OK);
     Model m;
@@ -205,19 +204,27 @@ static void test_scores_match_full_forward(void **state) {
     Tokenizer *tok;
     assert_int_equal(tokenizer_load("bytes", &tok), SPES_OK);
     McScore scores[4];
-    McScoreOptions opt = {0};
+    McScoreOptions opt = {.max_seq = window};
     assert_int_equal(mc_task_score(&m, tok, &task, &opt, scores), SPES_OK);
     const int V = m.cfg.embedding_size;
     float *logits = malloc((size_t)96 * V * sizeof(float));
     for (int r = 0; r < 4; r++) {
         const McRequest *q = &task.requests[r];
-        int32_t seq[96];
+        int32_t full_seq[96];
         int n = 0, ctx = 0;
-        if (!q->context[0]) seq[n++] = 256;   // empty context -> EOS
-        for (const char *p = q->context; *p; p++) seq[n++] = (unsigned char)*p;
+        if (!q->context[0]) full_seq[n++] = 256;   // empty context -> EOS
+        for (const char *p = q->context; *p; p++) full_seq[n++] = (unsigned char)*p;
         ctx = n;
-        for (const char *p = q->continuation; *p; p++) seq[n++] = (unsigned char)*p;
-        assert_int_equal(model_forward(&m, seq, NULL, 1, n, NULL, NULL, logits), SPES_OK);
+        for (const char *p = q->continuation; *p; p++) full_seq[n++] = (unsigned char)*p;
+        // The window keeps the last window+1 tokens (lm-eval's truncation); a continuation
+        // longer than that loses its first tokens.
+        const int32_t *seq = full_seq;
+        if (n > window + 1) {
+            seq = full_seq + (n - window - 1);
+            ctx = ctx - (n - window - 1) > 1 ? ctx - (n - window - 1) : 1;
+            n = window + 1;
+        }
+        assert_int_equal(model_forward(&m, seq, NULL, 1, n - 1, NULL, NULL, logits), SPES_OK);
         double sum = 0.0;
         for (int i = ctx; i < n; i++) {
             const float *row = logits + (size_t)(i - 1) * V;
@@ -236,6 +243,12 @@ static void test_scores_match_full_forward(void **state) {
     mc_task_free(&task);
     free(path);
     remove_tree(dir);
+}
+
+static void test_scores_match_full_forward(void **state) {
+    (void)state;
+    check_scores_match_full_forward(96);   // everything fits
+    check_scores_match_full_forward(16);   // contexts cut, and the 32-byte continuation too
 }
 
 int main(void) {
