@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "base/rng.h"
+#include "base/threads.h"
 #include "ops/cpu/vmath.h"
 #include "ops/ops.h"
 
@@ -141,6 +142,39 @@ static void test_vexpf_accuracy(void **state) {
     assert_true(isnan(vexpf(NAN)));
 }
 
+// Our kernels give the same bits on 1 and 2 threads (fixed ownership and reduction order).
+static void run_kernels(int threads, float *out, float *dq, float *dk, float *dv, float *dx, float *dw) {
+    const int B = 2, T = 130, nh = 4, nkv = 2, hd = 16, R = 500, C = 32;
+    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
+    float *q = random_floats(nq, 30, 1.0), *k = random_floats(nk, 31, 1.0), *v = random_floats(nk, 32, 1.0);
+    float *dout = random_floats(nq, 33, 1.0), *lse = malloc((size_t)B * nh * T * 4);
+    float *x = random_floats((size_t)R * C, 34, 1.0), *w = random_floats(C, 35, 1.0), *dy = random_floats((size_t)R * C, 36, 1.0);
+    float *y = malloc((size_t)R * C * 4), *rstd = malloc(R * 4);
+    int saved = threads_get();
+    threads_set(threads);
+    assert_int_equal(op_attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd), SPES_OK);
+    assert_int_equal(op_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, nh, nkv, hd), SPES_OK);
+    op_rmsnorm_forward(y, rstd, x, w, R, C, 1e-6f);
+    memset(dw, 0, C * sizeof(float));
+    op_rmsnorm_backward(dx, dw, dy, x, w, rstd, R, C, false);
+    threads_set(saved);
+    free(q), free(k), free(v), free(dout), free(lse), free(x), free(w), free(dy), free(y), free(rstd);
+}
+
+static void test_kernels_independent_of_thread_count(void **state) {
+    (void)state;
+    size_t nq = 2 * 130 * 4 * 16, nk = 2 * 130 * 2 * 16, nx = 500 * 32;
+    float *a[6], *b[6];
+    size_t sizes[6] = {nq, nq, nk, nk, nx, 32};
+    for (int i = 0; i < 6; i++) a[i] = malloc(sizes[i] * 4), b[i] = malloc(sizes[i] * 4);
+    run_kernels(1, a[0], a[1], a[2], a[3], a[4], a[5]);
+    run_kernels(2, b[0], b[1], b[2], b[3], b[4], b[5]);
+    for (int i = 0; i < 6; i++) {
+        assert_memory_equal(a[i], b[i], sizes[i] * 4);
+        free(a[i]), free(b[i]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_matches_reference),
@@ -148,6 +182,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm_backward_matches_reference),
         cmocka_unit_test(test_router_ties_and_dispatch),
         cmocka_unit_test(test_vexpf_accuracy),
+        cmocka_unit_test(test_kernels_independent_of_thread_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,7 +17,9 @@ static inline float vexpf(float x) {
     const float hi = 88.7228393f, lo = -86.5f;
     float xc = x > hi ? hi : x;
     xc = xc < lo ? lo : xc;
-    float n = floorf(xc * 1.44269504088896341f + 0.5f);
+    // n = round(x / ln2) by the 1.5*2^23 trick: floorf is a libm call GCC will not inline
+    // (so it would block vectorisation) without -ffast-math.
+    float n = (xc * 1.44269504088896341f + 0x1.8p23f) - 0x1.8p23f;
     float r = xc - n * 0.693359375f;       // ln2 split in two for an exact product
     r = r - n * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
