@@ -1,6 +1,5 @@
 #include "data/token_writer.h"
 
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,12 +26,17 @@ int token_writer_open(const char *prefix, int proc, uint64_t max_shard_bytes, in
     if (dtype_bytes != 2 && dtype_bytes != 4) return spes_fail("token dtype must be 2 or 4 bytes, not %d", dtype_bytes);
     if (max_shard_bytes < (uint64_t)dtype_bytes) return spes_fail("max_shard_bytes %llu is smaller than one token",
                                                                   (unsigned long long)max_shard_bytes);
-    char *dir = spes_strdup(prefix);
-    if (!dir) return SPES_ERR;
-    // Like os.makedirs(os.path.dirname(output_prefix)): the prefix may end in a file-name part.
-    int rc = strchr(prefix, '/') ? mkdir_p(dirname(dir)) : SPES_OK;
-    free(dir);
-    SPES_TRY(rc);
+    // Like os.makedirs(os.path.dirname(output_prefix)): everything before the last '/' (the
+    // prefix may end in a file-name part, or in '/' when it is a directory).
+    const char *slash = strrchr(prefix, '/');
+    if (slash && slash > prefix) {
+        char *dir = spes_strdup(prefix);
+        if (!dir) return SPES_ERR;
+        dir[slash - prefix] = 0;
+        int rc = mkdir_p(dir);
+        free(dir);
+        SPES_TRY(rc);
+    }
     TokenWriter *w = spes_calloc(1, sizeof *w);
     if (!w || !(w->prefix = spes_strdup(prefix))) {
         free(w);
