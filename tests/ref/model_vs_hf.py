@@ -113,14 +113,19 @@ def build_model(model_type, extra, seed):
     return model
 
 
-def hf_named_grads(model):
-    """Gradients under the HF checkpoint names. transformers 5 keeps each layer's experts as
+def by_checkpoint_name(model, tensor_of):
+    """{HF checkpoint name: tensor_of(parameter)}. transformers 5 keeps each layer's experts as
     fused 3-D parameters (gate_up_proj [E,2I,H] = gate rows then up rows, down_proj [E,H,I])
     and splits them back into experts.{e}.{gate,up,down}_proj.weight when saving."""
     out = {}
     for name, p in model.named_parameters():
-        out.update(split_experts(name, p.grad if p.grad is not None else torch.zeros_like(p)))
-    return {k: v.detach().double().numpy() for k, v in out.items()}
+        out.update(split_experts(name, tensor_of(p).detach()))
+    return out
+
+
+def hf_named_grads(model):
+    grads = by_checkpoint_name(model, lambda p: p.grad if p.grad is not None else torch.zeros_like(p))
+    return {k: v.double().numpy() for k, v in grads.items()}
 
 
 def split_experts(name, tensor):
@@ -141,9 +146,7 @@ def check_saved_layout(model, path):
     """The saved file must hold exactly our per-expert split of the parameters (guards the
     gate/up order assumption in split_experts)."""
     saved = load_numpy(path)
-    mine = {}
-    for name, p in model.named_parameters():
-        mine.update(split_experts(name, p.detach()))
+    mine = by_checkpoint_name(model, lambda p: p)
     if set(saved) != set(mine):
         raise RuntimeError(f"saved names differ: {sorted(set(saved) ^ set(mine))[:6]}")
     for k, v in mine.items():
@@ -308,7 +311,7 @@ def main():
         check_saved_layout(model, os.path.join(model_dir, "model.safetensors"))
         token_path = os.path.join(model_dir, f"tokens.{dtype}")
         tokens.astype("<u2" if dtype == "uint16" else "<u4").tofile(token_path)
-        all_grads = {n for n, _ in hf_named_grads(ref64).items()}
+        all_grads = set(by_checkpoint_name(ref64, lambda p: p))
 
         runs = [("mixed", MIXED, None)]
         if index == 0:
