@@ -134,7 +134,10 @@ static int parse_config(const JsonDoc *d, ModelConfig *cfg) {
 int hf_config_read(const char *dir_or_file, ModelConfig *cfg) {
     struct stat st;
     char *path = NULL;
-    if (stat(dir_or_file, &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (stat(dir_or_file, &st) != 0)
+        return spes_fail("%s does not exist (expected a model directory with config.json, or a config.json)",
+                         dir_or_file);
+    if (S_ISDIR(st.st_mode)) {
         path = path_join(dir_or_file, "config.json");
         if (!path) return SPES_ERR;
     }

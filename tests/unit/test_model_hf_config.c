@@ -1,0 +1,106 @@
+// config.json <-> ModelConfig: round trip in both formats, and clear errors for bad input.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "base/file.h"
+#include "model/hf_config.h"
+
+static char dir[] = "/tmp/spes_hf_config_XXXXXX";
+
+static void round_trip(QkNormMode qk, const char *format) {
+    ModelConfig c, back;
+    assert_int_equal(model_config_preset("tiny", &c), SPES_OK);
+    c.qk_norm = qk;
+    c.normalize_expert_weights = true;
+    c.rope_theta = 500000.0f;
+    c.norm_eps = 1e-6f;
+    char *path = path_join(dir, "config.json");
+    assert_int_equal(hf_config_write(&c, format, "float32", path), SPES_OK);
+    assert_int_equal(hf_config_read(dir, &back), SPES_OK);   // the directory form
+    assert_int_equal(back.d_model, c.d_model);
+    assert_int_equal(back.n_heads, c.n_heads);
+    assert_int_equal(back.n_kv_heads, c.n_kv_heads);
+    assert_int_equal(back.head_dim, c.head_dim);
+    assert_int_equal(back.n_layers, c.n_layers);
+    assert_int_equal(back.vocab_size, c.vocab_size);
+    assert_int_equal(back.embedding_size, c.embedding_size);
+    assert_int_equal(back.num_experts, c.num_experts);
+    assert_int_equal(back.top_k, c.top_k);
+    assert_int_equal(back.expert_hidden, c.expert_hidden);
+    assert_int_equal(back.max_seq_len, c.max_seq_len);
+    assert_true(back.rope_theta == c.rope_theta);
+    assert_true(back.norm_eps == c.norm_eps);
+    assert_int_equal(back.qk_norm, qk);
+    assert_true(back.normalize_expert_weights);
+    free(path);
+}
+
+static void test_round_trip(void **state) {
+    (void)state;
+    round_trip(QK_NORM_FULL, "olmoe");
+    round_trip(QK_NORM_HEAD, "qwen3_moe");
+    ModelConfig c;
+    assert_int_equal(model_config_preset("tiny", &c), SPES_OK);
+    char *path = path_join(dir, "config.json");
+    assert_int_equal(hf_config_write(&c, "qwen3_moe", "float32", path), SPES_ERR);   // tiny is QK-norm full
+    assert_non_null(strstr(spes_last_error(), "QK-norm"));
+    free(path);
+}
+
+static void expect_error(const char *json, const char *needle) {
+    char *path = path_join(dir, "bad.json");
+    assert_int_equal(file_write_atomic(path, json, strlen(json)), SPES_OK);
+    ModelConfig c;
+    assert_int_equal(hf_config_read(path, &c), SPES_ERR);
+    if (!strstr(spes_last_error(), needle)) fail_msg("error '%s' does not mention '%s'", spes_last_error(), needle);
+    free(path);
+}
+
+#define BASE "\"hidden_size\": 32, \"num_attention_heads\": 4, \"num_hidden_layers\": 2, \"vocab_size\": 64, " \
+             "\"num_experts\": 8, \"num_experts_per_tok\": 2, \"intermediate_size\": 16"
+
+static void test_errors(void **state) {
+    (void)state;
+    expect_error("{" BASE "}", "model_type");
+    expect_error("{\"model_type\": \"llama\", " BASE "}", "llama");
+    expect_error("{\"model_type\": \"olmoe\", \"hidden_size\": 32}", "num_attention_heads");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"rope_theta\": \"big\"}", "rope_theta");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"tie_word_embeddings\": true}", "tie_word_embeddings");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"clip_qkv\": 8}", "clip_qkv");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"num_key_value_heads\": 3}", "n_kv_heads");
+    expect_error("{\"model_type\": \"olmoe\", \"hidden_size\": 32, \"num_attention_heads\": 4, \"num_hidden_layers\": 2, "
+                 "\"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 9, \"intermediate_size\": 16}",
+                 "top_k");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"hidden_size\": 32}", "duplicate");
+    expect_error("{\"model_type\": \"olmoe\", " BASE, "JSON");
+    ModelConfig c;
+    assert_int_equal(hf_config_read("/nonexistent/model", &c), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "does not exist"));
+}
+
+static int setup(void **state) {
+    (void)state;
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    return remove_tree(dir) == SPES_OK ? 0 : -1;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
