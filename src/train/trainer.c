@@ -51,7 +51,8 @@ struct Trainer {
 
 int trainer_setup_trainable(Model *m, const TrainConfig *cfg) {
     int experts = m->cfg.num_experts;
-    if (!cfg->using_spes) return model_set_trainable_experts(m, 0, experts - 1);
+    // Plain training and the fedavg baseline (using_dilico) train every expert.
+    if (!cfg->using_spes || cfg->using_dilico) return model_set_trainable_experts(m, 0, experts - 1);
     int per = cfg->num_train_experts_per_node, first = cfg->peer_id * per;
     if (per <= 0 || first < 0 || first + per > experts)
         return spes_fail("spes_config: peer %d with %d experts per node owns experts [%d, %d), outside the model's "

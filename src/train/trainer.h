@@ -53,7 +53,7 @@ Model *trainer_model(Trainer *t);
 int64_t trainer_step_count(const Trainer *t);     // optimizer steps done
 int64_t trainer_max_steps(const Trainer *t);
 
-// The trainable mask for this config: every tensor, or with using_spes the shared tensors
+// The trainable mask for this config: every tensor (plain or using_dilico), or with using_spes the shared tensors
 // plus the peer's own experts [peer_id*m, (peer_id+1)*m) of every layer
 // (m = num_train_experts_per_node). Reallocates the model's gradient buffer.
 int trainer_setup_trainable(Model *m, const TrainConfig *cfg);

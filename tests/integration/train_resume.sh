@@ -126,3 +126,38 @@ wait "$pid" || rc=$?
 last=$(tail -1 "$tmp/sig/metrics.jsonl" | sed 's/^{"step":\([0-9]*\).*/\1/')
 [ -f "$tmp/sig/step$last/train_state.json" ] || { echo "no checkpoint at step $last after SIGINT"; ls "$tmp/sig"; exit 1; }
 echo "SIGINT at step $last: checkpoint saved, exit 0"
+
+# The checkpoint directory is a Hugging Face model: transformers loads it as
+# OlmoeForCausalLM with our weights and runs it.
+if [ -x "${SPES_VENV_PY:-}" ]; then
+  "$SPES_VENV_PY" - "$tmp/straight/step8" <<'PYEOF'
+import sys
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+d = sys.argv[1]
+model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+assert type(model).__name__ == "OlmoeForCausalLM", type(model).__name__
+ours = load_file(f"{d}/model.safetensors")
+sd = model.state_dict()
+# transformers 5 fuses each layer's experts: gate_up_proj [E, 2I, H] = cat(gate, up), down_proj [E, H, I].
+for k, v in ours.items():
+    if ".mlp.experts." in k:
+        prefix, rest = k.split(".mlp.experts.")
+        e, kind = int(rest.split(".")[0]), rest.split(".")[1]
+        if kind == "down_proj":
+            theirs = sd[f"{prefix}.mlp.experts.down_proj"][e]
+        else:
+            fused = sd[f"{prefix}.mlp.experts.gate_up_proj"][e]
+            half = fused.shape[0] // 2
+            theirs = fused[:half] if kind == "gate_proj" else fused[half:]
+    else:
+        theirs = sd[k]
+    assert torch.equal(theirs, v), k
+logits = model(torch.arange(16).unsqueeze(0) % 64).logits
+assert torch.isfinite(logits).all()
+print(f"transformers loads step8 as {type(model).__name__}: {sum(v.numel() for v in ours.values())} parameters")
+PYEOF
+else
+  echo "(no test virtualenv: HF loading of the checkpoint not checked)"
+fi
