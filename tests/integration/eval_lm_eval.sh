@@ -26,5 +26,5 @@ if [ ! -x "$SPES_BIN" ]; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_DATASETS_CACHE="$work/hf_datasets" OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} \
+HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_DATASETS_CACHE="$work/hf_datasets" OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} \
   "$SPES_VENV_PY" tests/ref/lm_eval_check.py "$SPES_BIN" "$work" "$SPES_TEST_DATA/eval" "$SPES_TEST_DATA/tokenizers/gpt-neox-olmo.json"

@@ -18,4 +18,4 @@ if [ ! -x "$SPES_BIN" ]; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$SPES_VENV_PY" tests/ref/export_import_check.py "$SPES_BIN" "$work"
+HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$SPES_VENV_PY" tests/ref/export_import_check.py "$SPES_BIN" "$work"

@@ -101,7 +101,7 @@ def bf16_rounded(model):
 
 def main():
     spes, work = sys.argv[1], sys.argv[2]
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     rng = np.random.default_rng(0)

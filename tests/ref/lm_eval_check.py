@@ -63,7 +63,7 @@ def main():
     spes, work, eval_dir, tokenizer_json = sys.argv[1:5]
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     vocab = max(json.load(open(tokenizer_json))["model"]["vocab"].values()) + 1
     vocab = (vocab + 63) // 64 * 64   # padded embedding rows, as OLMo does
     src = build_model(vocab, work)

@@ -72,7 +72,7 @@ def window_loss(model, stream):
 
 def main():
     spes, work = sys.argv[1], sys.argv[2]
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     cfg = Qwen3Config(hidden_size=48, intermediate_size=40, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
