@@ -49,6 +49,11 @@ int trainer_evaluate(Trainer *t);
 // Writes save_folder/step<N> and prunes old ones to the keep count.
 int trainer_save(Trainer *t);
 
+// Per-(layer, expert) factors c_{l,e} of the load-balancing loss ([L*E], NULL = all 1: the
+// SPES decayed auxiliary loss sets them), used from the next step on. The caller keeps the
+// array alive and may update it in place between steps.
+void trainer_set_lb_count_factor(Trainer *t, const float *factor);
+
 Model *trainer_model(Trainer *t);
 int64_t trainer_step_count(const Trainer *t);     // optimizer steps done
 int64_t trainer_max_steps(const Trainer *t);

@@ -134,6 +134,29 @@ static void test_grad_accumulation_matches_one_batch(void **state) {
     config_free(&two);
 }
 
+// The decayed auxiliary loss scales each expert's count in the load-balancing term: with
+// every factor 2 the same first batch has exactly twice the lb loss.
+static void test_lb_count_factor(void **state) {
+    (void)state;
+    TrainConfig cfg1, cfg2;
+    load_config(&cfg1, "lb1", "");
+    load_config(&cfg2, "lb2", "");
+    Trainer *a = create(&cfg1), *b = create(&cfg2);
+    float factor[2 * 4];
+    for (int i = 0; i < 8; i++) factor[i] = 2.0f;
+    trainer_set_lb_count_factor(b, factor);
+    StepMetrics ma, mb;
+    assert_int_equal(trainer_step(a, &ma), SPES_OK);
+    assert_int_equal(trainer_step(b, &mb), SPES_OK);
+    assert_true(ma.loss.lb > 0);
+    assert_float_equal(mb.loss.lb, 2 * ma.loss.lb, 1e-6 * ma.loss.lb);
+    assert_float_equal(mb.loss.ce, ma.loss.ce, 0);
+    trainer_free(a);
+    trainer_free(b);
+    config_free(&cfg1);
+    config_free(&cfg2);
+}
+
 static void test_refuses_used_save_folder(void **state) {
     (void)state;
     TrainConfig cfg;
@@ -157,6 +180,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spes_mask_freezes_other_experts),
         cmocka_unit_test(test_grad_accumulation_matches_one_batch),
+        cmocka_unit_test(test_lb_count_factor),
         cmocka_unit_test(test_refuses_used_save_folder),
     };
     return cmocka_run_group_tests(tests, make_data, remove_data);
