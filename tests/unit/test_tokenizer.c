@@ -1,7 +1,8 @@
 // Tokenizer unit tests: BPE merge order on a crafted vocab, added-token splitting, NFC, the
 // byte-level alphabet, refusal of unsupported features, the bytes tokenizer, invalid UTF-8,
-// linear vs heap merges on the shipped vocab, document cleaning, shard boundaries and the
-// uint16 refusal of `spes tokenize`.
+// linear vs heap merges on the shipped vocab, document cleaning, shard boundaries, the uint16
+// refusal of `spes tokenize` (and its shards read back by the training dataset), skipped
+// invalid documents, concurrent encoders.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +19,7 @@
 #include "base/error.h"
 #include "base/file.h"
 #include "cli/commands.h"
+#include "data/dataset.h"
 #include "data/token_writer.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_bpe.h"
@@ -397,6 +399,17 @@ static void test_uint16_refused_for_big_vocab(void **state) {
     memcpy(&last, data + 20, 4);
     assert_int_equal(last, 70000);
     free(data);
+    // The training loader reads the shard: 2 instances of 3 tokens, "hel" and "lo" + EOS.
+    TokenDataset *ds;
+    char *paths[] = {shard};
+    assert_int_equal(token_dataset_open(paths, 1, MEMMAP_UINT32, 3, 70001, &ds), SPES_OK);
+    assert_int_equal(token_dataset_len(ds), 2);
+    int32_t inst[3];
+    assert_int_equal(token_dataset_get(ds, 1, inst), SPES_OK);
+    assert_int_equal(inst[0], 'l');
+    assert_int_equal(inst[1], 'o');
+    assert_int_equal(inst[2], 70000);
+    token_dataset_close(ds);
     remove_tree(dir);
     free(dir);
 }
