@@ -45,13 +45,14 @@ def ignore_merges(base):
 
 
 def empty_matches(base):
-    """Split patterns that can match the empty string, under every behaviour."""
+    """Split patterns that can match the empty string, under every behaviour; Digits runs."""
     t = json.loads(json.dumps(base))
     steps = [{"type": "Split", "pattern": {"Regex": pat}, "behavior": beh, "invert": inv}
              for pat, beh, inv in ((r"x*", "MergedWithNext", True), (r"(?=[A-Z])", "MergedWithPrevious", False),
                                    (r"\d*", "Contiguous", False), (r"\s*", "Isolated", False),
                                    (r"[aeiou]?", "Removed", False))]
     t["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": steps + [
+        {"type": "Digits", "individual_digits": False},
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
     return t
 
