@@ -429,21 +429,19 @@ static int parse_evaluators(ParseCtx *c, const YNode *n, const char *key, TrainC
 
 static void print_string(FILE *out, const char *s);
 static void format_evaluators(const TrainConfig *cfg, FILE *out) {
-    if (cfg->n_evaluators == 0) {
-        fputs("[]", out);
-        return;
-    }
+    fputc('[', out);   // flow style: [{label: "val", type: lm, data: {paths: ["a.npy"]}}]
     for (int i = 0; i < cfg->n_evaluators; i++) {
         const EvaluatorConfig *ev = &cfg->evaluators[i];
-        fputs("\n  - label: ", out);
+        fputs(i ? ", {label: " : "{label: ", out);
         print_string(out, ev->label);
-        fputs("\n    type: lm\n    data:\n      paths: [", out);
+        fputs(", type: lm, data: {paths: [", out);
         for (int j = 0; j < ev->n_paths; j++) {
             if (j) fputs(", ", out);
             print_string(out, ev->paths[j]);
         }
-        fputc(']', out);
+        fputs("]}}", out);
     }
+    fputc(']', out);
 }
 
 // ---- the table itself. Each section's keys are contiguous (the YAML dump relies on it).
@@ -866,11 +864,25 @@ void config_write_values(const TrainConfig *cfg, FILE *out, bool hashed_only) {
                 fprintf(out, "%.*s:\n", (int)len, k->path);
             }
             section = k->path;
-            fprintf(out, "  %s: ", dot + 1);
+            fprintf(out, "  %s:", dot + 1);
         } else {
             section = NULL;
-            fprintf(out, "%s: ", k->path);
+            fprintf(out, "%s:", k->path);
         }
+        if (k->kind == K_STRLIST) {   // block style: a real config lists hundreds of files
+            const char *field = (const char *)cfg + k->offset;
+            char *const *list = *(char **const *)field;
+            int count = *(const int *)(field + sizeof(char **));
+            if (count > 0) {
+                for (int j = 0; j < count; j++) {
+                    fputs(dot ? "\n    - " : "\n  - ", out);
+                    print_string(out, list[j]);
+                }
+                fputc('\n', out);
+                continue;
+            }
+        }
+        fputc(' ', out);
         print_value(k, cfg, out);
         fputc('\n', out);
     }

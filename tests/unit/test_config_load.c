@@ -233,6 +233,19 @@ static void test_evaluators(void **state) {
     assert_string_equal(cfg.evaluators[0].label, "val");
     assert_int_equal(cfg.evaluators[0].n_paths, 2);
     assert_string_equal(cfg.evaluators[0].paths[1], "b.npy");
+    // the resolved-YAML dump keeps them
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    config_write_yaml(&cfg, mem);
+    fclose(mem);
+    TrainConfig again;
+    assert_int_equal(config_load_string(text, "dump.yaml", 0, NULL, &again), SPES_OK);
+    assert_int_equal(again.n_evaluators, 1);
+    assert_string_equal(again.evaluators[0].label, "val");
+    assert_int_equal(again.evaluators[0].n_paths, 2);
+    free(text);
+    config_free(&again);
     config_free(&cfg);
 }
 
