@@ -4,7 +4,8 @@
 # decay. Every weight, both AdamW moments, the train state and the loss log must be equal
 # byte for byte. Also: a changed config refuses to resume (and --force-resume overrides),
 # a fresh run refuses a save_folder that holds checkpoints, old checkpoints are pruned,
-# and SIGINT finishes the step, saves and exits 0.
+# load_path loads weights only, SIGINT finishes the step, saves and exits 0, and the
+# checkpoint loads in transformers.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SPES_BIN=${SPES_BIN:-$PWD/build/spes}
@@ -109,6 +110,32 @@ run --save_folder="$tmp/split" --force-resume --optimizer.learning_rate=1e-2 > "
 # A fresh run into a folder with checkpoints is refused.
 if run --save_folder="$tmp/straight" > "$tmp/fresh.log" 2>&1; then echo "fresh run overwrote checkpoints"; exit 1; fi
 grep -q "already holds checkpoints" "$tmp/fresh.log" || { cat "$tmp/fresh.log"; exit 1; }
+
+# load_path initialises the weights only: a new run from straight/step8 (an HF-style
+# directory) with a negligible learning rate saves step1 with step8's weights (to 1e-9;
+# an update of 1e-12 only moves values that are themselves tiny).
+run --save_folder="$tmp/loaded" --load_path="$tmp/straight/step8" --stop_at=1 --optimizer.learning_rate=1e-12 \
+  > "$tmp/load.log" 2>&1 || { cat "$tmp/load.log"; exit 1; }
+grep -q "initial weights from" "$tmp/load.log" || { echo "load_path not used"; cat "$tmp/load.log"; exit 1; }
+python3 - "$tmp/loaded/step1/model.safetensors" "$tmp/straight/step8/model.safetensors" <<'PYEOF'
+import array, json, struct, sys
+def load(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    header, data = json.loads(b[8:8 + n]), b[8 + n:]
+    out = {}
+    for k, v in header.items():
+        if k != "__metadata__":
+            a = array.array("f")
+            a.frombytes(data[v["data_offsets"][0]:v["data_offsets"][1]])
+            out[k] = a
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a.keys() == b.keys()
+worst = max(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
+assert worst < 1e-9, worst
+print(f"load_path: step8 weights loaded (max difference after one 1e-12 step: {worst:.1e})")
+PYEOF
 
 # SIGINT: finish the step, save, exit 0. (The binary itself goes to the background, not a
 # function: a backgrounded subshell would ignore SIGINT and never pass it on.)
