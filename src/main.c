@@ -5,14 +5,15 @@
 #include "cli/commands.h"
 
 static const Command commands[] = {
+    {"demo", cmd_demo, "SPES on this machine: server + 4 peers on a built-in corpus, vs centralised"},
     {"tokenize", cmd_tokenize, "text files (jsonl/json/gz/zst/parquet/txt) -> token shards, like SPES tokenize_data.py"},
     {"debug-step", cmd_debug_step, "one forward+backward on an HF model dir; writes logits, losses, grads"},
     {"train", cmd_train, "train from a SPES/OLMo YAML config (checkpoints, resume, metrics.jsonl)"},
     {"list-files", cmd_list_files, "write the manifest (file_list.txt) of the token files under a directory"},
-    {"server", cmd_server, "SPES parameter server (gRPC): aggregates peers' uploads every sync round"},
     {"export", cmd_export, "checkpoint -> Hugging Face OLMoE / Qwen3-MoE directory (sharded, f32/bf16)"},
     {"upcycle", cmd_upcycle, "dense Qwen3 HF model -> MoE with every expert a copy of the dense MLP"},
     {"eval", cmd_eval, "perplexity / bits per byte, and multiple-choice accuracy on oe-eval request files"},
+    {"server", cmd_server, "SPES parameter server (gRPC): aggregates peers' uploads every sync round"},
     {"generate", cmd_generate, "sample text with a KV cache, streaming tokens to stdout"},
 };
 static const int num_commands = (int)(sizeof commands / sizeof commands[0]);

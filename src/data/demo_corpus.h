@@ -9,6 +9,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The world `spes demo` uses.
+#define DEMO_WORLD_SEED 2026
+
 // Receives each document (UTF-8, no trailing newline); returns SPES_OK or SPES_ERR to stop.
 typedef int (*DemoDocFn)(void *user, const char *text, size_t len);
 

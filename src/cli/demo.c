@@ -1,0 +1,430 @@
+// `spes demo`: SPES on one machine with nothing to download. It writes the built-in corpus
+// (src/data/demo_corpus.h), starts a parameter server and N peers on 127.0.0.1 (each owning
+// E/N experts, expert merging on), shows their progress live, then trains the same budget
+// centralised (one process, all experts, N times the batch) and compares the two models on
+// validation loss and on the demo's two question sets.
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/file.h"
+#include "base/log.h"
+#include "base/process.h"
+#include "base/timer.h"
+#include "cli/cli_parse.h"
+#include "cli/commands.h"
+#include "data/demo_corpus.h"
+#include "data/tokenizer.h"
+#include "eval/mc_score.h"
+#include "eval/mc_task.h"
+#include "eval/perplexity.h"
+#include "model/hf_import.h"
+
+#define MAX_PEERS 16
+
+typedef struct {
+    int peers, experts_per_peer, steps, sync_steps, batch, threads_per_peer;
+    int train_docs, val_docs, questions;
+    int baseline;               // also train centralised
+    const char *out;
+} DemoOptions;
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: spes demo [--peers N] [--experts_per_peer M] [--steps S] [--sync_steps K] [--batch B]\n"
+            "                 [--train_docs D] [--threads_per_peer T] [--no_baseline] [--out DIR]\n"
+            "\n"
+            "Trains a small MoE with SPES on 127.0.0.1: a parameter server and N peers (default 4), each\n"
+            "owning M experts per layer (default 2, so 8 experts), syncing every K steps (default 20) with\n"
+            "expert merging in the first half. Then the same budget centralised (1 process, all experts,\n"
+            "N*B sequences per step) and a comparison: validation loss and question accuracy.\n"
+            "Defaults: 300 steps, batch 8 sequences of 128 bytes per peer, %s.\n",
+            "out output/demo");
+}
+
+static int parse_options(int argc, char **argv, DemoOptions *o) {
+    *o = (DemoOptions){.peers = 4, .experts_per_peer = 2, .steps = 300, .sync_steps = 20, .batch = 8,
+                       .train_docs = 20000, .val_docs = 500, .questions = 48, .baseline = 1, .out = "output/demo"};
+    static const struct option longopts[] = {
+        {"peers", required_argument, 0, 'p'},        {"experts_per_peer", required_argument, 0, 'm'},
+        {"steps", required_argument, 0, 's'},        {"sync_steps", required_argument, 0, 'k'},
+        {"batch", required_argument, 0, 'b'},        {"train_docs", required_argument, 0, 'd'},
+        {"threads_per_peer", required_argument, 0, 't'}, {"no_baseline", no_argument, 0, 'n'},
+        {"out", required_argument, 0, 'o'},          {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        int rc = SPES_OK;
+        switch (c) {
+        case 'p': rc = cli_int("--peers", optarg, 1, MAX_PEERS, &o->peers); break;
+        case 'm': rc = cli_int("--experts_per_peer", optarg, 1, 64, &o->experts_per_peer); break;
+        case 's': rc = cli_int("--steps", optarg, 1, 1000000, &o->steps); break;
+        case 'k': rc = cli_int("--sync_steps", optarg, 1, 1000000, &o->sync_steps); break;
+        case 'b': rc = cli_int("--batch", optarg, 1, 4096, &o->batch); break;
+        case 'd': rc = cli_int("--train_docs", optarg, 100, 100000000, &o->train_docs); break;
+        case 't': rc = cli_int("--threads_per_peer", optarg, 1, 1024, &o->threads_per_peer); break;
+        case 'n': o->baseline = 0; break;
+        case 'o': o->out = optarg; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return spes_fail("demo: bad command line");
+        }
+        SPES_TRY(rc);
+    }
+    if (optind < argc) return spes_fail("demo: unexpected argument '%s'", argv[optind]);
+    // 4 peers on 2 cores: one thread each (they still share the cores; more would thrash).
+    if (o->threads_per_peer == 0) {
+        o->threads_per_peer = omp_get_num_procs() / o->peers;
+        if (o->threads_per_peer < 1) o->threads_per_peer = 1;
+    }
+    return SPES_OK;
+}
+
+// ---------------------------------------------------------------------------------------
+// Data: the corpus as byte-level token files (EOS after every document) and the questions.
+
+typedef struct {
+    TokenEncoder *enc;
+    IdBuffer ids;
+    uint32_t eos;
+} Tokenized;
+
+static int tokenize_doc(void *user, const char *text, size_t len) {
+    Tokenized *t = user;
+    SPES_TRY(tokenizer_encode(t->enc, text, len, &t->ids));
+    return id_buffer_push(&t->ids, t->eos);
+}
+
+static int write_token_file(const Tokenizer *tok, uint64_t first, uint64_t count, const char *path) {
+    Tokenized t = {.eos = (uint32_t)tokenizer_eos_id(tok)};
+    SPES_TRY(tokenizer_encoder_new(tok, &t.enc));
+    int rc = demo_corpus_generate(DEMO_WORLD_SEED, first, count, tokenize_doc, &t);
+    uint16_t *u16 = rc == SPES_OK ? spes_calloc(t.ids.len, sizeof *u16) : NULL;
+    if (rc == SPES_OK && !u16) rc = SPES_ERR;
+    if (rc == SPES_OK) {
+        for (size_t i = 0; i < t.ids.len; i++) u16[i] = (uint16_t)t.ids.ids[i];
+        rc = file_write_atomic(path, u16, t.ids.len * sizeof *u16);
+    }
+    free(u16);
+    id_buffer_free(&t.ids);
+    tokenizer_encoder_free(t.enc);
+    return rc;
+}
+
+// The run's YAML: a small byte-level MoE, SPES topology from the options.
+static int write_config(const DemoOptions *o, const char *dir, const char *path) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&text, &len);
+    if (!fp) return spes_fail("demo: out of memory");
+    int experts = o->peers * o->experts_per_peer;
+    fprintf(fp,
+            "# Written by `spes demo`; run a peer by hand with\n"
+            "#   spes train %s --spes_config.peer_id=0\n"
+            "run_name: spes-demo\nseed: 6198\n"
+            "model:\n  d_model: 128\n  n_heads: 4\n  n_layers: 2\n  mlp_hidden_size: 256\n"
+            "  max_sequence_length: 128\n  vocab_size: 257\n  embedding_size: 264\n  eos_token_id: 256\n"
+            "  pad_token_id: 256\n  rope_theta: 10000\n  layer_norm_eps: 1.0e-6\n  attention_layer_norm: true\n"
+            "  moe_num_experts: %d\n  moe_top_k: 2\n  moe_loss_weight: 0.01\n  moe_zloss_weight: 0.001\n"
+            "  init_std: 0.02\n  init_cutoff_factor: 3\n"
+            "softmax_auxiliary_loss: true\nauxiliary_loss_multiplier: 1.0e-4\n"
+            "optimizer:\n  name: adamw\n  learning_rate: 3.0e-3\n  betas: [0.9, 0.95]\n  eps: 1.0e-8\n"
+            "  weight_decay: 0.1\n"
+            "scheduler:\n  name: cosine_with_warmup\n  t_warmup: %d\n  alpha_f: 0.1\n"
+            "data:\n  paths: [%s/train.bin]\n  memmap_dtype: uint16\n  seed: 6198\n  drop_last: true\n"
+            "evaluators:\n  - label: val\n    type: lm\n    data:\n      paths: [%s/val.bin]\n"
+            "max_duration: %d\nglobal_train_batch_size: %d\ndevice_train_microbatch_size: %d\n"
+            "max_grad_norm: 1.0\n"
+            "save_folder: %s/peer${spes_config.peer_id}\nsave_interval_unsharded: %d\n"
+            "save_num_unsharded_checkpoints_to_keep: 1\ntry_load_latest_save: false\n"
+            "console_log_interval: 10\neval_interval: %d\nthreads: %d\n"
+            "using_spes: true\n"
+            "spes_config:\n  num_peers: %d\n  peer_id: 0\n  num_train_experts_per_node: %d\n  sync_steps: %d\n"
+            "  server_addr: 127.0.0.1:50051\n  using_decayed_aux_loss: true\n",
+            path, experts, o->steps / 10 > 1 ? o->steps / 10 : 1, dir, dir, o->steps, o->batch, o->batch, dir,
+            o->steps, o->steps, o->threads_per_peer, o->peers, o->experts_per_peer, o->sync_steps);
+    fclose(fp);
+    int rc = file_write_atomic(path, text, len);
+    free(text);
+    return rc;
+}
+
+// A free TCP port on 127.0.0.1 (bound once, released; the server takes it right after).
+static int free_port(int *port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &alen) != 0) {
+        if (fd >= 0) close(fd);
+        return spes_fail("demo: cannot find a free port on 127.0.0.1");
+    }
+    *port = ntohs(a.sin_port);
+    close(fd);
+    return SPES_OK;
+}
+
+// ---------------------------------------------------------------------------------------
+// Live view: one row per training process, from the last line of its metrics.jsonl.
+
+typedef struct {
+    char label[32];
+    char *metrics_path;
+    pid_t pid;
+    int done, exit_code;
+    char *log_path;
+} Runner;
+
+static void read_progress(const Runner *r, int64_t *step, double *loss, double *tok_s) {
+    *step = 0, *loss = NAN, *tok_s = NAN;
+    FILE *fp = fopen(r->metrics_path, "r");
+    if (!fp) return;
+    char line[8192], last[8192] = "";
+    while (fgets(line, sizeof line, fp))
+        if (!strstr(line, "\"eval\"")) memcpy(last, line, sizeof last);
+    fclose(fp);
+    json_t *j = json_loads(last, 0, NULL);
+    if (!j) return;
+    *step = json_integer_value(json_object_get(j, "step"));
+    *loss = json_real_value(json_object_get(j, "ce"));
+    *tok_s = json_real_value(json_object_get(json_object_get(j, "perf"), "tokens_per_s"));
+    json_decref(j);
+}
+
+// Waits for every runner, redrawing the table about once a second. Fails if one fails.
+static int watch(Runner *runners, int n, int total_steps) {
+    int tty = isatty(STDOUT_FILENO), drawn = 0, remaining = n;
+    double start = now_seconds(), last_plain = 0;
+    while (remaining > 0) {
+        for (int i = 0; i < n; i++)
+            if (!runners[i].done && process_poll(runners[i].pid, &runners[i].exit_code)) {
+                runners[i].done = 1;
+                remaining--;
+                if (runners[i].exit_code != 0)
+                    return spes_fail("%s exited with code %d; see %s", runners[i].label, runners[i].exit_code,
+                                     runners[i].log_path);
+            }
+        double elapsed = now_seconds() - start;
+        if (tty || elapsed - last_plain >= 15 || remaining == 0) {
+            if (tty && drawn) printf("\033[%dA", n);
+            for (int i = 0; i < n; i++) {
+                int64_t step;
+                double loss, tok_s;
+                read_progress(&runners[i], &step, &loss, &tok_s);
+                int bar = total_steps ? (int)(20 * step / total_steps) : 0;
+                printf("%s  %-12s [%.*s%*s] step %4" PRId64 "/%d  loss %6.3f  %7.0f tok/s  %s\n", tty ? "\033[K" : "",
+                       runners[i].label, bar, "####################", 20 - bar, "", step, total_steps, loss, tok_s,
+                       runners[i].done ? "done" : "");
+            }
+            if (!tty) printf("  (%.0fs)\n", elapsed);
+            fflush(stdout);
+            drawn = 1;
+            last_plain = elapsed;
+        }
+        if (remaining) nanosleep(&(struct timespec){1, 0}, NULL);
+    }
+    return SPES_OK;
+}
+
+// ---------------------------------------------------------------------------------------
+// Evaluation of a final checkpoint: validation loss and the two question sets.
+
+typedef struct {
+    double val_loss, recall_acc, arithmetic_acc;
+} DemoScores;
+
+typedef struct {
+    const uint16_t *tokens;
+} U16Tokens;
+
+static int read_u16(void *ctx, uint64_t start, size_t n, uint32_t *dst) {
+    const U16Tokens *t = ctx;
+    for (size_t i = 0; i < n; i++) dst[i] = t->tokens[start + i];
+    return SPES_OK;
+}
+
+static int question_accuracy(const Model *m, const Tokenizer *tok, const char *path, double *acc) {
+    McTask task;
+    SPES_TRY(mc_task_load(path, 0, &task));
+    McScore *scores = spes_calloc((size_t)task.num_requests, sizeof *scores);
+    McMetrics metrics = {0};
+    McScoreOptions so = {.max_seq = 0, .show_progress = 0};
+    int rc = scores ? mc_task_score(m, tok, &task, &so, scores) : SPES_ERR;
+    if (rc == SPES_OK) rc = mc_task_metrics(&task, scores, &metrics);
+    if (rc == SPES_OK) *acc = metrics.acc_raw;
+    mc_metrics_free(&metrics);
+    free(scores);
+    mc_task_free(&task);
+    return rc;
+}
+
+static int evaluate_checkpoint(const char *ckpt, const char *dir, const Tokenizer *tok, DemoScores *out) {
+    Model m;
+    SPES_TRY(model_load_hf_dir(ckpt, &m));
+    char *val_path = path_join(dir, "val.bin"), *recall = path_join(dir, "recall.jsonl"),
+         *arith = path_join(dir, "arithmetic.jsonl");
+    MappedFile val = {0};
+    int rc = val_path && recall && arith ? file_map(val_path, &val) : SPES_ERR;
+    if (rc == SPES_OK) {
+        U16Tokens t = {.tokens = (const uint16_t *)val.data};
+        TokenStream stream = {.count = val.size / 2, .read = read_u16, .ctx = &t};
+        PerplexityOptions po = {.seq = m.cfg.max_seq_len, .batch = 8, .max_tokens = 100000};
+        PerplexityResult pr;
+        rc = eval_perplexity(&m, &stream, &po, &pr);
+        out->val_loss = pr.loss;
+    }
+    if (rc == SPES_OK) rc = question_accuracy(&m, tok, recall, &out->recall_acc);
+    if (rc == SPES_OK) rc = question_accuracy(&m, tok, arith, &out->arithmetic_acc);
+    file_unmap(&val);
+    free(val_path), free(recall), free(arith);
+    model_free(&m);
+    return rc == SPES_OK ? SPES_OK : spes_fail_context("evaluating %s", ckpt);
+}
+
+// ---------------------------------------------------------------------------------------
+
+static int run_demo(const DemoOptions *o) {
+    double t0 = now_seconds();
+    SPES_TRY(mkdir_p(o->out));
+    char dir[4096];
+    if (!realpath(o->out, dir)) return spes_fail("demo: cannot resolve %s", o->out);
+    char *exe = process_self_exe();
+    if (!exe) return SPES_ERR;
+
+    printf("SPES demo: %d peers x %d experts, %d steps, sync every %d steps, %d thread(s) per peer\n", o->peers,
+           o->experts_per_peer, o->steps, o->sync_steps, o->threads_per_peer);
+    printf("writing the built-in corpus (%d training documents) and questions to %s\n", o->train_docs, dir);
+    Tokenizer *tok = NULL;
+    SPES_TRY(tokenizer_load("bytes", &tok));
+    char path[4200], cfg_path[4200];
+    int rc = SPES_OK;
+    snprintf(path, sizeof path, "%s/train.bin", dir);
+    rc = write_token_file(tok, 0, (uint64_t)o->train_docs, path);
+    snprintf(path, sizeof path, "%s/val.bin", dir);
+    if (rc == SPES_OK) rc = write_token_file(tok, (uint64_t)o->train_docs, (uint64_t)o->val_docs, path);
+    snprintf(path, sizeof path, "%s/recall.jsonl", dir);
+    if (rc == SPES_OK) rc = demo_questions_write(DEMO_WORLD_SEED, DEMO_TASK_RECALL, o->questions, path);
+    snprintf(path, sizeof path, "%s/arithmetic.jsonl", dir);
+    if (rc == SPES_OK) rc = demo_questions_write(DEMO_WORLD_SEED, DEMO_TASK_ARITHMETIC, o->questions, path);
+    snprintf(cfg_path, sizeof cfg_path, "%s/demo.yaml", dir);
+    if (rc == SPES_OK) rc = write_config(o, dir, cfg_path);
+    if (rc == SPES_OK) printf("corpus ready (%.0fs)\n", now_seconds() - t0);
+
+    // Parameter server + peers.
+    int port = 0;
+    if (rc == SPES_OK) rc = free_port(&port);
+    char port_s[16], peers_s[16], m_s[16], merge_every[16], decay[16], addr[64];
+    snprintf(port_s, sizeof port_s, "%d", port);
+    snprintf(peers_s, sizeof peers_s, "%d", o->peers);
+    snprintf(m_s, sizeof m_s, "%d", o->experts_per_peer);
+    snprintf(merge_every, sizeof merge_every, "%d", 2 * o->sync_steps);
+    snprintf(decay, sizeof decay, "%d", o->steps / 2 > 1 ? o->steps / 2 : 1);
+    snprintf(addr, sizeof addr, "--spes_config.server_addr=127.0.0.1:%d", port);
+    pid_t server = -1;
+    char server_log[4200];
+    snprintf(server_log, sizeof server_log, "%s/server.log", dir);
+    if (rc == SPES_OK) {
+        char *argv[] = {exe, "server", "--total_peers", peers_s, "--num_train_experts_per_node", m_s, "--host",
+                        "127.0.0.1", "--port", port_s, "--merge_interval", merge_every, "--merge_alpha_start", "0.3",
+                        "--merge_decay_steps", decay, "--merge_topk", "4", NULL};
+        rc = process_spawn(argv, server_log, NULL, &server);
+    }
+    Runner runners[MAX_PEERS + 1];
+    memset(runners, 0, sizeof runners);
+    int started = 0;
+    double spes_start = now_seconds();
+    for (int p = 0; rc == SPES_OK && p < o->peers; p++) {
+        Runner *r = &runners[p];
+        snprintf(r->label, sizeof r->label, "peer %d", p);
+        char peer_arg[64], seed_arg[64], log[4200], metrics[4200];
+        snprintf(peer_arg, sizeof peer_arg, "--spes_config.peer_id=%d", p);
+        snprintf(seed_arg, sizeof seed_arg, "--data.seed=%d", 6198 + 1000 * p);
+        snprintf(log, sizeof log, "%s/peer%d.log", dir, p);
+        snprintf(metrics, sizeof metrics, "%s/peer%d/metrics.jsonl", dir, p);
+        r->log_path = spes_strdup(log);
+        r->metrics_path = spes_strdup(metrics);
+        char *argv[] = {exe, "train", cfg_path, peer_arg, seed_arg, addr, NULL};
+        rc = process_spawn(argv, log, NULL, &r->pid);
+        if (rc == SPES_OK) started++;
+    }
+    if (rc == SPES_OK) {
+        printf("\nserver on 127.0.0.1:%d, %d peers training (logs in %s/peer*.log)\n", port, o->peers, dir);
+        rc = watch(runners, started, o->steps);
+    }
+    double spes_seconds = now_seconds() - spes_start;
+    for (int p = 0; p < started; p++)
+        if (!runners[p].done) process_stop(runners[p].pid, 2.0);
+    if (server > 0) process_stop(server, 5.0);
+
+    // The same budget centralised: one process, all experts, peers x batch per step.
+    double central_seconds = 0;
+    if (rc == SPES_OK && o->baseline) {
+        Runner *r = &runners[o->peers];
+        snprintf(r->label, sizeof r->label, "centralised");
+        char log[4200], metrics[4200], batch[64], save[4200], threads[32];
+        snprintf(log, sizeof log, "%s/central.log", dir);
+        snprintf(metrics, sizeof metrics, "%s/central/metrics.jsonl", dir);
+        snprintf(batch, sizeof batch, "--global_train_batch_size=%d", o->peers * o->batch);
+        snprintf(save, sizeof save, "--save_folder=%s/central", dir);
+        snprintf(threads, sizeof threads, "--threads=%d", o->threads_per_peer * o->peers);
+        r->log_path = spes_strdup(log);
+        r->metrics_path = spes_strdup(metrics);
+        char *argv[] = {exe, "train", cfg_path, "--using_spes=false", batch, save, threads, NULL};
+        printf("\nsame budget centralised (1 process, all %d experts, %d sequences per step)\n",
+               o->peers * o->experts_per_peer, o->peers * o->batch);
+        double start = now_seconds();
+        rc = process_spawn(argv, log, NULL, &r->pid);
+        if (rc == SPES_OK) rc = watch(r, 1, o->steps);
+        central_seconds = now_seconds() - start;
+    }
+
+    // Compare the synced model (every peer holds it after the last sync) with the baseline.
+    DemoScores spes_scores = {0}, central_scores = {0};
+    char ckpt[4200];
+    double eval_start = now_seconds();
+    if (rc == SPES_OK) printf("\nevaluating the final models: validation loss, %d + %d questions...\n", o->questions, o->questions);
+    snprintf(ckpt, sizeof ckpt, "%s/peer0/step%d", dir, o->steps);
+    if (rc == SPES_OK) rc = evaluate_checkpoint(ckpt, dir, tok, &spes_scores);
+    snprintf(ckpt, sizeof ckpt, "%s/central/step%d", dir, o->steps);
+    if (rc == SPES_OK && o->baseline) rc = evaluate_checkpoint(ckpt, dir, tok, &central_scores);
+    if (rc == SPES_OK) {
+        printf("(evaluation took %.0fs)\n", now_seconds() - eval_start);
+        printf("\n%-28s %14s %14s\n", "", "SPES (synced)", o->baseline ? "centralised" : "");
+        printf("%-28s %14.3f", "validation loss (nats/byte)", spes_scores.val_loss);
+        if (o->baseline) printf(" %14.3f", central_scores.val_loss);
+        printf("\n%-28s %13.1f%%", "recall questions (acc)", 100 * spes_scores.recall_acc);
+        if (o->baseline) printf(" %13.1f%%", 100 * central_scores.recall_acc);
+        printf("\n%-28s %13.1f%%", "held-out sums (acc)", 100 * spes_scores.arithmetic_acc);
+        if (o->baseline) printf(" %13.1f%%", 100 * central_scores.arithmetic_acc);
+        printf("\n%-28s %13.0fs", "training wall time", spes_seconds);
+        if (o->baseline) printf(" %13.0fs", central_seconds);
+        printf("\n(chance is 25%% on both question sets: 4 choices each)\n");
+        printf("\nfiles: %s\n  demo.yaml            the run's config (spes train %s/demo.yaml --spes_config.peer_id=N)\n"
+               "  peer*/stepN          checkpoints (HF safetensors + config.json), peer*/metrics.jsonl\n"
+               "  central/             the centralised baseline\n"
+               "  server.log peer*.log logs; recall.jsonl arithmetic.jsonl the questions\n"
+               "total %.0fs\n",
+               dir, dir, now_seconds() - t0);
+    }
+    for (int i = 0; i <= o->peers; i++) free(runners[i].log_path), free(runners[i].metrics_path);
+    tokenizer_free(tok);
+    free(exe);
+    return rc;
+}
+
+int cmd_demo(int argc, char **argv) {
+    DemoOptions o;
+    if (parse_options(argc, argv, &o) != SPES_OK) return cli_report_error();
+    if (run_demo(&o) != SPES_OK) return cli_report_error();
+    return 0;
+}

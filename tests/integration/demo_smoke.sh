@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# `spes demo` in miniature: 2 peers x 4 experts, 6 steps, 2 sync rounds, plus the
+# centralised baseline; the comparison table and the files it names must be there.
+set -euo pipefail
+SPES=${SPES_BIN:-build/spes}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+"$SPES" demo --peers 2 --experts_per_peer 4 --steps 6 --sync_steps 3 --batch 2 --train_docs 300 --out "$out/demo" \
+  >"$out/demo.txt" 2>&1 || { tail -30 "$out/demo.txt"; exit 1; }
+cat "$out/demo.txt" | tail -20
+grep -Eq "^validation loss \(nats/byte\) +[0-9.]+ +[0-9.]+$" "$out/demo.txt"
+grep -Eq "^recall questions \(acc\) +[0-9.]+% +[0-9.]+%$" "$out/demo.txt"
+grep -Eq "^held-out sums \(acc\) +[0-9.]+% +[0-9.]+%$" "$out/demo.txt"
+# Both peers ended on a sync step: they hold the same model.
+cmp "$out/demo/peer0/step6/model.safetensors" "$out/demo/peer1/step6/model.safetensors"
+[ -f "$out/demo/central/step6/model.safetensors" ]
+grep -q "sync step 6" "$out/demo/peer1.log"
+echo "demo smoke: ok"
