@@ -89,32 +89,40 @@ static void layout(const ModelConfig *cfg, ModelActivations *a, LayerActs *layer
 }
 
 int model_acts_plan(Model *m, int B, int T) {
-    if (m->acts && m->acts->B == B && m->acts->T == T) return SPES_OK;
-    model_acts_free(m);
-    ModelActivations *a = spes_calloc(1, sizeof *a);
-    LayerActs *layers = a ? spes_calloc((size_t)m->cfg.n_layers, sizeof *layers) : NULL;
-    if (!layers) {
-        free(a);
-        return spes_fail_context("activation plan");
-    }
-    a->B = B;
-    a->T = T;
+    ModelActivations *a = m->acts;
+    if (a && a->B == B && a->T == T) return SPES_OK;
+    // Measure the layout for (B, T) with a scratch descriptor first.
+    ModelActivations probe = {.B = B, .T = T};
+    LayerActs *layers = spes_calloc((size_t)m->cfg.n_layers, sizeof *layers);
+    if (!layers) return spes_fail_context("activation plan");
     Carver measure = {0};
-    layout(&m->cfg, a, layers, &measure);
+    layout(&m->cfg, &probe, layers, &measure);
     if (measure.overflow) {
         free(layers);
-        free(a);
         return spes_fail("activation memory for batch %d x seq %d overflows size_t", B, T);
     }
-    Carver fill = {.base = spes_alloc_aligned(measure.used)};
-    if (!fill.base) {
+    if (a && measure.used <= a->arena_bytes) {   // fits the current arena: carve it anew
+        Carver fill = {.base = a->arena};
+        a->B = B;
+        a->T = T;
+        layout(&m->cfg, a, a->layers, &fill);
         free(layers);
+        return SPES_OK;
+    }
+    model_acts_free(m);
+    a = spes_calloc(1, sizeof *a);
+    Carver fill = {.base = a ? spes_alloc_aligned(measure.used) : NULL};
+    if (!fill.base) {
         free(a);
+        free(layers);
         return spes_fail_context("activation memory for batch %d x seq %d (%.1f MiB)", B, T,
                                  measure.used / 1048576.0);
     }
+    a->B = B;
+    a->T = T;
     layout(&m->cfg, a, layers, &fill);
     a->arena = fill.base;
+    a->arena_bytes = measure.used;
     a->layers = layers;
     m->acts = a;
     return SPES_OK;

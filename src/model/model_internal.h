@@ -30,6 +30,7 @@ typedef struct {
 struct ModelActivations {
     int B, T;
     void *arena;
+    size_t arena_bytes;      // capacity: a smaller (B, T) later is carved from the same arena
     LayerActs *layers;       // [L]
     float *x_final;          // [N,H] residual after the last layer
     float *hf, *rstd_f;      // final norm: [N,H], [N]
