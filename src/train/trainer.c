@@ -234,8 +234,6 @@ void trainer_free(Trainer *t) {
     free(t);
 }
 
-void trainer_set_lb_count_factor(Trainer *t, const float *factor) { t->weights.lb_count_factor = factor; }
-
 Model *trainer_model(Trainer *t) { return &t->model; }
 int64_t trainer_step_count(const Trainer *t) { return t->state.step; }
 int64_t trainer_max_steps(const Trainer *t) { return t->max_steps; }

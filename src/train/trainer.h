@@ -31,7 +31,8 @@ typedef struct {
     volatile sig_atomic_t *stop;    // set asynchronously (SIGINT): finish the step, save, return
     TrainerAfterStep after_step;
     void *after_step_ctx;
-    const float *lb_count_factor;   // [L*E] load-balancing count factors (SPES decayed aux loss), NULL = 1
+    const float *lb_count_factor;   // [L*E] load-balancing count factors (SPES decayed aux loss), NULL = 1;
+                                    // read every step: the owner may update it in place
 } TrainerOptions;
 
 // Opens the data, builds and initialises (or loads / resumes) the model and optimizer.
@@ -48,11 +49,6 @@ int trainer_step(Trainer *t, StepMetrics *out);
 int trainer_evaluate(Trainer *t);
 // Writes save_folder/step<N> and prunes old ones to the keep count.
 int trainer_save(Trainer *t);
-
-// Per-(layer, expert) factors c_{l,e} of the load-balancing loss ([L*E], NULL = all 1: the
-// SPES decayed auxiliary loss sets them), used from the next step on. The caller keeps the
-// array alive and may update it in place between steps.
-void trainer_set_lb_count_factor(Trainer *t, const float *factor);
 
 Model *trainer_model(Trainer *t);
 int64_t trainer_step_count(const Trainer *t);     // optimizer steps done

@@ -141,10 +141,11 @@ static void test_lb_count_factor(void **state) {
     TrainConfig cfg1, cfg2;
     load_config(&cfg1, "lb1", "");
     load_config(&cfg2, "lb2", "");
-    Trainer *a = create(&cfg1), *b = create(&cfg2);
     float factor[2 * 4];
     for (int i = 0; i < 8; i++) factor[i] = 2.0f;
-    trainer_set_lb_count_factor(b, factor);
+    TrainerOptions with_factor = {.peak_flops = 1e9, .lb_count_factor = factor};
+    Trainer *a = create(&cfg1), *b;
+    if (trainer_create(&cfg2, &with_factor, &b) != SPES_OK) fail_msg("%s", spes_last_error());
     StepMetrics ma, mb;
     assert_int_equal(trainer_step(a, &ma), SPES_OK);
     assert_int_equal(trainer_step(b, &mb), SPES_OK);
