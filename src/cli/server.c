@@ -34,7 +34,9 @@ static void usage(FILE *out) {
             "  --chunk_size BYTES               download chunk payload (default %zu)\n"
             "  --max_message_size BYTES         largest gRPC message (default %zu)\n"
             "  --max_wait_seconds S             longest WaitAggregate long poll (default 30)\n"
-            "  --idle_timeout_seconds S         cancel a call idle this long (default 120)\n",
+            "  --idle_timeout_seconds S         cancel a call idle this long (default 120)\n"
+            "  --state_dir DIR                  persist spec, uploads, aggregates and round bookkeeping in DIR;\n"
+            "                                   a restarted server with the same DIR continues the run\n",
             SYNC_DEFAULT_CHUNK_SIZE, SYNC_DEFAULT_MAX_MESSAGE);
 }
 
@@ -67,6 +69,7 @@ int cmd_server(int argc, char **argv) {
         {"max_message_size", required_argument, NULL, 'x'},
         {"max_wait_seconds", required_argument, NULL, 'w'},
         {"idle_timeout_seconds", required_argument, NULL, 't'},
+        {"state_dir", required_argument, NULL, 'S'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -94,6 +97,7 @@ int cmd_server(int argc, char **argv) {
             status = cli_float("idle_timeout_seconds", optarg, 1, 86400, &seconds);
             cfg.idle_timeout_seconds = seconds;
             break;
+        case 'S': cfg.rounds.state_dir = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

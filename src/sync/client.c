@@ -10,6 +10,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/rng.h"
 #include "base/timer.h"
 #include "sync/wire.h"
 
@@ -21,6 +22,7 @@ struct SyncClient {
     size_t chunk_size;
     SyncStats stats;
     grpc_status_code last_status;
+    Rng jitter;                     // retry delays: peers restarting together do not retry in lockstep
 };
 
 void sync_client_config_defaults(SyncClientConfig *cfg) {
@@ -46,6 +48,7 @@ int sync_client_create(const SyncClientConfig *cfg, SyncClient **out) {
         return SPES_ERR;
     }
     c->cfg.server_addr = c->addr;
+    rng_seed(&c->jitter, (uint64_t)now_seconds() * 1000003u + (uint64_t)cfg->peer_id);
     c->chunk_size = cfg->chunk_size ? cfg->chunk_size : SYNC_DEFAULT_CHUNK_SIZE;
     grpc_init();
     grpc_arg args[2];
@@ -194,8 +197,9 @@ static void sleep_seconds(double s) {
     nanosleep(&ts, NULL);
 }
 
-// Runs attempt(...) until it succeeds, fails with anything but UNAVAILABLE, or
-// connect_timeout_s passes: backoff 0.1 s doubling up to 2 s between tries.
+// Runs attempt(...) until it succeeds, fails with anything but UNAVAILABLE (a server not
+// up yet, or restarting), or connect_timeout_s passes: backoff 0.1 s doubling up to 2 s
+// between tries, each delay scaled by a random factor in [0.5, 1) (jitter).
 #define WITH_RETRY(c, code, attempt)                                                         \
     do {                                                                                     \
         double retry_start_ = now_seconds(), backoff_ = 0.1;                                 \
@@ -204,7 +208,7 @@ static void sleep_seconds(double s) {
             if ((code) != GRPC_STATUS_UNAVAILABLE ||                                         \
                 now_seconds() - retry_start_ + backoff_ > (c)->cfg.connect_timeout_s)        \
                 break;                                                                       \
-            sleep_seconds(backoff_);                                                         \
+            sleep_seconds(backoff_ * (0.5 + 0.5 * rng_uniform(&(c)->jitter)));              \
             backoff_ = backoff_ * 2 > 2.0 ? 2.0 : backoff_ * 2;                              \
         }                                                                                    \
     } while (0)

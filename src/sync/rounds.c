@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/timer.h"
+#include "sync/server_state.h"
 #include "sync/upload_check.h"
 
 typedef struct {
@@ -27,6 +28,7 @@ typedef struct {
 struct Rounds {
     RoundsConfig cfg;
     pthread_mutex_t mu;
+    pthread_mutex_t persist_mu; // orders the writes of aggregates + rounds.json with their publishing
     pthread_cond_t changed;     // an aggregate was published, or closing
     bool closing;
 
@@ -42,8 +44,11 @@ struct Rounds {
     uint8_t *spare;             // bytes of a dropped aggregate, reused by the next round: a fresh
                                 // model-sized buffer would page-fault through every byte again
     int last_completed_step;
+    int64_t rounds_partial;
     RoundsStatus stats;         // counters (open_step / peers are computed on demand)
 };
+
+static int restore_state(Rounds *r);
 
 grpc_status_code status_fail(grpc_status_code code, const char *fmt, ...) {
     char message[2048];
@@ -63,6 +68,7 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     if (!r) return SPES_ERR;
     r->cfg = *cfg;
     pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->persist_mu, NULL);
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -77,6 +83,10 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     for (int i = 0; i < cfg->max_open_rounds; i++) r->open[i].step = -1;
     r->last_completed_step = -1;
     r->stats.last_aggregate_step = -1;
+    if (cfg->state_dir && restore_state(r) != SPES_OK) {
+        rounds_destroy(r);
+        return SPES_ERR;
+    }
     *out = r;
     return SPES_OK;
 }
@@ -121,6 +131,7 @@ void rounds_destroy(Rounds *r) {
     free(r->tensor_offset);
     model_spec_free(&r->spec);
     pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->persist_mu);
     pthread_cond_destroy(&r->changed);
     free(r);
 }
@@ -169,9 +180,12 @@ static int plan_aggregate_layout(Rounds *r) {
     return rc;
 }
 
-// Takes the spec (moving it out of *spec) and plans the aggregate layout. Under r->mu.
-static grpc_status_code adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype) {
+// Takes the spec (moving it out of *spec) and plans the aggregate layout; with a state dir and
+// `persist`, writes it there first. Under r->mu.
+static grpc_status_code adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, bool persist) {
     if (aggregate_config_check(&r->cfg.agg, spec) != SPES_OK) return GRPC_STATUS_FAILED_PRECONDITION;
+    if (persist && r->cfg.state_dir && state_save_spec(r->cfg.state_dir, &r->cfg.agg, spec, payload_dtype) != SPES_OK)
+        return GRPC_STATUS_INTERNAL;
     r->spec = *spec;
     model_spec_init(spec);
     r->payload_dtype = payload_dtype;
@@ -214,7 +228,7 @@ grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_pe
     pthread_mutex_lock(&r->mu);
     grpc_status_code code = GRPC_STATUS_OK;
     if (!r->have_spec) {
-        code = adopt_spec(r, spec, payload_dtype);
+        code = adopt_spec(r, spec, payload_dtype, true);
         if (code != GRPC_STATUS_OK) spes_fail_context("hello from peer %d", peer);
     } else if (r->spec.fingerprint != spec->fingerprint || r->spec.count != spec->count) {
         char diff[1024];
@@ -287,8 +301,9 @@ fail:
     return NULL;
 }
 
-// Puts blob in the kept list (dropping the oldest when full) and frees the round. Under r->mu.
-static void publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seconds) {
+// Puts blob in the kept list (dropping the oldest when full) and frees the round (NULL: a
+// reloaded aggregate). Returns the step of the dropped aggregate, -1 if none. Under r->mu.
+static int publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seconds) {
     int slot = 0;
     for (int i = 0; i < r->cfg.keep_steps; i++) {
         if (!r->kept[i]) {
@@ -297,14 +312,16 @@ static void publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double sec
         }
         if (r->kept[i]->step < r->kept[slot]->step) slot = i;
     }
+    int dropped = r->kept[slot] ? r->kept[slot]->step : -1;
     if (r->kept[slot]) blob_unref(r, r->kept[slot]);
     r->kept[slot] = blob;
     if (blob->step > r->last_completed_step) r->last_completed_step = blob->step;
     r->stats.rounds_completed++;
     r->stats.last_aggregate_step = r->last_completed_step;
     r->stats.last_aggregate_seconds = seconds;
-    free_round(r, round);
+    if (round) free_round(r, round);
     pthread_cond_broadcast(&r->changed);
+    return dropped;
 }
 
 // Parses and validates an upload against the spec into the round's slot for peer.
@@ -339,7 +356,7 @@ static grpc_status_code infer_spec(Rounds *r, int peer, const uint8_t *bytes, si
     grpc_status_code code = GRPC_STATUS_RESOURCE_EXHAUSTED;
     if (row) {
         code = upload_check(&spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, &st, row) == SPES_OK
-                   ? adopt_spec(r, &spec, dtype)
+                   ? adopt_spec(r, &spec, dtype, true)
                    : GRPC_STATUS_INVALID_ARGUMENT;
         if (code == GRPC_STATUS_OK)
             log_info("server: no Hello before the first upload; model spec inferred from peer %d's upload", peer);
@@ -356,6 +373,119 @@ static grpc_status_code reject(Rounds *r, grpc_status_code code, uint8_t *bytes)
     r->stats.uploads_rejected++;
     pthread_mutex_unlock(&r->mu);
     log_warn("server: upload refused: %s", spes_last_error());
+    return code;
+}
+
+// Whether an upload for step would be taken now (step not yet aggregated). Sets *code and the
+// message when not. Takes r->mu.
+static bool round_accepts(Rounds *r, int peer, int step, grpc_status_code *code) {
+    pthread_mutex_lock(&r->mu);
+    int last = r->last_completed_step;
+    pthread_mutex_unlock(&r->mu);
+    *code = GRPC_STATUS_OK;
+    if (step <= last)
+        *code = status_fail(
+            GRPC_STATUS_ALREADY_EXISTS,
+            "upload from peer %d: the round of step %d is already aggregated (last completed step %d); download it",
+            peer, step, last);
+    return *code == GRPC_STATUS_OK;
+}
+
+// Puts a validated upload (bytes, its parse st and rows) into its round; ownership of bytes and
+// st passes to the round on OK. *complete: every peer's upload is in, the caller aggregates.
+static grpc_status_code store_upload(Rounds *r, int peer, int step, uint8_t *bytes, size_t len, const SafeTensors *st,
+                                     const StTensor **row, OpenRound **round_out, bool *complete) {
+    int P = r->cfg.agg.num_peers;
+    grpc_status_code code = GRPC_STATUS_OK;
+    pthread_mutex_lock(&r->mu);
+    OpenRound *round = NULL;
+    if (step <= r->last_completed_step) {
+        code = status_fail(
+            GRPC_STATUS_ALREADY_EXISTS,
+            "upload from peer %d: the round of step %d is already aggregated (last completed step %d); download it",
+            peer, step, r->last_completed_step);
+    } else if (!(round = open_round(r, step))) {
+        code = status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "upload from peer %d for step %d: %d rounds are already open (peers far apart in steps?)",
+                           peer, step, r->cfg.max_open_rounds);
+    } else if (round->aggregating) {
+        code = status_fail(GRPC_STATUS_ALREADY_EXISTS, "upload from peer %d: the round of step %d is being aggregated",
+                           peer, step);
+    }
+    if (code != GRPC_STATUS_OK) {
+        pthread_mutex_unlock(&r->mu);
+        return code;
+    }
+    if (round->payload[peer]) {   // a retry replaces the previous upload
+        safetensors_close(&round->parsed[peer]);
+        free(round->payload[peer]);
+    } else {
+        round->num_uploaded++;
+    }
+    round->payload[peer] = bytes;
+    round->parsed[peer] = *st;
+    memcpy(round->rows + (size_t)peer * r->spec.count, row, (size_t)r->spec.count * sizeof *row);
+    r->stats.bytes_received += (int64_t)len;
+    *complete = round->num_uploaded == P;
+    if (*complete) round->aggregating = true;
+    *round_out = round;
+    pthread_mutex_unlock(&r->mu);
+    return GRPC_STATUS_OK;
+}
+
+// Writes the aggregate and then the bookkeeping to the state dir (when there is one) and
+// publishes the aggregate: downloads only ever see durable aggregates. Afterwards the round's
+// uploads and the aggregate that dropped out of the kept list are removed from disk.
+static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seconds) {
+    const char *dir = r->cfg.state_dir;
+    int step = blob->step, P = r->cfg.agg.num_peers;
+    pthread_mutex_lock(&r->persist_mu);
+    if (dir) {
+        pthread_mutex_lock(&r->mu);
+        StateBook book = {r->last_completed_step > step ? r->last_completed_step : step, r->stats.rounds_completed + 1,
+                          r->rounds_partial};
+        pthread_mutex_unlock(&r->mu);
+        if (state_save_aggregate(dir, step, blob->bytes, blob->len) != SPES_OK || state_save_book(dir, &book) != SPES_OK) {
+            pthread_mutex_unlock(&r->persist_mu);
+            return SPES_ERR;
+        }
+    }
+    pthread_mutex_lock(&r->mu);
+    int dropped = publish(r, round, blob, seconds);
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_unlock(&r->persist_mu);
+    if (dir) {
+        for (int p = 0; p < P; p++) state_remove_upload(dir, step, p);
+        if (dropped >= 0) state_remove_aggregate(dir, dropped);
+    }
+    return SPES_OK;
+}
+
+// Aggregates a round whose uploads are all in (`peer`'s completed it) and publishes it.
+static grpc_status_code complete_round(Rounds *r, OpenRound *round, int peer) {
+    int step = round->step, P = r->cfg.agg.num_peers;
+    double start = now_seconds();
+    AggregateBlob *blob = compute_aggregate(r, round);
+    double seconds = now_seconds() - start;
+    grpc_status_code code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    if (blob && persist_and_publish(r, round, blob, seconds) == SPES_OK) {
+        log_info("server: step %d: aggregated %d peers in %.3f s (%zu bytes)", step, P, seconds, blob->len);
+        return GRPC_STATUS_OK;
+    }
+    if (blob) {   // not durable: not published either
+        code = GRPC_STATUS_INTERNAL;
+        free(blob->bytes);
+        free(blob);
+    }
+    // Drop this peer's upload so that its retry completes the round again.
+    pthread_mutex_lock(&r->mu);
+    safetensors_close(&round->parsed[peer]);
+    free(round->payload[peer]);
+    round->payload[peer] = NULL;
+    round->num_uploaded--;
+    round->aggregating = false;
+    pthread_mutex_unlock(&r->mu);
+    spes_fail_context("aggregating step %d (retry the upload)", step);
     return code;
 }
 
@@ -386,63 +516,26 @@ grpc_status_code rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, si
         return reject(r, code, bytes);
     }
 
-    pthread_mutex_lock(&r->mu);
-    OpenRound *round = NULL;
-    if (step <= r->last_completed_step) {
-        code = status_fail(
-            GRPC_STATUS_ALREADY_EXISTS,
-            "upload from peer %d: the round of step %d is already aggregated (last completed step %d); download it",
-            peer, step, r->last_completed_step);
-    } else if (!(round = open_round(r, step))) {
-        code = status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED,
-                           "upload from peer %d for step %d: %d rounds are already open (peers far apart in steps?)",
-                           peer, step, r->cfg.max_open_rounds);
-    } else if (round->aggregating) {
-        code = status_fail(GRPC_STATUS_ALREADY_EXISTS, "upload from peer %d: the round of step %d is being aggregated",
-                           peer, step);
+    if (r->cfg.state_dir) {
+        // On disk before the peer hears OK. A file that loses a race with the round's
+        // completion below is a leftover of a completed step, removed at the next start.
+        if (!round_accepts(r, peer, step, &code) || state_save_upload(r->cfg.state_dir, step, peer, bytes, len) != SPES_OK) {
+            if (code == GRPC_STATUS_OK) code = status_fail(GRPC_STATUS_INTERNAL, "upload from peer %d for step %d: %s", peer, step, spes_last_error());
+            safetensors_close(&st);
+            free(row);
+            return reject(r, code, bytes);
+        }
     }
+    OpenRound *round;
+    bool complete;
+    code = store_upload(r, peer, step, bytes, len, &st, row, &round, &complete);
+    free(row);
     if (code != GRPC_STATUS_OK) {
-        pthread_mutex_unlock(&r->mu);
         safetensors_close(&st);
-        free(row);
         return reject(r, code, bytes);
     }
-    if (round->payload[peer]) {   // a retry replaces the previous upload
-        safetensors_close(&round->parsed[peer]);
-        free(round->payload[peer]);
-    } else {
-        round->num_uploaded++;
-    }
-    round->payload[peer] = bytes;
-    round->parsed[peer] = st;
-    memcpy(round->rows + (size_t)peer * r->spec.count, row, (size_t)r->spec.count * sizeof *row);
-    free(row);
-    r->stats.bytes_received += (int64_t)len;
-    bool complete = round->num_uploaded == P;
-    if (complete) round->aggregating = true;
-    pthread_mutex_unlock(&r->mu);
     log_info("server: step %d: upload from peer %d accepted (%zu bytes)", step, peer, len);
-    if (!complete) return GRPC_STATUS_OK;
-
-    double start = now_seconds();
-    AggregateBlob *blob = compute_aggregate(r, round);
-    double seconds = now_seconds() - start;
-    pthread_mutex_lock(&r->mu);
-    if (!blob) {
-        // Out of memory: drop this peer's upload so that its retry completes the round again.
-        safetensors_close(&round->parsed[peer]);
-        free(round->payload[peer]);
-        round->payload[peer] = NULL;
-        round->num_uploaded--;
-        round->aggregating = false;
-        pthread_mutex_unlock(&r->mu);
-        spes_fail_context("aggregating step %d (retry the upload)", step);
-        return GRPC_STATUS_RESOURCE_EXHAUSTED;
-    }
-    publish(r, round, blob, seconds);
-    pthread_mutex_unlock(&r->mu);
-    log_info("server: step %d: aggregated %d peers in %.3f s (%zu bytes)", step, P, seconds, blob->len);
-    return GRPC_STATUS_OK;
+    return complete ? complete_round(r, round, peer) : GRPC_STATUS_OK;
 }
 
 grpc_status_code rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob **out) {
@@ -522,4 +615,106 @@ int rounds_last_completed_step(Rounds *r) {
     int step = r->last_completed_step;
     pthread_mutex_unlock(&r->mu);
     return step;
+}
+
+// Loads one upload file of an open round into it (aggregating when it completes the round).
+static int restore_upload(Rounds *r, const StateFile *f) {
+    uint8_t *bytes;
+    size_t len;
+    SPES_TRY(state_read(r->cfg.state_dir, f, &bytes, &len));
+    SafeTensors st;
+    const StTensor **row = spes_calloc((size_t)r->spec.count, sizeof *row);
+    grpc_status_code code = row ? check_upload(r, f->peer, f->step, bytes, len, &st, row) : GRPC_STATUS_RESOURCE_EXHAUSTED;
+    OpenRound *round = NULL;
+    bool complete = false;
+    if (code == GRPC_STATUS_OK) {
+        code = f->peer < r->cfg.agg.num_peers ? store_upload(r, f->peer, f->step, bytes, len, &st, row, &round, &complete)
+                                              : status_fail(GRPC_STATUS_INVALID_ARGUMENT, "peer %d is out of range", f->peer);
+        if (code != GRPC_STATUS_OK) safetensors_close(&st);
+    }
+    free(row);
+    if (code != GRPC_STATUS_OK) {
+        free(bytes);
+        return spes_fail_context("server state %s: upload of peer %d for step %d", r->cfg.state_dir, f->peer, f->step);
+    }
+    if (complete && complete_round(r, round, f->peer) != GRPC_STATUS_OK) return SPES_ERR;
+    return SPES_OK;
+}
+
+// The bookkeeping from rounds.json (publishing the reloaded aggregates counted them again).
+static void apply_book(Rounds *r, const StateBook *book) {
+    r->last_completed_step = book->last_completed_step;
+    r->stats.last_aggregate_step = book->last_completed_step;
+    r->stats.rounds_completed = book->rounds_completed;
+    r->rounds_partial = book->rounds_partial;
+}
+
+// Reloads the state dir (see rounds_create): spec, bookkeeping, the newest keep_steps
+// aggregates, then the uploads of rounds not yet aggregated. Leftovers of a crash between two
+// writes (uploads of completed steps, aggregates not yet in rounds.json, aggregates beyond
+// keep_steps) are removed.
+static int restore_state(Rounds *r) {
+    const char *dir = r->cfg.state_dir;
+    SPES_TRY(state_open(dir));
+    ModelSpec spec;
+    DType dtype;
+    bool found;
+    SPES_TRY(state_load_spec(dir, &r->cfg.agg, &spec, &dtype, &found));
+    if (!found) {
+        log_info("server: state dir %s holds no run yet; starting afresh", dir);
+        return SPES_OK;
+    }
+    pthread_mutex_lock(&r->mu);
+    grpc_status_code code = adopt_spec(r, &spec, dtype, false);
+    pthread_mutex_unlock(&r->mu);
+    model_spec_free(&spec);
+    if (code != GRPC_STATUS_OK) return spes_fail_context("server state %s/spec.json", dir);
+    StateBook book;
+    SPES_TRY(state_load_book(dir, &book, &found));
+    StateFile *files;
+    int n;
+    SPES_TRY(state_list(dir, &files, &n));
+    int durable = 0, kept = 0, reopened = 0, rc = SPES_OK;
+    for (int i = 0; i < n; i++) durable += files[i].kind == 'a' && files[i].step <= book.last_completed_step;
+    for (int i = 0; i < n && rc == SPES_OK; i++) {   // sorted: aggregates by step, then uploads by step
+        const StateFile *f = &files[i];
+        if (f->kind == 'a') {
+            bool keep = f->step <= book.last_completed_step && durable-- <= r->cfg.keep_steps;
+            if (!keep) {
+                state_remove_aggregate(dir, f->step);
+                continue;
+            }
+            AggregateBlob *blob = spes_calloc(1, sizeof *blob);
+            rc = blob ? state_read(dir, f, &blob->bytes, &blob->len) : SPES_ERR;
+            if (rc == SPES_OK && blob->len != r->aggregate_len)
+                rc = spes_fail("server state %s: aggregate of step %d has %zu bytes, the model's aggregate %zu (damaged "
+                               "state directory?)",
+                               dir, f->step, blob->len, r->aggregate_len);
+            if (rc != SPES_OK) {
+                if (blob) free(blob->bytes);
+                free(blob);
+                break;
+            }
+            blob->step = f->step;
+            blob->refs = 1;
+            publish(r, NULL, blob, 0);
+            kept++;
+            continue;
+        }
+        if (f->step <= book.last_completed_step) {
+            state_remove_upload(dir, f->step, f->peer);
+            continue;
+        }
+        if (reopened == 0) apply_book(r, &book);   // before the open rounds complete (if they do)
+        rc = restore_upload(r, f);
+        reopened++;
+    }
+    free(files);
+    if (rc != SPES_OK) return rc;
+    if (reopened == 0) apply_book(r, &book);
+    log_info("server: resumed from state dir %s: model fingerprint %016llx, %lld rounds completed (last step %d), %d "
+             "aggregates kept, %d uploads of open rounds reloaded",
+             dir, (unsigned long long)r->spec.fingerprint, (long long)r->stats.rounds_completed, r->last_completed_step,
+             kept, reopened);
+    return SPES_OK;
 }

@@ -28,6 +28,8 @@ typedef struct {
     int keep_steps;             // aggregates kept for download (>= 1)
     size_t max_upload_bytes;    // upload cap while no model spec is known yet
     int max_open_rounds;        // steps with uploads but no aggregate yet (bounds memory)
+    const char *state_dir;      // NULL: state in memory only; else persisted there (server_state.h)
+                                // and reloaded by rounds_create
 } RoundsConfig;
 
 typedef struct {
@@ -50,6 +52,9 @@ typedef struct {
 
 typedef struct Rounds Rounds;
 
+// With cfg->state_dir, reloads what a previous server left there: the model spec, the
+// bookkeeping, the kept aggregates and the uploads of open rounds (completing any round whose
+// uploads were all in before the crash).
 int rounds_create(const RoundsConfig *cfg, Rounds **out);
 // Wakes every waiter (they return UNAVAILABLE) and refuses new work.
 void rounds_close(Rounds *r);

@@ -1,0 +1,229 @@
+// Durable parameter-server state (see server_state.h).
+#include "sync/server_state.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/file.h"
+#include "base/log.h"
+
+int state_open(const char *dir) {
+    if (mkdir_p(dir) != SPES_OK) return spes_fail_context("server --state_dir %s", dir);
+    return SPES_OK;
+}
+
+// Serialises j (consumed) atomically to dir/name.
+static int save_json(const char *dir, const char *name, json_t *j) {
+    char *text = j ? json_dumps(j, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(j);
+    if (!text) return spes_fail("server state: out of memory writing %s", name);
+    char *path = path_join(dir, name);
+    int rc = path ? file_write_atomic(path, text, strlen(text)) : SPES_ERR;
+    free(path);
+    free(text);
+    return rc;
+}
+
+// Parses dir/name; *found false (and *out NULL) when it does not exist.
+static int load_json(const char *dir, const char *name, json_t **out, bool *found) {
+    *out = NULL;
+    *found = false;
+    char *path = path_join(dir, name);
+    if (!path) return SPES_ERR;
+    if (!file_exists(path)) {
+        free(path);
+        return SPES_OK;
+    }
+    json_error_t err;
+    *out = json_load_file(path, 0, &err);
+    int rc = *out ? SPES_OK
+                  : spes_fail("server state %s: line %d: %s (a damaged state directory; move it away to start afresh)",
+                              path, err.line, err.text);
+    *found = *out != NULL;
+    free(path);
+    return rc;
+}
+
+int state_save_spec(const char *dir, const AggregateConfig *agg, const ModelSpec *spec, DType payload_dtype) {
+    json_t *tensors = json_array();
+    for (int t = 0; tensors && t < spec->count; t++) {
+        const SpecTensor *x = &spec->tensors[t];
+        json_t *shape = json_array();
+        for (int d = 0; shape && d < x->ndim; d++) json_array_append_new(shape, json_integer(x->shape[d]));
+        json_array_append_new(tensors, json_pack("{s:s, s:s, s:o}", "name", x->name, "dtype", dtype_name(x->dtype),
+                                                 "shape", shape));
+    }
+    char fingerprint[32];
+    snprintf(fingerprint, sizeof fingerprint, "%016" PRIx64, spec->fingerprint);
+    json_t *j = json_pack("{s:i, s:s, s:i, s:i, s:s, s:s, s:o}", "version", 1, "mode", sync_mode_name(agg->mode),
+                          "num_peers", agg->num_peers, "experts_per_node", agg->experts_per_node, "payload_dtype",
+                          dtype_name(payload_dtype), "fingerprint", fingerprint, "tensors", tensors);
+    return save_json(dir, "spec.json", j);
+}
+
+int state_load_spec(const char *dir, const AggregateConfig *agg, ModelSpec *spec, DType *payload_dtype, bool *found) {
+    json_t *j;
+    model_spec_init(spec);
+    SPES_TRY(load_json(dir, "spec.json", &j, found));
+    if (!*found) return SPES_OK;
+    const char *mode = NULL, *dtype = NULL, *fingerprint = NULL;
+    int version = 0, peers = 0, per_node = 0;
+    json_t *tensors = NULL;
+    json_error_t err;
+    int rc = SPES_OK;
+    if (json_unpack_ex(j, &err, 0, "{s:i, s:s, s:i, s:i, s:s, s:s, s:o}", "version", &version, "mode", &mode,
+                       "num_peers", &peers, "experts_per_node", &per_node, "payload_dtype", &dtype, "fingerprint",
+                       &fingerprint, "tensors", &tensors) != 0 ||
+        version != 1 || !json_is_array(tensors))
+        rc = spes_fail("server state %s/spec.json: %s", dir, version != 1 ? "unknown version" : err.text);
+    if (rc == SPES_OK && (strcmp(mode, sync_mode_name(agg->mode)) != 0 || peers != agg->num_peers ||
+                          (agg->mode == SYNC_MODE_SPES && per_node != agg->experts_per_node)))
+        rc = spes_fail("server state %s was written by a run with mode %s, %d peers, %d experts per node; this server "
+                       "runs mode %s, --total_peers %d, --num_train_experts_per_node %d (use another --state_dir)",
+                       dir, mode, peers, per_node, sync_mode_name(agg->mode), agg->num_peers, agg->experts_per_node);
+    if (rc == SPES_OK) rc = dtype_from_name(dtype, payload_dtype);
+    size_t i;
+    json_t *x;
+    json_array_foreach(tensors, i, x) {
+        if (rc != SPES_OK) break;
+        const char *name, *tdtype;
+        json_t *shape;
+        DType dt;
+        int64_t dims[ST_MAX_DIMS];
+        if (json_unpack_ex(x, &err, 0, "{s:s, s:s, s:o}", "name", &name, "dtype", &tdtype, "shape", &shape) != 0 ||
+            !json_is_array(shape) || json_array_size(shape) > ST_MAX_DIMS) {
+            rc = spes_fail("server state %s/spec.json: tensor %zu is malformed", dir, i);
+            break;
+        }
+        for (size_t d = 0; d < json_array_size(shape); d++) dims[d] = json_integer_value(json_array_get(shape, d));
+        rc = dtype_from_name(tdtype, &dt);
+        if (rc == SPES_OK) rc = model_spec_add(spec, name, dt, (int)json_array_size(shape), dims);
+    }
+    if (rc == SPES_OK) rc = model_spec_finish(spec);
+    char expected[32];
+    snprintf(expected, sizeof expected, "%016" PRIx64, spec->fingerprint);
+    if (rc == SPES_OK && strcmp(expected, fingerprint) != 0)
+        rc = spes_fail("server state %s/spec.json: fingerprint %s does not match its tensors (%s)", dir, fingerprint,
+                       expected);
+    json_decref(j);
+    if (rc != SPES_OK) {
+        model_spec_free(spec);
+        *found = false;
+    }
+    return rc;
+}
+
+int state_save_book(const char *dir, const StateBook *book) {
+    json_t *j = json_pack("{s:i, s:i, s:I, s:I}", "version", 1, "last_completed_step", book->last_completed_step,
+                          "rounds_completed", (json_int_t)book->rounds_completed, "rounds_partial",
+                          (json_int_t)book->rounds_partial);
+    return save_json(dir, "rounds.json", j);
+}
+
+int state_load_book(const char *dir, StateBook *book, bool *found) {
+    json_t *j;
+    book->last_completed_step = -1;
+    book->rounds_completed = book->rounds_partial = 0;
+    SPES_TRY(load_json(dir, "rounds.json", &j, found));
+    if (!*found) return SPES_OK;
+    json_int_t completed = 0, partial = 0;
+    int version = 0;
+    json_error_t err;
+    int rc = json_unpack_ex(j, &err, 0, "{s:i, s:i, s:I, s:I}", "version", &version, "last_completed_step",
+                            &book->last_completed_step, "rounds_completed", &completed, "rounds_partial", &partial) == 0
+                 ? SPES_OK
+                 : spes_fail("server state %s/rounds.json: %s", dir, err.text);
+    book->rounds_completed = completed;
+    book->rounds_partial = partial;
+    json_decref(j);
+    return rc;
+}
+
+static char *file_path(const char *dir, const StateFile *f) {
+    char name[64];
+    if (f->kind == 'u') snprintf(name, sizeof name, "upload_s%d_p%d.safetensors", f->step, f->peer);
+    else snprintf(name, sizeof name, "aggregate_s%d.safetensors", f->step);
+    return path_join(dir, name);
+}
+
+static int save_file(const char *dir, const StateFile *f, const uint8_t *bytes, size_t len) {
+    char *path = file_path(dir, f);
+    int rc = path ? file_write_atomic(path, bytes, len) : SPES_ERR;
+    free(path);
+    return rc;
+}
+
+static void remove_file(const char *dir, const StateFile *f) {
+    char *path = file_path(dir, f);
+    if (path && unlink(path) != 0 && errno != ENOENT) log_warn("server state: cannot remove %s: %s", path, strerror(errno));
+    free(path);
+}
+
+int state_save_upload(const char *dir, int step, int peer, const uint8_t *bytes, size_t len) {
+    return save_file(dir, &(StateFile){'u', step, peer}, bytes, len);
+}
+int state_save_aggregate(const char *dir, int step, const uint8_t *bytes, size_t len) {
+    return save_file(dir, &(StateFile){'a', step, -1}, bytes, len);
+}
+void state_remove_upload(const char *dir, int step, int peer) { remove_file(dir, &(StateFile){'u', step, peer}); }
+void state_remove_aggregate(const char *dir, int step) { remove_file(dir, &(StateFile){'a', step, -1}); }
+
+static int compare_files(const void *a, const void *b) {
+    const StateFile *x = a, *y = b;
+    if (x->kind != y->kind) return x->kind < y->kind ? -1 : 1;
+    if (x->step != y->step) return x->step < y->step ? -1 : 1;
+    return (x->peer > y->peer) - (x->peer < y->peer);
+}
+
+int state_list(const char *dir, StateFile **out, int *count) {
+    *out = NULL;
+    *count = 0;
+    DIR *d = opendir(dir);
+    if (!d) return spes_fail("server state: cannot list %s: %s", dir, strerror(errno));
+    int cap = 0, rc = SPES_OK;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        StateFile f;
+        int used = 0;
+        if (sscanf(e->d_name, "upload_s%d_p%d.safetensors%n", &f.step, &f.peer, &used) == 2 && !e->d_name[used])
+            f.kind = 'u';
+        else if (sscanf(e->d_name, "aggregate_s%d.safetensors%n", &f.step, &used) == 1 && !e->d_name[used])
+            f.kind = 'a', f.peer = -1;
+        else
+            continue;   // spec.json, rounds.json, temp files of an interrupted write
+        if (*count == cap) {
+            cap = cap ? 2 * cap : 16;
+            StateFile *grown = spes_realloc(*out, (size_t)cap * sizeof **out);
+            if (!grown) {
+                rc = SPES_ERR;
+                break;
+            }
+            *out = grown;
+        }
+        (*out)[(*count)++] = f;
+    }
+    closedir(d);
+    if (rc != SPES_OK) {
+        free(*out);
+        *out = NULL;
+        *count = 0;
+        return rc;
+    }
+    if (*count) qsort(*out, (size_t)*count, sizeof **out, compare_files);
+    return SPES_OK;
+}
+
+int state_read(const char *dir, const StateFile *f, uint8_t **bytes, size_t *len) {
+    char *path = file_path(dir, f);
+    int rc = path ? file_read_all(path, bytes, len) : SPES_ERR;
+    free(path);
+    return rc;
+}

@@ -1,0 +1,55 @@
+// The parameter server's state on disk (`spes server --state_dir DIR`), so that a server
+// killed at any point restarts where it was. Every file is written atomically (temp + fsync +
+// rename + fsync of the directory), so a crash leaves the old file or the new one.
+//
+//   DIR/spec.json                        model spec + run settings, written once at the handshake
+//   DIR/rounds.json                      bookkeeping: last completed step, rounds completed, partial rounds
+//   DIR/upload_s<step>_p<peer>.safetensors   each accepted upload of a round not yet aggregated
+//   DIR/aggregate_s<step>.safetensors    each kept aggregate
+//
+// Order of writes (rounds.c): an upload is on disk before the peer hears OK; an aggregate and
+// then rounds.json are on disk before any peer can download the aggregate; only then are the
+// round's uploads and the aggregate that dropped out of the kept list removed. Files left over
+// by a crash between those steps (uploads of a completed step, aggregates beyond keep_steps)
+// are recognised and removed at the next start.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sync/aggregate.h"
+#include "sync/model_spec.h"
+
+typedef struct {
+    int last_completed_step;        // -1: none
+    int64_t rounds_completed;
+    int64_t rounds_partial;         // completed without every peer (round timeout)
+} StateBook;
+
+// Creates dir if needed.
+int state_open(const char *dir);
+
+// Writes / reads spec.json. state_load_spec sets *found false when the file does not exist;
+// a file from a run with other settings (peers, experts per node, mode) is an error naming both.
+int state_save_spec(const char *dir, const AggregateConfig *agg, const ModelSpec *spec, DType payload_dtype);
+int state_load_spec(const char *dir, const AggregateConfig *agg, ModelSpec *spec, DType *payload_dtype, bool *found);
+
+int state_save_book(const char *dir, const StateBook *book);
+int state_load_book(const char *dir, StateBook *book, bool *found);
+
+int state_save_upload(const char *dir, int step, int peer, const uint8_t *bytes, size_t len);
+int state_save_aggregate(const char *dir, int step, const uint8_t *bytes, size_t len);
+// Removing is best effort (a leftover is cleaned up at the next start); failures are logged.
+void state_remove_upload(const char *dir, int step, int peer);
+void state_remove_aggregate(const char *dir, int step);
+
+// The files present: kind 'u' (upload, peer >= 0) or 'a' (aggregate, peer -1).
+typedef struct {
+    char kind;
+    int step;
+    int peer;
+} StateFile;
+// Lists the upload and aggregate files of dir, sorted by (kind, step, peer); *out malloc'd.
+int state_list(const char *dir, StateFile **out, int *count);
+// Reads one of them (malloc'd bytes).
+int state_read(const char *dir, const StateFile *f, uint8_t **bytes, size_t *len);

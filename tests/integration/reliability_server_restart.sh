@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Durable server: a real `spes server --state_dir` and 4 `spes train` peers (tiny config, 6
+# sync rounds). The server is killed with SIGKILL at several points of the run (during the
+# uploads of a round, right after a round completes while peers download it, with part of a
+# round uploaded) and restarted with the same --state_dir each time; the peers retry and the
+# run finishes. The final weights of every peer must be byte-identical (cmp) to those of an
+# undisturbed run with the same seeds.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SPES=${SPES_BIN:-build/spes}
+DATA=${SPES_TEST_DATA:-../shared/data}
+[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
+
+dir=$(mktemp -d)
+server_pid=""
+cleanup() { [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
+trap cleanup EXIT
+
+"$SPES" tokenize --file_glob "$DATA/tinyshakespeare.txt" --tokenizer_name_or_path bytes \
+  --output_prefix "$dir/tok/ts_" --dtype uint16 2>/dev/null
+"$SPES" list-files "$dir/tok" "$dir/file_list.txt"
+
+STEPS=12
+start_server() {   # <run> <port> <log>
+  "$SPES" server --total_peers 4 --num_train_experts_per_node 1 --host 127.0.0.1 --port "$2" \
+    --merge_interval 4 --merge_alpha_start 0.5 --merge_decay_steps 100 --merge_topk 2 \
+    --state_dir "$dir/$1/state" >"$3" 2>&1 &
+  server_pid=$!
+}
+start_peers() {    # <run> <port>
+  peer_pids=()
+  for peer in 0 1 2 3; do
+    SPES_NUM_THREADS=1 "$SPES" train configs/tiny_shakespeare.yaml \
+      --data.paths="[$dir/file_list.txt]" --data.seed=$((6198 + 1000 * peer)) \
+      --using_spes=true --spes_config.num_peers=4 --spes_config.peer_id=$peer \
+      --spes_config.num_train_experts_per_node=1 --spes_config.sync_steps=2 \
+      --spes_config.server_addr=127.0.0.1:$2 \
+      --max_duration=$STEPS --scheduler.t_warmup=2 --global_train_batch_size=4 --device_train_microbatch_size=4 \
+      --save_folder="$dir/$1/peer$peer" --save_interval_unsharded=$STEPS --save_num_unsharded_checkpoints_to_keep=-1 \
+      --eval_interval=1000 --try_load_latest_save=false --threads=1 >"$dir/$1/peer$peer.log" 2>&1 &
+    peer_pids+=($!)
+  done
+}
+wait_peers() {     # <run>
+  local status=0
+  for i in 0 1 2 3; do wait "${peer_pids[$i]}" || { echo "$1: peer $i failed:"; tail -20 "$dir/$1/peer$i.log"; status=1; }; done
+  return $status
+}
+
+# 1. Undisturbed run.
+mkdir -p "$dir/calm"
+port=$(( 20000 + RANDOM % 20000 ))
+start_server calm "$port" "$dir/calm/server.log"
+start_peers calm "$port"
+wait_peers calm || { tail -20 "$dir/calm/server.log"; exit 1; }
+kill "$server_pid"; wait "$server_pid" || true; server_pid=""
+
+# 2. The same run, the server killed with SIGKILL when its log first shows each pattern.
+mkdir -p "$dir/kill"
+port=$(( 20000 + RANDOM % 20000 ))
+start_server kill "$port" "$dir/kill/server.0.log"
+start_peers kill "$port"
+kill_points=("step 4: upload from peer" "step 6: aggregated" "step 8: upload from peer [0-9]* accepted" "step 10: aggregated")
+n=0
+for pattern in "${kill_points[@]}"; do
+  log="$dir/kill/server.$n.log"
+  for _ in $(seq 1 3000); do grep -q "$pattern" "$log" && break; sleep 0.01; done
+  grep -q "$pattern" "$log" || { echo "server never logged '$pattern':"; tail -20 "$log"; exit 1; }
+  kill -9 "$server_pid"; wait "$server_pid" 2>/dev/null || true
+  echo "killed the server (SIGKILL) after: $(grep -E 'upload from|aggregated' "$log" | tail -1 | sed 's/.*server: //')"
+  n=$((n + 1))
+  start_server kill "$port" "$dir/kill/server.$n.log"
+done
+wait_peers kill || { tail -20 "$dir/kill/server.$n.log"; exit 1; }
+kill "$server_pid"; wait "$server_pid" || true; server_pid=""
+grep -q "resumed from state dir" "$dir/kill/server.1.log" || { echo "restarted server did not resume its state"; exit 1; }
+grep -h "resumed from state dir" "$dir"/kill/server.*.log | sed 's/.*server: /  /'
+
+for peer in 0 1 2 3; do
+  a="$dir/calm/peer$peer/step$STEPS/model.safetensors" b="$dir/kill/peer$peer/step$STEPS/model.safetensors"
+  [ -f "$a" ] && [ -f "$b" ] || { echo "peer $peer: no final checkpoint"; exit 1; }
+  cmp -s "$a" "$b" || { echo "peer $peer: final weights differ from the undisturbed run"; exit 1; }
+done
+cmp -s "$dir/kill/peer0/step$STEPS/model.safetensors" "$dir/kill/peer3/step$STEPS/model.safetensors" ||
+  { echo "peers 0 and 3 disagree"; exit 1; }
+echo "server restarted $n times; final weights of 4 peers byte-identical to the undisturbed run"
