@@ -16,7 +16,7 @@ W, H = 720, 420
 LEFT, RIGHT, TOP, BOTTOM = 64, 20, 40, 52
 
 
-def nice_ticks(lo, hi, n=6):
+def nice_ticks(lo, hi, n=8):
     span = hi - lo
     raw = span / n
     mag = 10 ** math.floor(math.log10(raw))

@@ -2,7 +2,7 @@
 # Quality check on real text: byte-level tokens of tinyshakespeare (ids 0..255 = bytes, EOS
 # 256, embedding padded to 264), the last 32 KiB held out for validation. A small MoE
 # (d_model 128, 2 layers, 4 experts top-2, 0.59M parameters) trains SPES_SHAKESPEARE_STEPS
-# steps of 16 x 128 tokens (default 120, ~250k tokens, ~4.5 GFLOP a step) and the held-out
+# steps of 16 x 128 tokens (default 100: 205k tokens, ~4.5 GFLOP a step) and the held-out
 # cross-entropy must end at least 0.8 nats below the unigram entropy of the training bytes
 # (the best a model that ignores context can do).
 # SPES_SHAKESPEARE_OUT=DIR keeps the run (metrics.jsonl, train.log) and draws
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 SPES_BIN=${SPES_BIN:-$PWD/build/spes}
 DATA=${SPES_TEST_DATA:-$PWD/../shared/data}
-STEPS=${SPES_SHAKESPEARE_STEPS:-120}
+STEPS=${SPES_SHAKESPEARE_STEPS:-100}
 if [ ! -f "$DATA/tinyshakespeare.txt" ]; then
   echo "SKIPPED: $DATA/tinyshakespeare.txt not found (set SPES_TEST_DATA)"
   exit 77
@@ -81,7 +81,7 @@ evaluators:
     type: lm
     data:
       paths: [$out/val.npy]
-eval_interval: ${SPES_SHAKESPEARE_EVAL_INTERVAL:-40}
+eval_interval: ${SPES_SHAKESPEARE_EVAL_INTERVAL:-50}
 device_eval_batch_size: 32
 max_duration: $STEPS
 global_train_batch_size: 16
