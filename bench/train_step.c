@@ -32,13 +32,15 @@ static void adamw_step(Model *model, Adam *opt, float lr) {
     opt->step++;
     const float inv_c1 = 1.0f / (1.0f - powf(b1, (float)opt->step));
     const float inv_c2 = 1.0f / (1.0f - powf(b2, (float)opt->step));
+    // One parallel region for all tensors (nowait: no barrier between tensors).
+#pragma omp parallel
     for (int i = 0; i < model->table.count; i++) {
         const ParamInfo *p = &model->table.entries[i];
         if (!p->trainable) continue;
         float *restrict w = model_param(model, i), *restrict g = model_grad(model, i);
         float *restrict m = opt->m + p->grad_offset, *restrict v = opt->v + p->grad_offset;
         const float keep = 1.0f - lr * (param_kind_is_norm(p->kind) || p->kind == PARAM_EMBED ? 0.0f : wd);
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static) nowait
         for (size_t j = 0; j < p->numel; j++) {
             float gj = g[j];
             m[j] = b1 * m[j] + (1 - b1) * gj;

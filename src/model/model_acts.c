@@ -8,7 +8,7 @@
 #include "model/model_internal.h"
 
 // Rows of the LM-head block: logits exist for this many tokens at a time.
-#define LOGIT_BLOCK_ROWS 256
+#define LOGIT_BLOCK_ROWS 512
 
 typedef struct {
     char *base;     // NULL while measuring

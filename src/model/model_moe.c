@@ -2,6 +2,13 @@
 // Dropless: the N*k (token, slot) pairs are permuted into per-expert contiguous blocks and
 // each expert runs as GEMMs on its block. gate_proj and up_proj of an expert are adjacent in
 // the parameter buffer ([gate; up] = [2I, H]), so both run as one GEMM.
+//
+// Experts are independent (own rows, own weights, own gradients), so with enough of them
+// (E >= 2 x threads) threads take whole experts, largest first, each running its GEMMs
+// single-threaded: one fork/join per layer and direction instead of several per expert,
+// and bits that do not depend on which thread ran what. With few experts the GEMMs run
+// one after another, each multi-threaded inside OpenBLAS.
+#include <omp.h>
 #include <string.h>
 
 #include "model/model_internal.h"
@@ -9,6 +16,22 @@
 
 // Table entries of expert e in layer l: gate, up, down at consecutive indices.
 static int expert_entry(Model *m, int l, int e) { return param_table_index(&m->table, PARAM_EXPERT_GATE, l, e); }
+
+// order[E]: experts by descending row count (ties: lower index first), for dynamic
+// scheduling that starts the long jobs first. Insertion sort: E is small.
+static void experts_largest_first(const int32_t *offsets, int E, int *order) {
+    for (int i = 0; i < E; i++) {
+        int e = i, j = i;
+        int32_t count = offsets[e + 1] - offsets[e];
+        while (j > 0 && offsets[order[j - 1] + 1] - offsets[order[j - 1]] < count) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = e;
+    }
+}
+
+static bool parallel_over_experts(int E) { return E >= 2 * omp_get_max_threads(); }
 
 void moe_block_forward(Model *m, int l, const LossWeights *w) {
     const ModelConfig *c = &m->cfg;
@@ -44,19 +67,17 @@ void moe_block_forward(Model *m, int l, const LossWeights *w) {
 
     t = phase_begin();
     op_gather_rows(a->xe, la->h2, la->row_token, N * k, H);
-    for (int e = 0; e < E; e++) {
-        int r0 = la->expert_offsets[e], cnt = la->expert_offsets[e + 1] - r0;
+    int order[E];
+    experts_largest_first(la->expert_offsets, E, order);
+#pragma omp parallel for schedule(dynamic, 1) if (parallel_over_experts(E))
+    for (int i = 0; i < E; i++) {
+        int e = order[i], r0 = la->expert_offsets[e], cnt = la->expert_offsets[e + 1] - r0;
         if (cnt == 0) continue;
         int gi = expert_entry(m, l, e);
-        op_linear_forward(la->gu + (size_t)r0 * 2 * I, a->xe + (size_t)r0 * H, model_param(m, gi), cnt, H, 2 * I,
-                          false);
-    }
-    op_swiglu_forward(la->a, la->gu, N * k, I);
-    for (int e = 0; e < E; e++) {
-        int r0 = la->expert_offsets[e], cnt = la->expert_offsets[e + 1] - r0;
-        if (cnt == 0) continue;
-        int gi = expert_entry(m, l, e);
-        op_linear_forward(la->y + (size_t)r0 * H, la->a + (size_t)r0 * I, model_param(m, gi + 2), cnt, I, H, false);
+        float *gu = la->gu + (size_t)r0 * 2 * I, *act = la->a + (size_t)r0 * I;
+        op_linear_forward(gu, a->xe + (size_t)r0 * H, model_param(m, gi), cnt, H, 2 * I, false);
+        op_swiglu_forward(act, gu, cnt, I);
+        op_linear_forward(la->y + (size_t)r0 * H, act, model_param(m, gi + 2), cnt, I, H, false);
     }
     memcpy(x_out, la->x_mid, (size_t)N * H * sizeof(float));
     op_moe_combine(x_out, la->y, la->topk_w, la->row_of_slot, N, k, H);
@@ -105,8 +126,11 @@ void moe_block_backward(Model *m, int l, const LossWeights *w, float grad_scale)
 
     // experts, one block each; frozen experts still pass dX back, but skip their dW.
     op_gather_rows(a->xe, la->h2, la->row_token, N * k, H);
-    for (int e = 0; e < E; e++) {
-        int r0 = la->expert_offsets[e], cnt = la->expert_offsets[e + 1] - r0;
+    int order[E];
+    experts_largest_first(la->expert_offsets, E, order);
+#pragma omp parallel for schedule(dynamic, 1) if (parallel_over_experts(E))
+    for (int i = 0; i < E; i++) {
+        int e = order[i], r0 = la->expert_offsets[e], cnt = la->expert_offsets[e + 1] - r0;
         if (cnt == 0) continue;
         int gi = expert_entry(m, l, e);
         float *dy = a->dxe + (size_t)r0 * H, *da = a->da + (size_t)r0 * I, *gu = la->gu + (size_t)r0 * 2 * I;

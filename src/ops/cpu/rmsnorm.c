@@ -55,13 +55,9 @@ void op_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, 
             rmsnorm_backward_row(dx + (size_t)r * C, dyr, xr, w, rstd[r], C, accumulate);
         }
     }
-    if (dw) {
-#pragma omp parallel for schedule(static)
-        for (int c = 0; c < C; c++) {
-            float s = 0.0f;
-            for (int ch = 0; ch < nchunks; ch++) s += partial[(size_t)ch * C + c];
-            dw[c] += s;
-        }
+    if (dw) {   // nchunks x C adds: serial is cheaper than another fork/join
+        for (int ch = 0; ch < nchunks; ch++)
+            for (int c = 0; c < C; c++) dw[c] += partial[(size_t)ch * C + c];
         free(partial);
     }
 }
