@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Quality check on real text: byte-level tokens of tinyshakespeare (ids 0..255 = bytes, EOS
-# 256, embedding padded to 264), the last 32 KiB held out for validation. A small MoE
-# (d_model 128, 2 layers, 4 experts top-2, 0.59M parameters) trains SPES_SHAKESPEARE_STEPS
+# Quality check on real text: tinyshakespeare through `spes tokenize` with the built-in byte
+# tokenizer (ids 0..255 = bytes, EOS 256; embedding padded to 264), the last 32 KiB held out.
+# A small MoE (d_model 128, 2 layers, 4 experts top-2, 0.59M parameters) trains SPES_SHAKESPEARE_STEPS
 # steps of 16 x 128 tokens (default 100: 205k tokens, ~4.5 GFLOP a step) and the held-out
 # cross-entropy must end at least 0.8 nats below the unigram entropy of the training bytes
 # (the best a model that ignores context can do).
@@ -22,18 +22,34 @@ else
   out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 fi
 
-# Byte tokens, EOS at the end of each split; unigram entropy (nats) of the training bytes.
-H=$(python3 - "$DATA/tinyshakespeare.txt" "$out" <<'EOF'
-import math, struct, sys
-from collections import Counter
+# Split the text (the last 32 KiB held out), `spes tokenize` each part with the built-in
+# byte tokenizer, check the ids are the (stripped) bytes + EOS 256, and compute the unigram
+# entropy (nats) of the training bytes.
+python3 - "$DATA/tinyshakespeare.txt" "$out" <<'EOF'
+import sys
 text = open(sys.argv[1], "rb").read()
 held = 32 * 1024
-train, val = text[:-held], text[-held:]
-for name, part in (("train", train), ("val", val)):
-    ids = list(part) + [256]
-    open(f"{sys.argv[2]}/{name}.npy", "wb").write(struct.pack("<%dH" % len(ids), *ids))
-counts = Counter(train)
-n = len(train)
+open(f"{sys.argv[2]}/train.txt", "wb").write(text[:-held])
+open(f"{sys.argv[2]}/val.txt", "wb").write(text[-held:])
+EOF
+for split in train val; do
+  "$SPES_BIN" tokenize --file_glob "$out/$split.txt" --tokenizer_name_or_path bytes \
+    --output_prefix "$out/${split}_" --dtype uint16 > "$out/tokenize_$split.log" 2>&1 \
+    || { cat "$out/tokenize_$split.log"; exit 1; }
+  shards=("$out/${split}_"*.npy)
+  [ "${#shards[@]}" -eq 1 ] || { echo "$split: expected one token shard, got: ${shards[*]}"; exit 1; }
+  mv "${shards[0]}" "$out/$split.npy"
+done
+H=$(python3 - "$out" <<'EOF'
+import math, struct, sys
+from collections import Counter
+for split in ("train", "val"):
+    raw = open(f"{sys.argv[1]}/{split}.npy", "rb").read()
+    ids = list(struct.unpack("<%dH" % (len(raw) // 2), raw))
+    text = open(f"{sys.argv[1]}/{split}.txt", "rb").read().strip()   # documents are stripped
+    assert ids[:-1] == list(text) and ids[-1] == 256, f"{split}: token ids are not the bytes + EOS"
+    if split == "train":
+        counts, n = Counter(text), len(text)
 print("%.6f" % -sum(c / n * math.log(c / n) for c in counts.values()))
 EOF
 )
