@@ -169,6 +169,14 @@ static void test_refuses_used_save_folder(void **state) {
     TrainerOptions opt = {.peak_flops = 1e9};
     assert_int_equal(trainer_create(&cfg, &opt, &t), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "already holds checkpoints"));
+    // load_path that is not a model directory: an error naming it.
+    TrainConfig bad;
+    char extra[160];
+    snprintf(extra, sizeof extra, "load_path: %s/no_such_model\n", dir);
+    load_config(&bad, "bad", extra);
+    assert_int_equal(trainer_create(&bad, &opt, &t), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "no_such_model"));
+    config_free(&bad);
     opt.resume = true;   // resuming a finished run: nothing left to do, no error
     if (trainer_create(&cfg, &opt, &t) != SPES_OK) fail_msg("%s", spes_last_error());
     assert_int_equal(trainer_step_count(t), 4);
