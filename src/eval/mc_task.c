@@ -77,10 +77,16 @@ static int read_task_config(const char *dir, McTask *task, int64_t *uncond_offse
     if (json_is_string(pm)) task->primary_metric = spes_strdup(json_string_value(pm));
     json_t *mk = tc ? json_object_get(tc, "metric_kwargs") : NULL;
     json_t *off = mk ? json_object_get(mk, "uncond_docid_offset") : NULL;
+    int status = SPES_OK;
     if (json_is_integer(off)) *uncond_offset = json_integer_value(off);
+    // doc_id - offset pairs unconditional requests with their documents: a positive offset
+    // keeps that difference in range.
+    if (*uncond_offset <= 0)
+        status = spes_fail("%s: task_config.metric_kwargs.uncond_docid_offset must be positive (got %lld)", path,
+                           (long long)*uncond_offset);
     json_decref(root);
     free(path);
-    return SPES_OK;
+    return status;
 }
 
 // One request line into *r; *gold gets label / doc.gold (-1 when neither is there).
@@ -118,8 +124,15 @@ static int parse_request_line(const char *line, size_t len, const char *path, in
     json_t *label = json_object_get(root, "label");
     json_t *doc = json_object_get(root, "doc");
     json_t *doc_gold = json_is_object(doc) ? json_object_get(doc, "gold") : NULL;
-    if (json_is_integer(label)) *gold = (int)json_integer_value(label);
-    else if (json_is_integer(doc_gold)) *gold = (int)json_integer_value(doc_gold);
+    json_t *gold_value = json_is_integer(label) ? label : json_is_integer(doc_gold) ? doc_gold : NULL;
+    if (gold_value) {
+        json_int_t g = json_integer_value(gold_value);
+        if (g < -1 || g > 1000000) {   // would not fit the int (and no document has that many choices)
+            json_decref(root);
+            return spes_fail("%s:%d: gold label %lld out of range", path, lineno, (long long)g);
+        }
+        *gold = (int)g;
+    }
     r->context = spes_strdup(json_string_value(ctx));
     r->continuation = spes_strdup(json_string_value(cont));
     r->doc_id = json_integer_value(doc_id);

@@ -129,7 +129,23 @@ static void test_bad_files(void **state) {
     expect_load_error("{\"request_type\":\"generate_until\",\"request\":{\"context\":\"c\",\"continuation\":\"x\"},\"idx\":0,\"doc_id\":0,\"label\":0}\n",
                       "request_type");
     expect_load_error("\n\n", "no requests");
+    expect_load_error("{\"request\":{\"context\":\"c\",\"continuation\":\"x\"},\"idx\":0,\"doc_id\":0,\"label\":4294967296}\n",
+                      "gold label 4294967296 out of range");   // was silently read as label 0
+    // A negative uncond_docid_offset made doc_id - offset overflow (found by fuzz_mc_task).
+    char *sub = path_join(tmpdir, "negative_offset");
+    assert_int_equal(mkdir_p(sub), SPES_OK);
+    char *requests = path_join(sub, "requests.jsonl"), *config = path_join(sub, "config.json");
+    const char *lines = "{\"request\":{\"context\":\"c\",\"continuation\":\"x\"},\"idx\":0,\"doc_id\":-9223372036854775807,\"label\":0}\n"
+                        "{\"request\":{\"context\":\"c\",\"continuation\":\"x\"},\"idx\":0,\"doc_id\":9223372036854775000,\"label\":0}\n";
+    const char *cfg = "{\"task_config\": {\"metric_kwargs\": {\"uncond_docid_offset\": -9223372036854775000}}}";
+    assert_int_equal(file_write_atomic(requests, lines, strlen(lines)), SPES_OK);
+    assert_int_equal(file_write_atomic(config, cfg, strlen(cfg)), SPES_OK);
     McTask task;
+    assert_int_equal(mc_task_load(sub, 0, &task), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "uncond_docid_offset must be positive"));
+    free(requests);
+    free(config);
+    free(sub);
     assert_int_equal(mc_task_load("/nonexistent/requests.jsonl.gz", 0, &task), SPES_ERR);
 }
 
