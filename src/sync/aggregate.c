@@ -66,27 +66,41 @@ typedef struct {
     const ModelSpec *spec;
     const AggregateConfig *cfg;
     const StTensor *const *uploads;   // [P][spec->count]
+    const bool *present;              // [P] peers in this round; NULL: all
+    const StTensor *const *previous;  // [spec->count] latest aggregate, for a missing owner's experts
+    int first, num_present;           // lowest present peer, how many are present
 } Inputs;
 
-// Pre-merge value of tensor t, values [start, start+n), into acc[n]: the owner's upload for
-// an expert in spes mode, otherwise the mean over peers (fp32, peers in order). tmp[n] scratch.
+static bool is_present(const Inputs *in, int p) { return !in->present || in->present[p]; }
+
+// Where expert tensor t comes from in spes mode: its owner's upload, or the latest aggregate
+// when the owner missed this round.
+static const StTensor *expert_source(const Inputs *in, int t) {
+    int owner = in->spec->tensors[t].expert / in->cfg->experts_per_node;
+    if (is_present(in, owner)) return in->uploads[(size_t)owner * in->spec->count + t];
+    return in->previous ? in->previous[t] : NULL;
+}
+
+// Pre-merge value of tensor t, values [start, start+n), into acc[n]: the owner's upload (or
+// the previous value) for an expert in spes mode, otherwise the mean over the present peers
+// (fp32, peers in order). tmp[n] scratch.
 static void premerge_chunk(const Inputs *in, int t, size_t start, size_t n, float *acc, float *tmp) {
     const SpecTensor *st = &in->spec->tensors[t];
     int count = in->spec->count, P = in->cfg->num_peers;
     if (in->cfg->mode == SYNC_MODE_SPES && st->expert >= 0) {
-        int owner = st->expert / in->cfg->experts_per_node;
-        const float *x = read_chunk(in->uploads[(size_t)owner * count + t], start, n, acc);
+        const float *x = read_chunk(expert_source(in, t), start, n, acc);
         if (x != acc) memcpy(acc, x, n * sizeof(float));
         return;
     }
-    const float *x0 = read_chunk(in->uploads[t], start, n, acc);
+    const float *x0 = read_chunk(in->uploads[(size_t)in->first * count + t], start, n, acc);
     if (x0 != acc) memcpy(acc, x0, n * sizeof(float));
-    for (int p = 1; p < P; p++) {
+    for (int p = in->first + 1; p < P; p++) {
+        if (!is_present(in, p)) continue;
         const float *x = read_chunk(in->uploads[(size_t)p * count + t], start, n, tmp);
         for (size_t i = 0; i < n; i++) acc[i] += x[i];
     }
-    if (P > 1)
-        for (size_t i = 0; i < n; i++) acc[i] /= (float)P;
+    if (in->num_present > 1)
+        for (size_t i = 0; i < n; i++) acc[i] /= (float)in->num_present;
 }
 
 // theta_i + alpha * mean_{j in nbr}(theta_j - theta_i) for values [start, start+n) of the
@@ -148,9 +162,9 @@ static double dot(const float *a, const float *b, size_t n) {
     return (lane[0] + lane[1]) + (lane[2] + lane[3]);
 }
 
-int aggregate_expert_cosines(const ModelSpec *spec, const AggregateConfig *cfg, const StTensor *const *uploads,
-                             int slot, double *cos) {
-    const Inputs in = {spec, cfg, uploads};
+static int expert_cosines(const Inputs *inputs, int slot, double *cos) {
+    const Inputs in = *inputs;
+    const ModelSpec *spec = in.spec;
     int E = spec->num_experts;
     size_t n = spec->tensors[model_spec_expert_tensor(spec, slot, 0, EXPERT_PROJ_GATE)].numel;
     size_t EE = (size_t)E * E;
@@ -199,6 +213,12 @@ int aggregate_expert_cosines(const ModelSpec *spec, const AggregateConfig *cfg, 
     return SPES_OK;
 }
 
+int aggregate_expert_cosines(const ModelSpec *spec, const AggregateConfig *cfg, const StTensor *const *uploads,
+                             int slot, double *cos) {
+    const Inputs in = {spec, cfg, uploads, NULL, NULL, 0, cfg->num_peers};
+    return expert_cosines(&in, slot, cos);
+}
+
 void aggregate_expert_neighbours(const double *cos, int num_experts, int k, int *nbr) {
     int E = num_experts;
     for (int i = 0; i < E; i++) {
@@ -221,8 +241,8 @@ void aggregate_expert_neighbours(const double *cos, int num_experts, int k, int 
 
 // For merge steps: nbr_tensor[t*k + r] = tensor of the r-th neighbour of expert tensor t
 // (same layer, same projection); -1 rows for shared tensors.
-static int plan_merge(const ModelSpec *spec, const AggregateConfig *cfg, const StTensor *const *uploads, int k,
-                      int **out) {
+static int plan_merge(const Inputs *in, int k, int **out) {
+    const ModelSpec *spec = in->spec;
     int E = spec->num_experts;
     int *nbr_tensor = spes_malloc((size_t)spec->count * k * sizeof(int));
     double *cos = spes_malloc((size_t)E * E * sizeof(double));
@@ -230,7 +250,7 @@ static int plan_merge(const ModelSpec *spec, const AggregateConfig *cfg, const S
     int rc = nbr_tensor && cos && nbr ? SPES_OK : SPES_ERR;
     for (size_t i = 0; rc == SPES_OK && i < (size_t)spec->count * k; i++) nbr_tensor[i] = -1;
     for (int s = 0; rc == SPES_OK && s < spec->num_moe_layers; s++) {
-        rc = aggregate_expert_cosines(spec, cfg, uploads, s, cos);
+        rc = expert_cosines(in, s, cos);
         if (rc != SPES_OK) break;
         aggregate_expert_neighbours(cos, E, k, nbr);
         for (int e = 0; e < E; e++)
@@ -250,24 +270,45 @@ static int plan_merge(const ModelSpec *spec, const AggregateConfig *cfg, const S
     return SPES_OK;
 }
 
+static bool usable(const StTensor *u, const SpecTensor *t) {
+    return u && u->numel == t->numel && (u->dtype == DTYPE_F32 || u->dtype == DTYPE_BF16);
+}
+
 int aggregate_compute(const ModelSpec *spec, const AggregateConfig *cfg, int step, const StTensor *const *uploads,
                       uint8_t *const *out, DType out_dtype) {
+    return aggregate_compute_partial(spec, cfg, step, uploads, NULL, NULL, out, out_dtype);
+}
+
+int aggregate_compute_partial(const ModelSpec *spec, const AggregateConfig *cfg, int step,
+                              const StTensor *const *uploads, const bool *present, const StTensor *const *previous,
+                              uint8_t *const *out, DType out_dtype) {
     SPES_TRY(aggregate_config_check(cfg, spec));
     if (out_dtype != DTYPE_F32 && out_dtype != DTYPE_BF16)
         return spes_fail("aggregate: output dtype %s is not F32 or BF16", dtype_name(out_dtype));
-    for (int t = 0; t < spec->count; t++)
-        for (int p = 0; p < cfg->num_peers; p++) {
-            const StTensor *u = uploads[(size_t)p * spec->count + t];
-            if (model_spec_peer_sends(spec, cfg->mode, cfg->experts_per_node, p, t) &&
-                (!u || u->numel != spec->tensors[t].numel || (u->dtype != DTYPE_F32 && u->dtype != DTYPE_BF16)))
+    Inputs in = {spec, cfg, uploads, present, previous, -1, 0};
+    for (int p = 0; p < cfg->num_peers; p++)
+        if (is_present(&in, p)) {
+            if (in.first < 0) in.first = p;
+            in.num_present++;
+        }
+    if (in.num_present == 0) return spes_fail("aggregate: step %d has no uploads at all", step);
+    for (int t = 0; t < spec->count; t++) {
+        for (int p = 0; p < cfg->num_peers; p++)
+            if (is_present(&in, p) && model_spec_peer_sends(spec, cfg->mode, cfg->experts_per_node, p, t) &&
+                !usable(uploads[(size_t)p * spec->count + t], &spec->tensors[t]))
                 return spes_fail("aggregate: peer %d's '%s' is missing or not a %zu-value F32/BF16 tensor", p,
                                  spec->tensors[t].name, spec->tensors[t].numel);
-        }
+        if (cfg->mode == SYNC_MODE_SPES && spec->tensors[t].expert >= 0 &&
+            !usable(expert_source(&in, t), &spec->tensors[t]))
+            return spes_fail("aggregate: step %d: the owner of '%s' is missing and there is no usable previous value "
+                             "(a partial round needs an earlier aggregate)",
+                             step, spec->tensors[t].name);
+    }
     float alpha = aggregate_merge_alpha(cfg, step);
     int k = spec->num_experts - 1 < cfg->merge_topk ? spec->num_experts - 1 : cfg->merge_topk;
     bool merging = alpha > 0.0f && k >= 1;
     int *nbr_tensor = NULL;
-    if (merging) SPES_TRY(plan_merge(spec, cfg, uploads, k, &nbr_tensor));
+    if (merging) SPES_TRY(plan_merge(&in, k, &nbr_tensor));
 
     // One parallel loop over every chunk of every tensor (chunk g of the model lies in tensor t
     // with first_chunk[t] <= g < first_chunk[t+1]): one barrier per aggregate, and dynamic
@@ -280,7 +321,6 @@ int aggregate_compute(const ModelSpec *spec, const AggregateConfig *cfg, int ste
     first_chunk[0] = 0;
     for (int t = 0; t < spec->count; t++)
         first_chunk[t + 1] = first_chunk[t] + (spec->tensors[t].numel + CHUNK - 1) / CHUNK;
-    const Inputs in = {spec, cfg, uploads};
     size_t elem = dtype_size(out_dtype);
     long total_chunks = (long)first_chunk[spec->count];
 #pragma omp parallel for schedule(dynamic, 64)
@@ -297,7 +337,7 @@ int aggregate_compute(const ModelSpec *spec, const AggregateConfig *cfg, int ste
         const int *nbr = merging && st->expert >= 0 ? nbr_tensor + (size_t)t * k : NULL;
         if (!nbr && cfg->mode == SYNC_MODE_SPES && st->expert >= 0) {
             // The common case, an owner's expert kept as uploaded, is a plain copy of its bytes.
-            const StTensor *u = uploads[(size_t)(st->expert / cfg->experts_per_node) * spec->count + t];
+            const StTensor *u = expert_source(&in, t);
             if (u->dtype == out_dtype) {
                 stream_bytes(out[t] + start * elem, u->data + start * elem, n * elem);
                 continue;

@@ -11,6 +11,7 @@
 //     tensors matched by name; alpha = merge_alpha_start * (1 - min(step / merge_decay_steps, 1)).
 // Uploads may be F32 or BF16 (converted to fp32 as they are read); the output is F32 or BF16.
 #pragma once
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "io/safetensors.h"
@@ -44,3 +45,13 @@ void aggregate_expert_neighbours(const double *cos, int num_experts, int k, int 
 // out[t]: where tensor t of the aggregate goes, numel values of out_dtype (F32 or BF16).
 int aggregate_compute(const ModelSpec *spec, const AggregateConfig *cfg, int step, const StTensor *const *uploads,
                       uint8_t *const *out, DType out_dtype);
+
+// A partial round (the round timeout expired with some peers missing): present[p] says who
+// uploaded (rows of the others are ignored). Shared tensors (every tensor in fedavg mode) are
+// the mean over the present peers, in peer order; an expert whose owner is missing keeps its
+// value in the latest aggregate, previous[t] (may be NULL when every owner is present).
+// Merging, when due, runs on these pre-merge values. With every peer present this is
+// aggregate_compute, bit for bit.
+int aggregate_compute_partial(const ModelSpec *spec, const AggregateConfig *cfg, int step,
+                              const StTensor *const *uploads, const bool *present, const StTensor *const *previous,
+                              uint8_t *const *out, DType out_dtype);

@@ -47,7 +47,7 @@ typedef struct {
 
 typedef float (*FillFn)(int peer, int t, size_t i);
 
-static void make_uploads(Uploads *u, const ModelSpec *spec, const AggregateConfig *cfg, DType dtype, FillFn fill) {
+__attribute__((noinline)) static void make_uploads(Uploads *u, const ModelSpec *spec, const AggregateConfig *cfg, DType dtype, FillFn fill) {
     u->P = cfg->num_peers;
     u->count = spec->count;
     size_t n = (size_t)u->P * spec->count;
@@ -163,6 +163,62 @@ static void test_fedavg_averages_every_tensor(void **state) {
     free(all);
     free(outs);
     free_uploads(&u);
+    model_spec_free(&spec);
+}
+
+// A partial round: P = 3, m = 1 (E = 3); peer 1 missing. Shared tensors are the mean of peers
+// 0 and 2 only; expert 1 keeps the previous aggregate's value; experts 0 and 2 their owners'.
+// With everyone present the partial function equals aggregate_compute bit for bit; a missing
+// owner without a previous value is refused.
+static void test_partial_round(void **state) {
+    (void)state;
+    ModelSpec spec;
+    build_spec(&spec, 3);
+    AggregateConfig cfg = base_config(SYNC_MODE_SPES, 3, 1);
+    Uploads u, prev;
+    make_uploads(&u, &spec, &cfg, DTYPE_F32, fill_distinct);
+    AggregateConfig one = base_config(SYNC_MODE_FEDAVG, 1, 0);   // a full-model tensor set as "previous"
+    make_uploads(&prev, &spec, &one, DTYPE_F32, fill_distinct);
+    for (int t = 0; t < spec.count; t++)   // previous values: -(peer 0's fill), distinct from every upload
+        for (size_t i = 0; i < spec.tensors[t].numel; i++) {
+            float v = -fill_distinct(0, t, i) - 1.0f;
+            memcpy(prev.data[t] + 4 * i, &v, 4);
+        }
+    float *all = calloc(spec.total_numel, sizeof(float));
+    uint8_t **outs = calloc((unsigned)spec.count, sizeof(uint8_t *));
+    size_t at = 0;
+    for (int t = 0; t < spec.count; t++) {
+        outs[t] = (uint8_t *)(all + at);
+        at += spec.tensors[t].numel;
+    }
+    bool present[3] = {true, false, true};
+    assert_int_equal(aggregate_compute_partial(&spec, &cfg, 10, u.rows, present, prev.rows, outs, DTYPE_F32), SPES_OK);
+    for (int t = 0; t < spec.count; t++) {
+        int e = spec.tensors[t].expert;
+        for (size_t i = 0; i < spec.tensors[t].numel; i++) {
+            float want = e < 0    ? (upload_value(&u, 0, t, i) + upload_value(&u, 2, t, i)) / 2.0f
+                         : e == 1 ? upload_value(&prev, 0, t, i)
+                                  : upload_value(&u, e, t, i);
+            assert_true(((const float *)outs[t])[i] == want);
+        }
+    }
+    // Everyone present: identical to the full aggregate.
+    uint8_t **full;
+    float *full_all = run_aggregate(&spec, &cfg, 10, &u, &full);
+    bool everyone[3] = {true, true, true};
+    assert_int_equal(aggregate_compute_partial(&spec, &cfg, 10, u.rows, everyone, NULL, outs, DTYPE_F32), SPES_OK);
+    assert_memory_equal(all, full_all, spec.total_numel * sizeof(float));
+    // A missing owner needs a previous value; nobody present is refused too.
+    assert_int_equal(aggregate_compute_partial(&spec, &cfg, 10, u.rows, present, NULL, outs, DTYPE_F32), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "previous"));
+    bool nobody[3] = {false, false, false};
+    assert_int_equal(aggregate_compute_partial(&spec, &cfg, 10, u.rows, nobody, prev.rows, outs, DTYPE_F32), SPES_ERR);
+    free(full_all);
+    free(full);
+    free(all);
+    free(outs);
+    free_uploads(&u);
+    free_uploads(&prev);
     model_spec_free(&spec);
 }
 
@@ -402,6 +458,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shared_mean_and_owner_experts),
         cmocka_unit_test(test_fedavg_averages_every_tensor),
+        cmocka_unit_test(test_partial_round),
         cmocka_unit_test(test_alpha_schedule),
         cmocka_unit_test(test_neighbours_order_and_ties),
         cmocka_unit_test(test_cosines_of_crafted_gates),
