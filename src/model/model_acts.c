@@ -82,6 +82,7 @@ static void layout(const ModelConfig *cfg, ModelActivations *a, LayerActs *layer
     a->dk = CARVE_F(c, N * kd);
     a->dv = CARVE_F(c, N * kd);
     a->datt = CARVE_F(c, N * qd);
+    a->qkv = CARVE_F(c, N * (qd + 2 * kd));
     a->logit_rows = N < LOGIT_BLOCK_ROWS ? (int)N : LOGIT_BLOCK_ROWS;
     a->logits = CARVE_F(c, (size_t)a->logit_rows * V);
     a->row_ce = CARVE_F(c, N);

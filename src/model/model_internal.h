@@ -45,6 +45,7 @@ struct ModelActivations {
     float *dh;               // [N,H] gradient of a norm output
     float *dq, *dk, *dv;     // [N,qd], [N,kd], [N,kd]
     float *datt;             // [N,qd]
+    float *qkv;              // [N,qd+2kd] fused q|k|v projection output, then its gradient
     float *logits;           // [R,V] one row block of the LM head
     float *row_ce, *row_lse; // [N]
     int logit_rows;          // R

@@ -35,6 +35,9 @@ void op_linear_backward_weight(float *dW, const float *dy, const float *x, int N
 // y[n] += x[n]
 void op_add_inplace(float *y, const float *x, size_t n);
 
+// dst[r, 0:cols] = src[r, 0:cols] for r < rows, rows strided (to split or join column blocks)
+void op_copy_2d(float *dst, int dst_stride, const float *src, int src_stride, int rows, int cols);
+
 // ---- embedding --------------------------------------------------------------------------
 // out[N,H] = table[tokens[n], :]
 void op_embedding_forward(float *out, const float *table, const int32_t *tokens, int N, int H);

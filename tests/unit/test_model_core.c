@@ -199,6 +199,35 @@ static void test_frozen_experts_bitwise(void **state) {
     model_free(&frozen);
 }
 
+// A frozen k_proj splits the fused q|k|v weight gradient into per-tensor GEMMs: the other
+// gradients must not change (up to GEMM rounding) and dX still flows through k.
+static void test_frozen_shared_tensor(void **state) {
+    (void)state;
+    Model full, part;
+    setup_model(&full, QK_NORM_FULL);
+    setup_model(&part, QK_NORM_FULL);
+    bool *mask = calloc((size_t)part.table.count, sizeof(bool));
+    for (int i = 0; i < part.table.count; i++) mask[i] = true;
+    int frozen = param_table_index(&part.table, PARAM_K, 0, -1);
+    mask[frozen] = false;
+    assert_int_equal(model_set_trainable(&part, mask), SPES_OK);
+    free(mask);
+    int32_t in[B * T], tg[B * T];
+    tokens(in, tg, full.cfg.embedding_size);
+    assert_int_equal(model_forward_backward(&full, in, tg, B, T, NULL, 1.0f, NULL, NULL), SPES_OK);
+    assert_int_equal(model_forward_backward(&part, in, tg, B, T, NULL, 1.0f, NULL, NULL), SPES_OK);
+    assert_null(model_grad(&part, frozen));
+    for (int i = 0; i < full.table.count; i++) {
+        if (i == frozen) continue;
+        const float *a = model_grad(&full, i), *b = model_grad(&part, i);
+        float scale = 0.0f;
+        for (size_t j = 0; j < full.table.entries[i].numel; j++) scale = fmaxf(scale, fabsf(a[j]));
+        for (size_t j = 0; j < full.table.entries[i].numel; j++) assert_true(fabsf(a[j] - b[j]) <= 1e-6f * scale);
+    }
+    model_free(&full);
+    model_free(&part);
+}
+
 static void test_determinism_accumulation_and_forward(void **state) {
     (void)state;
     Model m;
@@ -267,6 +296,7 @@ int main(void) {
         cmocka_unit_test(test_param_table),
         cmocka_unit_test(test_init_statistics_and_reproducibility),
         cmocka_unit_test(test_frozen_experts_bitwise),
+        cmocka_unit_test(test_frozen_shared_tensor),
         cmocka_unit_test(test_determinism_accumulation_and_forward),
         cmocka_unit_test(test_bad_inputs),
     };

@@ -1,5 +1,6 @@
 // Row-parallel elementwise kernels: residual add, embedding lookup, SwiGLU.
 #include <math.h>
+#include <string.h>
 
 #include "ops/cpu/vmath.h"
 #include "ops/ops.h"
@@ -7,6 +8,12 @@
 void op_add_inplace(float *y, const float *x, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+// Memory-bound and cheap next to the GEMMs around it: serial, no fork/join.
+void op_copy_2d(float *dst, int dst_stride, const float *src, int src_stride, int rows, int cols) {
+    for (int r = 0; r < rows; r++)
+        memcpy(dst + (size_t)r * dst_stride, src + (size_t)r * src_stride, (size_t)cols * sizeof(float));
 }
 
 void op_embedding_forward(float *out, const float *table, const int32_t *tokens, int N, int H) {
