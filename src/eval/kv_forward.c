@@ -1,10 +1,12 @@
 #include "eval/kv_forward.h"
 
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/threads.h"
 #include "eval/kv_attention.h"
 #include "ops/ops.h"
 
@@ -33,7 +35,8 @@ struct KvScratch {
     int32_t *topk_idx, *offsets, *row_token, *row_of_slot;
     float *topk_w;          // [n, k]
     float *xe, *gu, *act, *ye;   // [n*k, H], [n*k, 2I], [n*k, I], [n*k, H]
-    float *attn_scratch;    // kv_attention_scratch_floats(capacity)
+    float *attn_scratch;    // kv_attention_scratch_floats(capacity) for attn_threads threads
+    int attn_threads;
 };
 
 static int layer_stride(const ModelConfig *c) { return LP_FIXED_COUNT + 2 * c->num_experts; }
@@ -56,7 +59,8 @@ static void scratch_free(KvScratch *s) {
 // Buffers for chunks of up to n tokens.
 static int scratch_reserve(KvCache *cache, int n) {
     KvScratch *s = cache->scratch;
-    if (s->rows >= n) return SPES_OK;
+    if (s->rows >= n && s->attn_threads >= omp_get_max_threads()) return SPES_OK;
+    if (s->rows > n) n = s->rows;
     const ModelConfig *c = &cache->model->cfg;
     const size_t H = (size_t)c->d_model, qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
     const size_t E = (size_t)c->num_experts, k = (size_t)c->top_k, I = (size_t)c->expert_hidden, N = (size_t)n;
@@ -88,6 +92,7 @@ static int scratch_reserve(KvCache *cache, int n) {
         return spes_fail_context("KV-cache forward buffers for a chunk of %d tokens", n);
     }
     s->rows = n;
+    s->attn_threads = omp_get_max_threads();
     return SPES_OK;
 }
 
@@ -196,7 +201,24 @@ static void moe_block(KvCache *cache, int l, int n) {
     op_moe_combine(s->x, s->ye, s->topk_w, s->row_of_slot, n, k, H);
 }
 
+// Chunks shorter than this (decode steps, short continuations) run on one thread: each op
+// is then microseconds of work, less than an OpenMP barrier, and on a busy machine a barrier
+// waiting for a descheduled thread costs milliseconds (decoding measured 10x slower with 2
+// threads than with 1 on the loaded 2-core CI box). PyTorch's grain-size rule, in one place.
+#define KV_MIN_TOKENS_FOR_THREADS 16
+
+static int kv_forward_chunk(KvCache *cache, const int32_t *tokens, int n, float *logits, int n_logits);
+
 int kv_forward(KvCache *cache, const int32_t *tokens, int n, float *logits, int n_logits) {
+    const int threads = threads_get();
+    if (n >= KV_MIN_TOKENS_FOR_THREADS || threads == 1) return kv_forward_chunk(cache, tokens, n, logits, n_logits);
+    threads_set(1);
+    int status = kv_forward_chunk(cache, tokens, n, logits, n_logits);
+    threads_set(threads);
+    return status;
+}
+
+static int kv_forward_chunk(KvCache *cache, const int32_t *tokens, int n, float *logits, int n_logits) {
     const Model *m = cache->model;
     const ModelConfig *c = &m->cfg;
     if (n <= 0) return spes_fail("kv_forward: empty chunk");

@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "base/file.h"
+#include "base/threads.h"
 #include "data/tokenizer.h"
 #include "eval/generate.h"
 #include "eval/kv_forward.h"
@@ -52,7 +53,8 @@ static float max_abs(const float *x, size_t n) {
 static void check_kv_matches_full(QkNormMode qk) {
     Model m;
     make_model(&m, qk, qk == QK_NORM_HEAD, 11 + (uint64_t)qk);
-    enum { T = 23 };
+    threads_set(2);   // chunks below 16 tokens run on one thread, longer ones on two
+    enum { T = 43 };
     const int V = m.cfg.embedding_size;
     int32_t tokens[T];
     for (int i = 0; i < T; i++) tokens[i] = (int32_t)((i * 37 + 11) % 257);
@@ -60,7 +62,7 @@ static void check_kv_matches_full(QkNormMode qk) {
     assert_int_equal(model_forward(&m, tokens, NULL, 1, T, NULL, NULL, full), SPES_OK);
     KvCache cache;
     assert_int_equal(kv_cache_create(&cache, &m, 0), SPES_OK);
-    const int chunks[] = {5, 1, 1, 7, 3, 6};
+    const int chunks[] = {5, 1, 1, 20, 3, 13};
     int at = 0;
     for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
         assert_int_equal(kv_forward(&cache, tokens + at, chunks[c], kv + (size_t)at * V, chunks[c]), SPES_OK);
