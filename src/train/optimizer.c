@@ -35,14 +35,15 @@ bool adamw_param_decays(const AdamWConfig *cfg, ParamKind kind) {
 }
 
 // torch's _single_tensor_adamw on one tensor, every scalar rounded to float as the CPU
-// kernels do:
+// kernels do (an orphaned `omp for`: called inside adamw_step's parallel region, so a model
+// with thousands of small tensors pays one fork/join per step, not one per tensor):
 //   p  *= 1 - lr*wd
 //   m   = m + (1-beta1) * (g - m)                   (lerp_)
 //   v   = v*beta2 + (1-beta2) * g * g               (mul_, addcmul_)
 //   p  += -lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)   (addcdiv_)
 static void adamw_update(float *p, const float *g, float *m, float *v, size_t n, float decay_mul, float w1,
                          float beta2, float w2, float bc2_sqrt, float eps, float neg_step_size) {
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static) nowait
     for (size_t i = 0; i < n; i++) {
         float pi = p[i] * decay_mul;
         float gi = g[i];
@@ -65,6 +66,7 @@ void adamw_step(AdamW *opt, const ParamTable *table, float *params, const float 
     float w1 = (float)(1.0 - c->beta1), beta2 = (float)c->beta2, w2 = (float)(1.0 - c->beta2);
     float bc2_sqrt = (float)sqrt(bc2), eps = (float)c->eps, neg_step_size = (float)(-(lr / bc1));
     float decay_mul = (float)(1.0 - lr * c->weight_decay);
+#pragma omp parallel
     for (int i = 0; i < table->count; i++) {
         const ParamInfo *pi = &table->entries[i];
         if (!pi->trainable || pi->grad_offset < 0) continue;
