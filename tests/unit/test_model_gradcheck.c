@@ -238,11 +238,17 @@ static void test_gradcheck_full_normalized(void **state) {
     run_case(QK_NORM_FULL, true, "full+norm");
 }
 
+static void test_gradcheck_no_qknorm(void **state) {
+    (void)state;
+    run_case(QK_NORM_NONE, false, "none");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradcheck_full_qknorm),
         cmocka_unit_test(test_gradcheck_head_qknorm_normalized),
         cmocka_unit_test(test_gradcheck_full_normalized),
+        cmocka_unit_test(test_gradcheck_no_qknorm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
