@@ -17,7 +17,7 @@ BUILD=${1:-build}
 cd "$(dirname "$0")/.."
 case $BUILD in /*) BUILD_DIR=$BUILD ;; *) BUILD_DIR="$PWD/$BUILD" ;; esac
 VENV_PY=${SPES_VENV_PY:-$PWD/.venv/bin/python}
-SECTIONS=(bench_small tokenize aggregate spes_memory)
+SECTIONS=(bench_small tokenize aggregate spes_memory eval generate)
 # BENCH_ONLY="bench_small aggregate" runs just those sections.
 if [ -n "${BENCH_ONLY:-}" ]; then read -ra SECTIONS <<< "$BENCH_ONLY"; fi
 
@@ -115,6 +115,54 @@ section_spes_memory() {
   if ! run_logged spes_memory "$bin" >/dev/null; then fail $name "$bin exited non-zero"; return; fi
   grep -v '^spes-memory:' "$LOG_DIR/spes_memory.log"
   final "$(grep '^spes-memory:' "$LOG_DIR/spes_memory.log" | tail -1)"
+}
+
+# eval / generate: inference on bench-small, ours (bench/eval_generate.c: the eval forward
+# over 8 x 256 tokens; greedy decoding of 64 tokens after a 32-token prompt with the KV cache
+# and without it) against HF OlmoeForCausalLM in PyTorch (bench/eval_generate_torch.py:
+# forward with labels; model.generate greedy with HF's cache), 2 threads each. Both sections
+# read one run of each program (made by whichever section comes first).
+EVAL_GENERATE_STATUS=""
+run_eval_generate() {
+  [ -n "$EVAL_GENERATE_STATUS" ] && return
+  local ours="$BUILD_DIR/bench/eval_generate"
+  if [ ! -x "$ours" ]; then EVAL_GENERATE_STATUS="skip:no $ours; build it with make build BUILD=$BUILD"; return; fi
+  echo "== eval/generate: ours ($ours)"
+  if ! run_logged eval_generate "$ours"; then EVAL_GENERATE_STATUS="fail:$ours exited non-zero"; return; fi
+  if have_venv; then
+    echo "== eval/generate: pytorch (bench/eval_generate_torch.py)"
+    if ! run_logged eval_generate_torch "$VENV_PY" bench/eval_generate_torch.py; then
+      EVAL_GENERATE_STATUS="fail:eval_generate_torch.py exited non-zero"; return
+    fi
+  else
+    echo "== eval/generate: pytorch skipped: no virtualenv with torch at $VENV_PY (run tests/setup_venv.sh)"
+  fi
+  EVAL_GENERATE_STATUS=ok
+}
+
+# eval_generate_final NAME: skip/fail lines when the run did not happen, else 0.
+eval_generate_final() {
+  case $EVAL_GENERATE_STATUS in
+    skip:*) skip "$1" "${EVAL_GENERATE_STATUS#skip:}"; return 1 ;;
+    fail:*) fail "$1" "${EVAL_GENERATE_STATUS#fail:}"; return 1 ;;
+  esac
+}
+
+section_eval() {
+  run_eval_generate
+  eval_generate_final eval || return
+  local ours pytorch
+  ours=$(value ours_eval_tok_s "$LOG_DIR/eval_generate.log")
+  pytorch=$(value pytorch_eval_tok_s "$LOG_DIR/eval_generate_torch.log")
+  final "eval: ours_tok_s=$ours pytorch_tok_s=$pytorch ratio=$(ratio "$ours" "$pytorch")"
+}
+
+section_generate() {
+  run_eval_generate
+  eval_generate_final generate || return
+  final "generate: ours_tok_s=$(value ours_gen_tok_s "$LOG_DIR/eval_generate.log")" \
+    "nocache_tok_s=$(value nocache_gen_tok_s "$LOG_DIR/eval_generate.log")" \
+    "pytorch_tok_s=$(value pytorch_gen_tok_s "$LOG_DIR/eval_generate_torch.log")"
 }
 
 for section in "${SECTIONS[@]}"; do
