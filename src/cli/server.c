@@ -36,7 +36,11 @@ static void usage(FILE *out) {
             "  --max_wait_seconds S             longest WaitAggregate long poll (default 30)\n"
             "  --idle_timeout_seconds S         cancel a call idle this long (default 120)\n"
             "  --state_dir DIR                  persist spec, uploads, aggregates and round bookkeeping in DIR;\n"
-            "                                   a restarted server with the same DIR continues the run\n",
+            "                                   a restarted server with the same DIR continues the run\n"
+            "  --round_timeout S                close a round S seconds after its first upload with the peers\n"
+            "                                   that arrived (at least max(S, 3 x median recent round time);\n"
+            "                                   default 0: wait for every peer)\n"
+            "  --min_peers Q                    quorum for such a partial round (default: a majority)\n",
             SYNC_DEFAULT_CHUNK_SIZE, SYNC_DEFAULT_MAX_MESSAGE);
 }
 
@@ -70,6 +74,8 @@ int cmd_server(int argc, char **argv) {
         {"max_wait_seconds", required_argument, NULL, 'w'},
         {"idle_timeout_seconds", required_argument, NULL, 't'},
         {"state_dir", required_argument, NULL, 'S'},
+        {"round_timeout", required_argument, NULL, 'T'},
+        {"min_peers", required_argument, NULL, 'Q'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -98,6 +104,11 @@ int cmd_server(int argc, char **argv) {
             cfg.idle_timeout_seconds = seconds;
             break;
         case 'S': cfg.rounds.state_dir = optarg; break;
+        case 'T':
+            status = cli_float("round_timeout", optarg, 0, 1e6, &seconds);
+            cfg.rounds.round_timeout_s = seconds;
+            break;
+        case 'Q': status = cli_int("min_peers", optarg, 1, 100000, &cfg.rounds.min_peers); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -477,6 +477,16 @@ int sync_client_status(SyncClient *c, RoundsStatus *out) {
     out->uploads_rejected = resp->uploads_rejected;
     out->fingerprint = resp->fingerprint;
     out->last_aggregate_seconds = resp->last_aggregate_seconds;
+    out->rounds_partial = resp->rounds_partial;
+    out->last_round_peers = resp->last_round_peers;
     status_response__free_unpacked(resp, NULL);
     return SPES_OK;
+}
+
+int sync_client_download_latest(SyncClient *c, int *step, uint8_t **bytes, size_t *len) {
+    RoundsStatus st;
+    SPES_TRY(sync_client_status(c, &st));
+    if (st.last_aggregate_step < 0) return spes_fail("server %s: no aggregate exists yet", c->addr);
+    *step = st.last_aggregate_step;
+    return sync_client_wait_and_download(c, *step, bytes, len);
 }

@@ -63,6 +63,9 @@ int sync_client_upload_bytes(SyncClient *c, int step, const uint8_t *bytes, size
 // Waits for step's aggregate and downloads it: *bytes (malloc'd, caller frees) is safetensors.
 int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size_t *len);
 int sync_client_status(SyncClient *c, RoundsStatus *out);
+// The newest aggregate (its step from Status): what a peer loads after its upload was answered
+// ABORTED (its round closed without it, see rounds.h) or when it rejoins a run.
+int sync_client_download_latest(SyncClient *c, int *step, uint8_t **bytes, size_t *len);
 
 const SyncStats *sync_client_stats(const SyncClient *c);
 // gRPC status of the last failed call (GRPC_STATUS_OK if none failed).

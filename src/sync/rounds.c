@@ -23,6 +23,8 @@ typedef struct {
     uint8_t **payload;          // [P] upload bytes (NULL: not yet)
     SafeTensors *parsed;        // [P] views into payload
     const StTensor **rows;      // [P][spec.count] rows for aggregate_compute
+    double opened_at;           // now_seconds() of its first upload
+    bool warned;                // "cannot close partially" logged once
 } OpenRound;
 
 struct Rounds {
@@ -45,6 +47,8 @@ struct Rounds {
                                 // model-sized buffer would page-fault through every byte again
     int last_completed_step;
     int64_t rounds_partial;
+    double recent[ROUNDS_RECENT];   // durations of the last rounds completed by every peer (ring)
+    int n_recent;
     RoundsStatus stats;         // counters (open_step / peers are computed on demand)
 };
 
@@ -63,10 +67,14 @@ grpc_status_code status_fail(grpc_status_code code, const char *fmt, ...) {
 int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     if (cfg->keep_steps < 1) return spes_fail("server: keep_steps must be >= 1 (got %d)", cfg->keep_steps);
     if (cfg->max_open_rounds < 1) return spes_fail("server: max_open_rounds must be >= 1");
+    if (cfg->round_timeout_s < 0 || cfg->min_peers < 0 || cfg->min_peers > cfg->agg.num_peers)
+        return spes_fail("server: --round_timeout must be >= 0 and --min_peers in [1, total_peers %d] (got %g, %d)",
+                         cfg->agg.num_peers, cfg->round_timeout_s, cfg->min_peers);
     SPES_TRY(aggregate_config_check(&cfg->agg, NULL));
     Rounds *r = spes_calloc(1, sizeof *r);
     if (!r) return SPES_ERR;
     r->cfg = *cfg;
+    if (r->cfg.min_peers == 0) r->cfg.min_peers = (cfg->agg.num_peers + 1) / 2;   // default: a majority
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->persist_mu, NULL);
     pthread_condattr_t attr;
@@ -109,6 +117,7 @@ static void blob_unref(Rounds *r, AggregateBlob *blob) {
     if (--blob->refs > 0) return;
     if (!r->spare && blob->len == r->aggregate_len) r->spare = blob->bytes;
     else free(blob->bytes);
+    free(blob->included);
     free(blob);
 }
 
@@ -273,32 +282,78 @@ static OpenRound *open_round(Rounds *r, int step) {
         return NULL;
     }
     free_slot->step = step;
+    free_slot->opened_at = now_seconds();
     return free_slot;
 }
 
-// Aggregates a complete round into a new blob (outside the lock: the round is frozen).
+// The newest kept aggregate older than step, with a reference, or NULL. Under r->mu.
+static AggregateBlob *latest_before(Rounds *r, int step) {
+    AggregateBlob *best = NULL;
+    for (int i = 0; i < r->cfg.keep_steps; i++)
+        if (r->kept[i] && r->kept[i]->step < step && (!best || r->kept[i]->step > best->step)) best = r->kept[i];
+    if (best) best->refs++;
+    return best;
+}
+
+// The tensors of an aggregate blob in spec order (the layout is fixed: tensor t at
+// tensor_offset[t]), as rows for aggregate_compute_partial's `previous`.
+static StTensor *blob_tensors(const Rounds *r, const AggregateBlob *blob) {
+    StTensor *x = spes_calloc((size_t)r->spec.count, sizeof *x);
+    for (int t = 0; x && t < r->spec.count; t++) {
+        const SpecTensor *st = &r->spec.tensors[t];
+        x[t] = (StTensor){.name = st->name, .dtype = r->payload_dtype, .ndim = st->ndim, .numel = st->numel,
+                          .nbytes = st->numel * dtype_size(r->payload_dtype), .data = blob->bytes + r->tensor_offset[t]};
+        memcpy(x[t].shape, st->shape, sizeof x[t].shape);
+    }
+    return x;
+}
+
+// Aggregates a frozen round (outside the lock) into a new blob: every peer's uploads, or for
+// a partial round those present with the latest aggregate standing in for missing owners.
 static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
+    int P = r->cfg.agg.num_peers, count = r->spec.count;
+    bool partial = round->num_uploaded < P;
     AggregateBlob *blob = spes_calloc(1, sizeof *blob);
-    uint8_t **out = spes_calloc((size_t)r->spec.count, sizeof(uint8_t *));
+    uint8_t **out = spes_calloc((size_t)count, sizeof(uint8_t *));
+    bool *present = partial ? spes_calloc((size_t)P, sizeof(bool)) : NULL;
+    StTensor *prev_tensors = NULL;
+    const StTensor **prev_rows = NULL;
     pthread_mutex_lock(&r->mu);
+    AggregateBlob *prev = partial ? latest_before(r, round->step) : NULL;
     if (blob) blob->bytes = r->spare;
     if (blob) r->spare = NULL;
     pthread_mutex_unlock(&r->mu);
     if (blob && !blob->bytes) blob->bytes = spes_malloc(r->aggregate_len);
-    if (!blob || !blob->bytes || !out) goto fail;
+    if (!blob || !blob->bytes || !out || (partial && !present)) goto fail;
+    if (prev) {
+        prev_tensors = blob_tensors(r, prev);
+        prev_rows = spes_calloc((size_t)count, sizeof *prev_rows);
+        if (!prev_tensors || !prev_rows) goto fail;
+        for (int t = 0; t < count; t++) prev_rows[t] = &prev_tensors[t];
+    }
+    for (int p = 0; partial && p < P; p++) present[p] = round->payload[p] != NULL;
     memcpy(blob->bytes, r->header, r->header_len);
-    for (int t = 0; t < r->spec.count; t++) out[t] = blob->bytes + r->tensor_offset[t];
-    if (aggregate_compute(&r->spec, &r->cfg.agg, round->step, round->rows, out, r->payload_dtype) != SPES_OK) goto fail;
-    free(out);
+    for (int t = 0; t < count; t++) out[t] = blob->bytes + r->tensor_offset[t];
+    if (aggregate_compute_partial(&r->spec, &r->cfg.agg, round->step, round->rows, present, prev_rows, out,
+                                  r->payload_dtype) != SPES_OK)
+        goto fail;
     blob->step = round->step;
     blob->len = r->aggregate_len;
     blob->refs = 1;
-    return blob;
+    blob->included = present;
+    present = NULL;
+    goto done;
 fail:
-    free(out);
     if (blob) free(blob->bytes);
     free(blob);
-    return NULL;
+    blob = NULL;
+done:
+    free(out);
+    free(present);
+    free(prev_tensors);
+    free(prev_rows);
+    if (prev) rounds_release(r, prev);
+    return blob;
 }
 
 // Puts blob in the kept list (dropping the oldest when full) and frees the round (NULL: a
@@ -319,6 +374,15 @@ static int publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seco
     r->stats.rounds_completed++;
     r->stats.last_aggregate_step = r->last_completed_step;
     r->stats.last_aggregate_seconds = seconds;
+    r->stats.last_round_peers = r->cfg.agg.num_peers;
+    if (blob->included) {
+        r->rounds_partial++;
+        r->stats.last_round_peers = 0;
+        for (int p = 0; p < r->cfg.agg.num_peers; p++) r->stats.last_round_peers += blob->included[p];
+    } else if (round) {   // a full round: its duration feeds the adaptive deadline
+        r->recent[r->n_recent++ % ROUNDS_RECENT] = now_seconds() - round->opened_at;
+    }
+    r->stats.rounds_partial = r->rounds_partial;
     if (round) free_round(r, round);
     pthread_cond_broadcast(&r->changed);
     return dropped;
@@ -376,18 +440,31 @@ static grpc_status_code reject(Rounds *r, grpc_status_code code, uint8_t *bytes)
     return code;
 }
 
+// The answer to an upload for a step that is already aggregated: ALREADY_EXISTS when the
+// aggregate holds this peer's upload (a retry after a lost reply: download it), ABORTED when
+// the round closed without it or is no longer kept (fetch the newest aggregate, carry on).
+// Under r->mu.
+static grpc_status_code closed_round(Rounds *r, int peer, int step) {
+    for (int i = 0; i < r->cfg.keep_steps; i++) {
+        const AggregateBlob *b = r->kept[i];
+        if (b && b->step == step && (!b->included || b->included[peer]))
+            return status_fail(
+                GRPC_STATUS_ALREADY_EXISTS,
+                "upload from peer %d: the round of step %d is already aggregated (last completed step %d); download it",
+                peer, step, r->last_completed_step);
+    }
+    return status_fail(GRPC_STATUS_ABORTED,
+                       "upload from peer %d: the round of step %d closed without it (round timeout) or is no longer "
+                       "kept; fetch the newest aggregate (step %d) and carry on",
+                       peer, step, r->last_completed_step);
+}
+
 // Whether an upload for step would be taken now (step not yet aggregated). Sets *code and the
 // message when not. Takes r->mu.
 static bool round_accepts(Rounds *r, int peer, int step, grpc_status_code *code) {
     pthread_mutex_lock(&r->mu);
-    int last = r->last_completed_step;
+    *code = step <= r->last_completed_step ? closed_round(r, peer, step) : GRPC_STATUS_OK;
     pthread_mutex_unlock(&r->mu);
-    *code = GRPC_STATUS_OK;
-    if (step <= last)
-        *code = status_fail(
-            GRPC_STATUS_ALREADY_EXISTS,
-            "upload from peer %d: the round of step %d is already aggregated (last completed step %d); download it",
-            peer, step, last);
     return *code == GRPC_STATUS_OK;
 }
 
@@ -400,16 +477,18 @@ static grpc_status_code store_upload(Rounds *r, int peer, int step, uint8_t *byt
     pthread_mutex_lock(&r->mu);
     OpenRound *round = NULL;
     if (step <= r->last_completed_step) {
-        code = status_fail(
-            GRPC_STATUS_ALREADY_EXISTS,
-            "upload from peer %d: the round of step %d is already aggregated (last completed step %d); download it",
-            peer, step, r->last_completed_step);
+        code = closed_round(r, peer, step);
     } else if (!(round = open_round(r, step))) {
         code = status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED,
                            "upload from peer %d for step %d: %d rounds are already open (peers far apart in steps?)",
                            peer, step, r->cfg.max_open_rounds);
-    } else if (round->aggregating) {
+    } else if (round->aggregating && round->payload[peer]) {
         code = status_fail(GRPC_STATUS_ALREADY_EXISTS, "upload from peer %d: the round of step %d is being aggregated",
+                           peer, step);
+    } else if (round->aggregating) {
+        code = status_fail(GRPC_STATUS_ABORTED,
+                           "upload from peer %d: the round of step %d is closing without it (round timeout); fetch "
+                           "the newest aggregate and carry on",
                            peer, step);
     }
     if (code != GRPC_STATUS_OK) {
@@ -443,7 +522,7 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
     if (dir) {
         pthread_mutex_lock(&r->mu);
         StateBook book = {r->last_completed_step > step ? r->last_completed_step : step, r->stats.rounds_completed + 1,
-                          r->rounds_partial};
+                          r->rounds_partial + (blob->included != NULL)};
         pthread_mutex_unlock(&r->mu);
         if (state_save_aggregate(dir, step, blob->bytes, blob->len) != SPES_OK || state_save_book(dir, &book) != SPES_OK) {
             pthread_mutex_unlock(&r->persist_mu);
@@ -461,15 +540,25 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
     return SPES_OK;
 }
 
-// Aggregates a round whose uploads are all in (`peer`'s completed it) and publishes it.
+// Aggregates a frozen round and publishes it: a complete one (`peer`'s upload completed it) or
+// a partial one closed by the round timeout (peer -1).
 static grpc_status_code complete_round(Rounds *r, OpenRound *round, int peer) {
-    int step = round->step, P = r->cfg.agg.num_peers;
+    int step = round->step, P = r->cfg.agg.num_peers, arrived = round->num_uploaded;
     double start = now_seconds();
     AggregateBlob *blob = compute_aggregate(r, round);
     double seconds = now_seconds() - start;
     grpc_status_code code = GRPC_STATUS_RESOURCE_EXHAUSTED;
     if (blob && persist_and_publish(r, round, blob, seconds) == SPES_OK) {
-        log_info("server: step %d: aggregated %d peers in %.3f s (%zu bytes)", step, P, seconds, blob->len);
+        if (arrived == P) {
+            log_info("server: step %d: aggregated %d peers in %.3f s (%zu bytes)", step, P, seconds, blob->len);
+        } else {
+            char missing[256] = "";
+            for (int p = 0, at = 0; p < P && at < (int)sizeof missing - 12; p++)
+                if (!blob->included[p]) at += snprintf(missing + at, sizeof missing - (size_t)at, " %d", p);
+            log_warn("server: step %d: PARTIAL round: aggregated %d of %d peers after the round timeout in %.3f s "
+                     "(missing:%s; their experts keep the previous aggregate's values)",
+                     step, arrived, P, seconds, missing);
+        }
         return GRPC_STATUS_OK;
     }
     if (blob) {   // not durable: not published either
@@ -477,12 +566,15 @@ static grpc_status_code complete_round(Rounds *r, OpenRound *round, int peer) {
         free(blob->bytes);
         free(blob);
     }
-    // Drop this peer's upload so that its retry completes the round again.
+    // Drop this peer's upload so that its retry completes the round again (a partial round
+    // is simply reopened: the next waiter tries again).
     pthread_mutex_lock(&r->mu);
-    safetensors_close(&round->parsed[peer]);
-    free(round->payload[peer]);
-    round->payload[peer] = NULL;
-    round->num_uploaded--;
+    if (peer >= 0) {
+        safetensors_close(&round->parsed[peer]);
+        free(round->payload[peer]);
+        round->payload[peer] = NULL;
+        round->num_uploaded--;
+    }
     round->aggregating = false;
     pthread_mutex_unlock(&r->mu);
     spes_fail_context("aggregating step %d (retry the upload)", step);
@@ -538,26 +630,79 @@ grpc_status_code rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, si
     return complete ? complete_round(r, round, peer) : GRPC_STATUS_OK;
 }
 
+double rounds_deadline(double round_timeout_s, const double *recent, int n) {
+    if (n > ROUNDS_RECENT) n = ROUNDS_RECENT;
+    double sorted[ROUNDS_RECENT];
+    memcpy(sorted, recent, (size_t)n * sizeof *sorted);
+    for (int i = 1; i < n; i++)   // insertion sort of at most 8 values
+        for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
+            double x = sorted[j];
+            sorted[j] = sorted[j - 1];
+            sorted[j - 1] = x;
+        }
+    double median = n == 0 ? 0 : n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    return 3 * median > round_timeout_s ? 3 * median : round_timeout_s;
+}
+
+// With a round timeout: the open round of step if it is past its deadline and may close
+// partially (quorum reached; in spes mode an earlier aggregate exists for the missing owners'
+// experts), frozen for the caller to aggregate. Otherwise NULL, and *due (monotonic seconds)
+// says when to look again (0: no deadline to wait for). Under r->mu.
+static OpenRound *overdue_round(Rounds *r, int step, double *due) {
+    *due = 0;
+    if (r->cfg.round_timeout_s <= 0) return NULL;
+    OpenRound *round = NULL;
+    for (int i = 0; i < r->cfg.max_open_rounds; i++)
+        if (r->open[i].step == step) round = &r->open[i];
+    if (!round || round->aggregating) return NULL;
+    double deadline = round->opened_at + rounds_deadline(r->cfg.round_timeout_s, r->recent, r->n_recent);
+    if (now_seconds() < deadline) {
+        *due = deadline;
+        return NULL;
+    }
+    bool have_previous = false;
+    for (int i = 0; i < r->cfg.keep_steps; i++) have_previous |= r->kept[i] && r->kept[i]->step < step;
+    if (round->num_uploaded < r->cfg.min_peers || (r->cfg.agg.mode == SYNC_MODE_SPES && !have_previous)) {
+        if (!round->warned)
+            log_warn("server: step %d: round timeout passed with %d of %d peers (quorum --min_peers %d%s); still waiting",
+                     step, round->num_uploaded, r->cfg.agg.num_peers, r->cfg.min_peers,
+                     have_previous || r->cfg.agg.mode != SYNC_MODE_SPES ? "" : "; no earlier aggregate for missing experts");
+        round->warned = true;
+        *due = now_seconds() + 1;   // an upload may complete the quorum
+        return NULL;
+    }
+    round->aggregating = true;
+    return round;
+}
+
+static struct timespec monotonic_at(double seconds) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)seconds;
+    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+// The kept aggregate of step with a reference, or NULL. Under r->mu.
+static AggregateBlob *find_kept(Rounds *r, int step) {
+    for (int i = 0; i < r->cfg.keep_steps; i++)
+        if (r->kept[i] && r->kept[i]->step == step) {
+            r->kept[i]->refs++;
+            return r->kept[i];
+        }
+    return NULL;
+}
+
 grpc_status_code rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob **out) {
     *out = NULL;
-    struct timespec deadline;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    double whole = (double)(long)timeout_s;
-    deadline.tv_sec += (time_t)whole;
-    deadline.tv_nsec += (long)((timeout_s - whole) * 1e9);
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    double until = now_seconds() + (timeout_s > 0 ? timeout_s : 0);
     pthread_mutex_lock(&r->mu);
     grpc_status_code code = GRPC_STATUS_OK;
     for (;;) {
-        for (int i = 0; i < r->cfg.keep_steps; i++)
-            if (r->kept[i] && r->kept[i]->step == step) {
-                *out = r->kept[i];
-                r->kept[i]->refs++;
-            }
-        if (*out) break;
+        if ((*out = find_kept(r, step))) break;
         if (step <= r->last_completed_step) {
             code = status_fail(GRPC_STATUS_NOT_FOUND,
                                "the aggregate of step %d is no longer kept (--keep_steps %d; latest step %d)", step,
@@ -568,12 +713,21 @@ grpc_status_code rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob
             code = status_fail(GRPC_STATUS_UNAVAILABLE, "server is shutting down");
             break;
         }
-        if (timeout_s <= 0 || pthread_cond_timedwait(&r->changed, &r->mu, &deadline) == ETIMEDOUT) {
-            for (int i = 0; i < r->cfg.keep_steps; i++)   // a publish may have raced the timeout
-                if (r->kept[i] && r->kept[i]->step == step) {
-                    *out = r->kept[i];
-                    r->kept[i]->refs++;
-                }
+        double due;
+        OpenRound *late = overdue_round(r, step, &due);
+        if (late) {   // this waiter closes the round with the peers that arrived
+            pthread_mutex_unlock(&r->mu);
+            code = complete_round(r, late, -1);
+            pthread_mutex_lock(&r->mu);
+            if (code == GRPC_STATUS_OK) continue;
+            log_warn("server: step %d: partial aggregation failed: %s", step, spes_last_error());
+            break;
+        }
+        double wake = due > 0 && due < until ? due : until;
+        if (timeout_s <= 0) break;
+        struct timespec at = monotonic_at(wake);
+        if (pthread_cond_timedwait(&r->changed, &r->mu, &at) == ETIMEDOUT && wake >= until) {
+            *out = find_kept(r, step);   // a publish may have raced the timeout
             break;
         }
     }
@@ -647,6 +801,7 @@ static void apply_book(Rounds *r, const StateBook *book) {
     r->stats.last_aggregate_step = book->last_completed_step;
     r->stats.rounds_completed = book->rounds_completed;
     r->rounds_partial = book->rounds_partial;
+    r->stats.rounds_partial = book->rounds_partial;
 }
 
 // Reloads the state dir (see rounds_create): spec, bookkeeping, the newest keep_steps

@@ -30,13 +30,28 @@ typedef struct {
     int max_open_rounds;        // steps with uploads but no aggregate yet (bounds memory)
     const char *state_dir;      // NULL: state in memory only; else persisted there (server_state.h)
                                 // and reloaded by rounds_create
+    double round_timeout_s;     // 0: a round waits for every peer; else see rounds_deadline
+    int min_peers;              // quorum of a partial round (>= 1)
 } RoundsConfig;
+
+// Stragglers: with round_timeout_s > 0 a round that has waited rounds_deadline(...) seconds
+// since its first upload, and has at least min_peers uploads, is aggregated with the peers
+// that arrived (aggregate_compute_partial: shared tensors averaged over them, a missing
+// owner's experts keep the latest aggregate's values) and marked partial. The deadline adapts
+// to the run: max(round_timeout_s, 3 x the median duration of the last (up to 8) rounds that
+// completed with every peer). The first round of a spes run is never partial (a missing
+// owner's experts have no earlier value). A waiter for the round (WaitAggregate,
+// DownloadChunk) closes it; a late upload for a closed round is answered ABORTED with the
+// newest step, and the peer fetches that aggregate and carries on.
+#define ROUNDS_RECENT 8
+double rounds_deadline(double round_timeout_s, const double *recent, int n);
 
 typedef struct {
     int step;
     uint8_t *bytes;             // the aggregate as safetensors bytes
     size_t len;
     int refs;                   // the kept list holds one; each download in progress one
+    bool *included;             // [P] peers whose uploads are in it; NULL: every peer
 } AggregateBlob;
 
 typedef struct {
@@ -48,6 +63,8 @@ typedef struct {
     int64_t bytes_received, bytes_sent, uploads_rejected;
     uint64_t fingerprint;       // 0 until the spec is known
     double last_aggregate_seconds;
+    int64_t rounds_partial;     // rounds closed by the round timeout without every peer
+    int last_round_peers;       // peers in the latest aggregate
 } RoundsStatus;
 
 typedef struct Rounds Rounds;
@@ -71,7 +88,8 @@ size_t rounds_upload_cap(Rounds *r, int peer);
 
 // One complete upload (safetensors bytes; ownership passes to r on every path). Validates,
 // stores and, if it completes the round, aggregates before returning.
-// Statuses: OK, INVALID_ARGUMENT (bad payload), ALREADY_EXISTS (round already aggregated),
+// Statuses: OK, INVALID_ARGUMENT (bad payload), ALREADY_EXISTS (round already aggregated with
+// this peer's upload), ABORTED (round closed without this peer: fetch the newest aggregate),
 // RESOURCE_EXHAUSTED (too many open rounds, out of memory), UNAVAILABLE (closing).
 grpc_status_code rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, size_t len);
 

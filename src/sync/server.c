@@ -351,6 +351,8 @@ static void handle_status(Call *c) {
     resp.fingerprint = st.fingerprint;
     resp.uploads_rejected = st.uploads_rejected;
     resp.last_aggregate_seconds = st.last_aggregate_seconds;
+    resp.rounds_partial = st.rounds_partial;
+    resp.last_round_peers = st.last_round_peers;
     finish(c, GRPC_STATUS_OK, &resp.base);
     status_request__free_unpacked(req, NULL);
 }

@@ -165,10 +165,19 @@ int spes_peer_after_step(void *ctx, Model *m, int64_t step) {
     if (rc == SPES_OK) rc = audit_log(p, "up", step, payload, payload_len);
     if (rc == SPES_OK) rc = sync_client_upload_bytes(p->client, (int)step, payload, payload_len);
     free(payload);
-    if (rc == SPES_OK) rc = sync_client_wait_and_download(p->client, (int)step, &bytes, &len);
+    int64_t loaded = step;
+    if (rc == SPES_OK) {
+        rc = sync_client_wait_and_download(p->client, (int)step, &bytes, &len);
+    } else if (sync_client_last_status(p->client) == GRPC_STATUS_ABORTED) {
+        // Too late: the round closed without us (round timeout). Take the newest aggregate and carry on.
+        log_warn("sync step %" PRId64 ": %s", step, spes_last_error());
+        int newest = -1;
+        rc = sync_client_download_latest(p->client, &newest, &bytes, &len);
+        loaded = newest;
+    }
     if (rc == SPES_OK) rc = audit_log(p, "down", step, bytes, len);
     char what[64];
-    snprintf(what, sizeof what, "aggregate of step %" PRId64, step);
+    snprintf(what, sizeof what, "aggregate of step %" PRId64, loaded);
     if (rc == SPES_OK) rc = spes_load_aggregate(m, bytes, len, what);
     free(bytes);
     SPES_TRY(rc);

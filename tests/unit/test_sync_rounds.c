@@ -222,12 +222,71 @@ static void test_state_dir_survives_restart(void **state) {
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
+// The adaptive deadline: max(round_timeout, 3 x median of the recent full rounds).
+static void test_deadline_rule(void **state) {
+    (void)state;
+    double recent[ROUNDS_RECENT] = {1, 9, 2, 3};
+    assert_true(rounds_deadline(5, recent, 0) == 5);
+    assert_true(rounds_deadline(5, recent, 3) == 6);       // median of {1, 9, 2} = 2
+    assert_true(rounds_deadline(5, recent, 4) == 7.5);     // median of {1, 2, 3, 9} = 2.5
+    assert_true(rounds_deadline(10, recent, 4) == 10);
+}
+
+// A round timeout closes a round with the peers that arrived once a waiter looks after the
+// deadline; not for the first round (no earlier aggregate for the missing owner's experts);
+// the late peer is answered ABORTED, an included one ALREADY_EXISTS.
+static void test_round_timeout_closes_partial_round(void **state) {
+    (void)state;
+    RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4},
+                        .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2,
+                        .round_timeout_s = 0.2, .min_peers = 1};
+    Rounds *r;
+    assert_int_equal(rounds_create(&cfg, &r), SPES_OK);
+    hello(r, 0, 6, GRPC_STATUS_OK);
+    AggregateBlob *blob;
+    assert_int_equal(upload(r, 0, 2, NULL), GRPC_STATUS_OK);
+    assert_int_equal(rounds_get(r, 2, 0.4, &blob), GRPC_STATUS_OK);
+    assert_null(blob);                                     // first round: waits for everyone
+    assert_int_equal(upload(r, 1, 2, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 4, plus_one), GRPC_STATUS_OK);
+    double start = now_seconds();
+    assert_int_equal(rounds_get(r, 4, 5, &blob), GRPC_STATUS_OK);
+    assert_non_null(blob);                                 // closed by the timeout, not after 5 s
+    assert_true(now_seconds() - start < 2);
+    AggregateBlob *prev;
+    assert_int_equal(rounds_get(r, 2, 0, &prev), GRPC_STATUS_OK);
+    SafeTensors a, b;
+    assert_int_equal(safetensors_parse(blob->bytes, blob->len, "partial", &a), SPES_OK);
+    assert_int_equal(safetensors_parse(prev->bytes, prev->len, "previous", &b), SPES_OK);
+    // Peer 1 (experts 2, 3) missing: its experts keep step 2's values; shared = peer 0's upload.
+    const StTensor *x = safetensors_find(&a, "model.layers.0.mlp.experts.3.up_proj.weight");
+    const StTensor *y = safetensors_find(&b, "model.layers.0.mlp.experts.3.up_proj.weight");
+    assert_memory_equal(x->data, y->data, x->nbytes);
+    float v;
+    memcpy(&v, safetensors_find(&a, "model.embed_tokens.weight")->data, 4);
+    assert_float_equal(v, 1.0f, 0);                        // peer 0's first value 0 + 1 (plus_one)
+    safetensors_close(&a);
+    safetensors_close(&b);
+    rounds_release(r, blob);
+    rounds_release(r, prev);
+    RoundsStatus st;
+    rounds_status(r, &st);
+    assert_int_equal(st.rounds_partial, 1);
+    assert_int_equal(st.last_round_peers, 1);
+    assert_int_equal(upload(r, 1, 4, NULL), GRPC_STATUS_ABORTED);
+    assert_non_null(strstr(spes_last_error(), "newest aggregate (step 4)"));
+    assert_int_equal(upload(r, 0, 4, NULL), GRPC_STATUS_ALREADY_EXISTS);
+    rounds_destroy(r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_completes_despite_a_bad_upload),
         cmocka_unit_test(test_keep_steps_and_long_poll),
         cmocka_unit_test(test_spec_inferred_without_hello),
         cmocka_unit_test(test_state_dir_survives_restart),
+        cmocka_unit_test(test_deadline_rule),
+        cmocka_unit_test(test_round_timeout_closes_partial_round),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Stragglers and lost peers: a real `spes server --round_timeout 2 --min_peers 2` and 4
+# `spes train` peers (tiny config, sync every 2 steps, no merging). After the first round peer 3
+# is killed with SIGKILL and never comes back; later peer 2 is frozen with SIGSTOP for 6 s and
+# then continued. Checked:
+#  - peers 0, 1 and 2 finish; the server logs PARTIAL rounds; peers 0 and 1 end byte-identical;
+#  - the frozen peer's late upload is refused ABORTED and it carries on from the newest aggregate;
+#  - with numpy on the audit logs: in a partial round shared tensors are the mean of the peers
+#    that arrived, and the lost peer's experts keep their value from the last round it was in.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SPES=${SPES_BIN:-build/spes}
+DATA=${SPES_TEST_DATA:-../shared/data}
+[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
+
+dir=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
+trap cleanup EXIT
+
+"$SPES" tokenize --file_glob "$DATA/tinyshakespeare.txt" --tokenizer_name_or_path bytes \
+  --output_prefix "$dir/tok/ts_" --dtype uint16 2>/dev/null
+"$SPES" list-files "$dir/tok" "$dir/file_list.txt"
+
+STEPS=12
+port=$(( 20000 + RANDOM % 20000 ))
+"$SPES" server --total_peers 4 --num_train_experts_per_node 1 --host 127.0.0.1 --port "$port" \
+  --round_timeout 2 --min_peers 2 >"$dir/server.log" 2>&1 &
+server_pid=$!
+pids+=($server_pid)
+mkdir -p "$dir/sync"
+peer_pids=()
+for peer in 0 1 2 3; do
+  SPES_SYNC_LOG_DIR="$dir/sync" SPES_NUM_THREADS=1 "$SPES" train configs/tiny_shakespeare.yaml \
+    --data.paths="[$dir/file_list.txt]" --data.seed=$((6198 + 1000 * peer)) \
+    --using_spes=true --spes_config.num_peers=4 --spes_config.peer_id=$peer \
+    --spes_config.num_train_experts_per_node=1 --spes_config.sync_steps=2 \
+    --spes_config.server_addr=127.0.0.1:$port \
+    --max_duration=$STEPS --scheduler.t_warmup=2 --global_train_batch_size=4 --device_train_microbatch_size=4 \
+    --save_folder="$dir/peer$peer" --save_interval_unsharded=$STEPS --save_num_unsharded_checkpoints_to_keep=-1 \
+    --eval_interval=1000 --try_load_latest_save=false --threads=1 >"$dir/peer$peer.log" 2>&1 &
+  peer_pids+=($!)
+  pids+=($!)
+done
+
+wait_log() {   # <pattern> <file>: up to 60 s
+  for _ in $(seq 1 6000); do grep -q "$1" "$2" && return 0; sleep 0.01; done
+  echo "never logged '$1' in $2:"; tail -20 "$2"; return 1
+}
+wait_log "step 2: aggregated 4 peers" "$dir/server.log"
+kill -9 "${peer_pids[3]}"; wait "${peer_pids[3]}" 2>/dev/null || true
+echo "peer 3 killed (SIGKILL) after step 2"
+wait_log "step 4: PARTIAL" "$dir/server.log"
+kill -STOP "${peer_pids[2]}"
+echo "peer 2 frozen (SIGSTOP) for 6 s"
+sleep 6
+kill -CONT "${peer_pids[2]}"
+
+status=0
+for i in 0 1 2; do wait "${peer_pids[$i]}" || { echo "peer $i failed:"; tail -20 "$dir/peer$i.log"; status=1; }; done
+kill "$server_pid"; wait "$server_pid" || true
+[ $status -eq 0 ] || { tail -30 "$dir/server.log"; exit 1; }
+
+grep -q "PARTIAL round" "$dir/server.log" || { echo "no partial round logged"; exit 1; }
+grep "PARTIAL round" "$dir/server.log" | sed 's/.*server: /  /'
+grep -q "closed without it" "$dir/peer2.log" || { echo "peer 2's late upload was not refused ABORTED"; tail -20 "$dir/peer2.log"; exit 1; }
+echo "peer 2 (frozen): $(grep -m1 'closed without it' "$dir/peer2.log" | sed 's/.*sync step/sync step/' | cut -c1-160)"
+cmp -s "$dir/peer0/step$STEPS/model.safetensors" "$dir/peer1/step$STEPS/model.safetensors" ||
+  { echo "peers 0 and 1 disagree at the end"; exit 1; }
+[ -f "$dir/peer2/step$STEPS/model.safetensors" ] || { echo "peer 2 has no final checkpoint"; exit 1; }
+
+if [ -x "${SPES_VENV_PY:-}" ]; then
+  "$SPES_VENV_PY" - "$dir/sync" "$STEPS" <<'PY'
+import sys, glob, os, numpy as np
+from safetensors.numpy import load_file
+d, steps = sys.argv[1], int(sys.argv[2])
+checked = 0
+for step in range(4, steps + 1, 2):
+    down = f"{d}/down_s{step}_p0.safetensors"
+    if not os.path.exists(down): continue
+    agg = load_file(down)
+    ups = {p: load_file(f) for p in range(4) for f in [f"{d}/up_s{step}_p{p}.safetensors"] if os.path.exists(f)}
+    prev = load_file(f"{d}/down_s2_p0.safetensors")
+    # Which peers made it into this round: shared tensors equal the mean over exactly that set.
+    name = "model.embed_tokens.weight"
+    sets = [s for s in ([0, 1, 2], [0, 1], [0, 1, 2, 3]) if all(p in ups for p in s)]
+    match = [s for s in sets if np.array_equal(agg[name], (sum(ups[p][name] for p in s) / np.float32(len(s))).astype(np.float32))
+             or np.allclose(agg[name], sum(ups[p][name] for p in s) / len(s), rtol=0, atol=1e-6)]
+    assert match, f"step {step}: {name} is not the mean of any set of arrived peers"
+    for k in agg:
+        if ".experts.3." in k:
+            assert np.array_equal(agg[k], prev[k]), f"step {step}: lost peer 3's {k} changed"
+        elif ".experts." in k:
+            owner = int(k.split(".experts.")[1].split(".")[0])
+            if owner in match[0]:
+                assert np.array_equal(agg[k], ups[owner][k]), f"step {step}: {k} is not its owner's upload"
+    checked += 1
+assert checked >= 3, f"only {checked} rounds checked"
+print(f"numpy: {checked} partial rounds: shared = mean of arrived peers, lost peer's experts unchanged")
+PY
+fi
+echo "stragglers: 3 peers finished with a lost and a frozen peer"
