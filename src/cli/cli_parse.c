@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "base/error.h"
+#include "base/file.h"
 
 int cli_int(const char *flag, const char *text, long min, long max, int *out) {
     char *end;
@@ -35,6 +36,13 @@ int cli_float(const char *flag, const char *text, double min, double max, float 
         return spes_fail("--%s: '%s' is not a number in [%g, %g]", flag, text, min, max);
     *out = (float)v;
     return SPES_OK;
+}
+
+const char *cli_default_tokenizer(const char *model_dir) {
+    char *path = model_dir ? path_join(model_dir, "tokenizer.json") : NULL;
+    int found = path && file_exists(path);
+    free(path);
+    return found ? model_dir : NULL;
 }
 
 int cli_report_error(void) {

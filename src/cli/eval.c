@@ -42,7 +42,8 @@ static void usage(FILE *out) {
             "Common:\n"
             "  --model DIR          model directory (checkpoint step, export, upcycle or HF OLMoE/Qwen3-MoE)\n"
             "  --tokenizer T        tokenizer.json, a directory holding one, or 'bytes' (needed for --text\n"
-            "                       and --task; with --tokens it adds bits per byte)\n"
+            "                       and --task; with --tokens it adds bits per byte; default: the model\n"
+            "                       directory when it holds a tokenizer.json)\n"
             "  --output FILE        results as JSON\n"
             "  --output_requests F  every scored request as a JSON line: task, doc_id, idx, sum_logprob,\n"
             "                       num_tokens (to compare per-choice log-likelihoods with other tools)\n"
@@ -226,6 +227,7 @@ int cmd_eval(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (!tok_path) tok_path = cli_default_tokenizer(model_dir);
     if ((text || num_tasks > 0) && !tok_path) {
         spes_fail("--text and --task need --tokenizer");
         return cli_report_error();

@@ -17,10 +17,11 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: spes generate --model DIR --tokenizer T (--prompt TEXT | --prompt_file F) [options]\n"
+            "usage: spes generate --model DIR [--tokenizer T] (--prompt TEXT | --prompt_file F) [options]\n"
             "\n"
             "  --model DIR            model directory (checkpoint step, export, upcycle or HF OLMoE/Qwen3-MoE)\n"
-            "  --tokenizer T          tokenizer.json, a directory holding one, or 'bytes'\n"
+            "  --tokenizer T          tokenizer.json, a directory holding one, or 'bytes' (default: the\n"
+            "                         model directory when it holds a tokenizer.json)\n"
             "  --max_new_tokens N     default 128 (bounded by the model's max_position_embeddings)\n"
             "  --temperature T        0 = greedy; default 0.8\n"
             "  --top_k K              keep the K most likely tokens (0 = all; default 50)\n"
@@ -97,6 +98,7 @@ int cmd_generate(int argc, char **argv) {
         }
     }
     if (status != SPES_OK) return cli_report_error();
+    if (!tok_path) tok_path = cli_default_tokenizer(model_dir);
     if (!model_dir || !tok_path || (!prompt == !prompt_file) || optind < argc) {
         usage(stderr);
         return 2;
@@ -126,6 +128,10 @@ int cmd_generate(int argc, char **argv) {
     }
     int n_out = 0;
     double start = now_seconds();
+    for (size_t i = 0; status == SPES_OK && i < ids.len; i++)
+        if (ids.ids[i] >= (uint32_t)m.cfg.vocab_size)
+            status = spes_fail("the prompt's token %zu has id %u, outside the model's vocabulary of %d: is %s the "
+                               "tokenizer this model was trained with?", i, ids.ids[i], m.cfg.vocab_size, tok_path);
     if (status == SPES_OK) {
         for (size_t i = 0; i < ids.len; i++) prompt_ids[i] = (int32_t)ids.ids[i];
         Stream stream = {.tok = tok, .eos = m.cfg.eos_token_id, .print_ids = print_ids};
