@@ -77,6 +77,33 @@ void spes_peer_free(SpesPeer *p) {
 
 const float *spes_peer_lb_count_factor(const SpesPeer *p) { return p->lb_factor; }
 
+// A peer resumed from its checkpoint at start_step rejoins a run that may have moved on while
+// it was down: it loads the newest aggregate the server has (its optimizer state stays the
+// checkpoint's) and trains on from its own step; uploads for rounds that closed without it are
+// answered ABORTED and answered with the newest aggregate again (spes_peer_after_step).
+static int rejoin(SpesPeer *p, Model *m, int64_t start_step) {
+    RoundsStatus st;
+    if (sync_client_status(p->client, &st) != SPES_OK) return spes_fail_context("rejoining the run");
+    if (st.last_aggregate_step < 0 || st.last_aggregate_step < start_step) {
+        log_info("spes peer %d: resumed at step %" PRId64 "; the server's newest aggregate is step %d, nothing newer to load",
+                 p->cfg->peer_id, start_step, st.last_aggregate_step);
+        return SPES_OK;
+    }
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    int newest = -1;
+    SPES_TRY(sync_client_download_latest(p->client, &newest, &bytes, &len));
+    char what[64];
+    snprintf(what, sizeof what, "aggregate of step %d", newest);
+    int rc = spes_load_aggregate(m, bytes, len, what);
+    free(bytes);
+    SPES_TRY(rc);
+    log_info("spes peer %d: resumed at step %" PRId64 ", rejoined with the server's newest aggregate (step %d; %lld rounds "
+             "completed, %lld partial)",
+             p->cfg->peer_id, start_step, newest, (long long)st.rounds_completed, (long long)st.rounds_partial);
+    return SPES_OK;
+}
+
 int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_steps) {
     p->total_steps = total_steps;
     update_lb_factor(p, start_step);
@@ -109,7 +136,7 @@ int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_s
     log_info("spes peer %d/%d: connected to %s, uploading %d trainable tensors every %" PRId64 " steps (%s)",
              p->cfg->peer_id, p->cfg->num_peers, p->cfg->server_addr, p->n_upload, p->cfg->sync_steps,
              p->cfg->using_dilico ? "fedavg" : "spes");
-    return SPES_OK;
+    return start_step > 0 ? rejoin(p, m, start_step) : SPES_OK;
 }
 
 int spes_load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char *what) {
