@@ -40,7 +40,11 @@ static void usage(FILE *out) {
             "  --round_timeout S                close a round S seconds after its first upload with the peers\n"
             "                                   that arrived (at least max(S, 3 x median recent round time);\n"
             "                                   default 0: wait for every peer)\n"
-            "  --min_peers Q                    quorum for such a partial round (default: a majority)\n",
+            "  --min_peers Q                    quorum for such a partial round (default: a majority)\n"
+            "  --auth_token_file F              require 'authorization: Bearer <token in F>' on every call\n"
+            "  --peer_tokens F                  lines 'peer_id token': per-peer tokens, each only valid for its peer\n"
+            "  --tls_cert PEM --tls_key PEM     serve TLS\n"
+            "  --tls_ca PEM                     with TLS: require client certificates signed by this CA\n",
             SYNC_DEFAULT_CHUNK_SIZE, SYNC_DEFAULT_MAX_MESSAGE);
 }
 
@@ -76,6 +80,11 @@ int cmd_server(int argc, char **argv) {
         {"state_dir", required_argument, NULL, 'S'},
         {"round_timeout", required_argument, NULL, 'T'},
         {"min_peers", required_argument, NULL, 'Q'},
+        {"auth_token_file", required_argument, NULL, 'A'},
+        {"peer_tokens", required_argument, NULL, 'B'},
+        {"tls_cert", required_argument, NULL, 'C'},
+        {"tls_key", required_argument, NULL, 'D'},
+        {"tls_ca", required_argument, NULL, 'E'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -109,6 +118,11 @@ int cmd_server(int argc, char **argv) {
             cfg.rounds.round_timeout_s = seconds;
             break;
         case 'Q': status = cli_int("min_peers", optarg, 1, 100000, &cfg.rounds.min_peers); break;
+        case 'A': cfg.auth_token_file = optarg; break;
+        case 'B': cfg.peer_tokens_file = optarg; break;
+        case 'C': cfg.tls_cert = optarg; break;
+        case 'D': cfg.tls_key = optarg; break;
+        case 'E': cfg.tls_ca = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -100,6 +100,8 @@ typedef struct {
     bool using_decayed_aux_loss;      // default false
     int64_t decayed_factor_update_steps;   // default 1 (recompute c(t) every N steps)
     PayloadDtype payload_dtype;       // default f32
+    char *auth_token_file;            // spes_config.auth_token_file: token for the server (NULL: none)
+    char *tls_ca, *tls_cert, *tls_key;   // spes_config.tls_*: TLS to the server (NULL: insecure)
 
     // Where the config came from (for messages and the checkpoint copy).
     char *source_path;

@@ -578,6 +578,10 @@ static const ConfigKey KEYS[] = {
     {"spes_config.server_addr", K_STR, F(server_addr), .meaning = "Parameter server host:port."},
     {"spes_config.using_decayed_aux_loss", K_BOOL, F(using_decayed_aux_loss), .hashed = true, .meaning = "Decayed load-balancing counts for own experts (DESIGN.md)."},
     {"spes_config.decayed_factor_update_steps", K_I64, F(decayed_factor_update_steps), MIN_POSITIVE, .hashed = true, .meaning = "Recompute the decay factor every N steps."},
+    {"spes_config.auth_token_file", K_STR, F(auth_token_file), .nullable = true, .meaning = "File holding the parameter server's token (sent as `authorization: Bearer ...`). Our extension."},
+    {"spes_config.tls_ca", K_STR, F(tls_ca), .nullable = true, .meaning = "PEM CA file: connect to the parameter server with TLS, trusting it. Our extension."},
+    {"spes_config.tls_cert", K_STR, F(tls_cert), .nullable = true, .meaning = "PEM client certificate for a server that requires one (with tls_key). Our extension."},
+    {"spes_config.tls_key", K_STR, F(tls_key), .nullable = true, .meaning = "PEM key of tls_cert. Our extension."},
     {"spes_config.payload_dtype", K_SPECIAL, .hashed = true, .parse = parse_payload_dtype, .format = format_payload_dtype, .meaning = "f32 or bf16 sync payloads. Our extension."},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
@@ -1001,6 +1005,10 @@ void config_free(TrainConfig *cfg) {
     free(cfg->load_path);
     free(cfg->run_name);
     free(cfg->server_addr);
+    free(cfg->auth_token_file);
+    free(cfg->tls_ca);
+    free(cfg->tls_cert);
+    free(cfg->tls_key);
     free(cfg->source_path);
     free(cfg->unknown_keys);
     *cfg = (TrainConfig){0};

@@ -10,6 +10,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/file.h"
 #include "base/rng.h"
 #include "base/timer.h"
 #include "sync/wire.h"
@@ -23,7 +24,40 @@ struct SyncClient {
     SyncStats stats;
     grpc_status_code last_status;
     Rng jitter;                     // retry delays: peers restarting together do not retry in lockstep
+    grpc_metadata auth;             // authorization: Bearer <token>
+    size_t n_metadata;              // 1 with a token, else 0
 };
+
+// Sets the initial-metadata op of every call: the token, if any.
+static void send_metadata(const SyncClient *c, grpc_op *op) {
+    op->op = GRPC_OP_SEND_INITIAL_METADATA;
+    op->data.send_initial_metadata.count = c->n_metadata;
+    op->data.send_initial_metadata.metadata = c->n_metadata ? (grpc_metadata *)&c->auth : NULL;
+}
+
+// Insecure, or TLS trusting cfg->tls_ca (with a client certificate when given).
+static int channel_credentials(const SyncClientConfig *cfg, grpc_channel_credentials **out) {
+    if (!cfg->tls_ca) {
+        if (cfg->tls_cert || cfg->tls_key) return spes_fail("sync client: a TLS client certificate needs tls_ca too");
+        *out = grpc_insecure_credentials_create();
+        return SPES_OK;
+    }
+    if (!cfg->tls_cert != !cfg->tls_key) return spes_fail("sync client: tls_cert and tls_key go together");
+    uint8_t *ca = NULL, *cert = NULL, *key = NULL;
+    size_t len;
+    int rc = file_read_all(cfg->tls_ca, &ca, &len);
+    if (rc == SPES_OK && cfg->tls_cert) rc = file_read_all(cfg->tls_cert, &cert, &len);
+    if (rc == SPES_OK && cfg->tls_key) rc = file_read_all(cfg->tls_key, &key, &len);
+    if (rc == SPES_OK) {
+        grpc_ssl_pem_key_cert_pair pair = {(const char *)key, (const char *)cert};
+        *out = grpc_ssl_credentials_create((const char *)ca, cert ? &pair : NULL, NULL, NULL);
+        if (!*out) rc = spes_fail("sync client: TLS files %s are not usable PEM", cfg->tls_ca);
+    }
+    free(ca);
+    free(cert);
+    free(key);
+    return rc;
+}
 
 void sync_client_config_defaults(SyncClientConfig *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -51,10 +85,25 @@ int sync_client_create(const SyncClientConfig *cfg, SyncClient **out) {
     rng_seed(&c->jitter, (uint64_t)now_seconds() * 1000003u + (uint64_t)cfg->peer_id);
     c->chunk_size = cfg->chunk_size ? cfg->chunk_size : SYNC_DEFAULT_CHUNK_SIZE;
     grpc_init();
+    grpc_channel_credentials *creds = NULL;
+    if (channel_credentials(cfg, &creds) != SPES_OK) {
+        free(c->addr);
+        free(c);
+        grpc_shutdown();
+        return SPES_ERR;
+    }
+    if (cfg->auth_token) {
+        char *bearer = spes_malloc(strlen(cfg->auth_token) + 8);
+        if (bearer) sprintf(bearer, "Bearer %s", cfg->auth_token);
+        c->auth.key = grpc_slice_from_static_string("authorization");
+        c->auth.value = grpc_slice_from_copied_string(bearer ? bearer : "");
+        c->n_metadata = 1;
+        free(bearer);
+    }
+    c->cfg.auth_token = c->cfg.tls_ca = c->cfg.tls_cert = c->cfg.tls_key = NULL;   // not kept past create
     grpc_arg args[2];
     grpc_channel_args channel_args;
     wire_channel_args(cfg->max_message_size, args, &channel_args);
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     c->channel = grpc_channel_create(c->addr, creds, &channel_args);
     grpc_channel_credentials_release(creds);
     c->cq = grpc_completion_queue_create_for_pluck(NULL);
@@ -70,6 +119,7 @@ void sync_client_destroy(SyncClient *c) {
            GRPC_QUEUE_SHUTDOWN) {
     }
     grpc_completion_queue_destroy(c->cq);
+    if (c->n_metadata) grpc_slice_unref(c->auth.value);
     free(c->addr);
     free(c);
     grpc_shutdown();
@@ -145,7 +195,7 @@ static void unary_start(SyncClient *c, UnaryCall *u, const char *method, const P
     u->call = start_call(c, method, timeout_s);
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    send_metadata(c, &ops[0]);
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = u->request;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -267,7 +317,7 @@ static grpc_status_code upload_once(SyncClient *c, int step, const uint8_t *byte
     grpc_call *call = start_call(c, method, c->cfg.call_timeout_s);
     grpc_op op;
     memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_SEND_INITIAL_METADATA;
+    send_metadata(c, &op);
     bool sending = wire_run_batch(call, c->cq, &op, 1, 0);
     for (size_t i = 0; sending && i < n_chunks; i++) {
         UploadChunkRequest m = UPLOAD_CHUNK_REQUEST__INIT;

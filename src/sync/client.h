@@ -34,6 +34,9 @@ typedef struct {
     double connect_timeout_s;       // how long to retry an unreachable server
     double call_timeout_s;          // deadline of one upload / download call
     double wait_timeout_s;          // longest wait for one aggregate (0: forever)
+    const char *auth_token;         // sent as `authorization: Bearer <token>` (NULL: none)
+    const char *tls_ca;             // PEM file: connect with TLS, trusting this CA (NULL: insecure)
+    const char *tls_cert, *tls_key; // PEM files: client certificate for servers that require one
 } SyncClientConfig;
 
 typedef struct {

@@ -11,13 +11,16 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/file.h"
 #include "base/log.h"
+#include "sync/auth.h"
 #include "sync/wire.h"
 
 struct SyncServer {
     SyncServerConfig cfg;
     char *host;
     Rounds *rounds;
+    AuthTokens auth;
     grpc_server *server;
     grpc_completion_queue *cq;      // new-call notifications and the shutdown tag
     pthread_t accept_thread;
@@ -34,6 +37,7 @@ typedef struct {
     grpc_call_details details;
     grpc_metadata_array metadata;
     grpc_completion_queue *cq;      // this call's own queue (pluck)
+    int bound_peer;                 // the peer a per-peer token belongs to; -1: any
 } Call;
 
 void sync_server_config_defaults(SyncServerConfig *cfg) {
@@ -144,8 +148,17 @@ typedef struct {
     uint8_t *bytes;
 } UploadBuffer;
 
+// A caller with a per-peer token may only act as that peer.
+static grpc_status_code check_bound_peer(const Call *c, const char *what, int peer) {
+    if (c->bound_peer < 0 || c->bound_peer == peer) return GRPC_STATUS_OK;
+    return status_fail(GRPC_STATUS_PERMISSION_DENIED, "%s as peer %d refused: the caller's token belongs to peer %d",
+                       what, peer, c->bound_peer);
+}
+
 static grpc_status_code take_chunk(Call *c, UploadBuffer *up, const UploadChunkRequest *m) {
     if (up->next_chunk == 0) {
+        grpc_status_code bound = check_bound_peer(c, "upload", m->peer_id);
+        if (bound != GRPC_STATUS_OK) return bound;
         up->peer = m->peer_id;
         up->step = m->step;
         up->total_chunks = m->total_chunks;
@@ -289,7 +302,9 @@ static void handle_hello(Call *c) {
     SyncMode mode = SYNC_MODE_SPES;
     DType payload = DTYPE_F32;
     int last = -1;
-    grpc_status_code code = spec_from_hello(req, &spec);
+    model_spec_init(&spec);
+    grpc_status_code code = check_bound_peer(c, "hello", req->peer_id);
+    if (code == GRPC_STATUS_OK) code = spec_from_hello(req, &spec);
     if (code == GRPC_STATUS_OK && (sync_mode_parse(req->mode, &mode) != SPES_OK ||
                                    (req->payload_dtype[0] && dtype_from_name(req->payload_dtype, &payload) != SPES_OK)))
         code = GRPC_STATUS_INVALID_ARGUMENT;
@@ -377,7 +392,15 @@ static void *call_main(void *arg) {
     pthread_mutex_lock(&srv->mu);
     bool too_many = srv->active_calls > srv->cfg.max_calls;
     pthread_mutex_unlock(&srv->mu);
-    if (too_many) {
+    c->bound_peer = -1;
+    grpc_status_code auth = auth_enabled(&srv->auth) ? auth_check(&srv->auth, &c->metadata, &c->bound_peer)
+                                                     : GRPC_STATUS_OK;
+    if (auth != GRPC_STATUS_OK) {   // before reading anything: nothing from this caller is stored
+        char *method = grpc_slice_to_c_string(c->details.method);
+        log_warn("server: %s refused: %s", method, spes_last_error());
+        gpr_free(method);
+        finish(c, auth, NULL);
+    } else if (too_many) {
         spes_fail("server busy: more than %d calls in progress", srv->cfg.max_calls);
         finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
     } else if (!route) {
@@ -445,6 +468,33 @@ static void *accept_loop(void *arg) {
     return NULL;
 }
 
+// Insecure, or TLS from the configured PEM files (client certificates required with a CA).
+static int server_credentials(const SyncServerConfig *cfg, grpc_server_credentials **out) {
+    if (!cfg->tls_cert && !cfg->tls_key) {
+        if (cfg->tls_ca) return spes_fail("server: --tls_ca needs --tls_cert and --tls_key");
+        *out = grpc_insecure_server_credentials_create();
+        return SPES_OK;
+    }
+    if (!cfg->tls_cert || !cfg->tls_key) return spes_fail("server: TLS needs both --tls_cert and --tls_key");
+    uint8_t *cert = NULL, *key = NULL, *ca = NULL;
+    size_t len;
+    int rc = file_read_all(cfg->tls_cert, &cert, &len);
+    if (rc == SPES_OK) rc = file_read_all(cfg->tls_key, &key, &len);
+    if (rc == SPES_OK && cfg->tls_ca) rc = file_read_all(cfg->tls_ca, &ca, &len);
+    if (rc == SPES_OK) {
+        grpc_ssl_pem_key_cert_pair pair = {(const char *)key, (const char *)cert};
+        *out = grpc_ssl_server_credentials_create_ex(
+            (const char *)ca, &pair, 1,
+            ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            NULL);
+        if (!*out) rc = spes_fail("server: the TLS certificate %s or key %s is not usable PEM", cfg->tls_cert, cfg->tls_key);
+    }
+    free(cert);
+    free(key);
+    free(ca);
+    return rc;
+}
+
 int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     if (cfg->chunk_size < 1 || cfg->chunk_size + 1024 > cfg->max_message_size)
         return spes_fail("server: chunk_size %zu must be >= 1 and at least 1 KiB below max_message_size %zu",
@@ -453,7 +503,9 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     if (!srv) return SPES_ERR;
     srv->cfg = *cfg;
     srv->host = spes_strdup(cfg->host);
-    if (!srv->host || rounds_create(&cfg->rounds, &srv->rounds) != SPES_OK) {
+    if (!srv->host || auth_load(cfg->auth_token_file, cfg->peer_tokens_file, &srv->auth) != SPES_OK ||
+        rounds_create(&cfg->rounds, &srv->rounds) != SPES_OK) {
+        auth_free(&srv->auth);
         free(srv->host);
         free(srv);
         return SPES_ERR;
@@ -470,9 +522,10 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
     char addr[300];
     snprintf(addr, sizeof addr, strchr(cfg->host, ':') ? "[%s]:%d" : "%s:%d", cfg->host, cfg->port);
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-    srv->port = grpc_server_add_http2_port(srv->server, addr, creds);
-    grpc_server_credentials_release(creds);
+    grpc_server_credentials *creds = NULL;
+    bool creds_ok = server_credentials(cfg, &creds) == SPES_OK;
+    srv->port = creds_ok ? grpc_server_add_http2_port(srv->server, addr, creds) : 0;
+    if (creds) grpc_server_credentials_release(creds);
     if (srv->port == 0) {
         grpc_server_destroy(srv->server);   // never started: nothing to shut down
         grpc_completion_queue_shutdown(srv->cq);
@@ -481,9 +534,11 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
         }
         grpc_completion_queue_destroy(srv->cq);
         rounds_destroy(srv->rounds);
+        auth_free(&srv->auth);
         free(srv->host);
         free(srv);
         grpc_shutdown();
+        if (!creds_ok) return SPES_ERR;
         return spes_fail("server: cannot listen on %s (port in use, or not an address of this host?)", addr);
     }
     grpc_server_start(srv->server);
@@ -508,6 +563,7 @@ void sync_server_stop(SyncServer *s) {
     grpc_server_destroy(s->server);
     grpc_completion_queue_destroy(s->cq);
     rounds_destroy(s->rounds);
+    auth_free(&s->auth);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->calls_done);
     free(s->host);

@@ -16,6 +16,10 @@ typedef struct {
     double max_wait_seconds;        // longest single WaitAggregate long poll
     double idle_timeout_seconds;    // a call making no progress this long is cancelled
     int max_calls;                  // concurrent calls; more are refused RESOURCE_EXHAUSTED
+    const char *auth_token_file;    // shared token (auth.h); NULL: none
+    const char *peer_tokens_file;   // "peer_id token" lines (auth.h); NULL: none
+    const char *tls_cert, *tls_key; // PEM files: serve TLS (both or neither)
+    const char *tls_ca;             // PEM: with TLS, require client certificates signed by it
     RoundsConfig rounds;
 } SyncServerConfig;
 

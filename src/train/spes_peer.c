@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/timer.h"
 #include "io/safetensors.h"
+#include "sync/auth.h"
 #include "sync/client.h"
 #include "sync/model_spec.h"
 
@@ -59,7 +60,18 @@ int spes_peer_create(const TrainConfig *cfg, SpesPeer **out) {
     cc.experts_per_node = cfg->num_train_experts_per_node;
     cc.mode = cfg->using_dilico ? SYNC_MODE_FEDAVG : SYNC_MODE_SPES;
     cc.payload_dtype = cfg->payload_dtype == PAYLOAD_BF16 ? DTYPE_BF16 : DTYPE_F32;
-    if (sync_client_create(&cc, &p->client) != SPES_OK) {
+    cc.tls_ca = cfg->tls_ca;
+    cc.tls_cert = cfg->tls_cert;
+    cc.tls_key = cfg->tls_key;
+    char *token = NULL;
+    if (cfg->auth_token_file && auth_read_token_file(cfg->auth_token_file, &token) != SPES_OK) {
+        spes_peer_free(p);
+        return spes_fail_context("spes_config.auth_token_file");
+    }
+    cc.auth_token = token;
+    int rc = sync_client_create(&cc, &p->client);
+    free(token);
+    if (rc != SPES_OK) {
         spes_peer_free(p);
         return SPES_ERR;
     }
