@@ -164,6 +164,18 @@ static void test_tokens_required(void **state) {
     assert_int_equal(sync_client_last_status(p1), GRPC_STATUS_PERMISSION_DENIED);
     assert_non_null(strstr(spes_last_error(), "belongs to peer 0"));
     assert_int_equal(hello(p0), SPES_OK);
+    // Size limit per upload: more than the peer's tensors in F32 (+ header room) is refused.
+    size_t big = (size_t)1 << 22;
+    uint8_t *zeros = calloc(big, 1);
+    assert_int_equal(sync_client_upload_bytes(p0, 2, zeros, big), SPES_ERR);
+    assert_int_equal(sync_client_last_status(p0), GRPC_STATUS_RESOURCE_EXHAUSTED);
+    free(zeros);
+    // A Hello with another model (fingerprint) is refused.
+    ModelSpec other;
+    assert_int_equal(sync_test_spec(&other, 4, 8), SPES_OK);
+    assert_int_equal(sync_client_hello(p0, &other), SPES_ERR);
+    assert_int_equal(sync_client_last_status(p0), GRPC_STATUS_FAILED_PRECONDITION);
+    model_spec_free(&other);
     assert_int_equal(upload(p0, 0, 2), SPES_OK);
     SyncClient *shared = client(srv, 1, "s3cret", "127.0.0.1", false, false);
     assert_int_equal(upload(shared, 1, 2), SPES_OK);   // completes the round

@@ -168,6 +168,17 @@ static void test_protocol_errors_get_statuses(void **state) {
     send_bytes(f, call, chunk(0, 1, 2, 3, data, sizeof data));
     assert_int_equal(close_call(f, call, true, NULL, NULL, details, sizeof details), GRPC_STATUS_INVALID_ARGUMENT);
     assert_non_null(strstr(details, "chunk 2 arrived where chunk 1 was expected"));
+    // A duplicated chunk, and a stream that changes its header half way.
+    call = open_call(f, "/FederatedServer/UploadChunk");
+    send_bytes(f, call, chunk(0, 1, 0, 3, data, sizeof data));
+    send_bytes(f, call, chunk(0, 1, 0, 3, data, sizeof data));
+    assert_int_equal(close_call(f, call, true, NULL, NULL, details, sizeof details), GRPC_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(details, "chunk 0 arrived where chunk 1 was expected"));
+    call = open_call(f, "/FederatedServer/UploadChunk");
+    send_bytes(f, call, chunk(0, 1, 0, 3, data, sizeof data));
+    send_bytes(f, call, chunk(1, 1, 1, 3, data, sizeof data));
+    assert_int_equal(close_call(f, call, true, NULL, NULL, details, sizeof details), GRPC_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(details, "began as peer 0 step 1 of 3 chunks"));
     // A stream that ends early.
     call = open_call(f, "/FederatedServer/UploadChunk");
     send_bytes(f, call, chunk(0, 1, 0, 3, data, sizeof data));
