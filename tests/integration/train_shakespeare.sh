@@ -12,8 +12,9 @@ cd "$(dirname "$0")/../.."
 SPES_BIN=${SPES_BIN:-$PWD/build/spes}
 DATA=${SPES_TEST_DATA:-$PWD/../shared/data}
 STEPS=${SPES_SHAKESPEARE_STEPS:-100}
-# Under `make test-asan` the 100 steps take ~15 min on 2 cores and this is a quality check; the same tokenize/train/eval code runs under ASan in train_resume, spes_train_e2e
-# and demo_smoke. SPES_SHAKESPEARE_STEPS set explicitly runs it anyway.
+# Under `make test-asan` the 100 steps take ~15 min on 2 cores, and this is a quality check: the
+# same tokenize/train/eval code runs under ASan in train_resume, spes_train_e2e and demo_smoke.
+# SPES_SHAKESPEARE_STEPS set explicitly runs it anyway.
 if [ -n "${SPES_ASAN:-}" ] && [ -z "${SPES_SHAKESPEARE_STEPS:-}" ]; then
   echo "SKIPPED under ASan: 100 training steps take ~15 min there (a quality check, not a memory check); set SPES_SHAKESPEARE_STEPS to run it"
   exit 77
