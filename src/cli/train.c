@@ -103,6 +103,7 @@ int cmd_train(int argc, char **argv) {
     int rc = SPES_OK;
     // A SPES (or fedavg) peer: sync with the parameter server after every sync_steps steps.
     if (cfg.using_spes || cfg.using_dilico) {
+        if (cfg.take_over_peer_id >= 0) cfg.peer_id = cfg.take_over_peer_id;   // failover: see spes_peer.h
         rc = spes_peer_create(&cfg, &peer);
         if (rc == SPES_OK) {
             opt.after_step = spes_peer_after_step;

@@ -102,6 +102,7 @@ typedef struct {
     PayloadDtype payload_dtype;       // default f32
     char *auth_token_file;            // spes_config.auth_token_file: token for the server (NULL: none)
     char *tls_ca, *tls_cert, *tls_key;   // spes_config.tls_*: TLS to the server (NULL: insecure)
+    int take_over_peer_id;            // spes_config.take_over_peer_id: act as this (lost) peer; -1: no
 
     // Where the config came from (for messages and the checkpoint copy).
     char *source_path;

@@ -89,6 +89,18 @@ void spes_peer_free(SpesPeer *p) {
 
 const float *spes_peer_lb_count_factor(const SpesPeer *p) { return p->lb_factor; }
 
+// Downloads the server's newest aggregate into the model's weights; *newest: its step.
+static int load_newest(SpesPeer *p, Model *m, int *newest) {
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    SPES_TRY(sync_client_download_latest(p->client, newest, &bytes, &len));
+    char what[64];
+    snprintf(what, sizeof what, "aggregate of step %d", *newest);
+    int rc = spes_load_aggregate(m, bytes, len, what);
+    free(bytes);
+    return rc;
+}
+
 // A peer resumed from its checkpoint at start_step rejoins a run that may have moved on while
 // it was down: it loads the newest aggregate the server has (its optimizer state stays the
 // checkpoint's) and trains on from its own step; uploads for rounds that closed without it are
@@ -101,18 +113,30 @@ static int rejoin(SpesPeer *p, Model *m, int64_t start_step) {
                  p->cfg->peer_id, start_step, st.last_aggregate_step);
         return SPES_OK;
     }
-    uint8_t *bytes = NULL;
-    size_t len = 0;
     int newest = -1;
-    SPES_TRY(sync_client_download_latest(p->client, &newest, &bytes, &len));
-    char what[64];
-    snprintf(what, sizeof what, "aggregate of step %d", newest);
-    int rc = spes_load_aggregate(m, bytes, len, what);
-    free(bytes);
-    SPES_TRY(rc);
+    SPES_TRY(load_newest(p, m, &newest));
     log_info("spes peer %d: resumed at step %" PRId64 ", rejoined with the server's newest aggregate (step %d; %lld rounds "
              "completed, %lld partial)",
              p->cfg->peer_id, start_step, newest, (long long)st.rounds_completed, (long long)st.rounds_partial);
+    return SPES_OK;
+}
+
+// Ownership failover: a fresh process standing in for lost peer N (its peer_id is N) starts
+// from the server's newest aggregate, which holds the latest copy of every expert, N's
+// included; it trains from its own step 0, so uploads for rounds the run has passed are
+// answered ABORTED (and the newest aggregate loaded again) until it has caught up.
+static int take_over(SpesPeer *p, Model *m) {
+    int newest = -1;
+    RoundsStatus st;
+    SPES_TRY(sync_client_status(p->client, &st));
+    if (st.last_aggregate_step < 0) {
+        log_info("spes peer %d: take over: the server has no aggregate yet; starting from this process's init",
+                 p->cfg->peer_id);
+        return SPES_OK;
+    }
+    SPES_TRY(load_newest(p, m, &newest));
+    log_info("spes peer %d: took over peer %d's experts from the server's aggregate of step %d", p->cfg->peer_id,
+             p->cfg->take_over_peer_id, newest);
     return SPES_OK;
 }
 
@@ -148,6 +172,7 @@ int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_s
     log_info("spes peer %d/%d: connected to %s, uploading %d trainable tensors every %" PRId64 " steps (%s)",
              p->cfg->peer_id, p->cfg->num_peers, p->cfg->server_addr, p->n_upload, p->cfg->sync_steps,
              p->cfg->using_dilico ? "fedavg" : "spes");
+    if (p->cfg->take_over_peer_id >= 0 && start_step == 0) return take_over(p, m);
     return start_step > 0 ? rejoin(p, m, start_step) : SPES_OK;
 }
 

@@ -1,0 +1,32 @@
+# Shared by tests/integration/reliability_*.sh (sourced, not a test itself): a tokenized tiny
+# corpus, `spes train` peers of the tiny config that sync every 2 steps, log waiting.
+# Needs: $SPES, $DATA, $dir (the test's temp dir).
+
+# Tokenizes tinyshakespeare with the byte tokenizer into $dir/file_list.txt.
+reliability_data() {
+  "$SPES" tokenize --file_glob "$DATA/tinyshakespeare.txt" --tokenizer_name_or_path bytes \
+    --output_prefix "$dir/tok/ts_" --dtype uint16 2>/dev/null
+  "$SPES" list-files "$dir/tok" "$dir/file_list.txt"
+}
+
+# Starts peer <peer> of 4 (1 expert each) in the background; sets $last_pid.
+# usage: reliability_peer <peer> <port> <steps> <save_folder> <log> [save_interval] [extra args...]
+reliability_peer() {
+  local peer=$1 port=$2 steps=$3 save=$4 log=$5 interval=${6:-$3}
+  shift 6 2>/dev/null || shift $#
+  SPES_NUM_THREADS=1 "$SPES" train configs/tiny_shakespeare.yaml \
+    --data.paths="[$dir/file_list.txt]" --data.seed=$((6198 + 1000 * peer)) \
+    --using_spes=true --spes_config.num_peers=4 --spes_config.peer_id=$peer \
+    --spes_config.num_train_experts_per_node=1 --spes_config.sync_steps=2 \
+    --spes_config.server_addr=127.0.0.1:$port \
+    --max_duration=$steps --scheduler.t_warmup=2 --global_train_batch_size=4 --device_train_microbatch_size=4 \
+    --save_folder="$save" --save_interval_unsharded=$interval --save_num_unsharded_checkpoints_to_keep=-1 \
+    --eval_interval=1000 --try_load_latest_save=false --threads=1 "$@" >"$log" 2>&1 &
+  last_pid=$!
+}
+
+# Waits up to 60 s for <pattern> in <file>; prints the file's tail and fails otherwise.
+reliability_wait_log() {
+  for _ in $(seq 1 6000); do grep -q "$1" "$2" && return 0; sleep 0.01; done
+  echo "never logged '$1' in $2:"; tail -20 "$2"; return 1
+}
