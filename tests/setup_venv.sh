@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/.."
 VENV=.venv
-PINS="torch==2.15.0 transformers==5.23.0 tokenizers==0.23.3 pyarrow==26.0.1 numpy==2.4.6 safetensors==0.8.0 lm_eval==0.4.13"
+PINS="torch==2.15.0 transformers==5.23.0 tokenizers==0.23.3 pyarrow==26.0.1 numpy==2.4.6 safetensors==0.8.0 lm_eval==0.4.13 accelerate==1.15.0"
 STAMP="$VENV/.pins"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$PINS" ]; then
   exit 0
