@@ -36,6 +36,11 @@ int hf_format_for_model(const ModelConfig *cfg, HfFormat requested, HfFormat *ou
         return spes_fail("format %s needs QK-norm '%s', but the model's QK-norm is '%s' (use --format %s)",
                          hf_format_name(requested), requested == HF_FORMAT_OLMOE ? "full" : "head",
                          natural == HF_FORMAT_OLMOE ? "full" : "head", hf_format_name(natural));
+    // HF's OlmoeAttention sizes q_norm as [hidden_size] and k_norm from hidden_size/n_heads,
+    // whatever head_dim says: such a checkpoint would not load there.
+    if (natural == HF_FORMAT_OLMOE && cfg->n_heads * cfg->head_dim != cfg->d_model)
+        return spes_fail("OlmoeForCausalLM needs n_heads * head_dim == d_model (its q_norm is [hidden_size]), "
+                         "but this model has %d * %d != %d", cfg->n_heads, cfg->head_dim, cfg->d_model);
     *out = natural;
     return SPES_OK;
 }
