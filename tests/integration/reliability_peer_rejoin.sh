@@ -12,15 +12,14 @@ cd "$(dirname "$0")/../.."
 SPES=${SPES_BIN:-build/spes}
 DATA=${SPES_TEST_DATA:-../shared/data}
 [ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
+source tests/integration/lib/reliability.sh
 
 dir=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
 
-"$SPES" tokenize --file_glob "$DATA/tinyshakespeare.txt" --tokenizer_name_or_path bytes \
-  --output_prefix "$dir/tok/ts_" --dtype uint16 2>/dev/null
-"$SPES" list-files "$dir/tok" "$dir/file_list.txt"
+reliability_data
 
 STEPS=16
 port=$(( 20000 + RANDOM % 20000 ))
@@ -28,29 +27,17 @@ port=$(( 20000 + RANDOM % 20000 ))
   --round_timeout 2 --min_peers 2 >"$dir/server.log" 2>&1 &
 server_pid=$!
 pids+=($server_pid)
-start_peer() {   # <peer> <log> [--resume]
-  SPES_NUM_THREADS=1 "$SPES" train configs/tiny_shakespeare.yaml \
-    --data.paths="[$dir/file_list.txt]" --data.seed=$((6198 + 1000 * $1)) \
-    --using_spes=true --spes_config.num_peers=4 --spes_config.peer_id=$1 \
-    --spes_config.num_train_experts_per_node=1 --spes_config.sync_steps=2 \
-    --spes_config.server_addr=127.0.0.1:$port \
-    --max_duration=$STEPS --scheduler.t_warmup=2 --global_train_batch_size=4 --device_train_microbatch_size=4 \
-    --save_folder="$dir/peer$1" --save_interval_unsharded=2 --save_num_unsharded_checkpoints_to_keep=-1 \
-    --eval_interval=1000 --try_load_latest_save=false --threads=1 ${3:-} >"$2" 2>&1 &
-  peer_pids[$1]=$!
-  pids+=($!)
+start_peer() {   # <peer> <log> [--resume]: checkpoints every sync
+  reliability_peer $1 "$port" $STEPS "$dir/peer$1" "$2" 2 ${3:-}
+  peer_pids[$1]=$last_pid
+  pids+=($last_pid)
 }
 peer_pids=()
 for peer in 0 1 2 3; do start_peer $peer "$dir/peer$peer.log"; done
-
-wait_log() {   # <pattern> <file>: up to 60 s
-  for _ in $(seq 1 6000); do grep -q "$1" "$2" && return 0; sleep 0.01; done
-  echo "never logged '$1' in $2:"; tail -20 "$2"; return 1
-}
-wait_log "step 6: aggregated 4 peers" "$dir/server.log"
+reliability_wait_log "step 6: aggregated 4 peers" "$dir/server.log"
 kill -9 "${peer_pids[1]}"; wait "${peer_pids[1]}" 2>/dev/null || true
 echo "peer 1 killed (SIGKILL) after the round of step 6"
-wait_log "step 8: PARTIAL" "$dir/server.log"
+reliability_wait_log "step 8: PARTIAL" "$dir/server.log"
 start_peer 1 "$dir/peer1.rejoin.log" --resume
 echo "peer 1 restarted with --resume"
 

@@ -10,15 +10,14 @@ cd "$(dirname "$0")/../.."
 SPES=${SPES_BIN:-build/spes}
 DATA=${SPES_TEST_DATA:-../shared/data}
 [ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
+source tests/integration/lib/reliability.sh
 
 dir=$(mktemp -d)
 server_pid=""
 cleanup() { [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
 
-"$SPES" tokenize --file_glob "$DATA/tinyshakespeare.txt" --tokenizer_name_or_path bytes \
-  --output_prefix "$dir/tok/ts_" --dtype uint16 2>/dev/null
-"$SPES" list-files "$dir/tok" "$dir/file_list.txt"
+reliability_data
 
 STEPS=12
 start_server() {   # <run> <port> <log>
@@ -30,15 +29,8 @@ start_server() {   # <run> <port> <log>
 start_peers() {    # <run> <port>
   peer_pids=()
   for peer in 0 1 2 3; do
-    SPES_NUM_THREADS=1 "$SPES" train configs/tiny_shakespeare.yaml \
-      --data.paths="[$dir/file_list.txt]" --data.seed=$((6198 + 1000 * peer)) \
-      --using_spes=true --spes_config.num_peers=4 --spes_config.peer_id=$peer \
-      --spes_config.num_train_experts_per_node=1 --spes_config.sync_steps=2 \
-      --spes_config.server_addr=127.0.0.1:$2 \
-      --max_duration=$STEPS --scheduler.t_warmup=2 --global_train_batch_size=4 --device_train_microbatch_size=4 \
-      --save_folder="$dir/$1/peer$peer" --save_interval_unsharded=$STEPS --save_num_unsharded_checkpoints_to_keep=-1 \
-      --eval_interval=1000 --try_load_latest_save=false --threads=1 >"$dir/$1/peer$peer.log" 2>&1 &
-    peer_pids+=($!)
+    reliability_peer $peer "$2" $STEPS "$dir/$1/peer$peer" "$dir/$1/peer$peer.log"
+    peer_pids+=($last_pid)
   done
 }
 wait_peers() {     # <run>
@@ -64,8 +56,7 @@ kill_points=("step 4: upload from peer" "step 6: aggregated" "step 8: upload fro
 n=0
 for pattern in "${kill_points[@]}"; do
   log="$dir/kill/server.$n.log"
-  for _ in $(seq 1 3000); do grep -q "$pattern" "$log" && break; sleep 0.01; done
-  grep -q "$pattern" "$log" || { echo "server never logged '$pattern':"; tail -20 "$log"; exit 1; }
+  reliability_wait_log "$pattern" "$log"
   kill -9 "$server_pid"; wait "$server_pid" 2>/dev/null || true
   echo "killed the server (SIGKILL) after: $(grep -E 'upload from|aggregated' "$log" | tail -1 | sed 's/.*server: //')"
   n=$((n + 1))

@@ -12,15 +12,14 @@ cd "$(dirname "$0")/../.."
 SPES=${SPES_BIN:-build/spes}
 DATA=${SPES_TEST_DATA:-../shared/data}
 [ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
+source tests/integration/lib/reliability.sh
 
 dir=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
 
-"$SPES" tokenize --file_glob "$DATA/tinyshakespeare.txt" --tokenizer_name_or_path bytes \
-  --output_prefix "$dir/tok/ts_" --dtype uint16 2>/dev/null
-"$SPES" list-files "$dir/tok" "$dir/file_list.txt"
+reliability_data
 
 STEPS=12
 port=$(( 20000 + RANDOM % 20000 ))
@@ -30,27 +29,17 @@ server_pid=$!
 pids+=($server_pid)
 mkdir -p "$dir/sync"
 peer_pids=()
+export SPES_SYNC_LOG_DIR="$dir/sync"   # audit logs of every upload and download
 for peer in 0 1 2 3; do
-  SPES_SYNC_LOG_DIR="$dir/sync" SPES_NUM_THREADS=1 "$SPES" train configs/tiny_shakespeare.yaml \
-    --data.paths="[$dir/file_list.txt]" --data.seed=$((6198 + 1000 * peer)) \
-    --using_spes=true --spes_config.num_peers=4 --spes_config.peer_id=$peer \
-    --spes_config.num_train_experts_per_node=1 --spes_config.sync_steps=2 \
-    --spes_config.server_addr=127.0.0.1:$port \
-    --max_duration=$STEPS --scheduler.t_warmup=2 --global_train_batch_size=4 --device_train_microbatch_size=4 \
-    --save_folder="$dir/peer$peer" --save_interval_unsharded=$STEPS --save_num_unsharded_checkpoints_to_keep=-1 \
-    --eval_interval=1000 --try_load_latest_save=false --threads=1 >"$dir/peer$peer.log" 2>&1 &
-  peer_pids+=($!)
-  pids+=($!)
+  reliability_peer $peer "$port" $STEPS "$dir/peer$peer" "$dir/peer$peer.log"
+  peer_pids+=($last_pid)
+  pids+=($last_pid)
 done
 
-wait_log() {   # <pattern> <file>: up to 60 s
-  for _ in $(seq 1 6000); do grep -q "$1" "$2" && return 0; sleep 0.01; done
-  echo "never logged '$1' in $2:"; tail -20 "$2"; return 1
-}
-wait_log "step 2: aggregated 4 peers" "$dir/server.log"
+reliability_wait_log "step 2: aggregated 4 peers" "$dir/server.log"
 kill -9 "${peer_pids[3]}"; wait "${peer_pids[3]}" 2>/dev/null || true
 echo "peer 3 killed (SIGKILL) after step 2"
-wait_log "step 4: PARTIAL" "$dir/server.log"
+reliability_wait_log "step 4: PARTIAL" "$dir/server.log"
 kill -STOP "${peer_pids[2]}"
 echo "peer 2 frozen (SIGSTOP) for 6 s"
 sleep 6
