@@ -2,6 +2,7 @@
 #include "model/hf_config.h"
 
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -162,6 +163,18 @@ static int set_new(json_t *obj, const char *key, json_t *value) {
     return SPES_OK;
 }
 
+// The double a reader should see for a float field: the shortest decimal that rounds back to
+// the same float (1e-5f is written as 1e-05, not 9.99999975e-06, so HF computes with 1e-5).
+static json_t *json_float(float f) {
+    char buf[32];
+    for (int precision = 1; precision <= 9; precision++) {
+        snprintf(buf, sizeof buf, "%.*g", precision, (double)f);
+        if (strtof(buf, NULL) == f) break;
+    }
+    return json_real(strtod(buf, NULL));
+}
+
+
 static int build_config(const ModelConfig *cfg, bool qwen, const char *torch_dtype, json_t *o) {
     SPES_TRY(set_new(o, "architectures", json_pack("[s]", qwen ? "Qwen3MoeForCausalLM" : "OlmoeForCausalLM")));
     SPES_TRY(set_new(o, "model_type", json_string(qwen ? "qwen3_moe" : "olmoe")));
@@ -185,12 +198,12 @@ static int build_config(const ModelConfig *cfg, bool qwen, const char *torch_dty
         SPES_TRY(set_new(o, "clip_qkv", json_null()));
     }
     SPES_TRY(set_new(o, "max_position_embeddings", json_integer(cfg->max_seq_len)));
-    SPES_TRY(set_new(o, "rope_theta", json_real(cfg->rope_theta)));
-    SPES_TRY(set_new(o, "rope_parameters", json_pack("{s:s, s:f}", "rope_type", "default", "rope_theta",
-                                                     (double)cfg->rope_theta)));
-    SPES_TRY(set_new(o, "rms_norm_eps", json_real(cfg->norm_eps)));
+    SPES_TRY(set_new(o, "rope_theta", json_float(cfg->rope_theta)));
+    SPES_TRY(set_new(o, "rope_parameters", json_pack("{s:s, s:o}", "rope_type", "default", "rope_theta",
+                                                     json_float(cfg->rope_theta))));
+    SPES_TRY(set_new(o, "rms_norm_eps", json_float(cfg->norm_eps)));
     SPES_TRY(set_new(o, "norm_topk_prob", json_boolean(cfg->normalize_expert_weights)));
-    SPES_TRY(set_new(o, "initializer_range", json_real(cfg->init_std)));
+    SPES_TRY(set_new(o, "initializer_range", json_float(cfg->init_std)));
     SPES_TRY(set_new(o, "hidden_act", json_string("silu")));
     SPES_TRY(set_new(o, "attention_bias", json_false()));
     SPES_TRY(set_new(o, "attention_dropout", json_real(0.0)));
