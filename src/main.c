@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "ops/ops.h"
 
 static const Command commands[] = {
     {"demo", cmd_demo, "SPES on this machine: server + 4 peers on a built-in corpus, vs centralised"},
@@ -25,6 +26,9 @@ static void usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+    // Debian's OpenBLAS 0.3.21 misdetects recent CPUs and falls back to SSE3 kernels: re-exec
+    // once with OPENBLAS_CORETYPE set (a no-op when detection worked or the user set it).
+    op_blas_ensure_fast_kernels(argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
