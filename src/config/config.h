@@ -103,6 +103,7 @@ typedef struct {
     char *auth_token_file;            // spes_config.auth_token_file: token for the server (NULL: none)
     char *tls_ca, *tls_cert, *tls_key;   // spes_config.tls_*: TLS to the server (NULL: insecure)
     int take_over_peer_id;            // spes_config.take_over_peer_id: act as this (lost) peer; -1: no
+    double retry_timeout_s;           // spes_config.retry_timeout_s: retry an unreachable server this long (60)
 
     // Where the config came from (for messages and the checkpoint copy).
     char *source_path;

@@ -583,6 +583,7 @@ static const ConfigKey KEYS[] = {
     {"spes_config.tls_cert", K_STR, F(tls_cert), .nullable = true, .meaning = "PEM client certificate for a server that requires one (with tls_key). Our extension."},
     {"spes_config.tls_key", K_STR, F(tls_key), .nullable = true, .meaning = "PEM key of tls_cert. Our extension."},
     {"spes_config.take_over_peer_id", K_INT, F(take_over_peer_id), MIN_NONNEG, .nullable = true, .null_value = -1, .meaning = "Ownership failover: act as lost peer N (its peer_id and experts), starting from the server's newest aggregate. Our extension."},
+    {"spes_config.retry_timeout_s", K_F64, F(retry_timeout_s), MIN_POSITIVE, .meaning = "How long every sync call retries an unreachable or restarting parameter server (exponential backoff with jitter). Our extension."},
     {"spes_config.payload_dtype", K_SPECIAL, .hashed = true, .parse = parse_payload_dtype, .format = format_payload_dtype, .meaning = "f32 or bf16 sync payloads. Our extension."},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
@@ -998,6 +999,7 @@ void config_defaults(TrainConfig *cfg) {
     cfg->server_addr = spes_strdup("127.0.0.1:50051");
     cfg->decayed_factor_update_steps = 1;
     cfg->take_over_peer_id = -1;
+    cfg->retry_timeout_s = 60;
 }
 
 void config_free(TrainConfig *cfg) {

@@ -60,6 +60,7 @@ int spes_peer_create(const TrainConfig *cfg, SpesPeer **out) {
     cc.experts_per_node = cfg->num_train_experts_per_node;
     cc.mode = cfg->using_dilico ? SYNC_MODE_FEDAVG : SYNC_MODE_SPES;
     cc.payload_dtype = cfg->payload_dtype == PAYLOAD_BF16 ? DTYPE_BF16 : DTYPE_F32;
+    cc.connect_timeout_s = cfg->retry_timeout_s;
     cc.tls_ca = cfg->tls_ca;
     cc.tls_cert = cfg->tls_cert;
     cc.tls_key = cfg->tls_key;
