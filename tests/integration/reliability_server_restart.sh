@@ -3,7 +3,8 @@
 # sync rounds). The server is killed with SIGKILL at several points of the run (during the
 # uploads of a round, right after a round completes while peers download it, with part of a
 # round uploaded) and restarted with the same --state_dir each time; the peers retry and the
-# run finishes. The final weights of every peer must be byte-identical (cmp) to those of an
+# run finishes. 64 KiB chunks make every upload and download a stream of ~20-40 messages, so a
+# kill lands inside transfers too. The final weights of every peer must be byte-identical (cmp) to those of an
 # undisturbed run with the same seeds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +23,7 @@ reliability_data
 STEPS=12
 start_server() {   # <run> <port> <log>
   "$SPES" server --total_peers 4 --num_train_experts_per_node 1 --host 127.0.0.1 --port "$2" \
-    --merge_interval 4 --merge_alpha_start 0.5 --merge_decay_steps 100 --merge_topk 2 \
+    --merge_interval 4 --merge_alpha_start 0.5 --merge_decay_steps 100 --merge_topk 2 --chunk_size 65536 \
     --state_dir "$dir/$1/state" >"$3" 2>&1 &
   server_pid=$!
 }
