@@ -9,6 +9,8 @@ export SPES_BIN="$PWD/$BUILD/spes"
 export SPES_BUILD="$PWD/$BUILD"
 export SPES_TEST_DATA=${SPES_TEST_DATA:-$PWD/../shared/data}
 export SPES_VENV_PY="$PWD/.venv/bin/python"
+# Under ASan (make test-asan sets SPES_ASAN=1): third-party leaks listed in tests/lsan.supp.
+if [ -n "${SPES_ASAN:-}" ] && [ -z "${LSAN_OPTIONS:-}" ]; then export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp"; fi
 passed=0 failed=0 skipped=0
 failed_names=()
 log_dir=$(mktemp -d)
