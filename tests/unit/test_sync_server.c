@@ -25,7 +25,7 @@ typedef struct {
     grpc_completion_queue *cq;
 } Fixture;
 
-static int setup(void **state) {
+static Fixture *start_fixture(int max_calls) {
     Fixture *f = calloc(1, sizeof *f);
     SyncServerConfig cfg;
     sync_server_config_defaults(&cfg);
@@ -33,6 +33,7 @@ static int setup(void **state) {
     cfg.port = 0;
     cfg.chunk_size = 100;
     cfg.idle_timeout_seconds = 3;
+    cfg.max_calls = max_calls;
     cfg.rounds.keep_steps = 1;
     cfg.rounds.agg = (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4};
     assert_int_equal(sync_server_start(&cfg, &f->srv), SPES_OK);
@@ -42,7 +43,11 @@ static int setup(void **state) {
     f->channel = grpc_channel_create(f->addr, creds, NULL);
     grpc_channel_credentials_release(creds);
     f->cq = grpc_completion_queue_create_for_pluck(NULL);
-    *state = f;
+    return f;
+}
+
+static int setup(void **state) {
+    *state = start_fixture(256);
     return 0;
 }
 
@@ -156,6 +161,24 @@ static void test_stalled_upload_blocks_nobody(void **state) {
     grpc_status_code code = close_call(f, stalled, false, NULL, NULL, details, sizeof details);
     assert_true(code == GRPC_STATUS_DEADLINE_EXCEEDED || code == GRPC_STATUS_CANCELLED);
     assert_true(now_seconds() - start < 10);
+}
+
+// More concurrent calls than max_calls: the extra call is refused RESOURCE_EXHAUSTED at once.
+static void test_call_limit(void **state) {
+    (void)state;
+    Fixture *f = start_fixture(1);
+    uint8_t data[50] = {0};
+    grpc_call *stalled = open_call(f, "/FederatedServer/UploadChunk");
+    assert_true(send_bytes(f, stalled, chunk(0, 1, 0, 3, data, sizeof data)));
+    StatusRequest sreq = STATUS_REQUEST__INIT;
+    char details[512];
+    assert_int_equal(unary(f, "/FederatedServer/Status", &sreq.base, NULL, NULL, details, sizeof details),
+                     GRPC_STATUS_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(details, "server busy"));
+    grpc_call_cancel(stalled, NULL);
+    close_call(f, stalled, false, NULL, NULL, details, sizeof details);
+    void *state_of_f = f;
+    teardown(&state_of_f);
 }
 
 static void test_protocol_errors_get_statuses(void **state) {
@@ -345,6 +368,7 @@ static void test_bf16_payload_round_trip(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stalled_upload_blocks_nobody, setup, teardown),
+        cmocka_unit_test(test_call_limit),
         cmocka_unit_test_setup_teardown(test_protocol_errors_get_statuses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_downloads_and_long_poll, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bf16_payload_round_trip, setup, teardown),
