@@ -222,6 +222,47 @@ static void test_state_dir_survives_restart(void **state) {
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
+// Killed during aggregation: every upload of a round is on disk, the aggregate is not. The
+// restarted server completes the round itself, byte-identical to an uninterrupted server.
+static void test_restart_completes_a_full_round(void **state) {
+    (void)state;
+    char dir[] = "/tmp/spes_rounds_agg_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    Rounds *calm = make_rounds(2), *r = make_rounds_in(2, dir);
+    hello(calm, 0, 6, GRPC_STATUS_OK);
+    hello(r, 0, 6, GRPC_STATUS_OK);
+    assert_int_equal(upload(calm, 0, 2, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(calm, 1, 2, plus_one), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 2, NULL), GRPC_STATUS_OK);
+    rounds_destroy(r);
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    uint8_t *bytes;
+    size_t len;
+    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, 1, DTYPE_F32, plus_one, &bytes, &len), SPES_OK);
+    model_spec_free(&spec);
+    assert_int_equal(state_save_upload(dir, 2, 1, bytes, len), SPES_OK);   // on disk, never aggregated
+    free(bytes);
+    r = make_rounds_in(2, dir);
+    RoundsStatus st;
+    rounds_status(r, &st);
+    assert_int_equal(st.last_aggregate_step, 2);
+    assert_int_equal(st.rounds_completed, 1);
+    assert_int_equal(count_files(dir, "u"), 0);
+    AggregateBlob *a, *b;
+    assert_int_equal(rounds_get(r, 2, 0, &a), GRPC_STATUS_OK);
+    assert_int_equal(rounds_get(calm, 2, 0, &b), GRPC_STATUS_OK);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(a->len, b->len);
+    assert_memory_equal(a->bytes, b->bytes, a->len);
+    rounds_release(r, a);
+    rounds_release(calm, b);
+    rounds_destroy(r);
+    rounds_destroy(calm);
+    assert_int_equal(remove_tree(dir), SPES_OK);
+}
+
 // The adaptive deadline: max(round_timeout, 3 x median of the recent full rounds).
 static void test_deadline_rule(void **state) {
     (void)state;
@@ -285,6 +326,7 @@ int main(void) {
         cmocka_unit_test(test_keep_steps_and_long_poll),
         cmocka_unit_test(test_spec_inferred_without_hello),
         cmocka_unit_test(test_state_dir_survives_restart),
+        cmocka_unit_test(test_restart_completes_a_full_round),
         cmocka_unit_test(test_deadline_rule),
         cmocka_unit_test(test_round_timeout_closes_partial_round),
     };
