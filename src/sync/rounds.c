@@ -524,7 +524,8 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
         StateBook book = {r->last_completed_step > step ? r->last_completed_step : step, r->stats.rounds_completed + 1,
                           r->rounds_partial + (blob->included != NULL)};
         pthread_mutex_unlock(&r->mu);
-        if (state_save_aggregate(dir, step, blob->bytes, blob->len) != SPES_OK || state_save_book(dir, &book) != SPES_OK) {
+        if ((blob->included && state_save_included(dir, step, blob->included, P) != SPES_OK) ||
+            state_save_aggregate(dir, step, blob->bytes, blob->len) != SPES_OK || state_save_book(dir, &book) != SPES_OK) {
             pthread_mutex_unlock(&r->persist_mu);
             return SPES_ERR;
         }
@@ -841,12 +842,14 @@ static int restore_state(Rounds *r) {
             }
             AggregateBlob *blob = spes_calloc(1, sizeof *blob);
             rc = blob ? state_read(dir, f, &blob->bytes, &blob->len) : SPES_ERR;
+            if (rc == SPES_OK) rc = state_load_included(dir, f->step, r->cfg.agg.num_peers, &blob->included);
             if (rc == SPES_OK && blob->len != r->aggregate_len)
                 rc = spes_fail("server state %s: aggregate of step %d has %zu bytes, the model's aggregate %zu (damaged "
                                "state directory?)",
                                dir, f->step, blob->len, r->aggregate_len);
             if (rc != SPES_OK) {
                 if (blob) free(blob->bytes);
+                if (blob) free(blob->included);
                 free(blob);
                 break;
             }

@@ -174,7 +174,58 @@ int state_save_aggregate(const char *dir, int step, const uint8_t *bytes, size_t
     return save_file(dir, &(StateFile){'a', step, -1}, bytes, len);
 }
 void state_remove_upload(const char *dir, int step, int peer) { remove_file(dir, &(StateFile){'u', step, peer}); }
-void state_remove_aggregate(const char *dir, int step) { remove_file(dir, &(StateFile){'a', step, -1}); }
+static char *included_name(int step) {
+    char *name = spes_malloc(48);
+    if (name) snprintf(name, 48, "aggregate_s%d.peers.json", step);
+    return name;
+}
+
+void state_remove_aggregate(const char *dir, int step) {
+    remove_file(dir, &(StateFile){'a', step, -1});
+    char *name = included_name(step), *path = name ? path_join(dir, name) : NULL;
+    if (path && unlink(path) != 0 && errno != ENOENT) log_warn("server state: cannot remove %s: %s", path, strerror(errno));
+    free(path);
+    free(name);
+}
+
+int state_save_included(const char *dir, int step, const bool *included, int num_peers) {
+    json_t *peers = json_array();
+    for (int p = 0; peers && p < num_peers; p++)
+        if (included[p]) json_array_append_new(peers, json_integer(p));
+    char *name = included_name(step);
+    int rc = name ? save_json(dir, name, json_pack("{s:i, s:o}", "step", step, "peers", peers)) : SPES_ERR;
+    free(name);
+    return rc;
+}
+
+int state_load_included(const char *dir, int step, int num_peers, bool **included) {
+    *included = NULL;
+    char *name = included_name(step);
+    if (!name) return SPES_ERR;
+    json_t *j;
+    bool found;
+    int rc = load_json(dir, name, &j, &found);
+    json_t *peers = found ? json_object_get(j, "peers") : NULL;
+    if (rc == SPES_OK && found && !json_is_array(peers)) rc = spes_fail("server state %s/%s: no peers list", dir, name);
+    if (rc == SPES_OK && found && !(*included = spes_calloc((size_t)num_peers, sizeof(bool)))) rc = SPES_ERR;
+    size_t i;
+    json_t *x;
+    if (rc == SPES_OK && found) json_array_foreach(peers, i, x) {
+        json_int_t p = json_integer_value(x);
+        if (!json_is_integer(x) || p < 0 || p >= num_peers) {
+            rc = spes_fail("server state %s/%s: peer %zu is not in [0, %d)", dir, name, i, num_peers);
+            break;
+        }
+        (*included)[p] = true;
+    }
+    if (rc != SPES_OK) {
+        free(*included);
+        *included = NULL;
+    }
+    json_decref(j);
+    free(name);
+    return rc;
+}
 
 static int compare_files(const void *a, const void *b) {
     const StateFile *x = a, *y = b;

@@ -6,6 +6,7 @@
 //   DIR/rounds.json                      bookkeeping: last completed step, rounds completed, partial rounds
 //   DIR/upload_s<step>_p<peer>.safetensors   each accepted upload of a round not yet aggregated
 //   DIR/aggregate_s<step>.safetensors    each kept aggregate
+//   DIR/aggregate_s<step>.peers.json     for a partial round: the peers in it (written first)
 //
 // Order of writes (rounds.c): an upload is on disk before the peer hears OK; an aggregate and
 // then rounds.json are on disk before any peer can download the aggregate; only then are the
@@ -39,9 +40,13 @@ int state_load_book(const char *dir, StateBook *book, bool *found);
 
 int state_save_upload(const char *dir, int step, int peer, const uint8_t *bytes, size_t len);
 int state_save_aggregate(const char *dir, int step, const uint8_t *bytes, size_t len);
+// The peers in a partial round's aggregate; state_load_included sets *included NULL (every
+// peer) when there is no such file.
+int state_save_included(const char *dir, int step, const bool *included, int num_peers);
+int state_load_included(const char *dir, int step, int num_peers, bool **included);
 // Removing is best effort (a leftover is cleaned up at the next start); failures are logged.
 void state_remove_upload(const char *dir, int step, int peer);
-void state_remove_aggregate(const char *dir, int step);
+void state_remove_aggregate(const char *dir, int step);   // and its .peers.json
 
 // The files present: kind 'u' (upload, peer >= 0) or 'a' (aggregate, peer -1).
 typedef struct {

@@ -278,9 +278,11 @@ static void test_deadline_rule(void **state) {
 // the late peer is answered ABORTED, an included one ALREADY_EXISTS.
 static void test_round_timeout_closes_partial_round(void **state) {
     (void)state;
+    char dir[] = "/tmp/spes_rounds_partial_XXXXXX";
+    assert_non_null(mkdtemp(dir));
     RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4},
                         .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2,
-                        .round_timeout_s = 0.2, .min_peers = 1};
+                        .round_timeout_s = 0.2, .min_peers = 1, .state_dir = dir};
     Rounds *r;
     assert_int_equal(rounds_create(&cfg, &r), SPES_OK);
     hello(r, 0, 6, GRPC_STATUS_OK);
@@ -318,6 +320,14 @@ static void test_round_timeout_closes_partial_round(void **state) {
     assert_non_null(strstr(spes_last_error(), "newest aggregate (step 4)"));
     assert_int_equal(upload(r, 0, 4, NULL), GRPC_STATUS_ALREADY_EXISTS);
     rounds_destroy(r);
+    // After a restart the round is still known as partial, without peer 1.
+    assert_int_equal(rounds_create(&cfg, &r), SPES_OK);
+    rounds_status(r, &st);
+    assert_int_equal(st.rounds_partial, 1);
+    assert_int_equal(upload(r, 1, 4, NULL), GRPC_STATUS_ABORTED);
+    assert_int_equal(upload(r, 0, 4, NULL), GRPC_STATUS_ALREADY_EXISTS);
+    rounds_destroy(r);
+    assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
 int main(void) {
