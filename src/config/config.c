@@ -60,7 +60,11 @@ static int apply_overrides(YNode *root, int n, char **args) {
         if (!config_key_known(key))
             return spes_fail("command line --%s: unknown config key (docs/config-keys.md lists them)", key);
         YNode *node = NULL;
-        if (value[0] == '\0') {   // "--load_path=": null
+        // "--load_path=" and "--stop_at=null": null. (A whole YAML document that is just null
+        // reads as an empty config, so the literal is recognised here.)
+        bool is_null = value[0] == '\0' || !strcmp(value, "null") || !strcmp(value, "Null") ||
+                       !strcmp(value, "NULL") || !strcmp(value, "~");
+        if (is_null) {
             node = spes_calloc(1, sizeof(YNode));
             if (!node || !(node->value = spes_strdup(""))) {
                 free(node);

@@ -181,6 +181,18 @@ static void test_override_reaches_interpolation(void **state) {
     config_free(&cfg);
 }
 
+// "null" on the command line unsets a key, as in the YAML file (it is not an empty config).
+static void test_override_with_null(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    char *over[] = {"--save_interval_unsharded=null", "--stop_at", "~", "--load_path=NULL"};
+    assert_int_equal(config_load("configs/spes_moe_1b_trimmed.yaml", 4, over, &cfg), SPES_OK);
+    assert_true(cfg.save_interval_unsharded <= 0);
+    assert_true(cfg.stop_at < 0);
+    assert_null(cfg.load_path);
+    config_free(&cfg);
+}
+
 static void test_defaults_are_olmo(void **state) {
     (void)state;
     TrainConfig cfg;
@@ -309,6 +321,7 @@ int main(void) {
         cmocka_unit_test(test_trimmed_copy_matches_reference),
         cmocka_unit_test(test_tiny_config),
         cmocka_unit_test(test_override_reaches_interpolation),
+        cmocka_unit_test(test_override_with_null),
         cmocka_unit_test(test_defaults_are_olmo),
         cmocka_unit_test(test_unknown_keys_collected),
         cmocka_unit_test(test_evaluators),
