@@ -15,10 +15,10 @@
 // theory_ratio = bytes(spes) / bytes(all); measured_ratio = peak_rss(spes) / peak_rss(all).
 // The measured peaks also hold what the child itself touches besides these buffers (code,
 // library pages, OpenBLAS/OpenMP buffers, the logits row block): a few MB here.
-// Known gap: model_create allocates and zeroes gradients for EVERY tensor before the mask
-// shrinks them, so each peer briefly holds 4*2P bytes. With 4 experts per peer the step's
-// peak is higher and hides it (912 vs 907 MB theory); with --experts-per-peer 1 that
-// transient IS the peak (794 MB measured vs 697 MB theory, +14%).
+// model_create allocates the full gradient buffer before the trainable mask shrinks it;
+// large aligned blocks are lazily mapped (src/base/alloc.c), so that buffer is never
+// resident: with --experts-per-peer 1, 702 MB measured vs 697 MB theory (it was 794 MB,
+// +14%, when the buffer was zeroed eagerly).
 //
 // usage: spes_memory [--experts-per-peer M] [--threads N]
 // Last line: spes-memory: spes_mb=<x> all_trainable_mb=<x> theory_ratio=<x> measured_ratio=<x>

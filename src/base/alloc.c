@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/error.h"
 
@@ -29,22 +30,46 @@ void *spes_realloc(void *ptr, size_t nbytes) {
     return p;
 }
 
+// Aligned blocks carry a 64-byte header holding the size of their mapping (0 for heap
+// blocks). Large blocks come straight from mmap: already zero and not resident until
+// written, so a buffer that is allocated but never touched (the full gradient buffer
+// between model_create and the trainable mask) costs no memory.
+#define ALIGNED_HEADER 64
+#define MMAP_THRESHOLD ((size_t)1 << 20)
+
 void *spes_alloc_aligned(size_t nbytes) {
     size_t rounded = (nbytes + 63) & ~(size_t)63;
-    if (rounded < nbytes) {
+    size_t total = rounded + ALIGNED_HEADER;
+    if (rounded < nbytes || total < rounded) {
         spes_fail("allocation size overflow (%zu bytes)", nbytes);
         return NULL;
     }
-    void *p = aligned_alloc(64, rounded ? rounded : 64);
-    if (!p) {
-        spes_fail("out of memory allocating %zu bytes", nbytes);
-        return NULL;
+    char *base;
+    if (total >= MMAP_THRESHOLD) {
+        base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) {
+            spes_fail("out of memory allocating %zu bytes", nbytes);
+            return NULL;
+        }
+        *(size_t *)base = total;
+    } else {
+        base = aligned_alloc(64, total);
+        if (!base) {
+            spes_fail("out of memory allocating %zu bytes", nbytes);
+            return NULL;
+        }
+        memset(base, 0, total);
     }
-    memset(p, 0, rounded ? rounded : 64);
-    return p;
+    return base + ALIGNED_HEADER;
 }
 
-void spes_free_aligned(void *ptr) { free(ptr); }
+void spes_free_aligned(void *ptr) {
+    if (!ptr) return;
+    char *base = (char *)ptr - ALIGNED_HEADER;
+    size_t mapped = *(size_t *)base;
+    if (mapped) munmap(base, mapped);
+    else free(base);
+}
 
 char *spes_strdup(const char *s) {
     size_t n = strlen(s) + 1;

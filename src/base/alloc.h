@@ -6,7 +6,8 @@
 void *spes_malloc(size_t nbytes);
 void *spes_calloc(size_t count, size_t size);     // checks count*size overflow
 void *spes_realloc(void *ptr, size_t nbytes);
-// 64-byte aligned, zeroed; free with spes_free_aligned.
+// 64-byte aligned, zeroed; free with spes_free_aligned (never free()). Large blocks are
+// mapped lazily: pages cost memory only once written.
 void *spes_alloc_aligned(size_t nbytes);
 void spes_free_aligned(void *ptr);
 char *spes_strdup(const char *s);
