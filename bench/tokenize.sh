@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tokenizer throughput, ours (bench/tokenize.c, the library `spes tokenize` uses) against Hugging
 # Face tokenizers (bench/tokenize_hf.py, encode_batch) on the same documents: Tiny Shakespeare
-# repeated to ~TOKENIZE_BENCH_MB megabytes (default 20, not 50: HF runs at ~1 MB/s per core on
-# this 2-core box, so 50 MB would take minutes per HF run) and a Unicode-heavy text of a quarter
+# repeated to ~TOKENIZE_BENCH_MB megabytes (default 50; HF runs at ~2 MB/s per core here, so
+# its single-thread pass takes ~25 s) and a Unicode-heavy text of a quarter
 # of that, 1 and 2 processes (HF: RAYON_NUM_THREADS=1 and 2), tokenizer dolma2.json
 # (cl100k-style, OLMo 2). Token counts of both sides must agree.
 # Last line: "tokenize: ours_mb_s=<x> hf_mb_s=<x> ratio=<x>" (Shakespeare, 1 process each).
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build}
 PY=${2:-.venv/bin/python}
 DATA=${SPES_TEST_DATA:-../shared/data}
-MB=${TOKENIZE_BENCH_MB:-20}
+MB=${TOKENIZE_BENCH_MB:-50}
 OURS="$BUILD_DIR/bench/tokenize"
 TOK="$DATA/tokenizers/dolma2.json"
 [ -x "$OURS" ] || { echo "tokenize: skipped (no $OURS; build it with make build)"; exit 0; }
