@@ -46,15 +46,15 @@ static void usage(FILE *out) {
             "                 [--train_docs D] [--threads_per_peer T] [--no_baseline] [--out DIR]\n"
             "\n"
             "Trains a small MoE with SPES on 127.0.0.1: a parameter server and N peers (default 4), each\n"
-            "owning M experts per layer (default 2, so 8 experts), syncing every K steps (default 20) with\n"
+            "owning M experts per layer (default 2, so 8 experts), syncing every K steps (default 25) with\n"
             "expert merging in the first half. Then the same budget centralised (1 process, all experts,\n"
             "N*B sequences per step) and a comparison: validation loss and question accuracy.\n"
-            "Defaults: 300 steps, batch 8 sequences of 128 bytes per peer, %s.\n",
+            "Defaults: 1000 steps, batch 8 sequences of 128 bytes per peer, %s.\n",
             "out output/demo");
 }
 
 static int parse_options(int argc, char **argv, DemoOptions *o) {
-    *o = (DemoOptions){.peers = 4, .experts_per_peer = 2, .steps = 300, .sync_steps = 20, .batch = 8,
+    *o = (DemoOptions){.peers = 4, .experts_per_peer = 2, .steps = 1000, .sync_steps = 25, .batch = 8,
                        .train_docs = 20000, .val_docs = 500, .questions = 48, .baseline = 1, .out = "output/demo"};
     static const struct option longopts[] = {
         {"peers", required_argument, 0, 'p'},        {"experts_per_peer", required_argument, 0, 'm'},
