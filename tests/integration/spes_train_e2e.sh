@@ -17,9 +17,8 @@ server_pid=""
 cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
 
-"$SPES" tokenize --file_glob "$DATA/tinyshakespeare.txt" --tokenizer_name_or_path bytes \
-  --output_prefix "$dir/tok/ts_" --dtype uint16 2>/dev/null
-"$SPES" list-files "$dir/tok" "$dir/file_list.txt"
+. tests/integration/lib/reliability.sh
+reliability_data
 
 port=$(( 20000 + RANDOM % 20000 ))
 "$SPES" server --total_peers 4 --num_train_experts_per_node 1 --host 127.0.0.1 --port "$port" \
@@ -28,16 +27,10 @@ server_pid=$!
 
 mkdir -p "$dir/sync"
 pids=()
+export SPES_SYNC_LOG_DIR="$dir/sync"
 for peer in 0 1 2 3; do
-  SPES_SYNC_LOG_DIR="$dir/sync" SPES_NUM_THREADS=1 "$SPES" train configs/tiny_shakespeare.yaml \
-    --data.paths="[$dir/file_list.txt]" --data.seed=$((6198 + 1000 * peer)) \
-    --using_spes=true --spes_config.num_peers=4 --spes_config.peer_id=$peer \
-    --spes_config.num_train_experts_per_node=1 --spes_config.sync_steps=2 \
-    --spes_config.server_addr=127.0.0.1:$port \
-    --max_duration=6 --scheduler.t_warmup=2 --global_train_batch_size=4 --device_train_microbatch_size=4 \
-    --save_folder="$dir/peer$peer" --save_interval_unsharded=2 --save_num_unsharded_checkpoints_to_keep=-1 \
-    --eval_interval=1000 --try_load_latest_save=false --threads=1 >"$dir/peer$peer.log" 2>&1 &
-  pids+=($!)
+  reliability_peer $peer "$port" 6 "$dir/peer$peer" "$dir/peer$peer.log" 2   # 6 steps, save every 2
+  pids+=("$last_pid")
 done
 status=0
 for i in 0 1 2 3; do wait "${pids[$i]}" || { echo "peer $i failed:"; tail -20 "$dir/peer$i.log"; status=1; }; done

@@ -1,4 +1,4 @@
-# Shared by tests/integration/reliability_*.sh (sourced, not a test itself): a tokenized tiny
+# Shared by tests/integration/reliability_*.sh and spes_train_e2e.sh (sourced, not a test itself): a tokenized tiny
 # corpus, `spes train` peers of the tiny config that sync every 2 steps, log waiting.
 # Needs: $SPES, $DATA, $dir (the test's temp dir).
 
