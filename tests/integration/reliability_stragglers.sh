@@ -22,10 +22,7 @@ trap cleanup EXIT
 reliability_data
 
 STEPS=12
-port=$(( 20000 + RANDOM % 20000 ))
-"$SPES" server --total_peers 4 --num_train_experts_per_node 1 --host 127.0.0.1 --port "$port" \
-  --round_timeout 2 --min_peers 2 >"$dir/server.log" 2>&1 &
-server_pid=$!
+reliability_server --round_timeout 2 --min_peers 2
 pids+=($server_pid)
 mkdir -p "$dir/sync"
 peer_pids=()

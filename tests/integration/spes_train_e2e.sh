@@ -20,10 +20,7 @@ trap cleanup EXIT
 . tests/integration/lib/reliability.sh
 reliability_data
 
-port=$(( 20000 + RANDOM % 20000 ))
-"$SPES" server --total_peers 4 --num_train_experts_per_node 1 --host 127.0.0.1 --port "$port" \
-  --merge_interval 4 --merge_alpha_start 0.5 --merge_decay_steps 100 --merge_topk 2 >"$dir/server.log" 2>&1 &
-server_pid=$!
+reliability_server --merge_interval 4 --merge_alpha_start 0.5 --merge_decay_steps 100 --merge_topk 2
 
 mkdir -p "$dir/sync"
 pids=()

@@ -9,6 +9,15 @@ reliability_data() {
   "$SPES" list-files "$dir/tok" "$dir/file_list.txt"
 }
 
+# Starts `spes server` for 4 peers of 1 expert each on a random port of 127.0.0.1 in the
+# background, extra flags appended, logging to $dir/server.log; sets $port and $server_pid.
+reliability_server() {
+  port=$(( 20000 + RANDOM % 20000 ))
+  "$SPES" server --total_peers 4 --num_train_experts_per_node 1 --host 127.0.0.1 --port "$port" "$@" \
+    >"$dir/server.log" 2>&1 &
+  server_pid=$!
+}
+
 # Starts peer <peer> of 4 (1 expert each) in the background; sets $last_pid.
 # usage: reliability_peer <peer> <port> <steps> <save_folder> <log> [save_interval] [extra args...]
 reliability_peer() {
