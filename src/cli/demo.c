@@ -9,6 +9,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <omp.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,16 +244,6 @@ typedef struct {
     double val_loss, recall_acc, arithmetic_acc;
 } DemoScores;
 
-typedef struct {
-    const uint16_t *tokens;
-} U16Tokens;
-
-static int read_u16(void *ctx, uint64_t start, size_t n, uint32_t *dst) {
-    const U16Tokens *t = ctx;
-    for (size_t i = 0; i < n; i++) dst[i] = t->tokens[start + i];
-    return SPES_OK;
-}
-
 static int question_accuracy(const Model *m, const Tokenizer *tok, const char *path, double *acc) {
     McTask task;
     SPES_TRY(mc_task_load(path, 0, &task));
@@ -273,11 +264,11 @@ static int evaluate_checkpoint(const char *ckpt, const char *dir, const Tokenize
     SPES_TRY(model_load_hf_dir(ckpt, &m));
     char *val_path = path_join(dir, "val.bin"), *recall = path_join(dir, "recall.jsonl"),
          *arith = path_join(dir, "arithmetic.jsonl");
-    MappedFile val = {0};
-    int rc = val_path && recall && arith ? file_map(val_path, &val) : SPES_ERR;
+    TokenFile val;
+    int rc = val_path && recall && arith ? token_file_open(val_path, TOKEN_U16, &val) : SPES_ERR;
+    bool val_open = rc == SPES_OK;
     if (rc == SPES_OK) {
-        U16Tokens t = {.tokens = (const uint16_t *)val.data};
-        TokenStream stream = {.count = val.size / 2, .read = read_u16, .ctx = &t};
+        TokenStream stream = token_stream_of_file(&val);
         PerplexityOptions po = {.seq = m.cfg.max_seq_len, .batch = 8, .max_tokens = 100000};
         PerplexityResult pr;
         rc = eval_perplexity(&m, &stream, &po, &pr);
@@ -285,7 +276,7 @@ static int evaluate_checkpoint(const char *ckpt, const char *dir, const Tokenize
     }
     if (rc == SPES_OK) rc = question_accuracy(&m, tok, recall, &out->recall_acc);
     if (rc == SPES_OK) rc = question_accuracy(&m, tok, arith, &out->arithmetic_acc);
-    file_unmap(&val);
+    if (val_open) token_file_close(&val);
     free(val_path), free(recall), free(arith);
     model_free(&m);
     return rc == SPES_OK ? SPES_OK : spes_fail_context("evaluating %s", ckpt);

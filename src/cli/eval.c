@@ -51,11 +51,7 @@ static void usage(FILE *out) {
             "  --no_progress        no progress line\n");
 }
 
-// TokenStream readers: a mapped token file, or ids in memory.
-static int read_token_file(void *ctx, uint64_t start, size_t n, uint32_t *dst) {
-    return token_file_read_u32(ctx, start, n, dst);
-}
-
+// TokenStream reader of ids in memory (token files: token_stream_of_file).
 static int read_id_buffer(void *ctx, uint64_t start, size_t n, uint32_t *dst) {
     const IdBuffer *b = ctx;
     if (start + n > b->len) return spes_fail("token range %llu+%zu past the end", (unsigned long long)start, n);
@@ -73,7 +69,7 @@ static int run_perplexity(Model *m, const char *tokens_path, TokenDtype dtype, c
     int status;
     if (tokens_path) {
         SPES_TRY(token_file_open(tokens_path, dtype, &tf));
-        stream = (TokenStream){.count = tf.count, .read = read_token_file, .ctx = &tf};
+        stream = token_stream_of_file(&tf);
     } else {
         uint8_t *text;
         size_t len;

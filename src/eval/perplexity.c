@@ -27,6 +27,14 @@ static int token_byte_lengths(const Tokenizer *tok, int V, uint32_t **out) {
     return SPES_OK;
 }
 
+static int read_token_file(void *ctx, uint64_t start, size_t n, uint32_t *dst) {
+    return token_file_read_u32(ctx, start, n, dst);
+}
+
+TokenStream token_stream_of_file(const TokenFile *tf) {
+    return (TokenStream){.count = tf->count, .read = read_token_file, .ctx = (void *)tf};
+}
+
 int eval_perplexity(Model *m, const TokenStream *stream, const PerplexityOptions *opt, PerplexityResult *out) {
     memset(out, 0, sizeof *out);
     const int seq = opt->seq, batch = opt->batch > 0 ? opt->batch : 1;

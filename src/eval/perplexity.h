@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "data/tokenizer.h"
+#include "io/npy.h"
 #include "model/model.h"
 
 // Reads tokens [start, start+n) of the stream into dst.
@@ -17,6 +18,9 @@ typedef struct {
     TokenReadFn read;
     void *ctx;
 } TokenStream;
+
+// The stream of an open token file (src/io/npy.h); tf must outlive the stream.
+TokenStream token_stream_of_file(const TokenFile *tf);
 
 typedef struct {
     int seq;                // window (tokens of context per prediction at most)
