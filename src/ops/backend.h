@@ -1,0 +1,227 @@
+// The backend interface: every numeric step of the model, the trainer, eval and generation
+// goes through one table of functions (BackendOps), chosen at run time (`device: cpu | cuda`).
+// The model is written once against this page; to add a backend, fill the table.
+//
+//   cpu   src/ops/cpu/   fp32, OpenMP + OpenBLAS; bit-exact for a fixed thread count. Its
+//                        kernels (src/ops/cpu/cpu_ops.h) are the reference every other
+//                        backend is tested against.
+//   cuda  src/ops/cuda/  bf16/fp16/fp32 compute, fp32 master weights, cuBLASLt GEMMs.
+//
+// Memory. A backend owns its buffers: pointers passed to ops are backend memory (device
+// memory on cuda, plain host memory on cpu). The host reaches them only through upload /
+// download (no-ops when both sides are the same pointer on cpu). Values the host needs
+// (losses, router statistics, grad norms) are written by ops into small backend buffers and
+// downloaded once per step.
+//
+// Types. Float data is passed as a Buf: a pointer plus its NumType. Which buffers use the
+// compute type is the model's plan (src/model/model_acts.c): GEMM operands and their outputs
+// in `be->compute`, the residual stream, norm statistics, router, loss rows and gradients of
+// parameters always in fp32. The cpu backend's compute type is fp32, so every Buf there is fp32.
+// Index arrays (tokens, top-k ids, dispatch plans) are int32 backend memory.
+//
+// Errors. Ops return nothing: a backend records the first failure (a CUDA error, a failed
+// scratch allocation) and reports it from backend_sync(), with its message set through
+// spes_fail (src/base/error.h). The model checks once per forward/backward. Nothing exits.
+//
+// Determinism. Every reduction runs in a fixed order (no float atomics): the same inputs on
+// the same backend and device give the same bits, so training and resume are reproducible.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+// ---- types ------------------------------------------------------------------------------
+typedef enum { NUM_F32 = 0, NUM_BF16, NUM_F16 } NumType;
+size_t num_type_size(NumType t);        // 4, 2, 2
+const char *num_type_name(NumType t);   // "f32", "bf16", "f16"
+
+// A typed pointer into backend memory.
+typedef struct {
+    void *p;
+    NumType t;
+} Buf;
+
+static inline Buf buf_f32(float *p) { return (Buf){p, NUM_F32}; }
+static inline Buf buf_of(void *p, NumType t) { return (Buf){p, t}; }
+// The buffer `elems` elements further on (elems may be 0; NULL stays NULL).
+static inline Buf buf_at(Buf b, size_t elems) {
+    return (Buf){b.p ? (char *)b.p + elems * num_type_size(b.t) : NULL, b.t};
+}
+
+// The reference's `precision` key. Mixed precision keeps fp32 master weights and moments;
+// amp_fp16 needs dynamic loss scaling (src/train/loss_scale.h).
+typedef enum { PRECISION_FP32 = 0, PRECISION_AMP_BF16, PRECISION_AMP_FP16 } Precision;
+const char *precision_name(Precision p);          // "fp32", "amp_bf16", "amp_fp16"
+int precision_from_name(const char *s, Precision *out);
+
+typedef struct Backend Backend;
+
+// ---- grouped expert GEMMs ----------------------------------------------------------------
+// Rows of expert e are [offsets[e], offsets[e+1]) of every [NK, *] buffer (dispatch order,
+// see moe_plan). offsets live on the HOST (read back once per MoE layer forward, reused by
+// its backward). gate_up[e] is the expert's stacked [gate; up] weight [2I, H], down[e] is
+// [H, I] (compute copies).
+typedef struct {
+    int E, H, I;
+    const int32_t *offsets;    // [E+1] host
+    const Buf *gate_up;        // [E]
+    const Buf *down;           // [E]
+    Buf xe;                    // [NK, H]  gathered expert inputs
+    Buf gu;                    // [NK, 2I] gate | up outputs (overwritten by their gradient in backward)
+    Buf act;                   // [NK, I]  silu(gate) * up
+    Buf y;                     // [NK, H]  expert outputs
+    // backward only:
+    Buf dy;                    // [NK, H]  in: dL/dy; out: dL/dxe
+    Buf da;                    // [NK, I]  scratch
+    float *const *dgate_up;    // [E] fp32 gradient of [gate; up] ([2I, H], gate then up adjacent) or NULL
+    float *const *dgate;       // [E] used when dgate_up[e] is NULL: gradient of gate [I, H] or NULL (frozen)
+    float *const *dup;         // [E] gradient of up [I, H] or NULL
+    float *const *ddown;       // [E] gradient of down [H, I] or NULL
+} ExpertsArgs;
+
+// ---- AdamW -------------------------------------------------------------------------------
+// One trainable tensor of a multi-tensor AdamW step (torch's single-tensor AdamW arithmetic,
+// every scalar in float, see src/train/optimizer.c):
+//   p *= decay_mul; m = m + w1*(g - m); v = v*beta2 + w2*g*g;
+//   p += neg_step_size * m / (sqrt(v)/bc2_sqrt + eps); compute = (compute type) p
+typedef struct {
+    float *p;                  // fp32 master
+    const float *g;
+    float *m, *v;
+    Buf compute;               // low-precision copy written from the new p; .p NULL when none
+    size_t n;
+    float decay_mul;           // 1 - lr*wd for decaying tensors, 1 otherwise
+} AdamWTensor;
+
+typedef struct {
+    float w1, beta2, w2, bc2_sqrt, eps, neg_step_size;
+} AdamWScalars;
+
+// ---- the table ---------------------------------------------------------------------------
+typedef struct {
+    // memory
+    int (*alloc)(Backend *be, size_t bytes, void **out);      // zeroed; SPES_ERR with a message
+    void (*free)(Backend *be, void *p);
+    int (*upload)(Backend *be, void *dst, const void *host_src, size_t bytes);
+    int (*download)(Backend *be, void *host_dst, const void *src, size_t bytes);
+    void (*copy)(Backend *be, void *dst, const void *src, size_t bytes);
+    void (*zero)(Backend *be, void *dst, size_t bytes);
+    // dst[i] = src[i] for i < n, converting types (fp32 master -> bf16 compute copy).
+    void (*convert)(Backend *be, Buf dst, Buf src, size_t n);
+    // Waits for queued work; SPES_ERR (message set) if any op since the last call failed.
+    int (*sync)(Backend *be);
+    // Bytes in use now and the peak since open (0 when the backend does not track them).
+    void (*memory)(Backend *be, size_t *in_use, size_t *peak);
+    void (*close)(Backend *be);
+
+    // GEMM: C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, op(X) = X^T when trans_x;
+    // row-major, lda/ldb/ldc row strides as stored; beta == 0 ignores C (even NaN).
+    // Accumulation in fp32 whatever the operand types.
+    void (*gemm)(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda, Buf B,
+                 int ldb, float beta, Buf C, int ldc);
+    // Every expert's SwiGLU MLP on its rows: gu = xe @ gate_up^T; act = silu(gate)*up; y = act @ down^T.
+    void (*experts_forward)(Backend *be, const ExpertsArgs *a);
+    // From dy: dW of trainable experts (added), dy overwritten with dL/dxe; frozen experts pass dX only.
+    void (*experts_backward)(Backend *be, const ExpertsArgs *a);
+
+    // y[n] += x[n]
+    void (*add_inplace)(Backend *be, Buf y, Buf x, size_t n);
+    // dst[r, 0:cols] = src[r, 0:cols], rows strided (types may differ).
+    void (*copy_2d)(Backend *be, Buf dst, int dst_stride, Buf src, int src_stride, int rows, int cols);
+    // out[N,H] = table[tokens[n], :]
+    void (*embedding_forward)(Backend *be, Buf out, const float *table, const int32_t *tokens, int N, int H);
+    // dtable[tokens[n], :] += dout[n, :], tokens in order (fixed-order: no atomics)
+    void (*embedding_backward)(Backend *be, float *dtable, Buf dout, const int32_t *tokens, int N, int H);
+    // R rows of width C: rstd[r] = 1/sqrt(mean(x[r]^2) + eps), y[r] = x[r]*rstd[r]*w (w[C] fp32).
+    void (*rmsnorm_forward)(Backend *be, Buf y, float *rstd, Buf x, const float *w, int R, int C, float eps);
+    // dx (+= when accumulate) from dy; dw[C] += sum_r dy*x*rstd when dw != NULL (fixed order).
+    // dx may alias dy when !accumulate.
+    void (*rmsnorm_backward)(Backend *be, Buf dx, float *dw, Buf dy, Buf x, const float *w, const float *rstd, int R,
+                             int C, bool accumulate);
+    // cos/sin [T, hd/2]: inv_freq[i] = theta^(-2i/hd), angle = t*inv_freq[i] (fp32 as HF).
+    void (*rope_tables)(Backend *be, float *cos_t, float *sin_t, int T, int hd, float theta);
+    // x[B,T,nh,hd] in place, rotate-half; cos/sin rows 0..T-1 (pass tables offset by the first position).
+    void (*rope_forward)(Backend *be, Buf x, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd);
+    void (*rope_backward)(Backend *be, Buf dx, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd);
+    // Causal GQA attention. q[B,Tq,nh,hd]; k,v[B,Tk,nkv,hd] with Tq <= Tk: query i sits at
+    // position Tk-Tq+i and sees keys 0..Tk-Tq+i (Tq == Tk in training; Tq < Tk reads a KV
+    // cache). out[B,Tq,nh,hd], lse[B,nh,Tq] (logsumexp of the scaled scores, for the backward).
+    // No [Tq,Tk] matrix is ever held for a whole head.
+    void (*attention_forward)(Backend *be, Buf out, float *lse, Buf q, Buf k, Buf v, int B, int Tq, int Tk, int nh,
+                              int nkv, int hd);
+    // Tq == Tk == T. dq[B,T,nh,hd], dk, dv[B,T,nkv,hd] (overwritten) from dout.
+    void (*attention_backward)(Backend *be, Buf dq, Buf dk, Buf dv, Buf dout, Buf out, const float *lse, Buf q, Buf k,
+                               Buf v, int B, int T, int nh, int nkv, int hd);
+    // logits[N,E] fp32 -> probs = softmax, lse = logsumexp; top-k (descending, ties to the
+    // lower index), topk_w renormalised when normalize.
+    void (*router_forward)(Backend *be, float *probs, float *lse, int32_t *topk_idx, float *topk_w,
+                           const float *logits, int N, int E, int k, bool normalize);
+    // dlogits[N,E] (overwritten) from dtopk_w[N,k], plus dprob[E] (host array: load
+    // balancing) added to every token's dprobs, plus z_coef * d(lse^2)/dlogits.
+    void (*router_backward)(Backend *be, float *dlogits, const float *dtopk_w, const float *probs, const float *lse,
+                            const int32_t *topk_idx, const float *topk_w, const float *dprob, float z_coef, int N,
+                            int E, int k, bool normalize);
+    // Groups the N*k (token, slot) pairs by expert, tokens in order inside each expert:
+    // offsets[E+1], row_token[N*k] (token of each permuted row), row_of_slot[N*k].
+    void (*moe_plan)(Backend *be, int32_t *offsets, int32_t *row_token, int32_t *row_of_slot, const int32_t *topk_idx,
+                     int N, int E, int k);
+    // dst[n, :] = src[rows[n], :], n < count; rows of width H.
+    void (*gather_rows)(Backend *be, Buf dst, Buf src, const int32_t *rows, int count, int H);
+    // out[n] += sum_j w[n,j] * y[row_of_slot[n*k+j]]
+    void (*moe_combine)(Backend *be, Buf out, Buf y, const float *w, const int32_t *row_of_slot, int N, int k, int H);
+    // dy[row_of_slot[n*k+j]] = w[n,j] * dout[n]; dw[n,j] = dot(dout[n], y[row_of_slot[n*k+j]])
+    void (*moe_combine_backward)(Backend *be, Buf dy, float *dw, Buf dout, Buf y, const float *w,
+                                 const int32_t *row_of_slot, int N, int k, int H);
+    // dx[n] += sum_j dxe[row_of_slot[n*k+j]]
+    void (*moe_uncombine_add)(Backend *be, Buf dx, Buf dxe, const int32_t *row_of_slot, int N, int k, int H);
+    // Rows of logits[R,V] with targets[r] != IGNORE_INDEX: lse = logsumexp, ce = lse - logit[target];
+    // ignored rows ce = lse = 0. With grad, logits become dL/dlogits of
+    // ce_scale*sum ce + z_scale*sum lse^2 (ignored rows: zeros). Statistics in fp32.
+    void (*cross_entropy_rows)(Backend *be, Buf logits, float *ce, float *lse, const int32_t *targets, int R, int V,
+                               float ce_scale, float z_scale, bool grad);
+
+    // ---- reductions the host reads back (fixed order; double results in backend memory) ----
+    // out[0] = sum_i x[i] (squares: x[i]^2), i in order, accumulated in double.
+    void (*sum)(Backend *be, double *out, const float *x, size_t n, bool squares);
+    // out[e] = (sum_n x[n,e]) / N, n in order, in double (router: mean probability per expert).
+    void (*column_means)(Backend *be, double *out, const float *x, int N, int E);
+    // out[0] = sum_i x[i]^2 over a (large) gradient buffer, in fixed blocks, in double.
+    void (*grad_sum_squares)(Backend *be, double *out, const float *x, size_t n);
+    // x[i] *= s
+    void (*scale)(Backend *be, float *x, size_t n, float s);
+    // One AdamW update of `count` tensors (one launch / one parallel region).
+    void (*adamw)(Backend *be, const AdamWTensor *t, int count, const AdamWScalars *s);
+} BackendOps;
+
+struct Backend {
+    const BackendOps *ops;
+    const char *name;          // "cpu", "cuda"
+    bool host_memory;          // buffers are host memory: upload/download of the same pointer is free
+    Precision precision;
+    NumType compute;           // type of GEMM operands and activations (fp32 on cpu)
+    int device;                // GPU index, -1 on cpu
+    char description[160];     // shown on the console: "cpu (2 threads)", "cuda:0 NVIDIA H100 (sm_90, 79 GiB)"
+    void *impl;                // the backend's own state
+};
+
+// ---- opening a backend ----------------------------------------------------------------
+// device: "auto" (cuda:0 when this binary has CUDA and a GPU is visible, else cpu), "cpu",
+// "cuda" (= cuda:0) or "cuda:N". Asking for cuda without a GPU or without a CUDA build is an
+// error that says which. precision other than fp32 on cpu: a warning, the run is fp32.
+int backend_open(const char *device, Precision precision, Backend **out);
+void backend_close(Backend *be);
+// The backends compiled in, e.g. "cpu cuda(sm_80,sm_89,sm_90)".
+const char *backend_compiled(void);
+// The process-wide cpu backend (never closed; what code without a device choice uses).
+Backend *backend_cpu(void);
+
+// Convenience wrappers over the table (backend.c).
+int backend_alloc(Backend *be, size_t bytes, void **out);
+void backend_free(Backend *be, void *p);
+int backend_sync(Backend *be);
+// torch.nn.Linear shapes, x [N,in], W [out,in]: y[N,out] = x @ W^T (+ y when accumulate)
+void linear_forward(Backend *be, Buf y, Buf x, Buf W, int N, int in, int out, bool accumulate);
+// dx[N,in] (+)= dy[N,out] @ W[out,in]
+void linear_backward_input(Backend *be, Buf dx, Buf dy, Buf W, int N, int in, int out, bool accumulate);
+// dW[out,in] += dy[N,out]^T @ x[N,in]; dy rows have stride ldy
+void linear_backward_weight(Backend *be, float *dW, Buf dy, int ldy, Buf x, int N, int in, int out);

@@ -1,0 +1,77 @@
+// Shared by every file of the CUDA backend: its state, error recording, and element access
+// for the number types a Buf can hold. Kernels read and write through load_num/store_num so
+// one kernel serves fp32, bf16 and fp16 buffers; arithmetic is always fp32.
+#pragma once
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "base/error.h"
+#include "ops/backend.h"
+}
+
+typedef struct {
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    cublasHandle_t blas;
+    void *workspace;            // cuBLASLt workspace
+    size_t workspace_bytes;
+    int failed;                 // a failure was recorded since the last backend sync
+    char message[512];          // its description
+    size_t in_use, peak;        // bytes allocated through the backend
+    int sm;                     // compute capability, major*10 + minor
+    int num_sms;
+} CudaState;
+
+static inline CudaState *cuda_state(Backend *be) { return (CudaState *)be->impl; }
+
+// Records the first failure (what, where, CUDA's words); ops after it still run harmlessly
+// and the next backend sync reports it through spes_fail.
+void cuda_record_failure(Backend *be, const char *what, const char *detail, const char *file, int line);
+
+#define CUDA_CHECK(be, call)                                                                   \
+    do {                                                                                       \
+        cudaError_t err_ = (call);                                                             \
+        if (err_ != cudaSuccess) cuda_record_failure((be), #call, cudaGetErrorString(err_), __FILE__, __LINE__); \
+    } while (0)
+
+#define CUBLAS_CHECK(be, call)                                                                 \
+    do {                                                                                       \
+        cublasStatus_t st_ = (call);                                                           \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                      \
+            cuda_record_failure((be), #call, cublasGetStatusString(st_), __FILE__, __LINE__);   \
+    } while (0)
+
+// After every kernel launch: launch-configuration errors surface here, not later.
+#define CUDA_LAUNCHED(be) CUDA_CHECK((be), cudaGetLastError())
+
+// Blocks of `threads` covering n items (at least one block).
+static inline unsigned cuda_blocks(size_t n, unsigned threads) {
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b ? b : 1);
+}
+
+// ---- element access by NumType ----------------------------------------------------------
+__device__ __forceinline__ float load_num(const void *p, NumType t, size_t i) {
+    switch (t) {
+    case NUM_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    case NUM_F16: return __half2float(((const __half *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+__device__ __forceinline__ void store_num(void *p, NumType t, size_t i, float x) {
+    switch (t) {
+    case NUM_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16(x); break;
+    case NUM_F16: ((__half *)p)[i] = __float2half(x); break;
+    default: ((float *)p)[i] = x; break;
+    }
+}
+
+// cuBLASLt / CUDA data type of a NumType.
+static inline cudaDataType_t cuda_data_type(NumType t) {
+    return t == NUM_BF16 ? CUDA_R_16BF : t == NUM_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
