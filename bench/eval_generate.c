@@ -15,7 +15,7 @@
 #include "base/timer.h"
 #include "eval/generate.h"
 #include "model/hf_import.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 static int arg_int(int argc, char **argv, const char *flag, int fallback) {
     for (int i = 1; i + 1 < argc; i++)

@@ -17,7 +17,7 @@
 #include "base/threads.h"
 #include "base/timer.h"
 #include "model/model.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 // Plain AdamW (decoupled weight decay), enough for a representative step; the trainer's
 // optimizer lives in src/train. It zeroes each gradient after using it, so the step needs

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 static const Command commands[] = {
     {"demo", cmd_demo, "SPES on this machine: server + 4 peers on a built-in corpus, vs centralised"},

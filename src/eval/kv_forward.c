@@ -8,7 +8,7 @@
 #include "base/error.h"
 #include "base/threads.h"
 #include "eval/kv_attention.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 // Tensor pointers per layer, resolved once (the table lookup is linear in its size).
 enum {

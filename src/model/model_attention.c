@@ -5,7 +5,7 @@
 
 #include "base/error.h"
 #include "model/model_internal.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 // QK-norm geometry: full = one row of n*hd per token; head = one row of hd per head.
 static void qk_norm_shape(const ModelConfig *c, int N, int n_heads, int *rows, int *width) {

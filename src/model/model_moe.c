@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "model/model_internal.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 // Table entries of expert e in layer l: gate, up, down at consecutive indices.
 static int expert_entry(Model *m, int l, int e) { return param_table_index(&m->table, PARAM_EXPERT_GATE, l, e); }

@@ -5,7 +5,7 @@
 
 #include "base/error.h"
 #include "model/model_internal.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 static int check_batch(const Model *m, const int32_t *inputs, const int32_t *targets, int B, int T) {
     if (B <= 0 || T <= 0) return spes_fail("model: batch %d x seq %d must be positive", B, T);

@@ -16,7 +16,7 @@
 #include "base/rng.h"
 #include "base/threads.h"
 #include "ops/cpu/vmath.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 static float *random_floats(size_t n, uint64_t seed, double scale) {
     Rng rng;

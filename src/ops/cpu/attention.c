@@ -14,7 +14,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "ops/cpu/vmath.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 #define ATTN_BLOCK 64
 

@@ -4,7 +4,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 char *openblas_get_corename(void);
 

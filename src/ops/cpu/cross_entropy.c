@@ -3,7 +3,7 @@
 
 #include "model/model_config.h"
 #include "ops/cpu/vmath.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 void op_cross_entropy_rows(float *logits, float *ce, float *lse, const int32_t *targets, int R, int V,
                            float ce_scale, float z_scale, bool grad) {

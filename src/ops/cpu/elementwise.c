@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "ops/cpu/vmath.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 void op_add_inplace(float *y, const float *x, size_t n) {
 #pragma omp parallel for schedule(static)

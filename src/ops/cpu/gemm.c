@@ -2,7 +2,7 @@
 // the triple loop as reference, and torch.nn.Linear-shaped helpers.
 #include <cblas.h>
 
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 void op_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
              const float *B, int ldb, float beta, float *C, int ldc) {

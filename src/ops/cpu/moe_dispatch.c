@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "ops/cpu/vmath.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 // Counting sort by expert, stable in token order: deterministic, O(N*k + E).
 void op_moe_plan(int32_t *expert_offsets, int32_t *row_token, int32_t *row_of_slot, const int32_t *topk_idx, int N,

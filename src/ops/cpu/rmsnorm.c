@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "ops/cpu/vmath.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 void op_rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int R, int C, float eps) {
 #pragma omp parallel for schedule(static)

@@ -1,7 +1,7 @@
 // Rotary position embeddings, HF rotate-half convention (not interleaved).
 #include <math.h>
 
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 // HF: inv_freq = 1 / theta^(arange(0, hd, 2) / hd) in fp32, angle = t * inv_freq in fp32.
 void op_rope_tables(float *cos_t, float *sin_t, int T, int hd, float theta) {

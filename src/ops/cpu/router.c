@@ -3,7 +3,7 @@
 #include <math.h>
 
 #include "ops/cpu/vmath.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 void op_router_forward(float *probs, float *lse, int32_t *topk_idx, float *topk_w, const float *logits, int N,
                        int E, int k, bool normalize) {

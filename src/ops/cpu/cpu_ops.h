@@ -1,4 +1,5 @@
-// Every numeric kernel the model uses. Row-major fp32 throughout; shapes in comments.
+// The cpu backend's kernels (and the reference every other backend is tested against). Row-major fp32 throughout; shapes in comments.
+// The interface the model calls is src/ops/backend.h; src/ops/cpu/cpu_backend.c puts these kernels behind it.
 //
 // Each op has a fast CPU version (OpenMP over independent rows/heads, OpenBLAS for GEMMs)
 // and, where the fast version works differently from the textbook formula, a plain `_ref`
