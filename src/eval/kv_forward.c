@@ -7,7 +7,6 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/threads.h"
-#include "eval/kv_attention.h"
 #include "ops/cpu/cpu_ops.h"
 
 // Tensor pointers per layer, resolved once (the table lookup is linear in its size).
@@ -35,7 +34,7 @@ struct KvScratch {
     int32_t *topk_idx, *offsets, *row_token, *row_of_slot;
     float *topk_w;          // [n, k]
     float *xe, *gu, *act, *ye;   // [n*k, H], [n*k, 2I], [n*k, I], [n*k, H]
-    float *attn_scratch;    // kv_attention_scratch_floats(capacity) for attn_threads threads
+    float *attn_scratch;    // [n * nh] attention logsumexp
     int attn_threads;
 };
 
@@ -84,7 +83,7 @@ static int scratch_reserve(KvCache *cache, int n) {
     s->gu = spes_alloc_aligned(N * k * 2 * I * sizeof(float));
     s->act = spes_alloc_aligned(N * k * I * sizeof(float));
     s->ye = spes_alloc_aligned(N * k * H * sizeof(float));
-    s->attn_scratch = spes_alloc_aligned(kv_attention_scratch_floats(cache->capacity) * sizeof(float));
+    s->attn_scratch = spes_alloc_aligned(N * (size_t)c->n_heads * sizeof(float));
     if (!s->x || !s->xn || !s->rstd || !s->q || !s->qn || !s->att || !s->kn || !s->router_logits || !s->probs ||
         !s->lse || !s->topk_w || !s->topk_idx || !s->offsets || !s->row_token || !s->row_of_slot || !s->xe ||
         !s->gu || !s->act || !s->ye || !s->attn_scratch) {
@@ -171,7 +170,7 @@ static void attention_block(KvCache *cache, int l, int n, int past) {
     const size_t rope_off = (size_t)past * (hd / 2);
     op_rope_forward(q, cache->rope_cos + rope_off, cache->rope_sin + rope_off, 1, n, nh, hd);
     op_rope_forward(k_new, cache->rope_cos + rope_off, cache->rope_sin + rope_off, 1, n, nkv, hd);
-    kv_attention_forward(s->att, q, k_layer, v_layer, n, past, nh, nkv, hd, s->attn_scratch);
+    op_attention_forward_kv(s->att, s->attn_scratch, q, k_layer, v_layer, 1, n, past + n, nh, nkv, hd);
     op_linear_forward(s->x, s->att, lp[LP_O], n, qd, H, true);
 }
 

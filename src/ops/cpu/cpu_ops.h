@@ -73,6 +73,10 @@ int op_attention_forward(float *out, float *lse, const float *q, const float *k,
 // dq[B,T,nh,hd], dk, dv[B,T,nkv,hd] (overwritten) from dout; recomputes the scores from lse.
 int op_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                            const float *q, const float *k, const float *v, int B, int T, int nh, int nkv, int hd);
+// Tq new queries (positions Tk-Tq .. Tk-1) against Tk cached keys/values [B,Tk,nkv,hd]:
+// out[B,Tq,nh,hd], lse[B,nh,Tq]. One scores row of Tk floats per thread.
+int op_attention_forward_kv(float *out, float *lse, const float *q, const float *k, const float *v, int B, int Tq,
+                            int Tk, int nh, int nkv, int hd);
 // Textbook versions: the full [T,T] score matrix per head.
 int op_attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                               int nh, int nkv, int hd);
@@ -123,6 +127,22 @@ void op_swiglu_backward(float *dgu, const float *da, const float *gu, int R, int
 //   L = ce_scale * sum_r ce[r] + z_scale * sum_r lse[r]^2   (ignored rows: zeros).
 void op_cross_entropy_rows(float *logits, float *ce, float *lse, const int32_t *targets, int R, int V,
                            float ce_scale, float z_scale, bool grad);
+
+// ---- experts, reductions, AdamW (the cpu backend's entries of the same names) -------------
+#include "ops/backend.h"
+// Every expert's SwiGLU MLP on its rows / its backward (ExpertsArgs in ops/backend.h). With
+// E >= 2 x threads, threads take whole experts (largest first), each GEMM single-threaded.
+void op_experts_forward(const ExpertsArgs *a);
+void op_experts_backward(const ExpertsArgs *a);
+// *out = sum_i x[i] (or x[i]^2), in order, in double.
+void op_sum(double *out, const float *x, size_t n, bool squares);
+// out[e] = (sum_n x[n,e]) / N in order, in double.
+void op_column_means(double *out, const float *x, int N, int E);
+// *out = sum_i x[i]^2 in double over fixed blocks summed in order: the same for every thread count.
+void op_grad_sum_squares(double *out, const float *x, size_t n);
+void op_scale(float *x, size_t n, float s);
+// AdamW over `count` tensors in one parallel region (torch's single-tensor arithmetic).
+void op_adamw(const AdamWTensor *t, int count, const AdamWScalars *s);
 
 // ---- OpenBLAS kernel selection ------------------------------------------------------------
 // Older OpenBLAS releases (Debian 12 ships 0.3.21) do not recognise recent CPUs (e.g. Intel

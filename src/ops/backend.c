@@ -1,0 +1,107 @@
+// Choosing a backend, names of types and precisions, and the thin helpers over the table.
+#include "ops/backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#ifdef SPES_WITH_CUDA
+#include "ops/cuda/cuda_backend.h"
+#endif
+
+size_t num_type_size(NumType t) { return t == NUM_F32 ? 4 : 2; }
+
+const char *num_type_name(NumType t) {
+    static const char *const names[] = {"f32", "bf16", "f16"};
+    return (unsigned)t < 3 ? names[t] : "?";
+}
+
+static const char *const precision_names[] = {"fp32", "amp_bf16", "amp_fp16"};
+
+const char *precision_name(Precision p) { return (unsigned)p < 3 ? precision_names[p] : "?"; }
+
+int precision_from_name(const char *s, Precision *out) {
+    for (int i = 0; i < 3; i++)
+        if (strcmp(s, precision_names[i]) == 0) {
+            *out = (Precision)i;
+            return SPES_OK;
+        }
+    return spes_fail("precision '%s': expected fp32, amp_bf16 or amp_fp16", s);
+}
+
+const char *backend_compiled(void) {
+#ifdef SPES_WITH_CUDA
+    static char text[96];
+    snprintf(text, sizeof text, "cpu cuda(%s)", cuda_archs());
+    return text;
+#else
+    return "cpu";
+#endif
+}
+
+// "cuda" -> 0, "cuda:N" -> N; -1 (message set) otherwise.
+static int parse_cuda_index(const char *device) {
+    if (strcmp(device, "cuda") == 0) return 0;
+    char *end;
+    long n = strtol(device + 5, &end, 10);
+    if (device[5] == '\0' || *end != '\0' || n < 0 || n > 1023)
+        return spes_fail("device '%s': expected auto, cpu, cuda or cuda:N", device), -1;
+    return (int)n;
+}
+
+static int open_cpu(Precision precision, Backend **out) {
+    if (precision != PRECISION_FP32)
+        log_warn("precision %s applies on cuda; the cpu backend runs fp32", precision_name(precision));
+    *out = backend_cpu();
+    return SPES_OK;
+}
+
+int backend_open(const char *device, Precision precision, Backend **out) {
+    *out = NULL;
+    if (!device || strcmp(device, "auto") == 0) {
+#ifdef SPES_WITH_CUDA
+        if (cuda_device_count() > 0) return cuda_backend_open(0, precision, out);
+#endif
+        return open_cpu(precision, out);
+    }
+    if (strcmp(device, "cpu") == 0) return open_cpu(precision, out);
+    if (strncmp(device, "cuda", 4) != 0 || (device[4] != '\0' && device[4] != ':'))
+        return spes_fail("device '%s': expected auto, cpu, cuda or cuda:N", device);
+    int index = parse_cuda_index(device);
+    if (index < 0) return SPES_ERR;
+#ifdef SPES_WITH_CUDA
+    int count = cuda_device_count();
+    if (index >= count)
+        return spes_fail("device %s: %s", device,
+                         count == 0 ? "no NVIDIA GPU is visible (driver missing, or CUDA_VISIBLE_DEVICES empty)"
+                                    : "no such GPU (fewer are visible)");
+    return cuda_backend_open(index, precision, out);
+#else
+    return spes_fail("device %s: this spes was built without CUDA (nvcc was not found at build time); "
+                     "rebuild on a machine with the CUDA toolkit, or use device: cpu", device);
+#endif
+}
+
+void backend_close(Backend *be) {
+    if (be && be != backend_cpu()) be->ops->close(be);
+}
+
+int backend_alloc(Backend *be, size_t bytes, void **out) { return be->ops->alloc(be, bytes, out); }
+void backend_free(Backend *be, void *p) {
+    if (p) be->ops->free(be, p);
+}
+int backend_sync(Backend *be) { return be->ops->sync(be); }
+
+void linear_forward(Backend *be, Buf y, Buf x, Buf W, int N, int in, int out, bool accumulate) {
+    be->ops->gemm(be, false, true, N, out, in, 1.0f, x, in, W, in, accumulate ? 1.0f : 0.0f, y, out);
+}
+
+void linear_backward_input(Backend *be, Buf dx, Buf dy, Buf W, int N, int in, int out, bool accumulate) {
+    be->ops->gemm(be, false, false, N, in, out, 1.0f, dy, out, W, in, accumulate ? 1.0f : 0.0f, dx, in);
+}
+
+void linear_backward_weight(Backend *be, float *dW, Buf dy, int ldy, Buf x, int N, int in, int out) {
+    be->ops->gemm(be, true, false, out, in, N, 1.0f, dy, ldy, x, in, 1.0f, buf_f32(dW), in);
+}
