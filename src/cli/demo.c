@@ -244,7 +244,7 @@ typedef struct {
     double val_loss, recall_acc, arithmetic_acc;
 } DemoScores;
 
-static int question_accuracy(const Model *m, const Tokenizer *tok, const char *path, double *acc) {
+static int question_accuracy(Model *m, const Tokenizer *tok, const char *path, double *acc) {
     McTask task;
     SPES_TRY(mc_task_load(path, 0, &task));
     McScore *scores = spes_calloc((size_t)task.num_requests, sizeof *scores);

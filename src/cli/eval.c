@@ -127,7 +127,7 @@ static int write_request_scores(FILE *out, const McTask *task, const McScore *sc
     return SPES_OK;
 }
 
-static int run_task(const Model *m, const Tokenizer *tok, const char *path, int limit, const McScoreOptions *mopt,
+static int run_task(Model *m, const Tokenizer *tok, const char *path, int limit, const McScoreOptions *mopt,
                     FILE *requests_out, json_t *tasks) {
     McTask task;
     SPES_TRY(mc_task_load(path, limit, &task));

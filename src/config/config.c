@@ -1,6 +1,7 @@
 // Config loading pipeline: YAML file -> tree -> command-line overrides -> ${...}
 // interpolation -> TrainConfig (key table in config_keys.c) -> cross-field validation.
 #include "config/config.h"
+#include "ops/backend.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -244,6 +245,12 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
     }
     if (cfg->using_spes || cfg->using_dilico)
         CHECK(cfg->server_addr && cfg->server_addr[0], "spes_config.server_addr", "needs host:port of the parameter server");
+    Precision precision;
+    CHECK(cfg->precision && precision_from_name(cfg->precision, &precision) == SPES_OK, "precision",
+          "expected fp32, amp_bf16 or amp_fp16, got '%s'", cfg->precision ? cfg->precision : "null");
+    CHECK(cfg->device && (strcmp(cfg->device, "auto") == 0 || strcmp(cfg->device, "cpu") == 0 ||
+                          strncmp(cfg->device, "cuda", 4) == 0),
+          "device", "expected auto, cpu, cuda or cuda:N, got '%s'", cfg->device ? cfg->device : "null");
     CHECK(cfg->sync_steps > 0, "spes_config.sync_steps", "must be > 0");
     CHECK(cfg->decayed_factor_update_steps > 0, "spes_config.decayed_factor_update_steps", "must be > 0");
     return SPES_OK;

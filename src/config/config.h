@@ -88,6 +88,8 @@ typedef struct {
     char *run_name;                   // default NULL
     int64_t seed;                     // default 6198
     int threads;                      // 0: all cores (our extension)
+    char *device;                     // auto | cpu | cuda | cuda:N (default auto)
+    char *precision;                  // fp32 | amp_bf16 | amp_fp16 (default fp32: OLMo's)
 
     // SPES
     bool using_spes;                  // train only own experts and sync through the server

@@ -455,7 +455,8 @@ static const ConfigKey KEYS[] = {
     {"wandb", K_IGNORED, .meaning = "Weights & Biases is not built in; metrics go to `save_folder/metrics.jsonl`."},
     {"compile", K_IGNORED, .meaning = "torch.compile settings."},
     {"fused_loss", K_IGNORED, .meaning = "GPU fused cross-entropy kernel; the loss is the same."},
-    {"precision", K_IGNORED, .meaning = "CPU training runs in fp32 (amp_bf16 is a GPU mode)."},
+    {"precision", K_STR, F(precision), .meaning = "fp32, amp_bf16 or amp_fp16 (dynamic loss scaling). On the cpu backend everything runs fp32."},
+    {"device", K_STR, F(device), .meaning = "auto (a GPU when one is visible and spes has CUDA), cpu, cuda or cuda:N. Our extension."},
     {"distributed_strategy", K_IGNORED, .meaning = "FSDP/DDP within a node; one process trains a node here."},
     {"fsdp", K_IGNORED, .meaning = "FSDP settings (GPU only)."},
     {"ddp", K_IGNORED, .meaning = "DDP settings (GPU only)."},
@@ -997,6 +998,8 @@ void config_defaults(TrainConfig *cfg) {
     cfg->num_peers = 1;
     cfg->sync_steps = 100;
     cfg->server_addr = spes_strdup("127.0.0.1:50051");
+    cfg->device = spes_strdup("auto");
+    cfg->precision = spes_strdup("fp32");
     cfg->decayed_factor_update_steps = 1;
     cfg->take_over_peer_id = -1;
     cfg->retry_timeout_s = 60;
@@ -1009,6 +1012,8 @@ void config_free(TrainConfig *cfg) {
     free(cfg->load_path);
     free(cfg->run_name);
     free(cfg->server_addr);
+    free(cfg->device);
+    free(cfg->precision);
     free(cfg->auth_token_file);
     free(cfg->tls_ca);
     free(cfg->tls_cert);

@@ -123,7 +123,7 @@ static int score_request(KvCache *cache, const PairEncoding *pe, int window, int
 }
 
 // Scores every choice of one document; returns how many continuations were cut to fit.
-static int score_document(const Model *m, TokenEncoder *enc, KvCache *cache, const McTask *task, const McDoc *doc,
+static int score_document(Model *m, TokenEncoder *enc, KvCache *cache, const McTask *task, const McDoc *doc,
                           int window, ScoreState *st, PairEncoding *pe, McScore *scores, int *cut) {
     for (int c = 0; c < doc->num_choices; c++) {
         int r = doc->request_of_choice[c];
@@ -134,7 +134,7 @@ static int score_document(const Model *m, TokenEncoder *enc, KvCache *cache, con
     return SPES_OK;
 }
 
-int mc_task_score(const Model *m, const Tokenizer *tok, const McTask *task, const McScoreOptions *opt,
+int mc_task_score(Model *m, const Tokenizer *tok, const McTask *task, const McScoreOptions *opt,
                   McScore *scores) {
     memset(scores, 0, (size_t)task->num_requests * sizeof(McScore));
     int window = opt->max_seq > 0 && opt->max_seq < m->cfg.max_seq_len ? opt->max_seq : m->cfg.max_seq_len;

@@ -23,5 +23,5 @@ typedef struct {
 
 // Fills scores[task->num_requests] for every request of the kept documents (and of their
 // unconditional partners); the others get sum_logprob 0, num_tokens 0.
-int mc_task_score(const Model *m, const Tokenizer *tok, const McTask *task, const McScoreOptions *opt,
+int mc_task_score(Model *m, const Tokenizer *tok, const McTask *task, const McScoreOptions *opt,
                   McScore *scores);

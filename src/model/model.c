@@ -20,15 +20,52 @@ static float *alloc_floats(size_t n, const char *what) {
     return p;
 }
 
-int model_create(Model *m, const ModelConfig *cfg) {
+// Backend memory for n floats of type t (zeroed).
+static void *alloc_backend(Backend *be, size_t n, NumType t, const char *what) {
+    size_t bytes;
+    void *p = NULL;
+    if (!spes_mul_size(n, num_type_size(t), &bytes)) {
+        spes_fail("%s: %zu values overflow size_t", what, n);
+        return NULL;
+    }
+    if (backend_alloc(be, bytes, &p) != SPES_OK) {
+        spes_fail_context("%s (%zu %s values on %s)", what, n, num_type_name(t), be->name);
+        return NULL;
+    }
+    return p;
+}
+
+static int alloc_grads(Model *m) {
+    if (m->table.trainable_numel == 0) return SPES_OK;
+    m->grads = alloc_backend(m->be, m->table.trainable_numel, NUM_F32, "model gradients");
+    return m->grads ? SPES_OK : SPES_ERR;
+}
+
+int model_create(Model *m, const ModelConfig *cfg) { return model_create_on(m, cfg, backend_cpu()); }
+
+int model_create_on(Model *m, const ModelConfig *cfg, Backend *be) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
+    m->be = be;
     SPES_TRY(model_config_validate(&m->cfg));
     SPES_TRY(param_table_build(&m->cfg, &m->table));
-    m->params = alloc_floats(m->table.total_numel, "model parameters");
-    m->grads = m->params ? alloc_floats(m->table.trainable_numel, "model gradients") : NULL;
-    m->expert_counts = spes_calloc((size_t)m->cfg.n_layers * m->cfg.num_experts, sizeof(int64_t));
-    if (!m->params || !m->grads || !m->expert_counts) {
+    const size_t n = m->table.total_numel;
+    int rc = SPES_OK;
+    if (be->host_memory) {
+        m->params = m->dparams = alloc_backend(be, n, NUM_F32, "model parameters");
+    } else {
+        m->params = alloc_floats(n, "model parameters (host copy)");
+        m->dparams = m->params ? alloc_backend(be, n, NUM_F32, "model parameters") : NULL;
+    }
+    if (!m->dparams) rc = SPES_ERR;
+    if (rc == SPES_OK && be->compute != NUM_F32 &&
+        !(m->cparams = alloc_backend(be, n, be->compute, "model parameters (compute copy)")))
+        rc = SPES_ERR;
+    if (rc == SPES_OK) rc = alloc_grads(m);
+    if (rc == SPES_OK && !(m->expert_counts = spes_calloc((size_t)m->cfg.n_layers * m->cfg.num_experts, sizeof(int64_t))))
+        rc = SPES_ERR;
+    if (rc == SPES_OK) rc = model_bind(m);
+    if (rc != SPES_OK) {
         model_free(m);
         return SPES_ERR;
     }
@@ -36,12 +73,31 @@ int model_create(Model *m, const ModelConfig *cfg) {
 }
 
 void model_free(Model *m) {
+    if (!m->be) return;
     model_acts_free(m);
-    spes_free_aligned(m->params);
-    spes_free_aligned(m->grads);
+    model_unbind(m);
+    if (!m->be->host_memory) spes_free_aligned(m->params);
+    backend_free(m->be, m->dparams);
+    backend_free(m->be, m->cparams);
+    backend_free(m->be, m->grads);
     free(m->expert_counts);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
+}
+
+int model_params_to_device(Model *m) {
+    Backend *be = m->be;
+    const size_t n = m->table.total_numel;
+    if (!be->host_memory) SPES_TRY(be->ops->upload(be, m->dparams, m->params, n * sizeof(float)));
+    if (m->cparams) be->ops->convert(be, buf_of(m->cparams, be->compute), buf_f32(m->dparams), n);
+    return backend_sync(be);
+}
+
+int model_params_to_host(Model *m) {
+    Backend *be = m->be;
+    if (be->host_memory) return SPES_OK;
+    SPES_TRY(backend_sync(be));
+    return be->ops->download(be, m->params, m->dparams, m->table.total_numel * sizeof(float));
 }
 
 // Each tensor draws from its own stream (seed, tensor index), so the result does not depend
@@ -65,13 +121,10 @@ void model_init_weights(Model *m, uint64_t seed) {
 
 int model_set_trainable(Model *m, const bool *mask) {
     param_table_set_trainable(&m->table, mask);
-    spes_free_aligned(m->grads);
+    backend_free(m->be, m->grads);
     m->grads = NULL;
-    if (m->table.trainable_numel > 0) {
-        m->grads = alloc_floats(m->table.trainable_numel, "model gradients");
-        if (!m->grads) return SPES_ERR;
-    }
-    return SPES_OK;
+    SPES_TRY(alloc_grads(m));
+    return model_bind(m);
 }
 
 int model_set_trainable_experts(Model *m, int first, int last) {
@@ -93,18 +146,8 @@ float *model_grad(Model *m, int index) {
     return p->trainable ? m->grads + p->grad_offset : NULL;
 }
 
-float *model_param_of(Model *m, ParamKind kind, int layer, int expert) {
-    int i = param_table_index(&m->table, kind, layer, expert);
-    return i < 0 ? NULL : model_param(m, i);
-}
-
-float *model_grad_of(Model *m, ParamKind kind, int layer, int expert) {
-    int i = param_table_index(&m->table, kind, layer, expert);
-    return i < 0 ? NULL : model_grad(m, i);
-}
-
 void model_zero_grad(Model *m) {
-    if (m->grads) memset(m->grads, 0, m->table.trainable_numel * sizeof(float));
+    if (m->grads) m->be->ops->zero(m->be, m->grads, m->table.trainable_numel * sizeof(float));
 }
 
 // Matmul FLOPs: forward 2*m*n*k per GEMM, backward 2x that for dX + dW, the dW half only for

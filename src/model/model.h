@@ -1,7 +1,10 @@
 // The model: configuration, parameter table, one parameter buffer, gradients for trainable
-// tensors only, and activation memory planned once per (B, T).
+// tensors only, and activation memory planned once per (B, T), on one backend (ops/backend.h).
 //
-// Forward/backward are plain functions over this struct; every numeric loop lives in ops.h.
+// Forward/backward are plain functions over this struct; every numeric loop lives behind the
+// backend. Parameters exist twice only on a device backend: `params` is the host copy that
+// checkpoints, sync payloads and exports read and write, `dparams` the backend's fp32 master
+// (the same buffer on cpu); model_params_to_device / _to_host move them (no-ops on cpu).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -9,20 +12,31 @@
 
 #include "model/model_config.h"
 #include "model/param_table.h"
+#include "ops/backend.h"
 
 typedef struct ModelActivations ModelActivations;   // private to src/model
+typedef struct ModelBinding ModelBinding;           // private: tensors resolved per layer
 
 typedef struct {
     ModelConfig cfg;
     ParamTable table;
-    float *params;          // [table.total_numel]
-    float *grads;           // [table.trainable_numel], NULL when nothing is trainable
+    Backend *be;            // where the model computes
+    float *params;          // host [table.total_numel]
+    float *dparams;         // backend fp32 master [table.total_numel] (== params on cpu)
+    void *cparams;          // backend compute copy in be->compute, NULL when that is fp32
+    float *grads;           // backend [table.trainable_numel], NULL when nothing is trainable
+    ModelBinding *bind;     // parameter/gradient views per layer, rebuilt when the trainable set changes
     ModelActivations *acts; // planned lazily for the (B, T) of the last call
     int64_t *expert_counts; // [L*E] tokens routed to each expert in the last forward
 } Model;
 
-// Allocates parameters (zeroed) and gradients for every tensor (all trainable).
+// Allocates parameters (zeroed) and gradients for every tensor (all trainable), on the cpu.
 int model_create(Model *m, const ModelConfig *cfg);
+// The same on backend `be` (which must outlive the model).
+int model_create_on(Model *m, const ModelConfig *cfg, Backend *be);
+// host params -> backend master and compute copy; backend master -> host params. No-ops on cpu.
+int model_params_to_device(Model *m);
+int model_params_to_host(Model *m);
 void model_free(Model *m);
 // OLMo init: every matrix ~ truncated normal(0, init_std, +-cutoff*std); norm weights 1.
 // Deterministic for a seed, independent of thread count.
@@ -39,13 +53,26 @@ void model_zero_grad(Model *m);
 // Forward + backward on one micro-batch. inputs/targets [B*T] (targets IGNORE_INDEX are
 // skipped). Gradients of (grad_scale * total loss) are ADDED to m->grads, so calling this
 // for several micro-batches accumulates. Fills *out (unscaled loss values) when non-NULL.
-// logits_out [B*T*embedding_size] receives the logits when non-NULL.
+// logits_out [B*T*embedding_size] (host memory) receives the logits when non-NULL.
 int model_forward_backward(Model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                            const LossWeights *weights, float grad_scale, LossValues *out, float *logits_out);
 
 // Forward only (eval): losses when targets != NULL, logits when logits_out != NULL.
 int model_forward(Model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                   const LossWeights *weights, LossValues *out, float *logits_out);
+
+// Incremental forward over a key/value cache (eval/kv_forward.h builds on it): tokens[n] at
+// positions past..past+n-1 of `cache_k/cache_v` (backend memory, per layer [capacity, n_kv*hd]
+// in be->compute, layer l at l*layer_stride elements), rope tables [capacity, hd/2] fp32 on
+// the backend. logits (host) receive the last n_logits rows when non-NULL.
+typedef struct {
+    Buf k, v;               // layer 0's [capacity, n_kv*hd]
+    size_t layer_stride;    // elements between layers
+    const float *rope_cos, *rope_sin;
+    int capacity;
+} ModelKvCache;
+int model_forward_kv(Model *m, const ModelKvCache *cache, int past, const int32_t *tokens, int n, float *logits,
+                     int n_logits);
 
 // Model FLOPs of one training step on B*T tokens (forward + backward, counting the dW
 // GEMMs only for trainable tensors), for MFU figures.

@@ -29,8 +29,11 @@ static void *carve(Carver *c, size_t count, size_t elem) {
 
 #define CARVE_F(c, n) ((float *)carve((c), (n), sizeof(float)))
 #define CARVE_I(c, n) ((int32_t *)carve((c), (n), sizeof(int32_t)))
+#define CARVE_D(c, n) ((double *)carve((c), (n), sizeof(double)))
+// Compute-typed buffers (GEMM operands and outputs): fp32 on cpu, bf16/f16 on a device.
+#define CARVE_C(c, n, t) ((Buf){carve((c), (n), num_type_size(t)), (t)})
 
-static void layout(const ModelConfig *cfg, ModelActivations *a, LayerActs *layers, Carver *c) {
+static void layout(const ModelConfig *cfg, NumType ct, ModelActivations *a, LayerActs *layers, Carver *c) {
     const size_t N = (size_t)a->B * a->T, H = cfg->d_model, hd = cfg->head_dim, E = cfg->num_experts;
     const size_t qd = (size_t)cfg->n_heads * hd, kd = (size_t)cfg->n_kv_heads * hd, I = cfg->expert_hidden;
     const size_t NK = N * cfg->top_k, V = cfg->embedding_size;
@@ -39,21 +42,21 @@ static void layout(const ModelConfig *cfg, ModelActivations *a, LayerActs *layer
     for (int l = 0; l < cfg->n_layers; l++) {
         LayerActs *la = &layers[l];
         la->x_in = CARVE_F(c, N * H);
-        la->h1 = CARVE_F(c, N * H);
+        la->h1 = CARVE_C(c, N * H, ct);
         la->rstd1 = CARVE_F(c, N);
         if (cfg->qk_norm != QK_NORM_NONE) {
-            la->q_raw = CARVE_F(c, N * qd);
-            la->k_raw = CARVE_F(c, N * kd);
+            la->q_raw = CARVE_C(c, N * qd, ct);
+            la->k_raw = CARVE_C(c, N * kd, ct);
             la->q_rstd = CARVE_F(c, q_rows);
             la->k_rstd = CARVE_F(c, k_rows);
         }
-        la->q = CARVE_F(c, N * qd);
-        la->k = CARVE_F(c, N * kd);
-        la->v = CARVE_F(c, N * kd);
-        la->att = CARVE_F(c, N * qd);
+        la->q = CARVE_C(c, N * qd, ct);
+        la->k = CARVE_C(c, N * kd, ct);
+        la->v = CARVE_C(c, N * kd, ct);
+        la->att = CARVE_C(c, N * qd, ct);
         la->att_lse = CARVE_F(c, N * cfg->n_heads);
         la->x_mid = CARVE_F(c, N * H);
-        la->h2 = CARVE_F(c, N * H);
+        la->h2 = CARVE_C(c, N * H, ct);
         la->rstd2 = CARVE_F(c, N);
         la->probs = CARVE_F(c, N * E);
         la->router_lse = CARVE_F(c, N);
@@ -62,31 +65,43 @@ static void layout(const ModelConfig *cfg, ModelActivations *a, LayerActs *layer
         la->expert_offsets = CARVE_I(c, E + 1);
         la->row_token = CARVE_I(c, NK);
         la->row_of_slot = CARVE_I(c, NK);
-        la->gu = CARVE_F(c, NK * 2 * I);
-        la->a = CARVE_F(c, NK * I);
-        la->y = CARVE_F(c, NK * H);
+        la->gu = CARVE_C(c, NK * 2 * I, ct);
+        la->a = CARVE_C(c, NK * I, ct);
+        la->y = CARVE_C(c, NK * H, ct);
+        la->offsets_host = a->offsets_host ? a->offsets_host + (size_t)l * (E + 1) : NULL;
     }
+    a->tokens = CARVE_I(c, N);
+    a->targets = CARVE_I(c, N);
     a->x_final = CARVE_F(c, N * H);
-    a->hf = CARVE_F(c, N * H);
+    a->hf = CARVE_C(c, N * H, ct);
     a->rstd_f = CARVE_F(c, N);
     a->rope_cos = CARVE_F(c, (size_t)a->T * hd / 2);
     a->rope_sin = CARVE_F(c, (size_t)a->T * hd / 2);
-    a->xe = CARVE_F(c, NK * H);
-    a->dxe = CARVE_F(c, NK * H);
-    a->da = CARVE_F(c, NK * I);
+    a->xe = CARVE_C(c, NK * H, ct);
+    a->dxe = CARVE_C(c, NK * H, ct);
+    a->da = CARVE_C(c, NK * I, ct);
     a->router_logits = CARVE_F(c, N * E);
     a->dtopk_w = CARVE_F(c, NK);
     a->dresid = CARVE_F(c, N * H);
-    a->dh = CARVE_F(c, N * H);
-    a->dq = CARVE_F(c, N * qd);
-    a->dk = CARVE_F(c, N * kd);
-    a->dv = CARVE_F(c, N * kd);
-    a->datt = CARVE_F(c, N * qd);
-    a->qkv = CARVE_F(c, N * (qd + 2 * kd));
+    a->dh = CARVE_C(c, N * H, ct);
+    a->dq = CARVE_C(c, N * qd, ct);
+    a->dk = CARVE_C(c, N * kd, ct);
+    a->dv = CARVE_C(c, N * kd, ct);
+    a->datt = CARVE_C(c, N * qd, ct);
+    a->qkv = CARVE_C(c, N * (qd + 2 * kd), ct);
     a->logit_rows = N < LOGIT_BLOCK_ROWS ? (int)N : LOGIT_BLOCK_ROWS;
-    a->logits = CARVE_F(c, (size_t)a->logit_rows * V);
+    a->logits = CARVE_C(c, (size_t)a->logit_rows * V, ct);
     a->row_ce = CARVE_F(c, N);
     a->row_lse = CARVE_F(c, N);
+    a->stats = CARVE_D(c, (size_t)cfg->n_layers * STATS_PER_LAYER(E) + 2);
+}
+
+// Host arrays read back from the backend: expert offsets per layer and the statistics.
+static int alloc_host_side(const ModelConfig *cfg, ModelActivations *a) {
+    const size_t L = cfg->n_layers, E = cfg->num_experts;
+    a->offsets_host = spes_calloc(L * (E + 1), sizeof(int32_t));
+    a->stats_host = spes_calloc(L * STATS_PER_LAYER(E) + 2, sizeof(double));
+    return a->offsets_host && a->stats_host ? SPES_OK : SPES_ERR;
 }
 
 int model_acts_plan(Model *m, int B, int T) {
@@ -97,7 +112,8 @@ int model_acts_plan(Model *m, int B, int T) {
     LayerActs *layers = spes_calloc((size_t)m->cfg.n_layers, sizeof *layers);
     if (!layers) return spes_fail_context("activation plan");
     Carver measure = {0};
-    layout(&m->cfg, &probe, layers, &measure);
+    const NumType ct = m->be->compute;
+    layout(&m->cfg, ct, &probe, layers, &measure);
     if (measure.overflow) {
         free(layers);
         return spes_fail("activation memory for batch %d x seq %d overflows size_t", B, T);
@@ -106,22 +122,27 @@ int model_acts_plan(Model *m, int B, int T) {
         Carver fill = {.base = a->arena};
         a->B = B;
         a->T = T;
-        layout(&m->cfg, a, a->layers, &fill);
+        layout(&m->cfg, ct, a, a->layers, &fill);
         free(layers);
         return SPES_OK;
     }
     model_acts_free(m);
     a = spes_calloc(1, sizeof *a);
-    Carver fill = {.base = a ? spes_alloc_aligned(measure.used) : NULL};
-    if (!fill.base) {
+    void *arena = NULL;
+    if (!a || alloc_host_side(&m->cfg, a) != SPES_OK || backend_alloc(m->be, measure.used, &arena) != SPES_OK) {
+        if (a) {
+            free(a->offsets_host);
+            free(a->stats_host);
+        }
         free(a);
         free(layers);
-        return spes_fail_context("activation memory for batch %d x seq %d (%.1f MiB)", B, T,
-                                 measure.used / 1048576.0);
+        return spes_fail_context("activation memory for batch %d x seq %d (%.1f MiB on %s)", B, T,
+                                 measure.used / 1048576.0, m->be->name);
     }
+    Carver fill = {.base = arena};
     a->B = B;
     a->T = T;
-    layout(&m->cfg, a, layers, &fill);
+    layout(&m->cfg, ct, a, layers, &fill);
     a->arena = fill.base;
     a->arena_bytes = measure.used;
     a->layers = layers;
@@ -131,8 +152,10 @@ int model_acts_plan(Model *m, int B, int T) {
 
 void model_acts_free(Model *m) {
     if (!m->acts) return;
-    spes_free_aligned(m->acts->arena);
+    backend_free(m->be, m->acts->arena);
     free(m->acts->layers);
+    free(m->acts->offsets_host);
+    free(m->acts->stats_host);
     free(m->acts);
     m->acts = NULL;
 }

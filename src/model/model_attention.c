@@ -1,11 +1,9 @@
 // Attention block: x_mid = x_in + o_proj(attn(rope(qk_norm(q, k)), v)) on input_layernorm(x_in).
 // q_proj, k_proj, v_proj are adjacent in the parameter buffer ([q; k; v] = [qd+2kd, H]), so
 // the three projections run as one GEMM (and one for each gradient), split by cheap copies.
-#include <string.h>
-
-#include "base/error.h"
+// With a KV cache (incremental decoding) the new keys/values land in the cache and the
+// queries attend to everything cached; the same code otherwise.
 #include "model/model_internal.h"
-#include "ops/cpu/cpu_ops.h"
 
 // QK-norm geometry: full = one row of n*hd per token; head = one row of hd per head.
 static void qk_norm_shape(const ModelConfig *c, int N, int n_heads, int *rows, int *width) {
@@ -14,101 +12,106 @@ static void qk_norm_shape(const ModelConfig *c, int N, int n_heads, int *rows, i
     *width = per_head ? c->head_dim : n_heads * c->head_dim;
 }
 
-int attention_block_forward(Model *m, int l) {
+void attention_block_forward(Model *m, int l, const LayerKv *kv) {
     const ModelConfig *c = &m->cfg;
+    Backend *be = m->be;
+    const BackendOps *op = be->ops;
     ModelActivations *a = m->acts;
     LayerActs *la = &a->layers[l];
+    const LayerParams *p = &m->bind->layers[l];
     const int B = a->B, T = a->T, N = B * T, H = c->d_model, hd = c->head_dim;
     const int qd = c->n_heads * hd, kd = c->n_kv_heads * hd;
     const bool qk = c->qk_norm != QK_NORM_NONE;
+    // Keys/values of this chunk: the layer's activations, or the cache at position `past`.
+    const int past = kv ? kv->past : 0;
+    Buf k_out = kv ? buf_at(kv->k, (size_t)past * kd) : la->k, v_out = kv ? buf_at(kv->v, (size_t)past * kd) : la->v;
+    const float *cos_t = kv ? kv->rope_cos + (size_t)past * (hd / 2) : a->rope_cos;
+    const float *sin_t = kv ? kv->rope_sin + (size_t)past * (hd / 2) : a->rope_sin;
 
     double t = phase_begin();
-    op_rmsnorm_forward(la->h1, la->rstd1, la->x_in, model_param_of(m, PARAM_ATTN_NORM, l, -1), N, H, c->norm_eps);
+    op->rmsnorm_forward(be, la->h1, la->rstd1, buf_f32(la->x_in), p->attn_norm, N, H, c->norm_eps);
     phase_end(m, MODEL_PHASE_NORMS, t);
     t = phase_begin();
     // q/k go to q_raw/k_raw when QK-norm follows, straight into q/k otherwise.
     const int S = qd + 2 * kd;
-    op_linear_forward(a->qkv, la->h1, model_param_of(m, PARAM_Q, l, -1), N, H, S, false);
-    op_copy_2d(qk ? la->q_raw : la->q, qd, a->qkv, S, N, qd);
-    op_copy_2d(qk ? la->k_raw : la->k, kd, a->qkv + qd, S, N, kd);
-    op_copy_2d(la->v, kd, a->qkv + qd + kd, S, N, kd);
+    linear_forward(be, a->qkv, la->h1, p->qkv, N, H, S, false);
+    op->copy_2d(be, qk ? la->q_raw : la->q, qd, a->qkv, S, N, qd);
+    op->copy_2d(be, qk ? la->k_raw : k_out, kd, buf_at(a->qkv, qd), S, N, kd);
+    op->copy_2d(be, v_out, kd, buf_at(a->qkv, qd + kd), S, N, kd);
     phase_end(m, MODEL_PHASE_ATTN_FWD, t);
     if (qk) {
         t = phase_begin();
         int rows, width;
         qk_norm_shape(c, N, c->n_heads, &rows, &width);
-        op_rmsnorm_forward(la->q, la->q_rstd, la->q_raw, model_param_of(m, PARAM_Q_NORM, l, -1), rows, width,
-                           c->norm_eps);
+        op->rmsnorm_forward(be, la->q, la->q_rstd, la->q_raw, p->q_norm, rows, width, c->norm_eps);
         qk_norm_shape(c, N, c->n_kv_heads, &rows, &width);
-        op_rmsnorm_forward(la->k, la->k_rstd, la->k_raw, model_param_of(m, PARAM_K_NORM, l, -1), rows, width,
-                           c->norm_eps);
+        op->rmsnorm_forward(be, k_out, la->k_rstd, la->k_raw, p->k_norm, rows, width, c->norm_eps);
         phase_end(m, MODEL_PHASE_NORMS, t);
     }
     t = phase_begin();
-    op_rope_forward(la->q, a->rope_cos, a->rope_sin, B, T, c->n_heads, hd);
-    op_rope_forward(la->k, a->rope_cos, a->rope_sin, B, T, c->n_kv_heads, hd);
-    SPES_TRY(op_attention_forward(la->att, la->att_lse, la->q, la->k, la->v, B, T, c->n_heads, c->n_kv_heads, hd));
-    memcpy(la->x_mid, la->x_in, (size_t)N * H * sizeof(float));
-    op_linear_forward(la->x_mid, la->att, model_param_of(m, PARAM_O, l, -1), N, qd, H, true);
+    op->rope_forward(be, la->q, cos_t, sin_t, B, T, c->n_heads, hd);
+    op->rope_forward(be, k_out, cos_t, sin_t, B, T, c->n_kv_heads, hd);
+    if (kv)
+        op->attention_forward(be, la->att, la->att_lse, la->q, kv->k, kv->v, B, T, past + T, c->n_heads,
+                              c->n_kv_heads, hd);
+    else
+        op->attention_forward(be, la->att, la->att_lse, la->q, la->k, la->v, B, T, T, c->n_heads, c->n_kv_heads, hd);
+    op->copy(be, la->x_mid, la->x_in, (size_t)N * H * sizeof(float));
+    linear_forward(be, buf_f32(la->x_mid), la->att, p->o, N, qd, H, true);
     phase_end(m, MODEL_PHASE_ATTN_FWD, t);
-    return SPES_OK;
 }
 
-// dW += dy^T x for a trainable weight; nothing for a frozen one. dy has row stride ldy.
-static void weight_grad(Model *m, ParamKind kind, int l, const float *dy, int ldy, const float *x, int N, int in,
-                        int out) {
-    float *g = model_grad_of(m, kind, l, -1);
-    if (g) op_gemm(true, false, out, in, N, 1.0f, dy, ldy, x, in, 1.0f, g, in);
+// dW += dy^T x for a trainable weight; nothing for a frozen one (g NULL). dy has row stride ldy.
+static void weight_grad(Backend *be, float *g, Buf dy, int ldy, Buf x, int N, int in, int out) {
+    if (g) be->ops->gemm(be, true, false, out, in, N, 1.0f, dy, ldy, x, in, 1.0f, buf_f32(g), in);
 }
 
-int attention_block_backward(Model *m, int l) {
+void attention_block_backward(Model *m, int l) {
     const ModelConfig *c = &m->cfg;
+    Backend *be = m->be;
+    const BackendOps *op = be->ops;
     ModelActivations *a = m->acts;
     LayerActs *la = &a->layers[l];
+    const LayerParams *p = &m->bind->layers[l];
     const int B = a->B, T = a->T, N = B * T, H = c->d_model, hd = c->head_dim;
     const int qd = c->n_heads * hd, kd = c->n_kv_heads * hd;
+    const Buf dresid = buf_f32(a->dresid);
 
     // o_proj: dresid is dL/dx_mid
     double t = phase_begin();
-    op_linear_backward_input(a->datt, a->dresid, model_param_of(m, PARAM_O, l, -1), N, qd, H, false);
-    weight_grad(m, PARAM_O, l, a->dresid, H, la->att, N, qd, H);
-    SPES_TRY(op_attention_backward(a->dq, a->dk, a->dv, a->datt, la->att, la->att_lse, la->q, la->k, la->v, B, T,
-                                   c->n_heads, c->n_kv_heads, hd));
-    op_rope_backward(a->dq, a->rope_cos, a->rope_sin, B, T, c->n_heads, hd);
-    op_rope_backward(a->dk, a->rope_cos, a->rope_sin, B, T, c->n_kv_heads, hd);
+    linear_backward_input(be, a->datt, dresid, p->o, N, qd, H, false);
+    weight_grad(be, p->d_o, dresid, H, la->att, N, qd, H);
+    op->attention_backward(be, a->dq, a->dk, a->dv, a->datt, la->att, la->att_lse, la->q, la->k, la->v, B, T,
+                           c->n_heads, c->n_kv_heads, hd);
+    op->rope_backward(be, a->dq, a->rope_cos, a->rope_sin, B, T, c->n_heads, hd);
+    op->rope_backward(be, a->dk, a->rope_cos, a->rope_sin, B, T, c->n_kv_heads, hd);
     phase_end(m, MODEL_PHASE_ATTN_BWD, t);
     if (c->qk_norm != QK_NORM_NONE) {
         t = phase_begin();
         int rows, width;
         qk_norm_shape(c, N, c->n_heads, &rows, &width);
-        op_rmsnorm_backward(a->dq, model_grad_of(m, PARAM_Q_NORM, l, -1), a->dq, la->q_raw,
-                            model_param_of(m, PARAM_Q_NORM, l, -1), la->q_rstd, rows, width, false);
+        op->rmsnorm_backward(be, a->dq, p->d_q_norm, a->dq, la->q_raw, p->q_norm, la->q_rstd, rows, width, false);
         qk_norm_shape(c, N, c->n_kv_heads, &rows, &width);
-        op_rmsnorm_backward(a->dk, model_grad_of(m, PARAM_K_NORM, l, -1), a->dk, la->k_raw,
-                            model_param_of(m, PARAM_K_NORM, l, -1), la->k_rstd, rows, width, false);
+        op->rmsnorm_backward(be, a->dk, p->d_k_norm, a->dk, la->k_raw, p->k_norm, la->k_rstd, rows, width, false);
         phase_end(m, MODEL_PHASE_NORMS, t);
     }
     // q/k/v projections: dh1 = [dq dk dv] [Wq; Wk; Wv], one GEMM on the joined gradient
     t = phase_begin();
     const int S = qd + 2 * kd;
-    op_copy_2d(a->qkv, S, a->dq, qd, N, qd);
-    op_copy_2d(a->qkv + qd, S, a->dk, kd, N, kd);
-    op_copy_2d(a->qkv + qd + kd, S, a->dv, kd, N, kd);
-    op_linear_backward_input(a->dh, a->qkv, model_param_of(m, PARAM_Q, l, -1), N, H, S, false);
-    float *gq = model_grad_of(m, PARAM_Q, l, -1), *gk = model_grad_of(m, PARAM_K, l, -1);
-    float *gv = model_grad_of(m, PARAM_V, l, -1);
-    if (gq && gk == gq + (size_t)qd * H && gv == gk + (size_t)kd * H) {
-        op_linear_backward_weight(gq, a->qkv, la->h1, N, H, S);   // adjacent gradients: one GEMM
+    op->copy_2d(be, a->qkv, S, a->dq, qd, N, qd);
+    op->copy_2d(be, buf_at(a->qkv, qd), S, a->dk, kd, N, kd);
+    op->copy_2d(be, buf_at(a->qkv, qd + kd), S, a->dv, kd, N, kd);
+    linear_backward_input(be, a->dh, a->qkv, p->qkv, N, H, S, false);
+    if (p->d_q && p->d_k == p->d_q + (size_t)qd * H && p->d_v == p->d_k + (size_t)kd * H) {
+        linear_backward_weight(be, p->d_q, a->qkv, S, la->h1, N, H, S);   // adjacent gradients: one GEMM
     } else {
-        weight_grad(m, PARAM_Q, l, a->qkv, S, la->h1, N, H, qd);
-        weight_grad(m, PARAM_K, l, a->qkv + qd, S, la->h1, N, H, kd);
-        weight_grad(m, PARAM_V, l, a->qkv + qd + kd, S, la->h1, N, H, kd);
+        weight_grad(be, p->d_q, a->qkv, S, la->h1, N, H, qd);
+        weight_grad(be, p->d_k, buf_at(a->qkv, qd), S, la->h1, N, H, kd);
+        weight_grad(be, p->d_v, buf_at(a->qkv, qd + kd), S, la->h1, N, H, kd);
     }
     phase_end(m, MODEL_PHASE_ATTN_BWD, t);
     // input_layernorm, plus the residual already in dresid: dresid becomes dL/dx_in
     t = phase_begin();
-    op_rmsnorm_backward(a->dresid, model_grad_of(m, PARAM_ATTN_NORM, l, -1), a->dh, la->x_in,
-                        model_param_of(m, PARAM_ATTN_NORM, l, -1), la->rstd1, N, H, true);
+    op->rmsnorm_backward(be, dresid, p->d_attn_norm, a->dh, buf_f32(la->x_in), p->attn_norm, la->rstd1, N, H, true);
     phase_end(m, MODEL_PHASE_NORMS, t);
-    return SPES_OK;
 }

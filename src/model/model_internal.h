@@ -1,54 +1,91 @@
-// Private to src/model: activation memory and the per-block forward/backward functions.
+// Private to src/model: resolved parameters, activation memory and the per-block
+// forward/backward functions. Everything here is backend memory.
 #pragma once
 #include "model/model.h"
 
+// One layer's tensors, resolved once per model (no lookup by name in the hot path).
+// Norm weights are read from the fp32 master; GEMM weights from the compute copy.
+// Gradients are fp32, NULL for frozen tensors.
+typedef struct {
+    const float *attn_norm, *q_norm, *k_norm, *mlp_norm;
+    Buf qkv;                 // [q; k; v] stacked: [qd+2kd, H]
+    Buf o, router;           // [H, qd], [E, H]
+    Buf *gate_up, *down;     // [E]: [2I, H] (gate then up), [H, I]
+    float *d_attn_norm, *d_q_norm, *d_k_norm, *d_mlp_norm;
+    float *d_q, *d_k, *d_v;  // adjacent ([q; k; v]) whenever all three are trainable
+    float *d_o, *d_router;
+    float **d_gate_up;       // [E] when gate and up are both trainable (adjacent), else NULL
+    float **d_gate, **d_up, **d_down;   // [E]
+} LayerParams;
+
+struct ModelBinding {
+    LayerParams *layers;     // [L]
+    const float *embed, *final_norm;
+    Buf lm_head;
+    float *d_embed, *d_final_norm, *d_lm_head;
+};
+
+// (Re)builds m->bind from the table, the parameter buffers and the trainable mask.
+int model_bind(Model *m);
+void model_unbind(Model *m);
+
 // What one layer keeps from its forward for its backward. N = B*T tokens, qd = n_heads*hd,
-// kd = n_kv_heads*hd, NK = N*top_k routed rows.
+// kd = n_kv_heads*hd, NK = N*top_k routed rows. Buf: the compute type; float *: fp32.
 typedef struct {
     float *x_in;             // [N,H] residual entering the layer (the previous layer's output)
-    float *h1, *rstd1;       // input_layernorm: [N,H], [N]
-    float *q_raw, *k_raw;    // [N,qd], [N,kd] projections before QK-norm (NULL without QK-norm)
+    Buf h1;                  // [N,H] input_layernorm output
+    float *rstd1;            // [N]
+    Buf q_raw, k_raw;        // [N,qd], [N,kd] projections before QK-norm (NULL without QK-norm)
     float *q_rstd, *k_rstd;  // QK-norm rstd: [N] (full) or [N*n_heads], [N*n_kv] (head)
-    float *q, *k, *v;        // [N,qd], [N,kd], [N,kd] attention inputs (normed, rotated)
-    float *att;              // [N,qd] attention output before o_proj
+    Buf q, k, v;             // [N,qd], [N,kd], [N,kd] attention inputs (normed, rotated)
+    Buf att;                 // [N,qd] attention output before o_proj
     float *att_lse;          // [B,n_heads,T]
     float *x_mid;            // [N,H] residual after attention
-    float *h2, *rstd2;       // post_attention_layernorm: [N,H], [N]
+    Buf h2;                  // [N,H] post_attention_layernorm output
+    float *rstd2;            // [N]
     float *probs, *router_lse;   // [N,E], [N]
     int32_t *topk_idx;       // [N,k]
     float *topk_w;           // [N,k]
     int32_t *expert_offsets; // [E+1]
     int32_t *row_token;      // [NK] token of each permuted row
     int32_t *row_of_slot;    // [NK] permuted row of (token, slot)
-    float *gu;               // [NK,2I] gate|up projections (overwritten by their gradient in backward)
-    float *a;                // [NK,I] silu(gate)*up
-    float *y;                // [NK,H] expert outputs, unweighted
-    double lb_sum;           // sum_e c_e * count_e * meanprob_e of this layer
-    double router_z;         // mean over tokens of lse^2
+    Buf gu;                  // [NK,2I] gate|up projections (overwritten by their gradient in backward)
+    Buf a;                   // [NK,I] silu(gate)*up
+    Buf y;                   // [NK,H] expert outputs, unweighted
+    int32_t *offsets_host;   // [E+1] host copy of expert_offsets (read back once per forward)
 } LayerActs;
+
+// Read back once per forward (backend doubles, then one download): per layer the mean
+// router probability of each expert and mean lse^2; then the sums of ce and lse^2.
+#define STATS_PER_LAYER(E) ((size_t)(E) + 1)
 
 struct ModelActivations {
     int B, T;
     void *arena;
     size_t arena_bytes;      // capacity: a smaller (B, T) later is carved from the same arena
     LayerActs *layers;       // [L]
+    int32_t *offsets_host;   // [L*(E+1)] host, carved into the layers
+    int32_t *tokens, *targets;   // [N] backend copies of the batch
     float *x_final;          // [N,H] residual after the last layer
-    float *hf, *rstd_f;      // final norm: [N,H], [N]
+    Buf hf;                  // [N,H] final norm output
+    float *rstd_f;           // [N]
     float *rope_cos, *rope_sin;   // [T, hd/2]
     // scratch, shared by all layers
-    float *xe;               // [NK,H] rows gathered for the experts
-    float *dxe;              // [NK,H] expert output grads, then expert input grads
-    float *da;               // [NK,I]
+    Buf xe;                  // [NK,H] rows gathered for the experts
+    Buf dxe;                 // [NK,H] expert output grads, then expert input grads
+    Buf da;                  // [NK,I]
     float *router_logits;    // [N,E] forward logits, then their gradient
     float *dtopk_w;          // [N,k]
     float *dresid;           // [N,H] gradient of the residual stream
-    float *dh;               // [N,H] gradient of a norm output
-    float *dq, *dk, *dv;     // [N,qd], [N,kd], [N,kd]
-    float *datt;             // [N,qd]
-    float *qkv;              // [N,qd+2kd] fused q|k|v projection output, then its gradient
-    float *logits;           // [R,V] one row block of the LM head
+    Buf dh;                  // [N,H] gradient of a norm output
+    Buf dq, dk, dv;          // [N,qd], [N,kd], [N,kd]
+    Buf datt;                // [N,qd]
+    Buf qkv;                 // [N,qd+2kd] fused q|k|v projection output, then its gradient
+    Buf logits;              // [R,V] one row block of the LM head
     float *row_ce, *row_lse; // [N]
     int logit_rows;          // R
+    double *stats;           // backend [L*(E+1) + 2], see STATS_PER_LAYER
+    double *stats_host;      // host copy
     double phase_seconds[MODEL_PHASE_COUNT];   // profile, see model_phase_seconds
 };
 
@@ -60,16 +97,20 @@ void phase_end(Model *m, ModelPhase phase, double t0);
 int model_acts_plan(Model *m, int B, int T);
 void model_acts_free(Model *m);
 
+// Where attention reads and writes keys and values: NULL in training (this layer's k/v
+// activations), a KV cache in incremental decoding.
+typedef struct {
+    Buf k, v;                // the layer's cache [capacity, kd]
+    int past;                // positions already in it
+    const float *rope_cos, *rope_sin;   // tables from position 0
+} LayerKv;
+
 // Blocks, in forward order. Each backward reads dresid = dL/d(block output) and leaves
 // dL/d(block input) in dresid (residual blocks), adding weight gradients into m->grads.
-int attention_block_forward(Model *m, int l);
-int attention_block_backward(Model *m, int l);
-void moe_block_forward(Model *m, int l, const LossWeights *w);
+void attention_block_forward(Model *m, int l, const LayerKv *kv);
+void attention_block_backward(Model *m, int l);
+void moe_block_forward(Model *m, int l);
 void moe_block_backward(Model *m, int l, const LossWeights *w, float grad_scale);
-
-// Parameter / gradient pointers by (kind, layer, expert); gradient NULL when frozen.
-float *model_param_of(Model *m, ParamKind kind, int layer, int expert);
-float *model_grad_of(Model *m, ParamKind kind, int layer, int expert);
 
 // The residual after layer l: the next layer's input, or x_final after the last layer.
 static inline float *layer_output(Model *m, int l) {

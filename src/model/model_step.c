@@ -5,7 +5,18 @@
 
 #include "base/error.h"
 #include "model/model_internal.h"
-#include "ops/cpu/cpu_ops.h"
+
+// n floats of type t on the backend -> fp32 host memory.
+static int download_f32(Backend *be, float *host, Buf src, size_t n) {
+    if (src.t == NUM_F32) return be->ops->download(be, host, src.p, n * sizeof(float));
+    // Through an fp32 staging buffer on the backend: convert there, then copy down.
+    void *staging;
+    SPES_TRY(backend_alloc(be, n * sizeof(float), &staging));
+    be->ops->convert(be, buf_f32(staging), src, n);
+    int rc = be->ops->download(be, host, staging, n * sizeof(float));
+    backend_free(be, staging);
+    return rc;
+}
 
 static int check_batch(const Model *m, const int32_t *inputs, const int32_t *targets, int B, int T) {
     if (B <= 0 || T <= 0) return spes_fail("model: batch %d x seq %d must be positive", B, T);
@@ -26,28 +37,67 @@ static int check_batch(const Model *m, const int32_t *inputs, const int32_t *tar
 
 // LM head in blocks of rows: logits for R tokens at a time, their loss, and when training
 // their gradient straight away (dL/dhf into a->dh, dL/dlm_head added). Logits are copied
-// out when asked for; otherwise at most R x V of them exist at once.
-static void lm_head_and_loss(Model *m, const int32_t *targets, float ce_scale, float z_scale, bool grad,
-                             float *logits_out) {
+// out (to the host) when asked for; otherwise at most R x V of them exist at once.
+// Rows [first, N) of hf only (the KV forward wants the last few).
+static int lm_head_and_loss(Model *m, int first, bool with_targets, float ce_scale, float z_scale, bool grad,
+                            float *logits_out) {
     const ModelConfig *c = &m->cfg;
+    Backend *be = m->be;
     ModelActivations *a = m->acts;
+    const ModelBinding *b = m->bind;
     const int N = a->B * a->T, H = c->d_model, V = c->embedding_size;
-    const float *W = model_param_of(m, PARAM_LM_HEAD, -1, -1);
-    float *dW = grad ? model_grad_of(m, PARAM_LM_HEAD, -1, -1) : NULL;
-    for (int r0 = 0; r0 < N; r0 += a->logit_rows) {
+    for (int r0 = first; r0 < N; r0 += a->logit_rows) {
         int R = N - r0 < a->logit_rows ? N - r0 : a->logit_rows;
-        const float *h = a->hf + (size_t)r0 * H;
-        op_linear_forward(a->logits, h, W, R, H, V, false);
-        if (logits_out) memcpy(logits_out + (size_t)r0 * V, a->logits, (size_t)R * V * sizeof(float));
-        if (targets) {
-            op_cross_entropy_rows(a->logits, a->row_ce + r0, a->row_lse + r0, targets + r0, R, V, ce_scale, z_scale,
-                                  grad);
-        }
+        const Buf h = buf_at(a->hf, (size_t)r0 * H);
+        linear_forward(be, a->logits, h, b->lm_head, R, H, V, false);
+        if (logits_out) SPES_TRY(download_f32(be, logits_out + (size_t)(r0 - first) * V, a->logits, (size_t)R * V));
+        if (with_targets)
+            be->ops->cross_entropy_rows(be, a->logits, a->row_ce + r0, a->row_lse + r0, a->targets + r0, R, V,
+                                        ce_scale, z_scale, grad);
         if (grad) {
-            op_linear_backward_input(a->dh + (size_t)r0 * H, a->logits, W, R, H, V, false);
-            if (dW) op_linear_backward_weight(dW, a->logits, h, R, H, V);
+            linear_backward_input(be, buf_at(a->dh, (size_t)r0 * H), a->logits, b->lm_head, R, H, V, false);
+            if (b->d_lm_head) linear_backward_weight(be, b->d_lm_head, a->logits, V, h, R, H, V);
         }
     }
+    return SPES_OK;
+}
+
+// The step's losses from the read-back statistics (host arithmetic in double, fixed order).
+static void loss_values(const Model *m, const LossWeights *w, int64_t num_targets, LossValues *out) {
+    const ModelConfig *c = &m->cfg;
+    const ModelActivations *a = m->acts;
+    const int N = a->B * a->T, L = c->n_layers, E = c->num_experts;
+    const double *st = a->stats_host;
+    memset(out, 0, sizeof *out);
+    out->num_targets = num_targets;
+    if (num_targets > 0) {
+        const double *sums = st + (size_t)L * STATS_PER_LAYER(E);
+        out->ce = sums[0] / (double)num_targets;
+        out->lm_z = sums[1] / (double)num_targets;
+    }
+    double lb = 0.0;
+    for (int l = 0; l < L; l++) {
+        const double *ls = st + (size_t)l * STATS_PER_LAYER(E);
+        double lb_sum = 0.0;   // sum_e c_e * count_e * meanprob_e of this layer
+        for (int e = 0; e < E; e++) {
+            double factor = w->lb_count_factor ? w->lb_count_factor[(size_t)l * E + e] : 1.0;
+            lb_sum += factor * (double)m->expert_counts[(size_t)l * E + e] * ls[e];
+        }
+        lb += lb_sum;
+        out->router_z += ls[E] / N;
+    }
+    out->lb = lb * E / ((double)L * N * c->top_k);
+    out->total = out->ce + w->lm_z_mult * out->lm_z + w->lb_weight * out->lb + w->router_z_weight * out->router_z;
+}
+
+// Embedding of the batch (tokens uploaded to the backend first).
+static int embed(Model *m, const int32_t *inputs, const int32_t *targets, int N) {
+    Backend *be = m->be;
+    ModelActivations *a = m->acts;
+    SPES_TRY(be->ops->upload(be, a->tokens, inputs, (size_t)N * sizeof(int32_t)));
+    if (targets) SPES_TRY(be->ops->upload(be, a->targets, targets, (size_t)N * sizeof(int32_t)));
+    be->ops->embedding_forward(be, buf_f32(a->layers[0].x_in), m->bind->embed, a->tokens, N, m->cfg.d_model);
+    return SPES_OK;
 }
 
 // The forward of everything; the backward too when `grad`.
@@ -57,8 +107,11 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
     if (grad && !targets) return spes_fail("model: a backward pass needs targets");
     SPES_TRY(model_acts_plan(m, B, T));
     const ModelConfig *c = &m->cfg;
+    Backend *be = m->be;
+    const BackendOps *op = be->ops;
     ModelActivations *a = m->acts;
-    const int N = B * T, H = c->d_model, L = c->n_layers;
+    const ModelBinding *b = m->bind;
+    const int N = B * T, H = c->d_model, L = c->n_layers, E = c->num_experts;
     const LossWeights zero_weights = {0};
     if (!w) w = &zero_weights;
 
@@ -67,56 +120,46 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
         for (int i = 0; i < N; i++) num_targets += targets[i] != IGNORE_INDEX;
 
     double t = phase_begin();
-    op_rope_tables(a->rope_cos, a->rope_sin, T, c->head_dim, c->rope_theta);
-    op_embedding_forward(a->layers[0].x_in, model_param_of(m, PARAM_EMBED, -1, -1), inputs, N, H);
+    op->rope_tables(be, a->rope_cos, a->rope_sin, T, c->head_dim, c->rope_theta);
+    SPES_TRY(embed(m, inputs, targets, N));
     phase_end(m, MODEL_PHASE_EMBED, t);
     for (int l = 0; l < L; l++) {
-        SPES_TRY(attention_block_forward(m, l));
-        moe_block_forward(m, l, w);
+        attention_block_forward(m, l, NULL);
+        moe_block_forward(m, l);
     }
     t = phase_begin();
-    op_rmsnorm_forward(a->hf, a->rstd_f, a->x_final, model_param_of(m, PARAM_FINAL_NORM, -1, -1), N, H, c->norm_eps);
+    op->rmsnorm_forward(be, a->hf, a->rstd_f, buf_f32(a->x_final), b->final_norm, N, H, c->norm_eps);
     phase_end(m, MODEL_PHASE_NORMS, t);
     t = phase_begin();
     float ce_scale = num_targets ? grad_scale / (float)num_targets : 0.0f;
-    lm_head_and_loss(m, targets, ce_scale, ce_scale * w->lm_z_mult, grad, logits_out);
+    SPES_TRY(lm_head_and_loss(m, 0, targets != NULL, ce_scale, ce_scale * w->lm_z_mult, grad, logits_out));
     phase_end(m, MODEL_PHASE_LM_HEAD, t);
 
     if (out) {
-        memset(out, 0, sizeof *out);
-        out->num_targets = num_targets;
-        if (targets && num_targets > 0) {
-            for (int i = 0; i < N; i++) {
-                out->ce += a->row_ce[i];
-                out->lm_z += (double)a->row_lse[i] * a->row_lse[i];
-            }
-            out->ce /= (double)num_targets;
-            out->lm_z /= (double)num_targets;
+        double *sums = a->stats + (size_t)L * STATS_PER_LAYER(E);
+        if (targets) {
+            op->sum(be, sums, a->row_ce, (size_t)N, false);
+            op->sum(be, sums + 1, a->row_lse, (size_t)N, true);
         }
-        double lb = 0.0;
-        for (int l = 0; l < L; l++) {
-            lb += a->layers[l].lb_sum;
-            out->router_z += a->layers[l].router_z;
-        }
-        out->lb = lb * c->num_experts / ((double)L * N * c->top_k);
-        out->total = out->ce + w->lm_z_mult * out->lm_z + w->lb_weight * out->lb + w->router_z_weight * out->router_z;
+        const size_t n_stats = (size_t)L * STATS_PER_LAYER(E) + 2;
+        SPES_TRY(op->download(be, a->stats_host, a->stats, n_stats * sizeof(double)));
+        loss_values(m, w, targets ? num_targets : 0, out);
     }
-    if (!grad) return SPES_OK;
+    if (!grad) return backend_sync(be);
 
     // backward: a->dh holds dL/dhf
     t = phase_begin();
-    op_rmsnorm_backward(a->dresid, model_grad_of(m, PARAM_FINAL_NORM, -1, -1), a->dh, a->x_final,
-                        model_param_of(m, PARAM_FINAL_NORM, -1, -1), a->rstd_f, N, H, false);
+    op->rmsnorm_backward(be, buf_f32(a->dresid), b->d_final_norm, a->dh, buf_f32(a->x_final), b->final_norm,
+                         a->rstd_f, N, H, false);
     phase_end(m, MODEL_PHASE_NORMS, t);
     for (int l = L - 1; l >= 0; l--) {
         moe_block_backward(m, l, w, grad_scale);
-        SPES_TRY(attention_block_backward(m, l));
+        attention_block_backward(m, l);
     }
     t = phase_begin();
-    float *demb = model_grad_of(m, PARAM_EMBED, -1, -1);
-    if (demb) op_embedding_backward(demb, a->dresid, inputs, N, H);
+    if (b->d_embed) op->embedding_backward(be, b->d_embed, buf_f32(a->dresid), a->tokens, N, H);
     phase_end(m, MODEL_PHASE_EMBED, t);
-    return SPES_OK;
+    return backend_sync(be);
 }
 
 int model_forward_backward(Model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
@@ -127,4 +170,39 @@ int model_forward_backward(Model *m, const int32_t *inputs, const int32_t *targe
 int model_forward(Model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                   const LossWeights *weights, LossValues *out, float *logits_out) {
     return run(m, inputs, targets, B, T, weights, false, 0.0f, out, logits_out);
+}
+
+int model_forward_kv(Model *m, const ModelKvCache *cache, int past, const int32_t *tokens, int n, float *logits,
+                     int n_logits) {
+    const ModelConfig *c = &m->cfg;
+    if (n <= 0) return spes_fail("kv forward: empty chunk");
+    if (past < 0 || n > cache->capacity - past)
+        return spes_fail("KV cache full: %d positions held, %d more do not fit in %d (the model's max_seq_len "
+                         "or --max_seq bounds the context)", past, n, cache->capacity);
+    if (logits && (n_logits < 1 || n_logits > n)) return spes_fail("kv forward: n_logits %d outside 1..%d", n_logits, n);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->embedding_size)
+            return spes_fail("token id %d at chunk position %d is outside the embedding table (0..%d)", tokens[i], i,
+                             c->embedding_size - 1);
+    SPES_TRY(model_acts_plan(m, 1, n));
+    Backend *be = m->be;
+    ModelActivations *a = m->acts;
+    SPES_TRY(embed(m, tokens, NULL, n));
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerKv kv = {.k = buf_at(cache->k, (size_t)l * cache->layer_stride),
+                            .v = buf_at(cache->v, (size_t)l * cache->layer_stride),
+                            .past = past,
+                            .rope_cos = cache->rope_cos,
+                            .rope_sin = cache->rope_sin};
+        attention_block_forward(m, l, &kv);
+        moe_block_forward(m, l);
+    }
+    if (logits) {
+        const int H = c->d_model, first = n - n_logits;
+        be->ops->rmsnorm_forward(be, buf_at(a->hf, (size_t)first * H), a->rstd_f,
+                                 buf_f32(a->x_final + (size_t)first * H), m->bind->final_norm, n_logits, H,
+                                 c->norm_eps);
+        SPES_TRY(lm_head_and_loss(m, first, false, 0.0f, 0.0f, false, logits));
+    }
+    return backend_sync(be);
 }

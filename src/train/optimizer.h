@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "model/param_table.h"
+#include "ops/backend.h"
 
 typedef struct {
     double beta1, beta2;        // optimizer.betas
@@ -22,27 +23,36 @@ typedef struct {
 
 typedef struct {
     AdamWConfig cfg;
+    Backend *be;
     size_t numel;               // == table.trainable_numel when created
-    float *m;                   // [numel] exp_avg
-    float *v;                   // [numel] exp_avg_sq
+    float *m;                   // host [numel] exp_avg (checkpoints read and write these)
+    float *v;                   // host [numel] exp_avg_sq
+    float *dm, *dv;             // the backend's moments (== m, v on cpu)
+    AdamWTensor *tensors;       // [table.count] per-step work list
     int64_t step;               // updates done so far (torch's state["step"])
 } AdamW;
 
-// Zeroed moments for the trainable tensors of `table`.
+// Zeroed moments for the trainable tensors of `table`, on the cpu / on backend be.
 int adamw_create(AdamW *opt, const ParamTable *table, const AdamWConfig *cfg);
+int adamw_create_on(AdamW *opt, const ParamTable *table, const AdamWConfig *cfg, Backend *be);
 void adamw_free(AdamW *opt);
+// Host moments -> backend, backend -> host (no-ops on cpu).
+int adamw_state_to_device(AdamW *opt);
+int adamw_state_to_host(AdamW *opt);
 
 // OLMo's get_param_groups: Linear weights (attention, router, experts, lm_head) always
 // decay; norm weights only with decay_norm_and_bias; the embedding only with decay_embeddings.
 bool adamw_param_decays(const AdamWConfig *cfg, ParamKind kind);
 
-// One AdamW update of every trainable tensor at learning rate lr. Same float32 operation
-// order as torch's single-tensor AdamW, so results agree to rounding.
-void adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, double lr);
+// One AdamW update of every trainable tensor at learning rate lr (params, grads: backend
+// fp32 buffers laid out by the table). compute: the parameters' low-precision copy, updated
+// by the same kernel (.p NULL when there is none). Same float32 operation order as torch's
+// single-tensor AdamW, so results agree to rounding.
+void adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, Buf compute, double lr);
 
-// L2 norm of all n gradient values. Summed in double over fixed-size blocks, so the result
-// is the same for every thread count (bit-exact resume depends on it).
-double grad_global_norm(const float *grads, size_t n);
+// L2 norm of all n gradient values (backend memory). Summed in double over fixed-size
+// blocks, so the result is the same for every thread count (bit-exact resume depends on it).
+double grad_global_norm(Backend *be, const float *grads, size_t n);
 // Scales grads by min(1, max_norm / (total_norm + 1e-6)) as torch.nn.utils.clip_grad_norm_.
 // Returns the norm before clipping. max_norm <= 0: no clipping, norm still returned.
-double grad_clip_global_norm(float *grads, size_t n, double max_norm);
+double grad_clip_global_norm(Backend *be, float *grads, size_t n, double max_norm);

@@ -198,6 +198,7 @@ int spes_load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char *
     if (rc == SPES_OK && st.count != m->table.count)
         rc = spes_fail("%s has %d tensors, the model %d", what, st.count, m->table.count);
     safetensors_close(&st);
+    if (rc == SPES_OK) rc = model_params_to_device(m);
     return rc;
 }
 
@@ -226,7 +227,8 @@ int spes_peer_after_step(void *ctx, Model *m, int64_t step) {
     double start = now_seconds();
     uint8_t *payload = NULL, *bytes = NULL;
     size_t payload_len = 0, len = 0;
-    int rc = sync_client_serialize(p->client, p->upload, p->n_upload, &payload, &payload_len);
+    int rc = model_params_to_host(m);   // the upload points into the host parameters
+    if (rc == SPES_OK) rc = sync_client_serialize(p->client, p->upload, p->n_upload, &payload, &payload_len);
     if (rc == SPES_OK) rc = audit_log(p, "up", step, payload, payload_len);
     if (rc == SPES_OK) rc = sync_client_upload_bytes(p->client, (int)step, payload, payload_len);
     free(payload);

@@ -30,6 +30,7 @@ typedef struct {
 struct Trainer {
     const TrainConfig *cfg;
     TrainerOptions opt;
+    Backend *be;                // where the model trains (device / precision keys)
     Model model;
     bool model_created;
     AdamW adamw;
@@ -112,6 +113,8 @@ static int resume_latest(Trainer *t, bool *resumed) {
                            dir, saved.config_hash, mine);
     }
     if (rc == SPES_OK) rc = checkpoint_load(dir, &t->model, &t->adamw, &t->state);
+    if (rc == SPES_OK) rc = model_params_to_device(&t->model);
+    if (rc == SPES_OK) rc = adamw_state_to_device(&t->adamw);
     if (rc == SPES_OK) rc = loader_set_position(t->train_dl, t->state.data);
     if (rc == SPES_OK) {
         t->state.config_hash = mine;
@@ -185,10 +188,13 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     if (schedule_validate(&cfg->schedule, cfg->learning_rate, t->max_steps) != SPES_OK) goto fail;
     if (open_evaluators(t) != SPES_OK) goto fail;
 
-    if (model_create(&t->model, &cfg->model) != SPES_OK) goto fail;
+    Precision precision;
+    if (precision_from_name(cfg->precision, &precision) != SPES_OK) goto fail;
+    if (backend_open(cfg->device, precision, &t->be) != SPES_OK) goto fail;
+    if (model_create_on(&t->model, &cfg->model, t->be) != SPES_OK) goto fail;
     t->model_created = true;
     if (trainer_setup_trainable(&t->model, cfg) != SPES_OK) goto fail;
-    if (adamw_create(&t->adamw, &t->model.table, &cfg->adamw) != SPES_OK) goto fail;
+    if (adamw_create_on(&t->adamw, &t->model.table, &cfg->adamw, t->be) != SPES_OK) goto fail;
     size_t n_counts = (size_t)cfg->model.n_layers * (size_t)cfg->model.num_experts;
     if (!(t->step_counts = spes_calloc(n_counts, sizeof *t->step_counts))) goto fail;
 
@@ -199,6 +205,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
         if (claim_save_folder(cfg) != SPES_OK) goto fail;
         model_init_weights(&t->model, (uint64_t)cfg->seed);
         if (cfg->load_path && load_initial_weights(&t->model, cfg->load_path) != SPES_OK) goto fail;
+        if (model_params_to_device(&t->model) != SPES_OK) goto fail;
     }
     t->last_saved_step = resumed ? t->state.step : -1;
     if (mkdir_p(cfg->save_folder) != SPES_OK) goto fail;
@@ -212,6 +219,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     }
     int n_trainable = 0;
     for (int i = 0; i < t->model.table.count; i++) n_trainable += t->model.table.entries[i].trainable;
+    log_info("device: %s", t->be->description);
     log_info("model: %zu parameters, %zu trainable in %d of %d tensors; %" PRId64 " training instances of %d "
              "tokens; %" PRId64 " steps of %d instances (%d micro-batches); MFU relative to %.1f GFLOP/s%s",
              t->model.table.total_numel, t->model.table.trainable_numel, n_trainable, t->model.table.count,
@@ -235,6 +243,7 @@ void trainer_free(Trainer *t) {
     free(t->step_counts);
     adamw_free(&t->adamw);
     if (t->model_created) model_free(&t->model);
+    backend_close(t->be);
     loader_free(t->train_dl);
     token_dataset_close(t->train_ds);
     free(t);
@@ -287,9 +296,11 @@ int trainer_step(Trainer *t, StepMetrics *out) {
                          step, mean.total, mean.ce);
 
     size_t n_grad = m->table.trainable_numel;
-    double norm = n_grad ? grad_clip_global_norm(m->grads, n_grad, cfg->max_grad_norm) : 0.0;
+    double norm = n_grad ? grad_clip_global_norm(t->be, m->grads, n_grad, cfg->max_grad_norm) : 0.0;
     double lr = schedule_lr(&cfg->schedule, cfg->learning_rate, step, t->max_steps);
-    if (n_grad) adamw_step(&t->adamw, &m->table, m->params, m->grads, lr);
+    const Buf compute = {m->cparams, t->be->compute};
+    if (n_grad) adamw_step(&t->adamw, &m->table, m->dparams, m->grads, compute, lr);
+    SPES_TRY(backend_sync(t->be));
 
     t->state.step = step;
     t->state.tokens_seen += (int64_t)rows * T;
@@ -345,6 +356,8 @@ int trainer_evaluate(Trainer *t) {
 
 int trainer_save(Trainer *t) {
     double t0 = now_seconds();
+    SPES_TRY(model_params_to_host(&t->model));
+    SPES_TRY(adamw_state_to_host(&t->adamw));
     SPES_TRY(checkpoint_save(t->cfg->save_folder, &t->model, &t->adamw, &t->state, t->cfg));
     SPES_TRY(checkpoint_prune(t->cfg->save_folder, t->cfg->save_num_unsharded_checkpoints_to_keep));
     t->last_saved_step = t->state.step;

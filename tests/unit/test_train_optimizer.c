@@ -67,8 +67,8 @@ static void test_decay_groups(void **state) {
 static void test_global_norm(void **state) {
     (void)state;
     float g2[2] = {3, 4};
-    assert_float_equal(grad_global_norm(g2, 2), 5.0, 1e-12);
-    assert_float_equal(grad_global_norm(g2, 0), 0.0, 0.0);
+    assert_float_equal(grad_global_norm(backend_cpu(), g2, 2), 5.0, 1e-12);
+    assert_float_equal(grad_global_norm(backend_cpu(), g2, 0), 0.0, 0.0);
     // Several rounds of blocks and a ragged tail: agrees with a plain double sum and is
     // bit-identical for 1 and 2 threads.
     size_t n = 2 * 16384 * 64 + 12345;
@@ -80,9 +80,9 @@ static void test_global_norm(void **state) {
     }
     ref = sqrt(ref);
     omp_set_num_threads(1);
-    double a = grad_global_norm(g, n);
+    double a = grad_global_norm(backend_cpu(), g, n);
     omp_set_num_threads(2);
-    double b = grad_global_norm(g, n);
+    double b = grad_global_norm(backend_cpu(), g, n);
     assert_float_equal(a, ref, ref * 1e-12);
     assert_memory_equal(&a, &b, sizeof a);
     free(g);
@@ -91,15 +91,15 @@ static void test_global_norm(void **state) {
 static void test_clip(void **state) {
     (void)state;
     float g[2] = {3, 4};
-    assert_float_equal(grad_clip_global_norm(g, 2, 10.0), 5.0, 1e-12);   // below max: untouched
+    assert_float_equal(grad_clip_global_norm(backend_cpu(), g, 2, 10.0), 5.0, 1e-12);   // below max: untouched
     assert_true(g[0] == 3.0f && g[1] == 4.0f);
-    assert_float_equal(grad_clip_global_norm(g, 2, 0.0), 5.0, 1e-12);    // 0: clipping off
+    assert_float_equal(grad_clip_global_norm(backend_cpu(), g, 2, 0.0), 5.0, 1e-12);    // 0: clipping off
     assert_true(g[0] == 3.0f && g[1] == 4.0f);
-    assert_float_equal(grad_clip_global_norm(g, 2, 1.0), 5.0, 1e-12);
+    assert_float_equal(grad_clip_global_norm(backend_cpu(), g, 2, 1.0), 5.0, 1e-12);
     float coef = 1.0f / (5.0f + 1e-6f);
     assert_float_equal(g[0], 3.0f * coef, 1e-7);
     assert_float_equal(g[1], 4.0f * coef, 1e-7);
-    assert_float_equal(grad_global_norm(g, 2), 1.0, 1e-6);
+    assert_float_equal(grad_global_norm(backend_cpu(), g, 2), 1.0, 1e-6);
 }
 
 // One step by the textbook formula in double, against adamw_step, plus frozen and
@@ -124,7 +124,7 @@ static void test_step_by_formula(void **state) {
     for (int i = 0; i < 11; i++) p[i] = orig[i];
     const double lrs[3] = {1e-2, 2e-2, 5e-3};
     for (int s = 1; s <= 3; s++) {
-        adamw_step(&opt, &t, params, grads, lrs[s - 1]);
+        adamw_step(&opt, &t, params, grads, (Buf){0}, lrs[s - 1]);
         double lr = lrs[s - 1];
         for (int e = 0; e < 4; e++) {
             const ParamInfo *pi = &t.entries[e];
@@ -217,10 +217,10 @@ static void test_matches_torch(void **state) {
             if (specs[i].trainable)
                 memcpy(grads + t.entries[i].grad_offset, tensor_f32(&st, prefix, specs[i].name),
                        t.entries[i].numel * 4);
-        double norm = grad_clip_global_norm(grads, t.trainable_numel, max_norm);
+        double norm = grad_clip_global_norm(backend_cpu(), grads, t.trainable_numel, max_norm);
         double ref_norm = json_real_value(json_array_get(norms, (size_t)s));
         assert_float_equal(norm, ref_norm, 1e-6 * ref_norm);
-        adamw_step(&opt, &t, params, grads, json_real_value(json_array_get(lrs, (size_t)s)));
+        adamw_step(&opt, &t, params, grads, (Buf){0}, json_real_value(json_array_get(lrs, (size_t)s)));
     }
     // Differences are measured relative to each tensor's largest magnitude: an element that
     // is a near-cancelling sum carries the tensor's rounding, not its own.

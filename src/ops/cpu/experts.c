@@ -28,7 +28,7 @@ static bool parallel_over_experts(int E) { return E >= 2 * omp_get_max_threads()
 static float *f32(Buf b) { return (float *)b.p; }
 
 void op_experts_forward(const ExpertsArgs *a) {
-    const int E = a->E, H = a->H, I = a->I;
+    const int E = a->E, H = a->H, I = a->hidden;
     int order[E];
     experts_largest_first(a->offsets, E, order);
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_over_experts(E))
@@ -45,7 +45,7 @@ void op_experts_forward(const ExpertsArgs *a) {
 // dW[gate; up] += dgu^T xe for whichever of the two is trainable (one GEMM when both are,
 // their gradients then being adjacent).
 static void gate_up_grad(const ExpertsArgs *a, int e, const float *dgu, const float *xe, int cnt) {
-    const int H = a->H, I = a->I;
+    const int H = a->H, I = a->hidden;
     if (a->dgate_up && a->dgate_up[e]) {
         op_linear_backward_weight(a->dgate_up[e], dgu, xe, cnt, H, 2 * I);
         return;
@@ -56,7 +56,7 @@ static void gate_up_grad(const ExpertsArgs *a, int e, const float *dgu, const fl
 }
 
 void op_experts_backward(const ExpertsArgs *a) {
-    const int E = a->E, H = a->H, I = a->I;
+    const int E = a->E, H = a->H, I = a->hidden;
     int order[E];
     experts_largest_first(a->offsets, E, order);
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_over_experts(E))
