@@ -16,6 +16,7 @@ static const Command commands[] = {
     {"eval", cmd_eval, "perplexity / bits per byte, and multiple-choice accuracy on oe-eval request files"},
     {"server", cmd_server, "SPES parameter server (gRPC): aggregates peers' uploads every sync round"},
     {"generate", cmd_generate, "sample text with a KV cache, streaming tokens to stdout"},
+    {"version", cmd_version, "the version and the backends compiled in (cpu, cuda)"},
 };
 static const int num_commands = (int)(sizeof commands / sizeof commands[0]);
 

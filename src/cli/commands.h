@@ -20,3 +20,4 @@ int cmd_eval(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_server(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
+int cmd_version(int argc, char **argv);

@@ -53,7 +53,8 @@ static int parse_cuda_index(const char *device) {
 
 static int open_cpu(Precision precision, Backend **out) {
     if (precision != PRECISION_FP32)
-        log_warn("precision %s applies on cuda; the cpu backend runs fp32", precision_name(precision));
+        log_warn("precision %s: the cpu backend computes in fp32%s", precision_name(precision),
+                 precision == PRECISION_AMP_FP16 ? " (dynamic loss scaling still runs; powers of two are exact)" : "");
     *out = backend_cpu();
     return SPES_OK;
 }

@@ -107,6 +107,10 @@ int metrics_write_step(MetricsLog *log, const StepMetrics *s, bool with_expert_c
     put_num(fp, "lr", s->lr, false);
     put_num(fp, "grad_norm", s->grad_norm, false);
     fprintf(fp, ",\"tokens\":%" PRId64, s->tokens_seen);
+    if (s->loss_scale > 0) {
+        put_num(fp, "loss_scale", s->loss_scale, false);
+        fprintf(fp, ",\"step_skipped\":%s", s->step_skipped ? "true" : "false");
+    }
     if (s->expert_counts) {
         double lo, hi;
         metrics_route_balance(s->expert_counts, s->n_layers, s->n_experts, &lo, &hi);
@@ -128,6 +132,10 @@ int metrics_write_step(MetricsLog *log, const StepMetrics *s, bool with_expert_c
     put_num(fp, "tokens_per_s", s->tokens_per_second, true);
     put_num(fp, "mfu", s->mfu, true);
     put_num(fp, "peak_rss_mb", s->peak_rss_mb, true);
+    if (s->device_peak_mb > 0) {
+        put_num(fp, "gpu_mem_mb", s->device_mem_mb, true);
+        put_num(fp, "gpu_peak_mb", s->device_peak_mb, true);
+    }
     fputc('}', fp);
     fputc('}', fp);
     return flush_line(log);
@@ -168,9 +176,14 @@ void metrics_format_console(const StepMetrics *s, char *buf, int bufsize) {
         metrics_route_balance(s->expert_counts, s->n_layers, s->n_experts, &lo, &hi);
         snprintf(route, sizeof route, " | route %.2f-%.2fx", lo, hi);
     }
+    char device[64] = "", scale[48] = "";
+    if (s->device_peak_mb > 0)
+        snprintf(device, sizeof device, " | gpu %.1f/%.1fGB", s->device_mem_mb / 1024, s->device_peak_mb / 1024);
+    if (s->loss_scale > 0)
+        snprintf(scale, sizeof scale, " | scale %g%s", s->loss_scale, s->step_skipped ? " (skipped)" : "");
     snprintf(buf, (size_t)bufsize,
              "step %" PRId64 "/%" PRId64 " | loss %.4f (ce %.4f lm_z %.4g lb %.4f rz %.4g) | lr %.2e | gnorm %.3f | "
-             "%s tok/s | MFU %.1f%% | ETA %s | rss %.0fMB%s",
+             "%s tok/s | MFU %.1f%% | ETA %s | rss %.0fMB%s%s%s",
              s->step, s->max_steps, s->loss.total, s->loss.ce, s->loss.lm_z, s->loss.lb, s->loss.router_z, s->lr,
-             s->grad_norm, tps, 100 * s->mfu, eta, s->peak_rss_mb, route);
+             s->grad_norm, tps, 100 * s->mfu, eta, s->peak_rss_mb, device, scale, route);
 }

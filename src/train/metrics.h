@@ -26,6 +26,9 @@ typedef struct {
     int n_layers, n_experts;
     // wall-clock (not reproducible)
     double step_seconds, tokens_per_second, mfu, eta_seconds, peak_rss_mb;
+    double device_mem_mb, device_peak_mb;   // GPU memory in use / peak (0 on cpu)
+    double loss_scale;          // amp_fp16 loss scale (0 when loss scaling is off)
+    bool step_skipped;          // amp_fp16: the update was skipped (gradient overflow)
 } StepMetrics;
 
 typedef struct {

@@ -18,6 +18,7 @@
 #include "data/loader.h"
 #include "model/hf_import.h"
 #include "train/checkpoint.h"
+#include "train/loss_scale.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
 
@@ -43,6 +44,8 @@ struct Trainer {
     int64_t max_steps;
     int64_t last_saved_step, last_eval_step;
     int64_t *step_counts;       // [L*E] tokens per expert, summed over the step's micro-batches
+    LossScaler scaler;          // amp_fp16: dynamic loss scaling (disabled otherwise)
+    int64_t force_overflow_step;   // SPES_FORCE_GRAD_OVERFLOW_STEP (tests): treat that step as an overflow
     MetricsLog log;
     double peak_flops;
     double peak_measured_at;    // now_seconds() of the last sgemm measurement (0: configured)
@@ -80,6 +83,27 @@ static double measure_peak_flops(void) {
     }
     spes_free_aligned(a);
     return best > 0 ? 2.0 * n * n * (double)n / best : 0;
+}
+
+// On a device backend: one square GEMM in the compute type through the backend, the
+// ceiling MFU is then relative to (what cuBLAS reaches on this GPU).
+static double measure_backend_peak_flops(Backend *be) {
+    const int n = 4096;
+    const size_t bytes = (size_t)n * n * num_type_size(be->compute);
+    void *a = NULL, *c = NULL;
+    double best = INFINITY;
+    if (backend_alloc(be, bytes, &a) == SPES_OK && backend_alloc(be, bytes, &c) == SPES_OK) {
+        const Buf A = buf_of(a, be->compute), C = buf_of(c, be->compute);
+        for (int r = 0; r < 4; r++) {   // the first is a warm-up
+            double t0 = now_seconds();
+            be->ops->gemm(be, false, true, n, n, n, 1.0f, A, n, A, n, 0.0f, C, n);
+            if (backend_sync(be) != SPES_OK) break;
+            if (r > 0) best = fmin(best, now_seconds() - t0);
+        }
+    }
+    backend_free(be, a);
+    backend_free(be, c);
+    return isfinite(best) && best > 0 ? 2.0 * n * n * (double)n / best : 0;
 }
 
 static double peak_rss_mb(void) {
@@ -213,18 +237,25 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
 
     if (opt->peak_flops > 0)
         t->peak_flops = opt->peak_flops;
+    else if (!t->be->host_memory)
+        t->peak_flops = measure_backend_peak_flops(t->be);
     else {
         t->peak_flops = measure_peak_flops();
         t->peak_measured_at = now_seconds();
     }
+    loss_scale_init(&t->scaler, precision == PRECISION_AMP_FP16);
+    const char *force = getenv("SPES_FORCE_GRAD_OVERFLOW_STEP");
+    t->force_overflow_step = force && *force ? strtoll(force, NULL, 10) : -1;
     int n_trainable = 0;
     for (int i = 0; i < t->model.table.count; i++) n_trainable += t->model.table.entries[i].trainable;
     log_info("device: %s", t->be->description);
     log_info("model: %zu parameters, %zu trainable in %d of %d tensors; %" PRId64 " training instances of %d "
-             "tokens; %" PRId64 " steps of %d instances (%d micro-batches); MFU relative to %.1f GFLOP/s%s",
+             "tokens; %" PRId64 " steps of %d instances (%d micro-batches); MFU relative to %.1f GFLOP/s%s%s",
              t->model.table.total_numel, t->model.table.trainable_numel, n_trainable, t->model.table.count,
              token_dataset_len(t->train_ds), cfg->model.max_seq_len, t->max_steps, cfg->global_train_batch_size,
-             config_grad_accum_steps(cfg), t->peak_flops / 1e9, opt->peak_flops > 0 ? "" : " (measured sgemm)");
+             config_grad_accum_steps(cfg), t->peak_flops / 1e9,
+             opt->peak_flops > 0 ? "" : t->be->host_memory ? " (measured sgemm)" : " (measured GEMM)",
+             t->scaler.enabled ? "; amp_fp16 dynamic loss scaling" : "");
     *out = t;
     return SPES_OK;
 fail:
@@ -279,7 +310,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         int r0 = i * micro, nb = rows - r0 < micro ? rows - r0 : micro;
         LossValues lv;
         if (model_forward_backward(m, batch->inputs + (size_t)r0 * T, batch->targets + (size_t)r0 * T, nb, T,
-                                   &t->weights, 1.0f / (float)n_micro, &lv, NULL) != SPES_OK)
+                                   &t->weights, (float)(t->scaler.scale / n_micro), &lv, NULL) != SPES_OK)
             return spes_fail_context("step %" PRId64 ", micro-batch %d", step, i);
         mean.ce += lv.ce / n_micro;
         mean.lm_z += lv.lm_z / n_micro;
@@ -296,10 +327,29 @@ int trainer_step(Trainer *t, StepMetrics *out) {
                          step, mean.total, mean.ce);
 
     size_t n_grad = m->table.trainable_numel;
-    double norm = n_grad ? grad_clip_global_norm(t->be, m->grads, n_grad, cfg->max_grad_norm) : 0.0;
     double lr = schedule_lr(&cfg->schedule, cfg->learning_rate, step, t->max_steps);
+    double norm = 0.0;
+    bool apply = true;
+    if (t->scaler.enabled) {
+        // Gradients are scaled by the loss scale: a non-finite norm is an overflow (skip the
+        // step, halve the scale); otherwise unscale and clip in one multiply.
+        norm = n_grad ? grad_global_norm(t->be, m->grads, n_grad) / t->scaler.scale : 0.0;
+        bool finite = isfinite(norm) && step != t->force_overflow_step;
+        apply = loss_scale_update(&t->scaler, finite);
+        if (!apply) {
+            log_warn("step %" PRId64 ": gradient overflow in fp16; step skipped, loss scale now %g", step,
+                     t->scaler.scale);
+        } else if (n_grad) {
+            double unscale = 1.0 / t->scaler.scale;
+            float clip = cfg->max_grad_norm > 0 ? (float)cfg->max_grad_norm / ((float)norm + 1e-6f) : 1.0f;
+            float coef = (float)(unscale * (clip < 1.0f ? clip : 1.0f));
+            if (coef != 1.0f) t->be->ops->scale(t->be, m->grads, n_grad, coef);
+        }
+    } else if (n_grad) {
+        norm = grad_clip_global_norm(t->be, m->grads, n_grad, cfg->max_grad_norm);
+    }
     const Buf compute = {m->cparams, t->be->compute};
-    if (n_grad) adamw_step(&t->adamw, &m->table, m->dparams, m->grads, compute, lr);
+    if (n_grad && apply) adamw_step(&t->adamw, &m->table, m->dparams, m->grads, compute, lr);
     SPES_TRY(backend_sync(t->be));
 
     t->state.step = step;
@@ -325,7 +375,15 @@ int trainer_step(Trainer *t, StepMetrics *out) {
                          .tokens_per_second = dt > 0 ? (double)rows * T / dt : 0,
                          .mfu = dt > 0 && t->peak_flops > 0 ? flops / dt / t->peak_flops : 0,
                          .eta_seconds = avg * (double)(t->max_steps - step),
-                         .peak_rss_mb = peak_rss_mb()};
+                         .peak_rss_mb = peak_rss_mb(),
+                         .loss_scale = t->scaler.enabled ? t->scaler.scale : 0,
+                         .step_skipped = !apply};
+    if (!t->be->host_memory) {
+        size_t in_use = 0, peak = 0;
+        t->be->ops->memory(t->be, &in_use, &peak);
+        out->device_mem_mb = in_use / 1048576.0;
+        out->device_peak_mb = peak / 1048576.0;
+    }
     return SPES_OK;
 }
 

@@ -1,0 +1,20 @@
+// `spes version`: the version and the backends this binary was built with.
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "ops/backend.h"
+
+#ifndef SPES_VERSION
+#define SPES_VERSION "0.2.0"
+#endif
+
+int cmd_version(int argc, char **argv) {
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        printf("usage: spes version\n\nPrints the version and the backends compiled in (cpu, and cuda with its GPU "
+               "architectures when built with nvcc).\n");
+        return 0;
+    }
+    printf("spes %s\nbackends: %s\n", SPES_VERSION, backend_compiled());
+    return 0;
+}
