@@ -90,6 +90,7 @@ typedef struct {
     int threads;                      // 0: all cores (our extension)
     char *device;                     // auto | cpu | cuda | cuda:N (default auto)
     char *precision;                  // fp32 | amp_bf16 | amp_fp16 (default fp32: OLMo's)
+    char *activation_checkpointing;   // NULL (none) | fine_grained | whole_layer
 
     // SPES
     bool using_spes;                  // train only own experts and sync through the server

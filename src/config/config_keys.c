@@ -460,7 +460,7 @@ static const ConfigKey KEYS[] = {
     {"distributed_strategy", K_IGNORED, .meaning = "FSDP/DDP within a node; one process trains a node here."},
     {"fsdp", K_IGNORED, .meaning = "FSDP settings (GPU only)."},
     {"ddp", K_IGNORED, .meaning = "DDP settings (GPU only)."},
-    {"activation_checkpointing", K_IGNORED, .meaning = "Activations are kept (planned once per batch shape)."},
+    {"activation_checkpointing", K_STR, F(activation_checkpointing), .nullable = true, .meaning = "null: every layer keeps its activations; fine_grained: the experts' SwiGLU intermediates are recomputed in the backward; whole_layer: each layer's forward is recomputed before its backward. Same gradients, bit for bit."},
     {"speed_monitor", K_IGNORED, .meaning = "Tokens/s is always on the console line."},
     {"tokenizer", K_IGNORED, .meaning = "Token files already hold ids; the tokenizer is chosen at `spes tokenize` time."},
     {"softmax_auxiliary_loss", K_BOOL, F(softmax_auxiliary_loss), .hashed = true, .meaning = "Add the LM z-loss `mean(logsumexp(logits)^2)`."},
@@ -1014,6 +1014,7 @@ void config_free(TrainConfig *cfg) {
     free(cfg->server_addr);
     free(cfg->device);
     free(cfg->precision);
+    free(cfg->activation_checkpointing);
     free(cfg->auth_token_file);
     free(cfg->tls_ca);
     free(cfg->tls_cert);

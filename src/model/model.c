@@ -85,6 +85,19 @@ void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
+int model_set_activation_checkpointing(Model *m, const char *mode) {
+    if (!mode || !strcmp(mode, "none") || !strcmp(mode, "null") || !strcmp(mode, "false"))
+        m->checkpointing = ACT_KEEP_ALL;
+    else if (!strcmp(mode, "fine_grained"))
+        m->checkpointing = ACT_KEEP_NO_EXPERTS;
+    else if (!strcmp(mode, "whole_layer"))
+        m->checkpointing = ACT_KEEP_INPUTS;
+    else
+        return spes_fail("activation_checkpointing '%s': supported are whole_layer, fine_grained and none", mode);
+    model_acts_free(m);   // planned anew at the next call
+    return SPES_OK;
+}
+
 int model_params_to_device(Model *m) {
     Backend *be = m->be;
     const size_t n = m->table.total_numel;

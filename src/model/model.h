@@ -28,6 +28,7 @@ typedef struct {
     ModelBinding *bind;     // parameter/gradient views per layer, rebuilt when the trainable set changes
     ModelActivations *acts; // planned lazily for the (B, T) of the last call
     int64_t *expert_counts; // [L*E] tokens routed to each expert in the last forward
+    int checkpointing;      // activation_checkpointing: 0 none, 1 fine_grained, 2 whole_layer
 } Model;
 
 // Allocates parameters (zeroed) and gradients for every tensor (all trainable), on the cpu.
@@ -37,6 +38,13 @@ int model_create_on(Model *m, const ModelConfig *cfg, Backend *be);
 // host params -> backend master and compute copy; backend master -> host params. No-ops on cpu.
 int model_params_to_device(Model *m);
 int model_params_to_host(Model *m);
+
+// The reference's activation_checkpointing key: "none" (null) keeps every layer's activations
+// for the backward; "fine_grained" recomputes the experts' SwiGLU intermediates (the largest
+// activations of an MoE layer) in the MoE backward; "whole_layer" keeps only each layer's
+// input and recomputes the layer's forward right before its backward (one extra forward).
+// Gradients are bit-identical either way (the recomputation runs the same deterministic ops).
+int model_set_activation_checkpointing(Model *m, const char *mode);
 void model_free(Model *m);
 // OLMo init: every matrix ~ truncated normal(0, init_std, +-cutoff*std); norm weights 1.
 // Deterministic for a seed, independent of thread count.

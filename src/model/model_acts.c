@@ -33,7 +33,9 @@ static void *carve(Carver *c, size_t count, size_t elem) {
 // Compute-typed buffers (GEMM operands and outputs): fp32 on cpu, bf16/f16 on a device.
 #define CARVE_C(c, n, t) ((Buf){carve((c), (n), num_type_size(t)), (t)})
 
-static void layout(const ModelConfig *cfg, NumType ct, ModelActivations *a, LayerActs *layers, Carver *c) {
+// Layers other than 0 share layer 0's buffers as `keep` allows (ActKeep).
+static void layout(const ModelConfig *cfg, NumType ct, ActKeep keep, ModelActivations *a, LayerActs *layers,
+                   Carver *c) {
     const size_t N = (size_t)a->B * a->T, H = cfg->d_model, hd = cfg->head_dim, E = cfg->num_experts;
     const size_t qd = (size_t)cfg->n_heads * hd, kd = (size_t)cfg->n_kv_heads * hd, I = cfg->expert_hidden;
     const size_t NK = N * cfg->top_k, V = cfg->embedding_size;
@@ -41,6 +43,12 @@ static void layout(const ModelConfig *cfg, NumType ct, ModelActivations *a, Laye
     const size_t k_rows = cfg->qk_norm == QK_NORM_HEAD ? N * cfg->n_kv_heads : N;
     for (int l = 0; l < cfg->n_layers; l++) {
         LayerActs *la = &layers[l];
+        if (l > 0 && keep == ACT_KEEP_INPUTS) {
+            *la = layers[0];
+            la->x_in = CARVE_F(c, N * H);
+            la->offsets_host = a->offsets_host ? a->offsets_host + (size_t)l * (E + 1) : NULL;
+            continue;
+        }
         la->x_in = CARVE_F(c, N * H);
         la->h1 = CARVE_C(c, N * H, ct);
         la->rstd1 = CARVE_F(c, N);
@@ -65,9 +73,15 @@ static void layout(const ModelConfig *cfg, NumType ct, ModelActivations *a, Laye
         la->expert_offsets = CARVE_I(c, E + 1);
         la->row_token = CARVE_I(c, NK);
         la->row_of_slot = CARVE_I(c, NK);
-        la->gu = CARVE_C(c, NK * 2 * I, ct);
-        la->a = CARVE_C(c, NK * I, ct);
-        la->y = CARVE_C(c, NK * H, ct);
+        if (l > 0 && keep == ACT_KEEP_NO_EXPERTS) {
+            la->gu = layers[0].gu;
+            la->a = layers[0].a;
+            la->y = layers[0].y;
+        } else {
+            la->gu = CARVE_C(c, NK * 2 * I, ct);
+            la->a = CARVE_C(c, NK * I, ct);
+            la->y = CARVE_C(c, NK * H, ct);
+        }
         la->offsets_host = a->offsets_host ? a->offsets_host + (size_t)l * (E + 1) : NULL;
     }
     a->tokens = CARVE_I(c, N);
@@ -104,16 +118,16 @@ static int alloc_host_side(const ModelConfig *cfg, ModelActivations *a) {
     return a->offsets_host && a->stats_host ? SPES_OK : SPES_ERR;
 }
 
-int model_acts_plan(Model *m, int B, int T) {
+int model_acts_plan(Model *m, int B, int T, ActKeep keep) {
     ModelActivations *a = m->acts;
-    if (a && a->B == B && a->T == T) return SPES_OK;
+    if (a && a->B == B && a->T == T && a->keep == keep) return SPES_OK;
     // Measure the layout for (B, T) with a scratch descriptor first.
     ModelActivations probe = {.B = B, .T = T};
     LayerActs *layers = spes_calloc((size_t)m->cfg.n_layers, sizeof *layers);
     if (!layers) return spes_fail_context("activation plan");
     Carver measure = {0};
     const NumType ct = m->be->compute;
-    layout(&m->cfg, ct, &probe, layers, &measure);
+    layout(&m->cfg, ct, keep, &probe, layers, &measure);
     if (measure.overflow) {
         free(layers);
         return spes_fail("activation memory for batch %d x seq %d overflows size_t", B, T);
@@ -122,7 +136,8 @@ int model_acts_plan(Model *m, int B, int T) {
         Carver fill = {.base = a->arena};
         a->B = B;
         a->T = T;
-        layout(&m->cfg, ct, a, a->layers, &fill);
+        a->keep = keep;
+        layout(&m->cfg, ct, keep, a, a->layers, &fill);
         free(layers);
         return SPES_OK;
     }
@@ -142,7 +157,8 @@ int model_acts_plan(Model *m, int B, int T) {
     Carver fill = {.base = arena};
     a->B = B;
     a->T = T;
-    layout(&m->cfg, ct, a, layers, &fill);
+    a->keep = keep;
+    layout(&m->cfg, ct, keep, a, layers, &fill);
     a->arena = fill.base;
     a->arena_bytes = measure.used;
     a->layers = layers;

@@ -29,6 +29,15 @@ struct ModelBinding {
 int model_bind(Model *m);
 void model_unbind(Model *m);
 
+// What each layer's buffers hold on to between its forward and its backward.
+typedef enum {
+    ACT_KEEP_ALL = 0,        // training, no checkpointing: every layer has its own buffers
+    ACT_KEEP_NO_EXPERTS,     // fine_grained: the experts' intermediates (gu, a, y) are shared
+                             // and recomputed from h2 in the MoE backward
+    ACT_KEEP_INPUTS,         // whole_layer, and forward-only calls: layers share everything but
+                             // their input x_in; the backward recomputes each layer's forward
+} ActKeep;
+
 // What one layer keeps from its forward for its backward. N = B*T tokens, qd = n_heads*hd,
 // kd = n_kv_heads*hd, NK = N*top_k routed rows. Buf: the compute type; float *: fp32.
 typedef struct {
@@ -61,6 +70,7 @@ typedef struct {
 
 struct ModelActivations {
     int B, T;
+    ActKeep keep;            // what each layer keeps for the backward (see ActKeep)
     void *arena;
     size_t arena_bytes;      // capacity: a smaller (B, T) later is carved from the same arena
     LayerActs *layers;       // [L]
@@ -93,8 +103,8 @@ struct ModelActivations {
 double phase_begin(void);
 void phase_end(Model *m, ModelPhase phase, double t0);
 
-// Plans activation memory for (B, T), reusing the current plan when it fits.
-int model_acts_plan(Model *m, int B, int T);
+// Plans activation memory for (B, T) and what layers keep, reusing the current plan when it fits.
+int model_acts_plan(Model *m, int B, int T, ActKeep keep);
 void model_acts_free(Model *m);
 
 // Where attention reads and writes keys and values: NULL in training (this layer's k/v

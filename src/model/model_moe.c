@@ -76,8 +76,18 @@ void moe_block_backward(Model *m, int l, const LossWeights *w, float grad_scale)
     const int N = a->B * a->T, H = c->d_model, E = c->num_experts, k = c->top_k;
     const Buf dresid = buf_f32(a->dresid);
 
-    // combine: dresid is dL/dx_out; dy (in dxe) = w * dout, dtopk_w = dout . y
+    ExpertsArgs ea = experts_args(m, l);
     double t = phase_begin();
+    // fine_grained checkpointing: the experts' intermediates are shared between layers;
+    // recompute this layer's (same ops, same bits) from h2.
+    const bool recompute = a->keep == ACT_KEEP_NO_EXPERTS && l < c->n_layers - 1;
+    if (recompute) {
+        op->gather_rows(be, a->xe, la->h2, la->row_token, N * k, H);
+        op->experts_forward(be, &ea);
+    }
+    phase_end(m, MODEL_PHASE_EXPERTS_FWD, t);
+    // combine: dresid is dL/dx_out; dy (in dxe) = w * dout, dtopk_w = dout . y
+    t = phase_begin();
     op->moe_combine_backward(be, a->dxe, a->dtopk_w, dresid, la->y, la->topk_w, la->row_of_slot, N, k, H);
     phase_end(m, MODEL_PHASE_EXPERTS_BWD, t);
     t = phase_begin();
@@ -98,8 +108,7 @@ void moe_block_backward(Model *m, int l, const LossWeights *w, float grad_scale)
     t = phase_begin();
 
     // experts, one block each; frozen experts still pass dX back, but skip their dW.
-    op->gather_rows(be, a->xe, la->h2, la->row_token, N * k, H);
-    ExpertsArgs ea = experts_args(m, l);
+    if (!recompute) op->gather_rows(be, a->xe, la->h2, la->row_token, N * k, H);
     op->experts_backward(be, &ea);
     op->moe_uncombine_add(be, a->dh, a->dxe, la->row_of_slot, N, k, H);
     phase_end(m, MODEL_PHASE_EXPERTS_BWD, t);

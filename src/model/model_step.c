@@ -105,7 +105,7 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
                bool grad, float grad_scale, LossValues *out, float *logits_out) {
     SPES_TRY(check_batch(m, inputs, targets, B, T));
     if (grad && !targets) return spes_fail("model: a backward pass needs targets");
-    SPES_TRY(model_acts_plan(m, B, T));
+    SPES_TRY(model_acts_plan(m, B, T, grad ? (ActKeep)m->checkpointing : ACT_KEEP_INPUTS));
     const ModelConfig *c = &m->cfg;
     Backend *be = m->be;
     const BackendOps *op = be->ops;
@@ -153,6 +153,10 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
                          a->rstd_f, N, H, false);
     phase_end(m, MODEL_PHASE_NORMS, t);
     for (int l = L - 1; l >= 0; l--) {
+        if (a->keep == ACT_KEEP_INPUTS && l < L - 1) {   // the shared buffers hold layer L-1's
+            attention_block_forward(m, l, NULL);
+            moe_block_forward(m, l);
+        }
         moe_block_backward(m, l, w, grad_scale);
         attention_block_backward(m, l);
     }
@@ -184,7 +188,7 @@ int model_forward_kv(Model *m, const ModelKvCache *cache, int past, const int32_
         if (tokens[i] < 0 || tokens[i] >= c->embedding_size)
             return spes_fail("token id %d at chunk position %d is outside the embedding table (0..%d)", tokens[i], i,
                              c->embedding_size - 1);
-    SPES_TRY(model_acts_plan(m, 1, n));
+    SPES_TRY(model_acts_plan(m, 1, n, ACT_KEEP_INPUTS));
     Backend *be = m->be;
     ModelActivations *a = m->acts;
     SPES_TRY(embed(m, tokens, NULL, n));

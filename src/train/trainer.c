@@ -218,6 +218,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     if (model_create_on(&t->model, &cfg->model, t->be) != SPES_OK) goto fail;
     t->model_created = true;
     if (trainer_setup_trainable(&t->model, cfg) != SPES_OK) goto fail;
+    if (model_set_activation_checkpointing(&t->model, cfg->activation_checkpointing) != SPES_OK) goto fail;
     if (adamw_create_on(&t->adamw, &t->model.table, &cfg->adamw, t->be) != SPES_OK) goto fail;
     size_t n_counts = (size_t)cfg->model.n_layers * (size_t)cfg->model.num_experts;
     if (!(t->step_counts = spes_calloc(n_counts, sizeof *t->step_counts))) goto fail;

@@ -263,6 +263,36 @@ static void test_determinism_accumulation_and_forward(void **state) {
     model_free(&m);
 }
 
+// Activation checkpointing (fine_grained, whole_layer) recomputes with the same ops: the
+// gradients and losses are the same bits as without, also with frozen experts and GQA.
+static void test_activation_checkpointing_is_exact(void **state) {
+    (void)state;
+    Model m;
+    setup_model(&m, QK_NORM_HEAD);
+    assert_int_equal(model_set_trainable_experts(&m, 1, 2), SPES_OK);
+    int32_t in[B * T], tg[B * T];
+    tokens(in, tg, m.cfg.embedding_size);
+    LossWeights w = {.lm_z_mult = 1e-2f, .lb_weight = 0.1f, .router_z_weight = 1e-3f};
+    size_t n = m.table.trainable_numel;
+    float *g0 = malloc(n * sizeof(float));
+    LossValues v0, v;
+    model_zero_grad(&m);
+    assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 1.0f, &v0, NULL), SPES_OK);
+    memcpy(g0, m.grads, n * sizeof(float));
+    const char *modes[] = {"fine_grained", "whole_layer", "none"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(model_set_activation_checkpointing(&m, modes[i]), SPES_OK);
+        model_zero_grad(&m);
+        assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 1.0f, &v, NULL), SPES_OK);
+        assert_memory_equal(g0, m.grads, n * sizeof(float));
+        assert_true(v.total == v0.total && v.lb == v0.lb && v.router_z == v0.router_z);
+    }
+    assert_int_equal(model_set_activation_checkpointing(&m, "one_in_two"), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "activation_checkpointing"));
+    free(g0);
+    model_free(&m);
+}
+
 static void test_bad_inputs(void **state) {
     (void)state;
     Model m;
@@ -298,6 +328,7 @@ int main(void) {
         cmocka_unit_test(test_frozen_experts_bitwise),
         cmocka_unit_test(test_frozen_shared_tensor),
         cmocka_unit_test(test_determinism_accumulation_and_forward),
+        cmocka_unit_test(test_activation_checkpointing_is_exact),
         cmocka_unit_test(test_bad_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
