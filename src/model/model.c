@@ -85,6 +85,30 @@ void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
+int model_move_to(Model *m, Backend *be) {
+    if (m->be == be) return SPES_OK;
+    SPES_TRY(model_params_to_host(m));
+    Model moved;
+    SPES_TRY(model_create_on(&moved, &m->cfg, be));
+    bool *mask = spes_calloc((size_t)m->table.count, sizeof(bool));
+    int rc = mask ? SPES_OK : SPES_ERR;
+    for (int i = 0; rc == SPES_OK && i < m->table.count; i++) mask[i] = m->table.entries[i].trainable;
+    if (rc == SPES_OK) rc = model_set_trainable(&moved, mask);
+    free(mask);
+    if (rc == SPES_OK) {
+        memcpy(moved.params, m->params, m->table.total_numel * sizeof(float));
+        rc = model_params_to_device(&moved);
+    }
+    if (rc != SPES_OK) {
+        model_free(&moved);
+        return spes_fail_context("moving the model to %s", be->description);
+    }
+    moved.checkpointing = m->checkpointing;
+    model_free(m);
+    *m = moved;
+    return SPES_OK;
+}
+
 int model_set_activation_checkpointing(Model *m, const char *mode) {
     if (!mode || !strcmp(mode, "none") || !strcmp(mode, "null") || !strcmp(mode, "false"))
         m->checkpointing = ACT_KEEP_ALL;

@@ -39,6 +39,10 @@ int model_create_on(Model *m, const ModelConfig *cfg, Backend *be);
 int model_params_to_device(Model *m);
 int model_params_to_host(Model *m);
 
+// Moves a model (its parameters and trainable mask; no activations) to backend be: load on
+// the host, then move. Gradients start at zero there.
+int model_move_to(Model *m, Backend *be);
+
 // The reference's activation_checkpointing key: "none" (null) keeps every layer's activations
 // for the backward; "fine_grained" recomputes the experts' SwiGLU intermediates (the largest
 // activations of an MoE layer) in the MoE backward; "whole_layer" keeps only each layer's
