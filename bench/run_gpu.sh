@@ -20,7 +20,7 @@
 # BENCH_GPU_ARGS / BENCH_GPU_TORCH_ARGS add flags to either program (e.g. "--batch 4").
 set -u
 BUILD=${1:-build}
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 case $BUILD in /*) BUILD_DIR=$BUILD ;; *) BUILD_DIR="$PWD/$BUILD" ;; esac
 VENV_PY=${SPES_VENV_PY:-$PWD/.venv/bin/python}
 OURS="$BUILD_DIR/bench/gpu_train_step"

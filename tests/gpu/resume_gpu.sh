@@ -36,8 +36,9 @@ strip_perf() { sed 's/,"perf":{[^}]*}//' "$1"; }
 for precision in fp32 amp_bf16; do
   train "straight_$precision" "$GPU_DEVICE" "$precision"
   train "split_$precision" "$GPU_DEVICE" "$precision" --stop_at=3
-  [ -d "$tmp/split_$precision/step3" ] && [ ! -d "$tmp/split_$precision/step4" ] ||
-    { echo "stop_at=3 did not stop at step 3"; ls "$tmp/split_$precision"; exit 1; }
+  if [ ! -d "$tmp/split_$precision/step3" ] || [ -d "$tmp/split_$precision/step4" ]; then
+    echo "stop_at=3 did not stop at step 3"; ls "$tmp/split_$precision"; exit 1
+  fi
   train "split_$precision" "$GPU_DEVICE" "$precision" --resume
   grep -q "resumed from .*step3" "$tmp/split_$precision.2.log" || { echo "did not resume from step3"; cat "$tmp/split_$precision.2.log"; exit 1; }
   for f in model.safetensors train_state.safetensors train_state.json; do
