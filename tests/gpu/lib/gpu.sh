@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by tests/gpu/*.sh (sourced from the repository root, not a test itself): whether a
 # CUDA backend opens, a tiny deterministic corpus and model config, and a `spes` wrapper that
 # puts a run on a chosen device/precision (to run an existing integration script on the GPU).
