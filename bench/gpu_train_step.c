@@ -1,0 +1,480 @@
+// One full training step of the SPES 1B MoE on a GPU (bf16 mixed precision: fp32 master
+// weights and moments, bf16 GEMM operands), as one SPES peer (experts 0..3 of 16 trainable)
+// and with every tensor trainable, next to a cuBLAS bf16 GEMM timed in the same run.
+//
+// Model: the reference's spes_moe_1b_4nodes config: d_model 768, 12 heads (MHA, head_dim 64),
+// 12 layers, 16 experts top-2, expert hidden 2048 (mlp_hidden_size 4096 halved: SwiGLU),
+// vocab = embedding 151665, rope_theta 500000, RMSNorm eps 1e-6, full QK-norm, OLMo init
+// (seed 1). Micro-batch 8 x 2048 random tokens (seed 7). Losses with the SPES weights
+// (LM z-loss 1e-5, load balancing 0.01, router z-loss 0.001); AdamW lr 5e-4, betas
+// (0.9, 0.95), eps 1e-8, weight decay 0.1 (norms and embeddings decay, as the reference).
+//
+// One step = zero grads + forward/backward + global-norm clipping (1.0) + AdamW, then
+// backend_sync. Every timing is taken after a backend_sync, so it is GPU time. The model's
+// per-phase profile (model_phase_seconds) is NOT synced: the model times its stages on the
+// host, so on an asynchronous backend it shows the CPU-side time to enqueue each stage, not
+// GPU time (on the cpu backend it is real). The synced split printed instead is
+// forward+backward / clipping / AdamW.
+//
+// Each measurement runs in its own forked child (GEMM ceiling, peer, all-trainable), so one
+// variant's peak memory cannot hide in the other's and an out-of-memory in one is reported
+// without losing the others. The parent never touches the GPU (CUDA does not survive fork).
+//
+// Memory (be->ops->memory: bytes allocated through the backend, peak since open), per
+// variant, against the parameter table's prediction:
+//   predicted = 4P (fp32 master) + 2P (bf16 compute copy) + 4T (fp32 gradients)
+//               + 8T (AdamW m, v) + A (the model's activation arena, as planned for B x T)
+// P = all parameters, T = trainable ones. "other" = measured peak - predicted: backend
+// scratch (GEMM conversions, cuBLAS workspace, reductions) and transient buffers.
+//
+// usage: gpu_train_step [--device cuda|cuda:N|cpu] [--batch B] [--seq T] [--warmup W]
+//                       [--steps S] [--experts-per-peer M] [--gemm-n N] [--peak-tflops X]
+//                       [--preset 1b|tiny|bench-small]
+// (--device cpu with --preset tiny exercises the code path on a machine without a GPU.)
+//
+// Exit status: 0 measured (out-of-memory of a variant is reported as such, values NA),
+// 77 no GPU backend could be opened (this spes has no CUDA, or no GPU is visible): the
+// line "gpu_train_step: skipped (<why>)", 1 a real failure.
+// Machine-readable lines (bench/run_gpu.sh assembles the final line): ours_tok_s= and mfu=,
+// gemm_ceiling_frac= for the all-trainable run (the same work as the PyTorch peer),
+// peer_tok_s=, peer_mfu= for the SPES peer, gemm_tflops=, peak_mem_gb= (peer),
+// peak_mem_gb_all_trainable=, mem_ratio_measured=, mem_ratio_predicted=.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/rng.h"
+#include "base/threads.h"
+#include "base/timer.h"
+#include "model/model.h"
+#include "model/model_internal.h"   // the activation arena's size, for the memory prediction
+#include "train/optimizer.h"
+
+enum { MAX_STEPS = 256 };
+enum { RES_OK = 0, RES_FAIL = 1, RES_OOM = 3, RES_SKIP = 77 };
+
+typedef struct {
+    const char *device;
+    const char *preset;
+    int B, T, warmup, steps, experts_per_peer, gemm_n;
+    double peak_tflops;
+} Opts;
+
+// What a child sends back through its pipe (fixed size, no pointers).
+typedef struct {
+    int status;                 // RES_*
+    char message[512];          // the error, when status != RES_OK
+    char device[160];           // be->description
+    // GEMM child
+    double gemm_tflops;
+    // training children
+    int B, T, steps;
+    size_t params, trainable, arena_bytes;
+    bool compute_copy;          // a separate compute-type copy of the parameters exists
+    size_t static_bytes;        // backend bytes in use after setup (before the first step)
+    size_t peak_bytes;          // backend peak since open
+    double mean_s, best_s, fb_s, clip_s, adam_s, loss, grad_norm, flops;
+    double phase[MODEL_PHASE_COUNT];
+} Result;
+
+// ---- helpers --------------------------------------------------------------------------
+
+// backend_open's message when there is no GPU backend to use: this is a skip, not a failure.
+static bool is_no_gpu(const char *msg) {
+    return strstr(msg, "built without CUDA") || strstr(msg, "no NVIDIA GPU is visible");
+}
+
+static bool is_oom(const char *msg) {
+    return strcasestr(msg, "out of memory") || strstr(msg, "cudaErrorMemoryAllocation") || strstr(msg, "OOM");
+}
+
+// Sets the result's status from the error message now pending.
+static void set_error(Result *r, const char *stage) {
+    const char *msg = spes_last_error();
+    snprintf(r->message, sizeof r->message, "%s: %s", stage, msg && *msg ? msg : "unknown error");
+    r->status = is_no_gpu(r->message) ? RES_SKIP : is_oom(r->message) ? RES_OOM : RES_FAIL;
+}
+
+static double gb(size_t bytes) { return (double)bytes / 1e9; }
+
+// The reference's spes_moe_1b_4nodes model, or a named preset (tiny / bench-small) for quick runs.
+static int bench_config(const char *preset, ModelConfig *cfg) {
+    if (strcmp(preset, "1b") != 0) return model_config_preset(preset, cfg);
+    SPES_TRY(model_config_preset("bench-small", cfg));   // shared defaults (init, qk-norm), then the 1B shape
+    cfg->d_model = 768;
+    cfg->n_heads = 12;
+    cfg->n_kv_heads = 12;
+    cfg->head_dim = 64;
+    cfg->n_layers = 12;
+    cfg->vocab_size = 151665;
+    cfg->embedding_size = 151665;
+    cfg->num_experts = 16;
+    cfg->top_k = 2;
+    cfg->expert_hidden = 2048;   // mlp_hidden_size 4096 / 2 (SwiGLU)
+    cfg->max_seq_len = 2048;
+    cfg->rope_theta = 500000.0f;
+    cfg->norm_eps = 1e-6f;
+    cfg->qk_norm = QK_NORM_FULL;
+    cfg->normalize_expert_weights = false;
+    cfg->init_std = 0.02f;
+    cfg->init_cutoff_factor = 3.0f;
+    cfg->eos_token_id = 151643;
+    cfg->pad_token_id = 151643;
+    return model_config_validate(cfg);
+}
+
+// ---- child: the GEMM ceiling ------------------------------------------------------------
+
+// C = A @ B^T, n x n x n, operands and output in the backend's compute type (bf16 under
+// amp_bf16), fp32 accumulation: what cuBLAS reaches on this GPU. Random values (zeros run
+// faster on some GPUs). Best of 3 batches of 10 after 3 warm-ups.
+static Precision bench_precision(const Opts *o) {
+    return strcmp(o->device, "cpu") == 0 ? PRECISION_FP32 : PRECISION_AMP_BF16;   // cpu: fp32 only (no warning)
+}
+
+static void run_gemm(const Opts *o, Result *r) {
+    Backend *be = NULL;
+    void *tmp = NULL, *a = NULL, *b = NULL, *c = NULL;
+    float *host = NULL;
+    if (backend_open(o->device, bench_precision(o), &be) != SPES_OK) {
+        set_error(r, "open");
+        return;
+    }
+    snprintf(r->device, sizeof r->device, "%s", be->description);
+    const int n = o->gemm_n;
+    const size_t elems = (size_t)n * n, cbytes = elems * num_type_size(be->compute);
+    if (!(host = spes_malloc(elems * sizeof(float)))) goto fail;
+    Rng rng;
+    rng_seed(&rng, 11);
+    for (size_t i = 0; i < elems; i++) host[i] = (float)(rng_uniform(&rng) - 0.5);
+    if (backend_alloc(be, elems * sizeof(float), &tmp) != SPES_OK || backend_alloc(be, cbytes, &a) != SPES_OK ||
+        backend_alloc(be, cbytes, &b) != SPES_OK || backend_alloc(be, cbytes, &c) != SPES_OK)
+        goto fail;
+    if (be->ops->upload(be, tmp, host, elems * sizeof(float)) != SPES_OK) goto fail;
+    Buf A = buf_of(a, be->compute), B = buf_of(b, be->compute), C = buf_of(c, be->compute);
+    be->ops->convert(be, A, buf_f32(tmp), elems);
+    be->ops->convert(be, B, buf_f32(tmp), elems);
+    if (backend_sync(be) != SPES_OK) goto fail;
+    for (int i = 0; i < 3; i++) be->ops->gemm(be, false, true, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
+    if (backend_sync(be) != SPES_OK) goto fail;
+    double best = 0.0;
+    const int reps = 10;
+    for (int batch = 0; batch < 3; batch++) {
+        double t0 = now_seconds();
+        for (int i = 0; i < reps; i++) be->ops->gemm(be, false, true, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
+        if (backend_sync(be) != SPES_OK) goto fail;
+        double tflops = 2.0 * n * (double)n * n * reps / (now_seconds() - t0) / 1e12;
+        if (tflops > best) best = tflops;
+    }
+    r->gemm_tflops = best;
+    r->status = RES_OK;
+    goto done;
+fail:
+    set_error(r, "gemm");
+done:
+    free(host);
+    if (be) {
+        backend_free(be, tmp), backend_free(be, a), backend_free(be, b), backend_free(be, c);
+        backend_close(be);
+    }
+}
+
+// ---- child: training steps -----------------------------------------------------------------
+
+// experts_per_peer > 0: experts 0..M-1 trainable (a SPES peer); 0: every tensor trainable.
+static void run_train(const Opts *o, int experts_per_peer, Result *r) {
+    Backend *be = NULL;
+    Model m;
+    bool model_ok = false, opt_ok = false;
+    AdamW opt;
+    int32_t *inputs = NULL, *targets = NULL;
+    const char *stage = "open";
+    if (backend_open(o->device, bench_precision(o), &be) != SPES_OK) goto fail;
+    snprintf(r->device, sizeof r->device, "%s", be->description);
+    ModelConfig cfg;
+    stage = "config";
+    if (bench_config(o->preset, &cfg) != SPES_OK) goto fail;
+    if (o->T > cfg.max_seq_len) {
+        spes_fail("--seq %d exceeds the model's max_seq_len %d", o->T, cfg.max_seq_len);
+        goto fail;
+    }
+    if (experts_per_peer > cfg.num_experts) {
+        spes_fail("--experts-per-peer %d: the model has %d experts", experts_per_peer, cfg.num_experts);
+        goto fail;
+    }
+    stage = "model";
+    if (model_create_on(&m, &cfg, be) != SPES_OK) goto fail;
+    model_ok = true;
+    model_init_weights(&m, 1);
+    if (experts_per_peer > 0 && model_set_trainable_experts(&m, 0, experts_per_peer - 1) != SPES_OK) goto fail;
+    if (model_params_to_device(&m) != SPES_OK) goto fail;
+    stage = "optimizer";
+    AdamWConfig acfg = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                        .decay_norm_and_bias = true, .decay_embeddings = true};
+    if (adamw_create_on(&opt, &m.table, &acfg, be) != SPES_OK) goto fail;
+    opt_ok = true;
+    if (adamw_state_to_device(&opt) != SPES_OK) goto fail;
+
+    const int B = o->B, T = o->T;
+    stage = "tokens";
+    if (!(inputs = spes_malloc(sizeof(int32_t) * (size_t)B * T)) ||
+        !(targets = spes_malloc(sizeof(int32_t) * (size_t)B * T)))
+        goto fail;
+    Rng rng;
+    rng_seed(&rng, 7);
+    for (size_t i = 0; i < (size_t)B * T; i++) {
+        inputs[i] = (int32_t)rng_below(&rng, (uint64_t)cfg.vocab_size);
+        targets[i] = (int32_t)rng_below(&rng, (uint64_t)cfg.vocab_size);
+    }
+    stage = "setup";
+    if (backend_sync(be) != SPES_OK) goto fail;
+    size_t in_use = 0, peak = 0;
+    be->ops->memory(be, &in_use, &peak);
+    r->static_bytes = in_use;
+
+    const LossWeights w = {.lm_z_mult = 1e-5f, .lb_weight = 0.01f, .router_z_weight = 0.001f};
+    const size_t n_grad = m.table.trainable_numel;
+    const Buf compute = {m.cparams, be->compute};
+    double total = 0.0, best = INFINITY;
+    LossValues v = {0};
+    for (int s = -o->warmup; s < o->steps; s++) {
+        if (s == 0) model_phase_reset(&m);
+        stage = s < 0 ? "warm-up step" : "timed step";
+        double t0 = now_seconds();
+        model_zero_grad(&m);
+        if (model_forward_backward(&m, inputs, targets, B, T, &w, 1.0f, &v, NULL) != SPES_OK) goto fail;
+        if (backend_sync(be) != SPES_OK) goto fail;
+        double t1 = now_seconds();
+        r->grad_norm = grad_clip_global_norm(be, m.grads, n_grad, 1.0);   // reads the norm back: synced
+        if (backend_sync(be) != SPES_OK) goto fail;
+        double t2 = now_seconds();
+        adamw_step(&opt, &m.table, m.dparams, m.grads, compute, 5e-4);
+        if (backend_sync(be) != SPES_OK) goto fail;
+        double t3 = now_seconds();
+        if (!isfinite(v.total)) {
+            spes_fail("the loss is %g", v.total);
+            goto fail;
+        }
+        if (s >= 0) {
+            total += t3 - t0;
+            best = fmin(best, t3 - t0);
+            r->fb_s += t1 - t0;
+            r->clip_s += t2 - t1;
+            r->adam_s += t3 - t2;
+        }
+    }
+    be->ops->memory(be, &in_use, &peak);
+    r->peak_bytes = peak;
+    r->B = B, r->T = T, r->steps = o->steps;
+    r->mean_s = total / o->steps;
+    r->best_s = best;
+    r->fb_s /= o->steps, r->clip_s /= o->steps, r->adam_s /= o->steps;
+    r->loss = v.total;
+    r->flops = model_train_flops(&m, B, T);
+    r->params = m.table.total_numel;
+    r->trainable = m.table.trainable_numel;
+    r->arena_bytes = m.acts ? m.acts->arena_bytes : 0;
+    r->compute_copy = m.cparams != NULL;
+    model_phase_seconds(&m, r->phase);
+    for (int i = 0; i < MODEL_PHASE_COUNT; i++) r->phase[i] /= o->steps;
+    r->status = RES_OK;
+    goto done;
+fail:
+    set_error(r, stage);
+done:
+    free(inputs), free(targets);
+    if (opt_ok) adamw_free(&opt);
+    if (model_ok) model_free(&m);
+    backend_close(be);
+}
+
+// ---- parent ---------------------------------------------------------------------------------
+
+typedef enum { JOB_GEMM, JOB_PEER, JOB_ALL } Job;
+
+// Runs one job in a forked child; its Result comes back through a pipe. A child that dies
+// (a signal, a crash in the driver) is a failure with that said.
+static void measure(const Opts *o, Job job, Result *r) {
+    memset(r, 0, sizeof *r);
+    r->status = RES_FAIL;
+    int fds[2];
+    if (pipe(fds) != 0) {
+        snprintf(r->message, sizeof r->message, "pipe failed");
+        return;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(r->message, sizeof r->message, "fork failed");
+        close(fds[0]), close(fds[1]);
+        return;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        Result mine;
+        memset(&mine, 0, sizeof mine);
+        mine.status = RES_FAIL;
+        if (job == JOB_GEMM) run_gemm(o, &mine);
+        else run_train(o, job == JOB_PEER ? o->experts_per_peer : 0, &mine);
+        ssize_t n = write(fds[1], &mine, sizeof mine);
+        _exit(n == (ssize_t)sizeof mine ? 0 : 1);
+    }
+    close(fds[1]);
+    size_t got = 0;
+    while (got < sizeof *r) {
+        ssize_t n = read(fds[0], (char *)r + got, sizeof *r - got);
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    close(fds[0]);
+    int wstatus = 0;
+    waitpid(pid, &wstatus, 0);
+    if (got != sizeof *r) {
+        memset(r, 0, sizeof *r);
+        r->status = RES_FAIL;
+        if (WIFSIGNALED(wstatus))
+            snprintf(r->message, sizeof r->message, "the child died of signal %d", WTERMSIG(wstatus));
+        else
+            snprintf(r->message, sizeof r->message, "the child exited with status %d without a result",
+                     WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1);
+    }
+}
+
+static double predicted_bytes(const Result *r) {
+    return 4.0 * (double)r->params + (r->compute_copy ? 2.0 * (double)r->params : 0.0) + 12.0 * (double)r->trainable +
+           (double)r->arena_bytes;
+}
+
+static void print_train(const char *name, const Result *r, const Opts *o, double gemm_tflops, bool async) {
+    if (r->status == RES_OOM) {
+        printf("%s: DOES NOT FIT in GPU memory at micro-batch %d x %d (%s); try --batch %d\n", name, o->B, o->T,
+               r->message, o->B > 1 ? o->B / 2 : 1);
+        return;
+    }
+    if (r->status != RES_OK) {
+        printf("%s: FAILED: %s\n", name, r->message);
+        return;
+    }
+    double tok_s = (double)r->B * r->T / r->mean_s, tflops = r->flops / r->mean_s / 1e12;
+    printf("%s: params %.3fB, trainable %.3fB; %d steps: mean %.1f ms, best %.1f ms; loss %.4f, grad norm %.3f\n",
+           name, r->params / 1e9, r->trainable / 1e9, r->steps, 1e3 * r->mean_s, 1e3 * r->best_s, r->loss,
+           r->grad_norm);
+    printf("%s: %.0f tok/s, %.1f model TFLOP/s (%.2f TFLOP/step), MFU %.3f vs %.0f TFLOP/s", name, tok_s, tflops,
+           r->flops / 1e12, tflops / o->peak_tflops, o->peak_tflops);
+    if (gemm_tflops > 0) printf(", %.3f of the measured GEMM", tflops / gemm_tflops);
+    printf("\n");
+    printf("%s: synced split per step: forward+backward %.1f ms, clip %.1f ms, AdamW %.1f ms\n", name, 1e3 * r->fb_s,
+           1e3 * r->clip_s, 1e3 * r->adam_s);
+    if (r->peak_bytes > 0) {
+        double pred = predicted_bytes(r);
+        printf("%s: memory peak %.2f GB; predicted %.2f GB = master %.2f + compute copy %.2f + grads %.2f + "
+               "moments %.2f + activations %.2f; other %.2f GB (backend scratch, transients); after setup %.2f GB\n",
+               name, gb(r->peak_bytes), pred / 1e9, 4.0 * r->params / 1e9, r->compute_copy ? 2.0 * r->params / 1e9 : 0.0,
+               4.0 * r->trainable / 1e9, 8.0 * r->trainable / 1e9, r->arena_bytes / 1e9,
+               ((double)r->peak_bytes - pred) / 1e9, gb(r->static_bytes));
+    } else {
+        printf("%s: memory: this backend does not track its allocations; predicted %.2f GB\n", name,
+               predicted_bytes(r) / 1e9);
+    }
+    printf("%s: model phases per step (%s):\n", name,
+           async ? "host-side time to ENQUEUE each stage; the GPU runs asynchronously, so these are not GPU "
+                   "times: use the synced split above"
+                 : "wall time");
+    for (int i = 0; i < MODEL_PHASE_COUNT; i++)
+        printf("    %-15s %8.2f ms\n", model_phase_name((ModelPhase)i), 1e3 * r->phase[i]);
+}
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: gpu_train_step [--device cuda|cuda:N|cpu] [--batch B] [--seq T] [--warmup W] [--steps S]\n"
+                 "                      [--experts-per-peer M] [--gemm-n N] [--peak-tflops X] [--preset 1b|tiny|bench-small]\n");
+}
+
+int main(int argc, char **argv) {
+    Opts o = {.device = "cuda", .preset = "1b", .B = 8, .T = 2048, .warmup = 2, .steps = 5, .experts_per_peer = 4,
+              .gemm_n = 8192, .peak_tflops = 989.0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!v) {
+            usage(stderr);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--device")) o.device = v;
+        else if (!strcmp(a, "--preset")) o.preset = v;
+        else if (!strcmp(a, "--batch")) o.B = atoi(v);
+        else if (!strcmp(a, "--seq")) o.T = atoi(v);
+        else if (!strcmp(a, "--warmup")) o.warmup = atoi(v);
+        else if (!strcmp(a, "--steps")) o.steps = atoi(v);
+        else if (!strcmp(a, "--experts-per-peer")) o.experts_per_peer = atoi(v);
+        else if (!strcmp(a, "--gemm-n")) o.gemm_n = atoi(v);
+        else if (!strcmp(a, "--peak-tflops")) o.peak_tflops = atof(v);
+        else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (o.B <= 0 || o.T <= 0 || o.warmup < 0 || o.steps <= 0 || o.steps > MAX_STEPS || o.experts_per_peer <= 0 ||
+        o.gemm_n <= 0 || o.peak_tflops <= 0) {
+        fprintf(stderr, "gpu_train_step: batch, seq, steps (<= %d), experts-per-peer, gemm-n and peak-tflops must be "
+                        "positive, warmup >= 0\n", MAX_STEPS);
+        return 2;
+    }
+    threads_set(0);   // host work (weight init, token generation): every core
+
+    Result gemm, peer, all;
+    measure(&o, JOB_GEMM, &gemm);
+    if (gemm.status == RES_SKIP) {
+        printf("gpu_train_step: skipped (%s)\n", gemm.message);
+        return 77;
+    }
+    const bool async = strcmp(o.device, "cpu") != 0;
+    printf("device: %s\n", gemm.device[0] ? gemm.device : o.device);
+    printf("model: %s, micro-batch %d x %d, amp_bf16, %d warm-up + %d timed steps; SPES peer trains experts 0..%d\n",
+           o.preset, o.B, o.T, o.warmup, o.steps, o.experts_per_peer - 1);
+    if (gemm.status == RES_OK)
+        printf("gemm: %d^3 in the compute type: %.2f TFLOP/s\n", o.gemm_n, gemm.gemm_tflops);
+    else
+        printf("gemm: FAILED: %s\n", gemm.message);
+    measure(&o, JOB_PEER, &peer);
+    print_train("peer", &peer, &o, gemm.gemm_tflops, async);
+    measure(&o, JOB_ALL, &all);
+    print_train("all-trainable", &all, &o, gemm.gemm_tflops, async);
+
+    // Machine-readable lines; NA where a measurement is missing.
+    char buf[64];
+#define NUM(fmt, ok, x) ((ok) ? (snprintf(buf, sizeof buf, fmt, x), buf) : "NA")
+    const bool g = gemm.status == RES_OK && gemm.gemm_tflops > 0, p = peer.status == RES_OK,
+               a = all.status == RES_OK;
+    const double a_tflops = a ? all.flops / all.mean_s / 1e12 : 0, p_tflops = p ? peer.flops / peer.mean_s / 1e12 : 0;
+    printf("ours_tok_s=%s\n", NUM("%.1f", a, (double)all.B * all.T / all.mean_s));
+    printf("tflops=%s\n", NUM("%.2f", a, a_tflops));
+    printf("mfu=%s\n", NUM("%.4f", a, a_tflops / o.peak_tflops));
+    printf("gemm_tflops=%s\n", NUM("%.1f", g, gemm.gemm_tflops));
+    printf("gemm_ceiling_frac=%s\n", NUM("%.4f", a && g, a_tflops / gemm.gemm_tflops));
+    printf("peer_tok_s=%s\n", NUM("%.1f", p, (double)peer.B * peer.T / peer.mean_s));
+    printf("peer_tflops=%s\n", NUM("%.2f", p, p_tflops));
+    printf("peer_mfu=%s\n", NUM("%.4f", p, p_tflops / o.peak_tflops));
+    printf("peak_mem_gb=%s\n", NUM("%.2f", p && peer.peak_bytes > 0, gb(peer.peak_bytes)));
+    printf("peak_mem_gb_all_trainable=%s\n", NUM("%.2f", a && all.peak_bytes > 0, gb(all.peak_bytes)));
+    printf("mem_ratio_measured=%s\n",
+           NUM("%.3f", p && a && peer.peak_bytes > 0 && all.peak_bytes > 0, (double)peer.peak_bytes / all.peak_bytes));
+    printf("mem_ratio_predicted=%s\n", NUM("%.3f", p && a, predicted_bytes(&peer) / predicted_bytes(&all)));
+    if (peer.status == RES_OOM || all.status == RES_OOM)
+        printf("oom=%s%s\n", peer.status == RES_OOM ? "peer" : "",
+               all.status == RES_OOM ? (peer.status == RES_OOM ? ",all_trainable" : "all_trainable") : "");
+#undef NUM
+    // Out of memory is a result (reported above), anything else that failed is a failure.
+    bool failed = gemm.status == RES_FAIL || peer.status == RES_FAIL || all.status == RES_FAIL ||
+                  gemm.status == RES_SKIP || peer.status == RES_SKIP || all.status == RES_SKIP;
+    return failed ? 1 : 0;
+}

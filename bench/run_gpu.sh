@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# `make bench-gpu` driver: bash bench/run_gpu.sh <build-dir>
+#
+# One training step of the SPES 1B MoE (micro-batch 8 x 2048, bf16) on the GPU: ours
+# (bench/gpu_train_step.c: as a SPES peer with 4 of 16 experts trainable and with every tensor
+# trainable, a cuBLAS bf16 8192^3 GEMM timed in the same run, peak GPU memory) against Hugging
+# Face OlmoeForCausalLM in PyTorch on the same GPU (bench/gpu_train_step_torch.py).
+# Prints both programs' detail, then exactly one final line:
+#   bench-gpu: ours_tok_s=<x> pytorch_tok_s=<x> ratio=<x> mfu=<x> gemm_ceiling_frac=<x> peak_mem_gb=<x> peak_mem_gb_all_trainable=<x>
+# or "bench-gpu: skipped (<why>)" when there is no GPU backend (this spes was built without
+# CUDA, or no GPU is visible), or "bench-gpu: failed (<why>)" (exit 1).
+#   ours_tok_s, mfu (model FLOP/s / 989 TFLOP/s, H100 SXM bf16 dense), gemm_ceiling_frac
+#     (model FLOP/s / the measured GEMM): the all-trainable run, the same work as PyTorch's;
+#   ratio = ours_tok_s / pytorch_tok_s;
+#   peak_mem_gb: the SPES peer (4 of 16 experts trainable), peak_mem_gb_all_trainable: every
+#     tensor trainable; GB = 1e9 bytes of backend allocations (ours) / torch.cuda
+#     max_memory_allocated (PyTorch, detail lines only).
+# NA marks a value that could not be measured (e.g. a variant that does not fit in memory,
+# said in the detail; no test virtualenv for the PyTorch side).
+# BENCH_GPU_ARGS / BENCH_GPU_TORCH_ARGS add flags to either program (e.g. "--batch 4").
+set -u
+BUILD=${1:-build}
+cd "$(dirname "$0")/.." || exit 1
+case $BUILD in /*) BUILD_DIR=$BUILD ;; *) BUILD_DIR="$PWD/$BUILD" ;; esac
+VENV_PY=${SPES_VENV_PY:-$PWD/.venv/bin/python}
+OURS="$BUILD_DIR/bench/gpu_train_step"
+NAME=bench-gpu
+LOG_DIR=$(mktemp -d)
+trap 'rm -rf "$LOG_DIR"' EXIT
+
+# value KEY FILE: the value of the last "KEY=value" token in FILE, NA when absent.
+value() {
+  local v
+  v=$(grep -oE "(^|[[:space:]])$1=[^[:space:]]+" "$2" 2>/dev/null | tail -1 | sed 's/.*=//')
+  echo "${v:-NA}"
+}
+# ratio A B: A/B with 2 decimals, NA unless both are positive numbers.
+ratio() {
+  awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "NA" }'
+}
+
+if [ ! -x "$OURS" ]; then
+  echo "$NAME: skipped (no $OURS; build it with make build BUILD=$BUILD)"
+  exit 0
+fi
+
+echo "== $NAME: ours ($OURS ${BENCH_GPU_ARGS:-})"
+# shellcheck disable=SC2086  # BENCH_GPU_ARGS is a list of flags
+"$OURS" ${BENCH_GPU_ARGS:-} 2>&1 | tee "$LOG_DIR/ours.log"
+rc=${PIPESTATUS[0]}
+if [ "$rc" -eq 77 ]; then
+  why=$(sed -n 's/^gpu_train_step: skipped (\(.*\))$/\1/p' "$LOG_DIR/ours.log" | tail -1)
+  echo "$NAME: skipped (${why:-no CUDA backend})"
+  exit 0
+fi
+if [ "$rc" -ne 0 ]; then
+  echo "$NAME: failed ($OURS exited with status $rc)"
+  exit 1
+fi
+
+pytorch=NA
+if [ -x "$VENV_PY" ] && "$VENV_PY" -c 'import torch, transformers' 2>/dev/null; then
+  echo "== $NAME: pytorch (bench/gpu_train_step_torch.py ${BENCH_GPU_TORCH_ARGS:-})"
+  # shellcheck disable=SC2086
+  "$VENV_PY" bench/gpu_train_step_torch.py ${BENCH_GPU_TORCH_ARGS:-} 2>&1 | tee "$LOG_DIR/torch.log"
+  trc=${PIPESTATUS[0]}
+  if [ "$trc" -ne 0 ]; then
+    echo "$NAME: failed (bench/gpu_train_step_torch.py exited with status $trc)"
+    exit 1
+  fi
+  if grep -q '^pytorch: skipped' "$LOG_DIR/torch.log"; then
+    echo "== $NAME: pytorch side $(grep '^pytorch: skipped' "$LOG_DIR/torch.log" | tail -1 | sed 's/^pytorch: //')"
+  else
+    pytorch=$(value pytorch_tok_s "$LOG_DIR/torch.log")
+  fi
+else
+  echo "== $NAME: pytorch skipped: no virtualenv with torch + transformers at $VENV_PY (run tests/setup_venv.sh)"
+fi
+
+ours=$(value ours_tok_s "$LOG_DIR/ours.log")
+echo "$NAME: ours_tok_s=$ours pytorch_tok_s=$pytorch ratio=$(ratio "$ours" "$pytorch")" \
+  "mfu=$(value mfu "$LOG_DIR/ours.log") gemm_ceiling_frac=$(value gemm_ceiling_frac "$LOG_DIR/ours.log")" \
+  "peak_mem_gb=$(value peak_mem_gb "$LOG_DIR/ours.log")" \
+  "peak_mem_gb_all_trainable=$(value peak_mem_gb_all_trainable "$LOG_DIR/ours.log")"
