@@ -66,6 +66,7 @@ int cmd_upcycle(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (cli_check_model_out_dir(out_dir, dense, "--dense") != SPES_OK) return cli_report_error();
     Model m;
     if (model_upcycle_dense(dense, &up, &m) != SPES_OK) return cli_report_error();
     status = model_export_hf(&m, out_dir, &ex);
