@@ -10,7 +10,14 @@
 #include "base/file.h"
 #include "train/checkpoint.h"
 
+// The flag's name without its dashes: callers may pass "batch" or "--batch", messages say "--batch".
+static const char *bare(const char *flag) {
+    while (*flag == '-') flag++;
+    return flag;
+}
+
 int cli_int(const char *flag, const char *text, long min, long max, int *out) {
+    flag = bare(flag);
     char *end;
     errno = 0;
     long v = strtol(text, &end, 10);
@@ -21,6 +28,7 @@ int cli_int(const char *flag, const char *text, long min, long max, int *out) {
 }
 
 int cli_u64(const char *flag, const char *text, uint64_t *out) {
+    flag = bare(flag);
     char *end;
     errno = 0;
     unsigned long long v = strtoull(text, &end, 10);
@@ -31,6 +39,7 @@ int cli_u64(const char *flag, const char *text, uint64_t *out) {
 }
 
 int cli_float(const char *flag, const char *text, double min, double max, float *out) {
+    flag = bare(flag);
     char *end;
     errno = 0;
     double v = strtod(text, &end);

@@ -91,13 +91,13 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         int rc = SPES_OK;
         switch (c) {
-        case 'p': rc = cli_int("--peers", optarg, 1, MAX_PEERS, &o->peers); break;
-        case 'm': rc = cli_int("--experts_per_peer", optarg, 1, 64, &o->experts_per_peer); break;
-        case 's': rc = cli_int("--steps", optarg, 1, 1000000, &o->steps); break;
-        case 'k': rc = cli_int("--sync_steps", optarg, 1, 1000000, &o->sync_steps); break;
-        case 'b': rc = cli_int("--batch", optarg, 1, 4096, &o->batch); break;
-        case 'd': rc = cli_int("--train_docs", optarg, 100, 100000000, &o->train_docs); break;
-        case 't': rc = cli_int("--threads_per_peer", optarg, 1, 1024, &o->threads_per_peer); break;
+        case 'p': rc = cli_int("peers", optarg, 1, MAX_PEERS, &o->peers); break;
+        case 'm': rc = cli_int("experts_per_peer", optarg, 1, 64, &o->experts_per_peer); break;
+        case 's': rc = cli_int("steps", optarg, 1, 1000000, &o->steps); break;
+        case 'k': rc = cli_int("sync_steps", optarg, 1, 1000000, &o->sync_steps); break;
+        case 'b': rc = cli_int("batch", optarg, 1, 4096, &o->batch); break;
+        case 'd': rc = cli_int("train_docs", optarg, 100, 100000000, &o->train_docs); break;
+        case 't': rc = cli_int("threads_per_peer", optarg, 1, 1024, &o->threads_per_peer); break;
         case 'n': o->baseline = 0; break;
         case 'o': o->out = optarg; break;
         case 'h': usage(stdout); exit(0);

@@ -82,7 +82,9 @@ int cmd_export(int argc, char **argv) {
         case 'f': status = hf_format_parse(optarg, &opt.format); break;
         case 'd': status = hf_dtype_parse(optarg, &opt.dtype); break;
         case 't': opt.tokenizer = optarg; break;
-        case 's': status = parse_byte_size(optarg, &opt.max_shard_bytes); break;
+        case 's':
+            if ((status = parse_byte_size(optarg, &opt.max_shard_bytes)) != SPES_OK) spes_fail_context("--max_shard_size");
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

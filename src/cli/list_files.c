@@ -146,6 +146,9 @@ int cmd_list_files(int argc, char **argv) {
             return 0;
         } else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             dtype_name = argv[++i];
+        } else if (!strcmp(argv[i], "--dtype")) {
+            fprintf(stderr, "spes: list-files: --dtype needs a value (uint16 or uint32)\n");
+            return 2;
         } else if (!strncmp(argv[i], "--dtype=", 8)) {
             dtype_name = argv[i] + 8;
         } else if (argv[i][0] == '-' && argv[i][1]) {

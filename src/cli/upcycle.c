@@ -55,7 +55,9 @@ int cmd_upcycle(int argc, char **argv) {
         case 'r': status = router_init_parse(optarg, &up.router_init); break;
         case 's': status = cli_u64("seed", optarg, &up.seed); break;
         case 'd': status = hf_dtype_parse(optarg, &ex.dtype); break;
-        case 'm': status = parse_byte_size(optarg, &ex.max_shard_bytes); break;
+        case 'm':
+            if ((status = parse_byte_size(optarg, &ex.max_shard_bytes)) != SPES_OK) spes_fail_context("--max_shard_size");
+            break;
         case 't': ex.tokenizer = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
