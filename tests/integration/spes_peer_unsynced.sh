@@ -5,10 +5,10 @@
 #     its local state as a checkpoint marked "synced": false and exits non-zero; the server is
 #     restarted on its --state_dir, the peers resume with --resume (redoing the pending round) and
 #     finish with byte-identical weights;
-#  2. peer 1 is SIGTERMed while it waits for an aggregate (peer 3 is frozen with SIGSTOP, so the
-#     round cannot complete): it stops at once, saves step S not synced, exits non-zero; resumed,
-#     it redoes round S (the server answers ALREADY_EXISTS and hands out the aggregate), and all 4
-#     finish byte-identical to each other and to an undisturbed run's.
+#  2. peer 1 is SIGTERMed while it waits for the aggregate of step 2 (peer 3 is not started yet,
+#     so the round cannot complete): it stops at once, saves step 2 not synced, exits non-zero;
+#     resumed, it redoes round 2 (the server answers ALREADY_EXISTS and hands out the aggregate),
+#     and all 4 finish byte-identical to an undisturbed run's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SPES=${SPES_BIN:-build/spes}
@@ -90,10 +90,12 @@ echo "  resumed: 4 peers finished byte-identical to the undisturbed run"
 echo "== 2. SIGTERM while a sync is in flight"
 mkdir -p "$dir/term"
 start_server term
-start_peers term
-reliability_wait_log "step 4: aggregated 4 peers" "$dir/term/server.log"
-kill -STOP "${peer_pids[3]}"
-reliability_wait_log "step 6: upload from peer 1 accepted" "$dir/term/server.log"
+# Peer 3 starts late, so the first round (step 2) cannot complete while peer 1 waits in it.
+for peer in 0 1 2; do
+  reliability_peer $peer "$port" $STEPS "$dir/term/peer$peer" "$dir/term/peer$peer.log" $STEPS
+  peer_pids[$peer]=$last_pid; pids+=($last_pid)
+done
+reliability_wait_log "step 2: upload from peer 1 accepted" "$dir/term/server.log"
 sleep 0.3
 t0=$(date +%s.%N)
 kill -TERM "${peer_pids[1]}"
@@ -101,17 +103,18 @@ for _ in $(seq 1 100); do kill -0 "${peer_pids[1]}" 2>/dev/null || break; sleep 
 kill -0 "${peer_pids[1]}" 2>/dev/null && { echo "peer 1 still blocked in its sync 10 s after SIGTERM"; exit 1; }
 rc=0; wait "${peer_pids[1]}" || rc=$?
 took=$(echo "$(date +%s.%N) - $t0" | bc)
-kill -CONT "${peer_pids[3]}"
 [ $rc -ne 0 ] || { echo "peer 1 exited 0 after an interrupted sync"; exit 1; }
 s=$(unsynced_checkpoint "$dir/term/peer1")
-[ "$s" = 6 ] || { echo "peer 1: want step 6 saved not synced, got '$s'"; tail "$dir/term/peer1.log"; exit 1; }
-grep -q "stopped by a signal during the sync of step 6" "$dir/term/peer1.log" || { tail "$dir/term/peer1.log"; exit 1; }
-echo "  peer 1: SIGTERM mid-sync -> exit $rc after ${took}s, step 6 saved not synced"
+[ "$s" = 2 ] || { echo "peer 1: want step 2 saved not synced, got '$s'"; tail "$dir/term/peer1.log"; exit 1; }
+grep -q "stopped by a signal during the sync of step 2" "$dir/term/peer1.log" || { tail "$dir/term/peer1.log"; exit 1; }
+echo "  peer 1: SIGTERM mid-sync -> exit $rc after ${took}s, step 2 saved not synced"
+reliability_peer 3 "$port" $STEPS "$dir/term/peer3" "$dir/term/peer3.log" $STEPS
+peer_pids[3]=$last_pid; pids+=($last_pid)
 reliability_peer 1 "$port" $STEPS "$dir/term/peer1" "$dir/term/peer1.resume.log" $STEPS --resume
 peer_pids[1]=$last_pid; pids+=($last_pid)
 for i in 0 1 2 3; do wait "${peer_pids[$i]}" || { echo "peer $i failed"; tail -20 "$dir/term/peer$i"*.log; exit 1; }; done
 kill "$server_pid"; wait "$server_pid" || true
-grep -q "the sync of step 6 is done" "$dir/term/peer1.resume.log" || { tail "$dir/term/peer1.resume.log"; exit 1; }
+grep -q "the sync of step 2 is done" "$dir/term/peer1.resume.log" || { tail "$dir/term/peer1.resume.log"; exit 1; }
 for peer in 0 1 2 3; do
   cmp -s "$dir/ref/peer$peer/step$STEPS/model.safetensors" "$dir/term/peer$peer/step$STEPS/model.safetensors" ||
     { echo "peer $peer's final weights differ from the undisturbed run's"; exit 1; }
