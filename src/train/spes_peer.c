@@ -248,7 +248,7 @@ static int audit_log(const SpesPeer *p, const char *kind, int64_t step, const ui
 // server gone it would only fail after retry_timeout_s). The job owns its payload and result.
 typedef struct {
     SyncClient *client;
-    int step, peer_id;
+    int step;
     uint8_t *payload, *bytes;
     size_t payload_len, len;
     int64_t loaded;             // step of the aggregate in bytes
@@ -308,8 +308,7 @@ static int run_round(SpesPeer *p, int step, uint8_t *payload, size_t payload_len
         free(payload);
         return SPES_ERR;
     }
-    *j = (RoundJob){.client = p->client, .step = step, .peer_id = p->cfg->peer_id, .payload = payload,
-                    .payload_len = payload_len};
+    *j = (RoundJob){.client = p->client, .step = step, .payload = payload, .payload_len = payload_len};
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     pthread_t thread;
