@@ -13,15 +13,36 @@
 #include "base/alloc.h"
 #include "base/error.h"
 
+// open() of a FIFO blocks until a writer appears; O_NONBLOCK returns at once so that the type
+// check below can refuse it (for a regular file the flag changes nothing).
+static int open_regular(const char *path) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return spes_fail("cannot open %s: %s", path, strerror(errno)), -1;
+    struct stat st;
+    int ok = fstat(fd, &st) == 0;
+    if (!ok || !S_ISREG(st.st_mode)) {
+        close(fd);
+        if (!ok) return spes_fail("cannot stat %s: %s", path, strerror(errno)), -1;
+        return spes_fail("%s is not a regular file%s", path,
+                         S_ISDIR(st.st_mode) ? " (a directory)" : S_ISFIFO(st.st_mode) ? " (a FIFO)" : ""), -1;
+    }
+    return fd;
+}
+
 int file_read_all(const char *path, uint8_t **data, size_t *len) {
     *data = NULL;
     *len = 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return spes_fail("cannot open %s: %s", path, strerror(errno));
+    int fd = open_regular(path);
+    if (fd < 0) return SPES_ERR;
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) {
+        close(fd);
+        return spes_fail("cannot open %s: %s", path, strerror(errno));
+    }
     struct stat st;
-    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
         fclose(fp);
-        return spes_fail("%s is not a regular file", path);
+        return spes_fail("cannot stat %s: %s", path, strerror(errno));
     }
     size_t size = (size_t)st.st_size;
     uint8_t *buf = spes_malloc(size + 1);
@@ -43,12 +64,12 @@ int file_read_all(const char *path, uint8_t **data, size_t *len) {
 
 int file_map(const char *path, MappedFile *out) {
     memset(out, 0, sizeof *out);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return spes_fail("cannot open %s: %s", path, strerror(errno));
+    int fd = open_regular(path);
+    if (fd < 0) return SPES_ERR;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
         close(fd);
-        return spes_fail("%s is not a regular file", path);
+        return spes_fail("cannot stat %s: %s", path, strerror(errno));
     }
     if (st.st_size == 0) {
         close(fd);

@@ -4,11 +4,20 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/error.h"
 #include "base/file.h"
+#include "train/checkpoint.h"
+
+// The flag's name without its dashes: callers may pass "batch" or "--batch", messages say "--batch".
+static const char *bare(const char *flag) {
+    while (*flag == '-') flag++;
+    return flag;
+}
 
 int cli_int(const char *flag, const char *text, long min, long max, int *out) {
+    flag = bare(flag);
     char *end;
     errno = 0;
     long v = strtol(text, &end, 10);
@@ -19,6 +28,7 @@ int cli_int(const char *flag, const char *text, long min, long max, int *out) {
 }
 
 int cli_u64(const char *flag, const char *text, uint64_t *out) {
+    flag = bare(flag);
     char *end;
     errno = 0;
     unsigned long long v = strtoull(text, &end, 10);
@@ -29,6 +39,7 @@ int cli_u64(const char *flag, const char *text, uint64_t *out) {
 }
 
 int cli_float(const char *flag, const char *text, double min, double max, float *out) {
+    flag = bare(flag);
     char *end;
     errno = 0;
     double v = strtod(text, &end);
@@ -48,4 +59,31 @@ const char *cli_default_tokenizer(const char *model_dir) {
 int cli_report_error(void) {
     fprintf(stderr, "spes: %s\n", spes_last_error());
     return 1;
+}
+
+int cli_check_model_out_dir(const char *out_dir, const char *source, const char *source_flag) {
+    if (!dir_exists(out_dir)) return SPES_OK;
+    char *state = path_join(out_dir, "train_state.json");
+    if (!state) return SPES_ERR;
+    bool is_checkpoint = file_exists(state);
+    free(state);
+    if (is_checkpoint)
+        return spes_fail("--out %s is a training checkpoint (it holds train_state.json): the export would replace its "
+                         "F32 weights and a resume would continue from them; choose another directory", out_dir);
+    char *out_real = realpath(out_dir, NULL), *src_real = source ? realpath(source, NULL) : NULL;
+    int rc = SPES_OK;
+    if (out_real && src_real && !strcmp(out_real, src_real))
+        rc = spes_fail("--out %s is the %s directory itself: writing the export there would replace its weights; "
+                       "choose another directory", out_dir, source_flag);
+    free(out_real);
+    free(src_real);
+    SPES_TRY(rc);
+    char *latest = NULL;
+    int64_t step = -1;
+    SPES_TRY(checkpoint_find_latest(out_dir, &latest, &step));
+    free(latest);
+    if (step >= 0)
+        return spes_fail("--out %s is a training save_folder (it holds checkpoint step%lld/); choose another directory",
+                         out_dir, (long long)step);
+    return SPES_OK;
 }

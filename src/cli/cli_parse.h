@@ -11,3 +11,9 @@ int cli_float(const char *flag, const char *text, double min, double max, float 
 const char *cli_default_tokenizer(const char *model_dir);
 // Prints "spes: <last error>" to stderr and returns the exit code 1.
 int cli_report_error(void);
+// An output directory for a model (export, upcycle) that would destroy training state is refused
+// before anything is written: a checkpoint step directory or any directory holding a
+// train_state.json (its F32 weights would be replaced by the export, and resume would continue
+// from them silently), a save_folder holding stepN/ checkpoints, or the source directory
+// itself (`source`, given as `source_flag`; may be NULL). A missing out_dir is fine.
+int cli_check_model_out_dir(const char *out_dir, const char *source, const char *source_flag);

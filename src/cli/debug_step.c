@@ -142,13 +142,13 @@ int cmd_debug_step(int argc, char **argv) {
             else if (!strcmp(optarg, "uint32")) width = 4;
             else status = spes_fail("--dtype: expected uint16 or uint32, got '%s'", optarg);
             break;
-        case 'b': status = cli_int("--batch", optarg, 1, 1 << 20, &B); break;
-        case 's': status = cli_int("--seq", optarg, 1, 1 << 24, &T); break;
-        case 'z': status = cli_float("--lm_z_mult", optarg, 0.0, 1e6, &w.lm_z_mult); break;
-        case 'l': status = cli_float("--lb_weight", optarg, 0.0, 1e6, &w.lb_weight); break;
-        case 'r': status = cli_float("--router_z_weight", optarg, 0.0, 1e6, &w.router_z_weight); break;
+        case 'b': status = cli_int("batch", optarg, 1, 1 << 20, &B); break;
+        case 's': status = cli_int("seq", optarg, 1, 1 << 24, &T); break;
+        case 'z': status = cli_float("lm_z_mult", optarg, 0.0, 1e6, &w.lm_z_mult); break;
+        case 'l': status = cli_float("lb_weight", optarg, 0.0, 1e6, &w.lb_weight); break;
+        case 'r': status = cli_float("router_z_weight", optarg, 0.0, 1e6, &w.router_z_weight); break;
         case 'e': status = parse_expert_range(optarg, &first, &last); break;
-        case 'j': status = cli_int("--threads", optarg, 1, 4096, &threads); break;
+        case 'j': status = cli_int("threads", optarg, 1, 4096, &threads); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

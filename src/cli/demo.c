@@ -9,6 +9,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,27 @@
 #include "model/hf_import.h"
 
 #define MAX_PEERS 16
+// How long stopped peers get to save their checkpoint before SIGKILL.
+#define PEER_STOP_GRACE_S 20.0
+
+// SIGINT/SIGTERM to the demo: stop the children (they save), then exit non-zero. Without this
+// a demo killed from outside left its server and peers running, orphaned.
+static volatile sig_atomic_t demo_stop = 0;
+
+static void on_demo_signal(int sig) { demo_stop = sig; }
+
+static void install_demo_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_demo_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+static int check_demo_stop(void) {
+    return demo_stop ? spes_fail("demo: stopped by %s", demo_stop == SIGINT ? "SIGINT" : "SIGTERM") : SPES_OK;
+}
 
 typedef struct {
     int peers, experts_per_peer, steps, sync_steps, batch, threads_per_peer;
@@ -69,13 +91,13 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         int rc = SPES_OK;
         switch (c) {
-        case 'p': rc = cli_int("--peers", optarg, 1, MAX_PEERS, &o->peers); break;
-        case 'm': rc = cli_int("--experts_per_peer", optarg, 1, 64, &o->experts_per_peer); break;
-        case 's': rc = cli_int("--steps", optarg, 1, 1000000, &o->steps); break;
-        case 'k': rc = cli_int("--sync_steps", optarg, 1, 1000000, &o->sync_steps); break;
-        case 'b': rc = cli_int("--batch", optarg, 1, 4096, &o->batch); break;
-        case 'd': rc = cli_int("--train_docs", optarg, 100, 100000000, &o->train_docs); break;
-        case 't': rc = cli_int("--threads_per_peer", optarg, 1, 1024, &o->threads_per_peer); break;
+        case 'p': rc = cli_int("peers", optarg, 1, MAX_PEERS, &o->peers); break;
+        case 'm': rc = cli_int("experts_per_peer", optarg, 1, 64, &o->experts_per_peer); break;
+        case 's': rc = cli_int("steps", optarg, 1, 1000000, &o->steps); break;
+        case 'k': rc = cli_int("sync_steps", optarg, 1, 1000000, &o->sync_steps); break;
+        case 'b': rc = cli_int("batch", optarg, 1, 4096, &o->batch); break;
+        case 'd': rc = cli_int("train_docs", optarg, 100, 100000000, &o->train_docs); break;
+        case 't': rc = cli_int("threads_per_peer", optarg, 1, 1024, &o->threads_per_peer); break;
         case 'n': o->baseline = 0; break;
         case 'o': o->out = optarg; break;
         case 'h': usage(stdout); exit(0);
@@ -207,6 +229,7 @@ static int watch(Runner *runners, int n, int total_steps) {
     int tty = isatty(STDOUT_FILENO), drawn = 0, remaining = n;
     double start = now_seconds(), last_plain = 0;
     while (remaining > 0) {
+        SPES_TRY(check_demo_stop());
         for (int i = 0; i < n; i++)
             if (!runners[i].done && process_poll(runners[i].pid, &runners[i].exit_code)) {
                 runners[i].done = 1;
@@ -282,6 +305,28 @@ static int evaluate_checkpoint(const char *ckpt, const char *dir, const Tokenize
     return rc == SPES_OK ? SPES_OK : spes_fail_context("evaluating %s", ckpt);
 }
 
+// SIGTERM to every runner still running, then up to grace_s for all of them together to exit
+// (peers save a checkpoint on SIGTERM), then SIGKILL for the rest; every one is reaped.
+static void stop_runners(Runner *runners, int n, double grace_s) {
+    int alive = 0;
+    for (int i = 0; i < n; i++)
+        if (runners[i].pid > 0 && !runners[i].done) kill(runners[i].pid, SIGTERM), alive++;
+    double deadline = now_seconds() + grace_s;
+    while (alive > 0 && now_seconds() < deadline) {
+        for (int i = 0; i < n; i++)
+            if (runners[i].pid > 0 && !runners[i].done && process_poll(runners[i].pid, &runners[i].exit_code))
+                runners[i].done = 1, alive--;
+        if (alive) nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+    }
+    for (int i = 0; i < n; i++)
+        if (runners[i].pid > 0 && !runners[i].done) {
+            fprintf(stderr, "demo: %s did not stop within %.0fs; killing it\n", runners[i].label, grace_s);
+            kill(runners[i].pid, SIGKILL);
+            runners[i].exit_code = process_wait(runners[i].pid);
+            runners[i].done = 1;
+        }
+}
+
 // ---------------------------------------------------------------------------------------
 
 static int run_demo(const DemoOptions *o) {
@@ -313,6 +358,7 @@ static int run_demo(const DemoOptions *o) {
 
     // Parameter server + peers.
     int port = 0;
+    if (rc == SPES_OK) rc = check_demo_stop();
     if (rc == SPES_OK) rc = free_port(&port);
     char port_s[16], peers_s[16], m_s[16], merge_every[16], decay[16], addr[64];
     snprintf(port_s, sizeof port_s, "%d", port);
@@ -353,8 +399,8 @@ static int run_demo(const DemoOptions *o) {
         rc = watch(runners, started, o->steps);
     }
     double spes_seconds = now_seconds() - spes_start;
-    for (int p = 0; p < started; p++)
-        if (!runners[p].done) process_stop(runners[p].pid, 2.0);
+    if (rc != SPES_OK && started > 0) printf("\nstopping the peers (each saves a checkpoint) and the server\n");
+    stop_runners(runners, started, PEER_STOP_GRACE_S);
     if (server > 0) process_stop(server, 5.0);
 
     // The same budget centralised: one process, all experts, peers x batch per step.
@@ -374,15 +420,18 @@ static int run_demo(const DemoOptions *o) {
         printf("\nsame budget centralised (1 process, all %d experts, %d sequences per step)\n",
                o->peers * o->experts_per_peer, o->peers * o->batch);
         double start = now_seconds();
-        rc = process_spawn(argv, log, NULL, &r->pid);
+        rc = check_demo_stop();
+        if (rc == SPES_OK) rc = process_spawn(argv, log, NULL, &r->pid);
         if (rc == SPES_OK) rc = watch(r, 1, o->steps);
         central_seconds = now_seconds() - start;
+        stop_runners(r, 1, PEER_STOP_GRACE_S);
     }
 
     // Compare the synced model (every peer holds it after the last sync) with the baseline.
     DemoScores spes_scores = {0}, central_scores = {0};
     char ckpt[4200];
     double eval_start = now_seconds();
+    if (rc == SPES_OK) rc = check_demo_stop();
     if (rc == SPES_OK) printf("\nevaluating the final models: validation loss, %d + %d questions...\n", o->questions, o->questions);
     snprintf(ckpt, sizeof ckpt, "%s/peer0/step%d", dir, o->steps);
     if (rc == SPES_OK) rc = evaluate_checkpoint(ckpt, dir, tok, &spes_scores);
@@ -416,6 +465,7 @@ static int run_demo(const DemoOptions *o) {
 int cmd_demo(int argc, char **argv) {
     DemoOptions o;
     if (parse_options(argc, argv, &o) != SPES_OK) return cli_report_error();
+    install_demo_handlers();
     if (run_demo(&o) != SPES_OK) return cli_report_error();
     return 0;
 }

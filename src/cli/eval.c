@@ -1,5 +1,6 @@
 // `spes eval`: perplexity / loss / bits per byte on tokens or text, and multiple-choice
 // accuracy on OLMo / oe-eval request files; a summary on stdout, JSON with --output.
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
@@ -166,13 +167,25 @@ static int run_task(Model *m, const Tokenizer *tok, const char *path, int limit,
     return status;
 }
 
-static int write_results(const char *path, json_t *results) {
+// Into `out`, opened (and so checked) before the evaluation; committed only when complete.
+static int write_results(AtomicFile *out, json_t *results) {
     char *text = json_dumps(results, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     if (!text) return spes_fail("cannot serialise the results");
-    size_t len = strlen(text);
-    int status = file_write_atomic(path, text, len);
+    int status = atomic_file_write(out, text, strlen(text));
     free(text);
-    return status;
+    return status == SPES_OK ? atomic_file_commit(out) : SPES_ERR;
+}
+
+// --output and --output_requests are created before any work, so a bad path fails at once and
+// not after a whole evaluation.
+static int open_outputs(const char *output, AtomicFile *out, const char *requests_path, FILE **requests_out) {
+    if (output && dir_exists(output)) return spes_fail("--output %s is a directory; give a file name", output);
+    if (output && atomic_file_open(out, output) != SPES_OK) return spes_fail_context("--output");
+    if (requests_path && !(*requests_out = fopen(requests_path, "w"))) {
+        if (output) atomic_file_abort(out);
+        return spes_fail("--output_requests: cannot create %s: %s", requests_path, strerror(errno));
+    }
+    return SPES_OK;
 }
 
 int cmd_eval(int argc, char **argv) {
@@ -229,11 +242,15 @@ int cmd_eval(int argc, char **argv) {
         return cli_report_error();
     }
     threads_set(threads);
+    AtomicFile out_file = {0};
+    FILE *requests_out = NULL;
+    if (open_outputs(output, &out_file, requests_path, &requests_out) != SPES_OK) return cli_report_error();
     Tokenizer *tok = NULL;
-    if (tok_path && tokenizer_load(tok_path, &tok) != SPES_OK) return cli_report_error();
     Model m;
-    if (model_load_hf_dir(model_dir, &m) != SPES_OK) {
+    if ((tok_path && tokenizer_load(tok_path, &tok) != SPES_OK) || model_load_hf_dir(model_dir, &m) != SPES_OK) {
         tokenizer_free(tok);
+        atomic_file_abort(&out_file);
+        if (requests_out) fclose(requests_out);
         return cli_report_error();
     }
     int window = m.cfg.max_seq_len < 2048 ? m.cfg.max_seq_len : 2048;
@@ -246,15 +263,13 @@ int cmd_eval(int argc, char **argv) {
     }
     json_t *task_results = json_object();
     McScoreOptions mopt = {.max_seq = max_seq > 0 ? max_seq : (seq > 0 ? seq : window), .show_progress = progress};
-    FILE *requests_out = NULL;
-    if (status == SPES_OK && requests_path && !(requests_out = fopen(requests_path, "w")))
-        status = spes_fail("cannot create %s", requests_path);
     for (int i = 0; i < num_tasks && status == SPES_OK; i++)
         status = run_task(&m, tok, tasks[i], limit, &mopt, requests_out, task_results);
     if (requests_out && fclose(requests_out) != 0 && status == SPES_OK)
         status = spes_fail("cannot write %s", requests_path);
     json_object_set_new(results, "tasks", task_results);
-    if (status == SPES_OK && output) status = write_results(output, results);
+    if (status == SPES_OK && output) status = write_results(&out_file, results);
+    atomic_file_abort(&out_file);   // a no-op after the commit
     json_decref(results);
     model_free(&m);
     tokenizer_free(tok);

@@ -23,7 +23,8 @@ static void usage(FILE *out) {
             "\n"
             "  --checkpoint DIR      a checkpoint step directory (model.safetensors + config.json),\n"
             "                        or a save_folder: its highest stepN/ is used\n"
-            "  --out HF_DIR          output directory (created; old weight files in it are replaced)\n"
+            "  --out HF_DIR          output directory (created; old weight files in it are replaced; a training\n"
+            "                        checkpoint, save_folder or the --checkpoint directory is refused)\n"
             "  --format F            olmoe (QK-norm full) | qwen3_moe (QK-norm per head) | auto (default)\n"
             "  --dtype D             f32 (default) | bf16\n"
             "  --tokenizer PATH      tokenizer.json or a directory of tokenizer files to copy\n"
@@ -81,7 +82,9 @@ int cmd_export(int argc, char **argv) {
         case 'f': status = hf_format_parse(optarg, &opt.format); break;
         case 'd': status = hf_dtype_parse(optarg, &opt.dtype); break;
         case 't': opt.tokenizer = optarg; break;
-        case 's': status = parse_byte_size(optarg, &opt.max_shard_bytes); break;
+        case 's':
+            if ((status = parse_byte_size(optarg, &opt.max_shard_bytes)) != SPES_OK) spes_fail_context("--max_shard_size");
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -93,6 +96,12 @@ int cmd_export(int argc, char **argv) {
     }
     char *dir = resolve_checkpoint(checkpoint);
     if (!dir) return cli_report_error();
+    // Both the given --checkpoint (maybe a save_folder) and the step directory it resolved to.
+    if (cli_check_model_out_dir(out_dir, checkpoint, "--checkpoint") != SPES_OK ||
+        cli_check_model_out_dir(out_dir, dir, "--checkpoint") != SPES_OK) {
+        free(dir);
+        return cli_report_error();
+    }
     Model m;
     status = model_load_hf_dir(dir, &m);
     free(dir);

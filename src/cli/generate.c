@@ -59,6 +59,20 @@ static int stream_token(void *user, int32_t token) {
     return SPES_OK;
 }
 
+// The prompt as the start of the output; a long one only by its end (what the continuation
+// follows), cut at a UTF-8 character boundary.
+#define ECHO_PROMPT_MAX 2048
+static void echo_prompt(const char *prompt, size_t len) {
+    if (len <= ECHO_PROMPT_MAX) {
+        fwrite(prompt, 1, len, stdout);
+        return;
+    }
+    size_t from = len - ECHO_PROMPT_MAX / 2;
+    while (from < len && ((unsigned char)prompt[from] & 0xC0) == 0x80) from++;
+    printf("[... %zu bytes of the prompt not shown ...]", from);
+    fwrite(prompt + from, 1, len - from, stdout);
+}
+
 int cmd_generate(int argc, char **argv) {
     static const struct option options[] = {
         {"model", required_argument, 0, 'm'},          {"tokenizer", required_argument, 0, 't'},
@@ -128,6 +142,10 @@ int cmd_generate(int argc, char **argv) {
     }
     int n_out = 0;
     double start = now_seconds();
+    // Refused before the prompt is echoed (a 50 MB prompt used to be printed first).
+    if (status == SPES_OK && ids.len >= (size_t)m.cfg.max_seq_len)
+        status = spes_fail("the prompt has %zu tokens (%zu bytes); the model's max_seq_len is %d", ids.len, prompt_len,
+                           m.cfg.max_seq_len);
     for (size_t i = 0; status == SPES_OK && i < ids.len; i++)
         if (ids.ids[i] >= (uint32_t)m.cfg.vocab_size)
             status = spes_fail("the prompt's token %zu has id %u, outside the model's vocabulary of %d: is %s the "
@@ -136,7 +154,7 @@ int cmd_generate(int argc, char **argv) {
         for (size_t i = 0; i < ids.len; i++) prompt_ids[i] = (int32_t)ids.ids[i];
         Stream stream = {.tok = tok, .eos = m.cfg.eos_token_id, .print_ids = print_ids};
         if (!print_ids) {
-            fwrite(prompt, 1, prompt_len, stdout);
+            echo_prompt(prompt, prompt_len);
             fflush(stdout);
         }
         status = generate_tokens(&m, prompt_ids, (int)ids.len, &opt, stream_token, &stream, out, &n_out);

@@ -14,6 +14,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/file.h"
+#include "base/printable.h"
 #include "cli/commands.h"
 #include "io/npy.h"
 
@@ -59,8 +60,14 @@ static int collect(const char *dir, PathList *out) {
             break;
         }
         struct stat lst, st;
+        char shown[512];
         if (lstat(child, &lst) != 0) {
-            rc = spes_fail("cannot stat %s: %s", child, strerror(errno));
+            rc = spes_fail("cannot stat %s: %s", escape_printable(child, strlen(child), shown, sizeof shown),
+                           strerror(errno));
+        } else if ((S_ISDIR(lst.st_mode) || is_token_file_name(e->d_name)) && !is_printable(child, strlen(child))) {
+            // It would be echoed raw, and a newline in it would split a manifest line in two.
+            rc = spes_fail("%s: the name holds control characters or invalid UTF-8; rename it",
+                           escape_printable(child, strlen(child), shown, sizeof shown));
         } else if (S_ISDIR(lst.st_mode)) {
             rc = collect(child, out);
         } else if (is_token_file_name(e->d_name) && stat(child, &st) == 0 && S_ISREG(st.st_mode)) {
@@ -139,6 +146,9 @@ int cmd_list_files(int argc, char **argv) {
             return 0;
         } else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             dtype_name = argv[++i];
+        } else if (!strcmp(argv[i], "--dtype")) {
+            fprintf(stderr, "spes: list-files: --dtype needs a value (uint16 or uint32)\n");
+            return 2;
         } else if (!strncmp(argv[i], "--dtype=", 8)) {
             dtype_name = argv[i] + 8;
         } else if (argv[i][0] == '-' && argv[i][1]) {

@@ -312,18 +312,34 @@ static pid_t start_worker(const TokenizeArgs *a, const Tokenizer *tok, int64_t e
     return pid;
 }
 
+// A glob can match a directory, a broken symlink, a FIFO or a socket: refuse each by name before
+// any worker starts (a FIFO would block a worker forever, a directory fail mid-way).
+static int check_input(const char *path, uint64_t *size) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        struct stat lsb;
+        if (errno == ENOENT && lstat(path, &lsb) == 0 && S_ISLNK(lsb.st_mode))
+            return spes_fail("%s is a broken symbolic link", path);
+        return spes_fail("cannot stat %s: %s", path, strerror(errno));
+    }
+    if (S_ISDIR(sb.st_mode)) return spes_fail("%s is a directory, not an input file (narrow the glob)", path);
+    if (!S_ISREG(sb.st_mode)) return spes_fail("%s is not a regular file (a FIFO, socket or device)", path);
+    *size = (uint64_t)sb.st_size;
+    return SPES_OK;
+}
+
 static int run_all(const TokenizeArgs *a, const Tokenizer *tok, int64_t eos) {
     glob_t g = {0};
     SPES_TRY(find_files(a->file_glob, &g));
     int nfiles = (int)g.gl_pathc;
     uint64_t total_bytes = 0;
     for (int i = 0; i < nfiles; i++) {
-        struct stat sb;
-        if (stat(g.gl_pathv[i], &sb) != 0 || !S_ISREG(sb.st_mode)) {
-            globfree(&g);
-            return spes_fail("%s: not a readable regular file", g.gl_pathv[i]);
+        uint64_t size = 0;
+        if (check_input(g.gl_pathv[i], &size) != SPES_OK) {
+            globfree(&g);   // the message is formatted already: the path dies with the glob
+            return spes_fail_context("--file_glob %s", a->file_glob);
         }
-        total_bytes += (uint64_t)sb.st_size;
+        total_bytes += size;
     }
     int max_chunks = nfiles > a->processes ? nfiles : a->processes;
     int *start = calloc((size_t)max_chunks, sizeof(int)), *count = calloc((size_t)max_chunks, sizeof(int));

@@ -21,7 +21,9 @@ static void usage(FILE *out) {
             "  --resume          continue from the newest complete save_folder/stepN (as try_load_latest_save)\n"
             "  --force-resume    resume even if the checkpoint was written with a different config hash\n"
             "  --peak_gflops=X   peak GFLOP/s for the MFU column (default: measured sgemm throughput)\n"
-            "Ctrl-C (SIGINT) or SIGTERM: finish the current step, save a checkpoint, exit 0.\n"
+            "Ctrl-C (SIGINT) or SIGTERM: finish the current step, save a checkpoint, exit 0. A SPES peer\n"
+            "whose sync round fails or is interrupted saves its local state marked not synced and exits 1;\n"
+            "--resume redoes that round.\n"
             "Writes save_folder/stepN/ checkpoints and save_folder/metrics.jsonl (docs/training.md).\n");
 }
 
@@ -43,6 +45,36 @@ static void install_handlers(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+}
+
+// Handshake, then catch up with the run. A checkpoint marked not synced holds the local weights
+// of a round that never completed: the peer redoes that round (spes_peer_connect) and saves the
+// step again, synced, so the folder ends as an undisturbed run's would. A finished run (resumed at
+// its last step) has no round left to sync unless that last one is pending.
+static int connect_peer(SpesPeer *peer, Trainer *trainer) {
+    TrainState *state = trainer_state(trainer);
+    bool pending = state->unsynced;
+    if (trainer_step_count(trainer) >= trainer_max_steps(trainer) && !pending) return SPES_OK;
+    SPES_TRY(spes_peer_connect(peer, trainer_model(trainer), trainer_step_count(trainer), trainer_max_steps(trainer),
+                               pending));
+    if (!pending) return SPES_OK;
+    state->unsynced = false;
+    return trainer_save(trainer);
+}
+
+// The round of the current step failed (server gone, refused, or a signal): keep the local work
+// of the steps since the last save as a checkpoint marked not synced, keeping the error message.
+static void save_unsynced(Trainer *trainer) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", spes_last_error());
+    int64_t step = trainer_step_count(trainer);
+    trainer_state(trainer)->unsynced = true;
+    if (trainer_save(trainer) == SPES_OK)
+        log_warn("saved step %lld with this peer's local weights, NOT synced (its round did not complete); "
+                 "resume with --resume, which redoes the sync of step %lld", (long long)step, (long long)step);
+    else
+        log_error("could not save the local state of step %lld: %s", (long long)step, spes_last_error());
+    spes_fail("%s", why);
 }
 
 int cmd_train(int argc, char **argv) {
@@ -109,13 +141,19 @@ int cmd_train(int argc, char **argv) {
             opt.after_step = spes_peer_after_step;
             opt.after_step_ctx = peer;
             opt.lb_count_factor = spes_peer_lb_count_factor(peer);
+            spes_peer_set_stop_flag(peer, &stop_requested);
         }
     }
     if (rc == SPES_OK) rc = trainer_create(&cfg, &opt, &trainer);
-    // A finished run (resumed at its last step) has no round left to sync.
-    if (rc == SPES_OK && peer && trainer_step_count(trainer) < trainer_max_steps(trainer))
-        rc = spes_peer_connect(peer, trainer_model(trainer), trainer_step_count(trainer), trainer_max_steps(trainer));
+    if (rc == SPES_OK && peer) rc = connect_peer(peer, trainer);
+    else if (rc == SPES_OK && trainer_state(trainer)->unsynced) {
+        log_warn("the checkpoint resumed from was not synced with a parameter server; training on without one");
+        trainer_state(trainer)->unsynced = false;
+    }
     if (rc == SPES_OK) rc = trainer_run(trainer);
+    if (rc != SPES_OK && peer && spes_peer_unsynced_step(peer) >= 0 &&
+        spes_peer_unsynced_step(peer) == trainer_step_count(trainer))
+        save_unsynced(trainer);
     if (rc != SPES_OK) fprintf(stderr, "spes: %s\n", spes_last_error());
     else if (stop_requested) log_info("stopped by signal at step %lld; resume with --resume", (long long)trainer_step_count(trainer));
     trainer_free(trainer);

@@ -55,7 +55,9 @@ int cmd_upcycle(int argc, char **argv) {
         case 'r': status = router_init_parse(optarg, &up.router_init); break;
         case 's': status = cli_u64("seed", optarg, &up.seed); break;
         case 'd': status = hf_dtype_parse(optarg, &ex.dtype); break;
-        case 'm': status = parse_byte_size(optarg, &ex.max_shard_bytes); break;
+        case 'm':
+            if ((status = parse_byte_size(optarg, &ex.max_shard_bytes)) != SPES_OK) spes_fail_context("--max_shard_size");
+            break;
         case 't': ex.tokenizer = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -66,6 +68,7 @@ int cmd_upcycle(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (cli_check_model_out_dir(out_dir, dense, "--dense") != SPES_OK) return cli_report_error();
     Model m;
     if (model_upcycle_dense(dense, &up, &m) != SPES_OK) return cli_report_error();
     status = model_export_hf(&m, out_dir, &ex);

@@ -89,38 +89,69 @@ static int apply_overrides(YNode *root, int n, char **args) {
 // ${a.b} interpolation (OmegaConf style), after overrides so --spes_config.peer_id=2 reaches
 // save_folder: output/${run_name}/node${spes_config.peer_id}.
 
-static int interpolate_scalar(YNode *root, YNode *n, const char *key, int depth) {
+// Nested references multiply: a: ${b}${b}, b: ${c}${c}, ... doubles per level, so a 120 KB
+// config could ask for gigabytes. Every value is capped, and so is the sum of all of them.
+#define INTERP_MAX_VALUE (1u << 20)
+#define INTERP_MAX_TOTAL (16u << 20)
+
+typedef struct {
+    YNode *root;
+    size_t total;       // bytes of every interpolated value so far
+} Interp;
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+} Text;
+
+// Appends s[0..n) to t; SPES_ERR (naming key) past the per-value cap or out of memory.
+static int text_add(Text *t, const char *s, size_t n, const YNode *node, const char *key) {
+    if (n > INTERP_MAX_VALUE - t->len)
+        return key_fail(node, key, "interpolating its ${...} references would make a value over %u MiB "
+                        "(references nested too often?)", INTERP_MAX_VALUE >> 20);
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 64;
+        while (cap < t->len + n + 1) cap *= 2;
+        char *grown = spes_realloc(t->p, cap);
+        if (!grown) return spes_fail_context("interpolating %s", key);
+        t->p = grown;
+        t->cap = cap;
+    }
+    memcpy(t->p + t->len, s, n);
+    t->len += n;
+    t->p[t->len] = '\0';
+    return SPES_OK;
+}
+
+static int interpolate_scalar(Interp *in, YNode *n, const char *key, int depth) {
     if (!strstr(n->value, "${")) return SPES_OK;
     if (depth > 16) return key_fail(n, key, "interpolation nests deeper than 16 levels (a cycle?)");
-    char *out = NULL;
-    size_t out_len = 0;
-    FILE *mem = open_memstream(&out, &out_len);
-    if (!mem) return spes_fail("out of memory interpolating %s", key);
+    Text out = {0};
     const char *p = n->value;
     bool whole = false;   // the value is exactly one ${...}: it takes the target's type
     bool target_plain = true;
     int rc = SPES_OK;
-    while (*p) {
+    while (*p && rc == SPES_OK) {
         const char *start = strstr(p, "${");
         if (!start) {
-            fputs(p, mem);
+            rc = text_add(&out, p, strlen(p), n, key);
             break;
         }
-        fwrite(p, 1, (size_t)(start - p), mem);
+        if ((rc = text_add(&out, p, (size_t)(start - p), n, key)) != SPES_OK) break;
         const char *end = strchr(start + 2, '}');
         if (!end) {
-            rc = key_fail(n, key, "unterminated ${ in '%s'", n->value);
+            rc = key_fail(n, key, "unterminated ${ in '%.200s'", n->value);
             break;
         }
         char name[256];
         size_t len = (size_t)(end - start - 2);
         if (len == 0 || len >= sizeof name) {
-            rc = key_fail(n, key, "bad interpolation '%.*s'", (int)(end - start + 1), start);
+            rc = key_fail(n, key, "bad interpolation '%.*s'", (int)(end - start + 1 < 200 ? end - start + 1 : 200), start);
             break;
         }
         memcpy(name, start + 2, len);
         name[len] = '\0';
-        YNode *target = ytree_get_path(root, name);
+        YNode *target = ytree_get_path(in->root, name);
         if (!target) {
             rc = key_fail(n, key, "unknown interpolation ${%s}: no such key in the config", name);
             break;
@@ -133,30 +164,34 @@ static int interpolate_scalar(YNode *root, YNode *n, const char *key, int depth)
             rc = key_fail(n, key, "${%s} refers to itself", name);
             break;
         }
-        if ((rc = interpolate_scalar(root, target, name, depth + 1)) != SPES_OK) break;
+        if ((rc = interpolate_scalar(in, target, name, depth + 1)) != SPES_OK) break;
         whole = start == n->value && end[1] == '\0';
         target_plain = target->plain;
-        fputs(ytree_is_null(target) && !whole ? "None" : target->value, mem);   // OmegaConf's str(None)
+        const char *value = ytree_is_null(target) && !whole ? "None" : target->value;   // OmegaConf's str(None)
+        rc = text_add(&out, value, strlen(value), n, key);
         p = end + 1;
     }
-    fclose(mem);
+    if (rc == SPES_OK && out.len > INTERP_MAX_TOTAL - in->total)
+        rc = key_fail(n, key, "interpolated values add up to over %u MiB (references nested too often?)",
+                      INTERP_MAX_TOTAL >> 20);
     if (rc != SPES_OK) {
-        free(out);
+        free(out.p);
         return rc;
     }
+    in->total += out.len;
     free(n->value);
-    n->value = out;
+    n->value = out.p;
     n->plain = whole ? target_plain : false;
     return SPES_OK;
 }
 
-static int interpolate_tree(YNode *root, YNode *n, const char *path) {
-    if (n->kind == YNODE_SCALAR) return interpolate_scalar(root, n, path, 0);
+static int interpolate_tree(Interp *in, YNode *n, const char *path) {
+    if (n->kind == YNODE_SCALAR) return interpolate_scalar(in, n, path, 0);
     for (int i = 0; i < n->n; i++) {
         char child[512];
         if (n->kind == YNODE_MAP) snprintf(child, sizeof child, "%s%s%s", path, path[0] ? "." : "", n->keys[i]);
         else snprintf(child, sizeof child, "%s[%d]", path, i);
-        SPES_TRY(interpolate_tree(root, n->items[i], child));
+        SPES_TRY(interpolate_tree(in, n->items[i], child));
     }
     return SPES_OK;
 }
@@ -292,7 +327,8 @@ int config_load_string(const char *yaml_text, const char *name, int n_overrides,
         goto out;
     }
     if (apply_overrides(root, n_overrides, overrides) != SPES_OK) goto out;
-    if (interpolate_tree(root, root, "") != SPES_OK) goto out;
+    Interp interp = {.root = root};
+    if (interpolate_tree(&interp, root, "") != SPES_OK) goto out;
     if (config_apply_tree(&ctx, root, cfg) != SPES_OK) goto out;
     if (config_finish(&ctx, root, cfg) != SPES_OK) goto out;
     if (ctx.unknown.n && !(cfg->unknown_keys = strlist_join(&ctx.unknown, ", "))) goto out;

@@ -8,6 +8,8 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/file.h"
+#include "base/printable.h"
+#include "data/token_ids_check.h"
 #include "io/npy.h"
 
 typedef struct {
@@ -49,6 +51,7 @@ static int add_file(TokenDataset *ds, const char *path, TokenDtype raw_dtype) {
     }
     ds->n_files++;   // from here on token_dataset_close releases it
     if (f->tf.count == 0) return spes_fail("data file %s is empty", path);
+    SPES_TRY(token_ids_check(&f->tf, path, ds->vocab_size));
     f->instances = (int64_t)(f->tf.count / (uint64_t)ds->seq_len);
     if (f->instances == 0)
         return spes_fail("data file %s holds %" PRIu64 " tokens, fewer than one instance of max_sequence_length = %d "
@@ -65,18 +68,31 @@ static int add_manifest(TokenDataset *ds, const char *manifest, TokenDtype raw_d
     size_t len;
     if (file_read_all(manifest, &text, &len) != SPES_OK) return spes_fail_context("data manifest");
     int before = ds->n_files, rc = SPES_OK, line_no = 0;
-    char *save = NULL;
-    for (char *line = strtok_r((char *)text, "\n", &save); line && rc == SPES_OK; line = strtok_r(NULL, "\n", &save)) {
+    char *next = (char *)text, *end = (char *)text + len;
+    while (next < end && rc == SPES_OK) {
+        char *line = next, *nl = memchr(line, '\n', (size_t)(end - line));
+        size_t n = nl ? (size_t)(nl - line) : (size_t)(end - line);
+        next = line + n + 1;
+        line[n] = '\0';   // the NUL after the buffer (file_read_all) or the newline
         line_no++;
-        while (*line == ' ' || *line == '\t') line++;
-        size_t n = strlen(line);
+        while (n > 0 && (*line == ' ' || *line == '\t')) line++, n--;
         while (n > 0 && (line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t')) line[--n] = '\0';
         if (n == 0 || line[0] == '#') continue;
-        if (ends_with(line, ".txt")) {
-            rc = spes_fail("data manifest %s: entry '%s' is itself a manifest; manifests do not nest", manifest, line);
+        // A line is echoed in every message about it: control bytes or broken UTF-8 (a binary
+        // file given as a manifest, a corrupted one) are refused here, shown escaped.
+        if (!is_printable(line, n)) {
+            char shown[160];
+            rc = spes_fail("data manifest %s:%d: the entry is not a printable path ('%s'); is this really a manifest "
+                           "(one token-file path a line)?",
+                           manifest, line_no, escape_printable(line, n, shown, sizeof shown));
             break;
         }
-        if ((rc = add_file(ds, line, raw_dtype)) != SPES_OK) spes_fail_context("data manifest %s", manifest);
+        if (ends_with(line, ".txt")) {
+            rc = spes_fail("data manifest %s:%d: entry '%s' is itself a manifest; manifests do not nest", manifest,
+                           line_no, line);
+            break;
+        }
+        if ((rc = add_file(ds, line, raw_dtype)) != SPES_OK) spes_fail_context("data manifest %s:%d", manifest, line_no);
     }
     free(text);
     if (rc == SPES_OK && ds->n_files == before) rc = spes_fail("data manifest %s lists no token files", manifest);

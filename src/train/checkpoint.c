@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -118,6 +119,9 @@ static int write_state_json(const char *path, const TrainState *s, const ParamTa
                              "values", (json_int_t)table->trainable_numel, "names_hash", names_hex, "rng",
                              "none consumed: no dropout; data order is a function of (data.seed, epoch, index)");
     if (!root) return spes_fail("cannot build train_state.json");
+    // Only written when false, so the files of every ordinary checkpoint stay as they were.
+    if (s->unsynced && json_object_set_new(root, "synced", json_false()) != 0)
+        return json_decref(root), spes_fail("cannot build train_state.json");
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);
     if (!text) return spes_fail("cannot serialise train_state.json");
@@ -170,6 +174,12 @@ static int read_state_json(const char *path, TrainState *s, int64_t *opt_step, i
         goto done;
     }
     s->data_seed = (uint64_t)seed;
+    json_t *synced = json_object_get(root, "synced");
+    if (synced && !json_is_boolean(synced)) {
+        spes_fail("%s: \"synced\" must be true or false", path);
+        goto done;
+    }
+    s->unsynced = synced && json_is_false(synced);
     rc = SPES_OK;
 done:
     json_decref(root);
@@ -223,6 +233,20 @@ static char *step_dir_name(const char *save_folder, int64_t step, const char *su
     return path_join(save_folder, name);
 }
 
+// Puts the complete directory `fresh` in place of `old` (same step). The two are swapped
+// atomically and the old one (now under `fresh`'s name) removed, so no crash leaves the folder
+// without this step; without RENAME_EXCHANGE (some filesystems) the old one goes first.
+static int replace_dir(const char *fresh, const char *old, const char *parent) {
+    if (renameat2(AT_FDCWD, fresh, AT_FDCWD, old, RENAME_EXCHANGE) == 0) {
+        SPES_TRY(fsync_dir(parent));
+        return remove_tree(fresh);
+    }
+    if (errno != EINVAL && errno != ENOSYS)
+        return spes_fail("cannot swap %s and %s: %s", fresh, old, strerror(errno));
+    SPES_TRY(remove_tree(old));
+    return rename_durable(fresh, old);
+}
+
 int checkpoint_save(const char *save_folder, const Model *m, const AdamW *opt, const TrainState *state,
                     const TrainConfig *cfg) {
     char *tmp = step_dir_name(save_folder, state->step, ".tmp");
@@ -245,8 +269,8 @@ int checkpoint_save(const char *save_folder, const Model *m, const AdamW *opt, c
     if (checkpoint_write_table(files[3], &m->table, true, 2, moments, moment_prefixes) != SPES_OK) goto done;
     if (write_state_json(files[4], state, &m->table, opt->step) != SPES_OK) goto done;
     if (fsync_dir(tmp) != SPES_OK) goto done;
-    if (dir_exists(final) && remove_tree(final) != SPES_OK) goto done;   // re-save of the same step
-    rc = rename_durable(tmp, final);
+    if (dir_exists(final)) rc = replace_dir(tmp, final, save_folder);   // re-save of the same step
+    else rc = rename_durable(tmp, final);
 done:
     if (rc != SPES_OK) spes_fail_context("saving checkpoint step %lld in %s", (long long)state->step, save_folder);
     for (int i = 0; i < 5; i++) free(files[i]);

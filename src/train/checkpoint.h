@@ -4,7 +4,9 @@
 //   config.yaml              the resolved training config (for humans and reruns)
 //   train_state.safetensors  AdamW moments of the trainable tensors: exp_avg.<name>, exp_avg_sq.<name>
 //   train_state.json         step, tokens seen, optimizer step, data-loader position and
-//                            seed, config hash, trainable-set summary, schema version
+//                            seed, config hash, trainable-set summary, schema version, and
+//                            "synced": false when a SPES peer saved its local weights after
+//                            the step's sync round failed or was interrupted
 // Everything is written into save_folder/stepN.tmp/ (each file fsync'd), then the directory
 // is renamed to stepN and the folder fsync'd: a stepN directory is always complete.
 #pragma once
@@ -24,9 +26,13 @@ typedef struct {
     LoaderPosition data;        // where the next training batch starts
     uint64_t data_seed;         // data.seed the loader order derives from
     uint64_t config_hash;       // config_hash() of the run that wrote it
+    bool unsynced;              // SPES peer: step's sync round never completed, these are the
+                                // local weights (train_state.json "synced": false); resume redoes it
 } TrainState;
 
 // Writes save_folder/step<state->step>/ atomically (see above). cfg supplies config.yaml.
+// An existing directory of that step is replaced atomically (renameat2 RENAME_EXCHANGE where
+// the filesystem has it): a crash leaves the old checkpoint or the new one.
 int checkpoint_save(const char *save_folder, const Model *m, const AdamW *opt, const TrainState *state,
                     const TrainConfig *cfg);
 

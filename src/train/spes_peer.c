@@ -1,8 +1,11 @@
 #include "train/spes_peer.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -21,6 +24,9 @@ struct SpesPeer {
     int64_t total_steps;
     StWriteTensor *upload;      // trainable tensors, pointing into the model's parameters
     int n_upload;
+    volatile sig_atomic_t *stop;    // set by SIGINT/SIGTERM: abandon a sync in flight
+    int64_t unsynced_step;      // the step whose round did not complete (-1: none)
+    bool client_busy;           // an abandoned round still runs on its thread: keep the client alive
 };
 
 float spes_decayed_factor(int64_t step, int64_t total_steps) {
@@ -46,6 +52,7 @@ int spes_peer_create(const TrainConfig *cfg, SpesPeer **out) {
     SpesPeer *p = spes_calloc(1, sizeof *p);
     if (!p) return SPES_ERR;
     p->cfg = cfg;
+    p->unsynced_step = -1;
     p->lb_factor = spes_calloc((size_t)cfg->model.n_layers * (size_t)cfg->model.num_experts, sizeof(float));
     if (!p->lb_factor) {
         spes_peer_free(p);
@@ -82,13 +89,19 @@ int spes_peer_create(const TrainConfig *cfg, SpesPeer **out) {
 
 void spes_peer_free(SpesPeer *p) {
     if (!p) return;
-    if (p->client) sync_client_destroy(p->client);
+    // A round abandoned on a signal may still be blocked inside gRPC on its thread; the process is
+    // about to exit, so the client is left to it rather than destroyed under its feet.
+    if (p->client && !p->client_busy) sync_client_destroy(p->client);
     free(p->lb_factor);
     free(p->upload);
     free(p);
 }
 
 const float *spes_peer_lb_count_factor(const SpesPeer *p) { return p->lb_factor; }
+
+void spes_peer_set_stop_flag(SpesPeer *p, volatile sig_atomic_t *stop) { p->stop = stop; }
+
+int64_t spes_peer_unsynced_step(const SpesPeer *p) { return p->unsynced_step; }
 
 // Downloads the server's newest aggregate into the model's weights; *newest: its step.
 static int load_newest(SpesPeer *p, Model *m, int *newest) {
@@ -141,7 +154,9 @@ static int take_over(SpesPeer *p, Model *m) {
     return SPES_OK;
 }
 
-int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_steps) {
+static int sync_round(SpesPeer *p, Model *m, int64_t step);
+
+int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_steps, bool unsynced) {
     p->total_steps = total_steps;
     update_lb_factor(p, start_step);
     const ParamTable *table = &m->table;
@@ -174,6 +189,18 @@ int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_s
              p->cfg->peer_id, p->cfg->num_peers, p->cfg->server_addr, p->n_upload, p->cfg->sync_steps,
              p->cfg->using_dilico ? "fedavg" : "spes");
     if (p->cfg->take_over_peer_id >= 0 && start_step == 0) return take_over(p, m);
+    if (unsynced && p->cfg->sync_steps > 0 && start_step % p->cfg->sync_steps == 0 && start_step <= INT32_MAX) {
+        // The checkpoint holds the local weights of a round that never completed (its sync failed
+        // or was interrupted). Redo that round: the server still waiting for our upload gets it;
+        // a round that already has it answers ALREADY_EXISTS and we download its aggregate; one
+        // that closed without us answers ABORTED and we take the newest aggregate (sync_round).
+        log_warn("spes peer %d: resumed at step %" PRId64 " from a checkpoint that was not synced; redoing the sync of "
+                 "step %" PRId64,
+                 p->cfg->peer_id, start_step, start_step);
+        SPES_TRY(sync_round(p, m, start_step));
+        log_info("spes peer %d: the sync of step %" PRId64 " is done; rejoined the run", p->cfg->peer_id, start_step);
+        return SPES_OK;
+    }
     return start_step > 0 ? rejoin(p, m, start_step) : SPES_OK;
 }
 
@@ -181,22 +208,23 @@ int spes_load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char *
     SafeTensors st;
     SPES_TRY(safetensors_parse(bytes, len, what, &st));
     int rc = SPES_OK;
+    // Every tensor is checked before any is written: a bad aggregate leaves the local weights
+    // whole, so they can still be saved as the peer's (not synced) state.
+    if (st.count != m->table.count) rc = spes_fail("%s has %d tensors, the model %d", what, st.count, m->table.count);
     for (int i = 0; i < m->table.count && rc == SPES_OK; i++) {
         const ParamInfo *e = &m->table.entries[i];
         const StTensor *t = safetensors_find(&st, e->name);
-        if (!t) {
-            rc = spes_fail("%s lacks tensor %s", what, e->name);
-            break;
-        }
-        if (t->numel != e->numel || t->ndim != e->ndim || t->shape[0] != e->shape[0] ||
-            (e->ndim == 2 && t->shape[1] != e->shape[1])) {
+        if (!t) rc = spes_fail("%s lacks tensor %s", what, e->name);
+        else if (t->numel != e->numel || t->ndim != e->ndim || t->shape[0] != e->shape[0] ||
+                 (e->ndim == 2 && t->shape[1] != e->shape[1]))
             rc = spes_fail("%s: tensor %s has the wrong shape", what, e->name);
-            break;
-        }
-        rc = safetensors_to_f32(t, m->params + e->offset);
+        else if (t->dtype != DTYPE_F32 && t->dtype != DTYPE_BF16 && t->dtype != DTYPE_F16 && t->dtype != DTYPE_F64)
+            rc = spes_fail("%s: tensor %s has dtype %s, expected a float type", what, e->name, dtype_name(t->dtype));
     }
-    if (rc == SPES_OK && st.count != m->table.count)
-        rc = spes_fail("%s has %d tensors, the model %d", what, st.count, m->table.count);
+    for (int i = 0; i < m->table.count && rc == SPES_OK; i++) {
+        const ParamInfo *e = &m->table.entries[i];
+        rc = safetensors_to_f32(safetensors_find(&st, e->name), m->params + e->offset);
+    }
     safetensors_close(&st);
     if (rc == SPES_OK) rc = model_params_to_device(m);
     return rc;
@@ -216,32 +244,126 @@ static int audit_log(const SpesPeer *p, const char *kind, int64_t step, const ui
     return rc;
 }
 
-int spes_peer_after_step(void *ctx, Model *m, int64_t step) {
-    SpesPeer *p = ctx;
-    const TrainConfig *cfg = p->cfg;
-    int64_t every = cfg->decayed_factor_update_steps > 0 ? cfg->decayed_factor_update_steps : 1;
-    if (step % every == 0) update_lb_factor(p, step);
-    if (cfg->sync_steps <= 0 || step % cfg->sync_steps != 0) return SPES_OK;
-    if (step > INT32_MAX) return spes_fail("step %" PRId64 " does not fit the wire protocol's int32", step);
+// One round's network part, run on a thread of its own so that the training thread can give up
+// on it when SIGINT/SIGTERM arrives (a gRPC wait does not return on a signal, and with the
+// server gone it would only fail after retry_timeout_s). The job owns its payload and result.
+typedef struct {
+    SyncClient *client;
+    int step;
+    uint8_t *payload, *bytes;
+    size_t payload_len, len;
+    int64_t loaded;             // step of the aggregate in bytes
+    int rc;
+    char error[1024];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done, abandoned;
+} RoundJob;
 
+static void round_job_free(RoundJob *j) {
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j->payload);
+    free(j->bytes);
+    free(j);
+}
+
+static void *round_thread(void *arg) {
+    RoundJob *j = arg;
+    int rc = sync_client_upload_bytes(j->client, j->step, j->payload, j->payload_len);
+    j->loaded = j->step;
+    if (rc == SPES_OK) {
+        rc = sync_client_wait_and_download(j->client, j->step, &j->bytes, &j->len);
+    } else if (sync_client_last_status(j->client) == GRPC_STATUS_ABORTED) {
+        // Too late: the round closed without us (round timeout). Take the newest aggregate and carry on.
+        log_warn("sync step %d: %s", j->step, spes_last_error());
+        int newest = -1;
+        rc = sync_client_download_latest(j->client, &newest, &j->bytes, &j->len);
+        j->loaded = newest;
+    }
+    if (rc != SPES_OK) snprintf(j->error, sizeof j->error, "%s", spes_last_error());
+    pthread_mutex_lock(&j->mu);
+    j->rc = rc;
+    j->done = true;
+    bool abandoned = j->abandoned;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (abandoned) round_job_free(j);
+    return NULL;
+}
+
+static bool stop_requested(const SpesPeer *p) { return p->stop && *p->stop; }
+
+// Uploads `payload` (taken) for `step` and waits for the aggregate: *bytes (caller frees) and
+// *loaded, its step. A signal abandons the round at once (SPES_ERR naming it).
+static int run_round(SpesPeer *p, int step, uint8_t *payload, size_t payload_len, uint8_t **bytes, size_t *len,
+                     int64_t *loaded) {
+    *bytes = NULL;
+    *len = 0;
+    if (stop_requested(p)) {
+        free(payload);
+        return spes_fail("stopped by a signal before the sync of step %d", step);
+    }
+    RoundJob *j = spes_calloc(1, sizeof *j);
+    if (!j) {
+        free(payload);
+        return SPES_ERR;
+    }
+    *j = (RoundJob){.client = p->client, .step = step, .payload = payload, .payload_len = payload_len};
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    pthread_t thread;
+    int err = pthread_create(&thread, NULL, round_thread, j);
+    if (err != 0) {
+        round_job_free(j);
+        return spes_fail("cannot start the sync thread: %s", strerror(err));
+    }
+    pthread_mutex_lock(&j->mu);
+    while (!j->done && !stop_requested(p)) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 50 * 1000 * 1000;   // the stop flag is polled: a signal handler cannot signal a condvar
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&j->cv, &j->mu, &until);
+    }
+    if (!j->done) {
+        j->abandoned = true;   // the thread frees the job if it ever finishes
+        pthread_mutex_unlock(&j->mu);
+        pthread_detach(thread);
+        p->client_busy = true;
+        return spes_fail("stopped by a signal during the sync of step %d (upload or wait for the aggregate)", step);
+    }
+    pthread_mutex_unlock(&j->mu);
+    pthread_join(thread, NULL);
+    int rc = j->rc;
+    if (rc == SPES_OK) {
+        *bytes = j->bytes;
+        *len = j->len;
+        *loaded = j->loaded;
+        j->bytes = NULL;
+    } else {
+        spes_fail("%s", j->error);
+    }
+    round_job_free(j);
+    return rc;
+}
+
+// Upload the trainable tensors for `step`, wait for the aggregate, load it. On failure the model
+// still holds the local weights of `step` (the aggregate is validated before it is loaded).
+static int sync_round(SpesPeer *p, Model *m, int64_t step) {
     double start = now_seconds();
     uint8_t *payload = NULL, *bytes = NULL;
     size_t payload_len = 0, len = 0;
+    int64_t loaded = step;
+    // Serialised here, on the training thread: an abandoned round's thread never touches the model.
     int rc = model_params_to_host(m);   // the upload points into the host parameters
     if (rc == SPES_OK) rc = sync_client_serialize(p->client, p->upload, p->n_upload, &payload, &payload_len);
     if (rc == SPES_OK) rc = audit_log(p, "up", step, payload, payload_len);
-    if (rc == SPES_OK) rc = sync_client_upload_bytes(p->client, (int)step, payload, payload_len);
-    free(payload);
-    int64_t loaded = step;
     if (rc == SPES_OK) {
-        rc = sync_client_wait_and_download(p->client, (int)step, &bytes, &len);
-    } else if (sync_client_last_status(p->client) == GRPC_STATUS_ABORTED) {
-        // Too late: the round closed without us (round timeout). Take the newest aggregate and carry on.
-        log_warn("sync step %" PRId64 ": %s", step, spes_last_error());
-        int newest = -1;
-        rc = sync_client_download_latest(p->client, &newest, &bytes, &len);
-        loaded = newest;
+        rc = run_round(p, (int)step, payload, payload_len, &bytes, &len, &loaded);
+        payload = NULL;
     }
+    free(payload);
     if (rc == SPES_OK) rc = audit_log(p, "down", step, bytes, len);
     char what[64];
     snprintf(what, sizeof what, "aggregate of step %" PRId64, loaded);
@@ -252,5 +374,19 @@ int spes_peer_after_step(void *ctx, Model *m, int64_t step) {
     log_info("sync step %" PRId64 ": %.2fs total (upload %.2fs, wait %.2fs, download %.2fs), up %.2f MB, down %.2f MB",
              step, now_seconds() - start, s->upload_s, s->wait_s, s->download_s, (double)s->bytes_up / 1e6,
              (double)s->bytes_down / 1e6);
+    return SPES_OK;
+}
+
+int spes_peer_after_step(void *ctx, Model *m, int64_t step) {
+    SpesPeer *p = ctx;
+    const TrainConfig *cfg = p->cfg;
+    int64_t every = cfg->decayed_factor_update_steps > 0 ? cfg->decayed_factor_update_steps : 1;
+    if (step % every == 0) update_lb_factor(p, step);
+    if (cfg->sync_steps <= 0 || step % cfg->sync_steps != 0) return SPES_OK;
+    if (step > INT32_MAX) return spes_fail("step %" PRId64 " does not fit the wire protocol's int32", step);
+    if (sync_round(p, m, step) != SPES_OK) {
+        p->unsynced_step = step;   // the caller saves the local state, marked not synced
+        return spes_fail_context("sync step %" PRId64, step);
+    }
     return SPES_OK;
 }

@@ -8,6 +8,8 @@
 //   spes_peer_connect(peer, trainer_model(t));          // Hello: model fingerprint, topology
 //   trainer_run(t); spes_peer_free(peer);
 #pragma once
+#include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "config/config.h"
@@ -24,10 +26,18 @@ void spes_peer_free(SpesPeer *p);
 const float *spes_peer_lb_count_factor(const SpesPeer *p);
 // Handshake with the server: the whole model's names, shapes and dtypes, num_peers,
 // experts per node, mode. `start_step` is the step training starts from (0, or the resumed
-// one) so the decayed factor starts at the right value.
-int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_steps);
-// TrainerAfterStep: on steps that are multiples of sync_steps, one sync round.
+// one) so the decayed factor starts at the right value. A resumed peer then catches up with
+// the run: `unsynced` (the checkpoint's round never completed) redoes the sync of start_step,
+// otherwise the server's newest aggregate is loaded when the run has moved on.
+int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_steps, bool unsynced);
+// TrainerAfterStep: on steps that are multiples of sync_steps, one sync round. When it fails
+// (server gone past retry_timeout_s, a refused upload, a signal) the model keeps the step's
+// local weights and spes_peer_unsynced_step() names the step, so the caller can save them.
 int spes_peer_after_step(void *ctx, Model *m, int64_t step);
+// The flag SIGINT/SIGTERM set: a round in flight is abandoned (not waited for) when it is set.
+void spes_peer_set_stop_flag(SpesPeer *p, volatile sig_atomic_t *stop);
+// The step whose sync failed or was abandoned, -1 when every round so far completed.
+int64_t spes_peer_unsynced_step(const SpesPeer *p);
 
 // c(t) = 0.7 + 0.3 * t / (0.2 * T) for t < 0.2 * T, then 1 (DESIGN.md).
 float spes_decayed_factor(int64_t step, int64_t total_steps);

@@ -284,6 +284,7 @@ void trainer_free(Trainer *t) {
 Model *trainer_model(Trainer *t) { return &t->model; }
 int64_t trainer_step_count(const Trainer *t) { return t->state.step; }
 int64_t trainer_max_steps(const Trainer *t) { return t->max_steps; }
+TrainState *trainer_state(Trainer *t) { return &t->state; }
 
 int trainer_step(Trainer *t, StepMetrics *out) {
     const TrainConfig *cfg = t->cfg;

@@ -16,6 +16,7 @@
 
 #include "config/config.h"
 #include "model/model.h"
+#include "train/checkpoint.h"
 #include "train/metrics.h"
 
 typedef struct Trainer Trainer;
@@ -53,6 +54,8 @@ int trainer_save(Trainer *t);
 Model *trainer_model(Trainer *t);
 int64_t trainer_step_count(const Trainer *t);     // optimizer steps done
 int64_t trainer_max_steps(const Trainer *t);
+// The state the next save writes (a SPES peer marks it not synced before saving after a failed round).
+TrainState *trainer_state(Trainer *t);
 
 // The trainable mask for this config: every tensor (plain or using_dilico), or with using_spes the shared tensors
 // plus the peer's own experts [peer_id*m, (peer_id+1)*m) of every layer

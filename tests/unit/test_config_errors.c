@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
@@ -124,10 +125,47 @@ static void test_fixed_keys_accept_value_and_null(void **state) {
     config_free(&cfg);
 }
 
+// Nested ${} references double per level: a 16-line config could ask for gigabytes. A value over
+// 1 MiB, or interpolated values adding up to over 16 MiB, is an error naming the key.
+static char *doubling_chain(int levels, int base_len, int extra_refs) {
+    size_t cap = (size_t)base_len + 64 * (size_t)(levels + extra_refs) + 64;
+    char *yaml = malloc(cap);
+    size_t n = (size_t)snprintf(yaml, cap, "x0: ");
+    memset(yaml + n, 'A', (size_t)base_len);
+    n += (size_t)base_len;
+    n += (size_t)snprintf(yaml + n, cap - n, "\n");
+    for (int i = 1; i <= levels; i++) n += (size_t)snprintf(yaml + n, cap - n, "x%d: ${x%d}${x%d}\n", i, i - 1, i - 1);
+    for (int i = 0; i < extra_refs; i++) n += (size_t)snprintf(yaml + n, cap - n, "r%d: ${x%d}\n", i, levels);
+    return yaml;
+}
+
+static void test_interpolation_blowup(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    // 1000 bytes doubled 12 times: x11 would be 2 MB (and x12 4 MB).
+    char *yaml = doubling_chain(12, 1000, 0);
+    assert_int_equal(config_load_string(yaml, "bad.yaml", 0, NULL, &cfg), SPES_ERR);
+    if (!strstr(spes_last_error(), "bad.yaml:12: x11") || !strstr(spes_last_error(), "over 1 MiB"))
+        fail_msg("message: %s", spes_last_error());
+    free(yaml);
+    // Each value under the cap (900 KB), 18 copies of it: over 16 MiB in all.
+    yaml = doubling_chain(10, 900, 18);
+    assert_int_equal(config_load_string(yaml, "bad.yaml", 0, NULL, &cfg), SPES_ERR);
+    if (!strstr(spes_last_error(), ": r1") || !strstr(spes_last_error(), "add up to over 16 MiB"))
+        fail_msg("message: %s", spes_last_error());
+    free(yaml);
+    // Below both caps it still works.
+    yaml = doubling_chain(8, 900, 2);
+    assert_int_equal(config_load_string(yaml, "ok.yaml", 0, NULL, &cfg), SPES_OK);
+    config_free(&cfg);
+    free(yaml);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_configs),
         cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_interpolation_blowup),
         cmocka_unit_test(test_fixed_keys_accept_value_and_null),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -9,10 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/error.h"
 #include "base/file.h"
+#include "base/printable.h"
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/loader.h"
@@ -195,18 +198,89 @@ static void test_data_errors(void **state) {
     assert_int_equal(token_dataset_open(NULL, 0, MEMMAP_UINT16, 4, 257, &ds), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "data.paths is empty"));
 
-    // token ids >= vocab_size: caught when the instance is read, naming file and position
+    // token ids >= vocab_size: caught when the file is opened (not at the step that reaches
+    // it), naming file, token and byte offset
     char *big = tmp_path("big.npy");
     uint16_t toks[8] = {1, 2, 3, 4, 5, 300, 7, 8};
     assert_int_equal(file_write_atomic(big, toks, sizeof toks), SPES_OK);
-    char *paths[] = {big};
-    assert_int_equal(token_dataset_open(paths, 1, MEMMAP_UINT16, 4, 257, &ds), SPES_OK);
-    int32_t x[4];
-    assert_int_equal(token_dataset_get(ds, 0, x), SPES_OK);
-    assert_int_equal(token_dataset_get(ds, 1, x), SPES_ERR);
-    assert_non_null(strstr(spes_last_error(), "big.npy: token id 300 at token 5 is >= model.vocab_size (257)"));
-    token_dataset_close(ds);
+    expect_open_error(big, MEMMAP_UINT16, 4, "big.npy: token 5 (byte offset 10) has id 300", "vocab_size 257");
     free(missing), free(empty), free(odd), free(six), free(shorty), free(empty_list), free(nested), free(bad_line), free(big);
+}
+
+// A bad id deep in a large file (uint32 raw, and a real .npy whose header shifts the byte offset)
+// is found at open; a good file of the same size opens. Vocab sizes above 65535 skip uint16 files.
+static void test_bad_token_deep_in_data(void **state) {
+    (void)state;
+    const uint64_t n = 3000000, bad_at = 2999999 - 17;
+    uint32_t *ids = malloc(n * sizeof *ids);
+    for (uint64_t i = 0; i < n; i++) ids[i] = (uint32_t)(i % 257);
+    char *good = tmp_path("good32.npy"), *bad = tmp_path("bad32.npy"), *bad_npy = tmp_path("bad_real.npy");
+    assert_int_equal(file_write_atomic(good, ids, n * sizeof *ids), SPES_OK);
+    ids[bad_at] = 257;
+    assert_int_equal(file_write_atomic(bad, ids, n * sizeof *ids), SPES_OK);
+    assert_int_equal(npy_write(bad_npy, TOKEN_U32, ids, n), SPES_OK);
+    free(ids);
+    TokenDataset *ds = NULL;
+    char *paths[] = {good};
+    assert_int_equal(token_dataset_open(paths, 1, MEMMAP_UINT32, 128, 257, &ds), SPES_OK);
+    token_dataset_close(ds);
+    char want[128];
+    snprintf(want, sizeof want, "bad32.npy: token %llu (byte offset %llu) has id 257", (unsigned long long)bad_at,
+             (unsigned long long)bad_at * 4);
+    expect_open_error(bad, MEMMAP_UINT32, 128, want, NULL);
+    snprintf(want, sizeof want, "bad_real.npy: token %llu (byte offset %llu) has id 257", (unsigned long long)bad_at,
+             (unsigned long long)(bad_at * 4 + 128));
+    expect_open_error(bad_npy, MEMMAP_UINT32, 128, want, NULL);
+    free(good), free(bad), free(bad_npy);
+}
+
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char msg[] = "opening a FIFO blocked\n";
+    ssize_t ignored = write(2, msg, sizeof msg - 1);
+    (void)ignored;
+    _exit(1);
+}
+
+// A FIFO (or any non-regular file) in data.paths or in a manifest is refused by name at once;
+// opening it used to block forever. alarm() turns a hang into a failure.
+static void test_fifo_refused(void **state) {
+    (void)state;
+    char *fifo = tmp_path("pipe.npy"), *list = tmp_path("pipe_list.txt"), *fifo_list = tmp_path("pipe_manifest.txt");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(mkfifo(fifo_list, 0600), 0);
+    char text[512];
+    int len = snprintf(text, sizeof text, "%s\n", fifo);
+    assert_int_equal(file_write_atomic(list, text, (size_t)len), SPES_OK);
+    signal(SIGALRM, on_alarm);
+    alarm(10);
+    expect_open_error(fifo, MEMMAP_UINT16, 4, "pipe.npy is not a regular file (a FIFO)", NULL);
+    expect_open_error(list, MEMMAP_UINT16, 4, "pipe_list.txt:1", "pipe.npy is not a regular file");
+    expect_open_error(fifo_list, MEMMAP_UINT16, 4, "pipe_manifest.txt is not a regular file", NULL);
+    alarm(0);
+    free(fifo), free(list), free(fifo_list);
+}
+
+// Manifest lines are echoed in messages: control bytes (a terminal escape sequence), invalid
+// UTF-8 and NUL are refused with the line number and shown escaped; printable UTF-8 is kept.
+static void test_manifest_escapes(void **state) {
+    (void)state;
+    char *list = tmp_path("evil.txt");
+    const char evil[] = "# header\n\n/data/ok\x1b]0;owned\x07\x1b[2J\xff.npy\n";
+    assert_int_equal(file_write_atomic(list, evil, sizeof evil - 1), SPES_OK);
+    expect_open_error(list, MEMMAP_UINT16, 4, "evil.txt:3: the entry is not a printable path",
+                      "'/data/ok\\x1b]0;owned\\x07\\x1b[2J\\xff.npy'");
+    assert_null(strchr(spes_last_error(), 0x1b));
+    const char nul[] = "/data/a\0b.npy\n";
+    assert_int_equal(file_write_atomic(list, nul, sizeof nul - 1), SPES_OK);
+    expect_open_error(list, MEMMAP_UINT16, 4, "evil.txt:1", "\\x00");
+    const char utf8[] = "/nonexistent/d\xc3\xa9j\xc3\xa0.npy\n";   // printable: reaches the open, named as is
+    assert_int_equal(file_write_atomic(list, utf8, sizeof utf8 - 1), SPES_OK);
+    expect_open_error(list, MEMMAP_UINT16, 4, "evil.txt:1", "/nonexistent/d\xc3\xa9j\xc3\xa0.npy");
+    char out[16];
+    assert_string_equal(escape_printable("abcdefghijklmnopqrstuvwxyz", 26, out, sizeof out), "abcdefghijkl...");
+    assert_string_equal(escape_printable("a\xc2\x9b" "b", 4, out, sizeof out), "a\\xc2\\x9bb");   // C1 CSI
+    free(list);
 }
 
 // ---- loader
@@ -445,6 +519,9 @@ int main(void) {
         cmocka_unit_test(test_instances_cut_like_olmo),
         cmocka_unit_test(test_npy_and_manifest),
         cmocka_unit_test(test_data_errors),
+        cmocka_unit_test(test_bad_token_deep_in_data),
+        cmocka_unit_test(test_fifo_refused),
+        cmocka_unit_test(test_manifest_escapes),
         cmocka_unit_test(test_inputs_and_targets),
         cmocka_unit_test(test_drop_last_and_epochs),
         cmocka_unit_test(test_resume_from_position),

@@ -196,10 +196,63 @@ static void test_damaged_state(void **state) {
     free(dir);
 }
 
+// A SPES peer's local state after a failed sync round: "synced": false round-trips, ordinary
+// checkpoints never carry the key, and saving the step again (synced, after the round is redone)
+// replaces the directory in place with the new weights and no marker.
+static void test_unsynced_marker_and_resave(void **state) {
+    Fixture *f = *state;
+    TrainState st = sample_state(6);
+    st.unsynced = true;
+    assert_int_equal(checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg), SPES_OK);
+    char *dir = join(f->dir, "step6"), *json = join(dir, "train_state.json"), *tmp = join(f->dir, "step6.tmp");
+    uint8_t *text;
+    size_t len;
+    assert_int_equal(file_read_all(json, &text, &len), SPES_OK);
+    assert_non_null(strstr((char *)text, "\"synced\": false"));
+    free(text);
+    TrainState back;
+    assert_int_equal(checkpoint_read_state(dir, &back), SPES_OK);
+    assert_true(back.unsynced);
+
+    float before = f->model.params[0];
+    f->model.params[0] = before + 1.0f;   // "the aggregate"
+    st.unsynced = false;
+    assert_int_equal(checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg), SPES_OK);
+    assert_false(dir_exists(tmp));
+    assert_int_equal(file_read_all(json, &text, &len), SPES_OK);
+    assert_null(strstr((char *)text, "synced"));
+    free(text);
+    assert_int_equal(checkpoint_read_state(dir, &back), SPES_OK);
+    assert_false(back.unsynced);
+    Model m2;
+    AdamW o2;
+    assert_int_equal(model_create(&m2, &f->cfg.model), SPES_OK);
+    assert_int_equal(model_set_trainable_experts(&m2, 2, 3), SPES_OK);
+    assert_int_equal(adamw_create(&o2, &m2.table, &f->opt.cfg), SPES_OK);
+    assert_int_equal(checkpoint_load(dir, &m2, &o2, &back), SPES_OK);
+    assert_true(m2.params[0] == before + 1.0f);
+    adamw_free(&o2);
+    model_free(&m2);
+
+    // A marker that is not a boolean is an error naming it.
+    assert_int_equal(file_read_all(json, &text, &len), SPES_OK);
+    char *bad = malloc(len + 32);
+    snprintf(bad, len + 32, "{\"synced\": \"no\",%s", (char *)text + 1);
+    write_text(json, bad);
+    free(bad);
+    free(text);
+    assert_int_equal(checkpoint_read_state(dir, &back), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "synced"));
+    free(json);
+    free(dir);
+    free(tmp);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_layout_and_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_latest_and_prune, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unsynced_marker_and_resave, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_state, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
