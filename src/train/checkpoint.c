@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +123,10 @@ static int write_state_json(const char *path, const TrainState *s, const ParamTa
     // Only written when false, so the files of every ordinary checkpoint stay as they were.
     if (s->unsynced && json_object_set_new(root, "synced", json_false()) != 0)
         return json_decref(root), spes_fail("cannot build train_state.json");
+    if (s->loss_scale > 0 && (json_object_set_new(root, "loss_scale", json_real(s->loss_scale)) != 0 ||
+                              json_object_set_new(root, "loss_scale_good_steps",
+                                                  json_integer((json_int_t)s->loss_scale_good_steps)) != 0))
+        return json_decref(root), spes_fail("cannot build train_state.json");
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);
     if (!text) return spes_fail("cannot serialise train_state.json");
@@ -180,6 +185,18 @@ static int read_state_json(const char *path, TrainState *s, int64_t *opt_step, i
         goto done;
     }
     s->unsynced = synced && json_is_false(synced);
+    json_t *scale = json_object_get(root, "loss_scale"), *good = json_object_get(root, "loss_scale_good_steps");
+    s->loss_scale = 0;
+    s->loss_scale_good_steps = 0;
+    if (scale) {
+        if (!json_is_number(scale) || !(json_number_value(scale) > 0) || !isfinite(json_number_value(scale)) ||
+            (good && (!json_is_integer(good) || json_integer_value(good) < 0))) {
+            spes_fail("%s: \"loss_scale\" must be a positive number (and loss_scale_good_steps a count)", path);
+            goto done;
+        }
+        s->loss_scale = json_number_value(scale);
+        s->loss_scale_good_steps = good ? (int64_t)json_integer_value(good) : 0;
+    }
     rc = SPES_OK;
 done:
     json_decref(root);

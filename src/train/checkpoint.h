@@ -6,7 +6,8 @@
 //   train_state.json         step, tokens seen, optimizer step, data-loader position and
 //                            seed, config hash, trainable-set summary, schema version, and
 //                            "synced": false when a SPES peer saved its local weights after
-//                            the step's sync round failed or was interrupted
+//                            the step's sync round failed or was interrupted, and
+//                            "loss_scale" / "loss_scale_good_steps" under amp_fp16
 // Everything is written into save_folder/stepN.tmp/ (each file fsync'd), then the directory
 // is renamed to stepN and the folder fsync'd: a stepN directory is always complete.
 #pragma once
@@ -28,6 +29,8 @@ typedef struct {
     uint64_t config_hash;       // config_hash() of the run that wrote it
     bool unsynced;              // SPES peer: step's sync round never completed, these are the
                                 // local weights (train_state.json "synced": false); resume redoes it
+    double loss_scale;          // amp_fp16 dynamic loss scale (0: loss scaling off, not written)
+    int64_t loss_scale_good_steps;   // finite steps since the scale last changed
 } TrainState;
 
 // Writes save_folder/step<state->step>/ atomically (see above). cfg supplies config.yaml.

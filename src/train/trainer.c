@@ -245,6 +245,10 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
         t->peak_measured_at = now_seconds();
     }
     loss_scale_init(&t->scaler, precision == PRECISION_AMP_FP16);
+    if (t->scaler.enabled && t->state.loss_scale > 0) {   // resumed: the scale carries on
+        t->scaler.scale = t->state.loss_scale;
+        t->scaler.good_steps = t->state.loss_scale_good_steps;
+    }
     const char *force = getenv("SPES_FORCE_GRAD_OVERFLOW_STEP");
     t->force_overflow_step = force && *force ? strtoll(force, NULL, 10) : -1;
     int n_trainable = 0;
@@ -418,6 +422,8 @@ int trainer_save(Trainer *t) {
     double t0 = now_seconds();
     SPES_TRY(model_params_to_host(&t->model));
     SPES_TRY(adamw_state_to_host(&t->adamw));
+    t->state.loss_scale = t->scaler.enabled ? t->scaler.scale : 0;
+    t->state.loss_scale_good_steps = t->scaler.enabled ? t->scaler.good_steps : 0;
     SPES_TRY(checkpoint_save(t->cfg->save_folder, &t->model, &t->adamw, &t->state, t->cfg));
     SPES_TRY(checkpoint_prune(t->cfg->save_folder, t->cfg->save_num_unsharded_checkpoints_to_keep));
     t->last_saved_step = t->state.step;

@@ -52,7 +52,12 @@ if cmp -s "$tmp/ovf/step3/model.safetensors" "$tmp/ovf/step4/model.safetensors";
 fi
 grep -q '"step":3,.*"loss_scale":32768,"step_skipped":true' "$tmp/ovf/metrics.jsonl" ||
   { echo "metrics.jsonl lacks the skipped step"; cat "$tmp/ovf/metrics.jsonl"; exit 1; }
-echo "ok: a forced overflow skips the update, halves the scale, and training recovers"
+grep -q '"loss_scale": 32768' "$tmp/ovf/step5/train_state.json" ||
+  { echo "the checkpoint lacks the loss scale"; cat "$tmp/ovf/step5/train_state.json"; exit 1; }
+if grep -q loss_scale "$tmp/fp32/step5/train_state.json"; then echo "fp32 checkpoint has a loss scale"; exit 1; fi
+$S train "$tmp/tiny.yaml" --save_folder="$tmp/ovf" --precision=amp_fp16 --max_duration=6 --resume > "$tmp/res.log" 2>&1
+grep -q "step 6/6 .*scale 32768" "$tmp/res.log" || { echo "resume lost the loss scale"; cat "$tmp/res.log"; exit 1; }
+echo "ok: a forced overflow skips the update, halves the scale, training recovers, the scale survives resume"
 
 if $S train "$tmp/tiny.yaml" --save_folder="$tmp/bad" --precision=bf16 > "$tmp/bad.log" 2>&1; then
   echo "precision bf16 was accepted"; exit 1; fi
