@@ -8,6 +8,8 @@
 
 #include "base/error.h"
 #include "base/file.h"
+#include "base/log.h"
+#include "model/hf_import.h"
 #include "train/checkpoint.h"
 
 // The flag's name without its dashes: callers may pass "batch" or "--batch", messages say "--batch".
@@ -86,4 +88,28 @@ int cli_check_model_out_dir(const char *out_dir, const char *source, const char 
         return spes_fail("--out %s is a training save_folder (it holds checkpoint step%lld/); choose another directory",
                          out_dir, (long long)step);
     return SPES_OK;
+}
+
+int cli_load_model(const char *dir, const char *device, const char *precision, Model *m) {
+    Precision p;
+    Backend *be;
+    SPES_TRY(precision_from_name(precision ? precision : "fp32", &p));
+    SPES_TRY(model_load_hf_dir(dir, m));
+    if (backend_open(device ? device : "auto", p, &be) != SPES_OK) {
+        model_free(m);
+        return SPES_ERR;
+    }
+    if (model_move_to(m, be) != SPES_OK) {
+        model_free(m);
+        backend_close(be);
+        return SPES_ERR;
+    }
+    if (!be->host_memory) log_info("device: %s", be->description);
+    return SPES_OK;
+}
+
+void cli_free_model(Model *m) {
+    Backend *be = m->be;
+    model_free(m);
+    backend_close(be);
 }

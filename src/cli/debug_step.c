@@ -35,7 +35,8 @@ static void usage(FILE *out) {
             "  --router_z_weight W         weight of the router z-loss (default 0)\n"
             "  --trainable_experts A-B     only experts A..B (inclusive) trainable; shared tensors\n"
             "                              always are (default: everything trainable)\n"
-            "  --threads N                 threads (default: SPES_NUM_THREADS / OMP_NUM_THREADS / all)\n");
+            "  --threads N                 threads (default: SPES_NUM_THREADS / OMP_NUM_THREADS / all)\n"
+            CLI_DEVICE_HELP);
 }
 
 static int parse_expert_range(const char *text, int *first, int *last) {
@@ -97,6 +98,13 @@ static int write_outputs(const char *path, Model *m, const float *logits, int B,
     for (int i = 0; i < n_losses; i++)
         t[k++] = (StWriteTensor){.name = loss_names[i], .dtype = DTYPE_F32, .ndim = 0, .data = &losses[i]};
     int status = SPES_OK;
+    // Gradients live in backend memory: one download into a host copy laid out the same way.
+    float *grads = m->grads;
+    if (!m->be->host_memory && m->grads) {
+        grads = spes_malloc(m->table.trainable_numel * sizeof(float));
+        status = grads ? m->be->ops->download(m->be, grads, m->grads, m->table.trainable_numel * sizeof(float))
+                       : SPES_ERR;
+    }
     for (int i = 0; i < m->table.count && status == SPES_OK; i++) {
         const ParamInfo *p = &m->table.entries[i];
         if (!p->trainable) continue;
@@ -108,10 +116,11 @@ static int write_outputs(const char *path, Model *m, const float *logits, int B,
         }
         snprintf(names[k], len, "grad.%s", p->name);
         t[k] = (StWriteTensor){.name = names[k], .dtype = DTYPE_F32, .ndim = p->ndim,
-                               .shape = {p->shape[0], p->shape[1]}, .data = model_grad(m, i)};
+                               .shape = {p->shape[0], p->shape[1]}, .data = grads + p->grad_offset};
         k++;
     }
     if (status == SPES_OK) status = safetensors_write_file(path, t, k, NULL, NULL, 0);
+    if (grads != m->grads) free(grads);
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
     free(t);
@@ -126,8 +135,9 @@ int cmd_debug_step(int argc, char **argv) {
         {"lb_weight", required_argument, 0, 'l'},    {"router_z_weight", required_argument, 0, 'r'},
         {"trainable_experts", required_argument, 0, 'e'}, {"out", required_argument, 0, 'o'},
         {"threads", required_argument, 0, 'j'},      {"help", no_argument, 0, 'h'},
+        {"device", required_argument, 0, 'D'},       {"precision", required_argument, 0, 'X'},
         {0, 0, 0, 0}};
-    const char *model_dir = NULL, *token_path = NULL, *out_path = NULL;
+    const char *model_dir = NULL, *token_path = NULL, *out_path = NULL, *device = NULL, *precision = NULL;
     int width = 2, B = 1, T = 0, first = -1, last = -1, threads = 0;
     LossWeights w = {0};
     int c, status = SPES_OK;
@@ -149,6 +159,8 @@ int cmd_debug_step(int argc, char **argv) {
         case 'r': status = cli_float("router_z_weight", optarg, 0.0, 1e6, &w.router_z_weight); break;
         case 'e': status = parse_expert_range(optarg, &first, &last); break;
         case 'j': status = cli_int("threads", optarg, 1, 4096, &threads); break;
+        case 'D': device = optarg; break;
+        case 'X': precision = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -161,7 +173,7 @@ int cmd_debug_step(int argc, char **argv) {
     threads_set(threads);
 
     Model m;
-    if (model_load_hf_dir(model_dir, &m) != SPES_OK) return cli_report_error();
+    if (cli_load_model(model_dir, device, precision, &m) != SPES_OK) return cli_report_error();
     if (T == 0) T = m.cfg.max_seq_len;
     if (first >= 0 && last >= m.cfg.num_experts)
         status = spes_fail("--trainable_experts %d-%d: the model has experts 0-%d", first, last, m.cfg.num_experts - 1);
@@ -188,6 +200,6 @@ int cmd_debug_step(int argc, char **argv) {
     free(inputs);
     free(targets);
     free(logits);
-    model_free(&m);
+    cli_free_model(&m);
     return status == SPES_OK ? 0 : cli_report_error();
 }

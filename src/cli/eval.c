@@ -49,6 +49,7 @@ static void usage(FILE *out) {
             "  --output_requests F  every scored request as a JSON line: task, doc_id, idx, sum_logprob,\n"
             "                       num_tokens (to compare per-choice log-likelihoods with other tools)\n"
             "  --threads N          CPU threads (default: all cores)\n"
+            CLI_DEVICE_HELP
             "  --no_progress        no progress line\n");
 }
 
@@ -197,10 +198,11 @@ int cmd_eval(int argc, char **argv) {
         {"limit", required_argument, 0, 'l'},      {"max_seq", required_argument, 0, 'w'},
         {"tokenizer", required_argument, 0, 't'},  {"output", required_argument, 0, 'o'},
         {"threads", required_argument, 0, 'j'},    {"no_progress", no_argument, 0, 'P'},
+        {"device", required_argument, 0, 'D'},     {"precision", required_argument, 0, 'X'},
         {"output_requests", required_argument, 0, 'R'}, {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     const char *model_dir = NULL, *tokens = NULL, *text = NULL, *tok_path = NULL, *output = NULL;
-    const char *requests_path = NULL;
+    const char *requests_path = NULL, *device = NULL, *precision = NULL;
     const char *tasks[MAX_TASKS];
     int num_tasks = 0, seq = 0, batch = 4, limit = 0, max_seq = 0, threads = 0, c, status = SPES_OK;
     bool progress = true;
@@ -226,6 +228,8 @@ int cmd_eval(int argc, char **argv) {
         case 'o': output = optarg; break;
         case 'R': requests_path = optarg; break;
         case 'j': status = cli_int("threads", optarg, 1, 4096, &threads); break;
+        case 'D': device = optarg; break;
+        case 'X': precision = optarg; break;
         case 'P': progress = false; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -247,7 +251,7 @@ int cmd_eval(int argc, char **argv) {
     if (open_outputs(output, &out_file, requests_path, &requests_out) != SPES_OK) return cli_report_error();
     Tokenizer *tok = NULL;
     Model m;
-    if ((tok_path && tokenizer_load(tok_path, &tok) != SPES_OK) || model_load_hf_dir(model_dir, &m) != SPES_OK) {
+    if ((tok_path && tokenizer_load(tok_path, &tok) != SPES_OK) || cli_load_model(model_dir, device, precision, &m) != SPES_OK) {
         tokenizer_free(tok);
         atomic_file_abort(&out_file);
         if (requests_out) fclose(requests_out);
@@ -271,7 +275,7 @@ int cmd_eval(int argc, char **argv) {
     if (status == SPES_OK && output) status = write_results(&out_file, results);
     atomic_file_abort(&out_file);   // a no-op after the commit
     json_decref(results);
-    model_free(&m);
+    cli_free_model(&m);
     tokenizer_free(tok);
     return status == SPES_OK ? 0 : cli_report_error();
 }

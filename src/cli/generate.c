@@ -30,7 +30,7 @@ static void usage(FILE *out) {
             "  --no_stop              keep going after the EOS token\n"
             "  --no_cache             recompute the whole sequence per token (slow; for comparison)\n"
             "  --print_ids            print token ids (one line) instead of text\n"
-            "  --threads N            CPU threads (default: all cores)\n");
+            "  --threads N            CPU threads (default: all cores)\n" CLI_DEVICE_HELP);
 }
 
 typedef struct {
@@ -82,8 +82,10 @@ int cmd_generate(int argc, char **argv) {
         {"seed", required_argument, 0, 's'},           {"no_stop", no_argument, 0, 'S'},
         {"no_cache", no_argument, 0, 'C'},             {"print_ids", no_argument, 0, 'I'},
         {"threads", required_argument, 0, 'j'},        {"help", no_argument, 0, 'h'},
+        {"device", required_argument, 0, 'D'},         {"precision", required_argument, 0, 'X'},
         {0, 0, 0, 0}};
     const char *model_dir = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL;
+    const char *device = NULL, *precision = NULL;
     GenerateOptions opt = {.max_new_tokens = 128,
                            .sampling = {.temperature = 0.8f, .top_k = 50, .top_p = 0.95f},
                            .seed = 0,
@@ -107,6 +109,8 @@ int cmd_generate(int argc, char **argv) {
         case 'C': opt.use_cache = false; break;
         case 'I': print_ids = true; break;
         case 'j': status = cli_int("threads", optarg, 1, 4096, &threads); break;
+        case 'D': device = optarg; break;
+        case 'X': precision = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -133,7 +137,7 @@ int cmd_generate(int argc, char **argv) {
     if (status == SPES_OK) status = tokenizer_encoder_new(tok, &enc);
     if (status == SPES_OK) status = tokenizer_encode(enc, prompt, prompt_len, &ids);
     if (status == SPES_OK && ids.len == 0) status = spes_fail("the prompt encodes to no tokens");
-    if (status == SPES_OK) status = model_load_hf_dir(model_dir, &m);
+    if (status == SPES_OK) status = cli_load_model(model_dir, device, precision, &m);
     model_loaded = status == SPES_OK;
     if (status == SPES_OK) {
         prompt_ids = spes_malloc(ids.len * sizeof(int32_t));
@@ -168,7 +172,7 @@ int cmd_generate(int argc, char **argv) {
     free(out);
     free(file_text);
     id_buffer_free(&ids);
-    if (model_loaded) model_free(&m);
+    if (model_loaded) cli_free_model(&m);
     tokenizer_encoder_free(enc);
     tokenizer_free(tok);
     return status == SPES_OK ? 0 : cli_report_error();
