@@ -7,13 +7,20 @@
 //
 // Files: elementwise.cu (add_inplace, copy_2d, embedding_*), rmsnorm.cu, rope.cu, router.cu,
 // moe_dispatch.cu (moe_plan, gather_rows, moe_combine*, moe_uncombine_add),
-// cross_entropy.cu.
+// cross_entropy.cu. The functions themselves have C++ linkage (called only from .cu files).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+// backend.h declares C functions (num_type_size, ...): C linkage whichever header comes first.
+#ifdef __cplusplus
+extern "C" {
+#endif
 #include "ops/backend.h"
+#ifdef __cplusplus
+}
+#endif
 
 // elementwise.cu
 void cuda_add_inplace(Backend *be, Buf y, Buf x, size_t n);
