@@ -116,7 +116,9 @@ typedef struct {
 
     // GEMM: C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, op(X) = X^T when trans_x;
     // row-major, lda/ldb/ldc row strides as stored; beta == 0 ignores C (even NaN).
-    // Accumulation in fp32 whatever the operand types.
+    // Accumulation in fp32 whatever the operand types. A and B may differ in type (an fp32
+    // gradient against a bf16 weight): the backend then converts the fp32 one to the other's
+    // type (through its own scratch) before multiplying. C may be fp32 with bf16/f16 A and B.
     void (*gemm)(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda, Buf B,
                  int ldb, float beta, Buf C, int ldc);
     // Every expert's SwiGLU MLP on its rows: gu = xe @ gate_up^T; act = silu(gate)*up; y = act @ down^T.
