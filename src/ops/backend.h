@@ -60,9 +60,9 @@ typedef struct Backend Backend;
 // Rows of expert e are [offsets[e], offsets[e+1]) of every [NK, *] buffer (dispatch order,
 // see moe_plan). offsets live on the HOST (read back once per MoE layer forward, reused by
 // its backward). gate_up[e] is the expert's stacked [gate; up] weight [2I, H], down[e] is
-// [H, I] (compute copies).
+// [H, I] (compute copies). (I is `hidden`: complex.h, pulled in by cblas.h, defines I.)
 typedef struct {
-    int E, H, I;
+    int E, H, hidden;
     const int32_t *offsets;    // [E+1] host
     const Buf *gate_up;        // [E]
     const Buf *down;           // [E]
