@@ -7,20 +7,16 @@
 //
 // Files: elementwise.cu (add_inplace, copy_2d, embedding_*), rmsnorm.cu, rope.cu, router.cu,
 // moe_dispatch.cu (moe_plan, gather_rows, moe_combine*, moe_uncombine_add),
-// cross_entropy.cu. The functions themselves have C++ linkage (called only from .cu files).
+// cross_entropy.cu. C linkage (as cuda_ops.h), so C tests may call them directly too.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-// backend.h declares C functions (num_type_size, ...): C linkage whichever header comes first.
 #ifdef __cplusplus
 extern "C" {
 #endif
 #include "ops/backend.h"
-#ifdef __cplusplus
-}
-#endif
 
 // elementwise.cu
 void cuda_add_inplace(Backend *be, Buf y, Buf x, size_t n);
@@ -57,3 +53,7 @@ void cuda_moe_uncombine_add(Backend *be, Buf dx, Buf dxe, const int32_t *row_of_
 // cross_entropy.cu
 void cuda_cross_entropy_rows(Backend *be, Buf logits, float *ce, float *lse, const int32_t *targets, int R, int V,
                              float ce_scale, float z_scale, bool grad);
+
+#ifdef __cplusplus
+}
+#endif
