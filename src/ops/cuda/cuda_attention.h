@@ -17,6 +17,9 @@ void cuda_attention_forward(Backend *be, Buf out, float *lse, Buf q, Buf k, Buf 
 // (every output element written by one thread block, in a fixed order; no atomics).
 void cuda_attention_backward(Backend *be, Buf dq, Buf dk, Buf dv, Buf dout, Buf out, const float *lse, Buf q, Buf k,
                              Buf v, int B, int T, int nh, int nkv, int hd);
+// Tests: route every call to the plain SIMT kernels (the reference-quality path that also
+// serves fp32 and odd head dims) instead of the tensor-core kernels. Process-wide.
+void cuda_attention_force_simt(bool on);
 
 #ifdef __cplusplus
 }
