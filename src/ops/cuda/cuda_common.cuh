@@ -45,6 +45,7 @@ typedef struct {
     int device;                 // the GPU index (made current by cuda_backend_open; one GPU per process)
     CudaScratch scratch[CUDA_SCRATCH_SLOTS];
     CudaGemmCache *gemm_cache;  // owned by gemm.cu (cuda_gemm_cache_free at close)
+    int debug_sync;             // SPES_CUDA_DEBUG_SYNC=1: sync after every launch (finds the faulting op)
 } CudaState;
 
 static inline CudaState *cuda_state(Backend *be) { return (CudaState *)be->impl; }
@@ -80,8 +81,14 @@ static inline bool cuda_failed(Backend *be) { return cuda_state(be)->failed != 0
             cuda_record_failure((be), #call, cublasGetStatusString(st_), __FILE__, __LINE__);   \
     } while (0)
 
-// After every kernel launch: launch-configuration errors surface here, not later.
-#define CUDA_LAUNCHED(be) CUDA_CHECK((be), cudaGetLastError())
+// After every kernel launch: launch-configuration errors surface here, not later. With
+// SPES_CUDA_DEBUG_SYNC=1 the stream is also synchronised, so a kernel that faults is named
+// by the failure message (file:line of its launch) instead of surfacing at a later sync.
+#define CUDA_LAUNCHED(be)                                                                      \
+    do {                                                                                       \
+        CUDA_CHECK((be), cudaGetLastError());                                                  \
+        if (cuda_state(be)->debug_sync) CUDA_CHECK((be), cudaStreamSynchronize(cuda_state(be)->stream)); \
+    } while (0)
 
 // Blocks of `threads` covering n items (at least one block).
 static inline unsigned cuda_blocks(size_t n, unsigned threads) {
