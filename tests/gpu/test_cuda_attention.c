@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -233,6 +234,7 @@ static void test_bf16(void **state) {
     check_attention(PRECISION_AMP_BF16, S(1, 130, 130, 12, 12, 64), false); // 1B model's heads
     check_attention(PRECISION_AMP_BF16, S(1, 1, 1, 4, 2, 64), false);       // T = 1 (SIMT: Tq < 16)
     check_attention(PRECISION_AMP_BF16, S(1, 33, 33, 4, 2, 40), false);     // hd 40: SIMT
+    check_attention(PRECISION_AMP_BF16, S(1, 2048, 2048, 2, 1, 64), false); // training length, 32 tiles
 }
 
 static void test_bf16_kv_cache(void **state) {
@@ -273,11 +275,57 @@ static void test_unsupported_head_dim(void **state) {
     gt_free(be, q), gt_free(be, k), gt_free(be, v), gt_free(be, out), backend_free(be, lse);
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// Not a check: prints the speed of the tensor-core kernels at the 1B model's shape (hd 64,
+// 12 heads, T 2048) and at hd 128, for the first runs on a GPU. Causal FLOPs: forward
+// 2 matmuls of B*nh*T*T/2*hd multiply-adds each = 2*B*nh*T*T*hd; backward 5 matmuls (2.5x).
+static void test_bf16_speed(void **state) {
+    (void)state;
+    Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
+    const Shape shapes[] = {S(8, 2048, 2048, 12, 12, 64), S(4, 2048, 2048, 16, 4, 128)};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const Shape s = shapes[si];
+        const size_t nq = (size_t)s.B * s.Tq * s.nh * s.hd, nk = (size_t)s.B * s.Tk * s.nkv * s.hd;
+        const size_t nl = (size_t)s.B * s.nh * s.Tq;
+        float *x = gt_random(nq + 1, 7, 1.0);   // v reads x + 1
+        Buf q = gt_upload(be, x, nq, NUM_BF16), k = gt_upload(be, x, nk, NUM_BF16), v = gt_upload(be, x + 1, nk, NUM_BF16);
+        Buf dout = gt_upload(be, x, nq, NUM_BF16), out = gt_alloc(be, nq, NUM_BF16);
+        Buf dq = gt_alloc(be, nq, NUM_BF16), dk = gt_alloc(be, nk, NUM_BF16), dv = gt_alloc(be, nk, NUM_BF16);
+        float *lse = gt_alloc(be, nl, NUM_F32).p;
+        const double flops_fwd = 2.0 * s.B * s.nh * (double)s.Tq * s.Tq * s.hd;
+        const int iters = 10;
+        double t_fwd = 0, t_bwd = 0;
+        for (int pass = 0; pass < 2; pass++) {   // pass 0 warms up
+            gt_sync_ok(be);
+            double t0 = now_s();
+            for (int it = 0; it < iters; it++)
+                be->ops->attention_forward(be, out, lse, q, k, v, s.B, s.Tq, s.Tk, s.nh, s.nkv, s.hd);
+            gt_sync_ok(be);
+            double t1 = now_s();
+            for (int it = 0; it < iters; it++)
+                be->ops->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, s.B, s.Tq, s.nh, s.nkv, s.hd);
+            gt_sync_ok(be);
+            t_fwd = (t1 - t0) / iters, t_bwd = (now_s() - t1) / iters;
+        }
+        printf("  B=%d T=%d nh=%d nkv=%d hd=%d: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s)\n",
+               s.B, s.Tq, s.nh, s.nkv, s.hd, 1e3 * t_fwd, flops_fwd / t_fwd * 1e-12, 1e3 * t_bwd,
+               2.5 * flops_fwd / t_bwd * 1e-12);
+        free(x);
+        gt_free(be, q), gt_free(be, k), gt_free(be, v), gt_free(be, dout), gt_free(be, out);
+        gt_free(be, dq), gt_free(be, dk), gt_free(be, dv), backend_free(be, lse);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp32),        cmocka_unit_test(test_fp32_kv_cache), cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_bf16_kv_cache), cmocka_unit_test(test_bf16_simt),   cmocka_unit_test(test_f16),
-        cmocka_unit_test(test_unsupported_head_dim),
+        cmocka_unit_test(test_unsupported_head_dim), cmocka_unit_test(test_bf16_speed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
