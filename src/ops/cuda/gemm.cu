@@ -18,6 +18,8 @@
 //   - A and B of different types: the fp32 one is converted to the other's type (backend.h).
 //   - C of a third type (f32 operands with a bf16 C, ...): the product goes to an fp32
 //     scratch copy of C (converted in when beta != 0) and is converted back.
+//   - no algorithm for the operands' alignment or strides (cuBLASLt is told the actual pointer
+//     alignment): every operand is repacked into aligned, padded scratch and the call retried.
 // beta == 0 never reads C (cuBLASLt does not read C then, so NaN in C is harmless).
 // K == 0: C = beta * C (beta == 0: zeros), as the cpu kernel.
 //
@@ -52,6 +54,7 @@ struct GemmKeyHash {
     }
 };
 struct GemmPlan {
+    bool ok;                        // false: cuBLASLt has no algorithm for this key (cached too)
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
@@ -83,7 +86,9 @@ static int pointer_alignment(const void *p) {
     return align;
 }
 
-// Builds the plan for `key` (descriptors + heuristic); false with a failure recorded.
+// Builds the plan for `key` (descriptors + heuristic). false: a failure was recorded; true
+// with plan->ok false: no algorithm for these shapes/alignments (not recorded: the caller
+// repacks the operands and tries again).
 static bool plan_build(Backend *be, const GemmKey &key, GemmPlan *plan) {
     CudaState *st = cuda_state(be);
     memset(plan, 0, sizeof *plan);
@@ -121,17 +126,12 @@ static bool plan_build(Backend *be, const GemmKey &key, GemmPlan *plan) {
                                       &found));
 #undef LT
     if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
-        char detail[256];
-        snprintf(detail, sizeof detail,
-                 "no cuBLASLt algorithm for m=%d n=%d k=%d (column-major) ta=%d tb=%d lda=%d ldb=%d ldc=%d types %s,%s->%s "
-                 "alignment %d,%d,%d",
-                 key.m, key.n, key.k, key.ta, key.tb, key.lda, key.ldb, key.ldc, num_type_name((NumType)key.type_a),
-                 num_type_name((NumType)key.type_b), num_type_name((NumType)key.type_c), key.align_a, key.align_b,
-                 key.align_c);
-        cuda_record_failure(be, "cublasLtMatmulAlgoGetHeuristic", detail, __FILE__, __LINE__);
-        goto fail;
+        (void)cublasLtMatmulPreferenceDestroy(pref);
+        plan_destroy(plan);   // ok stays false
+        return true;
     }
     plan->algo = result.algo;
+    plan->ok = true;
     (void)cublasLtMatmulPreferenceDestroy(pref);
     return true;
 fail:
@@ -156,10 +156,11 @@ static const GemmPlan *plan_get(Backend *be, const GemmKey &key) {
 }
 
 // ---- the cuBLASLt call (types already ones cuBLASLt takes) ------------------------------------
-// Row-major arguments, as cuda_gemm's; A.t == B.t; C.t == A.t or f32 (or all f32).
-static void lt_matmul(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
-                      NumType ta_type, int lda, const void *B, NumType tb_type, int ldb, float beta, void *C,
-                      NumType c_type, int ldc) {
+enum { LT_DONE, LT_NO_ALGO, LT_FAILED };
+
+// Row-major arguments, as cuda_gemm's; A and B of one type; C of that type or f32.
+static int lt_matmul(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
+                     int lda, const void *B, int ldb, NumType op_type, float beta, void *C, NumType c_type, int ldc) {
     CudaState *st = cuda_state(be);
     GemmKey key;
     memset(&key, 0, sizeof key);   // padding too: the key is hashed and compared bytewise
@@ -171,16 +172,18 @@ static void lt_matmul(Backend *be, bool trans_a, bool trans_b, int M, int N, int
     key.lda = ldb;
     key.ldb = lda;
     key.ldc = ldc;
-    key.type_a = tb_type;
-    key.type_b = ta_type;
+    key.type_a = op_type;
+    key.type_b = op_type;
     key.type_c = c_type;
     key.align_a = pointer_alignment(B);
     key.align_b = pointer_alignment(A);
     key.align_c = pointer_alignment(C);
     const GemmPlan *plan = plan_get(be, key);
-    if (!plan) return;
+    if (!plan) return LT_FAILED;
+    if (!plan->ok) return LT_NO_ALGO;
     CUBLAS_CHECK(be, cublasLtMatmul(st->lt, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c,
                                     &plan->algo, st->workspace, st->workspace_bytes, st->stream));
+    return LT_DONE;
 }
 
 // ---- helper kernels ---------------------------------------------------------------------------
@@ -215,14 +218,63 @@ __global__ void scale_matrix_kernel(void *C, NumType t, int ldc, int M, int N, f
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// The slow path: operands that need converting (or every operand, when cuBLASLt had no
+// algorithm for their alignment) are copied into 256-byte aligned dense scratch with row
+// strides padded to 16 bytes; C likewise when it needs another type (an f32 copy) or repacking.
+static int padded_ld(int cols, size_t es) {
+    size_t per16 = 16 / es;
+    return (int)(((size_t)cols + per16 - 1) / per16 * per16);
+}
+
+static void gemm_repacked(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda,
+                          bool pack_a, Buf B, int ldb, bool pack_b, NumType op_type, float beta, Buf C, int ldc,
+                          bool pack_c) {
+    int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    size_t es = num_type_size(op_type);
+    // C's copy: f32 unless C already has a type cuBLASLt writes (then it keeps it).
+    NumType c_type = (C.t == op_type || C.t == NUM_F32) ? C.t : NUM_F32;
+    int lda2 = padded_ld(a_cols, es), ldb2 = padded_ld(b_cols, es), ldc2 = padded_ld(N, num_type_size(c_type));
+    size_t a_bytes = pack_a ? align_up((size_t)a_rows * lda2 * es, 256) : 0;
+    size_t b_bytes = pack_b ? align_up((size_t)b_rows * ldb2 * es, 256) : 0;
+    size_t c_bytes = pack_c ? align_up((size_t)M * ldc2 * num_type_size(c_type), 256) : 0;
+    char *scratch = (char *)cuda_scratch_slot(be, CUDA_SCRATCH_GEMM, a_bytes + b_bytes + c_bytes);
+    if (!scratch) return;
+    const void *a_ptr = A.p, *b_ptr = B.p;
+    void *c_ptr = C.p;
+    if (pack_a) {
+        convert_2d(be, scratch, op_type, lda2, A.p, A.t, lda, a_rows, a_cols);
+        a_ptr = scratch;
+        lda = lda2;
+    }
+    if (pack_b) {
+        convert_2d(be, scratch + a_bytes, op_type, ldb2, B.p, B.t, ldb, b_rows, b_cols);
+        b_ptr = scratch + a_bytes;
+        ldb = ldb2;
+    }
+    if (pack_c) {
+        c_ptr = scratch + a_bytes + b_bytes;
+        if (beta != 0.0f) convert_2d(be, c_ptr, c_type, ldc2, C.p, C.t, ldc, M, N);
+    }
+    int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, a_ptr, lda, b_ptr, ldb, op_type, beta, c_ptr, c_type,
+                      pack_c ? ldc2 : ldc);
+    if (r == LT_NO_ALGO) {
+        char detail[200];
+        snprintf(detail, sizeof detail, "no cuBLASLt algorithm for M=%d N=%d K=%d ta=%d tb=%d %s operands -> %s, "
+                 "even repacked", M, N, K, trans_a, trans_b, num_type_name(op_type), num_type_name(c_type));
+        cuda_record_failure(be, "cublasLtMatmulAlgoGetHeuristic", detail, __FILE__, __LINE__);
+        return;
+    }
+    if (r == LT_DONE && pack_c) convert_2d(be, C.p, C.t, ldc, c_ptr, c_type, ldc2, M, N);
+}
+
 // ---- the op -----------------------------------------------------------------------------------
 extern "C" void cuda_gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda,
                           Buf B, int ldb, float beta, Buf C, int ldc) {
     if (M <= 0 || N <= 0) return;
     // Row-major stored shapes: A is [M,K] ([K,M] when trans_a), B is [K,N] ([N,K] when trans_b).
-    int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
-    int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-    if (K < 0 || ldc < N || (K > 0 && (lda < (a_cols > 0 ? a_cols : 1) || ldb < (b_cols > 0 ? b_cols : 1)))) {
+    int a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
+    if (K < 0 || ldc < N || (K > 0 && (lda < a_cols || ldb < b_cols))) {
         char detail[160];
         snprintf(detail, sizeof detail, "bad shape M=%d N=%d K=%d lda=%d ldb=%d ldc=%d ta=%d tb=%d", M, N, K, lda,
                  ldb, ldc, trans_a, trans_b);
@@ -246,35 +298,13 @@ extern "C" void cuda_gemm(Backend *be, bool trans_a, bool trans_b, int M, int N,
         else op_type = A.t, conv_b = true;   // B is f32, or (bf16 vs f16) B follows A
     }
     // Output: cuBLASLt writes C of the operand type or f32; otherwise through an f32 copy.
-    bool c_via_f32 = !(C.t == op_type || C.t == NUM_F32);
-
-    size_t es = num_type_size(op_type);
-    size_t a_bytes = conv_a ? align_up((size_t)a_rows * a_cols * es, 256) : 0;
-    size_t b_bytes = conv_b ? align_up((size_t)b_rows * b_cols * es, 256) : 0;
-    size_t c_bytes = c_via_f32 ? align_up((size_t)M * N * sizeof(float), 256) : 0;
-    char *scratch = NULL;
-    if (a_bytes + b_bytes + c_bytes) {
-        scratch = (char *)cuda_scratch_slot(be, CUDA_SCRATCH_GEMM, a_bytes + b_bytes + c_bytes);
-        if (!scratch) return;
+    bool c_via_copy = !(C.t == op_type || C.t == NUM_F32);
+    if (!conv_a && !conv_b && !c_via_copy) {
+        int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A.p, lda, B.p, ldb, op_type, beta, C.p, C.t, ldc);
+        if (r != LT_NO_ALGO) return;
+        // No algorithm for these alignments / strides: repack everything below.
+        conv_a = conv_b = c_via_copy = true;
     }
-    const void *a_ptr = A.p, *b_ptr = B.p;
-    if (conv_a) {
-        convert_2d(be, scratch, op_type, a_cols, A.p, A.t, lda, a_rows, a_cols);
-        a_ptr = scratch;
-        lda = a_cols;
-    }
-    if (conv_b) {
-        convert_2d(be, scratch + a_bytes, op_type, b_cols, B.p, B.t, ldb, b_rows, b_cols);
-        b_ptr = scratch + a_bytes;
-        ldb = b_cols;
-    }
-    if (!c_via_f32) {
-        lt_matmul(be, trans_a, trans_b, M, N, K, alpha, a_ptr, op_type, lda, b_ptr, op_type, ldb, beta, C.p, C.t, ldc);
-        return;
-    }
-    // f32 operands can only produce f32; bf16/f16 operands can produce f32 too.
-    float *c32 = (float *)(scratch + a_bytes + b_bytes);
-    if (beta != 0.0f) convert_2d(be, c32, NUM_F32, N, C.p, C.t, ldc, M, N);
-    lt_matmul(be, trans_a, trans_b, M, N, K, alpha, a_ptr, op_type, lda, b_ptr, op_type, ldb, beta, c32, NUM_F32, N);
-    convert_2d(be, C.p, C.t, ldc, c32, NUM_F32, N, M, N);
+    gemm_repacked(be, trans_a, trans_b, M, N, K, alpha, A, lda, conv_a, B, ldb, conv_b, op_type, beta, C, ldc,
+                  c_via_copy);
 }
