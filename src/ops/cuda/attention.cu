@@ -647,15 +647,14 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 // The tensor-core path: every buffer bf16 (or every one f16), 16-byte aligned, hd 64/128,
 // and enough shared memory on this device.
-bool fa_usable(Buf *bufs, int nbufs, int hd, int rows, size_t smem_bytes) {
+bool fa_usable(Backend *be, const Buf *bufs, int nbufs, int hd, int rows, size_t smem_bytes) {
     if (g_force_simt || rows < FA_MIN_TQ || (hd != 64 && hd != 128)) return false;
     const NumType t = bufs[0].t;
     if (t != NUM_BF16 && t != NUM_F16) return false;
     for (int i = 0; i < nbufs; i++)
         if (bufs[i].t != t || !aligned16(bufs[i].p)) return false;
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cuda_state(be)->device) != cudaSuccess)
         return false;
     return smem_bytes <= (size_t)optin;
 }
@@ -719,7 +718,7 @@ extern "C" void cuda_attention_forward(Backend *be, Buf out, float *lse, Buf q, 
                                        int nh, int nkv, int hd) {
     if (!attn_args_ok(be, "attention forward", B, Tq, Tk, nh, nkv, hd) || B == 0 || Tq == 0) return;
     Buf bufs[4] = {out, q, k, v};
-    if (fa_usable(bufs, 4, hd, Tq, fa_smem(hd, false))) {
+    if (fa_usable(be, bufs, 4, hd, Tq, fa_smem(hd, false))) {
         if (q.t == NUM_BF16) fa_forward_dispatch<__nv_bfloat16>(be, out, lse, q, k, v, B, Tq, Tk, nh, nkv, hd);
         else fa_forward_dispatch<__half>(be, out, lse, q, k, v, B, Tq, Tk, nh, nkv, hd);
         return;
@@ -734,7 +733,7 @@ extern "C" void cuda_attention_backward(Backend *be, Buf dq, Buf dk, Buf dv, Buf
                                         Buf q, Buf k, Buf v, int B, int T, int nh, int nkv, int hd) {
     if (!attn_args_ok(be, "attention backward", B, T, T, nh, nkv, hd) || B == 0 || T == 0) return;
     Buf bufs[8] = {dq, dk, dv, dout, out, q, k, v};
-    if (fa_usable(bufs, 8, hd, T, fa_smem(hd, true))) {
+    if (fa_usable(be, bufs, 8, hd, T, fa_smem(hd, true))) {
         if (q.t == NUM_BF16)
             fa_backward_dispatch<__nv_bfloat16>(be, dq, dk, dv, dout, out, lse, q, k, v, B, T, nh, nkv, hd);
         else fa_backward_dispatch<__half>(be, dq, dk, dv, dout, out, lse, q, k, v, B, T, nh, nkv, hd);
