@@ -309,6 +309,23 @@ static inline void gt_check(const char *what, const float *got, const float *ref
                  n ? ref[w] : 0.0f);
     }
 }
+// Per-element bounds: |got[i] - ref[i]| <= bound[i] for every i (NaN in both passes, NaN or
+// Inf in one fails). Prints the worst ratio err/bound; fails naming the first violation.
+static inline void gt_check_bounds(const char *what, const float *got, const float *ref, const double *bound,
+                                   size_t n) {
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double g = got[i], r = ref[i];
+        if (isnan(g) && isnan(r)) continue;
+        double err = (isfinite(g) && isfinite(r)) ? fabs(g - r) : (g == r ? 0.0 : INFINITY);
+        double ratio = bound[i] > 0 ? err / bound[i] : (err > 0 ? INFINITY : 0.0);
+        if (ratio > worst) worst = ratio;
+        if (!(err <= bound[i]))
+            fail_msg("%s: element %zu: got %.9g ref %.9g, |err| %.3e > bound %.3e", what, i, g, r, err, bound[i]);
+    }
+    printf("  %-40s worst err/bound %.3f\n", what, worst);
+}
+
 // Same for doubles (reduction results).
 static inline void gt_check_double(const char *what, const double *got, const double *ref, size_t n, double tol) {
     double diff = 0.0, mag = 1e-300;
