@@ -366,6 +366,10 @@ extern "C" int cuda_backend_open(int device, Precision precision, Backend **out)
     debug = getenv("SPES_CUDA_DEBUG_SYNC");
     st->debug_sync = debug && debug[0] && strcmp(debug, "0") != 0;
 
+    if (const char *why = cuda_blas_load()) {
+        spes_fail("cuda:%d: %s", device, why);
+        goto fail;
+    }
     OPEN_CHECK(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "creating a stream");
     OPEN_CHECK_BLAS(cublasLtCreate(&st->lt), "cublasLtCreate");
     OPEN_CHECK_BLAS(cublasCreate(&st->blas), "cublasCreate");

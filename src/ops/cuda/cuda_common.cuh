@@ -50,6 +50,10 @@ typedef struct {
 
 static inline CudaState *cuda_state(Backend *be) { return (CudaState *)be->impl; }
 
+// Loads cuBLAS / cuBLASLt (cublas_loader.cu: dlopen on first use, not at program start).
+// NULL when loaded, else why not. cuda_backend_open calls it before any cuBLAS call.
+const char *cuda_blas_load(void);
+
 // Records the first failure (what, where, CUDA's words); ops after it still run harmlessly
 // and the next backend sync reports it through spes_fail.
 void cuda_record_failure(Backend *be, const char *what, const char *detail, const char *file, int line);
