@@ -13,6 +13,24 @@ extern "C" {
 #include "ops/backend.h"
 }
 
+// Scratch memory cached in the backend (see cuda_scratch below). One slot per user that can
+// be live at the same time: an op's own scratch must survive a gemm it calls, so gemm and the
+// expert GEMMs have slots of their own.
+enum {
+    CUDA_SCRATCH_OP = 0,        // cuda_scratch(): any op's temporary buffer (engineers B, C)
+    CUDA_SCRATCH_OP2,           // cuda_scratch2(): a second one for ops that need two at once
+    CUDA_SCRATCH_GEMM,          // gemm.cu: operand type conversion
+    CUDA_SCRATCH_EXPERTS,       // experts.cu: grouped-GEMM pointer arrays, converted operands
+    CUDA_SCRATCH_REDUCE,        // reduce.cu: per-block double partials
+    CUDA_SCRATCH_SLOTS
+};
+typedef struct {
+    void *p;
+    size_t bytes;
+} CudaScratch;
+
+typedef struct CudaGemmCache CudaGemmCache;   // gemm.cu: matmul descriptors per shape
+
 typedef struct {
     cudaStream_t stream;
     cublasLtHandle_t lt;
@@ -24,13 +42,35 @@ typedef struct {
     size_t in_use, peak;        // bytes allocated through the backend
     int sm;                     // compute capability, major*10 + minor
     int num_sms;
+    int device;                 // the GPU index (made current by cuda_backend_open; one GPU per process)
+    CudaScratch scratch[CUDA_SCRATCH_SLOTS];
+    CudaGemmCache *gemm_cache;  // owned by gemm.cu (cuda_gemm_cache_free at close)
+    int debug_sync;             // SPES_CUDA_DEBUG_SYNC=1: sync after every launch (finds the faulting op)
 } CudaState;
 
 static inline CudaState *cuda_state(Backend *be) { return (CudaState *)be->impl; }
 
+// Loads cuBLAS / cuBLASLt (cublas_loader.cu: dlopen on first use, not at program start).
+// NULL when loaded, else why not. cuda_backend_open calls it before any cuBLAS call.
+const char *cuda_blas_load(void);
+
 // Records the first failure (what, where, CUDA's words); ops after it still run harmlessly
 // and the next backend sync reports it through spes_fail.
 void cuda_record_failure(Backend *be, const char *what, const char *detail, const char *file, int line);
+
+// Scratch: a device buffer of at least `bytes`, cached per slot and grown (to 1.5x the
+// request, rounded up to 2 MiB) when too small; the old buffer is released after the stream
+// drained (growth is rare, so the sync is too). Valid until the next call for the same slot,
+// i.e. for the duration of one op; contents undefined. Counted in the backend's memory figures.
+// Returns NULL (a failure recorded) when the allocation fails: the caller returns without
+// launching. cuda_backend.cu.
+void *cuda_scratch_slot(Backend *be, int slot, size_t bytes);
+static inline void *cuda_scratch(Backend *be, size_t bytes) { return cuda_scratch_slot(be, CUDA_SCRATCH_OP, bytes); }
+static inline void *cuda_scratch2(Backend *be, size_t bytes) { return cuda_scratch_slot(be, CUDA_SCRATCH_OP2, bytes); }
+
+// True when a failure has been recorded since the last sync (ops may return early: their
+// outputs are undefined anyway once the step failed).
+static inline bool cuda_failed(Backend *be) { return cuda_state(be)->failed != 0; }
 
 #define CUDA_CHECK(be, call)                                                                   \
     do {                                                                                       \
@@ -45,8 +85,14 @@ void cuda_record_failure(Backend *be, const char *what, const char *detail, cons
             cuda_record_failure((be), #call, cublasGetStatusString(st_), __FILE__, __LINE__);   \
     } while (0)
 
-// After every kernel launch: launch-configuration errors surface here, not later.
-#define CUDA_LAUNCHED(be) CUDA_CHECK((be), cudaGetLastError())
+// After every kernel launch: launch-configuration errors surface here, not later. With
+// SPES_CUDA_DEBUG_SYNC=1 the stream is also synchronised, so a kernel that faults is named
+// by the failure message (file:line of its launch) instead of surfacing at a later sync.
+#define CUDA_LAUNCHED(be)                                                                      \
+    do {                                                                                       \
+        CUDA_CHECK((be), cudaGetLastError());                                                  \
+        if (cuda_state(be)->debug_sync) CUDA_CHECK((be), cudaStreamSynchronize(cuda_state(be)->stream)); \
+    } while (0)
 
 // Blocks of `threads` covering n items (at least one block).
 static inline unsigned cuda_blocks(size_t n, unsigned threads) {

@@ -1,0 +1,96 @@
+// Multi-tensor fused AdamW: one launch updates every trainable tensor (fp32 master p, moments
+// m and v) and writes the low-precision compute copy from the new p in the same pass.
+//
+// Arithmetic: torch's single-tensor AdamW exactly as src/ops/cpu/adamw.c evaluates it, every
+// operation a separately rounded float op (__fmul_rn & co. forbid nvcc's FMA contraction; the
+// cpu build is ISO C, which does not contract either; sqrt and division are IEEE-rounded
+// without fast-math). So the GPU and the cpu give the same bits for p, m and v:
+//   p  = p * decay_mul
+//   m  = m + w1 * (g - m)
+//   v  = v * beta2;  v = v + (w2 * g) * g
+//   p  = p + neg_step_size * (m / (sqrt(v) / bc2_sqrt + eps))
+//   compute = (compute type) p          (round to nearest even)
+//
+// Work split: tensor i gets ceil(n_i / ADAMW_CHUNK) blocks; a block finds its tensor by
+// binary search over the blocks' prefix (first_block) in a device array of descriptors,
+// uploaded per call into scratch (the per-tensor decay_mul follows the lr schedule).
+#include "ops/cuda/cuda_common.cuh"
+
+#include <vector>
+
+#include "ops/cuda/cuda_ops.h"
+
+#define ADAMW_THREADS 256
+#define ADAMW_CHUNK (ADAMW_THREADS * 8)
+
+struct AdamWDesc {
+    float *p;
+    const float *g;
+    float *m, *v;
+    void *c;                // compute copy or NULL
+    size_t n;
+    size_t first_block;     // blocks before this tensor's
+    float decay_mul;
+    int c_type;             // NumType of c
+};
+
+__global__ void adamw_kernel(const AdamWDesc *__restrict__ desc, int count, AdamWScalars s) {
+    size_t b = blockIdx.x;
+    // last tensor whose first_block <= b (tensors with n == 0 were left out on the host)
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (desc[mid].first_block <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    const AdamWDesc d = desc[lo];
+    size_t start = (b - d.first_block) * ADAMW_CHUNK, end = start + ADAMW_CHUNK;
+    if (end > d.n) end = d.n;
+    for (size_t i = start + threadIdx.x; i < end; i += ADAMW_THREADS) {
+        float g = d.g[i], m = d.m[i], v = d.v[i];
+        float p = __fmul_rn(d.p[i], d.decay_mul);
+        m = __fadd_rn(m, __fmul_rn(s.w1, __fsub_rn(g, m)));
+        v = __fmul_rn(v, s.beta2);
+        v = __fadd_rn(v, __fmul_rn(__fmul_rn(s.w2, g), g));
+        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bc2_sqrt), s.eps);
+        p = __fadd_rn(p, __fmul_rn(s.neg_step_size, __fdiv_rn(m, denom)));
+        d.p[i] = p;
+        d.m[i] = m;
+        d.v[i] = v;
+        if (d.c) store_num(d.c, (NumType)d.c_type, i, p);
+    }
+}
+
+extern "C" void cuda_adamw(Backend *be, const AdamWTensor *t, int count, const AdamWScalars *s) {
+    std::vector<AdamWDesc> desc;
+    desc.reserve(count > 0 ? (size_t)count : 0);
+    size_t blocks = 0;
+    for (int i = 0; i < count; i++) {
+        if (t[i].n == 0) continue;
+        AdamWDesc d;
+        d.p = t[i].p;
+        d.g = t[i].g;
+        d.m = t[i].m;
+        d.v = t[i].v;
+        d.c = t[i].compute.p;
+        d.c_type = (int)t[i].compute.t;
+        d.n = t[i].n;
+        d.first_block = blocks;
+        d.decay_mul = t[i].decay_mul;
+        blocks += (t[i].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
+        desc.push_back(d);
+    }
+    if (desc.empty()) return;
+    if (blocks > 0x7fffffffu) {
+        cuda_record_failure(be, "cuda_adamw", "too many elements for one launch", __FILE__, __LINE__);
+        return;
+    }
+    size_t bytes = desc.size() * sizeof(AdamWDesc);
+    AdamWDesc *dev = (AdamWDesc *)cuda_scratch(be, bytes);
+    if (!dev) return;
+    cudaStream_t stream = cuda_state(be)->stream;
+    // Pageable source: the driver stages it before returning, so `desc` may die after this.
+    CUDA_CHECK(be, cudaMemcpyAsync(dev, desc.data(), bytes, cudaMemcpyHostToDevice, stream));
+    adamw_kernel<<<(unsigned)blocks, ADAMW_THREADS, 0, stream>>>(dev, (int)desc.size(), *s);
+    CUDA_LAUNCHED(be);
+}

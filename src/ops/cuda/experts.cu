@@ -1,0 +1,220 @@
+// Every expert's SwiGLU MLP on its block of rows (dropless MoE), forward and backward, as
+// grouped GEMMs plus one SwiGLU kernel over all NK rows. Same maths as
+// src/ops/cpu/experts.c; shapes per expert e with rows [r0, r0+cnt) (offsets on the HOST):
+//   forward   gu[cnt,2I] = xe[cnt,H] @ gate_up[e]^T        gate_up[e] [2I,H]
+//             act[cnt,I] = silu(gu[:, :I]) * gu[:, I:]       (all rows at once)
+//             y[cnt,H]   = act @ down[e]^T                   down[e] [H,I]
+//   backward  da         = dy @ down[e]                      (dy still dL/dy)
+//             ddown[e]  += dy^T @ act                        (trainable experts, fp32)
+//             gu         = dL/d(gate|up) from da, gu          (in place, all rows at once)
+//             dgate_up[e] += gu^T @ xe   (or dgate / dup separately: the two column halves)
+//             dy         = gu @ gate_up[e]                   (dy becomes dL/dxe)
+// Stream order makes the in-place steps safe: dy is last read by the ddown GEMM, enqueued
+// before the GEMM that overwrites it.
+//
+// Grouped GEMMs. cublasGemmGroupedBatchedEx (cuBLAS >= 12.5) runs one GEMM per expert (each
+// its own group: row counts differ) in one call. It takes, with CUBLAS_COMPUTE_32F, only
+// A = B = C in {bf16, f16, f32} (cuBLAS docs, "cublasGemmGroupedBatchedEx": no bf16/f16
+// operands with an f32 C). So:
+//   - the forward GEMMs and the dX GEMMs (operands and outputs in the compute type) are grouped;
+//   - the weight-gradient GEMMs (bf16/f16 operands accumulating into fp32 gradients, beta = 1)
+//     loop over the experts with cuBLASLt (cuda_gemm), except in fp32 mode where all types
+//     are f32 and they are grouped too.
+// The grouped path also needs 16-byte aligned matrices with 16-byte-multiple row strides
+// (true for real model sizes: H and I multiples of 8); otherwise, or with SPES_CUDA_GROUPED=0
+// in the environment, every GEMM runs through the per-expert loop (same results up to the
+// algorithm cuBLAS picks; both paths are tested). Empty experts are skipped; frozen experts
+// (NULL gradient pointers) get no dW GEMMs but still pass dX.
+// The pointer arrays the grouped call reads from device memory are uploaded into scratch
+// (CUDA_SCRATCH_EXPERTS) with cudaMemcpyAsync from a host array: for pageable memory the
+// driver stages the bytes before returning, so the host array may go out of scope at once.
+#include "ops/cuda/cuda_common.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#include "ops/cuda/cuda_ops.h"
+
+// ---- SwiGLU -----------------------------------------------------------------------------------
+// a[r, i] = silu(g) * u, g = gu[r, i], u = gu[r, I + i]; the cpu's float expression order:
+// g * sigmoid(g) * u with sigmoid(g) = 1 / (1 + exp(-g)).
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__global__ void swiglu_forward_kernel(void *a, NumType at, const void *gu, NumType gt, size_t rows, int I) {
+    size_t n = rows * (size_t)I, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += stride) {
+        size_t r = idx / (size_t)I, i = idx % (size_t)I;
+        float g = load_num(gu, gt, r * 2 * (size_t)I + i), u = load_num(gu, gt, r * 2 * (size_t)I + I + i);
+        store_num(a, at, idx, g * sigmoid_f(g) * u);
+    }
+}
+
+// dgu (may alias gu: each thread reads its g, u before writing them) from da:
+//   du = da * g * s;  dg = da * u * s * (1 + g * (1 - s)),  s = sigmoid(g).
+__global__ void swiglu_backward_kernel(void *dgu, NumType dt, const void *da, NumType at, const void *gu,
+                                       NumType gt, size_t rows, int I) {
+    size_t n = rows * (size_t)I, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += stride) {
+        size_t r = idx / (size_t)I, i = idx % (size_t)I;
+        size_t gi_at = r * 2 * (size_t)I + i, ui_at = gi_at + (size_t)I;
+        float g = load_num(gu, gt, gi_at), u = load_num(gu, gt, ui_at), d = load_num(da, at, idx);
+        float s = sigmoid_f(g);
+        store_num(dgu, dt, ui_at, d * g * s);
+        store_num(dgu, dt, gi_at, d * u * s * (1.0f + g * (1.0f - s)));
+    }
+}
+
+static unsigned grid_for(size_t n) {
+    unsigned b = cuda_blocks(n, 256);
+    return b > 65535u * 8u ? 65535u * 8u : b;
+}
+
+// ---- a batch of per-expert GEMMs --------------------------------------------------------------
+// Row-major, as cuda_gemm: C = alpha * op(A) @ op(B) + beta * C, one problem per expert.
+struct Problem {
+    int M, N, K;
+    const void *A;
+    int lda;
+    const void *B;
+    int ldb;
+    void *C;
+    int ldc;
+};
+
+static bool grouped_enabled(void) {
+    const char *v = getenv("SPES_CUDA_GROUPED");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+static void gemm_many(Backend *be, bool ta, bool tb, float alpha, float beta, NumType at, NumType bt, NumType ct,
+                      const std::vector<Problem> &probs) {
+    if (probs.empty() || cuda_failed(be)) return;
+    bool grouped = grouped_enabled() && at == bt && bt == ct;
+    for (size_t i = 0; grouped && i < probs.size(); i++) {
+        const Problem &p = probs[i];
+        size_t es = num_type_size(at);
+        grouped = aligned16(p.A) && aligned16(p.B) && aligned16(p.C) && (p.lda * es) % 16 == 0 &&
+                  (p.ldb * es) % 16 == 0 && (p.ldc * es) % 16 == 0;
+    }
+    if (!grouped) {
+        for (const Problem &p : probs)
+            cuda_gemm(be, ta, tb, p.M, p.N, p.K, alpha, buf_of((void *)p.A, at), p.lda, buf_of((void *)p.B, bt), p.ldb,
+                      beta, buf_of(p.C, ct), p.ldc);
+        return;
+    }
+    // Column-major view (see gemm.cu): cuBLAS's A = our B, B = our A, m = N, n = M.
+    CudaState *st = cuda_state(be);
+    const int count = (int)probs.size();
+    std::vector<cublasOperation_t> trans_a(count, tb ? CUBLAS_OP_T : CUBLAS_OP_N),
+        trans_b(count, ta ? CUBLAS_OP_T : CUBLAS_OP_N);
+    std::vector<int> m(count), n(count), k(count), lda(count), ldb(count), ldc(count), group_size(count, 1);
+    std::vector<float> alphas(count, alpha), betas(count, beta);
+    std::vector<const void *> ptrs(3 * (size_t)count);   // [A ptrs | B ptrs | C ptrs] in cuBLAS's naming
+    for (int i = 0; i < count; i++) {
+        const Problem &p = probs[i];
+        m[i] = p.N;
+        n[i] = p.M;
+        k[i] = p.K;
+        lda[i] = p.ldb;
+        ldb[i] = p.lda;
+        ldc[i] = p.ldc;
+        ptrs[i] = p.B;
+        ptrs[count + i] = p.A;
+        ptrs[2 * (size_t)count + i] = p.C;
+    }
+    size_t bytes = ptrs.size() * sizeof(void *);
+    void **dev = (void **)cuda_scratch_slot(be, CUDA_SCRATCH_EXPERTS, bytes);
+    if (!dev) return;
+    CUDA_CHECK(be, cudaMemcpyAsync(dev, ptrs.data(), bytes, cudaMemcpyHostToDevice, st->stream));
+    CUBLAS_CHECK(be, cublasGemmGroupedBatchedEx(st->blas, trans_a.data(), trans_b.data(), m.data(), n.data(),
+                                                k.data(), alphas.data(), (const void *const *)dev, cuda_data_type(bt),
+                                                lda.data(), (const void *const *)(dev + count), cuda_data_type(at),
+                                                ldb.data(), betas.data(), (void *const *)(dev + 2 * (size_t)count),
+                                                cuda_data_type(ct), ldc.data(), count, group_size.data(),
+                                                CUBLAS_COMPUTE_32F));
+}
+
+// The row pointer of row r of a [*, width] buffer.
+static const void *row_ptr(Buf b, int32_t r, int width) { return buf_at(b, (size_t)r * width).p; }
+
+static bool check_args(Backend *be, const ExpertsArgs *a) {
+    for (int e = 0; e < a->E; e++) {
+        int32_t lo = a->offsets[e], hi = a->offsets[e + 1];
+        bool types_ok = a->gate_up[e].t == a->gate_up[0].t && a->down[e].t == a->down[0].t;
+        if (lo < 0 || hi < lo || !types_ok) {
+            char detail[128];
+            snprintf(detail, sizeof detail, "expert %d: rows [%d, %d) or weight types inconsistent", e, (int)lo,
+                     (int)hi);
+            cuda_record_failure(be, "cuda_experts", detail, __FILE__, __LINE__);
+            return false;
+        }
+    }
+    return true;
+}
+
+extern "C" void cuda_experts_forward(Backend *be, const ExpertsArgs *a) {
+    const int E = a->E, H = a->H, I = a->hidden;
+    if (E <= 0 || !check_args(be, a)) return;
+    const int32_t *off = a->offsets;
+    std::vector<Problem> up, down;
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], cnt = off[e + 1] - r0;
+        if (cnt == 0) continue;
+        // gu[cnt, 2I] = xe[cnt, H] @ gate_up[e]^T
+        up.push_back({cnt, 2 * I, H, row_ptr(a->xe, r0, H), H, a->gate_up[e].p, H, (void *)row_ptr(a->gu, r0, 2 * I),
+                      2 * I});
+        // y[cnt, H] = act[cnt, I] @ down[e]^T
+        down.push_back({cnt, H, I, row_ptr(a->act, r0, I), I, a->down[e].p, I, (void *)row_ptr(a->y, r0, H), H});
+    }
+    if (up.empty()) return;
+    gemm_many(be, false, true, 1.0f, 0.0f, a->xe.t, a->gate_up[0].t, a->gu.t, up);
+    size_t rows = (size_t)(off[E] - off[0]);
+    Buf act = buf_at(a->act, (size_t)off[0] * I), gu = buf_at(a->gu, (size_t)off[0] * 2 * I);
+    swiglu_forward_kernel<<<grid_for(rows * I), 256, 0, cuda_state(be)->stream>>>(act.p, act.t, gu.p, gu.t, rows, I);
+    CUDA_LAUNCHED(be);
+    gemm_many(be, false, true, 1.0f, 0.0f, a->act.t, a->down[0].t, a->y.t, down);
+}
+
+extern "C" void cuda_experts_backward(Backend *be, const ExpertsArgs *a) {
+    const int E = a->E, H = a->H, I = a->hidden;
+    if (E <= 0 || !check_args(be, a)) return;
+    const int32_t *off = a->offsets;
+    std::vector<Problem> da, ddown, dgate_up, dgate, dup, dx;
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], cnt = off[e + 1] - r0;
+        if (cnt == 0) continue;
+        const void *dy = row_ptr(a->dy, r0, H), *act = row_ptr(a->act, r0, I), *xe = row_ptr(a->xe, r0, H);
+        void *gu = (void *)row_ptr(a->gu, r0, 2 * I);
+        // da[cnt, I] = dy[cnt, H] @ down[e][H, I]
+        da.push_back({cnt, I, H, dy, H, a->down[e].p, I, (void *)row_ptr(a->da, r0, I), I});
+        // ddown[e][H, I] += dy^T @ act
+        if (a->ddown && a->ddown[e]) ddown.push_back({H, I, cnt, dy, H, act, I, a->ddown[e], I});
+        // d[gate; up][2I, H] += dgu^T @ xe, or each half on its own
+        if (a->dgate_up && a->dgate_up[e]) {
+            dgate_up.push_back({2 * I, H, cnt, gu, 2 * I, xe, H, a->dgate_up[e], H});
+        } else {
+            if (a->dgate && a->dgate[e]) dgate.push_back({I, H, cnt, gu, 2 * I, xe, H, a->dgate[e], H});
+            if (a->dup && a->dup[e])
+                dup.push_back({I, H, cnt, buf_at(buf_of(gu, a->gu.t), (size_t)I).p, 2 * I, xe, H, a->dup[e], H});
+        }
+        // dxe[cnt, H] = dgu[cnt, 2I] @ gate_up[e][2I, H], into dy
+        dx.push_back({cnt, H, 2 * I, gu, 2 * I, a->gate_up[e].p, H, (void *)dy, H});
+    }
+    if (dx.empty()) return;
+    gemm_many(be, false, false, 1.0f, 0.0f, a->dy.t, a->down[0].t, a->da.t, da);
+    gemm_many(be, true, false, 1.0f, 1.0f, a->dy.t, a->act.t, NUM_F32, ddown);
+    size_t rows = (size_t)(off[E] - off[0]);
+    Buf gu = buf_at(a->gu, (size_t)off[0] * 2 * I), dab = buf_at(a->da, (size_t)off[0] * I);
+    swiglu_backward_kernel<<<grid_for(rows * I), 256, 0, cuda_state(be)->stream>>>(gu.p, gu.t, dab.p, dab.t, gu.p,
+                                                                                   gu.t, rows, I);
+    CUDA_LAUNCHED(be);
+    gemm_many(be, true, false, 1.0f, 1.0f, a->gu.t, a->xe.t, NUM_F32, dgate_up);
+    gemm_many(be, true, false, 1.0f, 1.0f, a->gu.t, a->xe.t, NUM_F32, dgate);
+    gemm_many(be, true, false, 1.0f, 1.0f, a->gu.t, a->xe.t, NUM_F32, dup);
+    gemm_many(be, false, false, 1.0f, 0.0f, a->gu.t, a->gate_up[0].t, a->dy.t, dx);
+}

@@ -1,0 +1,310 @@
+// GEMM on the CUDA backend through cuBLASLt, fp32 accumulation (CUBLAS_COMPUTE_32F: no TF32,
+// no reduced-precision reductions), fp32 alpha/beta.
+//
+// Row-major to column-major. cuBLASLt is column-major; a row-major matrix X[r, c] with row
+// stride ld, read column-major, is X^T [c, r] with leading dimension ld. So the row-major
+// product C[M,N] = op(A)[M,K] op(B)[K,N] is computed as the column-major product
+//   C^T[N,M] = op(B)^T[N,K] op(A)^T[K,M]
+// with cuBLASLt's "A" = our B and "B" = our A, each keeping its own transpose flag: B stored
+// untransposed ([K,N] row-major) reads as B^T = op(B)^T, so OP_N; stored transposed ([N,K]
+// row-major, op(B) = B^T) it reads as B^T while op(B)^T = B, so OP_T. Likewise for A. In
+// cuBLASLt terms m = N, n = M, k = K, and the layouts describe the stored matrices:
+//   lt.A = B: rows (N if !trans_b else K), cols (K if !trans_b else N), ld = ldb
+//   lt.B = A: rows (K if !trans_a else M), cols (M if !trans_a else K), ld = lda
+//   lt.C = lt.D = C: rows N, cols M, ld = ldc
+//
+// Types cuBLASLt takes with COMPUTE_32F: A = B in {bf16, f16} with C in {same, f32}; A = B =
+// C = f32. Other combinations are made into those here, through scratch (CUDA_SCRATCH_GEMM):
+//   - A and B of different types: the fp32 one is converted to the other's type (backend.h).
+//   - C of a third type (f32 operands with a bf16 C, ...): the product goes to an fp32
+//     scratch copy of C (converted in when beta != 0) and is converted back.
+//   - no algorithm for the operands' alignment or strides (cuBLASLt is told the actual pointer
+//     alignment): every operand is repacked into aligned, padded scratch and the call retried.
+// beta == 0 never reads C (cuBLASLt does not read C then, so NaN in C is harmless).
+// K == 0: C = beta * C (beta == 0: zeros), as the cpu kernel.
+//
+// Plans (matmul descriptor, layouts, the heuristic's algorithm) are cached per shape, types
+// and pointer alignment: the heuristic query costs tens of microseconds, more than a small
+// GEMM. The cache is bounded (cleared when full: expert GEMMs have data-dependent row counts).
+// Reproducibility: the same plan runs for the same shape, and every cuBLASLt reduction scheme
+// for split-K is ordered (in-place with sequencing counters, or a separate reduction pass),
+// so the same inputs give the same bits on the same GPU and library version.
+#include "ops/cuda/cuda_common.cuh"
+
+#include <stdio.h>
+#include <string.h>
+
+#include <unordered_map>
+
+#include "ops/cuda/cuda_ops.h"
+
+// ---- plan cache -------------------------------------------------------------------------------
+struct GemmKey {
+    int ta, tb, m, n, k, lda, ldb, ldc;
+    int type_a, type_b, type_c;     // NumType of cuBLASLt's A (our B), B (our A), C
+    int align_a, align_b, align_c;  // pointer alignment in bytes (1..256)
+    bool operator==(const GemmKey &o) const { return memcmp(this, &o, sizeof *this) == 0; }
+};
+struct GemmKeyHash {
+    size_t operator()(const GemmKey &k) const {
+        const unsigned char *p = (const unsigned char *)&k;
+        size_t h = 1469598103934665603ull;   // FNV-1a
+        for (size_t i = 0; i < sizeof k; i++) h = (h ^ p[i]) * 1099511628211ull;
+        return h;
+    }
+};
+struct GemmPlan {
+    bool ok;                        // false: cuBLASLt has no algorithm for this key (cached too)
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+};
+struct CudaGemmCache {
+    std::unordered_map<GemmKey, GemmPlan, GemmKeyHash> plans;
+};
+static const size_t GEMM_CACHE_MAX = 4096;
+
+static void plan_destroy(GemmPlan *p) {
+    if (p->c) (void)cublasLtMatrixLayoutDestroy(p->c);
+    if (p->b) (void)cublasLtMatrixLayoutDestroy(p->b);
+    if (p->a) (void)cublasLtMatrixLayoutDestroy(p->a);
+    if (p->op) (void)cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
+
+void cuda_gemm_cache_free(CudaGemmCache *cache) {
+    if (!cache) return;
+    for (auto &kv : cache->plans) plan_destroy(&kv.second);
+    delete cache;
+}
+
+// Largest power of two (<= 256) dividing the address.
+static int pointer_alignment(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int align = 1;
+    while (align < 256 && (a & (uintptr_t)(2 * align - 1)) == 0) align *= 2;
+    return align;
+}
+
+// Builds the plan for `key` (descriptors + heuristic). false: a failure was recorded; true
+// with plan->ok false: no algorithm for these shapes/alignments (not recorded: the caller
+// repacks the operands and tries again).
+static bool plan_build(Backend *be, const GemmKey &key, GemmPlan *plan) {
+    CudaState *st = cuda_state(be);
+    memset(plan, 0, sizeof *plan);
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    cublasOperation_t ta = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    uint64_t ws = st->workspace_bytes;
+    uint32_t aa = (uint32_t)key.align_a, ab = (uint32_t)key.align_b, ac = (uint32_t)key.align_c;
+    // stored (column-major) shapes of lt.A [m x k] / lt.B [k x n] before their transposes
+    uint64_t a_rows = key.ta ? key.k : key.m, a_cols = key.ta ? key.m : key.k;
+    uint64_t b_rows = key.tb ? key.n : key.k, b_cols = key.tb ? key.k : key.n;
+    cublasStatus_t s;
+#define LT(call)                                                                                      \
+    do {                                                                                              \
+        s = (call);                                                                                   \
+        if (s != CUBLAS_STATUS_SUCCESS) {                                                             \
+            cuda_record_failure(be, #call, cublasGetStatusString(s), __FILE__, __LINE__);              \
+            goto fail;                                                                                \
+        }                                                                                             \
+    } while (0)
+    LT(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT(cublasLtMatrixLayoutCreate(&plan->a, cuda_data_type((NumType)key.type_a), a_rows, a_cols, key.lda));
+    LT(cublasLtMatrixLayoutCreate(&plan->b, cuda_data_type((NumType)key.type_b), b_rows, b_cols, key.ldb));
+    LT(cublasLtMatrixLayoutCreate(&plan->c, cuda_data_type((NumType)key.type_c), key.m, key.n, key.ldc));
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac));
+    LT(cublasLtMatmulAlgoGetHeuristic(st->lt, plan->op, plan->a, plan->b, plan->c, plan->c, pref, 1, &result,
+                                      &found));
+#undef LT
+    if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
+        (void)cublasLtMatmulPreferenceDestroy(pref);
+        plan_destroy(plan);   // ok stays false
+        return true;
+    }
+    plan->algo = result.algo;
+    plan->ok = true;
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    return true;
+fail:
+    if (pref) (void)cublasLtMatmulPreferenceDestroy(pref);
+    plan_destroy(plan);
+    return false;
+}
+
+static const GemmPlan *plan_get(Backend *be, const GemmKey &key) {
+    CudaState *st = cuda_state(be);
+    if (!st->gemm_cache) st->gemm_cache = new CudaGemmCache();
+    CudaGemmCache *cache = st->gemm_cache;
+    auto it = cache->plans.find(key);
+    if (it != cache->plans.end()) return &it->second;
+    if (cache->plans.size() >= GEMM_CACHE_MAX) {
+        for (auto &kv : cache->plans) plan_destroy(&kv.second);
+        cache->plans.clear();
+    }
+    GemmPlan plan;
+    if (!plan_build(be, key, &plan)) return NULL;
+    return &cache->plans.emplace(key, plan).first->second;
+}
+
+// ---- the cuBLASLt call (types already ones cuBLASLt takes) ------------------------------------
+enum { LT_DONE, LT_NO_ALGO, LT_FAILED };
+
+// Row-major arguments, as cuda_gemm's; A and B of one type; C of that type or f32.
+static int lt_matmul(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
+                     int lda, const void *B, int ldb, NumType op_type, float beta, void *C, NumType c_type, int ldc) {
+    CudaState *st = cuda_state(be);
+    GemmKey key;
+    memset(&key, 0, sizeof key);   // padding too: the key is hashed and compared bytewise
+    key.ta = trans_b;
+    key.tb = trans_a;
+    key.m = N;
+    key.n = M;
+    key.k = K;
+    key.lda = ldb;
+    key.ldb = lda;
+    key.ldc = ldc;
+    key.type_a = op_type;
+    key.type_b = op_type;
+    key.type_c = c_type;
+    key.align_a = pointer_alignment(B);
+    key.align_b = pointer_alignment(A);
+    key.align_c = pointer_alignment(C);
+    const GemmPlan *plan = plan_get(be, key);
+    if (!plan) return LT_FAILED;
+    if (!plan->ok) return LT_NO_ALGO;
+    CUBLAS_CHECK(be, cublasLtMatmul(st->lt, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c,
+                                    &plan->algo, st->workspace, st->workspace_bytes, st->stream));
+    return LT_DONE;
+}
+
+// ---- helper kernels ---------------------------------------------------------------------------
+// dst[r, c] (dense, ld = cols) = src[r, c] (row stride src_ld), converting types.
+__global__ void convert_2d_kernel(void *dst, NumType dt, int dst_ld, const void *src, NumType stype, int src_ld,
+                                  int rows, int cols) {
+    size_t n = (size_t)rows * cols, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        size_t r = i / (size_t)cols, c = i % (size_t)cols;
+        store_num(dst, dt, r * (size_t)dst_ld + c, load_num(src, stype, r * (size_t)src_ld + c));
+    }
+}
+
+static void convert_2d(Backend *be, void *dst, NumType dt, int dst_ld, const void *src, NumType stype, int src_ld,
+                       int rows, int cols) {
+    size_t n = (size_t)rows * cols;
+    if (n == 0) return;
+    unsigned blocks = cuda_blocks(n, 256);
+    if (blocks > 65535u * 8u) blocks = 65535u * 8u;
+    convert_2d_kernel<<<blocks, 256, 0, cuda_state(be)->stream>>>(dst, dt, dst_ld, src, stype, src_ld, rows, cols);
+    CUDA_LAUNCHED(be);
+}
+
+// C[M, N] (row stride ldc) = beta * C; beta == 0 writes zeros (NaN in C ignored).
+__global__ void scale_matrix_kernel(void *C, NumType t, int ldc, int M, int N, float beta) {
+    size_t n = (size_t)M * N, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        size_t idx = (i / (size_t)N) * (size_t)ldc + i % (size_t)N;
+        store_num(C, t, idx, beta == 0.0f ? 0.0f : beta * load_num(C, t, idx));
+    }
+}
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// The slow path: operands that need converting (or every operand, when cuBLASLt had no
+// algorithm for their alignment) are copied into 256-byte aligned dense scratch with row
+// strides padded to 16 bytes; C likewise when it needs another type (an f32 copy) or repacking.
+static int padded_ld(int cols, size_t es) {
+    size_t per16 = 16 / es;
+    return (int)(((size_t)cols + per16 - 1) / per16 * per16);
+}
+
+static void gemm_repacked(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda,
+                          bool pack_a, Buf B, int ldb, bool pack_b, NumType op_type, float beta, Buf C, int ldc,
+                          bool pack_c) {
+    int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    size_t es = num_type_size(op_type);
+    // C's copy: f32 unless C already has a type cuBLASLt writes (then it keeps it).
+    NumType c_type = (C.t == op_type || C.t == NUM_F32) ? C.t : NUM_F32;
+    int lda2 = padded_ld(a_cols, es), ldb2 = padded_ld(b_cols, es), ldc2 = padded_ld(N, num_type_size(c_type));
+    size_t a_bytes = pack_a ? align_up((size_t)a_rows * lda2 * es, 256) : 0;
+    size_t b_bytes = pack_b ? align_up((size_t)b_rows * ldb2 * es, 256) : 0;
+    size_t c_bytes = pack_c ? align_up((size_t)M * ldc2 * num_type_size(c_type), 256) : 0;
+    char *scratch = (char *)cuda_scratch_slot(be, CUDA_SCRATCH_GEMM, a_bytes + b_bytes + c_bytes);
+    if (!scratch) return;
+    const void *a_ptr = A.p, *b_ptr = B.p;
+    void *c_ptr = C.p;
+    if (pack_a) {
+        convert_2d(be, scratch, op_type, lda2, A.p, A.t, lda, a_rows, a_cols);
+        a_ptr = scratch;
+        lda = lda2;
+    }
+    if (pack_b) {
+        convert_2d(be, scratch + a_bytes, op_type, ldb2, B.p, B.t, ldb, b_rows, b_cols);
+        b_ptr = scratch + a_bytes;
+        ldb = ldb2;
+    }
+    if (pack_c) {
+        c_ptr = scratch + a_bytes + b_bytes;
+        if (beta != 0.0f) convert_2d(be, c_ptr, c_type, ldc2, C.p, C.t, ldc, M, N);
+    }
+    int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, a_ptr, lda, b_ptr, ldb, op_type, beta, c_ptr, c_type,
+                      pack_c ? ldc2 : ldc);
+    if (r == LT_NO_ALGO) {
+        char detail[200];
+        snprintf(detail, sizeof detail, "no cuBLASLt algorithm for M=%d N=%d K=%d ta=%d tb=%d %s operands -> %s, "
+                 "even repacked", M, N, K, trans_a, trans_b, num_type_name(op_type), num_type_name(c_type));
+        cuda_record_failure(be, "cublasLtMatmulAlgoGetHeuristic", detail, __FILE__, __LINE__);
+        return;
+    }
+    if (r == LT_DONE && pack_c) convert_2d(be, C.p, C.t, ldc, c_ptr, c_type, ldc2, M, N);
+}
+
+// ---- the op -----------------------------------------------------------------------------------
+extern "C" void cuda_gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda,
+                          Buf B, int ldb, float beta, Buf C, int ldc) {
+    if (M <= 0 || N <= 0) return;
+    // Row-major stored shapes: A is [M,K] ([K,M] when trans_a), B is [K,N] ([N,K] when trans_b).
+    int a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
+    if (K < 0 || ldc < N || (K > 0 && (lda < a_cols || ldb < b_cols))) {
+        char detail[160];
+        snprintf(detail, sizeof detail, "bad shape M=%d N=%d K=%d lda=%d ldb=%d ldc=%d ta=%d tb=%d", M, N, K, lda,
+                 ldb, ldc, trans_a, trans_b);
+        cuda_record_failure(be, "cuda_gemm", detail, __FILE__, __LINE__);
+        return;
+    }
+    CudaState *st = cuda_state(be);
+    if (K == 0) {   // an empty sum: C = beta * C
+        unsigned blocks = cuda_blocks((size_t)M * N, 256);
+        if (blocks > 65535u * 8u) blocks = 65535u * 8u;
+        scale_matrix_kernel<<<blocks, 256, 0, st->stream>>>(C.p, C.t, ldc, M, N, beta);
+        CUDA_LAUNCHED(be);
+        return;
+    }
+
+    // Operand types: make A and B the same type.
+    NumType op_type = A.t;
+    bool conv_a = false, conv_b = false;
+    if (A.t != B.t) {
+        if (A.t == NUM_F32) op_type = B.t, conv_a = true;
+        else op_type = A.t, conv_b = true;   // B is f32, or (bf16 vs f16) B follows A
+    }
+    // Output: cuBLASLt writes C of the operand type or f32; otherwise through an f32 copy.
+    bool c_via_copy = !(C.t == op_type || C.t == NUM_F32);
+    if (!conv_a && !conv_b && !c_via_copy) {
+        int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A.p, lda, B.p, ldb, op_type, beta, C.p, C.t, ldc);
+        if (r != LT_NO_ALGO) return;
+        // No algorithm for these alignments / strides: repack everything below.
+        conv_a = conv_b = c_via_copy = true;
+    }
+    gemm_repacked(be, trans_a, trans_b, M, N, K, alpha, A, lda, conv_a, B, ldb, conv_b, op_type, beta, C, ldc,
+                  c_via_copy);
+}

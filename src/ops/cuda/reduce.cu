@@ -1,0 +1,116 @@
+// Reductions the host reads back (losses, router statistics, the gradient norm), in double,
+// in a fixed order: the same inputs give the same bits on the same GPU (no atomics, and the
+// partition into blocks depends only on n, not on the GPU's SM count).
+//
+//   pass 1: grid of G blocks (G a function of n, at most REDUCE_MAX_BLOCKS); thread t of block b
+//           sums elements b*T + t, b*T + t + G*T, ... (T threads per block) in double, in that
+//           order; the block's threads are combined by a fixed tree; partial[b] is written.
+//   pass 2: one block sums partial[0..G) the same way into out[0].
+// The order differs from the cpu's sequential loop, so results agree with it to double
+// rounding (~1e-16 relative), not bit for bit.
+#include "ops/cuda/cuda_common.cuh"
+
+#include "ops/cuda/cuda_ops.h"
+
+#define REDUCE_THREADS 512
+#define REDUCE_MAX_BLOCKS 1024
+#define REDUCE_ITEMS_PER_THREAD 16   // aim: about this many elements per thread before the grid is capped
+
+// Fixed-order tree over the block's values (sh[REDUCE_THREADS]); returns the sum in thread 0.
+__device__ double block_sum(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = REDUCE_THREADS / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    return sh[0];
+}
+
+template <bool SQUARES> __global__ void sum_partials_kernel(double *partial, const float *x, size_t n) {
+    __shared__ double sh[REDUCE_THREADS];
+    size_t stride = (size_t)gridDim.x * REDUCE_THREADS;
+    double s = 0.0;
+    for (size_t i = (size_t)blockIdx.x * REDUCE_THREADS + threadIdx.x; i < n; i += stride) {
+        double v = (double)x[i];
+        s += SQUARES ? v * v : v;
+    }
+    double total = block_sum(s, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+// out[0] = sum of partial[0..count) (one block)
+__global__ void sum_final_kernel(double *out, const double *partial, int count) {
+    __shared__ double sh[REDUCE_THREADS];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < count; i += REDUCE_THREADS) s += partial[i];
+    double total = block_sum(s, sh);
+    if (threadIdx.x == 0) out[0] = total;
+}
+
+static void sum_any(Backend *be, double *out, const float *x, size_t n, bool squares) {
+    cudaStream_t stream = cuda_state(be)->stream;
+    if (n == 0) {
+        CUDA_CHECK(be, cudaMemsetAsync(out, 0, sizeof(double), stream));   // +0.0
+        return;
+    }
+    size_t want = (n + (size_t)REDUCE_THREADS * REDUCE_ITEMS_PER_THREAD - 1) /
+                  ((size_t)REDUCE_THREADS * REDUCE_ITEMS_PER_THREAD);
+    int blocks = (int)(want < 1 ? 1 : want > REDUCE_MAX_BLOCKS ? REDUCE_MAX_BLOCKS : want);
+    double *partial = (double *)cuda_scratch_slot(be, CUDA_SCRATCH_REDUCE, (size_t)blocks * sizeof(double));
+    if (!partial) return;
+    if (squares) sum_partials_kernel<true><<<blocks, REDUCE_THREADS, 0, stream>>>(partial, x, n);
+    else sum_partials_kernel<false><<<blocks, REDUCE_THREADS, 0, stream>>>(partial, x, n);
+    CUDA_LAUNCHED(be);
+    sum_final_kernel<<<1, REDUCE_THREADS, 0, stream>>>(out, partial, blocks);
+    CUDA_LAUNCHED(be);
+}
+
+extern "C" void cuda_sum(Backend *be, double *out, const float *x, size_t n, bool squares) {
+    sum_any(be, out, x, n, squares);
+}
+
+// The same fixed blocking for any n (the cpu's 16384-element blocks are its own partition;
+// the result agrees with it to double rounding).
+extern "C" void cuda_grad_sum_squares(Backend *be, double *out, const float *x, size_t n) {
+    sum_any(be, out, x, n, true);
+}
+
+// out[e] = (sum_n x[n, e]) / N: one block per column, threads over rows (fixed tree).
+__global__ void column_means_kernel(double *out, const float *x, int N, int E) {
+    __shared__ double sh[REDUCE_THREADS];
+    int e = blockIdx.x;
+    double s = 0.0;
+    for (int n = threadIdx.x; n < N; n += REDUCE_THREADS) s += (double)x[(size_t)n * E + e];
+    double total = block_sum(s, sh);
+    if (threadIdx.x == 0) out[e] = total / N;
+}
+
+__global__ void fill_nan_kernel(double *out, int E) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < E) out[e] = __longlong_as_double(0x7ff8000000000000ll);
+}
+
+extern "C" void cuda_column_means(Backend *be, double *out, const float *x, int N, int E) {
+    if (E <= 0) return;
+    if (N <= 0) {   // 0/0 as the cpu computes it: NaN per column
+        fill_nan_kernel<<<cuda_blocks((size_t)E, 256), 256, 0, cuda_state(be)->stream>>>(out, E);
+        CUDA_LAUNCHED(be);
+        return;
+    }
+    column_means_kernel<<<E, REDUCE_THREADS, 0, cuda_state(be)->stream>>>(out, x, N, E);
+    CUDA_LAUNCHED(be);
+}
+
+__global__ void scale_kernel(float *x, size_t n, float s) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] *= s;
+}
+
+extern "C" void cuda_scale(Backend *be, float *x, size_t n, float s) {
+    if (n == 0) return;
+    unsigned blocks = cuda_blocks(n, 256);
+    if (blocks > 65535u * 8u) blocks = 65535u * 8u;
+    scale_kernel<<<blocks, 256, 0, cuda_state(be)->stream>>>(x, n, s);
+    CUDA_LAUNCHED(be);
+}

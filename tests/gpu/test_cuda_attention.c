@@ -1,0 +1,331 @@
+// CUDA causal GQA attention (src/ops/cuda/attention.cu) against the cpu kernels
+// op_attention_forward / op_attention_backward (Tq == Tk) and op_attention_forward_kv
+// (Tq < Tk, a KV cache). Both CUDA paths are covered: the tensor-core kernels (bf16/f16,
+// hd 64/128, Tq >= 16) and the SIMT kernels (fp32, other head dims, decode, and forced with
+// cuda_attention_force_simt for bf16 too). Shapes: GQA ratios 1, 2, 4 and MQA, T not a
+// multiple of the 64-row tiles, B > 1, hd 64 and 128 (and 40, 256 on the SIMT path).
+// Outputs are poisoned before every run; every run is repeated and must give the same bits.
+//
+// Tolerances.
+//  fp32: max|got-ref| / max|ref| <= 1e-5 for out and lse, 1e-4 for dq/dk/dv (as the cpu tiled
+//    vs textbook test: the gradients subtract D = rowsum(dO*O) from dP, which loses digits).
+//  bf16/f16: inputs are rounded to the type before the cpu reference sees them, so the only
+//    error sources are the roundings inside the GPU computation, each of relative size
+//    <= u = 2^-p (bf16 2^-8, f16 2^-11; plus 2^-25 absolute for f16 subnormals):
+//      out = sum_j P_ij v_j with P rounded: |err| <= u * sum_j P_ij |v_j| + u |out|  (store)
+//      dV_j = sum_i P_ij dO_i:               |err| <= u * sum_i P_ij |dO_i| + u |dV|
+//      dK_j = sum_i dS_ij q_i, dS rounded:   |err| <= u * sum_i |dS_ij| |q_i| + u |dK|
+//      dQ_i = sum_j dS_ij k_j:               |err| <= u * sum_j |dS_ij| |k_j| + u |dQ|
+//    These bounds are computed per element on the host (double, from the reference P and
+//    dS); each element must satisfy |got-ref| <= 1.5 * bound + fp32 slack (1e-5 * max|ref|
+//    for out, 1e-4 for gradients). lse involves no rounding to bf16: 2e-5 relative.
+//    A masking bug (one key too many or too few) changes a row by about P_ij|v| ~ 1/(i+1),
+//    far above u * sum_j P_ij|v_j| ~ u|v| for the early rows, so it fails.
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "gpu/gpu_test.h"
+#include "ops/cuda/cuda_attention.h"
+
+typedef struct {
+    int B, Tq, Tk, nh, nkv, hd;
+} Shape;
+
+// Per-element error bounds (see the header comment) for out, and for dq/dk/dv when Tq == Tk.
+// P and dS from the inputs in double, as the textbook reference.
+static void attention_bounds(const Shape *s, const float *q, const float *k, const float *v, const float *dout,
+                             const float *out, const float *lse, double u, double eta, double *b_out, double *b_dq,
+                             double *b_dk, double *b_dv) {
+    const int B = s->B, Tq = s->Tq, Tk = s->Tk, nh = s->nh, nkv = s->nkv, hd = s->hd, group = nh / nkv;
+    const size_t nq = (size_t)B * Tq * nh * hd, nk = (size_t)B * Tk * nkv * hd;
+    const double scale = 1.0 / sqrt((double)hd);
+    for (size_t e = 0; e < nq; e++) b_out[e] = 0.0;
+    if (b_dq)
+        for (size_t e = 0; e < nq; e++) b_dq[e] = 0.0;
+    if (b_dk)
+        for (size_t e = 0; e < nk; e++) b_dk[e] = b_dv[e] = 0.0;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++)
+            for (int i = 0; i < Tq; i++) {
+                const size_t qi = (((size_t)b * Tq + i) * nh + h) * hd;
+                const double li = lse[((size_t)b * nh + h) * Tq + i];
+                double D = 0.0;
+                if (b_dq)
+                    for (int c = 0; c < hd; c++) D += (double)dout[qi + c] * out[qi + c];
+                for (int j = 0; j <= Tk - Tq + i; j++) {
+                    const size_t kj = (((size_t)b * Tk + j) * nkv + h / group) * hd;
+                    double sc = 0.0, dp = 0.0;
+                    for (int c = 0; c < hd; c++) {
+                        sc += (double)q[qi + c] * k[kj + c];
+                        dp += (double)dout[qi + c] * v[kj + c];
+                    }
+                    const double p = exp(sc * scale - li);
+                    // rounding p costs u*p (+ eta absolute for f16 subnormals)
+                    for (int c = 0; c < hd; c++) b_out[qi + c] += (u * p + eta) * fabs(v[kj + c]);
+                    if (!b_dq) continue;
+                    const double ds = fabs(p * (dp - D) * scale);
+                    for (int c = 0; c < hd; c++) {
+                        b_dv[kj + c] += (u * p + eta) * fabs(dout[qi + c]);
+                        b_dk[kj + c] += (u * ds + eta) * fabs(q[qi + c]);
+                        b_dq[qi + c] += (u * ds + eta) * fabs(k[kj + c]);
+                    }
+                }
+            }
+}
+
+// |got - ref| <= 1.5 * (bound + u|ref|) + slack * max|ref| for every element.
+static void check_bounded(const char *what, const float *got, const float *ref, const double *bound, size_t n,
+                          double u, double slack) {
+    double mag = 1e-6;
+    for (size_t e = 0; e < n; e++) mag = fmax(mag, fabs((double)ref[e]));
+    double worst = 0.0;
+    size_t we = 0;
+    for (size_t e = 0; e < n; e++) {
+        double d = fabs((double)got[e] - ref[e]);
+        if (!isfinite(got[e])) d = INFINITY;
+        const double allowed = 1.5 * (bound[e] + u * fabs((double)ref[e])) + slack * mag;
+        const double ratio = d / allowed;
+        if (!(ratio <= worst)) worst = ratio, we = e;
+    }
+    printf("  %-40s err/allowed %.3f (max|ref| %.3g)\n", what, worst, mag);
+    if (!(worst <= 1.0))
+        fail_msg("%s: element %zu got %.9g ref %.9g, allowed +-%.3g", what, we, got[we], ref[we],
+                 1.5 * (bound[we] + u * fabs((double)ref[we])) + slack * mag);
+}
+
+static float *rounded_random(size_t n, uint64_t seed, NumType t) {
+    float *x = gt_random(n, seed, 1.0);
+    gt_round_host(x, n, t);
+    return x;
+}
+
+// One shape in one precision: forward (and backward when Tq == Tk) against the cpu kernels,
+// then a second run into freshly poisoned buffers must give the same bits.
+static void check_attention(Precision prec, Shape s, bool force_simt) {
+    Backend *be = cuda_test_backend(prec);
+    const NumType t = gt_compute_type(prec);
+    const int B = s.B, Tq = s.Tq, Tk = s.Tk, nh = s.nh, nkv = s.nkv, hd = s.hd;
+    const bool bwd = Tq == Tk;
+    printf("attention %s%s B=%d Tq=%d Tk=%d nh=%d nkv=%d hd=%d\n", num_type_name(t), force_simt ? " (simt)" : "", B,
+           Tq, Tk, nh, nkv, hd);
+    cuda_attention_force_simt(force_simt);
+    const size_t nq = (size_t)B * Tq * nh * hd, nk = (size_t)B * Tk * nkv * hd, nl = (size_t)B * nh * Tq;
+    float *q = rounded_random(nq, 101, t), *k = rounded_random(nk, 102, t), *v = rounded_random(nk, 103, t);
+    float *dout = rounded_random(nq, 104, t);
+
+    // cpu reference forward
+    float *out_ref = malloc(nq * sizeof(float)), *lse_ref = malloc(nl * sizeof(float));
+    assert_non_null(out_ref);
+    assert_non_null(lse_ref);
+    if (bwd) assert_int_equal(op_attention_forward(out_ref, lse_ref, q, k, v, B, Tq, nh, nkv, hd), SPES_OK);
+    else assert_int_equal(op_attention_forward_kv(out_ref, lse_ref, q, k, v, B, Tq, Tk, nh, nkv, hd), SPES_OK);
+
+    Buf d_q = gt_upload(be, q, nq, t), d_k = gt_upload(be, k, nk, t), d_v = gt_upload(be, v, nk, t);
+    Buf d_out[2];
+    float *d_lse[2];
+    for (int run = 0; run < 2; run++) {
+        d_out[run] = gt_alloc(be, nq, t);
+        d_lse[run] = gt_alloc(be, nl, NUM_F32).p;
+        be->ops->attention_forward(be, d_out[run], d_lse[run], d_q, d_k, d_v, B, Tq, Tk, nh, nkv, hd);
+    }
+    float *out = gt_download(be, d_out[0], nq), *lse = gt_download(be, buf_f32(d_lse[0]), nl);
+
+    const double u = t == NUM_F32 ? 0.0 : gt_unit_roundoff(t), eta = t == NUM_F16 ? 0x1p-25 : 0.0;
+    double *b_out = malloc(nq * sizeof(double)), *b_dq = NULL, *b_dk = NULL, *b_dv = NULL;
+    assert_non_null(b_out);
+    if (t == NUM_F32) {
+        gt_check("out", out, out_ref, nq, 1e-5);
+        gt_check("lse", lse, lse_ref, nl, 1e-5);
+    }
+    gt_check_same_bits(be, "out (two runs)", d_out[0].p, d_out[1].p, nq * num_type_size(t));
+    gt_check_same_bits(be, "lse (two runs)", d_lse[0], d_lse[1], nl * sizeof(float));
+
+    if (bwd) {
+        // The backward sees the reference out (rounded to the type, as the model would store
+        // it) and lse, so its error is its own.
+        float *out_in = gt_copy_floats(out_ref, nq);
+        gt_round_host(out_in, nq, t);
+        float *dq_ref = malloc(nq * sizeof(float)), *dk_ref = malloc(nk * sizeof(float)),
+              *dv_ref = malloc(nk * sizeof(float));
+        assert_non_null(dq_ref);
+        assert_non_null(dk_ref);
+        assert_non_null(dv_ref);
+        assert_int_equal(op_attention_backward(dq_ref, dk_ref, dv_ref, dout, out_in, lse_ref, q, k, v, B, Tq, nh, nkv,
+                                               hd),
+                         SPES_OK);
+        Buf d_dout = gt_upload(be, dout, nq, t), d_outin = gt_upload(be, out_in, nq, t);
+        float *d_lsein = gt_upload(be, lse_ref, nl, NUM_F32).p;
+        Buf g_q[2], g_k[2], g_v[2];
+        for (int run = 0; run < 2; run++) {
+            g_q[run] = gt_alloc(be, nq, t), g_k[run] = gt_alloc(be, nk, t), g_v[run] = gt_alloc(be, nk, t);
+            be->ops->attention_backward(be, g_q[run], g_k[run], g_v[run], d_dout, d_outin, d_lsein, d_q, d_k, d_v, B,
+                                        Tq, nh, nkv, hd);
+        }
+        float *gq = gt_download(be, g_q[0], nq), *gk = gt_download(be, g_k[0], nk), *gv = gt_download(be, g_v[0], nk);
+        if (t == NUM_F32) {
+            gt_check("dq", gq, dq_ref, nq, 1e-4);
+            gt_check("dk", gk, dk_ref, nk, 1e-4);
+            gt_check("dv", gv, dv_ref, nk, 1e-4);
+        } else {
+            b_dq = malloc(nq * sizeof(double)), b_dk = malloc(nk * sizeof(double)), b_dv = malloc(nk * sizeof(double));
+            assert_non_null(b_dq);
+            assert_non_null(b_dk);
+            assert_non_null(b_dv);
+            attention_bounds(&s, q, k, v, dout, out_in, lse_ref, u, eta, b_out, b_dq, b_dk, b_dv);
+            check_bounded("dq", gq, dq_ref, b_dq, nq, u, 1e-4);
+            check_bounded("dk", gk, dk_ref, b_dk, nk, u, 1e-4);
+            check_bounded("dv", gv, dv_ref, b_dv, nk, u, 1e-4);
+        }
+        gt_check_same_bits(be, "dq (two runs)", g_q[0].p, g_q[1].p, nq * num_type_size(t));
+        gt_check_same_bits(be, "dk (two runs)", g_k[0].p, g_k[1].p, nk * num_type_size(t));
+        gt_check_same_bits(be, "dv (two runs)", g_v[0].p, g_v[1].p, nk * num_type_size(t));
+        for (int run = 0; run < 2; run++) gt_free(be, g_q[run]), gt_free(be, g_k[run]), gt_free(be, g_v[run]);
+        gt_free(be, d_dout), gt_free(be, d_outin), backend_free(be, d_lsein);
+        free(out_in), free(dq_ref), free(dk_ref), free(dv_ref), free(gq), free(gk), free(gv);
+    }
+    if (t != NUM_F32) {
+        if (!bwd) attention_bounds(&s, q, k, v, dout, out_ref, lse_ref, u, eta, b_out, NULL, NULL, NULL);
+        check_bounded("out", out, out_ref, b_out, nq, u, 1e-5);
+        gt_check("lse", lse, lse_ref, nl, 2e-5);
+    }
+
+    cuda_attention_force_simt(false);
+    for (int run = 0; run < 2; run++) gt_free(be, d_out[run]), backend_free(be, d_lse[run]);
+    gt_free(be, d_q), gt_free(be, d_k), gt_free(be, d_v);
+    free(q), free(k), free(v), free(dout), free(out_ref), free(lse_ref), free(out), free(lse);
+    free(b_out), free(b_dq), free(b_dk), free(b_dv);
+}
+
+#define S(B, Tq, Tk, nh, nkv, hd) ((Shape){B, Tq, Tk, nh, nkv, hd})
+
+// fp32: the SIMT kernels (tensor cores are not used for fp32 buffers).
+static void test_fp32(void **state) {
+    (void)state;
+    check_attention(PRECISION_FP32, S(2, 17, 17, 4, 2, 64), false);     // GQA 2, B > 1
+    check_attention(PRECISION_FP32, S(1, 100, 100, 4, 1, 128), false);  // MQA
+    check_attention(PRECISION_FP32, S(2, 257, 257, 4, 4, 64), false);   // MHA, 5 tiles of 64, ragged
+    check_attention(PRECISION_FP32, S(1, 1, 1, 2, 1, 64), false);       // a single token
+    check_attention(PRECISION_FP32, S(1, 33, 33, 8, 2, 40), false);     // hd 40: generic, GQA 4
+    check_attention(PRECISION_FP32, S(1, 40, 40, 2, 1, 256), false);    // hd 256: the largest
+}
+
+static void test_fp32_kv_cache(void **state) {
+    (void)state;
+    check_attention(PRECISION_FP32, S(2, 1, 300, 4, 2, 64), false);     // decode one token
+    check_attention(PRECISION_FP32, S(1, 5, 300, 4, 1, 128), false);    // five tokens, MQA
+}
+
+// bf16: the tensor-core kernels wherever they apply.
+static void test_bf16(void **state) {
+    (void)state;
+    check_attention(PRECISION_AMP_BF16, S(2, 100, 100, 4, 2, 64), false);   // GQA 2, B > 1, ragged
+    check_attention(PRECISION_AMP_BF16, S(1, 257, 257, 4, 1, 128), false);  // MQA, 5 tiles
+    check_attention(PRECISION_AMP_BF16, S(2, 17, 17, 2, 2, 128), false);    // MHA, one partial tile
+    check_attention(PRECISION_AMP_BF16, S(3, 64, 64, 8, 2, 64), false);     // GQA 4, exactly one tile
+    check_attention(PRECISION_AMP_BF16, S(1, 130, 130, 12, 12, 64), false); // 1B model's heads
+    check_attention(PRECISION_AMP_BF16, S(1, 1, 1, 4, 2, 64), false);       // T = 1 (SIMT: Tq < 16)
+    check_attention(PRECISION_AMP_BF16, S(1, 33, 33, 4, 2, 40), false);     // hd 40: SIMT
+    check_attention(PRECISION_AMP_BF16, S(1, 2048, 2048, 2, 1, 64), false); // training length, 32 tiles
+}
+
+static void test_bf16_kv_cache(void **state) {
+    (void)state;
+    check_attention(PRECISION_AMP_BF16, S(2, 1, 300, 4, 2, 64), false);     // decode (SIMT)
+    check_attention(PRECISION_AMP_BF16, S(1, 5, 300, 4, 1, 128), false);    // (SIMT)
+    check_attention(PRECISION_AMP_BF16, S(1, 40, 300, 4, 2, 64), false);    // tensor cores, 260 past keys
+    check_attention(PRECISION_AMP_BF16, S(2, 100, 300, 4, 1, 128), false);  // tensor cores, MQA
+}
+
+// bf16 through the SIMT kernels (the simple reference path) on the same shapes.
+static void test_bf16_simt(void **state) {
+    (void)state;
+    check_attention(PRECISION_AMP_BF16, S(2, 100, 100, 4, 2, 64), true);
+    check_attention(PRECISION_AMP_BF16, S(1, 257, 257, 4, 1, 128), true);
+    check_attention(PRECISION_AMP_BF16, S(1, 40, 300, 4, 2, 64), true);
+}
+
+static void test_f16(void **state) {
+    (void)state;
+    check_attention(PRECISION_AMP_FP16, S(2, 100, 100, 4, 2, 64), false);
+    check_attention(PRECISION_AMP_FP16, S(1, 130, 130, 4, 4, 128), false);
+}
+
+// A head dim the kernels do not support is a recorded failure that names it, not a crash.
+static void test_unsupported_head_dim(void **state) {
+    (void)state;
+    Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
+    const int hd = 12, n = 4 * 2 * hd;
+    Buf q = gt_alloc(be, n, NUM_BF16), k = gt_alloc(be, n, NUM_BF16), v = gt_alloc(be, n, NUM_BF16);
+    Buf out = gt_alloc(be, n, NUM_BF16);
+    float *lse = gt_alloc(be, 8, NUM_F32).p;
+    be->ops->attention_forward(be, out, lse, q, k, v, 1, 4, 4, 2, 2, hd);
+    assert_int_not_equal(backend_sync(be), SPES_OK);
+    printf("  expected failure: %s\n", spes_last_error());
+    assert_non_null(strstr(spes_last_error(), "head dim 12"));
+    gt_sync_ok(be);   // reported once; the backend goes on
+    gt_free(be, q), gt_free(be, k), gt_free(be, v), gt_free(be, out), backend_free(be, lse);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// Not a check: prints the speed of the tensor-core kernels at the 1B model's shape (hd 64,
+// 12 heads, T 2048) and at hd 128, for the first runs on a GPU. Causal FLOPs: forward
+// 2 matmuls of B*nh*T*T/2*hd multiply-adds each = 2*B*nh*T*T*hd; backward 5 matmuls (2.5x).
+static void test_bf16_speed(void **state) {
+    (void)state;
+    Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
+    const Shape shapes[] = {S(8, 2048, 2048, 12, 12, 64), S(4, 2048, 2048, 16, 4, 128)};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const Shape s = shapes[si];
+        const size_t nq = (size_t)s.B * s.Tq * s.nh * s.hd, nk = (size_t)s.B * s.Tk * s.nkv * s.hd;
+        const size_t nl = (size_t)s.B * s.nh * s.Tq;
+        float *x = gt_random(nq + 1, 7, 1.0);   // v reads x + 1
+        Buf q = gt_upload(be, x, nq, NUM_BF16), k = gt_upload(be, x, nk, NUM_BF16), v = gt_upload(be, x + 1, nk, NUM_BF16);
+        Buf dout = gt_upload(be, x, nq, NUM_BF16), out = gt_alloc(be, nq, NUM_BF16);
+        Buf dq = gt_alloc(be, nq, NUM_BF16), dk = gt_alloc(be, nk, NUM_BF16), dv = gt_alloc(be, nk, NUM_BF16);
+        float *lse = gt_alloc(be, nl, NUM_F32).p;
+        const double flops_fwd = 2.0 * s.B * s.nh * (double)s.Tq * s.Tq * s.hd;
+        const int iters = 10;
+        double t_fwd = 0, t_bwd = 0;
+        for (int pass = 0; pass < 2; pass++) {   // pass 0 warms up
+            gt_sync_ok(be);
+            double t0 = now_s();
+            for (int it = 0; it < iters; it++)
+                be->ops->attention_forward(be, out, lse, q, k, v, s.B, s.Tq, s.Tk, s.nh, s.nkv, s.hd);
+            gt_sync_ok(be);
+            double t1 = now_s();
+            for (int it = 0; it < iters; it++)
+                be->ops->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, s.B, s.Tq, s.nh, s.nkv, s.hd);
+            gt_sync_ok(be);
+            t_fwd = (t1 - t0) / iters, t_bwd = (now_s() - t1) / iters;
+        }
+        printf("  B=%d T=%d nh=%d nkv=%d hd=%d: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s)\n",
+               s.B, s.Tq, s.nh, s.nkv, s.hd, 1e3 * t_fwd, flops_fwd / t_fwd * 1e-12, 1e3 * t_bwd,
+               2.5 * flops_fwd / t_bwd * 1e-12);
+        free(x);
+        gt_free(be, q), gt_free(be, k), gt_free(be, v), gt_free(be, dout), gt_free(be, out);
+        gt_free(be, dq), gt_free(be, dk), gt_free(be, dv), backend_free(be, lse);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp32),        cmocka_unit_test(test_fp32_kv_cache), cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_bf16_kv_cache), cmocka_unit_test(test_bf16_simt),   cmocka_unit_test(test_f16),
+        cmocka_unit_test(test_unsupported_head_dim), cmocka_unit_test(test_bf16_speed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

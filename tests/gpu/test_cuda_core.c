@@ -1,0 +1,631 @@
+// The CUDA backend's core ops against the cpu kernels (src/ops/cpu/cpu_ops.h): GEMM (every
+// transpose, fp32 / bf16 / f16 operands, fp32 and low-precision C, beta 0 and 1, odd sizes and
+// strides, mixed operand types, K = 0), grouped expert MLPs forward and backward (empty,
+// frozen and partly frozen experts; grouped and per-expert paths), AdamW, reductions, type
+// conversion, memory and error reporting. Outputs are poisoned (NaN) before every run, padding
+// columns must come back untouched, and the ops that reduce are run twice for identical bits.
+//
+// Tolerances.
+//  GEMM: per element, from the inputs as the GPU sees them (rounded to the operand type
+//    first, so the reference multiplies the same numbers). op_gemm_ref accumulates in double.
+//    With S = |alpha| sum_k |a_ik||b_kj| + |beta c_ij|, fp32 accumulation of K terms errs by
+//    at most ~K u32 S (u32 = 2^-24; any summation order, split-K included); the output is
+//    then rounded to C's type (u_c |ref|) and the reference to fp32 (u32 |ref|):
+//      bound = 4 K u32 S + (1.01 u_c + u32) |ref|
+//    (factor 4: slack for tensor-core accumulation, which may truncate rather than round).
+//    Any indexing or transpose mistake moves an element by about one term |a||b| ~ S/K or
+//    more, above 4 K u32 S for every K tested (K <= 8192: 4 K u32 < 2e-3 while 1/K... is
+//    checked by the small-K cases, where the bound is tiny).
+//  Experts: fp32: max|err| / max|ref| <= 1e-5 forward, 1e-4 backward (dW sums over rows).
+//    bf16/f16 (u = 2^-8 / 2^-11): inputs rounded to the type for the reference; the GPU also
+//    rounds the intermediates gu, act, da, dgu (one rounding each, <= u relative), and silu
+//    scales a relative error in g by |1 + g(1 - s)| <= 2 for |g| < 4. Each output is at most
+//    ~4 roundings deep, each carried through a dot product whose sum of |terms| is <= ~3x the
+//    largest |output| for these normal random inputs: gu 2u (one rounding), act 6u, y / da /
+//    dxe / dW 24u (normwise, relative to the tensor's max-abs). An indexing mistake (wrong
+//    expert, row, or half of gu) errs by O(1) relative and fails by far.
+//  AdamW: bit-identical p, m, v to op_adamw (same float operations in the same order, no
+//    contraction into FMA on either side), and the compute copy is exactly round(p).
+//  Reductions: double; order differs from the cpu's loop: |err| <= n 2^-52 sum|x_i|.
+//  Conversion, scale, copies: exact.
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpu/gpu_test.h"
+
+static const double U32 = 0x1p-24;
+
+// ---- GEMM -------------------------------------------------------------------------------------
+typedef struct {
+    bool ta, tb;
+    int M, N, K;
+    float alpha, beta;
+    NumType at, bt, ct;
+    int pad;   // extra elements per row of A, B and C (odd: misaligned rows)
+} GemmCase;
+
+static float *abs_copy(const float *x, size_t n) {
+    float *y = gt_copy_floats(x, n);
+    for (size_t i = 0; i < n; i++) y[i] = fabsf(y[i]);
+    return y;
+}
+
+// Runs one GEMM on the GPU, checks it against op_gemm_ref element by element (padding columns
+// must be unchanged), and returns the result (malloc'd) for determinism checks.
+static float *check_gemm(Backend *be, const GemmCase *c, uint64_t seed) {
+    const int M = c->M, N = c->N, K = c->K;
+    const int a_rows = c->ta ? K : M, a_cols = c->ta ? M : K, b_rows = c->tb ? N : K, b_cols = c->tb ? K : N;
+    const int lda = a_cols + c->pad, ldb = b_cols + c->pad, ldc = N + c->pad;
+    const size_t na = (size_t)a_rows * lda, nb = (size_t)b_rows * ldb, nc = (size_t)M * ldc;
+    // the type the multiply happens in: mixed operands convert the fp32 one (backend.h)
+    const NumType op = c->at == c->bt ? c->at : c->at == NUM_F32 ? c->bt : c->at;
+
+    float *A = gt_random(na, seed, 1.0), *B = gt_random(nb, seed + 1, 1.0), *C0 = gt_random(nc, seed + 2, 1.0);
+    gt_round_host(A, na, c->at);   // what is uploaded
+    gt_round_host(B, nb, c->bt);
+    gt_round_host(C0, nc, c->ct);
+    float *Aref = gt_copy_floats(A, na), *Bref = gt_copy_floats(B, nb);
+    gt_round_host(Aref, na, op);   // what the GPU multiplies
+    gt_round_host(Bref, nb, op);
+
+    Buf dA = gt_upload(be, A, na, c->at), dB = gt_upload(be, B, nb, c->bt);
+    Buf dC = c->beta == 0.0f ? gt_alloc(be, nc, c->ct) : gt_upload(be, C0, nc, c->ct);   // beta 0: NaN C
+    be->ops->gemm(be, c->ta, c->tb, M, N, K, c->alpha, dA, lda, dB, ldb, c->beta, dC, ldc);
+    float *got = gt_download(be, dC, nc);
+
+    float *ref = gt_copy_floats(C0, nc);
+    if (c->beta == 0.0f)
+        for (size_t i = 0; i < nc; i++) ref[i] = NAN;   // the poison: padding must stay NaN
+    op_gemm_ref(c->ta, c->tb, M, N, K, c->alpha, Aref, lda, Bref, ldb, c->beta, ref, ldc);
+
+    float *Aa = abs_copy(Aref, na), *Ba = abs_copy(Bref, nb), *S = abs_copy(C0, nc);
+    op_gemm_ref(c->ta, c->tb, M, N, K, fabsf(c->alpha), Aa, lda, Ba, ldb, fabsf(c->beta), S, ldc);
+    double *bound = malloc(nc * sizeof(double));
+    const double uc = gt_unit_roundoff(c->ct);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < ldc; j++) {
+            size_t at = (size_t)i * ldc + j;
+            bound[at] = j < N ? 4.0 * K * U32 * S[at] + (1.01 * uc + U32) * fabs((double)ref[at]) : 0.0;
+        }
+    char what[160];
+    snprintf(what, sizeof what, "gemm %c%c %dx%dx%d %s,%s->%s a=%.2g b=%.2g pad %d", c->ta ? 'T' : 'N',
+             c->tb ? 'T' : 'N', M, N, K, num_type_name(c->at), num_type_name(c->bt), num_type_name(c->ct),
+             c->alpha, c->beta, c->pad);
+    gt_check_bounds(what, got, ref, bound, nc);
+
+    gt_free(be, dA), gt_free(be, dB), gt_free(be, dC);
+    free(A), free(B), free(C0), free(Aref), free(Bref), free(ref), free(Aa), free(Ba), free(S), free(bound);
+    return got;
+}
+
+static const int gemm_dims[][3] = {{1, 1, 1}, {7, 5, 3}, {1, 65, 7}, {65, 33, 129}, {513, 7, 65}, {64, 64, 64}, {33, 513, 1}};
+static const int n_gemm_dims = sizeof gemm_dims / sizeof gemm_dims[0];
+
+static void gemm_sweep(Precision prec, NumType at, NumType bt, NumType ct, const int *pads, int n_pads) {
+    Backend *be = cuda_test_backend(prec);
+    uint64_t seed = 100;
+    for (int d = 0; d < n_gemm_dims; d++)
+        for (int t = 0; t < 4; t++)
+            for (int b = 0; b < 2; b++)
+                for (int p = 0; p < n_pads; p++) {
+                    GemmCase c = {t & 1, (t >> 1) & 1, gemm_dims[d][0], gemm_dims[d][1], gemm_dims[d][2],
+                                  b ? 1.0f : 0.7f, b ? 1.0f : 0.0f, at, bt, ct, pads[p]};
+                    free(check_gemm(be, &c, seed));
+                    seed += 3;
+                }
+}
+
+static void test_gemm_fp32(void **state) {
+    (void)state;
+    const int pads[] = {0, 3};
+    gemm_sweep(PRECISION_FP32, NUM_F32, NUM_F32, NUM_F32, pads, 2);
+}
+
+static void test_gemm_bf16(void **state) {
+    (void)state;
+    const int pads[] = {0, 8, 3};   // 3: rows 2-byte aligned only (alignment-aware plan or repack)
+    gemm_sweep(PRECISION_AMP_BF16, NUM_BF16, NUM_BF16, NUM_F32, pads, 3);
+    gemm_sweep(PRECISION_AMP_BF16, NUM_BF16, NUM_BF16, NUM_BF16, pads, 3);
+}
+
+static void test_gemm_f16(void **state) {
+    (void)state;
+    const int pads[] = {0, 3};
+    gemm_sweep(PRECISION_AMP_FP16, NUM_F16, NUM_F16, NUM_F32, pads, 2);
+    gemm_sweep(PRECISION_AMP_FP16, NUM_F16, NUM_F16, NUM_F16, pads, 2);
+}
+
+// Operand types differ (the fp32 one is converted), and C types cuBLASLt cannot write from
+// the operands (through an fp32 copy).
+static void test_gemm_mixed_types(void **state) {
+    (void)state;
+    Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
+    const GemmCase cases[] = {
+        {false, true, 37, 29, 53, 1.0f, 0.0f, NUM_F32, NUM_BF16, NUM_F32, 0},   // fp32 grad x bf16 weight
+        {false, false, 37, 29, 53, 1.0f, 1.0f, NUM_F32, NUM_BF16, NUM_BF16, 3},
+        {true, false, 37, 29, 53, 1.0f, 1.0f, NUM_BF16, NUM_F32, NUM_F32, 1},
+        {false, true, 37, 29, 53, 0.5f, 1.0f, NUM_F32, NUM_F32, NUM_BF16, 0},   // f32 operands, bf16 C
+        {true, true, 37, 29, 53, 1.0f, 0.0f, NUM_BF16, NUM_BF16, NUM_F16, 2},   // bf16 operands, f16 C
+        {false, false, 16, 16, 16, 1.0f, 1.0f, NUM_F16, NUM_BF16, NUM_F32, 0},  // bf16 follows f16 A
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) free(check_gemm(be, &cases[i], 500 + 7 * i));
+}
+
+// K == 0: C = beta * C; beta == 0 writes zeros over NaN.
+static void test_gemm_k0(void **state) {
+    (void)state;
+    Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
+    const NumType types[] = {NUM_F32, NUM_BF16};
+    for (int t = 0; t < 2; t++)
+        for (int b = 0; b < 2; b++) {
+            GemmCase c = {false, true, 9, 11, 0, 1.0f, b ? 0.5f : 0.0f, types[t], types[t], types[t], 2};
+            free(check_gemm(be, &c, 900 + t * 2 + b));
+        }
+}
+
+// Same inputs twice -> same bits (shapes large enough for split-K and tensor-core tiles).
+static void test_gemm_deterministic(void **state) {
+    (void)state;
+    const GemmCase cases[] = {
+        {false, true, 512, 512, 512, 1.0f, 1.0f, NUM_BF16, NUM_BF16, NUM_F32, 0},
+        {true, false, 64, 96, 8192, 1.0f, 1.0f, NUM_BF16, NUM_BF16, NUM_F32, 0},   // dW shape: long K
+        {false, false, 8, 64, 8192, 1.0f, 0.0f, NUM_F32, NUM_F32, NUM_F32, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        Backend *be = cuda_test_backend(cases[i].at == NUM_F32 ? PRECISION_FP32 : PRECISION_AMP_BF16);
+        float *r1 = check_gemm(be, &cases[i], 1000 + i), *r2 = check_gemm(be, &cases[i], 1000 + i);
+        gt_check_same_host_bits("gemm run twice", r1, r2, (size_t)cases[i].M * cases[i].N * sizeof(float));
+        free(r1), free(r2);
+    }
+}
+
+// ---- experts ----------------------------------------------------------------------------------
+typedef struct {
+    int H, I, E;
+    const int *counts;
+} ExpertsShape;
+
+// Gradient pattern of expert e: 0 all trainable (dgate_up), 1 frozen, 2 gate only (+ down),
+// 3 gate and up separately, down frozen.
+static int grad_kind(int e) { return e % 4; }
+
+typedef struct {
+    float *xe, *gu, *act, *y, *dy, *da;
+    float **gate_up, **down;
+    float **dgate_up, **dgate, **dup, **ddown;   // per expert, NULL where frozen
+} HostExperts;
+
+static void experts_case(Precision prec, const ExpertsShape *s, bool force_loop, float **det_out, size_t *det_n) {
+    Backend *be = cuda_test_backend(prec);
+    const NumType ct = gt_compute_type(prec);
+    const int E = s->E, H = s->H, I = s->I;
+    int32_t *off = malloc((E + 1) * sizeof(int32_t));
+    off[0] = 0;
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + s->counts[e];
+    const int NK = off[E];
+    if (force_loop) setenv("SPES_CUDA_GROUPED", "0", 1);
+    else unsetenv("SPES_CUDA_GROUPED");
+
+    // host reference buffers (inputs rounded to the compute type)
+    HostExperts h;
+    uint64_t seed = 2000 + H * 7 + I;
+    h.xe = gt_random((size_t)NK * H, seed++, 1.0);
+    h.dy = gt_random((size_t)NK * H, seed++, 1.0);
+    gt_round_host(h.xe, (size_t)NK * H, ct);
+    gt_round_host(h.dy, (size_t)NK * H, ct);
+    h.gu = calloc((size_t)NK * 2 * I + 1, sizeof(float));
+    h.act = calloc((size_t)NK * I + 1, sizeof(float));
+    h.y = calloc((size_t)NK * H + 1, sizeof(float));
+    h.da = calloc((size_t)NK * I + 1, sizeof(float));
+    h.gate_up = calloc(E, sizeof(float *)), h.down = calloc(E, sizeof(float *));
+    h.dgate_up = calloc(E, sizeof(float *)), h.dgate = calloc(E, sizeof(float *));
+    h.dup = calloc(E, sizeof(float *)), h.ddown = calloc(E, sizeof(float *));
+    Buf *hgu_b = calloc(E, sizeof(Buf)), *hdown_b = calloc(E, sizeof(Buf));
+    for (int e = 0; e < E; e++) {
+        h.gate_up[e] = gt_random((size_t)2 * I * H, seed++, 1.0 / sqrt(H));
+        h.down[e] = gt_random((size_t)H * I, seed++, 1.0 / sqrt(I));
+        gt_round_host(h.gate_up[e], (size_t)2 * I * H, ct);
+        gt_round_host(h.down[e], (size_t)H * I, ct);
+        hgu_b[e] = buf_f32(h.gate_up[e]);
+        hdown_b[e] = buf_f32(h.down[e]);
+        int k = grad_kind(e);
+        if (k == 0) h.dgate_up[e] = gt_random((size_t)2 * I * H, seed++, 0.1);
+        if (k == 2 || k == 3) h.dgate[e] = gt_random((size_t)I * H, seed++, 0.1);
+        if (k == 3) h.dup[e] = gt_random((size_t)I * H, seed++, 0.1);
+        if (k == 0 || k == 2) h.ddown[e] = gt_random((size_t)H * I, seed++, 0.1);
+    }
+
+    // device copies
+    Buf d_xe = gt_upload(be, h.xe, (size_t)NK * H, ct), d_dy = gt_upload(be, h.dy, (size_t)NK * H, ct);
+    Buf d_gu = gt_alloc(be, (size_t)NK * 2 * I, ct), d_act = gt_alloc(be, (size_t)NK * I, ct);
+    Buf d_y = gt_alloc(be, (size_t)NK * H, ct), d_da = gt_alloc(be, (size_t)NK * I, ct);
+    Buf *d_gate_up = calloc(E, sizeof(Buf)), *d_down = calloc(E, sizeof(Buf));
+    float **d_dgate_up = calloc(E, sizeof(float *)), **d_dgate = calloc(E, sizeof(float *));
+    float **d_dup = calloc(E, sizeof(float *)), **d_ddown = calloc(E, sizeof(float *));
+    for (int e = 0; e < E; e++) {
+        d_gate_up[e] = gt_upload(be, h.gate_up[e], (size_t)2 * I * H, ct);
+        d_down[e] = gt_upload(be, h.down[e], (size_t)H * I, ct);
+        if (h.dgate_up[e]) d_dgate_up[e] = gt_upload(be, h.dgate_up[e], (size_t)2 * I * H, NUM_F32).p;
+        if (h.dgate[e]) d_dgate[e] = gt_upload(be, h.dgate[e], (size_t)I * H, NUM_F32).p;
+        if (h.dup[e]) d_dup[e] = gt_upload(be, h.dup[e], (size_t)I * H, NUM_F32).p;
+        if (h.ddown[e]) d_ddown[e] = gt_upload(be, h.ddown[e], (size_t)H * I, NUM_F32).p;
+    }
+
+    ExpertsArgs ha = {E, H, I, off, hgu_b, hdown_b, buf_f32(h.xe), buf_f32(h.gu), buf_f32(h.act), buf_f32(h.y),
+                      buf_f32(h.dy), buf_f32(h.da), h.dgate_up, h.dgate, h.dup, h.ddown};
+    ExpertsArgs da = {E, H, I, off, d_gate_up, d_down, d_xe, d_gu, d_act, d_y, d_dy, d_da, d_dgate_up, d_dgate,
+                      d_dup, d_ddown};
+
+    const double u = gt_unit_roundoff(ct);
+    const bool f32 = ct == NUM_F32;
+    const double tol_gu = f32 ? 1e-5 : 2 * u, tol_act = f32 ? 1e-5 : 6 * u, tol_fwd = f32 ? 1e-5 : 24 * u;
+    const double tol_bwd = f32 ? 1e-4 : 24 * u;
+    printf("experts %s H=%d I=%d E=%d NK=%d%s\n", precision_name(prec), H, I, E, NK,
+           force_loop ? " (per-expert loop forced)" : "");
+
+    // forward
+    op_experts_forward(&ha);
+    be->ops->experts_forward(be, &da);
+    float *g_gu = gt_download(be, d_gu, (size_t)NK * 2 * I), *g_act = gt_download(be, d_act, (size_t)NK * I);
+    float *g_y = gt_download(be, d_y, (size_t)NK * H);
+    gt_check("experts gu", g_gu, h.gu, (size_t)NK * 2 * I, tol_gu);
+    gt_check("experts act", g_act, h.act, (size_t)NK * I, tol_act);
+    gt_check("experts y", g_y, h.y, (size_t)NK * H, tol_fwd);
+
+    // backward (the GPU's own forward state: gu, act as it computed them)
+    op_experts_backward(&ha);
+    be->ops->experts_backward(be, &da);
+    float *g_dxe = gt_download(be, d_dy, (size_t)NK * H), *g_dgu = gt_download(be, d_gu, (size_t)NK * 2 * I);
+    float *g_da = gt_download(be, d_da, (size_t)NK * I);
+    gt_check("experts da", g_da, h.da, (size_t)NK * I, tol_bwd);
+    gt_check("experts dgu (in gu)", g_dgu, h.gu, (size_t)NK * 2 * I, tol_bwd);
+    gt_check("experts dxe (in dy)", g_dxe, h.dy, (size_t)NK * H, tol_bwd);
+    size_t det_total = (size_t)NK * H, det_at = 0;
+    for (int e = 0; e < E; e++) det_total += (size_t)4 * I * H + (size_t)H * I;
+    float *det = det_out ? calloc(det_total, sizeof(float)) : NULL;
+    if (det) memcpy(det, g_dxe, (size_t)NK * H * sizeof(float)), det_at = (size_t)NK * H;
+    for (int e = 0; e < E; e++) {
+        struct {
+            const char *name;
+            float *host, *dev;
+            size_t n;
+        } grads[] = {{"dgate_up", h.dgate_up[e], d_dgate_up[e], (size_t)2 * I * H},
+                     {"dgate", h.dgate[e], d_dgate[e], (size_t)I * H},
+                     {"dup", h.dup[e], d_dup[e], (size_t)I * H},
+                     {"ddown", h.ddown[e], d_ddown[e], (size_t)H * I}};
+        for (int g = 0; g < 4; g++) {
+            if (!grads[g].host) continue;
+            float *got = gt_download(be, buf_f32(grads[g].dev), grads[g].n);
+            char what[64];
+            snprintf(what, sizeof what, "experts %s[%d] (%d rows)", grads[g].name, e, s->counts[e]);
+            gt_check(what, got, grads[g].host, grads[g].n, tol_bwd);
+            if (det) memcpy(det + det_at, got, grads[g].n * sizeof(float)), det_at += grads[g].n;
+            free(got);
+        }
+    }
+    if (det_out) *det_out = det, *det_n = det_at;
+
+    unsetenv("SPES_CUDA_GROUPED");
+    gt_free(be, d_xe), gt_free(be, d_dy), gt_free(be, d_gu), gt_free(be, d_act), gt_free(be, d_y), gt_free(be, d_da);
+    for (int e = 0; e < E; e++) {
+        gt_free(be, d_gate_up[e]), gt_free(be, d_down[e]);
+        backend_free(be, d_dgate_up[e]), backend_free(be, d_dgate[e]), backend_free(be, d_dup[e]);
+        backend_free(be, d_ddown[e]);
+        free(h.gate_up[e]), free(h.down[e]), free(h.dgate_up[e]), free(h.dgate[e]), free(h.dup[e]), free(h.ddown[e]);
+    }
+    free(d_gate_up), free(d_down), free(d_dgate_up), free(d_dgate), free(d_dup), free(d_ddown);
+    free(h.gate_up), free(h.down), free(h.dgate_up), free(h.dgate), free(h.dup), free(h.ddown), free(hgu_b), free(hdown_b);
+    free(h.xe), free(h.dy), free(h.gu), free(h.act), free(h.y), free(h.da);
+    free(g_gu), free(g_act), free(g_y), free(g_dxe), free(g_dgu), free(g_da), free(off);
+}
+
+// Empty experts first, in the middle and last; a single-row expert.
+static const int counts8[] = {0, 7, 13, 1, 0, 19, 3, 0};
+static const ExpertsShape aligned_shape = {32, 24, 8, counts8};   // grouped path in every precision
+static const ExpertsShape odd_shape = {20, 12, 8, counts8};       // bf16 rows not 16-byte multiples: loop path
+
+static void test_experts_fp32(void **state) {
+    (void)state;
+    experts_case(PRECISION_FP32, &aligned_shape, false, NULL, NULL);
+    experts_case(PRECISION_FP32, &odd_shape, false, NULL, NULL);
+    experts_case(PRECISION_FP32, &aligned_shape, true, NULL, NULL);
+}
+
+static void test_experts_bf16(void **state) {
+    (void)state;
+    experts_case(PRECISION_AMP_BF16, &aligned_shape, false, NULL, NULL);
+    experts_case(PRECISION_AMP_BF16, &odd_shape, false, NULL, NULL);
+    experts_case(PRECISION_AMP_BF16, &aligned_shape, true, NULL, NULL);
+}
+
+static void test_experts_f16(void **state) {
+    (void)state;
+    experts_case(PRECISION_AMP_FP16, &aligned_shape, false, NULL, NULL);
+}
+
+static void test_experts_deterministic(void **state) {
+    (void)state;
+    const int counts[] = {300, 0, 517, 64, 1, 129};
+    const ExpertsShape big = {128, 96, 6, counts};
+    float *r1, *r2;
+    size_t n1, n2;
+    experts_case(PRECISION_AMP_BF16, &big, false, &r1, &n1);
+    experts_case(PRECISION_AMP_BF16, &big, false, &r2, &n2);
+    assert_int_equal(n1, n2);
+    gt_check_same_host_bits("experts backward (dxe, dW) run twice", r1, r2, n1 * sizeof(float));
+    free(r1), free(r2);
+}
+
+// ---- AdamW ------------------------------------------------------------------------------------
+static void test_adamw(void **state) {
+    (void)state;
+    Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
+    enum { T = 7 };
+    const size_t n[T] = {1, 2048, 2049, 5000, 0, 300, 70001};
+    const NumType ctype[T] = {NUM_BF16, NUM_BF16, NUM_F16, NUM_BF16, NUM_BF16, NUM_F32, NUM_BF16};
+    const bool has_copy[T] = {true, false, true, true, true, true, true};
+    const float decay[T] = {1.0f - 1e-4f, 1.0f, 1.0f - 1e-4f, 1.0f, 1.0f, 1.0f - 3e-5f, 1.0f - 1e-4f};
+    float *hp[T], *hg[T], *hm[T], *hv[T];
+    AdamWTensor ht[T], dt[T];
+    for (int i = 0; i < T; i++) {
+        size_t k = n[i];
+        hp[i] = gt_random(k, 3000 + i, 0.5);
+        hg[i] = gt_random(k, 3100 + i, 1e-2);
+        hm[i] = gt_random(k, 3200 + i, 1e-3);
+        hv[i] = gt_random(k, 3300 + i, 1e-3);
+        for (size_t j = 0; j < k; j++) hv[i][j] = hv[i][j] * hv[i][j];   // v >= 0
+        if (k > 0) hg[i][0] = 0.0f;                                      // a zero gradient
+        ht[i] = (AdamWTensor){hp[i], hg[i], hm[i], hv[i], {NULL, NUM_F32}, k, decay[i]};
+        dt[i] = (AdamWTensor){gt_upload(be, hp[i], k, NUM_F32).p, gt_upload(be, hg[i], k, NUM_F32).p,
+                              gt_upload(be, hm[i], k, NUM_F32).p, gt_upload(be, hv[i], k, NUM_F32).p,
+                              has_copy[i] ? gt_alloc(be, k, ctype[i]) : (Buf){NULL, NUM_F32}, k, decay[i]};
+    }
+    for (int step = 1; step <= 3; step++) {
+        const float beta1 = 0.9f, beta2 = 0.95f, lr = 4e-4f;
+        float bc1 = 1.0f - powf(beta1, (float)step), bc2 = 1.0f - powf(beta2, (float)step);
+        AdamWScalars sc = {1.0f - beta1, beta2, 1.0f - beta2, sqrtf(bc2), 1e-8f, -lr / bc1};
+        op_adamw(ht, T, &sc);
+        be->ops->adamw(be, dt, T, &sc);
+        for (int i = 0; i < T; i++) {
+            size_t k = n[i];
+            float *p = gt_download(be, buf_f32(dt[i].p), k), *m = gt_download(be, buf_f32(dt[i].m), k);
+            float *v = gt_download(be, buf_f32(dt[i].v), k);
+            char what[80];
+            snprintf(what, sizeof what, "adamw step %d tensor %d (n=%zu) p", step, i, k);
+            gt_check_same_host_bits(what, p, hp[i], k * sizeof(float));
+            snprintf(what, sizeof what, "adamw step %d tensor %d m", step, i);
+            gt_check_same_host_bits(what, m, hm[i], k * sizeof(float));
+            snprintf(what, sizeof what, "adamw step %d tensor %d v", step, i);
+            gt_check_same_host_bits(what, v, hv[i], k * sizeof(float));
+            if (has_copy[i] && k > 0) {
+                float *c = gt_download(be, dt[i].compute, k);
+                float *want = gt_copy_floats(hp[i], k);
+                gt_round_host(want, k, ctype[i]);
+                snprintf(what, sizeof what, "adamw step %d tensor %d compute copy (%s)", step, i,
+                         num_type_name(ctype[i]));
+                gt_check_same_host_bits(what, c, want, k * sizeof(float));
+                free(c), free(want);
+            }
+            free(p), free(m), free(v);
+        }
+    }
+    for (int i = 0; i < T; i++) {
+        backend_free(be, dt[i].p), backend_free(be, (void *)dt[i].g), backend_free(be, dt[i].m);
+        backend_free(be, dt[i].v), backend_free(be, dt[i].compute.p);
+        free(hp[i]), free(hg[i]), free(hm[i]), free(hv[i]);
+    }
+}
+
+// ---- reductions -------------------------------------------------------------------------------
+static void check_sum_double(const char *what, double got, double ref, double sum_abs, size_t n) {
+    double bound = (double)(n ? n : 1) * 0x1p-52 * sum_abs;
+    printf("  %-40s got %.17g ref %.17g (|err| %.2e, bound %.2e)\n", what, got, ref, fabs(got - ref), bound);
+    if (!(fabs(got - ref) <= bound)) fail_msg("%s: got %.17g ref %.17g", what, got, ref);
+}
+
+static void test_reductions(void **state) {
+    (void)state;
+    Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
+    const size_t sizes[] = {0, 1, 1000, (1u << 20) + 3, 5000011};
+    double *d_out = gt_alloc_bytes(be, 2 * sizeof(double));
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        size_t n = sizes[si];
+        float *x = gt_random(n, 4000 + si, 1.0);
+        Buf dx = gt_upload(be, x, n, NUM_F32);
+        double sum_abs = 0.0, sum_sq = 0.0;
+        for (size_t i = 0; i < n; i++) sum_abs += fabs((double)x[i]), sum_sq += (double)x[i] * x[i];
+        for (int sq = 0; sq < 2; sq++) {
+            double ref, got[2];
+            op_sum(&ref, x, n, sq);
+            be->ops->sum(be, d_out, dx.p, n, sq);
+            be->ops->sum(be, d_out + 1, dx.p, n, sq);
+            double *h = gt_download_bytes(be, d_out, 2 * sizeof(double));
+            memcpy(got, h, sizeof got), free(h);
+            char what[64];
+            snprintf(what, sizeof what, "sum%s n=%zu", sq ? " of squares" : "", n);
+            check_sum_double(what, got[0], ref, sq ? sum_sq : sum_abs, n);
+            gt_check_same_host_bits("sum run twice", &got[0], &got[1], sizeof(double));
+        }
+        double ref, got[2];
+        op_grad_sum_squares(&ref, x, n);
+        be->ops->grad_sum_squares(be, d_out, dx.p, n);
+        be->ops->grad_sum_squares(be, d_out + 1, dx.p, n);
+        double *h = gt_download_bytes(be, d_out, 2 * sizeof(double));
+        memcpy(got, h, sizeof got), free(h);
+        char what[64];
+        snprintf(what, sizeof what, "grad_sum_squares n=%zu", n);
+        check_sum_double(what, got[0], ref, sum_sq, n);
+        gt_check_same_host_bits("grad_sum_squares run twice", &got[0], &got[1], sizeof(double));
+        gt_free(be, dx), free(x);
+    }
+    backend_free(be, d_out);
+
+    const int shapes[][2] = {{1000, 7}, {3, 64}, {4097, 64}, {1, 1}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int N = shapes[si][0], E = shapes[si][1];
+        float *x = gt_random_uniform((size_t)N * E, 4100 + si, 0.0, 1.0);
+        Buf dx = gt_upload(be, x, (size_t)N * E, NUM_F32);
+        double *ref = malloc(E * sizeof(double)), *d = gt_alloc_bytes(be, 2 * E * sizeof(double));
+        op_column_means(ref, x, N, E);
+        be->ops->column_means(be, d, dx.p, N, E);
+        be->ops->column_means(be, d + E, dx.p, N, E);
+        double *got = gt_download_bytes(be, d, 2 * E * sizeof(double));
+        char what[64];
+        snprintf(what, sizeof what, "column_means N=%d E=%d", N, E);
+        for (int e = 0; e < E; e++) check_sum_double(e == 0 ? what : "  column", got[e], ref[e], ref[e], N);
+        gt_check_same_host_bits("column_means run twice", got, got + E, E * sizeof(double));
+        free(got), free(ref), free(x), gt_free(be, dx), backend_free(be, d);
+    }
+
+    // scale: one float multiply per element, as the cpu
+    size_t n = 100003;
+    float *x = gt_random(n, 4200, 3.0), *want = gt_copy_floats(x, n);
+    Buf dx = gt_upload(be, x, n, NUM_F32);
+    op_scale(want, n, 0.37f);
+    be->ops->scale(be, dx.p, n, 0.37f);
+    float *got = gt_download(be, dx, n);
+    gt_check_same_host_bits("scale", got, want, n * sizeof(float));
+    free(x), free(want), free(got), gt_free(be, dx);
+}
+
+// ---- conversion -------------------------------------------------------------------------------
+static void test_convert(void **state) {
+    (void)state;
+    Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
+    const size_t n = 100000;
+    float *x = gt_random(n, 5000, 100.0);
+    const float special[] = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, 1e30f,
+                             -1e30f, 1e-30f, 5.96e-8f, 3e-8f, 6.1e-5f, 1.0f + 0x1p-8f, 1.0f + 0x1p-9f,
+                             1.0f + 3 * 0x1p-9f, 0x1p-126f, 0x1p-149f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) x[i] = special[i];
+    const NumType types[] = {NUM_F32, NUM_BF16, NUM_F16};
+    for (int s = 0; s < 3; s++)
+        for (int d = 0; d < 3; d++) {
+            float *src = gt_copy_floats(x, n);
+            gt_round_host(src, n, types[s]);   // what the source buffer holds
+            Buf bs = gt_upload(be, src, n, types[s]), bd = gt_alloc(be, n, types[d]);
+            be->ops->convert(be, bd, bs, n);
+            float *got = gt_download(be, bd, n), *want = gt_copy_floats(src, n);
+            gt_round_host(want, n, types[d]);
+            for (size_t i = 0; i < n; i++) {
+                bool same = isnan(want[i]) ? isnan(got[i]) : memcmp(&got[i], &want[i], sizeof(float)) == 0;
+                if (!same)
+                    fail_msg("convert %s -> %s: element %zu (%.9g): got %.9g want %.9g", num_type_name(types[s]),
+                             num_type_name(types[d]), i, src[i], got[i], want[i]);
+            }
+            printf("  convert %s -> %s: exact\n", num_type_name(types[s]), num_type_name(types[d]));
+            free(src), free(got), free(want), gt_free(be, bs), gt_free(be, bd);
+        }
+    free(x);
+}
+
+// ---- memory, copies, errors -------------------------------------------------------------------
+static void test_memory_and_errors(void **state) {
+    (void)state;
+    Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
+    printf("  description: %s\n", be->description);
+    assert_true(strncmp(be->description, "cuda:0 ", 7) == 0);
+    assert_non_null(strstr(be->description, "(sm_"));
+    assert_non_null(strstr(be->description, "bf16)"));
+    assert_int_equal(be->compute, NUM_BF16);
+    assert_false(be->host_memory);
+
+    size_t used0, peak0, used1, peak1, used2;
+    be->ops->memory(be, &used0, &peak0);
+    const size_t bytes = 3 * 1000 * 1000 + 5;
+    void *p = NULL;
+    assert_int_equal(backend_alloc(be, bytes, &p), SPES_OK);
+    be->ops->memory(be, &used1, &peak1);
+    assert_true(used1 >= used0 + bytes && peak1 >= used1);
+    unsigned char *h = gt_download_bytes(be, p, bytes);   // zeroed
+    for (size_t i = 0; i < bytes; i++)
+        if (h[i]) fail_msg("alloc: byte %zu is %u, not 0", i, h[i]);
+    free(h);
+
+    // upload, copy, zero, download
+    float *x = gt_random(1000, 6000, 1.0);
+    void *q = gt_alloc_bytes(be, 4000);
+    assert_int_equal(be->ops->upload(be, p, x, 4000), SPES_OK);
+    be->ops->copy(be, q, p, 4000);
+    be->ops->zero(be, p, 2000);
+    float *back = gt_download_bytes(be, q, 4000), *half = gt_download_bytes(be, p, 4000);
+    gt_check_same_host_bits("upload + copy + download", back, x, 4000);
+    for (int i = 0; i < 500; i++) assert_true(half[i] == 0.0f);
+    gt_check_same_host_bits("zero leaves the rest", half + 500, x + 500, 2000);
+    free(back), free(half), free(x);
+    backend_free(be, q);
+    backend_free(be, p);
+    be->ops->memory(be, &used2, NULL);
+    assert_true(used2 == used0);
+
+    // a failed op is reported by the next sync, with where it happened, then cleared
+    float *dummy = gt_alloc_bytes(be, 64);
+    be->ops->gemm(be, false, false, 4, 4, 4, 1.0f, buf_f32(dummy), 2 /* lda < K */, buf_f32(dummy), 4, 0.0f,
+                  buf_f32(dummy), 4);
+    assert_int_equal(backend_sync(be), SPES_ERR);
+    printf("  reported: %s\n", spes_last_error());
+    assert_non_null(strstr(spes_last_error(), "cuda_gemm"));
+    assert_non_null(strstr(spes_last_error(), "gemm.cu"));
+    assert_int_equal(backend_sync(be), SPES_OK);
+    backend_free(be, dummy);
+
+    // an impossible allocation fails with a message, the backend stays usable
+    void *huge = NULL;
+    assert_int_equal(backend_alloc(be, (size_t)1 << 50, &huge), SPES_ERR);
+    printf("  reported: %s\n", spes_last_error());
+    assert_null(huge);
+    assert_int_equal(backend_sync(be), SPES_OK);
+}
+
+// ---- device selection (runs with or without a GPU) ---------------------------------------------
+static void test_device_selection(void **state) {
+    (void)state;
+#ifdef SPES_WITH_CUDA
+    int count = cuda_device_count();   // must neither print nor crash without a driver
+    printf("  cuda_device_count() = %d, compiled: %s\n", count, backend_compiled());
+    assert_true(count >= 0);
+    Backend *be = NULL;
+    assert_int_equal(backend_open("auto", PRECISION_FP32, &be), SPES_OK);
+    assert_string_equal(be->name, count > 0 ? "cuda" : "cpu");
+    backend_close(be);
+    if (count == 0) {
+        assert_int_equal(backend_open("cuda", PRECISION_AMP_BF16, &be), SPES_ERR);
+        printf("  cuda without a GPU: %s\n", spes_last_error());
+        assert_non_null(strstr(spes_last_error(), "no NVIDIA GPU"));
+    } else {
+        assert_int_equal(backend_open("cuda:1023", PRECISION_AMP_BF16, &be), SPES_ERR);
+        printf("  cuda:1023: %s\n", spes_last_error());
+    }
+#else
+    skip();
+#endif
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_device_selection),
+        cmocka_unit_test(test_memory_and_errors),
+        cmocka_unit_test(test_convert),
+        cmocka_unit_test(test_gemm_fp32),
+        cmocka_unit_test(test_gemm_bf16),
+        cmocka_unit_test(test_gemm_f16),
+        cmocka_unit_test(test_gemm_mixed_types),
+        cmocka_unit_test(test_gemm_k0),
+        cmocka_unit_test(test_gemm_deterministic),
+        cmocka_unit_test(test_experts_fp32),
+        cmocka_unit_test(test_experts_bf16),
+        cmocka_unit_test(test_experts_f16),
+        cmocka_unit_test(test_experts_deterministic),
+        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_reductions),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
