@@ -77,7 +77,7 @@ deps:
 	@bash scripts/install-deps.sh
 
 # Generated protobuf-c code for the wire contract.
-$(BUILD)/gen/federated.pb-c.c $(BUILD)/gen/federated.pb-c.h: proto/federated.proto
+$(BUILD)/gen/federated.pb-c.c $(BUILD)/gen/federated.pb-c.h &: proto/federated.proto
 	@mkdir -p $(BUILD)/gen
 	protoc-c --proto_path=proto --c_out=$(BUILD)/gen proto/federated.proto
 
@@ -148,11 +148,11 @@ bench: deps
 	@bash bench/run_all.sh $(BUILD)
 
 # GPU benchmarks (bench/run_gpu.sh) on a CUDA build.
-bench-gpu:
+bench-gpu: deps
 ifeq ($(CUDA),1)
 	@$(MAKE) --no-print-directory build
-	@if [ -f bench/run_gpu.sh ]; then bash bench/run_gpu.sh $(BUILD); \
-	 else echo "bench-gpu: bench/run_gpu.sh not written yet: skipped"; fi
+	@bash tests/setup_venv.sh
+	@bash bench/run_gpu.sh $(BUILD)
 else
 	@echo "bench-gpu: this is a CPU-only build (CUDA=0 or no nvcc): skipped"
 endif

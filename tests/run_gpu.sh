@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the GPU tests ($BUILD/tests-gpu/test_*, cmocka), then, when compute-sanitizer exists
+# Runs the GPU tests ($BUILD/tests-gpu/test_*, cmocka) and the end-to-end GPU scripts
+# (tests/gpu/*.sh), then, when compute-sanitizer exists
 # and a GPU is visible, each of them again under `compute-sanitizer --tool memcheck` (an
 # out-of-bounds or misaligned access in any kernel fails it). Without a GPU every test reports
 # itself skipped. Ends with the line "N passed, N failed, N skipped" (as tests/run_all.sh).
@@ -40,6 +41,22 @@ gpus=$("$BUILD"/tests-gpu/gpu_count 2>/dev/null || echo 0)
 echo "GPUs visible: $gpus"
 
 for t in "${tests[@]}"; do run_one "$(basename "$t")" "$t"; done
+
+# End-to-end GPU scripts (tests/gpu/*.sh): exit 0 pass, 77 skipped (no GPU), else fail.
+export SPES_BIN="$PWD/$BUILD/spes" SPES_BUILD="$PWD/$BUILD"
+export SPES_TEST_DATA=${SPES_TEST_DATA:-$PWD/../shared/data} SPES_VENV_PY=${SPES_VENV_PY:-$PWD/.venv/bin/python}
+for t in tests/gpu/*.sh; do
+  [ -f "$t" ] || continue
+  name=$(basename "$t" .sh)
+  out="$log_dir/$name.log"
+  start=$(date +%s)
+  bash "$t" >"$out" 2>&1
+  rc=$?
+  took=$(( $(date +%s) - start ))
+  if [ $rc -eq 0 ]; then passed=$((passed + 1)); echo "ok   $name (${took}s)"
+  elif [ $rc -eq 77 ]; then skipped=$((skipped + 1)); echo "skip $name: $(tail -1 "$out")"
+  else failed=$((failed + 1)); failed_names+=("$name"); echo "FAIL $name (${took}s)"; tail -50 "$out"; fi
+done
 
 sanitizer=$(command -v compute-sanitizer || { [ -x /usr/local/cuda/bin/compute-sanitizer ] && echo /usr/local/cuda/bin/compute-sanitizer; } || true)
 if [ "${SPES_GPU_MEMCHECK:-1}" = 0 ]; then
