@@ -46,6 +46,9 @@ static void layout(const ModelConfig *cfg, NumType ct, ActKeep keep, ModelActiva
         if (l > 0 && keep == ACT_KEEP_INPUTS) {
             *la = layers[0];
             la->x_in = CARVE_F(c, N * H);
+            // Small, and every layer's routing stays inspectable after a forward.
+            la->probs = CARVE_F(c, N * E);
+            la->topk_idx = CARVE_I(c, NK);
             la->offsets_host = a->offsets_host ? a->offsets_host + (size_t)l * (E + 1) : NULL;
             continue;
         }

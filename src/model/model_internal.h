@@ -35,7 +35,8 @@ typedef enum {
     ACT_KEEP_NO_EXPERTS,     // fine_grained: the experts' intermediates (gu, a, y) are shared
                              // and recomputed from h2 in the MoE backward
     ACT_KEEP_INPUTS,         // whole_layer, and forward-only calls: layers share everything but
-                             // their input x_in; the backward recomputes each layer's forward
+                             // their input x_in and routing (probs, topk_idx); the backward recomputes
+                             // each layer's forward
 } ActKeep;
 
 // What one layer keeps from its forward for its backward. N = B*T tokens, qd = n_heads*hd,

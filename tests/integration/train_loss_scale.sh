@@ -12,23 +12,10 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export SPES_NUM_THREADS=2
 
-python3 - "$tmp/tokens.npy" <<'EOF'
-import struct, sys
-x, out = 4242, []
-for _ in range(40 * 32):
-    x = (1103515245 * x + 12345) % 2**31
-    out.append((x >> 16) % 64)
-open(sys.argv[1], "wb").write(struct.pack("<%dH" % len(out), *out))
-EOF
-cat > "$tmp/tiny.yaml" <<EOF
-seed: 5
-model: {d_model: 32, n_heads: 4, n_layers: 2, mlp_hidden_size: 64, max_sequence_length: 32, vocab_size: 64,
-        embedding_size: 64, eos_token_id: 63, pad_token_id: 63, attention_layer_norm: true, moe_num_experts: 4,
-        moe_top_k: 2, moe_loss_weight: 0.01, moe_zloss_weight: 0.001, init_std: 0.02}
-optimizer: {name: adamw, learning_rate: 3.0e-3, weight_decay: 0.1, eps: 1.0e-8, betas: [0.9, 0.95]}
-scheduler: {name: cosine_with_warmup, t_warmup: 2, alpha_f: 0.1}
-max_grad_norm: 0.5
-data: {paths: [$tmp/tokens.npy], memmap_dtype: uint16, seed: 3, drop_last: true}
+source tests/integration/lib/tiny_model.sh
+tiny_tokens "$tmp"
+tiny_config "$tmp" loss-scale-test
+cat >> "$tmp/tiny.yaml" <<EOF
 max_duration: 5
 global_train_batch_size: 8
 device_train_microbatch_size: 4

@@ -53,61 +53,13 @@ require_gpu() {
   exit 1
 }
 
-# gpu_tiny_data DIR: DIR/tokens.npy, 40 instances of 32 tokens: deterministic pseudo-random
-# ids in [0, 64), raw uint16 (the generator of tests/integration/train_resume.sh).
-gpu_tiny_data() {
-  python3 - "$1/tokens.npy" <<'EOF'
-import struct, sys
-x, out = 12345, []
-for _ in range(40 * 32):
-    x = (1103515245 * x + 12345) % 2**31
-    out.append((x >> 16) % 64)
-open(sys.argv[1], "wb").write(struct.pack("<%dH" % len(out), *out))
-EOF
-}
-
-# gpu_tiny_yaml DIR: DIR/tiny.yaml, a tiny MoE (d_model 32, 4 heads, 2 layers, 4 experts
-# top-2, vocab 64, seq 32) on DIR/tokens.npy: 2 micro-batches of 4 per step (gradient
-# accumulation), warm-up + cosine, clipping, weight decay, all four losses. Every knob can
-# be overridden on the command line (--max_duration=6, --scheduler.name=constant, ...).
+# gpu_tiny_data DIR / gpu_tiny_yaml DIR: the tiny MoE of tests/integration/lib/tiny_model.sh
+# (train_resume.sh's), 6 steps of 2 micro-batches of 4, a checkpoint every step.
+source "$(dirname "${BASH_SOURCE[0]}")/../../integration/lib/tiny_model.sh"
+gpu_tiny_data() { tiny_tokens "$1"; }
 gpu_tiny_yaml() {
-  cat > "$1/tiny.yaml" <<EOF
-run_name: gpu-test
-seed: 17
-model:
-  d_model: 32
-  n_heads: 4
-  n_layers: 2
-  mlp_hidden_size: 64
-  max_sequence_length: 32
-  vocab_size: 64
-  embedding_size: 64
-  eos_token_id: 63
-  pad_token_id: 63
-  attention_layer_norm: true
-  moe_num_experts: 4
-  moe_top_k: 2
-  moe_loss_weight: 0.01
-  moe_zloss_weight: 0.001
-  init_std: 0.02
-softmax_auxiliary_loss: true
-auxiliary_loss_multiplier: 1e-4
-optimizer:
-  name: adamw
-  learning_rate: 3.0e-3
-  weight_decay: 0.1
-  eps: 1.0e-8
-  betas: [0.9, 0.95]
-scheduler:
-  name: cosine_with_warmup
-  t_warmup: 2
-  alpha_f: 0.1
-max_grad_norm: 0.5
-data:
-  paths: [$1/tokens.npy]
-  memmap_dtype: uint16
-  seed: 3
-  drop_last: true
+  tiny_config "$1" gpu-test
+  cat >> "$1/tiny.yaml" <<EOF
 max_duration: 6
 global_train_batch_size: 8
 device_train_microbatch_size: 4
