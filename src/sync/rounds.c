@@ -213,8 +213,8 @@ static grpc_status_code adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dty
     return GRPC_STATUS_OK;
 }
 
-grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
-                              DType payload_dtype, ModelSpec *spec, int *last_completed_step) {
+grpc_status_code rounds_hello_settings(const Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
+                                       DType payload_dtype) {
     const AggregateConfig *a = &r->cfg.agg;
     if (num_peers != a->num_peers)
         return status_fail(GRPC_STATUS_FAILED_PRECONDITION,
@@ -234,8 +234,14 @@ grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_pe
     if (payload_dtype != DTYPE_F32 && payload_dtype != DTYPE_BF16)
         return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "hello from peer %d: payload dtype %s is not F32 or BF16",
                            peer, dtype_name(payload_dtype));
+    return GRPC_STATUS_OK;
+}
+
+grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
+                              DType payload_dtype, ModelSpec *spec, int *last_completed_step) {
+    grpc_status_code code = rounds_hello_settings(r, peer, num_peers, experts_per_node, mode, payload_dtype);
+    if (code != GRPC_STATUS_OK) return code;
     pthread_mutex_lock(&r->mu);
-    grpc_status_code code = GRPC_STATUS_OK;
     if (!r->have_spec) {
         code = adopt_spec(r, spec, payload_dtype, true);
         if (code != GRPC_STATUS_OK) spes_fail_context("hello from peer %d", peer);

@@ -77,7 +77,11 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out);
 void rounds_close(Rounds *r);
 void rounds_destroy(Rounds *r);
 
-// Handshake. Adopts *spec (moving its contents out) when the server has none yet, otherwise
+// The cheap half of the handshake: the run settings (peers, peer id, mode, experts per node,
+// payload dtype) against the server's, before the peer's tensor list costs anything.
+grpc_status_code rounds_hello_settings(const Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
+                                       DType payload_dtype);
+// Handshake (rounds_hello_settings first). Adopts *spec (moving its contents out) when the server has none yet, otherwise
 // compares. The caller frees *spec afterwards in every case. Sets *last_completed_step.
 // Statuses: OK, INVALID_ARGUMENT, FAILED_PRECONDITION (mismatch; message names what differs).
 grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode, DType payload_dtype,

@@ -121,13 +121,23 @@ static void finish(Call *c, grpc_status_code code, const ProtobufCMessage *respo
     if (bb) grpc_byte_buffer_destroy(bb);
 }
 
-// Reads the single request of a unary call; on failure finishes the call and returns NULL.
-static ProtobufCMessage *recv_request(Call *c, const ProtobufCMessageDescriptor *desc) {
+// Reads the single request of a unary call (at most max_bytes on the wire: unpacking
+// allocates several times a message's size, so each RPC admits only what it can need); on
+// failure finishes the call and returns NULL.
+static ProtobufCMessage *recv_request(Call *c, const ProtobufCMessageDescriptor *desc, size_t max_bytes) {
     bool ok;
     grpc_byte_buffer *bb = recv_message(c, &ok);
     if (!bb) {
         spes_fail("no %s request message", desc->name);
         if (ok) finish(c, GRPC_STATUS_INVALID_ARGUMENT, NULL);
+        return NULL;
+    }
+    size_t len = grpc_byte_buffer_length(bb);
+    if (len > max_bytes) {
+        grpc_byte_buffer_destroy(bb);
+        spes_fail("%s request of %zu bytes refused: at most %zu bytes", desc->name, len, max_bytes);
+        log_warn("server: %s", spes_last_error());
+        finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
         return NULL;
     }
     ProtobufCMessage *msg = wire_unpack(desc, bb);
@@ -247,7 +257,7 @@ static void handle_upload(Call *c) {
 static size_t chunk_count(size_t len, size_t chunk) { return len == 0 ? 1 : (len + chunk - 1) / chunk; }
 
 static void handle_download(Call *c) {
-    DownloadChunkRequest *req = (DownloadChunkRequest *)recv_request(c, &download_chunk_request__descriptor);
+    DownloadChunkRequest *req = (DownloadChunkRequest *)recv_request(c, &download_chunk_request__descriptor, SYNC_MAX_SMALL_REQUEST);
     if (!req) return;
     AggregateBlob *blob = NULL;
     grpc_status_code code = rounds_get(c->srv->rounds, req->step, 0, &blob);
@@ -296,7 +306,7 @@ static grpc_status_code spec_from_hello(const HelloRequest *req, ModelSpec *spec
 }
 
 static void handle_hello(Call *c) {
-    HelloRequest *req = (HelloRequest *)recv_request(c, &hello_request__descriptor);
+    HelloRequest *req = (HelloRequest *)recv_request(c, &hello_request__descriptor, SYNC_MAX_HELLO_BYTES);
     if (!req) return;
     ModelSpec spec;
     SyncMode mode = SYNC_MODE_SPES;
@@ -304,10 +314,16 @@ static void handle_hello(Call *c) {
     int last = -1;
     model_spec_init(&spec);
     grpc_status_code code = check_bound_peer(c, "hello", req->peer_id);
-    if (code == GRPC_STATUS_OK) code = spec_from_hello(req, &spec);
     if (code == GRPC_STATUS_OK && (sync_mode_parse(req->mode, &mode) != SPES_OK ||
                                    (req->payload_dtype[0] && dtype_from_name(req->payload_dtype, &payload) != SPES_OK)))
         code = GRPC_STATUS_INVALID_ARGUMENT;
+    // Settings first: a peer of another run is refused before its tensor list costs anything.
+    if (code == GRPC_STATUS_OK)
+        code = rounds_hello_settings(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode, payload);
+    if (code == GRPC_STATUS_OK && req->n_tensors > SYNC_MAX_TENSORS)
+        code = status_fail(GRPC_STATUS_INVALID_ARGUMENT, "hello from peer %d: %zu tensors; at most %d are accepted",
+                           req->peer_id, req->n_tensors, SYNC_MAX_TENSORS);
+    if (code == GRPC_STATUS_OK) code = spec_from_hello(req, &spec);
     if (code == GRPC_STATUS_OK)
         code = rounds_hello(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode, payload, &spec,
                             &last);
@@ -330,7 +346,7 @@ static void handle_hello(Call *c) {
 }
 
 static void handle_wait(Call *c) {
-    WaitAggregateRequest *req = (WaitAggregateRequest *)recv_request(c, &wait_aggregate_request__descriptor);
+    WaitAggregateRequest *req = (WaitAggregateRequest *)recv_request(c, &wait_aggregate_request__descriptor, SYNC_MAX_SMALL_REQUEST);
     if (!req) return;
     double timeout = req->timeout_ms / 1000.0;
     if (timeout > c->srv->cfg.max_wait_seconds) timeout = c->srv->cfg.max_wait_seconds;
@@ -349,7 +365,7 @@ static void handle_wait(Call *c) {
 }
 
 static void handle_status(Call *c) {
-    StatusRequest *req = (StatusRequest *)recv_request(c, &status_request__descriptor);
+    StatusRequest *req = (StatusRequest *)recv_request(c, &status_request__descriptor, SYNC_MAX_SMALL_REQUEST);
     if (!req) return;
     RoundsStatus st;
     rounds_status(c->srv->rounds, &st);

@@ -8,6 +8,12 @@
 
 #include "sync/rounds.h"
 
+// Largest Hello request (its tensor list; a 50k-tensor model needs ~3 MiB), largest other
+// unary request, most tensors a Hello may declare.
+#define SYNC_MAX_HELLO_BYTES ((size_t)16 << 20)
+#define SYNC_MAX_SMALL_REQUEST ((size_t)64 << 10)
+#define SYNC_MAX_TENSORS (1 << 20)
+
 typedef struct {
     const char *host;               // address to bind, e.g. "0.0.0.0" or "127.0.0.1"
     int port;                       // 0: any free port (see sync_server_port)

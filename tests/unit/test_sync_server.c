@@ -233,6 +233,43 @@ static void test_protocol_errors_get_statuses(void **state) {
     download_chunk_response__free_unpacked(dresp, NULL);
 }
 
+// A Hello from another run is refused for its settings before its tensor list is built: the
+// list here is broken (a name twice), yet the answer is about the peers.
+static void test_hello_settings_checked_first(void **state) {
+    Fixture *f = *state;
+    char details[512];
+    TensorInfo infos[2];
+    TensorInfo *ptrs[2] = {&infos[0], &infos[1]};
+    int64_t shape[1] = {4};
+    for (int i = 0; i < 2; i++) {
+        tensor_info__init(&infos[i]);
+        infos[i].name = "lm_head.weight";
+        infos[i].dtype = "F32";
+        infos[i].n_shape = 1;
+        infos[i].shape = shape;
+    }
+    HelloRequest req = HELLO_REQUEST__INIT;
+    req.peer_id = 0;
+    req.num_peers = 3;   // the server runs with 2
+    req.experts_per_node = 2;
+    req.mode = "spes";
+    req.payload_dtype = "F32";
+    req.n_tensors = 2;
+    req.tensors = ptrs;
+    assert_int_equal(unary(f, "/FederatedServer/Hello", &req.base, NULL, NULL, details, sizeof details),
+                     GRPC_STATUS_FAILED_PRECONDITION);
+    assert_non_null(strstr(details, "--total_peers 2"));
+    // Other requests than Hello are small: a 100 KiB Status request is refused unread.
+    static uint8_t big[100 << 10];
+    StatusRequest sreq = STATUS_REQUEST__INIT;
+    (void)sreq;
+    grpc_call *call = open_call(f, "/FederatedServer/Status");
+    grpc_slice slice = grpc_slice_from_static_buffer(big, sizeof big);
+    send_bytes(f, call, grpc_raw_byte_buffer_create(&slice, 1));
+    assert_int_equal(close_call(f, call, true, NULL, NULL, details, sizeof details), GRPC_STATUS_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(details, "at most 65536 bytes"));
+}
+
 static void test_downloads_and_long_poll(void **state) {
     Fixture *f = *state;
     char details[512];
@@ -374,6 +411,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_stalled_upload_blocks_nobody, setup, teardown),
         cmocka_unit_test(test_call_limit),
         cmocka_unit_test_setup_teardown(test_protocol_errors_get_statuses, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hello_settings_checked_first, setup, teardown),
         cmocka_unit_test_setup_teardown(test_downloads_and_long_poll, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bf16_payload_round_trip, setup, teardown),
     };
