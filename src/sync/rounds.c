@@ -64,6 +64,26 @@ grpc_status_code status_fail(grpc_status_code code, const char *fmt, ...) {
     return code;
 }
 
+// Copies text into out[cap] with control bytes written as \xNN.
+static void printable(const char *text, char *out, size_t cap) {
+    size_t at = 0;
+    for (; *text && at + 5 < cap; text++) {
+        unsigned char ch = (unsigned char)*text;
+        if (ch < 0x20 || ch == 0x7f) at += (size_t)snprintf(out + at, cap - at, "\\x%02x", ch);
+        else out[at++] = (char)ch;
+    }
+    out[at] = '\0';
+}
+
+void log_refusal(const char *what) {
+    // Messages quote what peers sent (tensor names, method names): escape control bytes so that
+    // a peer cannot write terminal escape sequences or fake log lines into the server's log.
+    char safe_what[256], safe[4096];
+    printable(what, safe_what, sizeof safe_what);
+    printable(spes_last_error(), safe, sizeof safe);
+    log_warn("server: %s refused: %s", safe_what, safe);
+}
+
 int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     if (cfg->keep_steps < 1) return spes_fail("server: keep_steps must be >= 1 (got %d)", cfg->keep_steps);
     if (cfg->max_open_rounds < 1) return spes_fail("server: max_open_rounds must be >= 1");
@@ -442,7 +462,7 @@ static grpc_status_code reject(Rounds *r, grpc_status_code code, uint8_t *bytes)
     pthread_mutex_lock(&r->mu);
     r->stats.uploads_rejected++;
     pthread_mutex_unlock(&r->mu);
-    log_warn("server: upload refused: %s", spes_last_error());
+    log_refusal("upload");
     return code;
 }
 
@@ -749,6 +769,12 @@ void rounds_release(Rounds *r, AggregateBlob *blob) {
     pthread_mutex_unlock(&r->mu);
 }
 
+void rounds_count_rejected(Rounds *r) {
+    pthread_mutex_lock(&r->mu);
+    r->stats.uploads_rejected++;
+    pthread_mutex_unlock(&r->mu);
+}
+
 void rounds_count_sent(Rounds *r, size_t bytes) {
     pthread_mutex_lock(&r->mu);
     r->stats.bytes_sent += (int64_t)bytes;
@@ -823,6 +849,18 @@ static int restore_state(Rounds *r) {
     bool found;
     SPES_TRY(state_load_spec(dir, &r->cfg.agg, &spec, &dtype, &found));
     if (!found) {
+        // spec.json is written first of all, so rounds or uploads without it mean the directory
+        // lost files: starting afresh would silently drop (and later overwrite) that run.
+        StateBook book;
+        StateFile *files;
+        int n;
+        SPES_TRY(state_load_book(dir, &book, &found));
+        SPES_TRY(state_list(dir, &files, &n));
+        free(files);
+        if (found || n > 0)
+            return spes_fail("server state %s: %s but no spec.json (a damaged state directory; restore spec.json, or "
+                             "move the directory away to start afresh)",
+                             dir, found ? "rounds.json" : "upload or aggregate files");
         log_info("server: state dir %s holds no run yet; starting afresh", dir);
         return SPES_OK;
     }

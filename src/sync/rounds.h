@@ -22,6 +22,8 @@
 // Sets the error message (printf-style, like spes_fail) and returns code: the transport
 // sends both to the peer as the call's status.
 grpc_status_code status_fail(grpc_status_code code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// Logs "server: <what> refused: <the error message>", control bytes escaped as \xNN.
+void log_refusal(const char *what);
 
 typedef struct {
     AggregateConfig agg;        // mode, P, m, merge settings
@@ -104,5 +106,8 @@ grpc_status_code rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob
 void rounds_release(Rounds *r, AggregateBlob *blob);
 
 void rounds_count_sent(Rounds *r, size_t bytes);
+// An upload refused before it reached rounds_upload (token, call limit, chunk stream errors,
+// size caps): counted in uploads_rejected like the others.
+void rounds_count_rejected(Rounds *r);
 void rounds_status(Rounds *r, RoundsStatus *out);
 int rounds_last_completed_step(Rounds *r);

@@ -136,7 +136,7 @@ static ProtobufCMessage *recv_request(Call *c, const ProtobufCMessageDescriptor 
     if (len > max_bytes) {
         grpc_byte_buffer_destroy(bb);
         spes_fail("%s request of %zu bytes refused: at most %zu bytes", desc->name, len, max_bytes);
-        log_warn("server: %s", spes_last_error());
+        log_refusal("request");
         finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
         return NULL;
     }
@@ -244,7 +244,8 @@ static void handle_upload(Call *c) {
     }
     if (code != GRPC_STATUS_OK) {
         free(up.bytes);
-        log_warn("server: upload refused: %s", spes_last_error());
+        rounds_count_rejected(c->srv->rounds);
+        log_refusal("upload");
         finish(c, code, NULL);
         return;
     }
@@ -335,7 +336,7 @@ static void handle_hello(Call *c) {
         resp.fingerprint = st.fingerprint;
         log_info("server: hello from peer %d accepted", req->peer_id);
     } else {
-        log_warn("server: hello refused: %s", spes_last_error());
+        log_refusal("hello");
     }
     resp.chunk_size = (int64_t)c->srv->cfg.chunk_size;
     resp.max_message_size = (int64_t)c->srv->cfg.max_message_size;
@@ -413,10 +414,12 @@ static void *call_main(void *arg) {
                                                      : GRPC_STATUS_OK;
     if (auth != GRPC_STATUS_OK) {   // before reading anything: nothing from this caller is stored
         char *method = grpc_slice_to_c_string(c->details.method);
-        log_warn("server: %s refused: %s", method, spes_last_error());
+        if (route == &routes[0]) rounds_count_rejected(srv->rounds);
+        log_refusal(method);
         gpr_free(method);
         finish(c, auth, NULL);
     } else if (too_many) {
+        if (route == &routes[0]) rounds_count_rejected(srv->rounds);
         spes_fail("server busy: more than %d calls in progress", srv->cfg.max_calls);
         finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
     } else if (!route) {
@@ -519,7 +522,7 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     if (!srv) return SPES_ERR;
     srv->cfg = *cfg;
     srv->host = spes_strdup(cfg->host);
-    if (!srv->host || auth_load(cfg->auth_token_file, cfg->peer_tokens_file, &srv->auth) != SPES_OK ||
+    if (!srv->host || auth_load(cfg->auth_token_file, cfg->peer_tokens_file, cfg->rounds.agg.num_peers, &srv->auth) != SPES_OK ||
         rounds_create(&cfg->rounds, &srv->rounds) != SPES_OK) {
         auth_free(&srv->auth);
         free(srv->host);

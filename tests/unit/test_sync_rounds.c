@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <unistd.h>
 
 #include "base/timer.h"
 #include "base/file.h"
@@ -80,6 +81,37 @@ static void test_round_completes_despite_a_bad_upload(void **state) {
     assert_int_equal(st.last_aggregate_step, 10);
     assert_int_equal(st.open_step, -1);
     rounds_destroy(r);
+}
+
+static void rename_with_escapes(StWriteTensor *w, float *d, int t) {
+    if (t == 0) w->name = "evil\x1b[2J\nserver: step 9: aggregated";
+}
+
+// A refusal quotes the peer's tensor name; the log must not carry its control bytes raw.
+static void test_refusal_log_escapes_control_bytes(void **state) {
+    (void)state;
+    char path[] = "/tmp/spes_rounds_log_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    Rounds *r = make_rounds(1);
+    hello(r, 0, 6, GRPC_STATUS_OK);
+    grpc_status_code code = upload(r, 0, 1, rename_with_escapes);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rounds_destroy(r);
+    assert_int_equal(code, GRPC_STATUS_INVALID_ARGUMENT);
+    uint8_t *text;
+    size_t len;
+    assert_int_equal(file_read_all(path, &text, &len), SPES_OK);
+    close(fd);
+    unlink(path);
+    assert_null(memchr(text, 0x1b, len));
+    assert_non_null(memmem(text, len, "evil\\x1b[2J\\x0aserver", 21));
+    free(text);
 }
 
 static void test_keep_steps_and_long_poll(void **state) {
@@ -219,6 +251,15 @@ static void test_state_dir_survives_restart(void **state) {
                           .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2, .state_dir = dir};
     assert_int_equal(rounds_create(&other, &r), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "--total_peers 4"));
+
+    // spec.json lost but rounds.json still there: refused as damaged, not a fresh start.
+    char *spec_path = path_join(dir, "spec.json");
+    assert_int_equal(unlink(spec_path), 0);
+    free(spec_path);
+    RoundsConfig same = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4},
+                         .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2, .state_dir = dir};
+    assert_int_equal(rounds_create(&same, &r), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "rounds.json but no spec.json"));
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
@@ -334,6 +375,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_completes_despite_a_bad_upload),
         cmocka_unit_test(test_keep_steps_and_long_poll),
+        cmocka_unit_test(test_refusal_log_escapes_control_bytes),
         cmocka_unit_test(test_spec_inferred_without_hello),
         cmocka_unit_test(test_state_dir_survives_restart),
         cmocka_unit_test(test_restart_completes_a_full_round),

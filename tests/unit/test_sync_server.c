@@ -231,6 +231,13 @@ static void test_protocol_errors_get_statuses(void **state) {
     assert_false(dresp->ready);
     assert_int_equal(dresp->chunk_data.len, 0);
     download_chunk_response__free_unpacked(dresp, NULL);
+    // The four upload streams refused by the transport above count as refused uploads.
+    StatusResponse *st = NULL;
+    assert_int_equal(unary(f, "/FederatedServer/Status", &sreq.base, &status_response__descriptor,
+                           (ProtobufCMessage **)&st, details, sizeof details),
+                     GRPC_STATUS_OK);
+    assert_int_equal(st->uploads_rejected, 4);
+    status_response__free_unpacked(st, NULL);
 }
 
 // A Hello from another run is refused for its settings before its tensor list is built: the
