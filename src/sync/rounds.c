@@ -50,6 +50,7 @@ struct Rounds {
     double recent[ROUNDS_RECENT];   // durations of the last rounds completed by every peer (ring)
     int n_recent;
     RoundsStatus stats;         // counters (open_step / peers are computed on demand)
+    int lock_fd;                // the state dir's lock (server_state.h), -1 without one
 };
 
 static int restore_state(Rounds *r);
@@ -93,6 +94,7 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     SPES_TRY(aggregate_config_check(&cfg->agg, NULL));
     Rounds *r = spes_calloc(1, sizeof *r);
     if (!r) return SPES_ERR;
+    r->lock_fd = -1;
     r->cfg = *cfg;
     if (r->cfg.min_peers == 0) r->cfg.min_peers = (cfg->agg.num_peers + 1) / 2;   // default: a majority
     pthread_mutex_init(&r->mu, NULL);
@@ -162,6 +164,7 @@ void rounds_destroy(Rounds *r) {
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->persist_mu);
     pthread_cond_destroy(&r->changed);
+    state_close(r->lock_fd);
     free(r);
 }
 
@@ -843,7 +846,7 @@ static void apply_book(Rounds *r, const StateBook *book) {
 // keep_steps) are removed.
 static int restore_state(Rounds *r) {
     const char *dir = r->cfg.state_dir;
-    SPES_TRY(state_open(dir));
+    SPES_TRY(state_open(dir, &r->lock_fd));
     ModelSpec spec;
     DType dtype;
     bool found;

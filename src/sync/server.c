@@ -533,9 +533,15 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->calls_done, NULL);
     grpc_init();
-    grpc_arg args[2];
+    grpc_arg args[3];
     grpc_channel_args channel_args;
     wire_channel_args(cfg->max_message_size, args, &channel_args);
+    // gRPC binds with SO_REUSEPORT by default: a second server on the same port would start
+    // and silently share the peers' connections with the first. Own the port exclusively.
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
+    args[2].value.integer = 0;
+    channel_args.num_args = 3;
     srv->server = grpc_server_create(&channel_args, NULL);
     srv->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
@@ -558,7 +564,9 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
         free(srv);
         grpc_shutdown();
         if (!creds_ok) return SPES_ERR;
-        return spes_fail("server: cannot listen on %s (port in use, or not an address of this host?)", addr);
+        return spes_fail("server: cannot listen on %s: the port is in use (another spes server?) or not an address "
+                         "of this host",
+                         addr);
     }
     grpc_server_start(srv->server);
     pthread_create(&srv->accept_thread, NULL, accept_loop, srv);

@@ -252,6 +252,16 @@ static void test_state_dir_survives_restart(void **state) {
     assert_int_equal(rounds_create(&other, &r), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "--total_peers 4"));
 
+    // One server per state dir: a second one is refused while the first holds it.
+    r = make_rounds_in(2, dir);
+    Rounds *second;
+    RoundsConfig same_dir = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4},
+                             .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2, .state_dir = dir};
+    assert_int_equal(rounds_create(&same_dir, &second), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "is in use by another spes server"));
+    assert_non_null(strstr(spes_last_error(), dir));
+    rounds_destroy(r);
+
     // spec.json lost but rounds.json still there: refused as damaged, not a fresh start.
     char *spec_path = path_join(dir, "spec.json");
     assert_int_equal(unlink(spec_path), 0);

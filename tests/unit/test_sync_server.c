@@ -163,6 +163,20 @@ static void test_stalled_upload_blocks_nobody(void **state) {
     assert_true(now_seconds() - start < 10);
 }
 
+// A second server on a port in use fails to start (gRPC's default SO_REUSEPORT let it share).
+static void test_port_is_exclusive(void **state) {
+    Fixture *f = *state;
+    SyncServerConfig cfg;
+    sync_server_config_defaults(&cfg);
+    cfg.host = "127.0.0.1";
+    cfg.port = sync_server_port(f->srv);
+    cfg.rounds.agg = (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4};
+    SyncServer *second = NULL;
+    assert_int_equal(sync_server_start(&cfg, &second), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "the port is in use"));
+    if (second) sync_server_stop(second);
+}
+
 // More concurrent calls than max_calls: the extra call is refused RESOURCE_EXHAUSTED at once.
 static void test_call_limit(void **state) {
     (void)state;
@@ -417,6 +431,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stalled_upload_blocks_nobody, setup, teardown),
         cmocka_unit_test(test_call_limit),
+        cmocka_unit_test_setup_teardown(test_port_is_exclusive, setup, teardown),
         cmocka_unit_test_setup_teardown(test_protocol_errors_get_statuses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hello_settings_checked_first, setup, teardown),
         cmocka_unit_test_setup_teardown(test_downloads_and_long_poll, setup, teardown),
