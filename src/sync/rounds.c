@@ -46,6 +46,7 @@ struct Rounds {
     uint8_t *spare;             // bytes of a dropped aggregate, reused by the next round: a fresh
                                 // model-sized buffer would page-fault through every byte again
     int last_completed_step;
+    int prev_completed_step;    // the completed step before it (-1: none): their gap is the round spacing
     int64_t rounds_partial;
     double recent[ROUNDS_RECENT];   // durations of the last rounds completed by every peer (ring)
     int n_recent;
@@ -111,8 +112,9 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
         return SPES_ERR;
     }
     for (int i = 0; i < cfg->max_open_rounds; i++) r->open[i].step = -1;
-    r->last_completed_step = -1;
+    r->last_completed_step = r->prev_completed_step = -1;
     r->stats.last_aggregate_step = -1;
+    if (r->cfg.max_rounds_ahead <= 0) r->cfg.max_rounds_ahead = ROUNDS_AHEAD;
     if (cfg->state_dir && restore_state(r) != SPES_OK) {
         rounds_destroy(r);
         return SPES_ERR;
@@ -294,12 +296,63 @@ size_t rounds_upload_cap(Rounds *r, int peer) {
     return cap;
 }
 
-// The open round of step, creating it if needed; NULL when all slots are taken. Under r->mu.
+// The highest step an upload may have now (see RoundsConfig.max_rounds_ahead): the anchor is
+// the newest completed step, or before any round completed the lowest step seen (open rounds
+// and `step`); the spacing is the gap between the two newest completed rounds, or while that
+// is unknown max(anchor, ROUNDS_DEFAULT_SPACING). 64-bit: steps go up to 2^31-1. Under r->mu.
+static int64_t step_limit(const Rounds *r, int step) {
+    int64_t anchor = r->last_completed_step;
+    if (anchor < 0) {
+        anchor = step;
+        for (int i = 0; i < r->cfg.max_open_rounds; i++)
+            if (r->open[i].step >= 0 && r->open[i].step < anchor) anchor = r->open[i].step;
+    }
+    int64_t spacing = r->last_completed_step >= 0 && r->prev_completed_step >= 0
+                          ? (int64_t)r->last_completed_step - r->prev_completed_step
+                          : (anchor > ROUNDS_DEFAULT_SPACING ? anchor : ROUNDS_DEFAULT_SPACING);
+    return anchor + (int64_t)r->cfg.max_rounds_ahead * spacing;
+}
+
+// Frees an open round that can never complete and removes its uploads from the state dir.
+// Under r->mu.
+static void drop_round(Rounds *r, OpenRound *round, const char *why) {
+    log_warn("server: step %d: dropping the open round (%d uploads): %s", round->step, round->num_uploaded, why);
+    if (r->cfg.state_dir)
+        for (int p = 0; p < r->cfg.agg.num_peers; p++)
+            if (round->payload[p]) state_remove_upload(r->cfg.state_dir, round->step, p);
+    free_round(r, round);
+}
+
+// Drops open rounds that can never become the newest aggregate for honest peers: steps at or
+// below the newest completed one (a later round overtook them), and steps beyond step_limit
+// (a peer far ahead, or a bogus step, must not hold a slot or poison the run). Rounds being
+// aggregated are left alone. `step`: an upload under way (it lowers the anchor). Under r->mu.
+static void sweep_rounds(Rounds *r, int step) {
+    int64_t limit = step_limit(r, step);
+    for (int i = 0; i < r->cfg.max_open_rounds; i++) {
+        OpenRound *round = &r->open[i];
+        if (round->step < 0 || round->aggregating) continue;
+        if (round->step <= r->last_completed_step) drop_round(r, round, "a later round completed first");
+        else if (round->step > limit) drop_round(r, round, "too far ahead of the run");
+    }
+}
+
+// The open round of step, creating it if needed; NULL when all slots are taken. When they are,
+// the round with the highest step gives way to a lower one: the lowest rounds are the ones the
+// run needs next, so a peer uploading ahead can never lock the others out. Under r->mu.
 static OpenRound *open_round(Rounds *r, int step) {
-    OpenRound *free_slot = NULL;
+    OpenRound *free_slot = NULL, *highest = NULL;
     for (int i = 0; i < r->cfg.max_open_rounds; i++) {
         if (r->open[i].step == step) return &r->open[i];
         if (r->open[i].step < 0 && !free_slot) free_slot = &r->open[i];
+        if (r->open[i].step >= 0 && !r->open[i].aggregating && (!highest || r->open[i].step > highest->step))
+            highest = &r->open[i];
+    }
+    if (!free_slot && highest && highest->step > step) {
+        char why[96];
+        snprintf(why, sizeof why, "every slot is taken and step %d comes first", step);
+        drop_round(r, highest, why);
+        free_slot = highest;
     }
     if (!free_slot) return NULL;
     int P = r->cfg.agg.num_peers;
@@ -399,7 +452,10 @@ static int publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seco
     int dropped = r->kept[slot] ? r->kept[slot]->step : -1;
     if (r->kept[slot]) blob_unref(r, r->kept[slot]);
     r->kept[slot] = blob;
-    if (blob->step > r->last_completed_step) r->last_completed_step = blob->step;
+    if (blob->step > r->last_completed_step) {
+        r->prev_completed_step = r->last_completed_step;
+        r->last_completed_step = blob->step;
+    }
     r->stats.rounds_completed++;
     r->stats.last_aggregate_step = r->last_completed_step;
     r->stats.last_aggregate_seconds = seconds;
@@ -413,6 +469,7 @@ static int publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seco
     }
     r->stats.rounds_partial = r->rounds_partial;
     if (round) free_round(r, round);
+    if (round) sweep_rounds(r, r->last_completed_step + 1);
     pthread_cond_broadcast(&r->changed);
     return dropped;
 }
@@ -488,11 +545,27 @@ static grpc_status_code closed_round(Rounds *r, int peer, int step) {
                        peer, step, r->last_completed_step);
 }
 
+// The answer to an upload for a step beyond step_limit. Under r->mu.
+static grpc_status_code too_far_ahead(Rounds *r, int peer, int step) {
+    int64_t limit = step_limit(r, step);
+    if (r->last_completed_step >= 0)
+        return status_fail(GRPC_STATUS_OUT_OF_RANGE,
+                           "upload from peer %d: step %d is more than %d rounds ahead of the newest completed step %d "
+                           "(steps up to %lld are taken; is the peer's step counter or sync_steps right?)",
+                           peer, step, r->cfg.max_rounds_ahead, r->last_completed_step, (long long)limit);
+    return status_fail(GRPC_STATUS_OUT_OF_RANGE,
+                       "upload from peer %d: step %d is too far ahead of the run's first round (steps up to %lld are "
+                       "taken before a round completes; is the peer's step counter right?)",
+                       peer, step, (long long)limit);
+}
+
 // Whether an upload for step would be taken now (step not yet aggregated). Sets *code and the
 // message when not. Takes r->mu.
 static bool round_accepts(Rounds *r, int peer, int step, grpc_status_code *code) {
     pthread_mutex_lock(&r->mu);
-    *code = step <= r->last_completed_step ? closed_round(r, peer, step) : GRPC_STATUS_OK;
+    *code = step <= r->last_completed_step   ? closed_round(r, peer, step)
+            : step > step_limit(r, step) ? too_far_ahead(r, peer, step)
+                                             : GRPC_STATUS_OK;
     pthread_mutex_unlock(&r->mu);
     return *code == GRPC_STATUS_OK;
 }
@@ -505,8 +578,11 @@ static grpc_status_code store_upload(Rounds *r, int peer, int step, uint8_t *byt
     grpc_status_code code = GRPC_STATUS_OK;
     pthread_mutex_lock(&r->mu);
     OpenRound *round = NULL;
+    if (step > r->last_completed_step) sweep_rounds(r, step);
     if (step <= r->last_completed_step) {
         code = closed_round(r, peer, step);
+    } else if (step > step_limit(r, step)) {
+        code = too_far_ahead(r, peer, step);
     } else if (!(round = open_round(r, step))) {
         code = status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED,
                            "upload from peer %d for step %d: %d rounds are already open (peers far apart in steps?)",

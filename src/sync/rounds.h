@@ -34,7 +34,20 @@ typedef struct {
                                 // and reloaded by rounds_create
     double round_timeout_s;     // 0: a round waits for every peer; else see rounds_deadline
     int min_peers;              // quorum of a partial round (>= 1)
+    int max_rounds_ahead;       // 0: ROUNDS_AHEAD. Uploads more than this many rounds ahead of
+                                // the newest completed step are refused OUT_OF_RANGE (below)
 } RoundsConfig;
+
+// How far ahead of the run an upload may be. The server does not know the peers' sync_steps;
+// it takes the round spacing from the gap between the two newest completed rounds, and while
+// that is unknown uses max(anchor, ROUNDS_DEFAULT_SPACING) steps. An upload for step s is taken
+// when s <= anchor + max_rounds_ahead * spacing, the anchor being the newest completed step, or
+// before any round completed the lowest step with uploads. Open rounds that fall outside that
+// window, or at or below the newest completed step, are dropped; when every open-round slot is
+// taken, the highest open round gives way to a lower step. So a peer uploading far ahead (or
+// a bogus step such as 2^31-1) can neither lock the others out nor become the newest round.
+#define ROUNDS_AHEAD 4
+#define ROUNDS_DEFAULT_SPACING 1000
 
 // Stragglers: with round_timeout_s > 0 a round that has waited rounds_deadline(...) seconds
 // since its first upload, and has at least min_peers uploads, is aggregated with the peers

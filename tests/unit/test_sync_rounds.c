@@ -114,6 +114,44 @@ static void test_refusal_log_escapes_control_bytes(void **state) {
     free(text);
 }
 
+static void complete(Rounds *r, int step) {
+    assert_int_equal(upload(r, 0, step, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 1, step, NULL), GRPC_STATUS_OK);
+    assert_int_equal(rounds_last_completed_step(r), step);
+}
+
+// One peer uploading far ahead (or a bogus step) can neither lock the others out of the
+// open-round slots nor make a far-future round the newest one.
+static void test_far_ahead_uploads_cannot_stall_or_poison(void **state) {
+    (void)state;
+    // Before any round completed: a bogus step seen first is dropped once the run's real first
+    // round shows up, and can no longer be completed afterwards.
+    Rounds *r = make_rounds(2);   // max_open_rounds 2
+    hello(r, 0, 6, GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 2147483647, NULL), GRPC_STATUS_OK);
+    complete(r, 10);
+    assert_int_equal(upload(r, 1, 2147483647, NULL), GRPC_STATUS_OUT_OF_RANGE);
+    assert_non_null(strstr(spes_last_error(), "more than 4 rounds ahead of the newest completed step 10"));
+    assert_int_equal(rounds_last_completed_step(r), 10);
+    RoundsStatus st;
+    rounds_status(r, &st);
+    assert_int_equal(st.open_step, -1);   // nothing left open
+    // Spacing 10 now known (rounds 10, 20): up to 20 + 4 x 10 = 60 is taken, beyond is not.
+    complete(r, 20);
+    assert_int_equal(upload(r, 0, 61, NULL), GRPC_STATUS_OUT_OF_RANGE);
+    assert_int_equal(upload(r, 0, 1000000000, NULL), GRPC_STATUS_OUT_OF_RANGE);
+    // Valid steps just ahead fill both slots; the round the run needs next still opens (the
+    // highest one gives way), completes, and the stale round below it is dropped.
+    assert_int_equal(upload(r, 0, 59, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 60, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 30, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 1, 30, NULL), GRPC_STATUS_OK);
+    assert_int_equal(rounds_last_completed_step(r), 30);
+    assert_int_equal(upload(r, 1, 59, NULL), GRPC_STATUS_OK);   // 59 is still open: completes
+    assert_int_equal(rounds_last_completed_step(r), 59);
+    rounds_destroy(r);
+}
+
 static void test_keep_steps_and_long_poll(void **state) {
     (void)state;
     Rounds *r = make_rounds(1);
@@ -385,6 +423,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_completes_despite_a_bad_upload),
         cmocka_unit_test(test_keep_steps_and_long_poll),
+        cmocka_unit_test(test_far_ahead_uploads_cannot_stall_or_poison),
         cmocka_unit_test(test_refusal_log_escapes_control_bytes),
         cmocka_unit_test(test_spec_inferred_without_hello),
         cmocka_unit_test(test_state_dir_survives_restart),
