@@ -287,15 +287,6 @@ grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_pe
     return code;
 }
 
-size_t rounds_upload_cap(Rounds *r, int peer) {
-    pthread_mutex_lock(&r->mu);
-    size_t cap = r->have_spec && peer >= 0 && peer < r->cfg.agg.num_peers
-                     ? upload_max_bytes(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer)
-                     : r->cfg.max_upload_bytes;
-    pthread_mutex_unlock(&r->mu);
-    return cap;
-}
-
 // The highest step an upload may have now (see RoundsConfig.max_rounds_ahead): the anchor is
 // the newest completed step, or before any round completed the lowest step seen (open rounds
 // and `step`); the spacing is the gap between the two newest completed rounds, or while that
@@ -557,6 +548,31 @@ static grpc_status_code too_far_ahead(Rounds *r, int peer, int step) {
                        "upload from peer %d: step %d is too far ahead of the run's first round (steps up to %lld are "
                        "taken before a round completes; is the peer's step counter right?)",
                        peer, step, (long long)limit);
+}
+
+grpc_status_code rounds_upload_start(Rounds *r, int peer, int step, size_t *cap) {
+    int P = r->cfg.agg.num_peers;
+    *cap = 0;
+    if (peer < 0 || peer >= P)
+        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload: peer_id %d is outside [0, %d)", peer, P);
+    if (step < 0)
+        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload from peer %d: step %d is negative", peer, step);
+    pthread_mutex_lock(&r->mu);
+    grpc_status_code code = r->closing                     ? status_fail(GRPC_STATUS_UNAVAILABLE, "server is shutting down")
+                            : step <= r->last_completed_step ? closed_round(r, peer, step)
+                            : step > step_limit(r, step)     ? too_far_ahead(r, peer, step)
+                                                             : GRPC_STATUS_OK;
+    *cap = r->have_spec ? upload_max_bytes(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer)
+                        : r->cfg.max_upload_bytes;
+    pthread_mutex_unlock(&r->mu);
+    return code;
+}
+
+size_t rounds_model_bytes(Rounds *r) {
+    pthread_mutex_lock(&r->mu);
+    size_t bytes = r->have_spec ? r->spec.total_numel * 4 : 0;
+    pthread_mutex_unlock(&r->mu);
+    return bytes;
 }
 
 // Whether an upload for step would be taken now (step not yet aggregated). Sets *code and the

@@ -28,7 +28,7 @@ void log_refusal(const char *what);
 typedef struct {
     AggregateConfig agg;        // mode, P, m, merge settings
     int keep_steps;             // aggregates kept for download (>= 1)
-    size_t max_upload_bytes;    // upload cap while no model spec is known yet
+    size_t max_upload_bytes;    // upload cap while no model spec is known yet (SYNC_PRESPEC_UPLOAD_CAP)
     int max_open_rounds;        // steps with uploads but no aggregate yet (bounds memory)
     const char *state_dir;      // NULL: state in memory only; else persisted there (server_state.h)
                                 // and reloaded by rounds_create
@@ -102,8 +102,14 @@ grpc_status_code rounds_hello_settings(const Rounds *r, int peer, int num_peers,
 grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode, DType payload_dtype,
                               ModelSpec *spec, int *last_completed_step);
 
-// Largest upload accepted from peer right now (its F32 size once the spec is known).
-size_t rounds_upload_cap(Rounds *r, int peer);
+// What can be decided about an upload from its first message, before its bytes are buffered:
+// peer in range, step not negative, not already aggregated (ALREADY_EXISTS / ABORTED as in
+// rounds_upload), not too far ahead (OUT_OF_RANGE), server not closing. *cap: the largest
+// upload accepted from peer (its tensors in F32 + header room once the spec is known, else
+// max_upload_bytes), set whatever the status.
+grpc_status_code rounds_upload_start(Rounds *r, int peer, int step, size_t *cap);
+// The model's size in F32 (0 until the spec is known).
+size_t rounds_model_bytes(Rounds *r);
 
 // One complete upload (safetensors bytes; ownership passes to r on every path). Validates,
 // stores and, if it completes the round, aggregates before returning.

@@ -29,6 +29,7 @@ struct SyncServer {
     pthread_mutex_t mu;
     pthread_cond_t calls_done;
     int active_calls;
+    size_t buffered;                // upload bytes reserved by calls in progress (under mu)
 };
 
 typedef struct {
@@ -50,7 +51,7 @@ void sync_server_config_defaults(SyncServerConfig *cfg) {
     cfg->idle_timeout_seconds = 120;
     cfg->max_calls = 256;
     cfg->rounds.keep_steps = 2;
-    cfg->rounds.max_upload_bytes = (size_t)64 << 30;
+    cfg->rounds.max_upload_bytes = SYNC_PRESPEC_UPLOAD_CAP;
     cfg->rounds.max_open_rounds = 4;
     cfg->rounds.agg.merge_topk = 4;
 }
@@ -151,12 +152,55 @@ static ProtobufCMessage *recv_request(Call *c, const ProtobufCMessageDescriptor 
 
 // ---- handlers ----
 
-// Appends one chunk of a client stream to the upload, checking order and size.
+// One upload stream being received: chunks appended in order, within its cap and within the
+// bytes it reserved from the server-wide budget.
 typedef struct {
     int peer, step, total_chunks, next_chunk;
     size_t cap, len, capacity;
+    size_t reserved;                // bytes of srv->buffered held by this call
     uint8_t *bytes;
 } UploadBuffer;
+
+// The most upload bytes all calls together may buffer: --max_upload_buffer, or by default the
+// model's F32 size (so every peer's upload fits, one at a time at worst) and, before the model
+// is known, the first upload's cap.
+static size_t upload_budget(SyncServer *srv) {
+    if (srv->cfg.max_buffered_bytes) return srv->cfg.max_buffered_bytes;
+    size_t model = rounds_model_bytes(srv->rounds);
+    return model ? model + ((size_t)1 << 20) : srv->cfg.rounds.max_upload_bytes;
+}
+
+// Grows up's reservation to `want` bytes; RESOURCE_EXHAUSTED ("busy": the client backs off and
+// retries) when the server-wide budget has no room.
+static grpc_status_code reserve(Call *c, UploadBuffer *up, size_t want) {
+    if (want <= up->reserved) return GRPC_STATUS_OK;
+    SyncServer *srv = c->srv;
+    size_t budget = upload_budget(srv), extra = want - up->reserved;
+    if (want > budget)   // never fits: not "busy", a retry would not help
+        return status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "upload from peer %d step %d needs %zu bytes of buffer, more than the server's whole upload "
+                           "budget of %zu bytes (--max_upload_buffer)",
+                           up->peer, up->step, want, budget);
+    pthread_mutex_lock(&srv->mu);
+    bool fits = extra <= budget && srv->buffered <= budget - extra;
+    size_t in_use = srv->buffered;
+    if (fits) srv->buffered += extra;
+    pthread_mutex_unlock(&srv->mu);
+    if (!fits)
+        return status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "server busy: upload from peer %d step %d needs %zu bytes of buffer, %zu of the %zu-byte "
+                           "upload budget are in use (retry later)",
+                           up->peer, up->step, want, in_use, budget);
+    up->reserved = want;
+    return GRPC_STATUS_OK;
+}
+
+static void release(Call *c, UploadBuffer *up) {
+    pthread_mutex_lock(&c->srv->mu);
+    c->srv->buffered -= up->reserved;
+    pthread_mutex_unlock(&c->srv->mu);
+    up->reserved = 0;
+}
 
 // A caller with a per-peer token may only act as that peer.
 static grpc_status_code check_bound_peer(const Call *c, const char *what, int peer) {
@@ -167,16 +211,24 @@ static grpc_status_code check_bound_peer(const Call *c, const char *what, int pe
 
 static grpc_status_code take_chunk(Call *c, UploadBuffer *up, const UploadChunkRequest *m) {
     if (up->next_chunk == 0) {
-        grpc_status_code bound = check_bound_peer(c, "upload", m->peer_id);
-        if (bound != GRPC_STATUS_OK) return bound;
+        // Everything the first message can tell is decided now, before anything is buffered.
+        grpc_status_code code = check_bound_peer(c, "upload", m->peer_id);
+        if (code != GRPC_STATUS_OK) return code;
         up->peer = m->peer_id;
         up->step = m->step;
         up->total_chunks = m->total_chunks;
-        up->cap = rounds_upload_cap(c->srv->rounds, m->peer_id);
+        code = rounds_upload_start(c->srv->rounds, m->peer_id, m->step, &up->cap);
+        if (code != GRPC_STATUS_OK) return code;
         if (m->total_chunks < 1 || (size_t)m->total_chunks > up->cap)
             return status_fail(GRPC_STATUS_INVALID_ARGUMENT,
                                "upload from peer %d: total_chunks %d is not a sensible count", m->peer_id,
                                m->total_chunks);
+        // Reserve what the stream announces (chunks of this size), within the cap.
+        size_t claimed = m->chunk_data.len > up->cap / (size_t)m->total_chunks
+                             ? up->cap
+                             : m->chunk_data.len * (size_t)m->total_chunks;
+        code = reserve(c, up, claimed > m->chunk_data.len ? claimed : m->chunk_data.len);
+        if (code != GRPC_STATUS_OK) return code;
     } else if (m->peer_id != up->peer || m->step != up->step || m->total_chunks != up->total_chunks) {
         return status_fail(
             GRPC_STATUS_INVALID_ARGUMENT,
@@ -197,6 +249,8 @@ static grpc_status_code take_chunk(Call *c, UploadBuffer *up, const UploadChunkR
             GRPC_STATUS_RESOURCE_EXHAUSTED,
             "upload from peer %d step %d: more than %zu bytes, the most its tensors can take (F32 + header)", up->peer,
             up->step, up->cap);
+    grpc_status_code budget = reserve(c, up, up->len + add);
+    if (budget != GRPC_STATUS_OK) return budget;
     if (up->len + add > up->capacity) {
         // First reservation: the announced size (at most 1 GiB, it is only a claim), then doubling.
         size_t claimed = add * (size_t)up->total_chunks, want = up->capacity;
@@ -223,6 +277,7 @@ static void handle_upload(Call *c) {
         grpc_byte_buffer *bb = recv_message(c, &ok);
         if (!ok) {
             free(up.bytes);
+            release(c, &up);
             return;   // cancelled or gone: nobody to answer
         }
         if (!bb) break;
@@ -244,12 +299,14 @@ static void handle_upload(Call *c) {
     }
     if (code != GRPC_STATUS_OK) {
         free(up.bytes);
+        release(c, &up);
         rounds_count_rejected(c->srv->rounds);
         log_refusal("upload");
         finish(c, code, NULL);
         return;
     }
     code = rounds_upload(c->srv->rounds, up.peer, up.step, up.bytes, up.len);   // takes the bytes
+    release(c, &up);
     UploadChunkResponse resp = UPLOAD_CHUNK_RESPONSE__INIT;
     resp.success = code == GRPC_STATUS_OK;
     finish(c, code, &resp.base);

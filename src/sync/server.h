@@ -13,6 +13,9 @@
 #define SYNC_MAX_HELLO_BYTES ((size_t)16 << 20)
 #define SYNC_MAX_SMALL_REQUEST ((size_t)64 << 10)
 #define SYNC_MAX_TENSORS (1 << 20)
+// Largest upload before the model is known (a Hello-less seeds client's first upload defines
+// it): also the default upload budget until then.
+#define SYNC_PRESPEC_UPLOAD_CAP ((size_t)4 << 30)
 
 typedef struct {
     const char *host;               // address to bind, e.g. "0.0.0.0" or "127.0.0.1"
@@ -22,6 +25,8 @@ typedef struct {
     double max_wait_seconds;        // longest single WaitAggregate long poll
     double idle_timeout_seconds;    // a call making no progress this long is cancelled
     int max_calls;                  // concurrent calls; more are refused RESOURCE_EXHAUSTED
+    size_t max_buffered_bytes;      // upload bytes all calls together may buffer; 0: the model's
+                                    // F32 size (+1 MiB), before the model is known max_upload_bytes
     const char *auth_token_file;    // shared token (auth.h); NULL: none
     const char *peer_tokens_file;   // "peer_id token" lines (auth.h); NULL: none
     const char *tls_cert, *tls_key; // PEM files: serve TLS (both or neither)

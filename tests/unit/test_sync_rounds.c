@@ -140,6 +140,12 @@ static void test_far_ahead_uploads_cannot_stall_or_poison(void **state) {
     complete(r, 20);
     assert_int_equal(upload(r, 0, 61, NULL), GRPC_STATUS_OUT_OF_RANGE);
     assert_int_equal(upload(r, 0, 1000000000, NULL), GRPC_STATUS_OUT_OF_RANGE);
+    size_t cap;   // the same answers from an upload's first message, before its bytes
+    assert_int_equal(rounds_upload_start(r, 0, 61, &cap), GRPC_STATUS_OUT_OF_RANGE);
+    assert_int_equal(rounds_upload_start(r, 0, 20, &cap), GRPC_STATUS_ALREADY_EXISTS);
+    assert_int_equal(rounds_upload_start(r, 2, 30, &cap), GRPC_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(rounds_upload_start(r, 0, 30, &cap), GRPC_STATUS_OK);
+    assert_true(cap > 0 && cap < (1 << 20));
     // Valid steps just ahead fill both slots; the round the run needs next still opens (the
     // highest one gives way), completes, and the stale round below it is dropped.
     assert_int_equal(upload(r, 0, 59, NULL), GRPC_STATUS_OK);

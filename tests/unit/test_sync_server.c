@@ -25,7 +25,7 @@ typedef struct {
     grpc_completion_queue *cq;
 } Fixture;
 
-static Fixture *start_fixture(int max_calls) {
+static Fixture *start_fixture_with(int max_calls, size_t max_buffered_bytes) {
     Fixture *f = calloc(1, sizeof *f);
     SyncServerConfig cfg;
     sync_server_config_defaults(&cfg);
@@ -34,6 +34,7 @@ static Fixture *start_fixture(int max_calls) {
     cfg.chunk_size = 100;
     cfg.idle_timeout_seconds = 3;
     cfg.max_calls = max_calls;
+    cfg.max_buffered_bytes = max_buffered_bytes;
     cfg.rounds.keep_steps = 1;
     cfg.rounds.agg = (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4};
     assert_int_equal(sync_server_start(&cfg, &f->srv), SPES_OK);
@@ -46,8 +47,15 @@ static Fixture *start_fixture(int max_calls) {
     return f;
 }
 
+static Fixture *start_fixture(int max_calls) { return start_fixture_with(max_calls, 0); }
+
 static int setup(void **state) {
     *state = start_fixture(256);
+    return 0;
+}
+
+static int setup_small_budget(void **state) {
+    *state = start_fixture_with(256, 1000);
     return 0;
 }
 
@@ -291,6 +299,58 @@ static void test_hello_settings_checked_first(void **state) {
     assert_non_null(strstr(details, "at most 65536 bytes"));
 }
 
+// An upload is judged at its first message: a peer id out of range, a bad step (also one
+// already aggregated or far ahead, see rounds_upload_start), or a claim beyond the server-wide
+// upload budget is answered at once, without waiting for (and buffering) the rest of the stream.
+static void test_upload_refused_at_first_message(void **state) {
+    Fixture *f = *state;
+    char details[512];
+    uint8_t data[100] = {0};
+    struct {
+        int peer, step, total;
+        grpc_status_code want;
+        const char *says;
+    } cases[] = {
+        {7, 1, 1000000, GRPC_STATUS_INVALID_ARGUMENT, "peer_id 7 is outside [0, 2)"},
+        {0, -3, 1000000, GRPC_STATUS_INVALID_ARGUMENT, "step -3 is negative"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double start = now_seconds();
+        grpc_call *call = open_call(f, "/FederatedServer/UploadChunk");
+        send_bytes(f, call, chunk(cases[i].peer, cases[i].step, 0, cases[i].total, data, sizeof data));
+        // No half-close: the answer must not wait for the stream (the idle timeout is 3 s).
+        assert_int_equal(close_call(f, call, false, NULL, NULL, details, sizeof details), cases[i].want);
+        assert_non_null(strstr(details, cases[i].says));
+        assert_true(now_seconds() - start < 2);
+    }
+    // Budget (1000 bytes here): a stream holding 500 leaves no room for one announcing 750.
+    grpc_call *first = open_call(f, "/FederatedServer/UploadChunk");
+    assert_true(send_bytes(f, first, chunk(0, 1, 0, 5, data, 100)));
+    grpc_call *second = open_call(f, "/FederatedServer/UploadChunk");
+    send_bytes(f, second, chunk(1, 1, 0, 5, data, 100));
+    send_bytes(f, second, chunk(1, 1, 1, 5, data, 100));   // 200 so far, 500 claimed: fits
+    grpc_call *third = open_call(f, "/FederatedServer/UploadChunk");
+    uint8_t wide[150] = {0};
+    send_bytes(f, third, chunk(1, 2, 0, 5, wide, sizeof wide));   // claims 750
+    assert_int_equal(close_call(f, third, false, NULL, NULL, details, sizeof details), GRPC_STATUS_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(details, "server busy"));
+    assert_non_null(strstr(details, "1000-byte upload budget"));
+    grpc_call_cancel(first, NULL);
+    close_call(f, first, false, NULL, NULL, details, sizeof details);
+    grpc_call_cancel(second, NULL);
+    close_call(f, second, false, NULL, NULL, details, sizeof details);
+    // Once those calls are gone their reservations are back.
+    double start = now_seconds();
+    grpc_status_code code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    while (code == GRPC_STATUS_RESOURCE_EXHAUSTED && now_seconds() - start < 5) {
+        third = open_call(f, "/FederatedServer/UploadChunk");
+        send_bytes(f, third, chunk(1, 2, 0, 2, wide, sizeof wide));
+        send_bytes(f, third, chunk(1, 2, 1, 2, wide, sizeof wide));
+        code = close_call(f, third, true, NULL, NULL, details, sizeof details);
+    }
+    assert_int_equal(code, GRPC_STATUS_INVALID_ARGUMENT);   // taken in full, then not safetensors
+}
+
 static void test_downloads_and_long_poll(void **state) {
     Fixture *f = *state;
     char details[512];
@@ -434,6 +494,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_port_is_exclusive, setup, teardown),
         cmocka_unit_test_setup_teardown(test_protocol_errors_get_statuses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hello_settings_checked_first, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_upload_refused_at_first_message, setup_small_budget, teardown),
         cmocka_unit_test_setup_teardown(test_downloads_and_long_poll, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bf16_payload_round_trip, setup, teardown),
     };
