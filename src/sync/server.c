@@ -39,6 +39,7 @@ typedef struct {
     grpc_metadata_array metadata;
     grpc_completion_queue *cq;      // this call's own queue (pluck)
     int bound_peer;                 // the peer a per-peer token belongs to; -1: any
+    bool over_limit;                // arrived while max_calls others were in progress
 } Call;
 
 void sync_server_config_defaults(SyncServerConfig *cfg) {
@@ -49,7 +50,7 @@ void sync_server_config_defaults(SyncServerConfig *cfg) {
     cfg->max_message_size = SYNC_DEFAULT_MAX_MESSAGE;
     cfg->max_wait_seconds = 30;
     cfg->idle_timeout_seconds = 120;
-    cfg->max_calls = 256;
+    cfg->max_calls = 0;   // from the number of peers: sync_server_max_calls
     cfg->rounds.keep_steps = 2;
     cfg->rounds.max_upload_bytes = SYNC_PRESPEC_UPLOAD_CAP;
     cfg->rounds.max_open_rounds = 4;
@@ -463,9 +464,7 @@ static void *call_main(void *arg) {
     const Route *route = NULL;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (grpc_slice_str_cmp(c->details.method, routes[i].method) == 0) route = &routes[i];
-    pthread_mutex_lock(&srv->mu);
-    bool too_many = srv->active_calls > srv->cfg.max_calls;
-    pthread_mutex_unlock(&srv->mu);
+    bool too_many = c->over_limit;
     c->bound_peer = -1;
     grpc_status_code auth = auth_enabled(&srv->auth) ? auth_check(&srv->auth, &c->metadata, &c->bound_peer)
                                                      : GRPC_STATUS_OK;
@@ -523,8 +522,10 @@ static void *accept_loop(void *arg) {
             requesting = false;
             continue;
         }
+        // Admission is decided here, in arrival order: a call's own thread reading the count
+        // later could see a burst behind it and refuse a call that was within the limit.
         pthread_mutex_lock(&srv->mu);
-        srv->active_calls++;
+        c->over_limit = ++srv->active_calls > srv->cfg.max_calls;
         pthread_mutex_unlock(&srv->mu);
         pthread_t thread;
         pthread_attr_t attr;
@@ -571,6 +572,13 @@ static int server_credentials(const SyncServerConfig *cfg, grpc_server_credentia
     return rc;
 }
 
+int sync_server_max_calls(int num_peers) {
+    // A peer holds at most one upload or long poll, or DOWNLOAD_WINDOW (4) chunk requests, at
+    // once; the rest is room for Status calls and retries.
+    int64_t calls = 4 * (int64_t)num_peers + 64;
+    return calls < SYNC_MAX_CALLS_CEILING ? (int)calls : SYNC_MAX_CALLS_CEILING;
+}
+
 int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     if (cfg->chunk_size < 1 || cfg->chunk_size + 1024 > cfg->max_message_size)
         return spes_fail("server: chunk_size %zu must be >= 1 and at least 1 KiB below max_message_size %zu",
@@ -578,6 +586,7 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     SyncServer *srv = spes_calloc(1, sizeof *srv);
     if (!srv) return SPES_ERR;
     srv->cfg = *cfg;
+    if (srv->cfg.max_calls <= 0) srv->cfg.max_calls = sync_server_max_calls(cfg->rounds.agg.num_peers);
     srv->host = spes_strdup(cfg->host);
     if (!srv->host || auth_load(cfg->auth_token_file, cfg->peer_tokens_file, cfg->rounds.agg.num_peers, &srv->auth) != SPES_OK ||
         rounds_create(&cfg->rounds, &srv->rounds) != SPES_OK) {
@@ -627,7 +636,7 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     }
     grpc_server_start(srv->server);
     pthread_create(&srv->accept_thread, NULL, accept_loop, srv);
-    log_info("server: listening on %s:%d", cfg->host, srv->port);
+    log_info("server: listening on %s:%d (at most %d calls at once)", cfg->host, srv->port, srv->cfg.max_calls);
     *out = srv;
     return SPES_OK;
 }

@@ -25,7 +25,7 @@ typedef struct {
     grpc_completion_queue *cq;
 } Fixture;
 
-static Fixture *start_fixture_with(int max_calls, size_t max_buffered_bytes) {
+static Fixture *start_fixture_cfg(int max_calls, size_t max_buffered_bytes, AggregateConfig agg) {
     Fixture *f = calloc(1, sizeof *f);
     SyncServerConfig cfg;
     sync_server_config_defaults(&cfg);
@@ -36,7 +36,7 @@ static Fixture *start_fixture_with(int max_calls, size_t max_buffered_bytes) {
     cfg.max_calls = max_calls;
     cfg.max_buffered_bytes = max_buffered_bytes;
     cfg.rounds.keep_steps = 1;
-    cfg.rounds.agg = (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4};
+    cfg.rounds.agg = agg;
     assert_int_equal(sync_server_start(&cfg, &f->srv), SPES_OK);
     snprintf(f->addr, sizeof f->addr, "127.0.0.1:%d", sync_server_port(f->srv));
     grpc_init();
@@ -45,6 +45,11 @@ static Fixture *start_fixture_with(int max_calls, size_t max_buffered_bytes) {
     grpc_channel_credentials_release(creds);
     f->cq = grpc_completion_queue_create_for_pluck(NULL);
     return f;
+}
+
+static Fixture *start_fixture_with(int max_calls, size_t max_buffered_bytes) {
+    return start_fixture_cfg(max_calls, max_buffered_bytes,
+                             (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4});
 }
 
 static Fixture *start_fixture(int max_calls) { return start_fixture_with(max_calls, 0); }
@@ -201,8 +206,111 @@ static void test_call_limit(void **state) {
         code = unary(f, "/FederatedServer/Status", &sreq.base, NULL, NULL, details, sizeof details);
     assert_int_equal(code, GRPC_STATUS_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(details, "server busy"));
-    grpc_call_cancel(stalled, NULL);
-    close_call(f, stalled, false, NULL, NULL, details, sizeof details);
+    // The client library backs off and retries "busy" (within its retry timeout): its Status
+    // gets through once the stalled call is cancelled by the 3 s idle timeout.
+    SyncClientConfig ccfg;
+    sync_client_config_defaults(&ccfg);
+    ccfg.server_addr = f->addr;
+    ccfg.num_peers = 2;
+    ccfg.connect_timeout_s = 15;
+    SyncClient *client;
+    assert_int_equal(sync_client_create(&ccfg, &client), SPES_OK);
+    RoundsStatus st;
+    assert_int_equal(sync_client_status(client, &st), SPES_OK);
+    assert_true(now_seconds() - start > 1);
+    sync_client_destroy(client);
+    code = close_call(f, stalled, false, NULL, NULL, details, sizeof details);
+    assert_true(code == GRPC_STATUS_DEADLINE_EXCEEDED || code == GRPC_STATUS_CANCELLED);   // not "busy" itself
+    void *state_of_f = f;
+    teardown(&state_of_f);
+}
+
+// A few hundred peers long-polling at once: the call limit follows --total_peers (the fixed
+// 256 refused the 257th waiter "server busy"), waiting costs no more than a blocked thread, and
+// every waiter gets the aggregate when the last upload completes the round.
+static void test_hundreds_of_waiters(void **state) {
+    (void)state;
+    enum { P = 300 };
+    Fixture *f = start_fixture_cfg(0, 0, (AggregateConfig){.mode = SYNC_MODE_FEDAVG, .num_peers = P, .merge_topk = 4});
+    typedef struct {
+        grpc_call *call;
+        grpc_byte_buffer *request, *response;
+        grpc_metadata_array initial, trailing;
+        grpc_status_code code;
+        grpc_slice details;
+    } Waiter;
+    Waiter *w = calloc(P, sizeof *w);
+    for (int p = 0; p < P; p++) {
+        WaitAggregateRequest req = WAIT_AGGREGATE_REQUEST__INIT;
+        req.peer_id = p;
+        req.step = 1;
+        req.timeout_ms = 60000;
+        w[p].request = wire_pack(&req.base);
+        w[p].details = grpc_empty_slice();
+        grpc_metadata_array_init(&w[p].initial);
+        grpc_metadata_array_init(&w[p].trailing);
+        w[p].call = grpc_channel_create_call(f->channel, NULL, GRPC_PROPAGATE_DEFAULTS, f->cq,
+                                             grpc_slice_from_static_string("/FederatedServer/WaitAggregate"), NULL,
+                                             wire_deadline(90), NULL);
+        grpc_op ops[6];
+        memset(ops, 0, sizeof ops);
+        ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+        ops[1].op = GRPC_OP_SEND_MESSAGE;
+        ops[1].data.send_message.send_message = w[p].request;
+        ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+        ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+        ops[3].data.recv_initial_metadata.recv_initial_metadata = &w[p].initial;
+        ops[4].op = GRPC_OP_RECV_MESSAGE;
+        ops[4].data.recv_message.recv_message = &w[p].response;
+        ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+        ops[5].data.recv_status_on_client.trailing_metadata = &w[p].trailing;
+        ops[5].data.recv_status_on_client.status = &w[p].code;
+        ops[5].data.recv_status_on_client.status_details = &w[p].details;
+        assert_int_equal(grpc_call_start_batch(w[p].call, ops, 6, &w[p], NULL), GRPC_CALL_OK);
+    }
+    // Every waiter is in the server before the round fills (none was refused).
+    char details[512];
+    double start = now_seconds();
+    for (;;) {
+        StatusRequest sreq = STATUS_REQUEST__INIT;
+        StatusResponse *st = NULL;
+        assert_int_equal(unary(f, "/FederatedServer/Status", &sreq.base, &status_response__descriptor,
+                               (ProtobufCMessage **)&st, details, sizeof details),
+                         GRPC_STATUS_OK);
+        status_response__free_unpacked(st, NULL);
+        grpc_event ev = grpc_completion_queue_pluck(f->cq, &w[0], wire_deadline(0.01), NULL);
+        assert_int_equal(ev.type, GRPC_QUEUE_TIMEOUT);   // still waiting, not refused
+        if (now_seconds() - start > 1.5) break;
+    }
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    for (int p = 0; p < P; p++) {
+        uint8_t *bytes;
+        size_t len;
+        assert_int_equal(sync_test_upload(&spec, SYNC_MODE_FEDAVG, 1, p, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
+        grpc_call *call = open_call(f, "/FederatedServer/UploadChunk");
+        assert_true(send_bytes(f, call, chunk(p, 1, 0, 1, bytes, len)));
+        assert_int_equal(close_call(f, call, true, NULL, NULL, details, sizeof details), GRPC_STATUS_OK);
+        free(bytes);
+    }
+    model_spec_free(&spec);
+    for (int p = 0; p < P; p++) {
+        grpc_event ev = grpc_completion_queue_pluck(f->cq, &w[p], wire_deadline(60), NULL);
+        assert_int_equal(ev.type, GRPC_OP_COMPLETE);
+        assert_int_equal(w[p].code, GRPC_STATUS_OK);
+        WaitAggregateResponse *resp = (WaitAggregateResponse *)wire_unpack(&wait_aggregate_response__descriptor,
+                                                                           w[p].response);
+        assert_non_null(resp);
+        assert_true(resp->ready);
+        wait_aggregate_response__free_unpacked(resp, NULL);
+        grpc_byte_buffer_destroy(w[p].request);
+        grpc_byte_buffer_destroy(w[p].response);
+        grpc_metadata_array_destroy(&w[p].initial);
+        grpc_metadata_array_destroy(&w[p].trailing);
+        grpc_slice_unref(w[p].details);
+        grpc_call_unref(w[p].call);
+    }
+    free(w);
     void *state_of_f = f;
     teardown(&state_of_f);
 }
@@ -491,6 +599,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stalled_upload_blocks_nobody, setup, teardown),
         cmocka_unit_test(test_call_limit),
+        cmocka_unit_test(test_hundreds_of_waiters),
         cmocka_unit_test_setup_teardown(test_port_is_exclusive, setup, teardown),
         cmocka_unit_test_setup_teardown(test_protocol_errors_get_statuses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hello_settings_checked_first, setup, teardown),
