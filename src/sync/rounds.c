@@ -20,9 +20,7 @@ typedef struct {
     int step;                   // -1: free slot
     bool aggregating;           // all uploads in; no more changes
     int num_uploaded;
-    uint8_t **payload;          // [P] upload bytes (NULL: not yet)
-    SafeTensors *parsed;        // [P] views into payload
-    const StTensor **rows;      // [P][spec.count] rows for aggregate_compute
+    bool *uploaded;             // [P] its accepted upload is in upload_dir (not in memory)
     double opened_at;           // now_seconds() of its first upload
     bool warned;                // "cannot close partially" logged once
 } OpenRound;
@@ -31,6 +29,9 @@ struct Rounds {
     RoundsConfig cfg;
     pthread_mutex_t mu;
     pthread_mutex_t persist_mu; // orders the writes of aggregates + rounds.json with their publishing
+    pthread_mutex_t aggregate_mu;   // one aggregation at a time: bounds the memory of completing rounds
+    char *upload_dir;           // where accepted uploads wait for their round: the state dir, or a
+    bool own_upload_dir;        // private spool dir (removed at the end)
     pthread_cond_t changed;     // an aggregate was published, or closing
     bool closing;
 
@@ -55,6 +56,25 @@ struct Rounds {
 };
 
 static int restore_state(Rounds *r);
+
+// Without a state dir, accepted uploads wait for their round in a private directory (under
+// cfg->spool_dir, $TMPDIR or /tmp) instead of memory: the server then holds at most one upload
+// per aggregation, whatever the number of peers (aggregate.h: AggregateAcc).
+static int open_spool(Rounds *r) {
+    const char *parent = r->cfg.spool_dir ? r->cfg.spool_dir : getenv("TMPDIR");
+    if (!parent || !parent[0]) parent = "/tmp";
+    char *dir = path_join(parent, "spes-server-uploads-XXXXXX");
+    if (!dir) return SPES_ERR;
+    if (!mkdtemp(dir)) {
+        int rc = spes_fail("server: cannot create a spool directory for uploads under %s: %s (set --spool_dir)",
+                           parent, strerror(errno));
+        free(dir);
+        return rc;
+    }
+    r->upload_dir = dir;
+    r->own_upload_dir = true;
+    return SPES_OK;
+}
 
 grpc_status_code status_fail(grpc_status_code code, const char *fmt, ...) {
     char message[2048];
@@ -100,6 +120,7 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     if (r->cfg.min_peers == 0) r->cfg.min_peers = (cfg->agg.num_peers + 1) / 2;   // default: a majority
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->persist_mu, NULL);
+    pthread_mutex_init(&r->aggregate_mu, NULL);
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -119,19 +140,16 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
         rounds_destroy(r);
         return SPES_ERR;
     }
+    if (!cfg->state_dir && open_spool(r) != SPES_OK) {
+        rounds_destroy(r);
+        return SPES_ERR;
+    }
     *out = r;
     return SPES_OK;
 }
 
 static void free_round(Rounds *r, OpenRound *round) {
-    if (round->payload)
-        for (int p = 0; p < r->cfg.agg.num_peers; p++) {
-            if (round->payload[p]) safetensors_close(&round->parsed[p]);
-            free(round->payload[p]);
-        }
-    free(round->payload);
-    free(round->parsed);
-    free(round->rows);
+    free(round->uploaded);
     memset(round, 0, sizeof *round);
     round->step = -1;
 }
@@ -165,6 +183,9 @@ void rounds_destroy(Rounds *r) {
     model_spec_free(&r->spec);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->persist_mu);
+    pthread_mutex_destroy(&r->aggregate_mu);
+    if (r->own_upload_dir) remove_tree(r->upload_dir);
+    if (r->own_upload_dir) free(r->upload_dir);
     pthread_cond_destroy(&r->changed);
     state_close(r->lock_fd);
     free(r);
@@ -308,9 +329,8 @@ static int64_t step_limit(const Rounds *r, int step) {
 // Under r->mu.
 static void drop_round(Rounds *r, OpenRound *round, const char *why) {
     log_warn("server: step %d: dropping the open round (%d uploads): %s", round->step, round->num_uploaded, why);
-    if (r->cfg.state_dir)
-        for (int p = 0; p < r->cfg.agg.num_peers; p++)
-            if (round->payload[p]) state_remove_upload(r->cfg.state_dir, round->step, p);
+    for (int p = 0; p < r->cfg.agg.num_peers; p++)
+        if (round->uploaded[p]) state_remove_upload(r->upload_dir, round->step, p);
     free_round(r, round);
 }
 
@@ -347,10 +367,8 @@ static OpenRound *open_round(Rounds *r, int step) {
     }
     if (!free_slot) return NULL;
     int P = r->cfg.agg.num_peers;
-    free_slot->payload = spes_calloc((size_t)P, sizeof(uint8_t *));
-    free_slot->parsed = spes_calloc((size_t)P, sizeof(SafeTensors));
-    free_slot->rows = spes_calloc((size_t)P * r->spec.count, sizeof(StTensor *));
-    if (!free_slot->payload || !free_slot->parsed || !free_slot->rows) {
+    free_slot->uploaded = spes_calloc((size_t)P, sizeof(bool));
+    if (!free_slot->uploaded) {
         free_round(r, free_slot);
         return NULL;
     }
@@ -381,8 +399,29 @@ static StTensor *blob_tensors(const Rounds *r, const AggregateBlob *blob) {
     return x;
 }
 
+static grpc_status_code check_upload(Rounds *r, int peer, int step, const uint8_t *bytes, size_t len, SafeTensors *st,
+                                     const StTensor **row);
+
+// Adds peer's upload of round (read back from upload_dir, checked again: the disk may have
+// damaged it) to the accumulator, and lets go of it.
+static int add_upload(Rounds *r, OpenRound *round, int peer, AggregateAcc *acc, const StTensor **row) {
+    uint8_t *bytes;
+    size_t len;
+    SPES_TRY(state_read(r->upload_dir, &(StateFile){'u', round->step, peer}, &bytes, &len));
+    SafeTensors st;
+    int rc = check_upload(r, peer, round->step, bytes, len, &st, row) == GRPC_STATUS_OK ? SPES_OK : SPES_ERR;
+    if (rc == SPES_OK) {
+        rc = aggregate_acc_add(acc, peer, row);
+        safetensors_close(&st);
+    }
+    free(bytes);
+    return rc;
+}
+
 // Aggregates a frozen round (outside the lock) into a new blob: every peer's uploads, or for
 // a partial round those present with the latest aggregate standing in for missing owners.
+// Uploads are read back one at a time, in peer order, into the accumulator (which is the
+// blob itself for F32 payloads): memory is the blob plus one upload, whatever P.
 static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
     int P = r->cfg.agg.num_peers, count = r->spec.count;
     bool partial = round->num_uploaded < P;
@@ -390,7 +429,8 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
     uint8_t **out = spes_calloc((size_t)count, sizeof(uint8_t *));
     bool *present = partial ? spes_calloc((size_t)P, sizeof(bool)) : NULL;
     StTensor *prev_tensors = NULL;
-    const StTensor **prev_rows = NULL;
+    const StTensor **prev_rows = NULL, **row = NULL;
+    AggregateAcc *acc = NULL;
     pthread_mutex_lock(&r->mu);
     AggregateBlob *prev = partial ? latest_before(r, round->step) : NULL;
     if (blob) blob->bytes = r->spare;
@@ -404,12 +444,15 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
         if (!prev_tensors || !prev_rows) goto fail;
         for (int t = 0; t < count; t++) prev_rows[t] = &prev_tensors[t];
     }
-    for (int p = 0; partial && p < P; p++) present[p] = round->payload[p] != NULL;
+    for (int p = 0; partial && p < P; p++) present[p] = round->uploaded[p];
     memcpy(blob->bytes, r->header, r->header_len);
     for (int t = 0; t < count; t++) out[t] = blob->bytes + r->tensor_offset[t];
-    if (aggregate_compute_partial(&r->spec, &r->cfg.agg, round->step, round->rows, present, prev_rows, out,
-                                  r->payload_dtype) != SPES_OK)
+    row = spes_calloc((size_t)count, sizeof *row);
+    if (!row || aggregate_acc_begin(&r->spec, &r->cfg.agg, round->step, present, out, r->payload_dtype, &acc) != SPES_OK)
         goto fail;
+    for (int p = 0; p < P; p++)
+        if (round->uploaded[p] && add_upload(r, round, p, acc, row) != SPES_OK) goto fail;
+    if (aggregate_acc_finish(acc, prev_rows) != SPES_OK) goto fail;
     blob->step = round->step;
     blob->len = r->aggregate_len;
     blob->refs = 1;
@@ -421,6 +464,8 @@ fail:
     free(blob);
     blob = NULL;
 done:
+    aggregate_acc_free(acc);
+    free(row);
     free(out);
     free(present);
     free(prev_tensors);
@@ -582,14 +627,22 @@ static bool round_accepts(Rounds *r, int peer, int step, grpc_status_code *code)
     *code = step <= r->last_completed_step   ? closed_round(r, peer, step)
             : step > step_limit(r, step) ? too_far_ahead(r, peer, step)
                                              : GRPC_STATUS_OK;
+    for (int i = 0; *code == GRPC_STATUS_OK && i < r->cfg.max_open_rounds; i++)
+        if (r->open[i].step == step && r->open[i].aggregating)   // its files are being read: leave them
+            *code = r->open[i].uploaded[peer]
+                        ? status_fail(GRPC_STATUS_ALREADY_EXISTS,
+                                      "upload from peer %d: the round of step %d is being aggregated", peer, step)
+                        : status_fail(GRPC_STATUS_ABORTED,
+                                      "upload from peer %d: the round of step %d is closing without it (round "
+                                      "timeout); fetch the newest aggregate and carry on",
+                                      peer, step);
     pthread_mutex_unlock(&r->mu);
     return *code == GRPC_STATUS_OK;
 }
 
-// Puts a validated upload (bytes, its parse st and rows) into its round; ownership of bytes and
-// st passes to the round on OK. *complete: every peer's upload is in, the caller aggregates.
-static grpc_status_code store_upload(Rounds *r, int peer, int step, uint8_t *bytes, size_t len, const SafeTensors *st,
-                                     const StTensor **row, OpenRound **round_out, bool *complete) {
+// Records a validated upload, already in upload_dir, in its round. *complete: every peer's
+// upload is in, the caller aggregates.
+static grpc_status_code store_upload(Rounds *r, int peer, int step, size_t len, OpenRound **round_out, bool *complete) {
     int P = r->cfg.agg.num_peers;
     grpc_status_code code = GRPC_STATUS_OK;
     pthread_mutex_lock(&r->mu);
@@ -603,7 +656,7 @@ static grpc_status_code store_upload(Rounds *r, int peer, int step, uint8_t *byt
         code = status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED,
                            "upload from peer %d for step %d: %d rounds are already open (peers far apart in steps?)",
                            peer, step, r->cfg.max_open_rounds);
-    } else if (round->aggregating && round->payload[peer]) {
+    } else if (round->aggregating && round->uploaded[peer]) {
         code = status_fail(GRPC_STATUS_ALREADY_EXISTS, "upload from peer %d: the round of step %d is being aggregated",
                            peer, step);
     } else if (round->aggregating) {
@@ -616,15 +669,8 @@ static grpc_status_code store_upload(Rounds *r, int peer, int step, uint8_t *byt
         pthread_mutex_unlock(&r->mu);
         return code;
     }
-    if (round->payload[peer]) {   // a retry replaces the previous upload
-        safetensors_close(&round->parsed[peer]);
-        free(round->payload[peer]);
-    } else {
-        round->num_uploaded++;
-    }
-    round->payload[peer] = bytes;
-    round->parsed[peer] = *st;
-    memcpy(round->rows + (size_t)peer * r->spec.count, row, (size_t)r->spec.count * sizeof *row);
+    if (!round->uploaded[peer]) round->num_uploaded++;   // else a retry: its file replaced the previous one
+    round->uploaded[peer] = true;
     r->stats.bytes_received += (int64_t)len;
     *complete = round->num_uploaded == P;
     if (*complete) round->aggregating = true;
@@ -655,10 +701,8 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
     int dropped = publish(r, round, blob, seconds);
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_unlock(&r->persist_mu);
-    if (dir) {
-        for (int p = 0; p < P; p++) state_remove_upload(dir, step, p);
-        if (dropped >= 0) state_remove_aggregate(dir, dropped);
-    }
+    for (int p = 0; p < P; p++) state_remove_upload(r->upload_dir, step, p);
+    if (dir && dropped >= 0) state_remove_aggregate(dir, dropped);
     return SPES_OK;
 }
 
@@ -666,9 +710,11 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
 // a partial one closed by the round timeout (peer -1).
 static grpc_status_code complete_round(Rounds *r, OpenRound *round, int peer) {
     int step = round->step, P = r->cfg.agg.num_peers, arrived = round->num_uploaded;
+    pthread_mutex_lock(&r->aggregate_mu);
     double start = now_seconds();
     AggregateBlob *blob = compute_aggregate(r, round);
     double seconds = now_seconds() - start;
+    pthread_mutex_unlock(&r->aggregate_mu);
     grpc_status_code code = GRPC_STATUS_RESOURCE_EXHAUSTED;
     if (blob && persist_and_publish(r, round, blob, seconds) == SPES_OK) {
         if (arrived == P) {
@@ -692,9 +738,7 @@ static grpc_status_code complete_round(Rounds *r, OpenRound *round, int peer) {
     // is simply reopened: the next waiter tries again).
     pthread_mutex_lock(&r->mu);
     if (peer >= 0) {
-        safetensors_close(&round->parsed[peer]);
-        free(round->payload[peer]);
-        round->payload[peer] = NULL;
+        round->uploaded[peer] = false;
         round->num_uploaded--;
     }
     round->aggregating = false;
@@ -725,29 +769,24 @@ grpc_status_code rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, si
     const StTensor **row = spes_calloc((size_t)r->spec.count, sizeof *row);
     if (!row) return reject(r, GRPC_STATUS_RESOURCE_EXHAUSTED, bytes);
     code = check_upload(r, peer, step, bytes, len, &st, row);
-    if (code != GRPC_STATUS_OK) {
-        free(row);
+    free(row);
+    if (code != GRPC_STATUS_OK) return reject(r, code, bytes);
+    safetensors_close(&st);
+
+    // To disk before the peer hears OK (durably in a state dir), and out of memory: the round
+    // reads it back when it aggregates. A file that loses a race with the round's completion
+    // below is a leftover of a completed step, removed at the next start (or with the spool).
+    if (!round_accepts(r, peer, step, &code) || state_save_upload(r->upload_dir, step, peer, bytes, len) != SPES_OK) {
+        if (code == GRPC_STATUS_OK)
+            code = status_fail(GRPC_STATUS_INTERNAL, "upload from peer %d for step %d: %s", peer, step,
+                               spes_last_error());
         return reject(r, code, bytes);
     }
-
-    if (r->cfg.state_dir) {
-        // On disk before the peer hears OK. A file that loses a race with the round's
-        // completion below is a leftover of a completed step, removed at the next start.
-        if (!round_accepts(r, peer, step, &code) || state_save_upload(r->cfg.state_dir, step, peer, bytes, len) != SPES_OK) {
-            if (code == GRPC_STATUS_OK) code = status_fail(GRPC_STATUS_INTERNAL, "upload from peer %d for step %d: %s", peer, step, spes_last_error());
-            safetensors_close(&st);
-            free(row);
-            return reject(r, code, bytes);
-        }
-    }
+    free(bytes);
     OpenRound *round;
     bool complete;
-    code = store_upload(r, peer, step, bytes, len, &st, row, &round, &complete);
-    free(row);
-    if (code != GRPC_STATUS_OK) {
-        safetensors_close(&st);
-        return reject(r, code, bytes);
-    }
+    code = store_upload(r, peer, step, len, &round, &complete);
+    if (code != GRPC_STATUS_OK) return reject(r, code, NULL);
     log_info("server: step %d: upload from peer %d accepted (%zu bytes)", step, peer, len);
     return complete ? complete_round(r, round, peer) : GRPC_STATUS_OK;
 }
@@ -887,7 +926,7 @@ void rounds_status(Rounds *r, RoundsStatus *out) {
     if (lowest) {
         out->open_step = lowest->step;
         for (int p = 0; p < r->cfg.agg.num_peers && out->num_uploaded < 1024; p++)
-            if (lowest->payload[p]) out->peers_uploaded[out->num_uploaded++] = p;
+            if (lowest->uploaded[p]) out->peers_uploaded[out->num_uploaded++] = p;
     }
     pthread_mutex_unlock(&r->mu);
 }
@@ -907,16 +946,15 @@ static int restore_upload(Rounds *r, const StateFile *f) {
     SafeTensors st;
     const StTensor **row = spes_calloc((size_t)r->spec.count, sizeof *row);
     grpc_status_code code = row ? check_upload(r, f->peer, f->step, bytes, len, &st, row) : GRPC_STATUS_RESOURCE_EXHAUSTED;
+    if (code == GRPC_STATUS_OK) safetensors_close(&st);
+    free(row);
+    free(bytes);   // the file stays: the round reads it back when it aggregates
     OpenRound *round = NULL;
     bool complete = false;
-    if (code == GRPC_STATUS_OK) {
-        code = f->peer < r->cfg.agg.num_peers ? store_upload(r, f->peer, f->step, bytes, len, &st, row, &round, &complete)
+    if (code == GRPC_STATUS_OK)
+        code = f->peer < r->cfg.agg.num_peers ? store_upload(r, f->peer, f->step, len, &round, &complete)
                                               : status_fail(GRPC_STATUS_INVALID_ARGUMENT, "peer %d is out of range", f->peer);
-        if (code != GRPC_STATUS_OK) safetensors_close(&st);
-    }
-    free(row);
     if (code != GRPC_STATUS_OK) {
-        free(bytes);
         return spes_fail_context("server state %s: upload of peer %d for step %d", r->cfg.state_dir, f->peer, f->step);
     }
     if (complete && complete_round(r, round, f->peer) != GRPC_STATUS_OK) return SPES_ERR;
@@ -939,6 +977,7 @@ static void apply_book(Rounds *r, const StateBook *book) {
 static int restore_state(Rounds *r) {
     const char *dir = r->cfg.state_dir;
     SPES_TRY(state_open(dir, &r->lock_fd));
+    r->upload_dir = (char *)dir;
     ModelSpec spec;
     DType dtype;
     bool found;

@@ -32,6 +32,8 @@ typedef struct {
     int max_open_rounds;        // steps with uploads but no aggregate yet (bounds memory)
     const char *state_dir;      // NULL: state in memory only; else persisted there (server_state.h)
                                 // and reloaded by rounds_create
+    const char *spool_dir;      // without a state dir, uploads wait for their round in a private
+                                // directory made under this one (NULL: $TMPDIR, else /tmp)
     double round_timeout_s;     // 0: a round waits for every peer; else see rounds_deadline
     int min_peers;              // quorum of a partial round (>= 1)
     int max_rounds_ahead;       // 0: ROUNDS_AHEAD. Uploads more than this many rounds ahead of

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include <cmocka.h>
 #include <grpc/grpc_security.h>
@@ -437,6 +438,8 @@ static void test_upload_refused_at_first_message(void **state) {
     grpc_call *second = open_call(f, "/FederatedServer/UploadChunk");
     send_bytes(f, second, chunk(1, 1, 0, 5, data, 100));
     send_bytes(f, second, chunk(1, 1, 1, 5, data, 100));   // 200 so far, 500 claimed: fits
+    struct timespec settle = {0, 500 * 1000 * 1000};   // their call threads take the reservations
+    nanosleep(&settle, NULL);
     grpc_call *third = open_call(f, "/FederatedServer/UploadChunk");
     uint8_t wide[150] = {0};
     send_bytes(f, third, chunk(1, 2, 0, 5, wide, sizeof wide));   // claims 750
