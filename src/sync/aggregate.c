@@ -441,27 +441,44 @@ static void acc_tensor(float *dst, const StTensor *u, size_t n, bool add) {
     }
 }
 
-int aggregate_acc_add(AggregateAcc *a, int peer, const StTensor *const *row) {
+int aggregate_acc_add_tensor(AggregateAcc *a, int peer, int t, const StTensor *u) {
     const ModelSpec *spec = a->spec;
     const AggregateConfig *cfg = a->cfg;
-    if (peer < a->next_peer || peer >= cfg->num_peers || !a->present[peer])
-        return spes_fail("aggregate: peer %d added out of order or not in the round (next expected >= %d)", peer,
+    if (peer != a->next_peer)
+        return spes_fail("aggregate: peer %d added while peer %d was expected (peers go in increasing order)", peer,
                          a->next_peer);
-    // Peers are added in increasing order: the running sums are the ones premerge_chunk forms.
+    const SpecTensor *st = &spec->tensors[t];
+    if (!model_spec_peer_sends(spec, cfg->mode, cfg->experts_per_node, peer, t) || !usable(u, st))
+        return spes_fail("aggregate: peer %d's '%s' is not its to send, or not a %zu-value F32/BF16 tensor", peer,
+                         st->name, st->numel);
+    // Peers come in increasing order: the running sums are the ones premerge_chunk forms.
+    bool expert = cfg->mode == SYNC_MODE_SPES && st->expert >= 0;   // its owner's values
+    acc_tensor(a->acc[t], u, st->numel, !expert && peer != a->first);
+    return SPES_OK;
+}
+
+int aggregate_acc_begin_peer(AggregateAcc *a, int peer) {
+    if (peer < a->next_peer || peer >= a->cfg->num_peers || !a->present[peer])
+        return spes_fail("aggregate: peer %d is out of order or not in the round", peer);
     for (int p = a->next_peer; p < peer; p++)
         if (a->present[p]) return spes_fail("aggregate: peer %d added before peer %d", peer, p);
-    for (int t = 0; t < spec->count; t++) {
-        const SpecTensor *st = &spec->tensors[t];
-        bool sends = model_spec_peer_sends(spec, cfg->mode, cfg->experts_per_node, peer, t);
-        if (!sends) continue;
-        if (!usable(row[t], st))
-            return spes_fail("aggregate: peer %d's '%s' is missing or not a %zu-value F32/BF16 tensor", peer, st->name,
-                             st->numel);
-        bool expert = cfg->mode == SYNC_MODE_SPES && st->expert >= 0;   // its owner's values
-        acc_tensor(a->acc[t], row[t], st->numel, !expert && peer != a->first);
-    }
+    a->next_peer = peer;
+    return SPES_OK;
+}
+
+int aggregate_acc_end_peer(AggregateAcc *a, int peer) {
+    if (peer != a->next_peer) return spes_fail("aggregate: peer %d ended while peer %d was open", peer, a->next_peer);
     a->next_peer = peer + 1;
     return SPES_OK;
+}
+
+int aggregate_acc_add(AggregateAcc *a, int peer, const StTensor *const *row) {
+    const ModelSpec *spec = a->spec;
+    SPES_TRY(aggregate_acc_begin_peer(a, peer));
+    for (int t = 0; t < spec->count; t++)
+        if (model_spec_peer_sends(spec, a->cfg->mode, a->cfg->experts_per_node, peer, t))
+            SPES_TRY(aggregate_acc_add_tensor(a, peer, t, row[t]));
+    return aggregate_acc_end_peer(a, peer);
 }
 
 // Writes acc (fp32) of tensor t into the output where it is not the output itself.

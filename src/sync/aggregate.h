@@ -69,6 +69,11 @@ int aggregate_acc_begin(const ModelSpec *spec, const AggregateConfig *cfg, int s
                         uint8_t *const *out, DType out_dtype, AggregateAcc **acc);
 // row[t]: peer's tensor t (NULL where it does not send t); may be freed after the call.
 int aggregate_acc_add(AggregateAcc *acc, int peer, const StTensor *const *row);
+// The same, tensor by tensor: begin_peer, add_tensor for every tensor the peer sends (any
+// order; each may be freed after its call), end_peer.
+int aggregate_acc_begin_peer(AggregateAcc *acc, int peer);
+int aggregate_acc_add_tensor(AggregateAcc *acc, int peer, int t, const StTensor *u);
+int aggregate_acc_end_peer(AggregateAcc *acc, int peer);
 // Divides, fills missing owners' experts from previous (may be NULL when none is missing),
 // merges when due, and writes out. Then free with aggregate_acc_free.
 int aggregate_acc_finish(AggregateAcc *acc, const StTensor *const *previous);

@@ -3,14 +3,18 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/file.h"
 #include "base/log.h"
 #include "base/timer.h"
 #include "sync/server_state.h"
@@ -113,6 +117,12 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
         return spes_fail("server: --round_timeout must be >= 0 and --min_peers in [1, total_peers %d] (got %g, %d)",
                          cfg->agg.num_peers, cfg->round_timeout_s, cfg->min_peers);
     SPES_TRY(aggregate_config_check(&cfg->agg, NULL));
+    // The server's big buffers (uploads, aggregates, gRPC's 4 MiB messages) come and go in
+    // many threads. glibc raises its mmap threshold to the largest block freed (up to 32 MiB),
+    // after which such buffers land in per-thread arenas and stay there, fragmented: the
+    // server's memory then grew with the number of peers and over rounds. A fixed threshold
+    // keeps every block of 1 MiB or more mapped on its own and returned when freed.
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     Rounds *r = spes_calloc(1, sizeof *r);
     if (!r) return SPES_ERR;
     r->lock_fd = -1;
@@ -399,22 +409,38 @@ static StTensor *blob_tensors(const Rounds *r, const AggregateBlob *blob) {
     return x;
 }
 
-static grpc_status_code check_upload(Rounds *r, int peer, int step, const uint8_t *bytes, size_t len, SafeTensors *st,
-                                     const StTensor **row);
-
-// Adds peer's upload of round (read back from upload_dir, checked again: the disk may have
-// damaged it) to the accumulator, and lets go of it.
+// Adds peer's upload of round, mapped back from upload_dir, to the accumulator tensor by
+// tensor, letting go of each tensor's pages once added: reading an upload back costs about one
+// tensor of memory, not the upload. (Its values were checked when it arrived; the structure is
+// checked again, the disk may have damaged it.)
 static int add_upload(Rounds *r, OpenRound *round, int peer, AggregateAcc *acc, const StTensor **row) {
-    uint8_t *bytes;
-    size_t len;
-    SPES_TRY(state_read(r->upload_dir, &(StateFile){'u', round->step, peer}, &bytes, &len));
+    char name[64];
+    snprintf(name, sizeof name, "upload_s%d_p%d.safetensors", round->step, peer);
+    char *path = path_join(r->upload_dir, name);
+    MappedFile mf = {0};
+    int rc = path ? file_map(path, &mf) : SPES_ERR;
+    free(path);
     SafeTensors st;
-    int rc = check_upload(r, peer, round->step, bytes, len, &st, row) == GRPC_STATUS_OK ? SPES_OK : SPES_ERR;
-    if (rc == SPES_OK) {
-        rc = aggregate_acc_add(acc, peer, row);
-        safetensors_close(&st);
+    if (rc == SPES_OK) rc = safetensors_parse(mf.data, mf.size, name, &st);
+    if (rc != SPES_OK) {
+        file_unmap(&mf);
+        return rc;
     }
-    free(bytes);
+    rc = upload_rows(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, &st, row);
+    if (rc == SPES_OK) rc = aggregate_acc_begin_peer(acc, peer);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t base = (uintptr_t)mf.mapping, limit = base + ((mf.size + page - 1) & ~(page - 1));
+    for (int t = 0; rc == SPES_OK && t < r->spec.count; t++) {
+        if (!row[t]) continue;
+        rc = aggregate_acc_add_tensor(acc, peer, t, row[t]);
+        uintptr_t lo = (uintptr_t)row[t]->data & ~(uintptr_t)(page - 1);
+        uintptr_t hi = ((uintptr_t)row[t]->data + row[t]->nbytes + page - 1) & ~(uintptr_t)(page - 1);
+        if (hi > limit) hi = limit;
+        if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);   // clean file pages: dropped, not lost
+    }
+    if (rc == SPES_OK) rc = aggregate_acc_end_peer(acc, peer);
+    safetensors_close(&st);
+    file_unmap(&mf);
     return rc;
 }
 
@@ -611,6 +637,21 @@ grpc_status_code rounds_upload_start(Rounds *r, int peer, int step, size_t *cap)
                         : r->cfg.max_upload_bytes;
     pthread_mutex_unlock(&r->mu);
     return code;
+}
+
+size_t rounds_largest_upload(Rounds *r) {
+    pthread_mutex_lock(&r->mu);
+    // Every peer sends the shared tensors and m experts of each MoE layer (all alike), or in
+    // fedavg everything: peer 0's cap is every peer's.
+    size_t largest = r->have_spec ? upload_max_bytes(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, 0) : 0;
+    pthread_mutex_unlock(&r->mu);
+    return largest;
+}
+
+void rounds_retain(Rounds *r, AggregateBlob *blob) {
+    pthread_mutex_lock(&r->mu);
+    blob->refs++;
+    pthread_mutex_unlock(&r->mu);
 }
 
 size_t rounds_model_bytes(Rounds *r) {

@@ -112,6 +112,10 @@ grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_pe
 grpc_status_code rounds_upload_start(Rounds *r, int peer, int step, size_t *cap);
 // The model's size in F32 (0 until the spec is known).
 size_t rounds_model_bytes(Rounds *r);
+// The largest upload cap of any peer (0 until the spec is known).
+size_t rounds_largest_upload(Rounds *r);
+// One more reference to a blob from rounds_get (released with rounds_release).
+void rounds_retain(Rounds *r, AggregateBlob *blob);
 
 // One complete upload (safetensors bytes; ownership passes to r on every path). Validates,
 // stores and, if it completes the round, aggregates before returning.

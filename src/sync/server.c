@@ -162,13 +162,15 @@ typedef struct {
     uint8_t *bytes;
 } UploadBuffer;
 
-// The most upload bytes all calls together may buffer: --max_upload_buffer, or by default the
-// model's F32 size (so every peer's upload fits, one at a time at worst) and, before the model
-// is known, the first upload's cap.
+// The most upload bytes all calls together may buffer: --max_upload_buffer, or by default half
+// the model's F32 size but at least the largest upload (so every peer's upload fits, one at a
+// time at worst; part of the server's memory bound, docs/operating.md) and, before the model is
+// known, the first upload's cap.
 static size_t upload_budget(SyncServer *srv) {
     if (srv->cfg.max_buffered_bytes) return srv->cfg.max_buffered_bytes;
-    size_t model = rounds_model_bytes(srv->rounds);
-    return model ? model + ((size_t)1 << 20) : srv->cfg.rounds.max_upload_bytes;
+    size_t half = rounds_model_bytes(srv->rounds) / 2, largest = rounds_largest_upload(srv->rounds);
+    if (!largest) return srv->cfg.rounds.max_upload_bytes;
+    return half > largest ? half : largest;
 }
 
 // Grows up's reservation to `want` bytes; RESOURCE_EXHAUSTED ("busy": the client backs off and
@@ -273,6 +275,20 @@ static grpc_status_code take_chunk(Call *c, UploadBuffer *up, const UploadChunkR
 static void handle_upload(Call *c) {
     UploadBuffer up = {0};
     grpc_status_code code = GRPC_STATUS_OK;
+    // Budget already full for an upload of this run's size: refuse before reading the first
+    // (multi-MiB) message, so that peers retrying "busy" do not each hold one.
+    SyncServer *srv = c->srv;
+    size_t largest = rounds_largest_upload(srv->rounds), budget = upload_budget(srv);
+    pthread_mutex_lock(&srv->mu);
+    size_t in_use = srv->buffered;
+    pthread_mutex_unlock(&srv->mu);
+    if (largest && largest <= budget && in_use > budget - largest) {
+        spes_fail("server busy: %zu of the %zu-byte upload budget are in use, an upload needs up to %zu (retry later)",
+                  in_use, budget, largest);
+        rounds_count_rejected(srv->rounds);
+        finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
+        return;
+    }
     for (;;) {
         bool ok;
         grpc_byte_buffer *bb = recv_message(c, &ok);
@@ -315,6 +331,63 @@ static void handle_upload(Call *c) {
 
 static size_t chunk_count(size_t len, size_t chunk) { return len == 0 ? 1 : (len + chunk - 1) / chunk; }
 
+// A DownloadChunkResponse {chunk_data = bytes[at, at+n), last_chunk, ready = true} whose data is
+// a slice of the aggregate itself, not a copy: P peers with 4 chunks in flight each would
+// otherwise hold 4 P chunk copies. The slice keeps a reference to the blob until gRPC has sent
+// it. Field order on the wire does not matter to protobuf parsers.
+typedef struct {
+    Rounds *rounds;
+    AggregateBlob *blob;
+} BlobRef;
+
+static void blob_ref_done(void *arg) {
+    BlobRef *ref = arg;
+    rounds_release(ref->rounds, ref->blob);
+    free(ref);
+}
+
+static grpc_byte_buffer *chunk_response(Rounds *rounds, AggregateBlob *blob, size_t at, size_t n, bool last) {
+    BlobRef *ref = spes_malloc(sizeof *ref);
+    if (!ref) return NULL;
+    uint8_t head[16], tail[4];
+    size_t h = 0, len = n;
+    head[h++] = 0x0a;   // field 1 (chunk_data), length-delimited
+    do {
+        head[h++] = (uint8_t)((len & 0x7f) | (len > 0x7f ? 0x80 : 0));
+        len >>= 7;
+    } while (len);
+    size_t k = 0;
+    if (last) tail[k++] = 0x10, tail[k++] = 0x01;   // field 2 (last_chunk) = true
+    tail[k++] = 0x18, tail[k++] = 0x01;             // field 3 (ready) = true
+    ref->rounds = rounds;
+    ref->blob = blob;
+    rounds_retain(rounds, blob);
+    grpc_slice slices[3] = {grpc_slice_from_copied_buffer((const char *)head, h),
+                            grpc_slice_new_with_user_data(blob->bytes + at, n, blob_ref_done, ref),
+                            grpc_slice_from_copied_buffer((const char *)tail, k)};
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(slices, 3);
+    for (int i = 0; i < 3; i++) grpc_slice_unref(slices[i]);
+    return bb;
+}
+
+// Like finish() with an already packed response.
+static void finish_packed(Call *c, grpc_byte_buffer *bb) {
+    grpc_op ops[4];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = bb;
+    grpc_slice details = grpc_empty_slice();
+    ops[2].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[2].data.send_status_from_server.status = GRPC_STATUS_OK;
+    ops[2].data.send_status_from_server.status_details = &details;
+    int cancelled = 0;
+    ops[3].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[3].data.recv_close_on_server.cancelled = &cancelled;
+    wire_run_batch(c->call, c->cq, ops, 4, c->srv->cfg.idle_timeout_seconds);
+    grpc_byte_buffer_destroy(bb);
+}
+
 static void handle_download(Call *c) {
     DownloadChunkRequest *req = (DownloadChunkRequest *)recv_request(c, &download_chunk_request__descriptor, SYNC_MAX_SMALL_REQUEST);
     if (!req) return;
@@ -327,15 +400,19 @@ static void handle_download(Call *c) {
             code = status_fail(GRPC_STATUS_OUT_OF_RANGE, "download of step %d: chunk_id %d is outside [0, %zu)",
                                req->step, req->chunk_id, n);
         } else {
-            size_t at = (size_t)req->chunk_id * chunk;
-            resp.chunk_data.data = blob->bytes + at;
-            resp.chunk_data.len = blob->len - at < chunk ? blob->len - at : chunk;
-            resp.last_chunk = (size_t)req->chunk_id == n - 1;
-            resp.ready = true;
+            size_t at = (size_t)req->chunk_id * chunk, len = blob->len - at < chunk ? blob->len - at : chunk;
+            grpc_byte_buffer *bb = chunk_response(c->srv->rounds, blob, at, len, (size_t)req->chunk_id == n - 1);
+            if (bb) {
+                finish_packed(c, bb);
+                rounds_count_sent(c->srv->rounds, len);
+                rounds_release(c->srv->rounds, blob);
+                download_chunk_request__free_unpacked(req, NULL);
+                return;
+            }
+            code = status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED, "download of step %d: out of memory", req->step);
         }
     }
-    finish(c, code, &resp.base);   // packs (copies) the chunk before the blob is released
-    if (code == GRPC_STATUS_OK) rounds_count_sent(c->srv->rounds, resp.chunk_data.len);
+    finish(c, code, &resp.base);
     rounds_release(c->srv->rounds, blob);
     download_chunk_request__free_unpacked(req, NULL);
 }

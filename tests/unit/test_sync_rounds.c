@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/timer.h"
@@ -156,6 +157,63 @@ static void test_far_ahead_uploads_cannot_stall_or_poison(void **state) {
     assert_int_equal(upload(r, 1, 59, NULL), GRPC_STATUS_OK);   // 59 is still open: completes
     assert_int_equal(rounds_last_completed_step(r), 59);
     rounds_destroy(r);
+}
+
+static long status_kb(const char *key) {
+    char line[256];
+    FILE *f = fopen("/proc/self/status", "r");
+    long kb = -1;
+    size_t n = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, n) && line[n] == ':') kb = atol(line + n + 1);
+    if (f) fclose(f);
+    return kb;
+}
+
+// The server's memory does not grow with the number of peers: 8 fedavg peers (each uploads the
+// whole model, 4 tensors) over 3 rounds with keep_steps 1 stay within (2 + keep_steps) models
+// above idle, plus the 2 models this test itself holds while it builds an upload (its floats
+// and their serialisation), plus 1/4 slack. Uploads used to stay in memory until their round
+// completed: 8 models and more. Measured in a child, so its peak is its own.
+static void test_memory_independent_of_peers(void **state) {
+    (void)state;
+    pid_t child = fork();
+    if (child == 0) {
+        enum { P = 8 };
+        RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_FEDAVG, .num_peers = P, .merge_topk = 4}, .keep_steps = 1,
+                            .max_upload_bytes = (size_t)1 << 30, .max_open_rounds = 2};
+        Rounds *r;
+        if (rounds_create(&cfg, &r) != SPES_OK) _exit(2);
+        ModelSpec spec;
+        model_spec_init(&spec);
+        int64_t big[2] = {1024, 1024};   // 4 x 4 MiB
+        static const char *names[4] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "w"};
+        for (int t = 0; t < 4; t++) model_spec_add(&spec, names[t], DTYPE_F32, 2, big);
+        model_spec_finish(&spec);
+        double model = (double)spec.total_numel * 4 / 1024.0;   // KiB
+        long idle = status_kb("VmRSS");
+        int last;
+        if (rounds_hello(r, 0, P, 0, SYNC_MODE_FEDAVG, DTYPE_F32, &spec, &last) != GRPC_STATUS_OK) _exit(3);
+        ModelSpec again;
+        model_spec_init(&again);
+        for (int t = 0; t < 4; t++) model_spec_add(&again, names[t], DTYPE_F32, 2, big);
+        model_spec_finish(&again);
+        for (int step = 1; step <= 3; step++)
+            for (int p = 0; p < P; p++) {
+                uint8_t *bytes;
+                size_t len;
+                if (sync_test_upload(&again, SYNC_MODE_FEDAVG, 1, p, DTYPE_F32, NULL, &bytes, &len) != SPES_OK) _exit(4);
+                if (rounds_upload(r, p, step, bytes, len) != GRPC_STATUS_OK) _exit(5);
+            }
+        double peak = (double)(status_kb("VmHWM") - idle) / model;
+        fprintf(stderr, "server memory: peak %.2f models above idle (bound 3, + 2 held by the test)\n", peak);
+        rounds_destroy(r);
+        _exit(peak <= 5.25 ? 0 : 1);
+    }
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
 }
 
 static void test_keep_steps_and_long_poll(void **state) {
@@ -429,6 +487,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_completes_despite_a_bad_upload),
         cmocka_unit_test(test_keep_steps_and_long_poll),
+        cmocka_unit_test(test_memory_independent_of_peers),
         cmocka_unit_test(test_far_ahead_uploads_cannot_stall_or_poison),
         cmocka_unit_test(test_refusal_log_escapes_control_bytes),
         cmocka_unit_test(test_spec_inferred_without_hello),
