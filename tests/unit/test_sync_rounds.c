@@ -485,9 +485,10 @@ static void test_round_timeout_closes_partial_round(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        // First: it forks, and OpenMP's thread pool (made by any aggregation) does not survive a fork.
+        cmocka_unit_test(test_memory_independent_of_peers),
         cmocka_unit_test(test_round_completes_despite_a_bad_upload),
         cmocka_unit_test(test_keep_steps_and_long_poll),
-        cmocka_unit_test(test_memory_independent_of_peers),
         cmocka_unit_test(test_far_ahead_uploads_cannot_stall_or_poison),
         cmocka_unit_test(test_refusal_log_escapes_control_bytes),
         cmocka_unit_test(test_spec_inferred_without_hello),
