@@ -39,6 +39,8 @@ static void usage(FILE *out) {
             "                                   F32 size; 4 GiB before the model is known); more: 'server busy'\n"
             "  --state_dir DIR                  persist spec, uploads, aggregates and round bookkeeping in DIR;\n"
             "                                   a restarted server with the same DIR continues the run\n"
+            "  --spool_dir DIR                  without --state_dir: accepted uploads wait for their round in a\n"
+            "                                   private directory made under DIR (default $TMPDIR or /tmp)\n"
             "  --round_timeout S                close a round S seconds after its first upload with the peers\n"
             "                                   that arrived (at least max(S, 3 x median recent round time);\n"
             "                                   default 0: wait for every peer)\n"
@@ -80,6 +82,7 @@ int cmd_server(int argc, char **argv) {
         {"max_wait_seconds", required_argument, NULL, 'w'},
         {"idle_timeout_seconds", required_argument, NULL, 't'},
         {"max_upload_buffer", required_argument, NULL, 'U'},
+        {"spool_dir", required_argument, NULL, 'V'},
         {"state_dir", required_argument, NULL, 'S'},
         {"round_timeout", required_argument, NULL, 'T'},
         {"min_peers", required_argument, NULL, 'Q'},
@@ -125,6 +128,7 @@ int cmd_server(int argc, char **argv) {
             break;
         }
         case 'S': cfg.rounds.state_dir = optarg; break;
+        case 'V': cfg.rounds.spool_dir = optarg; break;
         case 'T':
             status = cli_float("round_timeout", optarg, 0, 1e6, &seconds);
             cfg.rounds.round_timeout_s = seconds;
