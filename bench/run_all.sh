@@ -17,7 +17,7 @@ BUILD=${1:-build}
 cd "$(dirname "$0")/.."
 case $BUILD in /*) BUILD_DIR=$BUILD ;; *) BUILD_DIR="$PWD/$BUILD" ;; esac
 VENV_PY=${SPES_VENV_PY:-$PWD/.venv/bin/python}
-SECTIONS=(bench_small tokenize aggregate spes_memory eval generate)
+SECTIONS=(bench_small tokenize aggregate spes_memory server_memory eval generate)
 # BENCH_ONLY="bench_small aggregate" runs just those sections.
 if [ -n "${BENCH_ONLY:-}" ]; then read -ra SECTIONS <<< "$BENCH_ONLY"; fi
 
@@ -115,6 +115,18 @@ section_spes_memory() {
   if ! run_logged spes_memory "$bin" >/dev/null; then fail $name "$bin exited non-zero"; return; fi
   grep -v '^spes-memory:' "$LOG_DIR/spes_memory.log"
   final "$(grep '^spes-memory:' "$LOG_DIR/spes_memory.log" | tail -1)"
+}
+
+# server-memory: the parameter server's peak RSS above idle, in models, for P = 2, 4, 8, 16
+# peers (a real server in a child process, P client threads uploading and downloading 4 rounds
+# of a ~64 MB spes model), next to the bound 2 + keep_steps (bench/server_memory.c prints the
+# final line).
+section_server_memory() {
+  local name=server-memory bin="$BUILD_DIR/bench/server_memory"
+  if [ ! -x "$bin" ]; then skip $name "no $bin; build it with make build BUILD=$BUILD"; return; fi
+  if ! run_logged server_memory "$bin" >/dev/null 2>&1; then fail $name "$bin exited non-zero"; return; fi
+  grep '^P=' "$LOG_DIR/server_memory.log"
+  final "$(grep '^server-memory:' "$LOG_DIR/server_memory.log" | tail -1)"
 }
 
 # eval / generate: inference on bench-small, ours (bench/eval_generate.c: the eval forward

@@ -35,8 +35,12 @@ static void usage(FILE *out) {
             "  --max_message_size BYTES         largest gRPC message (default %zu)\n"
             "  --max_wait_seconds S             longest WaitAggregate long poll (default 30)\n"
             "  --idle_timeout_seconds S         cancel a call idle this long (default 120)\n"
+            "  --max_upload_buffer BYTES        upload bytes all calls together may hold (default: the model's\n"
+            "                                   F32 size; 4 GiB before the model is known); more: 'server busy'\n"
             "  --state_dir DIR                  persist spec, uploads, aggregates and round bookkeeping in DIR;\n"
             "                                   a restarted server with the same DIR continues the run\n"
+            "  --spool_dir DIR                  without --state_dir: accepted uploads wait for their round in a\n"
+            "                                   private directory made under DIR (default $TMPDIR or /tmp)\n"
             "  --round_timeout S                close a round S seconds after its first upload with the peers\n"
             "                                   that arrived (at least max(S, 3 x median recent round time);\n"
             "                                   default 0: wait for every peer)\n"
@@ -77,6 +81,8 @@ int cmd_server(int argc, char **argv) {
         {"max_message_size", required_argument, NULL, 'x'},
         {"max_wait_seconds", required_argument, NULL, 'w'},
         {"idle_timeout_seconds", required_argument, NULL, 't'},
+        {"max_upload_buffer", required_argument, NULL, 'U'},
+        {"spool_dir", required_argument, NULL, 'V'},
         {"state_dir", required_argument, NULL, 'S'},
         {"round_timeout", required_argument, NULL, 'T'},
         {"min_peers", required_argument, NULL, 'Q'},
@@ -112,7 +118,17 @@ int cmd_server(int argc, char **argv) {
             status = cli_float("idle_timeout_seconds", optarg, 1, 86400, &seconds);
             cfg.idle_timeout_seconds = seconds;
             break;
+        case 'U': {
+            uint64_t v;
+            status = cli_u64("max_upload_buffer", optarg, &v);
+            if (status == SPES_OK && (v < ((uint64_t)1 << 20) || v > ((uint64_t)1 << 44)))
+                status = spes_fail("--max_upload_buffer must be in [1 MiB, 16 TiB] bytes (got %s)", optarg);
+            cfg.max_buffered_bytes = (size_t)v;
+            cfg.rounds.max_upload_bytes = (size_t)v;   // also the first upload's cap before the model is known
+            break;
+        }
         case 'S': cfg.rounds.state_dir = optarg; break;
+        case 'V': cfg.rounds.spool_dir = optarg; break;
         case 'T':
             status = cli_float("round_timeout", optarg, 0, 1e6, &seconds);
             cfg.rounds.round_timeout_s = seconds;

@@ -69,6 +69,7 @@ typedef struct {
     const bool *present;              // [P] peers in this round; NULL: all
     const StTensor *const *previous;  // [spec->count] latest aggregate, for a missing owner's experts
     int first, num_present;           // lowest present peer, how many are present
+    const float *const *premerged;    // [spec->count] pre-merge values already computed (AggregateAcc); NULL
 } Inputs;
 
 static bool is_present(const Inputs *in, int p) { return !in->present || in->present[p]; }
@@ -87,6 +88,10 @@ static const StTensor *expert_source(const Inputs *in, int t) {
 static void premerge_chunk(const Inputs *in, int t, size_t start, size_t n, float *acc, float *tmp) {
     const SpecTensor *st = &in->spec->tensors[t];
     int count = in->spec->count, P = in->cfg->num_peers;
+    if (in->premerged && in->premerged[t]) {   // the same values, computed peer by peer beforehand
+        memcpy(acc, in->premerged[t] + start, n * sizeof(float));
+        return;
+    }
     if (in->cfg->mode == SYNC_MODE_SPES && st->expert >= 0) {
         const float *x = read_chunk(expert_source(in, t), start, n, acc);
         if (x != acc) memcpy(acc, x, n * sizeof(float));
@@ -215,7 +220,7 @@ static int expert_cosines(const Inputs *inputs, int slot, double *cos) {
 
 int aggregate_expert_cosines(const ModelSpec *spec, const AggregateConfig *cfg, const StTensor *const *uploads,
                              int slot, double *cos) {
-    const Inputs in = {spec, cfg, uploads, NULL, NULL, 0, cfg->num_peers};
+    const Inputs in = {spec, cfg, uploads, NULL, NULL, 0, cfg->num_peers, NULL};
     return expert_cosines(&in, slot, cos);
 }
 
@@ -285,7 +290,7 @@ int aggregate_compute_partial(const ModelSpec *spec, const AggregateConfig *cfg,
     SPES_TRY(aggregate_config_check(cfg, spec));
     if (out_dtype != DTYPE_F32 && out_dtype != DTYPE_BF16)
         return spes_fail("aggregate: output dtype %s is not F32 or BF16", dtype_name(out_dtype));
-    Inputs in = {spec, cfg, uploads, present, previous, -1, 0};
+    Inputs in = {spec, cfg, uploads, present, previous, -1, 0, NULL};
     for (int p = 0; p < cfg->num_peers; p++)
         if (is_present(&in, p)) {
             if (in.first < 0) in.first = p;
@@ -352,4 +357,239 @@ int aggregate_compute_partial(const ModelSpec *spec, const AggregateConfig *cfg,
     stream_fence();
     free(nbr_tensor);
     return SPES_OK;
+}
+
+// ---- incremental form (aggregate.h: AggregateAcc) ----
+
+struct AggregateAcc {
+    const ModelSpec *spec;
+    const AggregateConfig *cfg;
+    int step;
+    bool *present;                  // [P] copy
+    int first, num_present, next_peer;
+    uint8_t *const *out;
+    DType out_dtype;
+    float **acc;                    // [count] fp32 pre-merge values: out[t] itself for aligned F32 output
+    float *own;                     // the fp32 buffer when acc is not the output (BF16 out)
+};
+
+static bool acc_is_out(const AggregateAcc *a, int t) { return (const void *)a->acc[t] == (const void *)a->out[t]; }
+
+int aggregate_acc_begin(const ModelSpec *spec, const AggregateConfig *cfg, int step, const bool *present,
+                        uint8_t *const *out, DType out_dtype, AggregateAcc **out_acc) {
+    *out_acc = NULL;
+    SPES_TRY(aggregate_config_check(cfg, spec));
+    if (out_dtype != DTYPE_F32 && out_dtype != DTYPE_BF16)
+        return spes_fail("aggregate: output dtype %s is not F32 or BF16", dtype_name(out_dtype));
+    AggregateAcc *a = spes_calloc(1, sizeof *a);
+    if (!a) return SPES_ERR;
+    int P = cfg->num_peers;
+    a->spec = spec;
+    a->cfg = cfg;
+    a->step = step;
+    a->out = out;
+    a->out_dtype = out_dtype;
+    a->first = -1;
+    a->present = spes_calloc((size_t)P, sizeof(bool));
+    a->acc = spes_calloc((size_t)spec->count, sizeof(float *));
+    if (!a->present || !a->acc) {
+        aggregate_acc_free(a);
+        return SPES_ERR;
+    }
+    for (int p = 0; p < P; p++) {
+        a->present[p] = !present || present[p];
+        if (a->present[p] && a->first < 0) a->first = p;
+        a->num_present += a->present[p];
+    }
+    size_t own = 0;
+    for (int t = 0; t < spec->count; t++)
+        if (out_dtype != DTYPE_F32 || ((uintptr_t)out[t] & 3) != 0) own += spec->tensors[t].numel;
+    if (own && !(a->own = spes_malloc(own * sizeof(float)))) {
+        aggregate_acc_free(a);
+        return SPES_ERR;
+    }
+    // F32 output is accumulated in place; BF16 (or misaligned) output gets an fp32 buffer.
+    size_t at = 0;
+    for (int t = 0; t < spec->count; t++) {
+        if (out_dtype == DTYPE_F32 && ((uintptr_t)out[t] & 3) == 0) {
+            a->acc[t] = (float *)(void *)out[t];
+        } else {
+            a->acc[t] = a->own + at;
+            at += spec->tensors[t].numel;
+        }
+    }
+    if (a->num_present == 0) {
+        aggregate_acc_free(a);
+        return spes_fail("aggregate: step %d has no uploads at all", step);
+    }
+    *out_acc = a;
+    return SPES_OK;
+}
+
+// x[0..n) of tensor u as fp32 into dst (+= when add), in CHUNKs as premerge_chunk reads them.
+static void acc_tensor(float *dst, const StTensor *u, size_t n, bool add) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (long c = 0; c < (long)((n + CHUNK - 1) / CHUNK); c++) {
+        size_t start = (size_t)c * CHUNK, len = n - start < CHUNK ? n - start : CHUNK;
+        float tmp[CHUNK];
+        const float *x = read_chunk(u, start, len, tmp);
+        float *d = dst + start;
+        if (add)
+            for (size_t i = 0; i < len; i++) d[i] += x[i];
+        else
+            memcpy(d, x, len * sizeof(float));
+    }
+}
+
+int aggregate_acc_add_tensor(AggregateAcc *a, int peer, int t, const StTensor *u) {
+    const ModelSpec *spec = a->spec;
+    const AggregateConfig *cfg = a->cfg;
+    if (peer != a->next_peer)
+        return spes_fail("aggregate: peer %d added while peer %d was expected (peers go in increasing order)", peer,
+                         a->next_peer);
+    const SpecTensor *st = &spec->tensors[t];
+    if (!model_spec_peer_sends(spec, cfg->mode, cfg->experts_per_node, peer, t) || !usable(u, st))
+        return spes_fail("aggregate: peer %d's '%s' is not its to send, or not a %zu-value F32/BF16 tensor", peer,
+                         st->name, st->numel);
+    // Peers come in increasing order: the running sums are the ones premerge_chunk forms.
+    bool expert = cfg->mode == SYNC_MODE_SPES && st->expert >= 0;   // its owner's values
+    acc_tensor(a->acc[t], u, st->numel, !expert && peer != a->first);
+    return SPES_OK;
+}
+
+int aggregate_acc_begin_peer(AggregateAcc *a, int peer) {
+    if (peer < a->next_peer || peer >= a->cfg->num_peers || !a->present[peer])
+        return spes_fail("aggregate: peer %d is out of order or not in the round", peer);
+    for (int p = a->next_peer; p < peer; p++)
+        if (a->present[p]) return spes_fail("aggregate: peer %d added before peer %d", peer, p);
+    a->next_peer = peer;
+    return SPES_OK;
+}
+
+int aggregate_acc_end_peer(AggregateAcc *a, int peer) {
+    if (peer != a->next_peer) return spes_fail("aggregate: peer %d ended while peer %d was open", peer, a->next_peer);
+    a->next_peer = peer + 1;
+    return SPES_OK;
+}
+
+int aggregate_acc_add(AggregateAcc *a, int peer, const StTensor *const *row) {
+    const ModelSpec *spec = a->spec;
+    SPES_TRY(aggregate_acc_begin_peer(a, peer));
+    for (int t = 0; t < spec->count; t++)
+        if (model_spec_peer_sends(spec, a->cfg->mode, a->cfg->experts_per_node, peer, t))
+            SPES_TRY(aggregate_acc_add_tensor(a, peer, t, row[t]));
+    return aggregate_acc_end_peer(a, peer);
+}
+
+// Writes acc (fp32) of tensor t into the output where it is not the output itself.
+static void acc_store(const AggregateAcc *a, int t) {
+    if (acc_is_out(a, t)) return;
+    size_t n = a->spec->tensors[t].numel;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (long c = 0; c < (long)((n + CHUNK - 1) / CHUNK); c++) {
+        size_t start = (size_t)c * CHUNK, len = n - start < CHUNK ? n - start : CHUNK;
+        store_chunk(a->acc[t] + start, start, len, a->out[t], a->out_dtype);
+    }
+}
+
+int aggregate_acc_finish(AggregateAcc *a, const StTensor *const *previous) {
+    const ModelSpec *spec = a->spec;
+    const AggregateConfig *cfg = a->cfg;
+    int rc = SPES_OK;
+    for (int p = a->next_peer; p < cfg->num_peers; p++)
+        if (a->present[p]) return spes_fail("aggregate: step %d: peer %d's upload was never added", a->step, p);
+    Inputs in = {spec, cfg, NULL, a->present, previous, a->first, a->num_present, NULL};
+    for (int t = 0; t < spec->count; t++) {
+        const SpecTensor *st = &spec->tensors[t];
+        size_t n = st->numel;
+        if (cfg->mode == SYNC_MODE_SPES && st->expert >= 0) {
+            int owner = st->expert / cfg->experts_per_node;
+            if (a->present[owner]) continue;
+            const StTensor *prev = previous ? previous[t] : NULL;
+            if (!usable(prev, st))
+                return spes_fail("aggregate: step %d: the owner of '%s' is missing and there is no usable previous "
+                                 "value (a partial round needs an earlier aggregate)",
+                                 a->step, st->name);
+            acc_tensor(a->acc[t], prev, n, false);
+        } else if (a->num_present > 1) {
+            float *x = a->acc[t], d = (float)a->num_present;
+#pragma omp parallel for schedule(static) if (n > 65536)
+            for (long i = 0; i < (long)n; i++) x[i] /= d;
+        }
+    }
+    float alpha = aggregate_merge_alpha(cfg, a->step);
+    int E = spec->num_experts, k = E - 1 < cfg->merge_topk ? E - 1 : cfg->merge_topk;
+    bool merging = alpha > 0.0f && k >= 1;
+    for (int t = 0; t < spec->count; t++)
+        if (!merging || spec->tensors[t].expert < 0) acc_store(a, t);
+    if (!merging) {
+        stream_fence();
+        return SPES_OK;
+    }
+    // Merging, one MoE layer at a time: its experts' pre-merge values are copied aside (the
+    // output may be the accumulator itself), then merged_chunk runs on them exactly as
+    // aggregate_compute does. Scratch: one layer's experts.
+    size_t layer_values = 0;
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < EXPERT_PROJ_COUNT; p++) layer_values += spec->tensors[model_spec_expert_tensor(spec, 0, e, p)].numel;
+    float *scratch = spes_malloc((layer_values ? layer_values : 1) * sizeof(float));
+    const float **premerged = spes_calloc((size_t)spec->count, sizeof *premerged);
+    double *cos = spes_malloc((size_t)E * E * sizeof(double));
+    int *nbr = spes_malloc((size_t)E * k * sizeof(int));
+    int *nbr_tensors = spes_malloc((size_t)k * sizeof(int));
+    if (!scratch || !premerged || !cos || !nbr || !nbr_tensors) rc = SPES_ERR;
+    in.premerged = premerged;
+    for (int slot = 0; rc == SPES_OK && slot < spec->num_moe_layers; slot++) {
+        size_t at = 0, need = 0;
+        for (int e = 0; e < E; e++)
+            for (int p = 0; p < EXPERT_PROJ_COUNT; p++) need += spec->tensors[model_spec_expert_tensor(spec, slot, e, p)].numel;
+        if (need > layer_values) {   // layers may differ in expert size
+            float *grown = spes_realloc(scratch, need * sizeof(float));
+            if (!grown) {
+                rc = SPES_ERR;
+                break;
+            }
+            scratch = grown;
+            layer_values = need;
+        }
+        for (int t = 0; t < spec->count; t++) premerged[t] = NULL;
+        for (int e = 0; e < E; e++)
+            for (int p = 0; p < EXPERT_PROJ_COUNT; p++) {
+                int t = model_spec_expert_tensor(spec, slot, e, p);
+                memcpy(scratch + at, a->acc[t], spec->tensors[t].numel * sizeof(float));
+                premerged[t] = scratch + at;
+                at += spec->tensors[t].numel;
+            }
+        rc = expert_cosines(&in, slot, cos);
+        if (rc != SPES_OK) break;
+        aggregate_expert_neighbours(cos, E, k, nbr);
+        for (int e = 0; e < E; e++)
+            for (int p = 0; p < EXPERT_PROJ_COUNT; p++) {
+                int t = model_spec_expert_tensor(spec, slot, e, p);
+                for (int r = 0; r < k; r++) nbr_tensors[r] = model_spec_expert_tensor(spec, slot, nbr[e * k + r], p);
+                size_t n = spec->tensors[t].numel;
+#pragma omp parallel for schedule(dynamic, 64)
+                for (long c = 0; c < (long)((n + CHUNK - 1) / CHUNK); c++) {
+                    size_t start = (size_t)c * CHUNK, len = n - start < CHUNK ? n - start : CHUNK;
+                    float acc[CHUNK], sum[CHUNK], other[CHUNK], tmp[CHUNK];
+                    merged_chunk(&in, t, nbr_tensors, k, alpha, start, len, acc, sum, other, tmp);
+                    store_chunk(acc, start, len, a->out[t], a->out_dtype);
+                }
+            }
+    }
+    stream_fence();
+    free(scratch);
+    free(premerged);
+    free(cos);
+    free(nbr);
+    free(nbr_tensors);
+    return rc;
+}
+
+void aggregate_acc_free(AggregateAcc *a) {
+    if (!a) return;
+    free(a->present);
+    free(a->acc);
+    free(a->own);
+    free(a);
 }

@@ -55,3 +55,26 @@ int aggregate_compute(const ModelSpec *spec, const AggregateConfig *cfg, int ste
 int aggregate_compute_partial(const ModelSpec *spec, const AggregateConfig *cfg, int step,
                               const StTensor *const *uploads, const bool *present, const StTensor *const *previous,
                               uint8_t *const *out, DType out_dtype);
+
+// The same aggregate, formed one peer at a time, so that a caller never holds more than one
+// upload: begin, add every present peer's rows in increasing peer order, finish. Every value
+// is computed with the same fp32 operations in the same order as aggregate_compute_partial
+// (sums in peer order, then the division; merging on the same pre-merge values), so the
+// output is bit-identical. With F32 output the accumulator is the output itself; with BF16
+// an fp32 copy of the model is held until finish. Merging needs one MoE layer's experts as
+// scratch. present: as in aggregate_compute_partial (NULL: every peer). out/spec/cfg must
+// outlive the accumulator.
+typedef struct AggregateAcc AggregateAcc;
+int aggregate_acc_begin(const ModelSpec *spec, const AggregateConfig *cfg, int step, const bool *present,
+                        uint8_t *const *out, DType out_dtype, AggregateAcc **acc);
+// row[t]: peer's tensor t (NULL where it does not send t); may be freed after the call.
+int aggregate_acc_add(AggregateAcc *acc, int peer, const StTensor *const *row);
+// The same, tensor by tensor: begin_peer, add_tensor for every tensor the peer sends (any
+// order; each may be freed after its call), end_peer.
+int aggregate_acc_begin_peer(AggregateAcc *acc, int peer);
+int aggregate_acc_add_tensor(AggregateAcc *acc, int peer, int t, const StTensor *u);
+int aggregate_acc_end_peer(AggregateAcc *acc, int peer);
+// Divides, fills missing owners' experts from previous (may be NULL when none is missing),
+// merges when due, and writes out. Then free with aggregate_acc_free.
+int aggregate_acc_finish(AggregateAcc *acc, const StTensor *const *previous);
+void aggregate_acc_free(AggregateAcc *acc);

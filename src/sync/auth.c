@@ -30,7 +30,7 @@ int auth_read_token_file(const char *path, char **token) {
     return rc;
 }
 
-static int load_peer_tokens(const char *path, AuthTokens *a) {
+static int load_peer_tokens(const char *path, int num_peers, AuthTokens *a) {
     uint8_t *data;
     size_t len;
     SPES_TRY(file_read_all(path, &data, &len));
@@ -47,8 +47,16 @@ static int load_peer_tokens(const char *path, AuthTokens *a) {
             rc = spes_fail("%s line %d: expected \"peer_id token\"", path, line_no);
             break;
         }
-        for (int i = 0; i < a->count; i++)
+        if (num_peers > 0 && peer >= num_peers)
+            rc = spes_fail("%s line %d: peer %d is outside [0, %d) (--total_peers %d)", path, line_no, peer, num_peers,
+                           num_peers);
+        // A token shared by two peers would let either act as both: it binds nobody.
+        for (int i = 0; rc == SPES_OK && i < a->count; i++) {
             if (a->peer[i] == peer) rc = spes_fail("%s line %d: peer %d has a token already", path, line_no, peer);
+            else if (!strcmp(a->token[i], token))
+                rc = spes_fail("%s line %d: peer %d's token is also peer %d's; every peer needs its own", path, line_no,
+                               peer, a->peer[i]);
+        }
         if (rc != SPES_OK) break;
         int *peers = spes_realloc(a->peer, (size_t)(a->count + 1) * sizeof *peers);
         if (peers) a->peer = peers;
@@ -67,10 +75,10 @@ static int load_peer_tokens(const char *path, AuthTokens *a) {
     return rc;
 }
 
-int auth_load(const char *token_file, const char *peer_tokens_file, AuthTokens *out) {
+int auth_load(const char *token_file, const char *peer_tokens_file, int num_peers, AuthTokens *out) {
     memset(out, 0, sizeof *out);
     int rc = token_file ? auth_read_token_file(token_file, &out->shared) : SPES_OK;
-    if (rc == SPES_OK && peer_tokens_file) rc = load_peer_tokens(peer_tokens_file, out);
+    if (rc == SPES_OK && peer_tokens_file) rc = load_peer_tokens(peer_tokens_file, num_peers, out);
     if (rc != SPES_OK) auth_free(out);
     return rc;
 }
@@ -102,6 +110,10 @@ grpc_status_code auth_check(const AuthTokens *a, const grpc_metadata_array *md, 
     size_t len = 0;
     for (size_t i = 0; i < md->count; i++)
         if (grpc_slice_str_cmp(md->metadata[i].key, "authorization") == 0) {
+            // Two headers: which one a proxy or the server would honour is ambiguous; refuse.
+            if (value)
+                return status_fail(GRPC_STATUS_UNAUTHENTICATED,
+                                   "more than one 'authorization' metadata entry; send exactly one");
             value = (const char *)GRPC_SLICE_START_PTR(md->metadata[i].value);
             len = GRPC_SLICE_LENGTH(md->metadata[i].value);
         }

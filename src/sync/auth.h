@@ -16,8 +16,9 @@ typedef struct {
 } AuthTokens;
 
 // Reads the token files (either may be NULL). Tokens are the file's text without surrounding
-// whitespace; an empty token, a malformed line or a repeated peer is an error naming the line.
-int auth_load(const char *token_file, const char *peer_tokens_file, AuthTokens *out);
+// whitespace; an empty token, a malformed line, a repeated peer, a token given to two peers or
+// (num_peers > 0) a peer id >= num_peers is an error naming the file and line.
+int auth_load(const char *token_file, const char *peer_tokens_file, int num_peers, AuthTokens *out);
 void auth_free(AuthTokens *a);
 bool auth_enabled(const AuthTokens *a);
 
@@ -28,5 +29,6 @@ int auth_read_token_file(const char *path, char **token);
 bool auth_equal(const char *a, size_t a_len, const char *b, size_t b_len);
 
 // Checks a call's metadata. OK: *bound_peer is the peer a per-peer token belongs to, -1 for
-// the shared token (any peer). UNAUTHENTICATED (message set) without a valid token.
+// the shared token (any peer). UNAUTHENTICATED (message set) without a valid token, or with
+// more than one authorization entry.
 grpc_status_code auth_check(const AuthTokens *a, const grpc_metadata_array *md, int *bound_peer);

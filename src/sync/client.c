@@ -247,15 +247,22 @@ static void sleep_seconds(double s) {
     nanosleep(&ts, NULL);
 }
 
-// Runs attempt(...) until it succeeds, fails with anything but UNAVAILABLE (a server not
-// up yet, or restarting), or connect_timeout_s passes: backoff 0.1 s doubling up to 2 s
-// between tries, each delay scaled by a random factor in [0.5, 1) (jitter).
+// Whether a failed call is worth repeating: the server is unreachable (not up yet, or
+// restarting), or it answered "server busy" (its call limit or upload budget is full for now).
+static bool transient(grpc_status_code code) {
+    return code == GRPC_STATUS_UNAVAILABLE ||
+           (code == GRPC_STATUS_RESOURCE_EXHAUSTED && strstr(spes_last_error(), "server busy") != NULL);
+}
+
+// Runs attempt(...) until it succeeds, fails with a status that is not transient(), or
+// connect_timeout_s passes: backoff 0.1 s doubling up to 2 s between tries, each delay scaled
+// by a random factor in [0.5, 1) (jitter).
 #define WITH_RETRY(c, code, attempt)                                                         \
     do {                                                                                     \
         double retry_start_ = now_seconds(), backoff_ = 0.1;                                 \
         for (;;) {                                                                           \
             (code) = (attempt);                                                              \
-            if ((code) != GRPC_STATUS_UNAVAILABLE ||                                         \
+            if (!transient(code) ||                                                          \
                 now_seconds() - retry_start_ + backoff_ > (c)->cfg.connect_timeout_s)        \
                 break;                                                                       \
             sleep_seconds(backoff_ * (0.5 + 0.5 * rng_uniform(&(c)->jitter)));              \
@@ -439,8 +446,8 @@ static void start_chunk(SyncClient *c, UnaryCall *u, int step, int chunk) {
 }
 
 // Downloads chunks [0, chunks) of step's aggregate into buf[total], DOWNLOAD_WINDOW at a
-// time, appending them in order. A chunk that meets an unreachable server is fetched again
-// with the usual retries.
+// time, appending them in order. A chunk that meets an unreachable or busy server is fetched
+// again with the usual retries.
 static int download_chunks(SyncClient *c, int step, int chunks, uint8_t *buf, size_t total) {
     UnaryCall window[DOWNLOAD_WINDOW];
     int started = 0, finished = 0, rc = SPES_OK;
@@ -451,7 +458,7 @@ static int download_chunks(SyncClient *c, int step, int chunks, uint8_t *buf, si
         grpc_status_code code = unary_finish(c, &window[i % DOWNLOAD_WINDOW], &download_chunk_response__descriptor,
                                              (ProtobufCMessage **)&resp);
         finished = i + 1;
-        if (code == GRPC_STATUS_UNAVAILABLE) {
+        if (transient(code)) {
             DownloadChunkRequest req = DOWNLOAD_CHUNK_REQUEST__INIT;
             req.peer_id = c->cfg.peer_id;
             req.step = step;

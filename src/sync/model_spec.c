@@ -147,11 +147,27 @@ static int index_experts(ModelSpec *spec) {
     int *slot_of_layer = spes_malloc((size_t)(max_layer + 1) * sizeof(int));
     if (!slot_of_layer) return SPES_ERR;
     for (int l = 0; l <= max_layer; l++) slot_of_layer[l] = -1;
+    size_t n_expert_tensors = 0;
     for (int t = 0; t < spec->count; t++)
-        if (spec->tensors[t].expert >= 0) slot_of_layer[spec->tensors[t].layer] = 0;
+        if (spec->tensors[t].expert >= 0) {
+            slot_of_layer[spec->tensors[t].layer] = 0;
+            n_expert_tensors++;
+        }
     int L = 0;
     for (int l = 0; l <= max_layer; l++)
         if (slot_of_layer[l] == 0) slot_of_layer[l] = L++;
+    // Names are unique, so a complete model has exactly L * E * 3 expert tensors. The table
+    // below has that many entries: when the names cannot come near filling it (a few names like
+    // "...layers.{l}.mlp.experts.99999..." would otherwise cost gigabytes), refuse before
+    // allocating, so the work stays proportional to the list we were given. Near misses go on
+    // to the check below, which names the first missing tensor.
+    size_t box = (size_t)L * (size_t)E * EXPERT_PROJ_COUNT;
+    if (box > 2 * n_expert_tensors + 64) {
+        free(slot_of_layer);
+        return spes_fail("model spec: %zu expert tensors, but their names span %d MoE layers x %d experts x 3 "
+                         "projections = %zu; every MoE layer needs experts 0..%d with gate, up and down",
+                         n_expert_tensors, L, E, box, E - 1);
+    }
     spec->num_experts = E;
     spec->num_moe_layers = L;
     spec->moe_layers = spes_malloc((size_t)L * sizeof(int));

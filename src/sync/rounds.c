@@ -3,14 +3,18 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/file.h"
 #include "base/log.h"
 #include "base/timer.h"
 #include "sync/server_state.h"
@@ -20,9 +24,7 @@ typedef struct {
     int step;                   // -1: free slot
     bool aggregating;           // all uploads in; no more changes
     int num_uploaded;
-    uint8_t **payload;          // [P] upload bytes (NULL: not yet)
-    SafeTensors *parsed;        // [P] views into payload
-    const StTensor **rows;      // [P][spec.count] rows for aggregate_compute
+    bool *uploaded;             // [P] its accepted upload is in upload_dir (not in memory)
     double opened_at;           // now_seconds() of its first upload
     bool warned;                // "cannot close partially" logged once
 } OpenRound;
@@ -31,6 +33,9 @@ struct Rounds {
     RoundsConfig cfg;
     pthread_mutex_t mu;
     pthread_mutex_t persist_mu; // orders the writes of aggregates + rounds.json with their publishing
+    pthread_mutex_t aggregate_mu;   // one aggregation at a time: bounds the memory of completing rounds
+    char *upload_dir;           // where accepted uploads wait for their round: the state dir, or a
+    bool own_upload_dir;        // private spool dir (removed at the end)
     pthread_cond_t changed;     // an aggregate was published, or closing
     bool closing;
 
@@ -46,13 +51,34 @@ struct Rounds {
     uint8_t *spare;             // bytes of a dropped aggregate, reused by the next round: a fresh
                                 // model-sized buffer would page-fault through every byte again
     int last_completed_step;
+    int prev_completed_step;    // the completed step before it (-1: none): their gap is the round spacing
     int64_t rounds_partial;
     double recent[ROUNDS_RECENT];   // durations of the last rounds completed by every peer (ring)
     int n_recent;
     RoundsStatus stats;         // counters (open_step / peers are computed on demand)
+    int lock_fd;                // the state dir's lock (server_state.h), -1 without one
 };
 
 static int restore_state(Rounds *r);
+
+// Without a state dir, accepted uploads wait for their round in a private directory (under
+// cfg->spool_dir, $TMPDIR or /tmp) instead of memory: the server then holds at most one upload
+// per aggregation, whatever the number of peers (aggregate.h: AggregateAcc).
+static int open_spool(Rounds *r) {
+    const char *parent = r->cfg.spool_dir ? r->cfg.spool_dir : getenv("TMPDIR");
+    if (!parent || !parent[0]) parent = "/tmp";
+    char *dir = path_join(parent, "spes-server-uploads-XXXXXX");
+    if (!dir) return SPES_ERR;
+    if (!mkdtemp(dir)) {
+        int rc = spes_fail("server: cannot create a spool directory for uploads under %s: %s (set --spool_dir)",
+                           parent, strerror(errno));
+        free(dir);
+        return rc;
+    }
+    r->upload_dir = dir;
+    r->own_upload_dir = true;
+    return SPES_OK;
+}
 
 grpc_status_code status_fail(grpc_status_code code, const char *fmt, ...) {
     char message[2048];
@@ -64,6 +90,26 @@ grpc_status_code status_fail(grpc_status_code code, const char *fmt, ...) {
     return code;
 }
 
+// Copies text into out[cap] with control bytes written as \xNN.
+static void printable(const char *text, char *out, size_t cap) {
+    size_t at = 0;
+    for (; *text && at + 5 < cap; text++) {
+        unsigned char ch = (unsigned char)*text;
+        if (ch < 0x20 || ch == 0x7f) at += (size_t)snprintf(out + at, cap - at, "\\x%02x", ch);
+        else out[at++] = (char)ch;
+    }
+    out[at] = '\0';
+}
+
+void log_refusal(const char *what) {
+    // Messages quote what peers sent (tensor names, method names): escape control bytes so that
+    // a peer cannot write terminal escape sequences or fake log lines into the server's log.
+    char safe_what[256], safe[4096];
+    printable(what, safe_what, sizeof safe_what);
+    printable(spes_last_error(), safe, sizeof safe);
+    log_warn("server: %s refused: %s", safe_what, safe);
+}
+
 int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     if (cfg->keep_steps < 1) return spes_fail("server: keep_steps must be >= 1 (got %d)", cfg->keep_steps);
     if (cfg->max_open_rounds < 1) return spes_fail("server: max_open_rounds must be >= 1");
@@ -71,12 +117,20 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
         return spes_fail("server: --round_timeout must be >= 0 and --min_peers in [1, total_peers %d] (got %g, %d)",
                          cfg->agg.num_peers, cfg->round_timeout_s, cfg->min_peers);
     SPES_TRY(aggregate_config_check(&cfg->agg, NULL));
+    // The server's big buffers (uploads, aggregates, gRPC's 4 MiB messages) come and go in
+    // many threads. glibc raises its mmap threshold to the largest block freed (up to 32 MiB),
+    // after which such buffers land in per-thread arenas and stay there, fragmented: the
+    // server's memory then grew with the number of peers and over rounds. A fixed threshold
+    // keeps every block of 1 MiB or more mapped on its own and returned when freed.
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     Rounds *r = spes_calloc(1, sizeof *r);
     if (!r) return SPES_ERR;
+    r->lock_fd = -1;
     r->cfg = *cfg;
     if (r->cfg.min_peers == 0) r->cfg.min_peers = (cfg->agg.num_peers + 1) / 2;   // default: a majority
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->persist_mu, NULL);
+    pthread_mutex_init(&r->aggregate_mu, NULL);
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -89,9 +143,14 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
         return SPES_ERR;
     }
     for (int i = 0; i < cfg->max_open_rounds; i++) r->open[i].step = -1;
-    r->last_completed_step = -1;
+    r->last_completed_step = r->prev_completed_step = -1;
     r->stats.last_aggregate_step = -1;
+    if (r->cfg.max_rounds_ahead <= 0) r->cfg.max_rounds_ahead = ROUNDS_AHEAD;
     if (cfg->state_dir && restore_state(r) != SPES_OK) {
+        rounds_destroy(r);
+        return SPES_ERR;
+    }
+    if (!cfg->state_dir && open_spool(r) != SPES_OK) {
         rounds_destroy(r);
         return SPES_ERR;
     }
@@ -100,14 +159,7 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
 }
 
 static void free_round(Rounds *r, OpenRound *round) {
-    if (round->payload)
-        for (int p = 0; p < r->cfg.agg.num_peers; p++) {
-            if (round->payload[p]) safetensors_close(&round->parsed[p]);
-            free(round->payload[p]);
-        }
-    free(round->payload);
-    free(round->parsed);
-    free(round->rows);
+    free(round->uploaded);
     memset(round, 0, sizeof *round);
     round->step = -1;
 }
@@ -141,7 +193,11 @@ void rounds_destroy(Rounds *r) {
     model_spec_free(&r->spec);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->persist_mu);
+    pthread_mutex_destroy(&r->aggregate_mu);
+    if (r->own_upload_dir) remove_tree(r->upload_dir);
+    if (r->own_upload_dir) free(r->upload_dir);
     pthread_cond_destroy(&r->changed);
+    state_close(r->lock_fd);
     free(r);
 }
 
@@ -213,8 +269,8 @@ static grpc_status_code adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dty
     return GRPC_STATUS_OK;
 }
 
-grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
-                              DType payload_dtype, ModelSpec *spec, int *last_completed_step) {
+grpc_status_code rounds_hello_settings(const Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
+                                       DType payload_dtype) {
     const AggregateConfig *a = &r->cfg.agg;
     if (num_peers != a->num_peers)
         return status_fail(GRPC_STATUS_FAILED_PRECONDITION,
@@ -234,8 +290,14 @@ grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_pe
     if (payload_dtype != DTYPE_F32 && payload_dtype != DTYPE_BF16)
         return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "hello from peer %d: payload dtype %s is not F32 or BF16",
                            peer, dtype_name(payload_dtype));
+    return GRPC_STATUS_OK;
+}
+
+grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
+                              DType payload_dtype, ModelSpec *spec, int *last_completed_step) {
+    grpc_status_code code = rounds_hello_settings(r, peer, num_peers, experts_per_node, mode, payload_dtype);
+    if (code != GRPC_STATUS_OK) return code;
     pthread_mutex_lock(&r->mu);
-    grpc_status_code code = GRPC_STATUS_OK;
     if (!r->have_spec) {
         code = adopt_spec(r, spec, payload_dtype, true);
         if (code != GRPC_STATUS_OK) spes_fail_context("hello from peer %d", peer);
@@ -256,28 +318,67 @@ grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_pe
     return code;
 }
 
-size_t rounds_upload_cap(Rounds *r, int peer) {
-    pthread_mutex_lock(&r->mu);
-    size_t cap = r->have_spec && peer >= 0 && peer < r->cfg.agg.num_peers
-                     ? upload_max_bytes(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer)
-                     : r->cfg.max_upload_bytes;
-    pthread_mutex_unlock(&r->mu);
-    return cap;
+// The highest step an upload may have now (see RoundsConfig.max_rounds_ahead): the anchor is
+// the newest completed step, or before any round completed the lowest step seen (open rounds
+// and `step`); the spacing is the gap between the two newest completed rounds, or while that
+// is unknown max(anchor, ROUNDS_DEFAULT_SPACING). 64-bit: steps go up to 2^31-1. Under r->mu.
+static int64_t step_limit(const Rounds *r, int step) {
+    int64_t anchor = r->last_completed_step;
+    if (anchor < 0) {
+        anchor = step;
+        for (int i = 0; i < r->cfg.max_open_rounds; i++)
+            if (r->open[i].step >= 0 && r->open[i].step < anchor) anchor = r->open[i].step;
+    }
+    int64_t spacing = r->last_completed_step >= 0 && r->prev_completed_step >= 0
+                          ? (int64_t)r->last_completed_step - r->prev_completed_step
+                          : (anchor > ROUNDS_DEFAULT_SPACING ? anchor : ROUNDS_DEFAULT_SPACING);
+    return anchor + (int64_t)r->cfg.max_rounds_ahead * spacing;
 }
 
-// The open round of step, creating it if needed; NULL when all slots are taken. Under r->mu.
+// Frees an open round that can never complete and removes its uploads from the state dir.
+// Under r->mu.
+static void drop_round(Rounds *r, OpenRound *round, const char *why) {
+    log_warn("server: step %d: dropping the open round (%d uploads): %s", round->step, round->num_uploaded, why);
+    for (int p = 0; p < r->cfg.agg.num_peers; p++)
+        if (round->uploaded[p]) state_remove_upload(r->upload_dir, round->step, p);
+    free_round(r, round);
+}
+
+// Drops open rounds that can never become the newest aggregate for honest peers: steps at or
+// below the newest completed one (a later round overtook them), and steps beyond step_limit
+// (a peer far ahead, or a bogus step, must not hold a slot or poison the run). Rounds being
+// aggregated are left alone. `step`: an upload under way (it lowers the anchor). Under r->mu.
+static void sweep_rounds(Rounds *r, int step) {
+    int64_t limit = step_limit(r, step);
+    for (int i = 0; i < r->cfg.max_open_rounds; i++) {
+        OpenRound *round = &r->open[i];
+        if (round->step < 0 || round->aggregating) continue;
+        if (round->step <= r->last_completed_step) drop_round(r, round, "a later round completed first");
+        else if (round->step > limit) drop_round(r, round, "too far ahead of the run");
+    }
+}
+
+// The open round of step, creating it if needed; NULL when all slots are taken. When they are,
+// the round with the highest step gives way to a lower one: the lowest rounds are the ones the
+// run needs next, so a peer uploading ahead can never lock the others out. Under r->mu.
 static OpenRound *open_round(Rounds *r, int step) {
-    OpenRound *free_slot = NULL;
+    OpenRound *free_slot = NULL, *highest = NULL;
     for (int i = 0; i < r->cfg.max_open_rounds; i++) {
         if (r->open[i].step == step) return &r->open[i];
         if (r->open[i].step < 0 && !free_slot) free_slot = &r->open[i];
+        if (r->open[i].step >= 0 && !r->open[i].aggregating && (!highest || r->open[i].step > highest->step))
+            highest = &r->open[i];
+    }
+    if (!free_slot && highest && highest->step > step) {
+        char why[96];
+        snprintf(why, sizeof why, "every slot is taken and step %d comes first", step);
+        drop_round(r, highest, why);
+        free_slot = highest;
     }
     if (!free_slot) return NULL;
     int P = r->cfg.agg.num_peers;
-    free_slot->payload = spes_calloc((size_t)P, sizeof(uint8_t *));
-    free_slot->parsed = spes_calloc((size_t)P, sizeof(SafeTensors));
-    free_slot->rows = spes_calloc((size_t)P * r->spec.count, sizeof(StTensor *));
-    if (!free_slot->payload || !free_slot->parsed || !free_slot->rows) {
+    free_slot->uploaded = spes_calloc((size_t)P, sizeof(bool));
+    if (!free_slot->uploaded) {
         free_round(r, free_slot);
         return NULL;
     }
@@ -308,8 +409,45 @@ static StTensor *blob_tensors(const Rounds *r, const AggregateBlob *blob) {
     return x;
 }
 
+// Adds peer's upload of round, mapped back from upload_dir, to the accumulator tensor by
+// tensor, letting go of each tensor's pages once added: reading an upload back costs about one
+// tensor of memory, not the upload. (Its values were checked when it arrived; the structure is
+// checked again, the disk may have damaged it.)
+static int add_upload(Rounds *r, OpenRound *round, int peer, AggregateAcc *acc, const StTensor **row) {
+    char name[64];
+    snprintf(name, sizeof name, "upload_s%d_p%d.safetensors", round->step, peer);
+    char *path = path_join(r->upload_dir, name);
+    MappedFile mf = {0};
+    int rc = path ? file_map(path, &mf) : SPES_ERR;
+    free(path);
+    SafeTensors st;
+    if (rc == SPES_OK) rc = safetensors_parse(mf.data, mf.size, name, &st);
+    if (rc != SPES_OK) {
+        file_unmap(&mf);
+        return rc;
+    }
+    rc = upload_rows(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, &st, row);
+    if (rc == SPES_OK) rc = aggregate_acc_begin_peer(acc, peer);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t base = (uintptr_t)mf.mapping, limit = base + ((mf.size + page - 1) & ~(page - 1));
+    for (int t = 0; rc == SPES_OK && t < r->spec.count; t++) {
+        if (!row[t]) continue;
+        rc = aggregate_acc_add_tensor(acc, peer, t, row[t]);
+        uintptr_t lo = (uintptr_t)row[t]->data & ~(uintptr_t)(page - 1);
+        uintptr_t hi = ((uintptr_t)row[t]->data + row[t]->nbytes + page - 1) & ~(uintptr_t)(page - 1);
+        if (hi > limit) hi = limit;
+        if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);   // clean file pages: dropped, not lost
+    }
+    if (rc == SPES_OK) rc = aggregate_acc_end_peer(acc, peer);
+    safetensors_close(&st);
+    file_unmap(&mf);
+    return rc;
+}
+
 // Aggregates a frozen round (outside the lock) into a new blob: every peer's uploads, or for
 // a partial round those present with the latest aggregate standing in for missing owners.
+// Uploads are read back one at a time, in peer order, into the accumulator (which is the
+// blob itself for F32 payloads): memory is the blob plus one upload, whatever P.
 static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
     int P = r->cfg.agg.num_peers, count = r->spec.count;
     bool partial = round->num_uploaded < P;
@@ -317,7 +455,8 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
     uint8_t **out = spes_calloc((size_t)count, sizeof(uint8_t *));
     bool *present = partial ? spes_calloc((size_t)P, sizeof(bool)) : NULL;
     StTensor *prev_tensors = NULL;
-    const StTensor **prev_rows = NULL;
+    const StTensor **prev_rows = NULL, **row = NULL;
+    AggregateAcc *acc = NULL;
     pthread_mutex_lock(&r->mu);
     AggregateBlob *prev = partial ? latest_before(r, round->step) : NULL;
     if (blob) blob->bytes = r->spare;
@@ -331,12 +470,15 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
         if (!prev_tensors || !prev_rows) goto fail;
         for (int t = 0; t < count; t++) prev_rows[t] = &prev_tensors[t];
     }
-    for (int p = 0; partial && p < P; p++) present[p] = round->payload[p] != NULL;
+    for (int p = 0; partial && p < P; p++) present[p] = round->uploaded[p];
     memcpy(blob->bytes, r->header, r->header_len);
     for (int t = 0; t < count; t++) out[t] = blob->bytes + r->tensor_offset[t];
-    if (aggregate_compute_partial(&r->spec, &r->cfg.agg, round->step, round->rows, present, prev_rows, out,
-                                  r->payload_dtype) != SPES_OK)
+    row = spes_calloc((size_t)count, sizeof *row);
+    if (!row || aggregate_acc_begin(&r->spec, &r->cfg.agg, round->step, present, out, r->payload_dtype, &acc) != SPES_OK)
         goto fail;
+    for (int p = 0; p < P; p++)
+        if (round->uploaded[p] && add_upload(r, round, p, acc, row) != SPES_OK) goto fail;
+    if (aggregate_acc_finish(acc, prev_rows) != SPES_OK) goto fail;
     blob->step = round->step;
     blob->len = r->aggregate_len;
     blob->refs = 1;
@@ -348,6 +490,8 @@ fail:
     free(blob);
     blob = NULL;
 done:
+    aggregate_acc_free(acc);
+    free(row);
     free(out);
     free(present);
     free(prev_tensors);
@@ -370,7 +514,10 @@ static int publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seco
     int dropped = r->kept[slot] ? r->kept[slot]->step : -1;
     if (r->kept[slot]) blob_unref(r, r->kept[slot]);
     r->kept[slot] = blob;
-    if (blob->step > r->last_completed_step) r->last_completed_step = blob->step;
+    if (blob->step > r->last_completed_step) {
+        r->prev_completed_step = r->last_completed_step;
+        r->last_completed_step = blob->step;
+    }
     r->stats.rounds_completed++;
     r->stats.last_aggregate_step = r->last_completed_step;
     r->stats.last_aggregate_seconds = seconds;
@@ -384,6 +531,7 @@ static int publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seco
     }
     r->stats.rounds_partial = r->rounds_partial;
     if (round) free_round(r, round);
+    if (round) sweep_rounds(r, r->last_completed_step + 1);
     pthread_cond_broadcast(&r->changed);
     return dropped;
 }
@@ -436,7 +584,7 @@ static grpc_status_code reject(Rounds *r, grpc_status_code code, uint8_t *bytes)
     pthread_mutex_lock(&r->mu);
     r->stats.uploads_rejected++;
     pthread_mutex_unlock(&r->mu);
-    log_warn("server: upload refused: %s", spes_last_error());
+    log_refusal("upload");
     return code;
 }
 
@@ -459,30 +607,97 @@ static grpc_status_code closed_round(Rounds *r, int peer, int step) {
                        peer, step, r->last_completed_step);
 }
 
+// The answer to an upload for a step beyond step_limit. Under r->mu.
+static grpc_status_code too_far_ahead(Rounds *r, int peer, int step) {
+    int64_t limit = step_limit(r, step);
+    if (r->last_completed_step >= 0)
+        return status_fail(GRPC_STATUS_OUT_OF_RANGE,
+                           "upload from peer %d: step %d is more than %d rounds ahead of the newest completed step %d "
+                           "(steps up to %lld are taken; is the peer's step counter or sync_steps right?)",
+                           peer, step, r->cfg.max_rounds_ahead, r->last_completed_step, (long long)limit);
+    return status_fail(GRPC_STATUS_OUT_OF_RANGE,
+                       "upload from peer %d: step %d is too far ahead of the run's first round (steps up to %lld are "
+                       "taken before a round completes; is the peer's step counter right?)",
+                       peer, step, (long long)limit);
+}
+
+grpc_status_code rounds_upload_start(Rounds *r, int peer, int step, size_t *cap) {
+    int P = r->cfg.agg.num_peers;
+    *cap = 0;
+    if (peer < 0 || peer >= P)
+        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload: peer_id %d is outside [0, %d)", peer, P);
+    if (step < 0)
+        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload from peer %d: step %d is negative", peer, step);
+    pthread_mutex_lock(&r->mu);
+    grpc_status_code code = r->closing                     ? status_fail(GRPC_STATUS_UNAVAILABLE, "server is shutting down")
+                            : step <= r->last_completed_step ? closed_round(r, peer, step)
+                            : step > step_limit(r, step)     ? too_far_ahead(r, peer, step)
+                                                             : GRPC_STATUS_OK;
+    *cap = r->have_spec ? upload_max_bytes(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer)
+                        : r->cfg.max_upload_bytes;
+    pthread_mutex_unlock(&r->mu);
+    return code;
+}
+
+size_t rounds_largest_upload(Rounds *r) {
+    pthread_mutex_lock(&r->mu);
+    // Every peer sends the shared tensors and m experts of each MoE layer (all alike), or in
+    // fedavg everything: peer 0's cap is every peer's.
+    size_t largest = r->have_spec ? upload_max_bytes(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, 0) : 0;
+    pthread_mutex_unlock(&r->mu);
+    return largest;
+}
+
+void rounds_retain(Rounds *r, AggregateBlob *blob) {
+    pthread_mutex_lock(&r->mu);
+    blob->refs++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+size_t rounds_model_bytes(Rounds *r) {
+    pthread_mutex_lock(&r->mu);
+    size_t bytes = r->have_spec ? r->spec.total_numel * 4 : 0;
+    pthread_mutex_unlock(&r->mu);
+    return bytes;
+}
+
 // Whether an upload for step would be taken now (step not yet aggregated). Sets *code and the
 // message when not. Takes r->mu.
 static bool round_accepts(Rounds *r, int peer, int step, grpc_status_code *code) {
     pthread_mutex_lock(&r->mu);
-    *code = step <= r->last_completed_step ? closed_round(r, peer, step) : GRPC_STATUS_OK;
+    *code = step <= r->last_completed_step   ? closed_round(r, peer, step)
+            : step > step_limit(r, step) ? too_far_ahead(r, peer, step)
+                                             : GRPC_STATUS_OK;
+    for (int i = 0; *code == GRPC_STATUS_OK && i < r->cfg.max_open_rounds; i++)
+        if (r->open[i].step == step && r->open[i].aggregating)   // its files are being read: leave them
+            *code = r->open[i].uploaded[peer]
+                        ? status_fail(GRPC_STATUS_ALREADY_EXISTS,
+                                      "upload from peer %d: the round of step %d is being aggregated", peer, step)
+                        : status_fail(GRPC_STATUS_ABORTED,
+                                      "upload from peer %d: the round of step %d is closing without it (round "
+                                      "timeout); fetch the newest aggregate and carry on",
+                                      peer, step);
     pthread_mutex_unlock(&r->mu);
     return *code == GRPC_STATUS_OK;
 }
 
-// Puts a validated upload (bytes, its parse st and rows) into its round; ownership of bytes and
-// st passes to the round on OK. *complete: every peer's upload is in, the caller aggregates.
-static grpc_status_code store_upload(Rounds *r, int peer, int step, uint8_t *bytes, size_t len, const SafeTensors *st,
-                                     const StTensor **row, OpenRound **round_out, bool *complete) {
+// Records a validated upload, already in upload_dir, in its round. *complete: every peer's
+// upload is in, the caller aggregates.
+static grpc_status_code store_upload(Rounds *r, int peer, int step, size_t len, OpenRound **round_out, bool *complete) {
     int P = r->cfg.agg.num_peers;
     grpc_status_code code = GRPC_STATUS_OK;
     pthread_mutex_lock(&r->mu);
     OpenRound *round = NULL;
+    if (step > r->last_completed_step) sweep_rounds(r, step);
     if (step <= r->last_completed_step) {
         code = closed_round(r, peer, step);
+    } else if (step > step_limit(r, step)) {
+        code = too_far_ahead(r, peer, step);
     } else if (!(round = open_round(r, step))) {
         code = status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED,
                            "upload from peer %d for step %d: %d rounds are already open (peers far apart in steps?)",
                            peer, step, r->cfg.max_open_rounds);
-    } else if (round->aggregating && round->payload[peer]) {
+    } else if (round->aggregating && round->uploaded[peer]) {
         code = status_fail(GRPC_STATUS_ALREADY_EXISTS, "upload from peer %d: the round of step %d is being aggregated",
                            peer, step);
     } else if (round->aggregating) {
@@ -495,15 +710,8 @@ static grpc_status_code store_upload(Rounds *r, int peer, int step, uint8_t *byt
         pthread_mutex_unlock(&r->mu);
         return code;
     }
-    if (round->payload[peer]) {   // a retry replaces the previous upload
-        safetensors_close(&round->parsed[peer]);
-        free(round->payload[peer]);
-    } else {
-        round->num_uploaded++;
-    }
-    round->payload[peer] = bytes;
-    round->parsed[peer] = *st;
-    memcpy(round->rows + (size_t)peer * r->spec.count, row, (size_t)r->spec.count * sizeof *row);
+    if (!round->uploaded[peer]) round->num_uploaded++;   // else a retry: its file replaced the previous one
+    round->uploaded[peer] = true;
     r->stats.bytes_received += (int64_t)len;
     *complete = round->num_uploaded == P;
     if (*complete) round->aggregating = true;
@@ -534,10 +742,8 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
     int dropped = publish(r, round, blob, seconds);
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_unlock(&r->persist_mu);
-    if (dir) {
-        for (int p = 0; p < P; p++) state_remove_upload(dir, step, p);
-        if (dropped >= 0) state_remove_aggregate(dir, dropped);
-    }
+    for (int p = 0; p < P; p++) state_remove_upload(r->upload_dir, step, p);
+    if (dir && dropped >= 0) state_remove_aggregate(dir, dropped);
     return SPES_OK;
 }
 
@@ -545,9 +751,11 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
 // a partial one closed by the round timeout (peer -1).
 static grpc_status_code complete_round(Rounds *r, OpenRound *round, int peer) {
     int step = round->step, P = r->cfg.agg.num_peers, arrived = round->num_uploaded;
+    pthread_mutex_lock(&r->aggregate_mu);
     double start = now_seconds();
     AggregateBlob *blob = compute_aggregate(r, round);
     double seconds = now_seconds() - start;
+    pthread_mutex_unlock(&r->aggregate_mu);
     grpc_status_code code = GRPC_STATUS_RESOURCE_EXHAUSTED;
     if (blob && persist_and_publish(r, round, blob, seconds) == SPES_OK) {
         if (arrived == P) {
@@ -571,9 +779,7 @@ static grpc_status_code complete_round(Rounds *r, OpenRound *round, int peer) {
     // is simply reopened: the next waiter tries again).
     pthread_mutex_lock(&r->mu);
     if (peer >= 0) {
-        safetensors_close(&round->parsed[peer]);
-        free(round->payload[peer]);
-        round->payload[peer] = NULL;
+        round->uploaded[peer] = false;
         round->num_uploaded--;
     }
     round->aggregating = false;
@@ -604,29 +810,24 @@ grpc_status_code rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, si
     const StTensor **row = spes_calloc((size_t)r->spec.count, sizeof *row);
     if (!row) return reject(r, GRPC_STATUS_RESOURCE_EXHAUSTED, bytes);
     code = check_upload(r, peer, step, bytes, len, &st, row);
-    if (code != GRPC_STATUS_OK) {
-        free(row);
+    free(row);
+    if (code != GRPC_STATUS_OK) return reject(r, code, bytes);
+    safetensors_close(&st);
+
+    // To disk before the peer hears OK (durably in a state dir), and out of memory: the round
+    // reads it back when it aggregates. A file that loses a race with the round's completion
+    // below is a leftover of a completed step, removed at the next start (or with the spool).
+    if (!round_accepts(r, peer, step, &code) || state_save_upload(r->upload_dir, step, peer, bytes, len) != SPES_OK) {
+        if (code == GRPC_STATUS_OK)
+            code = status_fail(GRPC_STATUS_INTERNAL, "upload from peer %d for step %d: %s", peer, step,
+                               spes_last_error());
         return reject(r, code, bytes);
     }
-
-    if (r->cfg.state_dir) {
-        // On disk before the peer hears OK. A file that loses a race with the round's
-        // completion below is a leftover of a completed step, removed at the next start.
-        if (!round_accepts(r, peer, step, &code) || state_save_upload(r->cfg.state_dir, step, peer, bytes, len) != SPES_OK) {
-            if (code == GRPC_STATUS_OK) code = status_fail(GRPC_STATUS_INTERNAL, "upload from peer %d for step %d: %s", peer, step, spes_last_error());
-            safetensors_close(&st);
-            free(row);
-            return reject(r, code, bytes);
-        }
-    }
+    free(bytes);
     OpenRound *round;
     bool complete;
-    code = store_upload(r, peer, step, bytes, len, &st, row, &round, &complete);
-    free(row);
-    if (code != GRPC_STATUS_OK) {
-        safetensors_close(&st);
-        return reject(r, code, bytes);
-    }
+    code = store_upload(r, peer, step, len, &round, &complete);
+    if (code != GRPC_STATUS_OK) return reject(r, code, NULL);
     log_info("server: step %d: upload from peer %d accepted (%zu bytes)", step, peer, len);
     return complete ? complete_round(r, round, peer) : GRPC_STATUS_OK;
 }
@@ -743,6 +944,12 @@ void rounds_release(Rounds *r, AggregateBlob *blob) {
     pthread_mutex_unlock(&r->mu);
 }
 
+void rounds_count_rejected(Rounds *r) {
+    pthread_mutex_lock(&r->mu);
+    r->stats.uploads_rejected++;
+    pthread_mutex_unlock(&r->mu);
+}
+
 void rounds_count_sent(Rounds *r, size_t bytes) {
     pthread_mutex_lock(&r->mu);
     r->stats.bytes_sent += (int64_t)bytes;
@@ -760,7 +967,7 @@ void rounds_status(Rounds *r, RoundsStatus *out) {
     if (lowest) {
         out->open_step = lowest->step;
         for (int p = 0; p < r->cfg.agg.num_peers && out->num_uploaded < 1024; p++)
-            if (lowest->payload[p]) out->peers_uploaded[out->num_uploaded++] = p;
+            if (lowest->uploaded[p]) out->peers_uploaded[out->num_uploaded++] = p;
     }
     pthread_mutex_unlock(&r->mu);
 }
@@ -780,16 +987,15 @@ static int restore_upload(Rounds *r, const StateFile *f) {
     SafeTensors st;
     const StTensor **row = spes_calloc((size_t)r->spec.count, sizeof *row);
     grpc_status_code code = row ? check_upload(r, f->peer, f->step, bytes, len, &st, row) : GRPC_STATUS_RESOURCE_EXHAUSTED;
+    if (code == GRPC_STATUS_OK) safetensors_close(&st);
+    free(row);
+    free(bytes);   // the file stays: the round reads it back when it aggregates
     OpenRound *round = NULL;
     bool complete = false;
-    if (code == GRPC_STATUS_OK) {
-        code = f->peer < r->cfg.agg.num_peers ? store_upload(r, f->peer, f->step, bytes, len, &st, row, &round, &complete)
+    if (code == GRPC_STATUS_OK)
+        code = f->peer < r->cfg.agg.num_peers ? store_upload(r, f->peer, f->step, len, &round, &complete)
                                               : status_fail(GRPC_STATUS_INVALID_ARGUMENT, "peer %d is out of range", f->peer);
-        if (code != GRPC_STATUS_OK) safetensors_close(&st);
-    }
-    free(row);
     if (code != GRPC_STATUS_OK) {
-        free(bytes);
         return spes_fail_context("server state %s: upload of peer %d for step %d", r->cfg.state_dir, f->peer, f->step);
     }
     if (complete && complete_round(r, round, f->peer) != GRPC_STATUS_OK) return SPES_ERR;
@@ -811,12 +1017,25 @@ static void apply_book(Rounds *r, const StateBook *book) {
 // keep_steps) are removed.
 static int restore_state(Rounds *r) {
     const char *dir = r->cfg.state_dir;
-    SPES_TRY(state_open(dir));
+    SPES_TRY(state_open(dir, &r->lock_fd));
+    r->upload_dir = (char *)dir;
     ModelSpec spec;
     DType dtype;
     bool found;
     SPES_TRY(state_load_spec(dir, &r->cfg.agg, &spec, &dtype, &found));
     if (!found) {
+        // spec.json is written first of all, so rounds or uploads without it mean the directory
+        // lost files: starting afresh would silently drop (and later overwrite) that run.
+        StateBook book;
+        StateFile *files;
+        int n;
+        SPES_TRY(state_load_book(dir, &book, &found));
+        SPES_TRY(state_list(dir, &files, &n));
+        free(files);
+        if (found || n > 0)
+            return spes_fail("server state %s: %s but no spec.json (a damaged state directory; restore spec.json, or "
+                             "move the directory away to start afresh)",
+                             dir, found ? "rounds.json" : "upload or aggregate files");
         log_info("server: state dir %s holds no run yet; starting afresh", dir);
         return SPES_OK;
     }

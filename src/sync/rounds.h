@@ -22,17 +22,34 @@
 // Sets the error message (printf-style, like spes_fail) and returns code: the transport
 // sends both to the peer as the call's status.
 grpc_status_code status_fail(grpc_status_code code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// Logs "server: <what> refused: <the error message>", control bytes escaped as \xNN.
+void log_refusal(const char *what);
 
 typedef struct {
     AggregateConfig agg;        // mode, P, m, merge settings
     int keep_steps;             // aggregates kept for download (>= 1)
-    size_t max_upload_bytes;    // upload cap while no model spec is known yet
+    size_t max_upload_bytes;    // upload cap while no model spec is known yet (SYNC_PRESPEC_UPLOAD_CAP)
     int max_open_rounds;        // steps with uploads but no aggregate yet (bounds memory)
     const char *state_dir;      // NULL: state in memory only; else persisted there (server_state.h)
                                 // and reloaded by rounds_create
+    const char *spool_dir;      // without a state dir, uploads wait for their round in a private
+                                // directory made under this one (NULL: $TMPDIR, else /tmp)
     double round_timeout_s;     // 0: a round waits for every peer; else see rounds_deadline
     int min_peers;              // quorum of a partial round (>= 1)
+    int max_rounds_ahead;       // 0: ROUNDS_AHEAD. Uploads more than this many rounds ahead of
+                                // the newest completed step are refused OUT_OF_RANGE (below)
 } RoundsConfig;
+
+// How far ahead of the run an upload may be. The server does not know the peers' sync_steps;
+// it takes the round spacing from the gap between the two newest completed rounds, and while
+// that is unknown uses max(anchor, ROUNDS_DEFAULT_SPACING) steps. An upload for step s is taken
+// when s <= anchor + max_rounds_ahead * spacing, the anchor being the newest completed step, or
+// before any round completed the lowest step with uploads. Open rounds that fall outside that
+// window, or at or below the newest completed step, are dropped; when every open-round slot is
+// taken, the highest open round gives way to a lower step. So a peer uploading far ahead (or
+// a bogus step such as 2^31-1) can neither lock the others out nor become the newest round.
+#define ROUNDS_AHEAD 4
+#define ROUNDS_DEFAULT_SPACING 1000
 
 // Stragglers: with round_timeout_s > 0 a round that has waited rounds_deadline(...) seconds
 // since its first upload, and has at least min_peers uploads, is aggregated with the peers
@@ -77,14 +94,28 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out);
 void rounds_close(Rounds *r);
 void rounds_destroy(Rounds *r);
 
-// Handshake. Adopts *spec (moving its contents out) when the server has none yet, otherwise
+// The cheap half of the handshake: the run settings (peers, peer id, mode, experts per node,
+// payload dtype) against the server's, before the peer's tensor list costs anything.
+grpc_status_code rounds_hello_settings(const Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
+                                       DType payload_dtype);
+// Handshake (rounds_hello_settings first). Adopts *spec (moving its contents out) when the server has none yet, otherwise
 // compares. The caller frees *spec afterwards in every case. Sets *last_completed_step.
 // Statuses: OK, INVALID_ARGUMENT, FAILED_PRECONDITION (mismatch; message names what differs).
 grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode, DType payload_dtype,
                               ModelSpec *spec, int *last_completed_step);
 
-// Largest upload accepted from peer right now (its F32 size once the spec is known).
-size_t rounds_upload_cap(Rounds *r, int peer);
+// What can be decided about an upload from its first message, before its bytes are buffered:
+// peer in range, step not negative, not already aggregated (ALREADY_EXISTS / ABORTED as in
+// rounds_upload), not too far ahead (OUT_OF_RANGE), server not closing. *cap: the largest
+// upload accepted from peer (its tensors in F32 + header room once the spec is known, else
+// max_upload_bytes), set whatever the status.
+grpc_status_code rounds_upload_start(Rounds *r, int peer, int step, size_t *cap);
+// The model's size in F32 (0 until the spec is known).
+size_t rounds_model_bytes(Rounds *r);
+// The largest upload cap of any peer (0 until the spec is known).
+size_t rounds_largest_upload(Rounds *r);
+// One more reference to a blob from rounds_get (released with rounds_release).
+void rounds_retain(Rounds *r, AggregateBlob *blob);
 
 // One complete upload (safetensors bytes; ownership passes to r on every path). Validates,
 // stores and, if it completes the round, aggregates before returning.
@@ -100,5 +131,8 @@ grpc_status_code rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob
 void rounds_release(Rounds *r, AggregateBlob *blob);
 
 void rounds_count_sent(Rounds *r, size_t bytes);
+// An upload refused before it reached rounds_upload (token, call limit, chunk stream errors,
+// size caps): counted in uploads_rejected like the others.
+void rounds_count_rejected(Rounds *r);
 void rounds_status(Rounds *r, RoundsStatus *out);
 int rounds_last_completed_step(Rounds *r);

@@ -29,6 +29,7 @@ struct SyncServer {
     pthread_mutex_t mu;
     pthread_cond_t calls_done;
     int active_calls;
+    size_t buffered;                // upload bytes reserved by calls in progress (under mu)
 };
 
 typedef struct {
@@ -38,6 +39,7 @@ typedef struct {
     grpc_metadata_array metadata;
     grpc_completion_queue *cq;      // this call's own queue (pluck)
     int bound_peer;                 // the peer a per-peer token belongs to; -1: any
+    bool over_limit;                // arrived while max_calls others were in progress
 } Call;
 
 void sync_server_config_defaults(SyncServerConfig *cfg) {
@@ -48,9 +50,9 @@ void sync_server_config_defaults(SyncServerConfig *cfg) {
     cfg->max_message_size = SYNC_DEFAULT_MAX_MESSAGE;
     cfg->max_wait_seconds = 30;
     cfg->idle_timeout_seconds = 120;
-    cfg->max_calls = 256;
+    cfg->max_calls = 0;   // from the number of peers: sync_server_max_calls
     cfg->rounds.keep_steps = 2;
-    cfg->rounds.max_upload_bytes = (size_t)64 << 30;
+    cfg->rounds.max_upload_bytes = SYNC_PRESPEC_UPLOAD_CAP;
     cfg->rounds.max_open_rounds = 4;
     cfg->rounds.agg.merge_topk = 4;
 }
@@ -121,13 +123,23 @@ static void finish(Call *c, grpc_status_code code, const ProtobufCMessage *respo
     if (bb) grpc_byte_buffer_destroy(bb);
 }
 
-// Reads the single request of a unary call; on failure finishes the call and returns NULL.
-static ProtobufCMessage *recv_request(Call *c, const ProtobufCMessageDescriptor *desc) {
+// Reads the single request of a unary call (at most max_bytes on the wire: unpacking
+// allocates several times a message's size, so each RPC admits only what it can need); on
+// failure finishes the call and returns NULL.
+static ProtobufCMessage *recv_request(Call *c, const ProtobufCMessageDescriptor *desc, size_t max_bytes) {
     bool ok;
     grpc_byte_buffer *bb = recv_message(c, &ok);
     if (!bb) {
         spes_fail("no %s request message", desc->name);
         if (ok) finish(c, GRPC_STATUS_INVALID_ARGUMENT, NULL);
+        return NULL;
+    }
+    size_t len = grpc_byte_buffer_length(bb);
+    if (len > max_bytes) {
+        grpc_byte_buffer_destroy(bb);
+        spes_fail("%s request of %zu bytes refused: at most %zu bytes", desc->name, len, max_bytes);
+        log_refusal("request");
+        finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
         return NULL;
     }
     ProtobufCMessage *msg = wire_unpack(desc, bb);
@@ -141,12 +153,57 @@ static ProtobufCMessage *recv_request(Call *c, const ProtobufCMessageDescriptor 
 
 // ---- handlers ----
 
-// Appends one chunk of a client stream to the upload, checking order and size.
+// One upload stream being received: chunks appended in order, within its cap and within the
+// bytes it reserved from the server-wide budget.
 typedef struct {
     int peer, step, total_chunks, next_chunk;
     size_t cap, len, capacity;
+    size_t reserved;                // bytes of srv->buffered held by this call
     uint8_t *bytes;
 } UploadBuffer;
+
+// The most upload bytes all calls together may buffer: --max_upload_buffer, or by default half
+// the model's F32 size but at least the largest upload (so every peer's upload fits, one at a
+// time at worst; part of the server's memory bound, docs/operating.md) and, before the model is
+// known, the first upload's cap.
+static size_t upload_budget(SyncServer *srv) {
+    if (srv->cfg.max_buffered_bytes) return srv->cfg.max_buffered_bytes;
+    size_t half = rounds_model_bytes(srv->rounds) / 2, largest = rounds_largest_upload(srv->rounds);
+    if (!largest) return srv->cfg.rounds.max_upload_bytes;
+    return half > largest ? half : largest;
+}
+
+// Grows up's reservation to `want` bytes; RESOURCE_EXHAUSTED ("busy": the client backs off and
+// retries) when the server-wide budget has no room.
+static grpc_status_code reserve(Call *c, UploadBuffer *up, size_t want) {
+    if (want <= up->reserved) return GRPC_STATUS_OK;
+    SyncServer *srv = c->srv;
+    size_t budget = upload_budget(srv), extra = want - up->reserved;
+    if (want > budget)   // never fits: not "busy", a retry would not help
+        return status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "upload from peer %d step %d needs %zu bytes of buffer, more than the server's whole upload "
+                           "budget of %zu bytes (--max_upload_buffer)",
+                           up->peer, up->step, want, budget);
+    pthread_mutex_lock(&srv->mu);
+    bool fits = extra <= budget && srv->buffered <= budget - extra;
+    size_t in_use = srv->buffered;
+    if (fits) srv->buffered += extra;
+    pthread_mutex_unlock(&srv->mu);
+    if (!fits)
+        return status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "server busy: upload from peer %d step %d needs %zu bytes of buffer, %zu of the %zu-byte "
+                           "upload budget are in use (retry later)",
+                           up->peer, up->step, want, in_use, budget);
+    up->reserved = want;
+    return GRPC_STATUS_OK;
+}
+
+static void release(Call *c, UploadBuffer *up) {
+    pthread_mutex_lock(&c->srv->mu);
+    c->srv->buffered -= up->reserved;
+    pthread_mutex_unlock(&c->srv->mu);
+    up->reserved = 0;
+}
 
 // A caller with a per-peer token may only act as that peer.
 static grpc_status_code check_bound_peer(const Call *c, const char *what, int peer) {
@@ -157,16 +214,24 @@ static grpc_status_code check_bound_peer(const Call *c, const char *what, int pe
 
 static grpc_status_code take_chunk(Call *c, UploadBuffer *up, const UploadChunkRequest *m) {
     if (up->next_chunk == 0) {
-        grpc_status_code bound = check_bound_peer(c, "upload", m->peer_id);
-        if (bound != GRPC_STATUS_OK) return bound;
+        // Everything the first message can tell is decided now, before anything is buffered.
+        grpc_status_code code = check_bound_peer(c, "upload", m->peer_id);
+        if (code != GRPC_STATUS_OK) return code;
         up->peer = m->peer_id;
         up->step = m->step;
         up->total_chunks = m->total_chunks;
-        up->cap = rounds_upload_cap(c->srv->rounds, m->peer_id);
+        code = rounds_upload_start(c->srv->rounds, m->peer_id, m->step, &up->cap);
+        if (code != GRPC_STATUS_OK) return code;
         if (m->total_chunks < 1 || (size_t)m->total_chunks > up->cap)
             return status_fail(GRPC_STATUS_INVALID_ARGUMENT,
                                "upload from peer %d: total_chunks %d is not a sensible count", m->peer_id,
                                m->total_chunks);
+        // Reserve what the stream announces (chunks of this size), within the cap.
+        size_t claimed = m->chunk_data.len > up->cap / (size_t)m->total_chunks
+                             ? up->cap
+                             : m->chunk_data.len * (size_t)m->total_chunks;
+        code = reserve(c, up, claimed > m->chunk_data.len ? claimed : m->chunk_data.len);
+        if (code != GRPC_STATUS_OK) return code;
     } else if (m->peer_id != up->peer || m->step != up->step || m->total_chunks != up->total_chunks) {
         return status_fail(
             GRPC_STATUS_INVALID_ARGUMENT,
@@ -187,6 +252,8 @@ static grpc_status_code take_chunk(Call *c, UploadBuffer *up, const UploadChunkR
             GRPC_STATUS_RESOURCE_EXHAUSTED,
             "upload from peer %d step %d: more than %zu bytes, the most its tensors can take (F32 + header)", up->peer,
             up->step, up->cap);
+    grpc_status_code budget = reserve(c, up, up->len + add);
+    if (budget != GRPC_STATUS_OK) return budget;
     if (up->len + add > up->capacity) {
         // First reservation: the announced size (at most 1 GiB, it is only a claim), then doubling.
         size_t claimed = add * (size_t)up->total_chunks, want = up->capacity;
@@ -208,11 +275,26 @@ static grpc_status_code take_chunk(Call *c, UploadBuffer *up, const UploadChunkR
 static void handle_upload(Call *c) {
     UploadBuffer up = {0};
     grpc_status_code code = GRPC_STATUS_OK;
+    // Budget already full for an upload of this run's size: refuse before reading the first
+    // (multi-MiB) message, so that peers retrying "busy" do not each hold one.
+    SyncServer *srv = c->srv;
+    size_t largest = rounds_largest_upload(srv->rounds), budget = upload_budget(srv);
+    pthread_mutex_lock(&srv->mu);
+    size_t in_use = srv->buffered;
+    pthread_mutex_unlock(&srv->mu);
+    if (largest && largest <= budget && in_use > budget - largest) {
+        spes_fail("server busy: %zu of the %zu-byte upload budget are in use, an upload needs up to %zu (retry later)",
+                  in_use, budget, largest);
+        rounds_count_rejected(srv->rounds);
+        finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
+        return;
+    }
     for (;;) {
         bool ok;
         grpc_byte_buffer *bb = recv_message(c, &ok);
         if (!ok) {
             free(up.bytes);
+            release(c, &up);
             return;   // cancelled or gone: nobody to answer
         }
         if (!bb) break;
@@ -234,11 +316,14 @@ static void handle_upload(Call *c) {
     }
     if (code != GRPC_STATUS_OK) {
         free(up.bytes);
-        log_warn("server: upload refused: %s", spes_last_error());
+        release(c, &up);
+        rounds_count_rejected(c->srv->rounds);
+        log_refusal("upload");
         finish(c, code, NULL);
         return;
     }
     code = rounds_upload(c->srv->rounds, up.peer, up.step, up.bytes, up.len);   // takes the bytes
+    release(c, &up);
     UploadChunkResponse resp = UPLOAD_CHUNK_RESPONSE__INIT;
     resp.success = code == GRPC_STATUS_OK;
     finish(c, code, &resp.base);
@@ -246,8 +331,65 @@ static void handle_upload(Call *c) {
 
 static size_t chunk_count(size_t len, size_t chunk) { return len == 0 ? 1 : (len + chunk - 1) / chunk; }
 
+// A DownloadChunkResponse {chunk_data = bytes[at, at+n), last_chunk, ready = true} whose data is
+// a slice of the aggregate itself, not a copy: P peers with 4 chunks in flight each would
+// otherwise hold 4 P chunk copies. The slice keeps a reference to the blob until gRPC has sent
+// it. Field order on the wire does not matter to protobuf parsers.
+typedef struct {
+    Rounds *rounds;
+    AggregateBlob *blob;
+} BlobRef;
+
+static void blob_ref_done(void *arg) {
+    BlobRef *ref = arg;
+    rounds_release(ref->rounds, ref->blob);
+    free(ref);
+}
+
+static grpc_byte_buffer *chunk_response(Rounds *rounds, AggregateBlob *blob, size_t at, size_t n, bool last) {
+    BlobRef *ref = spes_malloc(sizeof *ref);
+    if (!ref) return NULL;
+    uint8_t head[16], tail[4];
+    size_t h = 0, len = n;
+    head[h++] = 0x0a;   // field 1 (chunk_data), length-delimited
+    do {
+        head[h++] = (uint8_t)((len & 0x7f) | (len > 0x7f ? 0x80 : 0));
+        len >>= 7;
+    } while (len);
+    size_t k = 0;
+    if (last) tail[k++] = 0x10, tail[k++] = 0x01;   // field 2 (last_chunk) = true
+    tail[k++] = 0x18, tail[k++] = 0x01;             // field 3 (ready) = true
+    ref->rounds = rounds;
+    ref->blob = blob;
+    rounds_retain(rounds, blob);
+    grpc_slice slices[3] = {grpc_slice_from_copied_buffer((const char *)head, h),
+                            grpc_slice_new_with_user_data(blob->bytes + at, n, blob_ref_done, ref),
+                            grpc_slice_from_copied_buffer((const char *)tail, k)};
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(slices, 3);
+    for (int i = 0; i < 3; i++) grpc_slice_unref(slices[i]);
+    return bb;
+}
+
+// Like finish() with an already packed response.
+static void finish_packed(Call *c, grpc_byte_buffer *bb) {
+    grpc_op ops[4];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = bb;
+    grpc_slice details = grpc_empty_slice();
+    ops[2].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[2].data.send_status_from_server.status = GRPC_STATUS_OK;
+    ops[2].data.send_status_from_server.status_details = &details;
+    int cancelled = 0;
+    ops[3].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[3].data.recv_close_on_server.cancelled = &cancelled;
+    wire_run_batch(c->call, c->cq, ops, 4, c->srv->cfg.idle_timeout_seconds);
+    grpc_byte_buffer_destroy(bb);
+}
+
 static void handle_download(Call *c) {
-    DownloadChunkRequest *req = (DownloadChunkRequest *)recv_request(c, &download_chunk_request__descriptor);
+    DownloadChunkRequest *req = (DownloadChunkRequest *)recv_request(c, &download_chunk_request__descriptor, SYNC_MAX_SMALL_REQUEST);
     if (!req) return;
     AggregateBlob *blob = NULL;
     grpc_status_code code = rounds_get(c->srv->rounds, req->step, 0, &blob);
@@ -258,15 +400,19 @@ static void handle_download(Call *c) {
             code = status_fail(GRPC_STATUS_OUT_OF_RANGE, "download of step %d: chunk_id %d is outside [0, %zu)",
                                req->step, req->chunk_id, n);
         } else {
-            size_t at = (size_t)req->chunk_id * chunk;
-            resp.chunk_data.data = blob->bytes + at;
-            resp.chunk_data.len = blob->len - at < chunk ? blob->len - at : chunk;
-            resp.last_chunk = (size_t)req->chunk_id == n - 1;
-            resp.ready = true;
+            size_t at = (size_t)req->chunk_id * chunk, len = blob->len - at < chunk ? blob->len - at : chunk;
+            grpc_byte_buffer *bb = chunk_response(c->srv->rounds, blob, at, len, (size_t)req->chunk_id == n - 1);
+            if (bb) {
+                finish_packed(c, bb);
+                rounds_count_sent(c->srv->rounds, len);
+                rounds_release(c->srv->rounds, blob);
+                download_chunk_request__free_unpacked(req, NULL);
+                return;
+            }
+            code = status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED, "download of step %d: out of memory", req->step);
         }
     }
-    finish(c, code, &resp.base);   // packs (copies) the chunk before the blob is released
-    if (code == GRPC_STATUS_OK) rounds_count_sent(c->srv->rounds, resp.chunk_data.len);
+    finish(c, code, &resp.base);
     rounds_release(c->srv->rounds, blob);
     download_chunk_request__free_unpacked(req, NULL);
 }
@@ -296,7 +442,7 @@ static grpc_status_code spec_from_hello(const HelloRequest *req, ModelSpec *spec
 }
 
 static void handle_hello(Call *c) {
-    HelloRequest *req = (HelloRequest *)recv_request(c, &hello_request__descriptor);
+    HelloRequest *req = (HelloRequest *)recv_request(c, &hello_request__descriptor, SYNC_MAX_HELLO_BYTES);
     if (!req) return;
     ModelSpec spec;
     SyncMode mode = SYNC_MODE_SPES;
@@ -304,10 +450,16 @@ static void handle_hello(Call *c) {
     int last = -1;
     model_spec_init(&spec);
     grpc_status_code code = check_bound_peer(c, "hello", req->peer_id);
-    if (code == GRPC_STATUS_OK) code = spec_from_hello(req, &spec);
     if (code == GRPC_STATUS_OK && (sync_mode_parse(req->mode, &mode) != SPES_OK ||
                                    (req->payload_dtype[0] && dtype_from_name(req->payload_dtype, &payload) != SPES_OK)))
         code = GRPC_STATUS_INVALID_ARGUMENT;
+    // Settings first: a peer of another run is refused before its tensor list costs anything.
+    if (code == GRPC_STATUS_OK)
+        code = rounds_hello_settings(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode, payload);
+    if (code == GRPC_STATUS_OK && req->n_tensors > SYNC_MAX_TENSORS)
+        code = status_fail(GRPC_STATUS_INVALID_ARGUMENT, "hello from peer %d: %zu tensors; at most %d are accepted",
+                           req->peer_id, req->n_tensors, SYNC_MAX_TENSORS);
+    if (code == GRPC_STATUS_OK) code = spec_from_hello(req, &spec);
     if (code == GRPC_STATUS_OK)
         code = rounds_hello(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode, payload, &spec,
                             &last);
@@ -319,7 +471,7 @@ static void handle_hello(Call *c) {
         resp.fingerprint = st.fingerprint;
         log_info("server: hello from peer %d accepted", req->peer_id);
     } else {
-        log_warn("server: hello refused: %s", spes_last_error());
+        log_refusal("hello");
     }
     resp.chunk_size = (int64_t)c->srv->cfg.chunk_size;
     resp.max_message_size = (int64_t)c->srv->cfg.max_message_size;
@@ -330,7 +482,7 @@ static void handle_hello(Call *c) {
 }
 
 static void handle_wait(Call *c) {
-    WaitAggregateRequest *req = (WaitAggregateRequest *)recv_request(c, &wait_aggregate_request__descriptor);
+    WaitAggregateRequest *req = (WaitAggregateRequest *)recv_request(c, &wait_aggregate_request__descriptor, SYNC_MAX_SMALL_REQUEST);
     if (!req) return;
     double timeout = req->timeout_ms / 1000.0;
     if (timeout > c->srv->cfg.max_wait_seconds) timeout = c->srv->cfg.max_wait_seconds;
@@ -349,7 +501,7 @@ static void handle_wait(Call *c) {
 }
 
 static void handle_status(Call *c) {
-    StatusRequest *req = (StatusRequest *)recv_request(c, &status_request__descriptor);
+    StatusRequest *req = (StatusRequest *)recv_request(c, &status_request__descriptor, SYNC_MAX_SMALL_REQUEST);
     if (!req) return;
     RoundsStatus st;
     rounds_status(c->srv->rounds, &st);
@@ -389,18 +541,18 @@ static void *call_main(void *arg) {
     const Route *route = NULL;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (grpc_slice_str_cmp(c->details.method, routes[i].method) == 0) route = &routes[i];
-    pthread_mutex_lock(&srv->mu);
-    bool too_many = srv->active_calls > srv->cfg.max_calls;
-    pthread_mutex_unlock(&srv->mu);
+    bool too_many = c->over_limit;
     c->bound_peer = -1;
     grpc_status_code auth = auth_enabled(&srv->auth) ? auth_check(&srv->auth, &c->metadata, &c->bound_peer)
                                                      : GRPC_STATUS_OK;
     if (auth != GRPC_STATUS_OK) {   // before reading anything: nothing from this caller is stored
         char *method = grpc_slice_to_c_string(c->details.method);
-        log_warn("server: %s refused: %s", method, spes_last_error());
+        if (route == &routes[0]) rounds_count_rejected(srv->rounds);
+        log_refusal(method);
         gpr_free(method);
         finish(c, auth, NULL);
     } else if (too_many) {
+        if (route == &routes[0]) rounds_count_rejected(srv->rounds);
         spes_fail("server busy: more than %d calls in progress", srv->cfg.max_calls);
         finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
     } else if (!route) {
@@ -447,8 +599,10 @@ static void *accept_loop(void *arg) {
             requesting = false;
             continue;
         }
+        // Admission is decided here, in arrival order: a call's own thread reading the count
+        // later could see a burst behind it and refuse a call that was within the limit.
         pthread_mutex_lock(&srv->mu);
-        srv->active_calls++;
+        c->over_limit = ++srv->active_calls > srv->cfg.max_calls;
         pthread_mutex_unlock(&srv->mu);
         pthread_t thread;
         pthread_attr_t attr;
@@ -495,6 +649,13 @@ static int server_credentials(const SyncServerConfig *cfg, grpc_server_credentia
     return rc;
 }
 
+int sync_server_max_calls(int num_peers) {
+    // A peer holds at most one upload or long poll, or DOWNLOAD_WINDOW (4) chunk requests, at
+    // once; the rest is room for Status calls and retries.
+    int64_t calls = 4 * (int64_t)num_peers + 64;
+    return calls < SYNC_MAX_CALLS_CEILING ? (int)calls : SYNC_MAX_CALLS_CEILING;
+}
+
 int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     if (cfg->chunk_size < 1 || cfg->chunk_size + 1024 > cfg->max_message_size)
         return spes_fail("server: chunk_size %zu must be >= 1 and at least 1 KiB below max_message_size %zu",
@@ -502,8 +663,9 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     SyncServer *srv = spes_calloc(1, sizeof *srv);
     if (!srv) return SPES_ERR;
     srv->cfg = *cfg;
+    if (srv->cfg.max_calls <= 0) srv->cfg.max_calls = sync_server_max_calls(cfg->rounds.agg.num_peers);
     srv->host = spes_strdup(cfg->host);
-    if (!srv->host || auth_load(cfg->auth_token_file, cfg->peer_tokens_file, &srv->auth) != SPES_OK ||
+    if (!srv->host || auth_load(cfg->auth_token_file, cfg->peer_tokens_file, cfg->rounds.agg.num_peers, &srv->auth) != SPES_OK ||
         rounds_create(&cfg->rounds, &srv->rounds) != SPES_OK) {
         auth_free(&srv->auth);
         free(srv->host);
@@ -514,9 +676,15 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->calls_done, NULL);
     grpc_init();
-    grpc_arg args[2];
+    grpc_arg args[3];
     grpc_channel_args channel_args;
     wire_channel_args(cfg->max_message_size, args, &channel_args);
+    // gRPC binds with SO_REUSEPORT by default: a second server on the same port would start
+    // and silently share the peers' connections with the first. Own the port exclusively.
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
+    args[2].value.integer = 0;
+    channel_args.num_args = 3;
     srv->server = grpc_server_create(&channel_args, NULL);
     srv->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
@@ -539,11 +707,13 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
         free(srv);
         grpc_shutdown();
         if (!creds_ok) return SPES_ERR;
-        return spes_fail("server: cannot listen on %s (port in use, or not an address of this host?)", addr);
+        return spes_fail("server: cannot listen on %s: the port is in use (another spes server?) or not an address "
+                         "of this host",
+                         addr);
     }
     grpc_server_start(srv->server);
     pthread_create(&srv->accept_thread, NULL, accept_loop, srv);
-    log_info("server: listening on %s:%d", cfg->host, srv->port);
+    log_info("server: listening on %s:%d (at most %d calls at once)", cfg->host, srv->port, srv->cfg.max_calls);
     *out = srv;
     return SPES_OK;
 }

@@ -8,6 +8,15 @@
 
 #include "sync/rounds.h"
 
+// Largest Hello request (its tensor list; a 50k-tensor model needs ~3 MiB), largest other
+// unary request, most tensors a Hello may declare.
+#define SYNC_MAX_HELLO_BYTES ((size_t)16 << 20)
+#define SYNC_MAX_SMALL_REQUEST ((size_t)64 << 10)
+#define SYNC_MAX_TENSORS (1 << 20)
+// Largest upload before the model is known (a Hello-less seeds client's first upload defines
+// it): also the default upload budget until then.
+#define SYNC_PRESPEC_UPLOAD_CAP ((size_t)4 << 30)
+
 typedef struct {
     const char *host;               // address to bind, e.g. "0.0.0.0" or "127.0.0.1"
     int port;                       // 0: any free port (see sync_server_port)
@@ -15,7 +24,10 @@ typedef struct {
     size_t max_message_size;        // largest message accepted or sent
     double max_wait_seconds;        // longest single WaitAggregate long poll
     double idle_timeout_seconds;    // a call making no progress this long is cancelled
-    int max_calls;                  // concurrent calls; more are refused RESOURCE_EXHAUSTED
+    int max_calls;                  // concurrent calls, more are refused RESOURCE_EXHAUSTED "server
+                                    // busy" (clients retry); <= 0: sync_server_max_calls(P)
+    size_t max_buffered_bytes;      // upload bytes all calls together may buffer; 0: the model's
+                                    // F32 size (+1 MiB), before the model is known max_upload_bytes
     const char *auth_token_file;    // shared token (auth.h); NULL: none
     const char *peer_tokens_file;   // "peer_id token" lines (auth.h); NULL: none
     const char *tls_cert, *tls_key; // PEM files: serve TLS (both or neither)
@@ -25,6 +37,13 @@ typedef struct {
 
 // Defaults for everything but rounds.agg (mode, peers, merge settings).
 void sync_server_config_defaults(SyncServerConfig *cfg);
+
+// The default call limit for P peers: 4 P + 64 (an upload or long poll, or 4 download chunks
+// in flight, per peer, and room for Status calls), at most SYNC_MAX_CALLS_CEILING. Each call
+// in progress is a thread blocked on its own queue (a long poll: a condition variable), so a
+// waiting peer costs a thread's stack, not CPU.
+#define SYNC_MAX_CALLS_CEILING 16384
+int sync_server_max_calls(int num_peers);
 
 typedef struct SyncServer SyncServer;
 

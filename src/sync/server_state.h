@@ -2,6 +2,7 @@
 // killed at any point restarts where it was. Every file is written atomically (temp + fsync +
 // rename + fsync of the directory), so a crash leaves the old file or the new one.
 //
+//   DIR/lock                             flock'd by the server using the dir (one server per dir)
 //   DIR/spec.json                        model spec + run settings, written once at the handshake
 //   DIR/rounds.json                      bookkeeping: last completed step, rounds completed, partial rounds
 //   DIR/upload_s<step>_p<peer>.safetensors   each accepted upload of a round not yet aggregated
@@ -27,8 +28,10 @@ typedef struct {
     int64_t rounds_partial;         // completed without every peer (round timeout)
 } StateBook;
 
-// Creates dir if needed.
-int state_open(const char *dir);
+// Creates dir if needed and takes an exclusive lock on DIR/lock (flock), held until
+// state_close(*lock_fd); another server's lock on the same dir is an error naming it.
+int state_open(const char *dir, int *lock_fd);
+void state_close(int lock_fd);
 
 // Writes / reads spec.json. state_load_spec sets *found false when the file does not exist;
 // a file from a run with other settings (peers, experts per node, mode) is an error naming both.

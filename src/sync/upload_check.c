@@ -43,6 +43,10 @@ static int check_tensor(const ModelSpec *spec, const StTensor *u, int t, int pee
         return spes_fail("upload from peer %d: tensor '%s' has shape [%s ] but the model's is [%s ]", peer, u->name,
                          got, want);
     }
+    return SPES_OK;
+}
+
+static int check_values(const StTensor *u, int peer) {
     size_t bad = first_non_finite(u);
     if (bad < u->numel)
         return spes_fail("upload from peer %d: tensor '%s' has a non-finite value (NaN or Inf) at flat index %zu", peer,
@@ -50,8 +54,8 @@ static int check_tensor(const ModelSpec *spec, const StTensor *u, int t, int pee
     return SPES_OK;
 }
 
-int upload_check(const ModelSpec *spec, SyncMode mode, int experts_per_node, int peer, const SafeTensors *upload,
-                 const StTensor **row) {
+static int check(const ModelSpec *spec, SyncMode mode, int experts_per_node, int peer, const SafeTensors *upload,
+                 const StTensor **row, bool values) {
     for (int t = 0; t < spec->count; t++) row[t] = NULL;
     for (int i = 0; i < upload->count; i++) {
         const StTensor *u = &upload->tensors[i];
@@ -66,6 +70,7 @@ int upload_check(const ModelSpec *spec, SyncMode mode, int experts_per_node, int
                 peer, u->name, spec->tensors[t].expert, spec->tensors[t].expert / experts_per_node);
         if (row[t]) return spes_fail("upload from peer %d: tensor '%s' appears twice", peer, u->name);
         SPES_TRY(check_tensor(spec, u, t, peer));
+        if (values) SPES_TRY(check_values(u, peer));
         row[t] = u;
     }
     int missing = 0, first_missing = -1;
@@ -79,6 +84,16 @@ int upload_check(const ModelSpec *spec, SyncMode mode, int experts_per_node, int
             "upload from peer %d: tensor '%s' is missing (%d of the tensors this peer must send are missing)", peer,
             spec->tensors[first_missing].name, missing);
     return SPES_OK;
+}
+
+int upload_check(const ModelSpec *spec, SyncMode mode, int experts_per_node, int peer, const SafeTensors *upload,
+                 const StTensor **row) {
+    return check(spec, mode, experts_per_node, peer, upload, row, true);
+}
+
+int upload_rows(const ModelSpec *spec, SyncMode mode, int experts_per_node, int peer, const SafeTensors *upload,
+                const StTensor **row) {
+    return check(spec, mode, experts_per_node, peer, upload, row, false);
 }
 
 size_t upload_max_bytes(const ModelSpec *spec, SyncMode mode, int experts_per_node, int peer) {

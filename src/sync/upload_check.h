@@ -13,5 +13,10 @@
 int upload_check(const ModelSpec *spec, SyncMode mode, int experts_per_node, int peer, const SafeTensors *upload,
                  const StTensor **row);
 
+// upload_check without reading the values (no NaN/Inf scan): for an upload that passed
+// upload_check before and is only being mapped again, so that its pages are touched once.
+int upload_rows(const ModelSpec *spec, SyncMode mode, int experts_per_node, int peer, const SafeTensors *upload,
+                const StTensor **row);
+
 // Size cap for peer's upload: its tensors in F32 plus room for the safetensors header.
 size_t upload_max_bytes(const ModelSpec *spec, SyncMode mode, int experts_per_node, int peer);

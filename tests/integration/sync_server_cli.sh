@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `spes server` flags: --help, required flags, bad values named, a bind failure explained,
-# and a clean stop on SIGTERM with the summary line.
+# `spes server` flags: --help, required flags, bad values named, a bind failure explained, a
+# second server on the same port or state dir refused, and a clean stop on SIGTERM with the
+# summary line.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -x "${SPES_BIN:-}" ] || { echo "spes binary not built: ${SPES_BIN:-<unset>}"; exit 1; }
@@ -24,10 +25,18 @@ grep -q "sync mode 'dilico' is not one of spes, fedavg" "$out/mode" || fail "bad
 [ $? -eq 1 ] || fail "unbindable host: exit code not 1"
 grep -q "cannot listen on 256.1.1.1:50051" "$out/bind" || fail "bind failure not explained"
 
-"$SPES_BIN" server --total_peers 2 --mode fedavg --host 127.0.0.1 --port 0 >"$out/run" 2>&1 &
+"$SPES_BIN" server --total_peers 2 --mode fedavg --host 127.0.0.1 --port 0 --state_dir "$out/state" >"$out/run" 2>&1 &
 pid=$!
 for _ in $(seq 100); do grep -q "listening on" "$out/run" && break; sleep 0.1; done
 grep -q "listening on 127.0.0.1:[0-9]* (2 peers, mode fedavg" "$out/run" || { kill $pid; fail "no listening line"; }
+# One server per port and per state dir: a second one is refused with a clear message.
+port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\) .*/\1/p' "$out/run" | head -1)
+"$SPES_BIN" server --total_peers 2 --mode fedavg --host 127.0.0.1 --port "$port" >"$out/second" 2>&1
+[ $? -eq 1 ] || { kill $pid; fail "a second server on port $port started: $(cat "$out/second")"; }
+grep -q "cannot listen on 127.0.0.1:$port: the port is in use" "$out/second" || { kill $pid; fail "port clash not explained: $(cat "$out/second")"; }
+"$SPES_BIN" server --total_peers 2 --mode fedavg --host 127.0.0.1 --port 0 --state_dir "$out/state" >"$out/second" 2>&1
+[ $? -eq 1 ] || { kill $pid; fail "a second server on the same state dir started: $(cat "$out/second")"; }
+grep -q -- "--state_dir $out/state is in use by another spes server" "$out/second" || { kill $pid; fail "state dir clash not explained: $(cat "$out/second")"; }
 kill -TERM $pid
 wait $pid || fail "SIGTERM: server exited non-zero"
 grep -q "stopped after 0 rounds" "$out/run" || fail "no summary line on stop"

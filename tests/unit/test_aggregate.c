@@ -430,6 +430,80 @@ static void test_deterministic_across_thread_counts(void **state) {
     model_spec_free(&spec);
 }
 
+// One configuration through both forms: aggregate_compute_partial with every upload at hand,
+// and the incremental accumulator fed one peer at a time. The bytes must be identical.
+static void check_incremental(const ModelSpec *spec, const AggregateConfig *cfg, int step, DType in_dtype,
+                              DType out_dtype, const bool *present) {
+    Uploads u;
+    make_uploads(&u, spec, cfg, in_dtype, fill_random);
+    size_t elem = dtype_size(out_dtype), total = spec->total_numel * elem + 4;
+    // Previous aggregate for missing owners: peer 0's values rearranged as a full model.
+    Uploads prev_u;
+    AggregateConfig fed = *cfg;
+    fed.mode = SYNC_MODE_FEDAVG;
+    make_uploads(&prev_u, spec, &fed, DTYPE_F32, fill_random);
+    uint8_t *whole = calloc(total, 1), *steps = calloc(total, 1);
+    uint8_t **o1 = calloc((size_t)spec->count, sizeof *o1), **o2 = calloc((size_t)spec->count, sizeof *o2);
+    size_t at = 0;
+    for (int t = 0; t < spec->count; t++) {
+        o1[t] = whole + at;
+        o2[t] = steps + at;
+        at += spec->tensors[t].numel * elem;
+    }
+    assert_int_equal(aggregate_compute_partial(spec, cfg, step, u.rows, present, prev_u.rows, o1, out_dtype), SPES_OK);
+    AggregateAcc *acc;
+    assert_int_equal(aggregate_acc_begin(spec, cfg, step, present, o2, out_dtype, &acc), SPES_OK);
+    for (int p = 0; p < cfg->num_peers; p++)
+        if (!present || present[p]) assert_int_equal(aggregate_acc_add(acc, p, u.rows + (size_t)p * spec->count), SPES_OK);
+    assert_int_equal(aggregate_acc_finish(acc, prev_u.rows), SPES_OK);
+    aggregate_acc_free(acc);
+    assert_memory_equal(whole, steps, total);
+    free(whole);
+    free(steps);
+    free(o1);
+    free(o2);
+    free_uploads(&u);
+    free_uploads(&prev_u);
+}
+
+static void test_incremental_is_bit_identical(void **state) {
+    (void)state;
+    ModelSpec spec;
+    model_spec_init(&spec);
+    int64_t shared[2] = {300, 77}, gate[2] = {129, 101}, down[2] = {101, 129}, odd[1] = {3};
+    assert_int_equal(model_spec_add(&spec, "model.embed_tokens.weight", DTYPE_F32, 2, shared), SPES_OK);
+    assert_int_equal(model_spec_add(&spec, "model.norm.weight", DTYPE_F32, 1, odd), SPES_OK);
+    for (int l = 0; l < 2; l++)
+        for (int e = 0; e < 8; e++) {
+            char name[96];
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+            assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, gate), SPES_OK);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+            assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, gate), SPES_OK);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+            assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, down), SPES_OK);
+        }
+    assert_int_equal(model_spec_finish(&spec), SPES_OK);
+    bool some[4] = {false, true, true, false};
+    for (int merge = 0; merge < 2; merge++) {
+        AggregateConfig cfg = base_config(SYNC_MODE_SPES, 4, 2);
+        cfg.merge_interval = merge ? 1 : 0;
+        cfg.merge_alpha_start = merge ? 0.3f : 0.0f;
+        check_incremental(&spec, &cfg, 4, DTYPE_F32, DTYPE_F32, NULL);
+        check_incremental(&spec, &cfg, 4, DTYPE_BF16, DTYPE_F32, NULL);
+        check_incremental(&spec, &cfg, 4, DTYPE_F32, DTYPE_BF16, NULL);
+        check_incremental(&spec, &cfg, 4, DTYPE_BF16, DTYPE_BF16, NULL);
+        check_incremental(&spec, &cfg, 4, DTYPE_F32, DTYPE_F32, some);   // partial: owners 0, 3 missing
+        check_incremental(&spec, &cfg, 4, DTYPE_BF16, DTYPE_BF16, some);
+        AggregateConfig fed = base_config(SYNC_MODE_FEDAVG, 3, 0);
+        fed.merge_interval = cfg.merge_interval;
+        fed.merge_alpha_start = cfg.merge_alpha_start;
+        check_incremental(&spec, &fed, 4, DTYPE_F32, DTYPE_F32, NULL);
+        check_incremental(&spec, &fed, 4, DTYPE_F32, DTYPE_BF16, NULL);
+    }
+    model_spec_free(&spec);
+}
+
 static void test_config_errors_name_the_problem(void **state) {
     (void)state;
     ModelSpec spec;
@@ -465,6 +539,7 @@ int main(void) {
         cmocka_unit_test(test_merge_uses_known_neighbours),
         cmocka_unit_test(test_bf16_uploads_and_bf16_output),
         cmocka_unit_test(test_deterministic_across_thread_counts),
+        cmocka_unit_test(test_incremental_is_bit_identical),
         cmocka_unit_test(test_config_errors_name_the_problem),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

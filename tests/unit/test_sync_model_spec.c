@@ -6,6 +6,10 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "base/timer.h"
 
 #include "sync_test_model.h"
 
@@ -105,12 +109,49 @@ static void test_spec_inferred_from_a_first_upload(void **state) {
     model_spec_free(&spec);
 }
 
+// A few thousand names can claim layers x experts x 3 = 2000 x 100000 x 3 table entries
+// (2.4 GB). The spec must be refused for what the names are, with the work bounded by their
+// number: under an address-space limit of ~1 GiB above what the process holds, the old
+// allocate-first code failed with "out of memory" instead.
+static void test_expert_names_cannot_amplify(void **state) {
+    (void)state;
+    long pages = 0;
+    FILE *statm = fopen("/proc/self/statm", "r");
+    assert_non_null(statm);
+    assert_int_equal(fscanf(statm, "%ld", &pages), 1);
+    fclose(statm);
+    struct rlimit old_limit, limit;
+    assert_int_equal(getrlimit(RLIMIT_AS, &old_limit), 0);
+    limit = old_limit;
+    limit.rlim_cur = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + ((rlim_t)1 << 30);
+    assert_int_equal(setrlimit(RLIMIT_AS, &limit), 0);
+    ModelSpec spec;
+    model_spec_init(&spec);
+    int64_t shape[2] = {1, 1};
+    char name[96];
+    for (int l = 0; l < 2000; l++) {
+        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.0.gate_proj.weight", l);
+        assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, shape), SPES_OK);
+    }
+    assert_int_equal(model_spec_add(&spec, "model.layers.0.mlp.experts.99999.gate_proj.weight", DTYPE_F32, 2, shape),
+                     SPES_OK);
+    double start = now_seconds();
+    int rc = model_spec_finish(&spec);
+    double took = now_seconds() - start;
+    setrlimit(RLIMIT_AS, &old_limit);
+    assert_int_equal(rc, SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "2000 MoE layers x 100000 experts"));
+    assert_true(took < 0.5);
+    model_spec_free(&spec);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_experts_are_classified_by_name),
         cmocka_unit_test(test_structure_errors_name_the_tensor),
         cmocka_unit_test(test_fingerprint_and_differences),
         cmocka_unit_test(test_spec_inferred_from_a_first_upload),
+        cmocka_unit_test(test_expert_names_cannot_amplify),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

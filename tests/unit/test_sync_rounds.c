@@ -7,6 +7,8 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "base/timer.h"
 #include "base/file.h"
@@ -80,6 +82,138 @@ static void test_round_completes_despite_a_bad_upload(void **state) {
     assert_int_equal(st.last_aggregate_step, 10);
     assert_int_equal(st.open_step, -1);
     rounds_destroy(r);
+}
+
+static void rename_with_escapes(StWriteTensor *w, float *d, int t) {
+    if (t == 0) w->name = "evil\x1b[2J\nserver: step 9: aggregated";
+}
+
+// A refusal quotes the peer's tensor name; the log must not carry its control bytes raw.
+static void test_refusal_log_escapes_control_bytes(void **state) {
+    (void)state;
+    char path[] = "/tmp/spes_rounds_log_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    Rounds *r = make_rounds(1);
+    hello(r, 0, 6, GRPC_STATUS_OK);
+    grpc_status_code code = upload(r, 0, 1, rename_with_escapes);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rounds_destroy(r);
+    assert_int_equal(code, GRPC_STATUS_INVALID_ARGUMENT);
+    uint8_t *text;
+    size_t len;
+    assert_int_equal(file_read_all(path, &text, &len), SPES_OK);
+    close(fd);
+    unlink(path);
+    assert_null(memchr(text, 0x1b, len));
+    assert_non_null(memmem(text, len, "evil\\x1b[2J\\x0aserver", 21));
+    free(text);
+}
+
+static void complete(Rounds *r, int step) {
+    assert_int_equal(upload(r, 0, step, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 1, step, NULL), GRPC_STATUS_OK);
+    assert_int_equal(rounds_last_completed_step(r), step);
+}
+
+// One peer uploading far ahead (or a bogus step) can neither lock the others out of the
+// open-round slots nor make a far-future round the newest one.
+static void test_far_ahead_uploads_cannot_stall_or_poison(void **state) {
+    (void)state;
+    // Before any round completed: a bogus step seen first is dropped once the run's real first
+    // round shows up, and can no longer be completed afterwards.
+    Rounds *r = make_rounds(2);   // max_open_rounds 2
+    hello(r, 0, 6, GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 2147483647, NULL), GRPC_STATUS_OK);
+    complete(r, 10);
+    assert_int_equal(upload(r, 1, 2147483647, NULL), GRPC_STATUS_OUT_OF_RANGE);
+    assert_non_null(strstr(spes_last_error(), "more than 4 rounds ahead of the newest completed step 10"));
+    assert_int_equal(rounds_last_completed_step(r), 10);
+    RoundsStatus st;
+    rounds_status(r, &st);
+    assert_int_equal(st.open_step, -1);   // nothing left open
+    // Spacing 10 now known (rounds 10, 20): up to 20 + 4 x 10 = 60 is taken, beyond is not.
+    complete(r, 20);
+    assert_int_equal(upload(r, 0, 61, NULL), GRPC_STATUS_OUT_OF_RANGE);
+    assert_int_equal(upload(r, 0, 1000000000, NULL), GRPC_STATUS_OUT_OF_RANGE);
+    size_t cap;   // the same answers from an upload's first message, before its bytes
+    assert_int_equal(rounds_upload_start(r, 0, 61, &cap), GRPC_STATUS_OUT_OF_RANGE);
+    assert_int_equal(rounds_upload_start(r, 0, 20, &cap), GRPC_STATUS_ALREADY_EXISTS);
+    assert_int_equal(rounds_upload_start(r, 2, 30, &cap), GRPC_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(rounds_upload_start(r, 0, 30, &cap), GRPC_STATUS_OK);
+    assert_true(cap > 0 && cap < (1 << 20));
+    // Valid steps just ahead fill both slots; the round the run needs next still opens (the
+    // highest one gives way), completes, and the stale round below it is dropped.
+    assert_int_equal(upload(r, 0, 59, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 60, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 30, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 1, 30, NULL), GRPC_STATUS_OK);
+    assert_int_equal(rounds_last_completed_step(r), 30);
+    assert_int_equal(upload(r, 1, 59, NULL), GRPC_STATUS_OK);   // 59 is still open: completes
+    assert_int_equal(rounds_last_completed_step(r), 59);
+    rounds_destroy(r);
+}
+
+static long status_kb(const char *key) {
+    char line[256];
+    FILE *f = fopen("/proc/self/status", "r");
+    long kb = -1;
+    size_t n = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, n) && line[n] == ':') kb = atol(line + n + 1);
+    if (f) fclose(f);
+    return kb;
+}
+
+// The server's memory does not grow with the number of peers: 8 fedavg peers (each uploads the
+// whole model, 4 tensors) over 3 rounds with keep_steps 1 stay within (2 + keep_steps) models
+// above idle, plus the 2 models this test itself holds while it builds an upload (its floats
+// and their serialisation), plus 1/4 slack. Uploads used to stay in memory until their round
+// completed: 8 models and more. Measured in a child, so its peak is its own.
+static void test_memory_independent_of_peers(void **state) {
+    (void)state;
+    pid_t child = fork();
+    if (child == 0) {
+        enum { P = 8 };
+        RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_FEDAVG, .num_peers = P, .merge_topk = 4}, .keep_steps = 1,
+                            .max_upload_bytes = (size_t)1 << 30, .max_open_rounds = 2};
+        Rounds *r;
+        if (rounds_create(&cfg, &r) != SPES_OK) _exit(2);
+        ModelSpec spec;
+        model_spec_init(&spec);
+        int64_t big[2] = {1024, 1024};   // 4 x 4 MiB
+        static const char *names[4] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "w"};
+        for (int t = 0; t < 4; t++) model_spec_add(&spec, names[t], DTYPE_F32, 2, big);
+        model_spec_finish(&spec);
+        double model = (double)spec.total_numel * 4 / 1024.0;   // KiB
+        long idle = status_kb("VmRSS");
+        int last;
+        if (rounds_hello(r, 0, P, 0, SYNC_MODE_FEDAVG, DTYPE_F32, &spec, &last) != GRPC_STATUS_OK) _exit(3);
+        ModelSpec again;
+        model_spec_init(&again);
+        for (int t = 0; t < 4; t++) model_spec_add(&again, names[t], DTYPE_F32, 2, big);
+        model_spec_finish(&again);
+        for (int step = 1; step <= 3; step++)
+            for (int p = 0; p < P; p++) {
+                uint8_t *bytes;
+                size_t len;
+                if (sync_test_upload(&again, SYNC_MODE_FEDAVG, 1, p, DTYPE_F32, NULL, &bytes, &len) != SPES_OK) _exit(4);
+                if (rounds_upload(r, p, step, bytes, len) != GRPC_STATUS_OK) _exit(5);
+            }
+        double peak = (double)(status_kb("VmHWM") - idle) / model;
+        fprintf(stderr, "server memory: peak %.2f models above idle (bound 3, + 2 held by the test)\n", peak);
+        rounds_destroy(r);
+        _exit(peak <= 5.25 ? 0 : 1);
+    }
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
 }
 
 static void test_keep_steps_and_long_poll(void **state) {
@@ -219,6 +353,25 @@ static void test_state_dir_survives_restart(void **state) {
                           .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2, .state_dir = dir};
     assert_int_equal(rounds_create(&other, &r), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "--total_peers 4"));
+
+    // One server per state dir: a second one is refused while the first holds it.
+    r = make_rounds_in(2, dir);
+    Rounds *second;
+    RoundsConfig same_dir = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4},
+                             .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2, .state_dir = dir};
+    assert_int_equal(rounds_create(&same_dir, &second), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "is in use by another spes server"));
+    assert_non_null(strstr(spes_last_error(), dir));
+    rounds_destroy(r);
+
+    // spec.json lost but rounds.json still there: refused as damaged, not a fresh start.
+    char *spec_path = path_join(dir, "spec.json");
+    assert_int_equal(unlink(spec_path), 0);
+    free(spec_path);
+    RoundsConfig same = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4},
+                         .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2, .state_dir = dir};
+    assert_int_equal(rounds_create(&same, &r), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "rounds.json but no spec.json"));
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
@@ -332,8 +485,12 @@ static void test_round_timeout_closes_partial_round(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        // First: it forks, and OpenMP's thread pool (made by any aggregation) does not survive a fork.
+        cmocka_unit_test(test_memory_independent_of_peers),
         cmocka_unit_test(test_round_completes_despite_a_bad_upload),
         cmocka_unit_test(test_keep_steps_and_long_poll),
+        cmocka_unit_test(test_far_ahead_uploads_cannot_stall_or_poison),
+        cmocka_unit_test(test_refusal_log_escapes_control_bytes),
         cmocka_unit_test(test_spec_inferred_without_hello),
         cmocka_unit_test(test_state_dir_survives_restart),
         cmocka_unit_test(test_restart_completes_a_full_round),

@@ -114,19 +114,49 @@ static void test_token_files_validated(void **state) {
     write_text("empty", " \n");
     write_text("bad_peers", "0 tokA\nnot-a-line\n");
     write_text("dup_peers", "0 tokA\n0 tokB\n");
-    assert_int_equal(auth_load(empty, NULL, &a), SPES_ERR);
+    assert_int_equal(auth_load(empty, NULL, 2, &a), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "empty"));
-    assert_int_equal(auth_load(NULL, bad, &a), SPES_ERR);
+    assert_int_equal(auth_load(NULL, bad, 2, &a), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "line 2"));
-    assert_int_equal(auth_load(NULL, dup, &a), SPES_ERR);
+    assert_int_equal(auth_load(NULL, dup, 2, &a), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "peer 0"));
-    assert_int_equal(auth_load(NULL, ok, &a), SPES_OK);
+    // The same token for two peers binds neither; a token for a peer the run does not have.
+    char *shared = in_dir("shared_peers"), *outside = in_dir("outside_peers");
+    write_text("shared_peers", "0 tokA\n1 tokA\n");
+    write_text("outside_peers", "0 tokA\n# spare\n2 tokC\n");
+    assert_int_equal(auth_load(NULL, shared, 2, &a), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "shared_peers line 2: peer 1's token is also peer 0's"));
+    assert_int_equal(auth_load(NULL, outside, 2, &a), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "outside_peers line 3: peer 2 is outside [0, 2)"));
+    free(shared);
+    free(outside);
+    assert_int_equal(auth_load(NULL, ok, 2, &a), SPES_OK);
     assert_int_equal(a.count, 2);
     auth_free(&a);
     free(empty);
     free(bad);
     free(dup);
     free(ok);
+}
+
+// Two authorization entries (a proxy adding one, a client another): refused whichever is right.
+static void test_duplicate_authorization_refused(void **state) {
+    (void)state;
+    AuthTokens a = {0};
+    a.shared = strdup("s3cret");
+    grpc_metadata entries[2];
+    entries[0].key = grpc_slice_from_static_string("authorization");
+    entries[0].value = grpc_slice_from_static_string("Bearer wrong");
+    entries[1].key = grpc_slice_from_static_string("authorization");
+    entries[1].value = grpc_slice_from_static_string("Bearer s3cret");
+    grpc_metadata_array md = {.count = 2, .capacity = 2, .metadata = entries};
+    int bound;
+    assert_int_equal(auth_check(&a, &md, &bound), GRPC_STATUS_UNAUTHENTICATED);
+    assert_non_null(strstr(spes_last_error(), "more than one 'authorization'"));
+    md.count = 1;
+    md.metadata = &entries[1];
+    assert_int_equal(auth_check(&a, &md, &bound), GRPC_STATUS_OK);
+    auth_free(&a);
 }
 
 // Without the right token: every RPC UNAUTHENTICATED, nothing stored.
@@ -243,6 +273,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_constant_time_equal),
         cmocka_unit_test(test_token_files_validated),
+        cmocka_unit_test(test_duplicate_authorization_refused),
         cmocka_unit_test(test_tokens_required),
         cmocka_unit_test(test_tls),
     };

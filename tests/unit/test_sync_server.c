@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include <cmocka.h>
 #include <grpc/grpc_security.h>
@@ -25,7 +26,7 @@ typedef struct {
     grpc_completion_queue *cq;
 } Fixture;
 
-static Fixture *start_fixture(int max_calls) {
+static Fixture *start_fixture_cfg(int max_calls, size_t max_buffered_bytes, AggregateConfig agg) {
     Fixture *f = calloc(1, sizeof *f);
     SyncServerConfig cfg;
     sync_server_config_defaults(&cfg);
@@ -34,8 +35,9 @@ static Fixture *start_fixture(int max_calls) {
     cfg.chunk_size = 100;
     cfg.idle_timeout_seconds = 3;
     cfg.max_calls = max_calls;
+    cfg.max_buffered_bytes = max_buffered_bytes;
     cfg.rounds.keep_steps = 1;
-    cfg.rounds.agg = (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4};
+    cfg.rounds.agg = agg;
     assert_int_equal(sync_server_start(&cfg, &f->srv), SPES_OK);
     snprintf(f->addr, sizeof f->addr, "127.0.0.1:%d", sync_server_port(f->srv));
     grpc_init();
@@ -46,8 +48,20 @@ static Fixture *start_fixture(int max_calls) {
     return f;
 }
 
+static Fixture *start_fixture_with(int max_calls, size_t max_buffered_bytes) {
+    return start_fixture_cfg(max_calls, max_buffered_bytes,
+                             (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4});
+}
+
+static Fixture *start_fixture(int max_calls) { return start_fixture_with(max_calls, 0); }
+
 static int setup(void **state) {
     *state = start_fixture(256);
+    return 0;
+}
+
+static int setup_small_budget(void **state) {
+    *state = start_fixture_with(256, 1000);
     return 0;
 }
 
@@ -163,6 +177,20 @@ static void test_stalled_upload_blocks_nobody(void **state) {
     assert_true(now_seconds() - start < 10);
 }
 
+// A second server on a port in use fails to start (gRPC's default SO_REUSEPORT let it share).
+static void test_port_is_exclusive(void **state) {
+    Fixture *f = *state;
+    SyncServerConfig cfg;
+    sync_server_config_defaults(&cfg);
+    cfg.host = "127.0.0.1";
+    cfg.port = sync_server_port(f->srv);
+    cfg.rounds.agg = (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4};
+    SyncServer *second = NULL;
+    assert_int_equal(sync_server_start(&cfg, &second), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "the port is in use"));
+    if (second) sync_server_stop(second);
+}
+
 // More concurrent calls than max_calls: the extra call is refused RESOURCE_EXHAUSTED at once.
 static void test_call_limit(void **state) {
     (void)state;
@@ -179,8 +207,111 @@ static void test_call_limit(void **state) {
         code = unary(f, "/FederatedServer/Status", &sreq.base, NULL, NULL, details, sizeof details);
     assert_int_equal(code, GRPC_STATUS_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(details, "server busy"));
-    grpc_call_cancel(stalled, NULL);
-    close_call(f, stalled, false, NULL, NULL, details, sizeof details);
+    // The client library backs off and retries "busy" (within its retry timeout): its Status
+    // gets through once the stalled call is cancelled by the 3 s idle timeout.
+    SyncClientConfig ccfg;
+    sync_client_config_defaults(&ccfg);
+    ccfg.server_addr = f->addr;
+    ccfg.num_peers = 2;
+    ccfg.connect_timeout_s = 15;
+    SyncClient *client;
+    assert_int_equal(sync_client_create(&ccfg, &client), SPES_OK);
+    RoundsStatus st;
+    assert_int_equal(sync_client_status(client, &st), SPES_OK);
+    assert_true(now_seconds() - start > 1);
+    sync_client_destroy(client);
+    code = close_call(f, stalled, false, NULL, NULL, details, sizeof details);
+    assert_true(code == GRPC_STATUS_DEADLINE_EXCEEDED || code == GRPC_STATUS_CANCELLED);   // not "busy" itself
+    void *state_of_f = f;
+    teardown(&state_of_f);
+}
+
+// A few hundred peers long-polling at once: the call limit follows --total_peers (the fixed
+// 256 refused the 257th waiter "server busy"), waiting costs no more than a blocked thread, and
+// every waiter gets the aggregate when the last upload completes the round.
+static void test_hundreds_of_waiters(void **state) {
+    (void)state;
+    enum { P = 300 };
+    Fixture *f = start_fixture_cfg(0, 0, (AggregateConfig){.mode = SYNC_MODE_FEDAVG, .num_peers = P, .merge_topk = 4});
+    typedef struct {
+        grpc_call *call;
+        grpc_byte_buffer *request, *response;
+        grpc_metadata_array initial, trailing;
+        grpc_status_code code;
+        grpc_slice details;
+    } Waiter;
+    Waiter *w = calloc(P, sizeof *w);
+    for (int p = 0; p < P; p++) {
+        WaitAggregateRequest req = WAIT_AGGREGATE_REQUEST__INIT;
+        req.peer_id = p;
+        req.step = 1;
+        req.timeout_ms = 60000;
+        w[p].request = wire_pack(&req.base);
+        w[p].details = grpc_empty_slice();
+        grpc_metadata_array_init(&w[p].initial);
+        grpc_metadata_array_init(&w[p].trailing);
+        w[p].call = grpc_channel_create_call(f->channel, NULL, GRPC_PROPAGATE_DEFAULTS, f->cq,
+                                             grpc_slice_from_static_string("/FederatedServer/WaitAggregate"), NULL,
+                                             wire_deadline(90), NULL);
+        grpc_op ops[6];
+        memset(ops, 0, sizeof ops);
+        ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+        ops[1].op = GRPC_OP_SEND_MESSAGE;
+        ops[1].data.send_message.send_message = w[p].request;
+        ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+        ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+        ops[3].data.recv_initial_metadata.recv_initial_metadata = &w[p].initial;
+        ops[4].op = GRPC_OP_RECV_MESSAGE;
+        ops[4].data.recv_message.recv_message = &w[p].response;
+        ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+        ops[5].data.recv_status_on_client.trailing_metadata = &w[p].trailing;
+        ops[5].data.recv_status_on_client.status = &w[p].code;
+        ops[5].data.recv_status_on_client.status_details = &w[p].details;
+        assert_int_equal(grpc_call_start_batch(w[p].call, ops, 6, &w[p], NULL), GRPC_CALL_OK);
+    }
+    // Every waiter is in the server before the round fills (none was refused).
+    char details[512];
+    double start = now_seconds();
+    for (;;) {
+        StatusRequest sreq = STATUS_REQUEST__INIT;
+        StatusResponse *st = NULL;
+        assert_int_equal(unary(f, "/FederatedServer/Status", &sreq.base, &status_response__descriptor,
+                               (ProtobufCMessage **)&st, details, sizeof details),
+                         GRPC_STATUS_OK);
+        status_response__free_unpacked(st, NULL);
+        grpc_event ev = grpc_completion_queue_pluck(f->cq, &w[0], wire_deadline(0.01), NULL);
+        assert_int_equal(ev.type, GRPC_QUEUE_TIMEOUT);   // still waiting, not refused
+        if (now_seconds() - start > 1.5) break;
+    }
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    for (int p = 0; p < P; p++) {
+        uint8_t *bytes;
+        size_t len;
+        assert_int_equal(sync_test_upload(&spec, SYNC_MODE_FEDAVG, 1, p, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
+        grpc_call *call = open_call(f, "/FederatedServer/UploadChunk");
+        assert_true(send_bytes(f, call, chunk(p, 1, 0, 1, bytes, len)));
+        assert_int_equal(close_call(f, call, true, NULL, NULL, details, sizeof details), GRPC_STATUS_OK);
+        free(bytes);
+    }
+    model_spec_free(&spec);
+    for (int p = 0; p < P; p++) {
+        grpc_event ev = grpc_completion_queue_pluck(f->cq, &w[p], wire_deadline(60), NULL);
+        assert_int_equal(ev.type, GRPC_OP_COMPLETE);
+        assert_int_equal(w[p].code, GRPC_STATUS_OK);
+        WaitAggregateResponse *resp = (WaitAggregateResponse *)wire_unpack(&wait_aggregate_response__descriptor,
+                                                                           w[p].response);
+        assert_non_null(resp);
+        assert_true(resp->ready);
+        wait_aggregate_response__free_unpacked(resp, NULL);
+        grpc_byte_buffer_destroy(w[p].request);
+        grpc_byte_buffer_destroy(w[p].response);
+        grpc_metadata_array_destroy(&w[p].initial);
+        grpc_metadata_array_destroy(&w[p].trailing);
+        grpc_slice_unref(w[p].details);
+        grpc_call_unref(w[p].call);
+    }
+    free(w);
     void *state_of_f = f;
     teardown(&state_of_f);
 }
@@ -231,6 +362,104 @@ static void test_protocol_errors_get_statuses(void **state) {
     assert_false(dresp->ready);
     assert_int_equal(dresp->chunk_data.len, 0);
     download_chunk_response__free_unpacked(dresp, NULL);
+    // The four upload streams refused by the transport above count as refused uploads.
+    StatusResponse *st = NULL;
+    assert_int_equal(unary(f, "/FederatedServer/Status", &sreq.base, &status_response__descriptor,
+                           (ProtobufCMessage **)&st, details, sizeof details),
+                     GRPC_STATUS_OK);
+    assert_int_equal(st->uploads_rejected, 4);
+    status_response__free_unpacked(st, NULL);
+}
+
+// A Hello from another run is refused for its settings before its tensor list is built: the
+// list here is broken (a name twice), yet the answer is about the peers.
+static void test_hello_settings_checked_first(void **state) {
+    Fixture *f = *state;
+    char details[512];
+    TensorInfo infos[2];
+    TensorInfo *ptrs[2] = {&infos[0], &infos[1]};
+    int64_t shape[1] = {4};
+    for (int i = 0; i < 2; i++) {
+        tensor_info__init(&infos[i]);
+        infos[i].name = "lm_head.weight";
+        infos[i].dtype = "F32";
+        infos[i].n_shape = 1;
+        infos[i].shape = shape;
+    }
+    HelloRequest req = HELLO_REQUEST__INIT;
+    req.peer_id = 0;
+    req.num_peers = 3;   // the server runs with 2
+    req.experts_per_node = 2;
+    req.mode = "spes";
+    req.payload_dtype = "F32";
+    req.n_tensors = 2;
+    req.tensors = ptrs;
+    assert_int_equal(unary(f, "/FederatedServer/Hello", &req.base, NULL, NULL, details, sizeof details),
+                     GRPC_STATUS_FAILED_PRECONDITION);
+    assert_non_null(strstr(details, "--total_peers 2"));
+    // Other requests than Hello are small: a 100 KiB Status request is refused unread.
+    static uint8_t big[100 << 10];
+    StatusRequest sreq = STATUS_REQUEST__INIT;
+    (void)sreq;
+    grpc_call *call = open_call(f, "/FederatedServer/Status");
+    grpc_slice slice = grpc_slice_from_static_buffer(big, sizeof big);
+    send_bytes(f, call, grpc_raw_byte_buffer_create(&slice, 1));
+    assert_int_equal(close_call(f, call, true, NULL, NULL, details, sizeof details), GRPC_STATUS_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(details, "at most 65536 bytes"));
+}
+
+// An upload is judged at its first message: a peer id out of range, a bad step (also one
+// already aggregated or far ahead, see rounds_upload_start), or a claim beyond the server-wide
+// upload budget is answered at once, without waiting for (and buffering) the rest of the stream.
+static void test_upload_refused_at_first_message(void **state) {
+    Fixture *f = *state;
+    char details[512];
+    uint8_t data[100] = {0};
+    struct {
+        int peer, step, total;
+        grpc_status_code want;
+        const char *says;
+    } cases[] = {
+        {7, 1, 1000000, GRPC_STATUS_INVALID_ARGUMENT, "peer_id 7 is outside [0, 2)"},
+        {0, -3, 1000000, GRPC_STATUS_INVALID_ARGUMENT, "step -3 is negative"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double start = now_seconds();
+        grpc_call *call = open_call(f, "/FederatedServer/UploadChunk");
+        send_bytes(f, call, chunk(cases[i].peer, cases[i].step, 0, cases[i].total, data, sizeof data));
+        // No half-close: the answer must not wait for the stream (the idle timeout is 3 s).
+        assert_int_equal(close_call(f, call, false, NULL, NULL, details, sizeof details), cases[i].want);
+        assert_non_null(strstr(details, cases[i].says));
+        assert_true(now_seconds() - start < 2);
+    }
+    // Budget (1000 bytes here): a stream holding 500 leaves no room for one announcing 750.
+    grpc_call *first = open_call(f, "/FederatedServer/UploadChunk");
+    assert_true(send_bytes(f, first, chunk(0, 1, 0, 5, data, 100)));
+    grpc_call *second = open_call(f, "/FederatedServer/UploadChunk");
+    send_bytes(f, second, chunk(1, 1, 0, 5, data, 100));
+    send_bytes(f, second, chunk(1, 1, 1, 5, data, 100));   // 200 so far, 500 claimed: fits
+    struct timespec settle = {0, 500 * 1000 * 1000};   // their call threads take the reservations
+    nanosleep(&settle, NULL);
+    grpc_call *third = open_call(f, "/FederatedServer/UploadChunk");
+    uint8_t wide[150] = {0};
+    send_bytes(f, third, chunk(1, 2, 0, 5, wide, sizeof wide));   // claims 750
+    assert_int_equal(close_call(f, third, false, NULL, NULL, details, sizeof details), GRPC_STATUS_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(details, "server busy"));
+    assert_non_null(strstr(details, "1000-byte upload budget"));
+    grpc_call_cancel(first, NULL);
+    close_call(f, first, false, NULL, NULL, details, sizeof details);
+    grpc_call_cancel(second, NULL);
+    close_call(f, second, false, NULL, NULL, details, sizeof details);
+    // Once those calls are gone their reservations are back.
+    double start = now_seconds();
+    grpc_status_code code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    while (code == GRPC_STATUS_RESOURCE_EXHAUSTED && now_seconds() - start < 5) {
+        third = open_call(f, "/FederatedServer/UploadChunk");
+        send_bytes(f, third, chunk(1, 2, 0, 2, wide, sizeof wide));
+        send_bytes(f, third, chunk(1, 2, 1, 2, wide, sizeof wide));
+        code = close_call(f, third, true, NULL, NULL, details, sizeof details);
+    }
+    assert_int_equal(code, GRPC_STATUS_INVALID_ARGUMENT);   // taken in full, then not safetensors
 }
 
 static void test_downloads_and_long_poll(void **state) {
@@ -373,7 +602,11 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stalled_upload_blocks_nobody, setup, teardown),
         cmocka_unit_test(test_call_limit),
+        cmocka_unit_test(test_hundreds_of_waiters),
+        cmocka_unit_test_setup_teardown(test_port_is_exclusive, setup, teardown),
         cmocka_unit_test_setup_teardown(test_protocol_errors_get_statuses, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hello_settings_checked_first, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_upload_refused_at_first_message, setup_small_budget, teardown),
         cmocka_unit_test_setup_teardown(test_downloads_and_long_poll, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bf16_payload_round_trip, setup, teardown),
     };
