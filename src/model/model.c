@@ -9,17 +9,6 @@
 #include "base/rng.h"
 #include "model/model_internal.h"
 
-static float *alloc_floats(size_t n, const char *what) {
-    size_t bytes;
-    if (!spes_mul_size(n, sizeof(float), &bytes)) {
-        spes_fail("%s: %zu floats overflow size_t", what, n);
-        return NULL;
-    }
-    float *p = spes_alloc_aligned(bytes);
-    if (!p) spes_fail_context("%s (%zu floats)", what, n);
-    return p;
-}
-
 // Backend memory for n floats of type t (zeroed).
 static void *alloc_backend(Backend *be, size_t n, NumType t, const char *what) {
     size_t bytes;
@@ -53,8 +42,9 @@ int model_create_on(Model *m, const ModelConfig *cfg, Backend *be) {
     int rc = SPES_OK;
     if (be->host_memory) {
         m->params = m->dparams = alloc_backend(be, n, NUM_F32, "model parameters");
-    } else {
-        m->params = alloc_floats(n, "model parameters (host copy)");
+    } else {   // the host copy is page-locked: checkpoints and sync payloads move at bus speed
+        if (be->ops->host_alloc(be, n * sizeof(float), (void **)&m->params) != SPES_OK)
+            spes_fail_context("model parameters (host copy)");
         m->dparams = m->params ? alloc_backend(be, n, NUM_F32, "model parameters") : NULL;
     }
     if (!m->dparams) rc = SPES_ERR;
@@ -76,7 +66,7 @@ void model_free(Model *m) {
     if (!m->be) return;
     model_acts_free(m);
     model_unbind(m);
-    if (!m->be->host_memory) spes_free_aligned(m->params);
+    if (!m->be->host_memory && m->params) m->be->ops->host_free(m->be, m->params);
     backend_free(m->be, m->dparams);
     backend_free(m->be, m->cparams);
     backend_free(m->be, m->grads);

@@ -102,6 +102,10 @@ typedef struct {
     // memory
     int (*alloc)(Backend *be, size_t bytes, void **out);      // zeroed; SPES_ERR with a message
     void (*free)(Backend *be, void *p);
+    // Host memory for the host side of uploads/downloads (page-locked on cuda, so copies run
+    // at full bus speed; plain aligned memory on cpu). Zeroed.
+    int (*host_alloc)(Backend *be, size_t bytes, void **out);
+    void (*host_free)(Backend *be, void *p);
     int (*upload)(Backend *be, void *dst, const void *host_src, size_t bytes);
     int (*download)(Backend *be, void *host_dst, const void *src, size_t bytes);
     void (*copy)(Backend *be, void *dst, const void *src, size_t bytes);

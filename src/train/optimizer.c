@@ -26,10 +26,9 @@ int adamw_create_on(AdamW *opt, const ParamTable *table, const AdamWConfig *cfg,
     if (rc == SPES_OK && be->host_memory) {
         opt->m = opt->dm;
         opt->v = opt->dv;
-    } else if (rc == SPES_OK) {
-        opt->m = spes_alloc_aligned(bytes);
-        opt->v = spes_alloc_aligned(bytes);
-        if (!opt->m || !opt->v) rc = SPES_ERR;
+    } else if (rc == SPES_OK) {   // page-locked host copies for checkpoints
+        rc = be->ops->host_alloc(be, bytes, (void **)&opt->m);
+        if (rc == SPES_OK) rc = be->ops->host_alloc(be, bytes, (void **)&opt->v);
     }
     if (rc != SPES_OK) {
         adamw_free(opt);
@@ -40,8 +39,8 @@ int adamw_create_on(AdamW *opt, const ParamTable *table, const AdamWConfig *cfg,
 
 void adamw_free(AdamW *opt) {
     if (opt->be && !opt->be->host_memory) {
-        spes_free_aligned(opt->m);
-        spes_free_aligned(opt->v);
+        if (opt->m) opt->be->ops->host_free(opt->be, opt->m);
+        if (opt->v) opt->be->ops->host_free(opt->be, opt->v);
     }
     if (opt->be) {
         backend_free(opt->be, opt->dm);

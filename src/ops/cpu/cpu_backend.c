@@ -134,6 +134,8 @@ static void cpu_adamw(Backend *be, const AdamWTensor *t, int count, const AdamWS
 static const BackendOps cpu_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .host_alloc = cpu_alloc,   // host memory either way
+    .host_free = cpu_free,
     .upload = cpu_upload,
     .download = cpu_upload,   // same memory: a copy either way
     .copy = cpu_copy,

@@ -153,6 +153,25 @@ static void cuda_free_mem(Backend *be, void *p) {
     CUDA_CHECK(be, cudaFree(p));
 }
 
+// Page-locked host memory: copies from/to it are true DMA at bus speed (pageable memory is
+// staged through a driver buffer first).
+static int cuda_host_alloc(Backend *be, size_t bytes, void **out) {
+    *out = NULL;
+    cudaError_t err = cudaHostAlloc(out, bytes ? bytes : 1, cudaHostAllocDefault);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        *out = NULL;
+        return spes_fail("cannot allocate %.3f GiB of page-locked host memory (%s)", bytes / 1073741824.0,
+                         cudaGetErrorString(err));
+    }
+    memset(*out, 0, bytes);
+    return SPES_OK;
+}
+
+static void cuda_host_free(Backend *be, void *p) {
+    if (p && cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
 static int cuda_upload(Backend *be, void *dst, const void *host_src, size_t bytes) {
     CudaState *st = cuda_state(be);
     if (bytes == 0) return st->failed ? cuda_report_failure(be) : SPES_OK;
@@ -270,6 +289,8 @@ static const BackendOps cuda_ops = {
     // memory
     cuda_alloc,
     cuda_free_mem,
+    cuda_host_alloc,
+    cuda_host_free,
     cuda_upload,
     cuda_download,
     cuda_copy,
