@@ -27,7 +27,7 @@
 #include "cli/cli_parse.h"
 #include "cli/commands.h"
 #include "data/demo_corpus.h"
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "eval/mc_score.h"
 #include "eval/mc_task.h"
 #include "eval/perplexity.h"

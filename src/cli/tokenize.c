@@ -26,8 +26,8 @@
 #include "cli/commands.h"
 #include "data/doc_reader.h"
 #include "data/token_writer.h"
-#include "data/tokenizer.h"
-#include "data/tokenizer_doc_clean.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_doc_clean.h"
 
 #define MAX_MALFORMED_REPORTS 20
 

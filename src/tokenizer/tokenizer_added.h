@@ -9,7 +9,7 @@
 
 #include <jansson.h>
 
-#include "data/tokenizer_normalize.h"
+#include "tokenizer/tokenizer_normalize.h"
 
 typedef struct {
     char *content;       // normalized already for normalized=true tokens

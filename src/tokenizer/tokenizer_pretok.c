@@ -1,4 +1,4 @@
-#include "data/tokenizer_pretok.h"
+#include "tokenizer/tokenizer_pretok.h"
 
 #include <stdio.h>
 #include <stdlib.h>

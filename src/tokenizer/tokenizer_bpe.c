@@ -1,12 +1,12 @@
-#include "data/tokenizer_bpe.h"
+#include "tokenizer/tokenizer_bpe.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "data/tokenizer_bytelevel.h"
-#include "data/tokenizer_utf8.h"
+#include "tokenizer/tokenizer_bytelevel.h"
+#include "tokenizer/tokenizer_utf8.h"
 
 // Words longer than this (in bytes = initial symbols) use the heap merge; shorter ones the
 // rank-array scan, which is faster for the short words that make up almost all text.

@@ -1,4 +1,4 @@
-#include "data/tokenizer_normalize.h"
+#include "tokenizer/tokenizer_normalize.h"
 
 #include <stdlib.h>
 #include <string.h>

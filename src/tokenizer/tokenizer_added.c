@@ -1,4 +1,4 @@
-#include "data/tokenizer_added.h"
+#include "tokenizer/tokenizer_added.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -8,12 +8,12 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/file.h"
-#include "data/tokenizer_added.h"
-#include "data/tokenizer_bpe.h"
-#include "data/tokenizer_bytelevel.h"
-#include "data/tokenizer_normalize.h"
-#include "data/tokenizer_pretok.h"
-#include "data/tokenizer_utf8.h"
+#include "tokenizer/tokenizer_added.h"
+#include "tokenizer/tokenizer_bpe.h"
+#include "tokenizer/tokenizer_bytelevel.h"
+#include "tokenizer/tokenizer_normalize.h"
+#include "tokenizer/tokenizer_pretok.h"
+#include "tokenizer/tokenizer_utf8.h"
 
 #define BYTES_VOCAB 257
 #define BYTES_EOS 256

@@ -1,4 +1,4 @@
-#include "data/tokenizer_utf8.h"
+#include "tokenizer/tokenizer_utf8.h"
 
 int utf8_valid(const uint8_t *s, size_t len, size_t *bad_offset) {
     size_t i = 0;

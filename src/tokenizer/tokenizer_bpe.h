@@ -11,7 +11,7 @@
 
 #include <jansson.h>
 
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 typedef struct BpeModel BpeModel;
 typedef struct BpeCache BpeCache;

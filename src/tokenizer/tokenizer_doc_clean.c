@@ -1,4 +1,4 @@
-#include "data/tokenizer_doc_clean.h"
+#include "tokenizer/tokenizer_doc_clean.h"
 
 #include <stdint.h>
 #include <stdlib.h>

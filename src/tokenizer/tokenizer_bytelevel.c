@@ -1,6 +1,6 @@
-#include "data/tokenizer_bytelevel.h"
+#include "tokenizer/tokenizer_bytelevel.h"
 
-#include "data/tokenizer_utf8.h"
+#include "tokenizer/tokenizer_utf8.h"
 
 // The non-printable bytes are 0x00-0x20 (33), 0x7F-0xA0 (34) and 0xAD (1): 68 in all.
 uint32_t bytelevel_codepoint(uint8_t b) {
