@@ -24,7 +24,7 @@
 #include "base/progress.h"
 #include "base/timer.h"
 #include "cli/commands.h"
-#include "data/doc_reader.h"
+#include "documents/doc_reader.h"
 #include "data/token_writer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_doc_clean.h"

@@ -1,5 +1,5 @@
 // ByteStream: a file plus an optional decoder (see byte_stream.h).
-#include "data/byte_stream.h"
+#include "documents/byte_stream.h"
 
 #include <errno.h>
 #include <stdlib.h>

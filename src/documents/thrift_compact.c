@@ -1,5 +1,5 @@
 // Thrift compact protocol decoder (see thrift_compact.h).
-#include "data/thrift_compact.h"
+#include "documents/thrift_compact.h"
 
 #include "base/error.h"
 

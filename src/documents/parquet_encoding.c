@@ -1,12 +1,12 @@
 // Parquet encodings for byte-array columns (see parquet_encoding.h).
-#include "data/parquet_encoding.h"
+#include "documents/parquet_encoding.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "data/thrift_compact.h"   // ULEB128 varints, the same as Thrift's
+#include "documents/thrift_compact.h"   // ULEB128 varints, the same as Thrift's
 
 #define DELTA_BYTE_ARRAY_MAX_PAGE_BYTES ((size_t)1 << 30)
 

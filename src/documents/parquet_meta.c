@@ -1,13 +1,13 @@
 // Parquet footer and page headers (see parquet_meta.h). Field ids are those of
 // parquet.thrift; unknown fields are skipped, so newer writers' additions are harmless.
-#include "data/parquet_meta.h"
+#include "documents/parquet_meta.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "data/thrift_compact.h"
+#include "documents/thrift_compact.h"
 
 static const char *name_of(int32_t v, const char *const *names, int count) {
     return v >= 0 && v < count && names[v] ? names[v] : "unknown";

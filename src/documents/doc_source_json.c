@@ -10,8 +10,8 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/file.h"
-#include "data/doc_source.h"
-#include "data/json_field.h"
+#include "documents/doc_source.h"
+#include "documents/json_field.h"
 
 typedef struct {
     DocSource base;

@@ -6,7 +6,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "data/byte_stream.h"
+#include "documents/byte_stream.h"
 
 typedef struct {
     ZSTD_DCtx *dctx;

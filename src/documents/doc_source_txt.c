@@ -5,7 +5,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/file.h"
-#include "data/doc_source.h"
+#include "documents/doc_source.h"
 
 typedef struct {
     DocSource base;

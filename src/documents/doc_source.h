@@ -5,8 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "data/byte_stream.h"
-#include "data/doc_reader.h"
+#include "documents/byte_stream.h"
+#include "documents/doc_reader.h"
 
 // Where malformed records go: counted, and passed to the user's callback.
 typedef struct {

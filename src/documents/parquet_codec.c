@@ -1,12 +1,12 @@
 // Parquet page codecs (see parquet_codec.h).
-#include "data/parquet_codec.h"
+#include "documents/parquet_codec.h"
 
 #include <snappy-c.h>
 #include <zlib.h>
 #include <zstd.h>
 
 #include "base/error.h"
-#include "data/parquet_meta.h"
+#include "documents/parquet_meta.h"
 
 static int decompress_snappy(const uint8_t *src, size_t src_len, uint8_t *dst, size_t dst_len) {
     size_t n;

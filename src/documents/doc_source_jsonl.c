@@ -7,9 +7,9 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "data/doc_source.h"
-#include "data/json_field.h"
-#include "data/line_reader.h"
+#include "documents/doc_source.h"
+#include "documents/json_field.h"
+#include "documents/line_reader.h"
 
 typedef struct {
     DocSource base;

@@ -15,7 +15,7 @@
 
 #include "base/error.h"
 #include "base/file.h"
-#include "data/doc_reader.h"
+#include "documents/doc_reader.h"
 
 typedef struct {
     uint64_t lines[8192];

@@ -1,5 +1,5 @@
 // Line splitting over a ByteStream (see line_reader.h).
-#include "data/line_reader.h"
+#include "documents/line_reader.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -4,7 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "data/byte_stream.h"
+#include "documents/byte_stream.h"
 
 #define LINE_READER_MAX_LINE_BYTES ((size_t)256 << 20)   // 256 MiB
 

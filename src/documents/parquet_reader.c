@@ -1,5 +1,5 @@
 // Reading one string column of a Parquet file, page by page (see parquet_reader.h).
-#include "data/parquet_reader.h"
+#include "documents/parquet_reader.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -8,9 +8,9 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/file.h"
-#include "data/parquet_codec.h"
-#include "data/parquet_encoding.h"
-#include "data/parquet_meta.h"
+#include "documents/parquet_codec.h"
+#include "documents/parquet_encoding.h"
+#include "documents/parquet_meta.h"
 
 static const uint8_t PAR1[4] = {'P', 'A', 'R', '1'};
 

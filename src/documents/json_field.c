@@ -1,5 +1,5 @@
 // Single-pass strict JSON parser that keeps one string field (see json_field.h).
-#include "data/json_field.h"
+#include "documents/json_field.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -16,8 +16,8 @@
 
 #include "base/error.h"
 #include "base/file.h"
-#include "data/doc_reader.h"
-#include "data/parquet_reader.h"
+#include "documents/doc_reader.h"
+#include "documents/parquet_reader.h"
 
 static void count_malformed(void *user, const char *path, uint64_t line, const char *why) {
     (void)path, (void)line, (void)why;

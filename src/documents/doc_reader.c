@@ -1,6 +1,6 @@
 // Document iterator: picks the source for a file by its name (see doc_reader.h) and
 // counts malformed records.
-#include "data/doc_reader.h"
+#include "documents/doc_reader.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -10,7 +10,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "data/doc_source.h"
+#include "documents/doc_source.h"
 
 struct DocReader {
     DocSource *source;

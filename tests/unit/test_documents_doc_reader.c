@@ -16,9 +16,9 @@
 
 #include "base/error.h"
 #include "base/file.h"
-#include "data/byte_stream.h"
-#include "data/doc_reader.h"
-#include "data/line_reader.h"
+#include "documents/byte_stream.h"
+#include "documents/doc_reader.h"
+#include "documents/line_reader.h"
 
 static char tmpdir[64];
 

@@ -15,10 +15,10 @@
 
 #include "base/error.h"
 #include "base/file.h"
-#include "data/doc_reader.h"
-#include "data/parquet_encoding.h"
-#include "data/parquet_reader.h"
-#include "data/thrift_compact.h"
+#include "documents/doc_reader.h"
+#include "documents/parquet_encoding.h"
+#include "documents/parquet_reader.h"
+#include "documents/thrift_compact.h"
 
 // pyarrow 26: pa.table({"id": int32 0..9, "text": ["alpha", "beta", None, "gamma δ", "",
 // "alpha", None, "omega 🎉", "beta", "last"]}), row_group_size=6, no statistics:

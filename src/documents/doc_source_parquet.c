@@ -5,8 +5,8 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "data/doc_source.h"
-#include "data/parquet_reader.h"
+#include "documents/doc_source.h"
+#include "documents/parquet_reader.h"
 
 typedef struct {
     DocSource base;
