@@ -1,5 +1,5 @@
 // `spes demo`: SPES on one machine with nothing to download. It writes the built-in corpus
-// (src/data/demo_corpus.h), starts a parameter server and N peers on 127.0.0.1 (each owning
+// (src/demo/demo_corpus.h), starts a parameter server and N peers on 127.0.0.1 (each owning
 // E/N experts, expert merging on), shows their progress live, then trains the same budget
 // centralised (one process, all experts, N times the batch) and compares the two models on
 // validation loss and on the demo's two question sets.
@@ -26,7 +26,7 @@
 #include "base/timer.h"
 #include "cli/cli_parse.h"
 #include "cli/commands.h"
-#include "data/demo_corpus.h"
+#include "demo/demo_corpus.h"
 #include "tokenizer/tokenizer.h"
 #include "eval/mc_score.h"
 #include "eval/mc_task.h"

@@ -1,4 +1,4 @@
-#include "data/demo_corpus.h"
+#include "demo/demo_corpus.h"
 
 #include <jansson.h>
 #include <stdarg.h>

@@ -12,7 +12,7 @@
 
 #include "base/error.h"
 #include "base/file.h"
-#include "data/demo_corpus.h"
+#include "demo/demo_corpus.h"
 
 typedef struct {
     char *text;
