@@ -26,6 +26,7 @@
 #include "base/timer.h"
 #include "cli/cli_parse.h"
 #include "cli/commands.h"
+#include "demo/demo_config.h"
 #include "demo/demo_corpus.h"
 #include "tokenizer/tokenizer.h"
 #include "eval/mc_score.h"
@@ -142,44 +143,6 @@ static int write_token_file(const Tokenizer *tok, uint64_t first, uint64_t count
     free(u16);
     id_buffer_free(&t.ids);
     tokenizer_encoder_free(t.enc);
-    return rc;
-}
-
-// The run's YAML: a small byte-level MoE, SPES topology from the options.
-static int write_config(const DemoOptions *o, const char *dir, const char *path) {
-    char *text = NULL;
-    size_t len = 0;
-    FILE *fp = open_memstream(&text, &len);
-    if (!fp) return spes_fail("demo: out of memory");
-    int experts = o->peers * o->experts_per_peer;
-    fprintf(fp,
-            "# Written by `spes demo`; run a peer by hand with\n"
-            "#   spes train %s --spes_config.peer_id=0\n"
-            "run_name: spes-demo\nseed: 6198\n"
-            "model:\n  d_model: 128\n  n_heads: 4\n  n_layers: 2\n  mlp_hidden_size: 256\n"
-            "  max_sequence_length: 128\n  vocab_size: 257\n  embedding_size: 264\n  eos_token_id: 256\n"
-            "  pad_token_id: 256\n  rope_theta: 10000\n  layer_norm_eps: 1.0e-6\n  attention_layer_norm: true\n"
-            "  moe_num_experts: %d\n  moe_top_k: 2\n  moe_loss_weight: 0.01\n  moe_zloss_weight: 0.001\n"
-            "  init_std: 0.02\n  init_cutoff_factor: 3\n"
-            "softmax_auxiliary_loss: true\nauxiliary_loss_multiplier: 1.0e-4\n"
-            "optimizer:\n  name: adamw\n  learning_rate: 3.0e-3\n  betas: [0.9, 0.95]\n  eps: 1.0e-8\n"
-            "  weight_decay: 0.1\n"
-            "scheduler:\n  name: cosine_with_warmup\n  t_warmup: %d\n  alpha_f: 0.1\n"
-            "data:\n  paths: [%s/train.bin]\n  memmap_dtype: uint16\n  seed: 6198\n  drop_last: true\n"
-            "evaluators:\n  - label: val\n    type: lm\n    data:\n      paths: [%s/val.bin]\n"
-            "max_duration: %d\nglobal_train_batch_size: %d\ndevice_train_microbatch_size: %d\n"
-            "max_grad_norm: 1.0\n"
-            "save_folder: %s/peer${spes_config.peer_id}\nsave_interval_unsharded: %d\n"
-            "save_num_unsharded_checkpoints_to_keep: 1\ntry_load_latest_save: false\n"
-            "console_log_interval: 10\neval_interval: %d\nthreads: %d\n"
-            "using_spes: true\n"
-            "spes_config:\n  num_peers: %d\n  peer_id: 0\n  num_train_experts_per_node: %d\n  sync_steps: %d\n"
-            "  server_addr: 127.0.0.1:50051\n  using_decayed_aux_loss: true\n",
-            path, experts, o->steps / 10 > 1 ? o->steps / 10 : 1, dir, dir, o->steps, o->batch, o->batch, dir,
-            o->steps, o->steps, o->threads_per_peer, o->peers, o->experts_per_peer, o->sync_steps);
-    fclose(fp);
-    int rc = file_write_atomic(path, text, len);
-    free(text);
     return rc;
 }
 
@@ -353,7 +316,9 @@ static int run_demo(const DemoOptions *o) {
     snprintf(path, sizeof path, "%s/arithmetic.jsonl", dir);
     if (rc == SPES_OK) rc = demo_questions_write(DEMO_WORLD_SEED, DEMO_TASK_ARITHMETIC, o->questions, path);
     snprintf(cfg_path, sizeof cfg_path, "%s/demo.yaml", dir);
-    if (rc == SPES_OK) rc = write_config(o, dir, cfg_path);
+    DemoRunShape shape = {.peers = o->peers, .experts_per_peer = o->experts_per_peer, .steps = o->steps,
+                          .sync_steps = o->sync_steps, .batch = o->batch, .threads_per_peer = o->threads_per_peer};
+    if (rc == SPES_OK) rc = demo_config_write(&shape, dir, cfg_path);
     if (rc == SPES_OK) printf("corpus ready (%.0fs)\n", now_seconds() - t0);
 
     // Parameter server + peers.
