@@ -5,8 +5,6 @@
 // validation loss and on the demo's two question sets.
 #include <getopt.h>
 #include <inttypes.h>
-#include <jansson.h>
-#include <math.h>
 #include <netinet/in.h>
 #include <omp.h>
 #include <signal.h>
@@ -28,6 +26,7 @@
 #include "cli/commands.h"
 #include "demo/demo_config.h"
 #include "demo/demo_corpus.h"
+#include "demo/metrics_tail.h"
 #include "tokenizer/tokenizer.h"
 #include "eval/mc_score.h"
 #include "eval/mc_task.h"
@@ -161,31 +160,16 @@ static int free_port(int *port) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Live view: one row per training process, from the last line of its metrics.jsonl.
+// Live view: one row per training process, from the newest record of its metrics.jsonl
+// (read incrementally, src/demo/metrics_tail.h).
 
 typedef struct {
     char label[32];
-    char *metrics_path;
+    MetricsTail metrics;
     pid_t pid;
     int done, exit_code;
     char *log_path;
 } Runner;
-
-static void read_progress(const Runner *r, int64_t *step, double *loss, double *tok_s) {
-    *step = 0, *loss = NAN, *tok_s = NAN;
-    FILE *fp = fopen(r->metrics_path, "r");
-    if (!fp) return;
-    char line[8192], last[8192] = "";
-    while (fgets(line, sizeof line, fp))
-        if (!strstr(line, "\"eval\"")) memcpy(last, line, sizeof last);
-    fclose(fp);
-    json_t *j = json_loads(last, 0, NULL);
-    if (!j) return;
-    *step = json_integer_value(json_object_get(j, "step"));
-    *loss = json_real_value(json_object_get(j, "ce"));
-    *tok_s = json_real_value(json_object_get(json_object_get(j, "perf"), "tokens_per_s"));
-    json_decref(j);
-}
 
 // Waits for every runner, redrawing the table about once a second. Fails if one fails.
 static int watch(Runner *runners, int n, int total_steps) {
@@ -205,13 +189,12 @@ static int watch(Runner *runners, int n, int total_steps) {
         if (tty || elapsed - last_plain >= 15 || remaining == 0) {
             if (tty && drawn) printf("\033[%dA", n);
             for (int i = 0; i < n; i++) {
-                int64_t step;
-                double loss, tok_s;
-                read_progress(&runners[i], &step, &loss, &tok_s);
-                int bar = total_steps ? (int)(20 * step / total_steps) : 0;
+                MetricsTail *m = &runners[i].metrics;
+                metrics_tail_poll(m);
+                int bar = total_steps ? (int)(20 * m->step / total_steps) : 0;
                 printf("%s  %-12s [%.*s%*s] step %4" PRId64 "/%d  loss %6.3f  %7.0f tok/s  %s\n", tty ? "\033[K" : "",
-                       runners[i].label, bar, "####################", 20 - bar, "", step, total_steps, loss, tok_s,
-                       runners[i].done ? "done" : "");
+                       runners[i].label, bar, "####################", 20 - bar, "", m->step, total_steps, m->loss,
+                       m->tokens_per_s, runners[i].done ? "done" : "");
             }
             if (!tty) printf("  (%.0fs)\n", elapsed);
             fflush(stdout);
@@ -354,9 +337,9 @@ static int run_demo(const DemoOptions *o) {
         snprintf(log, sizeof log, "%s/peer%d.log", dir, p);
         snprintf(metrics, sizeof metrics, "%s/peer%d/metrics.jsonl", dir, p);
         r->log_path = spes_strdup(log);
-        r->metrics_path = spes_strdup(metrics);
+        rc = r->log_path ? metrics_tail_init(&r->metrics, metrics) : SPES_ERR;
         char *argv[] = {exe, "train", cfg_path, peer_arg, seed_arg, addr, NULL};
-        rc = process_spawn(argv, log, NULL, &r->pid);
+        if (rc == SPES_OK) rc = process_spawn(argv, log, NULL, &r->pid);
         if (rc == SPES_OK) started++;
     }
     if (rc == SPES_OK) {
@@ -380,12 +363,12 @@ static int run_demo(const DemoOptions *o) {
         snprintf(save, sizeof save, "--save_folder=%s/central", dir);
         snprintf(threads, sizeof threads, "--threads=%d", o->threads_per_peer * o->peers);
         r->log_path = spes_strdup(log);
-        r->metrics_path = spes_strdup(metrics);
+        rc = r->log_path ? metrics_tail_init(&r->metrics, metrics) : SPES_ERR;
         char *argv[] = {exe, "train", cfg_path, "--using_spes=false", batch, save, threads, NULL};
         printf("\nsame budget centralised (1 process, all %d experts, %d sequences per step)\n",
                o->peers * o->experts_per_peer, o->peers * o->batch);
         double start = now_seconds();
-        rc = check_demo_stop();
+        if (rc == SPES_OK) rc = check_demo_stop();
         if (rc == SPES_OK) rc = process_spawn(argv, log, NULL, &r->pid);
         if (rc == SPES_OK) rc = watch(r, 1, o->steps);
         central_seconds = now_seconds() - start;
@@ -421,7 +404,7 @@ static int run_demo(const DemoOptions *o) {
                "total %.0fs\n",
                dir, dir, now_seconds() - t0);
     }
-    for (int i = 0; i <= o->peers; i++) free(runners[i].log_path), free(runners[i].metrics_path);
+    for (int i = 0; i <= o->peers; i++) free(runners[i].log_path), metrics_tail_free(&runners[i].metrics);
     tokenizer_free(tok);
     free(exe);
     return rc;
