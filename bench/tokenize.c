@@ -14,7 +14,7 @@
 #include "base/error.h"
 #include "base/file.h"
 #include "base/timer.h"
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 typedef struct {
     const char *text;

@@ -1,12 +1,10 @@
 // `spes demo`: SPES on one machine with nothing to download. It writes the built-in corpus
-// (src/data/demo_corpus.h), starts a parameter server and N peers on 127.0.0.1 (each owning
+// (src/demo/demo_corpus.h), starts a parameter server and N peers on 127.0.0.1 (each owning
 // E/N experts, expert merging on), shows their progress live, then trains the same budget
 // centralised (one process, all experts, N times the batch) and compares the two models on
 // validation loss and on the demo's two question sets.
 #include <getopt.h>
 #include <inttypes.h>
-#include <jansson.h>
-#include <math.h>
 #include <netinet/in.h>
 #include <omp.h>
 #include <signal.h>
@@ -26,8 +24,10 @@
 #include "base/timer.h"
 #include "cli/cli_parse.h"
 #include "cli/commands.h"
-#include "data/demo_corpus.h"
-#include "data/tokenizer.h"
+#include "demo/demo_config.h"
+#include "demo/demo_corpus.h"
+#include "demo/metrics_tail.h"
+#include "tokenizer/tokenizer.h"
 #include "eval/mc_score.h"
 #include "eval/mc_task.h"
 #include "eval/perplexity.h"
@@ -145,44 +145,6 @@ static int write_token_file(const Tokenizer *tok, uint64_t first, uint64_t count
     return rc;
 }
 
-// The run's YAML: a small byte-level MoE, SPES topology from the options.
-static int write_config(const DemoOptions *o, const char *dir, const char *path) {
-    char *text = NULL;
-    size_t len = 0;
-    FILE *fp = open_memstream(&text, &len);
-    if (!fp) return spes_fail("demo: out of memory");
-    int experts = o->peers * o->experts_per_peer;
-    fprintf(fp,
-            "# Written by `spes demo`; run a peer by hand with\n"
-            "#   spes train %s --spes_config.peer_id=0\n"
-            "run_name: spes-demo\nseed: 6198\n"
-            "model:\n  d_model: 128\n  n_heads: 4\n  n_layers: 2\n  mlp_hidden_size: 256\n"
-            "  max_sequence_length: 128\n  vocab_size: 257\n  embedding_size: 264\n  eos_token_id: 256\n"
-            "  pad_token_id: 256\n  rope_theta: 10000\n  layer_norm_eps: 1.0e-6\n  attention_layer_norm: true\n"
-            "  moe_num_experts: %d\n  moe_top_k: 2\n  moe_loss_weight: 0.01\n  moe_zloss_weight: 0.001\n"
-            "  init_std: 0.02\n  init_cutoff_factor: 3\n"
-            "softmax_auxiliary_loss: true\nauxiliary_loss_multiplier: 1.0e-4\n"
-            "optimizer:\n  name: adamw\n  learning_rate: 3.0e-3\n  betas: [0.9, 0.95]\n  eps: 1.0e-8\n"
-            "  weight_decay: 0.1\n"
-            "scheduler:\n  name: cosine_with_warmup\n  t_warmup: %d\n  alpha_f: 0.1\n"
-            "data:\n  paths: [%s/train.bin]\n  memmap_dtype: uint16\n  seed: 6198\n  drop_last: true\n"
-            "evaluators:\n  - label: val\n    type: lm\n    data:\n      paths: [%s/val.bin]\n"
-            "max_duration: %d\nglobal_train_batch_size: %d\ndevice_train_microbatch_size: %d\n"
-            "max_grad_norm: 1.0\n"
-            "save_folder: %s/peer${spes_config.peer_id}\nsave_interval_unsharded: %d\n"
-            "save_num_unsharded_checkpoints_to_keep: 1\ntry_load_latest_save: false\n"
-            "console_log_interval: 10\neval_interval: %d\nthreads: %d\n"
-            "using_spes: true\n"
-            "spes_config:\n  num_peers: %d\n  peer_id: 0\n  num_train_experts_per_node: %d\n  sync_steps: %d\n"
-            "  server_addr: 127.0.0.1:50051\n  using_decayed_aux_loss: true\n",
-            path, experts, o->steps / 10 > 1 ? o->steps / 10 : 1, dir, dir, o->steps, o->batch, o->batch, dir,
-            o->steps, o->steps, o->threads_per_peer, o->peers, o->experts_per_peer, o->sync_steps);
-    fclose(fp);
-    int rc = file_write_atomic(path, text, len);
-    free(text);
-    return rc;
-}
-
 // A free TCP port on 127.0.0.1 (bound once, released; the server takes it right after).
 static int free_port(int *port) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -198,31 +160,16 @@ static int free_port(int *port) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Live view: one row per training process, from the last line of its metrics.jsonl.
+// Live view: one row per training process, from the newest record of its metrics.jsonl
+// (read incrementally, src/demo/metrics_tail.h).
 
 typedef struct {
     char label[32];
-    char *metrics_path;
+    MetricsTail metrics;
     pid_t pid;
     int done, exit_code;
     char *log_path;
 } Runner;
-
-static void read_progress(const Runner *r, int64_t *step, double *loss, double *tok_s) {
-    *step = 0, *loss = NAN, *tok_s = NAN;
-    FILE *fp = fopen(r->metrics_path, "r");
-    if (!fp) return;
-    char line[8192], last[8192] = "";
-    while (fgets(line, sizeof line, fp))
-        if (!strstr(line, "\"eval\"")) memcpy(last, line, sizeof last);
-    fclose(fp);
-    json_t *j = json_loads(last, 0, NULL);
-    if (!j) return;
-    *step = json_integer_value(json_object_get(j, "step"));
-    *loss = json_real_value(json_object_get(j, "ce"));
-    *tok_s = json_real_value(json_object_get(json_object_get(j, "perf"), "tokens_per_s"));
-    json_decref(j);
-}
 
 // Waits for every runner, redrawing the table about once a second. Fails if one fails.
 static int watch(Runner *runners, int n, int total_steps) {
@@ -242,13 +189,12 @@ static int watch(Runner *runners, int n, int total_steps) {
         if (tty || elapsed - last_plain >= 15 || remaining == 0) {
             if (tty && drawn) printf("\033[%dA", n);
             for (int i = 0; i < n; i++) {
-                int64_t step;
-                double loss, tok_s;
-                read_progress(&runners[i], &step, &loss, &tok_s);
-                int bar = total_steps ? (int)(20 * step / total_steps) : 0;
+                MetricsTail *m = &runners[i].metrics;
+                metrics_tail_poll(m);
+                int bar = total_steps ? (int)(20 * m->step / total_steps) : 0;
                 printf("%s  %-12s [%.*s%*s] step %4" PRId64 "/%d  loss %6.3f  %7.0f tok/s  %s\n", tty ? "\033[K" : "",
-                       runners[i].label, bar, "####################", 20 - bar, "", step, total_steps, loss, tok_s,
-                       runners[i].done ? "done" : "");
+                       runners[i].label, bar, "####################", 20 - bar, "", m->step, total_steps, m->loss,
+                       m->tokens_per_s, runners[i].done ? "done" : "");
             }
             if (!tty) printf("  (%.0fs)\n", elapsed);
             fflush(stdout);
@@ -328,137 +274,199 @@ static void stop_runners(Runner *runners, int n, double grace_s) {
 }
 
 // ---------------------------------------------------------------------------------------
+// The run, one step per function: open the output folder, write the inputs, train with SPES,
+// train the centralised baseline, evaluate both, print the comparison.
 
-static int run_demo(const DemoOptions *o) {
-    double t0 = now_seconds();
+typedef struct {
+    const DemoOptions *o;
+    double t0;                       // the demo's start: "corpus ready" and the total count from it
+    char dir[4096];                  // the output folder, absolute
+    char cfg_path[4200];             // dir/demo.yaml
+    char *exe;                       // this binary: the server and every trainer run it
+    Tokenizer *tok;                  // the built-in byte-level tokenizer
+    Runner runners[MAX_PEERS + 1];   // the peers, then the centralised run
+    double spes_seconds, central_seconds;
+    DemoScores spes_scores, central_scores;
+} DemoRun;
+
+// The output folder, the binary to spawn and the tokenizer; says what the demo will do.
+static int open_run(const DemoOptions *o, DemoRun *run) {
+    memset(run, 0, sizeof *run);
+    run->o = o;
+    run->t0 = now_seconds();
     SPES_TRY(mkdir_p(o->out));
-    char dir[4096];
-    if (!realpath(o->out, dir)) return spes_fail("demo: cannot resolve %s", o->out);
-    char *exe = process_self_exe();
-    if (!exe) return SPES_ERR;
-
+    if (!realpath(o->out, run->dir)) return spes_fail("demo: cannot resolve %s", o->out);
+    if (!(run->exe = process_self_exe())) return SPES_ERR;
+    snprintf(run->cfg_path, sizeof run->cfg_path, "%s/demo.yaml", run->dir);
     printf("SPES demo: %d peers x %d experts, %d steps, sync every %d steps, %d thread(s) per peer\n", o->peers,
            o->experts_per_peer, o->steps, o->sync_steps, o->threads_per_peer);
-    printf("writing the built-in corpus (%d training documents) and questions to %s\n", o->train_docs, dir);
-    Tokenizer *tok = NULL;
-    SPES_TRY(tokenizer_load("bytes", &tok));
-    char path[4200], cfg_path[4200];
-    int rc = SPES_OK;
-    snprintf(path, sizeof path, "%s/train.bin", dir);
-    rc = write_token_file(tok, 0, (uint64_t)o->train_docs, path);
-    snprintf(path, sizeof path, "%s/val.bin", dir);
-    if (rc == SPES_OK) rc = write_token_file(tok, (uint64_t)o->train_docs, (uint64_t)o->val_docs, path);
-    snprintf(path, sizeof path, "%s/recall.jsonl", dir);
-    if (rc == SPES_OK) rc = demo_questions_write(DEMO_WORLD_SEED, DEMO_TASK_RECALL, o->questions, path);
-    snprintf(path, sizeof path, "%s/arithmetic.jsonl", dir);
-    if (rc == SPES_OK) rc = demo_questions_write(DEMO_WORLD_SEED, DEMO_TASK_ARITHMETIC, o->questions, path);
-    snprintf(cfg_path, sizeof cfg_path, "%s/demo.yaml", dir);
-    if (rc == SPES_OK) rc = write_config(o, dir, cfg_path);
-    if (rc == SPES_OK) printf("corpus ready (%.0fs)\n", now_seconds() - t0);
+    printf("writing the built-in corpus (%d training documents) and questions to %s\n", o->train_docs, run->dir);
+    return tokenizer_load("bytes", &run->tok);
+}
 
-    // Parameter server + peers.
-    int port = 0;
-    if (rc == SPES_OK) rc = check_demo_stop();
-    if (rc == SPES_OK) rc = free_port(&port);
-    char port_s[16], peers_s[16], m_s[16], merge_every[16], decay[16], addr[64];
+// train.bin, val.bin, the two question files and demo.yaml.
+static int write_inputs(DemoRun *run) {
+    const DemoOptions *o = run->o;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/train.bin", run->dir);
+    SPES_TRY(write_token_file(run->tok, 0, (uint64_t)o->train_docs, path));
+    snprintf(path, sizeof path, "%s/val.bin", run->dir);
+    SPES_TRY(write_token_file(run->tok, (uint64_t)o->train_docs, (uint64_t)o->val_docs, path));
+    snprintf(path, sizeof path, "%s/recall.jsonl", run->dir);
+    SPES_TRY(demo_questions_write(DEMO_WORLD_SEED, DEMO_TASK_RECALL, o->questions, path));
+    snprintf(path, sizeof path, "%s/arithmetic.jsonl", run->dir);
+    SPES_TRY(demo_questions_write(DEMO_WORLD_SEED, DEMO_TASK_ARITHMETIC, o->questions, path));
+    DemoRunShape shape = {.peers = o->peers, .experts_per_peer = o->experts_per_peer, .steps = o->steps,
+                          .sync_steps = o->sync_steps, .batch = o->batch, .threads_per_peer = o->threads_per_peer};
+    SPES_TRY(demo_config_write(&shape, run->dir, run->cfg_path));
+    printf("corpus ready (%.0fs)\n", now_seconds() - run->t0);
+    return SPES_OK;
+}
+
+// A runner's label, log (dir/<name>.log) and metrics file (dir/<name>/metrics.jsonl).
+static int runner_init(Runner *r, const char *dir, const char *name, const char *label) {
+    char log[4200], metrics[4200];
+    snprintf(r->label, sizeof r->label, "%s", label);
+    snprintf(log, sizeof log, "%s/%s.log", dir, name);
+    snprintf(metrics, sizeof metrics, "%s/%s/metrics.jsonl", dir, name);
+    if (!(r->log_path = spes_strdup(log))) return SPES_ERR;
+    return metrics_tail_init(&r->metrics, metrics);
+}
+
+static void runner_free(Runner *r) {
+    free(r->log_path);
+    r->log_path = NULL;
+    metrics_tail_free(&r->metrics);
+}
+
+// The parameter server on 127.0.0.1:port, expert merging in the first half of the run.
+static int start_server(const DemoRun *run, int port, pid_t *server) {
+    const DemoOptions *o = run->o;
+    char port_s[16], peers_s[16], m_s[16], merge_every[16], decay[16], log[4200];
     snprintf(port_s, sizeof port_s, "%d", port);
     snprintf(peers_s, sizeof peers_s, "%d", o->peers);
     snprintf(m_s, sizeof m_s, "%d", o->experts_per_peer);
     snprintf(merge_every, sizeof merge_every, "%d", 2 * o->sync_steps);
     snprintf(decay, sizeof decay, "%d", o->steps / 2 > 1 ? o->steps / 2 : 1);
+    snprintf(log, sizeof log, "%s/server.log", run->dir);
+    char *argv[] = {run->exe, "server", "--total_peers", peers_s, "--num_train_experts_per_node", m_s, "--host",
+                    "127.0.0.1", "--port", port_s, "--merge_interval", merge_every, "--merge_alpha_start", "0.3",
+                    "--merge_decay_steps", decay, "--merge_topk", "4", NULL};
+    return process_spawn(argv, log, NULL, server);
+}
+
+// Peer p: `spes train demo.yaml` as peer p, its own data order, talking to the server on port.
+static int start_peer(DemoRun *run, int p, int port) {
+    char name[32], label[32], peer_arg[64], seed_arg[64], addr[64];
+    snprintf(name, sizeof name, "peer%d", p);
+    snprintf(label, sizeof label, "peer %d", p);
+    snprintf(peer_arg, sizeof peer_arg, "--spes_config.peer_id=%d", p);
+    snprintf(seed_arg, sizeof seed_arg, "--data.seed=%d", 6198 + 1000 * p);
     snprintf(addr, sizeof addr, "--spes_config.server_addr=127.0.0.1:%d", port);
+    Runner *r = &run->runners[p];
+    SPES_TRY(runner_init(r, run->dir, name, label));
+    char *argv[] = {run->exe, "train", run->cfg_path, peer_arg, seed_arg, addr, NULL};
+    return process_spawn(argv, r->log_path, NULL, &r->pid);
+}
+
+// The SPES run: a parameter server and N peers, watched live until every peer is done. On a
+// failure (or a stop signal) the peers get time to save a checkpoint; the server is stopped.
+static int train_spes(DemoRun *run) {
+    const DemoOptions *o = run->o;
+    int port = 0;
+    SPES_TRY(check_demo_stop());
+    SPES_TRY(free_port(&port));
     pid_t server = -1;
-    char server_log[4200];
-    snprintf(server_log, sizeof server_log, "%s/server.log", dir);
-    if (rc == SPES_OK) {
-        char *argv[] = {exe, "server", "--total_peers", peers_s, "--num_train_experts_per_node", m_s, "--host",
-                        "127.0.0.1", "--port", port_s, "--merge_interval", merge_every, "--merge_alpha_start", "0.3",
-                        "--merge_decay_steps", decay, "--merge_topk", "4", NULL};
-        rc = process_spawn(argv, server_log, NULL, &server);
-    }
-    Runner runners[MAX_PEERS + 1];
-    memset(runners, 0, sizeof runners);
+    int rc = start_server(run, port, &server);
     int started = 0;
-    double spes_start = now_seconds();
-    for (int p = 0; rc == SPES_OK && p < o->peers; p++) {
-        Runner *r = &runners[p];
-        snprintf(r->label, sizeof r->label, "peer %d", p);
-        char peer_arg[64], seed_arg[64], log[4200], metrics[4200];
-        snprintf(peer_arg, sizeof peer_arg, "--spes_config.peer_id=%d", p);
-        snprintf(seed_arg, sizeof seed_arg, "--data.seed=%d", 6198 + 1000 * p);
-        snprintf(log, sizeof log, "%s/peer%d.log", dir, p);
-        snprintf(metrics, sizeof metrics, "%s/peer%d/metrics.jsonl", dir, p);
-        r->log_path = spes_strdup(log);
-        r->metrics_path = spes_strdup(metrics);
-        char *argv[] = {exe, "train", cfg_path, peer_arg, seed_arg, addr, NULL};
-        rc = process_spawn(argv, log, NULL, &r->pid);
-        if (rc == SPES_OK) started++;
-    }
+    double start = now_seconds();
+    for (int p = 0; rc == SPES_OK && p < o->peers; p++)
+        if ((rc = start_peer(run, p, port)) == SPES_OK) started++;
     if (rc == SPES_OK) {
-        printf("\nserver on 127.0.0.1:%d, %d peers training (logs in %s/peer*.log)\n", port, o->peers, dir);
-        rc = watch(runners, started, o->steps);
+        printf("\nserver on 127.0.0.1:%d, %d peers training (logs in %s/peer*.log)\n", port, o->peers, run->dir);
+        rc = watch(run->runners, started, o->steps);
     }
-    double spes_seconds = now_seconds() - spes_start;
+    run->spes_seconds = now_seconds() - start;
     if (rc != SPES_OK && started > 0) printf("\nstopping the peers (each saves a checkpoint) and the server\n");
-    stop_runners(runners, started, PEER_STOP_GRACE_S);
+    stop_runners(run->runners, started, PEER_STOP_GRACE_S);
     if (server > 0) process_stop(server, 5.0);
+    return rc;
+}
 
-    // The same budget centralised: one process, all experts, peers x batch per step.
-    double central_seconds = 0;
-    if (rc == SPES_OK && o->baseline) {
-        Runner *r = &runners[o->peers];
-        snprintf(r->label, sizeof r->label, "centralised");
-        char log[4200], metrics[4200], batch[64], save[4200], threads[32];
-        snprintf(log, sizeof log, "%s/central.log", dir);
-        snprintf(metrics, sizeof metrics, "%s/central/metrics.jsonl", dir);
-        snprintf(batch, sizeof batch, "--global_train_batch_size=%d", o->peers * o->batch);
-        snprintf(save, sizeof save, "--save_folder=%s/central", dir);
-        snprintf(threads, sizeof threads, "--threads=%d", o->threads_per_peer * o->peers);
-        r->log_path = spes_strdup(log);
-        r->metrics_path = spes_strdup(metrics);
-        char *argv[] = {exe, "train", cfg_path, "--using_spes=false", batch, save, threads, NULL};
-        printf("\nsame budget centralised (1 process, all %d experts, %d sequences per step)\n",
-               o->peers * o->experts_per_peer, o->peers * o->batch);
-        double start = now_seconds();
-        rc = check_demo_stop();
-        if (rc == SPES_OK) rc = process_spawn(argv, log, NULL, &r->pid);
-        if (rc == SPES_OK) rc = watch(r, 1, o->steps);
-        central_seconds = now_seconds() - start;
-        stop_runners(r, 1, PEER_STOP_GRACE_S);
-    }
+// The same budget centralised: one process, all experts, peers x batch sequences per step.
+static int train_centralised(DemoRun *run) {
+    const DemoOptions *o = run->o;
+    Runner *r = &run->runners[o->peers];
+    SPES_TRY(runner_init(r, run->dir, "central", "centralised"));
+    char batch[64], save[4200], threads[32];
+    snprintf(batch, sizeof batch, "--global_train_batch_size=%d", o->peers * o->batch);
+    snprintf(save, sizeof save, "--save_folder=%s/central", run->dir);
+    snprintf(threads, sizeof threads, "--threads=%d", o->threads_per_peer * o->peers);
+    char *argv[] = {run->exe, "train", run->cfg_path, "--using_spes=false", batch, save, threads, NULL};
+    printf("\nsame budget centralised (1 process, all %d experts, %d sequences per step)\n",
+           o->peers * o->experts_per_peer, o->peers * o->batch);
+    double start = now_seconds();
+    int rc = check_demo_stop();
+    if (rc == SPES_OK) rc = process_spawn(argv, r->log_path, NULL, &r->pid);
+    if (rc == SPES_OK) rc = watch(r, 1, o->steps);
+    run->central_seconds = now_seconds() - start;
+    stop_runners(r, 1, PEER_STOP_GRACE_S);
+    return rc;
+}
 
-    // Compare the synced model (every peer holds it after the last sync) with the baseline.
-    DemoScores spes_scores = {0}, central_scores = {0};
+// Scores the synced model (every peer holds it after the last sync; peer 0's copy) and the
+// baseline's final checkpoint.
+static int evaluate_models(DemoRun *run) {
+    const DemoOptions *o = run->o;
+    SPES_TRY(check_demo_stop());
+    printf("\nevaluating the final models: validation loss, %d + %d questions...\n", o->questions, o->questions);
+    double start = now_seconds();
     char ckpt[4200];
-    double eval_start = now_seconds();
-    if (rc == SPES_OK) rc = check_demo_stop();
-    if (rc == SPES_OK) printf("\nevaluating the final models: validation loss, %d + %d questions...\n", o->questions, o->questions);
-    snprintf(ckpt, sizeof ckpt, "%s/peer0/step%d", dir, o->steps);
-    if (rc == SPES_OK) rc = evaluate_checkpoint(ckpt, dir, tok, &spes_scores);
-    snprintf(ckpt, sizeof ckpt, "%s/central/step%d", dir, o->steps);
-    if (rc == SPES_OK && o->baseline) rc = evaluate_checkpoint(ckpt, dir, tok, &central_scores);
-    if (rc == SPES_OK) {
-        printf("(evaluation took %.0fs)\n", now_seconds() - eval_start);
-        printf("\n%-28s %14s %14s\n", "", "SPES (synced)", o->baseline ? "centralised" : "");
-        printf("%-28s %14.3f", "validation loss (nats/byte)", spes_scores.val_loss);
-        if (o->baseline) printf(" %14.3f", central_scores.val_loss);
-        printf("\n%-28s %13.1f%%", "recall questions (acc)", 100 * spes_scores.recall_acc);
-        if (o->baseline) printf(" %13.1f%%", 100 * central_scores.recall_acc);
-        printf("\n%-28s %13.1f%%", "held-out sums (acc)", 100 * spes_scores.arithmetic_acc);
-        if (o->baseline) printf(" %13.1f%%", 100 * central_scores.arithmetic_acc);
-        printf("\n%-28s %13.0fs", "training wall time", spes_seconds);
-        if (o->baseline) printf(" %13.0fs", central_seconds);
-        printf("\n(chance is 25%% on both question sets: 4 choices each)\n");
-        printf("\nfiles: %s\n  demo.yaml            the run's config (spes train %s/demo.yaml --spes_config.peer_id=N)\n"
-               "  peer*/stepN          checkpoints (HF safetensors + config.json), peer*/metrics.jsonl\n"
-               "  central/             the centralised baseline\n"
-               "  server.log peer*.log logs; recall.jsonl arithmetic.jsonl the questions\n"
-               "total %.0fs\n",
-               dir, dir, now_seconds() - t0);
-    }
-    for (int i = 0; i <= o->peers; i++) free(runners[i].log_path), free(runners[i].metrics_path);
-    tokenizer_free(tok);
-    free(exe);
+    snprintf(ckpt, sizeof ckpt, "%s/peer0/step%d", run->dir, o->steps);
+    SPES_TRY(evaluate_checkpoint(ckpt, run->dir, run->tok, &run->spes_scores));
+    snprintf(ckpt, sizeof ckpt, "%s/central/step%d", run->dir, o->steps);
+    if (o->baseline) SPES_TRY(evaluate_checkpoint(ckpt, run->dir, run->tok, &run->central_scores));
+    printf("(evaluation took %.0fs)\n", now_seconds() - start);
+    return SPES_OK;
+}
+
+// The comparison table and where the run's files are.
+static void print_comparison(const DemoRun *run) {
+    const DemoOptions *o = run->o;
+    const DemoScores *s = &run->spes_scores, *c = &run->central_scores;
+    printf("\n%-28s %14s %14s\n", "", "SPES (synced)", o->baseline ? "centralised" : "");
+    printf("%-28s %14.3f", "validation loss (nats/byte)", s->val_loss);
+    if (o->baseline) printf(" %14.3f", c->val_loss);
+    printf("\n%-28s %13.1f%%", "recall questions (acc)", 100 * s->recall_acc);
+    if (o->baseline) printf(" %13.1f%%", 100 * c->recall_acc);
+    printf("\n%-28s %13.1f%%", "held-out sums (acc)", 100 * s->arithmetic_acc);
+    if (o->baseline) printf(" %13.1f%%", 100 * c->arithmetic_acc);
+    printf("\n%-28s %13.0fs", "training wall time", run->spes_seconds);
+    if (o->baseline) printf(" %13.0fs", run->central_seconds);
+    printf("\n(chance is 25%% on both question sets: 4 choices each)\n");
+    printf("\nfiles: %s\n  demo.yaml            the run's config (spes train %s/demo.yaml --spes_config.peer_id=N)\n"
+           "  peer*/stepN          checkpoints (HF safetensors + config.json), peer*/metrics.jsonl\n"
+           "  central/             the centralised baseline\n"
+           "  server.log peer*.log logs; recall.jsonl arithmetic.jsonl the questions\n"
+           "total %.0fs\n",
+           run->dir, run->dir, now_seconds() - run->t0);
+}
+
+static void close_run(DemoRun *run) {
+    for (int i = 0; i <= MAX_PEERS; i++) runner_free(&run->runners[i]);
+    tokenizer_free(run->tok);
+    free(run->exe);
+}
+
+static int run_demo(const DemoOptions *o) {
+    DemoRun run;
+    int rc = open_run(o, &run);
+    if (rc == SPES_OK) rc = write_inputs(&run);
+    if (rc == SPES_OK) rc = train_spes(&run);
+    if (rc == SPES_OK && o->baseline) rc = train_centralised(&run);
+    if (rc == SPES_OK) rc = evaluate_models(&run);
+    if (rc == SPES_OK) print_comparison(&run);
+    close_run(&run);
     return rc;
 }
 

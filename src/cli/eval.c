@@ -15,7 +15,7 @@
 #include "base/timer.h"
 #include "cli/cli_parse.h"
 #include "cli/commands.h"
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "eval/mc_score.h"
 #include "eval/mc_task.h"
 #include "eval/perplexity.h"

@@ -11,7 +11,7 @@
 #include "base/timer.h"
 #include "cli/cli_parse.h"
 #include "cli/commands.h"
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "eval/generate.h"
 #include "model/hf_import.h"
 

@@ -24,10 +24,10 @@
 #include "base/progress.h"
 #include "base/timer.h"
 #include "cli/commands.h"
-#include "data/doc_reader.h"
+#include "documents/doc_reader.h"
 #include "data/token_writer.h"
-#include "data/tokenizer.h"
-#include "data/tokenizer_doc_clean.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_doc_clean.h"
 
 #define MAX_MALFORMED_REPORTS 20
 

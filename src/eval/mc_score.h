@@ -12,7 +12,7 @@
 #pragma once
 #include <stdint.h>
 
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "eval/mc_task.h"
 #include "model/model.h"
 

@@ -6,7 +6,7 @@
 #pragma once
 #include <stdint.h>
 
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "io/npy.h"
 #include "model/model.h"
 

@@ -1,7 +1,7 @@
 // libFuzzer harness: the JSON field extractor of the .jsonl/.json readers on arbitrary bytes.
 #include <stdint.h>
 
-#include "data/json_field.h"
+#include "documents/json_field.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     JsonScratch scratch = {0};

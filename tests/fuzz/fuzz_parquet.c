@@ -1,7 +1,7 @@
 // libFuzzer harness: the Parquet string-column reader on arbitrary bytes (column "text").
 #include <stdint.h>
 
-#include "data/parquet_reader.h"
+#include "documents/parquet_reader.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ParquetStringReader *r;

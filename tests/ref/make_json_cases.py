@@ -6,7 +6,7 @@ Writes OUTDIR/cases.jsonl (N lines of bytes) and OUTDIR/expected.json: a list wi
 each non-blank line, the "text" field's string, or null when the line is malformed
 (invalid UTF-8, json.loads raises, not an object, field missing or not a string, or a lone
 surrogate that cannot be UTF-8 encoded). NaN/Infinity literals are malformed here too
-(see src/data/json_field.h). The C test reads cases.jsonl through doc_reader and compares.
+(see src/documents/json_field.h). The C test reads cases.jsonl through doc_reader and compares.
 """
 import json
 import os

@@ -1,4 +1,4 @@
-"""Writes Parquet test files with pyarrow for the C reader (tests/unit/test_data_parquet_pyarrow.c).
+"""Writes Parquet test files with pyarrow for the C reader (tests/unit/test_documents_parquet_pyarrow.c).
 
 usage: make_parquet.py OUTDIR
 

@@ -15,7 +15,7 @@
 #include "base/error.h"
 #include "base/file.h"
 #include "base/threads.h"
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "eval/generate.h"
 #include "eval/kv_forward.h"
 #include "eval/mc_score.h"

@@ -21,11 +21,11 @@
 #include "cli/commands.h"
 #include "data/dataset.h"
 #include "data/token_writer.h"
-#include "data/tokenizer.h"
-#include "data/tokenizer_bpe.h"
-#include "data/tokenizer_bytelevel.h"
-#include "data/tokenizer_doc_clean.h"
-#include "data/tokenizer_utf8.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_bpe.h"
+#include "tokenizer/tokenizer_bytelevel.h"
+#include "tokenizer/tokenizer_doc_clean.h"
+#include "tokenizer/tokenizer_utf8.h"
 
 // ---------------------------------------------------------------------------------------------
 // A small byte-level tokenizer.json: ids 0..255 are the bytes' alphabet characters (id = byte),

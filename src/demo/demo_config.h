@@ -1,0 +1,18 @@
+// The run config `spes demo` writes (demo.yaml): a small byte-level MoE whose SPES topology
+// and budget come from the demo's options. Every key is one row of a (key, value) table in
+// demo_config.c, so a value sits next to its key; tests/unit/test_demo_config.c loads the
+// written file back with config_load and checks every value.
+#pragma once
+
+typedef struct {
+    int peers;              // spes_config.num_peers
+    int experts_per_peer;   // spes_config.num_train_experts_per_node (moe_num_experts = peers * this)
+    int steps;              // max_duration, save and eval interval; scheduler.t_warmup = max(steps/10, 1)
+    int sync_steps;         // spes_config.sync_steps
+    int batch;              // sequences per step on one peer (global = micro-batch)
+    int threads_per_peer;   // threads
+} DemoRunShape;
+
+// Writes the config to `path` (atomically) for a run whose files live in `dir`: train.bin and
+// val.bin there, each peer's checkpoints under dir/peer${spes_config.peer_id}.
+int demo_config_write(const DemoRunShape *shape, const char *dir, const char *path);
