@@ -1,0 +1,213 @@
+// Gradient reduction, sharded optimizer state and parameter all-gather. See data_parallel.h.
+#include "dist/data_parallel.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/log.h"
+
+int dp_stage_from_config(const TrainConfig *cfg, int world_size, DpStage *out) {
+    const char *ds = cfg->distributed_strategy, *ss = cfg->fsdp_sharding_strategy;
+    *out = DP_DDP;
+    if (strcmp(ds, "single") == 0) {
+        if (world_size > 1)
+            return spes_fail("distributed_strategy is single but the job has %d ranks: set ddp or fsdp, or launch "
+                             "one rank (no --nproc_per_node)",
+                             world_size);
+        return SPES_OK;
+    }
+    if (strcmp(ds, "ddp") == 0 || strcmp(ss, "NO_SHARD") == 0) return SPES_OK;
+    if (strcmp(ss, "SHARD_OPTIM") == 0) {
+        *out = DP_ZERO1;
+        return SPES_OK;
+    }
+    if (strcmp(ss, "FULL_SHARD") == 0 && world_size > 1)
+        log_warn("fsdp.sharding_strategy FULL_SHARD: parameter sharding (ZeRO-3) is not implemented; running as "
+                 "SHARD_GRAD_OP (ZeRO-2: gradients and optimizer state sharded, parameters replicated). The training "
+                 "is the same; only the memory per rank differs (docs/distributed.md)");
+    *out = DP_ZERO2;
+    return SPES_OK;
+}
+
+const char *dp_stage_name(DpStage s) { return s == DP_ZERO1 ? "zero1" : s == DP_ZERO2 ? "zero2" : "ddp"; }
+
+int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, size_t n_trainable, double bucket_mb) {
+    memset(dp, 0, sizeof *dp);
+    dp->comm = comm;
+    dp->be = be;
+    dp->rank = comm_rank(comm);
+    dp->size = comm_size(comm);
+    dp->stage = stage;
+    dp->n = n_trainable;
+    size_t bucket = (size_t)(bucket_mb * 1e6 / sizeof(float));
+    dp->bucket = bucket < 1024 ? 1024 : bucket;
+    if (!(dp->lo = spes_calloc((size_t)dp->size + 1, sizeof *dp->lo)) ||
+        !(dp->counts = spes_calloc((size_t)dp->size, sizeof *dp->counts))) {
+        dp_free(dp);
+        return SPES_ERR;
+    }
+    // Equal shards, the first n % size one value longer.
+    size_t base = dp->n / (size_t)dp->size, extra = dp->n % (size_t)dp->size;
+    for (int r = 0; r < dp->size; r++) dp->lo[r + 1] = dp->lo[r] + base + ((size_t)r < extra);
+    if (stage != DP_DDP && base + 1 > (size_t)INT_MAX) {
+        dp_free(dp);
+        return spes_fail("dist: a shard of %zu values is more than MPI/NCCL counts hold; use more ranks", base + 1);
+    }
+    size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
+    int rc = SPES_OK;
+    if (stage == DP_ZERO2 && mine) rc = backend_alloc(be, mine * sizeof(float), (void **)&dp->gshard);
+    if (rc == SPES_OK && stage != DP_DDP && dp->n) rc = backend_alloc(be, dp->n * sizeof(float), (void **)&dp->flat);
+    if (rc != SPES_OK) {
+        dp_free(dp);
+        return spes_fail_context("dist: %s buffers for %zu trainable values", dp_stage_name(stage), n_trainable);
+    }
+    return SPES_OK;
+}
+
+void dp_free(DataParallel *dp) {
+    if (dp->be) {
+        backend_free(dp->be, dp->gshard);
+        backend_free(dp->be, dp->flat);
+    }
+    free(dp->lo);
+    free(dp->counts);
+    memset(dp, 0, sizeof *dp);
+}
+
+void dp_state_range(const DataParallel *dp, size_t *lo, size_t *hi) {
+    if (dp->stage == DP_DDP) {
+        *lo = 0;
+        *hi = dp->n;
+    } else {
+        *lo = dp->lo[dp->rank];
+        *hi = dp->lo[dp->rank + 1];
+    }
+}
+
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+int dp_reduce_grads(DataParallel *dp, float *grads) {
+    // Buckets bound the size of each collective (and are the unit an overlap with the
+    // backward would hand over); each is one MPI/NCCL call.
+    for (size_t b0 = 0; b0 < dp->n; b0 += dp->bucket) {
+        size_t b1 = min_sz(b0 + dp->bucket, dp->n);
+        if (dp->stage != DP_ZERO2) {
+            SPES_TRY(comm_allreduce_sum(dp->comm, dp->be, grads + b0, b1 - b0, COMM_F32));
+            continue;
+        }
+        // Block r of this bucket is its overlap with rank r's shard (blocks are consecutive).
+        for (int r = 0; r < dp->size; r++) {
+            size_t a = max_sz(b0, dp->lo[r]), e = min_sz(b1, dp->lo[r + 1]);
+            dp->counts[r] = e > a ? (int)(e - a) : 0;
+        }
+        size_t mine_lo = dp->lo[dp->rank];
+        float *recv = dp->gshard ? dp->gshard + (max_sz(b0, mine_lo) - mine_lo) : NULL;
+        if (dp->counts[dp->rank] == 0) recv = dp->gshard;   // nothing of this bucket is ours
+        SPES_TRY(comm_reduce_scatter_sum(dp->comm, dp->be, grads + b0, recv, dp->counts));
+    }
+    return SPES_OK;
+}
+
+float *dp_step_grads(DataParallel *dp, float *grads) {
+    if (dp->stage == DP_ZERO2) return dp->gshard;
+    size_t lo, hi;
+    dp_state_range(dp, &lo, &hi);
+    return grads ? grads + lo : NULL;
+}
+
+double dp_grad_norm(DataParallel *dp, float *grads) {
+    if (dp->stage != DP_ZERO2) return grad_global_norm(dp->be, grads, dp->n);   // every rank has it all
+    size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
+    double sumsq = 0.0;
+    if (mine) {
+        double *d;
+        if (backend_alloc(dp->be, sizeof(double), (void **)&d) != SPES_OK) return NAN;
+        dp->be->ops->grad_sum_squares(dp->be, d, dp->gshard, mine);
+        int rc = dp->be->ops->download(dp->be, &sumsq, d, sizeof(double));
+        backend_free(dp->be, d);
+        if (rc != SPES_OK) return NAN;
+    }
+    if (comm_allreduce_sum(dp->comm, NULL, &sumsq, 1, COMM_F64) != SPES_OK) return NAN;
+    return sqrt(sumsq);
+}
+
+void dp_grad_scale(DataParallel *dp, float *grads, float s) {
+    if (dp->stage == DP_ZERO2) {
+        size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
+        if (mine) dp->be->ops->scale(dp->be, dp->gshard, mine, s);
+    } else if (dp->n) {
+        dp->be->ops->scale(dp->be, grads, dp->n, s);
+    }
+}
+
+// For every trainable tensor piece inside [lo, hi) of the gradient layout (own == true) or
+// outside it (own == false): fn(param offset of the piece, gradient-layout offset, length).
+typedef void (*PieceFn)(DataParallel *dp, float *dparams, Buf compute, size_t at, size_t g, size_t len);
+
+static void for_pieces(DataParallel *dp, const ParamTable *table, bool own, float *dparams, Buf compute, PieceFn fn) {
+    size_t lo = dp->lo[dp->rank], hi = dp->lo[dp->rank + 1];
+    for (int i = 0; i < table->count; i++) {
+        const ParamInfo *pi = &table->entries[i];
+        if (!pi->trainable || pi->grad_offset < 0) continue;
+        size_t go = (size_t)pi->grad_offset, end = go + pi->numel;
+        if (own) {
+            size_t a = max_sz(go, lo), b = min_sz(end, hi);
+            if (a < b) fn(dp, dparams, compute, pi->offset + (a - go), a, b - a);
+        } else {   // up to two pieces: before the shard and after it
+            size_t a1 = go, b1 = min_sz(end, lo), a2 = max_sz(go, hi), b2 = end;
+            if (a1 < b1) fn(dp, dparams, compute, pi->offset, a1, b1 - a1);
+            if (a2 < b2) fn(dp, dparams, compute, pi->offset + (a2 - go), a2, b2 - a2);
+        }
+    }
+}
+
+static void put_piece(DataParallel *dp, float *dparams, Buf compute, size_t at, size_t g, size_t len) {
+    dp->be->ops->copy(dp->be, dp->flat + g, dparams + at, len * sizeof(float));
+}
+
+static void take_piece(DataParallel *dp, float *dparams, Buf compute, size_t at, size_t g, size_t len) {
+    dp->be->ops->copy(dp->be, dparams + at, dp->flat + g, len * sizeof(float));
+    if (compute.p) dp->be->ops->convert(dp->be, buf_at(compute, at), buf_f32(dparams + at), len);
+}
+
+int dp_gather_params(DataParallel *dp, const ParamTable *table, float *dparams, Buf compute) {
+    if (dp->stage == DP_DDP || dp->n == 0) return SPES_OK;
+    for_pieces(dp, table, true, dparams, compute, put_piece);
+    for (int r = 0; r < dp->size; r++) dp->counts[r] = (int)(dp->lo[r + 1] - dp->lo[r]);
+    SPES_TRY(comm_allgather(dp->comm, dp->be, dp->flat, dp->counts));
+    for_pieces(dp, table, false, dparams, compute, take_piece);
+    return backend_sync(dp->be);
+}
+
+int dp_gather_state(DataParallel *dp, AdamW *opt, AdamW *full) {
+    if (full->numel != dp->n) return spes_fail("dist: full optimizer state of %zu values, expected %zu", full->numel, dp->n);
+    SPES_TRY(adamw_state_to_host(opt));
+    full->step = opt->step;
+    if (dp->n == 0) return SPES_OK;
+    size_t lo, hi;
+    dp_state_range(dp, &lo, &hi);
+    memcpy(full->m + lo, opt->m, (hi - lo) * sizeof(float));
+    memcpy(full->v + lo, opt->v, (hi - lo) * sizeof(float));
+    if (dp->stage == DP_DDP) return SPES_OK;
+    for (int r = 0; r < dp->size; r++) dp->counts[r] = (int)(dp->lo[r + 1] - dp->lo[r]);
+    SPES_TRY(comm_allgather(dp->comm, NULL, full->m, dp->counts));
+    return comm_allgather(dp->comm, NULL, full->v, dp->counts);
+}
+
+int dp_scatter_state(DataParallel *dp, const AdamW *full, AdamW *opt) {
+    if (full->numel != dp->n) return spes_fail("dist: full optimizer state of %zu values, expected %zu", full->numel, dp->n);
+    size_t lo, hi;
+    dp_state_range(dp, &lo, &hi);
+    if (opt->numel != hi - lo) return spes_fail("dist: optimizer shard of %zu values, expected %zu", opt->numel, hi - lo);
+    opt->step = full->step;
+    if (hi > lo) {
+        memcpy(opt->m, full->m + lo, (hi - lo) * sizeof(float));
+        memcpy(opt->v, full->v + lo, (hi - lo) * sizeof(float));
+    }
+    return adamw_state_to_device(opt);
+}
