@@ -35,14 +35,25 @@ int dp_stage_from_config(const TrainConfig *cfg, int world_size, DpStage *out) {
 
 const char *dp_stage_name(DpStage s) { return s == DP_ZERO1 ? "zero1" : s == DP_ZERO2 ? "zero2" : "ddp"; }
 
-int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, size_t n_trainable, double bucket_mb) {
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+bool dp_layout_is_contiguous(const ParamTable *table) {
+    for (int i = 0; i < table->count; i++) {
+        const ParamInfo *pi = &table->entries[i];
+        if (pi->trainable && (pi->grad_offset < 0 || (size_t)pi->grad_offset != pi->offset)) return false;
+    }
+    return true;
+}
+
+int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const ParamTable *table, double bucket_mb) {
     memset(dp, 0, sizeof *dp);
     dp->comm = comm;
     dp->be = be;
     dp->rank = comm_rank(comm);
     dp->size = comm_size(comm);
     dp->stage = stage;
-    dp->n = n_trainable;
+    dp->n = table->trainable_numel;
     size_t bucket = (size_t)(bucket_mb * 1e6 / sizeof(float));
     dp->bucket = bucket < 1024 ? 1024 : bucket;
     if (!(dp->lo = spes_calloc((size_t)dp->size + 1, sizeof *dp->lo)) ||
@@ -57,22 +68,26 @@ int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, size_t n
         dp_free(dp);
         return spes_fail("dist: a shard of %zu values is more than MPI/NCCL counts hold; use more ranks", base + 1);
     }
-    size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
+    // Scratch of one bucket: ZeRO-2's reduce-scatter lands there before it is copied into the
+    // shard's place, and the parameter all-gather goes through it bucket by bucket, unless the
+    // trainable tensors are the front of the parameter buffer in table order (every tensor
+    // trainable: no frozen experts), when the all-gather runs in place on the parameters.
+    size_t scratch = 0;
+    if (stage == DP_ZERO2) scratch = min_sz(dp->bucket, dp->n);
+    if (stage != DP_DDP && !dp_layout_is_contiguous(table)) scratch = min_sz(dp->bucket, dp->n);
+    dp->contiguous = dp_layout_is_contiguous(table);
+    dp->scratch_n = scratch;
     int rc = SPES_OK;
-    if (stage == DP_ZERO2 && mine) rc = backend_alloc(be, mine * sizeof(float), (void **)&dp->gshard);
-    if (rc == SPES_OK && stage != DP_DDP && dp->n) rc = backend_alloc(be, dp->n * sizeof(float), (void **)&dp->flat);
+    if (scratch) rc = backend_alloc(be, scratch * sizeof(float), (void **)&dp->scratch);
     if (rc != SPES_OK) {
         dp_free(dp);
-        return spes_fail_context("dist: %s buffers for %zu trainable values", dp_stage_name(stage), n_trainable);
+        return spes_fail_context("dist: %s buffers for %zu trainable values", dp_stage_name(stage), dp->n);
     }
     return SPES_OK;
 }
 
 void dp_free(DataParallel *dp) {
-    if (dp->be) {
-        backend_free(dp->be, dp->gshard);
-        backend_free(dp->be, dp->flat);
-    }
+    if (dp->be) backend_free(dp->be, dp->scratch);
     free(dp->lo);
     free(dp->counts);
     memset(dp, 0, sizeof *dp);
@@ -88,8 +103,13 @@ void dp_state_range(const DataParallel *dp, size_t *lo, size_t *hi) {
     }
 }
 
-static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
-static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+// counts[r] = |[b0, b1) n shard r|.
+static void bucket_counts(DataParallel *dp, size_t b0, size_t b1) {
+    for (int r = 0; r < dp->size; r++) {
+        size_t a = max_sz(b0, dp->lo[r]), e = min_sz(b1, dp->lo[r + 1]);
+        dp->counts[r] = e > a ? (int)(e - a) : 0;
+    }
+}
 
 int dp_reduce_grads(DataParallel *dp, float *grads) {
     // Buckets bound the size of each collective (and are the unit an overlap with the
@@ -101,20 +121,15 @@ int dp_reduce_grads(DataParallel *dp, float *grads) {
             continue;
         }
         // Block r of this bucket is its overlap with rank r's shard (blocks are consecutive).
-        for (int r = 0; r < dp->size; r++) {
-            size_t a = max_sz(b0, dp->lo[r]), e = min_sz(b1, dp->lo[r + 1]);
-            dp->counts[r] = e > a ? (int)(e - a) : 0;
-        }
-        size_t mine_lo = dp->lo[dp->rank];
-        float *recv = dp->gshard ? dp->gshard + (max_sz(b0, mine_lo) - mine_lo) : NULL;
-        if (dp->counts[dp->rank] == 0) recv = dp->gshard;   // nothing of this bucket is ours
-        SPES_TRY(comm_reduce_scatter_sum(dp->comm, dp->be, grads + b0, recv, dp->counts));
+        bucket_counts(dp, b0, b1);
+        SPES_TRY(comm_reduce_scatter_sum(dp->comm, dp->be, grads + b0, dp->scratch, dp->counts));
+        size_t mine = (size_t)dp->counts[dp->rank];   // the sum lands in the shard's own place
+        if (mine) dp->be->ops->copy(dp->be, grads + max_sz(b0, dp->lo[dp->rank]), dp->scratch, mine * sizeof(float));
     }
     return SPES_OK;
 }
 
 float *dp_step_grads(DataParallel *dp, float *grads) {
-    if (dp->stage == DP_ZERO2) return dp->gshard;
     size_t lo, hi;
     dp_state_range(dp, &lo, &hi);
     return grads ? grads + lo : NULL;
@@ -127,7 +142,7 @@ double dp_grad_norm(DataParallel *dp, float *grads) {
     if (mine) {
         double *d;
         if (backend_alloc(dp->be, sizeof(double), (void **)&d) != SPES_OK) return NAN;
-        dp->be->ops->grad_sum_squares(dp->be, d, dp->gshard, mine);
+        dp->be->ops->grad_sum_squares(dp->be, d, grads + dp->lo[dp->rank], mine);
         int rc = dp->be->ops->download(dp->be, &sumsq, d, sizeof(double));
         backend_free(dp->be, d);
         if (rc != SPES_OK) return NAN;
@@ -139,48 +154,63 @@ double dp_grad_norm(DataParallel *dp, float *grads) {
 void dp_grad_scale(DataParallel *dp, float *grads, float s) {
     if (dp->stage == DP_ZERO2) {
         size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
-        if (mine) dp->be->ops->scale(dp->be, dp->gshard, mine, s);
+        if (mine) dp->be->ops->scale(dp->be, grads + dp->lo[dp->rank], mine, s);
     } else if (dp->n) {
         dp->be->ops->scale(dp->be, grads, dp->n, s);
     }
 }
 
-// For every trainable tensor piece inside [lo, hi) of the gradient layout (own == true) or
-// outside it (own == false): fn(param offset of the piece, gradient-layout offset, length).
-typedef void (*PieceFn)(DataParallel *dp, float *dparams, Buf compute, size_t at, size_t g, size_t len);
+// fn(dp, param offset, gradient-layout offset, length) for every piece of a trainable tensor
+// inside [r0, r1) of the gradient layout that is inside this rank's shard (own) or outside it.
+typedef void (*PieceFn)(DataParallel *dp, float *dparams, Buf compute, size_t at, size_t g, size_t len, size_t b0);
 
-static void for_pieces(DataParallel *dp, const ParamTable *table, bool own, float *dparams, Buf compute, PieceFn fn) {
+static void for_pieces(DataParallel *dp, const ParamTable *table, size_t r0, size_t r1, bool own, float *dparams,
+                       Buf compute, PieceFn fn) {
     size_t lo = dp->lo[dp->rank], hi = dp->lo[dp->rank + 1];
     for (int i = 0; i < table->count; i++) {
         const ParamInfo *pi = &table->entries[i];
         if (!pi->trainable || pi->grad_offset < 0) continue;
-        size_t go = (size_t)pi->grad_offset, end = go + pi->numel;
+        size_t go = (size_t)pi->grad_offset, s0 = max_sz(go, r0), s1 = min_sz(go + pi->numel, r1);
+        if (s0 >= s1) continue;
         if (own) {
-            size_t a = max_sz(go, lo), b = min_sz(end, hi);
-            if (a < b) fn(dp, dparams, compute, pi->offset + (a - go), a, b - a);
+            size_t a = max_sz(s0, lo), b = min_sz(s1, hi);
+            if (a < b) fn(dp, dparams, compute, pi->offset + (a - go), a, b - a, r0);
         } else {   // up to two pieces: before the shard and after it
-            size_t a1 = go, b1 = min_sz(end, lo), a2 = max_sz(go, hi), b2 = end;
-            if (a1 < b1) fn(dp, dparams, compute, pi->offset, a1, b1 - a1);
-            if (a2 < b2) fn(dp, dparams, compute, pi->offset + (a2 - go), a2, b2 - a2);
+            size_t b1 = min_sz(s1, lo), a2 = max_sz(s0, hi);
+            if (s0 < b1) fn(dp, dparams, compute, pi->offset + (s0 - go), s0, b1 - s0, r0);
+            if (a2 < s1) fn(dp, dparams, compute, pi->offset + (a2 - go), a2, s1 - a2, r0);
         }
     }
 }
 
-static void put_piece(DataParallel *dp, float *dparams, Buf compute, size_t at, size_t g, size_t len) {
-    dp->be->ops->copy(dp->be, dp->flat + g, dparams + at, len * sizeof(float));
+static void put_piece(DataParallel *dp, float *dparams, Buf compute, size_t at, size_t g, size_t len, size_t b0) {
+    dp->be->ops->copy(dp->be, dp->scratch + (g - b0), dparams + at, len * sizeof(float));
 }
 
-static void take_piece(DataParallel *dp, float *dparams, Buf compute, size_t at, size_t g, size_t len) {
-    dp->be->ops->copy(dp->be, dparams + at, dp->flat + g, len * sizeof(float));
+static void take_piece(DataParallel *dp, float *dparams, Buf compute, size_t at, size_t g, size_t len, size_t b0) {
+    if (dp->scratch_n) dp->be->ops->copy(dp->be, dparams + at, dp->scratch + (g - b0), len * sizeof(float));
     if (compute.p) dp->be->ops->convert(dp->be, buf_at(compute, at), buf_f32(dparams + at), len);
 }
 
 int dp_gather_params(DataParallel *dp, const ParamTable *table, float *dparams, Buf compute) {
     if (dp->stage == DP_DDP || dp->n == 0) return SPES_OK;
-    for_pieces(dp, table, true, dparams, compute, put_piece);
-    for (int r = 0; r < dp->size; r++) dp->counts[r] = (int)(dp->lo[r + 1] - dp->lo[r]);
-    SPES_TRY(comm_allgather(dp->comm, dp->be, dp->flat, dp->counts));
-    for_pieces(dp, table, false, dparams, compute, take_piece);
+    if (dp->contiguous) {
+        // Shards are ranges of the parameter buffer itself: gathered in place, one bucket at a time.
+        for (size_t b0 = 0; b0 < dp->n; b0 += dp->bucket) {
+            size_t b1 = min_sz(b0 + dp->bucket, dp->n);
+            bucket_counts(dp, b0, b1);
+            SPES_TRY(comm_allgather(dp->comm, dp->be, dparams + b0, dp->counts));
+            if (compute.p) for_pieces(dp, table, b0, b1, false, dparams, compute, take_piece);
+        }
+        return backend_sync(dp->be);
+    }
+    for (size_t b0 = 0; b0 < dp->n; b0 += dp->scratch_n) {
+        size_t b1 = min_sz(b0 + dp->scratch_n, dp->n);
+        bucket_counts(dp, b0, b1);
+        for_pieces(dp, table, b0, b1, true, dparams, compute, put_piece);
+        SPES_TRY(comm_allgather(dp->comm, dp->be, dp->scratch, dp->counts));
+        for_pieces(dp, table, b0, b1, false, dparams, compute, take_piece);
+    }
     return backend_sync(dp->be);
 }
 

@@ -7,6 +7,10 @@
 //   SHARD_GRAD_OP (Z2) bucketed reduce-scatter       rank's shard only      shard updated, all-gathered
 //   FULL_SHARD (Z3)    as Z2; parameter sharding is not implemented: runs as Z2, with a warning
 //
+// ZeRO-2 keeps the full-size gradient buffer the backward accumulates into (the model's
+// backward has no per-layer hook to reduce and free gradients as they are produced); what is
+// sharded is the reduced gradient, the clipping and the update.
+//
 // Shards are contiguous ranges of the flat gradient buffer (trainable tensors only, in table
 // order: frozen experts have no gradient, so they take part in no gradient collective):
 // rank r owns [lo[r], lo[r+1]), sizes as equal as whole values allow. A tensor may straddle
@@ -36,8 +40,9 @@ typedef struct {
     size_t n;              // trainable values (gradient buffer length)
     size_t *lo;            // [size + 1] shard boundaries
     size_t bucket;         // values per gradient bucket
-    float *gshard;         // ZeRO-2: this rank's reduced gradient [lo[r+1] - lo[r]] (backend memory)
-    float *flat;           // ZeRO-1/2: [n] scratch for the parameter all-gather (backend memory)
+    float *scratch;        // [scratch_n] backend memory: one bucket (ZeRO-2 reduce-scatter; the
+    size_t scratch_n;      // parameter all-gather when the layout is not contiguous), else NULL
+    bool contiguous;       // trainable tensors == the front of the parameter buffer (no frozen ones)
     int *counts;           // [size] scratch
 } DataParallel;
 
@@ -46,13 +51,17 @@ typedef struct {
 int dp_stage_from_config(const TrainConfig *cfg, int world_size, DpStage *out);
 const char *dp_stage_name(DpStage s);   // "ddp", "zero1", "zero2"
 
-int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, size_t n_trainable, double bucket_mb);
+int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const ParamTable *table, double bucket_mb);
+// True when every trainable tensor's gradient offset equals its parameter offset (no frozen
+// tensor before a trainable one): the gradient layout is then a prefix of the parameters.
+bool dp_layout_is_contiguous(const ParamTable *table);
 void dp_free(DataParallel *dp);
 
 // The range of the gradient layout whose optimizer state this rank holds ([0, n) under DDP).
 void dp_state_range(const DataParallel *dp, size_t *lo, size_t *hi);
 
-// Sums the ranks' gradients: DDP/ZeRO-1 into `grads` itself, ZeRO-2 into dp->gshard.
+// Sums the ranks' gradients in `grads`: all of it (DDP/ZeRO-1), or only this rank's shard
+// range (ZeRO-2: the rest of the buffer keeps this rank's own, unreduced values).
 int dp_reduce_grads(DataParallel *dp, float *grads);
 // The gradient AdamW reads on this rank, laid out from the state range's start.
 float *dp_step_grads(DataParallel *dp, float *grads);

@@ -18,11 +18,14 @@ static int env_int(const char *name) {
 bool dist_launched(void) { return env_int("OMPI_COMM_WORLD_SIZE") > 1; }
 
 int dist_check_env(void) {
-    if (env_int("WORLD_SIZE") > 1 && !getenv("OMPI_COMM_WORLD_SIZE"))
-        return spes_fail("WORLD_SIZE=%d is set (torchrun-style) but this process was not started by mpirun: spes "
-                         "ranks bootstrap over MPI. Start them with `spes train CONFIG --nproc_per_node N` or "
-                         "`mpirun -np N spes train CONFIG`",
-                         env_int("WORLD_SIZE"));
+    // torchrun sets LOCAL_WORLD_SIZE for the processes it starts on a node. (RANK/WORLD_SIZE
+    // alone are not checked: scripts/run_cluster.sh reads them as the node's peer id.)
+    if (env_int("LOCAL_WORLD_SIZE") > 1 && !getenv("OMPI_COMM_WORLD_SIZE"))
+        return spes_fail("LOCAL_WORLD_SIZE=%d is set (a torchrun-style launcher started several processes on this "
+                         "node) but they were not started by mpirun: spes ranks bootstrap over MPI. Start one process "
+                         "per node with `spes train CONFIG --nproc_per_node N` (scripts/run_cluster.sh with "
+                         "NPROC_PER_NODE=N) or `mpirun -np N spes train CONFIG`",
+                         env_int("LOCAL_WORLD_SIZE"));
     return SPES_OK;
 }
 

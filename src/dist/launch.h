@@ -6,7 +6,7 @@
 
 // True when this process was started by a launcher as one rank of several.
 bool dist_launched(void);
-// torchrun-style variables (WORLD_SIZE > 1) without mpirun: an error naming what to use.
+// torchrun-started ranks (LOCAL_WORLD_SIZE > 1) without mpirun: an error naming what to use.
 int dist_check_env(void);
 // Replaces this process by `mpirun -np nproc <this binary> argv[0..argc)`. Returns only on
 // failure (SPES_ERR, message set): mpirun missing or not executable.

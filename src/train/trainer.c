@@ -210,6 +210,21 @@ static int open_evaluators(Trainer *t) {
     return SPES_OK;
 }
 
+// What this rank holds on its backend, by role (the sizes of the buffers allocated), for the
+// per-strategy memory table of docs/distributed.md (bench/dist_memory.sh reads this line).
+static void log_memory(const Trainer *t) {
+    const double mb = 1.0 / 1048576.0;
+    size_t total = t->model.table.total_numel, trainable = t->model.table.trainable_numel;
+    double params = (double)total * (4 + (t->model.cparams ? num_type_size(t->be->compute) : 0)) * mb;
+    double grads = (double)trainable * 4 * mb, state = (double)t->adamw.numel * 8 * mb, scratch = 0;
+    if (t->dist) {
+        scratch = (double)t->dp.scratch_n * 4 * mb;
+    }
+    log_info("memory per rank (%s): parameters %.3f MB, gradients %.3f MB, optimizer state %.3f MB, collective "
+             "scratch %.3f MB",
+             t->be->name, params, grads, state, scratch);
+}
+
 int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **out) {
     *out = NULL;
     Trainer *t = spes_calloc(1, sizeof *t);
@@ -248,7 +263,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     if (t->dist) {
         DpStage stage;
         if (dp_stage_from_config(cfg, comm_size(t->comm), &stage) != SPES_OK) goto fail;
-        if (dp_create(&t->dp, t->comm, t->be, stage, t->model.table.trainable_numel, cfg->ddp_bucket_cap_mb) != SPES_OK)
+        if (dp_create(&t->dp, t->comm, t->be, stage, &t->model.table, cfg->ddp_bucket_cap_mb) != SPES_OK)
             goto fail;
         size_t lo, hi;
         dp_state_range(&t->dp, &lo, &hi);
@@ -292,6 +307,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     t->force_overflow_step = force && *force ? strtoll(force, NULL, 10) : -1;
     int n_trainable = 0;
     for (int i = 0; i < t->model.table.count; i++) n_trainable += t->model.table.entries[i].trainable;
+    log_memory(t);
     log_info("device: %s", t->be->description);
     log_info("model: %zu parameters, %zu trainable in %d of %d tensors; %" PRId64 " training instances of %d "
              "tokens; %" PRId64 " steps of %d instances (%d micro-batches); MFU relative to %.1f GFLOP/s%s%s",

@@ -31,7 +31,8 @@ run() {
   local pids=() p n strategy
   for p in 0 1; do
     n=$n0; strategy=--distributed_strategy=ddp
-    if [ $p = 1 ]; then n=$n1; strategy=--fsdp.sharding_strategy=SHARD_GRAD_OP; fi
+    # peer 1: ZeRO-2 in small buckets, frozen experts between trainable tensors (not contiguous)
+    if [ $p = 1 ]; then n=$n1; strategy="--fsdp.sharding_strategy=SHARD_GRAD_OP --ddp.bucket_cap_mb=0.05"; fi
     "$SPES" train configs/tiny_shakespeare.yaml --nproc_per_node "$n" $strategy \
       --data.paths="[$dir/file_list.txt]" --data.seed=$((6198 + 1000 * p)) \
       --using_spes=true --spes_config.num_peers=2 --spes_config.peer_id=$p \

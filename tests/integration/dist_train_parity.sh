@@ -8,7 +8,7 @@
 #   - weights and AdamW moments within 1e-5 of 1 rank's; one full-model checkpoint, same files;
 #   - ZeRO-1 equals DDP bit for bit (same all-reduce, element-wise AdamW on shards), and
 #     FULL_SHARD equals SHARD_GRAD_OP bit for bit;
-# plus N = 4 (6 micro-batches over 4 ranks: uneven shares), resume at another world size
+# plus N = 4 (6 micro-batches over 4 ranks: uneven shares), small gradient buckets, resume at another world size
 # (2 -> 1, 1 -> 3, 3 -> 2 with a sharded optimizer state saved and reloaded), and a job whose
 # config names distributed_strategy: single with 2 ranks fails with a message.
 set -euo pipefail
@@ -50,6 +50,12 @@ for n in 2 3; do
 done
 train ddp4 4 --distributed_strategy=ddp
 check one ddp4 5 --tol 1e-5 --exact-steps 1
+# Small buckets (2500 values: 15 collectives per step, shards straddling buckets): with 2 ranks
+# the sums are the same bits (a + b), with 3 within tolerance.
+train z2b_2 2 --fsdp.sharding_strategy=SHARD_GRAD_OP --ddp.bucket_cap_mb=0.01
+check z2_2 z2b_2 5 --tol 0 --exact-steps 5
+train z1b_3 3 --fsdp.sharding_strategy=SHARD_OPTIM --ddp.bucket_cap_mb=0.01
+check one z1b_3 5 --tol 1e-5 --exact-steps 1
 
 # Resume at another world size, the optimizer state saved whole and re-sharded.
 train res21 2 --fsdp.sharding_strategy=SHARD_GRAD_OP --stop_at=3
