@@ -924,7 +924,7 @@ void config_write_keys_markdown(FILE *out) {
           "- **fixed**: only the value shown is implemented; `null` or that value is accepted, anything "
           "else is an error naming the file and line.\n"
           "- **ignored**: recognised and skipped (GPU/cluster-only), listed once at start-up. A whole "
-          "ignored section (e.g. `fsdp`) is skipped with everything under it.\n"
+          "ignored section (e.g. `compile`) is skipped with everything under it.\n"
           "- Keys that are in no row get ONE warning listing them all (typos show up there).\n\n"
           "Defaults are OLMo's, except: `optimizer.name` defaults to adamw (OLMo: lionw), "
           "`model.embedding_size` defaults to vocab_size (OLMo: 50304), `model.block_type` is moe.\n\n"
