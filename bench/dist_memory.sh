@@ -63,13 +63,14 @@ print('%.2f %.2f %.2f' % (p * mb, g * mb, o * mb))")
 done
 echo "P = $P parameters, T = $T trainable (fp32)"
 
-# Throughput: the same 12 steps, 2 ranks x 1 thread (DDP) against 1 rank x 2 threads.
+# Throughput: the same 12 steps, 2 ranks x 1 thread (DDP) against 1 rank x 2 threads (and 1 x 1).
 tps() { python3 -c "
 import json
 rows = [json.loads(l) for l in open('$1/metrics.jsonl') if '\"perf\"' in l][2:]   # skip the warm-up steps
 print('%.0f' % (sum(r['tokens'] for r in rows) / sum(r['perf']['step_s'] for r in rows)))"; }
+run tp_1x1 1 1 12
 run tp_1x2 1 2 12
 run tp_2x1 2 1 12 --distributed_strategy=ddp
-a=$(tps "$tmp/tp_1x2"); b=$(tps "$tmp/tp_2x1")
-echo "tokens/s: 1 rank x 2 threads $a, 2 ranks x 1 thread $b"
+c=$(tps "$tmp/tp_1x1"); a=$(tps "$tmp/tp_1x2"); b=$(tps "$tmp/tp_2x1")
+echo "tokens/s: 1 rank x 1 thread $c, 1 rank x 2 threads $a, 2 ranks x 1 thread (DDP) $b"
 echo "dist_memory: params_mb_n1=$(field parameters "$tmp/ddp_1.log") opt_mb_zero1_n4=$(field "optimizer state" "$tmp/SHARD_OPTIM_4.log") tok_s_1x2=$a tok_s_2x1=$b"

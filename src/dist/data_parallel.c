@@ -72,10 +72,11 @@ int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const Pa
     // shard's place, and the parameter all-gather goes through it bucket by bucket, unless the
     // trainable tensors are the front of the parameter buffer in table order (every tensor
     // trainable: no frozen experts), when the all-gather runs in place on the parameters.
-    size_t scratch = 0;
-    if (stage == DP_ZERO2) scratch = min_sz(dp->bucket, dp->n);
-    if (stage != DP_DDP && !dp_layout_is_contiguous(table)) scratch = min_sz(dp->bucket, dp->n);
+    // A rank's block of one bucket is at most a shard (the first shard is the largest).
     dp->contiguous = dp_layout_is_contiguous(table);
+    size_t scratch = 0;
+    if (stage == DP_ZERO2) scratch = min_sz(dp->bucket, dp->lo[1]);
+    if (stage != DP_DDP && !dp->contiguous) scratch = min_sz(dp->bucket, dp->n);
     dp->scratch_n = scratch;
     int rc = SPES_OK;
     if (scratch) rc = backend_alloc(be, scratch * sizeof(float), (void **)&dp->scratch);
@@ -188,7 +189,7 @@ static void put_piece(DataParallel *dp, float *dparams, Buf compute, size_t at, 
 }
 
 static void take_piece(DataParallel *dp, float *dparams, Buf compute, size_t at, size_t g, size_t len, size_t b0) {
-    if (dp->scratch_n) dp->be->ops->copy(dp->be, dparams + at, dp->scratch + (g - b0), len * sizeof(float));
+    if (!dp->contiguous) dp->be->ops->copy(dp->be, dparams + at, dp->scratch + (g - b0), len * sizeof(float));
     if (compute.p) dp->be->ops->convert(dp->be, buf_at(compute, at), buf_f32(dparams + at), len);
 }
 
