@@ -10,7 +10,7 @@
 set -euo pipefail
 BUILD=${1:-build}
 cd "$(dirname "$0")/.."
-SPES=$PWD/$BUILD/spes
+case $BUILD in /*) SPES=$BUILD/spes ;; *) SPES=$PWD/$BUILD/spes ;; esac
 [ -x "$SPES" ] || { echo "dist_memory: skipped (no $SPES)"; exit 0; }
 command -v mpirun >/dev/null || { echo "dist_memory: skipped (no mpirun)"; exit 0; }
 tmp=$(mktemp -d)
