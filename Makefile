@@ -11,9 +11,12 @@ WARN      = -Wall -Wextra $(WERROR) -Wno-unused-parameter
 BLAS_INC  = /usr/include/x86_64-linux-gnu/openblas-openmp
 BLAS_LIB  = /usr/lib/x86_64-linux-gnu/openblas-openmp
 CFLAGS   ?= $(OPT) -g $(ARCH)
-ALL_CFLAGS = $(CSTD) $(WARN) $(CFLAGS) -fopenmp -Isrc -I$(BUILD)/gen -I$(BLAS_INC) -MMD -MP $(CUDA_CFLAGS) $(EXTRA_CFLAGS)
+# Ranks inside a node (src/dist/): OpenMPI from Debian (libopenmpi-dev), found through pkg-config.
+MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null || echo -I/usr/lib/x86_64-linux-gnu/openmpi/include)
+MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null || echo -lmpi)
+ALL_CFLAGS = $(CSTD) $(WARN) $(CFLAGS) -fopenmp -Isrc -I$(BUILD)/gen -I$(BLAS_INC) $(MPI_CFLAGS) -MMD -MP $(CUDA_CFLAGS) $(EXTRA_CFLAGS)
 CPU_LDLIBS = -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lyaml -ljansson \
-            -lgrpc -lgpr -lprotobuf-c -lzstd -lz -lsnappy -lpcre2-8 -lutf8proc -lm -lpthread -fopenmp
+            -lgrpc -lgpr -lprotobuf-c -lzstd -lz -lsnappy -lpcre2-8 -lutf8proc $(MPI_LIBS) -lm -lpthread -fopenmp
 LDLIBS    = $(CPU_LDLIBS) $(CUDA_LDLIBS)
 LDFLAGS  ?=
 
@@ -48,11 +51,13 @@ ALL_NVCCFLAGS = -std=c++17 $(NVCCFLAGS) $(CUDA_GENCODE) -Isrc -I$(BUILD)/gen -MM
                -DSPES_WITH_CUDA -DSPES_CUDA_ARCHS='"$(CUDA_ARCH_NAMES)"' -DSPES_CUDA_LIB='"$(CUDA_LIB)"'
 CU_SRCS    = $(sort $(wildcard src/ops/cuda/*.cu))
 OBJS      += $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
-CUDA_CFLAGS = -DSPES_WITH_CUDA
+# src/dist/nccl.c includes cuda_runtime.h and nccl.h (both in the CUDA toolkit here).
+CUDA_CFLAGS = -DSPES_WITH_CUDA -I$(CUDA_HOME)/include
 # cudart statically (it finds the driver with dlopen); cuBLAS/cuBLASLt are dlopen'ed when a
 # CUDA backend opens (src/ops/cuda/cublas_loader.cu), found through this rpath: a CUDA build
 # starts as fast as a CPU one and runs, falling back to cpu, where no CUDA is installed.
-CUDA_LDLIBS = -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lcudart_static -ldl -lrt -lpthread -lstdc++
+# NCCL (device collectives of src/dist/) is linked directly: libnccl.so sits next to cudart.
+CUDA_LDLIBS = -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lnccl -lcudart_static -ldl -lrt -lpthread -lstdc++
 endif
 # Objects whose meaning depends on the CUDA choice are rebuilt when it changes (switching
 # CUDA=0/1 or CUDA_ARCHS in one build dir): $(BUILD)/cuda.config holds the current choice.

@@ -9,7 +9,11 @@
 # To add a section: write a function section_<name> below that prints its detail, then its
 # final line through `final` / `skip` / `fail`, and add its name to SECTIONS. A section that
 # lives in its own script (which prints its own final line) is one line:
-#   section_tokenize() { script_section tokenize bench/tokenize.sh "$BUILD_DIR" "$VENV_PY"; }
+#   # dist_memory: per-rank memory of each data-parallel strategy next to its theory for N = 1, 2, 4,
+# and cpu tokens/s of 2 ranks x 1 thread against 1 rank x 2 threads (docs/distributed.md).
+section_dist_memory() { script_section dist_memory bench/dist_memory.sh "$BUILD_DIR"; }
+
+section_tokenize() { script_section tokenize bench/tokenize.sh "$BUILD_DIR" "$VENV_PY"; }
 # Sections run one after another, never in parallel (the machine has 2 cores).
 # BENCH_ONLY="bench_small aggregate" runs a subset.
 set -u
@@ -17,7 +21,7 @@ BUILD=${1:-build}
 cd "$(dirname "$0")/.."
 case $BUILD in /*) BUILD_DIR=$BUILD ;; *) BUILD_DIR="$PWD/$BUILD" ;; esac
 VENV_PY=${SPES_VENV_PY:-$PWD/.venv/bin/python}
-SECTIONS=(bench_small tokenize aggregate spes_memory server_memory eval generate)
+SECTIONS=(bench_small tokenize aggregate spes_memory server_memory dist_memory eval generate)
 # BENCH_ONLY="bench_small aggregate" runs just those sections.
 if [ -n "${BENCH_ONLY:-}" ]; then read -ra SECTIONS <<< "$BENCH_ONLY"; fi
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for every node of a scheduler job (SLURM, torchrun-style launchers): reads
-# RANK (this node's peer id), MASTER_ADDR (the host of rank 0) and NPROC_PER_NODE (CPU
-# threads here). Rank 0 also starts the parameter server, waits until it listens, and stops
+# RANK (this node's peer id), MASTER_ADDR (the host of rank 0) and NPROC_PER_NODE (ranks of
+# data parallelism on this node, as the reference's torchrun --nproc_per_node; THREADS: CPU
+# threads per rank). Rank 0 also starts the parameter server, waits until it listens, and stops
 # it when its own training ends.
 #   RANK=0 MASTER_ADDR=node0 scripts/run_cluster.sh [--key=value overrides]
 # Environment as scripts/run_single_node.sh and scripts/run_parameter_server.sh (TOTAL_PEERS,
@@ -11,7 +12,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RANK=${RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 PORT=${PORT:-50051}
-export THREADS=${NPROC_PER_NODE:-${THREADS:-}}
+export NPROC_PER_NODE=${NPROC_PER_NODE:-1}
 
 # The server address peers dial: MASTER_ADDR resolved once here (getent), else as given.
 if [ "$MASTER_ADDR" = "localhost" ] || [ "$MASTER_ADDR" = "127.0.0.1" ]; then
@@ -36,5 +37,5 @@ if [ "$RANK" -eq 0 ]; then
   done
   echo "run_cluster: rank 0 started the parameter server (pid $server_pid) on port $PORT"
 fi
-echo "run_cluster: rank $RANK -> server $SERVER_ADDR, ${THREADS:-all} threads"
+echo "run_cluster: rank $RANK -> server $SERVER_ADDR, $NPROC_PER_NODE rank(s) x ${THREADS:-all} threads"
 "$ROOT/scripts/run_single_node.sh" "$RANK" --resume "$@"

@@ -4,7 +4,8 @@
 #   scripts/run_single_node.sh <node_id> [--resume] [extra --key=value overrides]
 # Environment: CONFIG (default configs/spes_tiny_4nodes.yaml), SERVER_ADDR (host:port of the
 # parameter server, default the config's), LOAD_PATH (initial weights, e.g. an upcycled HF
-# dir; fresh starts only), THREADS (CPU threads; default all cores).
+# dir; fresh starts only), THREADS (CPU threads per rank; default all cores), NPROC_PER_NODE
+# (ranks of data parallelism on this node, `spes train --nproc_per_node`; default 1).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SPES=${SPES_BIN:-$ROOT/build/spes}
@@ -23,6 +24,7 @@ DATA_SEED=$((6198 + 1000 * NODE_ID))
 args=("$CONFIG" "--spes_config.peer_id=$NODE_ID" "--data.seed=$DATA_SEED")
 [ -n "${SERVER_ADDR:-}" ] && args+=("--spes_config.server_addr=$SERVER_ADDR")
 [ -n "${THREADS:-}" ] && args+=("--threads=$THREADS")
+[ "${NPROC_PER_NODE:-1}" != 1 ] && args+=("--nproc_per_node" "$NPROC_PER_NODE")
 if [ "$RESUME" = true ]; then
   args+=("--resume")
 else

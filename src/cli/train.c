@@ -1,4 +1,4 @@
-// `spes train CONFIG [--a.b=value ...] [--resume] [--force-resume] [--peak_gflops=X]`
+// `spes train CONFIG [--a.b=value ...] [--resume] [--force-resume] [--peak_gflops=X] [--nproc_per_node N]`
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,18 +9,23 @@
 #include "base/log.h"
 #include "cli/commands.h"
 #include "config/config.h"
-#include "train/spes_peer.h"
+#include "dist/comm.h"
+#include "dist/launch.h"
+#include "train/spes_ranks.h"
 #include "train/trainer.h"
 
 static void usage(FILE *out) {
     fprintf(out,
             "usage: spes train CONFIG.yaml [--key.sub=value ...] [--resume] [--force-resume] [--peak_gflops=X]\n"
+            "                  [--nproc_per_node N]\n"
             "\n"
             "Trains from a SPES/OLMo YAML config on token files (data.paths).\n"
             "  --key.sub=value   override any config key, e.g. --optimizer.learning_rate=3e-4 --stop_at=100\n"
             "  --resume          continue from the newest complete save_folder/stepN (as try_load_latest_save)\n"
             "  --force-resume    resume even if the checkpoint was written with a different config hash\n"
             "  --peak_gflops=X   peak GFLOP/s for the MFU column (default: measured sgemm throughput)\n"
+            "  --nproc_per_node N  N ranks on this node (data parallel: distributed_strategy, fsdp.*; started\n"
+            "                    through mpirun; `mpirun -np N spes train ...` works too). docs/distributed.md\n"
             "Ctrl-C (SIGINT) or SIGTERM: finish the current step, save a checkpoint, exit 0. A SPES peer\n"
             "whose sync round fails or is interrupted saves its local state marked not synced and exits 1;\n"
             "--resume redoes that round.\n"
@@ -51,12 +56,12 @@ static void install_handlers(void) {
 // of a round that never completed: the peer redoes that round (spes_peer_connect) and saves the
 // step again, synced, so the folder ends as an undisturbed run's would. A finished run (resumed at
 // its last step) has no round left to sync unless that last one is pending.
-static int connect_peer(SpesPeer *peer, Trainer *trainer) {
+static int connect_peer(SpesRanks *peer, Trainer *trainer) {
     TrainState *state = trainer_state(trainer);
     bool pending = state->unsynced;
     if (trainer_step_count(trainer) >= trainer_max_steps(trainer) && !pending) return SPES_OK;
-    SPES_TRY(spes_peer_connect(peer, trainer_model(trainer), trainer_step_count(trainer), trainer_max_steps(trainer),
-                               pending));
+    SPES_TRY(spes_ranks_connect(peer, trainer_model(trainer), trainer_step_count(trainer), trainer_max_steps(trainer),
+                                pending));
     if (!pending) return SPES_OK;
     state->unsynced = false;
     return trainer_save(trainer);
@@ -80,6 +85,7 @@ static void save_unsynced(Trainer *trainer) {
 int cmd_train(int argc, char **argv) {
     const char *config_path = NULL;
     TrainerOptions opt = {.stop = &stop_requested};
+    int nproc = 1;
     char **overrides = calloc((size_t)argc, sizeof *overrides);
     int n_overrides = 0;
     if (!overrides) {
@@ -104,6 +110,16 @@ int cmd_train(int argc, char **argv) {
                 free(overrides);
                 return 2;
             }
+        } else if (!strcmp(a, "--nproc_per_node") || !strncmp(a, "--nproc_per_node=", 17)) {
+            const char *v = a[16] == '=' ? a + 17 : i + 1 < argc ? argv[++i] : "";
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (end == v || *end || n < 1 || n > 4096) {
+                fprintf(stderr, "spes: --nproc_per_node needs a number of ranks >= 1, got '%s'\n", v);
+                free(overrides);
+                return 2;
+            }
+            nproc = (int)n;
         } else if (!strncmp(a, "--", 2)) {
             overrides[n_overrides++] = argv[i];   // "--a.b=v", or "--a.b" followed by its value
             if (!strchr(a, '=') && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
@@ -122,26 +138,53 @@ int cmd_train(int argc, char **argv) {
         return 2;
     }
 
-    TrainConfig cfg;
-    if (config_load(config_path, n_overrides, overrides, &cfg) != SPES_OK) {
+    // Several ranks asked for and none started yet: become mpirun, which starts them (each
+    // with the same arguments but --nproc_per_node, so each is one rank).
+    if (nproc > 1 && !dist_launched()) {
+        char **args = calloc((size_t)argc, sizeof *args);
+        int n_args = 0;
+        for (int i = 0; args && i < argc; i++) {
+            if (!strcmp(argv[i], "--nproc_per_node")) i++;
+            else if (strncmp(argv[i], "--nproc_per_node=", 17) != 0) args[n_args++] = argv[i];
+        }
+        if (args) dist_exec_mpirun(nproc, n_args, args);
+        fprintf(stderr, "spes: %s\n", args ? spes_last_error() : "out of memory");
+        free(args);
+        free(overrides);
+        return 1;
+    }
+    Comm *comm = NULL;
+    if (dist_check_env() != SPES_OK || comm_init(&comm) != SPES_OK) {
         fprintf(stderr, "spes: %s\n", spes_last_error());
         free(overrides);
         return 1;
     }
+    int rank = comm_rank(comm);
+    if (rank > 0) log_set_level(LOG_WARN);   // rank 0 speaks for the job; others warn and fail
+    opt.comm = comm;
+
+    TrainConfig cfg;
+    if (config_load(config_path, n_overrides, overrides, &cfg) != SPES_OK) {
+        fprintf(stderr, "spes: %s\n", spes_last_error());
+        free(overrides);
+        comm_abort(comm, 1);
+        comm_finalize(comm);
+        return 1;
+    }
     free(overrides);
     Trainer *trainer = NULL;
-    SpesPeer *peer = NULL;
+    SpesRanks *peer = NULL;
     install_handlers();
     int rc = SPES_OK;
     // A SPES (or fedavg) peer: sync with the parameter server after every sync_steps steps.
     if (cfg.using_spes || cfg.using_dilico) {
         if (cfg.take_over_peer_id >= 0) cfg.peer_id = cfg.take_over_peer_id;   // failover: see spes_peer.h
-        rc = spes_peer_create(&cfg, &peer);
+        rc = spes_ranks_create(&cfg, comm, &peer);
         if (rc == SPES_OK) {
-            opt.after_step = spes_peer_after_step;
+            opt.after_step = spes_ranks_after_step;
             opt.after_step_ctx = peer;
-            opt.lb_count_factor = spes_peer_lb_count_factor(peer);
-            spes_peer_set_stop_flag(peer, &stop_requested);
+            opt.lb_count_factor = spes_ranks_lb_count_factor(peer);
+            spes_ranks_set_stop_flag(peer, &stop_requested);
         }
     }
     if (rc == SPES_OK) rc = trainer_create(&cfg, &opt, &trainer);
@@ -151,13 +194,22 @@ int cmd_train(int argc, char **argv) {
         trainer_state(trainer)->unsynced = false;
     }
     if (rc == SPES_OK) rc = trainer_run(trainer);
-    if (rc != SPES_OK && peer && spes_peer_unsynced_step(peer) >= 0 &&
-        spes_peer_unsynced_step(peer) == trainer_step_count(trainer))
+    if (rc != SPES_OK && peer && spes_ranks_unsynced_step(peer) >= 0 &&
+        spes_ranks_unsynced_step(peer) == trainer_step_count(trainer))
         save_unsynced(trainer);
-    if (rc != SPES_OK) fprintf(stderr, "spes: %s\n", spes_last_error());
-    else if (stop_requested) log_info("stopped by signal at step %lld; resume with --resume", (long long)trainer_step_count(trainer));
+    if (rc != SPES_OK && comm_is_multi(comm)) {
+        // One failing rank ends the job: the others may be waiting in a collective for it.
+        fprintf(stderr, "spes: rank %d of %d: %s\n", rank, comm_size(comm), spes_last_error());
+        fflush(stderr);
+        comm_abort(comm, 1);
+    } else if (rc != SPES_OK) {
+        fprintf(stderr, "spes: %s\n", spes_last_error());
+    } else if (stop_requested) {
+        log_info("stopped by signal at step %lld; resume with --resume", (long long)trainer_step_count(trainer));
+    }
     trainer_free(trainer);
-    spes_peer_free(peer);
+    spes_ranks_free(peer);
     config_free(&cfg);
+    comm_finalize(comm);
     return rc == SPES_OK ? 0 : 1;
 }

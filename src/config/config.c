@@ -286,6 +286,16 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
     CHECK(cfg->device && (strcmp(cfg->device, "auto") == 0 || strcmp(cfg->device, "cpu") == 0 ||
                           strncmp(cfg->device, "cuda", 4) == 0),
           "device", "expected auto, cpu, cuda or cuda:N, got '%s'", cfg->device ? cfg->device : "null");
+    CHECK(cfg->distributed_strategy && (strcmp(cfg->distributed_strategy, "single") == 0 ||
+                                        strcmp(cfg->distributed_strategy, "ddp") == 0 ||
+                                        strcmp(cfg->distributed_strategy, "fsdp") == 0),
+          "distributed_strategy", "expected single, ddp or fsdp, got '%s'",
+          cfg->distributed_strategy ? cfg->distributed_strategy : "null");
+    const char *ss = cfg->fsdp_sharding_strategy;
+    CHECK(ss && (strcmp(ss, "NO_SHARD") == 0 || strcmp(ss, "SHARD_OPTIM") == 0 || strcmp(ss, "SHARD_GRAD_OP") == 0 ||
+                 strcmp(ss, "FULL_SHARD") == 0),
+          "fsdp.sharding_strategy", "expected NO_SHARD, SHARD_OPTIM, SHARD_GRAD_OP or FULL_SHARD, got '%s' (hybrid "
+          "sharding across nodes is what the SPES server does)", ss ? ss : "null");
     CHECK(cfg->sync_steps > 0, "spes_config.sync_steps", "must be > 0");
     CHECK(cfg->decayed_factor_update_steps > 0, "spes_config.decayed_factor_update_steps", "must be > 0");
     return SPES_OK;

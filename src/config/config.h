@@ -92,6 +92,12 @@ typedef struct {
     char *precision;                  // fp32 | amp_bf16 | amp_fp16 (default fp32: OLMo's)
     char *activation_checkpointing;   // NULL (none) | fine_grained | whole_layer
 
+    // ranks inside a node (src/dist/; used when the job has more than one rank)
+    char *distributed_strategy;       // single | ddp | fsdp (default fsdp, OLMo's)
+    char *fsdp_sharding_strategy;     // fsdp.sharding_strategy: NO_SHARD | SHARD_OPTIM (ours: ZeRO-1) |
+                                      // SHARD_GRAD_OP | FULL_SHARD (default FULL_SHARD, OLMo's)
+    double ddp_bucket_cap_mb;         // ddp.bucket_cap_mb: gradient bucket size of every strategy (25, torch's)
+
     // SPES
     bool using_spes;                  // train only own experts and sync through the server
     bool using_dilico;                // fedavg baseline: everything trainable, all averaged

@@ -457,9 +457,17 @@ static const ConfigKey KEYS[] = {
     {"fused_loss", K_IGNORED, .meaning = "GPU fused cross-entropy kernel; the loss is the same."},
     {"precision", K_STR, F(precision), .meaning = "fp32, amp_bf16 or amp_fp16 (dynamic loss scaling). On the cpu backend everything runs fp32."},
     {"device", K_STR, F(device), .meaning = "auto (a GPU when one is visible and spes has CUDA), cpu, cuda or cuda:N. Our extension."},
-    {"distributed_strategy", K_IGNORED, .meaning = "FSDP/DDP within a node; one process trains a node here."},
-    {"fsdp", K_IGNORED, .meaning = "FSDP settings (GPU only)."},
-    {"ddp", K_IGNORED, .meaning = "DDP settings (GPU only)."},
+    {"distributed_strategy", K_STR, F(distributed_strategy), .meaning = "Data parallelism over the ranks of a node (`spes train --nproc_per_node N`, mpirun): `ddp`, `fsdp` (see `fsdp.sharding_strategy`) or `single` (one rank only). Ignored with one rank. docs/distributed.md."},
+    {"fsdp", K_SECTION, .meaning = "FSDP settings: how `distributed_strategy: fsdp` shards."},
+    {"fsdp.sharding_strategy", K_STR, F(fsdp_sharding_strategy), .meaning = "NO_SHARD (= DDP), SHARD_OPTIM (ZeRO-1: optimizer state sharded; our extension), SHARD_GRAD_OP (ZeRO-2: + gradients), FULL_SHARD (ZeRO-3; parameters are not sharded yet: runs as SHARD_GRAD_OP with a warning). docs/distributed.md."},
+    {"fsdp.wrapping_strategy", K_IGNORED, .meaning = "Shards are contiguous ranges of the flat gradient buffer, not wrapped modules."},
+    {"fsdp.precision", K_IGNORED, .meaning = "The `precision` key decides compute types; collectives run on the fp32 gradients."},
+    {"fsdp.use_orig_params", K_IGNORED, .meaning = "Parameters are always addressed by their HF names."},
+    {"fsdp.hybrid_sharding_num_model_replicas", K_IGNORED, .meaning = "Hybrid sharding across nodes: nodes sync through the SPES server instead."},
+    {"ddp", K_SECTION, .meaning = "DDP settings."},
+    {"ddp.bucket_cap_mb", K_F64, F(ddp_bucket_cap_mb), MIN_POSITIVE, .meaning = "Gradient bucket size in MB for every strategy's gradient collective (torch DDP's bucket_cap_mb). Our extension."},
+    {"ddp.grad_sync_mode", K_IGNORED, .meaning = "Gradients are reduced once per optimizer step, after the last micro-batch."},
+    {"ddp.find_unused_params", K_IGNORED, .meaning = "Frozen tensors have no gradient and take part in no collective."},
     {"activation_checkpointing", K_STR, F(activation_checkpointing), .nullable = true, .meaning = "null: every layer keeps its activations; fine_grained: the experts' SwiGLU intermediates are recomputed in the backward; whole_layer: each layer's forward is recomputed before its backward. Same gradients, bit for bit."},
     {"speed_monitor", K_IGNORED, .meaning = "Tokens/s is always on the console line."},
     {"tokenizer", K_IGNORED, .meaning = "Token files already hold ids; the tokenizer is chosen at `spes tokenize` time."},
@@ -916,7 +924,7 @@ void config_write_keys_markdown(FILE *out) {
           "- **fixed**: only the value shown is implemented; `null` or that value is accepted, anything "
           "else is an error naming the file and line.\n"
           "- **ignored**: recognised and skipped (GPU/cluster-only), listed once at start-up. A whole "
-          "ignored section (e.g. `fsdp`) is skipped with everything under it.\n"
+          "ignored section (e.g. `compile`) is skipped with everything under it.\n"
           "- Keys that are in no row get ONE warning listing them all (typos show up there).\n\n"
           "Defaults are OLMo's, except: `optimizer.name` defaults to adamw (OLMo: lionw), "
           "`model.embedding_size` defaults to vocab_size (OLMo: 50304), `model.block_type` is moe.\n\n"
@@ -1002,6 +1010,9 @@ void config_defaults(TrainConfig *cfg) {
     cfg->server_addr = spes_strdup("127.0.0.1:50051");
     cfg->device = spes_strdup("auto");
     cfg->precision = spes_strdup("fp32");
+    cfg->distributed_strategy = spes_strdup("fsdp");
+    cfg->fsdp_sharding_strategy = spes_strdup("FULL_SHARD");
+    cfg->ddp_bucket_cap_mb = 25.0;
     cfg->decayed_factor_update_steps = 1;
     cfg->take_over_peer_id = -1;
     cfg->retry_timeout_s = 60;
@@ -1017,6 +1028,8 @@ void config_free(TrainConfig *cfg) {
     free(cfg->device);
     free(cfg->precision);
     free(cfg->activation_checkpointing);
+    free(cfg->distributed_strategy);
+    free(cfg->fsdp_sharding_strategy);
     free(cfg->auth_token_file);
     free(cfg->tls_ca);
     free(cfg->tls_cert);

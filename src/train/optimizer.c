@@ -14,10 +14,18 @@ int adamw_create(AdamW *opt, const ParamTable *table, const AdamWConfig *cfg) {
 }
 
 int adamw_create_on(AdamW *opt, const ParamTable *table, const AdamWConfig *cfg, Backend *be) {
+    return adamw_create_shard(opt, table, cfg, be, 0, table->trainable_numel);
+}
+
+int adamw_create_shard(AdamW *opt, const ParamTable *table, const AdamWConfig *cfg, Backend *be, size_t lo, size_t hi) {
     memset(opt, 0, sizeof *opt);
+    if (lo > hi || hi > table->trainable_numel)
+        return spes_fail("AdamW shard [%zu, %zu) outside the %zu trainable values", lo, hi, table->trainable_numel);
     opt->cfg = *cfg;
     opt->be = be;
-    opt->numel = table->trainable_numel;
+    opt->lo = lo;
+    opt->hi = hi;
+    opt->numel = hi - lo;
     if (!(opt->tensors = spes_calloc((size_t)table->count + 1, sizeof *opt->tensors))) return SPES_ERR;
     if (opt->numel == 0) return SPES_OK;   // nothing trainable: no state
     const size_t bytes = opt->numel * sizeof(float);
@@ -91,14 +99,18 @@ void adamw_step(AdamW *opt, const ParamTable *table, float *params, const float 
     for (int i = 0; i < table->count; i++) {
         const ParamInfo *pi = &table->entries[i];
         if (!pi->trainable || pi->grad_offset < 0) continue;
-        size_t go = (size_t)pi->grad_offset;
+        // The piece [a, b) of this tensor inside the state's range (the whole tensor unsharded).
+        size_t go = (size_t)pi->grad_offset, a = go > opt->lo ? go : opt->lo;
+        size_t b = go + pi->numel < opt->hi ? go + pi->numel : opt->hi;
+        if (a >= b) continue;
+        size_t at = pi->offset + (a - go);
         opt->tensors[count++] = (AdamWTensor){
-            .p = params + pi->offset,
-            .g = grads + go,
-            .m = opt->dm + go,
-            .v = opt->dv + go,
-            .compute = compute.p ? buf_at(compute, pi->offset) : (Buf){NULL, NUM_F32},
-            .n = pi->numel,
+            .p = params + at,
+            .g = grads + (a - opt->lo),
+            .m = opt->dm + (a - opt->lo),
+            .v = opt->dv + (a - opt->lo),
+            .compute = compute.p ? buf_at(compute, at) : (Buf){NULL, NUM_F32},
+            .n = b - a,
             .decay_mul = adamw_param_decays(c, pi->kind) ? decay_mul : 1.0f,
         };
     }

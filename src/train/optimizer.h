@@ -24,7 +24,9 @@ typedef struct {
 typedef struct {
     AdamWConfig cfg;
     Backend *be;
-    size_t numel;               // == table.trainable_numel when created
+    size_t numel;               // values of state held here: hi - lo
+    size_t lo, hi;              // the range of the gradient layout this state covers: [0, trainable_numel)
+                                // unsharded; a rank's shard under ZeRO-1/2 (src/dist/data_parallel.h)
     float *m;                   // host [numel] exp_avg (checkpoints read and write these)
     float *v;                   // host [numel] exp_avg_sq
     float *dm, *dv;             // the backend's moments (== m, v on cpu)
@@ -35,6 +37,9 @@ typedef struct {
 // Zeroed moments for the trainable tensors of `table`, on the cpu / on backend be.
 int adamw_create(AdamW *opt, const ParamTable *table, const AdamWConfig *cfg);
 int adamw_create_on(AdamW *opt, const ParamTable *table, const AdamWConfig *cfg, Backend *be);
+// The state of only [lo, hi) of the gradient layout (a ZeRO shard; lo <= hi <= trainable_numel):
+// m and v hold hi - lo values, and adamw_step updates only the parameters of that range.
+int adamw_create_shard(AdamW *opt, const ParamTable *table, const AdamWConfig *cfg, Backend *be, size_t lo, size_t hi);
 void adamw_free(AdamW *opt);
 // Host moments -> backend, backend -> host (no-ops on cpu).
 int adamw_state_to_device(AdamW *opt);
@@ -47,7 +52,9 @@ bool adamw_param_decays(const AdamWConfig *cfg, ParamKind kind);
 // One AdamW update of every trainable tensor at learning rate lr (params, grads: backend
 // fp32 buffers laid out by the table). compute: the parameters' low-precision copy, updated
 // by the same kernel (.p NULL when there is none). Same float32 operation order as torch's
-// single-tensor AdamW, so results agree to rounding.
+// single-tensor AdamW, so results agree to rounding. A shard's state updates the values of
+// its range only, tensor pieces element by element as the whole tensor would be; `grads`
+// then points at the gradient of value `lo` (grads[i - lo] for value i).
 void adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, Buf compute, double lr);
 
 // L2 norm of all n gradient values (backend memory). Summed in double over fixed-size

@@ -16,6 +16,8 @@
 #include "base/threads.h"
 #include "base/timer.h"
 #include "data/loader.h"
+#include "dist/comm.h"
+#include "dist/data_parallel.h"
 #include "model/hf_import.h"
 #include "train/checkpoint.h"
 #include "train/loss_scale.h"
@@ -52,6 +54,12 @@ struct Trainer {
     double timed_seconds;       // wall time of the steps after the first (for the ETA)
     int64_t timed_steps;
     int64_t steps_this_run;
+    // ranks inside the node (dist/): dist false with one rank, and nothing below is used
+    Comm *comm;
+    bool dist, rank0;
+    DataParallel dp;
+    double *micro_losses;       // [6 * micro-batches] per-micro-batch losses, summed over ranks
+    int n_micro_losses;
 };
 
 int trainer_setup_trainable(Model *m, const TrainConfig *cfg) {
@@ -136,9 +144,15 @@ static int resume_latest(Trainer *t, bool *resumed) {
                            "settings, or pass --force-resume to continue anyway",
                            dir, saved.config_hash, mine);
     }
-    if (rc == SPES_OK) rc = checkpoint_load(dir, &t->model, &t->adamw, &t->state);
+    // Sharded optimizer state (ZeRO-1/2): every rank reads the full state, written at any world
+    // size, and keeps its shard.
+    bool sharded = t->dist && t->dp.stage != DP_DDP;
+    AdamW full = {0};
+    if (rc == SPES_OK && sharded) rc = adamw_create(&full, &t->model.table, &cfg->adamw);
+    if (rc == SPES_OK) rc = checkpoint_load(dir, &t->model, sharded ? &full : &t->adamw, &t->state);
     if (rc == SPES_OK) rc = model_params_to_device(&t->model);
-    if (rc == SPES_OK) rc = adamw_state_to_device(&t->adamw);
+    if (rc == SPES_OK) rc = sharded ? dp_scatter_state(&t->dp, &full, &t->adamw) : adamw_state_to_device(&t->adamw);
+    if (sharded) adamw_free(&full);
     if (rc == SPES_OK) rc = loader_set_position(t->train_dl, t->state.data);
     if (rc == SPES_OK) {
         t->state.config_hash = mine;
@@ -163,7 +177,8 @@ static int load_initial_weights(Model *m, const char *dir) {
 }
 
 // A fresh run must not mix its checkpoints with an older run's (OLMo refuses too).
-static int claim_save_folder(const TrainConfig *cfg) {
+static int claim_save_folder(const TrainConfig *cfg, bool rank0) {
+    if (!rank0) return SPES_OK;   // rank 0 decides and removes; the others wait at a barrier
     char *dir;
     int64_t step;
     SPES_TRY(checkpoint_find_latest(cfg->save_folder, &dir, &step));
@@ -195,6 +210,21 @@ static int open_evaluators(Trainer *t) {
     return SPES_OK;
 }
 
+// What this rank holds on its backend, by role (the sizes of the buffers allocated), for the
+// per-strategy memory table of docs/distributed.md (bench/dist_memory.sh reads this line).
+static void log_memory(const Trainer *t) {
+    const double mb = 1.0 / 1048576.0;
+    size_t total = t->model.table.total_numel, trainable = t->model.table.trainable_numel;
+    double params = (double)total * (4 + (t->model.cparams ? num_type_size(t->be->compute) : 0)) * mb;
+    double grads = (double)trainable * 4 * mb, state = (double)t->adamw.numel * 8 * mb, scratch = 0;
+    if (t->dist) {
+        scratch = (double)t->dp.scratch_n * 4 * mb;
+    }
+    log_info("memory per rank (%s): parameters %.3f MB, gradients %.3f MB, optimizer state %.3f MB, collective "
+             "scratch %.3f MB",
+             t->be->name, params, grads, state, scratch);
+}
+
 int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **out) {
     *out = NULL;
     Trainer *t = spes_calloc(1, sizeof *t);
@@ -203,6 +233,9 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     t->opt = *opt;
     t->last_eval_step = -1;
     threads_set(cfg->threads);
+    t->comm = opt->comm;
+    t->dist = comm_is_multi(opt->comm);
+    t->rank0 = comm_rank(opt->comm) == 0;
     t->weights = (LossWeights){.lm_z_mult = cfg->softmax_auxiliary_loss ? cfg->auxiliary_loss_multiplier : 0.0f,
                                .lb_weight = cfg->moe_loss_weight,
                                .router_z_weight = cfg->moe_zloss_weight,
@@ -215,11 +248,31 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     Precision precision;
     if (precision_from_name(cfg->precision, &precision) != SPES_OK) goto fail;
     if (backend_open(cfg->device, precision, &t->be) != SPES_OK) goto fail;
+    if (t->dist && !t->be->host_memory && !strchr(cfg->device, ':')) {
+        // Rank r of a node uses GPU LOCAL_RANK (an explicit cuda:N is taken as given).
+        char dev[32];
+        snprintf(dev, sizeof dev, "cuda:%d", comm_local_rank(t->comm));
+        backend_close(t->be);
+        t->be = NULL;
+        if (backend_open(dev, precision, &t->be) != SPES_OK) goto fail;
+    }
     if (model_create_on(&t->model, &cfg->model, t->be) != SPES_OK) goto fail;
     t->model_created = true;
     if (trainer_setup_trainable(&t->model, cfg) != SPES_OK) goto fail;
     if (model_set_activation_checkpointing(&t->model, cfg->activation_checkpointing) != SPES_OK) goto fail;
-    if (adamw_create_on(&t->adamw, &t->model.table, &cfg->adamw, t->be) != SPES_OK) goto fail;
+    if (t->dist) {
+        DpStage stage;
+        if (dp_stage_from_config(cfg, comm_size(t->comm), &stage) != SPES_OK) goto fail;
+        if (dp_create(&t->dp, t->comm, t->be, stage, &t->model.table, cfg->ddp_bucket_cap_mb) != SPES_OK)
+            goto fail;
+        size_t lo, hi;
+        dp_state_range(&t->dp, &lo, &hi);
+        if (adamw_create_shard(&t->adamw, &t->model.table, &cfg->adamw, t->be, lo, hi) != SPES_OK) goto fail;
+        log_info("dist: %d ranks, strategy %s; this rank holds optimizer state for [%zu, %zu) of %zu trainable values",
+                 comm_size(t->comm), dp_stage_name(stage), lo, hi, t->model.table.trainable_numel);
+    } else if (adamw_create_on(&t->adamw, &t->model.table, &cfg->adamw, t->be) != SPES_OK) {
+        goto fail;
+    }
     size_t n_counts = (size_t)cfg->model.n_layers * (size_t)cfg->model.num_experts;
     if (!(t->step_counts = spes_calloc(n_counts, sizeof *t->step_counts))) goto fail;
 
@@ -227,14 +280,15 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     bool resumed = false;
     if ((opt->resume || cfg->try_load_latest_save) && resume_latest(t, &resumed) != SPES_OK) goto fail;
     if (!resumed) {
-        if (claim_save_folder(cfg) != SPES_OK) goto fail;
+        if (claim_save_folder(cfg, t->rank0) != SPES_OK) goto fail;
+        if (comm_barrier(t->comm) != SPES_OK) goto fail;
         model_init_weights(&t->model, (uint64_t)cfg->seed);
         if (cfg->load_path && load_initial_weights(&t->model, cfg->load_path) != SPES_OK) goto fail;
         if (model_params_to_device(&t->model) != SPES_OK) goto fail;
     }
     t->last_saved_step = resumed ? t->state.step : -1;
     if (mkdir_p(cfg->save_folder) != SPES_OK) goto fail;
-    if (metrics_open(&t->log, cfg->save_folder, t->state.step) != SPES_OK) goto fail;
+    if (t->rank0 && metrics_open(&t->log, cfg->save_folder, t->state.step) != SPES_OK) goto fail;
 
     if (opt->peak_flops > 0)
         t->peak_flops = opt->peak_flops;
@@ -253,6 +307,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     t->force_overflow_step = force && *force ? strtoll(force, NULL, 10) : -1;
     int n_trainable = 0;
     for (int i = 0; i < t->model.table.count; i++) n_trainable += t->model.table.entries[i].trainable;
+    log_memory(t);
     log_info("device: %s", t->be->description);
     log_info("model: %zu parameters, %zu trainable in %d of %d tensors; %" PRId64 " training instances of %d "
              "tokens; %" PRId64 " steps of %d instances (%d micro-batches); MFU relative to %.1f GFLOP/s%s%s",
@@ -277,7 +332,9 @@ void trainer_free(Trainer *t) {
     }
     free(t->evals);
     free(t->step_counts);
+    free(t->micro_losses);
     adamw_free(&t->adamw);
+    if (t->dist) dp_free(&t->dp);
     if (t->model_created) model_free(&t->model);
     backend_close(t->be);
     loader_free(t->train_dl);
@@ -289,6 +346,45 @@ Model *trainer_model(Trainer *t) { return &t->model; }
 int64_t trainer_step_count(const Trainer *t) { return t->state.step; }
 int64_t trainer_max_steps(const Trainer *t) { return t->max_steps; }
 TrainState *trainer_state(Trainer *t) { return &t->state; }
+
+// ---- several ranks ----
+static int prepare_micro_losses(Trainer *t, int n_micro) {
+    if (t->n_micro_losses < n_micro) {
+        free(t->micro_losses);
+        t->n_micro_losses = 0;
+        if (!(t->micro_losses = spes_calloc((size_t)n_micro * 6, sizeof(double)))) return SPES_ERR;
+        t->n_micro_losses = n_micro;
+    }
+    memset(t->micro_losses, 0, (size_t)n_micro * 6 * sizeof(double));
+    return SPES_OK;
+}
+
+// Every micro-batch's losses come from exactly one rank (the others add zeros, exactly), then
+// the means are taken in micro-batch order as one rank takes them: the same bits.
+static int combine_ranks(Trainer *t, int n_micro, size_t n_counts, LossValues *mean) {
+    SPES_TRY(comm_allreduce_sum(t->comm, NULL, t->micro_losses, (size_t)n_micro * 6, COMM_F64));
+    SPES_TRY(comm_allreduce_sum(t->comm, NULL, t->step_counts, n_counts, COMM_I64));
+    for (int i = 0; i < n_micro; i++) {
+        const double *ml = t->micro_losses + (size_t)6 * i;
+        mean->ce += ml[0] / n_micro;
+        mean->lm_z += ml[1] / n_micro;
+        mean->lb += ml[2] / n_micro;
+        mean->router_z += ml[3] / n_micro;
+        mean->total += ml[4] / n_micro;
+        mean->num_targets += (int64_t)ml[5];
+    }
+    return SPES_OK;
+}
+
+static double step_grad_norm(Trainer *t) {
+    size_t n = t->model.table.trainable_numel;
+    return t->dist ? dp_grad_norm(&t->dp, t->model.grads) : grad_global_norm(t->be, t->model.grads, n);
+}
+
+static void step_grad_scale(Trainer *t, float coef) {
+    if (t->dist) dp_grad_scale(&t->dp, t->model.grads, coef);
+    else t->be->ops->scale(t->be, t->model.grads, t->model.table.trainable_numel, coef);
+}
 
 int trainer_step(Trainer *t, StepMetrics *out) {
     const TrainConfig *cfg = t->cfg;
@@ -309,24 +405,40 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     memset(t->step_counts, 0, n_counts * sizeof *t->step_counts);
     model_zero_grad(m);
 
-    // Gradient accumulation: grads of sum_i loss_i / n_micro (OLMo's train_batch).
+    // Gradient accumulation: grads of sum_i loss_i / n_micro (OLMo's train_batch). With
+    // several ranks this rank computes micro-batches [first, last) and the gradient sum
+    // over ranks is the one rank's; the losses are combined per micro-batch, in order.
+    int first = 0, last = n_micro;
+    if (t->dist) {
+        int r = comm_rank(t->comm), size = comm_size(t->comm);
+        first = (int)((int64_t)n_micro * r / size);
+        last = (int)((int64_t)n_micro * (r + 1) / size);
+        SPES_TRY(prepare_micro_losses(t, n_micro));
+    }
     LossValues mean = {0};
     double flops = 0;
-    for (int i = 0; i < n_micro; i++) {
+    for (int i = first; i < last; i++) {
         int r0 = i * micro, nb = rows - r0 < micro ? rows - r0 : micro;
         LossValues lv;
         if (model_forward_backward(m, batch->inputs + (size_t)r0 * T, batch->targets + (size_t)r0 * T, nb, T,
                                    &t->weights, (float)(t->scaler.scale / n_micro), &lv, NULL) != SPES_OK)
             return spes_fail_context("step %" PRId64 ", micro-batch %d", step, i);
-        mean.ce += lv.ce / n_micro;
-        mean.lm_z += lv.lm_z / n_micro;
-        mean.lb += lv.lb / n_micro;
-        mean.router_z += lv.router_z / n_micro;
-        mean.total += lv.total / n_micro;
-        mean.num_targets += lv.num_targets;
+        if (t->dist) {
+            double *ml = t->micro_losses + (size_t)6 * i;
+            ml[0] = lv.ce, ml[1] = lv.lm_z, ml[2] = lv.lb, ml[3] = lv.router_z, ml[4] = lv.total;
+            ml[5] = (double)lv.num_targets;
+        } else {
+            mean.ce += lv.ce / n_micro;
+            mean.lm_z += lv.lm_z / n_micro;
+            mean.lb += lv.lb / n_micro;
+            mean.router_z += lv.router_z / n_micro;
+            mean.total += lv.total / n_micro;
+            mean.num_targets += lv.num_targets;
+        }
         for (size_t k = 0; k < n_counts; k++) t->step_counts[k] += m->expert_counts[k];
         flops += model_train_flops(m, nb, T);
     }
+    if (t->dist) SPES_TRY(combine_ranks(t, n_micro, n_counts, &mean));
     if (!isfinite(mean.total))
         return spes_fail("step %" PRId64 ": the loss is %g (ce %g); lower optimizer.learning_rate or set "
                          "max_grad_norm; the last checkpoint is unaffected",
@@ -336,10 +448,11 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     double lr = schedule_lr(&cfg->schedule, cfg->learning_rate, step, t->max_steps);
     double norm = 0.0;
     bool apply = true;
+    if (t->dist && n_grad) SPES_TRY(dp_reduce_grads(&t->dp, m->grads));
     if (t->scaler.enabled) {
         // Gradients are scaled by the loss scale: a non-finite norm is an overflow (skip the
         // step, halve the scale); otherwise unscale and clip in one multiply.
-        norm = n_grad ? grad_global_norm(t->be, m->grads, n_grad) / t->scaler.scale : 0.0;
+        norm = n_grad ? step_grad_norm(t) / t->scaler.scale : 0.0;
         bool finite = isfinite(norm) && step != t->force_overflow_step;
         apply = loss_scale_update(&t->scaler, finite);
         if (!apply) {
@@ -349,13 +462,21 @@ int trainer_step(Trainer *t, StepMetrics *out) {
             double unscale = 1.0 / t->scaler.scale;
             float clip = cfg->max_grad_norm > 0 ? (float)cfg->max_grad_norm / ((float)norm + 1e-6f) : 1.0f;
             float coef = (float)(unscale * (clip < 1.0f ? clip : 1.0f));
-            if (coef != 1.0f) t->be->ops->scale(t->be, m->grads, n_grad, coef);
+            if (coef != 1.0f) step_grad_scale(t, coef);
         }
+    } else if (n_grad && t->dist) {
+        // As grad_clip_global_norm, over the reduced gradient (whole or sharded).
+        norm = dp_grad_norm(&t->dp, m->grads);
+        float coef = cfg->max_grad_norm > 0 ? (float)cfg->max_grad_norm / ((float)norm + 1e-6f) : 1.0f;
+        if (coef < 1.0f) dp_grad_scale(&t->dp, m->grads, coef);
     } else if (n_grad) {
         norm = grad_clip_global_norm(t->be, m->grads, n_grad, cfg->max_grad_norm);
     }
     const Buf compute = {m->cparams, t->be->compute};
-    if (n_grad && apply) adamw_step(&t->adamw, &m->table, m->dparams, m->grads, compute, lr);
+    if (n_grad && apply) {
+        adamw_step(&t->adamw, &m->table, m->dparams, t->dist ? dp_step_grads(&t->dp, m->grads) : m->grads, compute, lr);
+        if (t->dist) SPES_TRY(dp_gather_params(&t->dp, &m->table, m->dparams, compute));
+    }
     SPES_TRY(backend_sync(t->be));
 
     t->state.step = step;
@@ -418,14 +539,40 @@ int trainer_evaluate(Trainer *t) {
     return SPES_OK;
 }
 
+// Several ranks: the optimizer state is gathered into one full state (sharded strategies),
+// rank 0 writes today's files, and every rank learns whether that worked.
+static int save_ranks(Trainer *t) {
+    bool sharded = t->dp.stage != DP_DDP;
+    AdamW full = {0};
+    int rc = SPES_OK;
+    if (sharded) {
+        rc = adamw_create(&full, &t->model.table, &t->cfg->adamw);
+        if (rc == SPES_OK) rc = dp_gather_state(&t->dp, &t->adamw, &full);
+    } else {
+        rc = adamw_state_to_host(&t->adamw);
+    }
+    if (rc == SPES_OK && t->rank0) rc = checkpoint_save(t->cfg->save_folder, &t->model, sharded ? &full : &t->adamw,
+                                                        &t->state, t->cfg);
+    if (rc == SPES_OK && t->rank0) rc = checkpoint_prune(t->cfg->save_folder, t->cfg->save_num_unsharded_checkpoints_to_keep);
+    if (sharded) adamw_free(&full);
+    int64_t ok = rc == SPES_OK;   // a gather that failed has already ended the job (MPI errors are fatal)
+    SPES_TRY(comm_broadcast(t->comm, NULL, &ok, sizeof ok, 0));
+    if (rc == SPES_OK && !ok) rc = spes_fail("rank 0 could not save step %" PRId64 " (its log says why)", t->state.step);
+    return rc;
+}
+
 int trainer_save(Trainer *t) {
     double t0 = now_seconds();
     SPES_TRY(model_params_to_host(&t->model));
-    SPES_TRY(adamw_state_to_host(&t->adamw));
     t->state.loss_scale = t->scaler.enabled ? t->scaler.scale : 0;
     t->state.loss_scale_good_steps = t->scaler.enabled ? t->scaler.good_steps : 0;
-    SPES_TRY(checkpoint_save(t->cfg->save_folder, &t->model, &t->adamw, &t->state, t->cfg));
-    SPES_TRY(checkpoint_prune(t->cfg->save_folder, t->cfg->save_num_unsharded_checkpoints_to_keep));
+    if (t->dist) {
+        SPES_TRY(save_ranks(t));
+    } else {
+        SPES_TRY(adamw_state_to_host(&t->adamw));
+        SPES_TRY(checkpoint_save(t->cfg->save_folder, &t->model, &t->adamw, &t->state, t->cfg));
+        SPES_TRY(checkpoint_prune(t->cfg->save_folder, t->cfg->save_num_unsharded_checkpoints_to_keep));
+    }
     t->last_saved_step = t->state.step;
     log_info("saved %s/step%" PRId64 " (%.1fs)", t->cfg->save_folder, t->state.step, now_seconds() - t0);
     return SPES_OK;
@@ -443,25 +590,31 @@ int trainer_run(Trainer *t) {
         SPES_TRY(trainer_step(t, &sm));
         int64_t step = sm.step;
         bool log_step = step % log_every == 0 || step == 1 || step == t->max_steps;
-        if (log_step) {
+        if (log_step && t->rank0) {
             char line[512];
             metrics_format_console(&sm, line, sizeof line);
             log_info("%s", line);
         }
-        SPES_TRY(metrics_write_step(&t->log, &sm, step % log_every == 0));
+        if (t->rank0) SPES_TRY(metrics_write_step(&t->log, &sm, step % log_every == 0));
         if (t->opt.after_step && t->opt.after_step(t->opt.after_step_ctx, &t->model, step) != SPES_OK)
             return spes_fail_context("after step %" PRId64, step);
         bool interrupted = t->opt.stop && *t->opt.stop;
+        if (t->dist) {   // a signal seen by any rank stops them all at the same step
+            int64_t any = interrupted;
+            SPES_TRY(comm_allreduce_sum(t->comm, NULL, &any, 1, COMM_I64));
+            interrupted = any > 0;
+        }
         if (cfg->save_interval_unsharded > 0 && step % cfg->save_interval_unsharded == 0) SPES_TRY(trainer_save(t));
         if (interrupted) {
             log_info("interrupted: finishing at step %" PRId64, step);
             break;
         }
-        if (t->n_evals > 0 && cfg->eval_interval > 0 && step % cfg->eval_interval == 0) SPES_TRY(trainer_evaluate(t));
+        if (t->rank0 && t->n_evals > 0 && cfg->eval_interval > 0 && step % cfg->eval_interval == 0)
+            SPES_TRY(trainer_evaluate(t));
     }
     if (t->last_saved_step != t->state.step) SPES_TRY(trainer_save(t));
     // A completed run ends with a validation figure even off the eval_interval grid.
     bool completed = t->state.step >= t->max_steps;
-    if (completed && t->n_evals > 0 && t->last_eval_step != t->state.step) SPES_TRY(trainer_evaluate(t));
+    if (t->rank0 && completed && t->n_evals > 0 && t->last_eval_step != t->state.step) SPES_TRY(trainer_evaluate(t));
     return SPES_OK;
 }

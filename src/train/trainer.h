@@ -6,7 +6,13 @@
 // step's gradient is that of the mean of the micro-batch means. The schedule is evaluated
 // at the 1-based number of the step being taken (OLMo increments global_step first).
 //
-// One trainer runs one model on one node. SPES hooks in through `after_step` (called after
+// One trainer runs one model on one rank. With several ranks (opt.comm, src/dist/) every rank
+// builds the same trainer: the loader hands every rank the same global batch and each rank
+// computes a contiguous share of its micro-batches (rank r: micro-batches [r*M/N, (r+1)*M/N)
+// of M), so every micro-batch holds exactly the instances it holds on one rank and the step's
+// losses are bit-identical to one rank's; gradients are then summed over ranks as
+// dist/data_parallel.h says. Rank 0 alone writes checkpoints, metrics and runs evaluations;
+// the others log warnings and errors only. SPES hooks in through `after_step` (called after
 // every optimizer step with the model and the step number: upload/download happen there)
 // and trainer_setup_trainable (the single place the trainable mask is decided).
 #pragma once
@@ -20,6 +26,7 @@
 #include "train/metrics.h"
 
 typedef struct Trainer Trainer;
+typedef struct Comm Comm;
 
 // Called after every optimizer step. It may change the parameters (load an aggregated
 // model); the optimizer state is kept. SPES_ERR stops training with that error.
@@ -34,6 +41,8 @@ typedef struct {
     void *after_step_ctx;
     const float *lb_count_factor;   // [L*E] load-balancing count factors (SPES decayed aux loss), NULL = 1;
                                     // read every step: the owner may update it in place
+    Comm *comm;                     // the ranks of this node (dist/comm.h); NULL or one rank: no collectives.
+                                    // after_step is called on every rank (it decides what rank 0 does alone)
 } TrainerOptions;
 
 // Opens the data, builds and initialises (or loads / resumes) the model and optimizer.
@@ -48,7 +57,8 @@ int trainer_run(Trainer *t);
 int trainer_step(Trainer *t, StepMetrics *out);
 // Token-weighted mean cross-entropy of every lm evaluator, logged and written to metrics.jsonl.
 int trainer_evaluate(Trainer *t);
-// Writes save_folder/step<N> and prunes old ones to the keep count.
+// Writes save_folder/step<N> and prunes old ones to the keep count. With several ranks every
+// rank calls it (sharded optimizer state is gathered); rank 0 writes.
 int trainer_save(Trainer *t);
 
 Model *trainer_model(Trainer *t);

@@ -16,7 +16,7 @@ cd "$work"
   --output_prefix "$work/tok/ts_" --dtype uint16 2>/dev/null
 "$SPES_BIN" list-files "$work/tok" "$work/file_list.txt" 2>/dev/null
 
-export PORT=$(( 20000 + RANDOM % 20000 )) MASTER_ADDR=localhost NPROC_PER_NODE=1
+export PORT=$(( 20000 + RANDOM % 20000 )) MASTER_ADDR=localhost NPROC_PER_NODE=1 THREADS=1
 export TOTAL_PEERS=4 NUM_TRAIN_EXPERTS_PER_NODE=2 MERGE_INTERVAL=2 MERGE_ALPHA_START=0.1 MERGE_DECAY_STEPS=100
 overrides=(--data.paths="[$work/file_list.txt]" --max_duration=4 --scheduler.t_warmup=1
            --global_train_batch_size=2 --device_train_microbatch_size=2 --spes_config.sync_steps=2

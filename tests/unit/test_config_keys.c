@@ -41,7 +41,11 @@ static void test_table_content(void **state) {
     (void)state;
     size_t len;
     char *gen = generated_markdown(&len);
-    assert_non_null(strstr(gen, "| `fsdp` |  | ignored |"));
+    assert_non_null(strstr(gen, "| `compile` |  | ignored |"));
+    // data parallelism inside a node (src/dist/, docs/distributed.md)
+    assert_non_null(strstr(gen, "| `distributed_strategy` | `\"fsdp\"` | supported |"));
+    assert_non_null(strstr(gen, "| `fsdp.sharding_strategy` | `\"FULL_SHARD\"` | supported |"));
+    assert_non_null(strstr(gen, "| `ddp.bucket_cap_mb` | `25` | supported |"));
     assert_non_null(strstr(gen, "| `optimizer.learning_rate` | `0.0001` | supported |"));
     assert_non_null(strstr(gen, "| `model.activation_type` | `swiglu` | fixed |"));
     assert_non_null(strstr(gen, "| `data.instance_filter` |  | ignored | NOT implemented"));

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Per-rank memory of each data-parallel strategy (docs/distributed.md), measured next to its
+# theory, for N = 1, 2, 4 ranks on the cpu, plus tokens/s of 2 ranks x 1 thread against 1 rank
+# x 2 threads. usage: bash bench/dist_memory.sh [build-dir]
+# Model: tiny_shakespeare's MoE widened (d_model 256, 4 layers, 8 experts: ~8.7M parameters);
+# random byte-level tokens. "Measured" is the size of every buffer the rank allocated for
+# each role (the trainer's "memory per rank" line), and rank 0's peak RSS; theory is
+# ZeRO's: P parameters, T trainable, fp32: params 4P (4P/N under ZeRO-3), gradients 4T
+# (4T/N under ZeRO-2/3), AdamW state 8T (8T/N under ZeRO-1/2/3).
+set -euo pipefail
+BUILD=${1:-build}
+cd "$(dirname "$0")/.."
+case $BUILD in /*) SPES=$BUILD/spes ;; *) SPES=$PWD/$BUILD/spes ;; esac
+[ -x "$SPES" ] || { echo "dist_memory: skipped (no $SPES)"; exit 0; }
+command -v mpirun >/dev/null || { echo "dist_memory: skipped (no mpirun)"; exit 0; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+python3 - "$tmp/tokens.npy" <<'PY'
+import random, struct, sys
+random.seed(5)
+n = 256 * 128
+open(sys.argv[1], "wb").write(struct.pack("<%dH" % n, *(random.randrange(257) for _ in range(n))))
+PY
+common=(configs/tiny_shakespeare.yaml --data.paths="[$tmp/tokens.npy]" --model.d_model=256 --model.n_layers=4
+        --model.moe_num_experts=8 --model.mlp_hidden_size=512 --global_train_batch_size=8
+        --device_train_microbatch_size=2 --eval_interval=100000 --save_interval_unsharded=100000
+        --try_load_latest_save=false --device=cpu --scheduler.t_warmup=0)
+
+run() {   # run NAME NPROC THREADS STEPS [overrides]
+  local name=$1 n=$2 th=$3 steps=$4
+  shift 4
+  "$SPES" train "${common[@]}" --save_folder="$tmp/$name" --threads="$th" --max_duration="$steps" \
+    --nproc_per_node "$n" "$@" >"$tmp/$name.log" 2>&1 || { echo "dist_memory: failed ($name)"; tail "$tmp/$name.log"; exit 1; }
+}
+field() { sed -n "s/.*memory per rank.*$1 \([0-9.]*\) MB.*/\1/p" "$2" | head -1; }
+
+echo "| strategy | ranks N | parameters MB (theory) | gradients MB (theory) | optimizer state MB (theory) | collective scratch MB | peak RSS rank 0 MB |"
+echo "|---|---|---|---|---|---|---|"
+P=""; T=""
+for n in 1 2 4; do
+  for s in ddp SHARD_OPTIM SHARD_GRAD_OP FULL_SHARD; do
+    [ $n = 1 ] && [ $s != ddp ] && continue
+    name="${s}_$n"
+    if [ $s = ddp ]; then run "$name" $n 1 1 --distributed_strategy=ddp; else run "$name" $n 1 1 --fsdp.sharding_strategy=$s; fi
+    log="$tmp/$name.log"
+    if [ -z "$P" ]; then
+      P=$(sed -n 's/.*model: \([0-9]*\) parameters, \([0-9]*\) trainable.*/\1/p' "$log")
+      T=$(sed -n 's/.*model: \([0-9]*\) parameters, \([0-9]*\) trainable.*/\2/p' "$log")
+    fi
+    read -r tp tg to < <(python3 -c "
+P, T, N, s = $P, $T, $n, '$s'
+mb = 1 / 1048576
+p = 4 * P / (N if s == 'FULL_SHARD' else 1)
+g = 4 * T / (N if s in ('SHARD_GRAD_OP', 'FULL_SHARD') else 1)
+o = 8 * T / (N if s != 'ddp' else 1)
+print('%.2f %.2f %.2f' % (p * mb, g * mb, o * mb))")
+    rss=$(python3 -c "import json; print('%.1f' % json.loads(open('$tmp/$name/metrics.jsonl').readline())['perf']['peak_rss_mb'])")
+    label=$s; [ $n = 1 ] && label="single (any)"
+    printf "| %s | %d | %.2f (%s) | %.2f (%s) | %.2f (%s) | %.2f | %s |\n" "$label" $n \
+      "$(field parameters "$log")" "$tp" "$(field gradients "$log")" "$tg" "$(field "optimizer state" "$log")" "$to" \
+      "$(field "collective scratch" "$log")" "$rss"
+  done
+done
+echo "P = $P parameters, T = $T trainable (fp32)"
+
+# Throughput: the same 12 steps, 2 ranks x 1 thread (DDP) against 1 rank x 2 threads (and 1 x 1).
+tps() { python3 -c "
+import json
+rows = [json.loads(l) for l in open('$1/metrics.jsonl') if '\"perf\"' in l][2:]   # skip the warm-up steps
+print('%.0f' % (sum(r['tokens'] for r in rows) / sum(r['perf']['step_s'] for r in rows)))"; }
+run tp_1x1 1 1 12
+run tp_1x2 1 2 12
+run tp_2x1 2 1 12 --distributed_strategy=ddp
+c=$(tps "$tmp/tp_1x1"); a=$(tps "$tmp/tp_1x2"); b=$(tps "$tmp/tp_2x1")
+echo "tokens/s: 1 rank x 1 thread $c, 1 rank x 2 threads $a, 2 ranks x 1 thread (DDP) $b"
+echo "dist_memory: params_mb_n1=$(field parameters "$tmp/ddp_1.log") opt_mb_zero1_n4=$(field "optimizer state" "$tmp/SHARD_OPTIM_4.log") tok_s_1x2=$a tok_s_2x1=$b"

@@ -1,0 +1,66 @@
+// Ranks inside a node and the collectives between them: one interface, two transports.
+//
+//   host buffers (cpu backend, checkpoint gathers, small values): MPI (OpenMPI)
+//   device buffers (cuda backend): NCCL, bootstrapped over MPI (rank 0's ncclUniqueId is
+//   broadcast with MPI_Bcast), compiled only in CUDA builds (src/dist/nccl.c)
+//
+// Which one a call uses follows the buffer's backend: `be->host_memory` -> MPI, otherwise
+// NCCL. No collective algorithm is written here: MPI and NCCL do the reductions.
+//
+// A job of one rank (no launcher, or a launcher with one process) never initialises MPI:
+// every collective is then the identity, so single-rank training is exactly what it was.
+//
+// Failure. Every MPI call runs under MPI_ERRORS_ARE_FATAL: a rank that dies makes mpirun end
+// the whole job (it kills the other ranks and names the one that died), so no collective can
+// wait for a dead rank forever. A rank that fails cleanly (an error message) calls
+// comm_abort, which ends the job the same way after the message is printed.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops/backend.h"
+
+typedef enum { COMM_F32 = 0, COMM_F64, COMM_I64, COMM_BYTE } CommType;
+
+typedef struct Comm Comm;
+
+// The job this process belongs to, from the launcher's environment: OpenMPI's mpirun
+// (OMPI_COMM_WORLD_*), or a single rank when there is none. Initialises MPI only for a job of
+// more than one rank. `*out` is never NULL on success.
+int comm_init(Comm **out);
+// MPI_Finalize (multi-rank) and frees. NULL is fine.
+void comm_finalize(Comm *c);
+// Ends every rank of the job with `code` (MPI_Abort); a single rank just returns.
+void comm_abort(Comm *c, int code);
+
+int comm_rank(const Comm *c);
+int comm_size(const Comm *c);
+int comm_local_rank(const Comm *c);     // rank on this node: the GPU this rank uses
+bool comm_is_multi(const Comm *c);      // size > 1
+
+// buf[0..n) summed over ranks, in place, every rank gets the result.
+int comm_allreduce_sum(Comm *c, Backend *be, void *buf, size_t n, CommType t);
+// send[0..sum(counts)) summed over ranks; rank r receives block r (counts[r] values, blocks
+// consecutive in rank order) into recv. f32.
+int comm_reduce_scatter_sum(Comm *c, Backend *be, const float *send, float *recv, const int *counts);
+// In place: block r of buf (counts[r] values at displacement sum(counts[0..r))) comes from
+// rank r; afterwards every rank holds every block. f32.
+int comm_allgather(Comm *c, Backend *be, float *buf, const int *counts);
+// buf[0..bytes) of root to every rank.
+int comm_broadcast(Comm *c, Backend *be, void *buf, size_t bytes, int root);
+int comm_barrier(Comm *c);
+// All ranks' values of one int in rank order (out[size]); a host collective.
+int comm_allgather_int(Comm *c, int value, int *out);
+
+// The NCCL half (nccl.c). Device collectives in a build without CUDA, or on a backend
+// without NCCL, fail with a message naming the missing piece.
+typedef struct CommNccl CommNccl;
+int comm_nccl_open(Comm *c, Backend *be, CommNccl **out);
+void comm_nccl_close(CommNccl *n);
+int comm_nccl_allreduce_sum(CommNccl *n, Backend *be, void *buf, size_t count, CommType t);
+// Blocks of different sizes (shards of a gradient buffer) as one NCCL group of per-block
+// ncclReduce / ncclBroadcast calls (NCCL's own ReduceScatter/AllGather need equal blocks).
+int comm_nccl_reduce_scatter_sum(CommNccl *n, Backend *be, const float *send, float *recv, const int *counts);
+int comm_nccl_allgather(CommNccl *n, Backend *be, float *buf, const int *counts);
+int comm_nccl_broadcast(CommNccl *n, Backend *be, void *buf, size_t bytes, int root);

@@ -1,0 +1,244 @@
+// Gradient reduction, sharded optimizer state and parameter all-gather. See data_parallel.h.
+#include "dist/data_parallel.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/log.h"
+
+int dp_stage_from_config(const TrainConfig *cfg, int world_size, DpStage *out) {
+    const char *ds = cfg->distributed_strategy, *ss = cfg->fsdp_sharding_strategy;
+    *out = DP_DDP;
+    if (strcmp(ds, "single") == 0) {
+        if (world_size > 1)
+            return spes_fail("distributed_strategy is single but the job has %d ranks: set ddp or fsdp, or launch "
+                             "one rank (no --nproc_per_node)",
+                             world_size);
+        return SPES_OK;
+    }
+    if (strcmp(ds, "ddp") == 0 || strcmp(ss, "NO_SHARD") == 0) return SPES_OK;
+    if (strcmp(ss, "SHARD_OPTIM") == 0) {
+        *out = DP_ZERO1;
+        return SPES_OK;
+    }
+    if (strcmp(ss, "FULL_SHARD") == 0 && world_size > 1)
+        log_warn("fsdp.sharding_strategy FULL_SHARD: parameter sharding (ZeRO-3) is not implemented; running as "
+                 "SHARD_GRAD_OP (ZeRO-2: gradients and optimizer state sharded, parameters replicated). The training "
+                 "is the same; only the memory per rank differs (docs/distributed.md)");
+    *out = DP_ZERO2;
+    return SPES_OK;
+}
+
+const char *dp_stage_name(DpStage s) { return s == DP_ZERO1 ? "zero1" : s == DP_ZERO2 ? "zero2" : "ddp"; }
+
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+bool dp_layout_is_contiguous(const ParamTable *table) {
+    for (int i = 0; i < table->count; i++) {
+        const ParamInfo *pi = &table->entries[i];
+        if (pi->trainable && (pi->grad_offset < 0 || (size_t)pi->grad_offset != pi->offset)) return false;
+    }
+    return true;
+}
+
+int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const ParamTable *table, double bucket_mb) {
+    memset(dp, 0, sizeof *dp);
+    dp->comm = comm;
+    dp->be = be;
+    dp->rank = comm_rank(comm);
+    dp->size = comm_size(comm);
+    dp->stage = stage;
+    dp->n = table->trainable_numel;
+    size_t bucket = (size_t)(bucket_mb * 1e6 / sizeof(float));
+    dp->bucket = bucket < 1024 ? 1024 : bucket;
+    if (!(dp->lo = spes_calloc((size_t)dp->size + 1, sizeof *dp->lo)) ||
+        !(dp->counts = spes_calloc((size_t)dp->size, sizeof *dp->counts))) {
+        dp_free(dp);
+        return SPES_ERR;
+    }
+    // Equal shards, the first n % size one value longer.
+    size_t base = dp->n / (size_t)dp->size, extra = dp->n % (size_t)dp->size;
+    for (int r = 0; r < dp->size; r++) dp->lo[r + 1] = dp->lo[r] + base + ((size_t)r < extra);
+    if (stage != DP_DDP && base + 1 > (size_t)INT_MAX) {
+        dp_free(dp);
+        return spes_fail("dist: a shard of %zu values is more than MPI/NCCL counts hold; use more ranks", base + 1);
+    }
+    // Scratch of one bucket: ZeRO-2's reduce-scatter lands there before it is copied into the
+    // shard's place, and the parameter all-gather goes through it bucket by bucket, unless the
+    // trainable tensors are the front of the parameter buffer in table order (every tensor
+    // trainable: no frozen experts), when the all-gather runs in place on the parameters.
+    // A rank's block of one bucket is at most a shard (the first shard is the largest).
+    dp->contiguous = dp_layout_is_contiguous(table);
+    size_t scratch = 0;
+    if (stage == DP_ZERO2) scratch = min_sz(dp->bucket, dp->lo[1]);
+    if (stage != DP_DDP && !dp->contiguous) scratch = min_sz(dp->bucket, dp->n);
+    dp->scratch_n = scratch;
+    int rc = SPES_OK;
+    if (scratch) rc = backend_alloc(be, scratch * sizeof(float), (void **)&dp->scratch);
+    if (rc != SPES_OK) {
+        dp_free(dp);
+        return spes_fail_context("dist: %s buffers for %zu trainable values", dp_stage_name(stage), dp->n);
+    }
+    return SPES_OK;
+}
+
+void dp_free(DataParallel *dp) {
+    if (dp->be) backend_free(dp->be, dp->scratch);
+    free(dp->lo);
+    free(dp->counts);
+    memset(dp, 0, sizeof *dp);
+}
+
+void dp_state_range(const DataParallel *dp, size_t *lo, size_t *hi) {
+    if (dp->stage == DP_DDP) {
+        *lo = 0;
+        *hi = dp->n;
+    } else {
+        *lo = dp->lo[dp->rank];
+        *hi = dp->lo[dp->rank + 1];
+    }
+}
+
+// counts[r] = |[b0, b1) n shard r|.
+static void bucket_counts(DataParallel *dp, size_t b0, size_t b1) {
+    for (int r = 0; r < dp->size; r++) {
+        size_t a = max_sz(b0, dp->lo[r]), e = min_sz(b1, dp->lo[r + 1]);
+        dp->counts[r] = e > a ? (int)(e - a) : 0;
+    }
+}
+
+int dp_reduce_grads(DataParallel *dp, float *grads) {
+    // Buckets bound the size of each collective (and are the unit an overlap with the
+    // backward would hand over); each is one MPI/NCCL call.
+    for (size_t b0 = 0; b0 < dp->n; b0 += dp->bucket) {
+        size_t b1 = min_sz(b0 + dp->bucket, dp->n);
+        if (dp->stage != DP_ZERO2) {
+            SPES_TRY(comm_allreduce_sum(dp->comm, dp->be, grads + b0, b1 - b0, COMM_F32));
+            continue;
+        }
+        // Block r of this bucket is its overlap with rank r's shard (blocks are consecutive).
+        bucket_counts(dp, b0, b1);
+        SPES_TRY(comm_reduce_scatter_sum(dp->comm, dp->be, grads + b0, dp->scratch, dp->counts));
+        size_t mine = (size_t)dp->counts[dp->rank];   // the sum lands in the shard's own place
+        if (mine) dp->be->ops->copy(dp->be, grads + max_sz(b0, dp->lo[dp->rank]), dp->scratch, mine * sizeof(float));
+    }
+    return SPES_OK;
+}
+
+float *dp_step_grads(DataParallel *dp, float *grads) {
+    size_t lo, hi;
+    dp_state_range(dp, &lo, &hi);
+    return grads ? grads + lo : NULL;
+}
+
+double dp_grad_norm(DataParallel *dp, float *grads) {
+    if (dp->stage != DP_ZERO2) return grad_global_norm(dp->be, grads, dp->n);   // every rank has it all
+    size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
+    double sumsq = 0.0;
+    if (mine) {
+        double *d;
+        if (backend_alloc(dp->be, sizeof(double), (void **)&d) != SPES_OK) return NAN;
+        dp->be->ops->grad_sum_squares(dp->be, d, grads + dp->lo[dp->rank], mine);
+        int rc = dp->be->ops->download(dp->be, &sumsq, d, sizeof(double));
+        backend_free(dp->be, d);
+        if (rc != SPES_OK) return NAN;
+    }
+    if (comm_allreduce_sum(dp->comm, NULL, &sumsq, 1, COMM_F64) != SPES_OK) return NAN;
+    return sqrt(sumsq);
+}
+
+void dp_grad_scale(DataParallel *dp, float *grads, float s) {
+    if (dp->stage == DP_ZERO2) {
+        size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
+        if (mine) dp->be->ops->scale(dp->be, grads + dp->lo[dp->rank], mine, s);
+    } else if (dp->n) {
+        dp->be->ops->scale(dp->be, grads, dp->n, s);
+    }
+}
+
+// fn(dp, param offset, gradient-layout offset, length) for every piece of a trainable tensor
+// inside [r0, r1) of the gradient layout that is inside this rank's shard (own) or outside it.
+typedef void (*PieceFn)(DataParallel *dp, float *dparams, Buf compute, size_t at, size_t g, size_t len, size_t b0);
+
+static void for_pieces(DataParallel *dp, const ParamTable *table, size_t r0, size_t r1, bool own, float *dparams,
+                       Buf compute, PieceFn fn) {
+    size_t lo = dp->lo[dp->rank], hi = dp->lo[dp->rank + 1];
+    for (int i = 0; i < table->count; i++) {
+        const ParamInfo *pi = &table->entries[i];
+        if (!pi->trainable || pi->grad_offset < 0) continue;
+        size_t go = (size_t)pi->grad_offset, s0 = max_sz(go, r0), s1 = min_sz(go + pi->numel, r1);
+        if (s0 >= s1) continue;
+        if (own) {
+            size_t a = max_sz(s0, lo), b = min_sz(s1, hi);
+            if (a < b) fn(dp, dparams, compute, pi->offset + (a - go), a, b - a, r0);
+        } else {   // up to two pieces: before the shard and after it
+            size_t b1 = min_sz(s1, lo), a2 = max_sz(s0, hi);
+            if (s0 < b1) fn(dp, dparams, compute, pi->offset + (s0 - go), s0, b1 - s0, r0);
+            if (a2 < s1) fn(dp, dparams, compute, pi->offset + (a2 - go), a2, s1 - a2, r0);
+        }
+    }
+}
+
+static void put_piece(DataParallel *dp, float *dparams, Buf compute, size_t at, size_t g, size_t len, size_t b0) {
+    dp->be->ops->copy(dp->be, dp->scratch + (g - b0), dparams + at, len * sizeof(float));
+}
+
+static void take_piece(DataParallel *dp, float *dparams, Buf compute, size_t at, size_t g, size_t len, size_t b0) {
+    if (!dp->contiguous) dp->be->ops->copy(dp->be, dparams + at, dp->scratch + (g - b0), len * sizeof(float));
+    if (compute.p) dp->be->ops->convert(dp->be, buf_at(compute, at), buf_f32(dparams + at), len);
+}
+
+int dp_gather_params(DataParallel *dp, const ParamTable *table, float *dparams, Buf compute) {
+    if (dp->stage == DP_DDP || dp->n == 0) return SPES_OK;
+    if (dp->contiguous) {
+        // Shards are ranges of the parameter buffer itself: gathered in place, one bucket at a time.
+        for (size_t b0 = 0; b0 < dp->n; b0 += dp->bucket) {
+            size_t b1 = min_sz(b0 + dp->bucket, dp->n);
+            bucket_counts(dp, b0, b1);
+            SPES_TRY(comm_allgather(dp->comm, dp->be, dparams + b0, dp->counts));
+            if (compute.p) for_pieces(dp, table, b0, b1, false, dparams, compute, take_piece);
+        }
+        return backend_sync(dp->be);
+    }
+    for (size_t b0 = 0; b0 < dp->n; b0 += dp->scratch_n) {
+        size_t b1 = min_sz(b0 + dp->scratch_n, dp->n);
+        bucket_counts(dp, b0, b1);
+        for_pieces(dp, table, b0, b1, true, dparams, compute, put_piece);
+        SPES_TRY(comm_allgather(dp->comm, dp->be, dp->scratch, dp->counts));
+        for_pieces(dp, table, b0, b1, false, dparams, compute, take_piece);
+    }
+    return backend_sync(dp->be);
+}
+
+int dp_gather_state(DataParallel *dp, AdamW *opt, AdamW *full) {
+    if (full->numel != dp->n) return spes_fail("dist: full optimizer state of %zu values, expected %zu", full->numel, dp->n);
+    SPES_TRY(adamw_state_to_host(opt));
+    full->step = opt->step;
+    if (dp->n == 0) return SPES_OK;
+    size_t lo, hi;
+    dp_state_range(dp, &lo, &hi);
+    memcpy(full->m + lo, opt->m, (hi - lo) * sizeof(float));
+    memcpy(full->v + lo, opt->v, (hi - lo) * sizeof(float));
+    if (dp->stage == DP_DDP) return SPES_OK;
+    for (int r = 0; r < dp->size; r++) dp->counts[r] = (int)(dp->lo[r + 1] - dp->lo[r]);
+    SPES_TRY(comm_allgather(dp->comm, NULL, full->m, dp->counts));
+    return comm_allgather(dp->comm, NULL, full->v, dp->counts);
+}
+
+int dp_scatter_state(DataParallel *dp, const AdamW *full, AdamW *opt) {
+    if (full->numel != dp->n) return spes_fail("dist: full optimizer state of %zu values, expected %zu", full->numel, dp->n);
+    size_t lo, hi;
+    dp_state_range(dp, &lo, &hi);
+    if (opt->numel != hi - lo) return spes_fail("dist: optimizer shard of %zu values, expected %zu", opt->numel, hi - lo);
+    opt->step = full->step;
+    if (hi > lo) {
+        memcpy(opt->m, full->m + lo, (hi - lo) * sizeof(float));
+        memcpy(opt->v, full->v + lo, (hi - lo) * sizeof(float));
+    }
+    return adamw_state_to_device(opt);
+}

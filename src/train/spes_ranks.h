@@ -1,0 +1,28 @@
+// A SPES peer whose node trains with several ranks (dist/): rank 0 alone talks to the
+// parameter server (handshake, uploads, downloads); what it learns reaches every rank by
+// broadcast: the aggregated parameters after each sync round (and after the handshake, which
+// may load an aggregate when rejoining), the load-balancing count factors, and whether the
+// round worked. Under the sharded strategies every rank holds the full parameters after each
+// step (the all-gather of dist/data_parallel.h), so rank 0's upload is already whole.
+//
+// With one rank this is exactly the SpesPeer: every call goes straight through.
+#pragma once
+#include <signal.h>
+#include <stdint.h>
+
+#include "config/config.h"
+#include "dist/comm.h"
+#include "model/model.h"
+
+typedef struct SpesRanks SpesRanks;
+
+int spes_ranks_create(const TrainConfig *cfg, Comm *comm, SpesRanks **out);
+void spes_ranks_free(SpesRanks *r);
+const float *spes_ranks_lb_count_factor(const SpesRanks *r);
+void spes_ranks_set_stop_flag(SpesRanks *r, volatile sig_atomic_t *stop);
+// spes_peer_connect on rank 0, then the model and factors to every rank. Every rank calls it.
+int spes_ranks_connect(SpesRanks *r, Model *m, int64_t start_step, int64_t total_steps, bool unsynced);
+// TrainerAfterStep (ctx = SpesRanks): every rank calls it.
+int spes_ranks_after_step(void *ctx, Model *m, int64_t step);
+// As spes_peer_unsynced_step, the same on every rank.
+int64_t spes_ranks_unsynced_step(const SpesRanks *r);

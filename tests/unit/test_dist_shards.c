@@ -1,0 +1,171 @@
+// The single-process parts of data parallelism (src/dist/): sharded AdamW equals the whole
+// update bit for bit, the contiguity test of the gradient layout, the shard boundaries, and
+// a job of one rank whose collectives are identities. The multi-rank behaviour is tested by
+// tests/integration/dist_*.sh under mpirun.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/rng.h"
+#include "dist/comm.h"
+#include "dist/data_parallel.h"
+#include "train/optimizer.h"
+
+typedef struct {
+    size_t numel;
+    ParamKind kind;
+    bool trainable;
+} Spec;
+
+static ParamTable make_table(const Spec *specs, int n) {
+    ParamTable t = {.entries = calloc((size_t)n, sizeof(ParamInfo)), .count = n};
+    for (int i = 0; i < n; i++) {
+        ParamInfo *p = &t.entries[i];
+        snprintf(p->name, sizeof p->name, "t%d", i);
+        p->kind = specs[i].kind;
+        p->layer = p->expert = -1;
+        p->ndim = 1;
+        p->shape[0] = (int64_t)specs[i].numel;
+        p->numel = specs[i].numel;
+        p->offset = t.total_numel;
+        p->trainable = specs[i].trainable;
+        p->grad_offset = specs[i].trainable ? (ssize_t)t.trainable_numel : -1;
+        t.total_numel += p->numel;
+        if (p->trainable) t.trainable_numel += p->numel;
+    }
+    return t;
+}
+
+static const Spec SPECS[] = {{37, PARAM_EMBED, true},     {5, PARAM_ATTN_NORM, true}, {64, PARAM_EXPERT_UP, false},
+                             {101, PARAM_Q, true},        {64, PARAM_EXPERT_UP, true}, {3, PARAM_FINAL_NORM, true},
+                             {29, PARAM_LM_HEAD, true}};
+#define N_SPECS ((int)(sizeof SPECS / sizeof SPECS[0]))
+
+static void fill(float *x, size_t n, uint64_t seed, float scale) {
+    Rng r;
+    rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(rng_uniform(&r) * 2.0 - 1.0) * scale;
+}
+
+// Three shards with boundaries inside tensors, updated separately for 3 steps, against the
+// whole update: parameters and moments must be the same bits.
+static void test_sharded_adamw_is_bitwise_whole(void **state) {
+    (void)state;
+    ParamTable t = make_table(SPECS, N_SPECS);
+    AdamWConfig c = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    float *p_whole = malloc(t.total_numel * sizeof(float)), *p_shard = malloc(t.total_numel * sizeof(float));
+    float *g = malloc(t.trainable_numel * sizeof(float));
+    fill(p_whole, t.total_numel, 1, 0.1f);
+    memcpy(p_shard, p_whole, t.total_numel * sizeof(float));
+    AdamW whole, shard[3];
+    assert_int_equal(adamw_create(&whole, &t, &c), SPES_OK);
+    size_t cut[4] = {0, 50, 150, t.trainable_numel};   // 50: inside t3 (grad 42..143); 150: inside t4
+    for (int s = 0; s < 3; s++)
+        assert_int_equal(adamw_create_shard(&shard[s], &t, &c, backend_cpu(), cut[s], cut[s + 1]), SPES_OK);
+    for (int step = 1; step <= 3; step++) {
+        fill(g, t.trainable_numel, 100 + (uint64_t)step, 1.0f);
+        adamw_step(&whole, &t, p_whole, g, (Buf){0}, 1e-2);
+        for (int s = 0; s < 3; s++) adamw_step(&shard[s], &t, p_shard, g + cut[s], (Buf){0}, 1e-2);
+    }
+    assert_memory_equal(p_whole, p_shard, t.total_numel * sizeof(float));
+    for (int s = 0; s < 3; s++) {
+        assert_memory_equal(whole.m + cut[s], shard[s].m, (cut[s + 1] - cut[s]) * sizeof(float));
+        assert_memory_equal(whole.v + cut[s], shard[s].v, (cut[s + 1] - cut[s]) * sizeof(float));
+        assert_int_equal(shard[s].step, 3);
+    }
+    // a frozen tensor is never touched
+    float frozen0 = p_whole[t.entries[2].offset];
+    assert_true(p_shard[t.entries[2].offset] == frozen0);
+    AdamW bad;
+    assert_int_equal(adamw_create_shard(&bad, &t, &c, backend_cpu(), 10, t.trainable_numel + 1), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "outside"));
+    for (int s = 0; s < 3; s++) adamw_free(&shard[s]);
+    adamw_free(&whole);
+    free(p_whole), free(p_shard), free(g), free(t.entries);
+}
+
+static void test_layout_contiguity(void **state) {
+    (void)state;
+    ParamTable t = make_table(SPECS, N_SPECS);   // a frozen tensor before trainable ones
+    assert_false(dp_layout_is_contiguous(&t));
+    free(t.entries);
+    Spec all[N_SPECS];
+    memcpy(all, SPECS, sizeof all);
+    for (int i = 0; i < N_SPECS; i++) all[i].trainable = true;
+    t = make_table(all, N_SPECS);
+    assert_true(dp_layout_is_contiguous(&t));
+    free(t.entries);
+    all[N_SPECS - 1].trainable = false;   // frozen only at the end: still a prefix
+    t = make_table(all, N_SPECS);
+    assert_true(dp_layout_is_contiguous(&t));
+    free(t.entries);
+}
+
+// Without a launcher the job is one rank: no MPI, collectives are identities, a ZeRO-2
+// "shard" is everything and a step through the data-parallel path changes nothing.
+static void test_single_rank_job(void **state) {
+    (void)state;
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    Comm *c = NULL;
+    assert_int_equal(comm_init(&c), SPES_OK);
+    assert_int_equal(comm_size(c), 1);
+    assert_int_equal(comm_rank(c), 0);
+    assert_false(comm_is_multi(c));
+    double x[3] = {1.5, -2, 3};
+    assert_int_equal(comm_allreduce_sum(c, NULL, x, 3, COMM_F64), SPES_OK);
+    assert_true(x[0] == 1.5 && x[1] == -2 && x[2] == 3);
+    assert_int_equal(comm_barrier(c), SPES_OK);
+
+    ParamTable t = make_table(SPECS, N_SPECS);
+    DataParallel dp;
+    assert_int_equal(dp_create(&dp, c, backend_cpu(), DP_ZERO2, &t, 1e-3), SPES_OK);   // 1024-value buckets
+    size_t lo, hi;
+    dp_state_range(&dp, &lo, &hi);
+    assert_true(lo == 0 && hi == t.trainable_numel);
+    float *g = malloc(t.trainable_numel * sizeof(float)), *g0 = malloc(t.trainable_numel * sizeof(float));
+    fill(g, t.trainable_numel, 7, 1.0f);
+    memcpy(g0, g, t.trainable_numel * sizeof(float));
+    assert_int_equal(dp_reduce_grads(&dp, g), SPES_OK);
+    assert_memory_equal(g, g0, t.trainable_numel * sizeof(float));
+    assert_true(dp_grad_norm(&dp, g) == grad_global_norm(backend_cpu(), g0, t.trainable_numel));
+    dp_free(&dp);
+    free(g), free(g0), free(t.entries);
+    comm_finalize(c);
+}
+
+static void test_stage_from_config(void **state) {
+    (void)state;
+    TrainConfig cfg = {.distributed_strategy = "fsdp", .fsdp_sharding_strategy = "SHARD_OPTIM"};
+    DpStage s;
+    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_OK);
+    assert_int_equal(s, DP_ZERO1);
+    cfg.fsdp_sharding_strategy = "NO_SHARD";
+    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_OK);
+    assert_int_equal(s, DP_DDP);
+    cfg.fsdp_sharding_strategy = "SHARD_GRAD_OP";
+    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_OK);
+    assert_int_equal(s, DP_ZERO2);
+    cfg.distributed_strategy = "ddp";
+    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_OK);
+    assert_int_equal(s, DP_DDP);
+    cfg.distributed_strategy = "single";
+    assert_int_equal(dp_stage_from_config(&cfg, 1, &s), SPES_OK);
+    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "distributed_strategy is single"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sharded_adamw_is_bitwise_whole),
+        cmocka_unit_test(test_layout_contiguity),
+        cmocka_unit_test(test_single_rank_job),
+        cmocka_unit_test(test_stage_from_config),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
