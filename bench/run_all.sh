@@ -122,8 +122,8 @@ section_spes_memory() {
 }
 
 # server-memory: the parameter server's peak RSS above idle, in models, for P = 2, 4, 8, 16
-# peers (a real server in a child process, P client threads uploading and downloading 4 rounds
-# of a ~64 MB spes model), next to the bound 2 + keep_steps (bench/server_memory.c prints the
+# peers (a real server in a child process, P client threads uploading and downloading 6 rounds
+# of a ~64 MB spes model in step; median of rounds 2..6 and the highest), next to the bound 2 + keep_steps (bench/server_memory.c prints the
 # final line).
 section_server_memory() {
   local name=server-memory bin="$BUILD_DIR/bench/server_memory"

@@ -18,6 +18,7 @@
 
 #include "sync/aggregate.h"
 #include "sync/model_spec.h"
+#include "sync/server_state.h"
 
 // Sets the error message (printf-style, like spes_fail) and returns code: the transport
 // sends both to the peer as the call's status.
@@ -117,8 +118,24 @@ size_t rounds_largest_upload(Rounds *r);
 // One more reference to a blob from rounds_get (released with rounds_release).
 void rounds_retain(Rounds *r, AggregateBlob *blob);
 
-// One complete upload (safetensors bytes; ownership passes to r on every path). Validates,
-// stores and, if it completes the round, aggregates before returning.
+// An upload received chunk by chunk: rounds_upload_begin (after rounds_upload_start said OK)
+// opens a temp file in the upload dir, rounds_upload_append writes each chunk to it as it
+// arrives (an upload in flight costs one chunk of memory, whatever its size), and
+// rounds_upload_finish validates the complete file (mapped back a window at a time), makes it
+// the peer's upload of the round and, if it completes the round, aggregates, with the statuses
+// of rounds_upload. rounds_upload_abort drops an unfinished one; finish always closes it.
+typedef struct {
+    StateUpload file;
+    int peer, step;
+} RoundsUpload;
+grpc_status_code rounds_upload_begin(Rounds *r, int peer, int step, RoundsUpload *up);
+grpc_status_code rounds_upload_append(RoundsUpload *up, const void *data, size_t len);
+grpc_status_code rounds_upload_finish(Rounds *r, RoundsUpload *up);
+void rounds_upload_abort(RoundsUpload *up);
+
+// One complete upload in memory (safetensors bytes; ownership passes to r on every path):
+// rounds_upload_begin + append + finish. Validates, stores and, if it completes the round,
+// aggregates before returning.
 // Statuses: OK, INVALID_ARGUMENT (bad payload), ALREADY_EXISTS (round already aggregated with
 // this peer's upload), ABORTED (round closed without this peer: fetch the newest aggregate),
 // RESOURCE_EXHAUSTED (too many open rounds, out of memory), UNAVAILABLE (closing).

@@ -153,39 +153,46 @@ static ProtobufCMessage *recv_request(Call *c, const ProtobufCMessageDescriptor 
 
 // ---- handlers ----
 
-// One upload stream being received: chunks appended in order, within its cap and within the
-// bytes it reserved from the server-wide budget.
+// One upload stream being received: chunks checked in order and written to the upload's temp
+// file as they arrive (rounds_upload_append), so the call holds one chunk, not the upload.
 typedef struct {
     int peer, step, total_chunks, next_chunk;
-    size_t cap, len, capacity;
+    size_t cap, len;
     size_t reserved;                // bytes of srv->buffered held by this call
-    uint8_t *bytes;
-} UploadBuffer;
+    bool open;                      // file holds a temp file
+    RoundsUpload file;
+} UploadStream;
 
-// The most upload bytes all calls together may buffer: --max_upload_buffer, or by default half
-// the model's F32 size but at least the largest upload (so every peer's upload fits, one at a
-// time at worst; part of the server's memory bound, docs/operating.md) and, before the model is
-// known, the first upload's cap.
+// What one upload call holds while a chunk of `chunk` bytes is in hand: gRPC's received
+// message, its flattened copy and the unpacked message (wire_unpack).
+static size_t call_cost(size_t chunk) { return 3 * chunk; }
+
+// The most bytes all upload calls together may hold: --max_upload_buffer, or by default a
+// quarter of the model's F32 size but room for at least two calls with the server's chunk size
+// (part of the server's memory bound, docs/operating.md), and before the model is known eight.
 static size_t upload_budget(SyncServer *srv) {
     if (srv->cfg.max_buffered_bytes) return srv->cfg.max_buffered_bytes;
-    size_t half = rounds_model_bytes(srv->rounds) / 2, largest = rounds_largest_upload(srv->rounds);
-    if (!largest) return srv->cfg.rounds.max_upload_bytes;
-    return half > largest ? half : largest;
+    size_t quarter = rounds_model_bytes(srv->rounds) / 4, least = 2 * call_cost(srv->cfg.chunk_size);
+    if (!quarter) return 4 * least;
+    return quarter > least ? quarter : least;
 }
 
 // Grows up's reservation to `want` bytes; RESOURCE_EXHAUSTED ("busy": the client backs off and
 // retries) when the server-wide budget has no room.
-static grpc_status_code reserve(Call *c, UploadBuffer *up, size_t want) {
+static grpc_status_code reserve(Call *c, UploadStream *up, size_t want) {
     if (want <= up->reserved) return GRPC_STATUS_OK;
     SyncServer *srv = c->srv;
     size_t budget = upload_budget(srv), extra = want - up->reserved;
-    if (want > budget)   // never fits: not "busy", a retry would not help
+    // The default budget assumes chunks of about the server's chunk_size; a peer sending
+    // bigger ones is taken when no other upload holds memory. An explicit budget is a limit.
+    bool alone = !srv->cfg.max_buffered_bytes && want > budget;
+    if (want > budget && !alone)   // never fits: not "busy", a retry would not help
         return status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED,
-                           "upload from peer %d step %d needs %zu bytes of buffer, more than the server's whole upload "
-                           "budget of %zu bytes (--max_upload_buffer)",
+                           "upload from peer %d step %d needs %zu bytes of buffer (chunks of that size), more than the "
+                           "server's whole upload budget of %zu bytes (--max_upload_buffer)",
                            up->peer, up->step, want, budget);
     pthread_mutex_lock(&srv->mu);
-    bool fits = extra <= budget && srv->buffered <= budget - extra;
+    bool fits = alone ? srv->buffered == up->reserved : extra <= budget && srv->buffered <= budget - extra;
     size_t in_use = srv->buffered;
     if (fits) srv->buffered += extra;
     pthread_mutex_unlock(&srv->mu);
@@ -198,7 +205,7 @@ static grpc_status_code reserve(Call *c, UploadBuffer *up, size_t want) {
     return GRPC_STATUS_OK;
 }
 
-static void release(Call *c, UploadBuffer *up) {
+static void release(Call *c, UploadStream *up) {
     pthread_mutex_lock(&c->srv->mu);
     c->srv->buffered -= up->reserved;
     pthread_mutex_unlock(&c->srv->mu);
@@ -212,9 +219,9 @@ static grpc_status_code check_bound_peer(const Call *c, const char *what, int pe
                        what, peer, c->bound_peer);
 }
 
-static grpc_status_code take_chunk(Call *c, UploadBuffer *up, const UploadChunkRequest *m) {
+static grpc_status_code take_chunk(Call *c, UploadStream *up, const UploadChunkRequest *m) {
     if (up->next_chunk == 0) {
-        // Everything the first message can tell is decided now, before anything is buffered.
+        // Everything the first message can tell is decided now, before anything is stored.
         grpc_status_code code = check_bound_peer(c, "upload", m->peer_id);
         if (code != GRPC_STATUS_OK) return code;
         up->peer = m->peer_id;
@@ -226,12 +233,6 @@ static grpc_status_code take_chunk(Call *c, UploadBuffer *up, const UploadChunkR
             return status_fail(GRPC_STATUS_INVALID_ARGUMENT,
                                "upload from peer %d: total_chunks %d is not a sensible count", m->peer_id,
                                m->total_chunks);
-        // Reserve what the stream announces (chunks of this size), within the cap.
-        size_t claimed = m->chunk_data.len > up->cap / (size_t)m->total_chunks
-                             ? up->cap
-                             : m->chunk_data.len * (size_t)m->total_chunks;
-        code = reserve(c, up, claimed > m->chunk_data.len ? claimed : m->chunk_data.len);
-        if (code != GRPC_STATUS_OK) return code;
     } else if (m->peer_id != up->peer || m->step != up->step || m->total_chunks != up->total_chunks) {
         return status_fail(
             GRPC_STATUS_INVALID_ARGUMENT,
@@ -252,39 +253,39 @@ static grpc_status_code take_chunk(Call *c, UploadBuffer *up, const UploadChunkR
             GRPC_STATUS_RESOURCE_EXHAUSTED,
             "upload from peer %d step %d: more than %zu bytes, the most its tensors can take (F32 + header)", up->peer,
             up->step, up->cap);
-    grpc_status_code budget = reserve(c, up, up->len + add);
-    if (budget != GRPC_STATUS_OK) return budget;
-    if (up->len + add > up->capacity) {
-        // First reservation: the announced size (at most 1 GiB, it is only a claim), then doubling.
-        size_t claimed = add * (size_t)up->total_chunks, want = up->capacity;
-        if (want == 0) want = claimed < ((size_t)1 << 30) ? claimed : ((size_t)1 << 30);
-        if (want < add) want = add;
-        while (want < up->len + add) want *= 2;
-        if (want > up->cap) want = up->cap;
-        uint8_t *grown = spes_realloc(up->bytes, want ? want : 1);
-        if (!grown) return GRPC_STATUS_RESOURCE_EXHAUSTED;
-        up->bytes = grown;
-        up->capacity = want;
+    grpc_status_code code = reserve(c, up, call_cost(add));   // the largest chunk so far
+    if (code != GRPC_STATUS_OK) return code;
+    if (!up->open) {
+        code = rounds_upload_begin(c->srv->rounds, up->peer, up->step, &up->file);
+        if (code != GRPC_STATUS_OK) return code;
+        up->open = true;
     }
-    if (add) memcpy(up->bytes + up->len, m->chunk_data.data, add);
+    code = rounds_upload_append(&up->file, m->chunk_data.data, add);
+    if (code != GRPC_STATUS_OK) return code;
     up->len += add;
     up->next_chunk++;
     return GRPC_STATUS_OK;
 }
 
+static void upload_drop(Call *c, UploadStream *up) {
+    if (up->open) rounds_upload_abort(&up->file);
+    up->open = false;
+    release(c, up);
+}
+
 static void handle_upload(Call *c) {
-    UploadBuffer up = {0};
+    UploadStream up = {0};
     grpc_status_code code = GRPC_STATUS_OK;
-    // Budget already full for an upload of this run's size: refuse before reading the first
-    // (multi-MiB) message, so that peers retrying "busy" do not each hold one.
+    // Budget already full for a call with the server's chunk size: refuse before reading the
+    // first (multi-MiB) message, so that peers retrying "busy" do not each hold one.
     SyncServer *srv = c->srv;
-    size_t largest = rounds_largest_upload(srv->rounds), budget = upload_budget(srv);
+    size_t need = call_cost(srv->cfg.chunk_size), budget = upload_budget(srv);
     pthread_mutex_lock(&srv->mu);
     size_t in_use = srv->buffered;
     pthread_mutex_unlock(&srv->mu);
-    if (largest && largest <= budget && in_use > budget - largest) {
+    if (need <= budget && in_use > budget - need) {
         spes_fail("server busy: %zu of the %zu-byte upload budget are in use, an upload needs up to %zu (retry later)",
-                  in_use, budget, largest);
+                  in_use, budget, need);
         rounds_count_rejected(srv->rounds);
         finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
         return;
@@ -293,8 +294,7 @@ static void handle_upload(Call *c) {
         bool ok;
         grpc_byte_buffer *bb = recv_message(c, &ok);
         if (!ok) {
-            free(up.bytes);
-            release(c, &up);
+            upload_drop(c, &up);
             return;   // cancelled or gone: nobody to answer
         }
         if (!bb) break;
@@ -315,15 +315,15 @@ static void handle_upload(Call *c) {
                            up.peer, up.step, up.next_chunk, up.total_chunks);
     }
     if (code != GRPC_STATUS_OK) {
-        free(up.bytes);
-        release(c, &up);
+        upload_drop(c, &up);
         rounds_count_rejected(c->srv->rounds);
         log_refusal("upload");
         finish(c, code, NULL);
         return;
     }
-    code = rounds_upload(c->srv->rounds, up.peer, up.step, up.bytes, up.len);   // takes the bytes
-    release(c, &up);
+    release(c, &up);   // the chunks are on disk: validation and aggregation read them back
+    up.open = false;
+    code = rounds_upload_finish(c->srv->rounds, &up.file);   // closes the file on every path
     UploadChunkResponse resp = UPLOAD_CHUNK_RESPONSE__INIT;
     resp.success = code == GRPC_STATUS_OK;
     finish(c, code, &resp.base);
@@ -676,7 +676,7 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->calls_done, NULL);
     grpc_init();
-    grpc_arg args[3];
+    grpc_arg args[5];
     grpc_channel_args channel_args;
     wire_channel_args(cfg->max_message_size, args, &channel_args);
     // gRPC binds with SO_REUSEPORT by default: a second server on the same port would start
@@ -685,6 +685,18 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
     args[2].value.integer = 0;
     channel_args.num_args = 3;
+    // gRPC's transport reads ahead of the calls by up to the flow-control window, which BDP
+    // probing grows to megabytes per connection: with one connection per peer that is memory
+    // growing with P (and "busy" uploads' data the server never reads). Without probing, and
+    // with a 64 KiB window, a connection holds little more than what a call asks for: a call
+    // reading a message still gets a window for the whole message.
+    args[3].type = GRPC_ARG_INTEGER;
+    args[3].key = (char *)GRPC_ARG_HTTP2_BDP_PROBE;
+    args[3].value.integer = 0;
+    args[4].type = GRPC_ARG_INTEGER;
+    args[4].key = (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES;
+    args[4].value.integer = 64 * 1024;
+    channel_args.num_args = 5;
     srv->server = grpc_server_create(&channel_args, NULL);
     srv->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(srv->server, srv->cq, NULL);

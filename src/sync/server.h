@@ -26,8 +26,9 @@ typedef struct {
     double idle_timeout_seconds;    // a call making no progress this long is cancelled
     int max_calls;                  // concurrent calls, more are refused RESOURCE_EXHAUSTED "server
                                     // busy" (clients retry); <= 0: sync_server_max_calls(P)
-    size_t max_buffered_bytes;      // upload bytes all calls together may buffer; 0: the model's
-                                    // F32 size (+1 MiB), before the model is known max_upload_bytes
+    size_t max_buffered_bytes;      // memory all upload calls together may hold (each 3 chunks: uploads
+                                    // go to disk chunk by chunk); 0: a quarter of the
+                                    // model's F32 size, at least 2 calls' worth (8 before the model is known)
     const char *auth_token_file;    // shared token (auth.h); NULL: none
     const char *peer_tokens_file;   // "peer_id token" lines (auth.h); NULL: none
     const char *tls_cert, *tls_key; // PEM files: serve TLS (both or neither)

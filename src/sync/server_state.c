@@ -204,6 +204,89 @@ int state_save_upload(const char *dir, int step, int peer, const uint8_t *bytes,
 int state_save_aggregate(const char *dir, int step, const uint8_t *bytes, size_t len) {
     return save_file(dir, &(StateFile){'a', step, -1}, bytes, len);
 }
+int state_upload_open(const char *dir, int step, int peer, StateUpload *up) {
+    static _Atomic unsigned long counter;
+    memset(up, 0, sizeof *up);
+    up->fd = -1;
+    up->step = step;
+    up->peer = peer;
+    char name[128];
+    snprintf(name, sizeof name, "upload_s%d_p%d.safetensors.part.%ld.%lu", step, peer, (long)getpid(), ++counter);
+    up->dir = spes_strdup(dir);
+    up->temp_path = up->dir ? path_join(dir, name) : NULL;
+    if (!up->temp_path) {
+        state_upload_abort(up);
+        return SPES_ERR;
+    }
+    up->fd = open(up->temp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (up->fd < 0) {
+        int rc = spes_fail("server: cannot create %s: %s", up->temp_path, strerror(errno));
+        free(up->temp_path);
+        up->temp_path = NULL;   // not ours to remove
+        state_upload_abort(up);
+        return rc;
+    }
+    return SPES_OK;
+}
+
+int state_upload_append(StateUpload *up, const void *data, size_t len) {
+    const uint8_t *at = data;
+    while (len > 0) {
+        ssize_t n = write(up->fd, at, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return spes_fail("server: cannot write %s: %s", up->temp_path, n < 0 ? strerror(errno) : "no space");
+        at += n;
+        len -= (size_t)n;
+        up->len += (size_t)n;
+    }
+    return SPES_OK;
+}
+
+int state_upload_commit(StateUpload *up) {
+    char *final = file_path(up->dir, &(StateFile){'u', up->step, up->peer});
+    int rc = final ? SPES_OK : SPES_ERR;
+    if (rc == SPES_OK && fsync(up->fd) != 0) rc = spes_fail("server: cannot flush %s: %s", up->temp_path, strerror(errno));
+    if (close(up->fd) != 0 && rc == SPES_OK) rc = spes_fail("server: cannot close %s: %s", up->temp_path, strerror(errno));
+    up->fd = -1;
+    if (rc == SPES_OK && rename(up->temp_path, final) != 0)
+        rc = spes_fail("server: cannot rename %s to %s: %s", up->temp_path, final, strerror(errno));
+    if (rc == SPES_OK) {
+        free(up->temp_path);
+        up->temp_path = NULL;   // nothing left to remove
+        int dfd = open(up->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0 || fsync(dfd) != 0) rc = spes_fail("server: cannot sync directory %s: %s", up->dir, strerror(errno));
+        if (dfd >= 0) close(dfd);
+    }
+    free(final);
+    state_upload_abort(up);
+    return rc;
+}
+
+void state_upload_abort(StateUpload *up) {
+    if (up->fd >= 0) close(up->fd);
+    if (up->temp_path) unlink(up->temp_path);
+    free(up->temp_path);
+    free(up->dir);
+    up->fd = -1;
+    up->temp_path = NULL;
+    up->dir = NULL;
+}
+
+void state_remove_partial(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int step, peer, used = 0;
+        if (sscanf(e->d_name, "upload_s%d_p%d.safetensors.part.%n", &step, &peer, &used) != 2 || !used) continue;
+        char *path = path_join(dir, e->d_name);
+        if (path && unlink(path) != 0 && errno != ENOENT)
+            log_warn("server state: cannot remove %s: %s", path, strerror(errno));
+        free(path);
+    }
+    closedir(d);
+}
+
 void state_remove_upload(const char *dir, int step, int peer) { remove_file(dir, &(StateFile){'u', step, peer}); }
 static char *included_name(int step) {
     char *name = spes_malloc(48);

@@ -43,6 +43,26 @@ int state_load_book(const char *dir, StateBook *book, bool *found);
 
 int state_save_upload(const char *dir, int step, int peer, const uint8_t *bytes, size_t len);
 int state_save_aggregate(const char *dir, int step, const uint8_t *bytes, size_t len);
+
+// An upload written to dir as its chunks arrive, so that an upload in flight costs the server
+// one chunk of memory, not the upload: a private temp file "upload_s<step>_p<peer>.safetensors
+// .part.<pid>.<n>" (ignored by state_list, removed by state_remove_partial at the next start),
+// made visible under the upload's name only by state_upload_commit (fsync, rename, fsync of the
+// directory): a crash leaves the previous file or the complete new one, never a torn one.
+typedef struct {
+    int fd;                     // -1: closed
+    char *dir, *temp_path;
+    int step, peer;
+    size_t len;                 // bytes written so far
+} StateUpload;
+int state_upload_open(const char *dir, int step, int peer, StateUpload *up);
+int state_upload_append(StateUpload *up, const void *data, size_t len);
+// Durably renames the temp file to the upload's name and closes it.
+int state_upload_commit(StateUpload *up);
+// Closes and removes the temp file (safe on a zeroed or already committed one).
+void state_upload_abort(StateUpload *up);
+// Removes the temp files of uploads interrupted by a crash (best effort).
+void state_remove_partial(const char *dir);
 // The peers in a partial round's aggregate; state_load_included sets *included NULL (every
 // peer) when there is no such file.
 int state_save_included(const char *dir, int step, const bool *included, int num_peers);

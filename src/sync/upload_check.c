@@ -7,7 +7,7 @@
 #include "base/error.h"
 
 // Index of the first non-finite value of t (exponent bits all ones), or t->numel if none.
-static size_t first_non_finite(const StTensor *t) {
+size_t upload_first_non_finite(const StTensor *t) {
     size_t first = t->numel;
     long n = (long)t->numel;
     if (t->dtype == DTYPE_F32) {
@@ -47,7 +47,7 @@ static int check_tensor(const ModelSpec *spec, const StTensor *u, int t, int pee
 }
 
 static int check_values(const StTensor *u, int peer) {
-    size_t bad = first_non_finite(u);
+    size_t bad = upload_first_non_finite(u);
     if (bad < u->numel)
         return spes_fail("upload from peer %d: tensor '%s' has a non-finite value (NaN or Inf) at flat index %zu", peer,
                          u->name, bad);

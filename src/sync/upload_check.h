@@ -18,5 +18,8 @@ int upload_check(const ModelSpec *spec, SyncMode mode, int experts_per_node, int
 int upload_rows(const ModelSpec *spec, SyncMode mode, int experts_per_node, int peer, const SafeTensors *upload,
                 const StTensor **row);
 
+// Index of the first non-finite value (NaN or Inf) of t, or t->numel if none.
+size_t upload_first_non_finite(const StTensor *t);
+
 // Size cap for peer's upload: its tensors in F32 plus room for the safetensors header.
 size_t upload_max_bytes(const ModelSpec *spec, SyncMode mode, int experts_per_node, int peer);

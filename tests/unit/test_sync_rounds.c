@@ -206,9 +206,11 @@ static void test_memory_independent_of_peers(void **state) {
                 if (rounds_upload(r, p, step, bytes, len) != GRPC_STATUS_OK) _exit(5);
             }
         double peak = (double)(status_kb("VmHWM") - idle) / model;
-        fprintf(stderr, "server memory: peak %.2f models above idle (bound 3, + 2 held by the test)\n", peak);
+        // Uploads go to disk as they arrive, so the test's own copy (freed inside rounds_upload)
+        // and its serialisation are most of what is above the bound: measured 4.0.
+        fprintf(stderr, "server memory: peak %.2f models above idle (bound 3, + up to 2 held by the test)\n", peak);
         rounds_destroy(r);
-        _exit(peak <= 5.25 ? 0 : 1);
+        _exit(peak <= 4.5 ? 0 : 1);
     }
     int status;
     assert_int_equal(waitpid(child, &status, 0), child);

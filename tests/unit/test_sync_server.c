@@ -432,17 +432,18 @@ static void test_upload_refused_at_first_message(void **state) {
         assert_non_null(strstr(details, cases[i].says));
         assert_true(now_seconds() - start < 2);
     }
-    // Budget (1000 bytes here): a stream holding 500 leaves no room for one announcing 750.
+    // Budget (1000 bytes here): a call holds 3 chunks' worth (gRPC's message, its flat copy,
+    // the unpacked one). Two calls with 100-byte chunks (600) leave no room for 150-byte ones (450).
     grpc_call *first = open_call(f, "/FederatedServer/UploadChunk");
     assert_true(send_bytes(f, first, chunk(0, 1, 0, 5, data, 100)));
     grpc_call *second = open_call(f, "/FederatedServer/UploadChunk");
     send_bytes(f, second, chunk(1, 1, 0, 5, data, 100));
-    send_bytes(f, second, chunk(1, 1, 1, 5, data, 100));   // 200 so far, 500 claimed: fits
+    send_bytes(f, second, chunk(1, 1, 1, 5, data, 100));   // 300 reserved: fits
     struct timespec settle = {0, 500 * 1000 * 1000};   // their call threads take the reservations
     nanosleep(&settle, NULL);
     grpc_call *third = open_call(f, "/FederatedServer/UploadChunk");
     uint8_t wide[150] = {0};
-    send_bytes(f, third, chunk(1, 2, 0, 5, wide, sizeof wide));   // claims 750
+    send_bytes(f, third, chunk(1, 2, 0, 5, wide, sizeof wide));   // needs 450
     assert_int_equal(close_call(f, third, false, NULL, NULL, details, sizeof details), GRPC_STATUS_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(details, "server busy"));
     assert_non_null(strstr(details, "1000-byte upload budget"));
