@@ -17,7 +17,7 @@ cd "$(dirname "$0")/../.."
 . tests/gpu/lib/gpu.sh
 require_gpu
 if [ "$GPU_DEVICE" = cpu ]; then
-  echo "SKIPPED: self-check mode (SPES_GPU_TEST_DEVICE=cpu): the cpu backend has no fp16 or loss scaling"
+  echo "SKIPPED: self-check mode (SPES_GPU_TEST_DEVICE=cpu): loss scaling on the cpu is tests/integration/train_loss_scale.sh"
   exit 77
 fi
 require_venv numpy safetensors
