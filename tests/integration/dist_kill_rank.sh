@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/integration/lib/require.sh
 require_spes
-if ! command -v mpirun >/dev/null; then echo "SKIPPED: mpirun not found (scripts/install-deps.sh installs openmpi-bin)"; exit 77; fi
+require_mpirun
 tmp=$(mktemp -d)
 job=""
 trap '[ -n "$job" ] && kill -9 $job 2>/dev/null; rm -rf "$tmp"' EXIT

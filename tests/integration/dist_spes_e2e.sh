@@ -12,7 +12,7 @@ require_spes
 SPES=$SPES_BIN
 DATA=${SPES_TEST_DATA:-../shared/data}
 [ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-if ! command -v mpirun >/dev/null; then echo "SKIPPED: mpirun not found (scripts/install-deps.sh installs openmpi-bin)"; exit 77; fi
+require_mpirun
 dir=$(mktemp -d)
 server_pid=""
 cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
