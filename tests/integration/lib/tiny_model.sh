@@ -1,12 +1,12 @@
 # A tiny MoE and its data for training tests (sourced).
 
-# tiny_tokens DIR: DIR/tokens.npy, 40 instances of 32 tokens: deterministic pseudo-random ids
-# in [0, 64), raw uint16.
+# tiny_tokens DIR [INSTANCES]: DIR/tokens.npy, INSTANCES (default 40) instances of 32 tokens:
+# deterministic pseudo-random ids in [0, 64), raw uint16.
 tiny_tokens() {
-  python3 - "$1/tokens.npy" <<'EOF'
+  python3 - "$1/tokens.npy" "${2:-40}" <<'EOF'
 import struct, sys
 x, out = 12345, []
-for _ in range(40 * 32):
+for _ in range(int(sys.argv[2]) * 32):
     x = (1103515245 * x + 12345) % 2**31
     out.append((x >> 16) % 64)
 open(sys.argv[1], "wb").write(struct.pack("<%dH" % len(out), *out))
