@@ -16,35 +16,11 @@
 #include "dist/comm.h"
 #include "dist/data_parallel.h"
 #include "train/optimizer.h"
+#include "flat_table.h"
 
-typedef struct {
-    size_t numel;
-    ParamKind kind;
-    bool trainable;
-} Spec;
-
-static ParamTable make_table(const Spec *specs, int n) {
-    ParamTable t = {.entries = calloc((size_t)n, sizeof(ParamInfo)), .count = n};
-    for (int i = 0; i < n; i++) {
-        ParamInfo *p = &t.entries[i];
-        snprintf(p->name, sizeof p->name, "t%d", i);
-        p->kind = specs[i].kind;
-        p->layer = p->expert = -1;
-        p->ndim = 1;
-        p->shape[0] = (int64_t)specs[i].numel;
-        p->numel = specs[i].numel;
-        p->offset = t.total_numel;
-        p->trainable = specs[i].trainable;
-        p->grad_offset = specs[i].trainable ? (ssize_t)t.trainable_numel : -1;
-        t.total_numel += p->numel;
-        if (p->trainable) t.trainable_numel += p->numel;
-    }
-    return t;
-}
-
-static const Spec SPECS[] = {{37, PARAM_EMBED, true},     {5, PARAM_ATTN_NORM, true}, {64, PARAM_EXPERT_UP, false},
-                             {101, PARAM_Q, true},        {64, PARAM_EXPERT_UP, true}, {3, PARAM_FINAL_NORM, true},
-                             {29, PARAM_LM_HEAD, true}};
+static const FlatTensor SPECS[] = {{NULL, PARAM_EMBED, 37, true},     {NULL, PARAM_ATTN_NORM, 5, true}, {NULL, PARAM_EXPERT_UP, 64, false},
+                             {NULL, PARAM_Q, 101, true},        {NULL, PARAM_EXPERT_UP, 64, true}, {NULL, PARAM_FINAL_NORM, 3, true},
+                             {NULL, PARAM_LM_HEAD, 29, true}};
 #define N_SPECS ((int)(sizeof SPECS / sizeof SPECS[0]))
 
 static void fill(float *x, size_t n, uint64_t seed, float scale) {
@@ -57,7 +33,7 @@ static void fill(float *x, size_t n, uint64_t seed, float scale) {
 // whole update: parameters and moments must be the same bits.
 static void test_sharded_adamw_is_bitwise_whole(void **state) {
     (void)state;
-    ParamTable t = make_table(SPECS, N_SPECS);
+    ParamTable t = flat_table(SPECS, N_SPECS);
     AdamWConfig c = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
     float *p_whole = malloc(t.total_numel * sizeof(float)), *p_shard = malloc(t.total_numel * sizeof(float));
     float *g = malloc(t.trainable_numel * sizeof(float));
@@ -92,17 +68,17 @@ static void test_sharded_adamw_is_bitwise_whole(void **state) {
 
 static void test_layout_contiguity(void **state) {
     (void)state;
-    ParamTable t = make_table(SPECS, N_SPECS);   // a frozen tensor before trainable ones
+    ParamTable t = flat_table(SPECS, N_SPECS);   // a frozen tensor before trainable ones
     assert_false(dp_layout_is_contiguous(&t));
     free(t.entries);
-    Spec all[N_SPECS];
+    FlatTensor all[N_SPECS];
     memcpy(all, SPECS, sizeof all);
     for (int i = 0; i < N_SPECS; i++) all[i].trainable = true;
-    t = make_table(all, N_SPECS);
+    t = flat_table(all, N_SPECS);
     assert_true(dp_layout_is_contiguous(&t));
     free(t.entries);
     all[N_SPECS - 1].trainable = false;   // frozen only at the end: still a prefix
-    t = make_table(all, N_SPECS);
+    t = flat_table(all, N_SPECS);
     assert_true(dp_layout_is_contiguous(&t));
     free(t.entries);
 }
@@ -122,7 +98,7 @@ static void test_single_rank_job(void **state) {
     assert_true(x[0] == 1.5 && x[1] == -2 && x[2] == 3);
     assert_int_equal(comm_barrier(c), SPES_OK);
 
-    ParamTable t = make_table(SPECS, N_SPECS);
+    ParamTable t = flat_table(SPECS, N_SPECS);
     DataParallel dp;
     assert_int_equal(dp_create(&dp, c, backend_cpu(), DP_ZERO2, &t, 1e-3), SPES_OK);   // 1024-value buckets
     size_t lo, hi;

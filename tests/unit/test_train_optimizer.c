@@ -16,34 +16,7 @@
 #include "base/error.h"
 #include "io/safetensors.h"
 #include "train/optimizer.h"
-
-// A parameter table by hand: shapes, kinds and trainable flags; offsets laid out in order,
-// grad offsets compact over the trainable entries (as param_table_set_trainable does).
-typedef struct {
-    const char *name;
-    ParamKind kind;
-    size_t numel;
-    bool trainable;
-} Spec;
-
-static ParamTable make_table(const Spec *specs, int n) {
-    ParamTable t = {.entries = calloc((size_t)n, sizeof(ParamInfo)), .count = n};
-    for (int i = 0; i < n; i++) {
-        ParamInfo *p = &t.entries[i];
-        snprintf(p->name, sizeof p->name, "%s", specs[i].name);
-        p->kind = specs[i].kind;
-        p->layer = p->expert = -1;
-        p->ndim = 1;
-        p->shape[0] = (int64_t)specs[i].numel;
-        p->numel = specs[i].numel;
-        p->offset = t.total_numel;
-        p->trainable = specs[i].trainable;
-        p->grad_offset = specs[i].trainable ? (ssize_t)t.trainable_numel : -1;
-        t.total_numel += p->numel;
-        if (p->trainable) t.trainable_numel += p->numel;
-    }
-    return t;
-}
+#include "flat_table.h"
 
 static void test_decay_groups(void **state) {
     (void)state;
@@ -106,11 +79,11 @@ static void test_clip(void **state) {
 // no-decay tensors: frozen untouched, no-decay with zero gradient exactly unchanged.
 static void test_step_by_formula(void **state) {
     (void)state;
-    Spec specs[] = {{"model.embed_tokens.weight", PARAM_EMBED, 3, true},
+    FlatTensor specs[] = {{"model.embed_tokens.weight", PARAM_EMBED, 3, true},
                     {"model.layers.0.self_attn.q_proj.weight", PARAM_Q, 4, true},
                     {"model.layers.0.mlp.experts.0.up_proj.weight", PARAM_EXPERT_UP, 2, false},
                     {"model.norm.weight", PARAM_FINAL_NORM, 2, true}};
-    ParamTable t = make_table(specs, 4);
+    ParamTable t = flat_table(specs, 4);
     float params[11] = {0.5f, -1, 2, 0.3f, -0.7f, 1.5f, 0.01f, 9, 9, 1, 1};
     float orig[11];
     memcpy(orig, params, sizeof params);
@@ -185,7 +158,7 @@ static void test_matches_torch(void **state) {
     assert_non_null(norms);
     assert_non_null(table);
     int n = (int)json_array_size(table);
-    Spec *specs = calloc((size_t)n, sizeof(Spec));
+    FlatTensor *specs = calloc((size_t)n, sizeof(FlatTensor));
     for (int i = 0; i < n; i++) {
         json_t *row = json_array_get(table, (size_t)i);
         specs[i].name = json_string_value(json_array_get(row, 0));
@@ -195,7 +168,7 @@ static void test_matches_torch(void **state) {
         snprintf(key, sizeof key, "init.%s", specs[i].name);
         specs[i].numel = safetensors_find(&st, key)->numel;
     }
-    ParamTable t = make_table(specs, n);
+    ParamTable t = flat_table(specs, n);
     float *params = malloc(t.total_numel * sizeof(float));
     float *grads = malloc(t.trainable_numel * sizeof(float));
     for (int i = 0; i < n; i++)
