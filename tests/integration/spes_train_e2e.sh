@@ -33,24 +33,7 @@ status=0
 for i in 0 1 2 3; do wait "${pids[$i]}" || { echo "peer $i failed:"; tail -20 "$dir/peer$i.log"; status=1; }; done
 [ $status -eq 0 ] || { echo "server log:"; tail -20 "$dir/server.log"; exit 1; }
 
-for step in 2 4 6; do
-  for peer in 1 2 3; do
-    cmp -s "$dir/peer0/step$step/model.safetensors" "$dir/peer$peer/step$step/model.safetensors" ||
-      { echo "step $step: peer $peer's weights differ from peer 0's after sync"; exit 1; }
-  done
-  # The loaded weights are exactly the downloaded aggregate.
-  "$SPES_VENV_PY" - "$dir" "$step" <<'PY'
-import sys, numpy as np
-from safetensors.numpy import load_file
-d, step = sys.argv[1], sys.argv[2]
-ckpt = load_file(f"{d}/peer0/step{step}/model.safetensors")
-agg = load_file(f"{d}/sync/down_s{step}_p0.safetensors")
-assert set(ckpt) == set(agg), "checkpoint and aggregate hold different tensors"
-for k in agg:
-    assert np.array_equal(ckpt[k], agg[k].astype(np.float32)), f"step {step}: {k} differs from the aggregate"
-PY
-  echo "step $step: 4 peers byte-identical, equal to the aggregate"
-done
+peers_match_aggregate "$dir" 4 2 4 6
 grep -q "sync step 6" "$dir/peer0.log" || { echo "peer 0 never reported sync step 6"; exit 1; }
 # Mean / ownership / merge maths from the audit logs (4 peers, 1 expert each, merge every 4, alpha 0.5, top-2).
 "$SPES_VENV_PY" tests/ref/check_sync_e2e.py "$dir/sync" 4 1 4 0.5 100 2 2 4 6

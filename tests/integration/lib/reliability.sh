@@ -39,3 +39,29 @@ reliability_wait_log() {
   for _ in $(seq 1 6000); do grep -q "$1" "$2" && return 0; sleep 0.01; done
   echo "never logged '$1' in $2:"; tail -20 "$2"; return 1
 }
+
+# peers_match_aggregate DIR PEERS STEP...: after each sync STEP, every peer's checkpoint
+# (DIR/peer<i>/step<STEP>) is byte-identical to peer 0's and equal to the aggregate peer 0
+# downloaded (DIR/sync/down_s<STEP>_p0, SPES_SYNC_LOG_DIR=DIR/sync). Exits 1 on a difference.
+peers_match_aggregate() {
+  local dir=$1 peers=$2 step peer
+  shift 2
+  for step in "$@"; do
+    for ((peer = 1; peer < peers; peer++)); do
+      cmp -s "$dir/peer0/step$step/model.safetensors" "$dir/peer$peer/step$step/model.safetensors" ||
+        { echo "step $step: peer $peer's weights differ from peer 0's after sync"; exit 1; }
+    done
+    # The loaded weights are exactly the downloaded aggregate.
+    "$SPES_VENV_PY" - "$dir" "$step" <<'PY' || exit 1
+import sys, numpy as np
+from safetensors.numpy import load_file
+d, step = sys.argv[1], sys.argv[2]
+ckpt = load_file(f"{d}/peer0/step{step}/model.safetensors")
+agg = load_file(f"{d}/sync/down_s{step}_p0.safetensors")
+assert set(ckpt) == set(agg), "checkpoint and aggregate hold different tensors"
+for k in agg:
+    assert np.array_equal(ckpt[k], agg[k].astype(np.float32)), f"step {step}: {k} differs from the aggregate"
+PY
+    echo "step $step: $peers peers byte-identical, equal to the aggregate"
+  done
+}
