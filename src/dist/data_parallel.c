@@ -139,15 +139,8 @@ float *dp_step_grads(DataParallel *dp, float *grads) {
 double dp_grad_norm(DataParallel *dp, float *grads) {
     if (dp->stage != DP_ZERO2) return grad_global_norm(dp->be, grads, dp->n);   // every rank has it all
     size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
-    double sumsq = 0.0;
-    if (mine) {
-        double *d;
-        if (backend_alloc(dp->be, sizeof(double), (void **)&d) != SPES_OK) return NAN;
-        dp->be->ops->grad_sum_squares(dp->be, d, grads + dp->lo[dp->rank], mine);
-        int rc = dp->be->ops->download(dp->be, &sumsq, d, sizeof(double));
-        backend_free(dp->be, d);
-        if (rc != SPES_OK) return NAN;
-    }
+    double sumsq = grad_sum_of_squares(dp->be, grads + dp->lo[dp->rank], mine);
+    if (isnan(sumsq)) return NAN;
     if (comm_allreduce_sum(dp->comm, NULL, &sumsq, 1, COMM_F64) != SPES_OK) return NAN;
     return sqrt(sumsq);
 }

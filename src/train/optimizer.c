@@ -117,22 +117,28 @@ void adamw_step(AdamW *opt, const ParamTable *table, float *params, const float 
     if (count) opt->be->ops->adamw(opt->be, opt->tensors, count, &s);
 }
 
-double grad_global_norm(Backend *be, const float *grads, size_t n) {
+double grad_sum_of_squares(Backend *be, const float *grads, size_t n) {
     if (n == 0) return 0.0;
     double *sum, host = 0.0;
     if (backend_alloc(be, sizeof(double), (void **)&sum) != SPES_OK) return NAN;
     be->ops->grad_sum_squares(be, sum, grads, n);
     int rc = be->ops->download(be, &host, sum, sizeof(double));
     backend_free(be, sum);
-    return rc == SPES_OK ? sqrt(host) : NAN;
+    return rc == SPES_OK ? host : NAN;
+}
+
+double grad_global_norm(Backend *be, const float *grads, size_t n) { return sqrt(grad_sum_of_squares(be, grads, n)); }
+
+float grad_clip_coef(double norm, double max_norm) {
+    if (max_norm <= 0) return 1.0f;
+    // torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1, multiplied always.
+    float coef = (float)max_norm / ((float)norm + 1e-6f);
+    return coef >= 1.0f ? 1.0f : coef;
 }
 
 double grad_clip_global_norm(Backend *be, float *grads, size_t n, double max_norm) {
     double norm = grad_global_norm(be, grads, n);
-    if (max_norm <= 0) return norm;
-    // torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1, multiplied always.
-    float coef = (float)max_norm / ((float)norm + 1e-6f);
-    if (coef >= 1.0f) return norm;   // multiplying by 1 changes nothing
-    be->ops->scale(be, grads, n, coef);
+    float coef = grad_clip_coef(norm, max_norm);
+    if (coef != 1.0f) be->ops->scale(be, grads, n, coef);
     return norm;
 }

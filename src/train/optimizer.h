@@ -57,9 +57,16 @@ bool adamw_param_decays(const AdamWConfig *cfg, ParamKind kind);
 // then points at the gradient of value `lo` (grads[i - lo] for value i).
 void adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, Buf compute, double lr);
 
-// L2 norm of all n gradient values (backend memory). Summed in double over fixed-size
-// blocks, so the result is the same for every thread count (bit-exact resume depends on it).
+// Sum of squares of n gradient values (backend memory), read back to the host. Summed in
+// double over fixed-size blocks, so the result is the same for every thread count (bit-exact
+// resume depends on it). NAN when the read-back fails. A shard's part of a global norm.
+double grad_sum_of_squares(Backend *be, const float *grads, size_t n);
+// L2 norm of all n gradient values: sqrt(grad_sum_of_squares).
 double grad_global_norm(Backend *be, const float *grads, size_t n);
+// torch.nn.utils.clip_grad_norm_'s factor for a gradient of this norm: max_norm / (norm + 1e-6)
+// in float, or exactly 1 when max_norm <= 0 or the factor is >= 1 (multiplying changes
+// nothing). A NaN norm gives NaN, which torch multiplies by too.
+float grad_clip_coef(double norm, double max_norm);
 // Scales grads by min(1, max_norm / (total_norm + 1e-6)) as torch.nn.utils.clip_grad_norm_.
 // Returns the norm before clipping. max_norm <= 0: no clipping, norm still returned.
 double grad_clip_global_norm(Backend *be, float *grads, size_t n, double max_norm);

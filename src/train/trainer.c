@@ -459,18 +459,14 @@ int trainer_step(Trainer *t, StepMetrics *out) {
             log_warn("step %" PRId64 ": gradient overflow in fp16; step skipped, loss scale now %g", step,
                      t->scaler.scale);
         } else if (n_grad) {
-            double unscale = 1.0 / t->scaler.scale;
-            float clip = cfg->max_grad_norm > 0 ? (float)cfg->max_grad_norm / ((float)norm + 1e-6f) : 1.0f;
-            float coef = (float)(unscale * (clip < 1.0f ? clip : 1.0f));
+            float coef = (float)(1.0 / t->scaler.scale * grad_clip_coef(norm, cfg->max_grad_norm));
             if (coef != 1.0f) step_grad_scale(t, coef);
         }
-    } else if (n_grad && t->dist) {
-        // As grad_clip_global_norm, over the reduced gradient (whole or sharded).
-        norm = dp_grad_norm(&t->dp, m->grads);
-        float coef = cfg->max_grad_norm > 0 ? (float)cfg->max_grad_norm / ((float)norm + 1e-6f) : 1.0f;
-        if (coef < 1.0f) dp_grad_scale(&t->dp, m->grads, coef);
     } else if (n_grad) {
-        norm = grad_clip_global_norm(t->be, m->grads, n_grad, cfg->max_grad_norm);
+        // grad_clip_global_norm, over the reduced gradient (whole or sharded).
+        norm = step_grad_norm(t);
+        float coef = grad_clip_coef(norm, cfg->max_grad_norm);
+        if (coef != 1.0f) step_grad_scale(t, coef);
     }
     const Buf compute = {m->cparams, t->be->compute};
     if (n_grad && apply) {
