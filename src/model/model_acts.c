@@ -108,6 +108,7 @@ static void layout(const ModelConfig *cfg, NumType ct, ActKeep keep, ModelActiva
     a->qkv = CARVE_C(c, N * (qd + 2 * kd), ct);
     a->logit_rows = N < LOGIT_BLOCK_ROWS ? (int)N : LOGIT_BLOCK_ROWS;
     a->logits = CARVE_C(c, (size_t)a->logit_rows * V, ct);
+    a->logits_f32 = ct != NUM_F32 ? CARVE_F(c, (size_t)a->logit_rows * V) : NULL;
     a->row_ce = CARVE_F(c, N);
     a->row_lse = CARVE_F(c, N);
     a->stats = CARVE_D(c, (size_t)cfg->n_layers * STATS_PER_LAYER(E) + 2);

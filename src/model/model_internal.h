@@ -93,6 +93,7 @@ struct ModelActivations {
     Buf datt;                // [N,qd]
     Buf qkv;                 // [N,qd+2kd] fused q|k|v projection output, then its gradient
     Buf logits;              // [R,V] one row block of the LM head
+    float *logits_f32;       // [R,V] fp32 copy for the host when logits are low precision, else NULL
     float *row_ce, *row_lse; // [N]
     int logit_rows;          // R
     double *stats;           // backend [L*(E+1) + 2], see STATS_PER_LAYER

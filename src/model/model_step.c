@@ -6,18 +6,6 @@
 #include "base/error.h"
 #include "model/model_internal.h"
 
-// n floats of type t on the backend -> fp32 host memory.
-static int download_f32(Backend *be, float *host, Buf src, size_t n) {
-    if (src.t == NUM_F32) return be->ops->download(be, host, src.p, n * sizeof(float));
-    // Through an fp32 staging buffer on the backend: convert there, then copy down.
-    void *staging;
-    SPES_TRY(backend_alloc(be, n * sizeof(float), &staging));
-    be->ops->convert(be, buf_f32(staging), src, n);
-    int rc = be->ops->download(be, host, staging, n * sizeof(float));
-    backend_free(be, staging);
-    return rc;
-}
-
 static int check_batch(const Model *m, const int32_t *inputs, const int32_t *targets, int B, int T) {
     if (B <= 0 || T <= 0) return spes_fail("model: batch %d x seq %d must be positive", B, T);
     if (T > m->cfg.max_seq_len)
@@ -50,7 +38,14 @@ static int lm_head_and_loss(Model *m, int first, bool with_targets, float ce_sca
         int R = N - r0 < a->logit_rows ? N - r0 : a->logit_rows;
         const Buf h = buf_at(a->hf, (size_t)r0 * H);
         linear_forward(be, a->logits, h, b->lm_head, R, H, V, false);
-        if (logits_out) SPES_TRY(download_f32(be, logits_out + (size_t)(r0 - first) * V, a->logits, (size_t)R * V));
+        if (logits_out) {   // fp32 to the host; a low-precision block through its fp32 staging
+            const float *src = a->logits.p;
+            if (a->logits_f32) {
+                be->ops->convert(be, buf_f32(a->logits_f32), a->logits, (size_t)R * V);
+                src = a->logits_f32;
+            }
+            SPES_TRY(be->ops->download(be, logits_out + (size_t)(r0 - first) * V, src, (size_t)R * V * sizeof(float)));
+        }
         if (with_targets)
             be->ops->cross_entropy_rows(be, a->logits, a->row_ce + r0, a->row_lse + r0, a->targets + r0, R, V,
                                         ce_scale, z_scale, grad);
