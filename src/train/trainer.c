@@ -359,6 +359,16 @@ static int prepare_micro_losses(Trainer *t, int n_micro) {
     return SPES_OK;
 }
 
+// The step's losses are the mean of the micro-batch means (OLMo's train_batch): mean += lv / n_micro.
+static void add_micro_batch(LossValues *mean, const LossValues *lv, int n_micro) {
+    mean->ce += lv->ce / n_micro;
+    mean->lm_z += lv->lm_z / n_micro;
+    mean->lb += lv->lb / n_micro;
+    mean->router_z += lv->router_z / n_micro;
+    mean->total += lv->total / n_micro;
+    mean->num_targets += lv->num_targets;
+}
+
 // Every micro-batch's losses come from exactly one rank (the others add zeros, exactly), then
 // the means are taken in micro-batch order as one rank takes them: the same bits.
 static int combine_ranks(Trainer *t, int n_micro, size_t n_counts, LossValues *mean) {
@@ -366,12 +376,9 @@ static int combine_ranks(Trainer *t, int n_micro, size_t n_counts, LossValues *m
     SPES_TRY(comm_allreduce_sum(t->comm, NULL, t->step_counts, n_counts, COMM_I64));
     for (int i = 0; i < n_micro; i++) {
         const double *ml = t->micro_losses + (size_t)6 * i;
-        mean->ce += ml[0] / n_micro;
-        mean->lm_z += ml[1] / n_micro;
-        mean->lb += ml[2] / n_micro;
-        mean->router_z += ml[3] / n_micro;
-        mean->total += ml[4] / n_micro;
-        mean->num_targets += (int64_t)ml[5];
+        const LossValues lv = {.ce = ml[0], .lm_z = ml[1], .lb = ml[2], .router_z = ml[3], .total = ml[4],
+                               .num_targets = (int64_t)ml[5]};
+        add_micro_batch(mean, &lv, n_micro);
     }
     return SPES_OK;
 }
@@ -428,12 +435,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
             ml[0] = lv.ce, ml[1] = lv.lm_z, ml[2] = lv.lb, ml[3] = lv.router_z, ml[4] = lv.total;
             ml[5] = (double)lv.num_targets;
         } else {
-            mean.ce += lv.ce / n_micro;
-            mean.lm_z += lv.lm_z / n_micro;
-            mean.lb += lv.lb / n_micro;
-            mean.router_z += lv.router_z / n_micro;
-            mean.total += lv.total / n_micro;
-            mean.num_targets += lv.num_targets;
+            add_micro_batch(&mean, &lv, n_micro);
         }
         for (size_t k = 0; k < n_counts; k++) t->step_counts[k] += m->expert_counts[k];
         flops += model_train_flops(m, nb, T);
