@@ -283,9 +283,9 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
     Precision precision;
     CHECK(cfg->precision && precision_from_name(cfg->precision, &precision) == SPES_OK, "precision",
           "expected fp32, amp_bf16 or amp_fp16, got '%s'", cfg->precision ? cfg->precision : "null");
-    CHECK(cfg->device && (strcmp(cfg->device, "auto") == 0 || strcmp(cfg->device, "cpu") == 0 ||
-                          strncmp(cfg->device, "cuda", 4) == 0),
-          "device", "expected auto, cpu, cuda or cuda:N, got '%s'", cfg->device ? cfg->device : "null");
+    int cuda_index;
+    CHECK(cfg->device && backend_parse_device(cfg->device, &cuda_index) == SPES_OK, "device",
+          "expected auto, cpu, cuda or cuda:N, got '%s'", cfg->device ? cfg->device : "null");
     CHECK(cfg->distributed_strategy && (strcmp(cfg->distributed_strategy, "single") == 0 ||
                                         strcmp(cfg->distributed_strategy, "ddp") == 0 ||
                                         strcmp(cfg->distributed_strategy, "fsdp") == 0),

@@ -41,14 +41,19 @@ const char *backend_compiled(void) {
 #endif
 }
 
-// "cuda" -> 0, "cuda:N" -> N; -1 (message set) otherwise.
-static int parse_cuda_index(const char *device) {
-    if (strcmp(device, "cuda") == 0) return 0;
+int backend_parse_device(const char *device, int *cuda_index) {
+    *cuda_index = BACKEND_DEVICE_AUTO;
+    if (!device || strcmp(device, "auto") == 0) return SPES_OK;
+    *cuda_index = BACKEND_DEVICE_CPU;
+    if (strcmp(device, "cpu") == 0) return SPES_OK;
+    *cuda_index = 0;
+    if (strcmp(device, "cuda") == 0) return SPES_OK;
     char *end;
-    long n = strtol(device + 5, &end, 10);
-    if (device[5] == '\0' || *end != '\0' || n < 0 || n > 1023)
-        return spes_fail("device '%s': expected auto, cpu, cuda or cuda:N", device), -1;
-    return (int)n;
+    long n = strncmp(device, "cuda:", 5) == 0 ? strtol(device + 5, &end, 10) : -1;
+    if (n < 0 || n > 1023 || device[5] == '\0' || *end != '\0')
+        return spes_fail("device '%s': expected auto, cpu, cuda or cuda:N", device);
+    *cuda_index = (int)n;
+    return SPES_OK;
 }
 
 static int open_cpu(Precision precision, Backend **out) {
@@ -61,17 +66,15 @@ static int open_cpu(Precision precision, Backend **out) {
 
 int backend_open(const char *device, Precision precision, Backend **out) {
     *out = NULL;
-    if (!device || strcmp(device, "auto") == 0) {
+    int index;
+    SPES_TRY(backend_parse_device(device, &index));
+    if (index == BACKEND_DEVICE_AUTO) {
 #ifdef SPES_WITH_CUDA
         if (cuda_device_count() > 0) return cuda_backend_open(0, precision, out);
 #endif
         return open_cpu(precision, out);
     }
-    if (strcmp(device, "cpu") == 0) return open_cpu(precision, out);
-    if (strncmp(device, "cuda", 4) != 0 || (device[4] != '\0' && device[4] != ':'))
-        return spes_fail("device '%s': expected auto, cpu, cuda or cuda:N", device);
-    int index = parse_cuda_index(device);
-    if (index < 0) return SPES_ERR;
+    if (index == BACKEND_DEVICE_CPU) return open_cpu(precision, out);
 #ifdef SPES_WITH_CUDA
     int count = cuda_device_count();
     if (index >= count)

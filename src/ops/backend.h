@@ -215,6 +215,11 @@ struct Backend {
 // "cuda" (= cuda:0) or "cuda:N". Asking for cuda without a GPU or without a CUDA build is an
 // error that says which. precision other than fp32 on cpu: a warning, the run is fp32.
 int backend_open(const char *device, Precision precision, Backend **out);
+// Checks a device name without opening anything: *cuda_index is the GPU index of cuda /
+// cuda:N, or BACKEND_DEVICE_AUTO / BACKEND_DEVICE_CPU. SPES_ERR (message set) for anything else.
+#define BACKEND_DEVICE_AUTO (-2)
+#define BACKEND_DEVICE_CPU (-1)
+int backend_parse_device(const char *device, int *cuda_index);
 void backend_close(Backend *be);
 // The backends compiled in, e.g. "cpu cuda(sm_80,sm_89,sm_90)".
 const char *backend_compiled(void);
