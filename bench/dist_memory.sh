@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Per-rank memory of each data-parallel strategy (docs/distributed.md), measured next to its
 # theory, for N = 1, 2, 4 ranks on the cpu, plus tokens/s of 2 ranks x 1 thread against 1 rank
-# x 2 threads. usage: bash bench/dist_memory.sh [build-dir]
+# x 2 threads, and of 2 ranks with the gradient reduction overlapped with the backward
+# (ddp.overlap_grad_reduce, the default) against reduced after it.
+# usage: bash bench/dist_memory.sh [build-dir]
 # Model: tiny_shakespeare's MoE widened (d_model 256, 4 layers, 8 experts: ~8.7M parameters);
 # random byte-level tokens. "Measured" is the size of every buffer the rank allocated for
 # each role (the trainer's "memory per rank" line), and rank 0's peak RSS; theory is
@@ -73,4 +75,15 @@ run tp_1x2 1 2 12
 run tp_2x1 2 1 12 --distributed_strategy=ddp
 c=$(tps "$tmp/tp_1x1"); a=$(tps "$tmp/tp_1x2"); b=$(tps "$tmp/tp_2x1")
 echo "tokens/s: 1 rank x 1 thread $c, 1 rank x 2 threads $a, 2 ranks x 1 thread (DDP) $b"
+# Overlap: 2 ranks x 1 thread, DDP and ZeRO-2, overlap on against off, with the default 25 MB
+# buckets (2 per step here) and 4 MB buckets (8 per step: more of them start early).
+for s in ddp SHARD_GRAD_OP; do
+  for mb in 25 4; do
+    strat=(--fsdp.sharding_strategy=$s); [ $s = ddp ] && strat=(--distributed_strategy=ddp)
+    run "ov_on_${s}_$mb" 2 1 12 "${strat[@]}" --ddp.bucket_cap_mb=$mb
+    run "ov_off_${s}_$mb" 2 1 12 "${strat[@]}" --ddp.bucket_cap_mb=$mb --ddp.overlap_grad_reduce=false
+    on=$(tps "$tmp/ov_on_${s}_$mb"); off=$(tps "$tmp/ov_off_${s}_$mb")
+    echo "tokens/s, 2 ranks x 1 thread, $s, ${mb} MB buckets: overlapped $on, after the backward $off, ratio $(python3 -c "print('%.3f' % ($on / $off))")"
+  done
+done
 echo "dist_memory: params_mb_n1=$(field parameters "$tmp/ddp_1.log") opt_mb_zero1_n4=$(field "optimizer state" "$tmp/SHARD_OPTIM_4.log") tok_s_1x2=$a tok_s_2x1=$b"

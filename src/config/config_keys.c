@@ -466,7 +466,8 @@ static const ConfigKey KEYS[] = {
     {"fsdp.hybrid_sharding_num_model_replicas", K_IGNORED, .meaning = "Hybrid sharding across nodes: nodes sync through the SPES server instead."},
     {"ddp", K_SECTION, .meaning = "DDP settings."},
     {"ddp.bucket_cap_mb", K_F64, F(ddp_bucket_cap_mb), MIN_POSITIVE, .meaning = "Gradient bucket size in MB for every strategy's gradient collective (torch DDP's bucket_cap_mb). Our extension."},
-    {"ddp.grad_sync_mode", K_IGNORED, .meaning = "Gradients are reduced once per optimizer step, after the last micro-batch."},
+    {"ddp.overlap_grad_reduce", K_BOOL, F(ddp_overlap_grad_reduce), .meaning = "Start each gradient bucket's collective as soon as the last micro-batch's backward has finished its gradients, overlapping communication with the rest of the backward (Megatron-LM's overlap_grad_reduce; torch DDP always overlaps). false: reduce every bucket after the backward. Same MPI/NCCL calls either way: the results are the same bits. Our extension."},
+    {"ddp.grad_sync_mode", K_IGNORED, .meaning = "Gradients are reduced once per optimizer step, during the last micro-batch's backward."},
     {"ddp.find_unused_params", K_IGNORED, .meaning = "Frozen tensors have no gradient and take part in no collective."},
     {"activation_checkpointing", K_STR, F(activation_checkpointing), .nullable = true, .meaning = "null: every layer keeps its activations; fine_grained: the experts' SwiGLU intermediates are recomputed in the backward; whole_layer: each layer's forward is recomputed before its backward. Same gradients, bit for bit."},
     {"speed_monitor", K_IGNORED, .meaning = "Tokens/s is always on the console line."},
@@ -1013,6 +1014,7 @@ void config_defaults(TrainConfig *cfg) {
     cfg->distributed_strategy = spes_strdup("fsdp");
     cfg->fsdp_sharding_strategy = spes_strdup("FULL_SHARD");
     cfg->ddp_bucket_cap_mb = 25.0;
+    cfg->ddp_overlap_grad_reduce = true;
     cfg->decayed_factor_update_steps = 1;
     cfg->take_over_peer_id = -1;
     cfg->retry_timeout_s = 60;

@@ -9,11 +9,24 @@
 #include "base/alloc.h"
 #include "base/error.h"
 
+// An in-place MPI reduce-scatter leaves this rank's sum at the front of its buffer; it is
+// moved to the block's own place once the collective completes.
+typedef struct {
+    float *to, *from;
+    size_t n;
+} Move;
+
 struct Comm {
     int rank, size, local_rank;
     bool mpi;                  // MPI_Init was called by us
     CommNccl *nccl;            // opened on the first device collective
     Backend *nccl_be;
+    // queued non-blocking collectives (comm_start_*): MPI requests with their moves, and
+    // whether NCCL's stream has work to wait for
+    MPI_Request *reqs;
+    Move *moves;
+    int n_reqs, cap_reqs;
+    bool nccl_queued;
 };
 
 static int env_int(const char *name, int fallback) {
@@ -52,6 +65,8 @@ void comm_finalize(Comm *c) {
     if (!c) return;
     comm_nccl_close(c->nccl);
     if (c->mpi) MPI_Finalize();
+    free(c->reqs);
+    free(c->moves);
     free(c);
 }
 
@@ -109,20 +124,79 @@ int comm_allreduce_sum(Comm *c, Backend *be, void *buf, size_t n, CommType t) {
     return SPES_OK;
 }
 
-int comm_reduce_scatter_sum(Comm *c, Backend *be, const float *send, float *recv, const int *counts) {
-    if (!comm_is_multi(c)) {
-        size_t bytes = (size_t)counts[0] * sizeof(float);
-        if (recv != send && bytes > 0 && on_host(be)) memmove(recv, send, bytes);
-        else if (recv != send && bytes > 0) be->ops->copy(be, recv, send, bytes);
-        return SPES_OK;
+// A slot for one more MPI request (and its move) in the queue.
+static int queue_slot(Comm *c, int *slot) {
+    if (c->n_reqs == c->cap_reqs) {
+        int cap = c->cap_reqs ? 2 * c->cap_reqs : 16;
+        MPI_Request *reqs = realloc(c->reqs, (size_t)cap * sizeof *reqs);
+        if (reqs) c->reqs = reqs;
+        Move *moves = reqs ? realloc(c->moves, (size_t)cap * sizeof *moves) : NULL;
+        if (!moves) return spes_fail("out of memory queueing %d collectives", cap);
+        c->moves = moves;
+        c->cap_reqs = cap;
     }
+    *slot = c->n_reqs++;
+    c->moves[*slot] = (Move){0};
+    return SPES_OK;
+}
+
+int comm_start_allreduce_sum(Comm *c, Backend *be, float *buf, size_t n) {
+    if (!comm_is_multi(c) || n == 0) return SPES_OK;
     if (!on_host(be)) {
         CommNccl *nc = NULL;
         SPES_TRY(nccl_for(c, be, &nc));
-        return comm_nccl_reduce_scatter_sum(nc, be, send, recv, counts);
+        c->nccl_queued = true;
+        return comm_nccl_start_allreduce_sum(nc, be, buf, n);
     }
-    if (MPI_Reduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS)
-        return spes_fail("MPI_Reduce_scatter failed");
+    if (n > INT_MAX) return spes_fail("dist: a non-blocking all-reduce of %zu values is more than MPI counts hold", n);
+    int slot = 0;
+    SPES_TRY(queue_slot(c, &slot));
+    if (MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &c->reqs[slot]) != MPI_SUCCESS)
+        return spes_fail("MPI_Iallreduce of %zu values failed", n);
+    return SPES_OK;
+}
+
+int comm_start_reduce_scatter_sum(Comm *c, Backend *be, float *buf, const int *counts) {
+    if (!comm_is_multi(c)) return SPES_OK;   // one block: its sum is itself, in its place
+    if (!on_host(be)) {
+        CommNccl *nc = NULL;
+        SPES_TRY(nccl_for(c, be, &nc));
+        c->nccl_queued = true;
+        return comm_nccl_start_reduce_scatter_sum(nc, be, buf, counts);
+    }
+    size_t at = 0;   // displacement of this rank's block
+    for (int r = 0; r < c->rank; r++) at += (size_t)counts[r];
+    int slot = 0;
+    SPES_TRY(queue_slot(c, &slot));
+    // MPI_IN_PLACE: the input is buf, and this rank's sum lands at buf's front.
+    if (at > 0) c->moves[slot] = (Move){.to = buf + at, .from = buf, .n = (size_t)counts[c->rank]};
+    if (MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &c->reqs[slot]) !=
+        MPI_SUCCESS)
+        return spes_fail("MPI_Ireduce_scatter failed");
+    return SPES_OK;
+}
+
+int comm_progress(Comm *c) {
+    if (!c || c->n_reqs == 0) return SPES_OK;
+    int done = 0;
+    if (MPI_Testall(c->n_reqs, c->reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+        return spes_fail("MPI_Testall on %d queued collectives failed", c->n_reqs);
+    return SPES_OK;
+}
+
+int comm_wait_all(Comm *c) {
+    if (!c) return SPES_OK;
+    if (c->nccl_queued) {
+        c->nccl_queued = false;
+        SPES_TRY(comm_nccl_wait(c->nccl));
+    }
+    if (c->n_reqs == 0) return SPES_OK;
+    int n = c->n_reqs;
+    c->n_reqs = 0;
+    if (MPI_Waitall(n, c->reqs, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+        return spes_fail("MPI_Waitall on %d queued collectives failed", n);
+    for (int i = 0; i < n; i++)
+        if (c->moves[i].n) memmove(c->moves[i].to, c->moves[i].from, c->moves[i].n * sizeof(float));
     return SPES_OK;
 }
 

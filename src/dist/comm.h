@@ -41,9 +41,23 @@ bool comm_is_multi(const Comm *c);      // size > 1
 
 // buf[0..n) summed over ranks, in place, every rank gets the result.
 int comm_allreduce_sum(Comm *c, Backend *be, void *buf, size_t n, CommType t);
-// send[0..sum(counts)) summed over ranks; rank r receives block r (counts[r] values, blocks
-// consecutive in rank order) into recv. f32.
-int comm_reduce_scatter_sum(Comm *c, Backend *be, const float *send, float *recv, const int *counts);
+
+// Non-blocking collectives: the gradient buckets, started while the backward goes on. Each
+// call starts one collective and queues it on the Comm; comm_wait_all waits for every queued
+// one. As for any collective, every rank must start them in the same order. Buffers and
+// `counts` must stay untouched until comm_wait_all returns. MPI (host) runs them as
+// MPI_Iallreduce / MPI_Ireduce_scatter, NCCL (device) on its own stream after the backend's
+// queued work. With one rank they are identities.
+//
+// buf[0..n) summed over ranks, in place (f32).
+int comm_start_allreduce_sum(Comm *c, Backend *be, float *buf, size_t n);
+// In place: block r of buf (counts[r] values at displacement sum(counts[0..r))) summed over
+// ranks; after comm_wait_all this rank's block holds its sum (the other blocks are undefined).
+int comm_start_reduce_scatter_sum(Comm *c, Backend *be, float *buf, const int *counts);
+// Lets queued MPI collectives advance (MPI moves them on only inside MPI calls); cheap.
+int comm_progress(Comm *c);
+// Waits for every queued collective; the queue is then empty.
+int comm_wait_all(Comm *c);
 // In place: block r of buf (counts[r] values at displacement sum(counts[0..r))) comes from
 // rank r; afterwards every rank holds every block. f32.
 int comm_allgather(Comm *c, Backend *be, float *buf, const int *counts);
@@ -59,8 +73,12 @@ typedef struct CommNccl CommNccl;
 int comm_nccl_open(Comm *c, Backend *be, CommNccl **out);
 void comm_nccl_close(CommNccl *n);
 int comm_nccl_allreduce_sum(CommNccl *n, Backend *be, void *buf, size_t count, CommType t);
-// Blocks of different sizes (shards of a gradient buffer) as one NCCL group of per-block
-// ncclReduce / ncclBroadcast calls (NCCL's own ReduceScatter/AllGather need equal blocks).
-int comm_nccl_reduce_scatter_sum(CommNccl *n, Backend *be, const float *send, float *recv, const int *counts);
 int comm_nccl_allgather(CommNccl *n, Backend *be, float *buf, const int *counts);
 int comm_nccl_broadcast(CommNccl *n, Backend *be, void *buf, size_t bytes, int root);
+// The non-blocking pair: started on NCCL's stream once the backend's queued work is done,
+// waited for by comm_nccl_wait. Blocks of different sizes (shards of a gradient buffer) go as
+// one NCCL group of per-block ncclReduce / ncclBroadcast calls (NCCL's own ReduceScatter and
+// AllGather need equal blocks).
+int comm_nccl_start_allreduce_sum(CommNccl *n, Backend *be, float *buf, size_t count);
+int comm_nccl_start_reduce_scatter_sum(CommNccl *n, Backend *be, float *buf, const int *counts);
+int comm_nccl_wait(CommNccl *n);

@@ -46,18 +46,33 @@ bool dp_layout_is_contiguous(const ParamTable *table) {
     return true;
 }
 
-int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const ParamTable *table, double bucket_mb) {
+// counts[r] = |[b0, b1) n shard r|.
+static void bucket_counts(const DataParallel *dp, size_t b0, size_t b1, int *counts) {
+    for (int r = 0; r < dp->size; r++) {
+        size_t a = max_sz(b0, dp->lo[r]), e = min_sz(b1, dp->lo[r + 1]);
+        counts[r] = e > a ? (int)(e - a) : 0;
+    }
+}
+
+int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const ParamTable *table, int n_layers,
+              double bucket_mb) {
     memset(dp, 0, sizeof *dp);
     dp->comm = comm;
     dp->be = be;
+    dp->table = table;
+    dp->n_layers = n_layers;
     dp->rank = comm_rank(comm);
     dp->size = comm_size(comm);
     dp->stage = stage;
     dp->n = table->trainable_numel;
-    size_t bucket = (size_t)(bucket_mb * 1e6 / sizeof(float));
-    dp->bucket = bucket < 1024 ? 1024 : bucket;
+    // A bucket is one MPI/NCCL call: at least 1024 values, at most what an MPI count holds.
+    double bucket = bucket_mb * 1e6 / sizeof(float);
+    dp->bucket = bucket < 1024 ? 1024 : bucket > (double)(1 << 30) ? (size_t)1 << 30 : (size_t)bucket;
+    dp->n_buckets = (dp->n + dp->bucket - 1) / dp->bucket;
+    dp->hooks = (ModelHooks){.fn = dp_on_model_event, .ctx = dp};
     if (!(dp->lo = spes_calloc((size_t)dp->size + 1, sizeof *dp->lo)) ||
-        !(dp->counts = spes_calloc((size_t)dp->size, sizeof *dp->counts))) {
+        !(dp->counts = spes_calloc((size_t)dp->size, sizeof *dp->counts)) ||
+        !(dp->unfinished = spes_calloc(dp->n_buckets + 1, sizeof *dp->unfinished))) {
         dp_free(dp);
         return SPES_ERR;
     }
@@ -68,14 +83,21 @@ int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const Pa
         dp_free(dp);
         return spes_fail("dist: a shard of %zu values is more than MPI/NCCL counts hold; use more ranks", base + 1);
     }
-    // Scratch of one bucket: ZeRO-2's reduce-scatter lands there before it is copied into the
-    // shard's place, and the parameter all-gather goes through it bucket by bucket, unless the
-    // trainable tensors are the front of the parameter buffer in table order (every tensor
+    // ZeRO-2's reduce-scatter of bucket b has blocks blocks[b*size ..): kept for the whole step,
+    // as a non-blocking collective reads its counts until it completes.
+    if (stage == DP_ZERO2) {
+        if (!(dp->blocks = spes_calloc(dp->n_buckets * (size_t)dp->size + 1, sizeof *dp->blocks))) {
+            dp_free(dp);
+            return SPES_ERR;
+        }
+        for (size_t b = 0; b < dp->n_buckets; b++)
+            bucket_counts(dp, b * dp->bucket, min_sz((b + 1) * dp->bucket, dp->n), dp->blocks + b * (size_t)dp->size);
+    }
+    // Scratch of one bucket: the parameter all-gather goes through it bucket by bucket, unless
+    // the trainable tensors are the front of the parameter buffer in table order (every tensor
     // trainable: no frozen experts), when the all-gather runs in place on the parameters.
-    // A rank's block of one bucket is at most a shard (the first shard is the largest).
     dp->contiguous = dp_layout_is_contiguous(table);
     size_t scratch = 0;
-    if (stage == DP_ZERO2) scratch = min_sz(dp->bucket, dp->lo[1]);
     if (stage != DP_DDP && !dp->contiguous) scratch = min_sz(dp->bucket, dp->n);
     dp->scratch_n = scratch;
     int rc = SPES_OK;
@@ -91,6 +113,8 @@ void dp_free(DataParallel *dp) {
     if (dp->be) backend_free(dp->be, dp->scratch);
     free(dp->lo);
     free(dp->counts);
+    free(dp->blocks);
+    free(dp->unfinished);
     memset(dp, 0, sizeof *dp);
 }
 
@@ -104,30 +128,59 @@ void dp_state_range(const DataParallel *dp, size_t *lo, size_t *hi) {
     }
 }
 
-// counts[r] = |[b0, b1) n shard r|.
-static void bucket_counts(DataParallel *dp, size_t b0, size_t b1) {
-    for (int r = 0; r < dp->size; r++) {
-        size_t a = max_sz(b0, dp->lo[r]), e = min_sz(b1, dp->lo[r + 1]);
-        dp->counts[r] = e > a ? (int)(e - a) : 0;
+// ---- one step's gradient reduction ----
+
+// Adds `delta` to unfinished[] of every bucket holding a trainable tensor of `part` (-1: of any).
+static void count_tensors(DataParallel *dp, int part, int delta) {
+    const ParamTable *t = dp->table;
+    for (int i = 0; i < t->count; i++) {
+        const ParamInfo *pi = &t->entries[i];
+        if (!pi->trainable || pi->grad_offset < 0 || pi->numel == 0) continue;
+        if (part >= 0 && param_part(pi, dp->n_layers) != part) continue;
+        size_t go = (size_t)pi->grad_offset;
+        for (size_t b = go / dp->bucket; b <= (go + pi->numel - 1) / dp->bucket; b++) dp->unfinished[b] += delta;
     }
 }
 
-int dp_reduce_grads(DataParallel *dp, float *grads) {
-    // Buckets bound the size of each collective (and are the unit an overlap with the
-    // backward would hand over); each is one MPI/NCCL call.
-    for (size_t b0 = 0; b0 < dp->n; b0 += dp->bucket) {
-        size_t b1 = min_sz(b0 + dp->bucket, dp->n);
-        if (dp->stage != DP_ZERO2) {
-            SPES_TRY(comm_allreduce_sum(dp->comm, dp->be, grads + b0, b1 - b0, COMM_F32));
-            continue;
-        }
-        // Block r of this bucket is its overlap with rank r's shard (blocks are consecutive).
-        bucket_counts(dp, b0, b1);
-        SPES_TRY(comm_reduce_scatter_sum(dp->comm, dp->be, grads + b0, dp->scratch, dp->counts));
-        size_t mine = (size_t)dp->counts[dp->rank];   // the sum lands in the shard's own place
-        if (mine) dp->be->ops->copy(dp->be, grads + max_sz(b0, dp->lo[dp->rank]), dp->scratch, mine * sizeof(float));
+void dp_reduce_begin(DataParallel *dp, float *grads) {
+    dp->grads = grads;
+    dp->next = (ptrdiff_t)dp->n_buckets - 1;
+    dp->started_in_backward = 0;
+    memset(dp->unfinished, 0, dp->n_buckets * sizeof *dp->unfinished);
+    count_tensors(dp, -1, +1);
+}
+
+// Bucket b's collective, started: an all-reduce, or ZeRO-2's reduce-scatter over its blocks.
+static int start_bucket(DataParallel *dp, size_t b) {
+    size_t b0 = b * dp->bucket, b1 = min_sz(b0 + dp->bucket, dp->n);
+    if (dp->stage != DP_ZERO2) return comm_start_allreduce_sum(dp->comm, dp->be, dp->grads + b0, b1 - b0);
+    return comm_start_reduce_scatter_sum(dp->comm, dp->be, dp->grads + b0, dp->blocks + b * (size_t)dp->size);
+}
+
+// Starts buckets from dp->next down while they are final (all of them when `all`), so every
+// rank starts them in the same order whatever its backward did.
+static int start_buckets(DataParallel *dp, bool all) {
+    while (dp->next >= 0 && (all || dp->unfinished[dp->next] == 0)) {
+        SPES_TRY(start_bucket(dp, (size_t)dp->next));
+        dp->next--;
+        if (!all) dp->started_in_backward++;
     }
     return SPES_OK;
+}
+
+// The model's hook: a part whose gradients are final counts down its tensors' buckets.
+int dp_on_model_event(void *ctx, ModelHookEvent event, int part) {
+    DataParallel *dp = ctx;
+    if (event != MODEL_HOOK_POST_BACKWARD) return comm_progress(dp->comm);
+    count_tensors(dp, part, -1);
+    SPES_TRY(start_buckets(dp, false));
+    return comm_progress(dp->comm);
+}
+
+int dp_reduce_grads(DataParallel *dp, float *grads) {
+    if (grads != dp->grads) return spes_fail("dist: dp_reduce_grads without dp_reduce_begin on that buffer");
+    SPES_TRY(start_buckets(dp, true));
+    return comm_wait_all(dp->comm);
 }
 
 float *dp_step_grads(DataParallel *dp, float *grads) {
@@ -192,7 +245,7 @@ int dp_gather_params(DataParallel *dp, const ParamTable *table, float *dparams, 
         // Shards are ranges of the parameter buffer itself: gathered in place, one bucket at a time.
         for (size_t b0 = 0; b0 < dp->n; b0 += dp->bucket) {
             size_t b1 = min_sz(b0 + dp->bucket, dp->n);
-            bucket_counts(dp, b0, b1);
+            bucket_counts(dp, b0, b1, dp->counts);
             SPES_TRY(comm_allgather(dp->comm, dp->be, dparams + b0, dp->counts));
             if (compute.p) for_pieces(dp, table, b0, b1, false, dparams, compute, take_piece);
         }
@@ -200,7 +253,7 @@ int dp_gather_params(DataParallel *dp, const ParamTable *table, float *dparams, 
     }
     for (size_t b0 = 0; b0 < dp->n; b0 += dp->scratch_n) {
         size_t b1 = min_sz(b0 + dp->scratch_n, dp->n);
-        bucket_counts(dp, b0, b1);
+        bucket_counts(dp, b0, b1, dp->counts);
         for_pieces(dp, table, b0, b1, true, dparams, compute, put_piece);
         SPES_TRY(comm_allgather(dp->comm, dp->be, dp->scratch, dp->counts));
         for_pieces(dp, table, b0, b1, false, dparams, compute, take_piece);

@@ -7,9 +7,17 @@
 //   SHARD_GRAD_OP (Z2) bucketed reduce-scatter       rank's shard only      shard updated, all-gathered
 //   FULL_SHARD (Z3)    as Z2; parameter sharding is not implemented: runs as Z2, with a warning
 //
-// ZeRO-2 keeps the full-size gradient buffer the backward accumulates into (the model's
-// backward has no per-layer hook to reduce and free gradients as they are produced); what is
-// sharded is the reduced gradient, the clipping and the update.
+// ZeRO-2 keeps the full-size gradient buffer the backward accumulates into (every micro-batch
+// adds into it); what is sharded is the reduced gradient, the clipping and the update.
+//
+// Buckets and overlap. The gradient layout is cut into buckets of `bucket` values; each is one
+// non-blocking collective (all-reduce, or ZeRO-2's reduce-scatter, in place). During the last
+// micro-batch's backward the model's hooks (model.h) report each part whose gradients are
+// final; a bucket starts as soon as every tensor in it is final (ddp.overlap_grad_reduce), so
+// its reduction runs while the backward goes on. Buckets always start in one order, the last
+// bucket first (the backward's order: head, last layer, ..., embedding), whether overlapped or
+// not and on every rank (a rank without micro-batches starts them all at the end): the same
+// MPI/NCCL calls on the same data, so overlap changes timing, never bits.
 //
 // Shards are contiguous ranges of the flat gradient buffer (trainable tensors only, in table
 // order: frozen experts have no gradient, so they take part in no gradient collective):
@@ -26,6 +34,7 @@
 
 #include "config/config.h"
 #include "dist/comm.h"
+#include "model/model.h"
 #include "model/param_table.h"
 #include "ops/backend.h"
 #include "train/optimizer.h"
@@ -35,15 +44,25 @@ typedef enum { DP_DDP = 0, DP_ZERO1, DP_ZERO2 } DpStage;
 typedef struct {
     Comm *comm;
     Backend *be;
+    const ParamTable *table;
+    int n_layers;          // the model's, to map tensors to the hooks' parts (param_part)
     int rank, size;
     DpStage stage;
     size_t n;              // trainable values (gradient buffer length)
     size_t *lo;            // [size + 1] shard boundaries
     size_t bucket;         // values per gradient bucket
-    float *scratch;        // [scratch_n] backend memory: one bucket (ZeRO-2 reduce-scatter; the
-    size_t scratch_n;      // parameter all-gather when the layout is not contiguous), else NULL
+    size_t n_buckets;
+    int *blocks;           // ZeRO-2: [n_buckets * size] each bucket's overlap with each shard
+    float *scratch;        // [scratch_n] backend memory: one bucket for the parameter all-gather
+    size_t scratch_n;      // when the layout is not contiguous, else NULL
     bool contiguous;       // trainable tensors == the front of the parameter buffer (no frozen ones)
     int *counts;           // [size] scratch
+    // one step's reduction (dp_reduce_begin .. dp_reduce_grads)
+    float *grads;          // the gradient buffer being reduced
+    int *unfinished;       // [n_buckets] tensors in the bucket whose gradients are not final yet
+    ptrdiff_t next;        // the next bucket to start (they start from the last down to 0)
+    size_t started_in_backward;   // buckets the hooks started (the rest start in dp_reduce_grads)
+    ModelHooks hooks;      // the model's hooks that start buckets as the backward finishes parts
 } DataParallel;
 
 // The stage from distributed_strategy + fsdp.sharding_strategy (`single` with more than one
@@ -51,7 +70,9 @@ typedef struct {
 int dp_stage_from_config(const TrainConfig *cfg, int world_size, DpStage *out);
 const char *dp_stage_name(DpStage s);   // "ddp", "zero1", "zero2"
 
-int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const ParamTable *table, double bucket_mb);
+// `table` (of a model of n_layers layers) must outlive dp.
+int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const ParamTable *table, int n_layers,
+              double bucket_mb);
 // True when every trainable tensor's gradient offset equals its parameter offset (no frozen
 // tensor before a trainable one): the gradient layout is then a prefix of the parameters.
 bool dp_layout_is_contiguous(const ParamTable *table);
@@ -60,9 +81,17 @@ void dp_free(DataParallel *dp);
 // The range of the gradient layout whose optimizer state this rank holds ([0, n) under DDP).
 void dp_state_range(const DataParallel *dp, size_t *lo, size_t *hi);
 
-// Sums the ranks' gradients in `grads`: all of it (DDP/ZeRO-1), or only this rank's shard
-// range (ZeRO-2: the rest of the buffer keeps this rank's own, unreduced values).
+// One step's gradient reduction. dp_reduce_begin before the step's micro-batches; set
+// model->hooks = &dp->hooks around the LAST micro-batch to start buckets during its backward
+// (leave it NULL to reduce everything after the backward); then dp_reduce_grads starts the
+// buckets not started yet and waits for all. It sums the ranks' gradients in `grads`: all of
+// it (DDP/ZeRO-1), or only this rank's shard range (ZeRO-2: the rest of the buffer is then
+// undefined). Every rank calls both, also a rank that computed no micro-batch.
+void dp_reduce_begin(DataParallel *dp, float *grads);
 int dp_reduce_grads(DataParallel *dp, float *grads);
+// The function behind dp->hooks: POST_BACKWARD of a part starts the buckets it completes;
+// every event lets the started collectives progress.
+int dp_on_model_event(void *ctx, ModelHookEvent event, int part);
 // The gradient AdamW reads on this rank, laid out from the state range's start.
 float *dp_step_grads(DataParallel *dp, float *grads);
 // L2 norm of the whole (reduced) gradient; under ZeRO-2 from the shards' sums of squares.

@@ -3,9 +3,11 @@
 // device collective with a message (a CPU-only build has no device buffers to begin with).
 //
 // Ordering. The backend queues its kernels on its own stream; NCCL runs on a stream of ours.
-// Each collective waits for the backend's queued work (backend_sync), runs, and waits for
-// itself: correct without cross-stream events, at the cost of not overlapping (the overlap
-// with the backward is not done yet, see docs/distributed.md).
+// Each collective first waits for the backend's queued work (backend_sync: the kernels that
+// wrote the buffer are done). A blocking call then waits for itself; a started one (the
+// gradient buckets) is left running on NCCL's stream while the host goes on queueing the rest
+// of the backward on the backend's stream, and comm_nccl_wait waits for all of them. No
+// cross-stream event is needed: the host sync orders the two streams.
 #include "dist/comm.h"
 
 #include "base/error.h"
@@ -103,19 +105,27 @@ int comm_nccl_allreduce_sum(CommNccl *n, Backend *be, void *buf, size_t count, C
     return finish(n, "all-reduce");
 }
 
-int comm_nccl_reduce_scatter_sum(CommNccl *n, Backend *be, const float *send, float *recv, const int *counts) {
+int comm_nccl_start_allreduce_sum(CommNccl *n, Backend *be, float *buf, size_t count) {
+    SPES_TRY(begin(n, be));
+    NCCL_TRY(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, n->comm, n->stream));
+    return SPES_OK;
+}
+
+int comm_nccl_start_reduce_scatter_sum(CommNccl *n, Backend *be, float *buf, const int *counts) {
     SPES_TRY(begin(n, be));
     size_t at = 0;
     NCCL_TRY(ncclGroupStart());
     for (int r = 0; r < n->size; r++) {
-        // Block r reduced onto rank r; the other ranks' recv is unused by that call.
-        NCCL_TRY(ncclReduce(send + at, n->rank == r ? recv : NULL, (size_t)counts[r], ncclFloat32, ncclSum, r,
+        // Block r reduced onto rank r, in place; the other ranks' recvbuff is unused by that call.
+        NCCL_TRY(ncclReduce(buf + at, n->rank == r ? buf + at : NULL, (size_t)counts[r], ncclFloat32, ncclSum, r,
                             n->comm, n->stream));
         at += (size_t)counts[r];
     }
     NCCL_TRY(ncclGroupEnd());
-    return finish(n, "reduce-scatter");
+    return SPES_OK;
 }
+
+int comm_nccl_wait(CommNccl *n) { return finish(n, "gradient buckets"); }
 
 int comm_nccl_allgather(CommNccl *n, Backend *be, float *buf, const int *counts) {
     SPES_TRY(begin(n, be));
@@ -151,9 +161,9 @@ int comm_nccl_open(Comm *c, Backend *be, CommNccl **out) {
 }
 void comm_nccl_close(CommNccl *n) { (void)n; }
 int comm_nccl_allreduce_sum(CommNccl *n, Backend *be, void *buf, size_t count, CommType t) { return no_nccl(); }
-int comm_nccl_reduce_scatter_sum(CommNccl *n, Backend *be, const float *send, float *recv, const int *counts) {
-    return no_nccl();
-}
+int comm_nccl_start_allreduce_sum(CommNccl *n, Backend *be, float *buf, size_t count) { return no_nccl(); }
+int comm_nccl_start_reduce_scatter_sum(CommNccl *n, Backend *be, float *buf, const int *counts) { return no_nccl(); }
+int comm_nccl_wait(CommNccl *n) { return no_nccl(); }
 int comm_nccl_allgather(CommNccl *n, Backend *be, float *buf, const int *counts) { return no_nccl(); }
 int comm_nccl_broadcast(CommNccl *n, Backend *be, void *buf, size_t bytes, int root) { return no_nccl(); }
 #endif

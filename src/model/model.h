@@ -17,6 +17,27 @@
 typedef struct ModelActivations ModelActivations;   // private to src/model
 typedef struct ModelBinding ModelBinding;           // private: tensors resolved per layer
 
+// Hooks: the model tells one listener where a training or eval pass is, part by part, so
+// data parallelism (src/dist/) can start a gradient bucket's reduction while the backward goes
+// on, and a sharded-parameter strategy can fetch a part's parameters right before it runs and
+// release them after. Parts are param_part()'s (param_table.h): 0 the embedding, 1 + l layer l,
+// n_layers + 1 the head (final norm and lm_head). Per call of model_forward_backward, every
+// part sees PRE_FORWARD, POST_FORWARD, then (backward) PRE_BACKWARD and POST_BACKWARD, the
+// backward in reverse part order; model_forward sends only the forward events. The head's
+// lm_head gradient is computed with its forward (row blocks of logits are never all kept), so
+// its PRE_BACKWARD comes after its forward events but before the final norm's backward.
+typedef enum {
+    MODEL_HOOK_PRE_FORWARD = 0,   // the forward is about to read the part's parameters
+    MODEL_HOOK_POST_FORWARD,      // the forward is done with them
+    MODEL_HOOK_PRE_BACKWARD,      // the backward (or the recomputed forward before it) is about to read them
+    MODEL_HOOK_POST_BACKWARD,     // every gradient of the part from this call is in m->grads
+} ModelHookEvent;
+
+typedef struct {
+    int (*fn)(void *ctx, ModelHookEvent event, int part);   // an error ends the pass with it
+    void *ctx;
+} ModelHooks;
+
 typedef struct {
     ModelConfig cfg;
     ParamTable table;
@@ -29,6 +50,7 @@ typedef struct {
     ModelActivations *acts; // planned lazily for the (B, T) of the last call
     int64_t *expert_counts; // [L*E] tokens routed to each expert in the last forward
     int checkpointing;      // activation_checkpointing: 0 none, 1 fine_grained, 2 whole_layer
+    const ModelHooks *hooks;   // NULL: none (set by the caller around the passes it listens to)
 } Model;
 
 // Allocates parameters (zeroed) and gradients for every tensor (all trainable), on the cpu.

@@ -95,6 +95,11 @@ static int embed(Model *m, const int32_t *inputs, const int32_t *targets, int N)
     return SPES_OK;
 }
 
+// Tells the listener, if any, where the pass is (model.h).
+static int hook(Model *m, ModelHookEvent event, int part) {
+    return m->hooks ? m->hooks->fn(m->hooks->ctx, event, part) : SPES_OK;
+}
+
 // The forward of everything; the backward too when `grad`.
 static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, int T, const LossWeights *w,
                bool grad, float grad_scale, LossValues *out, float *logits_out) {
@@ -107,6 +112,7 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
     ModelActivations *a = m->acts;
     const ModelBinding *b = m->bind;
     const int N = B * T, H = c->d_model, L = c->n_layers, E = c->num_experts;
+    const int HEAD = L + 1;   // the hooks' parts: 0 embedding, 1 + l layer l, L + 1 head
     const LossWeights zero_weights = {0};
     if (!w) w = &zero_weights;
 
@@ -114,14 +120,19 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
     if (targets)
         for (int i = 0; i < N; i++) num_targets += targets[i] != IGNORE_INDEX;
 
+    SPES_TRY(hook(m, MODEL_HOOK_PRE_FORWARD, 0));
     double t = phase_begin();
     op->rope_tables(be, a->rope_cos, a->rope_sin, T, c->head_dim, c->rope_theta);
     SPES_TRY(embed(m, inputs, targets, N));
     phase_end(m, MODEL_PHASE_EMBED, t);
+    SPES_TRY(hook(m, MODEL_HOOK_POST_FORWARD, 0));
     for (int l = 0; l < L; l++) {
+        SPES_TRY(hook(m, MODEL_HOOK_PRE_FORWARD, 1 + l));
         attention_block_forward(m, l, NULL);
         moe_block_forward(m, l);
+        SPES_TRY(hook(m, MODEL_HOOK_POST_FORWARD, 1 + l));
     }
+    SPES_TRY(hook(m, MODEL_HOOK_PRE_FORWARD, HEAD));
     t = phase_begin();
     op->rmsnorm_forward(be, a->hf, a->rstd_f, buf_f32(a->x_final), b->final_norm, N, H, c->norm_eps);
     phase_end(m, MODEL_PHASE_NORMS, t);
@@ -129,6 +140,7 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
     float ce_scale = num_targets ? grad_scale / (float)num_targets : 0.0f;
     SPES_TRY(lm_head_and_loss(m, 0, targets != NULL, ce_scale, ce_scale * w->lm_z_mult, grad, logits_out));
     phase_end(m, MODEL_PHASE_LM_HEAD, t);
+    SPES_TRY(hook(m, MODEL_HOOK_POST_FORWARD, HEAD));
 
     if (out) {
         double *sums = a->stats + (size_t)L * STATS_PER_LAYER(E);
@@ -142,22 +154,28 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
     }
     if (!grad) return backend_sync(be);
 
-    // backward: a->dh holds dL/dhf
+    // backward: a->dh holds dL/dhf (and lm_head's gradient is in, from lm_head_and_loss)
+    SPES_TRY(hook(m, MODEL_HOOK_PRE_BACKWARD, HEAD));
     t = phase_begin();
     op->rmsnorm_backward(be, buf_f32(a->dresid), b->d_final_norm, a->dh, buf_f32(a->x_final), b->final_norm,
                          a->rstd_f, N, H, false);
     phase_end(m, MODEL_PHASE_NORMS, t);
+    SPES_TRY(hook(m, MODEL_HOOK_POST_BACKWARD, HEAD));
     for (int l = L - 1; l >= 0; l--) {
+        SPES_TRY(hook(m, MODEL_HOOK_PRE_BACKWARD, 1 + l));
         if (a->keep == ACT_KEEP_INPUTS && l < L - 1) {   // the shared buffers hold layer L-1's
             attention_block_forward(m, l, NULL);
             moe_block_forward(m, l);
         }
         moe_block_backward(m, l, w, grad_scale);
         attention_block_backward(m, l);
+        SPES_TRY(hook(m, MODEL_HOOK_POST_BACKWARD, 1 + l));
     }
+    SPES_TRY(hook(m, MODEL_HOOK_PRE_BACKWARD, 0));
     t = phase_begin();
     if (b->d_embed) op->embedding_backward(be, b->d_embed, buf_f32(a->dresid), a->tokens, N, H);
     phase_end(m, MODEL_PHASE_EMBED, t);
+    SPES_TRY(hook(m, MODEL_HOOK_POST_BACKWARD, 0));
     return backend_sync(be);
 }
 

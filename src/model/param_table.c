@@ -77,6 +77,11 @@ int param_table_find(const ParamTable *table, const char *name) {
     return -1;
 }
 
+int param_part(const ParamInfo *pi, int n_layers) {
+    if (pi->layer >= 0) return 1 + pi->layer;
+    return pi->kind == PARAM_EMBED ? 0 : n_layers + 1;
+}
+
 int param_table_index(const ParamTable *table, ParamKind kind, int layer, int expert) {
     for (int i = 0; i < table->count; i++) {
         const ParamInfo *p = &table->entries[i];

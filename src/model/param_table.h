@@ -55,6 +55,9 @@ int param_table_build(const ModelConfig *cfg, ParamTable *table);
 void param_table_free(ParamTable *table);
 // Index of a tensor by name, -1 if absent.
 int param_table_find(const ParamTable *table, const char *name);
+// The part of the model a tensor belongs to, the unit the model's hooks report (model.h):
+// 0 the embedding, 1 + l layer l, n_layers + 1 the head (final norm, lm_head).
+int param_part(const ParamInfo *pi, int n_layers);
 // Index of (kind, layer, expert); -1 if absent.
 int param_table_index(const ParamTable *table, ParamKind kind, int layer, int expert);
 // Marks tensors trainable from a per-entry mask and recomputes grad offsets.

@@ -263,13 +263,16 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     if (t->dist) {
         DpStage stage;
         if (dp_stage_from_config(cfg, comm_size(t->comm), &stage) != SPES_OK) goto fail;
-        if (dp_create(&t->dp, t->comm, t->be, stage, &t->model.table, cfg->ddp_bucket_cap_mb) != SPES_OK)
+        if (dp_create(&t->dp, t->comm, t->be, stage, &t->model.table, cfg->model.n_layers, cfg->ddp_bucket_cap_mb) !=
+            SPES_OK)
             goto fail;
         size_t lo, hi;
         dp_state_range(&t->dp, &lo, &hi);
         if (adamw_create_shard(&t->adamw, &t->model.table, &cfg->adamw, t->be, lo, hi) != SPES_OK) goto fail;
-        log_info("dist: %d ranks, strategy %s; this rank holds optimizer state for [%zu, %zu) of %zu trainable values",
-                 comm_size(t->comm), dp_stage_name(stage), lo, hi, t->model.table.trainable_numel);
+        log_info("dist: %d ranks, strategy %s; this rank holds optimizer state for [%zu, %zu) of %zu trainable "
+                 "values; %zu gradient buckets, %s",
+                 comm_size(t->comm), dp_stage_name(stage), lo, hi, t->model.table.trainable_numel, t->dp.n_buckets,
+                 cfg->ddp_overlap_grad_reduce ? "overlapped with the backward" : "reduced after the backward");
     } else if (adamw_create_on(&t->adamw, &t->model.table, &cfg->adamw, t->be) != SPES_OK) {
         goto fail;
     }
@@ -422,14 +425,20 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         last = (int)((int64_t)n_micro * (r + 1) / size);
         SPES_TRY(prepare_micro_losses(t, n_micro));
     }
+    size_t n_grad = m->table.trainable_numel;
+    bool reduce = t->dist && n_grad > 0;
+    if (reduce) dp_reduce_begin(&t->dp, m->grads);
     LossValues mean = {0};
     double flops = 0;
     for (int i = first; i < last; i++) {
         int r0 = i * micro, nb = rows - r0 < micro ? rows - r0 : micro;
         LossValues lv;
-        if (model_forward_backward(m, batch->inputs + (size_t)r0 * T, batch->targets + (size_t)r0 * T, nb, T,
-                                   &t->weights, (float)(t->scaler.scale / n_micro), &lv, NULL) != SPES_OK)
-            return spes_fail_context("step %" PRId64 ", micro-batch %d", step, i);
+        // The last micro-batch's backward starts the gradient buckets it finishes (overlap).
+        m->hooks = reduce && cfg->ddp_overlap_grad_reduce && i == last - 1 ? &t->dp.hooks : NULL;
+        int rc = model_forward_backward(m, batch->inputs + (size_t)r0 * T, batch->targets + (size_t)r0 * T, nb, T,
+                                        &t->weights, (float)(t->scaler.scale / n_micro), &lv, NULL);
+        m->hooks = NULL;
+        if (rc != SPES_OK) return spes_fail_context("step %" PRId64 ", micro-batch %d", step, i);
         if (t->dist) {
             double *ml = t->micro_losses + (size_t)6 * i;
             ml[0] = lv.ce, ml[1] = lv.lm_z, ml[2] = lv.lb, ml[3] = lv.router_z, ml[4] = lv.total;
@@ -440,17 +449,24 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         for (size_t k = 0; k < n_counts; k++) t->step_counts[k] += m->expert_counts[k];
         flops += model_train_flops(m, nb, T);
     }
+    // Every rank starts the remaining buckets and waits, before any other collective (MPI wants
+    // collectives in the same order on every rank, and a rank may have had no micro-batch).
+    if (reduce) {
+        size_t early = t->dp.started_in_backward;
+        SPES_TRY(dp_reduce_grads(&t->dp, m->grads));
+        if (t->steps_this_run == 0)
+            log_info("dist: step %" PRId64 ": %zu of %zu gradient buckets started during the backward", step, early,
+                     t->dp.n_buckets);
+    }
     if (t->dist) SPES_TRY(combine_ranks(t, n_micro, n_counts, &mean));
     if (!isfinite(mean.total))
         return spes_fail("step %" PRId64 ": the loss is %g (ce %g); lower optimizer.learning_rate or set "
                          "max_grad_norm; the last checkpoint is unaffected",
                          step, mean.total, mean.ce);
 
-    size_t n_grad = m->table.trainable_numel;
     double lr = schedule_lr(&cfg->schedule, cfg->learning_rate, step, t->max_steps);
     double norm = 0.0;
     bool apply = true;
-    if (t->dist && n_grad) SPES_TRY(dp_reduce_grads(&t->dp, m->grads));
     if (t->scaler.enabled) {
         // Gradients are scaled by the loss scale: a non-finite norm is an overflow (skip the
         // step, halve the scale); otherwise unscale and clip in one multiply.
