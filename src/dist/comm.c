@@ -8,6 +8,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "dist/rendezvous.h"
 
 // An in-place MPI reduce-scatter leaves this rank's sum at the front of its buffer; it is
 // moved to the block's own place once the collective completes.
@@ -19,6 +20,8 @@ typedef struct {
 struct Comm {
     int rank, size, local_rank;
     bool mpi;                  // MPI_Init was called by us
+    MPI_Comm world;            // every rank: MPI_COMM_WORLD under mpirun, the joined one without
+    Rendezvous *rdv;           // torchrun-style ranks (rendezvous.h), else NULL
     CommNccl *nccl;            // opened on the first device collective
     Backend *nccl_be;
     // queued non-blocking collectives (comm_start_*): MPI requests with their moves, and
@@ -52,10 +55,17 @@ int comm_init(Comm **out) {
             return spes_fail("MPI_Init failed (launched by mpirun with %d ranks)", world);
         }
         c->mpi = true;
+        c->world = MPI_COMM_WORLD;
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
         MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
         MPI_Comm_size(MPI_COMM_WORLD, &c->size);
         c->local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", c->rank);
+    } else if (rdv_wanted()) {   // torchrun-style: RANK, WORLD_SIZE, MASTER_ADDR/PORT, no mpirun
+        if (rdv_join(&c->rdv, &c->world, &c->rank, &c->size, &c->local_rank) != SPES_OK) {
+            free(c);
+            return SPES_ERR;
+        }
+        c->mpi = true;
     }
     *out = c;
     return SPES_OK;
@@ -64,14 +74,16 @@ int comm_init(Comm **out) {
 void comm_finalize(Comm *c) {
     if (!c) return;
     comm_nccl_close(c->nccl);
+    rdv_finish(c->rdv, c->world);
     if (c->mpi) MPI_Finalize();
+    rdv_close(c->rdv);
     free(c->reqs);
     free(c->moves);
     free(c);
 }
 
 void comm_abort(Comm *c, int code) {
-    if (c && c->mpi) MPI_Abort(MPI_COMM_WORLD, code);
+    if (c && c->mpi) MPI_Abort(c->world, code);
 }
 
 int comm_rank(const Comm *c) { return c ? c->rank : 0; }
@@ -118,7 +130,7 @@ int comm_allreduce_sum(Comm *c, Backend *be, void *buf, size_t n, CommType t) {
     for (size_t done = 0; done < n; done += MPI_CHUNK) {
         size_t k = n - done < MPI_CHUNK ? n - done : MPI_CHUNK;
         if (MPI_Allreduce(MPI_IN_PLACE, (char *)buf + done * type_size(t), (int)k, mpi_type(t), MPI_SUM,
-                          MPI_COMM_WORLD) != MPI_SUCCESS)
+                          c->world) != MPI_SUCCESS)
             return spes_fail("MPI_Allreduce of %zu values failed", k);
     }
     return SPES_OK;
@@ -151,7 +163,7 @@ int comm_start_allreduce_sum(Comm *c, Backend *be, float *buf, size_t n) {
     if (n > INT_MAX) return spes_fail("dist: a non-blocking all-reduce of %zu values is more than MPI counts hold", n);
     int slot = 0;
     SPES_TRY(queue_slot(c, &slot));
-    if (MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &c->reqs[slot]) != MPI_SUCCESS)
+    if (MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->world, &c->reqs[slot]) != MPI_SUCCESS)
         return spes_fail("MPI_Iallreduce of %zu values failed", n);
     return SPES_OK;
 }
@@ -170,7 +182,7 @@ int comm_start_reduce_scatter_sum(Comm *c, Backend *be, float *buf, const int *c
     SPES_TRY(queue_slot(c, &slot));
     // MPI_IN_PLACE: the input is buf, and this rank's sum lands at buf's front.
     if (at > 0) c->moves[slot] = (Move){.to = buf + at, .from = buf, .n = (size_t)counts[c->rank]};
-    if (MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &c->reqs[slot]) !=
+    if (MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts, MPI_FLOAT, MPI_SUM, c->world, &c->reqs[slot]) !=
         MPI_SUCCESS)
         return spes_fail("MPI_Ireduce_scatter failed");
     return SPES_OK;
@@ -215,7 +227,7 @@ int comm_allgather(Comm *c, Backend *be, float *buf, const int *counts) {
         at += counts[r];
     }
     int rc = at <= INT_MAX && MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT,
-                                             MPI_COMM_WORLD) == MPI_SUCCESS
+                                             c->world) == MPI_SUCCESS
                  ? SPES_OK
                  : spes_fail("MPI_Allgatherv of %lld values failed", at);
     free(displs);
@@ -231,7 +243,7 @@ int comm_broadcast(Comm *c, Backend *be, void *buf, size_t bytes, int root) {
     }
     for (size_t done = 0; done < bytes; done += MPI_CHUNK) {
         size_t k = bytes - done < MPI_CHUNK ? bytes - done : MPI_CHUNK;
-        if (MPI_Bcast((char *)buf + done, (int)k, MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS)
+        if (MPI_Bcast((char *)buf + done, (int)k, MPI_BYTE, root, c->world) != MPI_SUCCESS)
             return spes_fail("MPI_Bcast of %zu bytes failed", k);
     }
     return SPES_OK;
@@ -239,7 +251,7 @@ int comm_broadcast(Comm *c, Backend *be, void *buf, size_t bytes, int root) {
 
 int comm_barrier(Comm *c) {
     if (!comm_is_multi(c)) return SPES_OK;
-    return MPI_Barrier(MPI_COMM_WORLD) == MPI_SUCCESS ? SPES_OK : spes_fail("MPI_Barrier failed");
+    return MPI_Barrier(c->world) == MPI_SUCCESS ? SPES_OK : spes_fail("MPI_Barrier failed");
 }
 
 int comm_allgather_int(Comm *c, int value, int *out) {
@@ -247,7 +259,7 @@ int comm_allgather_int(Comm *c, int value, int *out) {
         out[0] = value;
         return SPES_OK;
     }
-    return MPI_Allgather(&value, 1, MPI_INT, out, 1, MPI_INT, MPI_COMM_WORLD) == MPI_SUCCESS
+    return MPI_Allgather(&value, 1, MPI_INT, out, 1, MPI_INT, c->world) == MPI_SUCCESS
                ? SPES_OK
                : spes_fail("MPI_Allgather failed");
 }

@@ -26,7 +26,8 @@ typedef enum { COMM_F32 = 0, COMM_F64, COMM_I64, COMM_BYTE } CommType;
 typedef struct Comm Comm;
 
 // The job this process belongs to, from the launcher's environment: OpenMPI's mpirun
-// (OMPI_COMM_WORLD_*), or a single rank when there is none. Initialises MPI only for a job of
+// (OMPI_COMM_WORLD_*), torchrun-style variables without mpirun (RANK, WORLD_SIZE, LOCAL_RANK,
+// MASTER_ADDR, MASTER_PORT: the ranks join through dist/rendezvous.h), or a single rank. Initialises MPI only for a job of
 // more than one rank. `*out` is never NULL on success.
 int comm_init(Comm **out);
 // MPI_Finalize (multi-rank) and frees. NULL is fine.

@@ -9,20 +9,23 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "dist/rendezvous.h"
 
 static int env_int(const char *name) {
     const char *v = getenv(name);
     return v && *v ? atoi(v) : 0;
 }
 
-bool dist_launched(void) { return env_int("OMPI_COMM_WORLD_SIZE") > 1; }
+bool dist_launched(void) { return env_int("OMPI_COMM_WORLD_SIZE") > 1 || rdv_wanted(); }
 
 int dist_check_env(void) {
-    // torchrun sets LOCAL_WORLD_SIZE for the processes it starts on a node. (RANK/WORLD_SIZE
-    // alone are not checked: scripts/run_cluster.sh reads them as the node's peer id.)
-    if (env_int("LOCAL_WORLD_SIZE") > 1 && !getenv("OMPI_COMM_WORLD_SIZE"))
+    // torchrun sets LOCAL_WORLD_SIZE for the processes it starts on a node; they join without
+    // mpirun when WORLD_SIZE, LOCAL_RANK and MASTER_PORT are set too (rendezvous.h). (RANK and
+    // WORLD_SIZE alone are not checked: scripts/run_cluster.sh reads RANK as the node's peer id.)
+    if (env_int("LOCAL_WORLD_SIZE") > 1 && !getenv("OMPI_COMM_WORLD_SIZE") && !rdv_wanted())
         return spes_fail("LOCAL_WORLD_SIZE=%d is set (a torchrun-style launcher started several processes on this "
-                         "node) but they were not started by mpirun: spes ranks bootstrap over MPI. Start one process "
+                         "node) but WORLD_SIZE, LOCAL_RANK or MASTER_PORT is missing: ranks without mpirun join "
+                         "through RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. Or start one process "
                          "per node with `spes train CONFIG --nproc_per_node N` (scripts/run_cluster.sh with "
                          "NPROC_PER_NODE=N) or `mpirun -np N spes train CONFIG`",
                          env_int("LOCAL_WORLD_SIZE"));

@@ -1,0 +1,380 @@
+// torchrun-style ranks joined over an ompi-server and a TCP rendezvous. See rendezvous.h.
+#include "dist/rendezvous.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/timer.h"
+
+struct Rendezvous {
+    int rank, size;
+    int *fds;              // rank 0: [size] socket of rank k (fds[0] = -1); others: fds[0] to rank 0
+    pid_t server;          // rank 0: the ompi-server child, else 0
+    char uri_file[64];
+    int wake[2];           // self-pipe that stops the watchdog
+    pthread_t watchdog;
+    bool watching;
+    atomic_bool finishing;
+};
+
+// A non-negative int from the environment; -1 when unset, -2 when not a number.
+static int env_num(const char *name) {
+    const char *v = getenv(name);
+    if (!v || !*v) return -1;
+    char *end;
+    long x = strtol(v, &end, 10);
+    return *end == '\0' && x >= 0 && x <= INT_MAX ? (int)x : -2;
+}
+
+bool rdv_wanted(void) {
+    if (getenv("OMPI_COMM_WORLD_SIZE")) return false;
+    return env_num("WORLD_SIZE") > 1 && getenv("LOCAL_RANK") && getenv("MASTER_PORT") && env_num("LOCAL_WORLD_SIZE") != 1;
+}
+
+static double timeout_seconds(void) {
+    int t = env_num("SPES_RENDEZVOUS_TIMEOUT");
+    return t > 0 ? t : 60;
+}
+
+// ---- sockets: whole writes and reads, reads bounded by a deadline ----
+static int write_all(int fd, const void *buf, size_t n) {
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return spes_fail("rendezvous: write failed: %s", k < 0 ? strerror(errno) : "closed");
+        p += k, n -= (size_t)k;
+    }
+    return SPES_OK;
+}
+
+static int read_all(int fd, void *buf, size_t n, double deadline, const char *what) {
+    char *p = buf;
+    while (n > 0) {
+        int ms = (int)((deadline - now_seconds()) * 1000);
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int ready = ms > 0 ? poll(&pfd, 1, ms) : 0;
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready <= 0) return spes_fail("rendezvous: no %s within %.0f s (SPES_RENDEZVOUS_TIMEOUT)", what, timeout_seconds());
+        ssize_t k = read(fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return spes_fail("rendezvous: connection closed while waiting for %s", what);
+        p += k, n -= (size_t)k;
+    }
+    return SPES_OK;
+}
+
+// A string as a 4-byte length and its bytes (at most 4095 bytes: URIs and MPI port names).
+static int send_str(int fd, const char *s) {
+    uint32_t n = (uint32_t)strlen(s);
+    SPES_TRY(write_all(fd, &n, sizeof n));
+    return write_all(fd, s, n);
+}
+
+static int recv_str(int fd, char *out, size_t cap, double deadline, const char *what) {
+    uint32_t n;
+    SPES_TRY(read_all(fd, &n, sizeof n, deadline, what));
+    if (n >= cap) return spes_fail("rendezvous: %s of %u bytes is longer than %zu", what, n, cap - 1);
+    SPES_TRY(read_all(fd, out, n, deadline, what));
+    out[n] = '\0';
+    return SPES_OK;
+}
+
+// ---- rank 0: ompi-server and the listening socket ----
+static int start_server(Rendezvous *r, char *uri, size_t cap, double deadline) {
+    snprintf(r->uri_file, sizeof r->uri_file, "/tmp/spes-ompi-server-%d.uri", (int)getpid());
+    unlink(r->uri_file);
+    pid_t pid = fork();
+    if (pid < 0) return spes_fail("rendezvous: fork for ompi-server failed: %s", strerror(errno));
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);   // it ends with rank 0, however rank 0 ends
+        execlp("ompi-server", "ompi-server", "--no-daemonize", "-r", r->uri_file, (char *)NULL);
+        _exit(127);
+    }
+    r->server = pid;
+    while (now_seconds() < deadline) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            r->server = 0;
+            return spes_fail("rendezvous: ompi-server exited (status %d) before writing its URI; is OpenMPI's "
+                             "ompi-server installed (openmpi-bin)?",
+                             WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        }
+        FILE *f = fopen(r->uri_file, "r");
+        if (f) {
+            bool got = fgets(uri, (int)cap, f) != NULL;
+            fclose(f);
+            size_t n = got ? strlen(uri) : 0;
+            if (n > 0 && uri[n - 1] == '\n') {   // the whole line is written
+                uri[n - 1] = '\0';
+                unlink(r->uri_file);   // read once: nothing is left behind, however rank 0 ends
+                return SPES_OK;
+            }
+        }
+        usleep(20000);
+    }
+    return spes_fail("rendezvous: ompi-server wrote no URI to %s within %.0f s", r->uri_file, timeout_seconds());
+}
+
+static int listen_on(int port, int *out) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return spes_fail("rendezvous: socket: %s", strerror(errno));
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_ANY)};
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 64) != 0) {
+        int err = errno;
+        close(fd);
+        return spes_fail("rendezvous: rank 0 cannot listen on MASTER_PORT %d: %s", port, strerror(err));
+    }
+    *out = fd;
+    return SPES_OK;
+}
+
+// Every other rank connects and says its RANK: fds[k] is rank k's socket.
+static int gather_ranks(Rendezvous *r, int lfd, double deadline) {
+    for (int joined = 0; joined < r->size - 1;) {
+        int ms = (int)((deadline - now_seconds()) * 1000);
+        struct pollfd pfd = {.fd = lfd, .events = POLLIN};
+        int ready = ms > 0 ? poll(&pfd, 1, ms) : 0;
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready <= 0) {
+            char missing[256] = "";
+            for (int k = 1, at = 0; k < r->size && at < (int)sizeof missing - 12; k++)
+                if (r->fds[k] < 0) at += snprintf(missing + at, sizeof missing - (size_t)at, " %d", k);
+            return spes_fail("rendezvous: %d of %d ranks connected to rank 0 within %.0f s; missing:%s "
+                             "(SPES_RENDEZVOUS_TIMEOUT)",
+                             joined + 1, r->size, timeout_seconds(), missing);
+        }
+        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        int32_t k = -1;
+        if (read_all(fd, &k, sizeof k, deadline, "a rank's RANK") != SPES_OK || k < 1 || k >= r->size ||
+            r->fds[k] >= 0) {
+            close(fd);   // not one of ours, or a rank twice: a stray connection is dropped
+            if (k >= 1 && k < r->size && r->fds[k] >= 0)
+                return spes_fail("rendezvous: two processes say RANK=%d; each rank needs its own RANK", (int)k);
+            continue;
+        }
+        r->fds[k] = fd;
+        joined++;
+    }
+    return SPES_OK;
+}
+
+// ---- the other ranks: connect to rank 0, retrying until it listens ----
+static int connect_to(const char *host, int port, double deadline, int *out) {
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    int gai = getaddrinfo(host, service, &hints, &ai);
+    if (gai != 0) return spes_fail("rendezvous: MASTER_ADDR %s: %s", host, gai_strerror(gai));
+    int err = 0;
+    while (now_seconds() < deadline) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+            freeaddrinfo(ai);
+            *out = fd;
+            return SPES_OK;
+        }
+        err = errno;
+        if (fd >= 0) close(fd);
+        usleep(100000);
+    }
+    freeaddrinfo(ai);
+    return spes_fail("rendezvous: cannot reach rank 0 at %s:%d within %.0f s: %s (is RANK=0 running, with the same "
+                     "MASTER_ADDR/MASTER_PORT?)",
+                     host, port, timeout_seconds(), strerror(err));
+}
+
+// ---- the watchdog ----
+static void *watch(void *arg) {
+    Rendezvous *r = arg;
+    int n = r->rank == 0 ? r->size - 1 : 1;
+    struct pollfd *p = calloc((size_t)n + 1, sizeof *p);
+    if (!p) return NULL;
+    for (int i = 0; i < n; i++) p[i] = (struct pollfd){.fd = r->rank == 0 ? r->fds[i + 1] : r->fds[0], .events = POLLIN};
+    p[n] = (struct pollfd){.fd = r->wake[0], .events = POLLIN};
+    for (;;) {
+        if (poll(p, (nfds_t)n + 1, -1) < 0 && errno != EINTR) break;
+        if (atomic_load(&r->finishing) || p[n].revents) break;
+        for (int i = 0; i < n; i++) {
+            if (!p[i].revents) continue;
+            char byte;
+            ssize_t k = read(p[i].fd, &byte, 1);
+            if (k > 0) continue;   // nothing is sent after the join; ignore
+            if (k < 0 && errno == EINTR) continue;
+            if (atomic_load(&r->finishing)) break;
+            int gone = r->rank == 0 ? i + 1 : 0;
+            fprintf(stderr, "spes: rank %d of %d: rank %d is gone (its rendezvous socket closed: it exited or was "
+                            "killed); ending this rank too\n",
+                    r->rank, r->size, gone);
+            _exit(1);   // no launcher ends the job for us: this is that launcher's job
+        }
+    }
+    free(p);
+    return NULL;
+}
+
+static int mpi_fail(const char *what, int code) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(code, msg, &len);
+    return spes_fail("rendezvous: %s failed: %s", what, msg);
+}
+
+int rdv_join(Rendezvous **out, MPI_Comm *world, int *rank, int *size, int *local_rank) {
+    *out = NULL;
+    int rk = env_num("RANK"), ws = env_num("WORLD_SIZE"), lr = env_num("LOCAL_RANK"), lws = env_num("LOCAL_WORLD_SIZE");
+    int port = env_num("MASTER_PORT");
+    const char *host = getenv("MASTER_ADDR");
+    if (!host || !*host) host = "127.0.0.1";
+    if (rk < 0 || rk >= ws) return spes_fail("torchrun-style ranks: RANK=%s must be a number in [0, WORLD_SIZE=%d)", getenv("RANK") ? getenv("RANK") : "(unset)", ws);
+    if (lr < 0) return spes_fail("torchrun-style ranks: LOCAL_RANK=%s is not a number", getenv("LOCAL_RANK"));
+    if (port < 1 || port > 65535) return spes_fail("torchrun-style ranks: MASTER_PORT=%s is not a port", getenv("MASTER_PORT"));
+    if (lws > 0 && lws != ws)
+        return spes_fail("torchrun-style ranks: WORLD_SIZE=%d spans several nodes (LOCAL_WORLD_SIZE=%d): spes ranks "
+                         "are one node's, and nodes sync through the SPES parameter server; start one job per node "
+                         "(torchrun --nnodes 1, or scripts/run_cluster.sh)",
+                         ws, lws);
+    Rendezvous *r = spes_calloc(1, sizeof *r);
+    if (!r) return SPES_ERR;
+    r->rank = rk;
+    r->size = ws;
+    r->wake[0] = r->wake[1] = -1;
+    int rc = SPES_OK, lfd = -1;
+    if (!(r->fds = spes_calloc((size_t)ws, sizeof *r->fds))) rc = SPES_ERR;
+    for (int k = 0; rc == SPES_OK && k < ws; k++) r->fds[k] = -1;
+    signal(SIGPIPE, SIG_IGN);   // a peer that went away must be an error, not a silent death
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    double deadline = now_seconds() + timeout_seconds();
+    char uri[1024], port_name[MPI_MAX_PORT_NAME];
+    // Step 1: the server's URI reaches every rank.
+    if (rc == SPES_OK && rk == 0) {
+        rc = listen_on(port, &lfd);
+        if (rc == SPES_OK) rc = start_server(r, uri, sizeof uri, deadline);
+        if (rc == SPES_OK) rc = gather_ranks(r, lfd, deadline);
+        for (int k = 1; rc == SPES_OK && k < ws; k++) rc = send_str(r->fds[k], uri);
+        if (lfd >= 0) close(lfd);
+    } else if (rc == SPES_OK) {
+        int32_t me = rk;
+        rc = connect_to(host, port, deadline, &r->fds[0]);
+        if (rc == SPES_OK) rc = write_all(r->fds[0], &me, sizeof me);
+        if (rc == SPES_OK) rc = recv_str(r->fds[0], uri, sizeof uri, deadline, "the ompi-server URI from rank 0");
+    }
+    // Step 2: singletons that know the server.
+    if (rc == SPES_OK) {
+        setenv("OMPI_MCA_pmix_server_uri", uri, 1);
+        int provided = 0;
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+            rc = spes_fail("rendezvous: MPI_Init failed (rank %d of %d, ompi-server %s)", rk, ws, uri);
+    }
+    if (rc != SPES_OK) {
+        rdv_close(r);
+        return SPES_ERR;
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    // Step 3: rank k joins ranks 0..k-1, in RANK order.
+    MPI_Comm comm = MPI_COMM_SELF, inter, next;
+    int e = MPI_SUCCESS;
+    if (rk == 0) {
+        e = MPI_Open_port(MPI_INFO_NULL, port_name);
+        if (e != MPI_SUCCESS) rc = mpi_fail("MPI_Open_port", e);
+    } else {
+        // Rank 0 sends the port when ranks 0..rk-1 are ready to accept this rank.
+        rc = recv_str(r->fds[0], port_name, sizeof port_name, now_seconds() + timeout_seconds() * ws,
+                      "the MPI port name from rank 0");
+        if (rc == SPES_OK && (e = MPI_Comm_connect(port_name, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter)) != MPI_SUCCESS)
+            rc = mpi_fail("MPI_Comm_connect", e);
+        if (rc == SPES_OK && (e = MPI_Intercomm_merge(inter, 1, &comm)) != MPI_SUCCESS) rc = mpi_fail("MPI_Intercomm_merge", e);
+        if (rc == SPES_OK) MPI_Comm_free(&inter);
+    }
+    for (int k = rk + 1; rc == SPES_OK && k < ws; k++) {
+        if (rk == 0) rc = send_str(r->fds[k], port_name);
+        if (rc == SPES_OK && (e = MPI_Comm_accept(port_name, MPI_INFO_NULL, 0, comm, &inter)) != MPI_SUCCESS)
+            rc = mpi_fail("MPI_Comm_accept", e);
+        if (rc == SPES_OK && (e = MPI_Intercomm_merge(inter, 0, &next)) != MPI_SUCCESS) rc = mpi_fail("MPI_Intercomm_merge", e);
+        if (rc == SPES_OK) {
+            MPI_Comm_free(&inter);
+            if (comm != MPI_COMM_SELF) MPI_Comm_free(&comm);
+            comm = next;
+        }
+    }
+    if (rk == 0 && rc == SPES_OK) MPI_Close_port(port_name);
+    int got_rank = -1, got_size = -1;
+    if (rc == SPES_OK) {
+        MPI_Comm_rank(comm, &got_rank);
+        MPI_Comm_size(comm, &got_size);
+        if (got_rank != rk || got_size != ws)
+            rc = spes_fail("rendezvous: joined as rank %d of %d, expected RANK=%d of WORLD_SIZE=%d", got_rank, got_size, rk, ws);
+    }
+    if (rc == SPES_OK && pipe2(r->wake, O_CLOEXEC) != 0) rc = spes_fail("rendezvous: pipe: %s", strerror(errno));
+    if (rc == SPES_OK && pthread_create(&r->watchdog, NULL, watch, r) != 0) rc = spes_fail("rendezvous: cannot start the watchdog thread");
+    if (rc != SPES_OK) {
+        MPI_Finalize();
+        rdv_close(r);
+        return SPES_ERR;
+    }
+    r->watching = true;
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_ARE_FATAL);
+    *world = comm;
+    *rank = rk;
+    *size = ws;
+    *local_rank = lr;
+    *out = r;
+    return SPES_OK;
+}
+
+int rdv_finish(Rendezvous *r, MPI_Comm world) {
+    if (!r) return SPES_OK;
+    // Two barriers: after the first every rank is done; after the second every rank's
+    // watchdog is stopped, so closing a socket is no longer read as a death.
+    MPI_Barrier(world);
+    atomic_store(&r->finishing, true);
+    if (r->watching) {
+        char byte = 1;
+        if (write(r->wake[1], &byte, 1) < 0) {}   // the flag alone stops it at its next wake-up
+        pthread_join(r->watchdog, NULL);
+        r->watching = false;
+    }
+    MPI_Barrier(world);
+    return SPES_OK;
+}
+
+void rdv_close(Rendezvous *r) {
+    if (!r) return;
+    if (r->watching) {   // an error path: stop the watchdog before its sockets close
+        atomic_store(&r->finishing, true);
+        char byte = 1;
+        if (write(r->wake[1], &byte, 1) < 0) {}
+        pthread_join(r->watchdog, NULL);
+    }
+    for (int k = 0; r->fds && k < r->size; k++)
+        if (r->fds[k] >= 0) close(r->fds[k]);
+    if (r->wake[0] >= 0) close(r->wake[0]), close(r->wake[1]);
+    if (r->server > 0) {
+        kill(r->server, SIGTERM);
+        waitpid(r->server, NULL, 0);
+        unlink(r->uri_file);   // when it never got read
+    }
+    free(r->fds);
+    free(r);
+}
