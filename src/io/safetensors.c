@@ -268,7 +268,7 @@ static size_t tensor_nbytes(const StWriteTensor *t) {
 }
 
 // The header bytes (length prefix + JSON padded with spaces to a multiple of 8).
-static int build_header(const StWriteTensor *tensors, int n, const char *const *meta_keys,
+int safetensors_build_header(const StWriteTensor *tensors, int n, const char *const *meta_keys,
                         const char *const *meta_values, int n_meta, char **out, size_t *out_len, size_t *data_len) {
     json_t *root = json_object();
     if (!root) return spes_fail("out of memory building safetensors header");
@@ -320,7 +320,7 @@ int safetensors_serialize(const StWriteTensor *tensors, int n, const char *const
                           const char *const *meta_values, int n_meta, uint8_t **out, size_t *out_len) {
     char *header;
     size_t header_len, data_len;
-    SPES_TRY(build_header(tensors, n, meta_keys, meta_values, n_meta, &header, &header_len, &data_len));
+    SPES_TRY(safetensors_build_header(tensors, n, meta_keys, meta_values, n_meta, &header, &header_len, &data_len));
     uint8_t *buf = spes_malloc(header_len + data_len);
     if (!buf) {
         free(header);
@@ -343,7 +343,7 @@ int safetensors_write_file(const char *path, const StWriteTensor *tensors, int n
                            const char *const *meta_values, int n_meta) {
     char *header;
     size_t header_len, data_len;
-    SPES_TRY(build_header(tensors, n, meta_keys, meta_values, n_meta, &header, &header_len, &data_len));
+    SPES_TRY(safetensors_build_header(tensors, n, meta_keys, meta_values, n_meta, &header, &header_len, &data_len));
     AtomicFile af;
     if (atomic_file_open(&af, path) != SPES_OK) {
         free(header);

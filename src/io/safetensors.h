@@ -73,6 +73,11 @@ typedef struct {
 // Serialises into a malloc'd buffer. meta_keys/values may be NULL (n_meta 0).
 int safetensors_serialize(const StWriteTensor *tensors, int n, const char *const *meta_keys,
                           const char *const *meta_values, int n_meta, uint8_t **out, size_t *out_len);
+// The header alone (8-byte length + JSON padded to a multiple of 8) of what safetensors_serialize
+// writes: the data follows it, tensors back to back in the given order (data is not read).
+// *out (malloc'd) is header_len bytes; *data_len the bytes of data that follow.
+int safetensors_build_header(const StWriteTensor *tensors, int n, const char *const *meta_keys,
+                             const char *const *meta_values, int n_meta, char **out, size_t *out_len, size_t *data_len);
 // Writes a file atomically (temp + fsync + rename), streaming tensor data (no full copy).
 int safetensors_write_file(const char *path, const StWriteTensor *tensors, int n, const char *const *meta_keys,
                            const char *const *meta_values, int n_meta);

@@ -26,7 +26,17 @@ struct SyncClient {
     Rng jitter;                     // retry delays: peers restarting together do not retry in lockstep
     grpc_metadata auth;             // authorization: Bearer <token>
     size_t n_metadata;              // 1 with a token, else 0
+    char **server_encodings;        // from HelloResponse.encodings
+    size_t n_server_encodings;
 };
+
+// The download view asked for by the calls of one download (WaitAggregate and DownloadChunk
+// must ask for the same one).
+typedef struct {
+    bool omit_own_experts;
+    bool has_delta_base;
+    int delta_base_step;
+} ViewAsk;
 
 // Sets the initial-metadata op of every call: the token, if any.
 static void send_metadata(const SyncClient *c, grpc_op *op) {
@@ -120,6 +130,8 @@ void sync_client_destroy(SyncClient *c) {
     }
     grpc_completion_queue_destroy(c->cq);
     if (c->n_metadata) grpc_slice_unref(c->auth.value);
+    for (size_t i = 0; i < c->n_server_encodings; i++) free(c->server_encodings[i]);
+    free(c->server_encodings);
     free(c->addr);
     free(c);
     grpc_shutdown();
@@ -304,6 +316,11 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     }
     req.n_tensors = (size_t)spec->count;
     req.tensors = ptrs;
+    static char *omit_own[] = {ROUNDS_VIEW_OMIT_OWN};
+    if (c->cfg.omit_own_experts) {
+        req.n_encodings = 1;
+        req.encodings = omit_own;
+    }
     HelloResponse *resp = NULL;
     grpc_status_code code = unary(c, "/FederatedServer/Hello", &req.base, &hello_response__descriptor,
                                   (ProtobufCMessage **)&resp, 60);
@@ -311,8 +328,20 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     free(ptrs);
     if (code != GRPC_STATUS_OK) return SPES_ERR;
     if (!c->cfg.chunk_size && resp->chunk_size > 0) c->chunk_size = (size_t)resp->chunk_size;
+    for (size_t i = 0; i < c->n_server_encodings; i++) free(c->server_encodings[i]);
+    free(c->server_encodings);
+    c->n_server_encodings = 0;
+    c->server_encodings = spes_calloc(resp->n_encodings + 1, sizeof(char *));
+    for (size_t i = 0; c->server_encodings && i < resp->n_encodings; i++)
+        if ((c->server_encodings[c->n_server_encodings] = spes_strdup(resp->encodings[i]))) c->n_server_encodings++;
     hello_response__free_unpacked(resp, NULL);
-    return SPES_OK;
+    return c->server_encodings ? SPES_OK : SPES_ERR;
+}
+
+bool sync_client_server_speaks(const SyncClient *c, const char *encoding) {
+    for (size_t i = 0; i < c->n_server_encodings; i++)
+        if (strcmp(c->server_encodings[i], encoding) == 0) return true;
+    return false;
 }
 
 // One attempt at streaming the whole payload.
@@ -404,8 +433,10 @@ int sync_client_upload(SyncClient *c, int step, const StWriteTensor *tensors, in
     return rc;
 }
 
-// Long-polls until step's aggregate is ready; fills its size and chunk count.
-static int wait_ready(SyncClient *c, int step, int64_t *total_bytes, int *total_chunks) {
+// Long-polls until step's aggregate is ready; fills the size and chunk count of the view asked
+// for and the name of the view served.
+static int wait_ready(SyncClient *c, int step, const ViewAsk *ask, int64_t *total_bytes, int *total_chunks,
+                      char *view, size_t view_cap) {
     double start = now_seconds();
     for (;;) {
         double left = c->cfg.wait_timeout_s > 0 ? c->cfg.wait_timeout_s - (now_seconds() - start) : 1e9;
@@ -417,6 +448,9 @@ static int wait_ready(SyncClient *c, int step, int64_t *total_bytes, int *total_
         req.peer_id = c->cfg.peer_id;
         req.step = step;
         req.timeout_ms = (int32_t)(left < 25.0 ? left * 1000 : 25000);
+        req.omit_own_experts = ask->omit_own_experts;
+        req.has_delta_base = ask->has_delta_base;
+        req.delta_base_step = ask->delta_base_step;
         WaitAggregateResponse *resp = NULL;
         grpc_status_code code =
             unary(c, "/FederatedServer/WaitAggregate", &req.base, &wait_aggregate_response__descriptor,
@@ -425,6 +459,7 @@ static int wait_ready(SyncClient *c, int step, int64_t *total_bytes, int *total_
         bool ready = resp->ready;
         *total_bytes = resp->total_bytes;
         *total_chunks = resp->total_chunks;
+        snprintf(view, view_cap, "%s", resp->view ? resp->view : "");
         wait_aggregate_response__free_unpacked(resp, NULL);
         if (ready) break;
     }
@@ -437,32 +472,37 @@ static int wait_ready(SyncClient *c, int step, int64_t *total_bytes, int *total_
 // Chunks in flight at once while downloading: hides the round trip per chunk on slow links.
 #define DOWNLOAD_WINDOW 4
 
-static void start_chunk(SyncClient *c, UnaryCall *u, int step, int chunk) {
+static DownloadChunkRequest chunk_request(const SyncClient *c, int step, int chunk, const ViewAsk *ask) {
     DownloadChunkRequest req = DOWNLOAD_CHUNK_REQUEST__INIT;
     req.peer_id = c->cfg.peer_id;
     req.step = step;
     req.chunk_id = chunk;
+    req.omit_own_experts = ask->omit_own_experts;
+    req.has_delta_base = ask->has_delta_base;
+    req.delta_base_step = ask->delta_base_step;
+    return req;
+}
+
+static void start_chunk(SyncClient *c, UnaryCall *u, int step, int chunk, const ViewAsk *ask) {
+    DownloadChunkRequest req = chunk_request(c, step, chunk, ask);
     unary_start(c, u, "/FederatedServer/DownloadChunk", &req.base, c->cfg.call_timeout_s);
 }
 
 // Downloads chunks [0, chunks) of step's aggregate into buf[total], DOWNLOAD_WINDOW at a
 // time, appending them in order. A chunk that meets an unreachable or busy server is fetched
 // again with the usual retries.
-static int download_chunks(SyncClient *c, int step, int chunks, uint8_t *buf, size_t total) {
+static int download_chunks(SyncClient *c, int step, const ViewAsk *ask, int chunks, uint8_t *buf, size_t total) {
     UnaryCall window[DOWNLOAD_WINDOW];
     int started = 0, finished = 0, rc = SPES_OK;
     size_t have = 0;
-    for (; started < chunks && started < DOWNLOAD_WINDOW; started++) start_chunk(c, &window[started], step, started);
+    for (; started < chunks && started < DOWNLOAD_WINDOW; started++) start_chunk(c, &window[started], step, started, ask);
     for (int i = 0; i < chunks; i++) {
         DownloadChunkResponse *resp = NULL;
         grpc_status_code code = unary_finish(c, &window[i % DOWNLOAD_WINDOW], &download_chunk_response__descriptor,
                                              (ProtobufCMessage **)&resp);
         finished = i + 1;
         if (transient(code)) {
-            DownloadChunkRequest req = DOWNLOAD_CHUNK_REQUEST__INIT;
-            req.peer_id = c->cfg.peer_id;
-            req.step = step;
-            req.chunk_id = i;
+            DownloadChunkRequest req = chunk_request(c, step, i, ask);
             code = unary(c, "/FederatedServer/DownloadChunk", &req.base, &download_chunk_response__descriptor,
                          (ProtobufCMessage **)&resp, c->cfg.call_timeout_s);
         }
@@ -480,7 +520,7 @@ static int download_chunks(SyncClient *c, int step, int chunks, uint8_t *buf, si
                            c->addr, i, step);
             break;
         }
-        if (started < chunks) start_chunk(c, &window[i % DOWNLOAD_WINDOW], step, started++);
+        if (started < chunks) start_chunk(c, &window[i % DOWNLOAD_WINDOW], step, started++, ask);
     }
     // After a failure, let the calls still in flight end without touching the error message.
     char message[1024];
@@ -494,15 +534,17 @@ static int download_chunks(SyncClient *c, int step, int chunks, uint8_t *buf, si
     return SPES_OK;
 }
 
-int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size_t *len) {
+// Waits for step's aggregate and downloads the view `ask` names; *view: the view served.
+static int wait_and_download(SyncClient *c, int step, const ViewAsk *ask, uint8_t **bytes, size_t *len, char *view,
+                             size_t view_cap) {
     double start = now_seconds();
     int64_t total = 0;
     int chunks = 0;
-    SPES_TRY(wait_ready(c, step, &total, &chunks));
+    SPES_TRY(wait_ready(c, step, ask, &total, &chunks, view, view_cap));
     double waited = now_seconds();
     uint8_t *buf = spes_malloc(total ? (size_t)total : 1);
     if (!buf) return SPES_ERR;
-    if (download_chunks(c, step, chunks, buf, (size_t)total) != SPES_OK) {
+    if (download_chunks(c, step, ask, chunks, buf, (size_t)total) != SPES_OK) {
         free(buf);
         return SPES_ERR;
     }
@@ -514,6 +556,32 @@ int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size
     c->stats.rounds++;
     *bytes = buf;
     *len = (size_t)total;
+    return SPES_OK;
+}
+
+int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size_t *len) {
+    ViewAsk whole = {0};
+    char view[48];
+    SPES_TRY(wait_and_download(c, step, &whole, bytes, len, view, sizeof view));
+    if (view[0]) {   // a server must fall back to the whole aggregate when asked for nothing else
+        free(*bytes);
+        *bytes = NULL;
+        return spes_fail("server %s: asked for step %d's whole aggregate, got the view '%s'", c->addr, step, view);
+    }
+    return SPES_OK;
+}
+
+int sync_client_wait_and_download_view(SyncClient *c, int step, uint8_t **bytes, size_t *len, SyncDownload *got) {
+    ViewAsk ask = {.omit_own_experts = c->cfg.omit_own_experts && sync_client_server_speaks(c, ROUNDS_VIEW_OMIT_OWN)};
+    memset(got, 0, sizeof *got);
+    SPES_TRY(wait_and_download(c, step, &ask, bytes, len, got->view, sizeof got->view));
+    got->own_experts_omitted = strstr(got->view, ROUNDS_VIEW_OMIT_OWN) != NULL;
+    if (got->view[0] && strcmp(got->view, ROUNDS_VIEW_OMIT_OWN) != 0) {
+        free(*bytes);
+        *bytes = NULL;
+        return spes_fail("server %s: step %d's aggregate came as view '%s', which this peer did not ask for", c->addr,
+                         step, got->view);
+    }
     return SPES_OK;
 }
 

@@ -15,6 +15,7 @@
 // connect_timeout_s; the wait for an aggregate is a series of server-side long polls (no
 // fixed sleeps). Not thread-safe: one client per thread.
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,7 +38,16 @@ typedef struct {
     const char *auth_token;         // sent as `authorization: Bearer <token>` (NULL: none)
     const char *tls_ca;             // PEM file: connect with TLS, trusting this CA (NULL: insecure)
     const char *tls_cert, *tls_key; // PEM files: client certificate for servers that require one
+    bool omit_own_experts;          // say in Hello that downloads may leave out this peer's own
+                                    // experts (the caller fills them in: see SyncDownload)
 } SyncClientConfig;
+
+// What a download held (sync_client_wait_and_download_view): the view the server served.
+typedef struct {
+    bool own_experts_omitted;       // the peer's own experts are not in it: the round took them
+                                    // unchanged from its upload (rounds.h: rounds_view)
+    char view[48];                  // the server's name of the view ("" the whole aggregate)
+} SyncDownload;
 
 typedef struct {
     int step;                       // last round
@@ -63,8 +73,14 @@ int sync_client_upload(SyncClient *c, int step, const StWriteTensor *tensors, in
 int sync_client_serialize(const SyncClient *c, const StWriteTensor *tensors, int n, uint8_t **bytes, size_t *len);
 // Uploads ready-made safetensors bytes.
 int sync_client_upload_bytes(SyncClient *c, int step, const uint8_t *bytes, size_t len);
-// Waits for step's aggregate and downloads it: *bytes (malloc'd, caller frees) is safetensors.
+// Waits for step's aggregate and downloads it whole: *bytes (malloc'd, caller frees) is safetensors.
 int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size_t *len);
+// The same, asking for the smallest view this client and the server both speak (with
+// cfg.omit_own_experts and a server that serves it: without the peer's own experts where the
+// round did not change them). *got says what came.
+int sync_client_wait_and_download_view(SyncClient *c, int step, uint8_t **bytes, size_t *len, SyncDownload *got);
+// Whether the server said in Hello that it serves `encoding` (e.g. "omit-own-experts").
+bool sync_client_server_speaks(const SyncClient *c, const char *encoding);
 int sync_client_status(SyncClient *c, RoundsStatus *out);
 // The newest aggregate (its step from Status): what a peer loads after its upload was answered
 // ABORTED (its round closed without it, see rounds.h) or when it rejoins a run.

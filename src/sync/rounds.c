@@ -171,6 +171,8 @@ static void free_round(Rounds *r, OpenRound *round) {
 // Drops a reference; the last one frees the blob (keeping its bytes as the spare). Under r->mu.
 static void blob_unref(Rounds *r, AggregateBlob *blob) {
     if (--blob->refs > 0) return;
+    for (int i = 0; blob->views && i < 2 * (r->cfg.agg.num_peers + 1); i++) aggregate_view_free(&blob->views[i]);
+    free(blob->views);
     if (!r->spare && blob->len == r->aggregate_len) r->spare = blob->bytes;
     else free(blob->bytes);
     free(blob->included);
@@ -1021,6 +1023,61 @@ grpc_status_code rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob
         }
     }
     pthread_mutex_unlock(&r->mu);
+    return code;
+}
+
+// Whether tensor `name` of an aggregate image (an I8 delta's "<name>.scale" counts as its
+// tensor's) is one of peer's own experts.
+static bool own_expert(const Rounds *r, int peer, const char *name) {
+    size_t len = strlen(name);
+    char base[1024];
+    if (len > 6 && len < sizeof base && strcmp(name + len - 6, ".scale") == 0) {
+        memcpy(base, name, len - 6);
+        base[len - 6] = '\0';
+        name = base;
+    }
+    int t = model_spec_find(&r->spec, name);
+    return t >= 0 && r->spec.tensors[t].expert >= 0 && r->spec.tensors[t].expert / r->cfg.agg.experts_per_node == peer;
+}
+
+grpc_status_code rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsViewRequest *req,
+                             const AggregateView **view, const char **name) {
+    int P = r->cfg.agg.num_peers;
+    bool omit = req->omit_own_experts && r->cfg.agg.mode == SYNC_MODE_SPES && peer >= 0 && peer < P &&
+                r->spec.num_experts > 0 && (!blob->included || blob->included[peer]) &&
+                aggregate_merge_alpha(&r->cfg.agg, blob->step) == 0.0f;
+    bool delta = false;   // int8 deltas: see rounds_int8 (none in this encoding)
+    static const char *names[2][2] = {{"", ROUNDS_VIEW_OMIT_OWN}, {ROUNDS_VIEW_INT8, ROUNDS_VIEW_INT8 "+" ROUNDS_VIEW_OMIT_OWN}};
+    *name = names[delta][omit];
+    int slot = (delta ? P + 1 : 0) + (omit ? peer : P);
+    grpc_status_code code = GRPC_STATUS_OK;
+    pthread_mutex_lock(&r->mu);
+    if (!blob->views) blob->views = spes_calloc(2 * ((size_t)P + 1), sizeof *blob->views);
+    AggregateView *v = blob->views ? &blob->views[slot] : NULL;
+    if (!v) code = status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED, "download of step %d: out of memory", blob->step);
+    if (v && !v->pieces && !omit) {
+        if (aggregate_view_whole(blob->bytes, blob->len, v) != SPES_OK)
+            code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    } else if (v && !v->pieces) {
+        const uint8_t *image = blob->bytes;
+        size_t image_len = blob->len;
+        SafeTensors st;
+        bool *keep = NULL;
+        int rc = safetensors_parse(image, image_len, "aggregate", &st);
+        if (rc == SPES_OK) {
+            keep = spes_calloc(st.count > 0 ? (size_t)st.count : 1, sizeof *keep);
+            rc = keep ? SPES_OK : SPES_ERR;
+            for (int i = 0; keep && i < st.count; i++) keep[i] = !(omit && own_expert(r, peer, st.tensors[i].name));
+            if (rc == SPES_OK) rc = aggregate_view_build(&st, keep, *name, v);
+            safetensors_close(&st);
+        }
+        free(keep);
+        if (rc != SPES_OK)
+            code = status_fail(GRPC_STATUS_INTERNAL, "download of step %d for peer %d: %s", blob->step, peer,
+                               spes_last_error());
+    }
+    pthread_mutex_unlock(&r->mu);
+    *view = code == GRPC_STATUS_OK ? v : NULL;
     return code;
 }
 

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "sync/aggregate.h"
+#include "sync/aggregate_view.h"
 #include "sync/model_spec.h"
 #include "sync/server_state.h"
 
@@ -70,6 +71,7 @@ typedef struct {
     size_t len;
     int refs;                   // the kept list holds one; each download in progress one
     bool *included;             // [P] peers whose uploads are in it; NULL: every peer
+    AggregateView *views;       // [2 * (P + 1)] built on first use (rounds_view), NULL until then
 } AggregateBlob;
 
 typedef struct {
@@ -146,6 +148,23 @@ grpc_status_code rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, si
 // Statuses: OK (ready or not), NOT_FOUND (aggregated but no longer kept), UNAVAILABLE.
 grpc_status_code rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob **out);
 void rounds_release(Rounds *r, AggregateBlob *blob);
+
+// What a download asks for (proto WaitAggregateRequest / DownloadChunkRequest): the whole
+// aggregate by default; with omit_own_experts, without the peer's own experts where the round
+// took them unchanged from the peer's upload (spes mode, the peer in the round, no merging on
+// that step); with a delta base, the int8 delta against the aggregate of that step where the
+// server has one (rounds of an int8 run). The view actually served is named in *name: "",
+// "omit-own-experts", "int8-delta" or "int8-delta+omit-own-experts" (also in the view's
+// __metadata__ "spes_view"). The view lives as long as blob.
+typedef struct {
+    bool omit_own_experts;
+    bool has_delta_base;
+    int delta_base_step;
+} RoundsViewRequest;
+#define ROUNDS_VIEW_OMIT_OWN "omit-own-experts"
+#define ROUNDS_VIEW_INT8 "int8-delta"
+grpc_status_code rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsViewRequest *req,
+                             const AggregateView **view, const char **name);
 
 void rounds_count_sent(Rounds *r, size_t bytes);
 // An upload refused before it reached rounds_upload (token, call limit, chunk stream errors,

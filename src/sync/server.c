@@ -331,10 +331,11 @@ static void handle_upload(Call *c) {
 
 static size_t chunk_count(size_t len, size_t chunk) { return len == 0 ? 1 : (len + chunk - 1) / chunk; }
 
-// A DownloadChunkResponse {chunk_data = bytes[at, at+n), last_chunk, ready = true} whose data is
-// a slice of the aggregate itself, not a copy: P peers with 4 chunks in flight each would
-// otherwise hold 4 P chunk copies. The slice keeps a reference to the blob until gRPC has sent
-// it. Field order on the wire does not matter to protobuf parsers.
+// A DownloadChunkResponse {chunk_data = bytes [at, at+n) of a view of the aggregate, last_chunk,
+// ready = true} whose data are slices of the aggregate (and of the view's header) themselves, not
+// copies: P peers with 4 chunks in flight each would otherwise hold 4 P chunk copies. Each slice
+// keeps a reference to the blob until gRPC has sent it. Field order on the wire does not matter
+// to protobuf parsers.
 typedef struct {
     Rounds *rounds;
     AggregateBlob *blob;
@@ -346,9 +347,29 @@ static void blob_ref_done(void *arg) {
     free(ref);
 }
 
-static grpc_byte_buffer *chunk_response(Rounds *rounds, AggregateBlob *blob, size_t at, size_t n, bool last) {
-    BlobRef *ref = spes_malloc(sizeof *ref);
-    if (!ref) return NULL;
+typedef struct {
+    Rounds *rounds;
+    AggregateBlob *blob;
+    grpc_slice slices[64];
+    int n;
+    bool failed;
+} ChunkSlices;
+
+static void add_slice(void *arg, const uint8_t *data, size_t len) {
+    ChunkSlices *cs = arg;
+    BlobRef *ref = cs->n < 63 ? spes_malloc(sizeof *ref) : NULL;
+    if (!ref) {
+        cs->failed = true;
+        return;
+    }
+    ref->rounds = cs->rounds;
+    ref->blob = cs->blob;
+    rounds_retain(cs->rounds, cs->blob);
+    cs->slices[cs->n++] = grpc_slice_new_with_user_data((void *)data, len, blob_ref_done, ref);
+}
+
+static grpc_byte_buffer *chunk_response(Rounds *rounds, AggregateBlob *blob, const AggregateView *view, size_t at,
+                                        size_t n, bool last) {
     uint8_t head[16], tail[4];
     size_t h = 0, len = n;
     head[h++] = 0x0a;   // field 1 (chunk_data), length-delimited
@@ -359,15 +380,22 @@ static grpc_byte_buffer *chunk_response(Rounds *rounds, AggregateBlob *blob, siz
     size_t k = 0;
     if (last) tail[k++] = 0x10, tail[k++] = 0x01;   // field 2 (last_chunk) = true
     tail[k++] = 0x18, tail[k++] = 0x01;             // field 3 (ready) = true
-    ref->rounds = rounds;
-    ref->blob = blob;
-    rounds_retain(rounds, blob);
-    grpc_slice slices[3] = {grpc_slice_from_copied_buffer((const char *)head, h),
-                            grpc_slice_new_with_user_data(blob->bytes + at, n, blob_ref_done, ref),
-                            grpc_slice_from_copied_buffer((const char *)tail, k)};
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(slices, 3);
-    for (int i = 0; i < 3; i++) grpc_slice_unref(slices[i]);
+    ChunkSlices cs = {.rounds = rounds, .blob = blob};
+    cs.slices[cs.n++] = grpc_slice_from_copied_buffer((const char *)head, h);
+    // A chunk spans few pieces (a view's pieces are runs of tensors); a chunk that would need
+    // more than 62 slices is refused rather than cut short.
+    aggregate_view_range(view, at, n, add_slice, &cs);
+    cs.slices[cs.n++] = grpc_slice_from_copied_buffer((const char *)tail, k);
+    grpc_byte_buffer *bb = cs.failed ? NULL : grpc_raw_byte_buffer_create(cs.slices, (size_t)cs.n);
+    for (int i = 0; i < cs.n; i++) grpc_slice_unref(cs.slices[i]);
     return bb;
+}
+
+// The view a download or wait asks for (absent fields: the whole aggregate).
+static grpc_status_code request_view(Call *c, AggregateBlob *blob, int peer, bool omit, bool has_base, int base,
+                                     const AggregateView **view, const char **name) {
+    RoundsViewRequest q = {.omit_own_experts = omit, .has_delta_base = has_base, .delta_base_step = base};
+    return rounds_view(c->srv->rounds, blob, peer, &q, view, name);
 }
 
 // Like finish() with an already packed response.
@@ -394,14 +422,19 @@ static void handle_download(Call *c) {
     AggregateBlob *blob = NULL;
     grpc_status_code code = rounds_get(c->srv->rounds, req->step, 0, &blob);
     DownloadChunkResponse resp = DOWNLOAD_CHUNK_RESPONSE__INIT;
+    const AggregateView *view = NULL;
+    const char *name = "";
+    if (code == GRPC_STATUS_OK && blob)
+        code = request_view(c, blob, req->peer_id, req->omit_own_experts, req->has_delta_base, req->delta_base_step,
+                            &view, &name);
     if (code == GRPC_STATUS_OK && blob) {
-        size_t chunk = c->srv->cfg.chunk_size, n = chunk_count(blob->len, chunk);
+        size_t chunk = c->srv->cfg.chunk_size, n = chunk_count(view->len, chunk);
         if (req->chunk_id < 0 || (size_t)req->chunk_id >= n) {
             code = status_fail(GRPC_STATUS_OUT_OF_RANGE, "download of step %d: chunk_id %d is outside [0, %zu)",
                                req->step, req->chunk_id, n);
         } else {
-            size_t at = (size_t)req->chunk_id * chunk, len = blob->len - at < chunk ? blob->len - at : chunk;
-            grpc_byte_buffer *bb = chunk_response(c->srv->rounds, blob, at, len, (size_t)req->chunk_id == n - 1);
+            size_t at = (size_t)req->chunk_id * chunk, len = view->len - at < chunk ? view->len - at : chunk;
+            grpc_byte_buffer *bb = chunk_response(c->srv->rounds, blob, view, at, len, (size_t)req->chunk_id == n - 1);
             if (bb) {
                 finish_packed(c, bb);
                 rounds_count_sent(c->srv->rounds, len);
@@ -473,6 +506,10 @@ static void handle_hello(Call *c) {
     } else {
         log_refusal("hello");
     }
+    // The download views this server serves (proto HelloRequest.encodings, docs/communication.md).
+    static char *encodings[] = {ROUNDS_VIEW_OMIT_OWN};
+    resp.n_encodings = sizeof encodings / sizeof *encodings;
+    resp.encodings = encodings;
     resp.chunk_size = (int64_t)c->srv->cfg.chunk_size;
     resp.max_message_size = (int64_t)c->srv->cfg.max_message_size;
     resp.last_completed_step = last;
@@ -489,10 +526,16 @@ static void handle_wait(Call *c) {
     AggregateBlob *blob = NULL;
     grpc_status_code code = rounds_get(c->srv->rounds, req->step, timeout, &blob);
     WaitAggregateResponse resp = WAIT_AGGREGATE_RESPONSE__INIT;
-    if (blob) {
+    const AggregateView *view = NULL;
+    const char *name = "";
+    if (blob && code == GRPC_STATUS_OK)
+        code = request_view(c, blob, req->peer_id, req->omit_own_experts, req->has_delta_base, req->delta_base_step,
+                            &view, &name);
+    if (blob && view) {
         resp.ready = true;
-        resp.total_bytes = (int64_t)blob->len;
-        resp.total_chunks = (int32_t)chunk_count(blob->len, c->srv->cfg.chunk_size);
+        resp.total_bytes = (int64_t)view->len;
+        resp.total_chunks = (int32_t)chunk_count(view->len, c->srv->cfg.chunk_size);
+        resp.view = (char *)name;
     }
     resp.last_completed_step = rounds_last_completed_step(c->srv->rounds);
     rounds_release(c->srv->rounds, blob);

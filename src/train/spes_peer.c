@@ -71,6 +71,7 @@ int spes_peer_create(const TrainConfig *cfg, SpesPeer **out) {
     cc.tls_ca = cfg->tls_ca;
     cc.tls_cert = cfg->tls_cert;
     cc.tls_key = cfg->tls_key;
+    cc.omit_own_experts = !cfg->using_dilico;   // the round gives back our own experts as we sent them
     char *token = NULL;
     if (cfg->auth_token_file && auth_read_token_file(cfg->auth_token_file, &token) != SPES_OK) {
         spes_peer_free(p);
@@ -204,17 +205,28 @@ int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_s
     return start_step > 0 ? rejoin(p, m, start_step) : SPES_OK;
 }
 
-int spes_load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char *what) {
+// Loads an aggregate into the model's parameters. own_peer >= 0: the download left out that
+// peer's own experts (the round took them unchanged from its upload, see rounds_view); they keep
+// the values uploaded, which are the model's own (no step ran since the upload), rounded to the
+// payload dtype as the server's aggregate holds them (round_bf16).
+static int load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char *what, int own_peer,
+                          int experts_per_node, bool round_bf16) {
     SafeTensors st;
     SPES_TRY(safetensors_parse(bytes, len, what, &st));
-    int rc = SPES_OK;
+    int rc = SPES_OK, own = 0;
     // Every tensor is checked before any is written: a bad aggregate leaves the local weights
     // whole, so they can still be saved as the peer's (not synced) state.
-    if (st.count != m->table.count) rc = spes_fail("%s has %d tensors, the model %d", what, st.count, m->table.count);
+    for (int i = 0; i < m->table.count; i++)
+        own += own_peer >= 0 && m->table.entries[i].expert >= 0 && m->table.entries[i].expert / experts_per_node == own_peer;
+    if (st.count != m->table.count && st.count != m->table.count - own)
+        rc = spes_fail("%s has %d tensors, the model %d%s", what, st.count, m->table.count,
+                       own ? " (or without this peer's own experts)" : "");
     for (int i = 0; i < m->table.count && rc == SPES_OK; i++) {
         const ParamInfo *e = &m->table.entries[i];
         const StTensor *t = safetensors_find(&st, e->name);
-        if (!t) rc = spes_fail("%s lacks tensor %s", what, e->name);
+        bool is_own = own_peer >= 0 && e->expert >= 0 && e->expert / experts_per_node == own_peer;
+        if (!t && !is_own) rc = spes_fail("%s lacks tensor %s", what, e->name);
+        else if (!t) continue;
         else if (t->numel != e->numel || t->ndim != e->ndim || t->shape[0] != e->shape[0] ||
                  (e->ndim == 2 && t->shape[1] != e->shape[1]))
             rc = spes_fail("%s: tensor %s has the wrong shape", what, e->name);
@@ -223,11 +235,19 @@ int spes_load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char *
     }
     for (int i = 0; i < m->table.count && rc == SPES_OK; i++) {
         const ParamInfo *e = &m->table.entries[i];
-        rc = safetensors_to_f32(safetensors_find(&st, e->name), m->params + e->offset);
+        const StTensor *t = safetensors_find(&st, e->name);
+        float *dst = m->params + e->offset;
+        if (t) rc = safetensors_to_f32(t, dst);
+        else if (round_bf16)
+            for (size_t k = 0; k < e->numel; k++) dst[k] = bf16_to_f32(f32_to_bf16(dst[k]));
     }
     safetensors_close(&st);
     if (rc == SPES_OK) rc = model_params_to_device(m);
     return rc;
+}
+
+int spes_load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char *what) {
+    return load_aggregate(m, bytes, len, what, -1, 1, false);
 }
 
 // With SPES_SYNC_LOG_DIR set, every upload and downloaded aggregate is also written there as
@@ -244,6 +264,29 @@ static int audit_log(const SpesPeer *p, const char *kind, int64_t step, const ui
     return rc;
 }
 
+// The audit copy of an aggregate the peer completed itself (its own experts were left out of
+// the download): the whole model as loaded, in the payload dtype, tensors in table order, which
+// is byte for byte the server's aggregate image when the reconstruction is exact.
+static int audit_model(const SpesPeer *p, Model *m, const char *kind, int64_t step) {
+    const char *dir = getenv("SPES_SYNC_LOG_DIR");
+    if (!dir || !*dir) return SPES_OK;
+    const ParamTable *table = &m->table;
+    StWriteTensor *w = spes_calloc((size_t)table->count, sizeof *w);
+    if (!w) return SPES_ERR;
+    for (int i = 0; i < table->count; i++) {
+        const ParamInfo *e = &table->entries[i];
+        w[i] = (StWriteTensor){.name = e->name, .dtype = DTYPE_F32, .ndim = e->ndim, .data = m->params + e->offset};
+        for (int d = 0; d < e->ndim; d++) w[i].shape[d] = e->shape[d];
+    }
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    int rc = sync_client_serialize(p->client, w, table->count, &bytes, &len);
+    if (rc == SPES_OK) rc = audit_log(p, kind, step, bytes, len);
+    free(bytes);
+    free(w);
+    return rc;
+}
+
 // One round's network part, run on a thread of its own so that the training thread can give up
 // on it when SIGINT/SIGTERM arrives (a gRPC wait does not return on a signal, and with the
 // server gone it would only fail after retry_timeout_s). The job owns its payload and result.
@@ -253,6 +296,7 @@ typedef struct {
     uint8_t *payload, *bytes;
     size_t payload_len, len;
     int64_t loaded;             // step of the aggregate in bytes
+    SyncDownload got;           // which view of it
     int rc;
     char error[1024];
     pthread_mutex_t mu;
@@ -273,7 +317,7 @@ static void *round_thread(void *arg) {
     int rc = sync_client_upload_bytes(j->client, j->step, j->payload, j->payload_len);
     j->loaded = j->step;
     if (rc == SPES_OK) {
-        rc = sync_client_wait_and_download(j->client, j->step, &j->bytes, &j->len);
+        rc = sync_client_wait_and_download_view(j->client, j->step, &j->bytes, &j->len, &j->got);
     } else if (sync_client_last_status(j->client) == GRPC_STATUS_ABORTED) {
         // Too late: the round closed without us (round timeout). Take the newest aggregate and carry on.
         log_warn("sync step %d: %s", j->step, spes_last_error());
@@ -297,7 +341,7 @@ static bool stop_requested(const SpesPeer *p) { return p->stop && *p->stop; }
 // Uploads `payload` (taken) for `step` and waits for the aggregate: *bytes (caller frees) and
 // *loaded, its step. A signal abandons the round at once (SPES_ERR naming it).
 static int run_round(SpesPeer *p, int step, uint8_t *payload, size_t payload_len, uint8_t **bytes, size_t *len,
-                     int64_t *loaded) {
+                     int64_t *loaded, SyncDownload *got) {
     *bytes = NULL;
     *len = 0;
     if (stop_requested(p)) {
@@ -340,6 +384,7 @@ static int run_round(SpesPeer *p, int step, uint8_t *payload, size_t payload_len
         *bytes = j->bytes;
         *len = j->len;
         *loaded = j->loaded;
+        *got = j->got;
         j->bytes = NULL;
     } else {
         spes_fail("%s", j->error);
@@ -355,20 +400,24 @@ static int sync_round(SpesPeer *p, Model *m, int64_t step) {
     uint8_t *payload = NULL, *bytes = NULL;
     size_t payload_len = 0, len = 0;
     int64_t loaded = step;
+    SyncDownload got = {0};
     // Serialised here, on the training thread: an abandoned round's thread never touches the model.
     int rc = model_params_to_host(m);   // the upload points into the host parameters
     if (rc == SPES_OK) rc = sync_client_serialize(p->client, p->upload, p->n_upload, &payload, &payload_len);
     if (rc == SPES_OK) rc = audit_log(p, "up", step, payload, payload_len);
     if (rc == SPES_OK) {
-        rc = run_round(p, (int)step, payload, payload_len, &bytes, &len, &loaded);
+        rc = run_round(p, (int)step, payload, payload_len, &bytes, &len, &loaded, &got);
         payload = NULL;
     }
     free(payload);
-    if (rc == SPES_OK) rc = audit_log(p, "down", step, bytes, len);
+    if (rc == SPES_OK && !got.own_experts_omitted) rc = audit_log(p, "down", step, bytes, len);
     char what[64];
     snprintf(what, sizeof what, "aggregate of step %" PRId64, loaded);
-    if (rc == SPES_OK) rc = spes_load_aggregate(m, bytes, len, what);
+    if (rc == SPES_OK)
+        rc = load_aggregate(m, bytes, len, what, got.own_experts_omitted ? p->cfg->peer_id : -1,
+                            p->cfg->num_train_experts_per_node, p->cfg->payload_dtype == PAYLOAD_BF16);
     free(bytes);
+    if (rc == SPES_OK && got.own_experts_omitted) rc = audit_model(p, m, "down", step);
     SPES_TRY(rc);
     const SyncStats *s = sync_client_stats(p->client);
     log_info("sync step %" PRId64 ": %.2fs total (upload %.2fs, wait %.2fs, download %.2fs), up %.2f MB, down %.2f MB",

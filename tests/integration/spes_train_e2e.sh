@@ -35,5 +35,12 @@ for i in 0 1 2 3; do wait "${pids[$i]}" || { echo "peer $i failed:"; tail -20 "$
 
 peers_match_aggregate "$dir" 4 2 4 6
 grep -q "sync step 6" "$dir/peer0.log" || { echo "peer 0 never reported sync step 6"; exit 1; }
+# Download only what changed: on steps without merging a peer's own experts stay out of its
+# download (its audit log holds the aggregate it completed itself, checked byte for byte below);
+# on the merge step (4) they changed and come down.
+down_mb() { sed -n "s/^.*sync step $1: .* down \([0-9.]*\) MB.*$/\1/p" "$dir/peer0.log"; }
+echo "peer 0 downloads: step 2 $(down_mb 2) MB, step 4 (merge) $(down_mb 4) MB"
+awk -v a="$(down_mb 2)" -v b="$(down_mb 4)" 'BEGIN { exit !(a > 0 && a < b) }' ||
+  { echo "step 2's download should leave out peer 0's own experts (smaller than step 4's)"; exit 1; }
 # Mean / ownership / merge maths from the audit logs (4 peers, 1 expert each, merge every 4, alpha 0.5, top-2).
 "$SPES_VENV_PY" tests/ref/check_sync_e2e.py "$dir/sync" 4 1 4 0.5 100 2 2 4 6
