@@ -555,6 +555,7 @@ static const ConfigKey KEYS[] = {
     {"optimizer.weight_decay", K_F64, F(adamw.weight_decay), MIN_NONNEG, .hashed = true, .meaning = "Decoupled weight decay."},
     {"optimizer.decay_norm_and_bias", K_BOOL, F(adamw.decay_norm_and_bias), .hashed = true, .meaning = "Norm gains decay too."},
     {"optimizer.decay_embeddings", K_BOOL, F(adamw.decay_embeddings), .hashed = true, .meaning = "The input embedding decays too."},
+    {"optimizer.cpu_offload", K_BOOL, F(adamw.cpu_offload), .meaning = "Optimizer-state offload (DeepSpeed's ZeRO-Offload of the optimizer): the AdamW moments live in page-locked host memory and the update runs on the CPU; each step the gradients and fp32 parameters of this rank's range go down and the parameters come back. Frees 8 bytes per trainable value of GPU memory. On the cpu backend the moments are host memory already: accepted, the same bits, copies only. Our extension."},
     {"optimizer.metrics_log_interval", K_IGNORED, .meaning = "Per-parameter optimizer metrics are not logged."},
 
     {"scheduler", K_SECTION, .meaning = "Learning-rate schedule."},

@@ -27,16 +27,27 @@ int adamw_create_shard(AdamW *opt, const ParamTable *table, const AdamWConfig *c
     opt->hi = hi;
     opt->numel = hi - lo;
     if (!(opt->tensors = spes_calloc((size_t)table->count + 1, sizeof *opt->tensors))) return SPES_ERR;
+    opt->offload = cfg->cpu_offload;
     if (opt->numel == 0) return SPES_OK;   // nothing trainable: no state
     const size_t bytes = opt->numel * sizeof(float);
-    int rc = backend_alloc(be, bytes, (void **)&opt->dm);
-    if (rc == SPES_OK) rc = backend_alloc(be, bytes, (void **)&opt->dv);
-    if (rc == SPES_OK && be->host_memory) {
-        opt->m = opt->dm;
-        opt->v = opt->dv;
-    } else if (rc == SPES_OK) {   // page-locked host copies for checkpoints
+    int rc = SPES_OK;
+    if (opt->offload) {   // moments and staging in (page-locked) host memory only
         rc = be->ops->host_alloc(be, bytes, (void **)&opt->m);
         if (rc == SPES_OK) rc = be->ops->host_alloc(be, bytes, (void **)&opt->v);
+        if (rc == SPES_OK) rc = be->ops->host_alloc(be, bytes, (void **)&opt->hg);
+        if (rc == SPES_OK) rc = be->ops->host_alloc(be, bytes, (void **)&opt->hp);
+        opt->dm = opt->m;
+        opt->dv = opt->v;
+    } else {
+        rc = backend_alloc(be, bytes, (void **)&opt->dm);
+        if (rc == SPES_OK) rc = backend_alloc(be, bytes, (void **)&opt->dv);
+        if (rc == SPES_OK && be->host_memory) {
+            opt->m = opt->dm;
+            opt->v = opt->dv;
+        } else if (rc == SPES_OK) {   // page-locked host copies for checkpoints
+            rc = be->ops->host_alloc(be, bytes, (void **)&opt->m);
+            if (rc == SPES_OK) rc = be->ops->host_alloc(be, bytes, (void **)&opt->v);
+        }
     }
     if (rc != SPES_OK) {
         adamw_free(opt);
@@ -46,30 +57,32 @@ int adamw_create_shard(AdamW *opt, const ParamTable *table, const AdamWConfig *c
 }
 
 void adamw_free(AdamW *opt) {
-    if (opt->be && !opt->be->host_memory) {
-        if (opt->m) opt->be->ops->host_free(opt->be, opt->m);
-        if (opt->v) opt->be->ops->host_free(opt->be, opt->v);
+    Backend *be = opt->be;
+    if (be && (opt->offload || !be->host_memory)) {   // host_alloc'd moments
+        float *host[] = {opt->m, opt->v, opt->hg, opt->hp};
+        for (int i = 0; i < 4; i++)
+            if (host[i]) be->ops->host_free(be, host[i]);
     }
-    if (opt->be) {
-        backend_free(opt->be, opt->dm);
-        backend_free(opt->be, opt->dv);
+    if (be && !opt->offload) {
+        backend_free(be, opt->dm);
+        backend_free(be, opt->dv);
     }
     free(opt->tensors);
-    opt->m = opt->v = opt->dm = opt->dv = NULL;
+    opt->m = opt->v = opt->dm = opt->dv = opt->hg = opt->hp = NULL;
     opt->tensors = NULL;
     opt->numel = 0;
 }
 
 int adamw_state_to_device(AdamW *opt) {
     Backend *be = opt->be;
-    if (be->host_memory || opt->numel == 0) return SPES_OK;
+    if (be->host_memory || opt->offload || opt->numel == 0) return SPES_OK;
     SPES_TRY(be->ops->upload(be, opt->dm, opt->m, opt->numel * sizeof(float)));
     return be->ops->upload(be, opt->dv, opt->v, opt->numel * sizeof(float));
 }
 
 int adamw_state_to_host(AdamW *opt) {
     Backend *be = opt->be;
-    if (be->host_memory || opt->numel == 0) return SPES_OK;
+    if (be->host_memory || opt->offload || opt->numel == 0) return SPES_OK;
     SPES_TRY(backend_sync(be));
     SPES_TRY(be->ops->download(be, opt->m, opt->dm, opt->numel * sizeof(float)));
     return be->ops->download(be, opt->v, opt->dv, opt->numel * sizeof(float));
@@ -81,8 +94,38 @@ bool adamw_param_decays(const AdamWConfig *cfg, ParamKind kind) {
     return true;                                                    // nn.Linear
 }
 
+// The piece [a, b) of the gradient layout that tensor pi has inside the state's range (the
+// whole tensor unsharded); false when it has none there.
+static bool piece(const AdamW *opt, const ParamInfo *pi, size_t *a, size_t *b) {
+    if (!pi->trainable || pi->grad_offset < 0) return false;
+    size_t go = (size_t)pi->grad_offset;
+    *a = go > opt->lo ? go : opt->lo;
+    *b = go + pi->numel < opt->hi ? go + pi->numel : opt->hi;
+    return *a < *b;
+}
+
+// Offload: every piece's fp32 parameters between the device (at the table's offsets) and the
+// host staging (at the range's offsets); after the update also the compute copy.
+static int move_params(AdamW *opt, const ParamTable *table, float *params, Buf compute, bool up) {
+    Backend *be = opt->be;
+    for (int i = 0; i < table->count; i++) {
+        const ParamInfo *pi = &table->entries[i];
+        size_t a, b;
+        if (!piece(opt, pi, &a, &b)) continue;
+        size_t at = pi->offset + (a - (size_t)pi->grad_offset), bytes = (b - a) * sizeof(float);
+        float *host = opt->hp + (a - opt->lo);
+        if (!up) {
+            SPES_TRY(be->ops->download(be, host, params + at, bytes));
+            continue;
+        }
+        SPES_TRY(be->ops->upload(be, params + at, host, bytes));
+        if (compute.p) be->ops->convert(be, buf_at(compute, at), buf_f32(params + at), b - a);
+    }
+    return SPES_OK;
+}
+
 // torch's _single_tensor_adamw scalars, each rounded to float as the CPU kernels do.
-void adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, Buf compute, double lr) {
+int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, Buf compute, double lr) {
     const AdamWConfig *c = &opt->cfg;
     opt->step++;
     double t = (double)opt->step;
@@ -95,26 +138,39 @@ void adamw_step(AdamW *opt, const ParamTable *table, float *params, const float 
                             .eps = (float)c->eps,
                             .neg_step_size = (float)(-(lr / bc1))};
     float decay_mul = (float)(1.0 - lr * c->weight_decay);
+    if (opt->numel == 0) return SPES_OK;
+    // Offloaded, the update reads and writes the host staging instead of backend memory.
+    const float *g_base = grads;
+    if (opt->offload) {
+        SPES_TRY(backend_sync(opt->be));   // the gradients' kernels are done
+        SPES_TRY(opt->be->ops->download(opt->be, opt->hg, grads, opt->numel * sizeof(float)));
+        SPES_TRY(move_params(opt, table, params, compute, false));
+        g_base = opt->hg;
+    }
     int count = 0;
     for (int i = 0; i < table->count; i++) {
         const ParamInfo *pi = &table->entries[i];
-        if (!pi->trainable || pi->grad_offset < 0) continue;
-        // The piece [a, b) of this tensor inside the state's range (the whole tensor unsharded).
-        size_t go = (size_t)pi->grad_offset, a = go > opt->lo ? go : opt->lo;
-        size_t b = go + pi->numel < opt->hi ? go + pi->numel : opt->hi;
-        if (a >= b) continue;
-        size_t at = pi->offset + (a - go);
+        size_t a, b;
+        if (!piece(opt, pi, &a, &b)) continue;
+        size_t at = pi->offset + (a - (size_t)pi->grad_offset);
+        bool on_device = !opt->offload;
         opt->tensors[count++] = (AdamWTensor){
-            .p = params + at,
-            .g = grads + (a - opt->lo),
+            .p = on_device ? params + at : opt->hp + (a - opt->lo),
+            .g = g_base + (a - opt->lo),
             .m = opt->dm + (a - opt->lo),
             .v = opt->dv + (a - opt->lo),
-            .compute = compute.p ? buf_at(compute, at) : (Buf){NULL, NUM_F32},
+            .compute = on_device && compute.p ? buf_at(compute, at) : (Buf){NULL, NUM_F32},
             .n = b - a,
             .decay_mul = adamw_param_decays(c, pi->kind) ? decay_mul : 1.0f,
         };
     }
-    if (count) opt->be->ops->adamw(opt->be, opt->tensors, count, &s);
+    if (!opt->offload) {
+        opt->be->ops->adamw(opt->be, opt->tensors, count, &s);
+        return SPES_OK;
+    }
+    Backend *host = backend_cpu();
+    host->ops->adamw(host, opt->tensors, count, &s);
+    return move_params(opt, table, params, compute, true);
 }
 
 double grad_sum_of_squares(Backend *be, const float *grads, size_t n) {

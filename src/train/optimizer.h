@@ -19,6 +19,7 @@ typedef struct {
     double weight_decay;        // optimizer.weight_decay
     bool decay_norm_and_bias;   // optimizer.decay_norm_and_bias: norm gains decay too
     bool decay_embeddings;      // optimizer.decay_embeddings: the input embedding decays too
+    bool cpu_offload;           // optimizer.cpu_offload: moments and update in host memory (ZeRO-Offload)
 } AdamWConfig;
 
 typedef struct {
@@ -29,7 +30,9 @@ typedef struct {
                                 // unsharded; a rank's shard under ZeRO-1/2 (src/dist/data_parallel.h)
     float *m;                   // host [numel] exp_avg (checkpoints read and write these)
     float *v;                   // host [numel] exp_avg_sq
-    float *dm, *dv;             // the backend's moments (== m, v on cpu)
+    float *dm, *dv;             // the moments the update reads (== m, v on cpu and when offloaded)
+    bool offload;               // cfg.cpu_offload: the update runs on the host (below)
+    float *hg, *hp;             // offload: host staging [numel] of the range's gradients and fp32 parameters
     AdamWTensor *tensors;       // [table.count] per-step work list
     int64_t step;               // updates done so far (torch's state["step"])
 } AdamW;
@@ -55,7 +58,13 @@ bool adamw_param_decays(const AdamWConfig *cfg, ParamKind kind);
 // single-tensor AdamW, so results agree to rounding. A shard's state updates the values of
 // its range only, tensor pieces element by element as the whole tensor would be; `grads`
 // then points at the gradient of value `lo` (grads[i - lo] for value i).
-void adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, Buf compute, double lr);
+//
+// Offloaded (cfg.cpu_offload, DeepSpeed's ZeRO-Offload of the optimizer): the moments live in
+// (page-locked) host memory and never on the device; each step the range's gradients and fp32
+// parameters are downloaded, the cpu backend's AdamW kernel updates them, and the parameters
+// go back up (their compute copy converted on the device). On the cpu backend the copies are
+// plain memcpy and the result is the same bits as without offload. SPES_ERR when a copy fails.
+int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, Buf compute, double lr);
 
 // Sum of squares of n gradient values (backend memory), read back to the host. Summed in
 // double over fixed-size blocks, so the result is the same for every thread count (bit-exact

@@ -220,9 +220,12 @@ static void log_memory(const Trainer *t) {
     if (t->dist) {
         scratch = (double)t->dp.scratch_n * 4 * mb;
     }
-    log_info("memory per rank (%s): parameters %.3f MB, gradients %.3f MB, optimizer state %.3f MB, collective "
+    log_info("memory per rank (%s): parameters %.3f MB, gradients %.3f MB, optimizer state %.3f MB%s, collective "
              "scratch %.3f MB",
-             t->be->name, params, grads, state, scratch);
+             t->be->name, params, grads, state, t->adamw.offload ? " (host memory, offloaded)" : "", scratch);
+    if (t->adamw.offload && t->be->host_memory)
+        log_info("optimizer.cpu_offload on the cpu backend: the moments are host memory already; the update runs "
+                 "through the offload path's host copies (the same bits, a little slower)");
 }
 
 int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **out) {
@@ -488,7 +491,8 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     }
     const Buf compute = {m->cparams, t->be->compute};
     if (n_grad && apply) {
-        adamw_step(&t->adamw, &m->table, m->dparams, t->dist ? dp_step_grads(&t->dp, m->grads) : m->grads, compute, lr);
+        SPES_TRY(adamw_step(&t->adamw, &m->table, m->dparams, t->dist ? dp_step_grads(&t->dp, m->grads) : m->grads,
+                            compute, lr));
         if (t->dist) SPES_TRY(dp_gather_params(&t->dp, &m->table, m->dparams, compute));
     }
     SPES_TRY(backend_sync(t->be));

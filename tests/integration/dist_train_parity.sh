@@ -8,7 +8,8 @@
 #   - weights and AdamW moments within 1e-5 of 1 rank's; one full-model checkpoint, same files;
 #   - ZeRO-1 equals DDP bit for bit (same all-reduce, element-wise AdamW on shards), and
 #     FULL_SHARD equals SHARD_GRAD_OP bit for bit;
-# plus N = 4 (6 micro-batches over 4 ranks: uneven shares), small gradient buckets, resume at another world size
+# plus N = 4 (6 micro-batches over 4 ranks: uneven shares), small gradient buckets, the
+# optimizer-state offload (same bits), resume at another world size
 # (2 -> 1, 1 -> 3, 3 -> 2 with a sharded optimizer state saved and reloaded), and a job whose
 # config names distributed_strategy: single with 2 ranks fails with a message.
 set -euo pipefail
@@ -56,6 +57,19 @@ train z2b_2 2 --fsdp.sharding_strategy=SHARD_GRAD_OP --ddp.bucket_cap_mb=0.01
 check z2_2 z2b_2 5 --tol 0 --exact-steps 5
 train z1b_3 3 --fsdp.sharding_strategy=SHARD_OPTIM --ddp.bucket_cap_mb=0.01
 check one z1b_3 5 --tol 1e-5 --exact-steps 1
+
+# Optimizer-state offload (optimizer.cpu_offload): on the cpu backend the update runs through the
+# offload path's host copies and must give the same bits, on 1 rank and on ZeRO-2 shards; its
+# state saves and resumes without offload at another world size.
+train one_off 1 --optimizer.cpu_offload=true
+grep -q "optimizer.cpu_offload on the cpu backend" "$tmp/one_off.log" || { echo "FAIL: no offload note"; exit 1; }
+grep -q "optimizer state [0-9.]* MB (host memory, offloaded)" "$tmp/one_off.log" || { echo "FAIL: no offload memory line"; exit 1; }
+check one one_off 5 --tol 0 --exact-steps 5
+train z2off_2 2 --fsdp.sharding_strategy=SHARD_GRAD_OP --optimizer.cpu_offload=true
+check z2_2 z2off_2 5 --tol 0 --exact-steps 5
+train resoff 2 --fsdp.sharding_strategy=SHARD_GRAD_OP --optimizer.cpu_offload=true --stop_at=3
+train resoff 1 --resume
+check one resoff 5 --tol 1e-5 --exact-steps 1
 
 # Resume at another world size, the optimizer state saved whole and re-sharded.
 train res21 2 --fsdp.sharding_strategy=SHARD_GRAD_OP --stop_at=3

@@ -1,7 +1,7 @@
-// The single-process parts of data parallelism (src/dist/): sharded AdamW equals the whole
-// update bit for bit, the contiguity test of the gradient layout, the shard boundaries, and
-// a job of one rank whose collectives are identities. The multi-rank behaviour is tested by
-// tests/integration/dist_*.sh under mpirun.
+// The single-process parts of data parallelism (src/dist/): sharded AdamW (also offloaded to
+// the host) equals the whole update bit for bit, the contiguity test of the gradient layout,
+// the shard boundaries, and a job of one rank whose collectives are identities. The
+// multi-rank behaviour is tested by tests/integration/dist_*.sh under mpirun.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -30,11 +30,12 @@ static void fill(float *x, size_t n, uint64_t seed, float scale) {
 }
 
 // Three shards with boundaries inside tensors, updated separately for 3 steps, against the
-// whole update: parameters and moments must be the same bits.
-static void test_sharded_adamw_is_bitwise_whole(void **state) {
-    (void)state;
+// whole update: parameters and moments must be the same bits. Offloaded, the shards update
+// through the host staging (optimizer.cpu_offload; on the cpu backend its copies are memcpy).
+static void shards_vs_whole(bool offload) {
     ParamTable t = flat_table(SPECS, N_SPECS);
-    AdamWConfig c = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    AdamWConfig c = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}, cs = c;
+    cs.cpu_offload = offload;
     float *p_whole = malloc(t.total_numel * sizeof(float)), *p_shard = malloc(t.total_numel * sizeof(float));
     float *g = malloc(t.trainable_numel * sizeof(float));
     fill(p_whole, t.total_numel, 1, 0.1f);
@@ -43,11 +44,13 @@ static void test_sharded_adamw_is_bitwise_whole(void **state) {
     assert_int_equal(adamw_create(&whole, &t, &c), SPES_OK);
     size_t cut[4] = {0, 50, 150, t.trainable_numel};   // 50: inside t3 (grad 42..143); 150: inside t4
     for (int s = 0; s < 3; s++)
-        assert_int_equal(adamw_create_shard(&shard[s], &t, &c, backend_cpu(), cut[s], cut[s + 1]), SPES_OK);
+        assert_int_equal(adamw_create_shard(&shard[s], &t, &cs, backend_cpu(), cut[s], cut[s + 1]), SPES_OK);
+    assert_true(shard[1].offload == offload && (shard[1].hp != NULL) == offload);
     for (int step = 1; step <= 3; step++) {
         fill(g, t.trainable_numel, 100 + (uint64_t)step, 1.0f);
-        adamw_step(&whole, &t, p_whole, g, (Buf){0}, 1e-2);
-        for (int s = 0; s < 3; s++) adamw_step(&shard[s], &t, p_shard, g + cut[s], (Buf){0}, 1e-2);
+        assert_int_equal(adamw_step(&whole, &t, p_whole, g, (Buf){0}, 1e-2), SPES_OK);
+        for (int s = 0; s < 3; s++)
+            assert_int_equal(adamw_step(&shard[s], &t, p_shard, g + cut[s], (Buf){0}, 1e-2), SPES_OK);
     }
     assert_memory_equal(p_whole, p_shard, t.total_numel * sizeof(float));
     for (int s = 0; s < 3; s++) {
@@ -64,6 +67,16 @@ static void test_sharded_adamw_is_bitwise_whole(void **state) {
     for (int s = 0; s < 3; s++) adamw_free(&shard[s]);
     adamw_free(&whole);
     free(p_whole), free(p_shard), free(g), free(t.entries);
+}
+
+static void test_sharded_adamw_is_bitwise_whole(void **state) {
+    (void)state;
+    shards_vs_whole(false);
+}
+
+static void test_offloaded_adamw_is_bitwise_whole(void **state) {
+    (void)state;
+    shards_vs_whole(true);
 }
 
 static void test_layout_contiguity(void **state) {
@@ -140,6 +153,7 @@ static void test_stage_from_config(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sharded_adamw_is_bitwise_whole),
+        cmocka_unit_test(test_offloaded_adamw_is_bitwise_whole),
         cmocka_unit_test(test_layout_contiguity),
         cmocka_unit_test(test_single_rank_job),
         cmocka_unit_test(test_stage_from_config),
