@@ -56,8 +56,12 @@ static void install_handlers(void) {
 // of a round that never completed: the peer redoes that round (spes_peer_connect) and saves the
 // step again, synced, so the folder ends as an undisturbed run's would. A finished run (resumed at
 // its last step) has no round left to sync unless that last one is pending.
-static int connect_peer(SpesRanks *peer, Trainer *trainer) {
+static int connect_peer(SpesRanks *peer, Trainer *trainer, const TrainConfig *cfg) {
     TrainState *state = trainer_state(trainer);
+    if (cfg->payload_dtype == PAYLOAD_INT8) {   // checkpoints carry the int8 error feedback (spes_peer.h)
+        state->save_extra = spes_ranks_save_state;
+        state->save_extra_ctx = peer;
+    }
     bool pending = state->unsynced;
     if (trainer_step_count(trainer) >= trainer_max_steps(trainer) && !pending) return SPES_OK;
     SPES_TRY(spes_ranks_connect(peer, trainer_model(trainer), trainer_step_count(trainer), trainer_max_steps(trainer),
@@ -188,7 +192,7 @@ int cmd_train(int argc, char **argv) {
         }
     }
     if (rc == SPES_OK) rc = trainer_create(&cfg, &opt, &trainer);
-    if (rc == SPES_OK && peer) rc = connect_peer(peer, trainer);
+    if (rc == SPES_OK && peer) rc = connect_peer(peer, trainer, &cfg);
     else if (rc == SPES_OK && trainer_state(trainer)->unsynced) {
         log_warn("the checkpoint resumed from was not synced with a parameter server; training on without one");
         trainer_state(trainer)->unsynced = false;

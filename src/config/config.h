@@ -26,7 +26,8 @@ typedef enum { MEMMAP_UINT16 = 0, MEMMAP_UINT32 } MemmapDtype;
 typedef enum { DURATION_STEPS = 0, DURATION_TOKENS, DURATION_EPOCHS } DurationUnit;
 
 // spes_config.payload_dtype: what peers upload/download.
-typedef enum { PAYLOAD_F32 = 0, PAYLOAD_BF16 } PayloadDtype;
+// int8: changes against the last aggregate, int8 per block with error feedback (docs/communication.md).
+typedef enum { PAYLOAD_F32 = 0, PAYLOAD_BF16, PAYLOAD_INT8 } PayloadDtype;
 
 // An `evaluators:` entry of type lm: validation loss on token files. Downstream
 // (multiple-choice) entries are skipped with a warning; `spes eval` runs those.

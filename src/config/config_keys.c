@@ -298,14 +298,15 @@ static void format_memmap_dtype(const TrainConfig *cfg, FILE *out) {
 
 static int parse_payload_dtype(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
     const char *s = NULL;
-    SPES_TRY(scalar_of(n, key, "f32 or bf16", &s));
+    SPES_TRY(scalar_of(n, key, "f32, bf16 or int8", &s));
     if (strcmp(s, "f32") == 0 || strcmp(s, "float32") == 0) cfg->payload_dtype = PAYLOAD_F32;
     else if (strcmp(s, "bf16") == 0 || strcmp(s, "bfloat16") == 0) cfg->payload_dtype = PAYLOAD_BF16;
-    else return key_fail(n, key, "expected f32 or bf16, got '%s'", s);
+    else if (strcmp(s, "int8") == 0) cfg->payload_dtype = PAYLOAD_INT8;
+    else return key_fail(n, key, "expected f32, bf16 or int8, got '%s'", s);
     return SPES_OK;
 }
 static void format_payload_dtype(const TrainConfig *cfg, FILE *out) {
-    fputs(cfg->payload_dtype == PAYLOAD_BF16 ? "bf16" : "f32", out);
+    fputs(cfg->payload_dtype == PAYLOAD_BF16 ? "bf16" : cfg->payload_dtype == PAYLOAD_INT8 ? "int8" : "f32", out);
 }
 
 static int parse_data_seed(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
@@ -595,7 +596,7 @@ static const ConfigKey KEYS[] = {
     {"spes_config.tls_key", K_STR, F(tls_key), .nullable = true, .meaning = "PEM key of tls_cert. Our extension."},
     {"spes_config.take_over_peer_id", K_INT, F(take_over_peer_id), MIN_NONNEG, .nullable = true, .null_value = -1, .meaning = "Ownership failover: act as lost peer N (its peer_id and experts), starting from the server's newest aggregate. Our extension."},
     {"spes_config.retry_timeout_s", K_F64, F(retry_timeout_s), MIN_POSITIVE, .meaning = "How long every sync call retries an unreachable or restarting parameter server (exponential backoff with jitter). Our extension."},
-    {"spes_config.payload_dtype", K_SPECIAL, .hashed = true, .parse = parse_payload_dtype, .format = format_payload_dtype, .meaning = "f32 or bf16 sync payloads. Our extension."},
+    {"spes_config.payload_dtype", K_SPECIAL, .hashed = true, .parse = parse_payload_dtype, .format = format_payload_dtype, .meaning = "f32, bf16 or int8 (deltas, docs/communication.md) sync payloads. Our extension."},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 

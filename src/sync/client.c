@@ -81,8 +81,8 @@ void sync_client_config_defaults(SyncClientConfig *cfg) {
 }
 
 int sync_client_create(const SyncClientConfig *cfg, SyncClient **out) {
-    if (cfg->payload_dtype != DTYPE_F32 && cfg->payload_dtype != DTYPE_BF16)
-        return spes_fail("sync client: payload dtype must be F32 or BF16");
+    if (cfg->payload_dtype != DTYPE_F32 && cfg->payload_dtype != DTYPE_BF16 && cfg->payload_dtype != DTYPE_I8)
+        return spes_fail("sync client: payload dtype must be F32, BF16 or I8");
     SyncClient *c = spes_calloc(1, sizeof *c);
     if (!c) return SPES_ERR;
     c->cfg = *cfg;
@@ -316,11 +316,10 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     }
     req.n_tensors = (size_t)spec->count;
     req.tensors = ptrs;
-    static char *omit_own[] = {ROUNDS_VIEW_OMIT_OWN};
-    if (c->cfg.omit_own_experts) {
-        req.n_encodings = 1;
-        req.encodings = omit_own;
-    }
+    char *encodings[2];
+    req.encodings = encodings;
+    if (c->cfg.omit_own_experts) encodings[req.n_encodings++] = ROUNDS_VIEW_OMIT_OWN;
+    if (c->cfg.payload_dtype == DTYPE_I8) encodings[req.n_encodings++] = ROUNDS_VIEW_INT8;
     HelloResponse *resp = NULL;
     grpc_status_code code = unary(c, "/FederatedServer/Hello", &req.base, &hello_response__descriptor,
                                   (ProtobufCMessage **)&resp, 60);
@@ -328,6 +327,14 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     free(ptrs);
     if (code != GRPC_STATUS_OK) return SPES_ERR;
     if (!c->cfg.chunk_size && resp->chunk_size > 0) c->chunk_size = (size_t)resp->chunk_size;
+    bool int8_ok = false;
+    for (size_t i = 0; i < resp->n_encodings; i++) int8_ok |= strcmp(resp->encodings[i], ROUNDS_VIEW_INT8) == 0;
+    if (c->cfg.payload_dtype == DTYPE_I8 && !int8_ok) {
+        hello_response__free_unpacked(resp, NULL);
+        return spes_fail("server %s does not serve int8 deltas (its Hello lists no '%s'); use payload_dtype f32 or "
+                         "bf16, or a newer server",
+                         c->addr, ROUNDS_VIEW_INT8);
+    }
     for (size_t i = 0; i < c->n_server_encodings; i++) free(c->server_encodings[i]);
     free(c->server_encodings);
     c->n_server_encodings = 0;
@@ -399,7 +406,8 @@ int sync_client_serialize(const SyncClient *c, const StWriteTensor *tensors, int
     int rc = w && converted ? SPES_OK : SPES_ERR;
     for (int i = 0; rc == SPES_OK && i < n; i++) {
         w[i] = tensors[i];
-        if (tensors[i].dtype == c->cfg.payload_dtype) continue;
+        // int8 runs: full payloads (a peer without a base) go in F32; deltas are encoded by the caller.
+        if (tensors[i].dtype == c->cfg.payload_dtype || c->cfg.payload_dtype == DTYPE_I8) continue;
         if (tensors[i].dtype != DTYPE_F32 || c->cfg.payload_dtype != DTYPE_BF16) {
             rc = spes_fail("upload: tensor '%s' is %s; give F32 (or the payload dtype %s)", tensors[i].name,
                            dtype_name(tensors[i].dtype), dtype_name(c->cfg.payload_dtype));
@@ -571,12 +579,21 @@ int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size
     return SPES_OK;
 }
 
-int sync_client_wait_and_download_view(SyncClient *c, int step, uint8_t **bytes, size_t *len, SyncDownload *got) {
+int sync_client_wait_and_download_view(SyncClient *c, int step, int delta_base_step, uint8_t **bytes, size_t *len,
+                                       SyncDownload *got) {
     ViewAsk ask = {.omit_own_experts = c->cfg.omit_own_experts && sync_client_server_speaks(c, ROUNDS_VIEW_OMIT_OWN)};
+    ask.has_delta_base = c->cfg.payload_dtype == DTYPE_I8 && delta_base_step >= 0;
+    ask.delta_base_step = ask.has_delta_base ? delta_base_step : 0;
     memset(got, 0, sizeof *got);
     SPES_TRY(wait_and_download(c, step, &ask, bytes, len, got->view, sizeof got->view));
+    // A view is taken only when it is one of the four names and holds nothing this peer did not ask for.
     got->own_experts_omitted = strstr(got->view, ROUNDS_VIEW_OMIT_OWN) != NULL;
-    if (got->view[0] && strcmp(got->view, ROUNDS_VIEW_OMIT_OWN) != 0) {
+    got->int8_delta = strncmp(got->view, ROUNDS_VIEW_INT8, strlen(ROUNDS_VIEW_INT8)) == 0;
+    static const char *known[] = {"", ROUNDS_VIEW_OMIT_OWN, ROUNDS_VIEW_INT8, ROUNDS_VIEW_INT8 "+" ROUNDS_VIEW_OMIT_OWN};
+    bool asked = (!got->own_experts_omitted || ask.omit_own_experts) && (!got->int8_delta || ask.has_delta_base), is_known = false;
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++) is_known |= strcmp(got->view, known[i]) == 0;
+    asked = asked && is_known;
+    if (!asked) {
         free(*bytes);
         *bytes = NULL;
         return spes_fail("server %s: step %d's aggregate came as view '%s', which this peer did not ask for", c->addr,

@@ -29,7 +29,9 @@ typedef struct {
     int num_peers;
     int experts_per_node;           // m (spes mode)
     SyncMode mode;
-    DType payload_dtype;            // F32 or BF16: uploads are converted, the aggregate comes back in it
+    DType payload_dtype;            // F32 or BF16: uploads are converted, the aggregate comes back in it;
+                                    // I8: an int8 run (uploads are int8 deltas the caller encodes, or
+                                    // full F32 payloads; see docs/communication.md)
     size_t chunk_size;              // upload chunk payload bytes (0: the server's, from Hello)
     size_t max_message_size;
     double connect_timeout_s;       // how long to retry an unreachable server
@@ -46,6 +48,7 @@ typedef struct {
 typedef struct {
     bool own_experts_omitted;       // the peer's own experts are not in it: the round took them
                                     // unchanged from its upload (rounds.h: rounds_view)
+    bool int8_delta;                // an int8 delta against the aggregate the peer asked for as base
     char view[48];                  // the server's name of the view ("" the whole aggregate)
 } SyncDownload;
 
@@ -77,8 +80,10 @@ int sync_client_upload_bytes(SyncClient *c, int step, const uint8_t *bytes, size
 int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size_t *len);
 // The same, asking for the smallest view this client and the server both speak (with
 // cfg.omit_own_experts and a server that serves it: without the peer's own experts where the
-// round did not change them). *got says what came.
-int sync_client_wait_and_download_view(SyncClient *c, int step, uint8_t **bytes, size_t *len, SyncDownload *got);
+// round did not change them; in an int8 run with delta_base_step >= 0, the int8 delta against
+// the aggregate of that step, which the peer holds). *got says what came.
+int sync_client_wait_and_download_view(SyncClient *c, int step, int delta_base_step, uint8_t **bytes, size_t *len,
+                                       SyncDownload *got);
 // Whether the server said in Hello that it serves `encoding` (e.g. "omit-own-experts").
 bool sync_client_server_speaks(const SyncClient *c, const char *encoding);
 int sync_client_status(SyncClient *c, RoundsStatus *out);

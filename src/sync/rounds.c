@@ -17,6 +17,8 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "base/timer.h"
+#include "sync/int8_codec.h"
+#include "sync/int8_payload.h"
 #include "sync/server_state.h"
 #include "sync/upload_check.h"
 
@@ -41,7 +43,9 @@ struct Rounds {
 
     bool have_spec;             // once set, spec and the layout below never change
     ModelSpec spec;
-    DType payload_dtype;        // dtype of the aggregate (the peers' payload dtype)
+    DType payload_dtype;        // dtype of the aggregate (the peers' payload dtype; F32 in int8 runs)
+    DType wire_dtype;           // the peers' payload dtype from Hello (I8 in int8 runs)
+    bool int8;                  // an int8 run (wire_dtype I8)
     uint8_t *header;            // safetensors header of every aggregate (same layout each round)
     size_t header_len, aggregate_len;
     size_t *tensor_offset;      // [spec.count] byte offset of tensor t in the aggregate
@@ -60,6 +64,7 @@ struct Rounds {
 };
 
 static int restore_state(Rounds *r);
+static AggregateBlob *find_kept(Rounds *r, int step);
 
 // Without a state dir, accepted uploads wait for their round in a private directory (under
 // cfg->spool_dir, $TMPDIR or /tmp) instead of memory: the server then holds at most one upload
@@ -173,6 +178,7 @@ static void blob_unref(Rounds *r, AggregateBlob *blob) {
     if (--blob->refs > 0) return;
     for (int i = 0; blob->views && i < 2 * (r->cfg.agg.num_peers + 1); i++) aggregate_view_free(&blob->views[i]);
     free(blob->views);
+    free(blob->delta);
     if (!r->spare && blob->len == r->aggregate_len) r->spare = blob->bytes;
     else free(blob->bytes);
     free(blob->included);
@@ -259,7 +265,9 @@ static grpc_status_code adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dty
         return GRPC_STATUS_INTERNAL;
     r->spec = *spec;
     model_spec_init(spec);
-    r->payload_dtype = payload_dtype;
+    r->wire_dtype = payload_dtype;
+    r->int8 = payload_dtype == DTYPE_I8;
+    r->payload_dtype = r->int8 ? DTYPE_F32 : payload_dtype;
     if (plan_aggregate_layout(r) != SPES_OK) {
         free(r->tensor_offset);
         r->tensor_offset = NULL;
@@ -293,8 +301,8 @@ grpc_status_code rounds_hello_settings(const Rounds *r, int peer, int num_peers,
                            "hello from peer %d: it trains %d experts per node, the server expects "
                            "--num_train_experts_per_node %d",
                            peer, experts_per_node, a->experts_per_node);
-    if (payload_dtype != DTYPE_F32 && payload_dtype != DTYPE_BF16)
-        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "hello from peer %d: payload dtype %s is not F32 or BF16",
+    if (payload_dtype != DTYPE_F32 && payload_dtype != DTYPE_BF16 && payload_dtype != DTYPE_I8)
+        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "hello from peer %d: payload dtype %s is not F32, BF16 or I8",
                            peer, dtype_name(payload_dtype));
     return GRPC_STATUS_OK;
 }
@@ -314,10 +322,10 @@ grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_pe
             status_fail(GRPC_STATUS_FAILED_PRECONDITION,
                         "hello from peer %d: its model (fingerprint %016llx) differs from the server's (%016llx): %s",
                         peer, (unsigned long long)spec->fingerprint, (unsigned long long)r->spec.fingerprint, diff);
-    } else if (payload_dtype != r->payload_dtype) {
+    } else if (payload_dtype != r->wire_dtype) {
         code = status_fail(GRPC_STATUS_FAILED_PRECONDITION,
                            "hello from peer %d: payload dtype %s, but the other peers use %s", peer,
-                           dtype_name(payload_dtype), dtype_name(r->payload_dtype));
+                           dtype_name(payload_dtype), dtype_name(r->wire_dtype));
     }
     *last_completed_step = r->last_completed_step;
     pthread_mutex_unlock(&r->mu);
@@ -428,6 +436,70 @@ static void drop_pages(const MappedFile *mf, const uint8_t *p, size_t n) {
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
+// An int8 delta upload (int8_payload.h) of peer for step against the kept aggregate of
+// base_step: every tensor the peer sends is decoded against the base and must be finite, and the
+// payload holds nothing else. With acc, each reconstructed tensor is also added to the
+// aggregate (one tensor of scratch memory at a time). The check on arrival and the read-back at
+// aggregation are this one function.
+static grpc_status_code int8_upload_walk(Rounds *r, int peer, int step, const SafeTensors *st, int base_step,
+                                         AggregateAcc *acc) {
+    char what[64];
+    snprintf(what, sizeof what, "int8 upload from peer %d for step %d", peer, step);
+    const ModelSpec *spec = &r->spec;
+    pthread_mutex_lock(&r->mu);
+    AggregateBlob *base = find_kept(r, base_step);
+    pthread_mutex_unlock(&r->mu);
+    if (!base)
+        return status_fail(GRPC_STATUS_FAILED_PRECONDITION,
+                           "%s: its base, the aggregate of step %d, is not kept here (newest step %d); send a full "
+                           "payload",
+                           what, base_step, rounds_last_completed_step(r));
+    size_t largest = 1;
+    int sends = 0;
+    for (int t = 0; t < spec->count; t++)
+        if (model_spec_peer_sends(spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, t)) {
+            sends++;
+            if (spec->tensors[t].numel > largest) largest = spec->tensors[t].numel;
+        }
+    float *out = spes_malloc(largest * sizeof(float)), *scales = spes_malloc(int8_blocks(largest) * sizeof(float));
+    grpc_status_code code = out && scales ? GRPC_STATUS_OK : GRPC_STATUS_RESOURCE_EXHAUSTED;
+    if (code == GRPC_STATUS_OK && st->count != 2 * sends)
+        code = status_fail(GRPC_STATUS_INVALID_ARGUMENT,
+                           "%s: %d tensors, expected %d (each of the %d tensors it trains and its '%s')", what,
+                           st->count, 2 * sends, sends, INT8_SCALE_SUFFIX);
+    if (code == GRPC_STATUS_OK && acc && aggregate_acc_begin_peer(acc, peer) != SPES_OK) code = GRPC_STATUS_INTERNAL;
+    for (int t = 0; code == GRPC_STATUS_OK && t < spec->count; t++) {
+        if (!model_spec_peer_sends(spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, t)) continue;
+        const SpecTensor *x = &spec->tensors[t];
+        const float *b = (const float *)(base->bytes + r->tensor_offset[t]);
+        if (int8_payload_decode(st, what, x->name, x->ndim, x->shape, x->numel, b, out, scales) != SPES_OK) {
+            code = GRPC_STATUS_INVALID_ARGUMENT;
+            break;
+        }
+        if (!acc) continue;
+        StTensor u = {.name = x->name, .dtype = DTYPE_F32, .ndim = x->ndim, .numel = x->numel,
+                      .nbytes = x->numel * sizeof(float), .data = (const uint8_t *)out};
+        memcpy(u.shape, x->shape, sizeof u.shape);
+        if (aggregate_acc_add_tensor(acc, peer, t, &u) != SPES_OK) code = GRPC_STATUS_INTERNAL;
+    }
+    if (code == GRPC_STATUS_OK && acc && aggregate_acc_end_peer(acc, peer) != SPES_OK) code = GRPC_STATUS_INTERNAL;
+    free(out);
+    free(scales);
+    rounds_release(r, base);
+    return code;
+}
+
+// Whether an upload is an int8 delta; refuses one in a run that is not int8 (and a bad header).
+static grpc_status_code upload_kind(Rounds *r, int peer, int step, const SafeTensors *st, bool *is_int8, int *base) {
+    char what[64];
+    snprintf(what, sizeof what, "upload from peer %d for step %d", peer, step);
+    if (int8_payload_kind(st, what, is_int8, base) != SPES_OK) return GRPC_STATUS_INVALID_ARGUMENT;
+    if (*is_int8 && !r->int8)
+        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "%s: an int8 delta, but this run's payload dtype is %s", what,
+                           dtype_name(r->wire_dtype));
+    return GRPC_STATUS_OK;
+}
+
 // Adds peer's upload of round, mapped back from upload_dir, to the accumulator tensor by
 // tensor, letting go of each tensor's pages once added: reading an upload back costs about one
 // tensor of memory, not the upload. (Its values were checked when it arrived; the structure is
@@ -445,7 +517,16 @@ static int add_upload(Rounds *r, OpenRound *round, int peer, AggregateAcc *acc, 
         file_unmap(&mf);
         return rc;
     }
-    rc = upload_rows(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, &st, row);
+    bool is_int8 = false;
+    int base = -1;
+    if (upload_kind(r, peer, round->step, &st, &is_int8, &base) != GRPC_STATUS_OK) rc = SPES_ERR;
+    else if (is_int8) {
+        rc = int8_upload_walk(r, peer, round->step, &st, base, acc) == GRPC_STATUS_OK ? SPES_OK : SPES_ERR;
+        safetensors_close(&st);
+        file_unmap(&mf);
+        return rc;
+    }
+    if (rc == SPES_OK) rc = upload_rows(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, &st, row);
     if (rc == SPES_OK) rc = aggregate_acc_begin_peer(acc, peer);
     for (int t = 0; rc == SPES_OK && t < r->spec.count; t++) {
         if (!row[t]) continue;
@@ -455,6 +536,42 @@ static int add_upload(Rounds *r, OpenRound *round, int peer, AggregateAcc *acc, 
     if (rc == SPES_OK) rc = aggregate_acc_end_peer(acc, peer);
     safetensors_close(&st);
     file_unmap(&mf);
+    return rc;
+}
+
+// int8 runs: the aggregate goes down as its change against the previous aggregate prev, which
+// every peer that took part holds. Each tensor's change is encoded (int8_encode_change) and the
+// blob's F32 image is replaced by prev + decoded change, exactly what those peers reconstruct;
+// blob->delta gets the encoded change (int8_payload.h) against prev->step.
+static int int8_downlink(Rounds *r, AggregateBlob *blob, const AggregateBlob *prev) {
+    const ModelSpec *spec = &r->spec;
+    size_t largest = 1, blocks = 0;
+    for (int t = 0; t < spec->count; t++) {
+        if (spec->tensors[t].numel > largest) largest = spec->tensors[t].numel;
+        blocks += int8_blocks(spec->tensors[t].numel);
+    }
+    int8_t *q = spes_malloc(spec->total_numel ? spec->total_numel : 1);
+    float *scales = spes_malloc(blocks * sizeof(float) + 1), *scratch = spes_malloc(largest * sizeof(float));
+    Int8Tensor *w = spes_calloc((size_t)spec->count + 1, sizeof *w);
+    int rc = q && scales && scratch && w ? SPES_OK : SPES_ERR;
+    size_t at = 0, block_at = 0;
+    for (int t = 0; rc == SPES_OK && t < spec->count; t++) {
+        const SpecTensor *x = &spec->tensors[t];
+        float *a = (float *)(blob->bytes + r->tensor_offset[t]);
+        const float *b = (const float *)(prev->bytes + r->tensor_offset[t]);
+        int8_encode_change(a, b, x->numel, q + at, scales + block_at, scratch);
+        int8_reconstruct(b, q + at, scales + block_at, x->numel, a);
+        w[t] = (Int8Tensor){.name = x->name, .ndim = x->ndim, .numel = x->numel, .q = q + at, .scale = scales + block_at};
+        memcpy(w[t].shape, x->shape, sizeof w[t].shape);
+        at += x->numel;
+        block_at += int8_blocks(x->numel);
+    }
+    if (rc == SPES_OK) rc = int8_payload_serialize(w, spec->count, prev->step, &blob->delta, &blob->delta_len);
+    if (rc == SPES_OK) blob->delta_base = prev->step;
+    free(q);
+    free(scales);
+    free(scratch);
+    free(w);
     return rc;
 }
 
@@ -472,7 +589,7 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
     const StTensor **prev_rows = NULL, **row = NULL;
     AggregateAcc *acc = NULL;
     pthread_mutex_lock(&r->mu);
-    AggregateBlob *prev = partial ? latest_before(r, round->step) : NULL;
+    AggregateBlob *prev = partial || r->int8 ? latest_before(r, round->step) : NULL;
     if (blob) blob->bytes = r->spare;
     if (blob) r->spare = NULL;
     pthread_mutex_unlock(&r->mu);
@@ -492,7 +609,8 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
         goto fail;
     for (int p = 0; p < P; p++)
         if (round->uploaded[p] && add_upload(r, round, p, acc, row) != SPES_OK) goto fail;
-    if (aggregate_acc_finish(acc, prev_rows) != SPES_OK) goto fail;
+    if (aggregate_acc_finish(acc, partial ? prev_rows : NULL) != SPES_OK) goto fail;
+    if (r->int8 && prev && int8_downlink(r, blob, prev) != SPES_OK) goto fail;
     blob->step = round->step;
     blob->len = r->aggregate_len;
     blob->refs = 1;
@@ -501,6 +619,7 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
     goto done;
 fail:
     if (blob) free(blob->bytes);
+    if (blob) free(blob->delta);
     free(blob);
     blob = NULL;
 done:
@@ -556,6 +675,14 @@ static grpc_status_code check_upload(Rounds *r, int peer, int step, const uint8_
     char what[64];
     snprintf(what, sizeof what, "upload from peer %d for step %d", peer, step);
     if (safetensors_parse(bytes, len, what, st) != SPES_OK) return GRPC_STATUS_INVALID_ARGUMENT;
+    bool is_int8 = false;
+    int base = -1;
+    grpc_status_code code = upload_kind(r, peer, step, st, &is_int8, &base);
+    if (code == GRPC_STATUS_OK && is_int8) code = int8_upload_walk(r, peer, step, st, base, NULL);
+    if (code != GRPC_STATUS_OK || is_int8) {
+        if (code != GRPC_STATUS_OK) safetensors_close(st);
+        return code;
+    }
     if (upload_check(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, st, row) != SPES_OK) {
         safetensors_close(st);
         spes_fail_context("step %d", step);
@@ -747,6 +874,7 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
                           r->rounds_partial + (blob->included != NULL)};
         pthread_mutex_unlock(&r->mu);
         if ((blob->included && state_save_included(dir, step, blob->included, P) != SPES_OK) ||
+            (blob->delta && state_save_delta(dir, step, blob->delta, blob->delta_len) != SPES_OK) ||
             state_save_aggregate(dir, step, blob->bytes, blob->len) != SPES_OK || state_save_book(dir, &book) != SPES_OK) {
             pthread_mutex_unlock(&r->persist_mu);
             return SPES_ERR;
@@ -830,12 +958,19 @@ static grpc_status_code check_upload_file(Rounds *r, int peer, int step, const M
     snprintf(what, sizeof what, "upload from peer %d for step %d", peer, step);
     SafeTensors st;
     if (safetensors_parse(mf->data, mf->size, what, &st) != SPES_OK) return GRPC_STATUS_INVALID_ARGUMENT;
+    bool is_int8 = false;
+    int base = -1;
+    grpc_status_code code = upload_kind(r, peer, step, &st, &is_int8, &base);
+    if (code == GRPC_STATUS_OK && is_int8) code = int8_upload_walk(r, peer, step, &st, base, NULL);
+    if (code != GRPC_STATUS_OK || is_int8) {   // an int8 delta is a quarter of the F32 size: checked whole
+        safetensors_close(&st);
+        return code;
+    }
     const StTensor **row = spes_calloc((size_t)r->spec.count, sizeof *row);
     if (!row) {
         safetensors_close(&st);
         return GRPC_STATUS_RESOURCE_EXHAUSTED;
     }
-    grpc_status_code code = GRPC_STATUS_OK;
     if (upload_rows(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, &st, row) != SPES_OK)
         code = GRPC_STATUS_INVALID_ARGUMENT;
     for (int i = 0; code == GRPC_STATUS_OK && i < st.count; i++) {   // upload order: the file is read front to back
@@ -1046,7 +1181,10 @@ grpc_status_code rounds_view(Rounds *r, AggregateBlob *blob, int peer, const Rou
     bool omit = req->omit_own_experts && r->cfg.agg.mode == SYNC_MODE_SPES && peer >= 0 && peer < P &&
                 r->spec.num_experts > 0 && (!blob->included || blob->included[peer]) &&
                 aggregate_merge_alpha(&r->cfg.agg, blob->step) == 0.0f;
-    bool delta = false;   // int8 deltas: see rounds_int8 (none in this encoding)
+    bool delta = req->has_delta_base && blob->delta && blob->delta_base == req->delta_base_step;
+    // In an int8 run a peer completes its own experts from the previous aggregate and what it
+    // uploaded (docs/communication.md): only a peer holding that aggregate (asking for the delta) can.
+    omit = omit && (!r->int8 || delta);
     static const char *names[2][2] = {{"", ROUNDS_VIEW_OMIT_OWN}, {ROUNDS_VIEW_INT8, ROUNDS_VIEW_INT8 "+" ROUNDS_VIEW_OMIT_OWN}};
     *name = names[delta][omit];
     int slot = (delta ? P + 1 : 0) + (omit ? peer : P);
@@ -1056,11 +1194,11 @@ grpc_status_code rounds_view(Rounds *r, AggregateBlob *blob, int peer, const Rou
     AggregateView *v = blob->views ? &blob->views[slot] : NULL;
     if (!v) code = status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED, "download of step %d: out of memory", blob->step);
     if (v && !v->pieces && !omit) {
-        if (aggregate_view_whole(blob->bytes, blob->len, v) != SPES_OK)
+        if (aggregate_view_whole(delta ? blob->delta : blob->bytes, delta ? blob->delta_len : blob->len, v) != SPES_OK)
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
     } else if (v && !v->pieces) {
-        const uint8_t *image = blob->bytes;
-        size_t image_len = blob->len;
+        const uint8_t *image = delta ? blob->delta : blob->bytes;
+        size_t image_len = delta ? blob->delta_len : blob->len;
         SafeTensors st;
         bool *keep = NULL;
         int rc = safetensors_parse(image, image_len, "aggregate", &st);
@@ -1146,6 +1284,31 @@ static int restore_upload(Rounds *r, const StateFile *f) {
     return SPES_OK;
 }
 
+// The int8 delta kept beside an aggregate (none: peers take that aggregate whole).
+static int restore_delta(Rounds *r, AggregateBlob *blob, int step) {
+    SPES_TRY(state_load_delta(r->cfg.state_dir, step, &blob->delta, &blob->delta_len));
+    if (!blob->delta) return SPES_OK;
+    char what[96];
+    snprintf(what, sizeof what, "server state %s: int8 delta of step %d", r->cfg.state_dir, step);
+    SafeTensors st;
+    bool is_int8 = false;
+    int base = -1;
+    int rc = safetensors_parse(blob->delta, blob->delta_len, what, &st);
+    if (rc == SPES_OK) {
+        rc = int8_payload_kind(&st, what, &is_int8, &base);
+        if (rc == SPES_OK && (!is_int8 || base >= step)) rc = spes_fail("%s: not an int8 delta against an earlier step", what);
+        safetensors_close(&st);
+    }
+    if (rc != SPES_OK) {   // damaged: serve the aggregate whole instead
+        log_warn("server: %s; peers will download step %d whole", spes_last_error(), step);
+        free(blob->delta);
+        blob->delta = NULL;
+        return SPES_OK;
+    }
+    blob->delta_base = base;
+    return SPES_OK;
+}
+
 // The bookkeeping from rounds.json (publishing the reloaded aggregates counted them again).
 static void apply_book(Rounds *r, const StateBook *book) {
     r->last_completed_step = book->last_completed_step;
@@ -1207,6 +1370,7 @@ static int restore_state(Rounds *r) {
             AggregateBlob *blob = spes_calloc(1, sizeof *blob);
             rc = blob ? state_read(dir, f, &blob->bytes, &blob->len) : SPES_ERR;
             if (rc == SPES_OK) rc = state_load_included(dir, f->step, r->cfg.agg.num_peers, &blob->included);
+            if (rc == SPES_OK && r->int8) rc = restore_delta(r, blob, f->step);
             if (rc == SPES_OK && blob->len != r->aggregate_len)
                 rc = spes_fail("server state %s: aggregate of step %d has %zu bytes, the model's aggregate %zu (damaged "
                                "state directory?)",
@@ -1214,6 +1378,7 @@ static int restore_state(Rounds *r) {
             if (rc != SPES_OK) {
                 if (blob) free(blob->bytes);
                 if (blob) free(blob->included);
+                if (blob) free(blob->delta);
                 free(blob);
                 break;
             }

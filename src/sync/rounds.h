@@ -72,6 +72,12 @@ typedef struct {
     int refs;                   // the kept list holds one; each download in progress one
     bool *included;             // [P] peers whose uploads are in it; NULL: every peer
     AggregateView *views;       // [2 * (P + 1)] built on first use (rounds_view), NULL until then
+    // int8 runs: bytes is the aggregate as every peer reconstructs it (F32), delta its int8
+    // change against the aggregate of step delta_base (int8_payload.h); NULL for the first
+    // round and after a server restart (peers then download bytes whole).
+    uint8_t *delta;
+    size_t delta_len;
+    int delta_base;
 } AggregateBlob;
 
 typedef struct {
@@ -97,6 +103,10 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out);
 void rounds_close(Rounds *r);
 void rounds_destroy(Rounds *r);
 
+// payload dtype: F32 or BF16 (uploads and aggregates in it), or I8 (an int8 run: uploads are int8
+// deltas against an aggregate the server keeps, or full F32 payloads; the aggregate is kept in
+// F32 and goes down as an int8 delta to peers holding the previous one; docs/communication.md).
+//
 // The cheap half of the handshake: the run settings (peers, peer id, mode, experts per node,
 // payload dtype) against the server's, before the peer's tensor list costs anything.
 grpc_status_code rounds_hello_settings(const Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,

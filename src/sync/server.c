@@ -507,7 +507,7 @@ static void handle_hello(Call *c) {
         log_refusal("hello");
     }
     // The download views this server serves (proto HelloRequest.encodings, docs/communication.md).
-    static char *encodings[] = {ROUNDS_VIEW_OMIT_OWN};
+    static char *encodings[] = {ROUNDS_VIEW_OMIT_OWN, ROUNDS_VIEW_INT8};
     resp.n_encodings = sizeof encodings / sizeof *encodings;
     resp.encodings = encodings;
     resp.chunk_size = (int64_t)c->srv->cfg.chunk_size;

@@ -294,12 +294,38 @@ static char *included_name(int step) {
     return name;
 }
 
+static char *delta_path(const char *dir, int step) {
+    char name[64];
+    snprintf(name, sizeof name, "aggregate_s%d.int8.safetensors", step);
+    return path_join(dir, name);
+}
+
+int state_save_delta(const char *dir, int step, const uint8_t *bytes, size_t len) {
+    char *path = delta_path(dir, step);
+    int rc = path ? file_write_atomic(path, bytes, len) : SPES_ERR;
+    free(path);
+    return rc;
+}
+
+int state_load_delta(const char *dir, int step, uint8_t **bytes, size_t *len) {
+    *bytes = NULL;
+    *len = 0;
+    char *path = delta_path(dir, step);
+    if (!path) return SPES_ERR;
+    int rc = file_exists(path) ? file_read_all(path, bytes, len) : SPES_OK;
+    free(path);
+    return rc;
+}
+
 void state_remove_aggregate(const char *dir, int step) {
     remove_file(dir, &(StateFile){'a', step, -1});
     char *name = included_name(step), *path = name ? path_join(dir, name) : NULL;
     if (path && unlink(path) != 0 && errno != ENOENT) log_warn("server state: cannot remove %s: %s", path, strerror(errno));
     free(path);
     free(name);
+    path = delta_path(dir, step);
+    if (path && unlink(path) != 0 && errno != ENOENT) log_warn("server state: cannot remove %s: %s", path, strerror(errno));
+    free(path);
 }
 
 int state_save_included(const char *dir, int step, const bool *included, int num_peers) {

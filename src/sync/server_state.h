@@ -67,9 +67,15 @@ void state_remove_partial(const char *dir);
 // peer) when there is no such file.
 int state_save_included(const char *dir, int step, const bool *included, int num_peers);
 int state_load_included(const char *dir, int step, int num_peers, bool **included);
+// int8 runs: the int8 delta an aggregate goes down as, "aggregate_s<step>.int8.safetensors",
+// kept and removed with its aggregate, so that a restarted server serves the same bytes (a peer
+// downloading across a restart must get the view it started). state_load_delta sets *bytes
+// NULL when there is none.
+int state_save_delta(const char *dir, int step, const uint8_t *bytes, size_t len);
+int state_load_delta(const char *dir, int step, uint8_t **bytes, size_t *len);
 // Removing is best effort (a leftover is cleaned up at the next start); failures are logged.
 void state_remove_upload(const char *dir, int step, int peer);
-void state_remove_aggregate(const char *dir, int step);   // and its .peers.json
+void state_remove_aggregate(const char *dir, int step);   // and its .peers.json and .int8 delta
 
 // The files present: kind 'u' (upload, peer >= 0) or 'a' (aggregate, peer -1).
 typedef struct {

@@ -285,6 +285,7 @@ int checkpoint_save(const char *save_folder, const Model *m, const AdamW *opt, c
     const float *moments[2] = {opt->m, opt->v};
     if (checkpoint_write_table(files[3], &m->table, true, 2, moments, moment_prefixes) != SPES_OK) goto done;
     if (write_state_json(files[4], state, &m->table, opt->step) != SPES_OK) goto done;
+    if (state->save_extra && state->save_extra(state->save_extra_ctx, tmp) != SPES_OK) goto done;
     if (fsync_dir(tmp) != SPES_OK) goto done;
     if (dir_exists(final)) rc = replace_dir(tmp, final, save_folder);   // re-save of the same step
     else rc = rename_durable(tmp, final);

@@ -31,6 +31,10 @@ typedef struct {
                                 // local weights (train_state.json "synced": false); resume redoes it
     double loss_scale;          // amp_fp16 dynamic loss scale (0: loss scaling off, not written)
     int64_t loss_scale_good_steps;   // finite steps since the scale last changed
+    // More files in the checkpoint (a SPES peer's int8 sync state, spes_peer.h): called with the
+    // step directory being written, before it is made durable. NULL: none. Not saved itself.
+    int (*save_extra)(void *ctx, const char *dir);
+    void *save_extra_ctx;
 } TrainState;
 
 // Writes save_folder/step<state->step>/ atomically (see above). cfg supplies config.yaml.

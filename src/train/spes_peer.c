@@ -1,6 +1,7 @@
 #include "train/spes_peer.h"
 
 #include <errno.h>
+#include <math.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "io/safetensors.h"
 #include "sync/auth.h"
 #include "sync/client.h"
+#include "sync/int8_peer.h"
 #include "sync/model_spec.h"
 
 struct SpesPeer {
@@ -27,6 +29,8 @@ struct SpesPeer {
     volatile sig_atomic_t *stop;    // set by SIGINT/SIGTERM: abandon a sync in flight
     int64_t unsynced_step;      // the step whose round did not complete (-1: none)
     bool client_busy;           // an abandoned round still runs on its thread: keep the client alive
+    bool int8;                  // spes_config.payload_dtype: int8
+    Int8Peer i8;                // its base aggregate and error feedback (set up by spes_peer_connect)
 };
 
 float spes_decayed_factor(int64_t step, int64_t total_steps) {
@@ -66,7 +70,9 @@ int spes_peer_create(const TrainConfig *cfg, SpesPeer **out) {
     cc.num_peers = cfg->num_peers;
     cc.experts_per_node = cfg->num_train_experts_per_node;
     cc.mode = cfg->using_dilico ? SYNC_MODE_FEDAVG : SYNC_MODE_SPES;
-    cc.payload_dtype = cfg->payload_dtype == PAYLOAD_BF16 ? DTYPE_BF16 : DTYPE_F32;
+    cc.payload_dtype = cfg->payload_dtype == PAYLOAD_BF16 ? DTYPE_BF16 : cfg->payload_dtype == PAYLOAD_INT8 ? DTYPE_I8 : DTYPE_F32;
+    p->int8 = cfg->payload_dtype == PAYLOAD_INT8;
+    p->i8.base_step = -1;
     cc.connect_timeout_s = cfg->retry_timeout_s;
     cc.tls_ca = cfg->tls_ca;
     cc.tls_cert = cfg->tls_cert;
@@ -95,6 +101,7 @@ void spes_peer_free(SpesPeer *p) {
     if (p->client && !p->client_busy) sync_client_destroy(p->client);
     free(p->lb_factor);
     free(p->upload);
+    int8_peer_free(&p->i8);
     free(p);
 }
 
@@ -113,6 +120,7 @@ static int load_newest(SpesPeer *p, Model *m, int *newest) {
     snprintf(what, sizeof what, "aggregate of step %d", *newest);
     int rc = spes_load_aggregate(m, bytes, len, what);
     free(bytes);
+    if (rc == SPES_OK && p->int8) rc = int8_peer_set_base(&p->i8, m->params, *newest);
     return rc;
 }
 
@@ -157,6 +165,104 @@ static int take_over(SpesPeer *p, Model *m) {
 
 static int sync_round(SpesPeer *p, Model *m, int64_t step);
 
+#define SYNC_STATE_FILE "spes_sync_state.safetensors"
+
+int spes_peer_save_state(SpesPeer *p, const char *dir) {
+    if (!p->int8 || !p->i8.residual) return SPES_OK;
+    char *path = path_join(dir, SYNC_STATE_FILE);
+    if (!path) return SPES_ERR;
+    StWriteTensor w = {.name = "error_feedback", .dtype = DTYPE_F32, .ndim = 1, .data = p->i8.residual};
+    w.shape[0] = (int64_t)p->i8.sent_total;
+    char base[24];
+    snprintf(base, sizeof base, "%d", p->i8.base_step);
+    const char *keys[] = {"base_step"}, *values[] = {base};
+    int rc = safetensors_write_file(path, &w, 1, keys, values, 1);
+    free(path);
+    return rc;
+}
+
+// A resumed int8 peer: the residual and base step its checkpoint saved (none: zero and -1).
+static int load_sync_state(SpesPeer *p, int64_t start_step, int *base_step) {
+    *base_step = -1;
+    char name[64];
+    snprintf(name, sizeof name, "step%" PRId64, start_step);
+    char *step_dir = path_join(p->cfg->save_folder, name);
+    char *path = step_dir ? path_join(step_dir, SYNC_STATE_FILE) : NULL;
+    free(step_dir);
+    if (!path) return SPES_ERR;
+    if (!file_exists(path)) {
+        log_info("spes peer %d: %s not found; int8 error feedback starts from zero", p->cfg->peer_id, path);
+        free(path);
+        return SPES_OK;
+    }
+    SafeTensors st;
+    int rc = safetensors_open(path, &st);
+    if (rc == SPES_OK) {
+        const StTensor *t = safetensors_find(&st, "error_feedback");
+        const char *base = safetensors_meta(&st, "base_step");
+        char *end = NULL;
+        long b = base ? strtol(base, &end, 10) : -2;
+        if (!t || t->dtype != DTYPE_F32 || t->numel != p->i8.sent_total)
+            rc = spes_fail("%s: 'error_feedback' must be F32 with %zu values (this peer's trainable tensors)", path,
+                           p->i8.sent_total);
+        else if (!base || *end || b < -1 || b > INT32_MAX)
+            rc = spes_fail("%s: __metadata__ base_step must be a step or -1 (got '%s')", path, base ? base : "(none)");
+        else
+            rc = safetensors_to_f32(t, p->i8.residual);
+        for (size_t i = 0; rc == SPES_OK && i < t->numel; i++)
+            if (!isfinite(p->i8.residual[i])) rc = spes_fail("%s: error_feedback is not finite at %zu", path, i);
+        if (rc == SPES_OK) *base_step = (int)b;
+        safetensors_close(&st);
+    }
+    free(path);
+    return rc;
+}
+
+// Fetches the server's aggregate of step whole as the int8 base, leaving the model's weights as
+// they are. A step the server no longer keeps leaves the peer without a base (its next upload
+// is a full payload).
+static int fetch_base(SpesPeer *p, Model *m, int step) {
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    if (sync_client_wait_and_download(p->client, step, &bytes, &len) != SPES_OK) {
+        log_warn("spes peer %d: cannot fetch the aggregate of step %d as the int8 base (%s); the next upload is a "
+                 "full payload",
+                 p->cfg->peer_id, step, spes_last_error());
+        return SPES_OK;
+    }
+    float *own = spes_malloc(m->table.total_numel * sizeof(float) + 1);
+    int rc = own ? SPES_OK : SPES_ERR;
+    char what[64];
+    snprintf(what, sizeof what, "aggregate of step %d (int8 base)", step);
+    if (rc == SPES_OK) memcpy(own, m->params, m->table.total_numel * sizeof(float));
+    if (rc == SPES_OK) rc = spes_load_aggregate(m, bytes, len, what);
+    if (rc == SPES_OK) rc = int8_peer_set_base(&p->i8, m->params, step);
+    if (own) memcpy(m->params, own, m->table.total_numel * sizeof(float));
+    if (own) rc = model_params_to_device(m) == SPES_OK ? rc : SPES_ERR;
+    free(own);
+    free(bytes);
+    if (rc == SPES_OK) log_info("spes peer %d: int8 base: the aggregate of step %d", p->cfg->peer_id, step);
+    return rc;
+}
+
+// int8 runs: the tensor list of the peer's int8 state (uploaded = trainable; own experts).
+static int init_int8(SpesPeer *p, const ParamTable *table) {
+    Int8PeerTensor *x = spes_calloc((size_t)table->count + 1, sizeof *x);
+    if (!x) return SPES_ERR;
+    int m = p->cfg->num_train_experts_per_node;
+    for (int i = 0; i < table->count; i++) {
+        const ParamInfo *e = &table->entries[i];
+        x[i] = (Int8PeerTensor){.name = e->name, .ndim = e->ndim, .numel = e->numel, .offset = e->offset,
+                                .sent = e->trainable,
+                                .own = !p->cfg->using_dilico && e->expert >= 0 && e->expert / m == p->cfg->peer_id};
+        for (int d = 0; d < e->ndim; d++) x[i].shape[d] = e->shape[d];
+    }
+    int8_peer_free(&p->i8);
+    int rc = int8_peer_init(&p->i8, x, table->count, table->total_numel);
+    free(x);
+    return rc;
+}
+
 int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_steps, bool unsynced) {
     p->total_steps = total_steps;
     update_lb_factor(p, start_step);
@@ -186,6 +292,9 @@ int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_s
         for (int d = 0; d < e->ndim; d++) t->shape[d] = e->shape[d];
         t->data = m->params + e->offset;
     }
+    int saved_base = -1;
+    if (p->int8) SPES_TRY(init_int8(p, table));
+    if (p->int8 && start_step > 0) SPES_TRY(load_sync_state(p, start_step, &saved_base));
     log_info("spes peer %d/%d: connected to %s, uploading %d trainable tensors every %" PRId64 " steps (%s)",
              p->cfg->peer_id, p->cfg->num_peers, p->cfg->server_addr, p->n_upload, p->cfg->sync_steps,
              p->cfg->using_dilico ? "fedavg" : "spes");
@@ -198,11 +307,15 @@ int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_s
         log_warn("spes peer %d: resumed at step %" PRId64 " from a checkpoint that was not synced; redoing the sync of "
                  "step %" PRId64,
                  p->cfg->peer_id, start_step, start_step);
+        if (saved_base >= 0) SPES_TRY(fetch_base(p, m, saved_base));
         SPES_TRY(sync_round(p, m, start_step));
         log_info("spes peer %d: the sync of step %" PRId64 " is done; rejoined the run", p->cfg->peer_id, start_step);
         return SPES_OK;
     }
-    return start_step > 0 ? rejoin(p, m, start_step) : SPES_OK;
+    if (start_step > 0) SPES_TRY(rejoin(p, m, start_step));
+    // Not moved on by a newer aggregate: the int8 base is the one the checkpoint's state was against.
+    if (p->int8 && start_step > 0 && p->i8.base_step < 0 && saved_base >= 0) SPES_TRY(fetch_base(p, m, saved_base));
+    return SPES_OK;
 }
 
 // Loads an aggregate into the model's parameters. own_peer >= 0: the download left out that
@@ -297,6 +410,7 @@ typedef struct {
     size_t payload_len, len;
     int64_t loaded;             // step of the aggregate in bytes
     SyncDownload got;           // which view of it
+    int delta_base;             // int8 runs: the aggregate the peer holds (-1: none)
     int rc;
     char error[1024];
     pthread_mutex_t mu;
@@ -317,7 +431,7 @@ static void *round_thread(void *arg) {
     int rc = sync_client_upload_bytes(j->client, j->step, j->payload, j->payload_len);
     j->loaded = j->step;
     if (rc == SPES_OK) {
-        rc = sync_client_wait_and_download_view(j->client, j->step, &j->bytes, &j->len, &j->got);
+        rc = sync_client_wait_and_download_view(j->client, j->step, j->delta_base, &j->bytes, &j->len, &j->got);
     } else if (sync_client_last_status(j->client) == GRPC_STATUS_ABORTED) {
         // Too late: the round closed without us (round timeout). Take the newest aggregate and carry on.
         log_warn("sync step %d: %s", j->step, spes_last_error());
@@ -353,7 +467,8 @@ static int run_round(SpesPeer *p, int step, uint8_t *payload, size_t payload_len
         free(payload);
         return SPES_ERR;
     }
-    *j = (RoundJob){.client = p->client, .step = step, .payload = payload, .payload_len = payload_len};
+    *j = (RoundJob){.client = p->client, .step = step, .payload = payload, .payload_len = payload_len,
+                    .delta_base = p->int8 ? p->i8.base_step : -1};
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     pthread_t thread;
@@ -393,6 +508,35 @@ static int run_round(SpesPeer *p, int step, uint8_t *payload, size_t payload_len
     return rc;
 }
 
+// The upload of `step`: the trainable tensors in the payload dtype, or in an int8 run with a
+// base, their int8 delta with error feedback (*delta true).
+static int build_payload(SpesPeer *p, Model *m, uint8_t **payload, size_t *len, bool *delta) {
+    *delta = p->int8 && p->i8.base_step >= 0;
+    if (*delta) return int8_peer_encode(&p->i8, m->params, payload, len);
+    SPES_TRY(sync_client_serialize(p->client, p->upload, p->n_upload, payload, len));
+    if (p->int8) int8_peer_sent_full(&p->i8, m->params);   // full F32: the server holds our values exactly
+    return SPES_OK;
+}
+
+// Loads what came down for the round: a whole aggregate, one without our own experts, or in an
+// int8 run an int8 delta against our base. In an int8 run the result becomes the new base.
+static int load_download(SpesPeer *p, Model *m, const uint8_t *bytes, size_t len, const SyncDownload *got,
+                         int64_t loaded) {
+    char what[64];
+    snprintf(what, sizeof what, "aggregate of step %" PRId64, loaded);
+    if (got->int8_delta) {
+        SafeTensors st;
+        SPES_TRY(safetensors_parse(bytes, len, what, &st));
+        int rc = int8_peer_apply_delta(&p->i8, &st, got->own_experts_omitted, (int)loaded, m->params, what);
+        safetensors_close(&st);
+        SPES_TRY(rc);
+        return model_params_to_device(m);
+    }
+    SPES_TRY(load_aggregate(m, bytes, len, what, got->own_experts_omitted ? p->cfg->peer_id : -1,
+                            p->cfg->num_train_experts_per_node, p->cfg->payload_dtype == PAYLOAD_BF16));
+    return p->int8 ? int8_peer_set_base(&p->i8, m->params, (int)loaded) : SPES_OK;
+}
+
 // Upload the trainable tensors for `step`, wait for the aggregate, load it. On failure the model
 // still holds the local weights of `step` (the aggregate is validated before it is loaded).
 static int sync_round(SpesPeer *p, Model *m, int64_t step) {
@@ -401,28 +545,36 @@ static int sync_round(SpesPeer *p, Model *m, int64_t step) {
     size_t payload_len = 0, len = 0;
     int64_t loaded = step;
     SyncDownload got = {0};
+    bool delta = false;
     // Serialised here, on the training thread: an abandoned round's thread never touches the model.
     int rc = model_params_to_host(m);   // the upload points into the host parameters
-    if (rc == SPES_OK) rc = sync_client_serialize(p->client, p->upload, p->n_upload, &payload, &payload_len);
+    if (rc == SPES_OK) rc = build_payload(p, m, &payload, &payload_len, &delta);
     if (rc == SPES_OK) rc = audit_log(p, "up", step, payload, payload_len);
     if (rc == SPES_OK) {
         rc = run_round(p, (int)step, payload, payload_len, &bytes, &len, &loaded, &got);
         payload = NULL;
     }
+    if (rc != SPES_OK && delta && sync_client_last_status(p->client) == GRPC_STATUS_FAILED_PRECONDITION) {
+        // Our base is no longer kept by the server (a restart, or we fell behind): send everything.
+        log_warn("sync step %" PRId64 ": %s; uploading a full payload instead", step, spes_last_error());
+        p->i8.base_step = -1;
+        rc = build_payload(p, m, &payload, &payload_len, &delta);
+        if (rc == SPES_OK) rc = audit_log(p, "up", step, payload, payload_len);
+        if (rc == SPES_OK) rc = run_round(p, (int)step, payload, payload_len, &bytes, &len, &loaded, &got);
+        payload = NULL;
+    }
     free(payload);
-    if (rc == SPES_OK && !got.own_experts_omitted) rc = audit_log(p, "down", step, bytes, len);
-    char what[64];
-    snprintf(what, sizeof what, "aggregate of step %" PRId64, loaded);
-    if (rc == SPES_OK)
-        rc = load_aggregate(m, bytes, len, what, got.own_experts_omitted ? p->cfg->peer_id : -1,
-                            p->cfg->num_train_experts_per_node, p->cfg->payload_dtype == PAYLOAD_BF16);
+    bool whole = !got.own_experts_omitted && !got.int8_delta;
+    if (rc == SPES_OK && whole) rc = audit_log(p, "down", step, bytes, len);
+    if (rc == SPES_OK) rc = load_download(p, m, bytes, len, &got, loaded);
     free(bytes);
-    if (rc == SPES_OK && got.own_experts_omitted) rc = audit_model(p, m, "down", step);
+    if (rc == SPES_OK && !whole) rc = audit_model(p, m, "down", step);
+    if (rc == SPES_OK && p->int8 && loaded == step) int8_peer_commit(&p->i8);   // the round took our upload
     SPES_TRY(rc);
     const SyncStats *s = sync_client_stats(p->client);
-    log_info("sync step %" PRId64 ": %.2fs total (upload %.2fs, wait %.2fs, download %.2fs), up %.2f MB, down %.2f MB",
+    log_info("sync step %" PRId64 ": %.2fs total (upload %.2fs, wait %.2fs, download %.2fs), up %.2f MB, down %.2f MB%s%s",
              step, now_seconds() - start, s->upload_s, s->wait_s, s->download_s, (double)s->bytes_up / 1e6,
-             (double)s->bytes_down / 1e6);
+             (double)s->bytes_down / 1e6, got.view[0] ? ", view " : "", got.view);
     return SPES_OK;
 }
 

@@ -39,6 +39,14 @@ void spes_peer_set_stop_flag(SpesPeer *p, volatile sig_atomic_t *stop);
 // The step whose sync failed or was abandoned, -1 when every round so far completed.
 int64_t spes_peer_unsynced_step(const SpesPeer *p);
 
+// int8 runs (spes_config.payload_dtype: int8): writes the peer's sync state into a checkpoint
+// directory being saved, DIR/spes_sync_state.safetensors: the error-feedback residual of the
+// uploaded tensors ("error_feedback", F32) and the step of the aggregate it is relative to
+// (__metadata__ "base_step"). spes_peer_connect reads it back from save_folder/step<start_step>
+// and fetches that aggregate from the server as its base, so that a resumed run sends the same
+// bytes as an uninterrupted one. Other runs: nothing written.
+int spes_peer_save_state(SpesPeer *p, const char *dir);
+
 // c(t) = 0.7 + 0.3 * t / (0.2 * T) for t < 0.2 * T, then 1 (DESIGN.md).
 float spes_decayed_factor(int64_t step, int64_t total_steps);
 // Loads every tensor of an aggregate (safetensors bytes, F32 or BF16) into the model's

@@ -56,6 +56,11 @@ void spes_ranks_set_stop_flag(SpesRanks *r, volatile sig_atomic_t *stop) {
     if (r->peer) spes_peer_set_stop_flag(r->peer, stop);
 }
 
+int spes_ranks_save_state(void *ctx, const char *dir) {
+    SpesRanks *r = ctx;
+    return r->peer ? spes_peer_save_state(r->peer, dir) : SPES_OK;
+}
+
 int64_t spes_ranks_unsynced_step(const SpesRanks *r) {
     return r->peer ? spes_peer_unsynced_step(r->peer) : r->unsynced_step;
 }

@@ -24,5 +24,7 @@ void spes_ranks_set_stop_flag(SpesRanks *r, volatile sig_atomic_t *stop);
 int spes_ranks_connect(SpesRanks *r, Model *m, int64_t start_step, int64_t total_steps, bool unsynced);
 // TrainerAfterStep (ctx = SpesRanks): every rank calls it.
 int spes_ranks_after_step(void *ctx, Model *m, int64_t step);
+// TrainState.save_extra (ctx = SpesRanks): rank 0's spes_peer_save_state (rank 0 saves checkpoints).
+int spes_ranks_save_state(void *ctx, const char *dir);
 // As spes_peer_unsynced_step, the same on every rank.
 int64_t spes_ranks_unsynced_step(const SpesRanks *r);

@@ -20,6 +20,7 @@ reliability_server() {
 
 # Starts peer <peer> of 4 (1 expert each) in the background; sets $last_pid.
 # usage: reliability_peer <peer> <port> <steps> <save_folder> <log> [save_interval] [extra args...]
+# $RELIABILITY_PEER_ARGS (e.g. --spes_config.payload_dtype=int8) is added to every peer.
 reliability_peer() {
   local peer=$1 port=$2 steps=$3 save=$4 log=$5 interval=${6:-$3}
   shift 6 2>/dev/null || shift $#
@@ -30,7 +31,7 @@ reliability_peer() {
     --spes_config.server_addr=127.0.0.1:$port \
     --max_duration=$steps --scheduler.t_warmup=2 --global_train_batch_size=4 --device_train_microbatch_size=4 \
     --save_folder="$save" --save_interval_unsharded=$interval --save_num_unsharded_checkpoints_to_keep=-1 \
-    --eval_interval=1000 --try_load_latest_save=false --threads=1 "$@" >"$log" 2>&1 &
+    --eval_interval=1000 --try_load_latest_save=false --threads=1 ${RELIABILITY_PEER_ARGS:-} "$@" >"$log" 2>&1 &
   last_pid=$!
 }
 

@@ -1,0 +1,142 @@
+// The peer's side of an int8 run (see int8_peer.h).
+#include "sync/int8_peer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "sync/int8_codec.h"
+#include "sync/int8_payload.h"
+
+int int8_peer_init(Int8Peer *p, const Int8PeerTensor *tensors, int count, size_t total) {
+    memset(p, 0, sizeof *p);
+    p->base_step = -1;
+    p->count = count;
+    p->total = total;
+    p->tensors = spes_calloc((size_t)count + 1, sizeof *p->tensors);
+    p->sent_at = spes_calloc((size_t)count + 1, sizeof *p->sent_at);
+    p->base = spes_calloc(total + 1, sizeof(float));
+    if (!p->tensors || !p->sent_at || !p->base) {
+        int8_peer_free(p);
+        return SPES_ERR;
+    }
+    memcpy(p->tensors, tensors, (size_t)count * sizeof *tensors);
+    for (int t = 0; t < count; t++) {
+        if (tensors[t].offset + tensors[t].numel > total) {
+            int8_peer_free(p);
+            return spes_fail("int8 peer: tensor '%s' lies outside the parameters", tensors[t].name);
+        }
+        p->sent_at[t] = p->sent_total;
+        if (tensors[t].sent) p->sent_total += tensors[t].numel;
+    }
+    p->residual = spes_calloc(p->sent_total + 1, sizeof(float));
+    p->residual_next = spes_calloc(p->sent_total + 1, sizeof(float));
+    p->sent = spes_calloc(p->sent_total + 1, sizeof(float));
+    if (!p->residual || !p->residual_next || !p->sent) {
+        int8_peer_free(p);
+        return SPES_ERR;
+    }
+    return SPES_OK;
+}
+
+void int8_peer_free(Int8Peer *p) {
+    free(p->tensors);
+    free(p->sent_at);
+    free(p->base);
+    free(p->residual);
+    free(p->residual_next);
+    free(p->sent);
+    memset(p, 0, sizeof *p);
+    p->base_step = -1;
+}
+
+int int8_peer_encode(Int8Peer *p, const float *params, uint8_t **bytes, size_t *len) {
+    if (p->base_step < 0) return spes_fail("int8 peer: no base aggregate to encode a delta against");
+    size_t blocks = 0;
+    int n = 0;
+    for (int t = 0; t < p->count; t++)
+        if (p->tensors[t].sent) blocks += int8_blocks(p->tensors[t].numel), n++;
+    int8_t *q = spes_malloc(p->sent_total + 1);
+    float *scales = spes_malloc((blocks + 1) * sizeof(float));
+    Int8Tensor *w = spes_calloc((size_t)n + 1, sizeof *w);
+    int rc = q && scales && w ? SPES_OK : SPES_ERR;
+    size_t block_at = 0;
+    n = 0;
+    for (int t = 0; rc == SPES_OK && t < p->count; t++) {
+        const Int8PeerTensor *x = &p->tensors[t];
+        if (!x->sent) continue;
+        size_t at = p->sent_at[t];
+        const float *b = p->base + x->offset;
+        memcpy(p->residual_next + at, p->residual + at, x->numel * sizeof(float));
+        int8_encode_feedback(params + x->offset, b, p->residual_next + at, x->numel, q + at, scales + block_at);
+        int8_reconstruct(b, q + at, scales + block_at, x->numel, p->sent + at);
+        w[n] = (Int8Tensor){.name = x->name, .ndim = x->ndim, .numel = x->numel, .q = q + at, .scale = scales + block_at};
+        memcpy(w[n++].shape, x->shape, sizeof x->shape);
+        block_at += int8_blocks(x->numel);
+    }
+    if (rc == SPES_OK) rc = int8_payload_serialize(w, n, p->base_step, bytes, len);
+    free(q);
+    free(scales);
+    free(w);
+    return rc;
+}
+
+void int8_peer_sent_full(Int8Peer *p, const float *params) {
+    for (int t = 0; t < p->count; t++) {
+        const Int8PeerTensor *x = &p->tensors[t];
+        if (!x->sent) continue;
+        memcpy(p->sent + p->sent_at[t], params + x->offset, x->numel * sizeof(float));
+        memset(p->residual_next + p->sent_at[t], 0, x->numel * sizeof(float));   // nothing was lost
+    }
+}
+
+void int8_peer_commit(Int8Peer *p) { memcpy(p->residual, p->residual_next, p->sent_total * sizeof(float)); }
+
+int int8_peer_apply_delta(Int8Peer *p, const SafeTensors *st, bool own_omitted, int step, float *params,
+                          const char *what) {
+    size_t largest = 1;
+    int expected = 0;
+    for (int t = 0; t < p->count; t++) {
+        if (p->tensors[t].numel > largest) largest = p->tensors[t].numel;
+        expected += own_omitted && p->tensors[t].own ? 0 : 2;
+    }
+    float *scratch = spes_malloc(largest * sizeof(float)), *scales = spes_malloc(int8_blocks(largest) * sizeof(float));
+    int8_t *q = spes_malloc(largest);
+    int rc = scratch && scales && q ? SPES_OK : SPES_ERR;
+    if (rc == SPES_OK && st->count != expected)
+        rc = spes_fail("%s: %d tensors in the int8 delta, expected %d", what, st->count, expected);
+    // Decoded into the base in place: a failure part way drops the base (the next round sends a
+    // full payload and downloads the whole aggregate); params are written only at the end.
+    for (int t = 0; rc == SPES_OK && t < p->count; t++) {
+        const Int8PeerTensor *x = &p->tensors[t];
+        float *b = p->base + x->offset;
+        if (own_omitted && x->own) {
+            // The server's aggregate of an own expert is our upload as it reconstructed it (sent);
+            // its change against the base went down encoded like every other tensor.
+            if (!x->sent) rc = spes_fail("%s: own expert '%s' left out, but this peer does not train it", what, x->name);
+            else {
+                int8_encode_change(p->sent + p->sent_at[t], b, x->numel, q, scales, scratch);
+                int8_reconstruct(b, q, scales, x->numel, b);
+            }
+        } else {
+            rc = int8_payload_decode(st, what, x->name, x->ndim, x->shape, x->numel, b, b, scales);
+        }
+    }
+    if (rc == SPES_OK) {
+        memcpy(params, p->base, p->total * sizeof(float));
+        p->base_step = step;
+    } else {
+        p->base_step = -1;
+    }
+    free(scratch);
+    free(scales);
+    free(q);
+    return rc;
+}
+
+int int8_peer_set_base(Int8Peer *p, const float *params, int step) {
+    memcpy(p->base, params, p->total * sizeof(float));
+    p->base_step = step;
+    return SPES_OK;
+}

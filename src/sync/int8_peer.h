@@ -1,0 +1,56 @@
+// The peer's side of an int8 run (spes_config.payload_dtype: int8, docs/communication.md), on a
+// flat float32 parameter buffer described by a tensor list (no model types here):
+//   base      the aggregate of base_step, exactly as the server holds it (-1: none yet);
+//   residual  error feedback over the uploaded tensors (what rounding lost, sent next round).
+// A round: int8_peer_encode (or, without a base, a full F32 upload and int8_peer_sent_full),
+// then after the download int8_peer_apply_delta (an int8 delta view) or int8_peer_set_base (a
+// whole F32 aggregate), then int8_peer_commit when the server took the upload.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "io/safetensors.h"
+
+typedef struct {
+    const char *name;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    size_t numel;
+    size_t offset;              // into the parameter buffer (floats)
+    bool sent;                  // uploaded by this peer (trainable)
+    bool own;                   // one of this peer's own experts (downloads may leave it out)
+} Int8PeerTensor;
+
+typedef struct {
+    Int8PeerTensor *tensors;    // copied
+    int count;
+    size_t total;               // floats in the parameter buffer
+    float *base;                // [total]
+    int base_step;              // -1: no base
+    size_t sent_total;          // floats of the uploaded tensors
+    size_t *sent_at;            // [count] offset of tensor t in residual/sent (uploaded ones)
+    float *residual;            // [sent_total] error feedback carried into the next upload
+    float *residual_next;       // [sent_total] the residual after the upload in flight
+    float *sent;                // [sent_total] the upload as the server reconstructs it
+} Int8Peer;
+
+int int8_peer_init(Int8Peer *p, const Int8PeerTensor *tensors, int count, size_t total);
+void int8_peer_free(Int8Peer *p);
+
+// The upload of params as an int8 delta against the base (base_step >= 0), with error
+// feedback: safetensors bytes (malloc'd).
+int int8_peer_encode(Int8Peer *p, const float *params, uint8_t **bytes, size_t *len);
+// The upload went as a full F32 payload (no base): the server holds params exactly.
+void int8_peer_sent_full(Int8Peer *p, const float *params);
+// The upload was taken: its residual becomes the one carried forward.
+void int8_peer_commit(Int8Peer *p);
+
+// Applies an int8 delta view of the aggregate of `step` (against base_step) to the base: every
+// tensor decoded and checked (int8_payload_decode), own experts (when own_omitted) completed as
+// the server computed them from our upload. On success the base is the new aggregate and is
+// copied into params; on failure params are untouched and the base is dropped (base_step -1).
+int int8_peer_apply_delta(Int8Peer *p, const SafeTensors *st, bool own_omitted, int step, float *params,
+                          const char *what);
+// params hold a whole aggregate of step (loaded as F32): it becomes the base.
+int int8_peer_set_base(Int8Peer *p, const float *params, int step);

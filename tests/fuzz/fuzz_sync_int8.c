@@ -1,0 +1,129 @@
+// libFuzzer harness: hostile int8 delta payloads (docs/communication.md) on both sides.
+//  - server: an int8 run whose first round (step 2, full F32 uploads) is the base; the bytes
+//    are peer 0's upload for step 4 (bad scales, NaN/Inf, -128, wrong block counts, missing or
+//    extra tensors, bad metadata, truncation must be refused; an accepted one must aggregate);
+//  - peer: the bytes as an int8 delta download applied to a peer's base (refused, or a finite
+//    aggregate).
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "sync/int8_peer.h"
+#include "sync/rounds.h"
+
+// embed [6,4]; layers 0..1: router [4,4] and experts 0..3 with gate/up [3,4], down [4,3]; lm_head [6,4].
+static int build_spec(ModelSpec *spec) {
+    model_spec_init(spec);
+    int64_t embed[2] = {6, 4}, router[2] = {4, 4}, gate[2] = {3, 4}, down[2] = {4, 3};
+    static const char *proj[3] = {"gate", "up", "down"};
+    char name[128];
+    if (model_spec_add(spec, "model.embed_tokens.weight", DTYPE_F32, 2, embed)) return -1;
+    for (int l = 0; l < 2; l++) {
+        snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", l);
+        if (model_spec_add(spec, name, DTYPE_F32, 2, router)) return -1;
+        for (int e = 0; e < 4; e++)
+            for (int p = 0; p < 3; p++) {
+                snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s_proj.weight", l, e, proj[p]);
+                if (model_spec_add(spec, name, DTYPE_F32, 2, p == 2 ? down : gate)) return -1;
+            }
+    }
+    if (model_spec_add(spec, "lm_head.weight", DTYPE_F32, 2, embed)) return -1;
+    return model_spec_finish(spec);
+}
+
+// Peer p's full F32 upload (shared tensors + its experts), all values v.
+static int full_upload(const ModelSpec *spec, int peer, float v, uint8_t **bytes, size_t *len) {
+    static float values[64];
+    for (int i = 0; i < 64; i++) values[i] = v;
+    StWriteTensor w[64];
+    int n = 0;
+    for (int t = 0; t < spec->count; t++) {
+        if (!model_spec_peer_sends(spec, SYNC_MODE_SPES, 2, peer, t)) continue;
+        w[n] = (StWriteTensor){.name = spec->tensors[t].name, .dtype = DTYPE_F32, .ndim = 2, .data = values};
+        memcpy(w[n].shape, spec->tensors[t].shape, sizeof w[n].shape);
+        n++;
+    }
+    return safetensors_serialize(w, n, NULL, NULL, 0, bytes, len);
+}
+
+// An int8 run with step 2 aggregated from full uploads.
+static Rounds *make_rounds(const ModelSpec *spec) {
+    RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 2},
+                        .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2};
+    Rounds *r = NULL;
+    ModelSpec hello;
+    int last;
+    if (rounds_create(&cfg, &r) != 0 || build_spec(&hello) != 0 ||
+        rounds_hello(r, 0, 2, 2, SYNC_MODE_SPES, DTYPE_I8, &hello, &last) != GRPC_STATUS_OK)
+        abort();
+    model_spec_free(&hello);
+    for (int p = 0; p < 2; p++) {
+        uint8_t *bytes;
+        size_t len;
+        if (full_upload(spec, p, 0.25f * (float)(p + 1), &bytes, &len) != 0 ||
+            rounds_upload(r, p, 2, bytes, len) != GRPC_STATUS_OK)
+            abort();
+    }
+    return r;
+}
+
+static uint8_t *copy_of(const uint8_t *data, size_t size) {
+    uint8_t *copy = malloc(size ? size : 1);
+    if (size) memcpy(copy, data, size);
+    return copy;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static Rounds *r = NULL;
+    static ModelSpec spec;
+    static Int8Peer peer;
+    static float *params;
+    if (!r) {
+        log_set_level(LOG_ERROR);
+        if (build_spec(&spec) != 0) abort();
+        r = make_rounds(&spec);
+        Int8PeerTensor x[64];
+        size_t at = 0;
+        for (int t = 0; t < spec.count; t++) {
+            const SpecTensor *s = &spec.tensors[t];
+            x[t] = (Int8PeerTensor){.name = s->name, .ndim = s->ndim, .numel = s->numel, .offset = at,
+                                    .sent = model_spec_peer_sends(&spec, SYNC_MODE_SPES, 2, 0, t),
+                                    .own = s->expert >= 0 && s->expert / 2 == 0};
+            memcpy(x[t].shape, s->shape, sizeof x[t].shape);
+            at += s->numel;
+        }
+        params = calloc(spec.total_numel, sizeof(float));
+        if (!params || int8_peer_init(&peer, x, spec.count, spec.total_numel) != 0) abort();
+    }
+    // Server side.
+    if (rounds_upload(r, 0, 4, copy_of(data, size), size) == GRPC_STATUS_OK) {
+        uint8_t *bytes;
+        size_t len;
+        if (full_upload(&spec, 1, 0.5f, &bytes, &len) != 0 || rounds_upload(r, 1, 4, bytes, len) != GRPC_STATUS_OK)
+            abort();   // a valid upload completing an accepted round must aggregate
+        AggregateBlob *blob;
+        if (rounds_get(r, 4, 0, &blob) != GRPC_STATUS_OK || !blob) abort();
+        const float *v = (const float *)(blob->bytes + blob->len - spec.total_numel * sizeof(float));
+        for (size_t i = 0; i < spec.total_numel; i++)
+            if (!isfinite(v[i])) abort();
+        rounds_release(r, blob);
+        rounds_destroy(r);
+        r = make_rounds(&spec);   // step 4 is taken: start again from the base
+    }
+    // Peer side: the bytes as the int8 delta of step 4 against base step 2.
+    SafeTensors st;
+    if (safetensors_parse(data, size, "fuzz download", &st) == 0) {
+        for (int omitted = 0; omitted < 2; omitted++) {
+            int8_peer_set_base(&peer, params, 2);
+            if (int8_peer_apply_delta(&peer, &st, omitted, 4, params, "fuzz download") == 0)
+                for (size_t i = 0; i < spec.total_numel; i++)
+                    if (!isfinite(params[i])) abort();
+            memset(params, 0, spec.total_numel * sizeof(float));
+        }
+        safetensors_close(&st);
+    }
+    return 0;
+}

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# int8 delta payloads end to end (spes_config.payload_dtype: int8, docs/communication.md): a
+# parameter server with a state dir and 4 `spes train` peers, 5 sync rounds (steps 2..10,
+# expert merging on step 4 and 8). Checked:
+#  - after every sync all peers hold byte-identical weights, equal to the aggregate they
+#    reconstructed, and equal to the server's own aggregate (its state dir): the server
+#    reconstructs exactly what the peers reconstruct;
+#  - the first round goes whole (no base yet); later rounds go down as int8 deltas, without
+#    the peer's own experts except on merge steps, and come up as int8 deltas;
+#  - the server's aggregate of a round is the mean / ownership of the peers' uploads as
+#    reconstructed from their int8 deltas (numpy, from the audit logs).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SPES=${SPES_BIN:-build/spes}
+DATA=${SPES_TEST_DATA:-../shared/data}
+[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
+[ -x "${SPES_VENV_PY:-}" ] || { echo "SKIPPED: no test virtualenv (make venv)"; exit 77; }
+
+dir=$(mktemp -d)
+server_pid=""
+cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
+trap cleanup EXIT
+
+. tests/integration/lib/reliability.sh
+reliability_data
+
+reliability_server --state_dir "$dir/state" --keep_steps 10 --merge_interval 4 --merge_alpha_start 0.5 \
+  --merge_decay_steps 100 --merge_topk 2
+
+mkdir -p "$dir/sync"
+pids=()
+export SPES_SYNC_LOG_DIR="$dir/sync"
+for peer in 0 1 2 3; do
+  reliability_peer $peer "$port" 10 "$dir/peer$peer" "$dir/peer$peer.log" 2 --spes_config.payload_dtype=int8
+  pids+=("$last_pid")
+done
+status=0
+for i in 0 1 2 3; do wait "${pids[$i]}" || { echo "peer $i failed:"; tail -20 "$dir/peer$i.log"; status=1; }; done
+[ $status -eq 0 ] || { echo "server log:"; tail -20 "$dir/server.log"; exit 1; }
+
+peers_match_aggregate "$dir" 4 2 4 6 8 10
+for step in 2 4 6 8 10; do
+  cmp -s "$dir/state/aggregate_s$step.safetensors" "$dir/sync/down_s${step}_p0.safetensors" ||
+    { echo "step $step: the server's aggregate differs from the one the peers reconstructed"; exit 1; }
+done
+echo "server and peers hold byte-identical aggregates at every step"
+
+view() { sed -n "s/^.*sync step $1: .*MB\(, view \(.*\)\)\{0,1\}$/\2/p" "$dir/peer$2.log"; }
+for peer in 0 1 2 3; do
+  [ "$(view 2 $peer)" = "" ] || { echo "peer $peer step 2: expected the whole aggregate, got '$(view 2 $peer)'"; exit 1; }
+  for step in 4 8; do
+    [ "$(view $step $peer)" = "int8-delta" ] || { echo "peer $peer step $step (merge): got '$(view $step $peer)'"; exit 1; }
+  done
+  for step in 6 10; do
+    [ "$(view $step $peer)" = "int8-delta+omit-own-experts" ] ||
+      { echo "peer $peer step $step: got '$(view $step $peer)'"; exit 1; }
+  done
+done
+grep "sync step" "$dir/peer0.log" | sed 's/^.*sync step/  sync step/'
+
+"$SPES_VENV_PY" - "$dir" <<'PY'
+# The aggregate of a round without merging, recomputed from the peers' int8 uploads: upload of
+# peer p = previous aggregate + q * scale (float32), shared tensors the fp32 mean in peer order,
+# experts their owner's; the server then sends (and everyone holds) previous + int8 of the change.
+import re, sys, numpy as np
+from safetensors.numpy import load_file
+from safetensors import safe_open
+d = sys.argv[1]
+for step, prev in ((6, 4), (10, 8)):
+    base = load_file(f"{d}/sync/down_s{prev}_p0.safetensors")
+    agg = load_file(f"{d}/sync/down_s{step}_p0.safetensors")
+    ups = []
+    for p in range(4):
+        with safe_open(f"{d}/sync/up_s{step}_p{p}.safetensors", "numpy") as f:
+            meta = f.metadata()
+            assert meta["spes_encoding"] == "int8-delta" and meta["spes_base_step"] == str(prev), meta
+            u = {}
+            for k in f.keys():
+                if k.endswith(".scale"): continue
+                q = f.get_tensor(k).astype(np.float32).ravel()
+                s = np.repeat(f.get_tensor(k + ".scale"), 256)[: q.size]
+                u[k] = (base[k].ravel() + q * s).astype(np.float32).reshape(base[k].shape)
+            ups.append(u)
+    for k in agg:
+        m = re.match(r"model\.layers\.\d+\.mlp\.experts\.(\d+)\.", k)
+        a = ups[int(m.group(1))][k] if m else ((ups[0][k] + ups[1][k]) + ups[2][k] + ups[3][k]) / np.float32(4)
+        change = (a - base[k]).ravel()
+        blocks = np.pad(change, (0, -change.size % 256)).reshape(-1, 256)
+        scale = (np.abs(blocks).max(axis=1) / np.float32(127)).astype(np.float32)
+        q = np.clip(np.rint(np.divide(blocks, scale[:, None], out=np.zeros_like(blocks), where=scale[:, None] > 0)), -127, 127)
+        want = (base[k].ravel() + (q * scale[:, None]).ravel()[: change.size]).astype(np.float32)
+        assert np.array_equal(want, agg[k].ravel()), f"step {step}: {k} is not prev + int8(mean of uploads - prev)"
+    print(f"step {step}: {len(agg)} tensors = previous + int8 change of the aggregate of the int8 uploads")
+PY
+echo "sync int8 e2e: all checks passed"

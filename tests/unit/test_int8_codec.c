@@ -1,0 +1,349 @@
+// int8 delta codec (int8_codec.h, int8_payload.h, int8_peer.h) and the int8 rounds of the
+// server: round trips, rounding, the error-feedback bound, hostile payloads refused with the
+// reason, and exactness: what the server holds after an int8 round is bit for bit what a peer
+// reconstructs from its download (with and without its own experts in it).
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include "base/rng.h"
+#include "sync/int8_codec.h"
+#include "sync/int8_payload.h"
+#include "sync/int8_peer.h"
+#include "sync/rounds.h"
+#include "sync_test_model.h"
+
+static void test_round_trip_and_bound(void **state) {
+    (void)state;
+    Rng rng;
+    rng_seed(&rng, 7);
+    size_t sizes[] = {0, 1, 255, 256, 257, 1000};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        size_t n = sizes[k];
+        float *d = malloc((n + 1) * sizeof(float)), *out = malloc((n + 1) * sizeof(float));
+        float *zero = calloc(n + 1, sizeof(float)), *scale = malloc((int8_blocks(n) + 1) * sizeof(float));
+        int8_t *q = malloc(n + 1);
+        for (size_t i = 0; i < n; i++) d[i] = (float)((rng_uniform(&rng) - 0.5) * pow(10.0, (double)(i % 7) - 4));
+        for (size_t i = 256; i < n && i < 512; i++) d[i] = 0.0f;   // an all-zero block: scale 0
+        int8_encode(d, n, q, scale);
+        int8_reconstruct(zero, q, scale, n, out);
+        for (size_t b = 0; b < int8_blocks(n); b++) {
+            float maxabs = 0;
+            for (size_t i = b * INT8_BLOCK; i < n && i < (b + 1) * INT8_BLOCK; i++) maxabs = fmaxf(maxabs, fabsf(d[i]));
+            assert_true(scale[b] == maxabs / 127.0f);
+        }
+        for (size_t i = 0; i < n; i++) {
+            float s = scale[i / INT8_BLOCK];
+            assert_true(q[i] >= -127 && q[i] <= 127);
+            assert_true(fabsf(out[i] - d[i]) <= 0.5f * s * 1.0001f);
+        }
+        size_t where;
+        const char *why;
+        assert_true(int8_check(q, scale, n, &where, &why));
+        free(d), free(out), free(zero), free(scale), free(q);
+    }
+}
+
+static void test_rounding_ties_to_even(void **state) {
+    (void)state;
+    float d[6] = {127.0f, 0.5f, 1.5f, 2.5f, -0.5f, -126.5f}, scale;
+    int8_t q[6];
+    int8_encode(d, 6, q, &scale);
+    assert_true(scale == 1.0f);
+    int8_t want[6] = {127, 0, 2, 2, 0, -126};
+    assert_memory_equal(q, want, sizeof want);
+}
+
+// A value too small for its block's scale is lost without error feedback but arrives over
+// rounds with it: the sum of what was sent never drifts more than half a step from the truth.
+static void test_error_feedback_carries_what_rounding_lost(void **state) {
+    (void)state;
+    enum { N = 300, ROUNDS = 50 };
+    float base[N] = {0}, w[N], residual[N] = {0}, scale[2], sent_sum[N] = {0}, step[N];
+    int8_t q[N];
+    for (int i = 0; i < N; i++) w[i] = i == 0 ? 127.0f : 0.3f;   // block 0: scale 1; 0.3 rounds to 0
+    for (int r = 0; r < ROUNDS; r++) {
+        int8_encode_feedback(w, base, residual, N, q, scale);
+        int8_reconstruct((float[N]){0}, q, scale, N, step);
+        for (int i = 0; i < N; i++) {
+            sent_sum[i] += step[i];
+            assert_true(fabsf(residual[i]) <= 0.5f * scale[i / INT8_BLOCK] * 1.0001f);
+            // Everything sent plus what is still owed is exactly everything there was to send.
+            assert_true(fabsf(sent_sum[i] + residual[i] - (float)(r + 1) * w[i]) < 1e-3f * (float)(r + 1) * fabsf(w[i]));
+        }
+    }
+    assert_true(fabsf(sent_sum[1] - ROUNDS * 0.3f) <= 0.5f);   // about 15 arrived, not 0
+    assert_true(sent_sum[1] > 14.0f);
+}
+
+static void test_check_refuses_hostile_codes(void **state) {
+    (void)state;
+    int8_t q[300] = {0};
+    float scale[2] = {1.0f, 1.0f};
+    size_t where;
+    const char *why;
+    float bad[] = {NAN, INFINITY, -1.0f, 1e31f};
+    const char *says[] = {"NaN", "infinite", "negative", "too large"};
+    for (int i = 0; i < 4; i++) {
+        scale[1] = bad[i];
+        assert_false(int8_check(q, scale, 300, &where, &why));
+        assert_int_equal(where, 1);
+        assert_non_null(strstr(why, says[i]));
+    }
+    scale[1] = 0.0f;
+    q[299] = -128;
+    assert_false(int8_check(q, scale, 300, &where, &why));
+    assert_int_equal(where, 299);
+}
+
+// ---- the server's int8 rounds and a peer's side of them ----
+
+#define P 2
+#define M 2
+
+static Rounds *make_rounds(void) {
+    RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = P, .experts_per_node = M, .merge_topk = 2},
+                        .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2};
+    Rounds *r;
+    assert_int_equal(rounds_create(&cfg, &r), SPES_OK);
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    int last;
+    assert_int_equal(rounds_hello(r, 0, P, M, SYNC_MODE_SPES, DTYPE_I8, &spec, &last), GRPC_STATUS_OK);
+    model_spec_free(&spec);
+    return r;
+}
+
+// A peer of the test model: its parameters (spec order, back to back) and int8 state.
+typedef struct {
+    ModelSpec spec;
+    float *params;
+    Int8Peer i8;
+    StWriteTensor *w;           // its upload tensors, pointing into params
+    int n;
+} TestPeer;
+
+static void peer_init(TestPeer *tp, int peer) {
+    memset(tp, 0, sizeof *tp);
+    assert_int_equal(sync_test_spec(&tp->spec, 4, 6), SPES_OK);
+    tp->params = calloc(tp->spec.total_numel, sizeof(float));
+    Int8PeerTensor *x = calloc((size_t)tp->spec.count, sizeof *x);
+    tp->w = calloc((size_t)tp->spec.count, sizeof *tp->w);
+    size_t at = 0;
+    for (int t = 0; t < tp->spec.count; t++) {
+        const SpecTensor *s = &tp->spec.tensors[t];
+        bool sends = model_spec_peer_sends(&tp->spec, SYNC_MODE_SPES, M, peer, t);
+        x[t] = (Int8PeerTensor){.name = s->name, .ndim = s->ndim, .numel = s->numel, .offset = at, .sent = sends,
+                                .own = s->expert >= 0 && s->expert / M == peer};
+        memcpy(x[t].shape, s->shape, sizeof x[t].shape);
+        for (size_t i = 0; i < s->numel; i++) tp->params[at + i] = 0.01f * (float)(t + 1) + 0.001f * (float)i;
+        if (sends) {
+            tp->w[tp->n] = (StWriteTensor){.name = s->name, .dtype = DTYPE_F32, .ndim = s->ndim, .data = tp->params + at};
+            memcpy(tp->w[tp->n++].shape, s->shape, sizeof s->shape);
+        }
+        at += s->numel;
+    }
+    assert_int_equal(int8_peer_init(&tp->i8, x, tp->spec.count, tp->spec.total_numel), SPES_OK);
+    free(x);
+}
+
+static void peer_free(TestPeer *tp) {
+    int8_peer_free(&tp->i8);
+    free(tp->params);
+    free(tp->w);
+    model_spec_free(&tp->spec);
+}
+
+// Local training: every trainable value moves by a peer- and round-dependent amount.
+static void peer_train(TestPeer *tp, int peer, int round) {
+    for (int i = 0; i < tp->n; i++) {
+        float *v = (float *)tp->w[i].data;
+        size_t n = 1;
+        for (int d = 0; d < tp->w[i].ndim; d++) n *= (size_t)tp->w[i].shape[d];
+        for (size_t k = 0; k < n; k++) v[k] += 0.003f * (float)((k * 7 + (size_t)peer * 3 + (size_t)round) % 11) - 0.01f;
+    }
+}
+
+static grpc_status_code peer_upload(Rounds *r, TestPeer *tp, int peer, int step) {
+    uint8_t *bytes;
+    size_t len;
+    if (tp->i8.base_step >= 0) {
+        assert_int_equal(int8_peer_encode(&tp->i8, tp->params, &bytes, &len), SPES_OK);
+    } else {
+        assert_int_equal(safetensors_serialize(tp->w, tp->n, NULL, NULL, 0, &bytes, &len), SPES_OK);
+        int8_peer_sent_full(&tp->i8, tp->params);
+    }
+    grpc_status_code code = rounds_upload(r, peer, step, bytes, len);
+    if (code == GRPC_STATUS_OK) int8_peer_commit(&tp->i8);
+    return code;
+}
+
+static void gather(void *ctx, const uint8_t *data, size_t len) {
+    uint8_t **at = ctx;
+    memcpy(*at, data, len);
+    *at += len;
+}
+
+// The peer downloads step's aggregate as the server serves it to it and loads it; then its
+// parameters must be the server's aggregate bit for bit. Returns the view's name.
+static const char *peer_download(Rounds *r, TestPeer *tp, int peer, int step) {
+    AggregateBlob *blob;
+    assert_int_equal(rounds_get(r, step, 0, &blob), GRPC_STATUS_OK);
+    assert_non_null(blob);
+    RoundsViewRequest q = {.omit_own_experts = true, .has_delta_base = tp->i8.base_step >= 0,
+                           .delta_base_step = tp->i8.base_step};
+    const AggregateView *v;
+    const char *name;
+    assert_int_equal(rounds_view(r, blob, peer, &q, &v, &name), GRPC_STATUS_OK);
+    uint8_t *bytes = malloc(v->len), *at = bytes;
+    aggregate_view_range(v, 0, v->len, gather, &at);
+    SafeTensors st;
+    assert_int_equal(safetensors_parse(bytes, v->len, "download", &st), SPES_OK);
+    if (strncmp(name, ROUNDS_VIEW_INT8, strlen(ROUNDS_VIEW_INT8)) == 0) {
+        bool omitted = strstr(name, ROUNDS_VIEW_OMIT_OWN) != NULL;
+        assert_int_equal(int8_peer_apply_delta(&tp->i8, &st, omitted, step, tp->params, "download"), SPES_OK);
+    } else {
+        assert_string_equal(name, "");
+        for (int t = 0; t < tp->spec.count; t++)
+            assert_int_equal(safetensors_to_f32(safetensors_find(&st, tp->spec.tensors[t].name),
+                                                tp->params + (tp->i8.tensors[t].offset)),
+                             SPES_OK);
+        int8_peer_set_base(&tp->i8, tp->params, step);
+    }
+    // Bit for bit the server's aggregate (F32, spec order, back to back after the header).
+    SafeTensors agg;
+    assert_int_equal(safetensors_parse(blob->bytes, blob->len, "aggregate", &agg), SPES_OK);
+    for (int t = 0; t < tp->spec.count; t++) {
+        const StTensor *x = safetensors_find(&agg, tp->spec.tensors[t].name);
+        assert_memory_equal(x->data, tp->params + tp->i8.tensors[t].offset, x->nbytes);
+    }
+    safetensors_close(&agg);
+    safetensors_close(&st);
+    free(bytes);
+    static char names[4][48];
+    snprintf(names[peer], sizeof names[peer], "%s", name);
+    rounds_release(r, blob);
+    return names[peer];
+}
+
+static void test_server_and_peers_reconstruct_the_same_bits(void **state) {
+    (void)state;
+    Rounds *r = make_rounds();
+    TestPeer tp[P];
+    for (int p = 0; p < P; p++) peer_init(&tp[p], p);
+    for (int round = 1; round <= 4; round++) {
+        int step = 2 * round;
+        for (int p = 0; p < P; p++) peer_train(&tp[p], p, round);
+        for (int p = 0; p < P; p++) assert_int_equal(peer_upload(r, &tp[p], p, step), GRPC_STATUS_OK);
+        for (int p = 0; p < P; p++) {
+            const char *view = peer_download(r, &tp[p], p, step);
+            // First round: no base anywhere, the whole aggregate; then int8 deltas without own experts.
+            assert_string_equal(view, round == 1 ? "" : ROUNDS_VIEW_INT8 "+" ROUNDS_VIEW_OMIT_OWN);
+        }
+        assert_memory_equal(tp[0].params, tp[1].params, tp[0].spec.total_numel * sizeof(float));
+    }
+    for (int p = 0; p < P; p++) peer_free(&tp[p]);
+    rounds_destroy(r);
+}
+
+// Hostile int8 uploads: refused with the reason, the round left as it was.
+typedef void (*Damage)(Int8Tensor *w, int n, int8_t *q, float *scales, int *base_step);
+static void nan_scale(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { s[0] = NAN; }
+static void minus_128(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { q[3] = -128; }
+static void huge_scale(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { s[1] = 3e38f; }
+static void unknown_base(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { *b = 99; }
+static void extra_scale(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { w[0].numel = 300; }   // 2 scales
+
+// Serialises peer 0's int8 upload of ones against base step 2, damaged.
+static grpc_status_code hostile_upload(Rounds *r, Damage damage) {
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    Int8Tensor w[64];
+    int8_t q[4096];
+    float scales[512];
+    int n = 0, base = 2;
+    size_t at = 0, blocks = 0;
+    for (int t = 0; t < spec.count; t++) {
+        if (!model_spec_peer_sends(&spec, SYNC_MODE_SPES, M, 0, t)) continue;
+        const SpecTensor *s = &spec.tensors[t];
+        for (size_t i = 0; i < s->numel; i++) q[at + i] = 1;
+        scales[blocks] = 0.5f;
+        w[n] = (Int8Tensor){.name = s->name, .ndim = s->ndim, .numel = s->numel, .q = q + at, .scale = scales + blocks};
+        memcpy(w[n++].shape, s->shape, sizeof s->shape);
+        at += s->numel;
+        blocks += int8_blocks(s->numel);
+    }
+    damage(w, n, q, scales, &base);
+    uint8_t *bytes;
+    size_t len;
+    assert_int_equal(int8_payload_serialize(w, n, base, &bytes, &len), SPES_OK);
+    model_spec_free(&spec);
+    return rounds_upload(r, 0, 4, bytes, len);
+}
+
+static void test_hostile_int8_uploads_refused(void **state) {
+    (void)state;
+    Rounds *r = make_rounds();
+    TestPeer tp[P];
+    for (int p = 0; p < P; p++) peer_init(&tp[p], p);
+    for (int p = 0; p < P; p++) assert_int_equal(peer_upload(r, &tp[p], p, 2), GRPC_STATUS_OK);
+    struct {
+        Damage damage;
+        grpc_status_code code;
+        const char *says;
+    } cases[] = {
+        {nan_scale, GRPC_STATUS_INVALID_ARGUMENT, "scale is NaN at block 0"},
+        {minus_128, GRPC_STATUS_INVALID_ARGUMENT, "-128"},
+        {huge_scale, GRPC_STATUS_INVALID_ARGUMENT, "too large"},
+        {unknown_base, GRPC_STATUS_FAILED_PRECONDITION, "aggregate of step 99, is not kept"},
+        {extra_scale, GRPC_STATUS_INVALID_ARGUMENT, "one scale per 256 values"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        assert_int_equal(hostile_upload(r, cases[i].damage), cases[i].code);
+        if (!strstr(spes_last_error(), cases[i].says)) fail_msg("case %zu: %s", i, spes_last_error());
+    }
+    RoundsStatus st;
+    rounds_status(r, &st);
+    assert_int_equal(st.open_step, -1);   // nothing taken for step 4
+    for (int p = 0; p < P; p++) peer_free(&tp[p]);
+    rounds_destroy(r);
+}
+
+static void test_int8_upload_refused_in_a_float_run(void **state) {
+    (void)state;
+    RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = P, .experts_per_node = M, .merge_topk = 2},
+                        .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2};
+    Rounds *r;
+    assert_int_equal(rounds_create(&cfg, &r), SPES_OK);
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    int last;
+    assert_int_equal(rounds_hello(r, 0, P, M, SYNC_MODE_SPES, DTYPE_F32, &spec, &last), GRPC_STATUS_OK);
+    model_spec_free(&spec);
+    assert_int_equal(hostile_upload(r, unknown_base), GRPC_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(spes_last_error(), "an int8 delta, but this run's payload dtype is F32"));
+    // And a peer of an int8 run is refused by a float run at the handshake.
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    assert_int_equal(rounds_hello(r, 1, P, M, SYNC_MODE_SPES, DTYPE_I8, &spec, &last), GRPC_STATUS_FAILED_PRECONDITION);
+    assert_non_null(strstr(spes_last_error(), "payload dtype I8, but the other peers use F32"));
+    model_spec_free(&spec);
+    rounds_destroy(r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip_and_bound),
+        cmocka_unit_test(test_rounding_ties_to_even),
+        cmocka_unit_test(test_error_feedback_carries_what_rounding_lost),
+        cmocka_unit_test(test_check_refuses_hostile_codes),
+        cmocka_unit_test(test_server_and_peers_reconstruct_the_same_bits),
+        cmocka_unit_test(test_hostile_int8_uploads_refused),
+        cmocka_unit_test(test_int8_upload_refused_in_a_float_run),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
