@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""The quality benchmark's report from bench/quality/run.py's results.jsonl: a markdown table
+per corpus (mean, sample standard deviation and range over seeds of the validation loss and the
+question accuracies; SPES and fedavg against centralised as the mean of per-seed ratios), an SVG
+of validation loss against tokens for the three methods, and one final line
+"bench-quality: key=value ...". Python standard library only.
+
+usage: report.py RESULTS.jsonl --md REPORT.md --svg PLOT.svg [--goal 1.02]
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from html import escape
+
+sys.dont_write_bytecode = True   # no __pycache__ in scripts/
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from plot_loss import nice_ticks  # noqa: E402  (the axis ticks of the README's loss plot)
+
+METHODS = ("centralised", "spes", "fedavg")
+COLOURS = {"centralised": "#1f77b4", "spes": "#d62728", "fedavg": "#2ca02c"}
+LABELS = {"centralised": "centralised", "spes": "SPES (4 peers)", "fedavg": "fedavg (4 peers)"}
+VARIANT_TEXT = {"main": "", "no_merge": "expert merging off", "no_decayed_aux": "decayed load-balancing off",
+                "outer_nesterov": "outer Nesterov optimizer"}
+
+
+def variant_text(v, r):
+    if v in VARIANT_TEXT:
+        return VARIANT_TEXT[v]
+    if v.startswith("sync"):
+        return f"sync_steps {v[4:]}"
+    return v
+
+
+def load(path):
+    meta, runs = None, []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if "meta" in r:
+                meta = r["meta"]
+            else:
+                runs.append(r)
+    if meta is None or not runs:
+        sys.exit(f"report: {path} holds no meta line or no runs")
+    for r in runs:
+        if not math.isfinite(r["val_loss"]):
+            sys.exit(f"report: {path}: non-finite validation loss in {r['corpus']} {r['method']} seed {r['seed']}")
+    return meta, runs
+
+
+def stats(xs):
+    """mean, sample standard deviation (0 for one value), min, max."""
+    return (statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0, min(xs), max(xs))
+
+
+def group(runs, corpus, method, variant):
+    return sorted((r for r in runs if r["corpus"] == corpus and r["method"] == method and r["variant"] == variant),
+                  key=lambda r: r["seed"])
+
+
+def paired_ratio(runs, corpus, group_runs, method="centralised"):
+    """Mean over seeds of (run's val loss / the same seed's val loss of `method`'s main run)."""
+    base = {r["seed"]: r["val_loss"] for r in group(runs, corpus, method, "main")}
+    ratios = [r["val_loss"] / base[r["seed"]] for r in group_runs if r["seed"] in base]
+    return stats(ratios) if ratios else None
+
+
+def fmt_stats(s, scale=1.0, digits=4, unit=""):
+    mean, sd, lo, hi = (x * scale for x in s)
+    return f"{mean:.{digits}f}{unit} ± {sd:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
+
+
+def table(meta, runs, corpus):
+    rows = []
+    keys = []
+    for r in runs:
+        k = (r["method"], r["variant"])
+        if r["corpus"] == corpus and k not in keys:
+            keys.append(k)
+    keys.sort(key=lambda k: (k[1] != "main", METHODS.index(k[0]) if k[0] in METHODS else 9))
+    has_q = any("recall_acc" in r for r in runs if r["corpus"] == corpus)
+    head = ("| run | seeds | validation loss (nats/byte): mean ± sd (min–max) | ÷ centralised, mean of seeds ± sd "
+            "| ÷ SPES, same seeds |")
+    sep = "|---|---|---|---|---|"
+    if has_q:
+        head += " recall questions acc | held-out sums acc |"
+        sep += "---|---|"
+    head += " train s |"
+    sep += "---|"
+    rows += [head, sep]
+    summary = {}
+    for method, variant in keys:
+        g = group(runs, corpus, method, variant)
+        name = LABELS.get(method, method) + (f", {variant_text(variant, g[0])}" if variant != "main" else "")
+        vl = stats([r["val_loss"] for r in g])
+        rt = paired_ratio(runs, corpus, g)
+        line = f"| {name} | {len(g)} | {fmt_stats(vl)} | "
+        line += f"{rt[0]:.4f} ± {rt[1]:.4f}" if rt and method != "centralised" else "1"
+        rs = paired_ratio(runs, corpus, g, "spes")
+        line += f" | {rs[0]:.4f} ± {rs[1]:.4f} |" if rs and variant != "main" else " | |"
+        if has_q:
+            for q in ("recall_acc", "arithmetic_acc"):
+                vals = [r[q] for r in g if q in r]
+                line += f" {fmt_stats(stats(vals), 100, 1, '%')} |" if vals else " |"
+        line += f" {statistics.fmean(r['train_seconds'] for r in g):.0f} |"
+        rows.append(line)
+        summary[(method, variant)] = {"val": vl, "ratio": rt, "n": len(g)}
+    return rows, summary
+
+
+# ---------------------------------------------------------------------------------------------
+# SVG: one panel per corpus; per method the mean over seeds as a line with points and the range
+# over seeds as a light band.
+
+PANEL_W, PANEL_H = 480, 380
+LEFT, RIGHT, TOP, BOTTOM = 62, 14, 44, 52
+
+
+def mean_curve(group_runs):
+    """[(tokens, mean ce, min ce, max ce)] over the tokens every seed evaluated at."""
+    by_tokens = {}
+    for r in group_runs:
+        for t, ce in r["curve"]:
+            by_tokens.setdefault(t, []).append(ce)
+    n = len(group_runs)
+    return [(t, statistics.fmean(v), min(v), max(v)) for t, v in sorted(by_tokens.items()) if len(v) == n]
+
+
+def panel(svg, x_off, corpus, curves, meta):
+    pts = [p for c in curves.values() for p in c]
+    if not pts:
+        svg.append(f'<text x="{x_off + PANEL_W / 2}" y="{PANEL_H / 2}" text-anchor="middle">{escape(corpus)}: '
+                   f'no curve points</text>')
+        return
+    x0, x1 = 0, max(p[0] for p in pts)
+    lo, hi = min(p[2] for p in pts), max(p[3] for p in pts)
+    pad = 0.05 * (hi - lo or 1)
+    y0, y1 = lo - pad, hi + pad
+
+    def px(x):
+        return x_off + LEFT + (x - x0) / (x1 - x0 or 1) * (PANEL_W - LEFT - RIGHT)
+
+    def py(y):
+        return TOP + (y1 - y) / (y1 - y0 or 1) * (PANEL_H - TOP - BOTTOM)
+
+    svg.append(f'<text x="{x_off + PANEL_W / 2}" y="24" text-anchor="middle" font-size="14">'
+               f'{escape(corpus)} corpus: validation loss, {meta["seeds"]} seeds</text>')
+    for t in nice_ticks(y0, y1, 6):
+        svg.append(f'<line x1="{x_off + LEFT}" x2="{x_off + PANEL_W - RIGHT}" y1="{py(t):.1f}" y2="{py(t):.1f}" '
+                   f'stroke="#e5e5e5"/>')
+        svg.append(f'<text x="{x_off + LEFT - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
+    for t in nice_ticks(x0, x1, 5):
+        svg.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{TOP}" y2="{PANEL_H - BOTTOM}" stroke="#f0f0f0"/>')
+        svg.append(f'<text x="{px(t):.1f}" y="{PANEL_H - BOTTOM + 16}" text-anchor="middle">{t / 1e6:g}</text>')
+    svg.append(f'<rect x="{x_off + LEFT}" y="{TOP}" width="{PANEL_W - LEFT - RIGHT}" height="{PANEL_H - TOP - BOTTOM}" '
+               f'fill="none" stroke="#888"/>')
+    svg.append(f'<text x="{x_off + (LEFT + PANEL_W - RIGHT) / 2}" y="{PANEL_H - 14}" text-anchor="middle">'
+               f'tokens (millions, all peers together)</text>')
+    mid = (TOP + PANEL_H - BOTTOM) / 2
+    svg.append(f'<text x="{x_off + 16}" y="{mid}" text-anchor="middle" transform="rotate(-90 {x_off + 16} {mid})">'
+               f'validation cross-entropy (nats/byte)</text>')
+    for i, (method, c) in enumerate(curves.items()):
+        colour = COLOURS.get(method, "#555")
+        if not c:
+            continue
+        band = [(px(t), py(mx)) for t, _, _, mx in c] + [(px(t), py(mn)) for t, _, mn, _ in reversed(c)]
+        svg.append(f'<polygon class="band" points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in band)}" '
+                   f'fill="{colour}" fill-opacity="0.15" stroke="none"/>')
+        d = " ".join(("M" if j == 0 else "L") + f"{px(t):.1f},{py(m):.1f}" for j, (t, m, _, _) in enumerate(c))
+        svg.append(f'<path class="mean" data-method="{method}" d="{d}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for t, m, _, _ in c:
+            svg.append(f'<circle cx="{px(t):.1f}" cy="{py(m):.1f}" r="2.5" fill="{colour}"/>')
+        ly = TOP + 16 + 18 * i
+        lx = x_off + PANEL_W - RIGHT - 200
+        svg.append(f'<line x1="{lx}" x2="{lx + 22}" y1="{ly - 4}" y2="{ly - 4}" stroke="{colour}" stroke-width="2"/>')
+        svg.append(f'<text x="{lx + 28}" y="{ly}">{escape(LABELS.get(method, method))} {c[-1][1]:.3f}</text>')
+
+
+def write_svg(path, meta, runs):
+    corpora = []
+    for r in runs:
+        if r["corpus"] not in corpora:
+            corpora.append(r["corpus"])
+    w = PANEL_W * len(corpora)
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{PANEL_H}" viewBox="0 0 {w} {PANEL_H}" '
+           f'font-family="sans-serif" font-size="12">', f'<rect width="{w}" height="{PANEL_H}" fill="white"/>']
+    for i, corpus in enumerate(corpora):
+        curves = {m: mean_curve(group(runs, corpus, m, "main")) for m in METHODS if group(runs, corpus, m, "main")}
+        panel(svg, i * PANEL_W, corpus, curves, meta)
+    svg.append("</svg>")
+    with open(path + ".tmp", "w") as f:
+        f.write("\n".join(svg) + "\n")
+    os.replace(path + ".tmp", path)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results")
+    ap.add_argument("--md", required=True)
+    ap.add_argument("--svg", required=True)
+    ap.add_argument("--goal", type=float, default=1.02)
+    a = ap.parse_args()
+    meta, runs = load(a.results)
+    corpora = []
+    for r in runs:
+        if r["corpus"] not in corpora:
+            corpora.append(r["corpus"])
+    md = ["# bench-quality report", "",
+          f"Token budget per run: {meta['tokens']} tokens = {meta['steps']} steps x {meta['peers']} peers x "
+          f"{meta['batch']} sequences x {meta['seq']} bytes (centralised: {meta['peers'] * meta['batch']} sequences "
+          f"per step). {meta['seeds']} seeds ({meta.get('ablation_seeds', meta['seeds'])} for each ablation, paired with the same seeds of the main runs). SPES: sync every {meta['sync_steps']} steps, expert merging "
+          f"alpha {meta['merge']['alpha']} top-{meta['merge']['topk']} every 2 syncs in the first half, decayed "
+          f"load-balancing loss on (the demo's settings). Validation loss and accuracies: the `spes demo` "
+          f"evaluation of the final model (up to 100k held-out tokens; 48 + 48 questions, chance 25%).", ""]
+    if not meta.get("outer_measured"):
+        md += ["The outer optimizer (src/sync/outer_optimizer.h) is not wired into `spes server` yet: "
+               "no row for it.", ""]
+    final = ["bench-quality:"]
+    met = True
+    for corpus in corpora:
+        rows, summary = table(meta, runs, corpus)
+        md += [f"## {corpus} corpus", ""] + rows + [""]
+        for method in ("spes", "fedavg"):
+            s = summary.get((method, "main"))
+            if s and s["ratio"]:
+                final.append(f"{corpus}_{method}_ratio={s['ratio'][0]:.4f}")
+                if method == "spes":
+                    met = met and s["ratio"][0] <= a.goal
+        c = summary.get(("centralised", "main"))
+        if c:
+            final.append(f"{corpus}_central_val={c['val'][0]:.4f}")
+    final.append(f"goal={a.goal} met={'yes' if met else 'no'}")
+    md += [f"Goal: SPES validation loss <= {a.goal}x centralised (mean of per-seed ratios) on every corpus: "
+           f"**{'met' if met else 'not met'}**.", "", f"![validation loss against tokens]({os.path.basename(a.svg)})", ""]
+    with open(a.md + ".tmp", "w") as f:
+        f.write("\n".join(md))
+    os.replace(a.md + ".tmp", a.md)
+    write_svg(a.svg, meta, runs)
+    print("\n".join(md))
+    print(" ".join(final))
+
+
+if __name__ == "__main__":
+    main()
