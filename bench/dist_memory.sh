@@ -75,15 +75,27 @@ run tp_1x2 1 2 12
 run tp_2x1 2 1 12 --distributed_strategy=ddp
 c=$(tps "$tmp/tp_1x1"); a=$(tps "$tmp/tp_1x2"); b=$(tps "$tmp/tp_2x1")
 echo "tokens/s: 1 rank x 1 thread $c, 1 rank x 2 threads $a, 2 ranks x 1 thread (DDP) $b"
-# Overlap: 2 ranks x 1 thread, DDP and ZeRO-2, overlap on against off, with the default 25 MB
-# buckets (2 per step here) and 4 MB buckets (8 per step: more of them start early).
-for s in ddp SHARD_GRAD_OP; do
-  for mb in 25 4; do
-    strat=(--fsdp.sharding_strategy=$s); [ $s = ddp ] && strat=(--distributed_strategy=ddp)
-    run "ov_on_${s}_$mb" 2 1 12 "${strat[@]}" --ddp.bucket_cap_mb=$mb
-    run "ov_off_${s}_$mb" 2 1 12 "${strat[@]}" --ddp.bucket_cap_mb=$mb --ddp.overlap_grad_reduce=false
-    on=$(tps "$tmp/ov_on_${s}_$mb"); off=$(tps "$tmp/ov_off_${s}_$mb")
-    echo "tokens/s, 2 ranks x 1 thread, $s, ${mb} MB buckets: overlapped $on, after the backward $off, ratio $(python3 -c "print('%.3f' % ($on / $off))")"
+# Overlap: 2 ranks x 1 thread, overlap on against off, with the default 25 MB buckets (2 per
+# step here) and 4 MB buckets (8 per step: more of them start early). The machine may be
+# shared: on and off runs alternate, 5 of each, and the figure is the median over every timed
+# step of the 5 runs (tokens / step seconds), not one run's mean.
+median_tps() { python3 -c "
+import json, statistics, sys
+rates = []
+for d in sys.argv[1:]:
+    rows = [json.loads(l) for l in open(d + '/metrics.jsonl') if '\"perf\"' in l][2:]
+    rates += [r['tokens'] / r['perf']['step_s'] for r in rows]
+print('%.0f' % statistics.median(rates))" "$@"; }
+for cfg in "ddp 25" "ddp 4" "SHARD_GRAD_OP 4"; do
+  read -r s mb <<<"$cfg"
+  strat=(--fsdp.sharding_strategy=$s); [ $s = ddp ] && strat=(--distributed_strategy=ddp)
+  ons=(); offs=()
+  for rep in 1 2 3 4 5; do
+    run "ov_on_${s}_${mb}_$rep" 2 1 12 "${strat[@]}" --ddp.bucket_cap_mb=$mb
+    run "ov_off_${s}_${mb}_$rep" 2 1 12 "${strat[@]}" --ddp.bucket_cap_mb=$mb --ddp.overlap_grad_reduce=false
+    ons+=("$tmp/ov_on_${s}_${mb}_$rep"); offs+=("$tmp/ov_off_${s}_${mb}_$rep")
   done
+  on=$(median_tps "${ons[@]}"); off=$(median_tps "${offs[@]}")
+  echo "tokens/s, 2 ranks x 1 thread, $s, ${mb} MB buckets (median of 5 alternating runs): overlapped $on, after the backward $off, ratio $(python3 -c "print('%.3f' % ($on / $off))")"
 done
 echo "dist_memory: params_mb_n1=$(field parameters "$tmp/ddp_1.log") opt_mb_zero1_n4=$(field "optimizer state" "$tmp/SHARD_OPTIM_4.log") tok_s_1x2=$a tok_s_2x1=$b"

@@ -70,7 +70,8 @@ typedef struct {
 int dp_stage_from_config(const TrainConfig *cfg, int world_size, DpStage *out);
 const char *dp_stage_name(DpStage s);   // "ddp", "zero1", "zero2"
 
-// `table` (of a model of n_layers layers) must outlive dp.
+// `table` (of a model of n_layers layers) must outlive dp; dp must not be moved afterwards
+// (dp->hooks points at it).
 int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const ParamTable *table, int n_layers,
               double bucket_mb);
 // True when every trainable tensor's gradient offset equals its parameter offset (no frozen
