@@ -111,6 +111,7 @@ typedef struct {
     bool using_decayed_aux_loss;      // default false
     int64_t decayed_factor_update_steps;   // default 1 (recompute c(t) every N steps)
     PayloadDtype payload_dtype;       // default f32
+    bool sync_overlap;                // spes_config.sync_overlap: train on while a round is in flight
     char *auth_token_file;            // spes_config.auth_token_file: token for the server (NULL: none)
     char *tls_ca, *tls_cert, *tls_key;   // spes_config.tls_*: TLS to the server (NULL: insecure)
     int take_over_peer_id;            // spes_config.take_over_peer_id: act as this (lost) peer; -1: no

@@ -596,6 +596,7 @@ static const ConfigKey KEYS[] = {
     {"spes_config.tls_key", K_STR, F(tls_key), .nullable = true, .meaning = "PEM key of tls_cert. Our extension."},
     {"spes_config.take_over_peer_id", K_INT, F(take_over_peer_id), MIN_NONNEG, .nullable = true, .null_value = -1, .meaning = "Ownership failover: act as lost peer N (its peer_id and experts), starting from the server's newest aggregate. Our extension."},
     {"spes_config.retry_timeout_s", K_F64, F(retry_timeout_s), MIN_POSITIVE, .meaning = "How long every sync call retries an unreachable or restarting parameter server (exponential backoff with jitter). Our extension."},
+    {"spes_config.sync_overlap", K_BOOL, F(sync_overlap), .meaning = "Train on while a sync round is in flight; its aggregate is applied at the first step end after it arrived (at the latest the next sync step) as aggregate + (current - uploaded) weights (docs/communication.md). Not part of the config hash. Our extension."},
     {"spes_config.payload_dtype", K_SPECIAL, .hashed = true, .parse = parse_payload_dtype, .format = format_payload_dtype, .meaning = "f32, bf16 or int8 (deltas, docs/communication.md) sync payloads. Our extension."},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))

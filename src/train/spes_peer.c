@@ -19,6 +19,17 @@
 #include "sync/int8_peer.h"
 #include "sync/model_spec.h"
 
+typedef struct RoundJob RoundJob;
+
+// A round whose job runs on its own thread (round_thread).
+typedef struct {
+    RoundJob *job;              // NULL: none
+    pthread_t thread;
+    int64_t step;
+    bool delta;                 // its upload is an int8 delta (a missing base is answered by a full resend)
+    double started;             // now_seconds() at the upload
+} Round;
+
 struct SpesPeer {
     const TrainConfig *cfg;
     SyncClient *client;
@@ -29,6 +40,9 @@ struct SpesPeer {
     volatile sig_atomic_t *stop;    // set by SIGINT/SIGTERM: abandon a sync in flight
     int64_t unsynced_step;      // the step whose round did not complete (-1: none)
     bool client_busy;           // an abandoned round still runs on its thread: keep the client alive
+    Round pending;              // spes_config.sync_overlap: the round in flight (job NULL: none)
+    float *snapshot;            // [total] the weights it uploaded
+    float *local;               // [total] scratch: the trained weights while the aggregate is applied
     bool int8;                  // spes_config.payload_dtype: int8
     Int8Peer i8;                // its base aggregate and error feedback (set up by spes_peer_connect)
 };
@@ -94,13 +108,18 @@ int spes_peer_create(const TrainConfig *cfg, SpesPeer **out) {
     return SPES_OK;
 }
 
+static void abandon_pending(SpesPeer *p);
+
 void spes_peer_free(SpesPeer *p) {
     if (!p) return;
+    abandon_pending(p);
     // A round abandoned on a signal may still be blocked inside gRPC on its thread; the process is
     // about to exit, so the client is left to it rather than destroyed under its feet.
     if (p->client && !p->client_busy) sync_client_destroy(p->client);
     free(p->lb_factor);
     free(p->upload);
+    free(p->snapshot);
+    free(p->local);
     int8_peer_free(&p->i8);
     free(p);
 }
@@ -377,10 +396,11 @@ static int audit_log(const SpesPeer *p, const char *kind, int64_t step, const ui
     return rc;
 }
 
-// The audit copy of an aggregate the peer completed itself (its own experts were left out of
-// the download): the whole model as loaded, in the payload dtype, tensors in table order, which
-// is byte for byte the server's aggregate image when the reconstruction is exact.
-static int audit_model(const SpesPeer *p, Model *m, const char *kind, int64_t step) {
+// An audit copy of whole-model weights src, in the payload dtype (F32 in int8 runs), tensors in
+// table order: an aggregate the peer completed itself (its own experts left out of the download,
+// or an int8 delta), which is byte for byte the server's aggregate image when the reconstruction
+// is exact; and an overlapped round's weights at the upload, before and after applying.
+static int audit_weights(const SpesPeer *p, Model *m, const float *src, const char *kind, int64_t step) {
     const char *dir = getenv("SPES_SYNC_LOG_DIR");
     if (!dir || !*dir) return SPES_OK;
     const ParamTable *table = &m->table;
@@ -388,7 +408,7 @@ static int audit_model(const SpesPeer *p, Model *m, const char *kind, int64_t st
     if (!w) return SPES_ERR;
     for (int i = 0; i < table->count; i++) {
         const ParamInfo *e = &table->entries[i];
-        w[i] = (StWriteTensor){.name = e->name, .dtype = DTYPE_F32, .ndim = e->ndim, .data = m->params + e->offset};
+        w[i] = (StWriteTensor){.name = e->name, .dtype = DTYPE_F32, .ndim = e->ndim, .data = src + e->offset};
         for (int d = 0; d < e->ndim; d++) w[i].shape[d] = e->shape[d];
     }
     uint8_t *bytes = NULL;
@@ -400,10 +420,14 @@ static int audit_model(const SpesPeer *p, Model *m, const char *kind, int64_t st
     return rc;
 }
 
+static int audit_model(const SpesPeer *p, Model *m, const char *kind, int64_t step) {
+    return audit_weights(p, m, m->params, kind, step);
+}
+
 // One round's network part, run on a thread of its own so that the training thread can give up
 // on it when SIGINT/SIGTERM arrives (a gRPC wait does not return on a signal, and with the
 // server gone it would only fail after retry_timeout_s). The job owns its payload and result.
-typedef struct {
+struct RoundJob {
     SyncClient *client;
     int step;
     uint8_t *payload, *bytes;
@@ -416,7 +440,7 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool done, abandoned;
-} RoundJob;
+};
 
 static void round_job_free(RoundJob *j) {
     pthread_mutex_destroy(&j->mu);
@@ -452,31 +476,56 @@ static void *round_thread(void *arg) {
 
 static bool stop_requested(const SpesPeer *p) { return p->stop && *p->stop; }
 
-// Uploads `payload` (taken) for `step` and waits for the aggregate: *bytes (caller frees) and
-// *loaded, its step. A signal abandons the round at once (SPES_ERR naming it).
-static int run_round(SpesPeer *p, int step, uint8_t *payload, size_t payload_len, uint8_t **bytes, size_t *len,
-                     int64_t *loaded, SyncDownload *got) {
-    *bytes = NULL;
-    *len = 0;
+
+// What a finished round brought: the download (caller frees bytes) and the step it is of.
+typedef struct {
+    uint8_t *bytes;
+    size_t len;
+    int64_t loaded;
+    SyncDownload got;
+} RoundResult;
+
+// Starts the round of `step` on its thread, uploading `payload` (taken).
+static int start_round(SpesPeer *p, int64_t step, uint8_t *payload, size_t payload_len, bool delta, Round *out) {
+    memset(out, 0, sizeof *out);
     if (stop_requested(p)) {
         free(payload);
-        return spes_fail("stopped by a signal before the sync of step %d", step);
+        return spes_fail("stopped by a signal before the sync of step %" PRId64, step);
     }
     RoundJob *j = spes_calloc(1, sizeof *j);
     if (!j) {
         free(payload);
         return SPES_ERR;
     }
-    *j = (RoundJob){.client = p->client, .step = step, .payload = payload, .payload_len = payload_len,
+    *j = (RoundJob){.client = p->client, .step = (int)step, .payload = payload, .payload_len = payload_len,
                     .delta_base = p->int8 ? p->i8.base_step : -1};
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
-    pthread_t thread;
-    int err = pthread_create(&thread, NULL, round_thread, j);
+    int err = pthread_create(&out->thread, NULL, round_thread, j);
     if (err != 0) {
         round_job_free(j);
         return spes_fail("cannot start the sync thread: %s", strerror(err));
     }
+    out->job = j;
+    out->step = step;
+    out->delta = delta;
+    out->started = now_seconds();
+    return SPES_OK;
+}
+
+static bool round_done(Round *r) {
+    pthread_mutex_lock(&r->job->mu);
+    bool done = r->job->done;
+    pthread_mutex_unlock(&r->job->mu);
+    return done;
+}
+
+// Waits for a started round (polling the stop flag: a signal abandons it at once) and takes its
+// result. The round is over afterwards whatever the outcome.
+static int finish_round(SpesPeer *p, Round *r, RoundResult *res) {
+    memset(res, 0, sizeof *res);
+    RoundJob *j = r->job;
+    r->job = NULL;
     pthread_mutex_lock(&j->mu);
     while (!j->done && !stop_requested(p)) {
         struct timespec until;
@@ -488,18 +537,16 @@ static int run_round(SpesPeer *p, int step, uint8_t *payload, size_t payload_len
     if (!j->done) {
         j->abandoned = true;   // the thread frees the job if it ever finishes
         pthread_mutex_unlock(&j->mu);
-        pthread_detach(thread);
+        pthread_detach(r->thread);
         p->client_busy = true;
-        return spes_fail("stopped by a signal during the sync of step %d (upload or wait for the aggregate)", step);
+        return spes_fail("stopped by a signal during the sync of step %" PRId64 " (upload or wait for the aggregate)",
+                         r->step);
     }
     pthread_mutex_unlock(&j->mu);
-    pthread_join(thread, NULL);
+    pthread_join(r->thread, NULL);
     int rc = j->rc;
     if (rc == SPES_OK) {
-        *bytes = j->bytes;
-        *len = j->len;
-        *loaded = j->loaded;
-        *got = j->got;
+        *res = (RoundResult){.bytes = j->bytes, .len = j->len, .loaded = j->loaded, .got = j->got};
         j->bytes = NULL;
     } else {
         spes_fail("%s", j->error);
@@ -508,74 +555,189 @@ static int run_round(SpesPeer *p, int step, uint8_t *payload, size_t payload_len
     return rc;
 }
 
-// The upload of `step`: the trainable tensors in the payload dtype, or in an int8 run with a
-// base, their int8 delta with error feedback (*delta true).
-static int build_payload(SpesPeer *p, Model *m, uint8_t **payload, size_t *len, bool *delta) {
+// The upload of weights `src` (the model's parameters, or the snapshot of an overlapped round):
+// the trainable tensors in the payload dtype, or in an int8 run with a base, their int8 delta
+// with error feedback (*delta true).
+static int build_payload(SpesPeer *p, Model *m, const float *src, uint8_t **payload, size_t *len, bool *delta) {
     *delta = p->int8 && p->i8.base_step >= 0;
-    if (*delta) return int8_peer_encode(&p->i8, m->params, payload, len);
-    SPES_TRY(sync_client_serialize(p->client, p->upload, p->n_upload, payload, len));
-    if (p->int8) int8_peer_sent_full(&p->i8, m->params);   // full F32: the server holds our values exactly
-    return SPES_OK;
+    if (*delta) return int8_peer_encode(&p->i8, src, payload, len);
+    StWriteTensor *w = spes_calloc((size_t)p->n_upload + 1, sizeof *w);
+    if (!w) return SPES_ERR;
+    for (int i = 0; i < p->n_upload; i++) {
+        w[i] = p->upload[i];
+        w[i].data = src + ((const float *)p->upload[i].data - m->params);
+    }
+    int rc = sync_client_serialize(p->client, w, p->n_upload, payload, len);
+    free(w);
+    if (rc == SPES_OK && p->int8) int8_peer_sent_full(&p->i8, src);   // full F32: the server holds our values exactly
+    return rc;
+}
+
+// Builds the upload of `src` for step and starts its round.
+static int begin_round(SpesPeer *p, Model *m, int64_t step, const float *src, Round *out) {
+    uint8_t *payload = NULL;
+    size_t len = 0;
+    bool delta = false;
+    SPES_TRY(build_payload(p, m, src, &payload, &len, &delta));
+    int rc = audit_log(p, "up", step, payload, len);
+    if (rc != SPES_OK) {
+        free(payload);
+        return rc;
+    }
+    return start_round(p, step, payload, len, delta, out);
+}
+
+// Waits for a round begun with `src`; an int8 delta refused because the server no longer keeps
+// its base is sent again in full (and waited for).
+static int end_round(SpesPeer *p, Model *m, Round *r, const float *src, RoundResult *res) {
+    int64_t step = r->step;
+    bool delta = r->delta;
+    int rc = finish_round(p, r, res);
+    if (rc != SPES_OK && delta && sync_client_last_status(p->client) == GRPC_STATUS_FAILED_PRECONDITION) {
+        log_warn("sync step %" PRId64 ": %s; uploading a full payload instead", step, spes_last_error());
+        p->i8.base_step = -1;
+        rc = begin_round(p, m, step, src, r);
+        if (rc == SPES_OK) rc = finish_round(p, r, res);
+    }
+    return rc;
 }
 
 // Loads what came down for the round: a whole aggregate, one without our own experts, or in an
 // int8 run an int8 delta against our base. In an int8 run the result becomes the new base.
-static int load_download(SpesPeer *p, Model *m, const uint8_t *bytes, size_t len, const SyncDownload *got,
-                         int64_t loaded) {
+static int load_download(SpesPeer *p, Model *m, const RoundResult *res) {
     char what[64];
-    snprintf(what, sizeof what, "aggregate of step %" PRId64, loaded);
-    if (got->int8_delta) {
+    snprintf(what, sizeof what, "aggregate of step %" PRId64, res->loaded);
+    if (res->got.int8_delta) {
         SafeTensors st;
-        SPES_TRY(safetensors_parse(bytes, len, what, &st));
-        int rc = int8_peer_apply_delta(&p->i8, &st, got->own_experts_omitted, (int)loaded, m->params, what);
+        SPES_TRY(safetensors_parse(res->bytes, res->len, what, &st));
+        int rc = int8_peer_apply_delta(&p->i8, &st, res->got.own_experts_omitted, (int)res->loaded, m->params, what);
         safetensors_close(&st);
         SPES_TRY(rc);
         return model_params_to_device(m);
     }
-    SPES_TRY(load_aggregate(m, bytes, len, what, got->own_experts_omitted ? p->cfg->peer_id : -1,
+    SPES_TRY(load_aggregate(m, res->bytes, res->len, what, res->got.own_experts_omitted ? p->cfg->peer_id : -1,
                             p->cfg->num_train_experts_per_node, p->cfg->payload_dtype == PAYLOAD_BF16));
-    return p->int8 ? int8_peer_set_base(&p->i8, m->params, (int)loaded) : SPES_OK;
+    return p->int8 ? int8_peer_set_base(&p->i8, m->params, (int)res->loaded) : SPES_OK;
+}
+
+// The end of a round for the model: loads the download (audit copy, int8 bookkeeping). The
+// model holds the weights the round uploaded when this is called.
+static int apply_result(SpesPeer *p, Model *m, int64_t step, const RoundResult *res) {
+    bool whole = !res->got.own_experts_omitted && !res->got.int8_delta;
+    int rc = whole ? audit_log(p, "down", step, res->bytes, res->len) : SPES_OK;
+    if (rc == SPES_OK) rc = load_download(p, m, res);
+    if (rc == SPES_OK && !whole) rc = audit_model(p, m, "down", step);
+    if (rc == SPES_OK && p->int8 && res->loaded == step) int8_peer_commit(&p->i8);   // the round took our upload
+    return rc;
+}
+
+static void log_round(SpesPeer *p, int64_t step, double seconds, const RoundResult *res, const char *extra) {
+    const SyncStats *s = sync_client_stats(p->client);
+    log_info("sync step %" PRId64 ": %.2fs total (upload %.2fs, wait %.2fs, download %.2fs), up %.2f MB, down %.2f MB%s%s%s",
+             step, seconds, s->upload_s, s->wait_s, s->download_s, (double)s->bytes_up / 1e6,
+             (double)s->bytes_down / 1e6, res->got.view[0] ? ", view " : "", res->got.view, extra);
 }
 
 // Upload the trainable tensors for `step`, wait for the aggregate, load it. On failure the model
 // still holds the local weights of `step` (the aggregate is validated before it is loaded).
 static int sync_round(SpesPeer *p, Model *m, int64_t step) {
     double start = now_seconds();
-    uint8_t *payload = NULL, *bytes = NULL;
-    size_t payload_len = 0, len = 0;
-    int64_t loaded = step;
-    SyncDownload got = {0};
-    bool delta = false;
     // Serialised here, on the training thread: an abandoned round's thread never touches the model.
-    int rc = model_params_to_host(m);   // the upload points into the host parameters
-    if (rc == SPES_OK) rc = build_payload(p, m, &payload, &payload_len, &delta);
-    if (rc == SPES_OK) rc = audit_log(p, "up", step, payload, payload_len);
-    if (rc == SPES_OK) {
-        rc = run_round(p, (int)step, payload, payload_len, &bytes, &len, &loaded, &got);
-        payload = NULL;
-    }
-    if (rc != SPES_OK && delta && sync_client_last_status(p->client) == GRPC_STATUS_FAILED_PRECONDITION) {
-        // Our base is no longer kept by the server (a restart, or we fell behind): send everything.
-        log_warn("sync step %" PRId64 ": %s; uploading a full payload instead", step, spes_last_error());
-        p->i8.base_step = -1;
-        rc = build_payload(p, m, &payload, &payload_len, &delta);
-        if (rc == SPES_OK) rc = audit_log(p, "up", step, payload, payload_len);
-        if (rc == SPES_OK) rc = run_round(p, (int)step, payload, payload_len, &bytes, &len, &loaded, &got);
-        payload = NULL;
-    }
-    free(payload);
-    bool whole = !got.own_experts_omitted && !got.int8_delta;
-    if (rc == SPES_OK && whole) rc = audit_log(p, "down", step, bytes, len);
-    if (rc == SPES_OK) rc = load_download(p, m, bytes, len, &got, loaded);
-    free(bytes);
-    if (rc == SPES_OK && !whole) rc = audit_model(p, m, "down", step);
-    if (rc == SPES_OK && p->int8 && loaded == step) int8_peer_commit(&p->i8);   // the round took our upload
+    SPES_TRY(model_params_to_host(m));   // the upload reads the host parameters
+    Round r;
+    RoundResult res;
+    SPES_TRY(begin_round(p, m, step, m->params, &r));
+    SPES_TRY(end_round(p, m, &r, m->params, &res));
+    int rc = apply_result(p, m, step, &res);
+    free(res.bytes);
     SPES_TRY(rc);
-    const SyncStats *s = sync_client_stats(p->client);
-    log_info("sync step %" PRId64 ": %.2fs total (upload %.2fs, wait %.2fs, download %.2fs), up %.2f MB, down %.2f MB%s%s",
-             step, now_seconds() - start, s->upload_s, s->wait_s, s->download_s, (double)s->bytes_up / 1e6,
-             (double)s->bytes_down / 1e6, got.view[0] ? ", view " : "", got.view);
+    log_round(p, step, now_seconds() - start, &res, "");
     return SPES_OK;
+}
+
+// ---- overlapped sync (spes_config.sync_overlap) ----
+//
+// At a sync step s the peer snapshots its weights U, uploads them (the network calls run on the
+// round's thread) and trains on. At the end of every later step it looks whether the aggregate
+// A has arrived; the first step end t that finds it applies it, as
+//     W <- A + (W - U)
+// i.e. the aggregate's change relative to the weights that were uploaded is applied to the
+// current weights, each value computed as A + (W - U) in float32 (own experts left out of the
+// download are A = U, as in a blocking round). At the latest the round is waited for at the next
+// sync step (before its upload), at a step whose checkpoint is due, and at the last step, so
+// every checkpoint holds applied aggregates only and resume works as with blocking rounds. The
+// applied step t is logged ("applied at step t"); for a given t the result is deterministic.
+// Rounds at a checkpoint step or at the last step are blocking (nothing to overlap with).
+
+// An overlapped round still in flight when the peer goes away (an error elsewhere): its thread
+// is left to finish on its own (it frees its job), and the client with it.
+static void abandon_pending(SpesPeer *p) {
+    RoundJob *j = p->pending.job;
+    if (!j) return;
+    p->pending.job = NULL;
+    pthread_mutex_lock(&j->mu);
+    bool done = j->done;
+    j->abandoned = !done;
+    pthread_mutex_unlock(&j->mu);
+    if (done) {
+        pthread_join(p->pending.thread, NULL);
+        round_job_free(j);
+    } else {
+        pthread_detach(p->pending.thread);
+        p->client_busy = true;
+    }
+}
+
+static bool checkpoint_due(const SpesPeer *p, int64_t step) {
+    int64_t every = p->cfg->save_interval_unsharded;
+    return (every > 0 && step % every == 0) || step >= p->total_steps;
+}
+
+// Applies the pending round's aggregate (waiting for it if needed) to the weights trained since.
+static int apply_pending(SpesPeer *p, Model *m, int64_t step) {
+    double start = now_seconds();
+    Round *r = &p->pending;
+    int64_t round_step = r->step;
+    double in_flight = start - r->started;
+    RoundResult res;
+    int rc = end_round(p, m, r, p->snapshot, &res);
+    double waited = now_seconds() - start;
+    size_t n = m->table.total_numel;
+    if (rc == SPES_OK) rc = model_params_to_host(m);
+    if (rc == SPES_OK) rc = audit_model(p, m, "local", round_step);   // the trained weights the rule starts from
+    if (rc == SPES_OK) {
+        float *w = m->params, *u = p->snapshot, *local = p->local;
+        memcpy(local, w, n * sizeof(float));
+        memcpy(w, u, n * sizeof(float));   // the model as uploaded: apply_result loads the aggregate onto it
+        rc = apply_result(p, m, round_step, &res);
+        if (rc == SPES_OK)
+            for (size_t i = 0; i < n; i++) w[i] = w[i] + (local[i] - u[i]);
+        else   // the aggregate was refused: the trained weights stay
+            memcpy(w, local, n * sizeof(float));
+        int to_device = model_params_to_device(m);
+        if (rc == SPES_OK) rc = to_device;
+    }
+    free(res.bytes);
+    if (rc == SPES_OK) {
+        char extra[128];
+        snprintf(extra, sizeof extra, "; overlapped: applied at step %" PRId64 " (in flight %.2fs, training waited %.2fs)",
+                 step, in_flight, waited);
+        log_round(p, round_step, now_seconds() - start + in_flight, &res, extra);
+        rc = audit_model(p, m, "applied", round_step);
+    }
+    return rc;
+}
+
+// Starts an overlapped round for step: snapshot of the weights, upload, train on.
+static int begin_overlapped(SpesPeer *p, Model *m, int64_t step) {
+    size_t n = m->table.total_numel;
+    if (!p->snapshot) p->snapshot = spes_malloc(n * sizeof(float) + 1);
+    if (!p->local) p->local = spes_malloc(n * sizeof(float) + 1);
+    if (!p->snapshot || !p->local) return SPES_ERR;
+    SPES_TRY(model_params_to_host(m));
+    memcpy(p->snapshot, m->params, n * sizeof(float));
+    SPES_TRY(audit_weights(p, m, p->snapshot, "uploaded", step));   // the weights the rule subtracts
+    return begin_round(p, m, step, p->snapshot, &p->pending);
 }
 
 int spes_peer_after_step(void *ctx, Model *m, int64_t step) {
@@ -583,9 +745,19 @@ int spes_peer_after_step(void *ctx, Model *m, int64_t step) {
     const TrainConfig *cfg = p->cfg;
     int64_t every = cfg->decayed_factor_update_steps > 0 ? cfg->decayed_factor_update_steps : 1;
     if (step % every == 0) update_lb_factor(p, step);
-    if (cfg->sync_steps <= 0 || step % cfg->sync_steps != 0) return SPES_OK;
+    bool sync_step = cfg->sync_steps > 0 && step % cfg->sync_steps == 0;
+    if (p->pending.job && (sync_step || checkpoint_due(p, step) || stop_requested(p) || round_done(&p->pending))) {
+        int64_t round_step = p->pending.step;
+        if (apply_pending(p, m, step) != SPES_OK) {
+            // The local weights stay (the aggregate never reached them): saved as not synced.
+            p->unsynced_step = step;
+            return spes_fail_context("sync step %" PRId64 " (overlapped, applying at step %" PRId64 ")", round_step, step);
+        }
+    }
+    if (!sync_step) return SPES_OK;
     if (step > INT32_MAX) return spes_fail("step %" PRId64 " does not fit the wire protocol's int32", step);
-    if (sync_round(p, m, step) != SPES_OK) {
+    int rc = cfg->sync_overlap && !checkpoint_due(p, step) ? begin_overlapped(p, m, step) : sync_round(p, m, step);
+    if (rc != SPES_OK) {
         p->unsynced_step = step;   // the caller saves the local state, marked not synced
         return spes_fail_context("sync step %" PRId64, step);
     }
