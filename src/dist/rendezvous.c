@@ -1,14 +1,13 @@
-// torchrun-style ranks joined over an ompi-server and a TCP rendezvous. See rendezvous.h.
+// torchrun-style ranks joined over an ompi-server and a local-socket rendezvous. See rendezvous.h.
 #include "dist/rendezvous.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +15,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -133,16 +133,29 @@ static int start_server(Rendezvous *r, char *uri, size_t cap, double deadline) {
     return spes_fail("rendezvous: ompi-server wrote no URI to %s within %.0f s", r->uri_file, timeout_seconds());
 }
 
-static int listen_on(int port, int *out) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+// The rendezvous socket: an abstract Unix socket named after MASTER_ADDR and MASTER_PORT. The
+// ranks are one node's, and MASTER_PORT itself is taken under torchrun (its agent's store
+// listens there), so the name only borrows the job's unique (address, port) pair.
+static socklen_t rendezvous_address(const char *host, int port, struct sockaddr_un *a) {
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    // sun_path[0] = '\0': the abstract namespace (no file; gone when the socket closes).
+    int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "spes-rendezvous-%s-%d", host, port);
+    if (n < 0 || (size_t)n >= sizeof a->sun_path - 1) n = (int)sizeof a->sun_path - 2;
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+static int listen_on(const char *host, int port, int *out) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return spes_fail("rendezvous: socket: %s", strerror(errno));
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_ANY)};
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 64) != 0) {
+    struct sockaddr_un a;
+    socklen_t len = rendezvous_address(host, port, &a);
+    if (bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, 64) != 0) {
         int err = errno;
         close(fd);
-        return spes_fail("rendezvous: rank 0 cannot listen on MASTER_PORT %d: %s", port, strerror(err));
+        return spes_fail("rendezvous: rank 0 cannot listen on @%s: %s (another job with the same MASTER_ADDR and "
+                         "MASTER_PORT on this node?)",
+                         a.sun_path + 1, strerror(err));
     }
     *out = fd;
     return SPES_OK;
@@ -181,16 +194,12 @@ static int gather_ranks(Rendezvous *r, int lfd, double deadline) {
 
 // ---- the other ranks: connect to rank 0, retrying until it listens ----
 static int connect_to(const char *host, int port, double deadline, int *out) {
-    char service[16];
-    snprintf(service, sizeof service, "%d", port);
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    int gai = getaddrinfo(host, service, &hints, &ai);
-    if (gai != 0) return spes_fail("rendezvous: MASTER_ADDR %s: %s", host, gai_strerror(gai));
+    struct sockaddr_un a;
+    socklen_t len = rendezvous_address(host, port, &a);
     int err = 0;
     while (now_seconds() < deadline) {
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-            freeaddrinfo(ai);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&a, len) == 0) {
             *out = fd;
             return SPES_OK;
         }
@@ -198,10 +207,9 @@ static int connect_to(const char *host, int port, double deadline, int *out) {
         if (fd >= 0) close(fd);
         usleep(100000);
     }
-    freeaddrinfo(ai);
-    return spes_fail("rendezvous: cannot reach rank 0 at %s:%d within %.0f s: %s (is RANK=0 running, with the same "
-                     "MASTER_ADDR/MASTER_PORT?)",
-                     host, port, timeout_seconds(), strerror(err));
+    return spes_fail("rendezvous: cannot reach rank 0 at @%s within %.0f s: %s (is RANK=0 running on this node, "
+                     "with the same MASTER_ADDR/MASTER_PORT?)",
+                     a.sun_path + 1, timeout_seconds(), strerror(err));
 }
 
 // ---- the watchdog ----
@@ -269,7 +277,7 @@ int rdv_join(Rendezvous **out, MPI_Comm *world, int *rank, int *size, int *local
     char uri[1024], port_name[MPI_MAX_PORT_NAME];
     // Step 1: the server's URI reaches every rank.
     if (rc == SPES_OK && rk == 0) {
-        rc = listen_on(port, &lfd);
+        rc = listen_on(host, port, &lfd);
         if (rc == SPES_OK) rc = start_server(r, uri, sizeof uri, deadline);
         if (rc == SPES_OK) rc = gather_ranks(r, lfd, deadline);
         for (int k = 1; rc == SPES_OK && k < ws; k++) rc = send_str(r->fds[k], uri);
