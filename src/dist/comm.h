@@ -27,8 +27,8 @@ typedef struct Comm Comm;
 
 // The job this process belongs to, from the launcher's environment: OpenMPI's mpirun
 // (OMPI_COMM_WORLD_*), torchrun-style variables without mpirun (RANK, WORLD_SIZE, LOCAL_RANK,
-// MASTER_ADDR, MASTER_PORT: the ranks join through dist/rendezvous.h), or a single rank. Initialises MPI only for a job of
-// more than one rank. `*out` is never NULL on success.
+// MASTER_ADDR, MASTER_PORT: the ranks join through dist/rendezvous.h), or a single rank.
+// Initialises MPI only for a job of more than one rank. `*out` is never NULL on success.
 int comm_init(Comm **out);
 // MPI_Finalize (multi-rank) and frees. NULL is fine.
 void comm_finalize(Comm *c);

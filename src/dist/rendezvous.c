@@ -1,14 +1,13 @@
-// torchrun-style ranks joined over an ompi-server and a TCP rendezvous. See rendezvous.h.
+// torchrun-style ranks joined over an ompi-server and a local-socket rendezvous. See rendezvous.h.
 #include "dist/rendezvous.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +15,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -45,7 +45,8 @@ static int env_num(const char *name) {
 
 bool rdv_wanted(void) {
     if (getenv("OMPI_COMM_WORLD_SIZE")) return false;
-    return env_num("WORLD_SIZE") > 1 && getenv("LOCAL_RANK") && getenv("MASTER_PORT") && env_num("LOCAL_WORLD_SIZE") != 1;
+    return env_num("WORLD_SIZE") > 1 && getenv("LOCAL_RANK") && getenv("MASTER_PORT") &&
+           env_num("LOCAL_WORLD_SIZE") != 1;
 }
 
 static double timeout_seconds(void) {
@@ -72,7 +73,8 @@ static int read_all(int fd, void *buf, size_t n, double deadline, const char *wh
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         int ready = ms > 0 ? poll(&pfd, 1, ms) : 0;
         if (ready < 0 && errno == EINTR) continue;
-        if (ready <= 0) return spes_fail("rendezvous: no %s within %.0f s (SPES_RENDEZVOUS_TIMEOUT)", what, timeout_seconds());
+        if (ready <= 0)
+            return spes_fail("rendezvous: no %s within %.0f s (SPES_RENDEZVOUS_TIMEOUT)", what, timeout_seconds());
         ssize_t k = read(fd, p, n);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) return spes_fail("rendezvous: connection closed while waiting for %s", what);
@@ -133,16 +135,29 @@ static int start_server(Rendezvous *r, char *uri, size_t cap, double deadline) {
     return spes_fail("rendezvous: ompi-server wrote no URI to %s within %.0f s", r->uri_file, timeout_seconds());
 }
 
-static int listen_on(int port, int *out) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+// The rendezvous socket: an abstract Unix socket named after MASTER_ADDR and MASTER_PORT. The
+// ranks are one node's, and MASTER_PORT itself is taken under torchrun (its agent's store
+// listens there), so the name only borrows the job's unique (address, port) pair.
+static socklen_t rendezvous_address(const char *host, int port, struct sockaddr_un *a) {
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    // sun_path[0] = '\0': the abstract namespace (no file; gone when the socket closes).
+    int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "spes-rendezvous-%s-%d", host, port);
+    if (n < 0 || (size_t)n >= sizeof a->sun_path - 1) n = (int)sizeof a->sun_path - 2;
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+static int listen_on(const char *host, int port, int *out) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return spes_fail("rendezvous: socket: %s", strerror(errno));
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_ANY)};
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 64) != 0) {
+    struct sockaddr_un a;
+    socklen_t len = rendezvous_address(host, port, &a);
+    if (bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, 64) != 0) {
         int err = errno;
         close(fd);
-        return spes_fail("rendezvous: rank 0 cannot listen on MASTER_PORT %d: %s", port, strerror(err));
+        return spes_fail("rendezvous: rank 0 cannot listen on @%s: %s (another job with the same MASTER_ADDR and "
+                         "MASTER_PORT on this node?)",
+                         a.sun_path + 1, strerror(err));
     }
     *out = fd;
     return SPES_OK;
@@ -181,16 +196,12 @@ static int gather_ranks(Rendezvous *r, int lfd, double deadline) {
 
 // ---- the other ranks: connect to rank 0, retrying until it listens ----
 static int connect_to(const char *host, int port, double deadline, int *out) {
-    char service[16];
-    snprintf(service, sizeof service, "%d", port);
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    int gai = getaddrinfo(host, service, &hints, &ai);
-    if (gai != 0) return spes_fail("rendezvous: MASTER_ADDR %s: %s", host, gai_strerror(gai));
+    struct sockaddr_un a;
+    socklen_t len = rendezvous_address(host, port, &a);
     int err = 0;
     while (now_seconds() < deadline) {
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-            freeaddrinfo(ai);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&a, len) == 0) {
             *out = fd;
             return SPES_OK;
         }
@@ -198,10 +209,9 @@ static int connect_to(const char *host, int port, double deadline, int *out) {
         if (fd >= 0) close(fd);
         usleep(100000);
     }
-    freeaddrinfo(ai);
-    return spes_fail("rendezvous: cannot reach rank 0 at %s:%d within %.0f s: %s (is RANK=0 running, with the same "
-                     "MASTER_ADDR/MASTER_PORT?)",
-                     host, port, timeout_seconds(), strerror(err));
+    return spes_fail("rendezvous: cannot reach rank 0 at @%s within %.0f s: %s (is RANK=0 running on this node, "
+                     "with the same MASTER_ADDR/MASTER_PORT?)",
+                     a.sun_path + 1, timeout_seconds(), strerror(err));
 }
 
 // ---- the watchdog ----
@@ -210,7 +220,8 @@ static void *watch(void *arg) {
     int n = r->rank == 0 ? r->size - 1 : 1;
     struct pollfd *p = calloc((size_t)n + 1, sizeof *p);
     if (!p) return NULL;
-    for (int i = 0; i < n; i++) p[i] = (struct pollfd){.fd = r->rank == 0 ? r->fds[i + 1] : r->fds[0], .events = POLLIN};
+    for (int i = 0; i < n; i++)
+        p[i] = (struct pollfd){.fd = r->rank == 0 ? r->fds[i + 1] : r->fds[0], .events = POLLIN};
     p[n] = (struct pollfd){.fd = r->wake[0], .events = POLLIN};
     for (;;) {
         if (poll(p, (nfds_t)n + 1, -1) < 0 && errno != EINTR) break;
@@ -233,11 +244,54 @@ static void *watch(void *arg) {
     return NULL;
 }
 
-static int mpi_fail(const char *what, int code) {
+static int mpi_call(int code, const char *what) {
+    if (code == MPI_SUCCESS) return SPES_OK;
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(code, msg, &len);
     return spes_fail("rendezvous: %s failed: %s", what, msg);
+}
+
+// `*comm` (ranks 0..k-1) accepts one more rank on the port: afterwards it holds 0..k, the new
+// one last (MPI_Intercomm_merge puts the `high` side after the other).
+static int accept_next(MPI_Comm *comm, const char *port) {
+    MPI_Comm inter, merged;
+    SPES_TRY(mpi_call(MPI_Comm_accept(port, MPI_INFO_NULL, 0, *comm, &inter), "MPI_Comm_accept"));
+    SPES_TRY(mpi_call(MPI_Intercomm_merge(inter, 0, &merged), "MPI_Intercomm_merge"));
+    MPI_Comm_free(&inter);
+    if (*comm != MPI_COMM_SELF) MPI_Comm_free(comm);
+    *comm = merged;
+    return SPES_OK;
+}
+
+// Step 3 of rendezvous.h: rank k connects when rank 0 sends it the port name, which it does
+// when ranks 0..k-1 are about to accept; then rank k takes part in accepting k+1, ...
+static int join_in_rank_order(Rendezvous *r, MPI_Comm *comm) {
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);   // failures become messages
+    char port[MPI_MAX_PORT_NAME];
+    *comm = MPI_COMM_SELF;
+    if (r->rank == 0) {
+        SPES_TRY(mpi_call(MPI_Open_port(MPI_INFO_NULL, port), "MPI_Open_port"));
+    } else {
+        MPI_Comm inter;
+        SPES_TRY(recv_str(r->fds[0], port, sizeof port, now_seconds() + timeout_seconds() * r->size,
+                          "the MPI port name from rank 0"));
+        SPES_TRY(mpi_call(MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter), "MPI_Comm_connect"));
+        SPES_TRY(mpi_call(MPI_Intercomm_merge(inter, 1, comm), "MPI_Intercomm_merge"));
+        MPI_Comm_free(&inter);
+    }
+    for (int k = r->rank + 1; k < r->size; k++) {
+        if (r->rank == 0) SPES_TRY(send_str(r->fds[k], port));
+        SPES_TRY(accept_next(comm, port));
+    }
+    if (r->rank == 0) MPI_Close_port(port);
+    int got_rank = -1, got_size = -1;
+    MPI_Comm_rank(*comm, &got_rank);
+    MPI_Comm_size(*comm, &got_size);
+    if (got_rank != r->rank || got_size != r->size)
+        return spes_fail("rendezvous: joined as rank %d of %d, expected RANK=%d of WORLD_SIZE=%d", got_rank, got_size,
+                         r->rank, r->size);
+    return SPES_OK;
 }
 
 int rdv_join(Rendezvous **out, MPI_Comm *world, int *rank, int *size, int *local_rank) {
@@ -246,9 +300,12 @@ int rdv_join(Rendezvous **out, MPI_Comm *world, int *rank, int *size, int *local
     int port = env_num("MASTER_PORT");
     const char *host = getenv("MASTER_ADDR");
     if (!host || !*host) host = "127.0.0.1";
-    if (rk < 0 || rk >= ws) return spes_fail("torchrun-style ranks: RANK=%s must be a number in [0, WORLD_SIZE=%d)", getenv("RANK") ? getenv("RANK") : "(unset)", ws);
+    if (rk < 0 || rk >= ws)
+        return spes_fail("torchrun-style ranks: RANK=%s must be a number in [0, WORLD_SIZE=%d)",
+                         getenv("RANK") ? getenv("RANK") : "(unset)", ws);
     if (lr < 0) return spes_fail("torchrun-style ranks: LOCAL_RANK=%s is not a number", getenv("LOCAL_RANK"));
-    if (port < 1 || port > 65535) return spes_fail("torchrun-style ranks: MASTER_PORT=%s is not a port", getenv("MASTER_PORT"));
+    if (port < 1 || port > 65535)
+        return spes_fail("torchrun-style ranks: MASTER_PORT=%s is not a port", getenv("MASTER_PORT"));
     if (lws > 0 && lws != ws)
         return spes_fail("torchrun-style ranks: WORLD_SIZE=%d spans several nodes (LOCAL_WORLD_SIZE=%d): spes ranks "
                          "are one node's, and nodes sync through the SPES parameter server; start one job per node "
@@ -266,10 +323,10 @@ int rdv_join(Rendezvous **out, MPI_Comm *world, int *rank, int *size, int *local
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
     double deadline = now_seconds() + timeout_seconds();
-    char uri[1024], port_name[MPI_MAX_PORT_NAME];
+    char uri[1024];
     // Step 1: the server's URI reaches every rank.
     if (rc == SPES_OK && rk == 0) {
-        rc = listen_on(port, &lfd);
+        rc = listen_on(host, port, &lfd);
         if (rc == SPES_OK) rc = start_server(r, uri, sizeof uri, deadline);
         if (rc == SPES_OK) rc = gather_ranks(r, lfd, deadline);
         for (int k = 1; rc == SPES_OK && k < ws; k++) rc = send_str(r->fds[k], uri);
@@ -291,43 +348,12 @@ int rdv_join(Rendezvous **out, MPI_Comm *world, int *rank, int *size, int *local
         rdv_close(r);
         return SPES_ERR;
     }
-    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
-    // Step 3: rank k joins ranks 0..k-1, in RANK order.
-    MPI_Comm comm = MPI_COMM_SELF, inter, next;
-    int e = MPI_SUCCESS;
-    if (rk == 0) {
-        e = MPI_Open_port(MPI_INFO_NULL, port_name);
-        if (e != MPI_SUCCESS) rc = mpi_fail("MPI_Open_port", e);
-    } else {
-        // Rank 0 sends the port when ranks 0..rk-1 are ready to accept this rank.
-        rc = recv_str(r->fds[0], port_name, sizeof port_name, now_seconds() + timeout_seconds() * ws,
-                      "the MPI port name from rank 0");
-        if (rc == SPES_OK && (e = MPI_Comm_connect(port_name, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter)) != MPI_SUCCESS)
-            rc = mpi_fail("MPI_Comm_connect", e);
-        if (rc == SPES_OK && (e = MPI_Intercomm_merge(inter, 1, &comm)) != MPI_SUCCESS) rc = mpi_fail("MPI_Intercomm_merge", e);
-        if (rc == SPES_OK) MPI_Comm_free(&inter);
-    }
-    for (int k = rk + 1; rc == SPES_OK && k < ws; k++) {
-        if (rk == 0) rc = send_str(r->fds[k], port_name);
-        if (rc == SPES_OK && (e = MPI_Comm_accept(port_name, MPI_INFO_NULL, 0, comm, &inter)) != MPI_SUCCESS)
-            rc = mpi_fail("MPI_Comm_accept", e);
-        if (rc == SPES_OK && (e = MPI_Intercomm_merge(inter, 0, &next)) != MPI_SUCCESS) rc = mpi_fail("MPI_Intercomm_merge", e);
-        if (rc == SPES_OK) {
-            MPI_Comm_free(&inter);
-            if (comm != MPI_COMM_SELF) MPI_Comm_free(&comm);
-            comm = next;
-        }
-    }
-    if (rk == 0 && rc == SPES_OK) MPI_Close_port(port_name);
-    int got_rank = -1, got_size = -1;
-    if (rc == SPES_OK) {
-        MPI_Comm_rank(comm, &got_rank);
-        MPI_Comm_size(comm, &got_size);
-        if (got_rank != rk || got_size != ws)
-            rc = spes_fail("rendezvous: joined as rank %d of %d, expected RANK=%d of WORLD_SIZE=%d", got_rank, got_size, rk, ws);
-    }
+    // Step 3: one communicator of every rank, in RANK order.
+    MPI_Comm comm = MPI_COMM_SELF;
+    rc = join_in_rank_order(r, &comm);
     if (rc == SPES_OK && pipe2(r->wake, O_CLOEXEC) != 0) rc = spes_fail("rendezvous: pipe: %s", strerror(errno));
-    if (rc == SPES_OK && pthread_create(&r->watchdog, NULL, watch, r) != 0) rc = spes_fail("rendezvous: cannot start the watchdog thread");
+    if (rc == SPES_OK && pthread_create(&r->watchdog, NULL, watch, r) != 0)
+        rc = spes_fail("rendezvous: cannot start the watchdog thread");
     if (rc != SPES_OK) {
         MPI_Finalize();
         rdv_close(r);

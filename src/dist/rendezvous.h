@@ -4,9 +4,11 @@
 // OpenMPI 4.1 lets separately started (singleton) processes connect with MPI_Open_port /
 // MPI_Comm_accept / MPI_Comm_connect only through an `ompi-server` that all of them know
 // (without one MPI_Comm_connect fails: "requires the support of the ompi-server tool"). So:
-//   1. rank 0 starts `ompi-server` (a child that dies with it) and listens on MASTER_PORT;
-//      every other rank connects there (retrying for up to SPES_RENDEZVOUS_TIMEOUT seconds,
-//      60 by default) and says its RANK; rank 0 hands each the server's URI;
+//   1. rank 0 starts `ompi-server` (a child that dies with it) and listens on a local socket
+//      named after MASTER_ADDR and MASTER_PORT (an abstract Unix socket: the ranks are one
+//      node's, and torchrun's own agent listens on MASTER_PORT); every other rank connects
+//      there (retrying for up to SPES_RENDEZVOUS_TIMEOUT seconds, 60 by default) and says its
+//      RANK; rank 0 hands each the server's URI;
 //   2. every rank points OpenMPI at that server (OMPI_MCA_pmix_server_uri) and MPI_Inits as a
 //      singleton;
 //   3. rank 0 opens an MPI port; in RANK order it sends the port name to rank k over its socket

@@ -2,7 +2,8 @@
 # Ranks started torchrun-style, without mpirun (src/dist/rendezvous.h): separate processes
 # with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_WORLD_SIZE) set.
 #   - 2 ranks (ZeRO-2) and 3 ranks (DDP) train what mpirun's ranks train: the same bits (the same
-#     MPI collectives on a communicator of the same size), and 1 rank's within tolerance;
+#     MPI collectives on a communicator of the same size), and 1 rank's within tolerance; also
+#     under the real torchrun (the test virtualenv's) when it is there;
 #   - a rank killed mid-run ends the other rank with a message naming it, within seconds;
 #   - a rank whose peers never come fails after SPES_RENDEZVOUS_TIMEOUT with the missing ranks;
 #   - LOCAL_WORLD_SIZE smaller than WORLD_SIZE (a multi-node torchrun job) is refused.
@@ -54,6 +55,15 @@ grep -q "dist: 2 ranks, strategy zero2" "$tmp/tr2.0.log" || { echo "FAIL: tr2 di
 mpi mpi2 2 --fsdp.sharding_strategy=SHARD_GRAD_OP --ddp.bucket_cap_mb=0.01
 check mpi2 tr2 5 --tol 0 --exact-steps 5
 check one tr2 5 --tol 1e-5 --exact-steps 1
+# torchrun itself (the test virtualenv's), whose agent holds MASTER_PORT for its own store.
+if [ -x .venv/bin/torchrun ]; then
+  .venv/bin/torchrun --nnodes 1 --nproc_per_node 2 --no-python "$SPES_BIN" train "$tmp/tiny.yaml" \
+    --save_folder="$tmp/real2" --fsdp.sharding_strategy=SHARD_GRAD_OP --ddp.bucket_cap_mb=0.01 >"$tmp/real2.log" 2>&1 ||
+    { echo "FAIL: torchrun"; tail -30 "$tmp/real2.log"; exit 1; }
+  check mpi2 real2 5 --tol 0 --exact-steps 5
+else
+  echo "(no .venv/bin/torchrun: the real torchrun case is skipped)"
+fi
 torchrun tr3 3 --distributed_strategy=ddp
 mpi mpi3 3 --distributed_strategy=ddp
 check mpi3 tr3 5 --tol 0 --exact-steps 5
