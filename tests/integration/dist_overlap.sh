@@ -19,43 +19,32 @@ trap 'rm -rf "$tmp"' EXIT
 source tests/integration/lib/dist_tiny.sh
 dist_tiny_setup "$tmp"
 
-train() {   # train NAME NPROC [overrides...]
-  local name=$1 n=$2
-  shift 2
-  if ! timeout 300 "$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/$name" --nproc_per_node "$n" "$@" >>"$tmp/$name.log" 2>&1; then
-    echo "FAIL: training $name ($n ranks $*)"; tail -30 "$tmp/$name.log"; exit 1
-  fi
-}
-check() {   # check A B STEP [compare options]
-  echo "-- $2 vs $1"
-  python3 tests/integration/lib/dist_compare.py "$tmp/$1" "$tmp/$2" "$3" "${@:4}" || { echo "FAIL: $2 differs from $1"; exit 1; }
-}
 started() {   # started NAME: buckets the hooks started in the first step, from rank 0's log
   sed -n 's/.*dist: step 1: \([0-9]*\) of \([0-9]*\) gradient buckets started during the backward.*/\1 \2/p' "$tmp/$1.log"
 }
 
 small="--ddp.bucket_cap_mb=0.01"
-train one 1
+dist_train one 1
 for n in 2 3; do
   for s in NO_SHARD SHARD_OPTIM SHARD_GRAD_OP; do
     on="on_${s}_$n" off="off_${s}_$n"
-    train "$on" "$n" --fsdp.sharding_strategy=$s $small
-    train "$off" "$n" --fsdp.sharding_strategy=$s $small --ddp.overlap_grad_reduce=false
+    dist_train "$on" "$n" --fsdp.sharding_strategy=$s $small
+    dist_train "$off" "$n" --fsdp.sharding_strategy=$s $small --ddp.overlap_grad_reduce=false
     read -r early total <<<"$(started "$on")"
     echo "$on: $early of $total buckets started during the backward"
     [ -n "$total" ] && [ "$total" -ge 10 ] && [ "$early" -ge 2 ] || { echo "FAIL: $on did not overlap"; cat "$tmp/$on.log"; exit 1; }
     grep -q "overlapped with the backward" "$tmp/$on.log" || { echo "FAIL: $on start line"; exit 1; }
     [ "$(started "$off")" = "0 $total" ] || { echo "FAIL: $off started buckets during the backward"; cat "$tmp/$off.log"; exit 1; }
     grep -q "reduced after the backward" "$tmp/$off.log" || { echo "FAIL: $off start line"; exit 1; }
-    check "$off" "$on" 5 --tol 0 --exact-steps 5
-    check one "$on" 5 --tol 1e-5 --exact-steps 1
+    dist_check "$off" "$on" 5 --tol 0 --exact-steps 5
+    dist_check one "$on" 5 --tol 1e-5 --exact-steps 1
   done
 done
 
 # A rank without micro-batches: global batch 4 in micro-batches of 2 over 3 ranks.
-train one_b4 1 --global_train_batch_size=4
-train idle_3 3 --global_train_batch_size=4 --fsdp.sharding_strategy=SHARD_GRAD_OP $small
-check one_b4 idle_3 5 --tol 1e-5 --exact-steps 1
-train idle_3_ddp 3 --global_train_batch_size=4 --distributed_strategy=ddp $small
-check one_b4 idle_3_ddp 5 --tol 1e-5 --exact-steps 1
+dist_train one_b4 1 --global_train_batch_size=4
+dist_train idle_3 3 --global_train_batch_size=4 --fsdp.sharding_strategy=SHARD_GRAD_OP $small
+dist_check one_b4 idle_3 5 --tol 1e-5 --exact-steps 1
+dist_train idle_3_ddp 3 --global_train_batch_size=4 --distributed_strategy=ddp $small
+dist_check one_b4 idle_3_ddp 5 --tol 1e-5 --exact-steps 1
 echo "dist_overlap: OK"

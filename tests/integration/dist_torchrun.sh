@@ -44,30 +44,26 @@ mpi() {   # mpi NAME NPROC [overrides...]
   "$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/$name" --nproc_per_node "$n" "$@" >"$tmp/$name.log" 2>&1 ||
     { echo "FAIL: mpirun $name"; tail -20 "$tmp/$name.log"; exit 1; }
 }
-check() {   # check A B STEP [compare options]
-  echo "-- $2 vs $1"
-  python3 tests/integration/lib/dist_compare.py "$tmp/$1" "$tmp/$2" "$3" "${@:4}" || { echo "FAIL: $2 differs from $1"; exit 1; }
-}
 
 mpi one 1
 torchrun tr2 2 --fsdp.sharding_strategy=SHARD_GRAD_OP --ddp.bucket_cap_mb=0.01
 grep -q "dist: 2 ranks, strategy zero2" "$tmp/tr2.0.log" || { echo "FAIL: tr2 did not run 2 ranks"; cat "$tmp/tr2.0.log"; exit 1; }
 mpi mpi2 2 --fsdp.sharding_strategy=SHARD_GRAD_OP --ddp.bucket_cap_mb=0.01
-check mpi2 tr2 5 --tol 0 --exact-steps 5
-check one tr2 5 --tol 1e-5 --exact-steps 1
+dist_check mpi2 tr2 5 --tol 0 --exact-steps 5
+dist_check one tr2 5 --tol 1e-5 --exact-steps 1
 # torchrun itself (the test virtualenv's), whose agent holds MASTER_PORT for its own store.
 if [ -x .venv/bin/torchrun ]; then
   .venv/bin/torchrun --nnodes 1 --nproc_per_node 2 --no-python "$SPES_BIN" train "$tmp/tiny.yaml" \
     --save_folder="$tmp/real2" --fsdp.sharding_strategy=SHARD_GRAD_OP --ddp.bucket_cap_mb=0.01 >"$tmp/real2.log" 2>&1 ||
     { echo "FAIL: torchrun"; tail -30 "$tmp/real2.log"; exit 1; }
-  check mpi2 real2 5 --tol 0 --exact-steps 5
+  dist_check mpi2 real2 5 --tol 0 --exact-steps 5
 else
   echo "(no .venv/bin/torchrun: the real torchrun case is skipped)"
 fi
 torchrun tr3 3 --distributed_strategy=ddp
 mpi mpi3 3 --distributed_strategy=ddp
-check mpi3 tr3 5 --tol 0 --exact-steps 5
-check one tr3 5 --tol 1e-5 --exact-steps 1
+dist_check mpi3 tr3 5 --tol 0 --exact-steps 5
+dist_check one tr3 5 --tol 1e-5 --exact-steps 1
 
 # A killed rank: the other one ends with a message naming it, within seconds (rank 1 killed:
 # rank 0 sees its socket close; rank 0 killed: rank 1 sees rank 0's close).
