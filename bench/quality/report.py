@@ -26,7 +26,7 @@ VARIANT_TEXT = {"main": "", "no_merge": "expert merging off", "no_decayed_aux": 
                 "outer_nesterov": "outer Nesterov optimizer"}
 
 
-def variant_text(v, r):
+def variant_text(v):
     if v in VARIANT_TEXT:
         return VARIANT_TEXT[v]
     if v.startswith("sync"):
@@ -94,7 +94,7 @@ def table(meta, runs, corpus):
     summary = {}
     for method, variant in keys:
         g = group(runs, corpus, method, variant)
-        name = LABELS.get(method, method) + (f", {variant_text(variant, g[0])}" if variant != "main" else "")
+        name = LABELS.get(method, method) + (f", {variant_text(variant)}" if variant != "main" else "")
         vl = stats([r["val_loss"] for r in g])
         rt = paired_ratio(runs, corpus, g)
         line = f"| {name} | {len(g)} | {fmt_stats(vl)} | "
