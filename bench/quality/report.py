@@ -26,7 +26,7 @@ VARIANT_TEXT = {"main": "", "no_merge": "expert merging off", "no_decayed_aux": 
                 "outer_nesterov": "outer Nesterov optimizer"}
 
 
-def variant_text(v, r):
+def variant_text(v):
     if v in VARIANT_TEXT:
         return VARIANT_TEXT[v]
     if v.startswith("sync"):
@@ -94,7 +94,7 @@ def table(meta, runs, corpus):
     summary = {}
     for method, variant in keys:
         g = group(runs, corpus, method, variant)
-        name = LABELS.get(method, method) + (f", {variant_text(variant, g[0])}" if variant != "main" else "")
+        name = LABELS.get(method, method) + (f", {variant_text(variant)}" if variant != "main" else "")
         vl = stats([r["val_loss"] for r in g])
         rt = paired_ratio(runs, corpus, g)
         line = f"| {name} | {len(g)} | {fmt_stats(vl)} | "
@@ -112,31 +112,39 @@ def table(meta, runs, corpus):
 
 
 # ---------------------------------------------------------------------------------------------
-# SVG: one panel per corpus; per method the mean over seeds as a line with points and the range
-# over seeds as a light band.
+# SVG: a column per corpus. Top row: validation loss against tokens, per method the mean over
+# seeds as a line with points and the range over seeds as a light band. Bottom row: SPES and
+# fedavg divided by the same seed's centralised loss at the same tokens, with the goal line.
 
-PANEL_W, PANEL_H = 480, 380
-LEFT, RIGHT, TOP, BOTTOM = 62, 14, 44, 52
+PANEL_W, PANEL_H = 480, 340
+LEFT, RIGHT, TOP, BOTTOM = 62, 14, 62, 52     # the legend runs in one line above the plot
 
 
-def mean_curve(group_runs):
-    """[(tokens, mean ce, min ce, max ce)] over the tokens every seed evaluated at."""
+def mean_curve(group_runs, base=None):
+    """[(tokens, mean, min, max)] over seeds at the tokens every seed evaluated at; with base
+    (seed -> {tokens: ce}) each value is first divided by the same seed's base value."""
     by_tokens = {}
     for r in group_runs:
         for t, ce in r["curve"]:
-            by_tokens.setdefault(t, []).append(ce)
+            if base is None:
+                by_tokens.setdefault(t, []).append(ce)
+            elif t in base.get(r["seed"], {}):
+                by_tokens.setdefault(t, []).append(ce / base[r["seed"]][t])
     n = len(group_runs)
     return [(t, statistics.fmean(v), min(v), max(v)) for t, v in sorted(by_tokens.items()) if len(v) == n]
 
 
-def panel(svg, x_off, corpus, curves, meta):
+def panel(svg, x_off, y_off, title, ylabel, curves, kind, goal=None):
     pts = [p for c in curves.values() for p in c]
+    svg.append(f'<text x="{x_off + PANEL_W / 2}" y="{y_off + 24}" text-anchor="middle" font-size="14">'
+               f'{escape(title)}</text>')
     if not pts:
-        svg.append(f'<text x="{x_off + PANEL_W / 2}" y="{PANEL_H / 2}" text-anchor="middle">{escape(corpus)}: '
-                   f'no curve points</text>')
+        svg.append(f'<text x="{x_off + PANEL_W / 2}" y="{y_off + PANEL_H / 2}" text-anchor="middle">no curve points</text>')
         return
     x0, x1 = 0, max(p[0] for p in pts)
     lo, hi = min(p[2] for p in pts), max(p[3] for p in pts)
+    if goal is not None:
+        lo, hi = min(lo, 1.0), max(hi, goal)
     pad = 0.05 * (hi - lo or 1)
     y0, y1 = lo - pad, hi + pad
 
@@ -144,25 +152,29 @@ def panel(svg, x_off, corpus, curves, meta):
         return x_off + LEFT + (x - x0) / (x1 - x0 or 1) * (PANEL_W - LEFT - RIGHT)
 
     def py(y):
-        return TOP + (y1 - y) / (y1 - y0 or 1) * (PANEL_H - TOP - BOTTOM)
+        return y_off + TOP + (y1 - y) / (y1 - y0 or 1) * (PANEL_H - TOP - BOTTOM)
 
-    svg.append(f'<text x="{x_off + PANEL_W / 2}" y="24" text-anchor="middle" font-size="14">'
-               f'{escape(corpus)} corpus: validation loss, {meta["seeds"]} seeds</text>')
+    top, bottom = y_off + TOP, y_off + PANEL_H - BOTTOM
     for t in nice_ticks(y0, y1, 6):
         svg.append(f'<line x1="{x_off + LEFT}" x2="{x_off + PANEL_W - RIGHT}" y1="{py(t):.1f}" y2="{py(t):.1f}" '
                    f'stroke="#e5e5e5"/>')
         svg.append(f'<text x="{x_off + LEFT - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
     for t in nice_ticks(x0, x1, 5):
-        svg.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{TOP}" y2="{PANEL_H - BOTTOM}" stroke="#f0f0f0"/>')
-        svg.append(f'<text x="{px(t):.1f}" y="{PANEL_H - BOTTOM + 16}" text-anchor="middle">{t / 1e6:g}</text>')
-    svg.append(f'<rect x="{x_off + LEFT}" y="{TOP}" width="{PANEL_W - LEFT - RIGHT}" height="{PANEL_H - TOP - BOTTOM}" '
+        svg.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{top}" y2="{bottom}" stroke="#f0f0f0"/>')
+        svg.append(f'<text x="{px(t):.1f}" y="{bottom + 16}" text-anchor="middle">{t / 1e6:g}</text>')
+    svg.append(f'<rect x="{x_off + LEFT}" y="{top}" width="{PANEL_W - LEFT - RIGHT}" height="{bottom - top}" '
                f'fill="none" stroke="#888"/>')
-    svg.append(f'<text x="{x_off + (LEFT + PANEL_W - RIGHT) / 2}" y="{PANEL_H - 14}" text-anchor="middle">'
+    svg.append(f'<text x="{x_off + (LEFT + PANEL_W - RIGHT) / 2}" y="{y_off + PANEL_H - 14}" text-anchor="middle">'
                f'tokens (millions, all peers together)</text>')
-    mid = (TOP + PANEL_H - BOTTOM) / 2
+    mid = (top + bottom) / 2
     svg.append(f'<text x="{x_off + 16}" y="{mid}" text-anchor="middle" transform="rotate(-90 {x_off + 16} {mid})">'
-               f'validation cross-entropy (nats/byte)</text>')
-    for i, (method, c) in enumerate(curves.items()):
+               f'{escape(ylabel)}</text>')
+    legend = []
+    if goal is not None:
+        svg.append(f'<line x1="{x_off + LEFT}" x2="{x_off + PANEL_W - RIGHT}" y1="{py(goal):.1f}" y2="{py(goal):.1f}" '
+                   f'stroke="#999" stroke-dasharray="6,4"/>')
+        legend.append(("#999", f"goal {goal:g}", "6,4"))
+    for method, c in curves.items():
         colour = COLOURS.get(method, "#555")
         if not c:
             continue
@@ -170,26 +182,36 @@ def panel(svg, x_off, corpus, curves, meta):
         svg.append(f'<polygon class="band" points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in band)}" '
                    f'fill="{colour}" fill-opacity="0.15" stroke="none"/>')
         d = " ".join(("M" if j == 0 else "L") + f"{px(t):.1f},{py(m):.1f}" for j, (t, m, _, _) in enumerate(c))
-        svg.append(f'<path class="mean" data-method="{method}" d="{d}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        svg.append(f'<path class="{kind}" data-method="{method}" d="{d}" fill="none" stroke="{colour}" '
+                   f'stroke-width="2"/>')
         for t, m, _, _ in c:
             svg.append(f'<circle cx="{px(t):.1f}" cy="{py(m):.1f}" r="2.5" fill="{colour}"/>')
-        ly = TOP + 16 + 18 * i
-        lx = x_off + PANEL_W - RIGHT - 200
-        svg.append(f'<line x1="{lx}" x2="{lx + 22}" y1="{ly - 4}" y2="{ly - 4}" stroke="{colour}" stroke-width="2"/>')
-        svg.append(f'<text x="{lx + 28}" y="{ly}">{escape(LABELS.get(method, method))} {c[-1][1]:.3f}</text>')
+        legend.append((colour, f"{LABELS.get(method, method)} {c[-1][1]:.3f}", ""))
+    lx, ly = x_off + LEFT, top - 10
+    for colour, text, dash in legend:
+        extra = f' stroke-dasharray="{dash}"' if dash else ""
+        svg.append(f'<line x1="{lx}" x2="{lx + 18}" y1="{ly - 4}" y2="{ly - 4}" stroke="{colour}" stroke-width="2"{extra}/>')
+        svg.append(f'<text x="{lx + 22}" y="{ly}" font-size="11">{escape(text)}</text>')
+        lx += 22 + 6 * len(text) + 14
 
 
-def write_svg(path, meta, runs):
+def write_svg(path, meta, runs, goal):
     corpora = []
     for r in runs:
         if r["corpus"] not in corpora:
             corpora.append(r["corpus"])
-    w = PANEL_W * len(corpora)
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{PANEL_H}" viewBox="0 0 {w} {PANEL_H}" '
-           f'font-family="sans-serif" font-size="12">', f'<rect width="{w}" height="{PANEL_H}" fill="white"/>']
+    w, h = PANEL_W * len(corpora), 2 * PANEL_H
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+           f'font-family="sans-serif" font-size="12">', f'<rect width="{w}" height="{h}" fill="white"/>']
     for i, corpus in enumerate(corpora):
-        curves = {m: mean_curve(group(runs, corpus, m, "main")) for m in METHODS if group(runs, corpus, m, "main")}
-        panel(svg, i * PANEL_W, corpus, curves, meta)
+        groups = {m: group(runs, corpus, m, "main") for m in METHODS if group(runs, corpus, m, "main")}
+        curves = {m: mean_curve(g) for m, g in groups.items()}
+        panel(svg, i * PANEL_W, 0, f"{corpus} corpus: validation loss, {meta['seeds']} seed{'s' if meta['seeds'] != 1 else ''}",
+              "validation cross-entropy (nats/byte)", curves, "mean")
+        base = {r["seed"]: dict(r["curve"]) for r in groups.get("centralised", [])}
+        ratios = {m: mean_curve(g, base) for m, g in groups.items() if m != "centralised"}
+        panel(svg, i * PANEL_W, PANEL_H, f"{corpus} corpus: loss / centralised loss (same seed)",
+              "ratio to centralised", ratios, "ratio", goal)
     svg.append("</svg>")
     with open(path + ".tmp", "w") as f:
         f.write("\n".join(svg) + "\n")
@@ -211,7 +233,8 @@ def main():
     md = ["# bench-quality report", "",
           f"Token budget per run: {meta['tokens']} tokens = {meta['steps']} steps x {meta['peers']} peers x "
           f"{meta['batch']} sequences x {meta['seq']} bytes (centralised: {meta['peers'] * meta['batch']} sequences "
-          f"per step). {meta['seeds']} seeds ({meta.get('ablation_seeds', meta['seeds'])} for each ablation, paired with the same seeds of the main runs). SPES: sync every {meta['sync_steps']} steps, expert merging "
+          f"per step). {meta['seeds']} seeds ({meta.get('ablation_seeds', meta['seeds'])} for each ablation, "
+          f"paired with the same seeds of the main runs). SPES: sync every {meta['sync_steps']} steps, expert merging "
           f"alpha {meta['merge']['alpha']} top-{meta['merge']['topk']} every 2 syncs in the first half, decayed "
           f"load-balancing loss on (the demo's settings). Validation loss and accuracies: the `spes demo` "
           f"evaluation of the final model (up to 100k held-out tokens; 48 + 48 questions, chance 25%).", ""]
@@ -238,7 +261,7 @@ def main():
     with open(a.md + ".tmp", "w") as f:
         f.write("\n".join(md))
     os.replace(a.md + ".tmp", a.md)
-    write_svg(a.svg, meta, runs)
+    write_svg(a.svg, meta, runs, a.goal)
     print("\n".join(md))
     print(" ".join(final))
 

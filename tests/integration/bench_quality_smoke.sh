@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# `make bench-quality` at toy size (bench/quality/run.sh --smoke: 6 steps, both corpora, the three
-# methods on 2 seeds, every ablation on seed 0). Checks, independently of the report code, that every run is
-# there with the same token budget and sane scores, that the peers really synced (and fedavg
-# really ran as fedavg), that the report's ratios are the per-seed ratios recomputed from the
-# results, and that the SVG is well-formed with one curve per method and corpus inside its frame.
+# `make bench-quality` at toy size (bench/quality/run.sh --smoke: 6 steps, both corpora, the
+# three methods on 2 seeds, every ablation on seed 0). Checks, independently of the report
+# code, that every run is there with the same token budget and sane scores, that the peers
+# really synced (and fedavg really ran as fedavg), that the report's ratios are the per-seed
+# ratios recomputed from the results, and that the SVG is well-formed: per corpus one loss
+# curve per method and one ratio curve each for SPES and fedavg, inside the drawing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SPES=${SPES_BIN:-$PWD/build/spes}
@@ -80,7 +81,9 @@ ns = "{http://www.w3.org/2000/svg}"
 w, h = float(root.get("width")), float(root.get("height"))
 paths = [p for p in root.iter(ns + "path") if p.get("class") == "mean"]
 assert sorted(p.get("data-method") for p in paths) == sorted(["centralised", "spes", "fedavg"] * 2), paths
-for p in paths:
+ratios = [p for p in root.iter(ns + "path") if p.get("class") == "ratio"]
+assert sorted(p.get("data-method") for p in ratios) == sorted(["spes", "fedavg"] * 2), ratios
+for p in paths + ratios:
     pts = [tuple(map(float, m.split(","))) for m in re.findall(r"[ML]([-\d.]+,[-\d.]+)", p.get("d"))]
     assert len(pts) >= 2, p.get("d")
     assert all(0 <= x <= w and 0 <= y <= h for x, y in pts), pts
