@@ -74,7 +74,7 @@ BENCHES   = $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 GPU_TEST_SRCS = $(sort $(wildcard tests/gpu/test_*.c))
 GPU_TESTS = $(if $(filter 1,$(CUDA)),$(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests-gpu/%) $(BUILD)/tests-gpu/gpu_count)
 
-.PHONY: all build deps test test-asan test-gpu bench bench-gpu demo clean fuzz venv
+.PHONY: all build deps test test-asan test-gpu bench bench-gpu bench-quality demo clean fuzz venv
 all: build
 build: $(BUILD)/spes $(TESTS) $(BENCHES) $(GPU_TESTS)
 
@@ -151,6 +151,12 @@ bench: deps
 	@$(MAKE) --no-print-directory build
 	@bash tests/setup_venv.sh
 	@bash bench/run_all.sh $(BUILD)
+
+# Training quality (bench/quality/run.sh, docs/quality.md): SPES vs centralised vs fedavg at an
+# equal token budget, 3 seeds, two corpora, plus ablations; ~20 min on an idle 2-core machine.
+bench-quality: deps
+	@$(MAKE) --no-print-directory build
+	@bash bench/quality/run.sh $(BUILD)
 
 # GPU benchmarks (bench/run_gpu.sh) on a CUDA build.
 bench-gpu: deps
