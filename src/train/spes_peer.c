@@ -43,6 +43,7 @@ struct SpesPeer {
     Round pending;              // spes_config.sync_overlap: the round in flight (job NULL: none)
     float *snapshot;            // [total] the weights it uploaded
     float *local;               // [total] scratch: the trained weights while the aggregate is applied
+    double blocked_s;           // training-thread time spent in sync work so far (logged each round)
     bool int8;                  // spes_config.payload_dtype: int8
     Int8Peer i8;                // its base aggregate and error feedback (set up by spes_peer_connect)
 };
@@ -476,7 +477,6 @@ static void *round_thread(void *arg) {
 
 static bool stop_requested(const SpesPeer *p) { return p->stop && *p->stop; }
 
-
 // What a finished round brought: the download (caller frees bytes) and the step it is of.
 typedef struct {
     uint8_t *bytes;
@@ -638,6 +638,20 @@ static void log_round(SpesPeer *p, int64_t step, double seconds, const RoundResu
              (double)s->bytes_down / 1e6, res->got.view[0] ? ", view " : "", res->got.view, extra);
 }
 
+// The sync work of a step end, timed: what training waits for (bench/net reads the total).
+static int sync_work(SpesPeer *p, Model *m, int64_t step);
+
+int spes_peer_after_step(void *ctx, Model *m, int64_t step) {
+    SpesPeer *p = ctx;
+    double start = now_seconds();
+    int rc = sync_work(p, m, step);
+    double spent = now_seconds() - start;
+    p->blocked_s += spent;
+    if (rc == SPES_OK && spent > 0.001)
+        log_info("sync: training blocked %.3fs at step %" PRId64 ", %.3fs in all", spent, step, p->blocked_s);
+    return rc;
+}
+
 // Upload the trainable tensors for `step`, wait for the aggregate, load it. On failure the model
 // still holds the local weights of `step` (the aggregate is validated before it is loaded).
 static int sync_round(SpesPeer *p, Model *m, int64_t step) {
@@ -740,8 +754,7 @@ static int begin_overlapped(SpesPeer *p, Model *m, int64_t step) {
     return begin_round(p, m, step, p->snapshot, &p->pending);
 }
 
-int spes_peer_after_step(void *ctx, Model *m, int64_t step) {
-    SpesPeer *p = ctx;
+static int sync_work(SpesPeer *p, Model *m, int64_t step) {
     const TrainConfig *cfg = p->cfg;
     int64_t every = cfg->decayed_factor_update_steps > 0 ? cfg->decayed_factor_update_steps : 1;
     if (step % every == 0) update_lb_factor(p, step);
