@@ -343,6 +343,8 @@ def main():
     ap.add_argument("--curve_points", type=int, default=6)
     ap.add_argument("--curve_val_tokens", type=int, default=16384)
     ap.add_argument("--no-ablations", dest="ablations", action="store_false")
+    ap.add_argument("--only", default="",
+                    help="comma list of variants to run (e.g. 'main,outer_nesterov'); default: every one")
     ap.add_argument("--outer_lr", type=float, default=0.7)
     ap.add_argument("--outer_momentum", type=float, default=0.9)
     a = ap.parse_args()
@@ -370,8 +372,15 @@ def main():
     help_text = subprocess.run([a.spes, "server", "--help"], capture_output=True, text=True).stdout
     has_outer = "--outer_lr" in help_text
     plan = variants(a, has_outer)
+    if a.only:
+        wanted = a.only.split(",")
+        unknown = [w for w in wanted if w not in {v[1] for v in plan}]
+        if unknown:
+            sys.exit(f"bench-quality: --only: unknown variant(s) {','.join(unknown)}")
+        plan = [v for v in plan if v[1] in wanted]
     tokens = a.steps * a.peers * a.batch * SEQ
-    log(f"bench-quality: {len(corpora)} corpora x {a.seeds} seeds x 3 methods, ablations {len(plan) - 3} x "
+    mains = sum(v[1] == "main" for v in plan)
+    log(f"bench-quality: {len(corpora)} corpora x {a.seeds} seeds x {mains} methods, ablations {len(plan) - mains} x "
         f"{min(a.seeds, a.ablation_seeds)} seeds; {a.steps} steps, "
         f"{tokens} tokens per run ({a.peers} peers x {a.batch} x {SEQ} per step; centralised {a.peers * a.batch} x {SEQ})")
     if not has_outer:

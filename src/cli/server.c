@@ -46,6 +46,10 @@ static void usage(FILE *out) {
             "                                   that arrived (at least max(S, 3 x median recent round time);\n"
             "                                   default 0: wait for every peer)\n"
             "  --min_peers Q                    quorum for such a partial round (default: a majority)\n"
+            "  --outer_lr X                     outer optimizer (DiLoCo Nesterov) on the shared tensors: step size\n"
+            "                                   on the pseudo-gradient (previous aggregate - mean); default 1\n"
+            "  --outer_momentum Y               its Nesterov momentum in [0, 1) (default 0; with lr 1: off, the\n"
+            "                                   plain mean). The server alone decides; fixed for a --state_dir\n"
             "  --auth_token_file F              require 'authorization: Bearer <token in F>' on every call\n"
             "  --peer_tokens F                  lines 'peer_id token': per-peer tokens, each only valid for its peer\n"
             "  --tls_cert PEM --tls_key PEM     serve TLS\n"
@@ -92,6 +96,8 @@ int cmd_server(int argc, char **argv) {
         {"tls_cert", required_argument, NULL, 'C'},
         {"tls_key", required_argument, NULL, 'D'},
         {"tls_ca", required_argument, NULL, 'E'},
+        {"outer_lr", required_argument, NULL, 'o'},
+        {"outer_momentum", required_argument, NULL, 'u'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -140,6 +146,8 @@ int cmd_server(int argc, char **argv) {
         case 'C': cfg.tls_cert = optarg; break;
         case 'D': cfg.tls_key = optarg; break;
         case 'E': cfg.tls_ca = optarg; break;
+        case 'o': status = cli_float("outer_lr", optarg, 1e-6, 10, &cfg.rounds.outer.lr); break;
+        case 'u': status = cli_float("outer_momentum", optarg, 0, 0.999999, &cfg.rounds.outer.momentum); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -371,6 +371,9 @@ struct AggregateAcc {
     DType out_dtype;
     float **acc;                    // [count] fp32 pre-merge values: out[t] itself for aligned F32 output
     float *own;                     // the fp32 buffer when acc is not the output (BF16 out)
+    const OuterOptConfig *outer;    // aggregate_acc_set_outer; NULL: no outer step
+    OuterOptState *outer_state;
+    const StTensor *const *theta;
 };
 
 static bool acc_is_out(const AggregateAcc *a, int t) { return (const void *)a->acc[t] == (const void *)a->out[t]; }
@@ -492,6 +495,37 @@ static void acc_store(const AggregateAcc *a, int t) {
     }
 }
 
+void aggregate_acc_set_outer(AggregateAcc *a, const OuterOptConfig *cfg, OuterOptState *state,
+                             const StTensor *const *theta) {
+    a->outer = cfg;
+    a->outer_state = state;
+    a->theta = theta;
+}
+
+// The outer step on every covered slot, in slot order, in place on the fp32 means.
+static int acc_outer_step(AggregateAcc *a) {
+    const OuterOptState *s = a->outer_state;
+    size_t largest = 0;
+    for (int t = 0; t < s->num_tensors; t++)
+        if ((size_t)s->numel[t] > largest) largest = (size_t)s->numel[t];
+    float *theta = spes_malloc((largest ? largest : 1) * sizeof(float));
+    if (!theta) return SPES_ERR;
+    int rc = SPES_OK;
+    for (int t = 0; rc == SPES_OK && t < s->num_tensors && t < a->spec->count; t++) {
+        if (s->numel[t] == 0) continue;
+        const StTensor *prev = a->theta ? a->theta[t] : NULL;
+        if (prev && !usable(prev, &a->spec->tensors[t])) {
+            rc = spes_fail("aggregate: step %d: the previous aggregate's '%s' is not usable for the outer step", a->step,
+                           a->spec->tensors[t].name);
+            break;
+        }
+        if (prev) acc_tensor(theta, prev, a->spec->tensors[t].numel, false);
+        rc = outer_opt_step(a->outer, a->outer_state, t, prev ? theta : NULL, a->acc[t], a->acc[t]);
+    }
+    free(theta);
+    return rc;
+}
+
 int aggregate_acc_finish(AggregateAcc *a, const StTensor *const *previous) {
     const ModelSpec *spec = a->spec;
     const AggregateConfig *cfg = a->cfg;
@@ -517,6 +551,8 @@ int aggregate_acc_finish(AggregateAcc *a, const StTensor *const *previous) {
             for (long i = 0; i < (long)n; i++) x[i] /= d;
         }
     }
+    // The outer step runs on the plain means (pre-merge values), before anything is rounded.
+    if (a->outer && acc_outer_step(a) != SPES_OK) return SPES_ERR;
     float alpha = aggregate_merge_alpha(cfg, a->step);
     int E = spec->num_experts, k = E - 1 < cfg->merge_topk ? E - 1 : cfg->merge_topk;
     bool merging = alpha > 0.0f && k >= 1;

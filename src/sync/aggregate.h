@@ -16,6 +16,7 @@
 
 #include "io/safetensors.h"
 #include "sync/model_spec.h"
+#include "sync/outer_optimizer.h"
 
 typedef struct {
     SyncMode mode;
@@ -77,4 +78,11 @@ int aggregate_acc_end_peer(AggregateAcc *acc, int peer);
 // Divides, fills missing owners' experts from previous (may be NULL when none is missing),
 // merges when due, and writes out. Then free with aggregate_acc_free.
 int aggregate_acc_finish(AggregateAcc *acc, const StTensor *const *previous);
+// Optional, before finish: finish then runs one outer step (outer_optimizer.h) on every slot
+// that state covers (numel > 0), on the fp32 mean after the division and before any rounding
+// to the output dtype, with theta[t] (the previous aggregate, F32 or BF16, widened to fp32;
+// theta NULL: the first round, the mean is kept and the velocity untouched). The caller marks
+// the round with outer_opt_end_round. cfg, state and theta must outlive the accumulator.
+void aggregate_acc_set_outer(AggregateAcc *acc, const OuterOptConfig *cfg, OuterOptState *state,
+                             const StTensor *const *theta);
 void aggregate_acc_free(AggregateAcc *acc);

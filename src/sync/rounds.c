@@ -61,6 +61,9 @@ struct Rounds {
     int n_recent;
     RoundsStatus stats;         // counters (open_step / peers are computed on demand)
     int lock_fd;                // the state dir's lock (server_state.h), -1 without one
+    bool outer_on;              // cfg.outer is not off
+    OuterOptState outer;        // its state after the newest published aggregate (under mu;
+                                // replaced under aggregate_mu, so rounds step it in turn)
 };
 
 static int restore_state(Rounds *r);
@@ -137,6 +140,12 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     r->lock_fd = -1;
     r->cfg = *cfg;
     if (r->cfg.min_peers == 0) r->cfg.min_peers = (cfg->agg.num_peers + 1) / 2;   // default: a majority
+    if (r->cfg.outer.lr == 0.0f) r->cfg.outer.lr = 1.0f;
+    if (outer_opt_config_check(&r->cfg.outer) != SPES_OK) {
+        free(r);
+        return spes_fail_context("server");
+    }
+    r->outer_on = !outer_opt_is_off(&r->cfg.outer);
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->persist_mu, NULL);
     pthread_mutex_init(&r->aggregate_mu, NULL);
@@ -203,6 +212,7 @@ void rounds_destroy(Rounds *r) {
     free(r->header);
     free(r->tensor_offset);
     model_spec_free(&r->spec);
+    outer_opt_state_free(&r->outer);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->persist_mu);
     pthread_mutex_destroy(&r->aggregate_mu);
@@ -257,18 +267,49 @@ static int plan_aggregate_layout(Rounds *r) {
     return rc;
 }
 
+// The slots the outer optimizer covers: numel[t] of every shared tensor in spes mode (experts
+// come from their owners and the merge), of every tensor in fedavg mode.
+static int64_t *outer_numel(const Rounds *r) {
+    int64_t *numel = spes_calloc((size_t)r->spec.count + 1, sizeof *numel);
+    for (int t = 0; numel && t < r->spec.count; t++)
+        numel[t] = r->cfg.agg.mode == SYNC_MODE_SPES && r->spec.tensors[t].expert >= 0 ? 0 : (int64_t)r->spec.tensors[t].numel;
+    return numel;
+}
+
+// r->outer := a fresh state (zero velocity, no round yet) for r->spec.
+static int outer_state_fresh(Rounds *r) {
+    int64_t *numel = outer_numel(r);
+    outer_opt_state_free(&r->outer);
+    int rc = numel ? outer_opt_state_init(&r->outer, r->spec.count, numel) : SPES_ERR;
+    free(numel);
+    return rc;
+}
+
+// *dst := a copy of src, through its serialised bytes (*bytes, *len keep them for the state dir).
+static int outer_state_copy(const Rounds *r, const OuterOptState *src, OuterOptState *dst, uint8_t **bytes, size_t *len) {
+    *len = outer_opt_state_size(src);
+    *bytes = spes_malloc(*len);
+    if (!*bytes) return SPES_ERR;
+    outer_opt_state_serialise(src, *bytes);
+    int64_t *numel = outer_numel(r);
+    int rc = numel ? outer_opt_state_restore(dst, *bytes, *len, r->spec.count, numel, "outer optimizer state") : SPES_ERR;
+    free(numel);
+    return rc;
+}
+
 // Takes the spec (moving it out of *spec) and plans the aggregate layout; with a state dir and
 // `persist`, writes it there first. Under r->mu.
 static grpc_status_code adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, bool persist) {
     if (aggregate_config_check(&r->cfg.agg, spec) != SPES_OK) return GRPC_STATUS_FAILED_PRECONDITION;
-    if (persist && r->cfg.state_dir && state_save_spec(r->cfg.state_dir, &r->cfg.agg, spec, payload_dtype) != SPES_OK)
+    if (persist && r->cfg.state_dir &&
+        state_save_spec(r->cfg.state_dir, &r->cfg.agg, &r->cfg.outer, spec, payload_dtype) != SPES_OK)
         return GRPC_STATUS_INTERNAL;
     r->spec = *spec;
     model_spec_init(spec);
     r->wire_dtype = payload_dtype;
     r->int8 = payload_dtype == DTYPE_I8;
     r->payload_dtype = r->int8 ? DTYPE_F32 : payload_dtype;
-    if (plan_aggregate_layout(r) != SPES_OK) {
+    if (plan_aggregate_layout(r) != SPES_OK || (r->outer_on && outer_state_fresh(r) != SPES_OK)) {
         free(r->tensor_offset);
         r->tensor_offset = NULL;
         model_spec_free(&r->spec);
@@ -579,7 +620,11 @@ static int int8_downlink(Rounds *r, AggregateBlob *blob, const AggregateBlob *pr
 // a partial round those present with the latest aggregate standing in for missing owners.
 // Uploads are read back one at a time, in peer order, into the accumulator (which is the
 // blob itself for F32 payloads): memory is the blob plus one upload, whatever P.
-static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
+// With the outer optimizer on, *next gets a copy of r->outer stepped by this round (r->outer
+// itself changes only when the aggregate is published) and *next_bytes its serialised form;
+// the previous aggregate (theta) must be the one r->outer last stepped to. Under aggregate_mu.
+static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round, OuterOptState *next, uint8_t **next_bytes,
+                                        size_t *next_len) {
     int P = r->cfg.agg.num_peers, count = r->spec.count;
     bool partial = round->num_uploaded < P;
     AggregateBlob *blob = spes_calloc(1, sizeof *blob);
@@ -589,12 +634,23 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
     const StTensor **prev_rows = NULL, **row = NULL;
     AggregateAcc *acc = NULL;
     pthread_mutex_lock(&r->mu);
-    AggregateBlob *prev = partial || r->int8 ? latest_before(r, round->step) : NULL;
+    AggregateBlob *prev = partial || r->int8 || r->outer_on ? latest_before(r, round->step) : NULL;
+    int outer_from = (int)r->outer.last_step;
+    uint8_t *state_bytes = NULL;
+    size_t state_len = 0;
+    bool outer_ok = !r->outer_on || outer_state_copy(r, &r->outer, next, &state_bytes, &state_len) == SPES_OK;
+    free(state_bytes);
     if (blob) blob->bytes = r->spare;
     if (blob) r->spare = NULL;
     pthread_mutex_unlock(&r->mu);
     if (blob && !blob->bytes) blob->bytes = spes_malloc(r->aggregate_len);
-    if (!blob || !blob->bytes || !out || (partial && !present)) goto fail;
+    if (!blob || !blob->bytes || !out || (partial && !present) || !outer_ok) goto fail;
+    if (r->outer_on && (prev ? prev->step : -1) != outer_from) {
+        spes_fail("outer optimizer: step %d would step from the aggregate of step %d, but its state is that of step %d "
+                  "(rounds out of order)",
+                  round->step, prev ? prev->step : -1, outer_from);
+        goto fail;
+    }
     if (prev) {
         prev_tensors = blob_tensors(r, prev);
         prev_rows = spes_calloc((size_t)count, sizeof *prev_rows);
@@ -607,9 +663,16 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round) {
     row = spes_calloc((size_t)count, sizeof *row);
     if (!row || aggregate_acc_begin(&r->spec, &r->cfg.agg, round->step, present, out, r->payload_dtype, &acc) != SPES_OK)
         goto fail;
+    if (r->outer_on) aggregate_acc_set_outer(acc, &r->cfg.outer, next, prev_rows);
     for (int p = 0; p < P; p++)
         if (round->uploaded[p] && add_upload(r, round, p, acc, row) != SPES_OK) goto fail;
     if (aggregate_acc_finish(acc, partial ? prev_rows : NULL) != SPES_OK) goto fail;
+    if (r->outer_on) {
+        outer_opt_end_round(next, round->step);
+        *next_len = outer_opt_state_size(next);
+        if (!(*next_bytes = spes_malloc(*next_len))) goto fail;
+        outer_opt_state_serialise(next, *next_bytes);
+    }
     if (r->int8 && prev && int8_downlink(r, blob, prev) != SPES_OK) goto fail;
     blob->step = round->step;
     blob->len = r->aggregate_len;
@@ -864,7 +927,10 @@ static grpc_status_code store_upload(Rounds *r, int peer, int step, size_t len, 
 // Writes the aggregate and then the bookkeeping to the state dir (when there is one) and
 // publishes the aggregate: downloads only ever see durable aggregates. Afterwards the round's
 // uploads and the aggregate that dropped out of the kept list are removed from disk.
-static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seconds) {
+// With the outer optimizer on, its state after this round (outer, serialised as outer_bytes)
+// is written before the aggregate and becomes r->outer as the aggregate is published.
+static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seconds, OuterOptState *outer,
+                               const uint8_t *outer_bytes, size_t outer_len) {
     const char *dir = r->cfg.state_dir;
     int step = blob->step, P = r->cfg.agg.num_peers;
     pthread_mutex_lock(&r->persist_mu);
@@ -873,7 +939,8 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
         StateBook book = {r->last_completed_step > step ? r->last_completed_step : step, r->stats.rounds_completed + 1,
                           r->rounds_partial + (blob->included != NULL)};
         pthread_mutex_unlock(&r->mu);
-        if ((blob->included && state_save_included(dir, step, blob->included, P) != SPES_OK) ||
+        if ((outer_bytes && state_save_outer(dir, step, outer_bytes, outer_len) != SPES_OK) ||
+            (blob->included && state_save_included(dir, step, blob->included, P) != SPES_OK) ||
             (blob->delta && state_save_delta(dir, step, blob->delta, blob->delta_len) != SPES_OK) ||
             state_save_aggregate(dir, step, blob->bytes, blob->len) != SPES_OK || state_save_book(dir, &book) != SPES_OK) {
             pthread_mutex_unlock(&r->persist_mu);
@@ -882,6 +949,11 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
     }
     pthread_mutex_lock(&r->mu);
     int dropped = publish(r, round, blob, seconds);
+    if (outer_bytes) {
+        OuterOptState old = r->outer;
+        r->outer = *outer;
+        *outer = old;   // the caller frees the previous state
+    }
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_unlock(&r->persist_mu);
     for (int p = 0; p < P; p++) state_remove_upload(r->upload_dir, step, p);
@@ -895,11 +967,20 @@ static grpc_status_code complete_round(Rounds *r, OpenRound *round, int peer) {
     int step = round->step, P = r->cfg.agg.num_peers, arrived = round->num_uploaded;
     pthread_mutex_lock(&r->aggregate_mu);
     double start = now_seconds();
-    AggregateBlob *blob = compute_aggregate(r, round);
+    OuterOptState outer = {0};
+    uint8_t *outer_bytes = NULL;
+    size_t outer_len = 0;
+    AggregateBlob *blob = compute_aggregate(r, round, &outer, &outer_bytes, &outer_len);
     double seconds = now_seconds() - start;
-    pthread_mutex_unlock(&r->aggregate_mu);
+    // The outer optimizer's state is sequential: the next round may only aggregate once this
+    // one's state is published (without it, rounds aggregate while others persist).
+    if (!r->outer_on) pthread_mutex_unlock(&r->aggregate_mu);
     grpc_status_code code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-    if (blob && persist_and_publish(r, round, blob, seconds) == SPES_OK) {
+    int persisted = blob ? persist_and_publish(r, round, blob, seconds, &outer, outer_bytes, outer_len) : SPES_ERR;
+    if (r->outer_on) pthread_mutex_unlock(&r->aggregate_mu);
+    outer_opt_state_free(&outer);
+    free(outer_bytes);
+    if (persisted == SPES_OK) {
         if (arrived == P) {
             log_info("server: step %d: aggregated %d peers in %.3f s (%zu bytes)", step, P, seconds, blob->len);
         } else {
@@ -1309,6 +1390,28 @@ static int restore_delta(Rounds *r, AggregateBlob *blob, int step) {
     return SPES_OK;
 }
 
+// The outer optimizer's state after the newest reloaded aggregate (outer_s<step>.bin), or a
+// fresh one when no aggregate was kept. A missing or damaged file is an error naming it.
+static int restore_outer(Rounds *r) {
+    int newest = -1;
+    for (int i = 0; i < r->cfg.keep_steps; i++)
+        if (r->kept[i] && r->kept[i]->step > newest) newest = r->kept[i]->step;
+    if (newest < 0) return SPES_OK;   // adopt_spec made a fresh state
+    uint8_t *bytes;
+    size_t len;
+    SPES_TRY(state_load_outer(r->cfg.state_dir, newest, &bytes, &len));
+    char what[96];
+    snprintf(what, sizeof what, "server state %s: outer_s%d.bin", r->cfg.state_dir, newest);
+    int64_t *numel = outer_numel(r);
+    outer_opt_state_free(&r->outer);
+    int rc = numel ? outer_opt_state_restore(&r->outer, bytes, len, r->spec.count, numel, what) : SPES_ERR;
+    if (rc == SPES_OK && r->outer.last_step != newest)
+        rc = spes_fail("%s: holds the state after step %lld, not %d", what, (long long)r->outer.last_step, newest);
+    free(numel);
+    free(bytes);
+    return rc;
+}
+
 // The bookkeeping from rounds.json (publishing the reloaded aggregates counted them again).
 static void apply_book(Rounds *r, const StateBook *book) {
     r->last_completed_step = book->last_completed_step;
@@ -1330,7 +1433,7 @@ static int restore_state(Rounds *r) {
     ModelSpec spec;
     DType dtype;
     bool found;
-    SPES_TRY(state_load_spec(dir, &r->cfg.agg, &spec, &dtype, &found));
+    SPES_TRY(state_load_spec(dir, &r->cfg.agg, &r->cfg.outer, &spec, &dtype, &found));
     if (!found) {
         // spec.json is written first of all, so rounds or uploads without it mean the directory
         // lost files: starting afresh would silently drop (and later overwrite) that run.
@@ -1393,10 +1496,12 @@ static int restore_state(Rounds *r) {
             continue;
         }
         if (reopened == 0) apply_book(r, &book);   // before the open rounds complete (if they do)
-        rc = restore_upload(r, f);
+        if (reopened == 0 && r->outer_on) rc = restore_outer(r);
+        if (rc == SPES_OK) rc = restore_upload(r, f);
         reopened++;
     }
     free(files);
+    if (rc == SPES_OK && reopened == 0 && r->outer_on) rc = restore_outer(r);
     if (rc != SPES_OK) return rc;
     if (reopened == 0) apply_book(r, &book);
     log_info("server: resumed from state dir %s: model fingerprint %016llx, %lld rounds completed (last step %d), %d "

@@ -19,6 +19,7 @@
 #include "sync/aggregate.h"
 #include "sync/aggregate_view.h"
 #include "sync/model_spec.h"
+#include "sync/outer_optimizer.h"
 #include "sync/server_state.h"
 
 // Sets the error message (printf-style, like spes_fail) and returns code: the transport
@@ -40,6 +41,10 @@ typedef struct {
     int min_peers;              // quorum of a partial round (>= 1)
     int max_rounds_ahead;       // 0: ROUNDS_AHEAD. Uploads more than this many rounds ahead of
                                 // the newest completed step are refused OUT_OF_RANGE (below)
+    OuterOptConfig outer;       // outer optimizer on the shared tensors (every tensor in fedavg
+                                // mode); lr 0 means 1; lr 1 momentum 0: off (the plain mean). The
+                                // server alone decides it (peers just download the aggregate); it
+                                // is stored in the state dir's spec.json and cannot change mid-run
 } RoundsConfig;
 
 // How far ahead of the run an upload may be. The server does not know the peers' sync_steps;

@@ -83,7 +83,8 @@ static int load_json(const char *dir, const char *name, json_t **out, bool *foun
     return rc;
 }
 
-int state_save_spec(const char *dir, const AggregateConfig *agg, const ModelSpec *spec, DType payload_dtype) {
+int state_save_spec(const char *dir, const AggregateConfig *agg, const OuterOptConfig *outer, const ModelSpec *spec,
+                    DType payload_dtype) {
     json_t *tensors = json_array();
     for (int t = 0; tensors && t < spec->count; t++) {
         const SpecTensor *x = &spec->tensors[t];
@@ -97,10 +98,15 @@ int state_save_spec(const char *dir, const AggregateConfig *agg, const ModelSpec
     json_t *j = json_pack("{s:i, s:s, s:i, s:i, s:s, s:s, s:o}", "version", 1, "mode", sync_mode_name(agg->mode),
                           "num_peers", agg->num_peers, "experts_per_node", agg->experts_per_node, "payload_dtype",
                           dtype_name(payload_dtype), "fingerprint", fingerprint, "tensors", tensors);
+    if (j && !outer_opt_is_off(outer)) {
+        json_object_set_new(j, "outer_lr", json_real(outer->lr));
+        json_object_set_new(j, "outer_momentum", json_real(outer->momentum));
+    }
     return save_json(dir, "spec.json", j);
 }
 
-int state_load_spec(const char *dir, const AggregateConfig *agg, ModelSpec *spec, DType *payload_dtype, bool *found) {
+int state_load_spec(const char *dir, const AggregateConfig *agg, const OuterOptConfig *outer, ModelSpec *spec,
+                    DType *payload_dtype, bool *found) {
     json_t *j;
     model_spec_init(spec);
     SPES_TRY(load_json(dir, "spec.json", &j, found));
@@ -120,6 +126,15 @@ int state_load_spec(const char *dir, const AggregateConfig *agg, ModelSpec *spec
         rc = spes_fail("server state %s was written by a run with mode %s, %d peers, %d experts per node; this server "
                        "runs mode %s, --total_peers %d, --num_train_experts_per_node %d (use another --state_dir)",
                        dir, mode, peers, per_node, sync_mode_name(agg->mode), agg->num_peers, agg->experts_per_node);
+    // Absent keys: a run without the outer optimizer (lr 1, momentum 0). The values went
+    // through float on the way in, so comparing them as floats is exact.
+    json_t *lr = json_object_get(j, "outer_lr"), *mu = json_object_get(j, "outer_momentum");
+    float saved_lr = lr ? (float)json_number_value(lr) : 1.0f, saved_mu = mu ? (float)json_number_value(mu) : 0.0f;
+    if (rc == SPES_OK && (saved_lr != outer->lr || saved_mu != outer->momentum))
+        rc = spes_fail("server state %s was written by a run with --outer_lr %g --outer_momentum %g; this server runs "
+                       "--outer_lr %g --outer_momentum %g (the outer optimizer cannot change mid-run: use the same "
+                       "values, or another --state_dir)",
+                       dir, (double)saved_lr, (double)saved_mu, (double)outer->lr, (double)outer->momentum);
     if (rc == SPES_OK) rc = dtype_from_name(dtype, payload_dtype);
     size_t i;
     json_t *x;
@@ -317,6 +332,32 @@ int state_load_delta(const char *dir, int step, uint8_t **bytes, size_t *len) {
     return rc;
 }
 
+static char *outer_path(const char *dir, int step) {
+    char name[64];
+    snprintf(name, sizeof name, "outer_s%d.bin", step);
+    return path_join(dir, name);
+}
+
+int state_save_outer(const char *dir, int step, const uint8_t *bytes, size_t len) {
+    char *path = outer_path(dir, step);
+    int rc = path ? file_write_atomic(path, bytes, len) : SPES_ERR;
+    free(path);
+    return rc;
+}
+
+int state_load_outer(const char *dir, int step, uint8_t **bytes, size_t *len) {
+    *bytes = NULL;
+    *len = 0;
+    char *path = outer_path(dir, step);
+    if (!path) return SPES_ERR;
+    int rc = file_exists(path) ? file_read_all(path, bytes, len)
+                               : spes_fail("server state: %s is missing (the outer optimizer's state after step %d, the "
+                                           "newest aggregate; a damaged state directory?)",
+                                           path, step);
+    free(path);
+    return rc;
+}
+
 void state_remove_aggregate(const char *dir, int step) {
     remove_file(dir, &(StateFile){'a', step, -1});
     char *name = included_name(step), *path = name ? path_join(dir, name) : NULL;
@@ -324,6 +365,9 @@ void state_remove_aggregate(const char *dir, int step) {
     free(path);
     free(name);
     path = delta_path(dir, step);
+    if (path && unlink(path) != 0 && errno != ENOENT) log_warn("server state: cannot remove %s: %s", path, strerror(errno));
+    free(path);
+    path = outer_path(dir, step);
     if (path && unlink(path) != 0 && errno != ENOENT) log_warn("server state: cannot remove %s: %s", path, strerror(errno));
     free(path);
 }

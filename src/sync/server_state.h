@@ -8,6 +8,8 @@
 //   DIR/upload_s<step>_p<peer>.safetensors   each accepted upload of a round not yet aggregated
 //   DIR/aggregate_s<step>.safetensors    each kept aggregate
 //   DIR/aggregate_s<step>.peers.json     for a partial round: the peers in it (written first)
+//   DIR/outer_s<step>.bin                with --outer_lr/--outer_momentum: the outer optimizer's state
+//                                        after the round of step (written before its aggregate)
 //
 // Order of writes (rounds.c): an upload is on disk before the peer hears OK; an aggregate and
 // then rounds.json are on disk before any peer can download the aggregate; only then are the
@@ -21,6 +23,7 @@
 
 #include "sync/aggregate.h"
 #include "sync/model_spec.h"
+#include "sync/outer_optimizer.h"
 
 typedef struct {
     int last_completed_step;        // -1: none
@@ -35,8 +38,12 @@ void state_close(int lock_fd);
 
 // Writes / reads spec.json. state_load_spec sets *found false when the file does not exist;
 // a file from a run with other settings (peers, experts per node, mode) is an error naming both.
-int state_save_spec(const char *dir, const AggregateConfig *agg, const ModelSpec *spec, DType payload_dtype);
-int state_load_spec(const char *dir, const AggregateConfig *agg, ModelSpec *spec, DType *payload_dtype, bool *found);
+// The outer optimizer settings are stored only when it is on (spec.json of a run without it
+// keeps its old bytes); a file whose settings differ from `outer` is refused, naming both.
+int state_save_spec(const char *dir, const AggregateConfig *agg, const OuterOptConfig *outer, const ModelSpec *spec,
+                    DType payload_dtype);
+int state_load_spec(const char *dir, const AggregateConfig *agg, const OuterOptConfig *outer, ModelSpec *spec,
+                    DType *payload_dtype, bool *found);
 
 int state_save_book(const char *dir, const StateBook *book);
 int state_load_book(const char *dir, StateBook *book, bool *found);
@@ -73,9 +80,13 @@ int state_load_included(const char *dir, int step, int num_peers, bool **include
 // NULL when there is none.
 int state_save_delta(const char *dir, int step, const uint8_t *bytes, size_t len);
 int state_load_delta(const char *dir, int step, uint8_t **bytes, size_t *len);
+// The outer optimizer's state after the round of step (outer_opt_state_serialise bytes),
+// removed with that step's aggregate. state_load_outer: a missing file is an error naming it.
+int state_save_outer(const char *dir, int step, const uint8_t *bytes, size_t len);
+int state_load_outer(const char *dir, int step, uint8_t **bytes, size_t *len);
 // Removing is best effort (a leftover is cleaned up at the next start); failures are logged.
 void state_remove_upload(const char *dir, int step, int peer);
-void state_remove_aggregate(const char *dir, int step);   // and its .peers.json and .int8 delta
+void state_remove_aggregate(const char *dir, int step);   // and its .peers.json, .int8 delta, outer state
 
 // The files present: kind 'u' (upload, peer >= 0) or 'a' (aggregate, peer -1).
 typedef struct {

@@ -40,6 +40,8 @@ budget = meta["steps"] * meta["peers"] * meta["batch"] * meta["seq"]
 assert meta["tokens"] == budget == 6 * 4 * 2 * 128, meta
 main = {("centralised", "main"), ("spes", "main"), ("fedavg", "main")}
 ablations = {("spes", "no_merge"), ("spes", "no_decayed_aux"), ("spes", "sync2"), ("spes", "sync6")}
+if meta["outer_measured"]:                                   # spes server takes --outer_lr
+    ablations.add(("spes", "outer_nesterov"))
 for corpus in ("demo", "shakespeare"):
     for seed, want in ((0, main | ablations), (1, main)):
         got = {(r["method"], r["variant"]) for r in runs if r["corpus"] == corpus and r["seed"] == seed}

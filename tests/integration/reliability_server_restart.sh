@@ -5,7 +5,8 @@
 # round uploaded) and restarted with the same --state_dir each time; the peers retry and the
 # run finishes. 64 KiB chunks make every upload and download a stream of ~20-40 messages, so a
 # kill lands inside transfers too. The final weights of every peer must be byte-identical (cmp) to those of an
-# undisturbed run with the same seeds.
+# undisturbed run with the same seeds. RELIABILITY_SERVER_FLAGS adds server flags to both runs
+# (reliability_server_restart_outer.sh: the outer optimizer, whose state must survive too).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SPES=${SPES_BIN:-build/spes}
@@ -24,7 +25,7 @@ STEPS=12
 start_server() {   # <run> <port> <log>
   "$SPES" server --total_peers 4 --num_train_experts_per_node 1 --host 127.0.0.1 --port "$2" \
     --merge_interval 4 --merge_alpha_start 0.5 --merge_decay_steps 100 --merge_topk 2 --chunk_size 65536 \
-    --state_dir "$dir/$1/state" >"$3" 2>&1 &
+    --state_dir "$dir/$1/state" ${RELIABILITY_SERVER_FLAGS:-} >"$3" 2>&1 &
   server_pid=$!
 }
 start_peers() {    # <run> <port>
@@ -67,6 +68,9 @@ wait_peers kill || { tail -20 "$dir/kill/server.$n.log"; exit 1; }
 kill "$server_pid"; wait "$server_pid" || true; server_pid=""
 grep -q "resumed from state dir" "$dir/kill/server.1.log" || { echo "restarted server did not resume its state"; exit 1; }
 grep -h "resumed from state dir" "$dir"/kill/server.*.log | sed 's/.*server: /  /'
+if [[ "${RELIABILITY_SERVER_FLAGS:-}" == *--outer_lr* ]]; then
+  ls "$dir"/kill/state/outer_s*.bin >/dev/null 2>&1 || { echo "no outer optimizer state in the state dir"; exit 1; }
+fi
 
 for peer in 0 1 2 3; do
   a="$dir/calm/peer$peer/step$STEPS/model.safetensors" b="$dir/kill/peer$peer/step$STEPS/model.safetensors"

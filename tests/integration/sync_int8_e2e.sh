@@ -9,6 +9,8 @@
 #    the peer's own experts except on merge steps, and come up as int8 deltas;
 #  - the server's aggregate of a round is the mean / ownership of the peers' uploads as
 #    reconstructed from their int8 deltas (numpy, from the audit logs).
+# SYNC_INT8_SERVER_FLAGS adds server flags (sync_int8_outer_e2e.sh: the outer optimizer, whose
+# aggregate is not the plain mean: the numpy recomputation is then left out, the rest holds).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SPES=${SPES_BIN:-build/spes}
@@ -25,7 +27,7 @@ trap cleanup EXIT
 reliability_data
 
 reliability_server --state_dir "$dir/state" --keep_steps 10 --merge_interval 4 --merge_alpha_start 0.5 \
-  --merge_decay_steps 100 --merge_topk 2
+  --merge_decay_steps 100 --merge_topk 2 ${SYNC_INT8_SERVER_FLAGS:-}
 
 mkdir -p "$dir/sync"
 pids=()
@@ -57,6 +59,11 @@ for peer in 0 1 2 3; do
   done
 done
 grep "sync step" "$dir/peer0.log" | sed 's/^.*sync step/  sync step/'
+if [ -n "${SYNC_INT8_SERVER_FLAGS:-}" ]; then
+  ls "$dir"/state/outer_s*.bin >/dev/null || { echo "no outer optimizer state in the server's state dir"; exit 1; }
+  echo "with server flags '$SYNC_INT8_SERVER_FLAGS': server and peers agree at every step"
+  exit 0
+fi
 
 "$SPES_VENV_PY" - "$dir" <<'PY'
 # The aggregate of a round without merging, recomputed from the peers' int8 uploads: upload of

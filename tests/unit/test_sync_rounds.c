@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include <cmocka.h>
+#include <glob.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -489,6 +490,97 @@ static void test_round_timeout_closes_partial_round(void **state) {
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
+// The outer optimizer on (lr 0.7, momentum 0.9): every shared tensor of each aggregate is
+// outer_opt_step applied to the plain aggregate (the mean) with the previous outer aggregate
+// as theta, experts are the plain ones; a restart resumes its state bit for bit, and a
+// restart with other outer settings is refused by name.
+static Rounds *make_outer_rounds(const char *dir, float lr, float momentum) {
+    RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4},
+                        .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2, .state_dir = dir,
+                        .outer = {.lr = lr, .momentum = momentum}};
+    Rounds *r;
+    assert_int_equal(rounds_create(&cfg, &r), SPES_OK);
+    return r;
+}
+
+static void round_of(Rounds *r, int step, SyncTestTweak tweak0) {
+    assert_int_equal(upload(r, 0, step, tweak0), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 1, step, NULL), GRPC_STATUS_OK);
+    assert_int_equal(rounds_last_completed_step(r), step);
+}
+
+static void test_outer_optimizer_steps_the_shared_tensors(void **state) {
+    (void)state;
+    char dir[] = "/tmp/spes_rounds_outer_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    const OuterOptConfig oc = {.lr = 0.7f, .momentum = 0.9f};
+    Rounds *plain = make_rounds(2), *outer = make_outer_rounds(dir, oc.lr, oc.momentum);
+    hello(plain, 0, 6, GRPC_STATUS_OK);
+    hello(outer, 0, 6, GRPC_STATUS_OK);
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    int64_t numel[64] = {0};
+    assert_true(spec.count <= 64);
+    for (int t = 0; t < spec.count; t++) numel[t] = spec.tensors[t].expert >= 0 ? 0 : (int64_t)spec.tensors[t].numel;
+    OuterOptState want;
+    assert_int_equal(outer_opt_state_init(&want, spec.count, numel), SPES_OK);
+    float *theta[64] = {0}, *expect = malloc(spec.total_numel * sizeof(float));
+    const int steps[3] = {10, 20, 30};
+    const SyncTestTweak tweaks[3] = {NULL, plus_one, NULL};
+    int shared_changed = 0;
+    for (int i = 0; i < 3; i++) {
+        round_of(plain, steps[i], tweaks[i]);
+        if (i == 2) {   // restart the outer server between its rounds 20 and 30
+            rounds_destroy(outer);
+            Rounds *other = NULL;
+            RoundsConfig bad = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4},
+                                .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2, .state_dir = dir,
+                                .outer = {.lr = 0.5f, .momentum = 0.9f}};
+            assert_int_equal(rounds_create(&bad, &other), SPES_ERR);
+            assert_non_null(strstr(spes_last_error(), "--outer_lr 0.7"));
+            outer = make_outer_rounds(dir, oc.lr, oc.momentum);
+        }
+        round_of(outer, steps[i], tweaks[i]);
+        AggregateBlob *pb, *ob;
+        assert_int_equal(rounds_get(plain, steps[i], 0, &pb), GRPC_STATUS_OK);
+        assert_int_equal(rounds_get(outer, steps[i], 0, &ob), GRPC_STATUS_OK);
+        SafeTensors ps, os;
+        assert_int_equal(safetensors_parse(pb->bytes, pb->len, "plain", &ps), SPES_OK);
+        assert_int_equal(safetensors_parse(ob->bytes, ob->len, "outer", &os), SPES_OK);
+        for (int t = 0; t < spec.count; t++) {
+            const SpecTensor *x = &spec.tensors[t];
+            const StTensor *p = safetensors_find(&ps, x->name), *o = safetensors_find(&os, x->name);
+            memcpy(expect, p->data, x->numel * sizeof(float));
+            if (numel[t]) {
+                assert_int_equal(outer_opt_step(&oc, &want, t, theta[t], expect, expect), SPES_OK);
+                shared_changed += i > 0 && memcmp(expect, p->data, x->numel * sizeof(float)) != 0;
+                if (!theta[t]) theta[t] = malloc(x->numel * sizeof(float));
+                memcpy(theta[t], expect, x->numel * sizeof(float));
+            }
+            assert_memory_equal(o->data, expect, x->numel * sizeof(float));
+        }
+        outer_opt_end_round(&want, steps[i]);
+        safetensors_close(&ps);
+        safetensors_close(&os);
+        rounds_release(plain, pb);
+        rounds_release(outer, ob);
+    }
+    assert_true(shared_changed > 0);   // the outer step really moved something
+    char pattern[64];
+    snprintf(pattern, sizeof pattern, "%s/outer_s*.bin", dir);
+    glob_t g;
+    assert_int_equal(glob(pattern, 0, NULL, &g), 0);
+    assert_int_equal(g.gl_pathc, 2);   // pruned with the aggregates (keep_steps 2): steps 20, 30
+    globfree(&g);
+    for (int t = 0; t < spec.count; t++) free(theta[t]);
+    free(expect);
+    outer_opt_state_free(&want);
+    model_spec_free(&spec);
+    rounds_destroy(plain);
+    rounds_destroy(outer);
+    assert_int_equal(remove_tree(dir), SPES_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         // First: it forks, and OpenMP's thread pool (made by any aggregation) does not survive a fork.
@@ -502,6 +594,7 @@ int main(void) {
         cmocka_unit_test(test_restart_completes_a_full_round),
         cmocka_unit_test(test_deadline_rule),
         cmocka_unit_test(test_round_timeout_closes_partial_round),
+        cmocka_unit_test(test_outer_optimizer_steps_the_shared_tensors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
