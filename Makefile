@@ -16,13 +16,16 @@ MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null || echo -I/usr/lib/
 MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null || echo -lmpi)
 ALL_CFLAGS = $(CSTD) $(WARN) $(CFLAGS) -fopenmp -Isrc -I$(BUILD)/gen -I$(BLAS_INC) $(MPI_CFLAGS) -MMD -MP $(CUDA_CFLAGS) $(EXTRA_CFLAGS)
 CPU_LDLIBS = -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lyaml -ljansson \
-            -lgrpc -lgpr -lprotobuf-c -lzstd -lz -lsnappy -lpcre2-8 -lutf8proc $(MPI_LIBS) -lm -lpthread -fopenmp
+            -lgrpc -lgpr -lprotobuf-c -lisal -lzstd -lz -lsnappy -lpcre2-8 -lutf8proc $(MPI_LIBS) -lm -lpthread -fopenmp
 LDLIBS    = $(CPU_LDLIBS) $(CUDA_LDLIBS)
 LDFLAGS  ?=
 
 BUILD    ?= build
 SRCS      = $(shell find src -name '*.c' ! -path 'src/main.c' | sort)
-OBJS      = $(SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/federated.pb-c.o
+# Every proto/*.proto becomes generated protobuf-c code in $(BUILD)/gen.
+PROTOS    = $(sort $(wildcard proto/*.proto))
+PROTO_HDRS = $(PROTOS:proto/%.proto=$(BUILD)/gen/%.pb-c.h)
+OBJS      = $(SRCS:%.c=$(BUILD)/obj/%.o) $(PROTOS:proto/%.proto=$(BUILD)/obj/gen/%.pb-c.o)
 
 # ---- CUDA backend (optional) ---------------------------------------------------------------
 # Built when nvcc is found (PATH, else /usr/local/cuda/bin); `make CUDA=0` forces a CPU-only
@@ -81,16 +84,19 @@ build: $(BUILD)/spes $(TESTS) $(BENCHES) $(GPU_TESTS)
 deps:
 	@bash scripts/install-deps.sh
 
-# Generated protobuf-c code for the wire contract.
-$(BUILD)/gen/federated.pb-c.c $(BUILD)/gen/federated.pb-c.h &: proto/federated.proto
+# Generated protobuf-c code: the wire contract (federated.proto), TensorBoard event records
+# (tfevents.proto). A pattern rule with two targets makes both in one protoc-c run.
+$(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: proto/%.proto
 	@mkdir -p $(BUILD)/gen
-	protoc-c --proto_path=proto --c_out=$(BUILD)/gen proto/federated.proto
+	protoc-c --proto_path=proto --c_out=$(BUILD)/gen $<
+# Kept after the build (make would delete them as intermediates of the pattern rules).
+.SECONDARY: $(PROTO_HDRS) $(PROTO_HDRS:%.h=%.c)
 
-$(BUILD)/obj/gen/federated.pb-c.o: $(BUILD)/gen/federated.pb-c.c
+$(BUILD)/obj/gen/%.pb-c.o: $(BUILD)/gen/%.pb-c.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(CFLAGS) -I$(BUILD)/gen -c $< -o $@
 
-$(BUILD)/obj/%.o: %.c | $(BUILD)/gen/federated.pb-c.h
+$(BUILD)/obj/%.o: %.c | $(PROTO_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 

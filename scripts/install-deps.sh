@@ -16,6 +16,7 @@ PACKAGES=(
   python3-venv python3-grpcio python3-protobuf        # test-only: reference virtualenv, interop client
   clang libclang-rt-14-dev                            # sanitizers and libFuzzer
   iproute2
+  libisal-dev                                         # CRC-32C (crc32_iscsi) of TensorBoard event records
 )
 
 missing=()

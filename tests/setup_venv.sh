@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Test-only Python references in a git-ignored virtualenv (.venv): Hugging Face transformers
-# and tokenizers, torch, pyarrow, safetensors, lm_eval. Versions are pinned so they install
-# together. Idempotent: does nothing when the pinned set is already there. When PyPI cannot
-# be reached the tests that need these report themselves skipped.
+# and tokenizers, torch, pyarrow, safetensors, lm_eval, tensorboard (its event file reader).
+# Versions are pinned so they install together. Idempotent: does nothing when the pinned set
+# is already there. When PyPI cannot be reached the tests that need these report themselves
+# skipped.
 set -u
 cd "$(dirname "$0")/.."
 VENV=.venv
-PINS="torch==2.15.0 transformers==5.23.0 tokenizers==0.23.3 pyarrow==26.0.1 numpy==2.4.6 safetensors==0.8.0 lm_eval==0.4.13 accelerate==1.15.0"
+PINS="torch==2.15.0 transformers==5.23.0 tokenizers==0.23.3 pyarrow==26.0.1 numpy==2.4.6 safetensors==0.8.0 lm_eval==0.4.13 accelerate==1.15.0 tensorboard==2.21.0"
 STAMP="$VENV/.pins"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$PINS" ]; then
   exit 0

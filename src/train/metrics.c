@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "base/file.h"
 #include "base/progress.h"
+#include "train/tfevents.h"
 
 // Step number of a line we wrote ({"step":N,...}); -1 for anything else.
 static int64_t line_step(const char *line) {
@@ -51,6 +52,12 @@ int metrics_open(MetricsLog *log, const char *save_folder, int64_t keep_through_
         spes_fail("cannot open %s for appending: %s", log->path, strerror(errno));
         goto fail;
     }
+    if (tfevents_open(&log->events, save_folder, keep_through_step) != SPES_OK) {
+        fclose(log->fp);
+        log->fp = NULL;
+        goto fail;
+    }
+    log->has_events = true;
     return SPES_OK;
 fail:
     free(old);
@@ -61,22 +68,83 @@ fail:
 
 void metrics_close(MetricsLog *log) {
     if (log->fp) fclose(log->fp);
+    if (log->has_events) tfevents_close(&log->events);
     free(log->path);
     memset(log, 0, sizeof *log);
 }
 
-// JSON has no NaN/inf: those become null.
-static void put_num(FILE *fp, const char *key, double v, bool single) {
-    if (!isfinite(v))
-        fprintf(fp, ",\"%s\":null", key);
+// One number of a log line: its JSON key, how it is printed, and its TensorBoard tag. The
+// same table writes both files, so every scalar of metrics.jsonl is in the event file.
+typedef enum { FIELD_DOUBLE, FIELD_FLOAT, FIELD_FIXED4, FIELD_INT, FIELD_BOOL } FieldKind;
+typedef struct {
+    const char *key;
+    FieldKind kind;
+    double value;               // FIELD_INT: exact up to 2^53 (token counts, steps)
+    bool perf;                  // inside "perf" (wall-clock), tag "perf/<key>"; else "train/<key>"
+} Field;
+#define MAX_STEP_FIELDS 24
+
+// The scalars of a step line in their JSON order.
+static int step_fields(const StepMetrics *s, Field *f) {
+    int n = 0;
+    f[n++] = (Field){"loss", FIELD_DOUBLE, s->loss.total, false};
+    f[n++] = (Field){"ce", FIELD_DOUBLE, s->loss.ce, false};
+    f[n++] = (Field){"lm_z", FIELD_DOUBLE, s->loss.lm_z, false};
+    f[n++] = (Field){"lb", FIELD_DOUBLE, s->loss.lb, false};
+    f[n++] = (Field){"router_z", FIELD_DOUBLE, s->loss.router_z, false};
+    f[n++] = (Field){"lr", FIELD_DOUBLE, s->lr, false};
+    f[n++] = (Field){"grad_norm", FIELD_DOUBLE, s->grad_norm, false};
+    f[n++] = (Field){"tokens", FIELD_INT, (double)s->tokens_seen, false};
+    if (s->loss_scale > 0) {
+        f[n++] = (Field){"loss_scale", FIELD_DOUBLE, s->loss_scale, false};
+        f[n++] = (Field){"step_skipped", FIELD_BOOL, s->step_skipped, false};
+    }
+    if (s->expert_counts) {
+        double lo, hi;
+        metrics_route_balance(s->expert_counts, s->n_layers, s->n_experts, &lo, &hi);
+        f[n++] = (Field){"route_min", FIELD_DOUBLE, lo, false};
+        f[n++] = (Field){"route_max", FIELD_DOUBLE, hi, false};
+    }
+    f[n++] = (Field){"step_s", FIELD_FIXED4, s->step_seconds, true};
+    f[n++] = (Field){"tokens_per_s", FIELD_FLOAT, s->tokens_per_second, true};
+    f[n++] = (Field){"mfu", FIELD_FLOAT, s->mfu, true};
+    f[n++] = (Field){"peak_rss_mb", FIELD_FLOAT, s->peak_rss_mb, true};
+    if (s->device_peak_mb > 0) {
+        f[n++] = (Field){"gpu_mem_mb", FIELD_FLOAT, s->device_mem_mb, true};
+        f[n++] = (Field){"gpu_peak_mb", FIELD_FLOAT, s->device_peak_mb, true};
+    }
+    return n;
+}
+
+// ",\"key\":value" (no comma when first). JSON has no NaN/inf: those become null.
+static void put_field(FILE *fp, const Field *f, bool first) {
+    fprintf(fp, first ? "\"%s\":" : ",\"%s\":", f->key);
+    if (f->kind == FIELD_INT)
+        fprintf(fp, "%" PRId64, (int64_t)f->value);
+    else if (f->kind == FIELD_BOOL)
+        fputs(f->value != 0 ? "true" : "false", fp);
+    else if (!isfinite(f->value))
+        fputs("null", fp);
     else
-        fprintf(fp, single ? ",\"%s\":%.9g" : ",\"%s\":%.17g", key, v);
+        fprintf(fp, f->kind == FIELD_FIXED4 ? "%.4f" : f->kind == FIELD_FLOAT ? "%.9g" : "%.17g", f->value);
 }
 
 static int flush_line(MetricsLog *log) {
     fputc('\n', log->fp);
     if (fflush(log->fp) != 0 || ferror(log->fp)) return spes_fail("cannot write %s: %s", log->path, strerror(errno));
     return SPES_OK;
+}
+
+// The line's fields as one TensorBoard Event at step ("<prefix><key>" tags).
+static int write_event(MetricsLog *log, int64_t step, const Field *f, int n, const char *train_prefix) {
+    if (!log->has_events) return SPES_OK;
+    char tags[MAX_STEP_FIELDS][160];
+    TfScalar scalars[MAX_STEP_FIELDS];
+    for (int i = 0; i < n; i++) {
+        snprintf(tags[i], sizeof tags[i], "%s%s", f[i].perf ? "perf/" : train_prefix, f[i].key);
+        scalars[i] = (TfScalar){tags[i], f[i].value};
+    }
+    return tfevents_write_scalars(&log->events, step, tfevents_wall_clock(), scalars, n);
 }
 
 void metrics_route_balance(const int64_t *counts, int n_layers, int n_experts, double *min_ratio,
@@ -98,47 +166,26 @@ void metrics_route_balance(const int64_t *counts, int n_layers, int n_experts, d
 
 int metrics_write_step(MetricsLog *log, const StepMetrics *s, bool with_expert_counts) {
     FILE *fp = log->fp;
+    Field f[MAX_STEP_FIELDS];
+    int n = step_fields(s, f), i = 0;
     fprintf(fp, "{\"step\":%" PRId64, s->step);
-    put_num(fp, "loss", s->loss.total, false);
-    put_num(fp, "ce", s->loss.ce, false);
-    put_num(fp, "lm_z", s->loss.lm_z, false);
-    put_num(fp, "lb", s->loss.lb, false);
-    put_num(fp, "router_z", s->loss.router_z, false);
-    put_num(fp, "lr", s->lr, false);
-    put_num(fp, "grad_norm", s->grad_norm, false);
-    fprintf(fp, ",\"tokens\":%" PRId64, s->tokens_seen);
-    if (s->loss_scale > 0) {
-        put_num(fp, "loss_scale", s->loss_scale, false);
-        fprintf(fp, ",\"step_skipped\":%s", s->step_skipped ? "true" : "false");
-    }
-    if (s->expert_counts) {
-        double lo, hi;
-        metrics_route_balance(s->expert_counts, s->n_layers, s->n_experts, &lo, &hi);
-        put_num(fp, "route_min", lo, false);
-        put_num(fp, "route_max", hi, false);
-        if (with_expert_counts) {
-            fputs(",\"expert_tokens\":[", fp);
-            for (int l = 0; l < s->n_layers; l++) {
-                fputs(l ? ",[" : "[", fp);
-                for (int e = 0; e < s->n_experts; e++)
-                    fprintf(fp, e ? ",%" PRId64 : "%" PRId64, s->expert_counts[l * s->n_experts + e]);
-                fputc(']', fp);
-            }
+    for (; i < n && !f[i].perf; i++) put_field(fp, &f[i], false);
+    if (s->expert_counts && with_expert_counts) {
+        fputs(",\"expert_tokens\":[", fp);
+        for (int l = 0; l < s->n_layers; l++) {
+            fputs(l ? ",[" : "[", fp);
+            for (int e = 0; e < s->n_experts; e++)
+                fprintf(fp, e ? ",%" PRId64 : "%" PRId64, s->expert_counts[l * s->n_experts + e]);
             fputc(']', fp);
         }
+        fputc(']', fp);
     }
     fputs(",\"perf\":{", fp);
-    fprintf(fp, "\"step_s\":%.4f", s->step_seconds);
-    put_num(fp, "tokens_per_s", s->tokens_per_second, true);
-    put_num(fp, "mfu", s->mfu, true);
-    put_num(fp, "peak_rss_mb", s->peak_rss_mb, true);
-    if (s->device_peak_mb > 0) {
-        put_num(fp, "gpu_mem_mb", s->device_mem_mb, true);
-        put_num(fp, "gpu_peak_mb", s->device_peak_mb, true);
-    }
+    for (int first = i; i < n; i++) put_field(fp, &f[i], i == first);
     fputc('}', fp);
     fputc('}', fp);
-    return flush_line(log);
+    SPES_TRY(flush_line(log));
+    return write_event(log, s->step, f, n, "train/");
 }
 
 int metrics_write_eval(MetricsLog *log, int64_t step, const char *label, double ce, int64_t tokens) {
@@ -152,10 +199,15 @@ int metrics_write_eval(MetricsLog *log, int64_t step, const char *label, double 
         else
             fputc(*c, fp);
     fputc('"', fp);
-    put_num(fp, "ce", ce, false);
-    put_num(fp, "perplexity", exp(ce), false);
-    fprintf(fp, ",\"tokens\":%" PRId64 "}", tokens);
-    return flush_line(log);
+    Field f[3] = {{"ce", FIELD_DOUBLE, ce, false},
+                  {"perplexity", FIELD_DOUBLE, exp(ce), false},
+                  {"tokens", FIELD_INT, (double)tokens, false}};
+    for (int i = 0; i < 3; i++) put_field(fp, &f[i], false);
+    fputc('}', fp);
+    SPES_TRY(flush_line(log));
+    char prefix[128];   // "eval/<label>/": TensorBoard groups tags by their first part
+    snprintf(prefix, sizeof prefix, "eval/%s/", label);
+    return write_event(log, step, f, 3, prefix);
 }
 
 static void format_count(double v, char *buf, int n) {

@@ -1,4 +1,7 @@
-// Training metrics: the console line and save_folder/metrics.jsonl (one JSON object a line).
+// Training metrics: the console line, save_folder/metrics.jsonl (one JSON object a line) and
+// the same scalars as TensorBoard event files beside it (train/tfevents.h): tags
+// "train/<key>" for the run's numbers, "perf/<key>" for those under "perf", and
+// "eval/<label>/<key>" for evaluation lines, one Event per line at its step.
 //
 // A step line:
 //   {"step":12,"loss":..,"ce":..,"lm_z":..,"lb":..,"router_z":..,"lr":..,"grad_norm":..,
@@ -16,6 +19,7 @@
 #include <stdio.h>
 
 #include "model/model_config.h"
+#include "train/tfevents.h"
 
 typedef struct {
     int64_t step, max_steps;
@@ -34,11 +38,15 @@ typedef struct {
 typedef struct {
     FILE *fp;
     char *path;
+    TfEvents events;
+    bool has_events;            // events is open
 } MetricsLog;
 
 // Opens save_folder/metrics.jsonl for appending, first dropping every line whose step is
 // greater than keep_through_step (a resume from step N forgets what came after N; a fresh
-// run passes 0 and starts an empty log).
+// run passes 0 and starts an empty log); the event files are trimmed the same way and a new
+// one is started (tfevents_open). Each line is flushed to the kernel as it is written, in
+// both files.
 int metrics_open(MetricsLog *log, const char *save_folder, int64_t keep_through_step);
 void metrics_close(MetricsLog *log);
 // with_expert_counts: add the full [L][E] count table to the line.
