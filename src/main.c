@@ -15,6 +15,7 @@ static const Command commands[] = {
     {"upcycle", cmd_upcycle, "dense Qwen3 HF model -> MoE with every expert a copy of the dense MLP"},
     {"eval", cmd_eval, "perplexity / bits per byte, and multiple-choice accuracy on oe-eval request files"},
     {"server", cmd_server, "SPES parameter server (gRPC): aggregates peers' uploads every sync round"},
+    {"status", cmd_status, "a parameter server's status: peers, rounds, the open round, traffic"},
     {"generate", cmd_generate, "sample text with a KV cache, streaming tokens to stdout"},
     {"version", cmd_version, "the version and the backends compiled in (cpu, cuda)"},
 };

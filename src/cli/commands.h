@@ -19,5 +19,6 @@ int cmd_upcycle(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_server(int argc, char **argv);
+int cmd_status(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_version(int argc, char **argv);

@@ -621,6 +621,9 @@ int sync_client_status(SyncClient *c, RoundsStatus *out) {
     out->last_aggregate_seconds = resp->last_aggregate_seconds;
     out->rounds_partial = resp->rounds_partial;
     out->last_round_peers = resp->last_round_peers;
+    out->total_peers = resp->total_peers;
+    // A mode this client does not know stays spes: Status is informational, nothing acts on it.
+    if (resp->mode && sync_mode_parse(resp->mode, &out->mode) != SPES_OK) spes_clear_error();
     status_response__free_unpacked(resp, NULL);
     return SPES_OK;
 }

@@ -1322,6 +1322,8 @@ void rounds_count_sent(Rounds *r, size_t bytes) {
 void rounds_status(Rounds *r, RoundsStatus *out) {
     pthread_mutex_lock(&r->mu);
     *out = r->stats;
+    out->total_peers = r->cfg.agg.num_peers;
+    out->mode = r->cfg.agg.mode;
     out->open_step = -1;
     out->num_uploaded = 0;
     const OpenRound *lowest = NULL;

@@ -96,6 +96,8 @@ typedef struct {
     double last_aggregate_seconds;
     int64_t rounds_partial;     // rounds closed by the round timeout without every peer
     int last_round_peers;       // peers in the latest aggregate
+    int total_peers;            // the run's peer count
+    SyncMode mode;
 } RoundsStatus;
 
 typedef struct Rounds Rounds;

@@ -556,8 +556,8 @@ static void handle_status(Call *c) {
     resp.last_aggregate_step = st.last_aggregate_step;
     resp.bytes_received = st.bytes_received;
     resp.bytes_sent = st.bytes_sent;
-    resp.total_peers = c->srv->cfg.rounds.agg.num_peers;
-    resp.mode = (char *)sync_mode_name(c->srv->cfg.rounds.agg.mode);
+    resp.total_peers = st.total_peers;
+    resp.mode = (char *)sync_mode_name(st.mode);
     resp.fingerprint = st.fingerprint;
     resp.uploads_rejected = st.uploads_rejected;
     resp.last_aggregate_seconds = st.last_aggregate_seconds;
