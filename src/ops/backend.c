@@ -64,21 +64,44 @@ static int open_cpu(Precision precision, Backend **out) {
     return SPES_OK;
 }
 
+#ifdef SPES_WITH_CUDA
+// " (cuda:N)" when the device name did not say which GPU ("auto", "cuda"), else "".
+static const char *resolved_note(const char *device, int index) {
+    static _Thread_local char note[32];
+    snprintf(note, sizeof note, "cuda:%d", index);
+    if (device && strcmp(device, note) == 0) return "";
+    snprintf(note, sizeof note, " (cuda:%d)", index);
+    return note;
+}
+#endif
+
+static bool gpu_visible(void) {
+#ifdef SPES_WITH_CUDA
+    return cuda_device_count() > 0;
+#else
+    return false;
+#endif
+}
+
 int backend_open(const char *device, Precision precision, Backend **out) {
+    return backend_open_for_rank(device, 0, precision, out);
+}
+
+int backend_open_for_rank(const char *device, int local_rank, Precision precision, Backend **out) {
     *out = NULL;
     int index;
     SPES_TRY(backend_parse_device(device, &index));
+    // "cuda" without an index is this rank's GPU, as "auto" is when there are GPUs.
+    if (device && strcmp(device, "cuda") == 0) index = local_rank;
     if (index == BACKEND_DEVICE_AUTO) {
-#ifdef SPES_WITH_CUDA
-        if (cuda_device_count() > 0) return cuda_backend_open(0, precision, out);
-#endif
-        return open_cpu(precision, out);
+        if (!gpu_visible()) return open_cpu(precision, out);
+        index = local_rank;
     }
     if (index == BACKEND_DEVICE_CPU) return open_cpu(precision, out);
 #ifdef SPES_WITH_CUDA
     int count = cuda_device_count();
     if (index >= count)
-        return spes_fail("device %s: %s", device,
+        return spes_fail("device %s%s: %s", device ? device : "auto", resolved_note(device, index),
                          count == 0 ? "no NVIDIA GPU is visible (driver missing, or CUDA_VISIBLE_DEVICES empty)"
                                     : "no such GPU (fewer are visible)");
     return cuda_backend_open(index, precision, out);

@@ -215,6 +215,9 @@ struct Backend {
 // "cuda" (= cuda:0) or "cuda:N". Asking for cuda without a GPU or without a CUDA build is an
 // error that says which. precision other than fp32 on cpu: a warning, the run is fp32.
 int backend_open(const char *device, Precision precision, Backend **out);
+// The same for rank `local_rank` of a node: "auto" (with GPUs visible) and "cuda" open GPU
+// local_rank instead of GPU 0 (an explicit cuda:N is taken as given). backend_open is rank 0.
+int backend_open_for_rank(const char *device, int local_rank, Precision precision, Backend **out);
 // Checks a device name without opening anything: *cuda_index is the GPU index of cuda /
 // cuda:N, or BACKEND_DEVICE_AUTO / BACKEND_DEVICE_CPU. SPES_ERR (message set) for anything else.
 #define BACKEND_DEVICE_AUTO (-2)

@@ -250,15 +250,8 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
 
     Precision precision;
     if (precision_from_name(cfg->precision, &precision) != SPES_OK) goto fail;
-    if (backend_open(cfg->device, precision, &t->be) != SPES_OK) goto fail;
-    if (t->dist && !t->be->host_memory && !strchr(cfg->device, ':')) {
-        // Rank r of a node uses GPU LOCAL_RANK (an explicit cuda:N is taken as given).
-        char dev[32];
-        snprintf(dev, sizeof dev, "cuda:%d", comm_local_rank(t->comm));
-        backend_close(t->be);
-        t->be = NULL;
-        if (backend_open(dev, precision, &t->be) != SPES_OK) goto fail;
-    }
+    // Rank r of a node uses GPU LOCAL_RANK (an explicit cuda:N is taken as given).
+    if (backend_open_for_rank(cfg->device, comm_local_rank(t->comm), precision, &t->be) != SPES_OK) goto fail;
     if (model_create_on(&t->model, &cfg->model, t->be) != SPES_OK) goto fail;
     t->model_created = true;
     if (trainer_setup_trainable(&t->model, cfg) != SPES_OK) goto fail;
