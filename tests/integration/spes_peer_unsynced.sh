@@ -29,6 +29,9 @@ start_server() {
   local run=$1; shift
   reliability_server "$@"; pids+=($server_pid)
   ln -sf "$dir/server.log" "$dir/$run/server.log"
+  # Peers here retry a lost server for only 3 s: start them once it listens (a slow start, as
+  # under ASan on a loaded machine, would otherwise read as a lost server).
+  reliability_wait_log "listening on" "$dir/server.log"
 }
 # start_peers <run> [extra args]: 4 peers saving only at the end, retrying a lost server 3 s.
 start_peers() {
