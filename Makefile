@@ -16,7 +16,7 @@ MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null || echo -I/usr/lib/
 MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null || echo -lmpi)
 ALL_CFLAGS = $(CSTD) $(WARN) $(CFLAGS) -fopenmp -Isrc -I$(BUILD)/gen -I$(BLAS_INC) $(MPI_CFLAGS) -MMD -MP $(CUDA_CFLAGS) $(EXTRA_CFLAGS)
 CPU_LDLIBS = -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lyaml -ljansson \
-            -lgrpc -lgpr -lprotobuf-c -lisal -lzstd -lz -lsnappy -lpcre2-8 -lutf8proc $(MPI_LIBS) -lm -lpthread -fopenmp
+            -lgrpc -lgpr -lprotobuf-c -lmicrohttpd -lisal -lzstd -lz -lsnappy -lpcre2-8 -lutf8proc $(MPI_LIBS) -lm -lpthread -fopenmp
 LDLIBS    = $(CPU_LDLIBS) $(CUDA_LDLIBS)
 LDFLAGS  ?=
 

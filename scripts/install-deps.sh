@@ -17,6 +17,8 @@ PACKAGES=(
   clang libclang-rt-14-dev                            # sanitizers and libFuzzer
   iproute2
   libisal-dev                                         # CRC-32C (crc32_iscsi) of TensorBoard event records
+  libmicrohttpd-dev                                   # the server's status page (spes server --status_port)
+  chromium                                            # test-only: the status page loaded in a headless browser
 )
 
 missing=()

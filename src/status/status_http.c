@@ -1,0 +1,163 @@
+#include "status/status_http.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/printable.h"
+#include "status/status_json.h"
+#include "status/status_page.h"
+#include "sync/auth.h"
+
+struct StatusHttp {
+    struct MHD_Daemon *daemon;
+    StatusFill fill;
+    void *ctx;
+    char *token;                // NULL: open
+    int port;
+};
+
+// No scripts, nothing from elsewhere: the page is self-contained (inline style and SVG).
+#define SECURITY_POLICY "default-src 'none'; style-src 'unsafe-inline'"
+
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned code, const char *type, char *body, size_t len) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Content-Security-Policy", SECURITY_POLICY);
+    if (code == MHD_HTTP_METHOD_NOT_ALLOWED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    if (code == MHD_HTTP_UNAUTHORIZED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"spes status\"");
+    enum MHD_Result ok = MHD_queue_response(c, code, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, unsigned code, const char *message) {
+    char *body = spes_strdup(message);
+    return body ? send_text(c, code, "text/plain; charset=utf-8", body, strlen(body)) : MHD_NO;
+}
+
+static bool authorised(const StatusHttp *h, struct MHD_Connection *c) {
+    if (!h->token)
+        return true;
+    size_t want = strlen(h->token);
+    const char *query = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "token");
+    if (query && auth_equal(query, strlen(query), h->token, want))
+        return true;
+    const char *header = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    static const char bearer[] = "Bearer ";
+    return header && strncmp(header, bearer, sizeof bearer - 1) == 0 &&
+           auth_equal(header + sizeof bearer - 1, strlen(header + sizeof bearer - 1), h->token, want);
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                              const char *version, const char *upload_data, size_t *upload_data_size,
+                              void **request_state) {
+    StatusHttp *h = cls;
+    bool head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+    if (!head && strcmp(method, MHD_HTTP_METHOD_GET) != 0)
+        return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
+    if (*upload_data_size != 0)
+        return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "no request body accepted\n");
+    const char *length = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (length && strcmp(length, "0") != 0)
+        return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "no request body accepted\n");
+    bool page = strcmp(url, "/") == 0, json = strcmp(url, "/status.json") == 0;
+    if (!page && !json)
+        return send_error(c, MHD_HTTP_NOT_FOUND, "not found: the status server has / and /status.json\n");
+    if (!authorised(h, c))
+        return send_error(c, MHD_HTTP_UNAUTHORIZED, "a token is needed: Authorization: Bearer <token> or ?token=\n");
+
+    RunStatus status;
+    if (h->fill(h->ctx, &status) != SPES_OK) {
+        log_warn("status: %s", spes_last_error());
+        return send_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "status unavailable\n");
+    }
+    size_t len = 0;
+    char *body = json ? status_json_render(&status, &len) : status_page_render(&status, &len);
+    run_status_free(&status);
+    if (!body)
+        return send_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    // HEAD: libmicrohttpd sends the headers (with the body's length) and leaves the body out.
+    return send_text(c, MHD_HTTP_OK, json ? "application/json" : "text/html; charset=utf-8", body, len);
+}
+
+// libmicrohttpd's messages (bind failures, refused connections) go to the server's log.
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    char text[512], shown[1024];
+    vsnprintf(text, sizeof text, fmt, ap);
+    size_t n = strlen(text);
+    while (n && text[n - 1] == '\n') text[--n] = '\0';
+    log_warn("status http: %s", escape_printable(text, n, shown, sizeof shown));   // may quote a client's bytes
+}
+
+int status_http_start(const StatusHttpConfig *cfg, StatusFill fill, void *ctx, StatusHttp **out) {
+    *out = NULL;
+    const char *addr = cfg->bind_addr ? cfg->bind_addr : "127.0.0.1";
+    if (cfg->port < 0 || cfg->port > 65535)
+        return spes_fail("status http: port %d is not in 0..65535", cfg->port);
+    struct sockaddr_storage sa;
+    memset(&sa, 0, sizeof sa);
+    struct sockaddr_in *v4 = (struct sockaddr_in *)&sa;
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&sa;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+    if (inet_pton(AF_INET, addr, &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons((uint16_t)cfg->port);
+    } else if (inet_pton(AF_INET6, addr, &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons((uint16_t)cfg->port);
+        flags |= MHD_USE_IPv6;
+    } else {
+        return spes_fail("status http: bind address '%s' is not a numeric IPv4 or IPv6 address", addr);
+    }
+    StatusHttp *h = spes_calloc(1, sizeof *h);
+    if (!h)
+        return SPES_ERR;
+    h->fill = fill;
+    h->ctx = ctx;
+    if (cfg->token && !(h->token = spes_strdup(cfg->token))) {
+        free(h);
+        return SPES_ERR;
+    }
+    unsigned connections = cfg->max_connections ? cfg->max_connections : STATUS_HTTP_DEFAULT_CONNECTIONS;
+    unsigned timeout = cfg->timeout_s ? cfg->timeout_s : STATUS_HTTP_DEFAULT_TIMEOUT_S;
+    h->daemon = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, handle, h, MHD_OPTION_EXTERNAL_LOGGER,
+                                 mhd_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                                 MHD_OPTION_CONNECTION_LIMIT, connections, MHD_OPTION_CONNECTION_TIMEOUT, timeout,
+                                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)STATUS_HTTP_REQUEST_BYTES, MHD_OPTION_END);
+    if (!h->daemon) {
+        status_http_stop(h);
+        return spes_fail("status http: cannot listen on %s port %d (in use, or not an address of this machine?)", addr,
+                         cfg->port);
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = info ? info->port : cfg->port;
+    *out = h;
+    return SPES_OK;
+}
+
+int status_http_port(const StatusHttp *h) { return h->port; }
+
+void status_http_stop(StatusHttp *h) {
+    if (!h)
+        return;
+    if (h->daemon)
+        MHD_stop_daemon(h->daemon);
+    free(h->token);
+    free(h);
+}

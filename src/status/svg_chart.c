@@ -1,0 +1,126 @@
+#include "status/svg_chart.h"
+
+#include <math.h>
+
+// Plot area inside the frame: margins for tick labels (left, bottom) and the legend (top).
+enum { MARGIN_LEFT = 64, MARGIN_RIGHT = 16, MARGIN_TOP = 40, MARGIN_BOTTOM = 40, TICKS = 5 };
+
+static const char *const PALETTE[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                                      "#9467bd", "#8c564b", "#e377c2", "#17becf"};
+#define WARNING_COLOUR "#d62728"
+
+const char *svg_chart_colour(int i) { return PALETTE[i % (int)(sizeof PALETTE / sizeof PALETTE[0])]; }
+
+typedef struct {
+    double lo, hi;              // data range (hi > lo)
+    double px0, px1;            // pixel range it maps to
+} Axis;
+
+static double axis_map(const Axis *a, double v) { return a->px0 + (v - a->lo) / (a->hi - a->lo) * (a->px1 - a->px0); }
+
+// A range with room: equal ends get +-1 (or +-|v|/2), so a flat series still draws.
+static Axis axis_make(double lo, double hi, double px0, double px1) {
+    if (!(lo < hi)) {
+        double pad = lo != 0 ? fabs(lo) / 2 : 1;
+        lo -= pad;
+        hi += pad;
+    }
+    return (Axis){lo, hi, px0, px1};
+}
+
+static void frame_open(TextBuf *b, const ChartFrame *f) {
+    text_buf_puts(b, "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"");
+    text_buf_html(b, f->id);
+    text_buf_printf(b, "\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\"><title>", f->width, f->height,
+                    f->width, f->height);
+    text_buf_html(b, f->title);
+    text_buf_printf(b, "</title><rect width=\"%d\" height=\"%d\" fill=\"#fff\" stroke=\"#ccc\"/>", f->width, f->height);
+    text_buf_printf(b, "<text x=\"%d\" y=\"16\" font-size=\"13\" font-weight=\"bold\">", MARGIN_LEFT);
+    text_buf_html(b, f->title);
+    text_buf_puts(b, "</text>");
+}
+
+// Ticks and labels of the y axis (and of the x axis with x_ticks), the axis titles.
+static void axes(TextBuf *b, const ChartFrame *f, const Axis *x, const Axis *y, bool x_ticks) {
+    double bottom = f->height - MARGIN_BOTTOM;
+    text_buf_printf(b, "<g font-size=\"10\" fill=\"#333\"><path d=\"M%d %d V%.1f H%d\" stroke=\"#888\" fill=\"none\"/>",
+                    MARGIN_LEFT, MARGIN_TOP, bottom, f->width - MARGIN_RIGHT);
+    for (int i = 0; i <= TICKS; i++) {
+        double xv = x->lo + (x->hi - x->lo) * i / TICKS, yv = y->lo + (y->hi - y->lo) * i / TICKS;
+        double xp = axis_map(x, xv), yp = axis_map(y, yv);
+        if (x_ticks)
+            text_buf_printf(b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.4g</text>", xp, bottom + 14, xv);
+        text_buf_printf(b, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%.4g</text>", MARGIN_LEFT - 4, yp + 3, yv);
+        text_buf_printf(b, "<path d=\"M%d %.1f H%d\" stroke=\"#eee\"/>", MARGIN_LEFT, yp, f->width - MARGIN_RIGHT);
+    }
+    text_buf_printf(b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">", (MARGIN_LEFT + f->width - MARGIN_RIGHT) / 2.0,
+                    f->height - 6);
+    text_buf_html(b, f->x_label);
+    text_buf_printf(b, "</text><text x=\"12\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 12 %.1f)\">",
+                    (MARGIN_TOP + bottom) / 2, (MARGIN_TOP + bottom) / 2);
+    text_buf_html(b, f->y_label);
+    text_buf_puts(b, "</text></g>");
+}
+
+static void legend_entry(TextBuf *b, int slot, const char *colour, const char *label) {
+    int x = MARGIN_LEFT + 110 * slot;
+    text_buf_printf(b, "<rect x=\"%d\" y=\"24\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%d\" y=\"33\" "
+                       "font-size=\"11\">", x, colour, x + 14);
+    text_buf_html(b, label);
+    text_buf_puts(b, "</text>");
+}
+
+void svg_line_chart(TextBuf *b, const ChartFrame *f, const ChartSeries *series, int n_series) {
+    double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
+    for (int s = 0; s < n_series; s++)
+        for (int i = 0; i < series[s].n; i++) {
+            double xv = series[s].x[i], yv = series[s].y[i];
+            if (!isfinite(xv) || !isfinite(yv))
+                continue;
+            xlo = fmin(xlo, xv), xhi = fmax(xhi, xv), ylo = fmin(ylo, yv), yhi = fmax(yhi, yv);
+        }
+    if (!(xlo <= xhi))
+        xlo = 0, xhi = 1, ylo = 0, yhi = 1;   // nothing to draw yet: empty axes
+    Axis x = axis_make(xlo, xhi, MARGIN_LEFT, f->width - MARGIN_RIGHT);
+    Axis y = axis_make(ylo, yhi, f->height - MARGIN_BOTTOM, MARGIN_TOP);   // up is larger
+    frame_open(b, f);
+    axes(b, f, &x, &y, true);
+    for (int s = 0; s < n_series; s++) {
+        legend_entry(b, s, svg_chart_colour(s), series[s].label);
+        text_buf_puts(b, "<polyline class=\"curve\" id=\"");
+        text_buf_html(b, series[s].id);
+        text_buf_printf(b, "\" fill=\"none\" stroke-width=\"1.5\" stroke=\"%s\" points=\"", svg_chart_colour(s));
+        for (int i = 0; i < series[s].n; i++)
+            if (isfinite(series[s].x[i]) && isfinite(series[s].y[i]))
+                text_buf_printf(b, "%.1f,%.1f ", axis_map(&x, series[s].x[i]), axis_map(&y, series[s].y[i]));
+        text_buf_puts(b, "\"/>");
+    }
+    text_buf_puts(b, "</svg>");
+}
+
+void svg_bar_chart(TextBuf *b, const ChartFrame *f, const double *values, const int *labels, const bool *highlight,
+                   int n, const char *highlight_label) {
+    double hi = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(values[i]))
+            hi = fmax(hi, values[i]);
+    Axis x = axis_make(0, n > 0 ? n : 1, MARGIN_LEFT, f->width - MARGIN_RIGHT);
+    Axis y = axis_make(0, hi > 0 ? hi : 1, f->height - MARGIN_BOTTOM, MARGIN_TOP);
+    frame_open(b, f);
+    axes(b, f, &x, &y, false);
+    legend_entry(b, 0, svg_chart_colour(0), "full");
+    legend_entry(b, 1, WARNING_COLOUR, highlight_label);
+    double slot = (x.px1 - x.px0) / (n > 0 ? n : 1), bottom = axis_map(&y, 0);
+    int label_every = slot >= 40 ? 1 : (int)ceil(40 / slot);
+    for (int i = 0; i < n; i++) {
+        double v = isfinite(values[i]) && values[i] > 0 ? values[i] : 0, top = axis_map(&y, v);
+        text_buf_printf(b, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\">"
+                           "<title>step %d: %.3g</title></rect>",
+                        x.px0 + i * slot + slot * 0.1, top, slot * 0.8, bottom - top,
+                        highlight[i] ? WARNING_COLOUR : svg_chart_colour(0), labels[i], v);
+        if (i % label_every == 0)   // the step under every few bars, as many as fit
+            text_buf_printf(b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\">%d</text>",
+                            x.px0 + (i + 0.5) * slot, bottom + 14, labels[i]);
+    }
+    text_buf_puts(b, "</svg>");
+}
