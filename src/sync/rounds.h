@@ -192,5 +192,9 @@ void rounds_status(Rounds *r, RoundsStatus *out);
 int rounds_last_completed_step(Rounds *r);
 // The peers' last calls, their reported metrics and the round history (sync/peer_watch.h; the
 // transport tells it who called); rounds_run_status (sync/rounds_run_status.h) reads it out.
+// Liveness, in short (exactly: peer_watch.h): late = the open round has waited on the peer
+// longer than 3 x the usual full round (at least 2 s); missing = silent for longer than 3 x the
+// round spacing, the deadline and 30 s, or left out of the newest (partial) round and silent
+// since it closed.
 typedef struct PeerWatch PeerWatch;
 PeerWatch *rounds_watch(Rounds *r);
