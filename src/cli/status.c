@@ -1,7 +1,8 @@
 // `spes status ADDR`: the parameter server's Status in a terminal (for ssh sessions): the run
 // (peers, mode, model fingerprint), the rounds (completed, partial, the latest aggregate and
 // how long it took), the open round (which peers have uploaded, which are still awaited) and
-// the traffic. One gRPC Status call, through the same client the peers use, so a token and
+// the traffic, and each peer as the server sees it (alive / late / missing, last call, last
+// upload, its newest reported step, loss and tokens/s). One gRPC Status call, through the same client the peers use, so a token and
 // TLS work as they do for a peer.
 #include <getopt.h>
 #include <inttypes.h>
@@ -14,13 +15,15 @@
 #include "cli/commands.h"
 #include "sync/auth.h"
 #include "sync/client.h"
+#include "sync/peer_watch.h"
 
 static void usage(FILE *out) {
     fprintf(out,
             "usage: spes status HOST:PORT [--auth_token_file F] [--tls_ca F [--tls_cert F --tls_key F]]\n"
             "                   [--timeout S]\n\n"
             "Prints the parameter server's status: peers, rounds (completed, partial), the open round's\n"
-            "uploaded and awaited peers, bytes in and out. --timeout: seconds to keep trying an\n"
+            "uploaded and awaited peers, bytes in and out, and each peer as the server sees it\n"
+            "(alive / late / missing, last call, last upload, newest step, loss, tokens/s). --timeout: seconds to keep trying an\n"
             "unreachable server (default 10).\n");
 }
 
@@ -56,6 +59,27 @@ static void print_status(const char *addr, const RoundsStatus *st) {
     print_mb("received (uploads)", st->bytes_received);
     print_mb("sent (downloads)", st->bytes_sent);
     printf("%-22s %" PRId64 "\n", "uploads rejected", st->uploads_rejected);
+}
+
+// One line per peer (a server without the per-peer extension lists none: nothing printed).
+static void print_peers(const RunStatus *run) {
+    if (run->num_peers == 0) return;
+    printf("\n%-5s %-8s %-12s %-12s %-8s %-10s %s\n", "peer", "state", "last seen", "last upload", "step", "loss",
+           "tokens/s");
+    for (int p = 0; p < run->num_peers; p++) {
+        const PeerStatus *ps = &run->peers[p];
+        char seen[32] = "never", upload[16] = "none", step[24] = "-", loss[24] = "-", tps[24] = "-";
+        if (ps->last_seen_unix > 0) snprintf(seen, sizeof seen, "%.1f s ago", run->now_unix - ps->last_seen_unix);
+        if (ps->last_upload_step >= 0) snprintf(upload, sizeof upload, "step %d", ps->last_upload_step);
+        if (ps->num_points > 0) {
+            const PeerMetricPoint *pt = &ps->points[ps->num_points - 1];
+            snprintf(step, sizeof step, "%" PRId64, pt->step);
+            snprintf(loss, sizeof loss, "%.4f", pt->loss);
+            snprintf(tps, sizeof tps, "%.0f", pt->tokens_per_s);
+        }
+        printf("%-5d %-8s %-12s %-12s %-8s %-10s %s\n", p, peer_liveness_name(ps->liveness), seen, upload, step, loss,
+               tps);
+    }
 }
 
 int cmd_status(int argc, char **argv) {
@@ -96,10 +120,14 @@ int cmd_status(int argc, char **argv) {
     }
     cfg.auth_token = token;
     SyncClient *client = NULL;
-    RoundsStatus st;
+    RunStatus run;
     status = sync_client_create(&cfg, &client);
-    if (status == SPES_OK) status = sync_client_status(client, &st);
-    if (status == SPES_OK) print_status(cfg.server_addr, &st);
+    if (status == SPES_OK) status = sync_client_run_status(client, &run);
+    if (status == SPES_OK) {
+        print_status(cfg.server_addr, &run.rounds);
+        print_peers(&run);
+        run_status_free(&run);
+    }
     sync_client_destroy(client);
     free(token);
     return status == SPES_OK ? 0 : cli_report_error();

@@ -187,6 +187,8 @@ int cmd_train(int argc, char **argv) {
         if (rc == SPES_OK) {
             opt.after_step = spes_ranks_after_step;
             opt.after_step_ctx = peer;
+            opt.on_metrics = spes_ranks_note_metrics;   // reported to the server with each upload
+            opt.on_metrics_ctx = peer;
             opt.lb_count_factor = spes_ranks_lb_count_factor(peer);
             spes_ranks_set_stop_flag(peer, &stop_requested);
         }

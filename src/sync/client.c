@@ -3,6 +3,7 @@
 
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "base/file.h"
 #include "base/rng.h"
 #include "base/timer.h"
+#include "sync/peer_watch.h"
 #include "sync/wire.h"
 
 struct SyncClient {
@@ -28,6 +30,9 @@ struct SyncClient {
     size_t n_metadata;              // 1 with a token, else 0
     char **server_encodings;        // from HelloResponse.encodings
     size_t n_server_encodings;
+    pthread_mutex_t metrics_mu;     // the trainer notes metrics while an upload may be in flight
+    PeerMetricPoint metrics[SYNC_MAX_METRIC_POINTS];   // steps not yet reported, oldest first
+    int n_metrics;
 };
 
 // The download view asked for by the calls of one download (WaitAggregate and DownloadChunk
@@ -85,6 +90,7 @@ int sync_client_create(const SyncClientConfig *cfg, SyncClient **out) {
         return spes_fail("sync client: payload dtype must be F32, BF16 or I8");
     SyncClient *c = spes_calloc(1, sizeof *c);
     if (!c) return SPES_ERR;
+    pthread_mutex_init(&c->metrics_mu, NULL);
     c->cfg = *cfg;
     c->addr = spes_strdup(cfg->server_addr);
     if (!c->addr) {
@@ -133,6 +139,7 @@ void sync_client_destroy(SyncClient *c) {
     for (size_t i = 0; i < c->n_server_encodings; i++) free(c->server_encodings[i]);
     free(c->server_encodings);
     free(c->addr);
+    pthread_mutex_destroy(&c->metrics_mu);
     free(c);
     grpc_shutdown();
 }
@@ -351,6 +358,49 @@ bool sync_client_server_speaks(const SyncClient *c, const char *encoding) {
     return false;
 }
 
+void sync_client_note_metrics(SyncClient *c, const PeerMetricPoint *point) {
+    pthread_mutex_lock(&c->metrics_mu);
+    if (c->n_metrics == SYNC_MAX_METRIC_POINTS) {   // keep the newest
+        memmove(c->metrics, c->metrics + 1, (SYNC_MAX_METRIC_POINTS - 1) * sizeof *c->metrics);
+        c->n_metrics--;
+    }
+    c->metrics[c->n_metrics++] = *point;
+    pthread_mutex_unlock(&c->metrics_mu);
+}
+
+// The points an upload carries (proto PeerMetrics, on its first message): a snapshot of the
+// pending ones. points[SYNC_MAX_METRIC_POINTS], ptrs likewise.
+static int pending_metrics(SyncClient *c, PeerMetrics *points, PeerMetrics **ptrs) {
+    pthread_mutex_lock(&c->metrics_mu);
+    int n = c->n_metrics;
+    for (int i = 0; i < n; i++) {
+        const PeerMetricPoint *pt = &c->metrics[i];
+        peer_metrics__init(&points[i]);
+        points[i].step = pt->step;
+        points[i].loss = pt->loss;
+        points[i].ce = pt->ce;
+        points[i].lb = pt->lb;
+        points[i].tokens_per_s = pt->tokens_per_s;
+        points[i].mfu = pt->mfu;
+        points[i].device_mem_mb = pt->device_mem_mb;
+        points[i].route_min = pt->route_min;
+        points[i].route_max = pt->route_max;
+        ptrs[i] = &points[i];
+    }
+    pthread_mutex_unlock(&c->metrics_mu);
+    return n;
+}
+
+// The server has the points up to step `through`: drop them (newer ones noted meanwhile stay).
+static void drop_reported_metrics(SyncClient *c, int64_t through) {
+    pthread_mutex_lock(&c->metrics_mu);
+    int keep = 0;
+    while (keep < c->n_metrics && c->metrics[keep].step <= through) keep++;
+    memmove(c->metrics, c->metrics + keep, (size_t)(c->n_metrics - keep) * sizeof *c->metrics);
+    c->n_metrics -= keep;
+    pthread_mutex_unlock(&c->metrics_mu);
+}
+
 // One attempt at streaming the whole payload.
 static grpc_status_code upload_once(SyncClient *c, int step, const uint8_t *bytes, size_t len) {
     static const char *method = "/FederatedServer/UploadChunk";
@@ -362,8 +412,16 @@ static grpc_status_code upload_once(SyncClient *c, int step, const uint8_t *byte
     memset(&op, 0, sizeof op);
     send_metadata(c, &op);
     bool sending = wire_run_batch(call, c->cq, &op, 1, 0);
+    // Metrics are best effort: without memory for them the upload goes without.
+    PeerMetrics *points = malloc(SYNC_MAX_METRIC_POINTS * sizeof *points);
+    PeerMetrics **point_ptrs = malloc(SYNC_MAX_METRIC_POINTS * sizeof *point_ptrs);
+    int n_points = points && point_ptrs ? pending_metrics(c, points, point_ptrs) : 0;
     for (size_t i = 0; sending && i < n_chunks; i++) {
         UploadChunkRequest m = UPLOAD_CHUNK_REQUEST__INIT;
+        if (i == 0) {   // the steps logged since the last upload ride on the first message
+            m.n_metrics = (size_t)n_points;
+            m.metrics = point_ptrs;
+        }
         m.peer_id = c->cfg.peer_id;
         m.step = step;
         m.chunk_id = (int32_t)i;
@@ -383,6 +441,11 @@ static grpc_status_code upload_once(SyncClient *c, int step, const uint8_t *byte
     wire_run_batch(call, c->cq, &op, 1, 0);
     grpc_status_code code = finish_stream(c, call, method);
     grpc_call_unref(call);
+    // Answered by the server (accepted, or refused after reading the first message): it has the
+    // points. A transport failure keeps them for the retry or the next upload.
+    if (n_points > 0 && !transient(code)) drop_reported_metrics(c, points[n_points - 1].step);
+    free(points);
+    free(point_ptrs);
     return code;
 }
 
@@ -602,12 +665,7 @@ int sync_client_wait_and_download_view(SyncClient *c, int step, int delta_base_s
     return SPES_OK;
 }
 
-int sync_client_status(SyncClient *c, RoundsStatus *out) {
-    StatusRequest req = STATUS_REQUEST__INIT;
-    StatusResponse *resp = NULL;
-    if (unary(c, "/FederatedServer/Status", &req.base, &status_response__descriptor, (ProtobufCMessage **)&resp, 30) !=
-        GRPC_STATUS_OK)
-        return SPES_ERR;
+static void rounds_from_status(const StatusResponse *resp, RoundsStatus *out) {
     memset(out, 0, sizeof *out);
     out->rounds_completed = resp->rounds_completed;
     out->open_step = resp->open_step;
@@ -624,6 +682,58 @@ int sync_client_status(SyncClient *c, RoundsStatus *out) {
     out->total_peers = resp->total_peers;
     // A mode this client does not know stays spes: Status is informational, nothing acts on it.
     if (resp->mode && sync_mode_parse(resp->mode, &out->mode) != SPES_OK) spes_clear_error();
+}
+
+static StatusResponse *status_call(SyncClient *c) {
+    StatusRequest req = STATUS_REQUEST__INIT;
+    StatusResponse *resp = NULL;
+    if (unary(c, "/FederatedServer/Status", &req.base, &status_response__descriptor, (ProtobufCMessage **)&resp, 30) !=
+        GRPC_STATUS_OK)
+        return NULL;
+    return resp;
+}
+
+int sync_client_status(SyncClient *c, RoundsStatus *out) {
+    StatusResponse *resp = status_call(c);
+    if (!resp) return SPES_ERR;
+    rounds_from_status(resp, out);
+    status_response__free_unpacked(resp, NULL);
+    return SPES_OK;
+}
+
+static PeerLiveness liveness_from_name(const char *name) {
+    static const PeerLiveness all[] = {PEER_ALIVE, PEER_LATE, PEER_MISSING};
+    for (size_t i = 0; name && i < sizeof all / sizeof *all; i++)
+        if (strcmp(name, peer_liveness_name(all[i])) == 0) return all[i];
+    return PEER_UNSEEN;
+}
+
+int sync_client_run_status(SyncClient *c, RunStatus *out) {
+    StatusResponse *resp = status_call(c);
+    if (!resp) return SPES_ERR;
+    // The peers the server listed (a server without the extension lists none: num_peers 0), by
+    // peer id; ids outside the run are not shown.
+    int P = resp->n_peers > 0 && resp->total_peers > 0 && resp->total_peers <= SYNC_MAX_STATUS_PEERS ? resp->total_peers : 0;
+    if (run_status_alloc(out, P) != 0) {
+        status_response__free_unpacked(resp, NULL);
+        return spes_fail("status: out of memory for %d peers", P);
+    }
+    out->now_unix = peer_watch_now();
+    rounds_from_status(resp, &out->rounds);
+    for (size_t i = 0; i < resp->n_peers; i++) {
+        const PeerState *st = resp->peers[i];
+        if (st->peer_id < 0 || st->peer_id >= P) continue;
+        PeerStatus *ps = &out->peers[st->peer_id];
+        ps->liveness = liveness_from_name(st->liveness);
+        ps->last_seen_unix = st->last_seen_unix;
+        ps->last_upload_step = st->last_upload_step;
+        if (st->latest) {
+            const PeerMetrics *m = st->latest;
+            ps->points[0] = (PeerMetricPoint){m->step,          m->loss, m->ce,        m->lb,        m->tokens_per_s,
+                                              m->mfu,           m->device_mem_mb, m->route_min, m->route_max};
+            ps->num_points = 1;
+        }
+    }
     status_response__free_unpacked(resp, NULL);
     return SPES_OK;
 }

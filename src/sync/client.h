@@ -21,6 +21,7 @@
 
 #include "io/safetensors.h"
 #include "sync/model_spec.h"
+#include "status/run_status.h"
 #include "sync/rounds.h"
 
 typedef struct {
@@ -87,6 +88,16 @@ int sync_client_wait_and_download_view(SyncClient *c, int step, int delta_base_s
 // Whether the server said in Hello that it serves `encoding` (e.g. "omit-own-experts").
 bool sync_client_server_speaks(const SyncClient *c, const char *encoding);
 int sync_client_status(SyncClient *c, RoundsStatus *out);
+// Status with every peer as the server sees it (liveness, last call, last upload step, the newest
+// metric point: points[0] when num_points is 1). Allocates *out (free with run_status_free).
+// Peers are listed for runs of up to SYNC_MAX_STATUS_PEERS; a server that lists none (without
+// this extension): num_peers 0.
+#define SYNC_MAX_STATUS_PEERS 65536
+int sync_client_run_status(SyncClient *c, RunStatus *out);
+// A training step's numbers to report to the server with the next upload (proto
+// UploadChunkRequest.metrics); kept until an upload carrying them is answered, the newest
+// SYNC_MAX_METRIC_POINTS (sync/peer_watch.h). Any thread, also while an upload is in flight.
+void sync_client_note_metrics(SyncClient *c, const PeerMetricPoint *point);
 // The newest aggregate (its step from Status): what a peer loads after its upload was answered
 // ABORTED (its round closed without it, see rounds.h) or when it rejoins a run.
 int sync_client_download_latest(SyncClient *c, int *step, uint8_t **bytes, size_t *len);

@@ -19,6 +19,8 @@
 #include "base/timer.h"
 #include "sync/int8_codec.h"
 #include "sync/int8_payload.h"
+#include "sync/peer_watch.h"
+#include "sync/rounds_run_status.h"
 #include "sync/server_state.h"
 #include "sync/upload_check.h"
 
@@ -28,6 +30,8 @@ typedef struct {
     int num_uploaded;
     bool *uploaded;             // [P] its accepted upload is in upload_dir (not in memory)
     double opened_at;           // now_seconds() of its first upload
+    double opened_unix;         // the same in wall-clock time (the status page's round history)
+    int64_t bytes_in;           // upload bytes taken for it (retries too)
     bool warned;                // "cannot close partially" logged once
 } OpenRound;
 
@@ -64,6 +68,8 @@ struct Rounds {
     bool outer_on;              // cfg.outer is not off
     OuterOptState outer;        // its state after the newest published aggregate (under mu;
                                 // replaced under aggregate_mu, so rounds step it in turn)
+    PeerWatch *watch;           // peers' last calls and metrics, round history (own lock, taken
+                                // after mu where both are held)
 };
 
 static int restore_state(Rounds *r);
@@ -161,6 +167,10 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
         return SPES_ERR;
     }
     for (int i = 0; i < cfg->max_open_rounds; i++) r->open[i].step = -1;
+    if (peer_watch_create(cfg->agg.num_peers, &r->watch) != SPES_OK) {
+        rounds_destroy(r);
+        return SPES_ERR;
+    }
     r->last_completed_step = r->prev_completed_step = -1;
     r->stats.last_aggregate_step = -1;
     if (r->cfg.max_rounds_ahead <= 0) r->cfg.max_rounds_ahead = ROUNDS_AHEAD;
@@ -213,6 +223,7 @@ void rounds_destroy(Rounds *r) {
     free(r->tensor_offset);
     model_spec_free(&r->spec);
     outer_opt_state_free(&r->outer);
+    peer_watch_free(r->watch);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->persist_mu);
     pthread_mutex_destroy(&r->aggregate_mu);
@@ -439,6 +450,7 @@ static OpenRound *open_round(Rounds *r, int step) {
     }
     free_slot->step = step;
     free_slot->opened_at = now_seconds();
+    free_slot->opened_unix = peer_watch_now();
     return free_slot;
 }
 
@@ -726,6 +738,16 @@ static int publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seco
         r->recent[r->n_recent++ % ROUNDS_RECENT] = now_seconds() - round->opened_at;
     }
     r->stats.rounds_partial = r->rounds_partial;
+    if (round) {   // a fresh round (not one reloaded at start): into the status page's history
+        RoundRecord rec = {.step = blob->step,
+                           .started_unix = round->opened_unix,
+                           .duration_s = now_seconds() - round->opened_at,
+                           .partial = blob->included != NULL,
+                           .peers = r->stats.last_round_peers,
+                           .bytes_in = round->bytes_in,
+                           .merge_alpha = aggregate_merge_alpha(&r->cfg.agg, blob->step)};
+        peer_watch_round(r->watch, &rec, blob->included);
+    }
     if (round) free_round(r, round);
     if (round) sweep_rounds(r, r->last_completed_step + 1);
     pthread_cond_broadcast(&r->changed);
@@ -917,6 +939,7 @@ static grpc_status_code store_upload(Rounds *r, int peer, int step, size_t len, 
     if (!round->uploaded[peer]) round->num_uploaded++;   // else a retry: its file replaced the previous one
     round->uploaded[peer] = true;
     r->stats.bytes_received += (int64_t)len;
+    round->bytes_in += (int64_t)len;
     *complete = round->num_uploaded == P;
     if (*complete) round->aggregating = true;
     *round_out = round;
@@ -1125,6 +1148,7 @@ grpc_status_code rounds_upload_finish(Rounds *r, RoundsUpload *up) {
     code = store_upload(r, peer, step, len, &round, &complete);
     if (code != GRPC_STATUS_OK) return reject(r, code, NULL);
     log_info("server: step %d: upload from peer %d accepted (%zu bytes)", step, peer, len);
+    peer_watch_uploaded(r->watch, peer, step);
     return complete ? complete_round(r, round, peer) : GRPC_STATUS_OK;
 }
 
@@ -1313,11 +1337,14 @@ void rounds_count_rejected(Rounds *r) {
     pthread_mutex_unlock(&r->mu);
 }
 
-void rounds_count_sent(Rounds *r, size_t bytes) {
+void rounds_count_sent(Rounds *r, int step, size_t bytes) {
     pthread_mutex_lock(&r->mu);
     r->stats.bytes_sent += (int64_t)bytes;
     pthread_mutex_unlock(&r->mu);
+    peer_watch_sent(r->watch, step, (int64_t)bytes);
 }
+
+PeerWatch *rounds_watch(Rounds *r) { return r->watch; }
 
 void rounds_status(Rounds *r, RoundsStatus *out) {
     pthread_mutex_lock(&r->mu);
@@ -1335,6 +1362,32 @@ void rounds_status(Rounds *r, RoundsStatus *out) {
             if (lowest->uploaded[p]) out->peers_uploaded[out->num_uploaded++] = p;
     }
     pthread_mutex_unlock(&r->mu);
+}
+
+int rounds_run_status(Rounds *r, RunStatus *out) {
+    int P = r->cfg.agg.num_peers;
+    if (run_status_alloc(out, P) != 0) return spes_fail("server status: out of memory");
+    bool *awaited = spes_calloc((size_t)P, sizeof *awaited);
+    if (!awaited) {
+        run_status_free(out);
+        return SPES_ERR;
+    }
+    out->now_unix = peer_watch_now();
+    rounds_status(r, &out->rounds);
+    pthread_mutex_lock(&r->mu);
+    const OpenRound *lowest = NULL;
+    for (int i = 0; i < r->cfg.max_open_rounds; i++)
+        if (r->open[i].step >= 0 && (!lowest || r->open[i].step < lowest->step)) lowest = &r->open[i];
+    double open_wait_s = lowest ? now_seconds() - lowest->opened_at : 0;
+    for (int p = 0; lowest && p < P; p++) awaited[p] = !lowest->uploaded[p];
+    double recent[ROUNDS_RECENT];
+    int n_recent = r->n_recent < ROUNDS_RECENT ? r->n_recent : ROUNDS_RECENT;
+    memcpy(recent, r->recent, sizeof recent);
+    double deadline = r->cfg.round_timeout_s > 0 ? rounds_deadline(r->cfg.round_timeout_s, recent, n_recent) : 0;
+    pthread_mutex_unlock(&r->mu);
+    peer_watch_fill(r->watch, lowest ? awaited : NULL, open_wait_s, recent, n_recent, deadline, out);
+    free(awaited);
+    return SPES_OK;
 }
 
 int rounds_last_completed_step(Rounds *r) {

@@ -183,9 +183,18 @@ typedef struct {
 grpc_status_code rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsViewRequest *req,
                              const AggregateView **view, const char **name);
 
-void rounds_count_sent(Rounds *r, size_t bytes);
+// bytes of step's aggregate went to a peer (the Status counters and the round history).
+void rounds_count_sent(Rounds *r, int step, size_t bytes);
 // An upload refused before it reached rounds_upload (token, call limit, chunk stream errors,
 // size caps): counted in uploads_rejected like the others.
 void rounds_count_rejected(Rounds *r);
 void rounds_status(Rounds *r, RoundsStatus *out);
 int rounds_last_completed_step(Rounds *r);
+// The peers' last calls, their reported metrics and the round history (sync/peer_watch.h; the
+// transport tells it who called); rounds_run_status (sync/rounds_run_status.h) reads it out.
+// Liveness, in short (exactly: peer_watch.h): late = the open round has waited on the peer
+// longer than 3 x the usual full round (at least 2 s); missing = silent for longer than 3 x the
+// round spacing, the deadline and 30 s, or left out of the newest (partial) round and silent
+// since it closed.
+typedef struct PeerWatch PeerWatch;
+PeerWatch *rounds_watch(Rounds *r);

@@ -14,6 +14,8 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "sync/auth.h"
+#include "sync/peer_watch.h"
+#include "sync/rounds_run_status.h"
 #include "sync/wire.h"
 
 struct SyncServer {
@@ -219,11 +221,42 @@ static grpc_status_code check_bound_peer(const Call *c, const char *what, int pe
                        what, peer, c->bound_peer);
 }
 
+// The peer named in a request called (for the status page's "last seen"); a caller whose token
+// belongs to another peer does not count (its call is refused).
+static void note_seen(const Call *c, int peer) {
+    if (c->bound_peer < 0 || c->bound_peer == peer) peer_watch_seen(rounds_watch(c->srv->rounds), peer);
+}
+
+// The metric points an upload's first message carries (proto PeerMetrics), handed to the
+// server's PeerWatch, which validates them. Metrics on later chunks are ignored (logged).
+static void take_metrics(Call *c, const UploadChunkRequest *m, bool first) {
+    if (m->n_metrics == 0) return;
+    if (!first) {
+        log_warn("server: upload from peer %d: %zu metric points on chunk %d ignored (only the first chunk's count)",
+                 m->peer_id, m->n_metrics, m->chunk_id);
+        return;
+    }
+    size_t skip = m->n_metrics > SYNC_MAX_METRIC_POINTS ? m->n_metrics - SYNC_MAX_METRIC_POINTS : 0;
+    PeerMetricPoint points[SYNC_MAX_METRIC_POINTS];
+    int n = 0;
+    for (size_t i = skip; i < m->n_metrics; i++) {
+        const PeerMetrics *pm = m->metrics[i];
+        points[n++] = (PeerMetricPoint){pm->step,       pm->loss,          pm->ce,        pm->lb,       pm->tokens_per_s,
+                                        pm->mfu,        pm->device_mem_mb, pm->route_min, pm->route_max};
+    }
+    if (skip)
+        log_warn("server: upload from peer %d: %zu metric points, more than %d; the oldest %zu ignored", m->peer_id,
+                 m->n_metrics, SYNC_MAX_METRIC_POINTS, skip);
+    peer_watch_metrics(rounds_watch(c->srv->rounds), m->peer_id, points, n);
+}
+
 static grpc_status_code take_chunk(Call *c, UploadStream *up, const UploadChunkRequest *m) {
+    take_metrics(c, m, up->next_chunk == 0 && (c->bound_peer < 0 || c->bound_peer == m->peer_id));
     if (up->next_chunk == 0) {
         // Everything the first message can tell is decided now, before anything is stored.
         grpc_status_code code = check_bound_peer(c, "upload", m->peer_id);
         if (code != GRPC_STATUS_OK) return code;
+        note_seen(c, m->peer_id);
         up->peer = m->peer_id;
         up->step = m->step;
         up->total_chunks = m->total_chunks;
@@ -324,6 +357,7 @@ static void handle_upload(Call *c) {
     release(c, &up);   // the chunks are on disk: validation and aggregation read them back
     up.open = false;
     code = rounds_upload_finish(c->srv->rounds, &up.file);   // closes the file on every path
+    note_seen(c, up.peer);
     UploadChunkResponse resp = UPLOAD_CHUNK_RESPONSE__INIT;
     resp.success = code == GRPC_STATUS_OK;
     finish(c, code, &resp.base);
@@ -419,6 +453,7 @@ static void finish_packed(Call *c, grpc_byte_buffer *bb) {
 static void handle_download(Call *c) {
     DownloadChunkRequest *req = (DownloadChunkRequest *)recv_request(c, &download_chunk_request__descriptor, SYNC_MAX_SMALL_REQUEST);
     if (!req) return;
+    note_seen(c, req->peer_id);
     AggregateBlob *blob = NULL;
     grpc_status_code code = rounds_get(c->srv->rounds, req->step, 0, &blob);
     DownloadChunkResponse resp = DOWNLOAD_CHUNK_RESPONSE__INIT;
@@ -437,7 +472,7 @@ static void handle_download(Call *c) {
             grpc_byte_buffer *bb = chunk_response(c->srv->rounds, blob, view, at, len, (size_t)req->chunk_id == n - 1);
             if (bb) {
                 finish_packed(c, bb);
-                rounds_count_sent(c->srv->rounds, len);
+                rounds_count_sent(c->srv->rounds, blob->step, len);
                 rounds_release(c->srv->rounds, blob);
                 download_chunk_request__free_unpacked(req, NULL);
                 return;
@@ -483,6 +518,7 @@ static void handle_hello(Call *c) {
     int last = -1;
     model_spec_init(&spec);
     grpc_status_code code = check_bound_peer(c, "hello", req->peer_id);
+    note_seen(c, req->peer_id);
     if (code == GRPC_STATUS_OK && (sync_mode_parse(req->mode, &mode) != SPES_OK ||
                                    (req->payload_dtype[0] && dtype_from_name(req->payload_dtype, &payload) != SPES_OK)))
         code = GRPC_STATUS_INVALID_ARGUMENT;
@@ -524,7 +560,9 @@ static void handle_wait(Call *c) {
     double timeout = req->timeout_ms / 1000.0;
     if (timeout > c->srv->cfg.max_wait_seconds) timeout = c->srv->cfg.max_wait_seconds;
     AggregateBlob *blob = NULL;
+    note_seen(c, req->peer_id);   // at both ends of the long poll: a waiting peer is present
     grpc_status_code code = rounds_get(c->srv->rounds, req->step, timeout, &blob);
+    note_seen(c, req->peer_id);
     WaitAggregateResponse resp = WAIT_AGGREGATE_RESPONSE__INIT;
     const AggregateView *view = NULL;
     const char *name = "";
@@ -546,9 +584,52 @@ static void handle_wait(Call *c) {
 static void handle_status(Call *c) {
     StatusRequest *req = (StatusRequest *)recv_request(c, &status_request__descriptor, SYNC_MAX_SMALL_REQUEST);
     if (!req) return;
-    RoundsStatus st;
-    rounds_status(c->srv->rounds, &st);
+    RunStatus run;
+    if (rounds_run_status(c->srv->rounds, &run) != SPES_OK) {
+        finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
+        status_request__free_unpacked(req, NULL);
+        return;
+    }
+    RoundsStatus st = run.rounds;
+    // Each peer as the server sees it, with the newest metric point it reported.
+    PeerState *states = spes_calloc((size_t)run.num_peers + 1, sizeof *states);
+    PeerState **state_ptrs = spes_calloc((size_t)run.num_peers + 1, sizeof *state_ptrs);
+    PeerMetrics *latest = spes_calloc((size_t)run.num_peers + 1, sizeof *latest);
+    if (!states || !state_ptrs || !latest) {
+        free(states);
+        free(state_ptrs);
+        free(latest);
+        run_status_free(&run);
+        finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
+        status_request__free_unpacked(req, NULL);
+        return;
+    }
+    for (int p = 0; p < run.num_peers; p++) {
+        const PeerStatus *ps = &run.peers[p];
+        peer_state__init(&states[p]);
+        states[p].peer_id = ps->peer;
+        states[p].liveness = (char *)peer_liveness_name(ps->liveness);
+        states[p].last_seen_unix = ps->last_seen_unix;
+        states[p].last_upload_step = ps->last_upload_step;
+        if (ps->num_points > 0) {
+            const PeerMetricPoint *pt = &ps->points[ps->num_points - 1];
+            peer_metrics__init(&latest[p]);
+            latest[p].step = pt->step;
+            latest[p].loss = pt->loss;
+            latest[p].ce = pt->ce;
+            latest[p].lb = pt->lb;
+            latest[p].tokens_per_s = pt->tokens_per_s;
+            latest[p].mfu = pt->mfu;
+            latest[p].device_mem_mb = pt->device_mem_mb;
+            latest[p].route_min = pt->route_min;
+            latest[p].route_max = pt->route_max;
+            states[p].latest = &latest[p];
+        }
+        state_ptrs[p] = &states[p];
+    }
     StatusResponse resp = STATUS_RESPONSE__INIT;
+    resp.n_peers = (size_t)run.num_peers;
+    resp.peers = state_ptrs;
     resp.rounds_completed = st.rounds_completed;
     resp.open_step = st.open_step;
     resp.n_peers_uploaded = (size_t)st.num_uploaded;
@@ -564,6 +645,10 @@ static void handle_status(Call *c) {
     resp.rounds_partial = st.rounds_partial;
     resp.last_round_peers = st.last_round_peers;
     finish(c, GRPC_STATUS_OK, &resp.base);
+    free(states);
+    free(state_ptrs);
+    free(latest);
+    run_status_free(&run);
     status_request__free_unpacked(req, NULL);
 }
 

@@ -127,6 +127,19 @@ void spes_peer_free(SpesPeer *p) {
 
 const float *spes_peer_lb_count_factor(const SpesPeer *p) { return p->lb_factor; }
 
+void spes_peer_note_metrics(SpesPeer *p, const StepMetrics *m) {
+    PeerMetricPoint point = {.step = m->step,
+                             .loss = m->loss.total,
+                             .ce = m->loss.ce,
+                             .lb = m->loss.lb,
+                             .tokens_per_s = m->tokens_per_second,
+                             .mfu = m->mfu,
+                             .device_mem_mb = m->device_mem_mb > 0 ? m->device_mem_mb : m->peak_rss_mb};
+    if (m->expert_counts)
+        metrics_route_balance(m->expert_counts, m->n_layers, m->n_experts, &point.route_min, &point.route_max);
+    sync_client_note_metrics(p->client, &point);
+}
+
 void spes_peer_set_stop_flag(SpesPeer *p, volatile sig_atomic_t *stop) { p->stop = stop; }
 
 int64_t spes_peer_unsynced_step(const SpesPeer *p) { return p->unsynced_step; }

@@ -14,6 +14,7 @@
 
 #include "config/config.h"
 #include "model/model.h"
+#include "train/metrics.h"
 
 typedef struct SpesPeer SpesPeer;
 
@@ -34,6 +35,9 @@ int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_s
 // (server gone past retry_timeout_s, a refused upload, a signal) the model keeps the step's
 // local weights and spes_peer_unsynced_step() names the step, so the caller can save them.
 int spes_peer_after_step(void *ctx, Model *m, int64_t step);
+// A step's metrics, reported to the server with the next upload (its status page): loss terms,
+// tokens/s, MFU, device memory (GPU memory in use, else peak RSS) and routing balance.
+void spes_peer_note_metrics(SpesPeer *p, const StepMetrics *m);
 // The flag SIGINT/SIGTERM set: a round in flight is abandoned (not waited for) when it is set.
 void spes_peer_set_stop_flag(SpesPeer *p, volatile sig_atomic_t *stop);
 // The step whose sync failed or was abandoned, -1 when every round so far completed.

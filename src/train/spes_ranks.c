@@ -90,6 +90,11 @@ int spes_ranks_connect(SpesRanks *r, Model *m, int64_t start_step, int64_t total
     return share(r, m, rc, true, "the handshake with the parameter server");
 }
 
+void spes_ranks_note_metrics(void *ctx, const StepMetrics *m) {
+    SpesRanks *r = ctx;
+    if (r->peer) spes_peer_note_metrics(r->peer, m);
+}
+
 int spes_ranks_after_step(void *ctx, Model *m, int64_t step) {
     SpesRanks *r = ctx;
     if (!comm_is_multi(r->comm)) return spes_peer_after_step(r->peer, m, step);

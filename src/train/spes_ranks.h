@@ -13,6 +13,7 @@
 #include "config/config.h"
 #include "dist/comm.h"
 #include "model/model.h"
+#include "train/metrics.h"
 
 typedef struct SpesRanks SpesRanks;
 
@@ -24,6 +25,8 @@ void spes_ranks_set_stop_flag(SpesRanks *r, volatile sig_atomic_t *stop);
 int spes_ranks_connect(SpesRanks *r, Model *m, int64_t start_step, int64_t total_steps, bool unsynced);
 // TrainerAfterStep (ctx = SpesRanks): every rank calls it.
 int spes_ranks_after_step(void *ctx, Model *m, int64_t step);
+// TrainerOnMetrics (ctx = SpesRanks): rank 0's spes_peer_note_metrics.
+void spes_ranks_note_metrics(void *ctx, const StepMetrics *m);
 // TrainState.save_extra (ctx = SpesRanks): rank 0's spes_peer_save_state (rank 0 saves checkpoints).
 int spes_ranks_save_state(void *ctx, const char *dir);
 // As spes_peer_unsynced_step, the same on every rank.

@@ -607,6 +607,7 @@ int trainer_run(Trainer *t) {
             log_info("%s", line);
         }
         if (t->rank0) SPES_TRY(metrics_write_step(&t->log, &sm, step % log_every == 0));
+        if (t->rank0 && t->opt.on_metrics) t->opt.on_metrics(t->opt.on_metrics_ctx, &sm);
         if (t->opt.after_step && t->opt.after_step(t->opt.after_step_ctx, &t->model, step) != SPES_OK)
             return spes_fail_context("after step %" PRId64, step);
         bool interrupted = t->opt.stop && *t->opt.stop;

@@ -31,6 +31,9 @@ typedef struct Comm Comm;
 // Called after every optimizer step. It may change the parameters (load an aggregated
 // model); the optimizer state is kept. SPES_ERR stops training with that error.
 typedef int (*TrainerAfterStep)(void *ctx, Model *m, int64_t step);
+// Called on rank 0 with each step's metrics as they are written (a SPES peer reports them to
+// its server with its next upload). Must not fail or block.
+typedef void (*TrainerOnMetrics)(void *ctx, const StepMetrics *m);
 
 typedef struct {
     bool resume;                    // --resume: newest complete checkpoint (as try_load_latest_save)
@@ -39,6 +42,8 @@ typedef struct {
     volatile sig_atomic_t *stop;    // set asynchronously (SIGINT): finish the step, save, return
     TrainerAfterStep after_step;
     void *after_step_ctx;
+    TrainerOnMetrics on_metrics;    // NULL: none
+    void *on_metrics_ctx;
     const float *lb_count_factor;   // [L*E] load-balancing count factors (SPES decayed aux loss), NULL = 1;
                                     // read every step: the owner may update it in place
     Comm *comm;                     // the ranks of this node (dist/comm.h); NULL or one rank: no collectives.

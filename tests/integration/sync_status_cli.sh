@@ -3,7 +3,9 @@
 # within its --timeout with a message, a server with a token refuses a status call without
 # it, the run is described before any peer (4 peers, spes, no aggregate), and while 3 of 4
 # peers have uploaded the first round it names the open step, the uploaded peers and the one
-# awaited; after the rounds complete it shows the aggregate and the traffic.
+# awaited, and lists each peer (alive, its last upload, the step and loss it reported; the
+# missing one unseen); after the rounds complete it shows the aggregate, the traffic and every
+# peer alive at step 4.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 SPES=${SPES_BIN:-build/spes}
@@ -57,6 +59,13 @@ done
 grep -q "^open round *step 2: 3 of 4 peers uploaded" "$dir/open" || fail "open round: $(cat "$dir/open")"
 grep -q "^  uploaded *0 1 3$" "$dir/open" || fail "uploaded peers: $(cat "$dir/open")"
 grep -q "^  awaited *2$" "$dir/open" || fail "awaited peer: $(cat "$dir/open")"
+# The peers table: the three that uploaded step 2 reported their steps 1-2 with it (loss, tokens/s);
+# peer 2 never called.
+for peer in 0 1 3; do
+  grep -Eq "^$peer +(alive|late) +[0-9.]+ s ago +step 2 +2 +[0-9]+\.[0-9]{4} +[0-9]+$" "$dir/open" ||
+    fail "peer $peer's line: $(cat "$dir/open")"
+done
+grep -Eq "^2 +unseen +never +none +- +- +-$" "$dir/open" || fail "peer 2's line: $(cat "$dir/open")"
 
 reliability_peer 2 "$port" 4 "$dir/peer2" "$dir/peer2.log"
 pids+=("$last_pid")
@@ -66,5 +75,8 @@ grep -q "^rounds *2 completed, 0 partial" "$dir/after" || fail "rounds after: $(
 grep -q "^latest aggregate *step 4, 4 peers" "$dir/after" || fail "aggregate after: $(cat "$dir/after")"
 grep -q "^open round *none" "$dir/after" || fail "open round after: $(cat "$dir/after")"
 awk '/^received \(uploads\)/ { exit !($3 > 0) }' "$dir/after" || fail "no bytes received: $(cat "$dir/after")"
+for peer in 0 1 2 3; do
+  grep -Eq "^$peer +alive +[0-9.]+ s ago +step 4 +4 " "$dir/after" || fail "peer $peer after: $(cat "$dir/after")"
+done
 cat "$dir/after"
 echo "spes status: ok"
