@@ -51,17 +51,26 @@ static enum MHD_Result send_error(struct MHD_Connection *c, unsigned code, const
     return body ? send_text(c, code, "text/plain; charset=utf-8", body, strlen(body)) : MHD_NO;
 }
 
-static bool authorised(const StatusHttp *h, struct MHD_Connection *c) {
+// *by_query: the token came as ?token= (the page then keeps it on its link).
+static bool authorised(const StatusHttp *h, struct MHD_Connection *c, bool *by_query) {
+    *by_query = false;
     if (!h->token)
         return true;
     size_t want = strlen(h->token);
     const char *query = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "token");
     if (query && auth_equal(query, strlen(query), h->token, want))
-        return true;
+        return *by_query = true;
     const char *header = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     static const char bearer[] = "Bearer ";
     return header && strncmp(header, bearer, sizeof bearer - 1) == 0 &&
            auth_equal(header + sizeof bearer - 1, strlen(header + sizeof bearer - 1), h->token, want);
+}
+
+// The whole URL of each request, path and query, as libmicrohttpd received it (before it splits
+// off the query): what it returns becomes the request's *request_state, one of these two marks.
+static char url_within_limit, url_too_long;
+static void *check_url(void *cls, const char *uri, struct MHD_Connection *c) {
+    return strlen(uri) > STATUS_HTTP_URL_BYTES ? &url_too_long : &url_within_limit;
 }
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -71,6 +80,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     bool head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
     if (!head && strcmp(method, MHD_HTTP_METHOD_GET) != 0)
         return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
+    if (*request_state == &url_too_long)
+        return send_error(c, MHD_HTTP_URI_TOO_LONG, "URL too long\n");
     if (*upload_data_size != 0)
         return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "no request body accepted\n");
     const char *length = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -79,7 +90,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     bool page = strcmp(url, "/") == 0, json = strcmp(url, "/status.json") == 0;
     if (!page && !json)
         return send_error(c, MHD_HTTP_NOT_FOUND, "not found: the status server has / and /status.json\n");
-    if (!authorised(h, c))
+    bool by_query;
+    if (!authorised(h, c, &by_query))
         return send_error(c, MHD_HTTP_UNAUTHORIZED, "a token is needed: Authorization: Bearer <token> or ?token=\n");
 
     RunStatus status;
@@ -88,7 +100,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return send_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "status unavailable\n");
     }
     size_t len = 0;
-    char *body = json ? status_json_render(&status, &len) : status_page_render(&status, &len);
+    char *body = json ? status_json_render(&status, &len)
+                      : status_page_render(&status, by_query ? h->token : NULL, &len);
     run_status_free(&status);
     if (!body)
         return send_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
@@ -137,7 +150,7 @@ int status_http_start(const StatusHttpConfig *cfg, StatusFill fill, void *ctx, S
     unsigned connections = cfg->max_connections ? cfg->max_connections : STATUS_HTTP_DEFAULT_CONNECTIONS;
     unsigned timeout = cfg->timeout_s ? cfg->timeout_s : STATUS_HTTP_DEFAULT_TIMEOUT_S;
     h->daemon = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, handle, h, MHD_OPTION_EXTERNAL_LOGGER,
-                                 mhd_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                                 mhd_log, NULL, MHD_OPTION_URI_LOG_CALLBACK, check_url, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                                  MHD_OPTION_CONNECTION_LIMIT, connections, MHD_OPTION_CONNECTION_TIMEOUT, timeout,
                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)STATUS_HTTP_REQUEST_BYTES, MHD_OPTION_END);
     if (!h->daemon) {

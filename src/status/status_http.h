@@ -3,9 +3,10 @@
 //   GET /             the page (status_page.h)
 //   GET /status.json  the document (status_json.h)
 // HEAD is answered like GET without the body; any other method 405, any other path 404, a
-// request body 413, a request line or headers larger than STATUS_HTTP_REQUEST_BYTES 414/431
-// (libmicrohttpd's own answer), a connection idle for timeout_s closed, more than
-// max_connections connections refused at accept. Every request asks fill() for a fresh
+// request body 413, a URL (path and query) longer than STATUS_HTTP_URL_BYTES 414, a request line
+// or headers larger than STATUS_HTTP_REQUEST_BYTES 414/431 (libmicrohttpd's own answer, before
+// the URL is looked at), a connection idle for timeout_s closed, more than max_connections
+// connections refused at accept. Every request asks fill() for a fresh
 // snapshot (the server fills it under its own lock) and frees it after rendering.
 //
 // With a token every request needs it, as `Authorization: Bearer <token>` (curl, scripts) or as
@@ -16,6 +17,7 @@
 
 #include "status/run_status.h"
 
+#define STATUS_HTTP_URL_BYTES 4096
 #define STATUS_HTTP_REQUEST_BYTES (16 * 1024)
 #define STATUS_HTTP_DEFAULT_CONNECTIONS 64
 #define STATUS_HTTP_DEFAULT_TIMEOUT_S 10

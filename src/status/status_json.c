@@ -12,7 +12,8 @@
 static json_t *number(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
 static json_t *point_json(const PeerMetricPoint *p) {
-    return json_pack("{sI sO sO sO sO sO sO sO sO}", "step", (json_int_t)p->step, "loss", number(p->loss), "ce",
+    // "o": json_pack takes over the new references number() returns ("O" would add one more).
+    return json_pack("{sI so so so so so so so so}", "step", (json_int_t)p->step, "loss", number(p->loss), "ce",
                      number(p->ce), "lb", number(p->lb), "tokens_per_s", number(p->tokens_per_s), "mfu",
                      number(p->mfu), "device_mem_mb", number(p->device_mem_mb), "route_min", number(p->route_min),
                      "route_max", number(p->route_max));

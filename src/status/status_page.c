@@ -3,6 +3,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "base/alloc.h"
@@ -159,7 +160,25 @@ static void rounds_table(TextBuf *b, const RunStatus *s) {
     text_buf_puts(b, "</table>");
 }
 
-char *status_page_render(const RunStatus *s, size_t *len) {
+// The link to the JSON document, with the token percent-encoded (RFC 3986: everything but the
+// unreserved characters), so the href holds no character HTML or a URL would read specially.
+static void json_link(TextBuf *b, const char *query_token) {
+    text_buf_puts(b, "<p><a id=\"json-link\" href=\"status.json");
+    if (query_token) {
+        text_buf_puts(b, "?token=");
+        for (const unsigned char *c = (const unsigned char *)query_token; *c; c++) {
+            bool unreserved = (*c >= 'A' && *c <= 'Z') || (*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') ||
+                              (*c && strchr("-._~", *c));
+            if (unreserved)
+                text_buf_append(b, (const char *)c, 1);
+            else
+                text_buf_printf(b, "%%%02X", *c);
+        }
+    }
+    text_buf_puts(b, "\">status.json</a></p>");
+}
+
+char *status_page_render(const RunStatus *s, const char *query_token, size_t *len) {
     TextBuf b;
     text_buf_init(&b);
     text_buf_printf(&b, "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -170,6 +189,7 @@ char *status_page_render(const RunStatus *s, size_t *len) {
     loss_chart(&b, s);
     round_chart(&b, s);
     rounds_table(&b, s);
-    text_buf_puts(&b, "<p><a href=\"status.json\">status.json</a></p></body></html>");
+    json_link(&b, query_token);
+    text_buf_puts(&b, "</body></html>");
     return text_buf_take(&b, len);
 }

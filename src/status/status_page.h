@@ -14,4 +14,7 @@
 #define STATUS_PAGE_ROUND_ROWS 50   // rounds listed in the table (the chart shows every kept one)
 
 // The page (malloc'd, NUL-terminated) and its length; NULL with spes_fail when out of memory.
-char *status_page_render(const RunStatus *s, size_t *len);
+// query_token: the token the page was asked for with (`/?token=...`), kept on its link to
+// status.json so a browser that passed it once can follow the link; NULL: none (the page never
+// shows a token it was not given: one sent as an Authorization header stays out of the page).
+char *status_page_render(const RunStatus *s, const char *query_token, size_t *len);

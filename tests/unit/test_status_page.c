@@ -1,0 +1,168 @@
+// status_page.h and svg_chart.h: the page a person reads, rendered from the fixture run
+// (tests/unit/status_fixture.h): the peers table with each peer's state, the rounds table
+// (newest first, the partial one marked), one loss curve per peer and one bar per round as inline
+// SVG, no script and no outside resource, values that are not finite never printed, the token
+// percent-encoded on the JSON link, chart labels escaped; a run with no peers and no rounds; the
+// text buffer the page is built in.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/text_buf.h"
+#include "status/status_page.h"
+#include "status/svg_chart.h"
+#include "status_fixture.h"
+
+static void test_text_buf(void **state) {
+    (void)state;
+    TextBuf b;
+    text_buf_init(&b);
+    text_buf_puts(&b, "a");
+    text_buf_printf(&b, "%d-%s", 42, "x");
+    text_buf_html(&b, "<b a=\"1\">'&'</b>");
+    for (int i = 0; i < 1000; i++) text_buf_puts(&b, "0123456789");   // grows past the first block
+    size_t len;
+    char *text = text_buf_take(&b, &len);
+    assert_non_null(text);
+    assert_int_equal(len, strlen(text));
+    const char want[] = "a42-x&lt;b a=&quot;1&quot;&gt;&#39;&amp;&#39;&lt;/b&gt;";
+    assert_int_equal(len, sizeof want - 1 + 10000);
+    assert_memory_equal(text, want, sizeof want - 1);
+    free(text);
+}
+
+// The text of the row that starts at the first occurrence of marker (up to its </tr>).
+static char *row_of(const char *page, const char *marker) {
+    const char *start = strstr(page, marker);
+    assert_non_null(start);
+    const char *end = strstr(start, "</tr>");
+    assert_non_null(end);
+    return strndup(start, (size_t)(end - start));
+}
+
+static void test_page_structure(void **state) {
+    (void)state;
+    RunStatus s;
+    assert_int_equal(status_fixture(&s), SPES_OK);
+    size_t len;
+    char *page = status_page_render(&s, NULL, &len);
+    assert_non_null(page);
+    assert_int_equal(len, strlen(page));
+    assert_true(strncmp(page, "<!DOCTYPE html>", 15) == 0);
+    assert_non_null(strstr(page, "</html>"));
+    // Peers: one row each, state as class and data attribute, last seen as seconds ago.
+    assert_int_equal(count_in(page, "<tr class=\"peer\""), 4);
+    char *late = row_of(page, "data-peer=\"1\" data-state=\"late\"");
+    assert_non_null(strstr(late, "65 s ago"));
+    assert_non_null(strstr(late, "<td>50</td>"));          // last upload step
+    assert_non_null(strstr(late, "<td>49</td>"));          // newest reported step (2 * 24 + 1)
+    assert_non_null(strstr(late, "<td>1001</td>"));        // tokens/s
+    free(late);
+    char *alive = row_of(page, "data-peer=\"0\" data-state=\"alive\"");
+    assert_non_null(strstr(alive, "<td>-</td>"));          // its infinite MFU
+    free(alive);
+    assert_non_null(strstr(page, "data-peer=\"2\" data-state=\"missing\""));
+    char *unseen = row_of(page, "data-peer=\"3\" data-state=\"unseen\"");
+    assert_non_null(strstr(unseen, "never"));
+    free(unseen);
+    // Curves: one polyline per peer, the unseen one empty.
+    assert_int_equal(count_in(page, "<polyline class=\"curve\""), 4);
+    assert_non_null(strstr(page, "id=\"loss-peer-3\" fill=\"none\" stroke-width=\"1.5\" stroke=\"#d62728\" points=\"\""));
+    const char *curve0 = strstr(page, "id=\"loss-peer-0\"");
+    assert_non_null(curve0);
+    const char *pts = strstr(curve0, "points=\"") + 8;
+    int n_points = 0;
+    for (double x, y; sscanf(pts, "%lf,%lf", &x, &y) == 2; n_points++) pts = strchr(pts, ' ') + 1;
+    assert_int_equal(n_points, 30);
+    // Rounds: a bar and a row each, newest row first, the partial one marked.
+    assert_int_equal(count_in(page, "<rect class=\"bar\""), 6);
+    assert_int_equal(count_in(page, "<tr class=\"round\""), 6);
+    assert_true(strstr(page, "data-step=\"60\"") < strstr(page, "data-step=\"10\""));
+    char *partial = row_of(page, "data-step=\"50\" data-partial=\"true\"");
+    assert_non_null(strstr(partial, "partial"));
+    free(partial);
+    assert_non_null(strstr(page, "href=\"status.json\""));
+    // Offline and clean: no script, nothing fetched from elsewhere, no NaN or inf printed.
+    assert_null(strstr(page, "<script"));
+    assert_null(strstr(page, "src="));
+    assert_int_equal(count_in(page, "://"), count_in(page, "xmlns=\"http://www.w3.org/2000/svg\""));   // no URL but the SVG namespace
+    assert_null(strstr(page, "nan"));
+    assert_null(strstr(page, "inf"));
+    free(page);
+    run_status_free(&s);
+}
+
+static void test_token_link_escaped(void **state) {
+    (void)state;
+    RunStatus s;
+    assert_int_equal(status_fixture(&s), SPES_OK);
+    char *page = status_page_render(&s, "a&b<\"c> d/é", NULL);
+    assert_non_null(page);
+    assert_non_null(strstr(page, "href=\"status.json?token=a%26b%3C%22c%3E%20d%2F%C3%A9\""));
+    assert_null(strstr(page, "a&b"));
+    free(page);
+    run_status_free(&s);
+}
+
+static void test_empty_run(void **state) {
+    (void)state;
+    RunStatus s;
+    assert_int_equal(run_status_alloc(&s, 0), 0);
+    s.rounds.open_step = -1;
+    s.rounds.last_aggregate_step = -1;
+    char *page = status_page_render(&s, NULL, NULL);
+    assert_non_null(page);
+    assert_int_equal(count_in(page, "<tr class=\"peer\""), 0);
+    assert_int_equal(count_in(page, "<tr class=\"round\""), 0);
+    assert_non_null(strstr(page, "<table id=\"peers\">"));
+    assert_non_null(strstr(page, "id=\"loss-curves\""));
+    assert_non_null(strstr(page, "id=\"round-times\""));
+    assert_null(strstr(page, "nan"));
+    assert_non_null(strstr(page, "</html>"));
+    free(page);
+    run_status_free(&s);
+}
+
+static void test_chart_scaling(void **state) {
+    (void)state;
+    // A flat series and a single point still give finite coordinates inside the plot.
+    double x[3] = {5, 6, 7}, y[3] = {2, 2, 2}, one_x = 3, one_y = NAN;
+    ChartSeries series[2] = {{"flat", "flat <i>", x, y, 3}, {"single", "single", &one_x, &one_y, 1}};
+    ChartFrame f = {"c\"", "t <&>", "x", "y", 400, 200};
+    TextBuf b;
+    text_buf_init(&b);
+    svg_line_chart(&b, &f, series, 2);
+    char *svg = text_buf_take(&b, NULL);
+    assert_non_null(svg);
+    assert_non_null(strstr(svg, "t &lt;&amp;&gt;"));
+    assert_non_null(strstr(svg, "flat &lt;i&gt;"));
+    assert_non_null(strstr(svg, "id=\"c&quot;\""));
+    assert_null(strstr(svg, "nan"));
+    const char *pts = strstr(svg, "id=\"flat\"");
+    assert_non_null(pts);
+    pts = strstr(pts, "points=\"") + 8;
+    for (int i = 0; i < 3; i++) {
+        double px, py;
+        assert_int_equal(sscanf(pts, "%lf,%lf", &px, &py), 2);
+        assert_true(px >= 0 && px <= 400 && py >= 0 && py <= 200);
+        pts = strchr(pts, ' ') + 1;
+    }
+    free(svg);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_text_buf),
+        cmocka_unit_test(test_page_structure),
+        cmocka_unit_test(test_token_link_escaped),
+        cmocka_unit_test(test_empty_run),
+        cmocka_unit_test(test_chart_scaling),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
