@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/printable.h"
+#include "base/timer.h"
 #include "status/status_json.h"
 #include "status/status_page.h"
 #include "sync/auth.h"
@@ -22,7 +23,13 @@ struct StatusHttp {
     void *ctx;
     char *token;                // NULL: open
     int port;
+    // libmicrohttpd's messages (mhd_log), touched only by its one thread once it runs.
+    double log_window_start;    // now_seconds() when the current minute began
+    int log_lines;              // lines logged in it
 };
+
+// A client sending malformed requests in a loop must not flood the server's log.
+#define STATUS_HTTP_LOG_LINES_PER_MINUTE 20
 
 // No scripts, nothing from elsewhere: the page is self-contained (inline style and SVG).
 #define SECURITY_POLICY "default-src 'none'; style-src 'unsafe-inline'"
@@ -111,6 +118,18 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 
 // libmicrohttpd's messages (bind failures, refused connections) go to the server's log.
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    StatusHttp *h = cls;
+    double now = now_seconds();
+    if (now - h->log_window_start >= 60) {
+        h->log_window_start = now;
+        h->log_lines = 0;
+    }
+    if (++h->log_lines > STATUS_HTTP_LOG_LINES_PER_MINUTE) {
+        if (h->log_lines == STATUS_HTTP_LOG_LINES_PER_MINUTE + 1)
+            log_warn("status http: more than %d messages this minute; the rest of the minute's are dropped",
+                     STATUS_HTTP_LOG_LINES_PER_MINUTE);
+        return;
+    }
     char text[512], shown[1024];
     vsnprintf(text, sizeof text, fmt, ap);
     size_t n = strlen(text);
@@ -143,6 +162,7 @@ int status_http_start(const StatusHttpConfig *cfg, StatusFill fill, void *ctx, S
         return SPES_ERR;
     h->fill = fill;
     h->ctx = ctx;
+    h->log_window_start = now_seconds();
     if (cfg->token && !(h->token = spes_strdup(cfg->token))) {
         free(h);
         return SPES_ERR;
@@ -150,7 +170,8 @@ int status_http_start(const StatusHttpConfig *cfg, StatusFill fill, void *ctx, S
     unsigned connections = cfg->max_connections ? cfg->max_connections : STATUS_HTTP_DEFAULT_CONNECTIONS;
     unsigned timeout = cfg->timeout_s ? cfg->timeout_s : STATUS_HTTP_DEFAULT_TIMEOUT_S;
     h->daemon = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, handle, h, MHD_OPTION_EXTERNAL_LOGGER,
-                                 mhd_log, NULL, MHD_OPTION_URI_LOG_CALLBACK, check_url, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                                 mhd_log, h, MHD_OPTION_URI_LOG_CALLBACK, check_url, NULL,
+                                 MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                                  MHD_OPTION_CONNECTION_LIMIT, connections, MHD_OPTION_CONNECTION_TIMEOUT, timeout,
                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)STATUS_HTTP_REQUEST_BYTES, MHD_OPTION_END);
     if (!h->daemon) {

@@ -44,6 +44,19 @@ grep -qi "^content-length: $(stat -c %s "$dir/page.html")" "$dir/head" || fail "
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$url/metrics")" = 404 ] || fail "unknown path not 404"
 python3 tests/integration/lib/http_hostile.py 127.0.0.1 "$fixture_port" --timeout_s 2 || fail "hostile requests"
 kill -0 "$fixture_pid" || fail "the server died"
+# A client looping on malformed requests cannot flood the log: at most 20 lines a minute, then one
+# line saying the rest are dropped.
+python3 - "$fixture_port" <<'PY'
+import socket, sys
+for _ in range(60):
+    with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nnot a header line\r\n\r\n")   # 400, which libmicrohttpd logs
+        while s.recv(4096):
+            pass
+PY
+lines=$(grep -c "status http:" "$dir/serve.err")
+[ "$lines" -le 21 ] || fail "$lines lines of libmicrohttpd messages in a minute (limit 20 + 1)"
+grep -q "the rest of the minute's are dropped" "$dir/serve.err" || fail "no line saying messages are dropped"
 kill "$fixture_pid"; wait "$fixture_pid"; rc=$?
 [ $rc -eq 0 ] || fail "the fixture server exited with $rc after SIGTERM"
 fixture_pid=""
