@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -69,7 +70,7 @@ static bool authorised(const StatusHttp *h, struct MHD_Connection *c, bool *by_q
         return *by_query = true;
     const char *header = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     static const char bearer[] = "Bearer ";
-    return header && strncmp(header, bearer, sizeof bearer - 1) == 0 &&
+    return header && strncasecmp(header, bearer, sizeof bearer - 1) == 0 &&   // the scheme is case-insensitive
            auth_equal(header + sizeof bearer - 1, strlen(header + sizeof bearer - 1), h->token, want);
 }
 

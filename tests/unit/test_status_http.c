@@ -1,8 +1,9 @@
 // status_http.h: the status server on an ephemeral port, serving the fixture run
 // (tests/unit/status_fixture.h): GET and HEAD of / and /status.json, 404, 405, request bodies,
 // URLs over the limit, garbage, 200 connections at once, a half-sent request closed by the
-// timeout, the token (header and query, and where it shows up on the page), a failing fill, bad
-// configurations; after every hostile request it still serves.
+// timeout, the token (header and query, and where it shows up on the page), a failing fill, the
+// default 127.0.0.1 binding (other addresses refuse), 0.0.0.0 and IPv6 ::1, bad configurations;
+// after every hostile request it still serves.
 //
 // Run as `test_status_http serve [--token_file F] [--max_connections N] [--timeout_s S]` it
 // serves the fixture until SIGTERM or SIGINT, printing "listening on 127.0.0.1:PORT" first: the
@@ -14,6 +15,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -215,6 +217,8 @@ static void test_http_token(void **state) {
     assert_int_equal(get(port, "/?token=s3cret-toke", NULL, NULL), 401);
     assert_int_equal(get(port, "/?token=s3cret-token-and-more", NULL, NULL), 401);
     assert_int_equal(get(port, "/status.json", "Authorization: Bearer s3cret-token\r\n", NULL), 200);
+    assert_int_equal(get(port, "/status.json", "Authorization: bearer s3cret-token\r\n", NULL), 200);
+    assert_int_equal(get(port, "/status.json", "Authorization: Basic s3cret-token\r\n", NULL), 401);
     assert_int_equal(get(port, "/?token=s3cret-token", NULL, NULL), 200);
     assert_int_equal(get(port, "/nothing?token=s3cret-token", NULL, NULL), 404);
     status_http_stop(h);
@@ -254,6 +258,68 @@ static void test_http_fill_fails(void **state) {
     assert_int_equal(get(status_http_port(h), "/status.json", NULL, NULL), 503);
     assert_int_equal(get(status_http_port(h), "/", NULL, NULL), 503);
     assert_int_equal(calls, 2);
+    status_http_stop(h);
+}
+
+// By default it listens on 127.0.0.1 only: the machine's other IPv4 addresses refuse (skipped on
+// a machine with none), while an explicit 0.0.0.0 accepts there.
+static void test_http_default_bind_loopback(void **state) {
+    (void)state;
+    struct ifaddrs *ifs = NULL;
+    assert_int_equal(getifaddrs(&ifs), 0);
+    struct sockaddr_in other = {0};
+    for (struct ifaddrs *i = ifs; i; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+            ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr != htonl(INADDR_LOOPBACK)) {
+            other = *(struct sockaddr_in *)i->ifa_addr;
+            break;
+        }
+    freeifaddrs(ifs);
+    if (other.sin_family != AF_INET)
+        skip();
+    StatusHttp *h = start(NULL, 0);
+    other.sin_port = htons((uint16_t)status_http_port(h));
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_not_equal(connect(fd, (struct sockaddr *)&other, sizeof other), 0);
+    close(fd);
+    status_http_stop(h);
+    StatusHttpConfig cfg = {.port = 0, .bind_addr = "0.0.0.0"};
+    assert_int_equal(status_http_start(&cfg, status_fixture_fill, NULL, &h), SPES_OK);
+    other.sin_port = htons((uint16_t)status_http_port(h));
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&other, sizeof other), 0);
+    close(fd);
+    status_http_stop(h);
+}
+
+// An IPv6 address binds too (skipped where the machine has no IPv6 loopback).
+static void test_http_ipv6(void **state) {
+    (void)state;
+    int probe = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    bool have_v6 = probe >= 0 && bind(probe, (struct sockaddr *)&a, sizeof a) == 0;
+    if (probe >= 0)
+        close(probe);
+    if (!have_v6)
+        skip();
+    StatusHttpConfig cfg = {.port = 0, .bind_addr = "::1"};
+    StatusHttp *h = NULL;
+    assert_int_equal(status_http_start(&cfg, status_fixture_fill, NULL, &h), SPES_OK);
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    a.sin6_port = htons((uint16_t)status_http_port(h));
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    const char req[] = "GET /status.json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    assert_int_equal(send(fd, req, sizeof req - 1, MSG_NOSIGNAL), (ssize_t)(sizeof req - 1));
+    char buf[16] = {0};
+    assert_true(recv(fd, buf, 12, MSG_WAITALL) == 12);
+    assert_memory_equal(buf, "HTTP/1.1 200", 12);
+    close(fd);
+    // Not on the IPv4 loopback: bound to ::1 only.
+    int v4 = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)status_http_port(h))};
+    inet_pton(AF_INET, "127.0.0.1", &a4.sin_addr);
+    assert_int_not_equal(connect(v4, (struct sockaddr *)&a4, sizeof a4), 0);
+    close(v4);
     status_http_stop(h);
 }
 
@@ -323,7 +389,9 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_http_serves),     cmocka_unit_test(test_http_hostile),
         cmocka_unit_test(test_http_token),      cmocka_unit_test(test_http_token_on_page),
-        cmocka_unit_test(test_http_fill_fails), cmocka_unit_test(test_http_bad_config),
+        cmocka_unit_test(test_http_fill_fails), cmocka_unit_test(test_http_default_bind_loopback),
+        cmocka_unit_test(test_http_ipv6),
+        cmocka_unit_test(test_http_bad_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
