@@ -10,6 +10,9 @@
 #include "base/log.h"
 #include "cli/cli_parse.h"
 #include "cli/commands.h"
+#include "status/status_http.h"
+#include "sync/auth.h"
+#include "sync/rounds_run_status.h"
 #include "sync/server.h"
 #include "sync/wire.h"
 
@@ -53,7 +56,12 @@ static void usage(FILE *out) {
             "  --auth_token_file F              require 'authorization: Bearer <token in F>' on every call\n"
             "  --peer_tokens F                  lines 'peer_id token': per-peer tokens, each only valid for its peer\n"
             "  --tls_cert PEM --tls_key PEM     serve TLS\n"
-            "  --tls_ca PEM                     with TLS: require client certificates signed by this CA\n",
+            "  --tls_ca PEM                     with TLS: require client certificates signed by this CA\n"
+            "  --status_port N                  serve the run's status over HTTP on port N (0: any free port, printed\n"
+            "                                   at start): a page at / and /status.json (docs/status.md); default off\n"
+            "  --status_bind ADDR               numeric address of the status server (default 127.0.0.1)\n"
+            "  --status_token_file F            the status server requires the token in F ('Authorization: Bearer' or\n"
+            "                                   '?token='); default: the --auth_token_file token, if any\n",
             SYNC_DEFAULT_CHUNK_SIZE, SYNC_DEFAULT_MAX_MESSAGE);
 }
 
@@ -62,6 +70,31 @@ static int parse_size(const char *flag, const char *text, size_t *out) {
     SPES_TRY(cli_u64(flag, text, &v));
     if (v == 0 || v > ((uint64_t)1 << 31)) return spes_fail("--%s must be in [1, 2^31] bytes (got %s)", flag, text);
     *out = (size_t)v;
+    return SPES_OK;
+}
+
+static int fill_status(void *server, RunStatus *out) { return rounds_run_status(sync_server_rounds(server), out); }
+
+// The status server (docs/status.md) over srv's rounds, with the token of status_token_file, else
+// of the peers' shared auth_token_file, else none.
+static int start_status_page(StatusHttpConfig *http, const char *status_token_file, const char *auth_token_file,
+                             SyncServer *srv, StatusHttp **out) {
+    const char *token_file = status_token_file ? status_token_file : auth_token_file;
+    char *token = NULL;
+    if (token_file && auth_read_token_file(token_file, &token) != SPES_OK)
+        return spes_fail_context("--%s", status_token_file ? "status_token_file" : "auth_token_file");
+    http->token = token;
+    int rc = status_http_start(http, fill_status, srv, out);
+    free(token);
+    http->token = NULL;
+    if (rc != SPES_OK)
+        return rc;
+    const char *addr = http->bind_addr ? http->bind_addr : "127.0.0.1";
+    printf("spes server: status page on http://%s%s%s:%d/ (%s)\n", strchr(addr, ':') ? "[" : "", addr,
+           strchr(addr, ':') ? "]" : "", status_http_port(*out), token_file ? "token required" : "no token");
+    if (!token_file && strcmp(addr, "127.0.0.1") != 0 && strcmp(addr, "::1") != 0)
+        log_warn("server: the status page on %s needs no token: anyone who reaches it sees the run "
+                 "(--status_token_file F to require one)", addr);
     return SPES_OK;
 }
 
@@ -98,10 +131,15 @@ int cmd_server(int argc, char **argv) {
         {"tls_ca", required_argument, NULL, 'E'},
         {"outer_lr", required_argument, NULL, 'o'},
         {"outer_momentum", required_argument, NULL, 'u'},
+        {"status_port", required_argument, NULL, 's'},
+        {"status_bind", required_argument, NULL, 'b'},
+        {"status_token_file", required_argument, NULL, 'F'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     int status = SPES_OK, c;
+    StatusHttpConfig http = {.port = -1};   // -1: no status server
+    const char *status_token_file = NULL;
     optind = 1;
     while (status == SPES_OK && (c = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (c) {
@@ -148,6 +186,9 @@ int cmd_server(int argc, char **argv) {
         case 'E': cfg.tls_ca = optarg; break;
         case 'o': status = cli_float("outer_lr", optarg, 1e-6, 10, &cfg.rounds.outer.lr); break;
         case 'u': status = cli_float("outer_momentum", optarg, 0, 0.999999, &cfg.rounds.outer.momentum); break;
+        case 's': status = cli_int("status_port", optarg, 0, 65535, &http.port); break;
+        case 'b': http.bind_addr = optarg; break;
+        case 'F': status_token_file = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -179,10 +220,16 @@ int cmd_server(int argc, char **argv) {
     if (sync_server_start(&cfg, &srv) != SPES_OK) return cli_report_error();
     printf("spes server: listening on %s:%d (%d peers, mode %s, %d experts per node)\n", cfg.host,
            sync_server_port(srv), agg->num_peers, sync_mode_name(agg->mode), agg->experts_per_node);
+    StatusHttp *page = NULL;
+    if (http.port >= 0 && start_status_page(&http, status_token_file, cfg.auth_token_file, srv, &page) != SPES_OK) {
+        sync_server_stop(srv);
+        return cli_report_error();
+    }
     fflush(stdout);
     int sig = 0;
     sigwait(&stop_signals, &sig);
     log_info("server: signal %d, shutting down", sig);
+    status_http_stop(page);
     RoundsStatus st;
     rounds_status(sync_server_rounds(srv), &st);
     sync_server_stop(srv);
