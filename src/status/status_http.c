@@ -143,6 +143,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 int status_http_start(const StatusHttpConfig *cfg, StatusFill fill, void *ctx, StatusHttp **out) {
     *out = NULL;
     const char *addr = cfg->bind_addr ? cfg->bind_addr : "127.0.0.1";
+    if (cfg->token && !*cfg->token)   // "?token=" would let anyone in
+        return spes_fail("status http: the token is empty (leave it out to serve without one)");
     if (cfg->port < 0 || cfg->port > 65535)
         return spes_fail("status http: port %d is not in 0..65535", cfg->port);
     struct sockaddr_storage sa;

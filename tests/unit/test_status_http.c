@@ -332,6 +332,9 @@ static void test_http_bad_config(void **state) {
     StatusHttpConfig cfg = {.port = 0, .bind_addr = "localhost"};   // names are not resolved
     assert_int_equal(status_http_start(&cfg, status_fixture_fill, NULL, &h), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "localhost"));
+    cfg = (StatusHttpConfig){.port = 0, .token = ""};
+    assert_int_equal(status_http_start(&cfg, status_fixture_fill, NULL, &h), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "token is empty"));
     cfg = (StatusHttpConfig){.port = 70000};
     assert_int_equal(status_http_start(&cfg, status_fixture_fill, NULL, &h), SPES_ERR);
     StatusHttp *first = start(NULL, 0);   // a port in use
