@@ -92,8 +92,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return send_error(c, MHD_HTTP_URI_TOO_LONG, "URL too long\n");
     if (*upload_data_size != 0)
         return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "no request body accepted\n");
+    // A body announced by length, or chunked (Transfer-Encoding, no length): refused either way.
     const char *length = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (length && strcmp(length, "0") != 0)
+    if ((length && strcmp(length, "0") != 0) ||
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING))
         return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "no request body accepted\n");
     bool page = strcmp(url, "/") == 0, json = strcmp(url, "/status.json") == 0;
     if (!page && !json)
@@ -141,6 +143,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 int status_http_start(const StatusHttpConfig *cfg, StatusFill fill, void *ctx, StatusHttp **out) {
     *out = NULL;
     const char *addr = cfg->bind_addr ? cfg->bind_addr : "127.0.0.1";
+    if (cfg->token && !*cfg->token)   // "?token=" would let anyone in
+        return spes_fail("status http: the token is empty (leave it out to serve without one)");
     if (cfg->port < 0 || cfg->port > 65535)
         return spes_fail("status http: port %d is not in 0..65535", cfg->port);
     struct sockaddr_storage sa;

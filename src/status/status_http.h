@@ -25,7 +25,7 @@
 typedef struct {
     int port;                   // 0: any free port (status_http_port says which)
     const char *bind_addr;      // numeric IPv4 or IPv6 address; NULL: 127.0.0.1
-    const char *token;          // NULL: no token needed
+    const char *token;          // NULL: no token needed; "" is refused
     unsigned max_connections;   // 0: STATUS_HTTP_DEFAULT_CONNECTIONS
     unsigned timeout_s;         // 0: STATUS_HTTP_DEFAULT_TIMEOUT_S
 } StatusHttpConfig;

@@ -4,12 +4,34 @@
 
 // Plot area inside the frame: margins for tick labels (left, bottom) and the legend (top).
 enum { MARGIN_LEFT = 64, MARGIN_RIGHT = 16, MARGIN_TOP = 40, MARGIN_BOTTOM = 40, TICKS = 5 };
+// Legend entries sit in rows of slots above the plot; each row past the first adds LEGEND_ROW
+// pixels to the chart's height (the plot keeps its size).
+enum { LEGEND_SLOT = 110, LEGEND_ROW = 14 };
 
 static const char *const PALETTE[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
                                       "#9467bd", "#8c564b", "#e377c2", "#17becf"};
 #define WARNING_COLOUR "#d62728"
 
-const char *svg_chart_colour(int i) { return PALETTE[i % (int)(sizeof PALETTE / sizeof PALETTE[0])]; }
+#define PALETTE_SIZE ((int)(sizeof PALETTE / sizeof PALETTE[0]))
+// Once the colours are used up, the next PALETTE_SIZE series repeat them with another dash.
+static const char *const DASHES[] = {"", "6 3", "2 2", "8 3 2 3"};
+
+const char *svg_chart_colour(int i) { return PALETTE[i % PALETTE_SIZE]; }
+const char *svg_chart_dash(int i) { return DASHES[(i / PALETTE_SIZE) % (int)(sizeof DASHES / sizeof DASHES[0])]; }
+
+static int legend_per_row(const ChartFrame *f) {
+    int n = (f->width - MARGIN_LEFT - MARGIN_RIGHT) / LEGEND_SLOT;
+    return n > 0 ? n : 1;
+}
+
+// The frame f grown to hold n legend entries; *top: where the plot starts.
+static ChartFrame with_legend(const ChartFrame *f, int n, double *top) {
+    int rows = n > 0 ? (n + legend_per_row(f) - 1) / legend_per_row(f) : 1;
+    ChartFrame g = *f;
+    g.height += LEGEND_ROW * (rows - 1);
+    *top = MARGIN_TOP + LEGEND_ROW * (rows - 1);
+    return g;
+}
 
 typedef struct {
     double lo, hi;              // data range (hi > lo)
@@ -41,10 +63,10 @@ static void frame_open(TextBuf *b, const ChartFrame *f) {
 }
 
 // Ticks and labels of the y axis (and of the x axis with x_ticks), the axis titles.
-static void axes(TextBuf *b, const ChartFrame *f, const Axis *x, const Axis *y, bool x_ticks) {
+static void axes(TextBuf *b, const ChartFrame *f, double top, const Axis *x, const Axis *y, bool x_ticks) {
     double bottom = f->height - MARGIN_BOTTOM;
-    text_buf_printf(b, "<g font-size=\"10\" fill=\"#333\"><path d=\"M%d %d V%.1f H%d\" stroke=\"#888\" fill=\"none\"/>",
-                    MARGIN_LEFT, MARGIN_TOP, bottom, f->width - MARGIN_RIGHT);
+    text_buf_printf(b, "<g font-size=\"10\" fill=\"#333\"><path d=\"M%d %.1f V%.1f H%d\" stroke=\"#888\" fill=\"none\"/>",
+                    MARGIN_LEFT, top, bottom, f->width - MARGIN_RIGHT);
     for (int i = 0; i <= TICKS; i++) {
         double xv = x->lo + (x->hi - x->lo) * i / TICKS, yv = y->lo + (y->hi - y->lo) * i / TICKS;
         double xp = axis_map(x, xv), yp = axis_map(y, yv);
@@ -57,15 +79,21 @@ static void axes(TextBuf *b, const ChartFrame *f, const Axis *x, const Axis *y, 
                     f->height - 6);
     text_buf_html(b, f->x_label);
     text_buf_printf(b, "</text><text x=\"12\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 12 %.1f)\">",
-                    (MARGIN_TOP + bottom) / 2, (MARGIN_TOP + bottom) / 2);
+                    (top + bottom) / 2, (top + bottom) / 2);
     text_buf_html(b, f->y_label);
     text_buf_puts(b, "</text></g>");
 }
 
-static void legend_entry(TextBuf *b, int slot, const char *colour, const char *label) {
-    int x = MARGIN_LEFT + 110 * slot;
-    text_buf_printf(b, "<rect x=\"%d\" y=\"24\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%d\" y=\"33\" "
-                       "font-size=\"11\">", x, colour, x + 14);
+// Entry slot of the legend: a filled square (dash NULL: bars) or a line in the series' dash.
+static void legend_entry(TextBuf *b, const ChartFrame *f, int slot, const char *colour, const char *dash,
+                         const char *label) {
+    int x = MARGIN_LEFT + LEGEND_SLOT * (slot % legend_per_row(f)), y = 24 + LEGEND_ROW * (slot / legend_per_row(f));
+    if (dash)
+        text_buf_printf(b, "<path d=\"M%d %d h12\" stroke=\"%s\" stroke-width=\"3\" stroke-dasharray=\"%s\"/>", x, y + 5,
+                        colour, dash);
+    else
+        text_buf_printf(b, "<rect x=\"%d\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/>", x, y, colour);
+    text_buf_printf(b, "<text x=\"%d\" y=\"%d\" font-size=\"11\">", x + 14, y + 9);
     text_buf_html(b, label);
     text_buf_puts(b, "</text>");
 }
@@ -81,15 +109,21 @@ void svg_line_chart(TextBuf *b, const ChartFrame *f, const ChartSeries *series, 
         }
     if (!(xlo <= xhi))
         xlo = 0, xhi = 1, ylo = 0, yhi = 1;   // nothing to draw yet: empty axes
+    double top;
+    ChartFrame g = with_legend(f, n_series, &top);
+    f = &g;
     Axis x = axis_make(xlo, xhi, MARGIN_LEFT, f->width - MARGIN_RIGHT);
-    Axis y = axis_make(ylo, yhi, f->height - MARGIN_BOTTOM, MARGIN_TOP);   // up is larger
+    Axis y = axis_make(ylo, yhi, f->height - MARGIN_BOTTOM, top);   // up is larger
     frame_open(b, f);
-    axes(b, f, &x, &y, true);
+    axes(b, f, top, &x, &y, true);
     for (int s = 0; s < n_series; s++) {
-        legend_entry(b, s, svg_chart_colour(s), series[s].label);
+        legend_entry(b, f, s, svg_chart_colour(s), svg_chart_dash(s), series[s].label);
         text_buf_puts(b, "<polyline class=\"curve\" id=\"");
         text_buf_html(b, series[s].id);
-        text_buf_printf(b, "\" fill=\"none\" stroke-width=\"1.5\" stroke=\"%s\" points=\"", svg_chart_colour(s));
+        text_buf_printf(b, "\" fill=\"none\" stroke-width=\"1.5\" stroke=\"%s\"", svg_chart_colour(s));
+        if (*svg_chart_dash(s))
+            text_buf_printf(b, " stroke-dasharray=\"%s\"", svg_chart_dash(s));
+        text_buf_puts(b, " points=\"");
         for (int i = 0; i < series[s].n; i++)
             if (isfinite(series[s].x[i]) && isfinite(series[s].y[i]))
                 text_buf_printf(b, "%.1f,%.1f ", axis_map(&x, series[s].x[i]), axis_map(&y, series[s].y[i]));
@@ -107,9 +141,9 @@ void svg_bar_chart(TextBuf *b, const ChartFrame *f, const double *values, const 
     Axis x = axis_make(0, n > 0 ? n : 1, MARGIN_LEFT, f->width - MARGIN_RIGHT);
     Axis y = axis_make(0, hi > 0 ? hi : 1, f->height - MARGIN_BOTTOM, MARGIN_TOP);
     frame_open(b, f);
-    axes(b, f, &x, &y, false);
-    legend_entry(b, 0, svg_chart_colour(0), "full");
-    legend_entry(b, 1, WARNING_COLOUR, highlight_label);
+    axes(b, f, MARGIN_TOP, &x, &y, false);
+    legend_entry(b, f, 0, svg_chart_colour(0), NULL, "full");
+    legend_entry(b, f, 1, WARNING_COLOUR, NULL, highlight_label);
     double slot = (x.px1 - x.px0) / (n > 0 ? n : 1), bottom = axis_map(&y, 0);
     int label_every = slot >= 40 ? 1 : (int)ceil(40 / slot);
     for (int i = 0; i < n; i++) {

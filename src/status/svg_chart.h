@@ -19,8 +19,12 @@ typedef struct {
     int width, height;          // pixels
 } ChartFrame;
 
-// Series colours cycle through a fixed palette (series i: svg_chart_colour(i)).
+// Series colours cycle through a fixed palette of 8 (series i: svg_chart_colour(i)); each further
+// cycle draws them with another dash (svg_chart_dash(i): an SVG stroke-dasharray, "" for solid),
+// so series 0 and 8 stay apart. The legend wraps into as many rows as it needs; the chart grows
+// taller by a row's height for each row past the first.
 const char *svg_chart_colour(int i);
+const char *svg_chart_dash(int i);
 void svg_line_chart(TextBuf *b, const ChartFrame *f, const ChartSeries *series, int n_series);
 // One bar per value, oldest left, its step (labels[i]) under it (under every few bars when they
 // are narrow) and in its tooltip. Highlighted bars (partial rounds) are drawn in a warning colour, with a legend

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The status server (src/status/status_http.c) as a separate process serving the fixture run
 # (`test_status_http serve`): /status.json fetched with curl and checked with Python, / and HEAD,
-# 404; with a token file 401 without the token, 200 with it as a Bearer header or ?token=; then
+# 404; with a token file 401 without the token, 200 with it as a Bearer header or ?token=, and
+# malformed requests in a loop logged at most 20 times a minute; then
 # the hostile requests of tests/integration/lib/http_hostile.py (8 KiB and 100 KB URLs, bad
 # methods, bodies, garbage, slow half-sent requests, 200 connections at once), answered or
 # refused, the server still serving afterwards and still alive.
@@ -44,8 +45,17 @@ grep -qi "^content-length: $(stat -c %s "$dir/page.html")" "$dir/head" || fail "
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$url/metrics")" = 404 ] || fail "unknown path not 404"
 python3 tests/integration/lib/http_hostile.py 127.0.0.1 "$fixture_port" --timeout_s 2 || fail "hostile requests"
 kill -0 "$fixture_pid" || fail "the server died"
+kill "$fixture_pid"; wait "$fixture_pid"; rc=$?
+[ $rc -eq 0 ] || fail "the fixture server exited with $rc after SIGTERM"
+fixture_pid=""
+
+# ---- with a token ----
+printf 'tok-%s\n' "$RANDOM$RANDOM" >"$dir/token"
+token=$(tr -d '\n' <"$dir/token")
+start_fixture_server "$dir" --token_file "$dir/token" --timeout_s 2
+url="http://127.0.0.1:$fixture_port"
 # A client looping on malformed requests cannot flood the log: at most 20 lines a minute, then one
-# line saying the rest are dropped.
+# line saying the rest are dropped (checked first thing, well inside the server's first minute).
 python3 - "$fixture_port" <<'PY'
 import socket, sys
 for _ in range(60):
@@ -57,15 +67,6 @@ PY
 lines=$(grep -c "status http:" "$dir/serve.err")
 [ "$lines" -le 21 ] || fail "$lines lines of libmicrohttpd messages in a minute (limit 20 + 1)"
 grep -q "the rest of the minute's are dropped" "$dir/serve.err" || fail "no line saying messages are dropped"
-kill "$fixture_pid"; wait "$fixture_pid"; rc=$?
-[ $rc -eq 0 ] || fail "the fixture server exited with $rc after SIGTERM"
-fixture_pid=""
-
-# ---- with a token ----
-printf 'tok-%s\n' "$RANDOM$RANDOM" >"$dir/token"
-token=$(tr -d '\n' <"$dir/token")
-start_fixture_server "$dir" --token_file "$dir/token" --timeout_s 2
-url="http://127.0.0.1:$fixture_port"
 for path in / /status.json; do
   [ "$(curl -s -o "$dir/body" -w '%{http_code}' "$url$path")" = 401 ] || fail "$path without the token: not 401"
   grep -q '"peers"\|<table' "$dir/body" && fail "$path without the token shows the run"

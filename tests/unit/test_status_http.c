@@ -143,6 +143,9 @@ static void test_http_hostile(void **state) {
     assert_int_equal(exchange(port, post, sizeof post - 1, NULL), 405);
     const char get_body[] = "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello";
     assert_int_equal(exchange(port, get_body, sizeof get_body - 1, NULL), 413);
+    const char chunked[] = "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           "5\r\nhello\r\n0\r\n\r\n";
+    assert_int_equal(exchange(port, chunked, sizeof chunked - 1, NULL), 413);
     // A URL over STATUS_HTTP_URL_BYTES (8 KiB, on a path that exists): 414; one far beyond the
     // request limit: refused by libmicrohttpd (or the connection closed) before it reaches us.
     size_t sizes[2] = {8 * 1024 + 1, 64 * 1024};
@@ -329,6 +332,9 @@ static void test_http_bad_config(void **state) {
     StatusHttpConfig cfg = {.port = 0, .bind_addr = "localhost"};   // names are not resolved
     assert_int_equal(status_http_start(&cfg, status_fixture_fill, NULL, &h), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "localhost"));
+    cfg = (StatusHttpConfig){.port = 0, .token = ""};
+    assert_int_equal(status_http_start(&cfg, status_fixture_fill, NULL, &h), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "token is empty"));
     cfg = (StatusHttpConfig){.port = 70000};
     assert_int_equal(status_http_start(&cfg, status_fixture_fill, NULL, &h), SPES_ERR);
     StatusHttp *first = start(NULL, 0);   // a port in use

@@ -156,6 +156,45 @@ static void test_chart_scaling(void **state) {
     free(svg);
 }
 
+// 20 series on a 720-pixel chart: the legend wraps into rows inside the frame (which grows by a
+// row each), and series 8 and 16 repeat series 0's colour with their own dash.
+static void test_chart_many_series(void **state) {
+    (void)state;
+    enum { N = 20 };
+    double x[2] = {0, 1}, y[2] = {1, 2};
+    ChartSeries series[N];
+    char ids[N][16];
+    for (int i = 0; i < N; i++) {
+        snprintf(ids[i], sizeof ids[i], "s%d", i);
+        series[i] = (ChartSeries){ids[i], ids[i], x, y, 2};
+    }
+    ChartFrame f = {"many", "many", "x", "y", 720, 300};
+    TextBuf b;
+    text_buf_init(&b);
+    svg_line_chart(&b, &f, series, N);
+    char *svg = text_buf_take(&b, NULL);
+    assert_non_null(svg);
+    int per_row = (720 - 64 - 16) / 110, rows = (N + per_row - 1) / per_row;
+    char want[64];
+    snprintf(want, sizeof want, "width=\"720\" height=\"%d\"", 300 + 14 * (rows - 1));
+    assert_non_null(strstr(svg, want));
+    int entries = 0;
+    for (const char *t = svg; (t = strstr(t, "<text x=\"")); t++) {   // legend labels: every x inside the frame
+        double tx;
+        if (sscanf(t, "<text x=\"%lf\" y=\"%*d\" font-size=\"11\">", &tx) == 1 && strstr(t, "font-size=\"11\"") - t < 40) {
+            assert_true(tx + 96 <= 720);
+            entries++;
+        }
+    }
+    assert_int_equal(entries, N);
+    assert_string_equal(svg_chart_colour(8), svg_chart_colour(0));
+    assert_string_not_equal(svg_chart_dash(8), svg_chart_dash(0));
+    assert_string_not_equal(svg_chart_dash(16), svg_chart_dash(8));
+    assert_non_null(strstr(svg, "id=\"s8\" fill=\"none\" stroke-width=\"1.5\" stroke=\"#1f77b4\" stroke-dasharray=\"6 3\""));
+    assert_non_null(strstr(svg, "id=\"s0\" fill=\"none\" stroke-width=\"1.5\" stroke=\"#1f77b4\" points="));
+    free(svg);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_buf),
@@ -163,6 +202,7 @@ int main(void) {
         cmocka_unit_test(test_token_link_escaped),
         cmocka_unit_test(test_empty_run),
         cmocka_unit_test(test_chart_scaling),
+        cmocka_unit_test(test_chart_many_series),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

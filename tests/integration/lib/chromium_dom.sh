@@ -13,14 +13,21 @@ trap 'rm -rf "$profile"' EXIT
 flags=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run --user-data-dir="$profile"
        --disable-extensions --disable-background-networking)
 t=${CHROMIUM_TIMEOUT_S:-60}
-if ! timeout -k 5 "$t" "$bin" "${flags[@]}" --dump-dom "$url" >"$dom" 2>"$profile/err.log" || [ ! -s "$dom" ]; then
-  echo "chromium --dump-dom $url failed:"; tail -5 "$profile/err.log"; exit 1
+# why_failed RC: a timeout says so (timeout(1) exits 124, or 137 after its KILL).
+why_failed() { case $1 in 124|137) echo "timed out after ${t} s" ;; *) echo "exit $1" ;; esac; }
+timeout -k 5 "$t" "$bin" "${flags[@]}" --dump-dom "$url" >"$dom" 2>"$profile/err.log"
+rc=$?
+if [ $rc -ne 0 ] || [ ! -s "$dom" ]; then
+  echo "chromium --dump-dom $url failed ($(why_failed $rc)):"; tail -5 "$profile/err.log"; exit 1
 fi
 if [ -n "$shot" ]; then
   mkdir -p "$(dirname "$shot")"
-  if ! timeout -k 5 "$t" "$bin" "${flags[@]}" --window-size=1280,2000 --screenshot="$shot" "$url" \
-       >/dev/null 2>"$profile/err.log" || [ ! -s "$shot" ]; then
-    echo "chromium --screenshot $url failed:"; tail -5 "$profile/err.log"; exit 1
+  rm -f "$shot"
+  timeout -k 5 "$t" "$bin" "${flags[@]}" --window-size=1280,2000 --screenshot="$shot" "$url" \
+    >/dev/null 2>"$profile/err.log"
+  rc=$?
+  if [ $rc -ne 0 ] || [ ! -s "$shot" ]; then
+    echo "chromium --screenshot $url failed ($(why_failed $rc)):"; tail -5 "$profile/err.log"; exit 1
   fi
 fi
 exit 0

@@ -83,6 +83,8 @@ def main():
     check(code in (405, 413), f"POST with a body refused ({code})")
     code, _ = exchange(h, p, request("GET", "/", auth + b"Content-Length: 5\r\n", b"hello"))
     check(code == 413, f"GET with a body refused ({code})")
+    code, _ = exchange(h, p, request("GET", "/", auth + b"Transfer-Encoding: chunked\r\n", b"5\r\nhello\r\n0\r\n\r\n"))
+    check(code == 413, f"GET with a chunked body refused ({code})")
     code, _ = exchange(h, p, request("GET", "/status.json?x=" + "a" * 8192, auth))
     check(code == 414, f"8 KiB URL refused ({code})")
     code, _ = exchange(h, p, request("GET", "/" + "a" * 100000, auth))
