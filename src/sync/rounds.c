@@ -17,6 +17,7 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "base/timer.h"
+#include "sync/call_status.h"
 #include "sync/int8_codec.h"
 #include "sync/int8_payload.h"
 #include "sync/peer_watch.h"
@@ -92,36 +93,6 @@ static int open_spool(Rounds *r) {
     r->upload_dir = dir;
     r->own_upload_dir = true;
     return SPES_OK;
-}
-
-grpc_status_code status_fail(grpc_status_code code, const char *fmt, ...) {
-    char message[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(message, sizeof message, fmt, ap);
-    va_end(ap);
-    spes_fail("%s", message);
-    return code;
-}
-
-// Copies text into out[cap] with control bytes written as \xNN.
-static void printable(const char *text, char *out, size_t cap) {
-    size_t at = 0;
-    for (; *text && at + 5 < cap; text++) {
-        unsigned char ch = (unsigned char)*text;
-        if (ch < 0x20 || ch == 0x7f) at += (size_t)snprintf(out + at, cap - at, "\\x%02x", ch);
-        else out[at++] = (char)ch;
-    }
-    out[at] = '\0';
-}
-
-void log_refusal(const char *what) {
-    // Messages quote what peers sent (tensor names, method names): escape control bytes so that
-    // a peer cannot write terminal escape sequences or fake log lines into the server's log.
-    char safe_what[256], safe[4096];
-    printable(what, safe_what, sizeof safe_what);
-    printable(spes_last_error(), safe, sizeof safe);
-    log_warn("server: %s refused: %s", safe_what, safe);
 }
 
 int rounds_create(const RoundsConfig *cfg, Rounds **out) {

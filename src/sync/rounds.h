@@ -22,11 +22,6 @@
 #include "sync/outer_optimizer.h"
 #include "sync/server_state.h"
 
-// Sets the error message (printf-style, like spes_fail) and returns code: the transport
-// sends both to the peer as the call's status.
-grpc_status_code status_fail(grpc_status_code code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-// Logs "server: <what> refused: <the error message>", control bytes escaped as \xNN.
-void log_refusal(const char *what);
 
 typedef struct {
     AggregateConfig agg;        // mode, P, m, merge settings

@@ -14,6 +14,7 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "sync/auth.h"
+#include "sync/call_status.h"
 #include "sync/peer_watch.h"
 #include "sync/rounds_run_status.h"
 #include "sync/wire.h"
