@@ -6,10 +6,15 @@
 #define ERROR_CAPACITY 4096
 static _Thread_local char error_message[ERROR_CAPACITY];
 
+int spes_failv(const char *fmt, va_list ap) {
+    vsnprintf(error_message, sizeof error_message, fmt, ap);
+    return SPES_ERR;
+}
+
 int spes_fail(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(error_message, sizeof error_message, fmt, ap);
+    spes_failv(fmt, ap);
     va_end(ap);
     return SPES_ERR;
 }

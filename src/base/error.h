@@ -12,6 +12,8 @@
 
 // Sets the thread's error message (printf-style) and returns SPES_ERR.
 int spes_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// The same with a va_list (for wrappers that return a code of their own).
+int spes_failv(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));
 // Prepends "context: " to the current message and returns SPES_ERR.
 int spes_fail_context(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // The last message of this thread ("" when none).

@@ -9,7 +9,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/file.h"
-#include "sync/rounds.h"
+#include "sync/call_status.h"
 
 // Trims whitespace at both ends of s[0..*len) in place; returns the new start.
 static char *trim(char *s, size_t *len) {

@@ -14,6 +14,7 @@
 #include "base/file.h"
 #include "base/rng.h"
 #include "base/timer.h"
+#include "sync/call_status.h"
 #include "sync/peer_watch.h"
 #include "sync/wire.h"
 

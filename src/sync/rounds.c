@@ -94,17 +94,16 @@ static int open_spool(Rounds *r) {
     return SPES_OK;
 }
 
-grpc_status_code status_fail(grpc_status_code code, const char *fmt, ...) {
-    char message[2048];
+RoundsResult rounds_fail(RoundsResult result, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(message, sizeof message, fmt, ap);
+    spes_failv(fmt, ap);
     va_end(ap);
-    spes_fail("%s", message);
-    return code;
+    return result;
 }
 
-// Copies text into out[cap] with control bytes written as \xNN.
+// Copies text into out[cap] with control bytes written as \xNN (the refusal log's format, which
+// differs from base/printable's \n \t style).
 static void printable(const char *text, char *out, size_t cap) {
     size_t at = 0;
     for (; *text && at + 5 < cap; text++) {
@@ -310,11 +309,11 @@ static int outer_state_copy(const Rounds *r, const OuterOptState *src, OuterOptS
 
 // Takes the spec (moving it out of *spec) and plans the aggregate layout; with a state dir and
 // `persist`, writes it there first. Under r->mu.
-static grpc_status_code adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, bool persist) {
-    if (aggregate_config_check(&r->cfg.agg, spec) != SPES_OK) return GRPC_STATUS_FAILED_PRECONDITION;
+static RoundsResult adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, bool persist) {
+    if (aggregate_config_check(&r->cfg.agg, spec) != SPES_OK) return ROUNDS_MISMATCH;
     if (persist && r->cfg.state_dir &&
         state_save_spec(r->cfg.state_dir, &r->cfg.agg, &r->cfg.outer, spec, payload_dtype) != SPES_OK)
-        return GRPC_STATUS_INTERNAL;
+        return ROUNDS_INTERNAL;
     r->spec = *spec;
     model_spec_init(spec);
     r->wire_dtype = payload_dtype;
@@ -324,7 +323,7 @@ static grpc_status_code adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dty
         free(r->tensor_offset);
         r->tensor_offset = NULL;
         model_spec_free(&r->spec);
-        return GRPC_STATUS_RESOURCE_EXHAUSTED;
+        return ROUNDS_NO_ROOM;
     }
     r->have_spec = true;
     r->stats.fingerprint = r->spec.fingerprint;
@@ -332,50 +331,50 @@ static grpc_status_code adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dty
         "server: model spec fixed: %d tensors, %zu values, %d experts x %d MoE layers, payload %s, fingerprint %016llx",
         r->spec.count, r->spec.total_numel, r->spec.num_experts, r->spec.num_moe_layers, dtype_name(payload_dtype),
         (unsigned long long)r->spec.fingerprint);
-    return GRPC_STATUS_OK;
+    return ROUNDS_OK;
 }
 
-grpc_status_code rounds_hello_settings(const Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
+RoundsResult rounds_hello_settings(const Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
                                        DType payload_dtype) {
     const AggregateConfig *a = &r->cfg.agg;
     if (num_peers != a->num_peers)
-        return status_fail(GRPC_STATUS_FAILED_PRECONDITION,
+        return rounds_fail(ROUNDS_MISMATCH,
                            "hello from peer %d: it runs with %d peers, the server with --total_peers %d", peer,
                            num_peers, a->num_peers);
     if (peer < 0 || peer >= a->num_peers)
-        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "hello: peer_id %d is outside [0, %d)", peer, a->num_peers);
+        return rounds_fail(ROUNDS_BAD_REQUEST, "hello: peer_id %d is outside [0, %d)", peer, a->num_peers);
     if (mode != a->mode)
-        return status_fail(GRPC_STATUS_FAILED_PRECONDITION,
+        return rounds_fail(ROUNDS_MISMATCH,
                            "hello from peer %d: it runs in %s mode, the server in %s mode", peer, sync_mode_name(mode),
                            sync_mode_name(a->mode));
     if (mode == SYNC_MODE_SPES && experts_per_node != a->experts_per_node)
-        return status_fail(GRPC_STATUS_FAILED_PRECONDITION,
+        return rounds_fail(ROUNDS_MISMATCH,
                            "hello from peer %d: it trains %d experts per node, the server expects "
                            "--num_train_experts_per_node %d",
                            peer, experts_per_node, a->experts_per_node);
     if (payload_dtype != DTYPE_F32 && payload_dtype != DTYPE_BF16 && payload_dtype != DTYPE_I8)
-        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "hello from peer %d: payload dtype %s is not F32, BF16 or I8",
+        return rounds_fail(ROUNDS_BAD_REQUEST, "hello from peer %d: payload dtype %s is not F32, BF16 or I8",
                            peer, dtype_name(payload_dtype));
-    return GRPC_STATUS_OK;
+    return ROUNDS_OK;
 }
 
-grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
+RoundsResult rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
                               DType payload_dtype, ModelSpec *spec, int *last_completed_step) {
-    grpc_status_code code = rounds_hello_settings(r, peer, num_peers, experts_per_node, mode, payload_dtype);
-    if (code != GRPC_STATUS_OK) return code;
+    RoundsResult code = rounds_hello_settings(r, peer, num_peers, experts_per_node, mode, payload_dtype);
+    if (code != ROUNDS_OK) return code;
     pthread_mutex_lock(&r->mu);
     if (!r->have_spec) {
         code = adopt_spec(r, spec, payload_dtype, true);
-        if (code != GRPC_STATUS_OK) spes_fail_context("hello from peer %d", peer);
+        if (code != ROUNDS_OK) spes_fail_context("hello from peer %d", peer);
     } else if (r->spec.fingerprint != spec->fingerprint || r->spec.count != spec->count) {
         char diff[1024];
         model_spec_describe_difference(&r->spec, spec, diff, sizeof diff);
         code =
-            status_fail(GRPC_STATUS_FAILED_PRECONDITION,
+            rounds_fail(ROUNDS_MISMATCH,
                         "hello from peer %d: its model (fingerprint %016llx) differs from the server's (%016llx): %s",
                         peer, (unsigned long long)spec->fingerprint, (unsigned long long)r->spec.fingerprint, diff);
     } else if (payload_dtype != r->wire_dtype) {
-        code = status_fail(GRPC_STATUS_FAILED_PRECONDITION,
+        code = rounds_fail(ROUNDS_MISMATCH,
                            "hello from peer %d: payload dtype %s, but the other peers use %s", peer,
                            dtype_name(payload_dtype), dtype_name(r->wire_dtype));
     }
@@ -494,7 +493,7 @@ static void drop_pages(const MappedFile *mf, const uint8_t *p, size_t n) {
 // payload holds nothing else. With acc, each reconstructed tensor is also added to the
 // aggregate (one tensor of scratch memory at a time). The check on arrival and the read-back at
 // aggregation are this one function.
-static grpc_status_code int8_upload_walk(Rounds *r, int peer, int step, const SafeTensors *st, int base_step,
+static RoundsResult int8_upload_walk(Rounds *r, int peer, int step, const SafeTensors *st, int base_step,
                                          AggregateAcc *acc) {
     char what[64];
     snprintf(what, sizeof what, "int8 upload from peer %d for step %d", peer, step);
@@ -503,7 +502,7 @@ static grpc_status_code int8_upload_walk(Rounds *r, int peer, int step, const Sa
     AggregateBlob *base = find_kept(r, base_step);
     pthread_mutex_unlock(&r->mu);
     if (!base)
-        return status_fail(GRPC_STATUS_FAILED_PRECONDITION,
+        return rounds_fail(ROUNDS_NO_BASE,
                            "%s: its base, the aggregate of step %d, is not kept here (newest step %d); send a full "
                            "payload",
                            what, base_step, rounds_last_completed_step(r));
@@ -515,27 +514,27 @@ static grpc_status_code int8_upload_walk(Rounds *r, int peer, int step, const Sa
             if (spec->tensors[t].numel > largest) largest = spec->tensors[t].numel;
         }
     float *out = spes_malloc(largest * sizeof(float)), *scales = spes_malloc(int8_blocks(largest) * sizeof(float));
-    grpc_status_code code = out && scales ? GRPC_STATUS_OK : GRPC_STATUS_RESOURCE_EXHAUSTED;
-    if (code == GRPC_STATUS_OK && st->count != 2 * sends)
-        code = status_fail(GRPC_STATUS_INVALID_ARGUMENT,
+    RoundsResult code = out && scales ? ROUNDS_OK : ROUNDS_NO_ROOM;
+    if (code == ROUNDS_OK && st->count != 2 * sends)
+        code = rounds_fail(ROUNDS_BAD_REQUEST,
                            "%s: %d tensors, expected %d (each of the %d tensors it trains and its '%s')", what,
                            st->count, 2 * sends, sends, INT8_SCALE_SUFFIX);
-    if (code == GRPC_STATUS_OK && acc && aggregate_acc_begin_peer(acc, peer) != SPES_OK) code = GRPC_STATUS_INTERNAL;
-    for (int t = 0; code == GRPC_STATUS_OK && t < spec->count; t++) {
+    if (code == ROUNDS_OK && acc && aggregate_acc_begin_peer(acc, peer) != SPES_OK) code = ROUNDS_INTERNAL;
+    for (int t = 0; code == ROUNDS_OK && t < spec->count; t++) {
         if (!model_spec_peer_sends(spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, t)) continue;
         const SpecTensor *x = &spec->tensors[t];
         const float *b = (const float *)(base->bytes + r->tensor_offset[t]);
         if (int8_payload_decode(st, what, x->name, x->ndim, x->shape, x->numel, b, out, scales) != SPES_OK) {
-            code = GRPC_STATUS_INVALID_ARGUMENT;
+            code = ROUNDS_BAD_REQUEST;
             break;
         }
         if (!acc) continue;
         StTensor u = {.name = x->name, .dtype = DTYPE_F32, .ndim = x->ndim, .numel = x->numel,
                       .nbytes = x->numel * sizeof(float), .data = (const uint8_t *)out};
         memcpy(u.shape, x->shape, sizeof u.shape);
-        if (aggregate_acc_add_tensor(acc, peer, t, &u) != SPES_OK) code = GRPC_STATUS_INTERNAL;
+        if (aggregate_acc_add_tensor(acc, peer, t, &u) != SPES_OK) code = ROUNDS_INTERNAL;
     }
-    if (code == GRPC_STATUS_OK && acc && aggregate_acc_end_peer(acc, peer) != SPES_OK) code = GRPC_STATUS_INTERNAL;
+    if (code == ROUNDS_OK && acc && aggregate_acc_end_peer(acc, peer) != SPES_OK) code = ROUNDS_INTERNAL;
     free(out);
     free(scales);
     rounds_release(r, base);
@@ -543,14 +542,14 @@ static grpc_status_code int8_upload_walk(Rounds *r, int peer, int step, const Sa
 }
 
 // Whether an upload is an int8 delta; refuses one in a run that is not int8 (and a bad header).
-static grpc_status_code upload_kind(Rounds *r, int peer, int step, const SafeTensors *st, bool *is_int8, int *base) {
+static RoundsResult upload_kind(Rounds *r, int peer, int step, const SafeTensors *st, bool *is_int8, int *base) {
     char what[64];
     snprintf(what, sizeof what, "upload from peer %d for step %d", peer, step);
-    if (int8_payload_kind(st, what, is_int8, base) != SPES_OK) return GRPC_STATUS_INVALID_ARGUMENT;
+    if (int8_payload_kind(st, what, is_int8, base) != SPES_OK) return ROUNDS_BAD_REQUEST;
     if (*is_int8 && !r->int8)
-        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "%s: an int8 delta, but this run's payload dtype is %s", what,
+        return rounds_fail(ROUNDS_BAD_REQUEST, "%s: an int8 delta, but this run's payload dtype is %s", what,
                            dtype_name(r->wire_dtype));
-    return GRPC_STATUS_OK;
+    return ROUNDS_OK;
 }
 
 // Adds peer's upload of round, mapped back from upload_dir, to the accumulator tensor by
@@ -572,9 +571,9 @@ static int add_upload(Rounds *r, OpenRound *round, int peer, AggregateAcc *acc, 
     }
     bool is_int8 = false;
     int base = -1;
-    if (upload_kind(r, peer, round->step, &st, &is_int8, &base) != GRPC_STATUS_OK) rc = SPES_ERR;
+    if (upload_kind(r, peer, round->step, &st, &is_int8, &base) != ROUNDS_OK) rc = SPES_ERR;
     else if (is_int8) {
-        rc = int8_upload_walk(r, peer, round->step, &st, base, acc) == GRPC_STATUS_OK ? SPES_OK : SPES_ERR;
+        rc = int8_upload_walk(r, peer, round->step, &st, base, acc) == ROUNDS_OK ? SPES_OK : SPES_ERR;
         safetensors_close(&st);
         file_unmap(&mf);
         return rc;
@@ -755,48 +754,48 @@ static int publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seco
 }
 
 // Parses and validates an upload against the spec into the round's slot for peer.
-static grpc_status_code check_upload(Rounds *r, int peer, int step, const uint8_t *bytes, size_t len, SafeTensors *st,
+static RoundsResult check_upload(Rounds *r, int peer, int step, const uint8_t *bytes, size_t len, SafeTensors *st,
                                      const StTensor **row) {
     char what[64];
     snprintf(what, sizeof what, "upload from peer %d for step %d", peer, step);
-    if (safetensors_parse(bytes, len, what, st) != SPES_OK) return GRPC_STATUS_INVALID_ARGUMENT;
+    if (safetensors_parse(bytes, len, what, st) != SPES_OK) return ROUNDS_BAD_REQUEST;
     bool is_int8 = false;
     int base = -1;
-    grpc_status_code code = upload_kind(r, peer, step, st, &is_int8, &base);
-    if (code == GRPC_STATUS_OK && is_int8) code = int8_upload_walk(r, peer, step, st, base, NULL);
-    if (code != GRPC_STATUS_OK || is_int8) {
-        if (code != GRPC_STATUS_OK) safetensors_close(st);
+    RoundsResult code = upload_kind(r, peer, step, st, &is_int8, &base);
+    if (code == ROUNDS_OK && is_int8) code = int8_upload_walk(r, peer, step, st, base, NULL);
+    if (code != ROUNDS_OK || is_int8) {
+        if (code != ROUNDS_OK) safetensors_close(st);
         return code;
     }
     if (upload_check(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, st, row) != SPES_OK) {
         safetensors_close(st);
         spes_fail_context("step %d", step);
-        return GRPC_STATUS_INVALID_ARGUMENT;
+        return ROUNDS_BAD_REQUEST;
     }
-    return GRPC_STATUS_OK;
+    return ROUNDS_OK;
 }
 
 // Infers the spec from the first upload of a peer that never said Hello. Under r->mu.
-static grpc_status_code infer_spec(Rounds *r, int peer, const uint8_t *bytes, size_t len) {
+static RoundsResult infer_spec(Rounds *r, int peer, const uint8_t *bytes, size_t len) {
     SafeTensors st;
     if (safetensors_parse(bytes, len, "first upload (model spec inferred from it)", &st) != SPES_OK)
-        return GRPC_STATUS_INVALID_ARGUMENT;
+        return ROUNDS_BAD_REQUEST;
     ModelSpec spec;
     int E = r->cfg.agg.num_peers * r->cfg.agg.experts_per_node;
     if (model_spec_infer_from_upload(&st, r->cfg.agg.mode, E, &spec) != SPES_OK) {
         safetensors_close(&st);
-        return GRPC_STATUS_INVALID_ARGUMENT;
+        return ROUNDS_BAD_REQUEST;
     }
     DType dtype = st.count > 0 ? st.tensors[0].dtype : DTYPE_F32;
     if (dtype != DTYPE_BF16) dtype = DTYPE_F32;
     // Validate the upload against what it implies before adopting anything from it.
     const StTensor **row = spes_calloc((size_t)spec.count, sizeof *row);
-    grpc_status_code code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    RoundsResult code = ROUNDS_NO_ROOM;
     if (row) {
         code = upload_check(&spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, &st, row) == SPES_OK
                    ? adopt_spec(r, &spec, dtype, true)
-                   : GRPC_STATUS_INVALID_ARGUMENT;
-        if (code == GRPC_STATUS_OK)
+                   : ROUNDS_BAD_REQUEST;
+        if (code == ROUNDS_OK)
             log_info("server: no Hello before the first upload; model spec inferred from peer %d's upload", peer);
     }
     free(row);
@@ -805,7 +804,7 @@ static grpc_status_code infer_spec(Rounds *r, int peer, const uint8_t *bytes, si
     return code;
 }
 
-static grpc_status_code reject(Rounds *r, grpc_status_code code, uint8_t *bytes) {
+static RoundsResult reject(Rounds *r, RoundsResult code, uint8_t *bytes) {
     free(bytes);
     pthread_mutex_lock(&r->mu);
     r->stats.uploads_rejected++;
@@ -818,47 +817,47 @@ static grpc_status_code reject(Rounds *r, grpc_status_code code, uint8_t *bytes)
 // aggregate holds this peer's upload (a retry after a lost reply: download it), ABORTED when
 // the round closed without it or is no longer kept (fetch the newest aggregate, carry on).
 // Under r->mu.
-static grpc_status_code closed_round(Rounds *r, int peer, int step) {
+static RoundsResult closed_round(Rounds *r, int peer, int step) {
     for (int i = 0; i < r->cfg.keep_steps; i++) {
         const AggregateBlob *b = r->kept[i];
         if (b && b->step == step && (!b->included || b->included[peer]))
-            return status_fail(
-                GRPC_STATUS_ALREADY_EXISTS,
+            return rounds_fail(
+                ROUNDS_ALREADY_AGGREGATED,
                 "upload from peer %d: the round of step %d is already aggregated (last completed step %d); download it",
                 peer, step, r->last_completed_step);
     }
-    return status_fail(GRPC_STATUS_ABORTED,
+    return rounds_fail(ROUNDS_CLOSED_WITHOUT_PEER,
                        "upload from peer %d: the round of step %d closed without it (round timeout) or is no longer "
                        "kept; fetch the newest aggregate (step %d) and carry on",
                        peer, step, r->last_completed_step);
 }
 
 // The answer to an upload for a step beyond step_limit. Under r->mu.
-static grpc_status_code too_far_ahead(Rounds *r, int peer, int step) {
+static RoundsResult too_far_ahead(Rounds *r, int peer, int step) {
     int64_t limit = step_limit(r, step);
     if (r->last_completed_step >= 0)
-        return status_fail(GRPC_STATUS_OUT_OF_RANGE,
+        return rounds_fail(ROUNDS_TOO_FAR_AHEAD,
                            "upload from peer %d: step %d is more than %d rounds ahead of the newest completed step %d "
                            "(steps up to %lld are taken; is the peer's step counter or sync_steps right?)",
                            peer, step, r->cfg.max_rounds_ahead, r->last_completed_step, (long long)limit);
-    return status_fail(GRPC_STATUS_OUT_OF_RANGE,
+    return rounds_fail(ROUNDS_TOO_FAR_AHEAD,
                        "upload from peer %d: step %d is too far ahead of the run's first round (steps up to %lld are "
                        "taken before a round completes; is the peer's step counter right?)",
                        peer, step, (long long)limit);
 }
 
-grpc_status_code rounds_upload_start(Rounds *r, int peer, int step, size_t *cap) {
+RoundsResult rounds_upload_start(Rounds *r, int peer, int step, size_t *cap) {
     int P = r->cfg.agg.num_peers;
     *cap = 0;
     if (peer < 0 || peer >= P)
-        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload: peer_id %d is outside [0, %d)", peer, P);
+        return rounds_fail(ROUNDS_BAD_REQUEST, "upload: peer_id %d is outside [0, %d)", peer, P);
     if (step < 0)
-        return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload from peer %d: step %d is negative", peer, step);
+        return rounds_fail(ROUNDS_BAD_REQUEST, "upload from peer %d: step %d is negative", peer, step);
     pthread_mutex_lock(&r->mu);
-    grpc_status_code code = r->closing                     ? status_fail(GRPC_STATUS_UNAVAILABLE, "server is shutting down")
+    RoundsResult code = r->closing                     ? rounds_fail(ROUNDS_CLOSING, "server is shutting down")
                             : step <= r->last_completed_step ? closed_round(r, peer, step)
                             : step > step_limit(r, step)     ? too_far_ahead(r, peer, step)
-                                                             : GRPC_STATUS_OK;
+                                                             : ROUNDS_OK;
     *cap = r->have_spec ? upload_max_bytes(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer)
                         : r->cfg.max_upload_bytes;
     pthread_mutex_unlock(&r->mu);
@@ -889,29 +888,29 @@ size_t rounds_model_bytes(Rounds *r) {
 
 // Whether an upload for step would be taken now (step not yet aggregated). Sets *code and the
 // message when not. Takes r->mu.
-static bool round_accepts(Rounds *r, int peer, int step, grpc_status_code *code) {
+static bool round_accepts(Rounds *r, int peer, int step, RoundsResult *code) {
     pthread_mutex_lock(&r->mu);
     *code = step <= r->last_completed_step   ? closed_round(r, peer, step)
             : step > step_limit(r, step) ? too_far_ahead(r, peer, step)
-                                             : GRPC_STATUS_OK;
-    for (int i = 0; *code == GRPC_STATUS_OK && i < r->cfg.max_open_rounds; i++)
+                                             : ROUNDS_OK;
+    for (int i = 0; *code == ROUNDS_OK && i < r->cfg.max_open_rounds; i++)
         if (r->open[i].step == step && r->open[i].aggregating)   // its files are being read: leave them
             *code = r->open[i].uploaded[peer]
-                        ? status_fail(GRPC_STATUS_ALREADY_EXISTS,
+                        ? rounds_fail(ROUNDS_ALREADY_AGGREGATED,
                                       "upload from peer %d: the round of step %d is being aggregated", peer, step)
-                        : status_fail(GRPC_STATUS_ABORTED,
+                        : rounds_fail(ROUNDS_CLOSED_WITHOUT_PEER,
                                       "upload from peer %d: the round of step %d is closing without it (round "
                                       "timeout); fetch the newest aggregate and carry on",
                                       peer, step);
     pthread_mutex_unlock(&r->mu);
-    return *code == GRPC_STATUS_OK;
+    return *code == ROUNDS_OK;
 }
 
 // Records a validated upload, already in upload_dir, in its round. *complete: every peer's
 // upload is in, the caller aggregates.
-static grpc_status_code store_upload(Rounds *r, int peer, int step, size_t len, OpenRound **round_out, bool *complete) {
+static RoundsResult store_upload(Rounds *r, int peer, int step, size_t len, OpenRound **round_out, bool *complete) {
     int P = r->cfg.agg.num_peers;
-    grpc_status_code code = GRPC_STATUS_OK;
+    RoundsResult code = ROUNDS_OK;
     pthread_mutex_lock(&r->mu);
     OpenRound *round = NULL;
     if (step > r->last_completed_step) sweep_rounds(r, step);
@@ -920,19 +919,19 @@ static grpc_status_code store_upload(Rounds *r, int peer, int step, size_t len, 
     } else if (step > step_limit(r, step)) {
         code = too_far_ahead(r, peer, step);
     } else if (!(round = open_round(r, step))) {
-        code = status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED,
+        code = rounds_fail(ROUNDS_NO_ROOM,
                            "upload from peer %d for step %d: %d rounds are already open (peers far apart in steps?)",
                            peer, step, r->cfg.max_open_rounds);
     } else if (round->aggregating && round->uploaded[peer]) {
-        code = status_fail(GRPC_STATUS_ALREADY_EXISTS, "upload from peer %d: the round of step %d is being aggregated",
+        code = rounds_fail(ROUNDS_ALREADY_AGGREGATED, "upload from peer %d: the round of step %d is being aggregated",
                            peer, step);
     } else if (round->aggregating) {
-        code = status_fail(GRPC_STATUS_ABORTED,
+        code = rounds_fail(ROUNDS_CLOSED_WITHOUT_PEER,
                            "upload from peer %d: the round of step %d is closing without it (round timeout); fetch "
                            "the newest aggregate and carry on",
                            peer, step);
     }
-    if (code != GRPC_STATUS_OK) {
+    if (code != ROUNDS_OK) {
         pthread_mutex_unlock(&r->mu);
         return code;
     }
@@ -944,7 +943,7 @@ static grpc_status_code store_upload(Rounds *r, int peer, int step, size_t len, 
     if (*complete) round->aggregating = true;
     *round_out = round;
     pthread_mutex_unlock(&r->mu);
-    return GRPC_STATUS_OK;
+    return ROUNDS_OK;
 }
 
 // Writes the aggregate and then the bookkeeping to the state dir (when there is one) and
@@ -986,7 +985,7 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
 
 // Aggregates a frozen round and publishes it: a complete one (`peer`'s upload completed it) or
 // a partial one closed by the round timeout (peer -1).
-static grpc_status_code complete_round(Rounds *r, OpenRound *round, int peer) {
+static RoundsResult complete_round(Rounds *r, OpenRound *round, int peer) {
     int step = round->step, P = r->cfg.agg.num_peers, arrived = round->num_uploaded;
     pthread_mutex_lock(&r->aggregate_mu);
     double start = now_seconds();
@@ -998,7 +997,7 @@ static grpc_status_code complete_round(Rounds *r, OpenRound *round, int peer) {
     // The outer optimizer's state is sequential: the next round may only aggregate once this
     // one's state is published (without it, rounds aggregate while others persist).
     if (!r->outer_on) pthread_mutex_unlock(&r->aggregate_mu);
-    grpc_status_code code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    RoundsResult code = ROUNDS_NO_ROOM;
     int persisted = blob ? persist_and_publish(r, round, blob, seconds, &outer, outer_bytes, outer_len) : SPES_ERR;
     if (r->outer_on) pthread_mutex_unlock(&r->aggregate_mu);
     outer_opt_state_free(&outer);
@@ -1014,10 +1013,10 @@ static grpc_status_code complete_round(Rounds *r, OpenRound *round, int peer) {
                      "(missing:%s; their experts keep the previous aggregate's values)",
                      step, arrived, P, seconds, missing);
         }
-        return GRPC_STATUS_OK;
+        return ROUNDS_OK;
     }
     if (blob) {   // not durable: not published either
-        code = GRPC_STATUS_INTERNAL;
+        code = ROUNDS_INTERNAL;
         free(blob->bytes);
         free(blob);
     }
@@ -1034,21 +1033,21 @@ static grpc_status_code complete_round(Rounds *r, OpenRound *round, int peer) {
     return code;
 }
 
-grpc_status_code rounds_upload_begin(Rounds *r, int peer, int step, RoundsUpload *up) {
+RoundsResult rounds_upload_begin(Rounds *r, int peer, int step, RoundsUpload *up) {
     memset(up, 0, sizeof *up);
     up->file.fd = -1;
     up->peer = peer;
     up->step = step;
     if (state_upload_open(r->upload_dir, step, peer, &up->file) != SPES_OK)
-        return status_fail(GRPC_STATUS_INTERNAL, "upload from peer %d for step %d: %s", peer, step, spes_last_error());
-    return GRPC_STATUS_OK;
+        return rounds_fail(ROUNDS_INTERNAL, "upload from peer %d for step %d: %s", peer, step, spes_last_error());
+    return ROUNDS_OK;
 }
 
-grpc_status_code rounds_upload_append(RoundsUpload *up, const void *data, size_t len) {
+RoundsResult rounds_upload_append(RoundsUpload *up, const void *data, size_t len) {
     if (state_upload_append(&up->file, data, len) != SPES_OK)
-        return status_fail(GRPC_STATUS_INTERNAL, "upload from peer %d for step %d: %s", up->peer, up->step,
+        return rounds_fail(ROUNDS_INTERNAL, "upload from peer %d for step %d: %s", up->peer, up->step,
                            spes_last_error());
-    return GRPC_STATUS_OK;
+    return ROUNDS_OK;
 }
 
 void rounds_upload_abort(RoundsUpload *up) { state_upload_abort(&up->file); }
@@ -1056,31 +1055,31 @@ void rounds_upload_abort(RoundsUpload *up) { state_upload_abort(&up->file); }
 // Validates the upload in its (complete) temp file like check_upload, reading the values a
 // window at a time and letting go of each window's pages once checked: validating an upload
 // costs a window of memory, not the upload.
-static grpc_status_code check_upload_file(Rounds *r, int peer, int step, const MappedFile *mf) {
+static RoundsResult check_upload_file(Rounds *r, int peer, int step, const MappedFile *mf) {
     enum { WINDOW = 1 << 20 };
     char what[64];
     snprintf(what, sizeof what, "upload from peer %d for step %d", peer, step);
     SafeTensors st;
-    if (safetensors_parse(mf->data, mf->size, what, &st) != SPES_OK) return GRPC_STATUS_INVALID_ARGUMENT;
+    if (safetensors_parse(mf->data, mf->size, what, &st) != SPES_OK) return ROUNDS_BAD_REQUEST;
     bool is_int8 = false;
     int base = -1;
-    grpc_status_code code = upload_kind(r, peer, step, &st, &is_int8, &base);
-    if (code == GRPC_STATUS_OK && is_int8) code = int8_upload_walk(r, peer, step, &st, base, NULL);
-    if (code != GRPC_STATUS_OK || is_int8) {   // an int8 delta is a quarter of the F32 size: checked whole
+    RoundsResult code = upload_kind(r, peer, step, &st, &is_int8, &base);
+    if (code == ROUNDS_OK && is_int8) code = int8_upload_walk(r, peer, step, &st, base, NULL);
+    if (code != ROUNDS_OK || is_int8) {   // an int8 delta is a quarter of the F32 size: checked whole
         safetensors_close(&st);
         return code;
     }
     const StTensor **row = spes_calloc((size_t)r->spec.count, sizeof *row);
     if (!row) {
         safetensors_close(&st);
-        return GRPC_STATUS_RESOURCE_EXHAUSTED;
+        return ROUNDS_NO_ROOM;
     }
     if (upload_rows(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, &st, row) != SPES_OK)
-        code = GRPC_STATUS_INVALID_ARGUMENT;
-    for (int i = 0; code == GRPC_STATUS_OK && i < st.count; i++) {   // upload order: the file is read front to back
+        code = ROUNDS_BAD_REQUEST;
+    for (int i = 0; code == ROUNDS_OK && i < st.count; i++) {   // upload order: the file is read front to back
         const StTensor *u = &st.tensors[i];
         size_t elem = dtype_size(u->dtype), per = WINDOW / elem;
-        for (size_t at = 0; code == GRPC_STATUS_OK && at < u->numel; at += per) {
+        for (size_t at = 0; code == ROUNDS_OK && at < u->numel; at += per) {
             StTensor w = *u;
             w.data = u->data + at * elem;
             w.numel = u->numel - at < per ? u->numel - at : per;
@@ -1089,75 +1088,75 @@ static grpc_status_code check_upload_file(Rounds *r, int peer, int step, const M
             if (bad < w.numel) {
                 spes_fail("upload from peer %d: tensor '%s' has a non-finite value (NaN or Inf) at flat index %zu",
                           peer, u->name, at + bad);
-                code = GRPC_STATUS_INVALID_ARGUMENT;
+                code = ROUNDS_BAD_REQUEST;
             }
             drop_pages(mf, w.data, w.nbytes);
         }
     }
-    if (code == GRPC_STATUS_INVALID_ARGUMENT) spes_fail_context("step %d", step);
+    if (code == ROUNDS_BAD_REQUEST) spes_fail_context("step %d", step);
     free(row);
     safetensors_close(&st);
     return code;
 }
 
-static grpc_status_code reject_upload(Rounds *r, grpc_status_code code, RoundsUpload *up) {
+static RoundsResult reject_upload(Rounds *r, RoundsResult code, RoundsUpload *up) {
     rounds_upload_abort(up);
     return reject(r, code, NULL);
 }
 
-grpc_status_code rounds_upload_finish(Rounds *r, RoundsUpload *up) {
+RoundsResult rounds_upload_finish(Rounds *r, RoundsUpload *up) {
     int P = r->cfg.agg.num_peers, peer = up->peer, step = up->step;
     if (peer < 0 || peer >= P)
         return reject_upload(
-            r, status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload: peer_id %d is outside [0, %d)", peer, P), up);
+            r, rounds_fail(ROUNDS_BAD_REQUEST, "upload: peer_id %d is outside [0, %d)", peer, P), up);
     if (step < 0)
         return reject_upload(
-            r, status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload from peer %d: step %d is negative", peer, step), up);
+            r, rounds_fail(ROUNDS_BAD_REQUEST, "upload from peer %d: step %d is negative", peer, step), up);
     size_t len = up->file.len;
     MappedFile mf;
     if (file_map(up->file.temp_path, &mf) != SPES_OK)
         return reject_upload(r,
-                             status_fail(GRPC_STATUS_INTERNAL, "upload from peer %d for step %d: %s", peer, step,
+                             rounds_fail(ROUNDS_INTERNAL, "upload from peer %d for step %d: %s", peer, step,
                                          spes_last_error()),
                              up);
 
     pthread_mutex_lock(&r->mu);
-    grpc_status_code code = r->closing ? GRPC_STATUS_UNAVAILABLE : GRPC_STATUS_OK;
+    RoundsResult code = r->closing ? ROUNDS_CLOSING : ROUNDS_OK;
     if (r->closing) spes_fail("server is shutting down");
-    if (code == GRPC_STATUS_OK && !r->have_spec) {
+    if (code == ROUNDS_OK && !r->have_spec) {
         code = infer_spec(r, peer, mf.data, mf.size);
         drop_pages(&mf, mf.data, mf.size);
     }
     pthread_mutex_unlock(&r->mu);
     // The spec never changes once set, so the (slow) validation runs outside the lock.
-    if (code == GRPC_STATUS_OK) code = check_upload_file(r, peer, step, &mf);
+    if (code == ROUNDS_OK) code = check_upload_file(r, peer, step, &mf);
     file_unmap(&mf);
-    if (code != GRPC_STATUS_OK) return reject_upload(r, code, up);
+    if (code != ROUNDS_OK) return reject_upload(r, code, up);
 
     // On disk (durably in a state dir) before the peer hears OK; the round reads it back when it
     // aggregates. A file that loses a race with the round's completion below is a leftover of a
     // completed step, removed at the next start (or with the spool).
     if (!round_accepts(r, peer, step, &code) || state_upload_commit(&up->file) != SPES_OK) {
-        if (code == GRPC_STATUS_OK)
-            code = status_fail(GRPC_STATUS_INTERNAL, "upload from peer %d for step %d: %s", peer, step,
+        if (code == ROUNDS_OK)
+            code = rounds_fail(ROUNDS_INTERNAL, "upload from peer %d for step %d: %s", peer, step,
                                spes_last_error());
         return reject_upload(r, code, up);
     }
     OpenRound *round;
     bool complete;
     code = store_upload(r, peer, step, len, &round, &complete);
-    if (code != GRPC_STATUS_OK) return reject(r, code, NULL);
+    if (code != ROUNDS_OK) return reject(r, code, NULL);
     log_info("server: step %d: upload from peer %d accepted (%zu bytes)", step, peer, len);
     peer_watch_uploaded(r->watch, peer, step);
-    return complete ? complete_round(r, round, peer) : GRPC_STATUS_OK;
+    return complete ? complete_round(r, round, peer) : ROUNDS_OK;
 }
 
-grpc_status_code rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, size_t len) {
+RoundsResult rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, size_t len) {
     RoundsUpload up;
-    grpc_status_code code = rounds_upload_begin(r, peer, step, &up);
-    if (code == GRPC_STATUS_OK) code = rounds_upload_append(&up, bytes, len);
+    RoundsResult code = rounds_upload_begin(r, peer, step, &up);
+    if (code == ROUNDS_OK) code = rounds_upload_append(&up, bytes, len);
     free(bytes);
-    if (code != GRPC_STATUS_OK) return reject_upload(r, code, &up);
+    if (code != ROUNDS_OK) return reject_upload(r, code, &up);
     return rounds_upload_finish(r, &up);
 }
 
@@ -1227,21 +1226,21 @@ static AggregateBlob *find_kept(Rounds *r, int step) {
     return NULL;
 }
 
-grpc_status_code rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob **out) {
+RoundsResult rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob **out) {
     *out = NULL;
     double until = now_seconds() + (timeout_s > 0 ? timeout_s : 0);
     pthread_mutex_lock(&r->mu);
-    grpc_status_code code = GRPC_STATUS_OK;
+    RoundsResult code = ROUNDS_OK;
     for (;;) {
         if ((*out = find_kept(r, step))) break;
         if (step <= r->last_completed_step) {
-            code = status_fail(GRPC_STATUS_NOT_FOUND,
+            code = rounds_fail(ROUNDS_NOT_KEPT,
                                "the aggregate of step %d is no longer kept (--keep_steps %d; latest step %d)", step,
                                r->cfg.keep_steps, r->last_completed_step);
             break;
         }
         if (r->closing) {
-            code = status_fail(GRPC_STATUS_UNAVAILABLE, "server is shutting down");
+            code = rounds_fail(ROUNDS_CLOSING, "server is shutting down");
             break;
         }
         double due;
@@ -1250,7 +1249,7 @@ grpc_status_code rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob
             pthread_mutex_unlock(&r->mu);
             code = complete_round(r, late, -1);
             pthread_mutex_lock(&r->mu);
-            if (code == GRPC_STATUS_OK) continue;
+            if (code == ROUNDS_OK) continue;
             log_warn("server: step %d: partial aggregation failed: %s", step, spes_last_error());
             break;
         }
@@ -1280,7 +1279,7 @@ static bool own_expert(const Rounds *r, int peer, const char *name) {
     return t >= 0 && r->spec.tensors[t].expert >= 0 && r->spec.tensors[t].expert / r->cfg.agg.experts_per_node == peer;
 }
 
-grpc_status_code rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsViewRequest *req,
+RoundsResult rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsViewRequest *req,
                              const AggregateView **view, const char **name) {
     int P = r->cfg.agg.num_peers;
     bool omit = req->omit_own_experts && r->cfg.agg.mode == SYNC_MODE_SPES && peer >= 0 && peer < P &&
@@ -1293,14 +1292,14 @@ grpc_status_code rounds_view(Rounds *r, AggregateBlob *blob, int peer, const Rou
     static const char *names[2][2] = {{"", ROUNDS_VIEW_OMIT_OWN}, {ROUNDS_VIEW_INT8, ROUNDS_VIEW_INT8 "+" ROUNDS_VIEW_OMIT_OWN}};
     *name = names[delta][omit];
     int slot = (delta ? P + 1 : 0) + (omit ? peer : P);
-    grpc_status_code code = GRPC_STATUS_OK;
+    RoundsResult code = ROUNDS_OK;
     pthread_mutex_lock(&r->mu);
     if (!blob->views) blob->views = spes_calloc(2 * ((size_t)P + 1), sizeof *blob->views);
     AggregateView *v = blob->views ? &blob->views[slot] : NULL;
-    if (!v) code = status_fail(GRPC_STATUS_RESOURCE_EXHAUSTED, "download of step %d: out of memory", blob->step);
+    if (!v) code = rounds_fail(ROUNDS_NO_ROOM, "download of step %d: out of memory", blob->step);
     if (v && !v->pieces && !omit) {
         if (aggregate_view_whole(delta ? blob->delta : blob->bytes, delta ? blob->delta_len : blob->len, v) != SPES_OK)
-            code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            code = ROUNDS_NO_ROOM;
     } else if (v && !v->pieces) {
         const uint8_t *image = delta ? blob->delta : blob->bytes;
         size_t image_len = delta ? blob->delta_len : blob->len;
@@ -1316,11 +1315,11 @@ grpc_status_code rounds_view(Rounds *r, AggregateBlob *blob, int peer, const Rou
         }
         free(keep);
         if (rc != SPES_OK)
-            code = status_fail(GRPC_STATUS_INTERNAL, "download of step %d for peer %d: %s", blob->step, peer,
+            code = rounds_fail(ROUNDS_INTERNAL, "download of step %d for peer %d: %s", blob->step, peer,
                                spes_last_error());
     }
     pthread_mutex_unlock(&r->mu);
-    *view = code == GRPC_STATUS_OK ? v : NULL;
+    *view = code == ROUNDS_OK ? v : NULL;
     return code;
 }
 
@@ -1404,19 +1403,19 @@ static int restore_upload(Rounds *r, const StateFile *f) {
     SPES_TRY(state_read(r->cfg.state_dir, f, &bytes, &len));
     SafeTensors st;
     const StTensor **row = spes_calloc((size_t)r->spec.count, sizeof *row);
-    grpc_status_code code = row ? check_upload(r, f->peer, f->step, bytes, len, &st, row) : GRPC_STATUS_RESOURCE_EXHAUSTED;
-    if (code == GRPC_STATUS_OK) safetensors_close(&st);
+    RoundsResult code = row ? check_upload(r, f->peer, f->step, bytes, len, &st, row) : ROUNDS_NO_ROOM;
+    if (code == ROUNDS_OK) safetensors_close(&st);
     free(row);
     free(bytes);   // the file stays: the round reads it back when it aggregates
     OpenRound *round = NULL;
     bool complete = false;
-    if (code == GRPC_STATUS_OK)
+    if (code == ROUNDS_OK)
         code = f->peer < r->cfg.agg.num_peers ? store_upload(r, f->peer, f->step, len, &round, &complete)
-                                              : status_fail(GRPC_STATUS_INVALID_ARGUMENT, "peer %d is out of range", f->peer);
-    if (code != GRPC_STATUS_OK) {
+                                              : rounds_fail(ROUNDS_BAD_REQUEST, "peer %d is out of range", f->peer);
+    if (code != ROUNDS_OK) {
         return spes_fail_context("server state %s: upload of peer %d for step %d", r->cfg.state_dir, f->peer, f->step);
     }
-    if (complete && complete_round(r, round, f->peer) != GRPC_STATUS_OK) return SPES_ERR;
+    if (complete && complete_round(r, round, f->peer) != ROUNDS_OK) return SPES_ERR;
     return SPES_OK;
 }
 
@@ -1506,10 +1505,10 @@ static int restore_state(Rounds *r) {
         return SPES_OK;
     }
     pthread_mutex_lock(&r->mu);
-    grpc_status_code code = adopt_spec(r, &spec, dtype, false);
+    RoundsResult code = adopt_spec(r, &spec, dtype, false);
     pthread_mutex_unlock(&r->mu);
     model_spec_free(&spec);
-    if (code != GRPC_STATUS_OK) return spes_fail_context("server state %s/spec.json", dir);
+    if (code != ROUNDS_OK) return spes_fail_context("server state %s/spec.json", dir);
     StateBook book;
     SPES_TRY(state_load_book(dir, &book, &found));
     StateFile *files;

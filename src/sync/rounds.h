@@ -7,11 +7,10 @@
 // and message and leaves the round as it was (the peer may retry; other uploads stay). A
 // repeated valid upload from the same peer for an open round replaces its previous one.
 // Steps are expected to increase: an upload for a step <= the last completed one is answered
-// ALREADY_EXISTS. The newest keep_steps aggregates stay downloadable.
+// ROUNDS_ALREADY_AGGREGATED. The newest keep_steps aggregates stay downloadable.
 //
 // Thread-safe: every function may be called from any call thread.
 #pragma once
-#include <grpc/status.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -22,9 +21,26 @@
 #include "sync/outer_optimizer.h"
 #include "sync/server_state.h"
 
-// Sets the error message (printf-style, like spes_fail) and returns code: the transport
-// sends both to the peer as the call's status.
-grpc_status_code status_fail(grpc_status_code code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// What a round operation came to. The state machine knows nothing of the transport: the
+// server turns each result into its gRPC status in one place (server.c: grpc_status_of), and
+// sends the message the operation left with spes_fail.
+typedef enum {
+    ROUNDS_OK = 0,
+    ROUNDS_BAD_REQUEST,         // malformed or invalid input (a payload, a peer id, a step)
+    ROUNDS_MISMATCH,            // the peer's model or run settings differ from the run's
+    ROUNDS_NO_BASE,             // an int8 delta against an aggregate that is not kept
+    ROUNDS_ALREADY_AGGREGATED,  // the step's round is done and has this peer's upload
+    ROUNDS_CLOSED_WITHOUT_PEER, // the step's round closed (partial) without this peer
+    ROUNDS_TOO_FAR_AHEAD,       // the step is beyond the window of open rounds
+    ROUNDS_NOT_KEPT,            // the step was aggregated but its aggregate is no longer kept
+    ROUNDS_NO_ROOM,             // too many open rounds, or out of memory
+    ROUNDS_CLOSING,             // the server is shutting down
+    ROUNDS_INTERNAL,            // the server's own failure (disk, memory)
+} RoundsResult;
+
+// Leaves the message (printf-style, like spes_fail) and returns result.
+RoundsResult rounds_fail(RoundsResult result, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 // Logs "server: <what> refused: <the error message>", control bytes escaped as \xNN.
 void log_refusal(const char *what);
 
@@ -40,7 +56,7 @@ typedef struct {
     double round_timeout_s;     // 0: a round waits for every peer; else see rounds_deadline
     int min_peers;              // quorum of a partial round (>= 1)
     int max_rounds_ahead;       // 0: ROUNDS_AHEAD. Uploads more than this many rounds ahead of
-                                // the newest completed step are refused OUT_OF_RANGE (below)
+                                // the newest completed step are refused ROUNDS_TOO_FAR_AHEAD (below)
     OuterOptConfig outer;       // outer optimizer on the shared tensors (every tensor in fedavg
                                 // mode); lr 0 means 1; lr 1 momentum 0: off (the plain mean). The
                                 // server alone decides it (peers just download the aggregate); it
@@ -65,7 +81,7 @@ typedef struct {
 // to the run: max(round_timeout_s, 3 x the median duration of the last (up to 8) rounds that
 // completed with every peer). The first round of a spes run is never partial (a missing
 // owner's experts have no earlier value). A waiter for the round (WaitAggregate,
-// DownloadChunk) closes it; a late upload for a closed round is answered ABORTED with the
+// DownloadChunk) closes it; a late upload for a closed round is answered ROUNDS_CLOSED_WITHOUT_PEER with the
 // newest step, and the peer fetches that aggregate and carries on.
 #define ROUNDS_RECENT 8
 double rounds_deadline(double round_timeout_s, const double *recent, int n);
@@ -106,7 +122,7 @@ typedef struct Rounds Rounds;
 // bookkeeping, the kept aggregates and the uploads of open rounds (completing any round whose
 // uploads were all in before the crash).
 int rounds_create(const RoundsConfig *cfg, Rounds **out);
-// Wakes every waiter (they return UNAVAILABLE) and refuses new work.
+// Wakes every waiter (they return ROUNDS_CLOSING) and refuses new work.
 void rounds_close(Rounds *r);
 void rounds_destroy(Rounds *r);
 
@@ -116,20 +132,20 @@ void rounds_destroy(Rounds *r);
 //
 // The cheap half of the handshake: the run settings (peers, peer id, mode, experts per node,
 // payload dtype) against the server's, before the peer's tensor list costs anything.
-grpc_status_code rounds_hello_settings(const Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
+RoundsResult rounds_hello_settings(const Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
                                        DType payload_dtype);
 // Handshake (rounds_hello_settings first). Adopts *spec (moving its contents out) when the server has none yet, otherwise
 // compares. The caller frees *spec afterwards in every case. Sets *last_completed_step.
-// Statuses: OK, INVALID_ARGUMENT, FAILED_PRECONDITION (mismatch; message names what differs).
-grpc_status_code rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode, DType payload_dtype,
+// Results: ROUNDS_OK, ROUNDS_BAD_REQUEST, ROUNDS_MISMATCH (the message names what differs).
+RoundsResult rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode, DType payload_dtype,
                               ModelSpec *spec, int *last_completed_step);
 
 // What can be decided about an upload from its first message, before its bytes are buffered:
-// peer in range, step not negative, not already aggregated (ALREADY_EXISTS / ABORTED as in
-// rounds_upload), not too far ahead (OUT_OF_RANGE), server not closing. *cap: the largest
+// peer in range, step not negative, not already aggregated (ROUNDS_ALREADY_AGGREGATED / ROUNDS_CLOSED_WITHOUT_PEER as in
+// rounds_upload), not too far ahead (ROUNDS_TOO_FAR_AHEAD), server not closing. *cap: the largest
 // upload accepted from peer (its tensors in F32 + header room once the spec is known, else
 // max_upload_bytes), set whatever the status.
-grpc_status_code rounds_upload_start(Rounds *r, int peer, int step, size_t *cap);
+RoundsResult rounds_upload_start(Rounds *r, int peer, int step, size_t *cap);
 // The model's size in F32 (0 until the spec is known).
 size_t rounds_model_bytes(Rounds *r);
 // The largest upload cap of any peer (0 until the spec is known).
@@ -147,23 +163,24 @@ typedef struct {
     StateUpload file;
     int peer, step;
 } RoundsUpload;
-grpc_status_code rounds_upload_begin(Rounds *r, int peer, int step, RoundsUpload *up);
-grpc_status_code rounds_upload_append(RoundsUpload *up, const void *data, size_t len);
-grpc_status_code rounds_upload_finish(Rounds *r, RoundsUpload *up);
+RoundsResult rounds_upload_begin(Rounds *r, int peer, int step, RoundsUpload *up);
+RoundsResult rounds_upload_append(RoundsUpload *up, const void *data, size_t len);
+RoundsResult rounds_upload_finish(Rounds *r, RoundsUpload *up);
 void rounds_upload_abort(RoundsUpload *up);
 
 // One complete upload in memory (safetensors bytes; ownership passes to r on every path):
 // rounds_upload_begin + append + finish. Validates, stores and, if it completes the round,
 // aggregates before returning.
-// Statuses: OK, INVALID_ARGUMENT (bad payload), ALREADY_EXISTS (round already aggregated with
-// this peer's upload), ABORTED (round closed without this peer: fetch the newest aggregate),
-// RESOURCE_EXHAUSTED (too many open rounds, out of memory), UNAVAILABLE (closing).
-grpc_status_code rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, size_t len);
+// Results: ROUNDS_OK, ROUNDS_BAD_REQUEST (bad payload), ROUNDS_NO_BASE (an int8 delta against an
+// aggregate the server no longer has: send it whole), ROUNDS_ALREADY_AGGREGATED (round already
+// aggregated with this peer's upload), ROUNDS_CLOSED_WITHOUT_PEER (round closed without this peer:
+// fetch the newest aggregate), ROUNDS_NO_ROOM (too many open rounds, out of memory), ROUNDS_CLOSING.
+RoundsResult rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, size_t len);
 
 // The aggregate of step, waiting up to timeout_s (0: just look). *out is a reference to
 // release with rounds_release, or NULL when not ready in time.
-// Statuses: OK (ready or not), NOT_FOUND (aggregated but no longer kept), UNAVAILABLE.
-grpc_status_code rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob **out);
+// Results: ROUNDS_OK (ready or not), ROUNDS_NOT_KEPT (aggregated but no longer kept), ROUNDS_CLOSING.
+RoundsResult rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob **out);
 void rounds_release(Rounds *r, AggregateBlob *blob);
 
 // What a download asks for (proto WaitAggregateRequest / DownloadChunkRequest): the whole
@@ -180,7 +197,7 @@ typedef struct {
 } RoundsViewRequest;
 #define ROUNDS_VIEW_OMIT_OWN "omit-own-experts"
 #define ROUNDS_VIEW_INT8 "int8-delta"
-grpc_status_code rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsViewRequest *req,
+RoundsResult rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsViewRequest *req,
                              const AggregateView **view, const char **name);
 
 // bytes of step's aggregate went to a peer (the Status counters and the round history).

@@ -14,9 +14,28 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "sync/auth.h"
+#include "sync/call_status.h"
 #include "sync/peer_watch.h"
 #include "sync/rounds_run_status.h"
 #include "sync/wire.h"
+
+// The one place where the round state machine's results (rounds.h) become gRPC statuses.
+static grpc_status_code grpc_status_of(RoundsResult result) {
+    switch (result) {
+    case ROUNDS_OK: return GRPC_STATUS_OK;
+    case ROUNDS_BAD_REQUEST: return GRPC_STATUS_INVALID_ARGUMENT;
+    case ROUNDS_MISMATCH: return GRPC_STATUS_FAILED_PRECONDITION;
+    case ROUNDS_NO_BASE: return GRPC_STATUS_FAILED_PRECONDITION;   // the client resends its upload whole
+    case ROUNDS_ALREADY_AGGREGATED: return GRPC_STATUS_ALREADY_EXISTS;
+    case ROUNDS_CLOSED_WITHOUT_PEER: return GRPC_STATUS_ABORTED;
+    case ROUNDS_TOO_FAR_AHEAD: return GRPC_STATUS_OUT_OF_RANGE;
+    case ROUNDS_NOT_KEPT: return GRPC_STATUS_NOT_FOUND;
+    case ROUNDS_NO_ROOM: return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    case ROUNDS_CLOSING: return GRPC_STATUS_UNAVAILABLE;
+    case ROUNDS_INTERNAL: break;
+    }
+    return GRPC_STATUS_INTERNAL;
+}
 
 struct SyncServer {
     SyncServerConfig cfg;
@@ -260,7 +279,7 @@ static grpc_status_code take_chunk(Call *c, UploadStream *up, const UploadChunkR
         up->peer = m->peer_id;
         up->step = m->step;
         up->total_chunks = m->total_chunks;
-        code = rounds_upload_start(c->srv->rounds, m->peer_id, m->step, &up->cap);
+        code = grpc_status_of(rounds_upload_start(c->srv->rounds, m->peer_id, m->step, &up->cap));
         if (code != GRPC_STATUS_OK) return code;
         if (m->total_chunks < 1 || (size_t)m->total_chunks > up->cap)
             return status_fail(GRPC_STATUS_INVALID_ARGUMENT,
@@ -289,11 +308,11 @@ static grpc_status_code take_chunk(Call *c, UploadStream *up, const UploadChunkR
     grpc_status_code code = reserve(c, up, call_cost(add));   // the largest chunk so far
     if (code != GRPC_STATUS_OK) return code;
     if (!up->open) {
-        code = rounds_upload_begin(c->srv->rounds, up->peer, up->step, &up->file);
+        code = grpc_status_of(rounds_upload_begin(c->srv->rounds, up->peer, up->step, &up->file));
         if (code != GRPC_STATUS_OK) return code;
         up->open = true;
     }
-    code = rounds_upload_append(&up->file, m->chunk_data.data, add);
+    code = grpc_status_of(rounds_upload_append(&up->file, m->chunk_data.data, add));
     if (code != GRPC_STATUS_OK) return code;
     up->len += add;
     up->next_chunk++;
@@ -356,7 +375,7 @@ static void handle_upload(Call *c) {
     }
     release(c, &up);   // the chunks are on disk: validation and aggregation read them back
     up.open = false;
-    code = rounds_upload_finish(c->srv->rounds, &up.file);   // closes the file on every path
+    code = grpc_status_of(rounds_upload_finish(c->srv->rounds, &up.file));   // closes the file on every path
     note_seen(c, up.peer);
     UploadChunkResponse resp = UPLOAD_CHUNK_RESPONSE__INIT;
     resp.success = code == GRPC_STATUS_OK;
@@ -429,7 +448,7 @@ static grpc_byte_buffer *chunk_response(Rounds *rounds, AggregateBlob *blob, con
 static grpc_status_code request_view(Call *c, AggregateBlob *blob, int peer, bool omit, bool has_base, int base,
                                      const AggregateView **view, const char **name) {
     RoundsViewRequest q = {.omit_own_experts = omit, .has_delta_base = has_base, .delta_base_step = base};
-    return rounds_view(c->srv->rounds, blob, peer, &q, view, name);
+    return grpc_status_of(rounds_view(c->srv->rounds, blob, peer, &q, view, name));
 }
 
 // Like finish() with an already packed response.
@@ -455,7 +474,7 @@ static void handle_download(Call *c) {
     if (!req) return;
     note_seen(c, req->peer_id);
     AggregateBlob *blob = NULL;
-    grpc_status_code code = rounds_get(c->srv->rounds, req->step, 0, &blob);
+    grpc_status_code code = grpc_status_of(rounds_get(c->srv->rounds, req->step, 0, &blob));
     DownloadChunkResponse resp = DOWNLOAD_CHUNK_RESPONSE__INIT;
     const AggregateView *view = NULL;
     const char *name = "";
@@ -524,14 +543,14 @@ static void handle_hello(Call *c) {
         code = GRPC_STATUS_INVALID_ARGUMENT;
     // Settings first: a peer of another run is refused before its tensor list costs anything.
     if (code == GRPC_STATUS_OK)
-        code = rounds_hello_settings(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode, payload);
+        code = grpc_status_of(rounds_hello_settings(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode, payload));
     if (code == GRPC_STATUS_OK && req->n_tensors > SYNC_MAX_TENSORS)
         code = status_fail(GRPC_STATUS_INVALID_ARGUMENT, "hello from peer %d: %zu tensors; at most %d are accepted",
                            req->peer_id, req->n_tensors, SYNC_MAX_TENSORS);
     if (code == GRPC_STATUS_OK) code = spec_from_hello(req, &spec);
     if (code == GRPC_STATUS_OK)
-        code = rounds_hello(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode, payload, &spec,
-                            &last);
+        code = grpc_status_of(rounds_hello(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode, payload, &spec,
+                            &last));
     HelloResponse resp = HELLO_RESPONSE__INIT;
     resp.fingerprint = spec.fingerprint;
     if (code == GRPC_STATUS_OK) {
@@ -561,7 +580,7 @@ static void handle_wait(Call *c) {
     if (timeout > c->srv->cfg.max_wait_seconds) timeout = c->srv->cfg.max_wait_seconds;
     AggregateBlob *blob = NULL;
     note_seen(c, req->peer_id);   // at both ends of the long poll: a waiting peer is present
-    grpc_status_code code = rounds_get(c->srv->rounds, req->step, timeout, &blob);
+    grpc_status_code code = grpc_status_of(rounds_get(c->srv->rounds, req->step, timeout, &blob));
     note_seen(c, req->peer_id);
     WaitAggregateResponse resp = WAIT_AGGREGATE_RESPONSE__INIT;
     const AggregateView *view = NULL;

@@ -114,7 +114,7 @@ static Rounds *make_rounds(void) {
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     int last;
-    assert_int_equal(rounds_hello(r, 0, P, M, SYNC_MODE_SPES, DTYPE_I8, &spec, &last), GRPC_STATUS_OK);
+    assert_int_equal(rounds_hello(r, 0, P, M, SYNC_MODE_SPES, DTYPE_I8, &spec, &last), ROUNDS_OK);
     model_spec_free(&spec);
     return r;
 }
@@ -169,7 +169,7 @@ static void peer_train(TestPeer *tp, int peer, int round) {
     }
 }
 
-static grpc_status_code peer_upload(Rounds *r, TestPeer *tp, int peer, int step) {
+static RoundsResult peer_upload(Rounds *r, TestPeer *tp, int peer, int step) {
     uint8_t *bytes;
     size_t len;
     if (tp->i8.base_step >= 0) {
@@ -178,8 +178,8 @@ static grpc_status_code peer_upload(Rounds *r, TestPeer *tp, int peer, int step)
         assert_int_equal(safetensors_serialize(tp->w, tp->n, NULL, NULL, 0, &bytes, &len), SPES_OK);
         int8_peer_sent_full(&tp->i8, tp->params);
     }
-    grpc_status_code code = rounds_upload(r, peer, step, bytes, len);
-    if (code == GRPC_STATUS_OK) int8_peer_commit(&tp->i8);
+    RoundsResult code = rounds_upload(r, peer, step, bytes, len);
+    if (code == ROUNDS_OK) int8_peer_commit(&tp->i8);
     return code;
 }
 
@@ -193,13 +193,13 @@ static void gather(void *ctx, const uint8_t *data, size_t len) {
 // parameters must be the server's aggregate bit for bit. Returns the view's name.
 static const char *peer_download(Rounds *r, TestPeer *tp, int peer, int step) {
     AggregateBlob *blob;
-    assert_int_equal(rounds_get(r, step, 0, &blob), GRPC_STATUS_OK);
+    assert_int_equal(rounds_get(r, step, 0, &blob), ROUNDS_OK);
     assert_non_null(blob);
     RoundsViewRequest q = {.omit_own_experts = true, .has_delta_base = tp->i8.base_step >= 0,
                            .delta_base_step = tp->i8.base_step};
     const AggregateView *v;
     const char *name;
-    assert_int_equal(rounds_view(r, blob, peer, &q, &v, &name), GRPC_STATUS_OK);
+    assert_int_equal(rounds_view(r, blob, peer, &q, &v, &name), ROUNDS_OK);
     uint8_t *bytes = malloc(v->len), *at = bytes;
     aggregate_view_range(v, 0, v->len, gather, &at);
     SafeTensors st;
@@ -239,7 +239,7 @@ static void test_server_and_peers_reconstruct_the_same_bits(void **state) {
     for (int round = 1; round <= 4; round++) {
         int step = 2 * round;
         for (int p = 0; p < P; p++) peer_train(&tp[p], p, round);
-        for (int p = 0; p < P; p++) assert_int_equal(peer_upload(r, &tp[p], p, step), GRPC_STATUS_OK);
+        for (int p = 0; p < P; p++) assert_int_equal(peer_upload(r, &tp[p], p, step), ROUNDS_OK);
         for (int p = 0; p < P; p++) {
             const char *view = peer_download(r, &tp[p], p, step);
             // First round: no base anywhere, the whole aggregate; then int8 deltas without own experts.
@@ -260,7 +260,7 @@ static void unknown_base(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { *b
 static void extra_scale(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { w[0].numel = 300; }   // 2 scales
 
 // Serialises peer 0's int8 upload of ones against base step 2, damaged.
-static grpc_status_code hostile_upload(Rounds *r, Damage damage) {
+static RoundsResult hostile_upload(Rounds *r, Damage damage) {
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     Int8Tensor w[64];
@@ -291,17 +291,17 @@ static void test_hostile_int8_uploads_refused(void **state) {
     Rounds *r = make_rounds();
     TestPeer tp[P];
     for (int p = 0; p < P; p++) peer_init(&tp[p], p);
-    for (int p = 0; p < P; p++) assert_int_equal(peer_upload(r, &tp[p], p, 2), GRPC_STATUS_OK);
+    for (int p = 0; p < P; p++) assert_int_equal(peer_upload(r, &tp[p], p, 2), ROUNDS_OK);
     struct {
         Damage damage;
-        grpc_status_code code;
+        RoundsResult code;
         const char *says;
     } cases[] = {
-        {nan_scale, GRPC_STATUS_INVALID_ARGUMENT, "scale is NaN at block 0"},
-        {minus_128, GRPC_STATUS_INVALID_ARGUMENT, "-128"},
-        {huge_scale, GRPC_STATUS_INVALID_ARGUMENT, "too large"},
-        {unknown_base, GRPC_STATUS_FAILED_PRECONDITION, "aggregate of step 99, is not kept"},
-        {extra_scale, GRPC_STATUS_INVALID_ARGUMENT, "one scale per 256 values"},
+        {nan_scale, ROUNDS_BAD_REQUEST, "scale is NaN at block 0"},
+        {minus_128, ROUNDS_BAD_REQUEST, "-128"},
+        {huge_scale, ROUNDS_BAD_REQUEST, "too large"},
+        {unknown_base, ROUNDS_NO_BASE, "aggregate of step 99, is not kept"},
+        {extra_scale, ROUNDS_BAD_REQUEST, "one scale per 256 values"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         assert_int_equal(hostile_upload(r, cases[i].damage), cases[i].code);
@@ -323,13 +323,13 @@ static void test_int8_upload_refused_in_a_float_run(void **state) {
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     int last;
-    assert_int_equal(rounds_hello(r, 0, P, M, SYNC_MODE_SPES, DTYPE_F32, &spec, &last), GRPC_STATUS_OK);
+    assert_int_equal(rounds_hello(r, 0, P, M, SYNC_MODE_SPES, DTYPE_F32, &spec, &last), ROUNDS_OK);
     model_spec_free(&spec);
-    assert_int_equal(hostile_upload(r, unknown_base), GRPC_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(hostile_upload(r, unknown_base), ROUNDS_BAD_REQUEST);
     assert_non_null(strstr(spes_last_error(), "an int8 delta, but this run's payload dtype is F32"));
     // And a peer of an int8 run is refused by a float run at the handshake.
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
-    assert_int_equal(rounds_hello(r, 1, P, M, SYNC_MODE_SPES, DTYPE_I8, &spec, &last), GRPC_STATUS_FAILED_PRECONDITION);
+    assert_int_equal(rounds_hello(r, 1, P, M, SYNC_MODE_SPES, DTYPE_I8, &spec, &last), ROUNDS_MISMATCH);
     assert_non_null(strstr(spes_last_error(), "payload dtype I8, but the other peers use F32"));
     model_spec_free(&spec);
     rounds_destroy(r);

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <grpc/status.h>
 
 #include "base/error.h"
 #include "base/file.h"

@@ -28,7 +28,7 @@ static Rounds *make_rounds_in(int keep_steps, const char *state_dir) {
 }
 static Rounds *make_rounds(int keep_steps) { return make_rounds_in(keep_steps, NULL); }
 
-static void hello(Rounds *r, int peer, int64_t lm_head_rows, grpc_status_code want) {
+static void hello(Rounds *r, int peer, int64_t lm_head_rows, RoundsResult want) {
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, lm_head_rows), SPES_OK);
     int last;
@@ -36,7 +36,7 @@ static void hello(Rounds *r, int peer, int64_t lm_head_rows, grpc_status_code wa
     model_spec_free(&spec);
 }
 
-static grpc_status_code upload(Rounds *r, int peer, int step, SyncTestTweak tweak) {
+static RoundsResult upload(Rounds *r, int peer, int step, SyncTestTweak tweak) {
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     uint8_t *bytes;
@@ -52,14 +52,14 @@ static void plus_one(StWriteTensor *w, float *d, int t) { d[0] += 1.0f; }
 static void test_round_completes_despite_a_bad_upload(void **state) {
     (void)state;
     Rounds *r = make_rounds(2);
-    hello(r, 0, 6, GRPC_STATUS_OK);
-    hello(r, 1, 8, GRPC_STATUS_FAILED_PRECONDITION);
+    hello(r, 0, 6, ROUNDS_OK);
+    hello(r, 1, 8, ROUNDS_MISMATCH);
     assert_non_null(strstr(spes_last_error(), "lm_head.weight"));
-    assert_int_equal(upload(r, 0, 10, plus_one), GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 0, 10, NULL), GRPC_STATUS_OK);             // a retry replaces the first
-    assert_int_equal(upload(r, 1, 10, make_nan), GRPC_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(upload(r, 0, 10, plus_one), ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 10, NULL), ROUNDS_OK);             // a retry replaces the first
+    assert_int_equal(upload(r, 1, 10, make_nan), ROUNDS_BAD_REQUEST);
     AggregateBlob *blob;
-    assert_int_equal(rounds_get(r, 10, 0, &blob), GRPC_STATUS_OK);
+    assert_int_equal(rounds_get(r, 10, 0, &blob), ROUNDS_OK);
     assert_null(blob);                                                    // not complete yet
     RoundsStatus st;
     rounds_status(r, &st);
@@ -67,8 +67,8 @@ static void test_round_completes_despite_a_bad_upload(void **state) {
     assert_int_equal(st.num_uploaded, 1);
     assert_int_equal(st.peers_uploaded[0], 0);
     assert_int_equal(st.uploads_rejected, 1);
-    assert_int_equal(upload(r, 1, 10, NULL), GRPC_STATUS_OK);             // completes and aggregates
-    assert_int_equal(rounds_get(r, 10, 0, &blob), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 1, 10, NULL), ROUNDS_OK);             // completes and aggregates
+    assert_int_equal(rounds_get(r, 10, 0, &blob), ROUNDS_OK);
     assert_non_null(blob);
     SafeTensors agg;
     assert_int_equal(safetensors_parse(blob->bytes, blob->len, "aggregate", &agg), SPES_OK);
@@ -78,7 +78,7 @@ static void test_round_completes_despite_a_bad_upload(void **state) {
     assert_float_equal(v, (0.01f + 1.01f) / 2, 1e-7);
     safetensors_close(&agg);
     rounds_release(r, blob);
-    assert_int_equal(upload(r, 0, 10, NULL), GRPC_STATUS_ALREADY_EXISTS);   // late upload
+    assert_int_equal(upload(r, 0, 10, NULL), ROUNDS_ALREADY_AGGREGATED);   // late upload
     rounds_status(r, &st);
     assert_int_equal(st.rounds_completed, 1);
     assert_int_equal(st.last_aggregate_step, 10);
@@ -100,13 +100,13 @@ static void test_refusal_log_escapes_control_bytes(void **state) {
     int saved = dup(2);
     dup2(fd, 2);
     Rounds *r = make_rounds(1);
-    hello(r, 0, 6, GRPC_STATUS_OK);
-    grpc_status_code code = upload(r, 0, 1, rename_with_escapes);
+    hello(r, 0, 6, ROUNDS_OK);
+    RoundsResult code = upload(r, 0, 1, rename_with_escapes);
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
     rounds_destroy(r);
-    assert_int_equal(code, GRPC_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(code, ROUNDS_BAD_REQUEST);
     uint8_t *text;
     size_t len;
     assert_int_equal(file_read_all(path, &text, &len), SPES_OK);
@@ -118,8 +118,8 @@ static void test_refusal_log_escapes_control_bytes(void **state) {
 }
 
 static void complete(Rounds *r, int step) {
-    assert_int_equal(upload(r, 0, step, NULL), GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 1, step, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, step, NULL), ROUNDS_OK);
+    assert_int_equal(upload(r, 1, step, NULL), ROUNDS_OK);
     assert_int_equal(rounds_last_completed_step(r), step);
 }
 
@@ -130,10 +130,10 @@ static void test_far_ahead_uploads_cannot_stall_or_poison(void **state) {
     // Before any round completed: a bogus step seen first is dropped once the run's real first
     // round shows up, and can no longer be completed afterwards.
     Rounds *r = make_rounds(2);   // max_open_rounds 2
-    hello(r, 0, 6, GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 0, 2147483647, NULL), GRPC_STATUS_OK);
+    hello(r, 0, 6, ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 2147483647, NULL), ROUNDS_OK);
     complete(r, 10);
-    assert_int_equal(upload(r, 1, 2147483647, NULL), GRPC_STATUS_OUT_OF_RANGE);
+    assert_int_equal(upload(r, 1, 2147483647, NULL), ROUNDS_TOO_FAR_AHEAD);
     assert_non_null(strstr(spes_last_error(), "more than 4 rounds ahead of the newest completed step 10"));
     assert_int_equal(rounds_last_completed_step(r), 10);
     RoundsStatus st;
@@ -141,22 +141,22 @@ static void test_far_ahead_uploads_cannot_stall_or_poison(void **state) {
     assert_int_equal(st.open_step, -1);   // nothing left open
     // Spacing 10 now known (rounds 10, 20): up to 20 + 4 x 10 = 60 is taken, beyond is not.
     complete(r, 20);
-    assert_int_equal(upload(r, 0, 61, NULL), GRPC_STATUS_OUT_OF_RANGE);
-    assert_int_equal(upload(r, 0, 1000000000, NULL), GRPC_STATUS_OUT_OF_RANGE);
+    assert_int_equal(upload(r, 0, 61, NULL), ROUNDS_TOO_FAR_AHEAD);
+    assert_int_equal(upload(r, 0, 1000000000, NULL), ROUNDS_TOO_FAR_AHEAD);
     size_t cap;   // the same answers from an upload's first message, before its bytes
-    assert_int_equal(rounds_upload_start(r, 0, 61, &cap), GRPC_STATUS_OUT_OF_RANGE);
-    assert_int_equal(rounds_upload_start(r, 0, 20, &cap), GRPC_STATUS_ALREADY_EXISTS);
-    assert_int_equal(rounds_upload_start(r, 2, 30, &cap), GRPC_STATUS_INVALID_ARGUMENT);
-    assert_int_equal(rounds_upload_start(r, 0, 30, &cap), GRPC_STATUS_OK);
+    assert_int_equal(rounds_upload_start(r, 0, 61, &cap), ROUNDS_TOO_FAR_AHEAD);
+    assert_int_equal(rounds_upload_start(r, 0, 20, &cap), ROUNDS_ALREADY_AGGREGATED);
+    assert_int_equal(rounds_upload_start(r, 2, 30, &cap), ROUNDS_BAD_REQUEST);
+    assert_int_equal(rounds_upload_start(r, 0, 30, &cap), ROUNDS_OK);
     assert_true(cap > 0 && cap < (1 << 20));
     // Valid steps just ahead fill both slots; the round the run needs next still opens (the
     // highest one gives way), completes, and the stale round below it is dropped.
-    assert_int_equal(upload(r, 0, 59, NULL), GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 0, 60, NULL), GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 0, 30, NULL), GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 1, 30, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 59, NULL), ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 60, NULL), ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 30, NULL), ROUNDS_OK);
+    assert_int_equal(upload(r, 1, 30, NULL), ROUNDS_OK);
     assert_int_equal(rounds_last_completed_step(r), 30);
-    assert_int_equal(upload(r, 1, 59, NULL), GRPC_STATUS_OK);   // 59 is still open: completes
+    assert_int_equal(upload(r, 1, 59, NULL), ROUNDS_OK);   // 59 is still open: completes
     assert_int_equal(rounds_last_completed_step(r), 59);
     rounds_destroy(r);
 }
@@ -198,7 +198,7 @@ static void test_memory_independent_of_peers(void **state) {
         double model = (double)spec.total_numel * 4 / 1024.0;   // KiB
         long idle = status_kb("VmRSS");
         int last;
-        if (rounds_hello(r, 0, P, 0, SYNC_MODE_FEDAVG, DTYPE_F32, &spec, &last) != GRPC_STATUS_OK) _exit(3);
+        if (rounds_hello(r, 0, P, 0, SYNC_MODE_FEDAVG, DTYPE_F32, &spec, &last) != ROUNDS_OK) _exit(3);
         ModelSpec again;
         model_spec_init(&again);
         for (int t = 0; t < 4; t++) model_spec_add(&again, names[t], DTYPE_F32, 2, big);
@@ -208,7 +208,7 @@ static void test_memory_independent_of_peers(void **state) {
                 uint8_t *bytes;
                 size_t len;
                 if (sync_test_upload(&again, SYNC_MODE_FEDAVG, 1, p, DTYPE_F32, NULL, &bytes, &len) != SPES_OK) _exit(4);
-                if (rounds_upload(r, p, step, bytes, len) != GRPC_STATUS_OK) _exit(5);
+                if (rounds_upload(r, p, step, bytes, len) != ROUNDS_OK) _exit(5);
             }
         double peak = (double)(status_kb("VmHWM") - idle) / model;
         // Uploads go to disk as they arrive, so the test's own copy (freed inside rounds_upload)
@@ -226,21 +226,21 @@ static void test_memory_independent_of_peers(void **state) {
 static void test_keep_steps_and_long_poll(void **state) {
     (void)state;
     Rounds *r = make_rounds(1);
-    hello(r, 0, 6, GRPC_STATUS_OK);
+    hello(r, 0, 6, ROUNDS_OK);
     for (int step = 1; step <= 2; step++) {
-        assert_int_equal(upload(r, 0, step, NULL), GRPC_STATUS_OK);
-        assert_int_equal(upload(r, 1, step, NULL), GRPC_STATUS_OK);
+        assert_int_equal(upload(r, 0, step, NULL), ROUNDS_OK);
+        assert_int_equal(upload(r, 1, step, NULL), ROUNDS_OK);
     }
     AggregateBlob *blob;
-    assert_int_equal(rounds_get(r, 1, 0, &blob), GRPC_STATUS_NOT_FOUND);   // dropped: keep_steps 1
+    assert_int_equal(rounds_get(r, 1, 0, &blob), ROUNDS_NOT_KEPT);   // dropped: keep_steps 1
     assert_non_null(strstr(spes_last_error(), "no longer kept"));
-    assert_int_equal(rounds_get(r, 2, 0, &blob), GRPC_STATUS_OK);
+    assert_int_equal(rounds_get(r, 2, 0, &blob), ROUNDS_OK);
     assert_non_null(blob);
     rounds_release(r, blob);
     // Step 3 is aggregated into the buffer of the dropped step 1: every byte must be new.
-    assert_int_equal(upload(r, 0, 3, plus_one), GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 1, 3, plus_one), GRPC_STATUS_OK);
-    assert_int_equal(rounds_get(r, 3, 0, &blob), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 3, plus_one), ROUNDS_OK);
+    assert_int_equal(upload(r, 1, 3, plus_one), ROUNDS_OK);
+    assert_int_equal(rounds_get(r, 3, 0, &blob), ROUNDS_OK);
     SafeTensors agg;
     assert_int_equal(safetensors_parse(blob->bytes, blob->len, "aggregate", &agg), SPES_OK);
     float v;
@@ -249,34 +249,34 @@ static void test_keep_steps_and_long_poll(void **state) {
     safetensors_close(&agg);
     rounds_release(r, blob);
     double start = now_seconds();
-    assert_int_equal(rounds_get(r, 4, 0.2, &blob), GRPC_STATUS_OK);   // nobody uploads step 4
+    assert_int_equal(rounds_get(r, 4, 0.2, &blob), ROUNDS_OK);   // nobody uploads step 4
     assert_null(blob);
     double waited = now_seconds() - start;
     assert_true(waited >= 0.19 && waited < 2.0);
     // Too many open rounds at once (max_open_rounds 2) is refused, not buffered forever.
-    assert_int_equal(upload(r, 0, 4, NULL), GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 0, 5, NULL), GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 0, 6, NULL), GRPC_STATUS_RESOURCE_EXHAUSTED);
+    assert_int_equal(upload(r, 0, 4, NULL), ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 5, NULL), ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 6, NULL), ROUNDS_NO_ROOM);
     rounds_close(r);
-    assert_int_equal(rounds_get(r, 4, 5, &blob), GRPC_STATUS_UNAVAILABLE);
+    assert_int_equal(rounds_get(r, 4, 5, &blob), ROUNDS_CLOSING);
     rounds_destroy(r);
 }
 
 static void test_spec_inferred_without_hello(void **state) {
     (void)state;
     Rounds *r = make_rounds(2);
-    assert_int_equal(upload(r, 1, 7, make_nan), GRPC_STATUS_INVALID_ARGUMENT);   // a bad first upload fixes nothing
+    assert_int_equal(upload(r, 1, 7, make_nan), ROUNDS_BAD_REQUEST);   // a bad first upload fixes nothing
     RoundsStatus st;
     rounds_status(r, &st);
     assert_true(st.fingerprint == 0);
-    assert_int_equal(upload(r, 1, 7, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 1, 7, NULL), ROUNDS_OK);
     rounds_status(r, &st);
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     assert_true(st.fingerprint == spec.fingerprint);
     model_spec_free(&spec);
-    assert_int_equal(upload(r, 0, 7, NULL), GRPC_STATUS_OK);
-    hello(r, 0, 6, GRPC_STATUS_OK);   // a later Hello with the same model is accepted
+    assert_int_equal(upload(r, 0, 7, NULL), ROUNDS_OK);
+    hello(r, 0, 6, ROUNDS_OK);   // a later Hello with the same model is accepted
     rounds_status(r, &st);
     assert_int_equal(st.rounds_completed, 1);
     rounds_destroy(r);
@@ -300,15 +300,15 @@ static void test_state_dir_survives_restart(void **state) {
     char dir[] = "/tmp/spes_rounds_state_XXXXXX";
     assert_non_null(mkdtemp(dir));
     Rounds *calm = make_rounds(2), *r = make_rounds_in(2, dir);
-    hello(calm, 0, 6, GRPC_STATUS_OK);
-    hello(r, 0, 6, GRPC_STATUS_OK);
+    hello(calm, 0, 6, ROUNDS_OK);
+    hello(r, 0, 6, ROUNDS_OK);
     for (int step = 2; step <= 6; step += 2)
         for (int p = 0; p < 2; p++) {
-            assert_int_equal(upload(calm, p, step, NULL), GRPC_STATUS_OK);
-            assert_int_equal(upload(r, p, step, NULL), GRPC_STATUS_OK);
+            assert_int_equal(upload(calm, p, step, NULL), ROUNDS_OK);
+            assert_int_equal(upload(r, p, step, NULL), ROUNDS_OK);
         }
-    assert_int_equal(upload(calm, 1, 8, plus_one), GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 1, 8, plus_one), GRPC_STATUS_OK);
+    assert_int_equal(upload(calm, 1, 8, plus_one), ROUNDS_OK);
+    assert_int_equal(upload(r, 1, 8, plus_one), ROUNDS_OK);
     assert_int_equal(count_files(dir, "a"), 2);   // keep_steps 2: step 2's aggregate removed
     assert_int_equal(count_files(dir, "u"), 1);
     rounds_destroy(r);
@@ -330,23 +330,23 @@ static void test_state_dir_survives_restart(void **state) {
     int last;
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
-    assert_int_equal(rounds_hello(r, 1, 2, 2, SYNC_MODE_SPES, DTYPE_F32, &spec, &last), GRPC_STATUS_OK);
+    assert_int_equal(rounds_hello(r, 1, 2, 2, SYNC_MODE_SPES, DTYPE_F32, &spec, &last), ROUNDS_OK);
     model_spec_free(&spec);
     assert_int_equal(last, 6);
-    assert_int_equal(upload(r, 0, 6, NULL), GRPC_STATUS_ALREADY_EXISTS);
+    assert_int_equal(upload(r, 0, 6, NULL), ROUNDS_ALREADY_AGGREGATED);
     AggregateBlob *a, *b;
-    assert_int_equal(rounds_get(r, 6, 0, &a), GRPC_STATUS_OK);   // a kept aggregate, reloaded
-    assert_int_equal(rounds_get(calm, 6, 0, &b), GRPC_STATUS_OK);
+    assert_int_equal(rounds_get(r, 6, 0, &a), ROUNDS_OK);   // a kept aggregate, reloaded
+    assert_int_equal(rounds_get(calm, 6, 0, &b), ROUNDS_OK);
     assert_non_null(a);
     assert_non_null(b);
     assert_int_equal(a->len, b->len);
     assert_memory_equal(a->bytes, b->bytes, a->len);
     rounds_release(r, a);
     rounds_release(calm, b);
-    assert_int_equal(upload(calm, 0, 8, NULL), GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 0, 8, NULL), GRPC_STATUS_OK);    // completes the reloaded round
-    assert_int_equal(rounds_get(r, 8, 0, &a), GRPC_STATUS_OK);
-    assert_int_equal(rounds_get(calm, 8, 0, &b), GRPC_STATUS_OK);
+    assert_int_equal(upload(calm, 0, 8, NULL), ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 8, NULL), ROUNDS_OK);    // completes the reloaded round
+    assert_int_equal(rounds_get(r, 8, 0, &a), ROUNDS_OK);
+    assert_int_equal(rounds_get(calm, 8, 0, &b), ROUNDS_OK);
     assert_non_null(a);
     assert_int_equal(a->len, b->len);
     assert_memory_equal(a->bytes, b->bytes, a->len);
@@ -389,11 +389,11 @@ static void test_restart_completes_a_full_round(void **state) {
     char dir[] = "/tmp/spes_rounds_agg_XXXXXX";
     assert_non_null(mkdtemp(dir));
     Rounds *calm = make_rounds(2), *r = make_rounds_in(2, dir);
-    hello(calm, 0, 6, GRPC_STATUS_OK);
-    hello(r, 0, 6, GRPC_STATUS_OK);
-    assert_int_equal(upload(calm, 0, 2, NULL), GRPC_STATUS_OK);
-    assert_int_equal(upload(calm, 1, 2, plus_one), GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 0, 2, NULL), GRPC_STATUS_OK);
+    hello(calm, 0, 6, ROUNDS_OK);
+    hello(r, 0, 6, ROUNDS_OK);
+    assert_int_equal(upload(calm, 0, 2, NULL), ROUNDS_OK);
+    assert_int_equal(upload(calm, 1, 2, plus_one), ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 2, NULL), ROUNDS_OK);
     rounds_destroy(r);
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
@@ -410,8 +410,8 @@ static void test_restart_completes_a_full_round(void **state) {
     assert_int_equal(st.rounds_completed, 1);
     assert_int_equal(count_files(dir, "u"), 0);
     AggregateBlob *a, *b;
-    assert_int_equal(rounds_get(r, 2, 0, &a), GRPC_STATUS_OK);
-    assert_int_equal(rounds_get(calm, 2, 0, &b), GRPC_STATUS_OK);
+    assert_int_equal(rounds_get(r, 2, 0, &a), ROUNDS_OK);
+    assert_int_equal(rounds_get(calm, 2, 0, &b), ROUNDS_OK);
     assert_non_null(a);
     assert_non_null(b);
     assert_int_equal(a->len, b->len);
@@ -445,19 +445,19 @@ static void test_round_timeout_closes_partial_round(void **state) {
                         .round_timeout_s = 0.2, .min_peers = 1, .state_dir = dir};
     Rounds *r;
     assert_int_equal(rounds_create(&cfg, &r), SPES_OK);
-    hello(r, 0, 6, GRPC_STATUS_OK);
+    hello(r, 0, 6, ROUNDS_OK);
     AggregateBlob *blob;
-    assert_int_equal(upload(r, 0, 2, NULL), GRPC_STATUS_OK);
-    assert_int_equal(rounds_get(r, 2, 0.4, &blob), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 2, NULL), ROUNDS_OK);
+    assert_int_equal(rounds_get(r, 2, 0.4, &blob), ROUNDS_OK);
     assert_null(blob);                                     // first round: waits for everyone
-    assert_int_equal(upload(r, 1, 2, NULL), GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 0, 4, plus_one), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 1, 2, NULL), ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 4, plus_one), ROUNDS_OK);
     double start = now_seconds();
-    assert_int_equal(rounds_get(r, 4, 5, &blob), GRPC_STATUS_OK);
+    assert_int_equal(rounds_get(r, 4, 5, &blob), ROUNDS_OK);
     assert_non_null(blob);                                 // closed by the timeout, not after 5 s
     assert_true(now_seconds() - start < 2);
     AggregateBlob *prev;
-    assert_int_equal(rounds_get(r, 2, 0, &prev), GRPC_STATUS_OK);
+    assert_int_equal(rounds_get(r, 2, 0, &prev), ROUNDS_OK);
     SafeTensors a, b;
     assert_int_equal(safetensors_parse(blob->bytes, blob->len, "partial", &a), SPES_OK);
     assert_int_equal(safetensors_parse(prev->bytes, prev->len, "previous", &b), SPES_OK);
@@ -476,16 +476,16 @@ static void test_round_timeout_closes_partial_round(void **state) {
     rounds_status(r, &st);
     assert_int_equal(st.rounds_partial, 1);
     assert_int_equal(st.last_round_peers, 1);
-    assert_int_equal(upload(r, 1, 4, NULL), GRPC_STATUS_ABORTED);
+    assert_int_equal(upload(r, 1, 4, NULL), ROUNDS_CLOSED_WITHOUT_PEER);
     assert_non_null(strstr(spes_last_error(), "newest aggregate (step 4)"));
-    assert_int_equal(upload(r, 0, 4, NULL), GRPC_STATUS_ALREADY_EXISTS);
+    assert_int_equal(upload(r, 0, 4, NULL), ROUNDS_ALREADY_AGGREGATED);
     rounds_destroy(r);
     // After a restart the round is still known as partial, without peer 1.
     assert_int_equal(rounds_create(&cfg, &r), SPES_OK);
     rounds_status(r, &st);
     assert_int_equal(st.rounds_partial, 1);
-    assert_int_equal(upload(r, 1, 4, NULL), GRPC_STATUS_ABORTED);
-    assert_int_equal(upload(r, 0, 4, NULL), GRPC_STATUS_ALREADY_EXISTS);
+    assert_int_equal(upload(r, 1, 4, NULL), ROUNDS_CLOSED_WITHOUT_PEER);
+    assert_int_equal(upload(r, 0, 4, NULL), ROUNDS_ALREADY_AGGREGATED);
     rounds_destroy(r);
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
@@ -504,8 +504,8 @@ static Rounds *make_outer_rounds(const char *dir, float lr, float momentum) {
 }
 
 static void round_of(Rounds *r, int step, SyncTestTweak tweak0) {
-    assert_int_equal(upload(r, 0, step, tweak0), GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 1, step, NULL), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, step, tweak0), ROUNDS_OK);
+    assert_int_equal(upload(r, 1, step, NULL), ROUNDS_OK);
     assert_int_equal(rounds_last_completed_step(r), step);
 }
 
@@ -515,8 +515,8 @@ static void test_outer_optimizer_steps_the_shared_tensors(void **state) {
     assert_non_null(mkdtemp(dir));
     const OuterOptConfig oc = {.lr = 0.7f, .momentum = 0.9f};
     Rounds *plain = make_rounds(2), *outer = make_outer_rounds(dir, oc.lr, oc.momentum);
-    hello(plain, 0, 6, GRPC_STATUS_OK);
-    hello(outer, 0, 6, GRPC_STATUS_OK);
+    hello(plain, 0, 6, ROUNDS_OK);
+    hello(outer, 0, 6, ROUNDS_OK);
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     int64_t numel[64] = {0};
@@ -542,8 +542,8 @@ static void test_outer_optimizer_steps_the_shared_tensors(void **state) {
         }
         round_of(outer, steps[i], tweaks[i]);
         AggregateBlob *pb, *ob;
-        assert_int_equal(rounds_get(plain, steps[i], 0, &pb), GRPC_STATUS_OK);
-        assert_int_equal(rounds_get(outer, steps[i], 0, &ob), GRPC_STATUS_OK);
+        assert_int_equal(rounds_get(plain, steps[i], 0, &pb), ROUNDS_OK);
+        assert_int_equal(rounds_get(outer, steps[i], 0, &ob), ROUNDS_OK);
         SafeTensors ps, os;
         assert_int_equal(safetensors_parse(pb->bytes, pb->len, "plain", &ps), SPES_OK);
         assert_int_equal(safetensors_parse(ob->bytes, ob->len, "outer", &os), SPES_OK);

@@ -126,7 +126,7 @@ static void test_round_history_ring(void **state) {
     peer_watch_free(w);
 }
 
-static grpc_status_code upload(Rounds *r, int peer, int step) {
+static RoundsResult upload(Rounds *r, int peer, int step) {
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     uint8_t *bytes;
@@ -150,17 +150,17 @@ static void test_rounds_run_status(void **state) {
     peer_watch_seen(w, 0);
     peer_watch_seen(w, 1);
     double t0 = peer_watch_now();
-    assert_int_equal(upload(r, 0, 2), GRPC_STATUS_OK);
-    assert_int_equal(upload(r, 1, 2), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 2), ROUNDS_OK);
+    assert_int_equal(upload(r, 1, 2), ROUNDS_OK);
     rounds_count_sent(r, 2, 1234);
-    assert_int_equal(upload(r, 0, 4), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 4), ROUNDS_OK);
     RunStatus run;
     assert_int_equal(rounds_run_status(r, &run), SPES_OK);
     assert_int_equal(run.rounds.open_step, 4);
     assert_int_equal(run.peers[1].liveness, PEER_ALIVE);   // awaited, but only just
     run_status_free(&run);
     AggregateBlob *blob;
-    assert_int_equal(rounds_get(r, 4, 5, &blob), GRPC_STATUS_OK);   // closes partial after 0.2 s
+    assert_int_equal(rounds_get(r, 4, 5, &blob), ROUNDS_OK);   // closes partial after 0.2 s
     assert_non_null(blob);
     rounds_release(r, blob);
     PeerMetricPoint pt = point(4);
@@ -192,7 +192,7 @@ static void test_rounds_run_status(void **state) {
     run_status_free(&run);
     // Peer 1 calls again (its late upload, say): alive; then the next round waits on it.
     peer_watch_seen(w, 1);
-    assert_int_equal(upload(r, 0, 6), GRPC_STATUS_OK);
+    assert_int_equal(upload(r, 0, 6), ROUNDS_OK);
     assert_int_equal(rounds_run_status(r, &run), SPES_OK);
     assert_int_equal(run.peers[1].liveness, PEER_ALIVE);
     run_status_free(&run);

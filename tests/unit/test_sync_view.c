@@ -23,7 +23,7 @@ static Rounds *make_rounds(int merge_interval, double round_timeout_s) {
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     int last;
-    assert_int_equal(rounds_hello(r, 0, 2, 2, SYNC_MODE_SPES, DTYPE_F32, &spec, &last), GRPC_STATUS_OK);
+    assert_int_equal(rounds_hello(r, 0, 2, 2, SYNC_MODE_SPES, DTYPE_F32, &spec, &last), ROUNDS_OK);
     model_spec_free(&spec);
     return r;
 }
@@ -35,7 +35,7 @@ static void upload(Rounds *r, int peer, int step) {
     size_t len;
     assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, peer, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
     model_spec_free(&spec);
-    assert_int_equal(rounds_upload(r, peer, step, bytes, len), GRPC_STATUS_OK);
+    assert_int_equal(rounds_upload(r, peer, step, bytes, len), ROUNDS_OK);
 }
 
 static void gather(void *ctx, const uint8_t *data, size_t len) {
@@ -58,7 +58,7 @@ static void check_view(Rounds *r, AggregateBlob *blob, int peer, bool omitted) {
     RoundsViewRequest q = {.omit_own_experts = true};
     const AggregateView *v;
     const char *name;
-    assert_int_equal(rounds_view(r, blob, peer, &q, &v, &name), GRPC_STATUS_OK);
+    assert_int_equal(rounds_view(r, blob, peer, &q, &v, &name), ROUNDS_OK);
     assert_string_equal(name, omitted ? ROUNDS_VIEW_OMIT_OWN : "");
     uint8_t *bytes = view_bytes(v);
     if (!omitted) {
@@ -99,7 +99,7 @@ static void test_own_experts_left_out_unless_changed(void **state) {
     upload(r, 0, 2);
     upload(r, 1, 2);
     AggregateBlob *blob;
-    assert_int_equal(rounds_get(r, 2, 0, &blob), GRPC_STATUS_OK);
+    assert_int_equal(rounds_get(r, 2, 0, &blob), ROUNDS_OK);
     assert_non_null(blob);
     check_view(r, blob, 0, true);
     check_view(r, blob, 1, true);
@@ -108,12 +108,12 @@ static void test_own_experts_left_out_unless_changed(void **state) {
     RoundsViewRequest whole = {0};
     const AggregateView *v;
     const char *name;
-    assert_int_equal(rounds_view(r, blob, 0, &whole, &v, &name), GRPC_STATUS_OK);
+    assert_int_equal(rounds_view(r, blob, 0, &whole, &v, &name), ROUNDS_OK);
     assert_int_equal(v->len, blob->len);
     rounds_release(r, blob);
     upload(r, 0, 4);
     upload(r, 1, 4);
-    assert_int_equal(rounds_get(r, 4, 0, &blob), GRPC_STATUS_OK);
+    assert_int_equal(rounds_get(r, 4, 0, &blob), ROUNDS_OK);
     check_view(r, blob, 0, false);   // merged: every expert changed
     rounds_release(r, blob);
     rounds_destroy(r);
@@ -126,7 +126,7 @@ static void test_peer_missing_from_partial_round_gets_everything(void **state) {
     upload(r, 1, 2);
     upload(r, 0, 4);
     AggregateBlob *blob;
-    assert_int_equal(rounds_get(r, 4, 5, &blob), GRPC_STATUS_OK);   // closed by the round timeout
+    assert_int_equal(rounds_get(r, 4, 5, &blob), ROUNDS_OK);   // closed by the round timeout
     assert_non_null(blob);
     assert_non_null(blob->included);
     check_view(r, blob, 0, true);
