@@ -1160,20 +1160,6 @@ RoundsResult rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, size_t
     return rounds_upload_finish(r, &up);
 }
 
-double rounds_deadline(double round_timeout_s, const double *recent, int n) {
-    if (n > ROUNDS_RECENT) n = ROUNDS_RECENT;
-    double sorted[ROUNDS_RECENT];
-    memcpy(sorted, recent, (size_t)n * sizeof *sorted);
-    for (int i = 1; i < n; i++)   // insertion sort of at most 8 values
-        for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
-            double x = sorted[j];
-            sorted[j] = sorted[j - 1];
-            sorted[j - 1] = x;
-        }
-    double median = n == 0 ? 0 : n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
-    return 3 * median > round_timeout_s ? 3 * median : round_timeout_s;
-}
-
 // With a round timeout: the open round of step if it is past its deadline and may close
 // partially (quorum reached; in spes mode an earlier aggregate exists for the missing owners'
 // experts), frozen for the caller to aggregate. Otherwise NULL, and *due (monotonic seconds)
@@ -1185,21 +1171,22 @@ static OpenRound *overdue_round(Rounds *r, int step, double *due) {
     for (int i = 0; i < r->cfg.max_open_rounds; i++)
         if (r->open[i].step == step) round = &r->open[i];
     if (!round || round->aggregating) return NULL;
-    double deadline = round->opened_at + rounds_deadline(r->cfg.round_timeout_s, r->recent, r->n_recent);
-    if (now_seconds() < deadline) {
-        *due = deadline;
-        return NULL;
-    }
-    bool have_previous = false;
-    for (int i = 0; i < r->cfg.keep_steps; i++) have_previous |= r->kept[i] && r->kept[i]->step < step;
-    if (round->num_uploaded < r->cfg.min_peers || (r->cfg.agg.mode == SYNC_MODE_SPES && !have_previous)) {
+    bool have_earlier = false;
+    for (int i = 0; i < r->cfg.keep_steps; i++) have_earlier |= r->kept[i] && r->kept[i]->step < step;
+    RoundWait wait = {.round_timeout_s = r->cfg.round_timeout_s, .opened_at = round->opened_at, .now = now_seconds(),
+                      .recent = r->recent, .n_recent = r->n_recent, .uploaded = round->num_uploaded,
+                      .min_peers = r->cfg.min_peers, .needs_earlier = r->cfg.agg.mode == SYNC_MODE_SPES,
+                      .have_earlier = have_earlier};
+    switch (round_wait_decide(&wait, due)) {
+    case ROUND_KEEP_WAITING: return NULL;
+    case ROUND_PAST_DEADLINE_NO_QUORUM:
         if (!round->warned)
             log_warn("server: step %d: round timeout passed with %d of %d peers (quorum --min_peers %d%s); still waiting",
                      step, round->num_uploaded, r->cfg.agg.num_peers, r->cfg.min_peers,
-                     have_previous || r->cfg.agg.mode != SYNC_MODE_SPES ? "" : "; no earlier aggregate for missing experts");
+                     have_earlier || r->cfg.agg.mode != SYNC_MODE_SPES ? "" : "; no earlier aggregate for missing experts");
         round->warned = true;
-        *due = now_seconds() + 1;   // an upload may complete the quorum
         return NULL;
+    case ROUND_CLOSE_PARTIAL: break;
     }
     round->aggregating = true;
     return round;

@@ -19,6 +19,7 @@
 #include "sync/aggregate_view.h"
 #include "sync/model_spec.h"
 #include "sync/outer_optimizer.h"
+#include "sync/round_deadline.h"
 #include "sync/server_state.h"
 
 
@@ -53,7 +54,7 @@ typedef struct {
                                 // and reloaded by rounds_create
     const char *spool_dir;      // without a state dir, uploads wait for their round in a private
                                 // directory made under this one (NULL: $TMPDIR, else /tmp)
-    double round_timeout_s;     // 0: a round waits for every peer; else see rounds_deadline
+    double round_timeout_s;     // 0: a round waits for every peer; else round_deadline.h
     int min_peers;              // quorum of a partial round (>= 1)
     int max_rounds_ahead;       // 0: ROUNDS_AHEAD. Uploads more than this many rounds ahead of
                                 // the newest completed step are refused ROUNDS_TOO_FAR_AHEAD (below)
@@ -74,17 +75,7 @@ typedef struct {
 #define ROUNDS_AHEAD 4
 #define ROUNDS_DEFAULT_SPACING 1000
 
-// Stragglers: with round_timeout_s > 0 a round that has waited rounds_deadline(...) seconds
-// since its first upload, and has at least min_peers uploads, is aggregated with the peers
-// that arrived (aggregate_compute_partial: shared tensors averaged over them, a missing
-// owner's experts keep the latest aggregate's values) and marked partial. The deadline adapts
-// to the run: max(round_timeout_s, 3 x the median duration of the last (up to 8) rounds that
-// completed with every peer). The first round of a spes run is never partial (a missing
-// owner's experts have no earlier value). A waiter for the round (WaitAggregate,
-// DownloadChunk) closes it; a late upload for a closed round is answered ROUNDS_CLOSED_WITHOUT_PEER with the
-// newest step, and the peer fetches that aggregate and carries on.
-#define ROUNDS_RECENT 8
-double rounds_deadline(double round_timeout_s, const double *recent, int n);
+// Stragglers (--round_timeout): sync/round_deadline.h.
 
 typedef struct {
     int step;
