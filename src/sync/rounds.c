@@ -1,5 +1,6 @@
 // Parameter-server state: spec, open rounds, kept aggregates (see rounds.h).
 #include "sync/rounds.h"
+#include "sync/rounds_internal.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -24,56 +25,7 @@
 #include "sync/server_state.h"
 #include "sync/upload_check.h"
 
-typedef struct {
-    int step;                   // -1: free slot
-    bool aggregating;           // all uploads in; no more changes
-    int num_uploaded;
-    bool *uploaded;             // [P] its accepted upload is in upload_dir (not in memory)
-    double opened_at;           // now_seconds() of its first upload
-    double opened_unix;         // the same in wall-clock time (the status page's round history)
-    int64_t bytes_in;           // upload bytes taken for it (retries too)
-    bool warned;                // "cannot close partially" logged once
-} OpenRound;
 
-struct Rounds {
-    RoundsConfig cfg;
-    pthread_mutex_t mu;
-    pthread_mutex_t persist_mu; // orders the writes of aggregates + rounds.json with their publishing
-    pthread_mutex_t aggregate_mu;   // one aggregation at a time: bounds the memory of completing rounds
-    char *upload_dir;           // where accepted uploads wait for their round: the state dir, or a
-    bool own_upload_dir;        // private spool dir (removed at the end)
-    pthread_cond_t changed;     // an aggregate was published, or closing
-    bool closing;
-
-    bool have_spec;             // once set, spec and the layout below never change
-    ModelSpec spec;
-    DType payload_dtype;        // dtype of the aggregate (the peers' payload dtype; F32 in int8 runs)
-    DType wire_dtype;           // the peers' payload dtype from Hello (I8 in int8 runs)
-    bool int8;                  // an int8 run (wire_dtype I8)
-    uint8_t *header;            // safetensors header of every aggregate (same layout each round)
-    size_t header_len, aggregate_len;
-    size_t *tensor_offset;      // [spec.count] byte offset of tensor t in the aggregate
-
-    OpenRound *open;            // [max_open_rounds]
-    AggregateBlob **kept;       // [keep_steps], NULL: empty
-    uint8_t *spare;             // bytes of a dropped aggregate, reused by the next round: a fresh
-                                // model-sized buffer would page-fault through every byte again
-    int last_completed_step;
-    int prev_completed_step;    // the completed step before it (-1: none): their gap is the round spacing
-    int64_t rounds_partial;
-    double recent[ROUNDS_RECENT];   // durations of the last rounds completed by every peer (ring)
-    int n_recent;
-    RoundsStatus stats;         // counters (open_step / peers are computed on demand)
-    int lock_fd;                // the state dir's lock (server_state.h), -1 without one
-    bool outer_on;              // cfg.outer is not off
-    OuterOptState outer;        // its state after the newest published aggregate (under mu;
-                                // replaced under aggregate_mu, so rounds step it in turn)
-    PeerWatch *watch;           // peers' last calls and metrics, round history (own lock, taken
-                                // after mu where both are held)
-};
-
-static int restore_state(Rounds *r);
-static AggregateBlob *find_kept(Rounds *r, int step);
 
 // Without a state dir, accepted uploads wait for their round in a private directory (under
 // cfg->spool_dir, $TMPDIR or /tmp) instead of memory: the server then holds at most one upload
@@ -173,7 +125,7 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     r->last_completed_step = r->prev_completed_step = -1;
     r->stats.last_aggregate_step = -1;
     if (r->cfg.max_rounds_ahead <= 0) r->cfg.max_rounds_ahead = ROUNDS_AHEAD;
-    if (cfg->state_dir && restore_state(r) != SPES_OK) {
+    if (cfg->state_dir && rounds_restore_state(r) != SPES_OK) {
         rounds_destroy(r);
         return SPES_ERR;
     }
@@ -279,7 +231,7 @@ static int plan_aggregate_layout(Rounds *r) {
 
 // The slots the outer optimizer covers: numel[t] of every shared tensor in spes mode (experts
 // come from their owners and the merge), of every tensor in fedavg mode.
-static int64_t *outer_numel(const Rounds *r) {
+int64_t *rounds_outer_numel(const Rounds *r) {
     int64_t *numel = spes_calloc((size_t)r->spec.count + 1, sizeof *numel);
     for (int t = 0; numel && t < r->spec.count; t++)
         numel[t] = r->cfg.agg.mode == SYNC_MODE_SPES && r->spec.tensors[t].expert >= 0 ? 0 : (int64_t)r->spec.tensors[t].numel;
@@ -288,7 +240,7 @@ static int64_t *outer_numel(const Rounds *r) {
 
 // r->outer := a fresh state (zero velocity, no round yet) for r->spec.
 static int outer_state_fresh(Rounds *r) {
-    int64_t *numel = outer_numel(r);
+    int64_t *numel = rounds_outer_numel(r);
     outer_opt_state_free(&r->outer);
     int rc = numel ? outer_opt_state_init(&r->outer, r->spec.count, numel) : SPES_ERR;
     free(numel);
@@ -301,7 +253,7 @@ static int outer_state_copy(const Rounds *r, const OuterOptState *src, OuterOptS
     *bytes = spes_malloc(*len);
     if (!*bytes) return SPES_ERR;
     outer_opt_state_serialise(src, *bytes);
-    int64_t *numel = outer_numel(r);
+    int64_t *numel = rounds_outer_numel(r);
     int rc = numel ? outer_opt_state_restore(dst, *bytes, *len, r->spec.count, numel, "outer optimizer state") : SPES_ERR;
     free(numel);
     return rc;
@@ -309,7 +261,7 @@ static int outer_state_copy(const Rounds *r, const OuterOptState *src, OuterOptS
 
 // Takes the spec (moving it out of *spec) and plans the aggregate layout; with a state dir and
 // `persist`, writes it there first. Under r->mu.
-static RoundsResult adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, bool persist) {
+RoundsResult rounds_adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, bool persist) {
     if (aggregate_config_check(&r->cfg.agg, spec) != SPES_OK) return ROUNDS_MISMATCH;
     if (persist && r->cfg.state_dir &&
         state_save_spec(r->cfg.state_dir, &r->cfg.agg, &r->cfg.outer, spec, payload_dtype) != SPES_OK)
@@ -364,7 +316,7 @@ RoundsResult rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_no
     if (code != ROUNDS_OK) return code;
     pthread_mutex_lock(&r->mu);
     if (!r->have_spec) {
-        code = adopt_spec(r, spec, payload_dtype, true);
+        code = rounds_adopt_spec(r, spec, payload_dtype, true);
         if (code != ROUNDS_OK) spes_fail_context("hello from peer %d", peer);
     } else if (r->spec.fingerprint != spec->fingerprint || r->spec.count != spec->count) {
         char diff[1024];
@@ -499,7 +451,7 @@ static RoundsResult int8_upload_walk(Rounds *r, int peer, int step, const SafeTe
     snprintf(what, sizeof what, "int8 upload from peer %d for step %d", peer, step);
     const ModelSpec *spec = &r->spec;
     pthread_mutex_lock(&r->mu);
-    AggregateBlob *base = find_kept(r, base_step);
+    AggregateBlob *base = rounds_find_kept(r, base_step);
     pthread_mutex_unlock(&r->mu);
     if (!base)
         return rounds_fail(ROUNDS_NO_BASE,
@@ -709,7 +661,7 @@ done:
 
 // Puts blob in the kept list (dropping the oldest when full) and frees the round (NULL: a
 // reloaded aggregate). Returns the step of the dropped aggregate, -1 if none. Under r->mu.
-static int publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seconds) {
+int rounds_publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seconds) {
     int slot = 0;
     for (int i = 0; i < r->cfg.keep_steps; i++) {
         if (!r->kept[i]) {
@@ -754,8 +706,8 @@ static int publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seco
 }
 
 // Parses and validates an upload against the spec into the round's slot for peer.
-static RoundsResult check_upload(Rounds *r, int peer, int step, const uint8_t *bytes, size_t len, SafeTensors *st,
-                                     const StTensor **row) {
+RoundsResult rounds_check_upload(Rounds *r, int peer, int step, const uint8_t *bytes, size_t len, SafeTensors *st,
+                                 const StTensor **row) {
     char what[64];
     snprintf(what, sizeof what, "upload from peer %d for step %d", peer, step);
     if (safetensors_parse(bytes, len, what, st) != SPES_OK) return ROUNDS_BAD_REQUEST;
@@ -793,7 +745,7 @@ static RoundsResult infer_spec(Rounds *r, int peer, const uint8_t *bytes, size_t
     RoundsResult code = ROUNDS_NO_ROOM;
     if (row) {
         code = upload_check(&spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, &st, row) == SPES_OK
-                   ? adopt_spec(r, &spec, dtype, true)
+                   ? rounds_adopt_spec(r, &spec, dtype, true)
                    : ROUNDS_BAD_REQUEST;
         if (code == ROUNDS_OK)
             log_info("server: no Hello before the first upload; model spec inferred from peer %d's upload", peer);
@@ -908,7 +860,7 @@ static bool round_accepts(Rounds *r, int peer, int step, RoundsResult *code) {
 
 // Records a validated upload, already in upload_dir, in its round. *complete: every peer's
 // upload is in, the caller aggregates.
-static RoundsResult store_upload(Rounds *r, int peer, int step, size_t len, OpenRound **round_out, bool *complete) {
+RoundsResult rounds_store_upload(Rounds *r, int peer, int step, size_t len, OpenRound **round_out, bool *complete) {
     int P = r->cfg.agg.num_peers;
     RoundsResult code = ROUNDS_OK;
     pthread_mutex_lock(&r->mu);
@@ -970,7 +922,7 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
         }
     }
     pthread_mutex_lock(&r->mu);
-    int dropped = publish(r, round, blob, seconds);
+    int dropped = rounds_publish(r, round, blob, seconds);
     if (outer_bytes) {
         OuterOptState old = r->outer;
         r->outer = *outer;
@@ -985,7 +937,7 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
 
 // Aggregates a frozen round and publishes it: a complete one (`peer`'s upload completed it) or
 // a partial one closed by the round timeout (peer -1).
-static RoundsResult complete_round(Rounds *r, OpenRound *round, int peer) {
+RoundsResult rounds_complete_round(Rounds *r, OpenRound *round, int peer) {
     int step = round->step, P = r->cfg.agg.num_peers, arrived = round->num_uploaded;
     pthread_mutex_lock(&r->aggregate_mu);
     double start = now_seconds();
@@ -1144,11 +1096,11 @@ RoundsResult rounds_upload_finish(Rounds *r, RoundsUpload *up) {
     }
     OpenRound *round;
     bool complete;
-    code = store_upload(r, peer, step, len, &round, &complete);
+    code = rounds_store_upload(r, peer, step, len, &round, &complete);
     if (code != ROUNDS_OK) return reject(r, code, NULL);
     log_info("server: step %d: upload from peer %d accepted (%zu bytes)", step, peer, len);
     peer_watch_uploaded(r->watch, peer, step);
-    return complete ? complete_round(r, round, peer) : ROUNDS_OK;
+    return complete ? rounds_complete_round(r, round, peer) : ROUNDS_OK;
 }
 
 RoundsResult rounds_upload(Rounds *r, int peer, int step, uint8_t *bytes, size_t len) {
@@ -1204,7 +1156,7 @@ static struct timespec monotonic_at(double seconds) {
 }
 
 // The kept aggregate of step with a reference, or NULL. Under r->mu.
-static AggregateBlob *find_kept(Rounds *r, int step) {
+AggregateBlob *rounds_find_kept(Rounds *r, int step) {
     for (int i = 0; i < r->cfg.keep_steps; i++)
         if (r->kept[i] && r->kept[i]->step == step) {
             r->kept[i]->refs++;
@@ -1219,7 +1171,7 @@ RoundsResult rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob **o
     pthread_mutex_lock(&r->mu);
     RoundsResult code = ROUNDS_OK;
     for (;;) {
-        if ((*out = find_kept(r, step))) break;
+        if ((*out = rounds_find_kept(r, step))) break;
         if (step <= r->last_completed_step) {
             code = rounds_fail(ROUNDS_NOT_KEPT,
                                "the aggregate of step %d is no longer kept (--keep_steps %d; latest step %d)", step,
@@ -1234,7 +1186,7 @@ RoundsResult rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob **o
         OpenRound *late = overdue_round(r, step, &due);
         if (late) {   // this waiter closes the round with the peers that arrived
             pthread_mutex_unlock(&r->mu);
-            code = complete_round(r, late, -1);
+            code = rounds_complete_round(r, late, -1);
             pthread_mutex_lock(&r->mu);
             if (code == ROUNDS_OK) continue;
             log_warn("server: step %d: partial aggregation failed: %s", step, spes_last_error());
@@ -1244,7 +1196,7 @@ RoundsResult rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob **o
         if (timeout_s <= 0) break;
         struct timespec at = monotonic_at(wake);
         if (pthread_cond_timedwait(&r->changed, &r->mu, &at) == ETIMEDOUT && wake >= until) {
-            *out = find_kept(r, step);   // a publish may have raced the timeout
+            *out = rounds_find_kept(r, step);   // a publish may have raced the timeout
             break;
         }
     }
@@ -1381,173 +1333,4 @@ int rounds_last_completed_step(Rounds *r) {
     int step = r->last_completed_step;
     pthread_mutex_unlock(&r->mu);
     return step;
-}
-
-// Loads one upload file of an open round into it (aggregating when it completes the round).
-static int restore_upload(Rounds *r, const StateFile *f) {
-    uint8_t *bytes;
-    size_t len;
-    SPES_TRY(state_read(r->cfg.state_dir, f, &bytes, &len));
-    SafeTensors st;
-    const StTensor **row = spes_calloc((size_t)r->spec.count, sizeof *row);
-    RoundsResult code = row ? check_upload(r, f->peer, f->step, bytes, len, &st, row) : ROUNDS_NO_ROOM;
-    if (code == ROUNDS_OK) safetensors_close(&st);
-    free(row);
-    free(bytes);   // the file stays: the round reads it back when it aggregates
-    OpenRound *round = NULL;
-    bool complete = false;
-    if (code == ROUNDS_OK)
-        code = f->peer < r->cfg.agg.num_peers ? store_upload(r, f->peer, f->step, len, &round, &complete)
-                                              : rounds_fail(ROUNDS_BAD_REQUEST, "peer %d is out of range", f->peer);
-    if (code != ROUNDS_OK) {
-        return spes_fail_context("server state %s: upload of peer %d for step %d", r->cfg.state_dir, f->peer, f->step);
-    }
-    if (complete && complete_round(r, round, f->peer) != ROUNDS_OK) return SPES_ERR;
-    return SPES_OK;
-}
-
-// The int8 delta kept beside an aggregate (none: peers take that aggregate whole).
-static int restore_delta(Rounds *r, AggregateBlob *blob, int step) {
-    SPES_TRY(state_load_delta(r->cfg.state_dir, step, &blob->delta, &blob->delta_len));
-    if (!blob->delta) return SPES_OK;
-    char what[96];
-    snprintf(what, sizeof what, "server state %s: int8 delta of step %d", r->cfg.state_dir, step);
-    SafeTensors st;
-    bool is_int8 = false;
-    int base = -1;
-    int rc = safetensors_parse(blob->delta, blob->delta_len, what, &st);
-    if (rc == SPES_OK) {
-        rc = int8_payload_kind(&st, what, &is_int8, &base);
-        if (rc == SPES_OK && (!is_int8 || base >= step)) rc = spes_fail("%s: not an int8 delta against an earlier step", what);
-        safetensors_close(&st);
-    }
-    if (rc != SPES_OK) {   // damaged: serve the aggregate whole instead
-        log_warn("server: %s; peers will download step %d whole", spes_last_error(), step);
-        free(blob->delta);
-        blob->delta = NULL;
-        return SPES_OK;
-    }
-    blob->delta_base = base;
-    return SPES_OK;
-}
-
-// The outer optimizer's state after the newest reloaded aggregate (outer_s<step>.bin), or a
-// fresh one when no aggregate was kept. A missing or damaged file is an error naming it.
-static int restore_outer(Rounds *r) {
-    int newest = -1;
-    for (int i = 0; i < r->cfg.keep_steps; i++)
-        if (r->kept[i] && r->kept[i]->step > newest) newest = r->kept[i]->step;
-    if (newest < 0) return SPES_OK;   // adopt_spec made a fresh state
-    uint8_t *bytes;
-    size_t len;
-    SPES_TRY(state_load_outer(r->cfg.state_dir, newest, &bytes, &len));
-    char what[96];
-    snprintf(what, sizeof what, "server state %s: outer_s%d.bin", r->cfg.state_dir, newest);
-    int64_t *numel = outer_numel(r);
-    outer_opt_state_free(&r->outer);
-    int rc = numel ? outer_opt_state_restore(&r->outer, bytes, len, r->spec.count, numel, what) : SPES_ERR;
-    if (rc == SPES_OK && r->outer.last_step != newest)
-        rc = spes_fail("%s: holds the state after step %lld, not %d", what, (long long)r->outer.last_step, newest);
-    free(numel);
-    free(bytes);
-    return rc;
-}
-
-// The bookkeeping from rounds.json (publishing the reloaded aggregates counted them again).
-static void apply_book(Rounds *r, const StateBook *book) {
-    r->last_completed_step = book->last_completed_step;
-    r->stats.last_aggregate_step = book->last_completed_step;
-    r->stats.rounds_completed = book->rounds_completed;
-    r->rounds_partial = book->rounds_partial;
-    r->stats.rounds_partial = book->rounds_partial;
-}
-
-// Reloads the state dir (see rounds_create): spec, bookkeeping, the newest keep_steps
-// aggregates, then the uploads of rounds not yet aggregated. Leftovers of a crash between two
-// writes (uploads of completed steps, aggregates not yet in rounds.json, aggregates beyond
-// keep_steps) are removed.
-static int restore_state(Rounds *r) {
-    const char *dir = r->cfg.state_dir;
-    SPES_TRY(state_open(dir, &r->lock_fd));
-    r->upload_dir = (char *)dir;
-    state_remove_partial(dir);   // uploads a crash interrupted: never acknowledged
-    ModelSpec spec;
-    DType dtype;
-    bool found;
-    SPES_TRY(state_load_spec(dir, &r->cfg.agg, &r->cfg.outer, &spec, &dtype, &found));
-    if (!found) {
-        // spec.json is written first of all, so rounds or uploads without it mean the directory
-        // lost files: starting afresh would silently drop (and later overwrite) that run.
-        StateBook book;
-        StateFile *files;
-        int n;
-        SPES_TRY(state_load_book(dir, &book, &found));
-        SPES_TRY(state_list(dir, &files, &n));
-        free(files);
-        if (found || n > 0)
-            return spes_fail("server state %s: %s but no spec.json (a damaged state directory; restore spec.json, or "
-                             "move the directory away to start afresh)",
-                             dir, found ? "rounds.json" : "upload or aggregate files");
-        log_info("server: state dir %s holds no run yet; starting afresh", dir);
-        return SPES_OK;
-    }
-    pthread_mutex_lock(&r->mu);
-    RoundsResult code = adopt_spec(r, &spec, dtype, false);
-    pthread_mutex_unlock(&r->mu);
-    model_spec_free(&spec);
-    if (code != ROUNDS_OK) return spes_fail_context("server state %s/spec.json", dir);
-    StateBook book;
-    SPES_TRY(state_load_book(dir, &book, &found));
-    StateFile *files;
-    int n;
-    SPES_TRY(state_list(dir, &files, &n));
-    int durable = 0, kept = 0, reopened = 0, rc = SPES_OK;
-    for (int i = 0; i < n; i++) durable += files[i].kind == 'a' && files[i].step <= book.last_completed_step;
-    for (int i = 0; i < n && rc == SPES_OK; i++) {   // sorted: aggregates by step, then uploads by step
-        const StateFile *f = &files[i];
-        if (f->kind == 'a') {
-            bool keep = f->step <= book.last_completed_step && durable-- <= r->cfg.keep_steps;
-            if (!keep) {
-                state_remove_aggregate(dir, f->step);
-                continue;
-            }
-            AggregateBlob *blob = spes_calloc(1, sizeof *blob);
-            rc = blob ? state_read(dir, f, &blob->bytes, &blob->len) : SPES_ERR;
-            if (rc == SPES_OK) rc = state_load_included(dir, f->step, r->cfg.agg.num_peers, &blob->included);
-            if (rc == SPES_OK && r->int8) rc = restore_delta(r, blob, f->step);
-            if (rc == SPES_OK && blob->len != r->aggregate_len)
-                rc = spes_fail("server state %s: aggregate of step %d has %zu bytes, the model's aggregate %zu (damaged "
-                               "state directory?)",
-                               dir, f->step, blob->len, r->aggregate_len);
-            if (rc != SPES_OK) {
-                if (blob) free(blob->bytes);
-                if (blob) free(blob->included);
-                if (blob) free(blob->delta);
-                free(blob);
-                break;
-            }
-            blob->step = f->step;
-            blob->refs = 1;
-            publish(r, NULL, blob, 0);
-            kept++;
-            continue;
-        }
-        if (f->step <= book.last_completed_step) {
-            state_remove_upload(dir, f->step, f->peer);
-            continue;
-        }
-        if (reopened == 0) apply_book(r, &book);   // before the open rounds complete (if they do)
-        if (reopened == 0 && r->outer_on) rc = restore_outer(r);
-        if (rc == SPES_OK) rc = restore_upload(r, f);
-        reopened++;
-    }
-    free(files);
-    if (rc == SPES_OK && reopened == 0 && r->outer_on) rc = restore_outer(r);
-    if (rc != SPES_OK) return rc;
-    if (reopened == 0) apply_book(r, &book);
-    log_info("server: resumed from state dir %s: model fingerprint %016llx, %lld rounds completed (last step %d), %d "
-             "aggregates kept, %d uploads of open rounds reloaded",
-             dir, (unsigned long long)r->spec.fingerprint, (long long)r->stats.rounds_completed, r->last_completed_step,
-             kept, reopened);
-    return SPES_OK;
 }

@@ -1,0 +1,184 @@
+// Reloading the parameter server's round state from its state dir at start (rounds.h:
+// rounds_create with cfg->state_dir): the model spec, the round bookkeeping, the kept aggregates
+// (with their int8 deltas and the outer optimizer's state) and the uploads of open rounds,
+// completing any round whose uploads were all in before the crash. The files and their atomic
+// writes are server_state.c's.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "sync/int8_payload.h"
+#include "sync/rounds_internal.h"
+#include "sync/server_state.h"
+
+// Loads one upload file of an open round into it (aggregating when it completes the round).
+static int restore_upload(Rounds *r, const StateFile *f) {
+    uint8_t *bytes;
+    size_t len;
+    SPES_TRY(state_read(r->cfg.state_dir, f, &bytes, &len));
+    SafeTensors st;
+    const StTensor **row = spes_calloc((size_t)r->spec.count, sizeof *row);
+    RoundsResult code = row ? rounds_check_upload(r, f->peer, f->step, bytes, len, &st, row) : ROUNDS_NO_ROOM;
+    if (code == ROUNDS_OK) safetensors_close(&st);
+    free(row);
+    free(bytes);   // the file stays: the round reads it back when it aggregates
+    OpenRound *round = NULL;
+    bool complete = false;
+    if (code == ROUNDS_OK)
+        code = f->peer < r->cfg.agg.num_peers ? rounds_store_upload(r, f->peer, f->step, len, &round, &complete)
+                                              : rounds_fail(ROUNDS_BAD_REQUEST, "peer %d is out of range", f->peer);
+    if (code != ROUNDS_OK) {
+        return spes_fail_context("server state %s: upload of peer %d for step %d", r->cfg.state_dir, f->peer, f->step);
+    }
+    if (complete && rounds_complete_round(r, round, f->peer) != ROUNDS_OK) return SPES_ERR;
+    return SPES_OK;
+}
+
+// The int8 delta kept beside an aggregate (none: peers take that aggregate whole).
+static int restore_delta(Rounds *r, AggregateBlob *blob, int step) {
+    SPES_TRY(state_load_delta(r->cfg.state_dir, step, &blob->delta, &blob->delta_len));
+    if (!blob->delta) return SPES_OK;
+    char what[96];
+    snprintf(what, sizeof what, "server state %s: int8 delta of step %d", r->cfg.state_dir, step);
+    SafeTensors st;
+    bool is_int8 = false;
+    int base = -1;
+    int rc = safetensors_parse(blob->delta, blob->delta_len, what, &st);
+    if (rc == SPES_OK) {
+        rc = int8_payload_kind(&st, what, &is_int8, &base);
+        if (rc == SPES_OK && (!is_int8 || base >= step)) rc = spes_fail("%s: not an int8 delta against an earlier step", what);
+        safetensors_close(&st);
+    }
+    if (rc != SPES_OK) {   // damaged: serve the aggregate whole instead
+        log_warn("server: %s; peers will download step %d whole", spes_last_error(), step);
+        free(blob->delta);
+        blob->delta = NULL;
+        return SPES_OK;
+    }
+    blob->delta_base = base;
+    return SPES_OK;
+}
+
+// The outer optimizer's state after the newest reloaded aggregate (outer_s<step>.bin), or a
+// fresh one when no aggregate was kept. A missing or damaged file is an error naming it.
+static int restore_outer(Rounds *r) {
+    int newest = -1;
+    for (int i = 0; i < r->cfg.keep_steps; i++)
+        if (r->kept[i] && r->kept[i]->step > newest) newest = r->kept[i]->step;
+    if (newest < 0) return SPES_OK;   // adopt_spec made a fresh state
+    uint8_t *bytes;
+    size_t len;
+    SPES_TRY(state_load_outer(r->cfg.state_dir, newest, &bytes, &len));
+    char what[96];
+    snprintf(what, sizeof what, "server state %s: outer_s%d.bin", r->cfg.state_dir, newest);
+    int64_t *numel = rounds_outer_numel(r);
+    outer_opt_state_free(&r->outer);
+    int rc = numel ? outer_opt_state_restore(&r->outer, bytes, len, r->spec.count, numel, what) : SPES_ERR;
+    if (rc == SPES_OK && r->outer.last_step != newest)
+        rc = spes_fail("%s: holds the state after step %lld, not %d", what, (long long)r->outer.last_step, newest);
+    free(numel);
+    free(bytes);
+    return rc;
+}
+
+// The bookkeeping from rounds.json (publishing the reloaded aggregates counted them again).
+static void apply_book(Rounds *r, const StateBook *book) {
+    r->last_completed_step = book->last_completed_step;
+    r->stats.last_aggregate_step = book->last_completed_step;
+    r->stats.rounds_completed = book->rounds_completed;
+    r->rounds_partial = book->rounds_partial;
+    r->stats.rounds_partial = book->rounds_partial;
+}
+
+// Reloads the state dir (see rounds_create): spec, bookkeeping, the newest keep_steps
+// aggregates, then the uploads of rounds not yet aggregated. Leftovers of a crash between two
+// writes (uploads of completed steps, aggregates not yet in rounds.json, aggregates beyond
+// keep_steps) are removed.
+int rounds_restore_state(Rounds *r) {
+    const char *dir = r->cfg.state_dir;
+    SPES_TRY(state_open(dir, &r->lock_fd));
+    r->upload_dir = (char *)dir;
+    state_remove_partial(dir);   // uploads a crash interrupted: never acknowledged
+    ModelSpec spec;
+    DType dtype;
+    bool found;
+    SPES_TRY(state_load_spec(dir, &r->cfg.agg, &r->cfg.outer, &spec, &dtype, &found));
+    if (!found) {
+        // spec.json is written first of all, so rounds or uploads without it mean the directory
+        // lost files: starting afresh would silently drop (and later overwrite) that run.
+        StateBook book;
+        StateFile *files;
+        int n;
+        SPES_TRY(state_load_book(dir, &book, &found));
+        SPES_TRY(state_list(dir, &files, &n));
+        free(files);
+        if (found || n > 0)
+            return spes_fail("server state %s: %s but no spec.json (a damaged state directory; restore spec.json, or "
+                             "move the directory away to start afresh)",
+                             dir, found ? "rounds.json" : "upload or aggregate files");
+        log_info("server: state dir %s holds no run yet; starting afresh", dir);
+        return SPES_OK;
+    }
+    pthread_mutex_lock(&r->mu);
+    RoundsResult code = rounds_adopt_spec(r, &spec, dtype, false);
+    pthread_mutex_unlock(&r->mu);
+    model_spec_free(&spec);
+    if (code != ROUNDS_OK) return spes_fail_context("server state %s/spec.json", dir);
+    StateBook book;
+    SPES_TRY(state_load_book(dir, &book, &found));
+    StateFile *files;
+    int n;
+    SPES_TRY(state_list(dir, &files, &n));
+    int durable = 0, kept = 0, reopened = 0, rc = SPES_OK;
+    for (int i = 0; i < n; i++) durable += files[i].kind == 'a' && files[i].step <= book.last_completed_step;
+    for (int i = 0; i < n && rc == SPES_OK; i++) {   // sorted: aggregates by step, then uploads by step
+        const StateFile *f = &files[i];
+        if (f->kind == 'a') {
+            bool keep = f->step <= book.last_completed_step && durable-- <= r->cfg.keep_steps;
+            if (!keep) {
+                state_remove_aggregate(dir, f->step);
+                continue;
+            }
+            AggregateBlob *blob = spes_calloc(1, sizeof *blob);
+            rc = blob ? state_read(dir, f, &blob->bytes, &blob->len) : SPES_ERR;
+            if (rc == SPES_OK) rc = state_load_included(dir, f->step, r->cfg.agg.num_peers, &blob->included);
+            if (rc == SPES_OK && r->int8) rc = restore_delta(r, blob, f->step);
+            if (rc == SPES_OK && blob->len != r->aggregate_len)
+                rc = spes_fail("server state %s: aggregate of step %d has %zu bytes, the model's aggregate %zu (damaged "
+                               "state directory?)",
+                               dir, f->step, blob->len, r->aggregate_len);
+            if (rc != SPES_OK) {
+                if (blob) free(blob->bytes);
+                if (blob) free(blob->included);
+                if (blob) free(blob->delta);
+                free(blob);
+                break;
+            }
+            blob->step = f->step;
+            blob->refs = 1;
+            rounds_publish(r, NULL, blob, 0);
+            kept++;
+            continue;
+        }
+        if (f->step <= book.last_completed_step) {
+            state_remove_upload(dir, f->step, f->peer);
+            continue;
+        }
+        if (reopened == 0) apply_book(r, &book);   // before the open rounds complete (if they do)
+        if (reopened == 0 && r->outer_on) rc = restore_outer(r);
+        if (rc == SPES_OK) rc = restore_upload(r, f);
+        reopened++;
+    }
+    free(files);
+    if (rc == SPES_OK && reopened == 0 && r->outer_on) rc = restore_outer(r);
+    if (rc != SPES_OK) return rc;
+    if (reopened == 0) apply_book(r, &book);
+    log_info("server: resumed from state dir %s: model fingerprint %016llx, %lld rounds completed (last step %d), %d "
+             "aggregates kept, %d uploads of open rounds reloaded",
+             dir, (unsigned long long)r->spec.fingerprint, (long long)r->stats.rounds_completed, r->last_completed_step,
+             kept, reopened);
+    return SPES_OK;
+}
