@@ -1,6 +1,8 @@
-// Parameter-server state: spec, open rounds, kept aggregates (see rounds.h).
+// The round state machine of the parameter server (rounds.h): the handshake, uploads taken into
+// open rounds, rounds closed when complete or past their deadline (round_deadline.h), the kept
+// aggregates and the views peers download. Aggregating a closed round: rounds_aggregate.c;
+// reloading a state dir at start: rounds_restore.c; what they share: rounds_internal.h.
 #include "sync/rounds.h"
-#include "sync/rounds_internal.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -9,18 +11,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "base/timer.h"
-#include "sync/int8_codec.h"
-#include "sync/int8_payload.h"
 #include "sync/peer_watch.h"
+#include "sync/rounds_internal.h"
 #include "sync/rounds_run_status.h"
 #include "sync/server_state.h"
 #include "sync/upload_check.h"
@@ -137,14 +136,14 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     return SPES_OK;
 }
 
-static void free_round(Rounds *r, OpenRound *round) {
+void rounds_free_round(Rounds *r, OpenRound *round) {
     free(round->uploaded);
     memset(round, 0, sizeof *round);
     round->step = -1;
 }
 
 // Drops a reference; the last one frees the blob (keeping its bytes as the spare). Under r->mu.
-static void blob_unref(Rounds *r, AggregateBlob *blob) {
+void rounds_blob_unref(Rounds *r, AggregateBlob *blob) {
     if (--blob->refs > 0) return;
     for (int i = 0; blob->views && i < 2 * (r->cfg.agg.num_peers + 1); i++) aggregate_view_free(&blob->views[i]);
     free(blob->views);
@@ -164,9 +163,9 @@ void rounds_close(Rounds *r) {
 
 void rounds_destroy(Rounds *r) {
     if (!r) return;
-    for (int i = 0; r->open && i < r->cfg.max_open_rounds; i++) free_round(r, &r->open[i]);
+    for (int i = 0; r->open && i < r->cfg.max_open_rounds; i++) rounds_free_round(r, &r->open[i]);
     for (int i = 0; r->kept && i < r->cfg.keep_steps; i++)
-        if (r->kept[i]) blob_unref(r, r->kept[i]);
+        if (r->kept[i]) rounds_blob_unref(r, r->kept[i]);
     free(r->spare);
     free(r->open);
     free(r->kept);
@@ -243,18 +242,6 @@ static int outer_state_fresh(Rounds *r) {
     int64_t *numel = rounds_outer_numel(r);
     outer_opt_state_free(&r->outer);
     int rc = numel ? outer_opt_state_init(&r->outer, r->spec.count, numel) : SPES_ERR;
-    free(numel);
-    return rc;
-}
-
-// *dst := a copy of src, through its serialised bytes (*bytes, *len keep them for the state dir).
-static int outer_state_copy(const Rounds *r, const OuterOptState *src, OuterOptState *dst, uint8_t **bytes, size_t *len) {
-    *len = outer_opt_state_size(src);
-    *bytes = spes_malloc(*len);
-    if (!*bytes) return SPES_ERR;
-    outer_opt_state_serialise(src, *bytes);
-    int64_t *numel = rounds_outer_numel(r);
-    int rc = numel ? outer_opt_state_restore(dst, *bytes, *len, r->spec.count, numel, "outer optimizer state") : SPES_ERR;
     free(numel);
     return rc;
 }
@@ -358,14 +345,14 @@ static void drop_round(Rounds *r, OpenRound *round, const char *why) {
     log_warn("server: step %d: dropping the open round (%d uploads): %s", round->step, round->num_uploaded, why);
     for (int p = 0; p < r->cfg.agg.num_peers; p++)
         if (round->uploaded[p]) state_remove_upload(r->upload_dir, round->step, p);
-    free_round(r, round);
+    rounds_free_round(r, round);
 }
 
 // Drops open rounds that can never become the newest aggregate for honest peers: steps at or
 // below the newest completed one (a later round overtook them), and steps beyond step_limit
 // (a peer far ahead, or a bogus step, must not hold a slot or poison the run). Rounds being
 // aggregated are left alone. `step`: an upload under way (it lowers the anchor). Under r->mu.
-static void sweep_rounds(Rounds *r, int step) {
+void rounds_sweep_rounds(Rounds *r, int step) {
     int64_t limit = step_limit(r, step);
     for (int i = 0; i < r->cfg.max_open_rounds; i++) {
         OpenRound *round = &r->open[i];
@@ -396,313 +383,13 @@ static OpenRound *open_round(Rounds *r, int step) {
     int P = r->cfg.agg.num_peers;
     free_slot->uploaded = spes_calloc((size_t)P, sizeof(bool));
     if (!free_slot->uploaded) {
-        free_round(r, free_slot);
+        rounds_free_round(r, free_slot);
         return NULL;
     }
     free_slot->step = step;
     free_slot->opened_at = now_seconds();
     free_slot->opened_unix = peer_watch_now();
     return free_slot;
-}
-
-// The newest kept aggregate older than step, with a reference, or NULL. Under r->mu.
-static AggregateBlob *latest_before(Rounds *r, int step) {
-    AggregateBlob *best = NULL;
-    for (int i = 0; i < r->cfg.keep_steps; i++)
-        if (r->kept[i] && r->kept[i]->step < step && (!best || r->kept[i]->step > best->step)) best = r->kept[i];
-    if (best) best->refs++;
-    return best;
-}
-
-// The tensors of an aggregate blob in spec order (the layout is fixed: tensor t at
-// tensor_offset[t]), as rows for aggregate_compute_partial's `previous`.
-static StTensor *blob_tensors(const Rounds *r, const AggregateBlob *blob) {
-    StTensor *x = spes_calloc((size_t)r->spec.count, sizeof *x);
-    for (int t = 0; x && t < r->spec.count; t++) {
-        const SpecTensor *st = &r->spec.tensors[t];
-        x[t] = (StTensor){.name = st->name, .dtype = r->payload_dtype, .ndim = st->ndim, .numel = st->numel,
-                          .nbytes = st->numel * dtype_size(r->payload_dtype), .data = blob->bytes + r->tensor_offset[t]};
-        memcpy(x[t].shape, st->shape, sizeof x[t].shape);
-    }
-    return x;
-}
-
-// Lets go of the pages of a read-only file mapping that hold [p, p + n): clean file pages,
-// dropped from the process (and its RSS), not lost; touching them again reads them back.
-static void drop_pages(const MappedFile *mf, const uint8_t *p, size_t n) {
-    if (!mf->mapping || n == 0) return;
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t base = (uintptr_t)mf->mapping, limit = base + ((mf->size + page - 1) & ~(page - 1));
-    uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(page - 1);
-    uintptr_t hi = ((uintptr_t)p + n + page - 1) & ~(uintptr_t)(page - 1);
-    if (lo < base) lo = base;
-    if (hi > limit) hi = limit;
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
-}
-
-// An int8 delta upload (int8_payload.h) of peer for step against the kept aggregate of
-// base_step: every tensor the peer sends is decoded against the base and must be finite, and the
-// payload holds nothing else. With acc, each reconstructed tensor is also added to the
-// aggregate (one tensor of scratch memory at a time). The check on arrival and the read-back at
-// aggregation are this one function.
-static RoundsResult int8_upload_walk(Rounds *r, int peer, int step, const SafeTensors *st, int base_step,
-                                         AggregateAcc *acc) {
-    char what[64];
-    snprintf(what, sizeof what, "int8 upload from peer %d for step %d", peer, step);
-    const ModelSpec *spec = &r->spec;
-    pthread_mutex_lock(&r->mu);
-    AggregateBlob *base = rounds_find_kept(r, base_step);
-    pthread_mutex_unlock(&r->mu);
-    if (!base)
-        return rounds_fail(ROUNDS_NO_BASE,
-                           "%s: its base, the aggregate of step %d, is not kept here (newest step %d); send a full "
-                           "payload",
-                           what, base_step, rounds_last_completed_step(r));
-    size_t largest = 1;
-    int sends = 0;
-    for (int t = 0; t < spec->count; t++)
-        if (model_spec_peer_sends(spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, t)) {
-            sends++;
-            if (spec->tensors[t].numel > largest) largest = spec->tensors[t].numel;
-        }
-    float *out = spes_malloc(largest * sizeof(float)), *scales = spes_malloc(int8_blocks(largest) * sizeof(float));
-    RoundsResult code = out && scales ? ROUNDS_OK : ROUNDS_NO_ROOM;
-    if (code == ROUNDS_OK && st->count != 2 * sends)
-        code = rounds_fail(ROUNDS_BAD_REQUEST,
-                           "%s: %d tensors, expected %d (each of the %d tensors it trains and its '%s')", what,
-                           st->count, 2 * sends, sends, INT8_SCALE_SUFFIX);
-    if (code == ROUNDS_OK && acc && aggregate_acc_begin_peer(acc, peer) != SPES_OK) code = ROUNDS_INTERNAL;
-    for (int t = 0; code == ROUNDS_OK && t < spec->count; t++) {
-        if (!model_spec_peer_sends(spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, t)) continue;
-        const SpecTensor *x = &spec->tensors[t];
-        const float *b = (const float *)(base->bytes + r->tensor_offset[t]);
-        if (int8_payload_decode(st, what, x->name, x->ndim, x->shape, x->numel, b, out, scales) != SPES_OK) {
-            code = ROUNDS_BAD_REQUEST;
-            break;
-        }
-        if (!acc) continue;
-        StTensor u = {.name = x->name, .dtype = DTYPE_F32, .ndim = x->ndim, .numel = x->numel,
-                      .nbytes = x->numel * sizeof(float), .data = (const uint8_t *)out};
-        memcpy(u.shape, x->shape, sizeof u.shape);
-        if (aggregate_acc_add_tensor(acc, peer, t, &u) != SPES_OK) code = ROUNDS_INTERNAL;
-    }
-    if (code == ROUNDS_OK && acc && aggregate_acc_end_peer(acc, peer) != SPES_OK) code = ROUNDS_INTERNAL;
-    free(out);
-    free(scales);
-    rounds_release(r, base);
-    return code;
-}
-
-// Whether an upload is an int8 delta; refuses one in a run that is not int8 (and a bad header).
-static RoundsResult upload_kind(Rounds *r, int peer, int step, const SafeTensors *st, bool *is_int8, int *base) {
-    char what[64];
-    snprintf(what, sizeof what, "upload from peer %d for step %d", peer, step);
-    if (int8_payload_kind(st, what, is_int8, base) != SPES_OK) return ROUNDS_BAD_REQUEST;
-    if (*is_int8 && !r->int8)
-        return rounds_fail(ROUNDS_BAD_REQUEST, "%s: an int8 delta, but this run's payload dtype is %s", what,
-                           dtype_name(r->wire_dtype));
-    return ROUNDS_OK;
-}
-
-// Adds peer's upload of round, mapped back from upload_dir, to the accumulator tensor by
-// tensor, letting go of each tensor's pages once added: reading an upload back costs about one
-// tensor of memory, not the upload. (Its values were checked when it arrived; the structure is
-// checked again, the disk may have damaged it.)
-static int add_upload(Rounds *r, OpenRound *round, int peer, AggregateAcc *acc, const StTensor **row) {
-    char name[64];
-    snprintf(name, sizeof name, "upload_s%d_p%d.safetensors", round->step, peer);
-    char *path = path_join(r->upload_dir, name);
-    MappedFile mf = {0};
-    int rc = path ? file_map(path, &mf) : SPES_ERR;
-    free(path);
-    SafeTensors st;
-    if (rc == SPES_OK) rc = safetensors_parse(mf.data, mf.size, name, &st);
-    if (rc != SPES_OK) {
-        file_unmap(&mf);
-        return rc;
-    }
-    bool is_int8 = false;
-    int base = -1;
-    if (upload_kind(r, peer, round->step, &st, &is_int8, &base) != ROUNDS_OK) rc = SPES_ERR;
-    else if (is_int8) {
-        rc = int8_upload_walk(r, peer, round->step, &st, base, acc) == ROUNDS_OK ? SPES_OK : SPES_ERR;
-        safetensors_close(&st);
-        file_unmap(&mf);
-        return rc;
-    }
-    if (rc == SPES_OK) rc = upload_rows(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, &st, row);
-    if (rc == SPES_OK) rc = aggregate_acc_begin_peer(acc, peer);
-    for (int t = 0; rc == SPES_OK && t < r->spec.count; t++) {
-        if (!row[t]) continue;
-        rc = aggregate_acc_add_tensor(acc, peer, t, row[t]);
-        drop_pages(&mf, row[t]->data, row[t]->nbytes);
-    }
-    if (rc == SPES_OK) rc = aggregate_acc_end_peer(acc, peer);
-    safetensors_close(&st);
-    file_unmap(&mf);
-    return rc;
-}
-
-// int8 runs: the aggregate goes down as its change against the previous aggregate prev, which
-// every peer that took part holds. Each tensor's change is encoded (int8_encode_change) and the
-// blob's F32 image is replaced by prev + decoded change, exactly what those peers reconstruct;
-// blob->delta gets the encoded change (int8_payload.h) against prev->step.
-static int int8_downlink(Rounds *r, AggregateBlob *blob, const AggregateBlob *prev) {
-    const ModelSpec *spec = &r->spec;
-    size_t largest = 1, blocks = 0;
-    for (int t = 0; t < spec->count; t++) {
-        if (spec->tensors[t].numel > largest) largest = spec->tensors[t].numel;
-        blocks += int8_blocks(spec->tensors[t].numel);
-    }
-    int8_t *q = spes_malloc(spec->total_numel ? spec->total_numel : 1);
-    float *scales = spes_malloc(blocks * sizeof(float) + 1), *scratch = spes_malloc(largest * sizeof(float));
-    Int8Tensor *w = spes_calloc((size_t)spec->count + 1, sizeof *w);
-    int rc = q && scales && scratch && w ? SPES_OK : SPES_ERR;
-    size_t at = 0, block_at = 0;
-    for (int t = 0; rc == SPES_OK && t < spec->count; t++) {
-        const SpecTensor *x = &spec->tensors[t];
-        float *a = (float *)(blob->bytes + r->tensor_offset[t]);
-        const float *b = (const float *)(prev->bytes + r->tensor_offset[t]);
-        int8_encode_change(a, b, x->numel, q + at, scales + block_at, scratch);
-        int8_reconstruct(b, q + at, scales + block_at, x->numel, a);
-        w[t] = (Int8Tensor){.name = x->name, .ndim = x->ndim, .numel = x->numel, .q = q + at, .scale = scales + block_at};
-        memcpy(w[t].shape, x->shape, sizeof w[t].shape);
-        at += x->numel;
-        block_at += int8_blocks(x->numel);
-    }
-    if (rc == SPES_OK) rc = int8_payload_serialize(w, spec->count, prev->step, &blob->delta, &blob->delta_len);
-    if (rc == SPES_OK) blob->delta_base = prev->step;
-    free(q);
-    free(scales);
-    free(scratch);
-    free(w);
-    return rc;
-}
-
-// Aggregates a frozen round (outside the lock) into a new blob: every peer's uploads, or for
-// a partial round those present with the latest aggregate standing in for missing owners.
-// Uploads are read back one at a time, in peer order, into the accumulator (which is the
-// blob itself for F32 payloads): memory is the blob plus one upload, whatever P.
-// With the outer optimizer on, *next gets a copy of r->outer stepped by this round (r->outer
-// itself changes only when the aggregate is published) and *next_bytes its serialised form;
-// the previous aggregate (theta) must be the one r->outer last stepped to. Under aggregate_mu.
-static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round, OuterOptState *next, uint8_t **next_bytes,
-                                        size_t *next_len) {
-    int P = r->cfg.agg.num_peers, count = r->spec.count;
-    bool partial = round->num_uploaded < P;
-    AggregateBlob *blob = spes_calloc(1, sizeof *blob);
-    uint8_t **out = spes_calloc((size_t)count, sizeof(uint8_t *));
-    bool *present = partial ? spes_calloc((size_t)P, sizeof(bool)) : NULL;
-    StTensor *prev_tensors = NULL;
-    const StTensor **prev_rows = NULL, **row = NULL;
-    AggregateAcc *acc = NULL;
-    pthread_mutex_lock(&r->mu);
-    AggregateBlob *prev = partial || r->int8 || r->outer_on ? latest_before(r, round->step) : NULL;
-    int outer_from = (int)r->outer.last_step;
-    uint8_t *state_bytes = NULL;
-    size_t state_len = 0;
-    bool outer_ok = !r->outer_on || outer_state_copy(r, &r->outer, next, &state_bytes, &state_len) == SPES_OK;
-    free(state_bytes);
-    if (blob) blob->bytes = r->spare;
-    if (blob) r->spare = NULL;
-    pthread_mutex_unlock(&r->mu);
-    if (blob && !blob->bytes) blob->bytes = spes_malloc(r->aggregate_len);
-    if (!blob || !blob->bytes || !out || (partial && !present) || !outer_ok) goto fail;
-    if (r->outer_on && (prev ? prev->step : -1) != outer_from) {
-        spes_fail("outer optimizer: step %d would step from the aggregate of step %d, but its state is that of step %d "
-                  "(rounds out of order)",
-                  round->step, prev ? prev->step : -1, outer_from);
-        goto fail;
-    }
-    if (prev) {
-        prev_tensors = blob_tensors(r, prev);
-        prev_rows = spes_calloc((size_t)count, sizeof *prev_rows);
-        if (!prev_tensors || !prev_rows) goto fail;
-        for (int t = 0; t < count; t++) prev_rows[t] = &prev_tensors[t];
-    }
-    for (int p = 0; partial && p < P; p++) present[p] = round->uploaded[p];
-    memcpy(blob->bytes, r->header, r->header_len);
-    for (int t = 0; t < count; t++) out[t] = blob->bytes + r->tensor_offset[t];
-    row = spes_calloc((size_t)count, sizeof *row);
-    if (!row || aggregate_acc_begin(&r->spec, &r->cfg.agg, round->step, present, out, r->payload_dtype, &acc) != SPES_OK)
-        goto fail;
-    if (r->outer_on) aggregate_acc_set_outer(acc, &r->cfg.outer, next, prev_rows);
-    for (int p = 0; p < P; p++)
-        if (round->uploaded[p] && add_upload(r, round, p, acc, row) != SPES_OK) goto fail;
-    if (aggregate_acc_finish(acc, partial ? prev_rows : NULL) != SPES_OK) goto fail;
-    if (r->outer_on) {
-        outer_opt_end_round(next, round->step);
-        *next_len = outer_opt_state_size(next);
-        if (!(*next_bytes = spes_malloc(*next_len))) goto fail;
-        outer_opt_state_serialise(next, *next_bytes);
-    }
-    if (r->int8 && prev && int8_downlink(r, blob, prev) != SPES_OK) goto fail;
-    blob->step = round->step;
-    blob->len = r->aggregate_len;
-    blob->refs = 1;
-    blob->included = present;
-    present = NULL;
-    goto done;
-fail:
-    if (blob) free(blob->bytes);
-    if (blob) free(blob->delta);
-    free(blob);
-    blob = NULL;
-done:
-    aggregate_acc_free(acc);
-    free(row);
-    free(out);
-    free(present);
-    free(prev_tensors);
-    free(prev_rows);
-    if (prev) rounds_release(r, prev);
-    return blob;
-}
-
-// Puts blob in the kept list (dropping the oldest when full) and frees the round (NULL: a
-// reloaded aggregate). Returns the step of the dropped aggregate, -1 if none. Under r->mu.
-int rounds_publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seconds) {
-    int slot = 0;
-    for (int i = 0; i < r->cfg.keep_steps; i++) {
-        if (!r->kept[i]) {
-            slot = i;
-            break;
-        }
-        if (r->kept[i]->step < r->kept[slot]->step) slot = i;
-    }
-    int dropped = r->kept[slot] ? r->kept[slot]->step : -1;
-    if (r->kept[slot]) blob_unref(r, r->kept[slot]);
-    r->kept[slot] = blob;
-    if (blob->step > r->last_completed_step) {
-        r->prev_completed_step = r->last_completed_step;
-        r->last_completed_step = blob->step;
-    }
-    r->stats.rounds_completed++;
-    r->stats.last_aggregate_step = r->last_completed_step;
-    r->stats.last_aggregate_seconds = seconds;
-    r->stats.last_round_peers = r->cfg.agg.num_peers;
-    if (blob->included) {
-        r->rounds_partial++;
-        r->stats.last_round_peers = 0;
-        for (int p = 0; p < r->cfg.agg.num_peers; p++) r->stats.last_round_peers += blob->included[p];
-    } else if (round) {   // a full round: its duration feeds the adaptive deadline
-        r->recent[r->n_recent++ % ROUNDS_RECENT] = now_seconds() - round->opened_at;
-    }
-    r->stats.rounds_partial = r->rounds_partial;
-    if (round) {   // a fresh round (not one reloaded at start): into the status page's history
-        RoundRecord rec = {.step = blob->step,
-                           .started_unix = round->opened_unix,
-                           .duration_s = now_seconds() - round->opened_at,
-                           .partial = blob->included != NULL,
-                           .peers = r->stats.last_round_peers,
-                           .bytes_in = round->bytes_in,
-                           .merge_alpha = aggregate_merge_alpha(&r->cfg.agg, blob->step)};
-        peer_watch_round(r->watch, &rec, blob->included);
-    }
-    if (round) free_round(r, round);
-    if (round) sweep_rounds(r, r->last_completed_step + 1);
-    pthread_cond_broadcast(&r->changed);
-    return dropped;
 }
 
 // Parses and validates an upload against the spec into the round's slot for peer.
@@ -713,8 +400,8 @@ RoundsResult rounds_check_upload(Rounds *r, int peer, int step, const uint8_t *b
     if (safetensors_parse(bytes, len, what, st) != SPES_OK) return ROUNDS_BAD_REQUEST;
     bool is_int8 = false;
     int base = -1;
-    RoundsResult code = upload_kind(r, peer, step, st, &is_int8, &base);
-    if (code == ROUNDS_OK && is_int8) code = int8_upload_walk(r, peer, step, st, base, NULL);
+    RoundsResult code = rounds_upload_kind(r, peer, step, st, &is_int8, &base);
+    if (code == ROUNDS_OK && is_int8) code = rounds_int8_upload_walk(r, peer, step, st, base, NULL);
     if (code != ROUNDS_OK || is_int8) {
         if (code != ROUNDS_OK) safetensors_close(st);
         return code;
@@ -865,7 +552,7 @@ RoundsResult rounds_store_upload(Rounds *r, int peer, int step, size_t len, Open
     RoundsResult code = ROUNDS_OK;
     pthread_mutex_lock(&r->mu);
     OpenRound *round = NULL;
-    if (step > r->last_completed_step) sweep_rounds(r, step);
+    if (step > r->last_completed_step) rounds_sweep_rounds(r, step);
     if (step <= r->last_completed_step) {
         code = closed_round(r, peer, step);
     } else if (step > step_limit(r, step)) {
@@ -898,93 +585,6 @@ RoundsResult rounds_store_upload(Rounds *r, int peer, int step, size_t len, Open
     return ROUNDS_OK;
 }
 
-// Writes the aggregate and then the bookkeeping to the state dir (when there is one) and
-// publishes the aggregate: downloads only ever see durable aggregates. Afterwards the round's
-// uploads and the aggregate that dropped out of the kept list are removed from disk.
-// With the outer optimizer on, its state after this round (outer, serialised as outer_bytes)
-// is written before the aggregate and becomes r->outer as the aggregate is published.
-static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seconds, OuterOptState *outer,
-                               const uint8_t *outer_bytes, size_t outer_len) {
-    const char *dir = r->cfg.state_dir;
-    int step = blob->step, P = r->cfg.agg.num_peers;
-    pthread_mutex_lock(&r->persist_mu);
-    if (dir) {
-        pthread_mutex_lock(&r->mu);
-        StateBook book = {r->last_completed_step > step ? r->last_completed_step : step, r->stats.rounds_completed + 1,
-                          r->rounds_partial + (blob->included != NULL)};
-        pthread_mutex_unlock(&r->mu);
-        if ((outer_bytes && state_save_outer(dir, step, outer_bytes, outer_len) != SPES_OK) ||
-            (blob->included && state_save_included(dir, step, blob->included, P) != SPES_OK) ||
-            (blob->delta && state_save_delta(dir, step, blob->delta, blob->delta_len) != SPES_OK) ||
-            state_save_aggregate(dir, step, blob->bytes, blob->len) != SPES_OK || state_save_book(dir, &book) != SPES_OK) {
-            pthread_mutex_unlock(&r->persist_mu);
-            return SPES_ERR;
-        }
-    }
-    pthread_mutex_lock(&r->mu);
-    int dropped = rounds_publish(r, round, blob, seconds);
-    if (outer_bytes) {
-        OuterOptState old = r->outer;
-        r->outer = *outer;
-        *outer = old;   // the caller frees the previous state
-    }
-    pthread_mutex_unlock(&r->mu);
-    pthread_mutex_unlock(&r->persist_mu);
-    for (int p = 0; p < P; p++) state_remove_upload(r->upload_dir, step, p);
-    if (dir && dropped >= 0) state_remove_aggregate(dir, dropped);
-    return SPES_OK;
-}
-
-// Aggregates a frozen round and publishes it: a complete one (`peer`'s upload completed it) or
-// a partial one closed by the round timeout (peer -1).
-RoundsResult rounds_complete_round(Rounds *r, OpenRound *round, int peer) {
-    int step = round->step, P = r->cfg.agg.num_peers, arrived = round->num_uploaded;
-    pthread_mutex_lock(&r->aggregate_mu);
-    double start = now_seconds();
-    OuterOptState outer = {0};
-    uint8_t *outer_bytes = NULL;
-    size_t outer_len = 0;
-    AggregateBlob *blob = compute_aggregate(r, round, &outer, &outer_bytes, &outer_len);
-    double seconds = now_seconds() - start;
-    // The outer optimizer's state is sequential: the next round may only aggregate once this
-    // one's state is published (without it, rounds aggregate while others persist).
-    if (!r->outer_on) pthread_mutex_unlock(&r->aggregate_mu);
-    RoundsResult code = ROUNDS_NO_ROOM;
-    int persisted = blob ? persist_and_publish(r, round, blob, seconds, &outer, outer_bytes, outer_len) : SPES_ERR;
-    if (r->outer_on) pthread_mutex_unlock(&r->aggregate_mu);
-    outer_opt_state_free(&outer);
-    free(outer_bytes);
-    if (persisted == SPES_OK) {
-        if (arrived == P) {
-            log_info("server: step %d: aggregated %d peers in %.3f s (%zu bytes)", step, P, seconds, blob->len);
-        } else {
-            char missing[256] = "";
-            for (int p = 0, at = 0; p < P && at < (int)sizeof missing - 12; p++)
-                if (!blob->included[p]) at += snprintf(missing + at, sizeof missing - (size_t)at, " %d", p);
-            log_warn("server: step %d: PARTIAL round: aggregated %d of %d peers after the round timeout in %.3f s "
-                     "(missing:%s; their experts keep the previous aggregate's values)",
-                     step, arrived, P, seconds, missing);
-        }
-        return ROUNDS_OK;
-    }
-    if (blob) {   // not durable: not published either
-        code = ROUNDS_INTERNAL;
-        free(blob->bytes);
-        free(blob);
-    }
-    // Drop this peer's upload so that its retry completes the round again (a partial round
-    // is simply reopened: the next waiter tries again).
-    pthread_mutex_lock(&r->mu);
-    if (peer >= 0) {
-        round->uploaded[peer] = false;
-        round->num_uploaded--;
-    }
-    round->aggregating = false;
-    pthread_mutex_unlock(&r->mu);
-    spes_fail_context("aggregating step %d (retry the upload)", step);
-    return code;
-}
-
 RoundsResult rounds_upload_begin(Rounds *r, int peer, int step, RoundsUpload *up) {
     memset(up, 0, sizeof *up);
     up->file.fd = -1;
@@ -1015,8 +615,8 @@ static RoundsResult check_upload_file(Rounds *r, int peer, int step, const Mappe
     if (safetensors_parse(mf->data, mf->size, what, &st) != SPES_OK) return ROUNDS_BAD_REQUEST;
     bool is_int8 = false;
     int base = -1;
-    RoundsResult code = upload_kind(r, peer, step, &st, &is_int8, &base);
-    if (code == ROUNDS_OK && is_int8) code = int8_upload_walk(r, peer, step, &st, base, NULL);
+    RoundsResult code = rounds_upload_kind(r, peer, step, &st, &is_int8, &base);
+    if (code == ROUNDS_OK && is_int8) code = rounds_int8_upload_walk(r, peer, step, &st, base, NULL);
     if (code != ROUNDS_OK || is_int8) {   // an int8 delta is a quarter of the F32 size: checked whole
         safetensors_close(&st);
         return code;
@@ -1042,7 +642,7 @@ static RoundsResult check_upload_file(Rounds *r, int peer, int step, const Mappe
                           peer, u->name, at + bad);
                 code = ROUNDS_BAD_REQUEST;
             }
-            drop_pages(mf, w.data, w.nbytes);
+            rounds_drop_pages(mf, w.data, w.nbytes);
         }
     }
     if (code == ROUNDS_BAD_REQUEST) spes_fail_context("step %d", step);
@@ -1077,7 +677,7 @@ RoundsResult rounds_upload_finish(Rounds *r, RoundsUpload *up) {
     if (r->closing) spes_fail("server is shutting down");
     if (code == ROUNDS_OK && !r->have_spec) {
         code = infer_spec(r, peer, mf.data, mf.size);
-        drop_pages(&mf, mf.data, mf.size);
+        rounds_drop_pages(&mf, mf.data, mf.size);
     }
     pthread_mutex_unlock(&r->mu);
     // The spec never changes once set, so the (slow) validation runs outside the lock.
@@ -1265,7 +865,7 @@ RoundsResult rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsV
 void rounds_release(Rounds *r, AggregateBlob *blob) {
     if (!blob) return;
     pthread_mutex_lock(&r->mu);
-    blob_unref(r, blob);
+    rounds_blob_unref(r, blob);
     pthread_mutex_unlock(&r->mu);
 }
 

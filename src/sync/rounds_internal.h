@@ -4,6 +4,7 @@
 #pragma once
 #include <pthread.h>
 
+#include "base/file.h"
 #include "io/safetensors.h"
 #include "sync/peer_watch.h"
 #include "sync/rounds.h"
@@ -71,5 +72,20 @@ RoundsResult rounds_store_upload(Rounds *r, int peer, int step, size_t len, Open
 RoundsResult rounds_complete_round(Rounds *r, OpenRound *round, int peer);
 // Makes blob the aggregate of round's step, kept for download.
 int rounds_publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seconds);
+// Frees an open round's bookkeeping (its slot becomes free).
+void rounds_free_round(Rounds *r, OpenRound *round);
+// Drops a reference; the last one frees the blob (keeping its bytes as the spare). Under r->mu.
+void rounds_blob_unref(Rounds *r, AggregateBlob *blob);
+// Drops open rounds that can never become the newest aggregate (at or below the newest completed
+// step, or beyond the window of rounds ahead); step: an upload under way. Under r->mu.
+void rounds_sweep_rounds(Rounds *r, int step);
+// Lets go of the pages of a read-only mapping that hold [p, p + n) (dropped from RSS, not lost).
+void rounds_drop_pages(const MappedFile *mf, const uint8_t *p, size_t n);
+// An int8 delta upload checked against its base (acc NULL) or, with acc, also added to the aggregate.
+RoundsResult rounds_int8_upload_walk(Rounds *r, int peer, int step, const SafeTensors *st, int base_step,
+                                     AggregateAcc *acc);
+// Whether an upload is an int8 delta (*is_int8, its base step in *base); refuses one in a run
+// that is not int8 (and a bad header).
+RoundsResult rounds_upload_kind(Rounds *r, int peer, int step, const SafeTensors *st, bool *is_int8, int *base);
 // With a state dir: reloads spec, bookkeeping, kept aggregates and open rounds' uploads.
 int rounds_restore_state(Rounds *r);
