@@ -375,17 +375,7 @@ static int pending_metrics(SyncClient *c, PeerMetrics *points, PeerMetrics **ptr
     pthread_mutex_lock(&c->metrics_mu);
     int n = c->n_metrics;
     for (int i = 0; i < n; i++) {
-        const PeerMetricPoint *pt = &c->metrics[i];
-        peer_metrics__init(&points[i]);
-        points[i].step = pt->step;
-        points[i].loss = pt->loss;
-        points[i].ce = pt->ce;
-        points[i].lb = pt->lb;
-        points[i].tokens_per_s = pt->tokens_per_s;
-        points[i].mfu = pt->mfu;
-        points[i].device_mem_mb = pt->device_mem_mb;
-        points[i].route_min = pt->route_min;
-        points[i].route_max = pt->route_max;
+        wire_metrics_to_proto(&c->metrics[i], &points[i]);
         ptrs[i] = &points[i];
     }
     pthread_mutex_unlock(&c->metrics_mu);
@@ -729,9 +719,7 @@ int sync_client_run_status(SyncClient *c, RunStatus *out) {
         ps->last_seen_unix = st->last_seen_unix;
         ps->last_upload_step = st->last_upload_step;
         if (st->latest) {
-            const PeerMetrics *m = st->latest;
-            ps->points[0] = (PeerMetricPoint){m->step,          m->loss, m->ce,        m->lb,        m->tokens_per_s,
-                                              m->mfu,           m->device_mem_mb, m->route_min, m->route_max};
+            ps->points[0] = wire_metrics_from_proto(st->latest);
             ps->num_points = 1;
         }
     }

@@ -259,9 +259,7 @@ static void take_metrics(Call *c, const UploadChunkRequest *m, bool first) {
     PeerMetricPoint points[SYNC_MAX_METRIC_POINTS];
     int n = 0;
     for (size_t i = skip; i < m->n_metrics; i++) {
-        const PeerMetrics *pm = m->metrics[i];
-        points[n++] = (PeerMetricPoint){pm->step,       pm->loss,          pm->ce,        pm->lb,       pm->tokens_per_s,
-                                        pm->mfu,        pm->device_mem_mb, pm->route_min, pm->route_max};
+        points[n++] = wire_metrics_from_proto(m->metrics[i]);
     }
     if (skip)
         log_warn("server: upload from peer %d: %zu metric points, more than %d; the oldest %zu ignored", m->peer_id,
@@ -631,17 +629,7 @@ static void handle_status(Call *c) {
         states[p].last_seen_unix = ps->last_seen_unix;
         states[p].last_upload_step = ps->last_upload_step;
         if (ps->num_points > 0) {
-            const PeerMetricPoint *pt = &ps->points[ps->num_points - 1];
-            peer_metrics__init(&latest[p]);
-            latest[p].step = pt->step;
-            latest[p].loss = pt->loss;
-            latest[p].ce = pt->ce;
-            latest[p].lb = pt->lb;
-            latest[p].tokens_per_s = pt->tokens_per_s;
-            latest[p].mfu = pt->mfu;
-            latest[p].device_mem_mb = pt->device_mem_mb;
-            latest[p].route_min = pt->route_min;
-            latest[p].route_max = pt->route_max;
+            wire_metrics_to_proto(&ps->points[ps->num_points - 1], &latest[p]);
             states[p].latest = &latest[p];
         }
         state_ptrs[p] = &states[p];

@@ -67,3 +67,22 @@ const char *wire_status_name(grpc_status_code code) {
                                   "UNAUTHENTICATED"};
     return code >= 0 && code <= GRPC_STATUS_UNAUTHENTICATED ? names[code] : "UNKNOWN";
 }
+
+void wire_metrics_to_proto(const PeerMetricPoint *pt, PeerMetrics *out) {
+    peer_metrics__init(out);
+    out->step = pt->step;
+    out->loss = pt->loss;
+    out->ce = pt->ce;
+    out->lb = pt->lb;
+    out->tokens_per_s = pt->tokens_per_s;
+    out->mfu = pt->mfu;
+    out->device_mem_mb = pt->device_mem_mb;
+    out->route_min = pt->route_min;
+    out->route_max = pt->route_max;
+}
+
+PeerMetricPoint wire_metrics_from_proto(const PeerMetrics *m) {
+    return (PeerMetricPoint){.step = m->step, .loss = m->loss, .ce = m->ce, .lb = m->lb, .tokens_per_s = m->tokens_per_s,
+                             .mfu = m->mfu, .device_mem_mb = m->device_mem_mb, .route_min = m->route_min,
+                             .route_max = m->route_max};
+}

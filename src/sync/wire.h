@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "federated.pb-c.h"
+#include "status/run_status.h"
 
 // Default payload bytes per chunk: just under 4 MiB, so that a whole message (payload plus a
 // few bytes of framing) fits gRPC's default 4 MiB limit on clients that never raise it.
@@ -25,3 +26,6 @@ void wire_channel_args(size_t max_message_size, grpc_arg *args, grpc_channel_arg
 bool wire_run_batch(grpc_call *call, grpc_completion_queue *cq, const grpc_op *ops, size_t n, double timeout_s);
 // gRPC's name of a status code, e.g. "INVALID_ARGUMENT".
 const char *wire_status_name(grpc_status_code code);
+// A reported training step between its wire form (proto PeerMetrics) and the server's.
+void wire_metrics_to_proto(const PeerMetricPoint *pt, PeerMetrics *out);   // initialises *out
+PeerMetricPoint wire_metrics_from_proto(const PeerMetrics *m);
