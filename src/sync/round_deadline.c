@@ -4,6 +4,7 @@
 
 double rounds_deadline(double round_timeout_s, const double *recent, int n) {
     if (n > ROUNDS_RECENT) n = ROUNDS_RECENT;
+    if (n <= 0) return round_timeout_s;   // nothing known yet (recent may be NULL)
     double sorted[ROUNDS_RECENT];
     memcpy(sorted, recent, (size_t)n * sizeof *sorted);
     for (int i = 1; i < n; i++)   // insertion sort of at most 8 values
@@ -12,7 +13,7 @@ double rounds_deadline(double round_timeout_s, const double *recent, int n) {
             sorted[j] = sorted[j - 1];
             sorted[j - 1] = x;
         }
-    double median = n == 0 ? 0 : n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
     return 3 * median > round_timeout_s ? 3 * median : round_timeout_s;
 }
 

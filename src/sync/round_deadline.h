@@ -16,7 +16,8 @@
 
 #define ROUNDS_RECENT 8
 
-// max(round_timeout_s, 3 x the median of recent[0..n)) (n capped at ROUNDS_RECENT).
+// max(round_timeout_s, 3 x the median of recent[0..n)) (n capped at ROUNDS_RECENT; n 0: recent
+// may be NULL).
 double rounds_deadline(double round_timeout_s, const double *recent, int n);
 
 typedef struct {

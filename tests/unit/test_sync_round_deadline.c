@@ -11,6 +11,7 @@ static void test_deadline_adapts_to_the_run(void **state) {
     (void)state;
     double recent[10] = {1, 9, 2, 3, 4, 4, 4, 4, 100, 100};
     assert_true(rounds_deadline(5, recent, 0) == 5);       // nothing known: the timeout
+    assert_true(rounds_deadline(5, NULL, 0) == 5);         // (with no buffer at all)
     assert_true(rounds_deadline(5, recent, 3) == 6);       // 3 x median {1, 2, 9}
     assert_true(rounds_deadline(5, recent, 4) == 7.5);     // 3 x median {1, 2, 3, 9} = 2.5
     assert_true(rounds_deadline(10, recent, 4) == 10);     // never below the timeout
