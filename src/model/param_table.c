@@ -82,6 +82,20 @@ int param_part(const ParamInfo *pi, int n_layers) {
     return pi->kind == PARAM_EMBED ? 0 : n_layers + 1;
 }
 
+void param_part_span(const ParamTable *table, int part, int n_layers, size_t *offset, size_t *numel) {
+    size_t lo = 0, hi = 0;
+    bool seen = false;
+    for (int i = 0; i < table->count; i++) {
+        const ParamInfo *pi = &table->entries[i];
+        if (param_part(pi, n_layers) != part) continue;
+        if (!seen || pi->offset < lo) lo = pi->offset;
+        if (!seen || pi->offset + pi->numel > hi) hi = pi->offset + pi->numel;
+        seen = true;
+    }
+    *offset = lo;
+    *numel = hi - lo;
+}
+
 int param_table_index(const ParamTable *table, ParamKind kind, int layer, int expert) {
     for (int i = 0; i < table->count; i++) {
         const ParamInfo *p = &table->entries[i];
