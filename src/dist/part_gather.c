@@ -12,18 +12,11 @@
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
-// The part's range [glo, ghi) of the gradient layout (its trainable tensors). Empty: glo == ghi.
+// The part's range [glo, ghi) of the gradient layout (its trainable tensors).
 static void part_grad_range(const PartGather *g, int part, size_t *glo, size_t *ghi) {
-    bool seen = false;
-    *glo = *ghi = 0;
-    for (int i = 0; i < g->table->count; i++) {
-        const ParamInfo *pi = &g->table->entries[i];
-        if (!pi->trainable || param_part(pi, g->n_layers) != part) continue;
-        size_t a = (size_t)pi->grad_offset, b = a + pi->numel;
-        *glo = seen ? min_sz(*glo, a) : a;
-        *ghi = seen ? max_sz(*ghi, b) : b;
-        seen = true;
-    }
+    size_t numel;
+    param_part_grad_span(g->table, part, g->n_layers, glo, &numel);
+    *ghi = *glo + numel;
 }
 
 int part_gather_create(PartGather *g, Comm *comm, Backend *be, const ParamTable *table, int n_layers,
