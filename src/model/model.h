@@ -75,6 +75,13 @@ void model_free(Model *m);
 // OLMo init: every matrix ~ truncated normal(0, init_std, +-cutoff*std); norm weights 1.
 // Deterministic for a seed, independent of thread count.
 void model_init_weights(Model *m, uint64_t seed);
+// Points part `part`'s parameter views (the hooks' numbering) at `master` (fp32) and
+// `compute` (the compute copy; NULL when compute is fp32, where GEMMs read the master), both
+// laid out as the part's span of the parameter buffer (param_part_span): the working buffer
+// a sharded-parameter strategy gathers the part into. master NULL: back to the model's own
+// buffers. Gradients stay where they are. model_bind (set_trainable, move) rebinds every part
+// to the model's own buffers.
+int model_bind_part(Model *m, int part, const float *master, void *compute);
 // Per-entry trainable mask (table order). Frees/reallocates the gradient buffer so frozen
 // tensors get no gradient memory. Gradients are zeroed.
 int model_set_trainable(Model *m, const bool *mask);

@@ -11,13 +11,30 @@ static Buf compute_params(const Model *m) {
     return m->cparams ? buf_of(m->cparams, m->be->compute) : buf_f32(m->dparams);
 }
 
+// Where one part's parameters are read from: its span of the parameter buffer (offset) laid
+// out at `master` (fp32) and `compute` (the compute copy) - the model's own buffers, or a
+// working buffer that holds only this part (model_bind_part).
+typedef struct {
+    const float *master;
+    Buf compute;
+    size_t offset;   // the part's first float in the parameter buffer
+} PartBase;
+
+static PartBase own_base(const Model *m, int part) {
+    size_t offset, numel;
+    param_part_span(&m->table, part, m->cfg.n_layers, &offset, &numel);
+    return (PartBase){m->dparams + offset, buf_at(compute_params(m), offset), offset};
+}
+
 static int entry(const Model *m, ParamKind kind, int layer, int expert) {
     return param_table_index(&m->table, kind, layer, expert);
 }
 
-static const float *master(const Model *m, int i) { return i < 0 ? NULL : m->dparams + m->table.entries[i].offset; }
-static Buf compute(const Model *m, int i) {
-    return i < 0 ? (Buf){NULL, m->be->compute} : buf_at(compute_params(m), m->table.entries[i].offset);
+static const float *master(const Model *m, const PartBase *pb, int i) {
+    return i < 0 ? NULL : pb->master + (m->table.entries[i].offset - pb->offset);
+}
+static Buf compute(const Model *m, const PartBase *pb, int i) {
+    return i < 0 ? (Buf){NULL, m->be->compute} : buf_at(pb->compute, m->table.entries[i].offset - pb->offset);
 }
 static float *grad(const Model *m, int i) {
     if (i < 0 || !m->table.entries[i].trainable) return NULL;
@@ -36,14 +53,16 @@ void model_unbind(Model *m) {
     m->bind = NULL;
 }
 
-// Per-expert arrays of one layer in one block: gate_up, down (Buf), then d_gate_up, d_gate,
-// d_up, d_down (float *).
-static int bind_experts(Model *m, int l, LayerParams *lp) {
+// Per-expert arrays of one layer in one block (allocated on the first bind, reused by every
+// rebind): gate_up, down (Buf), then d_gate_up, d_gate, d_up, d_down (float *).
+static int bind_experts(Model *m, const PartBase *pb, int l, LayerParams *lp) {
     const int E = m->cfg.num_experts;
-    size_t bytes = (size_t)E * (2 * sizeof(Buf) + 4 * sizeof(float *));
-    char *block = spes_calloc(1, bytes);
-    if (!block) return SPES_ERR;
-    lp->gate_up = (Buf *)block;
+    if (!lp->gate_up) {
+        size_t bytes = (size_t)E * (2 * sizeof(Buf) + 4 * sizeof(float *));
+        char *block = spes_calloc(1, bytes);
+        if (!block) return SPES_ERR;
+        lp->gate_up = (Buf *)block;
+    }
     lp->down = lp->gate_up + E;
     float **ptrs = (float **)(lp->down + E);
     lp->d_gate_up = ptrs;
@@ -53,8 +72,8 @@ static int bind_experts(Model *m, int l, LayerParams *lp) {
     const size_t I = (size_t)m->cfg.expert_hidden, H = (size_t)m->cfg.d_model;
     for (int e = 0; e < E; e++) {
         int gi = entry(m, PARAM_EXPERT_GATE, l, e);   // gate, up, down at consecutive indices
-        lp->gate_up[e] = compute(m, gi);
-        lp->down[e] = compute(m, gi + 2);
+        lp->gate_up[e] = compute(m, pb, gi);
+        lp->down[e] = compute(m, pb, gi + 2);
         lp->d_gate[e] = grad(m, gi);
         lp->d_up[e] = grad(m, gi + 1);
         lp->d_down[e] = grad(m, gi + 2);
@@ -65,6 +84,56 @@ static int bind_experts(Model *m, int l, LayerParams *lp) {
     return SPES_OK;
 }
 
+static void bind_embed(Model *m, const PartBase *pb) {
+    ModelBinding *b = m->bind;
+    int embed = entry(m, PARAM_EMBED, -1, -1);
+    b->embed = master(m, pb, embed);
+    b->d_embed = grad(m, embed);
+}
+
+static void bind_head(Model *m, const PartBase *pb) {
+    ModelBinding *b = m->bind;
+    int fnorm = entry(m, PARAM_FINAL_NORM, -1, -1), head = entry(m, PARAM_LM_HEAD, -1, -1);
+    b->final_norm = master(m, pb, fnorm);
+    b->lm_head = compute(m, pb, head);
+    b->d_final_norm = grad(m, fnorm);
+    b->d_lm_head = grad(m, head);
+}
+
+static int bind_layer(Model *m, const PartBase *pb, int l) {
+    LayerParams *lp = &m->bind->layers[l];
+    int an = entry(m, PARAM_ATTN_NORM, l, -1), qn = entry(m, PARAM_Q_NORM, l, -1);
+    int kn = entry(m, PARAM_K_NORM, l, -1), mn = entry(m, PARAM_MLP_NORM, l, -1);
+    int q = entry(m, PARAM_Q, l, -1), k = entry(m, PARAM_K, l, -1), v = entry(m, PARAM_V, l, -1);
+    int o = entry(m, PARAM_O, l, -1), r = entry(m, PARAM_ROUTER, l, -1);
+    lp->attn_norm = master(m, pb, an);
+    lp->q_norm = master(m, pb, qn);
+    lp->k_norm = master(m, pb, kn);
+    lp->mlp_norm = master(m, pb, mn);
+    lp->qkv = compute(m, pb, q);   // q_proj, k_proj, v_proj are adjacent in the parameter buffer
+    lp->o = compute(m, pb, o);
+    lp->router = compute(m, pb, r);
+    lp->d_attn_norm = grad(m, an);
+    lp->d_q_norm = grad(m, qn);
+    lp->d_k_norm = grad(m, kn);
+    lp->d_mlp_norm = grad(m, mn);
+    lp->d_q = grad(m, q);
+    lp->d_k = grad(m, k);
+    lp->d_v = grad(m, v);
+    lp->d_o = grad(m, o);
+    lp->d_router = grad(m, r);
+    return bind_experts(m, pb, l, lp);
+}
+
+// Binds one part (hooks' numbering) from base pb.
+static int bind_part(Model *m, const PartBase *pb, int part) {
+    const int L = m->cfg.n_layers;
+    if (part == 0) bind_embed(m, pb);
+    else if (part == L + 1) bind_head(m, pb);
+    else return bind_layer(m, pb, part - 1);
+    return SPES_OK;
+}
+
 int model_bind(Model *m) {
     model_unbind(m);
     const int L = m->cfg.n_layers;
@@ -72,37 +141,24 @@ int model_bind(Model *m) {
     if (!b) return SPES_ERR;
     m->bind = b;
     if (!(b->layers = spes_calloc((size_t)L, sizeof *b->layers))) return SPES_ERR;
-    int embed = entry(m, PARAM_EMBED, -1, -1), fnorm = entry(m, PARAM_FINAL_NORM, -1, -1);
-    int head = entry(m, PARAM_LM_HEAD, -1, -1);
-    b->embed = master(m, embed);
-    b->final_norm = master(m, fnorm);
-    b->lm_head = compute(m, head);
-    b->d_embed = grad(m, embed);
-    b->d_final_norm = grad(m, fnorm);
-    b->d_lm_head = grad(m, head);
-    for (int l = 0; l < L; l++) {
-        LayerParams *lp = &b->layers[l];
-        int an = entry(m, PARAM_ATTN_NORM, l, -1), qn = entry(m, PARAM_Q_NORM, l, -1);
-        int kn = entry(m, PARAM_K_NORM, l, -1), mn = entry(m, PARAM_MLP_NORM, l, -1);
-        int q = entry(m, PARAM_Q, l, -1), k = entry(m, PARAM_K, l, -1), v = entry(m, PARAM_V, l, -1);
-        int o = entry(m, PARAM_O, l, -1), r = entry(m, PARAM_ROUTER, l, -1);
-        lp->attn_norm = master(m, an);
-        lp->q_norm = master(m, qn);
-        lp->k_norm = master(m, kn);
-        lp->mlp_norm = master(m, mn);
-        lp->qkv = compute(m, q);   // q_proj, k_proj, v_proj are adjacent in the parameter buffer
-        lp->o = compute(m, o);
-        lp->router = compute(m, r);
-        lp->d_attn_norm = grad(m, an);
-        lp->d_q_norm = grad(m, qn);
-        lp->d_k_norm = grad(m, kn);
-        lp->d_mlp_norm = grad(m, mn);
-        lp->d_q = grad(m, q);
-        lp->d_k = grad(m, k);
-        lp->d_v = grad(m, v);
-        lp->d_o = grad(m, o);
-        lp->d_router = grad(m, r);
-        SPES_TRY(bind_experts(m, l, lp));
+    for (int part = 0; part <= L + 1; part++) {
+        PartBase pb = own_base(m, part);
+        SPES_TRY(bind_part(m, &pb, part));
     }
     return SPES_OK;
+}
+
+int model_bind_part(Model *m, int part, const float *master_base, void *compute_base) {
+    const int L = m->cfg.n_layers;
+    if (!m->bind) return spes_fail("model_bind_part: the model has no binding");
+    if (part < 0 || part > L + 1) return spes_fail("model_bind_part: part %d out of range [0, %d]", part, L + 1);
+    PartBase pb = own_base(m, part);
+    if (master_base) {
+        if (m->cparams && !compute_base)
+            return spes_fail("model_bind_part: part %d needs a compute copy (compute is not fp32)", part);
+        pb.master = master_base;
+        // fp32 compute reads the GEMM weights from the master itself, as model_bind does.
+        pb.compute = m->cparams ? buf_of(compute_base, m->be->compute) : buf_f32((float *)master_base);
+    }
+    return bind_part(m, &pb, part);
 }

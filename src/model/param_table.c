@@ -82,6 +82,30 @@ int param_part(const ParamInfo *pi, int n_layers) {
     return pi->kind == PARAM_EMBED ? 0 : n_layers + 1;
 }
 
+// [lo, hi) over the part's tensors: parameter offsets, or gradient offsets of the trainable ones.
+static void part_span(const ParamTable *table, int part, int n_layers, bool gradients, size_t *offset, size_t *numel) {
+    size_t lo = 0, hi = 0;
+    bool seen = false;
+    for (int i = 0; i < table->count; i++) {
+        const ParamInfo *pi = &table->entries[i];
+        if (param_part(pi, n_layers) != part || (gradients && !pi->trainable)) continue;
+        size_t a = gradients ? (size_t)pi->grad_offset : pi->offset, b = a + pi->numel;
+        if (!seen || a < lo) lo = a;
+        if (!seen || b > hi) hi = b;
+        seen = true;
+    }
+    *offset = lo;
+    *numel = hi - lo;
+}
+
+void param_part_span(const ParamTable *table, int part, int n_layers, size_t *offset, size_t *numel) {
+    part_span(table, part, n_layers, false, offset, numel);
+}
+
+void param_part_grad_span(const ParamTable *table, int part, int n_layers, size_t *offset, size_t *numel) {
+    part_span(table, part, n_layers, true, offset, numel);
+}
+
 int param_table_index(const ParamTable *table, ParamKind kind, int layer, int expert) {
     for (int i = 0; i < table->count; i++) {
         const ParamInfo *p = &table->entries[i];

@@ -58,6 +58,11 @@ int param_table_find(const ParamTable *table, const char *name);
 // The part of the model a tensor belongs to, the unit the model's hooks report (model.h):
 // 0 the embedding, 1 + l layer l, n_layers + 1 the head (final norm, lm_head).
 int param_part(const ParamInfo *pi, int n_layers);
+// The span of the parameter buffer (floats) that part `part` occupies: its tensors are
+// consecutive in table order, so [offset, offset + numel) holds exactly them. 0, 0 when empty.
+void param_part_span(const ParamTable *table, int part, int n_layers, size_t *offset, size_t *numel);
+// The same for the gradient layout: the part's trainable tensors are consecutive there too.
+void param_part_grad_span(const ParamTable *table, int part, int n_layers, size_t *offset, size_t *numel);
 // Index of (kind, layer, expert); -1 if absent.
 int param_table_index(const ParamTable *table, ParamKind kind, int layer, int expert);
 // Marks tensors trainable from a per-entry mask and recomputes grad offsets.

@@ -29,13 +29,9 @@ typedef struct {
 
 // Gradient range [lo, hi) of one part (its tensors are consecutive in table order).
 static void part_range(const Model *m, int part, size_t *lo, size_t *hi) {
-    *lo = (size_t)-1, *hi = 0;
-    for (int i = 0; i < m->table.count; i++) {
-        const ParamInfo *pi = &m->table.entries[i];
-        if (!pi->trainable || param_part(pi, m->cfg.n_layers) != part) continue;
-        if ((size_t)pi->grad_offset < *lo) *lo = (size_t)pi->grad_offset;
-        if ((size_t)pi->grad_offset + pi->numel > *hi) *hi = (size_t)pi->grad_offset + pi->numel;
-    }
+    size_t numel;
+    param_part_grad_span(&m->table, part, m->cfg.n_layers, lo, &numel);
+    *hi = *lo + numel;
 }
 
 static int record(void *ctx, ModelHookEvent event, int part) {

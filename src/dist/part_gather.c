@@ -1,0 +1,82 @@
+// ZeRO-3's part gather (part_gather.h): one all-gather of the part's range of the gradient
+// layout, then a copy per tensor into the working buffer.
+#include "dist/part_gather.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+// The part's range [glo, ghi) of the gradient layout (its trainable tensors).
+static void part_grad_range(const PartGather *g, int part, size_t *glo, size_t *ghi) {
+    size_t numel;
+    param_part_grad_span(g->table, part, g->n_layers, glo, &numel);
+    *ghi = *glo + numel;
+}
+
+int part_gather_create(PartGather *g, Comm *comm, Backend *be, const ParamTable *table, int n_layers,
+                       const size_t *lo) {
+    memset(g, 0, sizeof *g);
+    if (!be->host_memory) return spes_fail("part_gather: only host buffers (the MPI path) are supported");
+    g->comm = comm, g->be = be, g->table = table, g->n_layers = n_layers, g->lo = lo;
+    g->rank = comm_rank(comm), g->size = comm_size(comm);
+    if (!(g->frozen_at = spes_calloc((size_t)table->count, sizeof *g->frozen_at))) return SPES_ERR;
+    for (int i = 0; i < table->count; i++) {
+        if (table->entries[i].trainable) continue;
+        g->frozen_at[i] = g->frozen_numel;
+        g->frozen_numel += table->entries[i].numel;
+    }
+    for (int p = 0; p <= n_layers + 1; p++) {
+        size_t glo, ghi;
+        part_grad_range(g, p, &glo, &ghi);
+        g->gathered_n = max_sz(g->gathered_n, ghi - glo);
+    }
+    if (g->gathered_n > INT_MAX) return spes_fail("part_gather: a part of %zu trainable values exceeds one collective's count", g->gathered_n);
+    g->gathered = spes_malloc(max_sz(g->gathered_n, 1) * sizeof(float));
+    g->counts = spes_calloc((size_t)g->size, sizeof *g->counts);
+    return g->gathered && g->counts ? SPES_OK : SPES_ERR;
+}
+
+void part_gather_free(PartGather *g) {
+    free(g->frozen_at);
+    free(g->gathered);
+    free(g->counts);
+    memset(g, 0, sizeof *g);
+}
+
+void part_pack_frozen(const PartGather *g, const float *params, float *store) {
+    for (int i = 0; i < g->table->count; i++) {
+        const ParamInfo *pi = &g->table->entries[i];
+        if (!pi->trainable) memcpy(store + g->frozen_at[i], params + pi->offset, pi->numel * sizeof(float));
+    }
+}
+
+int part_gather(PartGather *g, int part, const float *shard, const float *frozen, float *work) {
+    if (part < 0 || part > g->n_layers + 1)
+        return spes_fail("part_gather: part %d out of range [0, %d]", part, g->n_layers + 1);
+    size_t glo, ghi;
+    part_grad_range(g, part, &glo, &ghi);
+    // Block r: the range's overlap with rank r's shard, at its place in the range.
+    for (int r = 0; r < g->size; r++) {
+        size_t a = max_sz(glo, g->lo[r]), b = min_sz(ghi, g->lo[r + 1]);
+        g->counts[r] = b > a ? (int)(b - a) : 0;
+    }
+    size_t mine = max_sz(glo, g->lo[g->rank]);
+    if (g->counts[g->rank])
+        memcpy(g->gathered + (mine - glo), shard + (mine - g->lo[g->rank]), (size_t)g->counts[g->rank] * sizeof(float));
+    if (ghi > glo) SPES_TRY(comm_allgather(g->comm, g->be, g->gathered, g->counts));
+    size_t offset, numel;
+    param_part_span(g->table, part, g->n_layers, &offset, &numel);
+    for (int i = 0; i < g->table->count; i++) {
+        const ParamInfo *pi = &g->table->entries[i];
+        if (param_part(pi, g->n_layers) != part) continue;
+        const float *src = pi->trainable ? g->gathered + ((size_t)pi->grad_offset - glo) : frozen + g->frozen_at[i];
+        memcpy(work + (pi->offset - offset), src, pi->numel * sizeof(float));
+    }
+    return SPES_OK;
+}

@@ -1,0 +1,44 @@
+// ZeRO-3's gather of one part (the model hooks' unit: embedding, layer l, head) from the
+// ranks' shards, into a working buffer laid out as the part's span of the parameter buffer
+// (param_part_span), ready for model_bind_part.
+//
+// Each rank keeps the fp32 master values of its shard [lo[r], lo[r+1]) of the gradient layout
+// (trainable tensors, table order, as ZeRO-2 shards gradients and moments). A part's
+// trainable tensors are consecutive in that layout, so the part's trainable values are one
+// range [glo, ghi) of it: one all-gather whose block r is that range's overlap with rank r's
+// shard. Frozen tensors (SPES: the experts this peer does not own) are in no shard: every rank
+// holds them packed in table order (part_pack_frozen), and the gather copies them from there.
+//
+// Host buffers only (the MPI path); the device path (NCCL, compute copy) is not written yet.
+#pragma once
+#include <stddef.h>
+
+#include "dist/comm.h"
+#include "model/param_table.h"
+#include "ops/backend.h"
+
+typedef struct {
+    Comm *comm;
+    Backend *be;
+    const ParamTable *table;
+    int n_layers, rank, size;
+    const size_t *lo;        // [size + 1] shard boundaries of the gradient layout (not owned)
+    size_t frozen_numel;     // floats of the packed frozen store
+    size_t *frozen_at;       // [table->count] each frozen tensor's offset in the store
+    float *gathered;         // [largest part's trainable values] the all-gathered range
+    size_t gathered_n;
+    int *counts;             // [size]
+} PartGather;
+
+// lo: the shard boundaries (DataParallel.lo); table (of a model of n_layers layers) and lo must
+// outlive g. Host backend only.
+int part_gather_create(PartGather *g, Comm *comm, Backend *be, const ParamTable *table, int n_layers,
+                       const size_t *lo);
+void part_gather_free(PartGather *g);
+// Copies the frozen tensors of the full parameter buffer params[total_numel] into
+// store[g->frozen_numel], packed in table order.
+void part_pack_frozen(const PartGather *g, const float *params, float *store);
+// Every rank calls it for the same part (a collective): assembles part `part` into
+// work[span of the part] from this rank's shard (shard[0..lo[rank+1]-lo[rank])), the other
+// ranks' shards and the frozen store.
+int part_gather(PartGather *g, int part, const float *shard, const float *frozen, float *work);

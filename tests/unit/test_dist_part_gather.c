@@ -1,0 +1,130 @@
+// ZeRO-3's part gather (dist/part_gather.h) on the tiny MoE with frozen experts (SPES: a peer
+// trains experts 1..2 only), with the ranks' shards of ZeRO-2 (dp_create's boundaries):
+//   - every part gathered from the shards and the frozen store equals its span of the full
+//     parameters, bit for bit;
+//   - a training pass whose parts are gathered by the model's hooks into one working buffer
+//     (model_bind_part) while the model's own parameters are NaN gives the plain pass's loss
+//     and gradients, bit for bit.
+// Run directly it is a job of one rank; tests/integration/dist_part_gather.sh runs the same
+// binary under mpirun with 2 and 3 ranks (the shards then cut through the parts' tensors).
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/threads.h"
+#include "dist/comm.h"
+#include "dist/data_parallel.h"
+#include "dist/part_gather.h"
+#include "model/model.h"
+
+enum { B = 2, T = 8 };
+
+static Comm *comm;
+
+typedef struct {
+    Model *m;
+    PartGather *g;
+    const float *shard, *frozen;
+    float *work;
+} Listener;
+
+static int gather_part(void *ctx, ModelHookEvent event, int part) {
+    Listener *l = ctx;
+    if (event != MODEL_HOOK_PRE_FORWARD && event != MODEL_HOOK_PRE_BACKWARD) return SPES_OK;
+    SPES_TRY(part_gather(l->g, part, l->shard, l->frozen, l->work));
+    return model_bind_part(l->m, part, l->work, NULL);
+}
+
+static void test_part_gather(void **state) {
+    (void)state;
+    ModelConfig cfg;
+    assert_int_equal(model_config_preset("tiny", &cfg), SPES_OK);
+    Model m;
+    assert_int_equal(model_create(&m, &cfg), SPES_OK);
+    model_init_weights(&m, 23);
+    assert_int_equal(model_set_trainable_experts(&m, 1, 2), SPES_OK);
+    const int L = m.cfg.n_layers;
+    const size_t n = m.table.trainable_numel, total = m.table.total_numel;
+    assert_true(n < total);   // some experts are frozen
+
+    DataParallel dp;
+    assert_int_equal(dp_create(&dp, comm, backend_cpu(), DP_ZERO2, &m.table, L, 1.0), SPES_OK);
+    PartGather g;
+    assert_int_equal(part_gather_create(&g, comm, backend_cpu(), &m.table, L, dp.lo), SPES_OK);
+    assert_int_equal(g.frozen_numel, total - n);
+
+    // This rank's master shard of the gradient layout, and the packed frozen store.
+    float *layout = malloc(n * sizeof(float)), *frozen = malloc((total - n) * sizeof(float));
+    for (int i = 0; i < m.table.count; i++) {
+        const ParamInfo *pi = &m.table.entries[i];
+        if (pi->trainable) memcpy(layout + pi->grad_offset, m.params + pi->offset, pi->numel * sizeof(float));
+    }
+    part_pack_frozen(&g, m.params, frozen);
+    const size_t lo = dp.lo[dp.rank], hi = dp.lo[dp.rank + 1];
+    float *shard = malloc((hi - lo + 1) * sizeof(float));
+    memcpy(shard, layout + lo, (hi - lo) * sizeof(float));
+
+    size_t largest = 0;
+    for (int p = 0; p <= L + 1; p++) {
+        size_t offset, numel;
+        param_part_span(&m.table, p, L, &offset, &numel);
+        if (numel > largest) largest = numel;
+    }
+    float *work = malloc(largest * sizeof(float));
+    for (int p = 0; p <= L + 1; p++) {
+        size_t offset, numel;
+        param_part_span(&m.table, p, L, &offset, &numel);
+        for (size_t i = 0; i < largest; i++) work[i] = NAN;
+        assert_int_equal(part_gather(&g, p, shard, frozen, work), SPES_OK);
+        assert_memory_equal(work, m.params + offset, numel * sizeof(float));
+    }
+    assert_int_equal(part_gather(&g, L + 2, shard, frozen, work), SPES_ERR);
+
+    // The reference pass, then the same pass on gathered parts with NaN in the model's buffer.
+    int32_t in[B * T], tg[B * T];
+    for (int i = 0; i < B * T; i++) {
+        in[i] = (i * 7 + 3) % m.cfg.embedding_size;
+        tg[i] = (i * 5 + 1) % m.cfg.embedding_size;
+    }
+    LossWeights w = {.lm_z_mult = 1e-2f, .lb_weight = 0.1f, .router_z_weight = 1e-3f};
+    LossValues ref, got;
+    model_zero_grad(&m);
+    assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 1.0f, &ref, NULL), SPES_OK);
+    float *ref_grads = malloc(n * sizeof(float));
+    memcpy(ref_grads, m.grads, n * sizeof(float));
+    for (size_t i = 0; i < total; i++) m.params[i] = NAN;
+    Listener l = {.m = &m, .g = &g, .shard = shard, .frozen = frozen, .work = work};
+    ModelHooks hooks = {.fn = gather_part, .ctx = &l};
+    m.hooks = &hooks;
+    model_zero_grad(&m);
+    assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 1.0f, &got, NULL), SPES_OK);
+    m.hooks = NULL;
+    assert_memory_equal(&got, &ref, sizeof got);
+    assert_memory_equal(m.grads, ref_grads, n * sizeof(float));
+
+    free(ref_grads);
+    free(work);
+    free(shard);
+    free(frozen);
+    free(layout);
+    part_gather_free(&g);
+    dp_free(&dp);
+    model_free(&m);
+}
+
+int main(void) {
+    threads_set(1);
+    if (comm_init(&comm) != SPES_OK) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_part_gather),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    comm_finalize(comm);
+    return failed;
+}
