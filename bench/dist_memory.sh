@@ -3,12 +3,13 @@
 # theory, for N = 1, 2, 4 ranks on the cpu, plus tokens/s of 2 ranks x 1 thread against 1 rank
 # x 2 threads, and of 2 ranks with the gradient reduction overlapped with the backward
 # (ddp.overlap_grad_reduce, the default) against reduced after it.
-# usage: bash bench/dist_memory.sh [build-dir]
+# usage: bash bench/dist_memory.sh [build-dir]   (BENCH_DIST_MEMORY_ONLY=1: the memory table only)
 # Model: tiny_shakespeare's MoE widened (d_model 256, 4 layers, 8 experts: ~8.7M parameters);
 # random byte-level tokens. "Measured" is the size of every buffer the rank allocated for
 # each role (the trainer's "memory per rank" line), and rank 0's peak RSS; theory is
-# ZeRO's: P parameters, T trainable, fp32: params 4P (4P/N under ZeRO-3), gradients 4T
-# (4T/N under ZeRO-2/3), AdamW state 8T (8T/N under ZeRO-1/2/3).
+# ZeRO's: P parameters, T trainable, fp32: params 4P (ZeRO-3: 4T/N + 4(P-T) frozen, plus the
+# part buffers B it logs: the working buffer of the largest part), gradients 4T (4T/N under
+# ZeRO-2/3), AdamW state 8T (8T/N under ZeRO-1/2/3).
 set -euo pipefail
 BUILD=${1:-build}
 cd "$(dirname "$0")/.."
@@ -35,6 +36,7 @@ run() {   # run NAME NPROC THREADS STEPS [overrides]
     --nproc_per_node "$n" "$@" >"$tmp/$name.log" 2>&1 || { echo "dist_memory: failed ($name)"; tail "$tmp/$name.log"; exit 1; }
 }
 field() { sed -n "s/.*memory per rank.*$1 \([0-9.]*\) MB.*/\1/p" "$2" | head -1; }
+part_buffers() { sed -n "s/.*zero3 parameters per rank.*part buffers \([0-9.]*\) MB.*/\1/p" "$1" | head -1; }
 
 echo "| strategy | ranks N | parameters MB (theory) | gradients MB (theory) | optimizer state MB (theory) | collective scratch MB | peak RSS rank 0 MB |"
 echo "|---|---|---|---|---|---|---|"
@@ -50,9 +52,9 @@ for n in 1 2 4; do
       T=$(sed -n 's/.*model: \([0-9]*\) parameters, \([0-9]*\) trainable.*/\2/p' "$log")
     fi
     read -r tp tg to < <(python3 -c "
-P, T, N, s = $P, $T, $n, '$s'
+P, T, N, s, B = $P, $T, $n, '$s', float('$(part_buffers "$log")' or 0)
 mb = 1 / 1048576
-p = 4 * P / (N if s == 'FULL_SHARD' else 1)
+p = 4 * T / N + 4 * (P - T) + B / mb if s == 'FULL_SHARD' else 4 * P
 g = 4 * T / (N if s in ('SHARD_GRAD_OP', 'FULL_SHARD') else 1)
 o = 8 * T / (N if s != 'ddp' else 1)
 print('%.2f %.2f %.2f' % (p * mb, g * mb, o * mb))")
@@ -63,7 +65,8 @@ print('%.2f %.2f %.2f' % (p * mb, g * mb, o * mb))")
       "$(field "collective scratch" "$log")" "$rss"
   done
 done
-echo "P = $P parameters, T = $T trainable (fp32)"
+echo "P = $P parameters, T = $T trainable (fp32); ZeRO-3's part buffers: $(part_buffers "$tmp/FULL_SHARD_2.log") MB"
+[ "${BENCH_DIST_MEMORY_ONLY:-}" = 1 ] && exit 0
 
 # Throughput: the same 12 steps, 2 ranks x 1 thread (DDP) against 1 rank x 2 threads (and 1 x 1).
 tps() { python3 -c "

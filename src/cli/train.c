@@ -186,6 +186,7 @@ int cmd_train(int argc, char **argv) {
         rc = spes_ranks_create(&cfg, comm, &peer);
         if (rc == SPES_OK) {
             opt.after_step = spes_ranks_after_step;
+            opt.after_step_touches_model = spes_ranks_step_touches_model;
             opt.after_step_ctx = peer;
             opt.on_metrics = spes_ranks_note_metrics;   // reported to the server with each upload
             opt.on_metrics_ctx = peer;

@@ -10,7 +10,7 @@
 #include "base/error.h"
 #include "base/log.h"
 
-int dp_stage_from_config(const TrainConfig *cfg, int world_size, DpStage *out) {
+int dp_stage_from_config(const TrainConfig *cfg, int world_size, bool host_buffers, DpStage *out) {
     const char *ds = cfg->distributed_strategy, *ss = cfg->fsdp_sharding_strategy;
     *out = DP_DDP;
     if (strcmp(ds, "single") == 0) {
@@ -25,15 +25,24 @@ int dp_stage_from_config(const TrainConfig *cfg, int world_size, DpStage *out) {
         *out = DP_ZERO1;
         return SPES_OK;
     }
-    if (strcmp(ss, "FULL_SHARD") == 0 && world_size > 1)
-        log_warn("fsdp.sharding_strategy FULL_SHARD: parameter sharding (ZeRO-3) is not implemented; running as "
-                 "SHARD_GRAD_OP (ZeRO-2: gradients and optimizer state sharded, parameters replicated). The training "
-                 "is the same; only the memory per rank differs (docs/distributed.md)");
     *out = DP_ZERO2;
+    if (strcmp(ss, "FULL_SHARD") != 0) return SPES_OK;
+    if (host_buffers) {
+        *out = DP_ZERO3;
+        return SPES_OK;
+    }
+    if (world_size > 1)
+        log_warn("fsdp.sharding_strategy FULL_SHARD: parameter sharding (ZeRO-3) is written for host buffers only; "
+                 "on this device it runs as SHARD_GRAD_OP (ZeRO-2: gradients and optimizer state sharded, parameters "
+                 "replicated). The training is the same; only the memory per rank differs (docs/distributed.md)");
     return SPES_OK;
 }
 
-const char *dp_stage_name(DpStage s) { return s == DP_ZERO1 ? "zero1" : s == DP_ZERO2 ? "zero2" : "ddp"; }
+const char *dp_stage_name(DpStage s) {
+    return s == DP_ZERO1 ? "zero1" : s == DP_ZERO2 ? "zero2" : s == DP_ZERO3 ? "zero3" : "ddp";
+}
+
+bool dp_shards_grads(DpStage s) { return s == DP_ZERO2 || s == DP_ZERO3; }
 
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
@@ -85,7 +94,7 @@ int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const Pa
     }
     // ZeRO-2's reduce-scatter of bucket b has blocks blocks[b*size ..): kept for the whole step,
     // as a non-blocking collective reads its counts until it completes.
-    if (stage == DP_ZERO2) {
+    if (dp_shards_grads(stage)) {
         if (!(dp->blocks = spes_calloc(dp->n_buckets * (size_t)dp->size + 1, sizeof *dp->blocks))) {
             dp_free(dp);
             return SPES_ERR;
@@ -98,7 +107,7 @@ int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const Pa
     // trainable: no frozen experts), when the all-gather runs in place on the parameters.
     dp->contiguous = dp_layout_is_contiguous(table);
     size_t scratch = 0;
-    if (stage != DP_DDP && !dp->contiguous) scratch = min_sz(dp->bucket, dp->n);
+    if ((stage == DP_ZERO1 || stage == DP_ZERO2) && !dp->contiguous) scratch = min_sz(dp->bucket, dp->n);
     dp->scratch_n = scratch;
     int rc = SPES_OK;
     if (scratch) rc = backend_alloc(be, scratch * sizeof(float), (void **)&dp->scratch);
@@ -153,7 +162,7 @@ void dp_reduce_begin(DataParallel *dp, float *grads) {
 // Bucket b's collective, started: an all-reduce, or ZeRO-2's reduce-scatter over its blocks.
 static int start_bucket(DataParallel *dp, size_t b) {
     size_t b0 = b * dp->bucket, b1 = min_sz(b0 + dp->bucket, dp->n);
-    if (dp->stage != DP_ZERO2) return comm_start_allreduce_sum(dp->comm, dp->be, dp->grads + b0, b1 - b0);
+    if (!dp_shards_grads(dp->stage)) return comm_start_allreduce_sum(dp->comm, dp->be, dp->grads + b0, b1 - b0);
     return comm_start_reduce_scatter_sum(dp->comm, dp->be, dp->grads + b0, dp->blocks + b * (size_t)dp->size);
 }
 
@@ -190,7 +199,7 @@ float *dp_step_grads(DataParallel *dp, float *grads) {
 }
 
 double dp_grad_norm(DataParallel *dp, float *grads) {
-    if (dp->stage != DP_ZERO2) return grad_global_norm(dp->be, grads, dp->n);   // every rank has it all
+    if (!dp_shards_grads(dp->stage)) return grad_global_norm(dp->be, grads, dp->n);   // every rank has it all
     size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
     double sumsq = grad_sum_of_squares(dp->be, grads + dp->lo[dp->rank], mine);
     if (isnan(sumsq)) return NAN;
@@ -199,7 +208,7 @@ double dp_grad_norm(DataParallel *dp, float *grads) {
 }
 
 void dp_grad_scale(DataParallel *dp, float *grads, float s) {
-    if (dp->stage == DP_ZERO2) {
+    if (dp_shards_grads(dp->stage)) {
         size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
         if (mine) dp->be->ops->scale(dp->be, grads + dp->lo[dp->rank], mine, s);
     } else if (dp->n) {
@@ -240,6 +249,7 @@ static void take_piece(DataParallel *dp, float *dparams, Buf compute, size_t at,
 }
 
 int dp_gather_params(DataParallel *dp, const ParamTable *table, float *dparams, Buf compute) {
+    if (dp->stage == DP_ZERO3) return spes_fail("dist: zero3 keeps its parameters sharded; nothing to all-gather");
     if (dp->stage == DP_DDP || dp->n == 0) return SPES_OK;
     if (dp->contiguous) {
         // Shards are ranges of the parameter buffer itself: gathered in place, one bucket at a time.

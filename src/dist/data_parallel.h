@@ -5,7 +5,11 @@
 //   ddp / NO_SHARD     bucketed all-reduce (sum)     full on every rank     full, updated everywhere
 //   SHARD_OPTIM (Z1)   bucketed all-reduce (sum)     rank's shard only      shard updated, all-gathered
 //   SHARD_GRAD_OP (Z2) bucketed reduce-scatter       rank's shard only      shard updated, all-gathered
-//   FULL_SHARD (Z3)    as Z2; parameter sharding is not implemented: runs as Z2, with a warning
+//   FULL_SHARD (Z3)    as Z2                         rank's shard only      rank's fp32 shard only; each part
+//                                                                                 all-gathered right before use
+//                                                                                 (dist/sharded_params.h)
+// ZeRO-3 is written for host buffers (the MPI path); on a device backend FULL_SHARD runs as
+// Z2, with a warning.
 //
 // ZeRO-2 keeps the full-size gradient buffer the backward accumulates into (every micro-batch
 // adds into it); what is sharded is the reduced gradient, the clipping and the update.
@@ -39,7 +43,7 @@
 #include "ops/backend.h"
 #include "train/optimizer.h"
 
-typedef enum { DP_DDP = 0, DP_ZERO1, DP_ZERO2 } DpStage;
+typedef enum { DP_DDP = 0, DP_ZERO1, DP_ZERO2, DP_ZERO3 } DpStage;
 
 typedef struct {
     Comm *comm;
@@ -66,9 +70,12 @@ typedef struct {
 } DataParallel;
 
 // The stage from distributed_strategy + fsdp.sharding_strategy (`single` with more than one
-// rank is an error; FULL_SHARD warns that it runs as SHARD_GRAD_OP).
-int dp_stage_from_config(const TrainConfig *cfg, int world_size, DpStage *out);
-const char *dp_stage_name(DpStage s);   // "ddp", "zero1", "zero2"
+// rank is an error). FULL_SHARD is ZeRO-3 with host buffers; on a device backend
+// (host_buffers false) it warns that it runs as SHARD_GRAD_OP.
+int dp_stage_from_config(const TrainConfig *cfg, int world_size, bool host_buffers, DpStage *out);
+const char *dp_stage_name(DpStage s);   // "ddp", "zero1", "zero2", "zero3"
+// True when the stage reduce-scatters gradients into shards (ZeRO-2 and ZeRO-3).
+bool dp_shards_grads(DpStage s);
 
 // `table` (of a model of n_layers layers) must outlive dp; dp must not be moved afterwards
 // (dp->hooks points at it).
@@ -100,7 +107,8 @@ double dp_grad_norm(DataParallel *dp, float *grads);
 // Multiplies the gradient this rank's AdamW reads by s.
 void dp_grad_scale(DataParallel *dp, float *grads, float s);
 // ZeRO-1/2: every rank's updated shard of the trainable parameters (fp32 master `dparams`,
-// and the compute copy when there is one) reaches every rank. No-op under DDP.
+// and the compute copy when there is one) reaches every rank. No-op under DDP; an error under
+// ZeRO-3 (its parameters stay sharded).
 int dp_gather_params(DataParallel *dp, const ParamTable *table, float *dparams, Buf compute);
 
 // Checkpoints: the full optimizer state on every rank (host), from the shards.

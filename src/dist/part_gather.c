@@ -1,8 +1,10 @@
 // ZeRO-3's part gather (part_gather.h): one all-gather of the part's range of the gradient
-// layout, then a copy per tensor into the working buffer.
+// layout, straight into the working buffer when the part has no frozen tensor (the range is
+// then laid out as the part's span), else into a staging buffer and a copy per tensor.
 #include "dist/part_gather.h"
 
 #include <limits.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +21,14 @@ static void part_grad_range(const PartGather *g, int part, size_t *glo, size_t *
     *ghi = *glo + numel;
 }
 
+// Every tensor of the part trainable: its range of the gradient layout is its span, value for value.
+static bool all_trainable(const PartGather *g, int part) {
+    size_t glo, ghi, offset, numel;
+    part_grad_range(g, part, &glo, &ghi);
+    param_part_span(g->table, part, g->n_layers, &offset, &numel);
+    return ghi - glo == numel;
+}
+
 int part_gather_create(PartGather *g, Comm *comm, Backend *be, const ParamTable *table, int n_layers,
                        const size_t *lo) {
     memset(g, 0, sizeof *g);
@@ -31,12 +41,14 @@ int part_gather_create(PartGather *g, Comm *comm, Backend *be, const ParamTable 
         g->frozen_at[i] = g->frozen_numel;
         g->frozen_numel += table->entries[i].numel;
     }
+    size_t largest = 0;
     for (int p = 0; p <= n_layers + 1; p++) {
         size_t glo, ghi;
         part_grad_range(g, p, &glo, &ghi);
-        g->gathered_n = max_sz(g->gathered_n, ghi - glo);
+        largest = max_sz(largest, ghi - glo);
+        if (!all_trainable(g, p)) g->gathered_n = max_sz(g->gathered_n, ghi - glo);   // staged
     }
-    if (g->gathered_n > INT_MAX) return spes_fail("part_gather: a part of %zu trainable values exceeds one collective's count", g->gathered_n);
+    if (largest > INT_MAX) return spes_fail("part_gather: a part of %zu trainable values exceeds one collective's count", largest);
     g->gathered = spes_malloc(max_sz(g->gathered_n, 1) * sizeof(float));
     g->counts = spes_calloc((size_t)g->size, sizeof *g->counts);
     return g->gathered && g->counts ? SPES_OK : SPES_ERR;
@@ -61,6 +73,8 @@ int part_gather(PartGather *g, int part, const float *shard, const float *frozen
         return spes_fail("part_gather: part %d out of range [0, %d]", part, g->n_layers + 1);
     size_t glo, ghi;
     part_grad_range(g, part, &glo, &ghi);
+    bool direct = all_trainable(g, part);
+    float *dst = direct ? work : g->gathered;
     // Block r: the range's overlap with rank r's shard, at its place in the range.
     for (int r = 0; r < g->size; r++) {
         size_t a = max_sz(glo, g->lo[r]), b = min_sz(ghi, g->lo[r + 1]);
@@ -68,8 +82,9 @@ int part_gather(PartGather *g, int part, const float *shard, const float *frozen
     }
     size_t mine = max_sz(glo, g->lo[g->rank]);
     if (g->counts[g->rank])
-        memcpy(g->gathered + (mine - glo), shard + (mine - g->lo[g->rank]), (size_t)g->counts[g->rank] * sizeof(float));
-    if (ghi > glo) SPES_TRY(comm_allgather(g->comm, g->be, g->gathered, g->counts));
+        memcpy(dst + (mine - glo), shard + (mine - g->lo[g->rank]), (size_t)g->counts[g->rank] * sizeof(float));
+    if (ghi > glo) SPES_TRY(comm_allgather(g->comm, g->be, dst, g->counts));
+    if (direct) return SPES_OK;
     size_t offset, numel;
     param_part_span(g->table, part, g->n_layers, &offset, &numel);
     for (int i = 0; i < g->table->count; i++) {

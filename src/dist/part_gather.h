@@ -25,8 +25,8 @@ typedef struct {
     const size_t *lo;        // [size + 1] shard boundaries of the gradient layout (not owned)
     size_t frozen_numel;     // floats of the packed frozen store
     size_t *frozen_at;       // [table->count] each frozen tensor's offset in the store
-    float *gathered;         // [largest part's trainable values] the all-gathered range
-    size_t gathered_n;
+    float *gathered;         // [gathered_n] staging of the all-gathered range of a part with frozen tensors
+    size_t gathered_n;       // the largest such part's trainable values (0: every part gathers in place)
     int *counts;             // [size]
 } PartGather;
 

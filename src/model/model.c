@@ -32,14 +32,10 @@ static int alloc_grads(Model *m) {
 
 int model_create(Model *m, const ModelConfig *cfg) { return model_create_on(m, cfg, backend_cpu()); }
 
-int model_create_on(Model *m, const ModelConfig *cfg, Backend *be) {
-    memset(m, 0, sizeof *m);
-    m->cfg = *cfg;
-    m->be = be;
-    SPES_TRY(model_config_validate(&m->cfg));
-    SPES_TRY(param_table_build(&m->cfg, &m->table));
+// The parameter buffers: host copy, backend fp32 master (the same on cpu), compute copy.
+static int alloc_params(Model *m) {
+    Backend *be = m->be;
     const size_t n = m->table.total_numel;
-    int rc = SPES_OK;
     if (be->host_memory) {
         m->params = m->dparams = alloc_backend(be, n, NUM_F32, "model parameters");
     } else {   // the host copy is page-locked: checkpoints and sync payloads move at bus speed
@@ -47,10 +43,27 @@ int model_create_on(Model *m, const ModelConfig *cfg, Backend *be) {
             spes_fail_context("model parameters (host copy)");
         m->dparams = m->params ? alloc_backend(be, n, NUM_F32, "model parameters") : NULL;
     }
-    if (!m->dparams) rc = SPES_ERR;
-    if (rc == SPES_OK && be->compute != NUM_F32 &&
-        !(m->cparams = alloc_backend(be, n, be->compute, "model parameters (compute copy)")))
-        rc = SPES_ERR;
+    if (!m->dparams) return SPES_ERR;
+    if (be->compute != NUM_F32 && !(m->cparams = alloc_backend(be, n, be->compute, "model parameters (compute copy)")))
+        return SPES_ERR;
+    return SPES_OK;
+}
+
+static void free_params(Model *m) {
+    if (!m->be->host_memory && m->params) m->be->ops->host_free(m->be, m->params);
+    backend_free(m->be, m->dparams);   // on cpu also the host copy (the same buffer)
+    backend_free(m->be, m->cparams);
+    m->params = m->dparams = NULL;
+    m->cparams = NULL;
+}
+
+int model_create_on(Model *m, const ModelConfig *cfg, Backend *be) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->be = be;
+    SPES_TRY(model_config_validate(&m->cfg));
+    SPES_TRY(param_table_build(&m->cfg, &m->table));
+    int rc = alloc_params(m);
     if (rc == SPES_OK) rc = alloc_grads(m);
     if (rc == SPES_OK && !(m->expert_counts = spes_calloc((size_t)m->cfg.n_layers * m->cfg.num_experts, sizeof(int64_t))))
         rc = SPES_ERR;
@@ -66,13 +79,26 @@ void model_free(Model *m) {
     if (!m->be) return;
     model_acts_free(m);
     model_unbind(m);
-    if (!m->be->host_memory && m->params) m->be->ops->host_free(m->be, m->params);
-    backend_free(m->be, m->dparams);
-    backend_free(m->be, m->cparams);
+    free_params(m);
     backend_free(m->be, m->grads);
     free(m->expert_counts);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
+}
+
+int model_release_params(Model *m) {
+    if (!m->dparams) return spes_fail("model_release_params: the parameters are released already");
+    free_params(m);
+    return SPES_OK;
+}
+
+int model_restore_params(Model *m) {
+    if (m->dparams) return spes_fail("model_restore_params: the model holds its parameters");
+    if (alloc_params(m) != SPES_OK) {
+        free_params(m);
+        return spes_fail_context("restoring the model's parameter buffers");
+    }
+    return model_bind(m);
 }
 
 int model_move_to(Model *m, Backend *be) {

@@ -61,6 +61,13 @@ int model_create_on(Model *m, const ModelConfig *cfg, Backend *be);
 int model_params_to_device(Model *m);
 int model_params_to_host(Model *m);
 
+// Sharded parameters (ZeRO-3, src/dist/sharded_params.h): release frees the parameter buffers
+// (host copy, master, compute copy) and leaves every part unbound, so a pass runs only with
+// each part bound to a working buffer first (model_bind_part from the hooks); restore
+// allocates them again (zeroed) and binds every part to them. Gradients stay.
+int model_release_params(Model *m);
+int model_restore_params(Model *m);
+
 // Moves a model (its parameters and trainable mask; no activations) to backend be: load on
 // the host, then move. Gradients start at zero there.
 int model_move_to(Model *m, Backend *be);
@@ -97,6 +104,11 @@ void model_zero_grad(Model *m);
 // logits_out [B*T*embedding_size] (host memory) receives the logits when non-NULL.
 int model_forward_backward(Model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                            const LossWeights *weights, float grad_scale, LossValues *out, float *logits_out);
+
+// The hook events a pass would send (forward only, or forward and backward), in the same order,
+// to `hooks`, computing nothing: a rank without a micro-batch of its own still takes part in
+// the collectives a sharded-parameter strategy runs from the hooks (dist/sharded_params.h).
+int model_hook_replay(const Model *m, bool backward, const ModelHooks *hooks);
 
 // Forward only (eval): losses when targets != NULL, logits when logits_out != NULL.
 int model_forward(Model *m, const int32_t *inputs, const int32_t *targets, int B, int T,

@@ -152,13 +152,20 @@ int model_bind_part(Model *m, int part, const float *master_base, void *compute_
     const int L = m->cfg.n_layers;
     if (!m->bind) return spes_fail("model_bind_part: the model has no binding");
     if (part < 0 || part > L + 1) return spes_fail("model_bind_part: part %d out of range [0, %d]", part, L + 1);
-    PartBase pb = own_base(m, part);
-    if (master_base) {
-        if (m->cparams && !compute_base)
-            return spes_fail("model_bind_part: part %d needs a compute copy (compute is not fp32)", part);
-        pb.master = master_base;
-        // fp32 compute reads the GEMM weights from the master itself, as model_bind does.
-        pb.compute = m->cparams ? buf_of(compute_base, m->be->compute) : buf_f32((float *)master_base);
+    if (!master_base) {
+        if (!m->dparams) return spes_fail("model_bind_part: part %d: the model's parameters are released", part);
+        PartBase pb = own_base(m, part);
+        return bind_part(m, &pb, part);
     }
+    // A compute copy exists exactly when compute is not fp32 (model_create_on); released
+    // parameters leave cparams NULL, so ask the backend.
+    bool low_precision = m->be->compute != NUM_F32;
+    if (low_precision && !compute_base)
+        return spes_fail("model_bind_part: part %d needs a compute copy (compute is not fp32)", part);
+    size_t offset, numel;
+    param_part_span(&m->table, part, L, &offset, &numel);
+    // fp32 compute reads the GEMM weights from the master itself, as model_bind does.
+    PartBase pb = {master_base,
+                   low_precision ? buf_of(compute_base, m->be->compute) : buf_f32((float *)master_base), offset};
     return bind_part(m, &pb, part);
 }

@@ -179,6 +179,21 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
     return backend_sync(be);
 }
 
+// The events of run() in its order, without the work: forward parts 0..L+1, each PRE then
+// POST, then the backward from the head down. test_model_hook_replay compares it with a pass.
+int model_hook_replay(const Model *m, bool backward, const ModelHooks *hooks) {
+    const int HEAD = m->cfg.n_layers + 1;
+    for (int part = 0; part <= HEAD; part++) {
+        SPES_TRY(hooks->fn(hooks->ctx, MODEL_HOOK_PRE_FORWARD, part));
+        SPES_TRY(hooks->fn(hooks->ctx, MODEL_HOOK_POST_FORWARD, part));
+    }
+    for (int part = HEAD; backward && part >= 0; part--) {
+        SPES_TRY(hooks->fn(hooks->ctx, MODEL_HOOK_PRE_BACKWARD, part));
+        SPES_TRY(hooks->fn(hooks->ctx, MODEL_HOOK_POST_BACKWARD, part));
+    }
+    return SPES_OK;
+}
+
 int model_forward_backward(Model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                            const LossWeights *weights, float grad_scale, LossValues *out, float *logits_out) {
     return run(m, inputs, targets, B, T, weights, true, grad_scale, out, logits_out);

@@ -104,15 +104,21 @@ static bool piece(const AdamW *opt, const ParamInfo *pi, size_t *a, size_t *b) {
     return *a < *b;
 }
 
-// Offload: every piece's fp32 parameters between the device (at the table's offsets) and the
-// host staging (at the range's offsets); after the update also the compute copy.
-static int move_params(AdamW *opt, const ParamTable *table, float *params, Buf compute, bool up) {
+// Where value a of the gradient layout (tensor pi) sits in the parameters the update reads:
+// the table's layout, or packed as the state's range (adamw_step_packed).
+static size_t param_at(const AdamW *opt, const ParamInfo *pi, size_t a, bool packed) {
+    return packed ? a - opt->lo : pi->offset + (a - (size_t)pi->grad_offset);
+}
+
+// Offload: every piece's fp32 parameters between the device and the host staging (at the
+// range's offsets); after the update also the compute copy.
+static int move_params(AdamW *opt, const ParamTable *table, float *params, bool packed, Buf compute, bool up) {
     Backend *be = opt->be;
     for (int i = 0; i < table->count; i++) {
         const ParamInfo *pi = &table->entries[i];
         size_t a, b;
         if (!piece(opt, pi, &a, &b)) continue;
-        size_t at = pi->offset + (a - (size_t)pi->grad_offset), bytes = (b - a) * sizeof(float);
+        size_t at = param_at(opt, pi, a, packed), bytes = (b - a) * sizeof(float);
         float *host = opt->hp + (a - opt->lo);
         if (!up) {
             SPES_TRY(be->ops->download(be, host, params + at, bytes));
@@ -125,7 +131,8 @@ static int move_params(AdamW *opt, const ParamTable *table, float *params, Buf c
 }
 
 // torch's _single_tensor_adamw scalars, each rounded to float as the CPU kernels do.
-int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, Buf compute, double lr) {
+static int step(AdamW *opt, const ParamTable *table, float *params, bool packed, const float *grads, Buf compute,
+                double lr) {
     const AdamWConfig *c = &opt->cfg;
     opt->step++;
     double t = (double)opt->step;
@@ -144,7 +151,7 @@ int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *
     if (opt->offload) {
         SPES_TRY(backend_sync(opt->be));   // the gradients' kernels are done
         SPES_TRY(opt->be->ops->download(opt->be, opt->hg, grads, opt->numel * sizeof(float)));
-        SPES_TRY(move_params(opt, table, params, compute, false));
+        SPES_TRY(move_params(opt, table, params, packed, compute, false));
         g_base = opt->hg;
     }
     int count = 0;
@@ -152,7 +159,7 @@ int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *
         const ParamInfo *pi = &table->entries[i];
         size_t a, b;
         if (!piece(opt, pi, &a, &b)) continue;
-        size_t at = pi->offset + (a - (size_t)pi->grad_offset);
+        size_t at = param_at(opt, pi, a, packed);
         bool on_device = !opt->offload;
         opt->tensors[count++] = (AdamWTensor){
             .p = on_device ? params + at : opt->hp + (a - opt->lo),
@@ -170,7 +177,15 @@ int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *
     }
     Backend *host = backend_cpu();
     host->ops->adamw(host, opt->tensors, count, &s);
-    return move_params(opt, table, params, compute, true);
+    return move_params(opt, table, params, packed, compute, true);
+}
+
+int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, Buf compute, double lr) {
+    return step(opt, table, params, false, grads, compute, lr);
+}
+
+int adamw_step_packed(AdamW *opt, const ParamTable *table, float *packed, const float *grads, double lr) {
+    return step(opt, table, packed, true, grads, (Buf){NULL, NUM_F32}, lr);
 }
 
 double grad_sum_of_squares(Backend *be, const float *grads, size_t n) {

@@ -65,6 +65,9 @@ bool adamw_param_decays(const AdamWConfig *cfg, ParamKind kind);
 // go back up (their compute copy converted on the device). On the cpu backend the copies are
 // plain memcpy and the result is the same bits as without offload. SPES_ERR when a copy fails.
 int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, Buf compute, double lr);
+// The same update on fp32 parameters packed like the state's range: value i of the gradient
+// layout at packed[i - lo] (ZeRO-3's shard, dist/sharded_params.h); no compute copy.
+int adamw_step_packed(AdamW *opt, const ParamTable *table, float *packed, const float *grads, double lr);
 
 // Sum of squares of n gradient values (backend memory), read back to the host. Summed in
 // double over fixed-size blocks, so the result is the same for every thread count (bit-exact

@@ -35,12 +35,17 @@ struct SpesPeer {
     SyncClient *client;
     float *lb_factor;           // [L*E]
     int64_t total_steps;
-    StWriteTensor *upload;      // trainable tensors, pointing into the model's parameters
+    StWriteTensor *upload;      // trainable tensors (data set per upload: the weights it sends)
+    size_t *upload_at;          // [n_upload] each one's offset in the parameter buffer (which ZeRO-3 reallocates)
     int n_upload;
     volatile sig_atomic_t *stop;    // set by SIGINT/SIGTERM: abandon a sync in flight
     int64_t unsynced_step;      // the step whose round did not complete (-1: none)
     bool client_busy;           // an abandoned round still runs on its thread: keep the client alive
     Round pending;              // spes_config.sync_overlap: the round in flight (job NULL: none)
+    int64_t plan_step;          // the step spes_peer_step_touches_model decided for (-1: none)
+    bool plan_apply;            // its decision: apply the pending round at that step's end
+    int64_t apply_after;        // SPES_OVERLAP_APPLY_AFTER (tests): apply a round exactly this many steps after
+                                // its upload, waiting for it, instead of when it arrives (0: off)
     float *snapshot;            // [total] the weights it uploaded
     float *local;               // [total] scratch: the trained weights while the aggregate is applied
     double blocked_s;           // training-thread time spent in sync work so far (logged each round)
@@ -72,6 +77,9 @@ int spes_peer_create(const TrainConfig *cfg, SpesPeer **out) {
     if (!p) return SPES_ERR;
     p->cfg = cfg;
     p->unsynced_step = -1;
+    p->plan_step = -1;
+    const char *after = getenv("SPES_OVERLAP_APPLY_AFTER");   // a run whose rounds apply at known steps
+    p->apply_after = after && *after ? strtoll(after, NULL, 10) : 0;
     p->lb_factor = spes_calloc((size_t)cfg->model.n_layers * (size_t)cfg->model.num_experts, sizeof(float));
     if (!p->lb_factor) {
         spes_peer_free(p);
@@ -119,6 +127,7 @@ void spes_peer_free(SpesPeer *p) {
     if (p->client && !p->client_busy) sync_client_destroy(p->client);
     free(p->lb_factor);
     free(p->upload);
+    free(p->upload_at);
     free(p->snapshot);
     free(p->local);
     int8_peer_free(&p->i8);
@@ -312,18 +321,20 @@ int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_s
 
     // The upload list: every trainable tensor (shared + own experts; all in fedavg mode).
     free(p->upload);
+    free(p->upload_at);
     p->upload = spes_calloc((size_t)table->count, sizeof(StWriteTensor));
-    if (!p->upload) return SPES_ERR;
+    p->upload_at = spes_calloc((size_t)table->count, sizeof(size_t));
+    if (!p->upload || !p->upload_at) return SPES_ERR;
     p->n_upload = 0;
     for (int i = 0; i < table->count; i++) {
         const ParamInfo *e = &table->entries[i];
         if (!e->trainable) continue;
+        p->upload_at[p->n_upload] = e->offset;
         StWriteTensor *t = &p->upload[p->n_upload++];
         t->name = e->name;
         t->dtype = DTYPE_F32;
         t->ndim = e->ndim;
         for (int d = 0; d < e->ndim; d++) t->shape[d] = e->shape[d];
-        t->data = m->params + e->offset;
     }
     int saved_base = -1;
     if (p->int8) SPES_TRY(init_int8(p, table));
@@ -578,7 +589,7 @@ static int build_payload(SpesPeer *p, Model *m, const float *src, uint8_t **payl
     if (!w) return SPES_ERR;
     for (int i = 0; i < p->n_upload; i++) {
         w[i] = p->upload[i];
-        w[i].data = src + ((const float *)p->upload[i].data - m->params);
+        w[i].data = src + p->upload_at[i];
     }
     int rc = sync_client_serialize(p->client, w, p->n_upload, payload, len);
     free(w);
@@ -767,12 +778,31 @@ static int begin_overlapped(SpesPeer *p, Model *m, int64_t step) {
     return begin_round(p, m, step, p->snapshot, &p->pending);
 }
 
+static bool is_sync_step(const SpesPeer *p, int64_t step) {
+    return p->cfg->sync_steps > 0 && step % p->cfg->sync_steps == 0;
+}
+
+// Whether the end of `step` applies the round in flight; decided once per step (the round may
+// arrive in between, and every rank must agree on what the step end does).
+static bool apply_due(SpesPeer *p, int64_t step) {
+    if (p->plan_step != step) {
+        p->plan_step = step;
+        bool in_flight = p->pending.job != NULL;
+        bool arrived = in_flight && (p->apply_after > 0 ? step >= p->pending.step + p->apply_after : round_done(&p->pending));
+        p->plan_apply = in_flight && (is_sync_step(p, step) || checkpoint_due(p, step) || stop_requested(p) || arrived);
+    }
+    return p->plan_apply;
+}
+
+bool spes_peer_step_touches_model(SpesPeer *p, int64_t step) { return is_sync_step(p, step) || apply_due(p, step); }
+
 static int sync_work(SpesPeer *p, Model *m, int64_t step) {
     const TrainConfig *cfg = p->cfg;
     int64_t every = cfg->decayed_factor_update_steps > 0 ? cfg->decayed_factor_update_steps : 1;
     if (step % every == 0) update_lb_factor(p, step);
-    bool sync_step = cfg->sync_steps > 0 && step % cfg->sync_steps == 0;
-    if (p->pending.job && (sync_step || checkpoint_due(p, step) || stop_requested(p) || round_done(&p->pending))) {
+    bool sync_step = is_sync_step(p, step), apply = apply_due(p, step);
+    p->plan_step = -1;
+    if (apply) {
         int64_t round_step = p->pending.step;
         if (apply_pending(p, m, step) != SPES_OK) {
             // The local weights stay (the aggregate never reached them): saved as not synced.

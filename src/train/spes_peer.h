@@ -35,6 +35,9 @@ int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_s
 // (server gone past retry_timeout_s, a refused upload, a signal) the model keeps the step's
 // local weights and spes_peer_unsynced_step() names the step, so the caller can save them.
 int spes_peer_after_step(void *ctx, Model *m, int64_t step);
+// Whether spes_peer_after_step(step) will read or write the model: a sync step, or a step end
+// that applies an overlapped round (decided here once; after_step then does what was decided).
+bool spes_peer_step_touches_model(SpesPeer *p, int64_t step);
 // A step's metrics, reported to the server with the next upload (its status page): loss terms,
 // tokens/s, MFU, device memory (GPU memory in use, else peak RSS) and routing balance.
 void spes_peer_note_metrics(SpesPeer *p, const StepMetrics *m);

@@ -17,6 +17,8 @@ struct SpesRanks {
     float *lb_factor;          // ranks > 0: rank 0's factors, received every step
     size_t n_lb;
     int64_t unsynced_step;     // ranks > 0: rank 0's, received with each round's result
+    int64_t touch_step;        // the step spes_ranks_step_touches_model answered for (-1: none)
+    bool touches;              // its answer (rank 0's, on every rank)
 };
 
 static bool root(const SpesRanks *r) { return comm_rank(r->comm) == 0; }
@@ -28,6 +30,7 @@ int spes_ranks_create(const TrainConfig *cfg, Comm *comm, SpesRanks **out) {
     r->cfg = cfg;
     r->comm = comm;
     r->unsynced_step = -1;
+    r->touch_step = -1;
     r->n_lb = (size_t)cfg->model.n_layers * (size_t)cfg->model.num_experts;
     int rc = root(r) ? spes_peer_create(cfg, &r->peer) : SPES_OK;
     if (rc == SPES_OK && !root(r) && !(r->lb_factor = spes_calloc(r->n_lb, sizeof(float)))) rc = SPES_ERR;
@@ -95,12 +98,26 @@ void spes_ranks_note_metrics(void *ctx, const StepMetrics *m) {
     if (r->peer) spes_peer_note_metrics(r->peer, m);
 }
 
+int spes_ranks_step_touches_model(void *ctx, int64_t step, bool *touches) {
+    SpesRanks *r = ctx;
+    int64_t answer = root(r) ? spes_peer_step_touches_model(r->peer, step) : 0;
+    if (comm_is_multi(r->comm)) SPES_TRY(comm_broadcast(r->comm, NULL, &answer, sizeof answer, 0));
+    r->touch_step = step;
+    r->touches = answer != 0;
+    *touches = r->touches;
+    return SPES_OK;
+}
+
 int spes_ranks_after_step(void *ctx, Model *m, int64_t step) {
     SpesRanks *r = ctx;
+    bool touches = r->touches;
+    if (r->touch_step != step) SPES_TRY(spes_ranks_step_touches_model(r, step, &touches));
+    r->touch_step = -1;
     if (!comm_is_multi(r->comm)) return spes_peer_after_step(r->peer, m, step);
     int rc = root(r) ? spes_peer_after_step(r->peer, m, step) : SPES_OK;
-    bool sync_step = r->cfg->sync_steps > 0 && step % r->cfg->sync_steps == 0;
     char what[64];
     snprintf(what, sizeof what, "sync step %" PRId64, step);
-    return share(r, m, rc, sync_step, what);
+    // The parameters go out whenever rank 0's changed: at a sync step, and at the step end that
+    // applies an overlapped round (which need not be a sync step).
+    return share(r, m, rc, touches, what);
 }

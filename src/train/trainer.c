@@ -18,6 +18,7 @@
 #include "data/loader.h"
 #include "dist/comm.h"
 #include "dist/data_parallel.h"
+#include "dist/sharded_params.h"
 #include "model/hf_import.h"
 #include "train/checkpoint.h"
 #include "train/loss_scale.h"
@@ -58,6 +59,8 @@ struct Trainer {
     Comm *comm;
     bool dist, rank0;
     DataParallel dp;
+    ShardedParams z3;           // fsdp FULL_SHARD (dp.stage DP_ZERO3): the parameters, sharded during the steps
+    bool z3_on;
     double *micro_losses;       // [6 * micro-batches] per-micro-batch losses, summed over ranks
     int n_micro_losses;
 };
@@ -217,12 +220,16 @@ static void log_memory(const Trainer *t) {
     size_t total = t->model.table.total_numel, trainable = t->model.table.trainable_numel;
     double params = (double)total * (4 + (t->model.cparams ? num_type_size(t->be->compute) : 0)) * mb;
     double grads = (double)trainable * 4 * mb, state = (double)t->adamw.numel * 8 * mb, scratch = 0;
-    if (t->dist) {
-        scratch = (double)t->dp.scratch_n * 4 * mb;
-    }
+    if (t->dist) scratch = (double)t->dp.scratch_n * 4 * mb;
+    if (t->z3_on) params = (double)sharded_params_bytes(&t->z3) * mb;   // while training (between steps: full)
     log_info("memory per rank (%s): parameters %.3f MB, gradients %.3f MB, optimizer state %.3f MB%s, collective "
              "scratch %.3f MB",
              t->be->name, params, grads, state, t->adamw.offload ? " (host memory, offloaded)" : "", scratch);
+    if (t->z3_on)
+        log_info("zero3 parameters per rank while training: shard %.3f MB, frozen tensors %.3f MB, part buffers %.3f MB "
+                 "(the full parameters only around checkpoints, evaluations and SPES syncs)",
+                 t->z3.shard_n * 4 * mb, t->z3.gather.frozen_numel * 4 * mb,
+                 (t->z3.work_n + t->z3.gather.gathered_n) * 4 * mb);
     if (t->adamw.offload && t->be->host_memory)
         log_info("optimizer.cpu_offload on the cpu backend: the moments are host memory already; the update runs "
                  "through the offload path's host copies (the same bits, a little slower)");
@@ -258,10 +265,14 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     if (model_set_activation_checkpointing(&t->model, cfg->activation_checkpointing) != SPES_OK) goto fail;
     if (t->dist) {
         DpStage stage;
-        if (dp_stage_from_config(cfg, comm_size(t->comm), &stage) != SPES_OK) goto fail;
+        if (dp_stage_from_config(cfg, comm_size(t->comm), t->be->host_memory, &stage) != SPES_OK) goto fail;
         if (dp_create(&t->dp, t->comm, t->be, stage, &t->model.table, cfg->model.n_layers, cfg->ddp_bucket_cap_mb) !=
             SPES_OK)
             goto fail;
+        if (stage == DP_ZERO3) {
+            if (sharded_params_create(&t->z3, &t->model, &t->dp) != SPES_OK) goto fail;
+            t->z3_on = true;
+        }
         size_t lo, hi;
         dp_state_range(&t->dp, &lo, &hi);
         if (adamw_create_shard(&t->adamw, &t->model.table, &cfg->adamw, t->be, lo, hi) != SPES_OK) goto fail;
@@ -333,6 +344,7 @@ void trainer_free(Trainer *t) {
     free(t->step_counts);
     free(t->micro_losses);
     adamw_free(&t->adamw);
+    if (t->z3_on) sharded_params_free(&t->z3);
     if (t->dist) dp_free(&t->dp);
     if (t->model_created) model_free(&t->model);
     backend_close(t->be);
@@ -402,6 +414,9 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         t->peak_measured_at = now_seconds();
     }
     double t0 = now_seconds();
+    // ZeRO-3 shards the parameters at the first step (after resume and the SPES handshake,
+    // which read and write the full model) and after anything that unsharded them.
+    if (t->z3_on && !t->z3.sharded) SPES_TRY(sharded_params_shard(&t->z3));
     const Batch *batch;
     SPES_TRY(loader_next(t->train_dl, &batch));
     int T = batch->T, rows = batch->rows, micro = cfg->device_train_microbatch_size;
@@ -424,13 +439,22 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     size_t n_grad = m->table.trainable_numel;
     bool reduce = t->dist && n_grad > 0;
     if (reduce) dp_reduce_begin(&t->dp, m->grads);
+    // The last pass's backward starts the gradient buckets it finishes (overlap).
+    bool overlap = reduce && cfg->ddp_overlap_grad_reduce;
+    if (t->z3_on) {
+        // Every rank runs as many passes as the busiest (the part gathers are collectives): a
+        // rank with fewer micro-batches replays the missing passes first, without work.
+        int passes = (n_micro + comm_size(t->comm) - 1) / comm_size(t->comm), idle = passes - (last - first);
+        for (int k = 0; k < idle; k++)
+            SPES_TRY(sharded_params_idle_pass(&t->z3, overlap && first == last && k == idle - 1));
+    }
     LossValues mean = {0};
     double flops = 0;
     for (int i = first; i < last; i++) {
         int r0 = i * micro, nb = rows - r0 < micro ? rows - r0 : micro;
         LossValues lv;
-        // The last micro-batch's backward starts the gradient buckets it finishes (overlap).
-        m->hooks = reduce && cfg->ddp_overlap_grad_reduce && i == last - 1 ? &t->dp.hooks : NULL;
+        bool pass_on = overlap && i == last - 1;
+        m->hooks = t->z3_on ? sharded_params_hooks(&t->z3, pass_on) : pass_on ? &t->dp.hooks : NULL;
         int rc = model_forward_backward(m, batch->inputs + (size_t)r0 * T, batch->targets + (size_t)r0 * T, nb, T,
                                         &t->weights, (float)(t->scaler.scale / n_micro), &lv, NULL);
         m->hooks = NULL;
@@ -483,7 +507,10 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         if (coef != 1.0f) step_grad_scale(t, coef);
     }
     const Buf compute = {m->cparams, t->be->compute};
-    if (n_grad && apply) {
+    if (n_grad && apply && t->z3_on) {   // the shard in place; nothing to all-gather
+        SPES_TRY(adamw_step_packed(&t->adamw, &m->table, t->z3.shard, dp_step_grads(&t->dp, m->grads), lr));
+        sharded_params_updated(&t->z3);
+    } else if (n_grad && apply) {
         SPES_TRY(adamw_step(&t->adamw, &m->table, m->dparams, t->dist ? dp_step_grads(&t->dp, m->grads) : m->grads,
                             compute, lr));
         if (t->dist) SPES_TRY(dp_gather_params(&t->dp, &m->table, m->dparams, compute));
@@ -525,7 +552,8 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     return SPES_OK;
 }
 
-int trainer_evaluate(Trainer *t) {
+// Every lm evaluator on this rank's model (which holds its full parameters).
+static int evaluate_here(Trainer *t) {
     for (int i = 0; i < t->n_evals; i++) {
         Evaluator *e = &t->evals[i];
         double t0 = now_seconds(), ce_sum = 0;
@@ -546,8 +574,32 @@ int trainer_evaluate(Trainer *t) {
                  e->cfg->label, t->state.step, ce, exp(ce), targets, now_seconds() - t0);
         SPES_TRY(metrics_write_eval(&t->log, t->state.step, e->cfg->label, ce, targets));
     }
-    t->last_eval_step = t->state.step;
     return SPES_OK;
+}
+
+// Every rank learns rank 0's outcome `rc` of `what` (the others' own rc stands when they failed).
+static int share_outcome(Trainer *t, int rc, const char *what) {
+    int64_t ok = rc == SPES_OK;
+    SPES_TRY(comm_broadcast(t->comm, NULL, &ok, sizeof ok, 0));
+    if (rc == SPES_OK && !ok) rc = spes_fail("rank 0 could not %s at step %" PRId64 " (its log says why)", what, t->state.step);
+    return rc;
+}
+
+// ZeRO-3 between steps: the full parameters for what reads or writes them (checkpoint,
+// evaluation, SPES sync); *was tells whether to shard them again after.
+static int unshard(Trainer *t, bool *was) {
+    *was = t->z3_on && t->z3.sharded;
+    return *was ? sharded_params_unshard(&t->z3) : SPES_OK;
+}
+
+int trainer_evaluate(Trainer *t) {
+    bool resharded;
+    SPES_TRY(unshard(t, &resharded));
+    int rc = t->rank0 ? evaluate_here(t) : SPES_OK;
+    if (t->dist) rc = share_outcome(t, rc, "evaluate");
+    if (rc == SPES_OK && resharded) rc = sharded_params_shard(&t->z3);
+    if (rc == SPES_OK) t->last_eval_step = t->state.step;
+    return rc;
 }
 
 // Several ranks: the optimizer state is gathered into one full state (sharded strategies),
@@ -566,14 +618,13 @@ static int save_ranks(Trainer *t) {
                                                         &t->state, t->cfg);
     if (rc == SPES_OK && t->rank0) rc = checkpoint_prune(t->cfg->save_folder, t->cfg->save_num_unsharded_checkpoints_to_keep);
     if (sharded) adamw_free(&full);
-    int64_t ok = rc == SPES_OK;   // a gather that failed has already ended the job (MPI errors are fatal)
-    SPES_TRY(comm_broadcast(t->comm, NULL, &ok, sizeof ok, 0));
-    if (rc == SPES_OK && !ok) rc = spes_fail("rank 0 could not save step %" PRId64 " (its log says why)", t->state.step);
-    return rc;
+    return share_outcome(t, rc, "save");   // a gather that failed has already ended the job (MPI errors are fatal)
 }
 
 int trainer_save(Trainer *t) {
     double t0 = now_seconds();
+    bool resharded;
+    SPES_TRY(unshard(t, &resharded));
     SPES_TRY(model_params_to_host(&t->model));
     t->state.loss_scale = t->scaler.enabled ? t->scaler.scale : 0;
     t->state.loss_scale_good_steps = t->scaler.enabled ? t->scaler.good_steps : 0;
@@ -584,9 +635,21 @@ int trainer_save(Trainer *t) {
         SPES_TRY(checkpoint_save(t->cfg->save_folder, &t->model, &t->adamw, &t->state, t->cfg));
         SPES_TRY(checkpoint_prune(t->cfg->save_folder, t->cfg->save_num_unsharded_checkpoints_to_keep));
     }
+    if (resharded) SPES_TRY(sharded_params_shard(&t->z3));
     t->last_saved_step = t->state.step;
     log_info("saved %s/step%" PRId64 " (%.1fs)", t->cfg->save_folder, t->state.step, now_seconds() - t0);
     return SPES_OK;
+}
+
+// The after-step hook (SPES), on every rank; under ZeRO-3 with the full parameters when it
+// says the step touches them.
+static int after_step(Trainer *t, int64_t step) {
+    const TrainerOptions *o = &t->opt;
+    bool touches = true, resharded = false;
+    if (o->after_step_touches_model) SPES_TRY(o->after_step_touches_model(o->after_step_ctx, step, &touches));
+    if (touches) SPES_TRY(unshard(t, &resharded));
+    if (o->after_step(o->after_step_ctx, &t->model, step) != SPES_OK) return spes_fail_context("after step %" PRId64, step);
+    return resharded ? sharded_params_shard(&t->z3) : SPES_OK;
 }
 
 int trainer_run(Trainer *t) {
@@ -608,8 +671,7 @@ int trainer_run(Trainer *t) {
         }
         if (t->rank0) SPES_TRY(metrics_write_step(&t->log, &sm, step % log_every == 0));
         if (t->rank0 && t->opt.on_metrics) t->opt.on_metrics(t->opt.on_metrics_ctx, &sm);
-        if (t->opt.after_step && t->opt.after_step(t->opt.after_step_ctx, &t->model, step) != SPES_OK)
-            return spes_fail_context("after step %" PRId64, step);
+        if (t->opt.after_step) SPES_TRY(after_step(t, step));
         bool interrupted = t->opt.stop && *t->opt.stop;
         if (t->dist) {   // a signal seen by any rank stops them all at the same step
             int64_t any = interrupted;
@@ -621,12 +683,12 @@ int trainer_run(Trainer *t) {
             log_info("interrupted: finishing at step %" PRId64, step);
             break;
         }
-        if (t->rank0 && t->n_evals > 0 && cfg->eval_interval > 0 && step % cfg->eval_interval == 0)
-            SPES_TRY(trainer_evaluate(t));
+        if (t->n_evals > 0 && cfg->eval_interval > 0 && step % cfg->eval_interval == 0) SPES_TRY(trainer_evaluate(t));
     }
     if (t->last_saved_step != t->state.step) SPES_TRY(trainer_save(t));
     // A completed run ends with a validation figure even off the eval_interval grid.
     bool completed = t->state.step >= t->max_steps;
-    if (t->rank0 && completed && t->n_evals > 0 && t->last_eval_step != t->state.step) SPES_TRY(trainer_evaluate(t));
-    return SPES_OK;
+    if (completed && t->n_evals > 0 && t->last_eval_step != t->state.step) SPES_TRY(trainer_evaluate(t));
+    bool resharded;   // the model holds its full parameters after a run
+    return unshard(t, &resharded);
 }

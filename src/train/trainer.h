@@ -11,7 +11,9 @@
 // computes a contiguous share of its micro-batches (rank r: micro-batches [r*M/N, (r+1)*M/N)
 // of M), so every micro-batch holds exactly the instances it holds on one rank and the step's
 // losses are bit-identical to one rank's; gradients are then summed over ranks as
-// dist/data_parallel.h says. Rank 0 alone writes checkpoints, metrics and runs evaluations;
+// dist/data_parallel.h says (ZeRO-3: dist/sharded_params.h; the model's parameter buffers are
+// released during trainer_run and hold the full parameters before and after it). Rank 0
+// alone writes checkpoints, metrics and runs evaluations;
 // the others log warnings and errors only. SPES hooks in through `after_step` (called after
 // every optimizer step with the model and the step number: upload/download happen there)
 // and trainer_setup_trainable (the single place the trainable mask is decided).
@@ -31,6 +33,10 @@ typedef struct Comm Comm;
 // Called after every optimizer step. It may change the parameters (load an aggregated
 // model); the optimizer state is kept. SPES_ERR stops training with that error.
 typedef int (*TrainerAfterStep)(void *ctx, Model *m, int64_t step);
+// Asked right before after_step for the same step, on every rank: whether after_step will read
+// or write the parameters then (every rank must get the same answer). Under ZeRO-3 the full
+// parameters exist only for such steps; otherwise after_step's Model has none.
+typedef int (*TrainerStepTouchesModel)(void *ctx, int64_t step, bool *touches);
 // Called on rank 0 with each step's metrics as they are written (a SPES peer reports them to
 // its server with its next upload). Must not fail or block.
 typedef void (*TrainerOnMetrics)(void *ctx, const StepMetrics *m);
@@ -41,6 +47,7 @@ typedef struct {
     double peak_flops;              // FLOP/s that MFU is relative to; <= 0: measured (sgemm) at start
     volatile sig_atomic_t *stop;    // set asynchronously (SIGINT): finish the step, save, return
     TrainerAfterStep after_step;
+    TrainerStepTouchesModel after_step_touches_model;   // NULL: every step touches it
     void *after_step_ctx;
     TrainerOnMetrics on_metrics;    // NULL: none
     void *on_metrics_ctx;
@@ -61,6 +68,7 @@ int trainer_run(Trainer *t);
 // One optimizer step on the next global batch; fills *out (wall-clock fields too).
 int trainer_step(Trainer *t, StepMetrics *out);
 // Token-weighted mean cross-entropy of every lm evaluator, logged and written to metrics.jsonl.
+// With several ranks every rank calls it (ZeRO-3 gathers the full parameters); rank 0 evaluates.
 int trainer_evaluate(Trainer *t);
 // Writes save_folder/step<N> and prunes old ones to the keep count. With several ranks every
 // rank calls it (sharded optimizer state is gathered); rank 0 writes.

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Gradient buckets overlapped with the backward (ddp.overlap_grad_reduce, docs/distributed.md).
 # The tiny MoE of dist_train_parity.sh, 5 steps, small buckets (15 per step) so that buckets
-# really start while the backward runs. For 2 and 3 ranks and DDP / ZeRO-1 / ZeRO-2:
+# really start while the backward runs. For 2 and 3 ranks and DDP / ZeRO-1 / ZeRO-2 / ZeRO-3
+# (whose part gathers interleave with the buckets' reductions):
 #   - overlap on (the default) starts buckets during the backward (the log says how many) and
 #     overlap off starts none there;
 #   - both give the same bits (loss log, weights, moments): the same MPI calls on the same data;
 #   - both agree with 1 rank within fp32 reduction order, step 1's losses bit for bit.
 # And a job where a rank computes no micro-batch (global batch 4 = 2 micro-batches over 3
 # ranks: rank 0 has none) starts its buckets in the same order as the others, so it neither
-# hangs nor mismatches collectives: it equals 1 rank within tolerance.
+# hangs nor mismatches collectives: it equals 1 rank within tolerance. Under ZeRO-3 that rank
+# replays a pass of part gathers and bucket starts (model_hook_replay): ZeRO-2's bits.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/integration/lib/require.sh
@@ -26,7 +28,7 @@ started() {   # started NAME: buckets the hooks started in the first step, from 
 small="--ddp.bucket_cap_mb=0.01"
 dist_train one 1
 for n in 2 3; do
-  for s in NO_SHARD SHARD_OPTIM SHARD_GRAD_OP; do
+  for s in NO_SHARD SHARD_OPTIM SHARD_GRAD_OP FULL_SHARD; do
     on="on_${s}_$n" off="off_${s}_$n"
     dist_train "$on" "$n" --fsdp.sharding_strategy=$s $small
     dist_train "$off" "$n" --fsdp.sharding_strategy=$s $small --ddp.overlap_grad_reduce=false
@@ -39,12 +41,15 @@ for n in 2 3; do
     dist_check "$off" "$on" 5 --tol 0 --exact-steps 5
     dist_check one "$on" 5 --tol 1e-5 --exact-steps 1
   done
+  dist_check "on_SHARD_GRAD_OP_$n" "on_FULL_SHARD_$n" 5 --tol 0 --exact-steps 5
 done
 
 # A rank without micro-batches: global batch 4 in micro-batches of 2 over 3 ranks.
 dist_train one_b4 1 --global_train_batch_size=4
 dist_train idle_3 3 --global_train_batch_size=4 --fsdp.sharding_strategy=SHARD_GRAD_OP $small
 dist_check one_b4 idle_3 5 --tol 1e-5 --exact-steps 1
+dist_train idle_3_z3 3 --global_train_batch_size=4 --fsdp.sharding_strategy=FULL_SHARD $small
+dist_check idle_3 idle_3_z3 5 --tol 0 --exact-steps 5
 dist_train idle_3_ddp 3 --global_train_batch_size=4 --distributed_strategy=ddp $small
 dist_check one_b4 idle_3_ddp 5 --tol 1e-5 --exact-steps 1
 echo "dist_overlap: OK"

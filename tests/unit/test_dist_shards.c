@@ -30,8 +30,9 @@ static void fill(float *x, size_t n, uint64_t seed, float scale) {
 }
 
 // Three shards with boundaries inside tensors, updated separately for 3 steps, against the
-// whole update: parameters and moments must be the same bits. Offloaded, the shards update
-// through the host staging (optimizer.cpu_offload; on the cpu backend its copies are memcpy).
+// whole update: parameters and moments must be the same bits; so must ZeRO-3's update of the
+// shard's values packed apart (adamw_step_packed). Offloaded, the shards update through the
+// host staging (optimizer.cpu_offload; on the cpu backend its copies are memcpy).
 static void shards_vs_whole(bool offload) {
     ParamTable t = flat_table(SPECS, N_SPECS);
     AdamWConfig c = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}, cs = c;
@@ -40,19 +41,34 @@ static void shards_vs_whole(bool offload) {
     float *g = malloc(t.trainable_numel * sizeof(float));
     fill(p_whole, t.total_numel, 1, 0.1f);
     memcpy(p_shard, p_whole, t.total_numel * sizeof(float));
-    AdamW whole, shard[3];
+    AdamW whole, shard[3], packed_opt[3];
     assert_int_equal(adamw_create(&whole, &t, &c), SPES_OK);
     size_t cut[4] = {0, 50, 150, t.trainable_numel};   // 50: inside t3 (grad 42..143); 150: inside t4
-    for (int s = 0; s < 3; s++)
+    float *packed[3];   // ZeRO-3: shard s's values of the gradient layout, packed
+    for (int s = 0; s < 3; s++) {
         assert_int_equal(adamw_create_shard(&shard[s], &t, &cs, backend_cpu(), cut[s], cut[s + 1]), SPES_OK);
+        assert_int_equal(adamw_create_shard(&packed_opt[s], &t, &cs, backend_cpu(), cut[s], cut[s + 1]), SPES_OK);
+        packed[s] = malloc((cut[s + 1] - cut[s]) * sizeof(float));
+    }
+    // value i of the gradient layout sits at param_of[i] in the parameter buffer
+    size_t *param_of = malloc(t.trainable_numel * sizeof(size_t));
+    for (int i = 0; i < t.count; i++)
+        for (size_t j = 0; t.entries[i].trainable && j < t.entries[i].numel; j++)
+            param_of[(size_t)t.entries[i].grad_offset + j] = t.entries[i].offset + j;
+    for (int s = 0; s < 3; s++)
+        for (size_t i = cut[s]; i < cut[s + 1]; i++) packed[s][i - cut[s]] = p_whole[param_of[i]];
     assert_true(shard[1].offload == offload && (shard[1].hp != NULL) == offload);
     for (int step = 1; step <= 3; step++) {
         fill(g, t.trainable_numel, 100 + (uint64_t)step, 1.0f);
         assert_int_equal(adamw_step(&whole, &t, p_whole, g, (Buf){0}, 1e-2), SPES_OK);
-        for (int s = 0; s < 3; s++)
+        for (int s = 0; s < 3; s++) {
             assert_int_equal(adamw_step(&shard[s], &t, p_shard, g + cut[s], (Buf){0}, 1e-2), SPES_OK);
+            assert_int_equal(adamw_step_packed(&packed_opt[s], &t, packed[s], g + cut[s], 1e-2), SPES_OK);
+        }
     }
     assert_memory_equal(p_whole, p_shard, t.total_numel * sizeof(float));
+    for (int s = 0; s < 3; s++)
+        for (size_t i = cut[s]; i < cut[s + 1]; i++) assert_true(packed[s][i - cut[s]] == p_whole[param_of[i]]);
     for (int s = 0; s < 3; s++) {
         assert_memory_equal(whole.m + cut[s], shard[s].m, (cut[s + 1] - cut[s]) * sizeof(float));
         assert_memory_equal(whole.v + cut[s], shard[s].v, (cut[s + 1] - cut[s]) * sizeof(float));
@@ -64,7 +80,12 @@ static void shards_vs_whole(bool offload) {
     AdamW bad;
     assert_int_equal(adamw_create_shard(&bad, &t, &c, backend_cpu(), 10, t.trainable_numel + 1), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "outside"));
-    for (int s = 0; s < 3; s++) adamw_free(&shard[s]);
+    for (int s = 0; s < 3; s++) {
+        adamw_free(&shard[s]);
+        adamw_free(&packed_opt[s]);
+        free(packed[s]);
+    }
+    free(param_of);
     adamw_free(&whole);
     free(p_whole), free(p_shard), free(g), free(t.entries);
 }
@@ -133,20 +154,29 @@ static void test_stage_from_config(void **state) {
     (void)state;
     TrainConfig cfg = {.distributed_strategy = "fsdp", .fsdp_sharding_strategy = "SHARD_OPTIM"};
     DpStage s;
-    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_OK);
+    assert_int_equal(dp_stage_from_config(&cfg, 2, true, &s), SPES_OK);
     assert_int_equal(s, DP_ZERO1);
     cfg.fsdp_sharding_strategy = "NO_SHARD";
-    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_OK);
+    assert_int_equal(dp_stage_from_config(&cfg, 2, true, &s), SPES_OK);
     assert_int_equal(s, DP_DDP);
     cfg.fsdp_sharding_strategy = "SHARD_GRAD_OP";
-    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_OK);
+    assert_int_equal(dp_stage_from_config(&cfg, 2, true, &s), SPES_OK);
     assert_int_equal(s, DP_ZERO2);
+    // FULL_SHARD: ZeRO-3 with host buffers; on a device backend it runs as ZeRO-2
+    cfg.fsdp_sharding_strategy = "FULL_SHARD";
+    assert_int_equal(dp_stage_from_config(&cfg, 2, true, &s), SPES_OK);
+    assert_int_equal(s, DP_ZERO3);
+    assert_true(dp_shards_grads(s));
+    assert_string_equal(dp_stage_name(s), "zero3");
+    assert_int_equal(dp_stage_from_config(&cfg, 2, false, &s), SPES_OK);
+    assert_int_equal(s, DP_ZERO2);
+    assert_false(dp_shards_grads(DP_ZERO1));
     cfg.distributed_strategy = "ddp";
-    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_OK);
+    assert_int_equal(dp_stage_from_config(&cfg, 2, true, &s), SPES_OK);
     assert_int_equal(s, DP_DDP);
     cfg.distributed_strategy = "single";
-    assert_int_equal(dp_stage_from_config(&cfg, 1, &s), SPES_OK);
-    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_ERR);
+    assert_int_equal(dp_stage_from_config(&cfg, 1, true, &s), SPES_OK);
+    assert_int_equal(dp_stage_from_config(&cfg, 2, true, &s), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "distributed_strategy is single"));
 }
 

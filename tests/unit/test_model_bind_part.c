@@ -3,7 +3,9 @@
 // part runs (PRE_FORWARD / PRE_BACKWARD) and binds the part there, while the model's own
 // parameter buffer holds NaN. Losses, logits and gradients must be the same bits as a plain
 // pass, in every activation-checkpointing mode, for a training and a forward-only pass; a
-// part read outside its window would read NaN and show. Binding back restores the model.
+// part read outside its window would read NaN and show. The same with the model's parameter
+// buffers released (model_release_params, as ZeRO-3 runs), and after model_restore_params the
+// plain pass again. model_hook_replay sends exactly the events of a real pass, in order.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,15 +21,34 @@
 
 enum { B = 2, T = 8 };
 
+enum { MAX_EVENTS = 512 };
+
+typedef struct {
+    int n;
+    int events[MAX_EVENTS];   // event * 1000 + part, in the order received
+} EventLog;
+
+static void log_event(EventLog *log, ModelHookEvent event, int part) {
+    assert_true(log->n < MAX_EVENTS);
+    log->events[log->n++] = (int)event * 1000 + part;
+}
+
+static int record(void *ctx, ModelHookEvent event, int part) {
+    log_event(ctx, event, part);
+    return SPES_OK;
+}
+
 typedef struct {
     Model *m;
     const float *store;   // [total_numel] the real parameters (what a gather would assemble)
     float *work;          // [largest part] the working buffer
     int gathers;
+    EventLog log;
 } Gatherer;
 
 static int gather(void *ctx, ModelHookEvent event, int part) {
     Gatherer *g = ctx;
+    log_event(&g->log, event, part);
     if (event != MODEL_HOOK_PRE_FORWARD && event != MODEL_HOOK_PRE_BACKWARD) return SPES_OK;
     size_t offset, numel;
     param_part_span(&g->m->table, part, g->m->cfg.n_layers, &offset, &numel);
@@ -90,11 +111,42 @@ static void run_mode(const char *checkpointing) {
     assert_memory_equal(&got, &ref_train, sizeof got);
     assert_memory_equal(m.grads, ref_grads, n * sizeof(float));
     assert_int_equal(g.gathers, 2 * (L + 2));   // every part, forward and backward
+    EventLog replay = {0};
+    ModelHooks recorder = {.fn = record, .ctx = &replay};
+    assert_int_equal(model_hook_replay(&m, true, &recorder), SPES_OK);
+    assert_int_equal(replay.n, g.log.n);
+    assert_memory_equal(replay.events, g.log.events, (size_t)g.log.n * sizeof(int));
 
     float *logits = malloc(n_logits * sizeof(float));
+    g.log.n = 0;
     assert_int_equal(model_forward(&m, in, tg, B, T, &w, &got, logits), SPES_OK);
     assert_memory_equal(&got, &ref_eval, sizeof got);
     assert_memory_equal(logits, ref_logits, n_logits * sizeof(float));
+    replay.n = 0;
+    assert_int_equal(model_hook_replay(&m, false, &recorder), SPES_OK);
+    assert_int_equal(replay.n, g.log.n);
+    assert_memory_equal(replay.events, g.log.events, (size_t)g.log.n * sizeof(int));
+
+    // Released parameter buffers: the parts come from the working buffer only.
+    assert_int_equal(model_release_params(&m), SPES_OK);
+    assert_null(m.params);
+    assert_int_equal(model_release_params(&m), SPES_ERR);
+    assert_int_equal(model_bind_part(&m, 0, NULL, NULL), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "released"));
+    model_zero_grad(&m);
+    assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 1.0f, &got, NULL), SPES_OK);
+    assert_memory_equal(&got, &ref_train, sizeof got);
+    assert_memory_equal(m.grads, ref_grads, n * sizeof(float));
+    assert_int_equal(model_restore_params(&m), SPES_OK);
+    assert_int_equal(model_restore_params(&m), SPES_ERR);
+    for (size_t i = 0; i < total; i++) assert_true(m.params[i] == 0.0f);   // zeroed, bound to the model
+    memcpy(m.params, store, total * sizeof(float));
+    m.hooks = NULL;
+    model_zero_grad(&m);
+    assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 1.0f, &got, NULL), SPES_OK);
+    assert_memory_equal(&got, &ref_train, sizeof got);
+    assert_memory_equal(m.grads, ref_grads, n * sizeof(float));
+    m.hooks = &hooks;
 
     // Bound back to the model's own (restored) buffers, with no listener: the plain pass again.
     m.hooks = NULL;

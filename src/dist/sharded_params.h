@@ -1,0 +1,73 @@
+// ZeRO-3's parameter side (fsdp.sharding_strategy FULL_SHARD): a rank keeps the fp32 values of
+// its shard of the trainable parameters only, and each part of the model (the hooks' unit:
+// embedding, layer l, head) is all-gathered into one working buffer right before the part
+// runs.
+//
+//   held per rank           size                                     data_parallel.h ZeRO-2 holds
+//   shard                   lo[r+1] - lo[r] trainable values         every parameter
+//   frozen store            the frozen tensors (SPES: experts this
+//                           peer does not own), packed; every rank
+//   working buffer          the largest part
+//
+// The gradient side is ZeRO-2's (full-size gradient buffer, bucketed reduce-scatter), and the
+// shard is exactly ZeRO-2's shard of the gradient layout, so AdamW updates it in place
+// (adamw_step_packed) and nothing is all-gathered after the step. The gathered parts are the
+// same bits as the replicated parameters, so ZeRO-3 trains exactly what ZeRO-2 trains.
+//
+// Collectives from hooks. sharded_params_hooks() gathers part p at PRE_FORWARD/PRE_BACKWARD
+// unless p is the part in the working buffer already, and passes every event on to the
+// gradient buckets' hooks when asked (the last micro-batch, ddp.overlap_grad_reduce). Every
+// rank must make the same collective calls in the same order, so every rank runs the same
+// number of passes per step: a rank with fewer micro-batches first replays passes without
+// work (sharded_params_idle_pass), then runs its own.
+//
+// Outside the steps the model holds its full parameters (sharded_params_unshard: every part
+// gathered into the model's own, restored buffers): checkpoints, evaluation and the SPES
+// sync read and write them there, then sharded_params_shard takes the shard and the frozen
+// store from them again and releases them. Both are collectives.
+//
+// Host buffers only (MPI); the device path (NCCL, the compute copy) is not written.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "dist/data_parallel.h"
+#include "dist/part_gather.h"
+#include "model/model.h"
+
+typedef struct {
+    Model *m;
+    DataParallel *dp;      // the gradient side (its shard boundaries, its bucket hooks)
+    PartGather gather;
+    float *shard;          // [shard_n] this rank's fp32 master values of the gradient layout
+    size_t shard_n;
+    float *frozen;         // [gather.frozen_numel] the frozen tensors, packed in table order
+    float *work;           // [work_n] the working buffer (the largest part's span)
+    size_t work_n;
+    int bound;             // the part the working buffer holds (-1: none)
+    bool sharded;          // the model's buffers are released; parts come from the shards
+    bool pass_on;          // pass events on to dp's bucket hooks
+    ModelHooks hooks;      // the model's hooks while sharded
+} ShardedParams;
+
+// For model m (fp32 compute, host backend) trained under dp (stage DP_ZERO3). m and dp must
+// outlive z, and z must not move afterwards (z->hooks points at it). Allocates the buffers;
+// the model keeps its parameters until sharded_params_shard.
+int sharded_params_create(ShardedParams *z, Model *m, DataParallel *dp);
+void sharded_params_free(ShardedParams *z);
+
+// The model's full parameters -> this rank's shard and the frozen store; the model's buffers
+// are released. Every rank holds the same full parameters when it is called.
+int sharded_params_shard(ShardedParams *z);
+// Collective: the model's buffers restored and filled with every part, gathered.
+int sharded_params_unshard(ShardedParams *z);
+
+// The hooks for a pass while sharded; pass_on: also start the gradient buckets (dp->hooks).
+const ModelHooks *sharded_params_hooks(ShardedParams *z, bool pass_on);
+// A pass's collectives without its work (a rank with fewer micro-batches than another).
+int sharded_params_idle_pass(ShardedParams *z, bool pass_on);
+// After the update: the values changed, so the next part is gathered afresh.
+void sharded_params_updated(ShardedParams *z);
+
+// Bytes this rank holds for parameters while sharded: shard, frozen store, working buffer.
+size_t sharded_params_bytes(const ShardedParams *z);
