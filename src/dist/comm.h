@@ -73,6 +73,8 @@ int comm_allgather_int(Comm *c, int value, int *out);
 typedef struct CommNccl CommNccl;
 int comm_nccl_open(Comm *c, Backend *be, CommNccl **out);
 void comm_nccl_close(CommNccl *n);
+// The NCCL library's version code (ncclGetVersion: 22809 is 2.28.9); 0 without NCCL.
+int comm_nccl_version(void);
 int comm_nccl_allreduce_sum(CommNccl *n, Backend *be, void *buf, size_t count, CommType t);
 int comm_nccl_allgather(CommNccl *n, Backend *be, float *buf, const int *counts);
 int comm_nccl_broadcast(CommNccl *n, Backend *be, void *buf, size_t bytes, int root);

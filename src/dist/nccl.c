@@ -145,6 +145,11 @@ int comm_nccl_broadcast(CommNccl *n, Backend *be, void *buf, size_t bytes, int r
     return finish(n, "broadcast");
 }
 
+int comm_nccl_version(void) {
+    int v = 0;
+    return ncclGetVersion(&v) == ncclSuccess ? v : 0;
+}
+
 #else   // CPU-only build
 
 struct CommNccl {
@@ -160,6 +165,7 @@ int comm_nccl_open(Comm *c, Backend *be, CommNccl **out) {
     return no_nccl();
 }
 void comm_nccl_close(CommNccl *n) { (void)n; }
+int comm_nccl_version(void) { return 0; }
 int comm_nccl_allreduce_sum(CommNccl *n, Backend *be, void *buf, size_t count, CommType t) { return no_nccl(); }
 int comm_nccl_start_allreduce_sum(CommNccl *n, Backend *be, float *buf, size_t count) { return no_nccl(); }
 int comm_nccl_start_reduce_scatter_sum(CommNccl *n, Backend *be, float *buf, const int *counts) { return no_nccl(); }

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Data parallelism on the GPU (docs/distributed.md): the NCCL path with several ranks on ONE
+# GPU, which NCCL allows from 2.30 on with NCCL_MULTI_RANK_GPU_ENABLE=1 (older NCCL refuses two
+# ranks of one communicator on a device: ncclInvalidUsage). The tiny MoE of tests/gpu/lib/gpu.sh
+# in fp32, 6 steps; 2 ranks on cuda:0 with DDP and with ZeRO-2 (gradient buckets overlapped
+# with the backward, reduce-scatter and parameter all-gather through NCCL) against 1 rank on
+# cuda:0: the loss log within 1e-4 relative and the weights within 1e-4 absolute + relative
+# (the GPU's fp32 reductions run in another order than 1 rank's accumulation), and DDP against
+# ZeRO-2 the same way. Skipped (77) without a GPU, and with an NCCL older than 2.30 (the
+# reason printed); the NCCL path with one rank is tests/gpu/test_dist_nccl.c.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/gpu/lib/gpu.sh
+require_gpu
+require_venv
+require_mpirun
+[ "$GPU_DEVICE" = cpu ] && { echo "SKIPPED: NCCL needs a GPU (SPES_GPU_TEST_DEVICE=cpu)"; exit 77; }
+nccl=$("$SPES_BIN" version | sed -n 's/^nccl: //p')
+[ -n "$nccl" ] || { echo "SKIPPED: this spes reports no NCCL"; exit 77; }
+code=$(echo "$nccl" | awk -F. '{ print $1 * 10000 + $2 * 100 + $3 }')
+if [ "$code" -lt 23000 ]; then
+  echo "SKIPPED: NCCL $nccl < 2.30 refuses two ranks on one GPU (NCCL_MULTI_RANK_GPU_ENABLE needs 2.30)"
+  exit 77
+fi
+echo "NCCL $nccl: two ranks on cuda:0 with NCCL_MULTI_RANK_GPU_ENABLE=1"
+export NCCL_MULTI_RANK_GPU_ENABLE=1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+gpu_tiny_data "$tmp"
+gpu_tiny_yaml "$tmp"
+
+train() {   # train NAME NPROC [overrides]
+  local name=$1 n=$2
+  shift 2
+  timeout 300 "$SPES_BIN" train "$tmp/tiny.yaml" --device=cuda:0 --precision=fp32 --save_folder="$tmp/$name" \
+    --nproc_per_node "$n" --ddp.bucket_cap_mb=0.01 "$@" >"$tmp/$name.log" 2>&1 ||
+    { echo "FAIL: $name ($n ranks $*)"; tail -30 "$tmp/$name.log"; exit 1; }
+}
+train one 1
+train ddp 2 --distributed_strategy=ddp
+train zero2 2 --fsdp.sharding_strategy=SHARD_GRAD_OP
+grep -q "dist: 2 ranks, strategy ddp" "$tmp/ddp.log" && grep -q "dist: 2 ranks, strategy zero2" "$tmp/zero2.log" ||
+  { echo "FAIL: the runs did not use 2 ranks"; exit 1; }
+for run in ddp zero2; do
+  echo "-- $run vs one"
+  "$SPES_VENV_PY" tests/integration/lib/dist_compare.py "$tmp/one" "$tmp/$run" 6 --tol 1e-4 ||
+    { echo "FAIL: $run on 2 ranks differs from 1 rank"; exit 1; }
+done
+echo "-- zero2 vs ddp"
+"$SPES_VENV_PY" tests/integration/lib/dist_compare.py "$tmp/ddp" "$tmp/zero2" 6 --tol 1e-4 ||
+  { echo "FAIL: zero2 differs from ddp"; exit 1; }
+echo "dist_ranks_gpu: OK"
