@@ -6,13 +6,21 @@
 # it when its own training ends.
 #   RANK=0 MASTER_ADDR=node0 scripts/run_cluster.sh [--key=value overrides]
 # Environment as scripts/run_single_node.sh and scripts/run_parameter_server.sh (TOTAL_PEERS,
-# NUM_TRAIN_EXPERTS_PER_NODE, PORT, MERGE_*).
+# NUM_TRAIN_EXPERTS_PER_NODE, PORT, MERGE_*). The server runs the outer optimizer the peers' CONFIG
+# says (spes_config.outer_lr / outer_momentum), or the --spes_config.outer_* overrides given here.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RANK=${RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 PORT=${PORT:-50051}
 export NPROC_PER_NODE=${NPROC_PER_NODE:-1}
+export CONFIG=${CONFIG:-$ROOT/configs/spes_tiny_4nodes.yaml}   # the peers' (run_single_node.sh) and the server's
+for arg in "$@"; do   # outer-optimizer overrides of the peers go to the server too
+  case $arg in
+    --spes_config.outer_lr=*) export OUTER_LR=${arg#*=} ;;
+    --spes_config.outer_momentum=*) export OUTER_MOMENTUM=${arg#*=} ;;
+  esac
+done
 
 # The server address peers dial: MASTER_ADDR resolved once here (getent), else as given.
 if [ "$MASTER_ADDR" = "localhost" ] || [ "$MASTER_ADDR" = "127.0.0.1" ]; then

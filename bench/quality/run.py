@@ -306,6 +306,10 @@ def run_one(spes, a, shape, corpus, curve_val, method, variant, sync_steps, merg
             server_flags += ["--merge_interval", str(2 * sync_steps), "--merge_alpha_start", str(MERGE_ALPHA),
                              "--merge_decay_steps", str(max(shape.steps // 2, 1)), "--merge_topk", str(MERGE_TOPK)]
         peer_flags = [f"--spes_config.using_decayed_aux_loss={'true' if decayed else 'false'}"]
+        # The peers state the outer optimizer they expect in Hello; the server refuses other values.
+        for flag, key in (("--outer_lr", "outer_lr"), ("--outer_momentum", "outer_momentum")):
+            if flag in extra_server:
+                peer_flags.append(f"--spes_config.{key}={extra_server[extra_server.index(flag) + 1]}")
         save = train_peers(spes, shape, corpus["config"], ov, rundir, seed, "spes" if method == "spes" else "fedavg",
                            sync_steps, server_flags, peer_flags)
     train_s = time.monotonic() - t0

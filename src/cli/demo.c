@@ -60,31 +60,37 @@ typedef struct {
     int peers, experts_per_peer, steps, sync_steps, batch, threads_per_peer;
     int train_docs, val_docs, questions;
     int baseline;               // also train centralised
+    float outer_lr, outer_momentum;   // the server's outer optimizer (written to demo.yaml; 1 and 0: off)
     const char *out;
 } DemoOptions;
 
 static void usage(FILE *out) {
     fprintf(out,
             "usage: spes demo [--peers N] [--experts_per_peer M] [--steps S] [--sync_steps K] [--batch B]\n"
-            "                 [--train_docs D] [--threads_per_peer T] [--no_baseline] [--out DIR]\n"
+            "                 [--train_docs D] [--threads_per_peer T] [--outer_lr X] [--outer_momentum Y]\n"
+            "                 [--no_baseline] [--out DIR]\n"
             "\n"
             "Trains a small MoE with SPES on 127.0.0.1: a parameter server and N peers (default 4), each\n"
             "owning M experts per layer (default 2, so 8 experts), syncing every K steps (default 25) with\n"
             "expert merging in the first half. Then the same budget centralised (1 process, all experts,\n"
             "N*B sequences per step) and a comparison: validation loss and question accuracy.\n"
+            "--outer_lr/--outer_momentum: the server's outer optimizer (DiLoCo Nesterov on the shared tensors,\n"
+            "docs/sync.md), written to demo.yaml as spes_config.outer_lr/outer_momentum (default 1 and 0: off).\n"
             "Defaults: 1000 steps, batch 8 sequences of 128 bytes per peer, %s.\n",
             "out output/demo");
 }
 
 static int parse_options(int argc, char **argv, DemoOptions *o) {
     *o = (DemoOptions){.peers = 4, .experts_per_peer = 2, .steps = 1000, .sync_steps = 25, .batch = 8,
-                       .train_docs = 20000, .val_docs = 500, .questions = 48, .baseline = 1, .out = "output/demo"};
+                       .train_docs = 20000, .val_docs = 500, .questions = 48, .baseline = 1, .out = "output/demo",
+                       .outer_lr = 1.0f, .outer_momentum = 0.0f};
     static const struct option longopts[] = {
         {"peers", required_argument, 0, 'p'},        {"experts_per_peer", required_argument, 0, 'm'},
         {"steps", required_argument, 0, 's'},        {"sync_steps", required_argument, 0, 'k'},
         {"batch", required_argument, 0, 'b'},        {"train_docs", required_argument, 0, 'd'},
         {"threads_per_peer", required_argument, 0, 't'}, {"no_baseline", no_argument, 0, 'n'},
         {"out", required_argument, 0, 'o'},          {"help", no_argument, 0, 'h'},
+        {"outer_lr", required_argument, 0, 'L'},     {"outer_momentum", required_argument, 0, 'M'},
         {0, 0, 0, 0}};
     optind = 1;
     int c;
@@ -100,6 +106,8 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
         case 't': rc = cli_int("threads_per_peer", optarg, 1, 1024, &o->threads_per_peer); break;
         case 'n': o->baseline = 0; break;
         case 'o': o->out = optarg; break;
+        case 'L': rc = cli_float("outer_lr", optarg, 1e-6, 10, &o->outer_lr); break;
+        case 'M': rc = cli_float("outer_momentum", optarg, 0, 0.999999, &o->outer_momentum); break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return spes_fail("demo: bad command line");
         }
@@ -317,7 +325,8 @@ static int write_inputs(DemoRun *run) {
     snprintf(path, sizeof path, "%s/arithmetic.jsonl", run->dir);
     SPES_TRY(demo_questions_write(DEMO_WORLD_SEED, DEMO_TASK_ARITHMETIC, o->questions, path));
     DemoRunShape shape = {.peers = o->peers, .experts_per_peer = o->experts_per_peer, .steps = o->steps,
-                          .sync_steps = o->sync_steps, .batch = o->batch, .threads_per_peer = o->threads_per_peer};
+                          .sync_steps = o->sync_steps, .batch = o->batch, .threads_per_peer = o->threads_per_peer,
+                          .outer_lr = o->outer_lr, .outer_momentum = o->outer_momentum};
     SPES_TRY(demo_config_write(&shape, run->dir, run->cfg_path));
     printf("corpus ready (%.0fs)\n", now_seconds() - run->t0);
     return SPES_OK;
@@ -339,7 +348,8 @@ static void runner_free(Runner *r) {
     metrics_tail_free(&r->metrics);
 }
 
-// The parameter server on 127.0.0.1:port, expert merging in the first half of the run.
+// The parameter server on 127.0.0.1:port, expert merging in the first half of the run, the outer
+// optimizer the peers' config (demo.yaml) says (--config), so the peers' Hello matches it.
 static int start_server(const DemoRun *run, int port, pid_t *server) {
     const DemoOptions *o = run->o;
     char port_s[16], peers_s[16], m_s[16], merge_every[16], decay[16], log[4200];
@@ -351,7 +361,7 @@ static int start_server(const DemoRun *run, int port, pid_t *server) {
     snprintf(log, sizeof log, "%s/server.log", run->dir);
     char *argv[] = {run->exe, "server", "--total_peers", peers_s, "--num_train_experts_per_node", m_s, "--host",
                     "127.0.0.1", "--port", port_s, "--merge_interval", merge_every, "--merge_alpha_start", "0.3",
-                    "--merge_decay_steps", decay, "--merge_topk", "4", NULL};
+                    "--merge_decay_steps", decay, "--merge_topk", "4", "--config", (char *)run->cfg_path, NULL};
     return process_spawn(argv, log, NULL, server);
 }
 

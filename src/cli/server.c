@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "cli/cli_parse.h"
 #include "cli/commands.h"
+#include "config/config.h"
 #include "status/status_http.h"
 #include "sync/auth.h"
 #include "sync/rounds_run_status.h"
@@ -52,7 +53,11 @@ static void usage(FILE *out) {
             "  --outer_lr X                     outer optimizer (DiLoCo Nesterov) on the shared tensors: step size\n"
             "                                   on the pseudo-gradient (previous aggregate - mean); default 1\n"
             "  --outer_momentum Y               its Nesterov momentum in [0, 1) (default 0; with lr 1: off, the\n"
-            "                                   plain mean). The server alone decides; fixed for a --state_dir\n"
+            "                                   plain mean). Fixed for a --state_dir; peers state the values their\n"
+            "                                   config expects (spes_config.outer_lr/outer_momentum) and are refused\n"
+            "                                   when they differ\n"
+            "  --config CONFIG.yaml             take --outer_lr/--outer_momentum from the peers' config\n"
+            "                                   (spes_config.outer_lr/outer_momentum) unless given as flags\n"
             "  --auth_token_file F              require 'authorization: Bearer <token in F>' on every call\n"
             "  --peer_tokens F                  lines 'peer_id token': per-peer tokens, each only valid for its peer\n"
             "  --tls_cert PEM --tls_key PEM     serve TLS\n"
@@ -98,6 +103,20 @@ static int start_status_page(StatusHttpConfig *http, const char *status_token_fi
     return SPES_OK;
 }
 
+// --config: the outer optimizer the peers' config expects (spes_config.outer_lr/outer_momentum),
+// for each setting not given as a flag, so a launcher that starts the server from the peers'
+// config runs what the peers will state in Hello.
+static int outer_from_config(const char *path, bool lr_given, bool momentum_given, OuterOptConfig *outer) {
+    TrainConfig tc;
+    if (config_load(path, 0, NULL, &tc) != SPES_OK) return spes_fail_context("spes server --config %s", path);
+    if (!lr_given) outer->lr = tc.outer_lr;
+    if (!momentum_given) outer->momentum = tc.outer_momentum;
+    config_free(&tc);
+    log_info("server: outer optimizer lr %g, momentum %g (%s%s)", (double)outer->lr, (double)outer->momentum,
+             lr_given || momentum_given ? "flags over " : "from ", path);
+    return SPES_OK;
+}
+
 int cmd_server(int argc, char **argv) {
     SyncServerConfig cfg;
     sync_server_config_defaults(&cfg);
@@ -131,6 +150,7 @@ int cmd_server(int argc, char **argv) {
         {"tls_ca", required_argument, NULL, 'E'},
         {"outer_lr", required_argument, NULL, 'o'},
         {"outer_momentum", required_argument, NULL, 'u'},
+        {"config", required_argument, NULL, 'G'},
         {"status_port", required_argument, NULL, 's'},
         {"status_bind", required_argument, NULL, 'b'},
         {"status_token_file", required_argument, NULL, 'F'},
@@ -140,6 +160,8 @@ int cmd_server(int argc, char **argv) {
     int status = SPES_OK, c;
     StatusHttpConfig http = {.port = -1};   // -1: no status server
     const char *status_token_file = NULL;
+    const char *config_path = NULL;   // --config: the outer settings not given as flags come from it
+    bool outer_lr_given = false, outer_momentum_given = false;
     optind = 1;
     while (status == SPES_OK && (c = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (c) {
@@ -184,8 +206,15 @@ int cmd_server(int argc, char **argv) {
         case 'C': cfg.tls_cert = optarg; break;
         case 'D': cfg.tls_key = optarg; break;
         case 'E': cfg.tls_ca = optarg; break;
-        case 'o': status = cli_float("outer_lr", optarg, 1e-6, 10, &cfg.rounds.outer.lr); break;
-        case 'u': status = cli_float("outer_momentum", optarg, 0, 0.999999, &cfg.rounds.outer.momentum); break;
+        case 'o':
+            status = cli_float("outer_lr", optarg, 1e-6, 10, &cfg.rounds.outer.lr);
+            outer_lr_given = true;
+            break;
+        case 'u':
+            status = cli_float("outer_momentum", optarg, 0, 0.999999, &cfg.rounds.outer.momentum);
+            outer_momentum_given = true;
+            break;
+        case 'G': config_path = optarg; break;
         case 's': status = cli_int("status_port", optarg, 0, 65535, &http.port); break;
         case 'b': http.bind_addr = optarg; break;
         case 'F': status_token_file = optarg; break;
@@ -193,6 +222,8 @@ int cmd_server(int argc, char **argv) {
         default: usage(stderr); return 2;
         }
     }
+    if (status == SPES_OK && config_path) status = outer_from_config(config_path, outer_lr_given, outer_momentum_given,
+                                                                     &cfg.rounds.outer);
     if (status != SPES_OK) return cli_report_error();
     if (optind < argc) {
         fprintf(stderr, "spes server: unexpected argument '%s'\n", argv[optind]);

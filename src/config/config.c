@@ -298,6 +298,11 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
           "sharding across nodes is what the SPES server does)", ss ? ss : "null");
     CHECK(cfg->sync_steps > 0, "spes_config.sync_steps", "must be > 0");
     CHECK(cfg->decayed_factor_update_steps > 0, "spes_config.decayed_factor_update_steps", "must be > 0");
+    // The ranges `spes server --outer_lr / --outer_momentum` accept (src/cli/server.c).
+    CHECK(cfg->outer_lr >= 1e-6f && cfg->outer_lr <= 10.0f, "spes_config.outer_lr", "must be in [1e-6, 10], got %g",
+          (double)cfg->outer_lr);
+    CHECK(cfg->outer_momentum >= 0.0f && cfg->outer_momentum < 1.0f, "spes_config.outer_momentum",
+          "must be in [0, 1), got %g", (double)cfg->outer_momentum);
     return SPES_OK;
 }
 

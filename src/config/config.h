@@ -116,6 +116,8 @@ typedef struct {
     char *tls_ca, *tls_cert, *tls_key;   // spes_config.tls_*: TLS to the server (NULL: insecure)
     int take_over_peer_id;            // spes_config.take_over_peer_id: act as this (lost) peer; -1: no
     double retry_timeout_s;           // spes_config.retry_timeout_s: retry an unreachable server this long (60)
+    float outer_lr;                   // spes_config.outer_lr: the server's outer optimizer this peer expects (1)
+    float outer_momentum;             // spes_config.outer_momentum: its Nesterov momentum (0); stated in Hello
 
     // Where the config came from (for messages and the checkpoint copy).
     char *source_path;

@@ -597,6 +597,10 @@ static const ConfigKey KEYS[] = {
     {"spes_config.take_over_peer_id", K_INT, F(take_over_peer_id), MIN_NONNEG, .nullable = true, .null_value = -1, .meaning = "Ownership failover: act as lost peer N (its peer_id and experts), starting from the server's newest aggregate. Our extension."},
     {"spes_config.retry_timeout_s", K_F64, F(retry_timeout_s), MIN_POSITIVE, .meaning = "How long every sync call retries an unreachable or restarting parameter server (exponential backoff with jitter). Our extension."},
     {"spes_config.sync_overlap", K_BOOL, F(sync_overlap), .meaning = "Train on while a sync round is in flight; its aggregate is applied at the first step end after it arrived (at the latest the next sync step) as aggregate + (current - uploaded) weights (docs/communication.md). Not part of the config hash. Our extension."},
+    // Not hashed: the outer step runs on the server, not in this peer's training; a checkpoint
+    // resumes under other values, and the server refuses values that differ from its own at Hello.
+    {"spes_config.outer_lr", K_F32, F(outer_lr), MIN_POSITIVE, .meaning = "The server's outer optimizer (DiLoCo Nesterov on the shared tensors) this peer expects: its step size, as `spes server --outer_lr` (1 with outer_momentum 0: the plain mean). Stated in the handshake; a server running other values refuses the peer, naming both (docs/sync.md). Not part of the config hash. Our extension."},
+    {"spes_config.outer_momentum", K_F32, F(outer_momentum), MIN_NONNEG, .meaning = "Its Nesterov momentum in [0, 1), as `spes server --outer_momentum`; checked at the handshake like outer_lr. Not part of the config hash. Our extension."},
     {"spes_config.payload_dtype", K_SPECIAL, .hashed = true, .parse = parse_payload_dtype, .format = format_payload_dtype, .meaning = "f32, bf16 or int8 (deltas, docs/communication.md) sync payloads. Our extension."},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
@@ -1021,6 +1025,8 @@ void config_defaults(TrainConfig *cfg) {
     cfg->decayed_factor_update_steps = 1;
     cfg->take_over_peer_id = -1;
     cfg->retry_timeout_s = 60;
+    cfg->outer_lr = 1.0f;   // with outer_momentum 0: no outer optimizer (the plain mean)
+    cfg->outer_momentum = 0.0f;
 }
 
 void config_free(TrainConfig *cfg) {

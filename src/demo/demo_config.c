@@ -106,6 +106,10 @@ static int write_rows(FILE *fp, const Row *rows, int n) {
 int demo_config_write(const DemoRunShape *s, const char *dir, const char *path) {
     char *train = path_join(dir, "train.bin"), *val = path_join(dir, "val.bin"),
          *save = path_join(dir, "peer${spes_config.peer_id}");
+    // %.9g: the float reads back as the same float (the server gets it from this file: --config).
+    char outer_lr[32], outer_momentum[32];
+    snprintf(outer_lr, sizeof outer_lr, "%.9g", s->outer_lr != 0.0f ? (double)s->outer_lr : 1.0);
+    snprintf(outer_momentum, sizeof outer_momentum, "%.9g", (double)s->outer_momentum);
     const Row rows[] = {
         YAML("run_name", "spes-demo"),
         YAML("seed", "6198"),
@@ -161,6 +165,8 @@ int demo_config_write(const DemoRunShape *s, const char *dir, const char *path) 
         INT("spes_config.sync_steps", s->sync_steps),
         YAML("spes_config.server_addr", "127.0.0.1:50051"),
         YAML("spes_config.using_decayed_aux_loss", "true"),
+        YAML("spes_config.outer_lr", outer_lr),
+        YAML("spes_config.outer_momentum", outer_momentum),
     };
     char *text = NULL;
     size_t len = 0;

@@ -11,6 +11,8 @@ typedef struct {
     int sync_steps;         // spes_config.sync_steps
     int batch;              // sequences per step on one peer (global = micro-batch)
     int threads_per_peer;   // threads
+    float outer_lr;         // spes_config.outer_lr, the server's outer optimizer (0: the default 1)
+    float outer_momentum;   // spes_config.outer_momentum (default 0)
 } DemoRunShape;
 
 // Writes the config to `path` (atomically) for a run whose files live in `dir`: train.bin and

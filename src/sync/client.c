@@ -307,6 +307,10 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     req.mode = (char *)sync_mode_name(c->cfg.mode);
     req.fingerprint = spec->fingerprint;
     req.payload_dtype = (char *)dtype_name(c->cfg.payload_dtype);
+    if (c->cfg.outer.lr != 0.0f) {   // stated: both values (proto HelloRequest.outer_lr)
+        req.outer_lr = c->cfg.outer.lr;
+        req.outer_momentum = c->cfg.outer.momentum;
+    }
     TensorInfo *infos = spes_calloc((size_t)spec->count, sizeof *infos);
     TensorInfo **ptrs = spes_calloc((size_t)spec->count, sizeof *ptrs);
     if (!infos || !ptrs) {
@@ -342,6 +346,15 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
         return spes_fail("server %s does not serve int8 deltas (its Hello lists no '%s'); use payload_dtype f32 or "
                          "bf16, or a newer server",
                          c->addr, ROUNDS_VIEW_INT8);
+    }
+    // A server that states no outer settings (an older one) may run anything: only a peer at the
+    // reference settings (lr 1, momentum 0, or none stated) goes on without knowing.
+    if (resp->outer_lr == 0.0f && c->cfg.outer.lr != 0.0f && !outer_opt_is_off(&c->cfg.outer)) {
+        hello_response__free_unpacked(resp, NULL);
+        return spes_fail("server %s does not state its outer optimizer (an older server); this peer's config expects "
+                         "outer_lr %g, outer_momentum %g: use a newer server, or set spes_config.outer_lr 1 and "
+                         "outer_momentum 0 if that server runs without --outer_lr/--outer_momentum",
+                         c->addr, (double)c->cfg.outer.lr, (double)c->cfg.outer.momentum);
     }
     for (size_t i = 0; i < c->n_server_encodings; i++) free(c->server_encodings[i]);
     free(c->server_encodings);

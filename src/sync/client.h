@@ -43,6 +43,9 @@ typedef struct {
     const char *tls_cert, *tls_key; // PEM files: client certificate for servers that require one
     bool omit_own_experts;          // say in Hello that downloads may leave out this peer's own
                                     // experts (the caller fills them in: see SyncDownload)
+    OuterOptConfig outer;           // the server's outer optimizer this peer's config expects
+                                    // (spes_config.outer_lr / outer_momentum), stated in Hello; the
+                                    // server refuses another. lr 0 (the default): not stated
 } SyncClientConfig;
 
 // What a download held (sync_client_wait_and_download_view): the view the server served.

@@ -297,6 +297,22 @@ RoundsResult rounds_hello_settings(const Rounds *r, int peer, int num_peers, int
     return ROUNDS_OK;
 }
 
+RoundsResult rounds_hello_outer(const Rounds *r, int peer, const OuterOptConfig *stated) {
+    if (!stated || stated->lr == 0.0f) return ROUNDS_OK;   // not stated: an older peer
+    const OuterOptConfig *own = &r->cfg.outer;   // fixed at creation (and by a restored --state_dir)
+    if (stated->lr != own->lr || stated->momentum != own->momentum)
+        return rounds_fail(ROUNDS_MISMATCH,
+                           "hello from peer %d: its config expects the outer optimizer with outer_lr %g, "
+                           "outer_momentum %g, but this server runs --outer_lr %g --outer_momentum %g; set "
+                           "spes_config.outer_lr / spes_config.outer_momentum to the server's, or start the server "
+                           "with --outer_lr %g --outer_momentum %g",
+                           peer, (double)stated->lr, (double)stated->momentum, (double)own->lr, (double)own->momentum,
+                           (double)stated->lr, (double)stated->momentum);
+    return ROUNDS_OK;
+}
+
+OuterOptConfig rounds_outer_config(const Rounds *r) { return r->cfg.outer; }
+
 RoundsResult rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
                               DType payload_dtype, ModelSpec *spec, int *last_completed_step) {
     RoundsResult code = rounds_hello_settings(r, peer, num_peers, experts_per_node, mode, payload_dtype);

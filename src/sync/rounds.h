@@ -125,6 +125,14 @@ void rounds_destroy(Rounds *r);
 // payload dtype) against the server's, before the peer's tensor list costs anything.
 RoundsResult rounds_hello_settings(const Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
                                        DType payload_dtype);
+// The outer optimizer a peer's config expects (HelloRequest.outer_lr / outer_momentum) against
+// the server's (--outer_lr / --outer_momentum, or what its --state_dir fixed). stated NULL or
+// stated->lr == 0: the peer did not say (an older peer), accepted whatever the server runs, since
+// the server alone decides the outer step. A stated pair must equal the server's exactly:
+// ROUNDS_MISMATCH with a message naming both pairs and the settings to change.
+RoundsResult rounds_hello_outer(const Rounds *r, int peer, const OuterOptConfig *stated);
+// The server's outer optimizer settings (for its Hello answer).
+OuterOptConfig rounds_outer_config(const Rounds *r);
 // Handshake (rounds_hello_settings first). Adopts *spec (moving its contents out) when the server has none yet, otherwise
 // compares. The caller frees *spec afterwards in every case. Sets *last_completed_step.
 // Results: ROUNDS_OK, ROUNDS_BAD_REQUEST, ROUNDS_MISMATCH (the message names what differs).

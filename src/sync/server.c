@@ -542,6 +542,10 @@ static void handle_hello(Call *c) {
     // Settings first: a peer of another run is refused before its tensor list costs anything.
     if (code == GRPC_STATUS_OK)
         code = grpc_status_of(rounds_hello_settings(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode, payload));
+    if (code == GRPC_STATUS_OK) {
+        OuterOptConfig stated = {.lr = req->outer_lr, .momentum = req->outer_momentum};   // lr 0: not stated
+        code = grpc_status_of(rounds_hello_outer(c->srv->rounds, req->peer_id, &stated));
+    }
     if (code == GRPC_STATUS_OK && req->n_tensors > SYNC_MAX_TENSORS)
         code = status_fail(GRPC_STATUS_INVALID_ARGUMENT, "hello from peer %d: %zu tensors; at most %d are accepted",
                            req->peer_id, req->n_tensors, SYNC_MAX_TENSORS);
@@ -566,6 +570,9 @@ static void handle_hello(Call *c) {
     resp.chunk_size = (int64_t)c->srv->cfg.chunk_size;
     resp.max_message_size = (int64_t)c->srv->cfg.max_message_size;
     resp.last_completed_step = last;
+    OuterOptConfig outer = rounds_outer_config(c->srv->rounds);   // the peer checks it too (an older server states none)
+    resp.outer_lr = outer.lr;
+    resp.outer_momentum = outer.momentum;
     finish(c, code, &resp.base);
     model_spec_free(&spec);
     hello_request__free_unpacked(req, NULL);

@@ -101,6 +101,7 @@ int spes_peer_create(const TrainConfig *cfg, SpesPeer **out) {
     cc.tls_cert = cfg->tls_cert;
     cc.tls_key = cfg->tls_key;
     cc.omit_own_experts = !cfg->using_dilico;   // the round gives back our own experts as we sent them
+    cc.outer = (OuterOptConfig){.lr = cfg->outer_lr, .momentum = cfg->outer_momentum};   // checked by the server in Hello
     char *token = NULL;
     if (cfg->auth_token_file && auth_read_token_file(cfg->auth_token_file, &token) != SPES_OK) {
         spes_peer_free(p);

@@ -86,6 +86,9 @@ static const BadCase CASES[] = {
     {"override bad YAML", "", "--data.paths=[a,", "command line --data.paths: '[a,' is not a valid YAML value", "YAML syntax error"},
     {"override into a scalar", "", "--seed.x=1", "command line --seed.x", "unknown config key"},
     {"override validation", "", "--spes_config.peer_id=7", "spes_config.peer_id", "[0, num_peers = 1)"},
+    {"outer_lr out of range", "spes_config:\n  outer_lr: 20\n", NULL, "bad.yaml:2: spes_config.outer_lr", "[1e-6, 10], got 20"},
+    {"outer_lr zero", "spes_config:\n  outer_lr: 0\n", NULL, "bad.yaml:2: spes_config.outer_lr", "> 0"},
+    {"outer_momentum 1", "spes_config:\n  outer_momentum: 1.0\n", NULL, "bad.yaml:2: spes_config.outer_momentum", "[0, 1)"},
 };
 
 static void test_bad_configs(void **state) {
