@@ -76,6 +76,26 @@ static bool authorised(const StatusHttp *h, struct MHD_Connection *c, bool *by_q
 
 // The whole URL of each request, path and query, as libmicrohttpd received it (before it splits
 // off the query): what it returns becomes the request's *request_state, one of these two marks.
+// ?NAME=N of /status.json (status_json.h): *out -1 when absent; false when it is not a whole
+// number in [0, limit].
+static bool query_count(struct MHD_Connection *c, const char *name, int limit, int *out) {
+    const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+    *out = -1;
+    if (!v) return true;
+    long n = 0;
+    if (!*v || strlen(v) > 6) return false;
+    for (const char *d = v; *d; d++) {
+        if (*d < '0' || *d > '9') return false;
+        n = n * 10 + (*d - '0');
+    }
+    if (n > limit) return false;
+    *out = (int)n;
+    return true;
+}
+
+#define STRINGIFY_(x) #x
+#define STRINGIFY(x) STRINGIFY_(x)
+
 static char url_within_limit, url_too_long;
 static void *check_url(void *cls, const char *uri, struct MHD_Connection *c) {
     return strlen(uri) > STATUS_HTTP_URL_BYTES ? &url_too_long : &url_within_limit;
@@ -104,13 +124,19 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!authorised(h, c, &by_query))
         return send_error(c, MHD_HTTP_UNAUTHORIZED, "a token is needed: Authorization: Bearer <token> or ?token=\n");
 
+    StatusJsonLimits limits = STATUS_JSON_ALL;
+    if (json && (!query_count(c, "points", RUN_STATUS_POINTS, &limits.points) ||
+                 !query_count(c, "rounds", RUN_STATUS_ROUNDS, &limits.rounds)))
+        return send_error(c, MHD_HTTP_BAD_REQUEST,
+                          "points and rounds must be whole numbers, at most " STRINGIFY(RUN_STATUS_POINTS) " and " STRINGIFY(
+                              RUN_STATUS_ROUNDS) "\n");
     RunStatus status;
     if (h->fill(h->ctx, &status) != SPES_OK) {
         log_warn("status: %s", spes_last_error());
         return send_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "status unavailable\n");
     }
     size_t len = 0;
-    char *body = json ? status_json_render(&status, &len)
+    char *body = json ? status_json_render(&status, limits, &len)
                       : status_page_render(&status, by_query ? h->token : NULL, &len);
     run_status_free(&status);
     if (!body)

@@ -19,9 +19,13 @@ static json_t *point_json(const PeerMetricPoint *p) {
                      "route_max", number(p->route_max));
 }
 
-static json_t *peer_json(const PeerStatus *p, double now) {
+// The index of the first of the newest `limit` of n items (limit -1: all).
+static int newest(int n, int limit) { return limit >= 0 && limit < n ? n - limit : 0; }
+
+static json_t *peer_json(const PeerStatus *p, double now, int max_points) {
     json_t *points = json_array();
-    for (int i = 0; i < p->num_points; i++) json_array_append_new(points, point_json(&p->points[i]));
+    for (int i = newest(p->num_points, max_points); i < p->num_points; i++)
+        json_array_append_new(points, point_json(&p->points[i]));
     bool seen = p->last_seen_unix > 0;
     return json_pack("{si ss so so si so so}", "peer", p->peer, "state", peer_liveness_name(p->liveness), "last_seen",
                      seen ? number(p->last_seen_unix) : json_null(), "seconds_since_seen",
@@ -37,13 +41,15 @@ static json_t *round_json(const RoundRecord *r) {
                      number(r->merge_alpha));
 }
 
-char *status_json_render(const RunStatus *s, size_t *len) {
+char *status_json_render(const RunStatus *s, StatusJsonLimits limits, size_t *len) {
     const RoundsStatus *rs = &s->rounds;
     int uploaded_n = rs->num_uploaded < 1024 ? rs->num_uploaded : 1024;
     json_t *uploaded = json_array(), *peers = json_array(), *rounds = json_array();
     for (int i = 0; i < uploaded_n; i++) json_array_append_new(uploaded, json_integer(rs->peers_uploaded[i]));
-    for (int p = 0; p < s->num_peers; p++) json_array_append_new(peers, peer_json(&s->peers[p], s->now_unix));
-    for (int i = 0; i < s->num_rounds; i++) json_array_append_new(rounds, round_json(&s->round_history[i]));
+    for (int p = 0; p < s->num_peers; p++)
+        json_array_append_new(peers, peer_json(&s->peers[p], s->now_unix, limits.points));
+    for (int i = newest(s->num_rounds, limits.rounds); i < s->num_rounds; i++)
+        json_array_append_new(rounds, round_json(&s->round_history[i]));
     char fingerprint[17];
     snprintf(fingerprint, sizeof fingerprint, "%016" PRIx64, rs->fingerprint);
     json_t *doc = json_pack(

@@ -8,11 +8,20 @@
 //                           "route_min", "route_max"}, ..]}],
 //    "rounds": [{"step", "started", "duration_s", "partial", "peers", "bytes_in", "bytes_out",
 //                "merge_alpha"}, ..]}           (oldest round first)
-// Numbers that are not finite are written as null (JSON has no NaN).
+// Numbers that are not finite are written as null (JSON has no NaN). A client that polls a large
+// run asks for less: only the newest `points` metric points of each peer ("latest" stays) and
+// the newest `rounds` rounds (GET /status.json?points=N&rounds=M).
 #pragma once
 #include <stddef.h>
 
 #include "status/run_status.h"
 
+typedef struct {
+    int points;   // newest metric points per peer to include; -1: all kept
+    int rounds;   // newest rounds to include; -1: all kept
+} StatusJsonLimits;
+
+#define STATUS_JSON_ALL ((StatusJsonLimits){-1, -1})
+
 // The document (malloc'd, NUL-terminated) and its length; NULL with spes_fail when out of memory.
-char *status_json_render(const RunStatus *s, size_t *len);
+char *status_json_render(const RunStatus *s, StatusJsonLimits limits, size_t *len);

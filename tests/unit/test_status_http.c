@@ -123,6 +123,31 @@ static void test_http_serves(void **state) {
     free(reply);
     assert_int_equal(get(port, "/nothing", NULL, NULL), 404);
     assert_int_equal(get(port, "/../etc/passwd", NULL, NULL), 404);
+    // ?points=N&rounds=M trim the document; anything but a whole number in range is a 400
+    assert_int_equal(get(port, "/status.json?points=1&rounds=0", NULL, &reply), 200);
+    doc = json_loads(body_of(reply), 0, NULL);
+    assert_non_null(doc);
+    json_t *peers = json_object_get(doc, "peers");
+    size_t with_points = 0;
+    for (size_t p = 0; p < json_array_size(peers); p++) {
+        size_t n = json_array_size(json_object_get(json_array_get(peers, p), "points"));
+        assert_true(n <= 1);
+        with_points += n;
+    }
+    assert_true(with_points > 0);
+    assert_int_equal(json_array_size(json_object_get(doc, "rounds")), 0);
+    json_decref(doc);
+    free(reply);
+    const char *bad[] = {"?points=abc", "?points=-1", "?points=513", "?rounds=257", "?points=", "?rounds=1e3",
+                         "?points=99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "/status.json%s", bad[i]);
+        assert_int_equal(get(port, path, NULL, &reply), 400);
+        assert_non_null(strstr(body_of(reply), "points and rounds must be whole numbers"));
+        free(reply);
+    }
+    assert_int_equal(get(port, "/?points=abc", NULL, NULL), 200);   // the page has no such limits
     status_http_stop(h);
 }
 

@@ -1,7 +1,7 @@
 // status_json.h: the /status.json document parsed back with jansson against the RunStatus it came
 // from (tests/unit/status_fixture.h): the Status counters, every peer (state, last seen, last
 // upload, latest point, all points), the rounds; NaN and infinity written as null so the document
-// stays valid JSON; a run with no peers and no rounds.
+// stays valid JSON; a run with no peers and no rounds; the limits on points and rounds.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,9 +15,9 @@
 #include "status/status_json.h"
 #include "status_fixture.h"
 
-static json_t *render_and_parse(const RunStatus *s) {
+static json_t *render_limited(const RunStatus *s, StatusJsonLimits limits) {
     size_t len;
-    char *text = status_json_render(s, &len);
+    char *text = status_json_render(s, limits, &len);
     assert_non_null(text);
     assert_int_equal(len, strlen(text));
     json_error_t err;
@@ -27,6 +27,8 @@ static json_t *render_and_parse(const RunStatus *s) {
     free(text);
     return doc;
 }
+
+static json_t *render_and_parse(const RunStatus *s) { return render_limited(s, STATUS_JSON_ALL); }
 
 static double real_of(json_t *o, const char *key) {
     json_t *v = json_object_get(o, key);
@@ -144,8 +146,39 @@ static void test_empty_run(void **state) {
     run_status_free(&s);
 }
 
+// ?points=N&rounds=M: the newest N points of each peer (its latest point stays), the newest M rounds.
+static void test_limits(void **state) {
+    (void)state;
+    RunStatus s;
+    assert_int_equal(status_fixture(&s), SPES_OK);
+    const StatusJsonLimits cases[] = {{2, 1}, {0, 0}, {100000, 100000}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        json_t *doc = render_limited(&s, cases[c]);
+        json_t *peers = json_object_get(doc, "peers");
+        for (int p = 0; p < s.num_peers; p++) {
+            json_t *peer = json_array_get(peers, (size_t)p);
+            json_t *points = json_object_get(peer, "points");
+            int n = s.peers[p].num_points, want = n < cases[c].points ? n : cases[c].points;
+            assert_int_equal(json_array_size(points), (size_t)want);
+            for (int i = 0; i < want; i++)   // the newest, oldest first
+                assert_int_equal(json_integer_value(json_object_get(json_array_get(points, (size_t)i), "step")),
+                                 s.peers[p].points[n - want + i].step);
+            assert_true(n == 0 || json_is_object(json_object_get(peer, "latest")));
+        }
+        json_t *rounds = json_object_get(doc, "rounds");
+        int want = s.num_rounds < cases[c].rounds ? s.num_rounds : cases[c].rounds;
+        assert_int_equal(json_array_size(rounds), (size_t)want);
+        if (want)
+            assert_int_equal(json_integer_value(json_object_get(json_array_get(rounds, (size_t)want - 1), "step")),
+                             s.round_history[s.num_rounds - 1].step);
+        json_decref(doc);
+    }
+    run_status_free(&s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_limits),
         cmocka_unit_test(test_counters),
         cmocka_unit_test(test_peers),
         cmocka_unit_test(test_rounds),
