@@ -57,6 +57,11 @@ dist_train z2b_4 4 --fsdp.sharding_strategy=SHARD_GRAD_OP --ddp.bucket_cap_mb=0.
 dist_train z3b_4 4 --fsdp.sharding_strategy=FULL_SHARD --ddp.bucket_cap_mb=0.01
 dist_check z2b_4 z3b_4 5 --tol 0 --exact-steps 5
 dist_check one z3b_4 5 --tol 1e-5 --exact-steps 1
+# ZeRO-3 with activation checkpointing: whole_layer recomputes a layer's forward from the part
+# gathered at PRE_BACKWARD
+dist_train z2wl_3 3 --fsdp.sharding_strategy=SHARD_GRAD_OP --activation_checkpointing=whole_layer
+dist_train z3wl_3 3 --fsdp.sharding_strategy=FULL_SHARD --activation_checkpointing=whole_layer
+dist_check z2wl_3 z3wl_3 5 --tol 0 --exact-steps 5
 
 # ZeRO-3's parameter memory per rank: its shard (1/N of the trainable values) plus a working
 # buffer and a gather buffer of the largest part. With 8 layers a part is small against the
