@@ -26,8 +26,9 @@ typedef enum { MEMMAP_UINT16 = 0, MEMMAP_UINT32 } MemmapDtype;
 typedef enum { DURATION_STEPS = 0, DURATION_TOKENS, DURATION_EPOCHS } DurationUnit;
 
 // spes_config.payload_dtype: what peers upload/download.
-// int8: changes against the last aggregate, int8 per block with error feedback (docs/communication.md).
-typedef enum { PAYLOAD_F32 = 0, PAYLOAD_BF16, PAYLOAD_INT8 } PayloadDtype;
+// int8 / int4: changes against the last aggregate, int8 or int4 codes per block with error feedback
+// (docs/communication.md).
+typedef enum { PAYLOAD_F32 = 0, PAYLOAD_BF16, PAYLOAD_INT8, PAYLOAD_INT4 } PayloadDtype;
 
 // An `evaluators:` entry of type lm: validation loss on token files. Downstream
 // (multiple-choice) entries are skipped with a warning; `spes eval` runs those.

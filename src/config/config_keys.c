@@ -298,15 +298,17 @@ static void format_memmap_dtype(const TrainConfig *cfg, FILE *out) {
 
 static int parse_payload_dtype(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
     const char *s = NULL;
-    SPES_TRY(scalar_of(n, key, "f32, bf16 or int8", &s));
+    SPES_TRY(scalar_of(n, key, "f32, bf16, int8 or int4", &s));
     if (strcmp(s, "f32") == 0 || strcmp(s, "float32") == 0) cfg->payload_dtype = PAYLOAD_F32;
     else if (strcmp(s, "bf16") == 0 || strcmp(s, "bfloat16") == 0) cfg->payload_dtype = PAYLOAD_BF16;
     else if (strcmp(s, "int8") == 0) cfg->payload_dtype = PAYLOAD_INT8;
-    else return key_fail(n, key, "expected f32, bf16 or int8, got '%s'", s);
+    else if (strcmp(s, "int4") == 0) cfg->payload_dtype = PAYLOAD_INT4;
+    else return key_fail(n, key, "expected f32, bf16, int8 or int4, got '%s'", s);
     return SPES_OK;
 }
 static void format_payload_dtype(const TrainConfig *cfg, FILE *out) {
-    fputs(cfg->payload_dtype == PAYLOAD_BF16 ? "bf16" : cfg->payload_dtype == PAYLOAD_INT8 ? "int8" : "f32", out);
+    static const char *names[] = {[PAYLOAD_F32] = "f32", [PAYLOAD_BF16] = "bf16", [PAYLOAD_INT8] = "int8", [PAYLOAD_INT4] = "int4"};
+    fputs(names[cfg->payload_dtype], out);
 }
 
 static int parse_data_seed(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
@@ -601,7 +603,7 @@ static const ConfigKey KEYS[] = {
     // resumes under other values, and the server refuses values that differ from its own at Hello.
     {"spes_config.outer_lr", K_F32, F(outer_lr), MIN_POSITIVE, .meaning = "The server's outer optimizer (DiLoCo Nesterov on the shared tensors) this peer expects: its step size, as `spes server --outer_lr` (1 with outer_momentum 0: the plain mean). Stated in the handshake; a server running other values refuses the peer, naming both (docs/sync.md). Not part of the config hash. Our extension."},
     {"spes_config.outer_momentum", K_F32, F(outer_momentum), MIN_NONNEG, .meaning = "Its Nesterov momentum in [0, 1), as `spes server --outer_momentum`; checked at the handshake like outer_lr. Not part of the config hash. Our extension."},
-    {"spes_config.payload_dtype", K_SPECIAL, .hashed = true, .parse = parse_payload_dtype, .format = format_payload_dtype, .meaning = "f32, bf16 or int8 (deltas, docs/communication.md) sync payloads. Our extension."},
+    {"spes_config.payload_dtype", K_SPECIAL, .hashed = true, .parse = parse_payload_dtype, .format = format_payload_dtype, .meaning = "f32, bf16, int8 or int4 (deltas against the last aggregate with error feedback, docs/communication.md) sync payloads. Our extension."},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 

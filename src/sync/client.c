@@ -89,6 +89,7 @@ void sync_client_config_defaults(SyncClientConfig *cfg) {
 int sync_client_create(const SyncClientConfig *cfg, SyncClient **out) {
     if (cfg->payload_dtype != DTYPE_F32 && cfg->payload_dtype != DTYPE_BF16 && cfg->payload_dtype != DTYPE_I8)
         return spes_fail("sync client: payload dtype must be F32, BF16 or I8");
+    if (cfg->payload_dtype != DTYPE_I8 && cfg->delta) return spes_fail("sync client: a delta codec needs payload dtype I8");
     SyncClient *c = spes_calloc(1, sizeof *c);
     if (!c) return SPES_ERR;
     pthread_mutex_init(&c->metrics_mu, NULL);
@@ -299,6 +300,12 @@ static grpc_status_code unary(SyncClient *c, const char *method, const ProtobufC
 
 // ---- RPCs ----
 
+// The delta codec of an I8 run (NULL for F32 / BF16).
+static const DeltaCodec *delta_codec_of(const SyncClient *c) {
+    if (c->cfg.payload_dtype != DTYPE_I8) return NULL;
+    return c->cfg.delta ? c->cfg.delta : &DELTA_INT8;
+}
+
 int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     HelloRequest req = HELLO_REQUEST__INIT;
     req.peer_id = c->cfg.peer_id;
@@ -306,7 +313,8 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     req.experts_per_node = c->cfg.experts_per_node;
     req.mode = (char *)sync_mode_name(c->cfg.mode);
     req.fingerprint = spec->fingerprint;
-    req.payload_dtype = (char *)dtype_name(c->cfg.payload_dtype);
+    const DeltaCodec *delta = delta_codec_of(c);
+    req.payload_dtype = (char *)(delta ? delta->wire : dtype_name(c->cfg.payload_dtype));
     if (c->cfg.outer.lr != 0.0f) {   // stated: both values (proto HelloRequest.outer_lr)
         req.outer_lr = c->cfg.outer.lr;
         req.outer_momentum = c->cfg.outer.momentum;
@@ -331,7 +339,7 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     char *encodings[2];
     req.encodings = encodings;
     if (c->cfg.omit_own_experts) encodings[req.n_encodings++] = ROUNDS_VIEW_OMIT_OWN;
-    if (c->cfg.payload_dtype == DTYPE_I8) encodings[req.n_encodings++] = ROUNDS_VIEW_INT8;
+    if (delta) encodings[req.n_encodings++] = (char *)delta->encoding;
     HelloResponse *resp = NULL;
     grpc_status_code code = unary(c, "/FederatedServer/Hello", &req.base, &hello_response__descriptor,
                                   (ProtobufCMessage **)&resp, 60);
@@ -339,13 +347,13 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     free(ptrs);
     if (code != GRPC_STATUS_OK) return SPES_ERR;
     if (!c->cfg.chunk_size && resp->chunk_size > 0) c->chunk_size = (size_t)resp->chunk_size;
-    bool int8_ok = false;
-    for (size_t i = 0; i < resp->n_encodings; i++) int8_ok |= strcmp(resp->encodings[i], ROUNDS_VIEW_INT8) == 0;
-    if (c->cfg.payload_dtype == DTYPE_I8 && !int8_ok) {
+    bool delta_ok = false;
+    for (size_t i = 0; delta && i < resp->n_encodings; i++) delta_ok |= strcmp(resp->encodings[i], delta->encoding) == 0;
+    if (delta && !delta_ok) {
         hello_response__free_unpacked(resp, NULL);
-        return spes_fail("server %s does not serve int8 deltas (its Hello lists no '%s'); use payload_dtype f32 or "
-                         "bf16, or a newer server",
-                         c->addr, ROUNDS_VIEW_INT8);
+        return spes_fail("server %s does not serve %s deltas (its Hello lists no '%s'); use payload_dtype f32 or "
+                         "bf16%s, or a newer server",
+                         c->addr, delta->name, delta->encoding, delta == &DELTA_INT4 ? " (or int8, if it lists int8-delta)" : "");
     }
     // A server that states no outer settings (an older one) may run anything: only a peer at the
     // reference settings (lr 1, momentum 0, or none stated) goes on without knowing.
@@ -649,14 +657,15 @@ int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size
 int sync_client_wait_and_download_view(SyncClient *c, int step, int delta_base_step, uint8_t **bytes, size_t *len,
                                        SyncDownload *got) {
     ViewAsk ask = {.omit_own_experts = c->cfg.omit_own_experts && sync_client_server_speaks(c, ROUNDS_VIEW_OMIT_OWN)};
-    ask.has_delta_base = c->cfg.payload_dtype == DTYPE_I8 && delta_base_step >= 0;
+    const DeltaCodec *delta = delta_codec_of(c);
+    ask.has_delta_base = delta && delta_base_step >= 0;
     ask.delta_base_step = ask.has_delta_base ? delta_base_step : 0;
     memset(got, 0, sizeof *got);
     SPES_TRY(wait_and_download(c, step, &ask, bytes, len, got->view, sizeof got->view));
     // A view is taken only when it is one of the four names and holds nothing this peer did not ask for.
     got->own_experts_omitted = strstr(got->view, ROUNDS_VIEW_OMIT_OWN) != NULL;
-    got->int8_delta = strncmp(got->view, ROUNDS_VIEW_INT8, strlen(ROUNDS_VIEW_INT8)) == 0;
-    static const char *known[] = {"", ROUNDS_VIEW_OMIT_OWN, ROUNDS_VIEW_INT8, ROUNDS_VIEW_INT8 "+" ROUNDS_VIEW_OMIT_OWN};
+    got->int8_delta = delta && strncmp(got->view, delta->encoding, strlen(delta->encoding)) == 0;
+    const char *known[] = {"", ROUNDS_VIEW_OMIT_OWN, delta ? delta->encoding : "", delta ? delta->view_omit_own : ""};
     bool asked = (!got->own_experts_omitted || ask.omit_own_experts) && (!got->int8_delta || ask.has_delta_base), is_known = false;
     for (size_t i = 0; i < sizeof known / sizeof *known; i++) is_known |= strcmp(got->view, known[i]) == 0;
     asked = asked && is_known;

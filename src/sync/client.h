@@ -33,6 +33,8 @@ typedef struct {
     DType payload_dtype;            // F32 or BF16: uploads are converted, the aggregate comes back in it;
                                     // I8: an int8 run (uploads are int8 deltas the caller encodes, or
                                     // full F32 payloads; see docs/communication.md)
+    const DeltaCodec *delta;        // I8 runs: the codes, DELTA_INT8 or DELTA_INT4 (NULL: int8); Hello
+                                    // says "I8" or "I4" and the server must list the codec's encoding
     size_t chunk_size;              // upload chunk payload bytes (0: the server's, from Hello)
     size_t max_message_size;
     double connect_timeout_s;       // how long to retry an unreachable server
@@ -52,7 +54,8 @@ typedef struct {
 typedef struct {
     bool own_experts_omitted;       // the peer's own experts are not in it: the round took them
                                     // unchanged from its upload (rounds.h: rounds_view)
-    bool int8_delta;                // an int8 delta against the aggregate the peer asked for as base
+    bool int8_delta;                // a delta (the run's codec, int8 or int4) against the aggregate the
+                                    // peer asked for as base
     char view[48];                  // the server's name of the view ("" the whole aggregate)
 } SyncDownload;
 

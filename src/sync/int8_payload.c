@@ -1,4 +1,4 @@
-// int8 delta payloads as safetensors (see int8_payload.h).
+// Delta payloads as safetensors, int8 or int4 codes (see int8_payload.h).
 #include "sync/int8_payload.h"
 
 #include <inttypes.h>
@@ -9,16 +9,50 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "sync/int8_codec.h"
 
-int int8_payload_serialize(const Int8Tensor *tensors, int n, int base_step, uint8_t **bytes, size_t *len) {
+// Bytes of one tensor's codes on the wire.
+static size_t code_bytes(const DeltaCodec *c, size_t numel) { return c->bits == 4 ? (numel + 1) / 2 : numel; }
+
+// int4: q[n] (each in -7..7) packed two per byte into out[(n + 1) / 2].
+static void pack_int4(const int8_t *q, size_t n, uint8_t *out) {
+    for (size_t k = 0; 2 * k < n; k++) {
+        uint8_t lo = (uint8_t)q[2 * k] & 0x0f, hi = 2 * k + 1 < n ? (uint8_t)q[2 * k + 1] & 0x0f : 0;
+        out[k] = (uint8_t)(lo | hi << 4);
+    }
+}
+
+// The inverse: sign-extends each nibble. false when an odd count's padding nibble is not 0.
+static bool unpack_int4(const uint8_t *in, size_t n, int8_t *q) {
+    for (size_t i = 0; i < n; i++) {
+        int v = i % 2 ? in[i / 2] >> 4 : in[i / 2] & 0x0f;
+        q[i] = (int8_t)(v >= 8 ? v - 16 : v);
+    }
+    return n % 2 == 0 || in[n / 2] >> 4 == 0;
+}
+
+int int8_payload_serialize(const DeltaCodec *c, const Int8Tensor *tensors, int n, int base_step, uint8_t **bytes,
+                           size_t *len) {
     StWriteTensor *w = spes_calloc(2 * (size_t)n + 1, sizeof *w);
     char **names = spes_calloc((size_t)n + 1, sizeof *names);
-    int rc = w && names ? SPES_OK : SPES_ERR;
+    // The wire forms of int4 codes and bf16 scales (int8 writes the caller's arrays as they are).
+    size_t packed_total = 0, blocks_total = 0;
+    for (int i = 0; i < n; i++) packed_total += code_bytes(c, tensors[i].numel), blocks_total += int8_blocks(tensors[i].numel);
+    bool convert = c->bits == 4 || c->scale_dtype == DTYPE_BF16;
+    uint8_t *packed = convert ? spes_malloc(packed_total + 1) : NULL;
+    uint16_t *bf16 = convert ? spes_malloc(2 * blocks_total + 2) : NULL;
+    int rc = w && names && (!convert || (packed && bf16)) ? SPES_OK : SPES_ERR;
+    size_t packed_at = 0, block_at = 0;
     for (int i = 0; rc == SPES_OK && i < n; i++) {
         const Int8Tensor *t = &tensors[i];
+        size_t blocks = int8_blocks(t->numel);
         w[2 * i] = (StWriteTensor){.name = t->name, .dtype = DTYPE_I8, .ndim = t->ndim, .data = t->q};
         memcpy(w[2 * i].shape, t->shape, sizeof t->shape);
+        if (c->bits == 4) {
+            pack_int4(t->q, t->numel, packed + packed_at);
+            w[2 * i] = (StWriteTensor){.name = t->name, .dtype = DTYPE_U8, .ndim = 1, .data = packed + packed_at};
+            w[2 * i].shape[0] = (int64_t)code_bytes(c, t->numel);
+            packed_at += code_bytes(c, t->numel);
+        }
         size_t name_len = strlen(t->name) + sizeof INT8_SCALE_SUFFIX;
         names[i] = spes_malloc(name_len);
         if (!names[i]) {
@@ -26,60 +60,82 @@ int int8_payload_serialize(const Int8Tensor *tensors, int n, int base_step, uint
             break;
         }
         snprintf(names[i], name_len, "%s%s", t->name, INT8_SCALE_SUFFIX);
-        w[2 * i + 1] = (StWriteTensor){.name = names[i], .dtype = DTYPE_F32, .ndim = 1, .data = t->scale};
-        w[2 * i + 1].shape[0] = (int64_t)int8_blocks(t->numel);
+        w[2 * i + 1] = (StWriteTensor){.name = names[i], .dtype = c->scale_dtype, .ndim = 1, .data = t->scale};
+        w[2 * i + 1].shape[0] = (int64_t)blocks;
+        if (c->scale_dtype == DTYPE_BF16) {
+            for (size_t b = 0; b < blocks; b++) bf16[block_at + b] = f32_to_bf16(t->scale[b]);   // exact: see int8_encode
+            w[2 * i + 1].data = bf16 + block_at;
+            block_at += blocks;
+        }
     }
     char base[24], block[24];
     snprintf(base, sizeof base, "%d", base_step);
     snprintf(block, sizeof block, "%d", INT8_BLOCK);
     const char *keys[] = {"spes_encoding", "spes_base_step", "spes_block"};
-    const char *values[] = {INT8_ENCODING, base, block};
+    const char *values[] = {c->encoding, base, block};
     if (rc == SPES_OK) rc = safetensors_serialize(w, 2 * n, keys, values, 3, bytes, len);
     for (int i = 0; names && i < n; i++) free(names[i]);
     free(names);
     free(w);
+    free(packed);
+    free(bf16);
     return rc;
 }
 
-int int8_payload_kind(const SafeTensors *st, const char *what, bool *is_int8, int *base_step) {
+int int8_payload_kind(const SafeTensors *st, const char *what, const DeltaCodec **codec, int *base_step) {
     const char *enc = safetensors_meta(st, "spes_encoding");
-    *is_int8 = enc != NULL;
+    *codec = NULL;
     *base_step = -1;
     if (!enc) return SPES_OK;
-    if (strcmp(enc, INT8_ENCODING) != 0)
-        return spes_fail("%s: unknown spes_encoding '%.64s' (this side speaks '%s')", what, enc, INT8_ENCODING);
+    const DeltaCodec *c = delta_codec_by_encoding(enc);
+    if (!c)
+        return spes_fail("%s: unknown spes_encoding '%.64s' (this side speaks '%s' and '%s')", what, enc,
+                         DELTA_INT8.encoding, DELTA_INT4.encoding);
     const char *base = safetensors_meta(st, "spes_base_step"), *block = safetensors_meta(st, "spes_block");
     char *end = NULL;
     long b = base ? strtol(base, &end, 10) : -1;
     if (!base || !*base || *end || b < 0 || b > INT32_MAX)
-        return spes_fail("%s: int8 delta without a valid spes_base_step (got '%.32s')", what, base ? base : "(none)");
+        return spes_fail("%s: %s delta without a valid spes_base_step (got '%.32s')", what, c->name,
+                         base ? base : "(none)");
     if (!block || strtol(block, &end, 10) != INT8_BLOCK || *end)
-        return spes_fail("%s: int8 delta with block size '%.32s'; this side uses %d", what, block ? block : "(none)",
-                         INT8_BLOCK);
+        return spes_fail("%s: %s delta with block size '%.32s'; this side uses %d", what, c->name,
+                         block ? block : "(none)", INT8_BLOCK);
+    *codec = c;
     *base_step = (int)b;
     return SPES_OK;
 }
 
-int int8_payload_decode(const SafeTensors *st, const char *what, const char *name, int ndim, const int64_t *shape,
-                        size_t numel, const float *base, float *out, float *scratch) {
+int int8_payload_decode(const DeltaCodec *c, const SafeTensors *st, const char *what, const char *name, int ndim,
+                        const int64_t *shape, size_t numel, const float *base, float *out, float *scales,
+                        int8_t *codes) {
     char scale_name[1100];
     snprintf(scale_name, sizeof scale_name, "%s%s", name, INT8_SCALE_SUFFIX);
     const StTensor *q = safetensors_find(st, name), *s = safetensors_find(st, scale_name);
     size_t blocks = int8_blocks(numel);
-    if (!q || !s) return spes_fail("%s: int8 delta lacks '%s'", what, q ? scale_name : name);
-    if (q->dtype != DTYPE_I8 || q->ndim != ndim || q->numel != numel || memcmp(q->shape, shape, (size_t)ndim * sizeof *shape))
+    if (!q || !s) return spes_fail("%s: %s delta lacks '%s'", what, c->name, q ? scale_name : name);
+    if (c->bits == 8 &&
+        (q->dtype != DTYPE_I8 || q->ndim != ndim || q->numel != numel || memcmp(q->shape, shape, (size_t)ndim * sizeof *shape)))
         return spes_fail("%s: tensor '%s' must be I8 with the model's shape (%zu values), got %s with %zu values", what,
                          name, numel, dtype_name(q->dtype), q->numel);
-    if (s->dtype != DTYPE_F32 || s->ndim != 1 || s->numel != blocks)
-        return spes_fail("%s: '%s' must be F32 [%zu] (one scale per %d values), got %s with %zu values", what, scale_name,
-                         blocks, INT8_BLOCK, dtype_name(s->dtype), s->numel);
-    memcpy(scratch, s->data, blocks * sizeof(float));   // safetensors data may be unaligned
+    if (c->bits == 4 && (q->dtype != DTYPE_U8 || q->ndim != 1 || q->numel != code_bytes(c, numel)))
+        return spes_fail("%s: tensor '%s' must be U8 [%zu] (%zu int4 codes, two per byte), got %s with %zu values",
+                         what, name, code_bytes(c, numel), numel, dtype_name(q->dtype), q->numel);
+    if (s->dtype != c->scale_dtype || s->ndim != 1 || s->numel != blocks)
+        return spes_fail("%s: '%s' must be %s [%zu] (one scale per %d values), got %s with %zu values", what,
+                         scale_name, dtype_name(c->scale_dtype), blocks, INT8_BLOCK, dtype_name(s->dtype), s->numel);
+    if (safetensors_to_f32(s, scales) != SPES_OK) return spes_fail_context("%s: '%s'", what, scale_name);   // unaligned-safe
+    const int8_t *q_codes = (const int8_t *)q->data;
+    if (c->bits == 4) {
+        if (!unpack_int4(q->data, numel, codes))
+            return spes_fail("%s: tensor '%s': the padding nibble after its last (odd) code is not 0", what, name);
+        q_codes = codes;
+    }
     size_t where;
     const char *why;
-    if (!int8_check((const int8_t *)q->data, scratch, numel, &where, &why))
+    if (!int8_check(c, q_codes, scales, numel, &where, &why))
         return spes_fail("%s: tensor '%s': %s at %s %zu", what, name, why,
                          strncmp(why, "scale", 5) == 0 ? "block" : "flat index", where);
-    int8_reconstruct(base, (const int8_t *)q->data, scratch, numel, out);
+    int8_reconstruct(base, q_codes, scales, numel, out);
     for (size_t i = 0; i < numel; i++)
         if (!isfinite(out[i]))
             return spes_fail("%s: tensor '%s': the reconstruction (base + change) is not finite at flat index %zu", what,

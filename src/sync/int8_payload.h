@@ -1,8 +1,13 @@
-// int8 delta payloads as safetensors (docs/communication.md): for every tensor `name` sent,
-//   `name`        I8, the tensor's shape: the codes q (int8_codec.h)
-//   `name.scale`  F32, [int8_blocks(numel)]: one scale per block of INT8_BLOCK values
-// and in __metadata__ "spes_encoding" = "int8-delta", "spes_base_step" = the step of the
-// aggregate the change is against, "spes_block" = "256". Uploads (peer -> server) and the
+// Delta payloads as safetensors (docs/communication.md), int8 or int4 codes (int8_codec.h). For
+// every tensor `name` sent:
+//   int8:  `name`        I8, the tensor's shape: the codes q, one byte each
+//          `name.scale`  F32, [int8_blocks(numel)]: one scale per block of INT8_BLOCK values
+//   int4:  `name`        U8, [ceil(numel / 2)]: the codes packed two per byte, value 2k in the low
+//                        nibble of byte k and value 2k+1 in the high one, 4-bit two's complement
+//                        (-7..7; -8 is refused); an odd count leaves the last high nibble 0
+//          `name.scale`  BF16, [int8_blocks(numel)]
+// and in __metadata__ "spes_encoding" = "int8-delta" | "int4-delta", "spes_base_step" = the step
+// of the aggregate the change is against, "spes_block" = "256". Uploads (peer -> server) and the
 // aggregate's way down (server -> peers) use the same layout.
 #pragma once
 #include <stdbool.h>
@@ -10,8 +15,8 @@
 #include <stdint.h>
 
 #include "io/safetensors.h"
+#include "sync/int8_codec.h"
 
-#define INT8_ENCODING "int8-delta"
 #define INT8_SCALE_SUFFIX ".scale"
 
 // One encoded tensor to write.
@@ -20,19 +25,23 @@ typedef struct {
     int ndim;
     int64_t shape[ST_MAX_DIMS];
     size_t numel;
-    const int8_t *q;            // [numel]
-    const float *scale;         // [int8_blocks(numel)]
+    const int8_t *q;            // [numel] codes (unpacked, whatever the width)
+    const float *scale;         // [int8_blocks(numel)], exactly representable in the codec's scale dtype
 } Int8Tensor;
 
-int int8_payload_serialize(const Int8Tensor *tensors, int n, int base_step, uint8_t **bytes, size_t *len);
+int int8_payload_serialize(const DeltaCodec *c, const Int8Tensor *tensors, int n, int base_step, uint8_t **bytes,
+                           size_t *len);
 
-// Whether a parsed payload is an int8 delta (by its metadata), and against which step. A payload
-// that says int8-delta with a missing or bad base step or block size is an error naming `what`.
-int int8_payload_kind(const SafeTensors *st, const char *what, bool *is_int8, int *base_step);
+// Whether a parsed payload is a delta (by its metadata: *codec, NULL when it is not one), and
+// against which step. A payload that names an unknown encoding, or a delta with a missing or bad
+// base step or block size, is an error naming `what`.
+int int8_payload_kind(const SafeTensors *st, const char *what, const DeltaCodec **codec, int *base_step);
 
 // The encoded tensor `name` (ndim/shape from the model) checked and reconstructed:
 // out[numel] = base + q * s (int8_reconstruct); every value of out must be finite. Errors name
-// `what`, the tensor and what is wrong (missing, dtype, shape, block count, bad scale, -128,
-// non-finite result). scratch: int8_blocks(numel) floats (the scales, copied aligned).
-int int8_payload_decode(const SafeTensors *st, const char *what, const char *name, int ndim, const int64_t *shape,
-                        size_t numel, const float *base, float *out, float *scratch);
+// `what`, the tensor and what is wrong (missing, dtype, shape or packed length, block count, bad
+// scale, -128 / -8, a non-zero padding nibble, non-finite result). Scratch: scales
+// int8_blocks(numel) floats, codes numel bytes (int4's unpacked codes; unused for int8).
+int int8_payload_decode(const DeltaCodec *c, const SafeTensors *st, const char *what, const char *name, int ndim,
+                        const int64_t *shape, size_t numel, const float *base, float *out, float *scales,
+                        int8_t *codes);

@@ -9,8 +9,9 @@
 #include "sync/int8_codec.h"
 #include "sync/int8_payload.h"
 
-int int8_peer_init(Int8Peer *p, const Int8PeerTensor *tensors, int count, size_t total) {
+int int8_peer_init(Int8Peer *p, const DeltaCodec *codec, const Int8PeerTensor *tensors, int count, size_t total) {
     memset(p, 0, sizeof *p);
+    p->codec = codec;
     p->base_step = -1;
     p->count = count;
     p->total = total;
@@ -25,7 +26,7 @@ int int8_peer_init(Int8Peer *p, const Int8PeerTensor *tensors, int count, size_t
     for (int t = 0; t < count; t++) {
         if (tensors[t].offset + tensors[t].numel > total) {
             int8_peer_free(p);
-            return spes_fail("int8 peer: tensor '%s' lies outside the parameters", tensors[t].name);
+            return spes_fail("%s peer: tensor '%s' lies outside the parameters", codec->name, tensors[t].name);
         }
         p->sent_at[t] = p->sent_total;
         if (tensors[t].sent) p->sent_total += tensors[t].numel;
@@ -52,7 +53,7 @@ void int8_peer_free(Int8Peer *p) {
 }
 
 int int8_peer_encode(Int8Peer *p, const float *params, uint8_t **bytes, size_t *len) {
-    if (p->base_step < 0) return spes_fail("int8 peer: no base aggregate to encode a delta against");
+    if (p->base_step < 0) return spes_fail("%s peer: no base aggregate to encode a delta against", p->codec->name);
     size_t blocks = 0;
     int n = 0;
     for (int t = 0; t < p->count; t++)
@@ -69,13 +70,13 @@ int int8_peer_encode(Int8Peer *p, const float *params, uint8_t **bytes, size_t *
         size_t at = p->sent_at[t];
         const float *b = p->base + x->offset;
         memcpy(p->residual_next + at, p->residual + at, x->numel * sizeof(float));
-        int8_encode_feedback(params + x->offset, b, p->residual_next + at, x->numel, q + at, scales + block_at);
+        int8_encode_feedback(p->codec, params + x->offset, b, p->residual_next + at, x->numel, q + at, scales + block_at);
         int8_reconstruct(b, q + at, scales + block_at, x->numel, p->sent + at);
         w[n] = (Int8Tensor){.name = x->name, .ndim = x->ndim, .numel = x->numel, .q = q + at, .scale = scales + block_at};
         memcpy(w[n++].shape, x->shape, sizeof x->shape);
         block_at += int8_blocks(x->numel);
     }
-    if (rc == SPES_OK) rc = int8_payload_serialize(w, n, p->base_step, bytes, len);
+    if (rc == SPES_OK) rc = int8_payload_serialize(p->codec, w, n, p->base_step, bytes, len);
     free(q);
     free(scales);
     free(w);
@@ -105,7 +106,7 @@ int int8_peer_apply_delta(Int8Peer *p, const SafeTensors *st, bool own_omitted, 
     int8_t *q = spes_malloc(largest);
     int rc = scratch && scales && q ? SPES_OK : SPES_ERR;
     if (rc == SPES_OK && st->count != expected)
-        rc = spes_fail("%s: %d tensors in the int8 delta, expected %d", what, st->count, expected);
+        rc = spes_fail("%s: %d tensors in the %s delta, expected %d", what, st->count, p->codec->name, expected);
     // Decoded into the base in place: a failure part way drops the base (the next round sends a
     // full payload and downloads the whole aggregate); params are written only at the end.
     for (int t = 0; rc == SPES_OK && t < p->count; t++) {
@@ -116,11 +117,11 @@ int int8_peer_apply_delta(Int8Peer *p, const SafeTensors *st, bool own_omitted, 
             // its change against the base went down encoded like every other tensor.
             if (!x->sent) rc = spes_fail("%s: own expert '%s' left out, but this peer does not train it", what, x->name);
             else {
-                int8_encode_change(p->sent + p->sent_at[t], b, x->numel, q, scales, scratch);
+                int8_encode_change(p->codec, p->sent + p->sent_at[t], b, x->numel, q, scales, scratch);
                 int8_reconstruct(b, q, scales, x->numel, b);
             }
         } else {
-            rc = int8_payload_decode(st, what, x->name, x->ndim, x->shape, x->numel, b, b, scales);
+            rc = int8_payload_decode(p->codec, st, what, x->name, x->ndim, x->shape, x->numel, b, b, scales, q);
         }
     }
     if (rc == SPES_OK) {

@@ -1,5 +1,5 @@
-// The peer's side of an int8 run (spes_config.payload_dtype: int8, docs/communication.md), on a
-// flat float32 parameter buffer described by a tensor list (no model types here):
+// The peer's side of a delta run (spes_config.payload_dtype: int8 or int4, docs/communication.md;
+// the codec says which), on a flat float32 parameter buffer described by a tensor list (no model types here):
 //   base      the aggregate of base_step, exactly as the server holds it (-1: none yet);
 //   residual  error feedback over the uploaded tensors (what rounding lost, sent next round).
 // A round: int8_peer_encode (or, without a base, a full F32 upload and int8_peer_sent_full),
@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "io/safetensors.h"
+#include "sync/int8_codec.h"
 
 typedef struct {
     const char *name;
@@ -23,6 +24,7 @@ typedef struct {
 } Int8PeerTensor;
 
 typedef struct {
+    const DeltaCodec *codec;    // int8 or int4 codes (int8_codec.h)
     Int8PeerTensor *tensors;    // copied
     int count;
     size_t total;               // floats in the parameter buffer
@@ -35,10 +37,10 @@ typedef struct {
     float *sent;                // [sent_total] the upload as the server reconstructs it
 } Int8Peer;
 
-int int8_peer_init(Int8Peer *p, const Int8PeerTensor *tensors, int count, size_t total);
+int int8_peer_init(Int8Peer *p, const DeltaCodec *codec, const Int8PeerTensor *tensors, int count, size_t total);
 void int8_peer_free(Int8Peer *p);
 
-// The upload of params as an int8 delta against the base (base_step >= 0), with error
+// The upload of params as a delta (the peer's codec) against the base (base_step >= 0), with error
 // feedback: safetensors bytes (malloc'd).
 int int8_peer_encode(Int8Peer *p, const float *params, uint8_t **bytes, size_t *len);
 // The upload went as a full F32 payload (no base): the server holds params exactly.
@@ -46,7 +48,7 @@ void int8_peer_sent_full(Int8Peer *p, const float *params);
 // The upload was taken: its residual becomes the one carried forward.
 void int8_peer_commit(Int8Peer *p);
 
-// Applies an int8 delta view of the aggregate of `step` (against base_step) to the base: every
+// Applies a delta view (the peer's codec) of the aggregate of `step` (against base_step) to the base: every
 // tensor decoded and checked (int8_payload_decode), own experts (when own_omitted) completed as
 // the server computed them from our upload. On success the base is the new aggregate and is
 // copied into params; on failure params are untouched and the base is dropped (base_step -1).

@@ -248,15 +248,18 @@ static int outer_state_fresh(Rounds *r) {
 
 // Takes the spec (moving it out of *spec) and plans the aggregate layout; with a state dir and
 // `persist`, writes it there first. Under r->mu.
-RoundsResult rounds_adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, bool persist) {
+RoundsResult rounds_adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, const DeltaCodec *delta, bool persist) {
+    delta = payload_dtype != DTYPE_I8 ? NULL : delta ? delta : &DELTA_INT8;
+    const char *payload_name = delta ? delta->wire : dtype_name(payload_dtype);
     if (aggregate_config_check(&r->cfg.agg, spec) != SPES_OK) return ROUNDS_MISMATCH;
     if (persist && r->cfg.state_dir &&
-        state_save_spec(r->cfg.state_dir, &r->cfg.agg, &r->cfg.outer, spec, payload_dtype) != SPES_OK)
+        state_save_spec(r->cfg.state_dir, &r->cfg.agg, &r->cfg.outer, spec, payload_name) != SPES_OK)
         return ROUNDS_INTERNAL;
     r->spec = *spec;
     model_spec_init(spec);
     r->wire_dtype = payload_dtype;
     r->int8 = payload_dtype == DTYPE_I8;
+    r->delta = delta;
     r->payload_dtype = r->int8 ? DTYPE_F32 : payload_dtype;
     if (plan_aggregate_layout(r) != SPES_OK || (r->outer_on && outer_state_fresh(r) != SPES_OK)) {
         free(r->tensor_offset);
@@ -268,7 +271,7 @@ RoundsResult rounds_adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, 
     r->stats.fingerprint = r->spec.fingerprint;
     log_info(
         "server: model spec fixed: %d tensors, %zu values, %d experts x %d MoE layers, payload %s, fingerprint %016llx",
-        r->spec.count, r->spec.total_numel, r->spec.num_experts, r->spec.num_moe_layers, dtype_name(payload_dtype),
+        r->spec.count, r->spec.total_numel, r->spec.num_experts, r->spec.num_moe_layers, payload_name,
         (unsigned long long)r->spec.fingerprint);
     return ROUNDS_OK;
 }
@@ -315,11 +318,17 @@ OuterOptConfig rounds_outer_config(const Rounds *r) { return r->cfg.outer; }
 
 RoundsResult rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
                               DType payload_dtype, ModelSpec *spec, int *last_completed_step) {
+    return rounds_hello_delta(r, peer, num_peers, experts_per_node, mode, payload_dtype, NULL, spec, last_completed_step);
+}
+
+RoundsResult rounds_hello_delta(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
+                                DType payload_dtype, const DeltaCodec *delta, ModelSpec *spec, int *last_completed_step) {
+    delta = payload_dtype != DTYPE_I8 ? NULL : delta ? delta : &DELTA_INT8;
     RoundsResult code = rounds_hello_settings(r, peer, num_peers, experts_per_node, mode, payload_dtype);
     if (code != ROUNDS_OK) return code;
     pthread_mutex_lock(&r->mu);
     if (!r->have_spec) {
-        code = rounds_adopt_spec(r, spec, payload_dtype, true);
+        code = rounds_adopt_spec(r, spec, payload_dtype, delta, true);
         if (code != ROUNDS_OK) spes_fail_context("hello from peer %d", peer);
     } else if (r->spec.fingerprint != spec->fingerprint || r->spec.count != spec->count) {
         char diff[1024];
@@ -328,10 +337,11 @@ RoundsResult rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_no
             rounds_fail(ROUNDS_MISMATCH,
                         "hello from peer %d: its model (fingerprint %016llx) differs from the server's (%016llx): %s",
                         peer, (unsigned long long)spec->fingerprint, (unsigned long long)r->spec.fingerprint, diff);
-    } else if (payload_dtype != r->wire_dtype) {
+    } else if (payload_dtype != r->wire_dtype || delta != r->delta) {
         code = rounds_fail(ROUNDS_MISMATCH,
                            "hello from peer %d: payload dtype %s, but the other peers use %s", peer,
-                           dtype_name(payload_dtype), dtype_name(r->wire_dtype));
+                           delta ? delta->wire : dtype_name(payload_dtype),
+                           r->delta ? r->delta->wire : dtype_name(r->wire_dtype));
     }
     *last_completed_step = r->last_completed_step;
     pthread_mutex_unlock(&r->mu);
@@ -448,7 +458,7 @@ static RoundsResult infer_spec(Rounds *r, int peer, const uint8_t *bytes, size_t
     RoundsResult code = ROUNDS_NO_ROOM;
     if (row) {
         code = upload_check(&spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, &st, row) == SPES_OK
-                   ? rounds_adopt_spec(r, &spec, dtype, true)
+                   ? rounds_adopt_spec(r, &spec, dtype, NULL, true)
                    : ROUNDS_BAD_REQUEST;
         if (code == ROUNDS_OK)
             log_info("server: no Hello before the first upload; model spec inferred from peer %d's upload", peer);
@@ -841,11 +851,10 @@ RoundsResult rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsV
                 r->spec.num_experts > 0 && (!blob->included || blob->included[peer]) &&
                 aggregate_merge_alpha(&r->cfg.agg, blob->step) == 0.0f;
     bool delta = req->has_delta_base && blob->delta && blob->delta_base == req->delta_base_step;
-    // In an int8 run a peer completes its own experts from the previous aggregate and what it
+    // In a delta run a peer completes its own experts from the previous aggregate and what it
     // uploaded (docs/communication.md): only a peer holding that aggregate (asking for the delta) can.
     omit = omit && (!r->int8 || delta);
-    static const char *names[2][2] = {{"", ROUNDS_VIEW_OMIT_OWN}, {ROUNDS_VIEW_INT8, ROUNDS_VIEW_INT8 "+" ROUNDS_VIEW_OMIT_OWN}};
-    *name = names[delta][omit];
+    *name = delta ? (omit ? r->delta->view_omit_own : r->delta->encoding) : omit ? ROUNDS_VIEW_OMIT_OWN : "";
     int slot = (delta ? P + 1 : 0) + (omit ? peer : P);
     RoundsResult code = ROUNDS_OK;
     pthread_mutex_lock(&r->mu);

@@ -18,6 +18,7 @@
 #include "sync/aggregate.h"
 #include "sync/aggregate_view.h"
 #include "sync/model_spec.h"
+#include "sync/int8_codec.h"
 #include "sync/outer_optimizer.h"
 #include "sync/round_deadline.h"
 #include "sync/server_state.h"
@@ -138,6 +139,11 @@ OuterOptConfig rounds_outer_config(const Rounds *r);
 // Results: ROUNDS_OK, ROUNDS_BAD_REQUEST, ROUNDS_MISMATCH (the message names what differs).
 RoundsResult rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode, DType payload_dtype,
                               ModelSpec *spec, int *last_completed_step);
+// The same with the delta codec of an I8 payload (HelloRequest.payload_dtype "I8": DELTA_INT8, "I4":
+// DELTA_INT4; rounds_hello takes an I8 payload as int8). Every peer of a run uses one codec; another
+// is refused naming both.
+RoundsResult rounds_hello_delta(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
+                                DType payload_dtype, const DeltaCodec *delta, ModelSpec *spec, int *last_completed_step);
 
 // What can be decided about an upload from its first message, before its bytes are buffered:
 // peer in range, step not negative, not already aggregated (ROUNDS_ALREADY_AGGREGATED / ROUNDS_CLOSED_WITHOUT_PEER as in
@@ -196,6 +202,7 @@ typedef struct {
 } RoundsViewRequest;
 #define ROUNDS_VIEW_OMIT_OWN "omit-own-experts"
 #define ROUNDS_VIEW_INT8 "int8-delta"
+#define ROUNDS_VIEW_INT4 "int4-delta"   // DELTA_INT4.encoding
 RoundsResult rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsViewRequest *req,
                              const AggregateView **view, const char **name);
 

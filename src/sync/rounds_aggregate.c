@@ -67,7 +67,7 @@ void rounds_drop_pages(const MappedFile *mf, const uint8_t *p, size_t n) {
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
-// An int8 delta upload (int8_payload.h) of peer for step against the kept aggregate of
+// A delta upload (int8_payload.h, the run's codec) of peer for step against the kept aggregate of
 // base_step: every tensor the peer sends is decoded against the base and must be finite, and the
 // payload holds nothing else. With acc, each reconstructed tensor is also added to the
 // aggregate (one tensor of scratch memory at a time). The check on arrival and the read-back at
@@ -75,7 +75,7 @@ void rounds_drop_pages(const MappedFile *mf, const uint8_t *p, size_t n) {
 RoundsResult rounds_int8_upload_walk(Rounds *r, int peer, int step, const SafeTensors *st, int base_step,
                                          AggregateAcc *acc) {
     char what[64];
-    snprintf(what, sizeof what, "int8 upload from peer %d for step %d", peer, step);
+    snprintf(what, sizeof what, "%s upload from peer %d for step %d", r->delta->name, peer, step);
     const ModelSpec *spec = &r->spec;
     pthread_mutex_lock(&r->mu);
     AggregateBlob *base = rounds_find_kept(r, base_step);
@@ -93,7 +93,8 @@ RoundsResult rounds_int8_upload_walk(Rounds *r, int peer, int step, const SafeTe
             if (spec->tensors[t].numel > largest) largest = spec->tensors[t].numel;
         }
     float *out = spes_malloc(largest * sizeof(float)), *scales = spes_malloc(int8_blocks(largest) * sizeof(float));
-    RoundsResult code = out && scales ? ROUNDS_OK : ROUNDS_NO_ROOM;
+    int8_t *codes = spes_malloc(largest);
+    RoundsResult code = out && scales && codes ? ROUNDS_OK : ROUNDS_NO_ROOM;
     if (code == ROUNDS_OK && st->count != 2 * sends)
         code = rounds_fail(ROUNDS_BAD_REQUEST,
                            "%s: %d tensors, expected %d (each of the %d tensors it trains and its '%s')", what,
@@ -103,7 +104,8 @@ RoundsResult rounds_int8_upload_walk(Rounds *r, int peer, int step, const SafeTe
         if (!model_spec_peer_sends(spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, t)) continue;
         const SpecTensor *x = &spec->tensors[t];
         const float *b = (const float *)(base->bytes + r->tensor_offset[t]);
-        if (int8_payload_decode(st, what, x->name, x->ndim, x->shape, x->numel, b, out, scales) != SPES_OK) {
+        if (int8_payload_decode(r->delta, st, what, x->name, x->ndim, x->shape, x->numel, b, out, scales, codes) !=
+            SPES_OK) {
             code = ROUNDS_BAD_REQUEST;
             break;
         }
@@ -116,18 +118,22 @@ RoundsResult rounds_int8_upload_walk(Rounds *r, int peer, int step, const SafeTe
     if (code == ROUNDS_OK && acc && aggregate_acc_end_peer(acc, peer) != SPES_OK) code = ROUNDS_INTERNAL;
     free(out);
     free(scales);
+    free(codes);
     rounds_release(r, base);
     return code;
 }
 
-// Whether an upload is an int8 delta; refuses one in a run that is not int8 (and a bad header).
+// Whether an upload is a delta; refuses one in a run that is not a delta run of its codec (and a
+// bad header).
 RoundsResult rounds_upload_kind(Rounds *r, int peer, int step, const SafeTensors *st, bool *is_int8, int *base) {
     char what[64];
     snprintf(what, sizeof what, "upload from peer %d for step %d", peer, step);
-    if (int8_payload_kind(st, what, is_int8, base) != SPES_OK) return ROUNDS_BAD_REQUEST;
-    if (*is_int8 && !r->int8)
-        return rounds_fail(ROUNDS_BAD_REQUEST, "%s: an int8 delta, but this run's payload dtype is %s", what,
-                           dtype_name(r->wire_dtype));
+    const DeltaCodec *codec;
+    if (int8_payload_kind(st, what, &codec, base) != SPES_OK) return ROUNDS_BAD_REQUEST;
+    *is_int8 = codec != NULL;
+    if (codec && codec != r->delta)
+        return rounds_fail(ROUNDS_BAD_REQUEST, "%s: an %s delta, but this run's payload dtype is %s", what, codec->name,
+                           r->delta ? r->delta->wire : dtype_name(r->wire_dtype));
     return ROUNDS_OK;
 }
 
@@ -170,8 +176,9 @@ static int add_upload(Rounds *r, OpenRound *round, int peer, AggregateAcc *acc, 
     return rc;
 }
 
-// int8 runs: the aggregate goes down as its change against the previous aggregate prev, which
-// every peer that took part holds. Each tensor's change is encoded (int8_encode_change) and the
+// Delta runs: the aggregate goes down as its change against the previous aggregate prev, which
+// every peer that took part holds. Each tensor's change is encoded (int8_encode_change, the run's
+// codec) and the
 // blob's F32 image is replaced by prev + decoded change, exactly what those peers reconstruct;
 // blob->delta gets the encoded change (int8_payload.h) against prev->step.
 static int int8_downlink(Rounds *r, AggregateBlob *blob, const AggregateBlob *prev) {
@@ -190,14 +197,14 @@ static int int8_downlink(Rounds *r, AggregateBlob *blob, const AggregateBlob *pr
         const SpecTensor *x = &spec->tensors[t];
         float *a = (float *)(blob->bytes + r->tensor_offset[t]);
         const float *b = (const float *)(prev->bytes + r->tensor_offset[t]);
-        int8_encode_change(a, b, x->numel, q + at, scales + block_at, scratch);
+        int8_encode_change(r->delta, a, b, x->numel, q + at, scales + block_at, scratch);
         int8_reconstruct(b, q + at, scales + block_at, x->numel, a);
         w[t] = (Int8Tensor){.name = x->name, .ndim = x->ndim, .numel = x->numel, .q = q + at, .scale = scales + block_at};
         memcpy(w[t].shape, x->shape, sizeof w[t].shape);
         at += x->numel;
         block_at += int8_blocks(x->numel);
     }
-    if (rc == SPES_OK) rc = int8_payload_serialize(w, spec->count, prev->step, &blob->delta, &blob->delta_len);
+    if (rc == SPES_OK) rc = int8_payload_serialize(r->delta, w, spec->count, prev->step, &blob->delta, &blob->delta_len);
     if (rc == SPES_OK) blob->delta_base = prev->step;
     free(q);
     free(scales);

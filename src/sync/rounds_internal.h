@@ -34,7 +34,8 @@ struct Rounds {
     ModelSpec spec;
     DType payload_dtype;        // dtype of the aggregate (the peers' payload dtype; F32 in int8 runs)
     DType wire_dtype;           // the peers' payload dtype from Hello (I8 in int8 runs)
-    bool int8;                  // an int8 run (wire_dtype I8)
+    bool int8;                  // a delta run (wire_dtype I8): int8 or int4 codes, as delta says
+    const DeltaCodec *delta;    // the run's delta codec (NULL: an F32 / BF16 run)
     uint8_t *header;            // safetensors header of every aggregate (same layout each round)
     size_t header_len, aggregate_len;
     size_t *tensor_offset;      // [spec.count] byte offset of tensor t in the aggregate
@@ -62,7 +63,7 @@ AggregateBlob *rounds_find_kept(Rounds *r, int step);
 // Elements per tensor of the outer optimizer's state (0: not covered); malloc'd, NULL: out of memory.
 int64_t *rounds_outer_numel(const Rounds *r);
 // Takes spec as the run's model (moving its contents out); with persist, writes it to the state dir.
-RoundsResult rounds_adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, bool persist);
+RoundsResult rounds_adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, const DeltaCodec *delta, bool persist);
 // Validates an upload's bytes against the spec (st parsed from them; row: its tensors in spec order).
 RoundsResult rounds_check_upload(Rounds *r, int peer, int step, const uint8_t *bytes, size_t len, SafeTensors *st,
                                  const StTensor **row);

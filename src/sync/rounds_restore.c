@@ -37,19 +37,20 @@ static int restore_upload(Rounds *r, const StateFile *f) {
     return SPES_OK;
 }
 
-// The int8 delta kept beside an aggregate (none: peers take that aggregate whole).
+// The delta kept beside an aggregate, in the run's codec (none: peers take that aggregate whole).
 static int restore_delta(Rounds *r, AggregateBlob *blob, int step) {
     SPES_TRY(state_load_delta(r->cfg.state_dir, step, &blob->delta, &blob->delta_len));
     if (!blob->delta) return SPES_OK;
     char what[96];
-    snprintf(what, sizeof what, "server state %s: int8 delta of step %d", r->cfg.state_dir, step);
+    snprintf(what, sizeof what, "server state %s: %s delta of step %d", r->cfg.state_dir, r->delta->name, step);
     SafeTensors st;
-    bool is_int8 = false;
+    const DeltaCodec *codec = NULL;
     int base = -1;
     int rc = safetensors_parse(blob->delta, blob->delta_len, what, &st);
     if (rc == SPES_OK) {
-        rc = int8_payload_kind(&st, what, &is_int8, &base);
-        if (rc == SPES_OK && (!is_int8 || base >= step)) rc = spes_fail("%s: not an int8 delta against an earlier step", what);
+        rc = int8_payload_kind(&st, what, &codec, &base);
+        if (rc == SPES_OK && (codec != r->delta || base >= step))
+            rc = spes_fail("%s: not an %s delta against an earlier step", what, r->delta->name);
         safetensors_close(&st);
     }
     if (rc != SPES_OK) {   // damaged: serve the aggregate whole instead
@@ -104,8 +105,9 @@ int rounds_restore_state(Rounds *r) {
     state_remove_partial(dir);   // uploads a crash interrupted: never acknowledged
     ModelSpec spec;
     DType dtype;
+    const DeltaCodec *delta;
     bool found;
-    SPES_TRY(state_load_spec(dir, &r->cfg.agg, &r->cfg.outer, &spec, &dtype, &found));
+    SPES_TRY(state_load_spec(dir, &r->cfg.agg, &r->cfg.outer, &spec, &dtype, &delta, &found));
     if (!found) {
         // spec.json is written first of all, so rounds or uploads without it mean the directory
         // lost files: starting afresh would silently drop (and later overwrite) that run.
@@ -123,7 +125,7 @@ int rounds_restore_state(Rounds *r) {
         return SPES_OK;
     }
     pthread_mutex_lock(&r->mu);
-    RoundsResult code = rounds_adopt_spec(r, &spec, dtype, false);
+    RoundsResult code = rounds_adopt_spec(r, &spec, dtype, delta, false);
     pthread_mutex_unlock(&r->mu);
     model_spec_free(&spec);
     if (code != ROUNDS_OK) return spes_fail_context("server state %s/spec.json", dir);

@@ -532,12 +532,15 @@ static void handle_hello(Call *c) {
     ModelSpec spec;
     SyncMode mode = SYNC_MODE_SPES;
     DType payload = DTYPE_F32;
+    // "I8" / "I4": a delta run of that codec (docs/communication.md); other names are dtypes.
+    const DeltaCodec *delta = delta_codec_by_wire(req->payload_dtype);
+    if (delta) payload = DTYPE_I8;
     int last = -1;
     model_spec_init(&spec);
     grpc_status_code code = check_bound_peer(c, "hello", req->peer_id);
     note_seen(c, req->peer_id);
     if (code == GRPC_STATUS_OK && (sync_mode_parse(req->mode, &mode) != SPES_OK ||
-                                   (req->payload_dtype[0] && dtype_from_name(req->payload_dtype, &payload) != SPES_OK)))
+                                   (req->payload_dtype[0] && !delta && dtype_from_name(req->payload_dtype, &payload) != SPES_OK)))
         code = GRPC_STATUS_INVALID_ARGUMENT;
     // Settings first: a peer of another run is refused before its tensor list costs anything.
     if (code == GRPC_STATUS_OK)
@@ -551,8 +554,8 @@ static void handle_hello(Call *c) {
                            req->peer_id, req->n_tensors, SYNC_MAX_TENSORS);
     if (code == GRPC_STATUS_OK) code = spec_from_hello(req, &spec);
     if (code == GRPC_STATUS_OK)
-        code = grpc_status_of(rounds_hello(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode, payload, &spec,
-                            &last));
+        code = grpc_status_of(rounds_hello_delta(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode,
+                                                 payload, delta, &spec, &last));
     HelloResponse resp = HELLO_RESPONSE__INIT;
     resp.fingerprint = spec.fingerprint;
     if (code == GRPC_STATUS_OK) {
@@ -564,7 +567,7 @@ static void handle_hello(Call *c) {
         log_refusal("hello");
     }
     // The download views this server serves (proto HelloRequest.encodings, docs/communication.md).
-    static char *encodings[] = {ROUNDS_VIEW_OMIT_OWN, ROUNDS_VIEW_INT8};
+    static char *encodings[] = {ROUNDS_VIEW_OMIT_OWN, ROUNDS_VIEW_INT8, ROUNDS_VIEW_INT4};
     resp.n_encodings = sizeof encodings / sizeof *encodings;
     resp.encodings = encodings;
     resp.chunk_size = (int64_t)c->srv->cfg.chunk_size;

@@ -84,7 +84,7 @@ static int load_json(const char *dir, const char *name, json_t **out, bool *foun
 }
 
 int state_save_spec(const char *dir, const AggregateConfig *agg, const OuterOptConfig *outer, const ModelSpec *spec,
-                    DType payload_dtype) {
+                    const char *payload_name) {
     json_t *tensors = json_array();
     for (int t = 0; tensors && t < spec->count; t++) {
         const SpecTensor *x = &spec->tensors[t];
@@ -97,7 +97,7 @@ int state_save_spec(const char *dir, const AggregateConfig *agg, const OuterOptC
     snprintf(fingerprint, sizeof fingerprint, "%016" PRIx64, spec->fingerprint);
     json_t *j = json_pack("{s:i, s:s, s:i, s:i, s:s, s:s, s:o}", "version", 1, "mode", sync_mode_name(agg->mode),
                           "num_peers", agg->num_peers, "experts_per_node", agg->experts_per_node, "payload_dtype",
-                          dtype_name(payload_dtype), "fingerprint", fingerprint, "tensors", tensors);
+                          payload_name, "fingerprint", fingerprint, "tensors", tensors);
     if (j && !outer_opt_is_off(outer)) {
         json_object_set_new(j, "outer_lr", json_real(outer->lr));
         json_object_set_new(j, "outer_momentum", json_real(outer->momentum));
@@ -106,9 +106,10 @@ int state_save_spec(const char *dir, const AggregateConfig *agg, const OuterOptC
 }
 
 int state_load_spec(const char *dir, const AggregateConfig *agg, const OuterOptConfig *outer, ModelSpec *spec,
-                    DType *payload_dtype, bool *found) {
+                    DType *payload_dtype, const DeltaCodec **delta, bool *found) {
     json_t *j;
     model_spec_init(spec);
+    *delta = NULL;
     SPES_TRY(load_json(dir, "spec.json", &j, found));
     if (!*found) return SPES_OK;
     const char *mode = NULL, *dtype = NULL, *fingerprint = NULL;
@@ -135,7 +136,9 @@ int state_load_spec(const char *dir, const AggregateConfig *agg, const OuterOptC
                        "--outer_lr %g --outer_momentum %g (the outer optimizer cannot change mid-run: use the same "
                        "values, or another --state_dir)",
                        dir, (double)saved_lr, (double)saved_mu, (double)outer->lr, (double)outer->momentum);
-    if (rc == SPES_OK) rc = dtype_from_name(dtype, payload_dtype);
+    *delta = rc == SPES_OK ? delta_codec_by_wire(dtype) : NULL;   // "I8", "I4": a delta run
+    if (rc == SPES_OK && *delta) *payload_dtype = DTYPE_I8;
+    else if (rc == SPES_OK) rc = dtype_from_name(dtype, payload_dtype);
     size_t i;
     json_t *x;
     json_array_foreach(tensors, i, x) {

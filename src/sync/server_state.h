@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "sync/aggregate.h"
+#include "sync/int8_codec.h"
 #include "sync/model_spec.h"
 #include "sync/outer_optimizer.h"
 
@@ -40,10 +41,12 @@ void state_close(int lock_fd);
 // a file from a run with other settings (peers, experts per node, mode) is an error naming both.
 // The outer optimizer settings are stored only when it is on (spec.json of a run without it
 // keeps its old bytes); a file whose settings differ from `outer` is refused, naming both.
+// The payload is stored by its Hello name ("F32", "BF16", "I8", "I4"); a delta run's reads back
+// as DTYPE_I8 with its codec (*delta; NULL otherwise).
 int state_save_spec(const char *dir, const AggregateConfig *agg, const OuterOptConfig *outer, const ModelSpec *spec,
-                    DType payload_dtype);
+                    const char *payload_name);
 int state_load_spec(const char *dir, const AggregateConfig *agg, const OuterOptConfig *outer, ModelSpec *spec,
-                    DType *payload_dtype, bool *found);
+                    DType *payload_dtype, const DeltaCodec **delta, bool *found);
 
 int state_save_book(const char *dir, const StateBook *book);
 int state_load_book(const char *dir, StateBook *book, bool *found);

@@ -49,7 +49,7 @@ struct SpesPeer {
     float *snapshot;            // [total] the weights it uploaded
     float *local;               // [total] scratch: the trained weights while the aggregate is applied
     double blocked_s;           // training-thread time spent in sync work so far (logged each round)
-    bool int8;                  // spes_config.payload_dtype: int8
+    bool int8;                  // spes_config.payload_dtype: int8 or int4 (a delta run)
     Int8Peer i8;                // its base aggregate and error feedback (set up by spes_peer_connect)
 };
 
@@ -93,8 +93,9 @@ int spes_peer_create(const TrainConfig *cfg, SpesPeer **out) {
     cc.num_peers = cfg->num_peers;
     cc.experts_per_node = cfg->num_train_experts_per_node;
     cc.mode = cfg->using_dilico ? SYNC_MODE_FEDAVG : SYNC_MODE_SPES;
-    cc.payload_dtype = cfg->payload_dtype == PAYLOAD_BF16 ? DTYPE_BF16 : cfg->payload_dtype == PAYLOAD_INT8 ? DTYPE_I8 : DTYPE_F32;
-    p->int8 = cfg->payload_dtype == PAYLOAD_INT8;
+    p->int8 = cfg->payload_dtype == PAYLOAD_INT8 || cfg->payload_dtype == PAYLOAD_INT4;   // a delta run, int8 or int4 codes
+    cc.payload_dtype = cfg->payload_dtype == PAYLOAD_BF16 ? DTYPE_BF16 : p->int8 ? DTYPE_I8 : DTYPE_F32;
+    cc.delta = cfg->payload_dtype == PAYLOAD_INT4 ? &DELTA_INT4 : p->int8 ? &DELTA_INT8 : NULL;
     p->i8.base_step = -1;
     cc.connect_timeout_s = cfg->retry_timeout_s;
     cc.tls_ca = cfg->tls_ca;
@@ -301,7 +302,8 @@ static int init_int8(SpesPeer *p, const ParamTable *table) {
         for (int d = 0; d < e->ndim; d++) x[i].shape[d] = e->shape[d];
     }
     int8_peer_free(&p->i8);
-    int rc = int8_peer_init(&p->i8, x, table->count, table->total_numel);
+    const DeltaCodec *codec = p->cfg->payload_dtype == PAYLOAD_INT4 ? &DELTA_INT4 : &DELTA_INT8;
+    int rc = int8_peer_init(&p->i8, codec, x, table->count, table->total_numel);
     free(x);
     return rc;
 }

@@ -1,5 +1,5 @@
 // The tiny model spec the sync fuzz targets feed their payloads against (included by
-// fuzz_sync_upload.c and fuzz_sync_int8.c; each is one translation unit).
+// fuzz_sync_upload.c and sync_delta_fuzz.h; each is one translation unit).
 #pragma once
 #include <stdio.h>
 

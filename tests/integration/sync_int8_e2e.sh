@@ -9,6 +9,8 @@
 #    the peer's own experts except on merge steps, and come up as int8 deltas;
 #  - the server's aggregate of a round is the mean / ownership of the peers' uploads as
 #    reconstructed from their int8 deltas (numpy, from the audit logs).
+# SYNC_DELTA=int4 runs the same with spes_config.payload_dtype: int4 (sync_int4_e2e.sh): 4-bit
+# codes packed two per byte, bf16 scales; the numpy recomputation decodes and re-encodes them.
 # SYNC_INT8_SERVER_FLAGS adds server flags (sync_int8_outer_e2e.sh: the outer optimizer, whose
 # aggregate is not the plain mean: the numpy recomputation is then left out, the rest holds).
 set -euo pipefail
@@ -17,6 +19,7 @@ SPES=${SPES_BIN:-build/spes}
 DATA=${SPES_TEST_DATA:-../shared/data}
 [ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
 [ -x "${SPES_VENV_PY:-}" ] || { echo "SKIPPED: no test virtualenv (make venv)"; exit 77; }
+DELTA=${SYNC_DELTA:-int8}
 
 dir=$(mktemp -d)
 server_pid=""
@@ -33,7 +36,7 @@ mkdir -p "$dir/sync"
 pids=()
 export SPES_SYNC_LOG_DIR="$dir/sync"
 for peer in 0 1 2 3; do
-  reliability_peer $peer "$port" 10 "$dir/peer$peer" "$dir/peer$peer.log" 2 --spes_config.payload_dtype=int8
+  reliability_peer $peer "$port" 10 "$dir/peer$peer" "$dir/peer$peer.log" 2 --spes_config.payload_dtype=$DELTA
   pids+=("$last_pid")
 done
 status=0
@@ -51,10 +54,10 @@ view() { sed -n "s/^.*sync step $1: .*MB\(, view \(.*\)\)\{0,1\}$/\2/p" "$dir/pe
 for peer in 0 1 2 3; do
   [ "$(view 2 $peer)" = "" ] || { echo "peer $peer step 2: expected the whole aggregate, got '$(view 2 $peer)'"; exit 1; }
   for step in 4 8; do
-    [ "$(view $step $peer)" = "int8-delta" ] || { echo "peer $peer step $step (merge): got '$(view $step $peer)'"; exit 1; }
+    [ "$(view $step $peer)" = "$DELTA-delta" ] || { echo "peer $peer step $step (merge): got '$(view $step $peer)'"; exit 1; }
   done
   for step in 6 10; do
-    [ "$(view $step $peer)" = "int8-delta+omit-own-experts" ] ||
+    [ "$(view $step $peer)" = "$DELTA-delta+omit-own-experts" ] ||
       { echo "peer $peer step $step: got '$(view $step $peer)'"; exit 1; }
   done
 done
@@ -65,38 +68,64 @@ if [ -n "${SYNC_INT8_SERVER_FLAGS:-}" ]; then
   exit 0
 fi
 
-"$SPES_VENV_PY" - "$dir" <<'PY'
-# The aggregate of a round without merging, recomputed from the peers' int8 uploads: upload of
+"$SPES_VENV_PY" - "$dir" "$DELTA" <<'PY'
+# The aggregate of a round without merging, recomputed from the peers' delta uploads: upload of
 # peer p = previous aggregate + q * scale (float32), shared tensors the fp32 mean in peer order,
-# experts their owner's; the server then sends (and everyone holds) previous + int8 of the change.
-import re, sys, numpy as np
+# experts their owner's; the server then sends (and everyone holds) previous + the codec's
+# encoding of the change (int8: fp32 scale max/127; int4: bf16 scale max/7, codes packed).
+import json, re, struct, sys, numpy as np
 from safetensors.numpy import load_file
-from safetensors import safe_open
-d = sys.argv[1]
+d, delta = sys.argv[1], sys.argv[2]
+qmax = 127 if delta == "int8" else 7
+
+def read(path):
+    """A safetensors file by hand (numpy has no bfloat16): {name: array}, metadata."""
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    out = {}
+    for k, t in header.items():
+        b = raw[8 + n + t["data_offsets"][0]: 8 + n + t["data_offsets"][1]]
+        if t["dtype"] == "BF16":
+            out[k] = (np.frombuffer(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            out[k] = np.frombuffer(b, {"F32": np.float32, "I8": np.int8, "U8": np.uint8}[t["dtype"]])
+    return out, meta
+
+def codes(x, n):
+    if delta == "int8": return x.astype(np.float32)
+    nib = np.stack([x & 0x0f, x >> 4], axis=1).ravel()[:n].astype(np.int16)   # low nibble first
+    return np.where(nib >= 8, nib - 16, nib).astype(np.float32)
+
+def wire_scale(s):
+    if delta == "int8": return s
+    u = s.view(np.uint32).astype(np.uint64)
+    return ((u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000).astype(np.uint32).view(np.float32)   # bf16, nearest even
+
 for step, prev in ((6, 4), (10, 8)):
     base = load_file(f"{d}/sync/down_s{prev}_p0.safetensors")
     agg = load_file(f"{d}/sync/down_s{step}_p0.safetensors")
     ups = []
     for p in range(4):
-        with safe_open(f"{d}/sync/up_s{step}_p{p}.safetensors", "numpy") as f:
-            meta = f.metadata()
-            assert meta["spes_encoding"] == "int8-delta" and meta["spes_base_step"] == str(prev), meta
-            u = {}
-            for k in f.keys():
-                if k.endswith(".scale"): continue
-                q = f.get_tensor(k).astype(np.float32).ravel()
-                s = np.repeat(f.get_tensor(k + ".scale"), 256)[: q.size]
-                u[k] = (base[k].ravel() + q * s).astype(np.float32).reshape(base[k].shape)
-            ups.append(u)
+        f, meta = read(f"{d}/sync/up_s{step}_p{p}.safetensors")
+        assert meta["spes_encoding"] == f"{delta}-delta" and meta["spes_base_step"] == str(prev), meta
+        u = {}
+        for k in f:
+            if k.endswith(".scale"): continue
+            q = codes(f[k], base[k].size)
+            s = np.repeat(f[k + ".scale"], 256)[: q.size]
+            u[k] = (base[k].ravel() + q * s).astype(np.float32).reshape(base[k].shape)
+        ups.append(u)
     for k in agg:
         m = re.match(r"model\.layers\.\d+\.mlp\.experts\.(\d+)\.", k)
         a = ups[int(m.group(1))][k] if m else ((ups[0][k] + ups[1][k]) + ups[2][k] + ups[3][k]) / np.float32(4)
         change = (a - base[k]).ravel()
         blocks = np.pad(change, (0, -change.size % 256)).reshape(-1, 256)
-        scale = (np.abs(blocks).max(axis=1) / np.float32(127)).astype(np.float32)
-        q = np.clip(np.rint(np.divide(blocks, scale[:, None], out=np.zeros_like(blocks), where=scale[:, None] > 0)), -127, 127)
+        scale = wire_scale((np.abs(blocks).max(axis=1) / np.float32(qmax)).astype(np.float32))
+        q = np.clip(np.rint(np.divide(blocks, scale[:, None], out=np.zeros_like(blocks), where=scale[:, None] > 0)), -qmax, qmax)
         want = (base[k].ravel() + (q * scale[:, None]).ravel()[: change.size]).astype(np.float32)
-        assert np.array_equal(want, agg[k].ravel()), f"step {step}: {k} is not prev + int8(mean of uploads - prev)"
-    print(f"step {step}: {len(agg)} tensors = previous + int8 change of the aggregate of the int8 uploads")
+        assert np.array_equal(want, agg[k].ravel()), f"step {step}: {k} is not prev + {delta}(mean of uploads - prev)"
+    print(f"step {step}: {len(agg)} tensors = previous + {delta} change of the aggregate of the {delta} uploads")
 PY
-echo "sync int8 e2e: all checks passed"
+echo "sync $DELTA e2e: all checks passed"

@@ -8,13 +8,15 @@
 #    byte-identical to an undisturbed int8 run);
 #  - the peer crash-and-rejoin test (partial rounds; the rejoined peer starts again from a whole
 #    aggregate).
+# SYNC_DELTA=int4: the same with payload_dtype int4 (sync_int4_reliability.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export RELIABILITY_PEER_ARGS="--spes_config.payload_dtype=int8"
+DELTA=${SYNC_DELTA:-int8}
+export RELIABILITY_PEER_ARGS="--spes_config.payload_dtype=$DELTA"
 for t in reliability_server_restart spes_peer_unsynced reliability_peer_rejoin; do
-  echo "== $t with int8 payloads"
+  echo "== $t with $DELTA payloads"
   status=0
   bash "tests/integration/$t.sh" || status=$?
   [ $status -eq 0 ] || exit $status
 done
-echo "int8 payloads: server restart, unsynced resume and peer rejoin passed"
+echo "$DELTA payloads: server restart, unsynced resume and peer rejoin passed"

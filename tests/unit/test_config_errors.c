@@ -33,7 +33,7 @@ static const BadCase CASES[] = {
     {"section not a mapping", "model: 5\n", NULL, "bad.yaml:1: model", "expected a mapping"},
     {"null for required", "model:\n  d_model: null\n", NULL, "bad.yaml:2: model.d_model", "must not be null"},
     {"bad dtype", "data:\n  memmap_dtype: float32\n", NULL, "bad.yaml:2: data.memmap_dtype", "uint16 or uint32"},
-    {"bad payload dtype", "spes_config:\n  payload_dtype: fp8\n", NULL, "bad.yaml:2: spes_config.payload_dtype", "f32, bf16 or int8"},
+    {"bad payload dtype", "spes_config:\n  payload_dtype: fp8\n", NULL, "bad.yaml:2: spes_config.payload_dtype", "f32, bf16, int8 or int4"},
     {"bad scheduler", "scheduler:\n  name: inverse_sqrt\n", NULL, "bad.yaml:2: scheduler.name", "cosine_with_warmup"},
     {"scheduler units", "scheduler:\n  units: tokens\n", NULL, "bad.yaml:2: scheduler.units", "only steps"},
     {"optimizer name", "optimizer:\n  name: lionw\n", NULL, "bad.yaml:2: optimizer.name", "only adamw"},

@@ -303,6 +303,27 @@ static void test_hash_and_round_trip(void **state) {
 }
 
 // Loading never opens data files: the seeds' paths do not exist here.
+// spes_config.payload_dtype int4 and the outer optimizer keys: read, defaults, and in the hash
+// only what changes a peer's own training (the payload) - the outer step runs on the server.
+static void test_int4_payload_and_outer_keys(void **state) {
+    (void)state;
+    TrainConfig plain, keys;
+    assert_int_equal(config_load_string("", "plain.yaml", 0, NULL, &plain), SPES_OK);
+    assert_true(plain.outer_lr == 1.0f && plain.outer_momentum == 0.0f);
+    assert_int_equal(plain.payload_dtype, PAYLOAD_F32);
+    assert_int_equal(config_load_string("spes_config:\n  outer_lr: 0.7\n  outer_momentum: 0.9\n", "outer.yaml", 0,
+                                        NULL, &keys),
+                     SPES_OK);
+    assert_true(keys.outer_lr == 0.7f && keys.outer_momentum == 0.9f);
+    assert_true(config_hash(&keys) == config_hash(&plain));   // not hashed
+    config_free(&keys);
+    assert_int_equal(config_load_string("spes_config:\n  payload_dtype: int4\n", "int4.yaml", 0, NULL, &keys), SPES_OK);
+    assert_int_equal(keys.payload_dtype, PAYLOAD_INT4);
+    assert_true(config_hash(&keys) != config_hash(&plain));   // hashed, as int8
+    config_free(&keys);
+    config_free(&plain);
+}
+
 static void test_loading_does_not_touch_data(void **state) {
     (void)state;
     TrainConfig cfg;
@@ -328,6 +349,7 @@ int main(void) {
         cmocka_unit_test(test_max_duration_forms),
         cmocka_unit_test(test_hash_and_round_trip),
         cmocka_unit_test(test_loading_does_not_touch_data),
+        cmocka_unit_test(test_int4_payload_and_outer_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

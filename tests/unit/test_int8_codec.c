@@ -1,7 +1,9 @@
-// int8 delta codec (int8_codec.h, int8_payload.h, int8_peer.h) and the int8 rounds of the
-// server: round trips, rounding, the error-feedback bound, hostile payloads refused with the
-// reason, and exactness: what the server holds after an int8 round is bit for bit what a peer
-// reconstructs from its download (with and without its own experts in it).
+// The delta codec (int8_codec.h, int8_payload.h, int8_peer.h) and the delta rounds of the
+// server, for both code widths (every test runs with DELTA_INT8 and DELTA_INT4 as its state):
+// round trips, rounding, the error-feedback bound, hostile payloads refused with the reason, and
+// exactness: what the server holds after a delta round is bit for bit what a peer reconstructs
+// from its download (with and without its own experts in it). int4's packing (odd lengths, the
+// padding nibble, truncated codes) has its own tests at the end.
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,8 +20,12 @@
 #include "sync/rounds.h"
 #include "sync_test_model.h"
 
+static float wire_scale(const DeltaCodec *c, float s) {
+    return c->scale_dtype == DTYPE_BF16 ? bf16_to_f32(f32_to_bf16(s)) : s;
+}
+
 static void test_round_trip_and_bound(void **state) {
-    (void)state;
+    const DeltaCodec *c = *state;
     Rng rng;
     rng_seed(&rng, 7);
     size_t sizes[] = {0, 1, 255, 256, 257, 1000};
@@ -30,45 +36,49 @@ static void test_round_trip_and_bound(void **state) {
         int8_t *q = malloc(n + 1);
         for (size_t i = 0; i < n; i++) d[i] = (float)((rng_uniform(&rng) - 0.5) * pow(10.0, (double)(i % 7) - 4));
         for (size_t i = 256; i < n && i < 512; i++) d[i] = 0.0f;   // an all-zero block: scale 0
-        int8_encode(d, n, q, scale);
+        int8_encode(c, d, n, q, scale);
         int8_reconstruct(zero, q, scale, n, out);
         for (size_t b = 0; b < int8_blocks(n); b++) {
             float maxabs = 0;
-            for (size_t i = b * INT8_BLOCK; i < n && i < (b + 1) * INT8_BLOCK; i++) maxabs = fmaxf(maxabs, fabsf(d[i]));
-            assert_true(scale[b] == maxabs / 127.0f);
+            size_t largest = b * INT8_BLOCK;
+            for (size_t i = b * INT8_BLOCK; i < n && i < (b + 1) * INT8_BLOCK; i++)
+                if (fabsf(d[i]) > maxabs) maxabs = fabsf(d[i]), largest = i;
+            assert_true(scale[b] == wire_scale(c, maxabs / (float)c->qmax));
+            if (maxabs > 0) assert_int_equal(abs(q[largest]), c->qmax);   // the largest magnitude: the end code
+            else assert_true(scale[b] == 0.0f);                            // a block of zeros
         }
         for (size_t i = 0; i < n; i++) {
             float s = scale[i / INT8_BLOCK];
-            assert_true(q[i] >= -127 && q[i] <= 127);
+            assert_true(q[i] >= -c->qmax && q[i] <= c->qmax);
             assert_true(fabsf(out[i] - d[i]) <= 0.5f * s * 1.0001f);
         }
         size_t where;
         const char *why;
-        assert_true(int8_check(q, scale, n, &where, &why));
+        assert_true(int8_check(c, q, scale, n, &where, &why));
         free(d), free(out), free(zero), free(scale), free(q);
     }
 }
 
 static void test_rounding_ties_to_even(void **state) {
-    (void)state;
-    float d[6] = {127.0f, 0.5f, 1.5f, 2.5f, -0.5f, -126.5f}, scale;
+    const DeltaCodec *c = *state;
+    float qmax = (float)c->qmax, d[6] = {qmax, 0.5f, 1.5f, 2.5f, -0.5f, -(qmax - 0.5f)}, scale;
     int8_t q[6];
-    int8_encode(d, 6, q, &scale);
+    int8_encode(c, d, 6, q, &scale);
     assert_true(scale == 1.0f);
-    int8_t want[6] = {127, 0, 2, 2, 0, -126};
+    int8_t want[6] = {(int8_t)c->qmax, 0, 2, 2, 0, (int8_t)(1 - c->qmax)};   // -6.5 -> -6, -126.5 -> -126
     assert_memory_equal(q, want, sizeof want);
 }
 
 // A value too small for its block's scale is lost without error feedback but arrives over
 // rounds with it: the sum of what was sent never drifts more than half a step from the truth.
 static void test_error_feedback_carries_what_rounding_lost(void **state) {
-    (void)state;
+    const DeltaCodec *c = *state;
     enum { N = 300, ROUNDS = 50 };
     float base[N] = {0}, w[N], residual[N] = {0}, scale[2], sent_sum[N] = {0}, step[N];
     int8_t q[N];
-    for (int i = 0; i < N; i++) w[i] = i == 0 ? 127.0f : 0.3f;   // block 0: scale 1; 0.3 rounds to 0
+    for (int i = 0; i < N; i++) w[i] = i == 0 ? (float)c->qmax : 0.3f;   // block 0: scale 1; 0.3 rounds to 0
     for (int r = 0; r < ROUNDS; r++) {
-        int8_encode_feedback(w, base, residual, N, q, scale);
+        int8_encode_feedback(c, w, base, residual, N, q, scale);
         int8_reconstruct((float[N]){0}, q, scale, N, step);
         for (int i = 0; i < N; i++) {
             sent_sum[i] += step[i];
@@ -82,7 +92,7 @@ static void test_error_feedback_carries_what_rounding_lost(void **state) {
 }
 
 static void test_check_refuses_hostile_codes(void **state) {
-    (void)state;
+    const DeltaCodec *c = *state;
     int8_t q[300] = {0};
     float scale[2] = {1.0f, 1.0f};
     size_t where;
@@ -91,22 +101,23 @@ static void test_check_refuses_hostile_codes(void **state) {
     const char *says[] = {"NaN", "infinite", "negative", "too large"};
     for (int i = 0; i < 4; i++) {
         scale[1] = bad[i];
-        assert_false(int8_check(q, scale, 300, &where, &why));
+        assert_false(int8_check(c, q, scale, 300, &where, &why));
         assert_int_equal(where, 1);
         assert_non_null(strstr(why, says[i]));
     }
     scale[1] = 0.0f;
-    q[299] = -128;
-    assert_false(int8_check(q, scale, 300, &where, &why));
+    q[299] = (int8_t)(-c->qmax - 1);   // -128 / -8
+    assert_false(int8_check(c, q, scale, 300, &where, &why));
     assert_int_equal(where, 299);
+    assert_non_null(strstr(why, c->bits == 8 ? "-128" : "-8"));
 }
 
-// ---- the server's int8 rounds and a peer's side of them ----
+// ---- the server's delta rounds and a peer's side of them ----
 
 #define P 2
 #define M 2
 
-static Rounds *make_rounds(void) {
+static Rounds *make_rounds(const DeltaCodec *c) {
     RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = P, .experts_per_node = M, .merge_topk = 2},
                         .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2};
     Rounds *r;
@@ -114,7 +125,7 @@ static Rounds *make_rounds(void) {
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     int last;
-    assert_int_equal(rounds_hello(r, 0, P, M, SYNC_MODE_SPES, DTYPE_I8, &spec, &last), ROUNDS_OK);
+    assert_int_equal(rounds_hello_delta(r, 0, P, M, SYNC_MODE_SPES, DTYPE_I8, c, &spec, &last), ROUNDS_OK);
     model_spec_free(&spec);
     return r;
 }
@@ -128,7 +139,7 @@ typedef struct {
     int n;
 } TestPeer;
 
-static void peer_init(TestPeer *tp, int peer) {
+static void peer_init(TestPeer *tp, const DeltaCodec *c, int peer) {
     memset(tp, 0, sizeof *tp);
     assert_int_equal(sync_test_spec(&tp->spec, 4, 6), SPES_OK);
     tp->params = calloc(tp->spec.total_numel, sizeof(float));
@@ -148,7 +159,7 @@ static void peer_init(TestPeer *tp, int peer) {
         }
         at += s->numel;
     }
-    assert_int_equal(int8_peer_init(&tp->i8, x, tp->spec.count, tp->spec.total_numel), SPES_OK);
+    assert_int_equal(int8_peer_init(&tp->i8, c, x, tp->spec.count, tp->spec.total_numel), SPES_OK);
     free(x);
 }
 
@@ -204,7 +215,7 @@ static const char *peer_download(Rounds *r, TestPeer *tp, int peer, int step) {
     aggregate_view_range(v, 0, v->len, gather, &at);
     SafeTensors st;
     assert_int_equal(safetensors_parse(bytes, v->len, "download", &st), SPES_OK);
-    if (strncmp(name, ROUNDS_VIEW_INT8, strlen(ROUNDS_VIEW_INT8)) == 0) {
+    if (strncmp(name, tp->i8.codec->encoding, strlen(tp->i8.codec->encoding)) == 0) {
         bool omitted = strstr(name, ROUNDS_VIEW_OMIT_OWN) != NULL;
         assert_int_equal(int8_peer_apply_delta(&tp->i8, &st, omitted, step, tp->params, "download"), SPES_OK);
     } else {
@@ -232,18 +243,18 @@ static const char *peer_download(Rounds *r, TestPeer *tp, int peer, int step) {
 }
 
 static void test_server_and_peers_reconstruct_the_same_bits(void **state) {
-    (void)state;
-    Rounds *r = make_rounds();
+    const DeltaCodec *c = *state;
+    Rounds *r = make_rounds(c);
     TestPeer tp[P];
-    for (int p = 0; p < P; p++) peer_init(&tp[p], p);
+    for (int p = 0; p < P; p++) peer_init(&tp[p], c, p);
     for (int round = 1; round <= 4; round++) {
         int step = 2 * round;
         for (int p = 0; p < P; p++) peer_train(&tp[p], p, round);
         for (int p = 0; p < P; p++) assert_int_equal(peer_upload(r, &tp[p], p, step), ROUNDS_OK);
         for (int p = 0; p < P; p++) {
             const char *view = peer_download(r, &tp[p], p, step);
-            // First round: no base anywhere, the whole aggregate; then int8 deltas without own experts.
-            assert_string_equal(view, round == 1 ? "" : ROUNDS_VIEW_INT8 "+" ROUNDS_VIEW_OMIT_OWN);
+            // First round: no base anywhere, the whole aggregate; then deltas without own experts.
+            assert_string_equal(view, round == 1 ? "" : c->view_omit_own);
         }
         assert_memory_equal(tp[0].params, tp[1].params, tp[0].spec.total_numel * sizeof(float));
     }
@@ -251,16 +262,17 @@ static void test_server_and_peers_reconstruct_the_same_bits(void **state) {
     rounds_destroy(r);
 }
 
-// Hostile int8 uploads: refused with the reason, the round left as it was.
+// Hostile delta uploads: refused with the reason, the round left as it was.
 typedef void (*Damage)(Int8Tensor *w, int n, int8_t *q, float *scales, int *base_step);
 static void nan_scale(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { s[0] = NAN; }
 static void minus_128(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { q[3] = -128; }
+static void minus_8(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { q[3] = -8; }   // int4's -128
 static void huge_scale(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { s[1] = 3e38f; }
 static void unknown_base(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { *b = 99; }
 static void extra_scale(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { w[0].numel = 300; }   // 2 scales
 
-// Serialises peer 0's int8 upload of ones against base step 2, damaged.
-static RoundsResult hostile_upload(Rounds *r, Damage damage) {
+// Serialises peer 0's upload (codec c) of ones against base step 2, damaged.
+static RoundsResult hostile_upload(Rounds *r, const DeltaCodec *c, Damage damage) {
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     Int8Tensor w[64];
@@ -281,16 +293,16 @@ static RoundsResult hostile_upload(Rounds *r, Damage damage) {
     damage(w, n, q, scales, &base);
     uint8_t *bytes;
     size_t len;
-    assert_int_equal(int8_payload_serialize(w, n, base, &bytes, &len), SPES_OK);
+    assert_int_equal(int8_payload_serialize(c, w, n, base, &bytes, &len), SPES_OK);
     model_spec_free(&spec);
     return rounds_upload(r, 0, 4, bytes, len);
 }
 
-static void test_hostile_int8_uploads_refused(void **state) {
-    (void)state;
-    Rounds *r = make_rounds();
+static void test_hostile_delta_uploads_refused(void **state) {
+    const DeltaCodec *c = *state;
+    Rounds *r = make_rounds(c);
     TestPeer tp[P];
-    for (int p = 0; p < P; p++) peer_init(&tp[p], p);
+    for (int p = 0; p < P; p++) peer_init(&tp[p], c, p);
     for (int p = 0; p < P; p++) assert_int_equal(peer_upload(r, &tp[p], p, 2), ROUNDS_OK);
     struct {
         Damage damage;
@@ -298,13 +310,13 @@ static void test_hostile_int8_uploads_refused(void **state) {
         const char *says;
     } cases[] = {
         {nan_scale, ROUNDS_BAD_REQUEST, "scale is NaN at block 0"},
-        {minus_128, ROUNDS_BAD_REQUEST, "-128"},
+        {c->bits == 8 ? minus_128 : minus_8, ROUNDS_BAD_REQUEST, c->bits == 8 ? "value -128" : "value -8"},
         {huge_scale, ROUNDS_BAD_REQUEST, "too large"},
         {unknown_base, ROUNDS_NO_BASE, "aggregate of step 99, is not kept"},
-        {extra_scale, ROUNDS_BAD_REQUEST, "one scale per 256 values"},
+        {extra_scale, ROUNDS_BAD_REQUEST, c->bits == 8 ? "one scale per 256 values" : "int4 codes, two per byte"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        assert_int_equal(hostile_upload(r, cases[i].damage), cases[i].code);
+        assert_int_equal(hostile_upload(r, c, cases[i].damage), cases[i].code);
         if (!strstr(spes_last_error(), cases[i].says)) fail_msg("case %zu: %s", i, spes_last_error());
     }
     RoundsStatus st;
@@ -314,8 +326,8 @@ static void test_hostile_int8_uploads_refused(void **state) {
     rounds_destroy(r);
 }
 
-static void test_int8_upload_refused_in_a_float_run(void **state) {
-    (void)state;
+static void test_delta_upload_refused_in_a_float_run(void **state) {
+    const DeltaCodec *c = *state;
     RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = P, .experts_per_node = M, .merge_topk = 2},
                         .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2};
     Rounds *r;
@@ -325,25 +337,162 @@ static void test_int8_upload_refused_in_a_float_run(void **state) {
     int last;
     assert_int_equal(rounds_hello(r, 0, P, M, SYNC_MODE_SPES, DTYPE_F32, &spec, &last), ROUNDS_OK);
     model_spec_free(&spec);
-    assert_int_equal(hostile_upload(r, unknown_base), ROUNDS_BAD_REQUEST);
-    assert_non_null(strstr(spes_last_error(), "an int8 delta, but this run's payload dtype is F32"));
-    // And a peer of an int8 run is refused by a float run at the handshake.
+    char want[96];
+    assert_int_equal(hostile_upload(r, c, unknown_base), ROUNDS_BAD_REQUEST);
+    snprintf(want, sizeof want, "an %s delta, but this run's payload dtype is F32", c->name);
+    assert_non_null(strstr(spes_last_error(), want));
+    // And a peer of a delta run is refused by a float run at the handshake.
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
-    assert_int_equal(rounds_hello(r, 1, P, M, SYNC_MODE_SPES, DTYPE_I8, &spec, &last), ROUNDS_MISMATCH);
-    assert_non_null(strstr(spes_last_error(), "payload dtype I8, but the other peers use F32"));
+    assert_int_equal(rounds_hello_delta(r, 1, P, M, SYNC_MODE_SPES, DTYPE_I8, c, &spec, &last), ROUNDS_MISMATCH);
+    snprintf(want, sizeof want, "payload dtype %s, but the other peers use F32", c->wire);
+    assert_non_null(strstr(spes_last_error(), want));
     model_spec_free(&spec);
     rounds_destroy(r);
 }
 
+// ---- int4 only: the packing, and the two codecs never taken for each other ----
+
+// Encodes d[n] as one int4 tensor "t" (shape [n]) and returns the payload parsed.
+static void int4_payload(const float *d, size_t n, uint8_t **bytes, size_t *len, SafeTensors *st) {
+    int8_t q[600];
+    float scale[4];
+    int8_encode(&DELTA_INT4, d, n, q, scale);
+    Int8Tensor w = {.name = "t", .ndim = 1, .numel = n, .q = q, .scale = scale};
+    w.shape[0] = (int64_t)n;
+    assert_int_equal(int8_payload_serialize(&DELTA_INT4, &w, 1, 3, bytes, len), SPES_OK);
+    assert_int_equal(safetensors_parse(*bytes, *len, "int4 payload", st), SPES_OK);
+}
+
+static int decode_t(const SafeTensors *st, size_t n, float *out) {
+    float zero[600] = {0}, scales[4];
+    int8_t codes[600];
+    int64_t shape[1] = {(int64_t)n};
+    return int8_payload_decode(&DELTA_INT4, st, "int4 payload", "t", 1, shape, n, zero, out, scales, codes);
+}
+
+static void test_int4_packing_round_trip(void **state) {
+    (void)state;
+    size_t sizes[] = {1, 2, 255, 257, 513};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        size_t n = sizes[k];
+        float d[600], want[600], got[600], zero[600] = {0}, scale[4];
+        int8_t q[600];
+        for (size_t i = 0; i < n; i++) d[i] = (float)((int)(i * 37 % 29) - 14) * 0.01f;
+        int8_encode(&DELTA_INT4, d, n, q, scale);
+        int8_reconstruct(zero, q, scale, n, want);
+        uint8_t *bytes;
+        size_t len;
+        SafeTensors st;
+        int4_payload(d, n, &bytes, &len, &st);
+        const StTensor *codes = safetensors_find(&st, "t"), *scales = safetensors_find(&st, "t.scale");
+        assert_int_equal(codes->dtype, DTYPE_U8);
+        assert_int_equal(codes->numel, (n + 1) / 2);   // two codes a byte, an odd count padded
+        assert_int_equal(scales->dtype, DTYPE_BF16);
+        assert_int_equal(scales->numel, int8_blocks(n));
+        assert_string_equal(safetensors_meta(&st, "spes_encoding"), "int4-delta");
+        assert_int_equal(decode_t(&st, n, got), SPES_OK);
+        assert_memory_equal(got, want, n * sizeof(float));   // the same bits as the unpacked codes give
+        safetensors_close(&st);
+        free(bytes);
+    }
+}
+
+// The bytes of tensor `name`'s data inside a payload (to damage them in place).
+static uint8_t *data_of(uint8_t *bytes, const SafeTensors *st, const char *name) {
+    return bytes + (safetensors_find(st, name)->data - (const uint8_t *)bytes);
+}
+
+static void test_int4_hostile_packing_refused(void **state) {
+    (void)state;
+    float d[257], out[257];
+    for (int i = 0; i < 257; i++) d[i] = 0.001f * (float)(i % 13);
+    uint8_t *bytes;
+    size_t len;
+    SafeTensors st;
+    int4_payload(d, 257, &bytes, &len, &st);
+    uint8_t *codes = data_of(bytes, &st, "t"), *scale = data_of(bytes, &st, "t.scale");
+    struct {
+        uint8_t *at;
+        uint8_t value;
+        const char *says;
+    } cases[] = {
+        {codes + 128, 0x10, "padding nibble"},                  // 257 codes: the last byte's high nibble must be 0
+        {codes + 5, 0x80, "value -8 (the code is symmetric, -7..7) at flat index 11"},
+        {scale + 3, 0x7f, "scale is NaN at block 1"},             // bf16 0x7fc0 (NaN) in block 1
+        {scale + 1, 0xbf, "scale is negative at block 0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        uint8_t keep = *cases[i].at;
+        *cases[i].at = cases[i].value;
+        if (cases[i].at == scale + 3) scale[2] = 0xc0;
+        assert_int_equal(decode_t(&st, 257, out), SPES_ERR);
+        if (!strstr(spes_last_error(), cases[i].says)) fail_msg("case %zu: %s", i, spes_last_error());
+        *cases[i].at = keep;
+    }
+    safetensors_close(&st);
+    free(bytes);
+    // A codes tensor one byte short (truncated packing), or of the int8 layout: refused by name.
+    int8_t q[257] = {0};
+    float s[2] = {0.5f, 0.5f};
+    uint8_t packed[129] = {0};
+    StWriteTensor w[2] = {{.name = "t", .dtype = DTYPE_U8, .ndim = 1, .shape = {128}, .data = packed},
+                          {.name = "t.scale", .dtype = DTYPE_BF16, .ndim = 1, .shape = {2}, .data = (uint16_t[2]){0x3f00, 0x3f00}}};
+    const char *keys[] = {"spes_encoding", "spes_base_step", "spes_block"}, *values[] = {"int4-delta", "3", "256"};
+    assert_int_equal(safetensors_serialize(w, 2, keys, values, 3, &bytes, &len), SPES_OK);
+    assert_int_equal(safetensors_parse(bytes, len, "int4 payload", &st), SPES_OK);
+    assert_int_equal(decode_t(&st, 257, out), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "must be U8 [129] (257 int4 codes, two per byte), got U8 with 128"));
+    safetensors_close(&st);
+    free(bytes);
+    Int8Tensor t8 = {.name = "t", .ndim = 1, .shape = {257}, .numel = 257, .q = q, .scale = s};
+    assert_int_equal(int8_payload_serialize(&DELTA_INT8, &t8, 1, 3, &bytes, &len), SPES_OK);
+    assert_int_equal(safetensors_parse(bytes, len, "int8 payload", &st), SPES_OK);
+    assert_int_equal(decode_t(&st, 257, out), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "must be U8"));
+    safetensors_close(&st);
+    free(bytes);
+}
+
+// An int4 run refuses int8 peers and payloads, and the other way round, by name.
+static void test_int4_and_int8_runs_refuse_each_other(void **state) {
+    (void)state;
+    const DeltaCodec *runs[2] = {&DELTA_INT4, &DELTA_INT8};
+    for (int k = 0; k < 2; k++) {
+        const DeltaCodec *run = runs[k], *other = runs[1 - k];
+        Rounds *r = make_rounds(run);
+        ModelSpec spec;
+        int last;
+        char want[96];
+        assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+        assert_int_equal(rounds_hello_delta(r, 1, P, M, SYNC_MODE_SPES, DTYPE_I8, other, &spec, &last), ROUNDS_MISMATCH);
+        snprintf(want, sizeof want, "payload dtype %s, but the other peers use %s", other->wire, run->wire);
+        if (!strstr(spes_last_error(), want)) fail_msg("%s", spes_last_error());
+        model_spec_free(&spec);
+        TestPeer tp[P];
+        for (int p = 0; p < P; p++) peer_init(&tp[p], run, p);
+        for (int p = 0; p < P; p++) assert_int_equal(peer_upload(r, &tp[p], p, 2), ROUNDS_OK);
+        assert_int_equal(hostile_upload(r, other, unknown_base), ROUNDS_BAD_REQUEST);
+        snprintf(want, sizeof want, "an %s delta, but this run's payload dtype is %s", other->name, run->wire);
+        if (!strstr(spes_last_error(), want)) fail_msg("%s", spes_last_error());
+        for (int p = 0; p < P; p++) peer_free(&tp[p]);
+        rounds_destroy(r);
+    }
+}
+
+#define BOTH(f) cmocka_unit_test_prestate(f, (void *)&DELTA_INT8), cmocka_unit_test_prestate(f, (void *)&DELTA_INT4)
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip_and_bound),
-        cmocka_unit_test(test_rounding_ties_to_even),
-        cmocka_unit_test(test_error_feedback_carries_what_rounding_lost),
-        cmocka_unit_test(test_check_refuses_hostile_codes),
-        cmocka_unit_test(test_server_and_peers_reconstruct_the_same_bits),
-        cmocka_unit_test(test_hostile_int8_uploads_refused),
-        cmocka_unit_test(test_int8_upload_refused_in_a_float_run),
+        BOTH(test_round_trip_and_bound),
+        BOTH(test_rounding_ties_to_even),
+        BOTH(test_error_feedback_carries_what_rounding_lost),
+        BOTH(test_check_refuses_hostile_codes),
+        BOTH(test_server_and_peers_reconstruct_the_same_bits),
+        BOTH(test_hostile_delta_uploads_refused),
+        BOTH(test_delta_upload_refused_in_a_float_run),
+        cmocka_unit_test(test_int4_packing_round_trip),
+        cmocka_unit_test(test_int4_hostile_packing_refused),
+        cmocka_unit_test(test_int4_and_int8_runs_refuse_each_other),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
