@@ -13,6 +13,7 @@ reliability_data() {
 # background, extra flags appended, logging to $dir/server.log; sets $port and $server_pid.
 reliability_server() {
   port=$(( 20000 + RANDOM % 20000 ))
+  rm -f "$dir/server.log"   # a previous server's "listening on" must not satisfy reliability_wait_log
   "$SPES" server --total_peers 4 --num_train_experts_per_node 1 --host 127.0.0.1 --port "$port" "$@" \
     >"$dir/server.log" 2>&1 &
   server_pid=$!
