@@ -4,7 +4,7 @@
 # 100 Mbit/s each way (and 20 ms each way = 40 ms RTT where the kernel has the netem qdisc).
 # Tiny Shakespeare (byte tokenizer, the last 32 KiB held out), the tiny MoE of
 # configs/tiny_shakespeare.yaml, 4 peers x 1 expert, sync every BENCH_NET_SYNC steps.
-# Per configuration (payload F32 / BF16 / int8, overlap off / on) it reports:
+# Per configuration (payload F32 / BF16 / int8 / int4, overlap off / on) it reports:
 #   - payload MB per peer per round, up and down (the peers' logs: safetensors bytes);
 #   - link MB per peer per round, up and down, and the server's egress per round (tc's byte
 #     counters on the veths: TCP/IP, HTTP/2 and gRPC framing included);
@@ -14,11 +14,12 @@
 # (BENCH_NET_BASELINE_BIN, e.g. the main branch's build; without it the baseline rows are ours
 # with overlap off, which already leave own experts out of downloads). Ratios are ours over
 # the BF16 baseline's bytes and the F32 baseline's validation loss. Payload figures are given
-# over every round and over the steady rounds (2..N: the first round of an int8 run has no base
+# over every round and over the steady rounds (2..N: the first round of a delta run has no base
 # and goes in F32). Needs root (ip netns, tc); otherwise, or without the tbf qdisc, it reports
 # SKIPPED. Usage: sudo bash bench/net/shaped_link.sh  (env: SPES_BIN, BENCH_NET_BASELINE_BIN,
 # SPES_TEST_DATA, BENCH_NET_STEPS=100, BENCH_NET_SYNC=10, BENCH_NET_RATE=100mbit,
-# BENCH_NET_OUT=dir to keep).
+# BENCH_NET_OUT=dir to keep, BENCH_NET_CONFIGS="f32 bf16 int8 int4 ..." to run only those of
+# ours: f32 bf16 int8 int4 and each with +overlap; default all eight).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SPES=$(realpath "${SPES_BIN:-build/spes}")
@@ -138,10 +139,20 @@ for p in range(4):
         idle.append(float(blocked[-1]) / (ends[p] - starts[p]))
     else:   # a baseline build without that line: its rounds' own totals (rounds block training there)
         idle.append(sum(float(t) for t in re.findall(r"sync step \d+: ([0-9.]+)s total", log)) / (ends[p] - starts[p]))
+# Exact payload bytes from the server's closing line (the peers' logs round to 0.01 MB): over the
+# run, and over the steady rounds 2..N less the first round as the peers logged it.
+total = re.search(r"stopped after \d+ rounds .*?, (\d+) bytes in, (\d+) bytes out", open(f"{d}/server.log").read())
+if total:
+    t_up, t_down = int(total.group(1)) / 1e6, int(total.group(2)) / 1e6
+    first_up, first_down = sum(r[0] for r in up_mb), sum(r[0] for r in down_mb)
+    up_mb = [[t_up / 4 / rounds] * rounds]
+    down_mb = [[t_down / 4 / rounds] * rounds]
+    steady = [(t_up - first_up) / 4 / (rounds - 1), (t_down - first_down) / 4 / (rounds - 1)]
 evals = [json.loads(l) for l in open(f"{d}/peer0/metrics.jsonl") if '"eval"' in l]
 ce = evals[-1]["ce"]
 mean = lambda per_peer, first: sum(sum(r[first:]) for r in per_peer) / sum(len(r[first:]) for r in per_peer)
-print("\t".join(str(x) for x in [name, mean(up_mb, 0), mean(down_mb, 0), mean(up_mb, 1), mean(down_mb, 1),
+s_up, s_down = steady if total else (mean(up_mb, 1), mean(down_mb, 1))
+print("\t".join(str(x) for x in [name, mean(up_mb, 0), mean(down_mb, 0), s_up, s_down,
                                   up / 4 / rounds / 1e6, down / 4 / rounds / 1e6, down / rounds / 1e6, sum(idle) / 4, ce]))
 PY
   echo "$name done"
@@ -152,30 +163,33 @@ if [ -n "$BASE" ]; then
   run "F32 today" "$BASE" f32 false
   run "BF16 today" "$BASE" bf16 false
 fi
-run f32 "$SPES" f32 false
-run bf16 "$SPES" bf16 false
-run int8 "$SPES" int8 false
-run f32+overlap "$SPES" f32 true
-run bf16+overlap "$SPES" bf16 true
-run int8+overlap "$SPES" int8 true
+for config in ${BENCH_NET_CONFIGS:-f32 bf16 int8 int4 f32+overlap bf16+overlap int8+overlap int4+overlap}; do
+  payload=${config%+overlap}
+  run "$config" "$SPES" "$payload" "$([ "$payload" = "$config" ] && echo false || echo true)"
+done
 
 python3 - "$out/rows.tsv" "$shaping" "$STEPS" "$SYNC" <<'PY'
 import sys
 rows = {r[0]: [float(x) for x in r[1:]] for r in (l.rstrip("\n").split("\t") for l in open(sys.argv[1]))}
-f32 = rows.get("F32 today", rows["f32"])
-bf16 = rows.get("BF16 today", rows["bf16"])
+f32 = rows.get("F32 today") or rows["f32"]
+bf16 = rows.get("BF16 today") or rows["bf16"]
 base = "today's build" if "BF16 today" in rows else "ours, overlap off (no baseline build given)"
 print(f"\nshaped link: {sys.argv[2]}; {sys.argv[3]} steps, sync every {sys.argv[4]} steps, 4 peers + server on this machine")
-print("MB per peer per round (payload: safetensors bytes, all rounds / steady rounds 2..N; link: tc bytes incl. TCP/gRPC);")
+print("MB per peer per round (payload: safetensors bytes from the server's totals, all rounds / steady rounds 2..N;")
+print("link: tc bytes incl. TCP/gRPC);")
 print("egress: the server's link MB per round; idle: training-thread time in sync / wall; baselines: " + base)
 print(f"{'config':13} {'pay up':>7} {'pay dn':>7} {'steady up':>9} {'steady dn':>9} {'link up':>7} {'link dn':>7} "
       f"{'egress':>7} {'idle':>6} {'val ce':>7} {'ce/F32':>7} {'link/BF16':>9} {'steady/BF16':>11}")
 for name, (pu, pd, su, sd, lu, ld, eg, idle, ce) in rows.items():
     print(f"{name:13} {pu:7.3f} {pd:7.3f} {su:9.3f} {sd:9.3f} {lu:7.3f} {ld:7.3f} {eg:7.3f} {100 * idle:5.1f}% "
           f"{ce:7.4f} {ce / f32[8]:7.4f} {(lu + ld) / (bf16[4] + bf16[5]):9.3f} {(su + sd) / (bf16[2] + bf16[3]):11.3f}")
-i8 = rows["int8"]
-print(f"\nint8 vs BF16: link bytes per round {(i8[4] + i8[5]) / (bf16[4] + bf16[5]):.3f}x, steady payload "
-      f"{(i8[2] + i8[3]) / (bf16[2] + bf16[3]):.3f}x (goal <= 0.25); val ce vs F32 {100 * (i8[8] / f32[8] - 1):+.2f}% (goal within 0.5%)")
-for name in ("f32", "bf16", "int8"):
-    print(f"overlap {name}: idle {100 * rows[name][7]:.1f}% -> {100 * rows[name + '+overlap'][7]:.1f}% (goal < 5%)")
+for name in ("int8", "int4"):
+    if name not in rows: continue
+    q = rows[name]
+    print(f"\n{name} vs BF16: link bytes per round {(q[4] + q[5]) / (bf16[4] + bf16[5]):.3f}x, payload over the run "
+          f"{(q[0] + q[1]) / (bf16[0] + bf16[1]):.3f}x, steady payload {(q[2] + q[3]) / (bf16[2] + bf16[3]):.3f}x "
+          f"(goal <= 0.25); val ce vs F32 {100 * (q[8] / f32[8] - 1):+.2f}% (goal within 0.5%)")
+for name in ("f32", "bf16", "int8", "int4"):
+    if name in rows and name + "+overlap" in rows:
+        print(f"overlap {name}: idle {100 * rows[name][7]:.1f}% -> {100 * rows[name + '+overlap'][7]:.1f}% (goal < 5%)")
 PY

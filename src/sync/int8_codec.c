@@ -9,7 +9,7 @@ const DeltaCodec DELTA_INT8 = {.name = "int8", .encoding = "int8-delta",
                                .scale_dtype = DTYPE_F32};
 const DeltaCodec DELTA_INT4 = {.name = "int4", .encoding = "int4-delta",
                                .view_omit_own = "int4-delta+omit-own-experts", .wire = "I4", .bits = 4, .qmax = 7,
-                               .scale_dtype = DTYPE_BF16};
+                               .scale_dtype = DTYPE_BF16, .zstd = true};
 
 static const DeltaCodec *const CODECS[] = {&DELTA_INT8, &DELTA_INT4};
 

@@ -12,7 +12,7 @@
 // (-128, -8) never appears and a decoder refuses it. A reconstruction is always base + q * s,
 // computed by int8_reconstruct, so the server and every peer holding the same base get the same
 // float32 bits. Codes are int8_t in memory for both widths; int4 codes are packed two per byte
-// only on the wire (int8_payload.h).
+// and zstd-compressed only on the wire (int8_payload.h).
 //
 // Error feedback (the peer): the change sent is d = (w - base) + e, and what rounding lost,
 // e' = d - q * s, is carried to the next round's change. |e'_i| <= s_b / 2 for every value (a
@@ -37,6 +37,7 @@ typedef struct {
     int bits;               // code width: 8 | 4
     int qmax;               // largest code magnitude: 127 | 7
     DType scale_dtype;      // the scales on the wire: F32 | BF16
+    bool zstd;              // the packed codes of each tensor go as one zstd frame (int4; int8: raw)
 } DeltaCodec;
 
 extern const DeltaCodec DELTA_INT8, DELTA_INT4;

@@ -7,10 +7,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <zstd.h>
+
 #include "base/alloc.h"
 #include "base/error.h"
 
-// Bytes of one tensor's codes on the wire.
+// zstd level of the int4 codes: level 1 shrinks them as much as 3 or 9 do (measured on the payloads
+// of a 4-peer run: 0.758 / 0.756 / 0.756 of the packed bytes), at the least CPU.
+#define INT4_ZSTD_LEVEL 1
+
+// Bytes of one tensor's codes, packed (before zstd).
 static size_t code_bytes(const DeltaCodec *c, size_t numel) { return c->bits == 4 ? (numel + 1) / 2 : numel; }
 
 // int4: q[n] (each in -7..7) packed two per byte into out[(n + 1) / 2].
@@ -21,37 +27,78 @@ static void pack_int4(const int8_t *q, size_t n, uint8_t *out) {
     }
 }
 
-// The inverse: sign-extends each nibble. false when an odd count's padding nibble is not 0.
-static bool unpack_int4(const uint8_t *in, size_t n, int8_t *q) {
-    for (size_t i = 0; i < n; i++) {
-        int v = i % 2 ? in[i / 2] >> 4 : in[i / 2] & 0x0f;
-        q[i] = (int8_t)(v >= 8 ? v - 16 : v);
+// The inverse, in place: buf holds the (n + 1) / 2 packed bytes and becomes the n codes
+// (sign-extended nibbles), filled from the end so every byte is read before it is overwritten.
+// false when an odd count's padding nibble is not 0.
+static bool unpack_int4(uint8_t *buf, size_t n) {
+    if (n % 2 && buf[n / 2] >> 4 != 0) return false;
+    for (size_t i = n; i-- > 0;) {
+        int v = i % 2 ? buf[i / 2] >> 4 : buf[i / 2] & 0x0f;
+        buf[i] = (uint8_t)(int8_t)(v >= 8 ? v - 16 : v);
     }
-    return n % 2 == 0 || in[n / 2] >> 4 == 0;
+    return true;
+}
+
+// int4: the packed codes of one tensor as one zstd frame into out (capacity cap); its size.
+static int compress_codes(const uint8_t *packed, size_t len, uint8_t *out, size_t cap, size_t *out_len) {
+    size_t n = ZSTD_compress(out, cap, packed, len, INT4_ZSTD_LEVEL);
+    if (ZSTD_isError(n)) return spes_fail("int4 payload: zstd: %s", ZSTD_getErrorName(n));
+    *out_len = n;
+    return SPES_OK;
+}
+
+// int4: one tensor's zstd frame (frame_len bytes from outside) decompressed into exactly `len`
+// packed bytes: the frame must declare that size, be one whole frame and nothing after it.
+static int decompress_codes(const uint8_t *frame, size_t frame_len, uint8_t *out, size_t len, const char *what,
+                            const char *name) {
+    unsigned long long declared = ZSTD_getFrameContentSize(frame, frame_len);
+    if (declared == ZSTD_CONTENTSIZE_ERROR || declared == ZSTD_CONTENTSIZE_UNKNOWN)
+        return spes_fail("%s: tensor '%s': the codes are not a zstd frame with its size", what, name);
+    if (declared != len)
+        return spes_fail("%s: tensor '%s': the codes' zstd frame holds %llu bytes, expected %zu (two int4 codes a byte)",
+                         what, name, declared, len);
+    size_t whole = ZSTD_findFrameCompressedSize(frame, frame_len);
+    if (ZSTD_isError(whole) || whole != frame_len)
+        return spes_fail("%s: tensor '%s': the codes must be exactly one zstd frame (%zu bytes given)", what, name,
+                         frame_len);
+    size_t got = ZSTD_decompress(out, len, frame, frame_len);
+    if (ZSTD_isError(got) || got != len)
+        return spes_fail("%s: tensor '%s': the codes' zstd frame does not decompress (%s)", what, name,
+                         ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short");
+    return SPES_OK;
 }
 
 int int8_payload_serialize(const DeltaCodec *c, const Int8Tensor *tensors, int n, int base_step, uint8_t **bytes,
                            size_t *len) {
     StWriteTensor *w = spes_calloc(2 * (size_t)n + 1, sizeof *w);
     char **names = spes_calloc((size_t)n + 1, sizeof *names);
-    // The wire forms of int4 codes and bf16 scales (int8 writes the caller's arrays as they are).
-    size_t packed_total = 0, blocks_total = 0;
-    for (int i = 0; i < n; i++) packed_total += code_bytes(c, tensors[i].numel), blocks_total += int8_blocks(tensors[i].numel);
+    // The wire forms of int4 codes (packed, then a zstd frame each) and bf16 scales (int8 writes
+    // the caller's arrays as they are).
+    size_t frames_cap = 0, largest = 1, blocks_total = 0;
+    for (int i = 0; i < n; i++) {
+        size_t packed = code_bytes(c, tensors[i].numel);
+        frames_cap += c->zstd ? ZSTD_compressBound(packed) : packed;
+        largest = packed > largest ? packed : largest;
+        blocks_total += int8_blocks(tensors[i].numel);
+    }
     bool convert = c->bits == 4 || c->scale_dtype == DTYPE_BF16;
-    uint8_t *packed = convert ? spes_malloc(packed_total + 1) : NULL;
+    uint8_t *frames = convert ? spes_malloc(frames_cap + 1) : NULL, *packed = convert ? spes_malloc(largest) : NULL;
     uint16_t *bf16 = convert ? spes_malloc(2 * blocks_total + 2) : NULL;
-    int rc = w && names && (!convert || (packed && bf16)) ? SPES_OK : SPES_ERR;
-    size_t packed_at = 0, block_at = 0;
+    int rc = w && names && (!convert || (frames && packed && bf16)) ? SPES_OK : SPES_ERR;
+    size_t frames_at = 0, block_at = 0;
     for (int i = 0; rc == SPES_OK && i < n; i++) {
         const Int8Tensor *t = &tensors[i];
         size_t blocks = int8_blocks(t->numel);
         w[2 * i] = (StWriteTensor){.name = t->name, .dtype = DTYPE_I8, .ndim = t->ndim, .data = t->q};
         memcpy(w[2 * i].shape, t->shape, sizeof t->shape);
         if (c->bits == 4) {
-            pack_int4(t->q, t->numel, packed + packed_at);
-            w[2 * i] = (StWriteTensor){.name = t->name, .dtype = DTYPE_U8, .ndim = 1, .data = packed + packed_at};
-            w[2 * i].shape[0] = (int64_t)code_bytes(c, t->numel);
-            packed_at += code_bytes(c, t->numel);
+            size_t len = code_bytes(c, t->numel), frame_len = len;
+            pack_int4(t->q, t->numel, c->zstd ? packed : frames + frames_at);
+            if (c->zstd) rc = compress_codes(packed, len, frames + frames_at, frames_cap - frames_at, &frame_len);
+            if (rc != SPES_OK) break;
+            w[2 * i] = (StWriteTensor){.name = t->name, .dtype = DTYPE_U8, .ndim = 1, .data = frames + frames_at};
+            w[2 * i].shape[0] = (int64_t)frame_len;
+            frames_at += frame_len;
         }
         size_t name_len = strlen(t->name) + sizeof INT8_SCALE_SUFFIX;
         names[i] = spes_malloc(name_len);
@@ -77,6 +124,7 @@ int int8_payload_serialize(const DeltaCodec *c, const Int8Tensor *tensors, int n
     for (int i = 0; names && i < n; i++) free(names[i]);
     free(names);
     free(w);
+    free(frames);
     free(packed);
     free(bf16);
     return rc;
@@ -117,16 +165,20 @@ int int8_payload_decode(const DeltaCodec *c, const SafeTensors *st, const char *
         (q->dtype != DTYPE_I8 || q->ndim != ndim || q->numel != numel || memcmp(q->shape, shape, (size_t)ndim * sizeof *shape)))
         return spes_fail("%s: tensor '%s' must be I8 with the model's shape (%zu values), got %s with %zu values", what,
                          name, numel, dtype_name(q->dtype), q->numel);
-    if (c->bits == 4 && (q->dtype != DTYPE_U8 || q->ndim != 1 || q->numel != code_bytes(c, numel)))
-        return spes_fail("%s: tensor '%s' must be U8 [%zu] (%zu int4 codes, two per byte), got %s with %zu values",
-                         what, name, code_bytes(c, numel), numel, dtype_name(q->dtype), q->numel);
+    if (c->bits == 4 && (q->dtype != DTYPE_U8 || q->ndim != 1 || (!c->zstd && q->numel != code_bytes(c, numel))))
+        return spes_fail("%s: tensor '%s' must be U8 [%s%zu] (%zu int4 codes, two per byte%s), got %s with %zu values",
+                         what, name, c->zstd ? "zstd frame of " : "", code_bytes(c, numel), numel,
+                         c->zstd ? ", compressed" : "", dtype_name(q->dtype), q->numel);
     if (s->dtype != c->scale_dtype || s->ndim != 1 || s->numel != blocks)
         return spes_fail("%s: '%s' must be %s [%zu] (one scale per %d values), got %s with %zu values", what,
                          scale_name, dtype_name(c->scale_dtype), blocks, INT8_BLOCK, dtype_name(s->dtype), s->numel);
     if (safetensors_to_f32(s, scales) != SPES_OK) return spes_fail_context("%s: '%s'", what, scale_name);   // unaligned-safe
     const int8_t *q_codes = (const int8_t *)q->data;
     if (c->bits == 4) {
-        if (!unpack_int4(q->data, numel, codes))
+        size_t len = code_bytes(c, numel);
+        if (c->zstd) SPES_TRY(decompress_codes(q->data, q->numel, (uint8_t *)codes, len, what, name));
+        else memcpy(codes, q->data, len);
+        if (!unpack_int4((uint8_t *)codes, numel))
             return spes_fail("%s: tensor '%s': the padding nibble after its last (odd) code is not 0", what, name);
         q_codes = codes;
     }

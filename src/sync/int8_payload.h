@@ -2,9 +2,11 @@
 // every tensor `name` sent:
 //   int8:  `name`        I8, the tensor's shape: the codes q, one byte each
 //          `name.scale`  F32, [int8_blocks(numel)]: one scale per block of INT8_BLOCK values
-//   int4:  `name`        U8, [ceil(numel / 2)]: the codes packed two per byte, value 2k in the low
-//                        nibble of byte k and value 2k+1 in the high one, 4-bit two's complement
-//                        (-7..7; -8 is refused); an odd count leaves the last high nibble 0
+//   int4:  `name`        U8, [frame bytes]: one zstd frame (level 1, its content size declared)
+//                        of the codes packed two per byte: value 2k in the low nibble of byte k,
+//                        value 2k+1 in the high one, 4-bit two's complement (-7..7; -8 is
+//                        refused); an odd count leaves the last high nibble 0. The frame must
+//                        declare exactly ceil(numel / 2) bytes and be all of the tensor.
 //          `name.scale`  BF16, [int8_blocks(numel)]
 // and in __metadata__ "spes_encoding" = "int8-delta" | "int4-delta", "spes_base_step" = the step
 // of the aggregate the change is against, "spes_block" = "256". Uploads (peer -> server) and the
@@ -39,8 +41,8 @@ int int8_payload_kind(const SafeTensors *st, const char *what, const DeltaCodec 
 
 // The encoded tensor `name` (ndim/shape from the model) checked and reconstructed:
 // out[numel] = base + q * s (int8_reconstruct); every value of out must be finite. Errors name
-// `what`, the tensor and what is wrong (missing, dtype, shape or packed length, block count, bad
-// scale, -128 / -8, a non-zero padding nibble, non-finite result). Scratch: scales
+// `what`, the tensor and what is wrong (missing, dtype, shape, int4's zstd frame (not one, or of
+// another size), block count, bad scale, -128 / -8, a non-zero padding nibble, non-finite result). Scratch: scales
 // int8_blocks(numel) floats, codes numel bytes (int4's unpacked codes; unused for int8).
 int int8_payload_decode(const DeltaCodec *c, const SafeTensors *st, const char *what, const char *name, int ndim,
                         const int64_t *shape, size_t numel, const float *base, float *out, float *scales,

@@ -118,9 +118,10 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out);
 void rounds_close(Rounds *r);
 void rounds_destroy(Rounds *r);
 
-// payload dtype: F32 or BF16 (uploads and aggregates in it), or I8 (an int8 run: uploads are int8
-// deltas against an aggregate the server keeps, or full F32 payloads; the aggregate is kept in
-// F32 and goes down as an int8 delta to peers holding the previous one; docs/communication.md).
+// payload dtype: F32 or BF16 (uploads and aggregates in it), or I8 (a delta run, int8 or int4 codes
+// as its DeltaCodec says: uploads are deltas against an aggregate the server keeps, or full F32
+// payloads; the aggregate is kept in F32 and goes down as a delta to peers holding the previous
+// one; docs/communication.md).
 //
 // The cheap half of the handshake: the run settings (peers, peer id, mode, experts per node,
 // payload dtype) against the server's, before the peer's tensor list costs anything.
@@ -191,10 +192,10 @@ void rounds_release(Rounds *r, AggregateBlob *blob);
 // What a download asks for (proto WaitAggregateRequest / DownloadChunkRequest): the whole
 // aggregate by default; with omit_own_experts, without the peer's own experts where the round
 // took them unchanged from the peer's upload (spes mode, the peer in the round, no merging on
-// that step); with a delta base, the int8 delta against the aggregate of that step where the
-// server has one (rounds of an int8 run). The view actually served is named in *name: "",
-// "omit-own-experts", "int8-delta" or "int8-delta+omit-own-experts" (also in the view's
-// __metadata__ "spes_view"). The view lives as long as blob.
+// that step); with a delta base, the delta (the run's codec) against the aggregate of that step
+// where the server has one (rounds of a delta run). The view actually served is named in *name:
+// "", "omit-own-experts", "int8-delta" or "int8-delta+omit-own-experts" (int4 runs: "int4-delta"
+// ...; also in the view's __metadata__ "spes_view"). The view lives as long as blob.
 typedef struct {
     bool omit_own_experts;
     bool has_delta_base;

@@ -51,18 +51,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         ModelSpec hello;
         int last;
         if (build_spec(&spec) != 0 || build_spec(&hello) != 0 ||
-            rounds_hello(with_hello, 0, 2, 2, SYNC_MODE_SPES, DTYPE_F32, &hello, &last) != GRPC_STATUS_OK)
+            rounds_hello(with_hello, 0, 2, 2, SYNC_MODE_SPES, DTYPE_F32, &hello, &last) != ROUNDS_OK)
             abort();
         model_spec_free(&hello);
     }
     step++;
-    if (rounds_upload(with_hello, 0, step, copy_of(data, size), size) == GRPC_STATUS_OK) {
+    if (rounds_upload(with_hello, 0, step, copy_of(data, size), size) == ROUNDS_OK) {
         uint8_t *bytes;
         size_t len;
-        if (peer1_upload(&spec, &bytes, &len) != 0 || rounds_upload(with_hello, 1, step, bytes, len) != GRPC_STATUS_OK)
+        if (peer1_upload(&spec, &bytes, &len) != 0 || rounds_upload(with_hello, 1, step, bytes, len) != ROUNDS_OK)
             abort();   // a valid upload completing an accepted round must aggregate
         AggregateBlob *blob;
-        if (rounds_get(with_hello, step, 0, &blob) != GRPC_STATUS_OK || !blob) abort();
+        if (rounds_get(with_hello, step, 0, &blob) != ROUNDS_OK || !blob) abort();
         rounds_release(with_hello, blob);
     }
     Rounds *inferring = make_rounds();   // no Hello: the bytes define the model

@@ -72,8 +72,9 @@ fi
 # The aggregate of a round without merging, recomputed from the peers' delta uploads: upload of
 # peer p = previous aggregate + q * scale (float32), shared tensors the fp32 mean in peer order,
 # experts their owner's; the server then sends (and everyone holds) previous + the codec's
-# encoding of the change (int8: fp32 scale max/127; int4: bf16 scale max/7, codes packed).
-import json, re, struct, sys, numpy as np
+# encoding of the change (int8: fp32 scale max/127; int4: bf16 scale max/7, codes packed two a
+# byte in one zstd frame per tensor, decompressed here with the system libzstd through ctypes).
+import ctypes, ctypes.util, json, re, struct, sys, numpy as np
 from safetensors.numpy import load_file
 d, delta = sys.argv[1], sys.argv[2]
 qmax = 127 if delta == "int8" else 7
@@ -93,8 +94,20 @@ def read(path):
             out[k] = np.frombuffer(b, {"F32": np.float32, "I8": np.int8, "U8": np.uint8}[t["dtype"]])
     return out, meta
 
+zstd = ctypes.CDLL(ctypes.util.find_library("zstd"))
+zstd.ZSTD_getFrameContentSize.restype = ctypes.c_ulonglong
+zstd.ZSTD_decompress.restype = ctypes.c_size_t
+
+def unzstd(frame, size):
+    src = bytes(frame)
+    assert zstd.ZSTD_getFrameContentSize(src, ctypes.c_size_t(len(src))) == size
+    dst = ctypes.create_string_buffer(size)
+    assert zstd.ZSTD_decompress(dst, ctypes.c_size_t(size), src, ctypes.c_size_t(len(src))) == size
+    return np.frombuffer(dst.raw, np.uint8)
+
 def codes(x, n):
     if delta == "int8": return x.astype(np.float32)
+    x = unzstd(x, (n + 1) // 2)
     nib = np.stack([x & 0x0f, x >> 4], axis=1).ravel()[:n].astype(np.int16)   # low nibble first
     return np.where(nib >= 8, nib - 16, nib).astype(np.float32)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Overlapped sync end to end (spes_config.sync_overlap: true, docs/communication.md): a parameter
 # server and 4 `spes train` peers, sync every 2 steps for 10 steps (merging on steps 4 and 8),
-# once in F32 and once with int8 payloads. Checked:
+# once in F32, once with int8 and once with int4 payloads. Checked:
 #  - every overlapped round (steps 2..8) is applied after its upload step and at the latest at the
 #    next sync step, and the peer's weights after applying are exactly
 #    aggregate + (trained - uploaded) in float32, recomputed with numpy from the peer's own audit
@@ -24,7 +24,7 @@ trap cleanup EXIT
 . tests/integration/lib/reliability.sh
 reliability_data
 
-for payload in f32 int8; do
+for payload in f32 int8 int4; do
   echo "== payload $payload"
   dir="$dir0/$payload"
   mkdir -p "$dir/sync"

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include <cmocka.h>
+#include <zstd.h>
 
 #include "base/rng.h"
 #include "sync/int8_codec.h"
@@ -313,7 +314,7 @@ static void test_hostile_delta_uploads_refused(void **state) {
         {c->bits == 8 ? minus_128 : minus_8, ROUNDS_BAD_REQUEST, c->bits == 8 ? "value -128" : "value -8"},
         {huge_scale, ROUNDS_BAD_REQUEST, "too large"},
         {unknown_base, ROUNDS_NO_BASE, "aggregate of step 99, is not kept"},
-        {extra_scale, ROUNDS_BAD_REQUEST, c->bits == 8 ? "one scale per 256 values" : "int4 codes, two per byte"},
+        {extra_scale, ROUNDS_BAD_REQUEST, "one scale per 256 values"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         assert_int_equal(hostile_upload(r, c, cases[i].damage), cases[i].code);
@@ -385,8 +386,8 @@ static void test_int4_packing_round_trip(void **state) {
         SafeTensors st;
         int4_payload(d, n, &bytes, &len, &st);
         const StTensor *codes = safetensors_find(&st, "t"), *scales = safetensors_find(&st, "t.scale");
-        assert_int_equal(codes->dtype, DTYPE_U8);
-        assert_int_equal(codes->numel, (n + 1) / 2);   // two codes a byte, an odd count padded
+        assert_int_equal(codes->dtype, DTYPE_U8);   // one zstd frame of the codes, two a byte, an odd count padded
+        assert_int_equal(ZSTD_getFrameContentSize(codes->data, codes->numel), (n + 1) / 2);
         assert_int_equal(scales->dtype, DTYPE_BF16);
         assert_int_equal(scales->numel, int8_blocks(n));
         assert_string_equal(safetensors_meta(&st, "spes_encoding"), "int4-delta");
@@ -397,53 +398,77 @@ static void test_int4_packing_round_trip(void **state) {
     }
 }
 
-// The bytes of tensor `name`'s data inside a payload (to damage them in place).
-static uint8_t *data_of(uint8_t *bytes, const SafeTensors *st, const char *name) {
-    return bytes + (safetensors_find(st, name)->data - (const uint8_t *)bytes);
+// An int4 payload of tensor "t" (257 values) from raw pieces: `codes` (codes_len bytes, as the
+// tensor's data) and two bf16 scales.
+static void raw_int4_payload(const uint8_t *codes, size_t codes_len, uint16_t s0, uint16_t s1, uint8_t **bytes,
+                             size_t *len, SafeTensors *st) {
+    uint16_t scales[2] = {s0, s1};
+    StWriteTensor w[2] = {{.name = "t", .dtype = DTYPE_U8, .ndim = 1, .shape = {(int64_t)codes_len}, .data = codes},
+                          {.name = "t.scale", .dtype = DTYPE_BF16, .ndim = 1, .shape = {2}, .data = scales}};
+    const char *keys[] = {"spes_encoding", "spes_base_step", "spes_block"}, *values[] = {"int4-delta", "3", "256"};
+    assert_int_equal(safetensors_serialize(w, 2, keys, values, 3, bytes, len), SPES_OK);
+    assert_int_equal(safetensors_parse(*bytes, *len, "int4 payload", st), SPES_OK);
+}
+
+// The packed codes (len bytes) as the zstd frame the tensor holds, plus `extra` bytes after it.
+static size_t frame_of(const uint8_t *packed, size_t len, uint8_t *frame, size_t extra) {
+    size_t n = ZSTD_compress(frame, 1024, packed, len, 1);
+    assert_false(ZSTD_isError(n));
+    memset(frame + n, 0x55, extra);
+    return n + extra;
 }
 
 static void test_int4_hostile_packing_refused(void **state) {
     (void)state;
-    float d[257], out[257];
-    for (int i = 0; i < 257; i++) d[i] = 0.001f * (float)(i % 13);
-    uint8_t *bytes;
-    size_t len;
-    SafeTensors st;
-    int4_payload(d, 257, &bytes, &len, &st);
-    uint8_t *codes = data_of(bytes, &st, "t"), *scale = data_of(bytes, &st, "t.scale");
     struct {
-        uint8_t *at;
+        int packed_at;             // byte of the 129 packed bytes to set (-1: none)
         uint8_t value;
+        uint16_t s0, s1;           // bf16 scales
+        size_t packed_len;         // bytes the frame holds (129 is right for 257 codes)
+        int frame;                 // 1: a zstd frame, 0: the raw packed bytes, 2: a frame and one byte more
         const char *says;
     } cases[] = {
-        {codes + 128, 0x10, "padding nibble"},                  // 257 codes: the last byte's high nibble must be 0
-        {codes + 5, 0x80, "value -8 (the code is symmetric, -7..7) at flat index 11"},
-        {scale + 3, 0x7f, "scale is NaN at block 1"},             // bf16 0x7fc0 (NaN) in block 1
-        {scale + 1, 0xbf, "scale is negative at block 0"},
+        {128, 0x10, 0x3f00, 0x3f00, 129, 1, "padding nibble after its last (odd) code is not 0"},
+        {5, 0x80, 0x3f00, 0x3f00, 129, 1, "value -8 (the code is symmetric, -7..7) at flat index 11"},
+        {-1, 0, 0x3f00, 0x7fc0, 129, 1, "scale is NaN at block 1"},
+        {-1, 0, 0xbf00, 0x3f00, 129, 1, "scale is negative at block 0"},
+        {-1, 0, 0x7f80, 0x3f00, 129, 1, "scale is infinite at block 0"},
+        {-1, 0, 0x3f00, 0x3f00, 128, 1, "the codes' zstd frame holds 128 bytes, expected 129"},   // truncated packing
+        {-1, 0, 0x3f00, 0x3f00, 130, 1, "holds 130 bytes, expected 129"},
+        {-1, 0, 0x3f00, 0x3f00, 129, 0, "not a zstd frame"},
+        {-1, 0, 0x3f00, 0x3f00, 129, 2, "exactly one zstd frame"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        uint8_t keep = *cases[i].at;
-        *cases[i].at = cases[i].value;
-        if (cases[i].at == scale + 3) scale[2] = 0xc0;
+        uint8_t packed[130], frame[1100], *bytes;
+        for (int k = 0; k < 130; k++) packed[k] = 0x21;   // codes 1, 2, 1, 2, ...
+        packed[128] = 0x01;                                 // 257 codes: the last byte's high nibble is padding
+        if (cases[i].packed_at >= 0) packed[cases[i].packed_at] = cases[i].value;
+        size_t frame_len = cases[i].frame ? frame_of(packed, cases[i].packed_len, frame, cases[i].frame == 2)
+                                          : (memcpy(frame, packed, 129), 129);
+        size_t len;
+        SafeTensors st;
+        float out[257];
+        raw_int4_payload(frame, frame_len, cases[i].s0, cases[i].s1, &bytes, &len, &st);
         assert_int_equal(decode_t(&st, 257, out), SPES_ERR);
         if (!strstr(spes_last_error(), cases[i].says)) fail_msg("case %zu: %s", i, spes_last_error());
-        *cases[i].at = keep;
+        safetensors_close(&st);
+        free(bytes);
     }
+    // The same pieces, undamaged, decode: codes 1, 2, ... at scale 0.5.
+    uint8_t packed[129], frame[1100], *bytes;
+    memset(packed, 0x21, sizeof packed);
+    packed[128] = 0x01;
+    size_t len;
+    SafeTensors st;
+    float out[257];
+    raw_int4_payload(frame, frame_of(packed, 129, frame, 0), 0x3f00, 0x3f00, &bytes, &len, &st);
+    assert_int_equal(decode_t(&st, 257, out), SPES_OK);
+    assert_true(out[0] == 0.5f && out[1] == 1.0f && out[256] == 0.5f);
     safetensors_close(&st);
     free(bytes);
-    // A codes tensor one byte short (truncated packing), or of the int8 layout: refused by name.
+    // The int8 layout in an int4 payload: refused by name.
     int8_t q[257] = {0};
     float s[2] = {0.5f, 0.5f};
-    uint8_t packed[129] = {0};
-    StWriteTensor w[2] = {{.name = "t", .dtype = DTYPE_U8, .ndim = 1, .shape = {128}, .data = packed},
-                          {.name = "t.scale", .dtype = DTYPE_BF16, .ndim = 1, .shape = {2}, .data = (uint16_t[2]){0x3f00, 0x3f00}}};
-    const char *keys[] = {"spes_encoding", "spes_base_step", "spes_block"}, *values[] = {"int4-delta", "3", "256"};
-    assert_int_equal(safetensors_serialize(w, 2, keys, values, 3, &bytes, &len), SPES_OK);
-    assert_int_equal(safetensors_parse(bytes, len, "int4 payload", &st), SPES_OK);
-    assert_int_equal(decode_t(&st, 257, out), SPES_ERR);
-    assert_non_null(strstr(spes_last_error(), "must be U8 [129] (257 int4 codes, two per byte), got U8 with 128"));
-    safetensors_close(&st);
-    free(bytes);
     Int8Tensor t8 = {.name = "t", .ndim = 1, .shape = {257}, .numel = 257, .q = q, .scale = s};
     assert_int_equal(int8_payload_serialize(&DELTA_INT8, &t8, 1, 3, &bytes, &len), SPES_OK);
     assert_int_equal(safetensors_parse(bytes, len, "int8 payload", &st), SPES_OK);
