@@ -462,7 +462,7 @@ static const ConfigKey KEYS[] = {
     {"device", K_STR, F(device), .meaning = "auto (a GPU when one is visible and spes has CUDA), cpu, cuda or cuda:N. Our extension."},
     {"distributed_strategy", K_STR, F(distributed_strategy), .meaning = "Data parallelism over the ranks of a node (`spes train --nproc_per_node N`, mpirun): `ddp`, `fsdp` (see `fsdp.sharding_strategy`) or `single` (one rank only). Ignored with one rank. docs/distributed.md."},
     {"fsdp", K_SECTION, .meaning = "FSDP settings: how `distributed_strategy: fsdp` shards."},
-    {"fsdp.sharding_strategy", K_STR, F(fsdp_sharding_strategy), .meaning = "NO_SHARD (= DDP), SHARD_OPTIM (ZeRO-1: optimizer state sharded; our extension), SHARD_GRAD_OP (ZeRO-2: + gradients), FULL_SHARD (ZeRO-3: + parameters, each layer gathered when it runs; cpu/MPI only, on cuda it runs as SHARD_GRAD_OP with a warning). docs/distributed.md."},
+    {"fsdp.sharding_strategy", K_STR, F(fsdp_sharding_strategy), .meaning = "NO_SHARD (= DDP), SHARD_OPTIM (ZeRO-1: optimizer state sharded; our extension), SHARD_GRAD_OP (ZeRO-2: + gradients), FULL_SHARD (ZeRO-3: + parameters, each layer gathered when it runs). docs/distributed.md."},
     {"fsdp.wrapping_strategy", K_IGNORED, .meaning = "Shards are contiguous ranges of the flat gradient buffer, not wrapped modules."},
     {"fsdp.precision", K_IGNORED, .meaning = "The `precision` key decides compute types; collectives run on the fp32 gradients."},
     {"fsdp.use_orig_params", K_IGNORED, .meaning = "Parameters are always addressed by their HF names."},

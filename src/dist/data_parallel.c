@@ -8,9 +8,8 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "base/log.h"
 
-int dp_stage_from_config(const TrainConfig *cfg, int world_size, bool host_buffers, DpStage *out) {
+int dp_stage_from_config(const TrainConfig *cfg, int world_size, DpStage *out) {
     const char *ds = cfg->distributed_strategy, *ss = cfg->fsdp_sharding_strategy;
     *out = DP_DDP;
     if (strcmp(ds, "single") == 0) {
@@ -21,20 +20,7 @@ int dp_stage_from_config(const TrainConfig *cfg, int world_size, bool host_buffe
         return SPES_OK;
     }
     if (strcmp(ds, "ddp") == 0 || strcmp(ss, "NO_SHARD") == 0) return SPES_OK;
-    if (strcmp(ss, "SHARD_OPTIM") == 0) {
-        *out = DP_ZERO1;
-        return SPES_OK;
-    }
-    *out = DP_ZERO2;
-    if (strcmp(ss, "FULL_SHARD") != 0) return SPES_OK;
-    if (host_buffers) {
-        *out = DP_ZERO3;
-        return SPES_OK;
-    }
-    if (world_size > 1)
-        log_warn("fsdp.sharding_strategy FULL_SHARD: parameter sharding (ZeRO-3) is written for host buffers only; "
-                 "on this device it runs as SHARD_GRAD_OP (ZeRO-2: gradients and optimizer state sharded, parameters "
-                 "replicated). The training is the same; only the memory per rank differs (docs/distributed.md)");
+    *out = strcmp(ss, "SHARD_OPTIM") == 0 ? DP_ZERO1 : strcmp(ss, "FULL_SHARD") == 0 ? DP_ZERO3 : DP_ZERO2;
     return SPES_OK;
 }
 

@@ -8,8 +8,6 @@
 //   FULL_SHARD (Z3)    as Z2                         rank's shard only      rank's fp32 shard only; each part
 //                                                                                 all-gathered right before use
 //                                                                                 (dist/sharded_params.h)
-// ZeRO-3 is written for host buffers (the MPI path); on a device backend FULL_SHARD runs as
-// Z2, with a warning.
 //
 // ZeRO-2 keeps the full-size gradient buffer the backward accumulates into (every micro-batch
 // adds into it); what is sharded is the reduced gradient, the clipping and the update.
@@ -70,9 +68,8 @@ typedef struct {
 } DataParallel;
 
 // The stage from distributed_strategy + fsdp.sharding_strategy (`single` with more than one
-// rank is an error). FULL_SHARD is ZeRO-3 with host buffers; on a device backend
-// (host_buffers false) it warns that it runs as SHARD_GRAD_OP.
-int dp_stage_from_config(const TrainConfig *cfg, int world_size, bool host_buffers, DpStage *out);
+// rank is an error).
+int dp_stage_from_config(const TrainConfig *cfg, int world_size, DpStage *out);
 const char *dp_stage_name(DpStage s);   // "ddp", "zero1", "zero2", "zero3"
 // True when the stage reduce-scatters gradients into shards (ZeRO-2 and ZeRO-3).
 bool dp_shards_grads(DpStage s);

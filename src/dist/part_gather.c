@@ -32,7 +32,6 @@ static bool all_trainable(const PartGather *g, int part) {
 int part_gather_create(PartGather *g, Comm *comm, Backend *be, const ParamTable *table, int n_layers,
                        const size_t *lo) {
     memset(g, 0, sizeof *g);
-    if (!be->host_memory) return spes_fail("part_gather: only host buffers (the MPI path) are supported");
     g->comm = comm, g->be = be, g->table = table, g->n_layers = n_layers, g->lo = lo;
     g->rank = comm_rank(comm), g->size = comm_size(comm);
     if (!(g->frozen_at = spes_calloc((size_t)table->count, sizeof *g->frozen_at))) return SPES_ERR;
@@ -49,14 +48,15 @@ int part_gather_create(PartGather *g, Comm *comm, Backend *be, const ParamTable 
         if (!all_trainable(g, p)) g->gathered_n = max_sz(g->gathered_n, ghi - glo);   // staged
     }
     if (largest > INT_MAX) return spes_fail("part_gather: a part of %zu trainable values exceeds one collective's count", largest);
-    g->gathered = spes_malloc(max_sz(g->gathered_n, 1) * sizeof(float));
+    if (g->gathered_n && backend_alloc(be, g->gathered_n * sizeof(float), (void **)&g->gathered) != SPES_OK)
+        return spes_fail_context("part_gather: staging for %zu values", g->gathered_n);
     g->counts = spes_calloc((size_t)g->size, sizeof *g->counts);
-    return g->gathered && g->counts ? SPES_OK : SPES_ERR;
+    return g->counts ? SPES_OK : SPES_ERR;
 }
 
 void part_gather_free(PartGather *g) {
     free(g->frozen_at);
-    free(g->gathered);
+    if (g->be) backend_free(g->be, g->gathered);
     free(g->counts);
     memset(g, 0, sizeof *g);
 }
@@ -64,7 +64,8 @@ void part_gather_free(PartGather *g) {
 void part_pack_frozen(const PartGather *g, const float *params, float *store) {
     for (int i = 0; i < g->table->count; i++) {
         const ParamInfo *pi = &g->table->entries[i];
-        if (!pi->trainable) memcpy(store + g->frozen_at[i], params + pi->offset, pi->numel * sizeof(float));
+        if (!pi->trainable)
+            g->be->ops->copy(g->be, store + g->frozen_at[i], params + pi->offset, pi->numel * sizeof(float));
     }
 }
 
@@ -82,7 +83,8 @@ int part_gather(PartGather *g, int part, const float *shard, const float *frozen
     }
     size_t mine = max_sz(glo, g->lo[g->rank]);
     if (g->counts[g->rank])
-        memcpy(dst + (mine - glo), shard + (mine - g->lo[g->rank]), (size_t)g->counts[g->rank] * sizeof(float));
+        g->be->ops->copy(g->be, dst + (mine - glo), shard + (mine - g->lo[g->rank]),
+                         (size_t)g->counts[g->rank] * sizeof(float));
     if (ghi > glo) SPES_TRY(comm_allgather(g->comm, g->be, dst, g->counts));
     if (direct) return SPES_OK;
     size_t offset, numel;
@@ -91,7 +93,7 @@ int part_gather(PartGather *g, int part, const float *shard, const float *frozen
         const ParamInfo *pi = &g->table->entries[i];
         if (param_part(pi, g->n_layers) != part) continue;
         const float *src = pi->trainable ? g->gathered + ((size_t)pi->grad_offset - glo) : frozen + g->frozen_at[i];
-        memcpy(work + (pi->offset - offset), src, pi->numel * sizeof(float));
+        g->be->ops->copy(g->be, work + (pi->offset - offset), src, pi->numel * sizeof(float));
     }
     return SPES_OK;
 }

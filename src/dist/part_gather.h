@@ -9,7 +9,8 @@
 // shard. Frozen tensors (SPES: the experts this peer does not own) are in no shard: every rank
 // holds them packed in table order (part_pack_frozen), and the gather copies them from there.
 //
-// Host buffers only (the MPI path); the device path (NCCL, compute copy) is not written yet.
+// Every buffer is the backend's memory (host on cpu: MPI; device on cuda: NCCL), moved with the
+// backend's copy op; the code is the same for both.
 #pragma once
 #include <stddef.h>
 
@@ -25,20 +26,21 @@ typedef struct {
     const size_t *lo;        // [size + 1] shard boundaries of the gradient layout (not owned)
     size_t frozen_numel;     // floats of the packed frozen store
     size_t *frozen_at;       // [table->count] each frozen tensor's offset in the store
-    float *gathered;         // [gathered_n] staging of the all-gathered range of a part with frozen tensors
+    float *gathered;         // [gathered_n] backend memory: staging of the all-gathered range of a part
+                             // with frozen tensors
     size_t gathered_n;       // the largest such part's trainable values (0: every part gathers in place)
     int *counts;             // [size]
 } PartGather;
 
 // lo: the shard boundaries (DataParallel.lo); table (of a model of n_layers layers) and lo must
-// outlive g. Host backend only.
+// outlive g.
 int part_gather_create(PartGather *g, Comm *comm, Backend *be, const ParamTable *table, int n_layers,
                        const size_t *lo);
 void part_gather_free(PartGather *g);
 // Copies the frozen tensors of the full parameter buffer params[total_numel] into
-// store[g->frozen_numel], packed in table order.
+// store[g->frozen_numel], packed in table order (both backend memory).
 void part_pack_frozen(const PartGather *g, const float *params, float *store);
 // Every rank calls it for the same part (a collective): assembles part `part` into
 // work[span of the part] from this rank's shard (shard[0..lo[rank+1]-lo[rank])), the other
-// ranks' shards and the frozen store.
+// ranks' shards and the frozen store (all backend memory).
 int part_gather(PartGather *g, int part, const float *shard, const float *frozen, float *work);

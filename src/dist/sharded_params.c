@@ -4,20 +4,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/alloc.h"
 #include "base/error.h"
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
+// The compute copy of n fp32 master values into `compute`; nothing when compute is fp32 (no
+// compute copy: the GEMMs read the master).
+static void convert_part(Backend *be, void *compute, float *master, size_t n) {
+    if (compute) be->ops->convert(be, buf_of(compute, be->compute), buf_f32(master), n);
+}
+
 static int on_event(void *ctx, ModelHookEvent event, int part) {
     ShardedParams *z = ctx;
     if ((event == MODEL_HOOK_PRE_FORWARD || event == MODEL_HOOK_PRE_BACKWARD) && part != z->bound) {
         SPES_TRY(part_gather(&z->gather, part, z->shard, z->frozen, z->work));
-        SPES_TRY(model_bind_part(z->m, part, z->work, NULL));
+        size_t offset, numel;
+        param_part_span(&z->m->table, part, z->m->cfg.n_layers, &offset, &numel);
+        convert_part(z->m->be, z->cwork, z->work, numel);
+        SPES_TRY(model_bind_part(z->m, part, z->work, z->cwork));
         z->bound = part;
     }
     return z->pass_on ? dp_on_model_event(z->dp, event, part) : SPES_OK;
+}
+
+// n floats (or compute values) of backend memory; +1: a rank may hold an empty shard or no
+// frozen tensor.
+static void *alloc_values(Backend *be, size_t n, NumType t) {
+    void *p = NULL;
+    return backend_alloc(be, (n + 1) * num_type_size(t), &p) == SPES_OK ? p : NULL;
 }
 
 int sharded_params_create(ShardedParams *z, Model *m, DataParallel *dp) {
@@ -27,48 +42,54 @@ int sharded_params_create(ShardedParams *z, Model *m, DataParallel *dp) {
     z->bound = -1;
     z->hooks = (ModelHooks){.fn = on_event, .ctx = z};
     if (dp->stage != DP_ZERO3) return spes_fail("sharded_params: the data-parallel stage is %s, not zero3", dp_stage_name(dp->stage));
-    if (!m->be->host_memory || m->be->compute != NUM_F32)
-        return spes_fail("sharded_params: ZeRO-3 is written for host buffers in fp32 (backend %s)", m->be->name);
+    Backend *be = m->be;
     const int L = m->cfg.n_layers;
-    SPES_TRY(part_gather_create(&z->gather, dp->comm, m->be, &m->table, L, dp->lo));
+    SPES_TRY(part_gather_create(&z->gather, dp->comm, be, &m->table, L, dp->lo));
     for (int p = 0; p <= L + 1; p++) {
         size_t offset, numel;
         param_part_span(&m->table, p, L, &offset, &numel);
         z->work_n = max_sz(z->work_n, numel);
     }
     z->shard_n = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
-    // +1: a rank may hold an empty shard or no frozen tensor; malloc(0) may return NULL.
-    z->shard = spes_malloc((z->shard_n + 1) * sizeof(float));
-    z->frozen = spes_malloc((z->gather.frozen_numel + 1) * sizeof(float));
-    z->work = spes_malloc((z->work_n + 1) * sizeof(float));
-    if (!z->shard || !z->frozen || !z->work) {
+    z->shard = alloc_values(be, z->shard_n, NUM_F32);
+    z->frozen = alloc_values(be, z->gather.frozen_numel, NUM_F32);
+    z->work = alloc_values(be, z->work_n, NUM_F32);
+    if (be->compute != NUM_F32) z->cwork = alloc_values(be, z->work_n, be->compute);
+    bool ok = z->shard && z->frozen && z->work && (be->compute == NUM_F32 || z->cwork);
+    if (!ok) {
         sharded_params_free(z);
-        return spes_fail_context("ZeRO-3 buffers (shard of %zu values, frozen %zu, working %zu)", z->shard_n,
-                                 z->gather.frozen_numel, z->work_n);
+        return spes_fail_context("ZeRO-3 buffers on %s (shard of %zu values, frozen %zu, working %zu)", be->name,
+                                 z->shard_n, z->gather.frozen_numel, z->work_n);
     }
     return SPES_OK;
 }
 
 void sharded_params_free(ShardedParams *z) {
     part_gather_free(&z->gather);
-    free(z->shard);
-    free(z->frozen);
-    free(z->work);
+    if (z->m) {
+        Backend *be = z->m->be;
+        backend_free(be, z->shard);
+        backend_free(be, z->frozen);
+        backend_free(be, z->work);
+        backend_free(be, z->cwork);
+    }
     memset(z, 0, sizeof *z);
 }
 
 int sharded_params_shard(ShardedParams *z) {
     if (z->sharded) return spes_fail("sharded_params: sharded already");
     const Model *m = z->m;
+    Backend *be = m->be;
     const size_t lo = z->dp->lo[z->dp->rank], hi = z->dp->lo[z->dp->rank + 1];
-    // shard[i - lo] = value i of the gradient layout, from its tensor's place in the parameters
+    // shard[i - lo] = value i of the gradient layout, from its tensor's place in the master
     for (int i = 0; i < m->table.count; i++) {
         const ParamInfo *pi = &m->table.entries[i];
         if (!pi->trainable || pi->grad_offset < 0) continue;
         size_t go = (size_t)pi->grad_offset, a = max_sz(go, lo), b = min_sz(go + pi->numel, hi);
-        if (a < b) memcpy(z->shard + (a - lo), m->params + pi->offset + (a - go), (b - a) * sizeof(float));
+        if (a < b) be->ops->copy(be, z->shard + (a - lo), m->dparams + pi->offset + (a - go), (b - a) * sizeof(float));
     }
-    part_pack_frozen(&z->gather, m->params, z->frozen);
+    part_pack_frozen(&z->gather, m->dparams, z->frozen);
+    SPES_TRY(backend_sync(be));   // the copies have read the master before it is freed
     SPES_TRY(model_release_params(z->m));
     z->sharded = true;
     z->bound = -1;
@@ -83,11 +104,12 @@ int sharded_params_unshard(ShardedParams *z) {
     for (int p = 0; p <= L + 1; p++) {
         size_t offset, numel;
         param_part_span(&m->table, p, L, &offset, &numel);
-        SPES_TRY(part_gather(&z->gather, p, z->shard, z->frozen, m->params + offset));
+        SPES_TRY(part_gather(&z->gather, p, z->shard, z->frozen, m->dparams + offset));
     }
+    convert_part(m->be, m->cparams, m->dparams, m->table.total_numel);
     z->sharded = false;
     z->bound = -1;
-    return SPES_OK;
+    return backend_sync(m->be);
 }
 
 const ModelHooks *sharded_params_hooks(ShardedParams *z, bool pass_on) {
@@ -102,5 +124,6 @@ int sharded_params_idle_pass(ShardedParams *z, bool pass_on) {
 void sharded_params_updated(ShardedParams *z) { z->bound = -1; }
 
 size_t sharded_params_bytes(const ShardedParams *z) {
-    return (z->shard_n + z->gather.frozen_numel + z->work_n + z->gather.gathered_n) * sizeof(float);
+    size_t compute = z->cwork ? z->work_n * num_type_size(z->m->be->compute) : 0;
+    return (z->shard_n + z->gather.frozen_numel + z->work_n + z->gather.gathered_n) * sizeof(float) + compute;
 }

@@ -26,7 +26,12 @@
 // sync read and write them there, then sharded_params_shard takes the shard and the frozen
 // store from them again and releases them. Both are collectives.
 //
-// Host buffers only (MPI); the device path (NCCL, the compute copy) is not written.
+// Backends. Every buffer is the backend's memory and every move a backend copy, so the cpu
+// backend (MPI) and cuda (NCCL) run this same code. With a low-precision compute type (amp_bf16,
+// amp_fp16) the gathered fp32 part is also converted into a compute working buffer, the copy
+// the GEMMs read, as model_params_to_device converts the whole model; unshard converts the
+// whole restored model the same way. On cuda the model keeps its host copy (page-locked
+// memory, not the device's) while sharded: only device buffers are released.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -43,6 +48,7 @@ typedef struct {
     size_t shard_n;
     float *frozen;         // [gather.frozen_numel] the frozen tensors, packed in table order
     float *work;           // [work_n] the working buffer (the largest part's span)
+    void *cwork;           // [work_n] its compute copy in be->compute; NULL when compute is fp32
     size_t work_n;
     int bound;             // the part the working buffer holds (-1: none)
     bool sharded;          // the model's buffers are released; parts come from the shards
@@ -50,7 +56,7 @@ typedef struct {
     ModelHooks hooks;      // the model's hooks while sharded
 } ShardedParams;
 
-// For model m (fp32 compute, host backend) trained under dp (stage DP_ZERO3). m and dp must
+// For model m (on any backend) trained under dp (stage DP_ZERO3). m and dp must
 // outlive z, and z must not move afterwards (z->hooks points at it). Allocates the buffers;
 // the model keeps its parameters until sharded_params_shard.
 int sharded_params_create(ShardedParams *z, Model *m, DataParallel *dp);
@@ -69,5 +75,6 @@ int sharded_params_idle_pass(ShardedParams *z, bool pass_on);
 // After the update: the values changed, so the next part is gathered afresh.
 void sharded_params_updated(ShardedParams *z);
 
-// Bytes this rank holds for parameters while sharded: shard, frozen store, working buffer.
+// Backend bytes this rank holds for parameters while sharded: shard, frozen store, working
+// buffers (fp32 and compute copy), gather staging.
 size_t sharded_params_bytes(const ShardedParams *z);

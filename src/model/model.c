@@ -39,7 +39,7 @@ static int alloc_params(Model *m) {
     if (be->host_memory) {
         m->params = m->dparams = alloc_backend(be, n, NUM_F32, "model parameters");
     } else {   // the host copy is page-locked: checkpoints and sync payloads move at bus speed
-        if (be->ops->host_alloc(be, n * sizeof(float), (void **)&m->params) != SPES_OK)
+        if (!m->params && be->ops->host_alloc(be, n * sizeof(float), (void **)&m->params) != SPES_OK)
             spes_fail_context("model parameters (host copy)");
         m->dparams = m->params ? alloc_backend(be, n, NUM_F32, "model parameters") : NULL;
     }
@@ -88,7 +88,15 @@ void model_free(Model *m) {
 
 int model_release_params(Model *m) {
     if (!m->dparams) return spes_fail("model_release_params: the parameters are released already");
-    free_params(m);
+    if (m->be->host_memory) {
+        free_params(m);
+        return SPES_OK;
+    }
+    // A device keeps the host copy (host memory; page-locking it again at every restore is slow).
+    backend_free(m->be, m->dparams);
+    backend_free(m->be, m->cparams);
+    m->dparams = NULL;
+    m->cparams = NULL;
     return SPES_OK;
 }
 

@@ -61,10 +61,11 @@ int model_create_on(Model *m, const ModelConfig *cfg, Backend *be);
 int model_params_to_device(Model *m);
 int model_params_to_host(Model *m);
 
-// Sharded parameters (ZeRO-3, src/dist/sharded_params.h): release frees the parameter buffers
-// (host copy, master, compute copy) and leaves every part unbound, so a pass runs only with
-// each part bound to a working buffer first (model_bind_part from the hooks); restore
-// allocates them again (zeroed) and binds every part to them. Gradients stay.
+// Sharded parameters (ZeRO-3, src/dist/sharded_params.h): release frees the backend's parameter
+// buffers (master and compute copy; on cpu the master is the host copy) and leaves every part
+// unbound, so a pass runs only with each part bound to a working buffer first (model_bind_part
+// from the hooks); restore allocates them again (zeroed) and binds every part to them. A device
+// backend keeps the page-locked host copy throughout. Gradients stay.
 int model_release_params(Model *m);
 int model_restore_params(Model *m);
 

@@ -229,7 +229,7 @@ static void log_memory(const Trainer *t) {
         log_info("zero3 parameters per rank while training: shard %.3f MB, frozen tensors %.3f MB, part buffers %.3f MB "
                  "(the full parameters only around checkpoints, evaluations and SPES syncs)",
                  t->z3.shard_n * 4 * mb, t->z3.gather.frozen_numel * 4 * mb,
-                 (t->z3.work_n + t->z3.gather.gathered_n) * 4 * mb);
+                 (double)(sharded_params_bytes(&t->z3) - (t->z3.shard_n + t->z3.gather.frozen_numel) * 4) * mb);
     if (t->adamw.offload && t->be->host_memory)
         log_info("optimizer.cpu_offload on the cpu backend: the moments are host memory already; the update runs "
                  "through the offload path's host copies (the same bits, a little slower)");
@@ -265,7 +265,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     if (model_set_activation_checkpointing(&t->model, cfg->activation_checkpointing) != SPES_OK) goto fail;
     if (t->dist) {
         DpStage stage;
-        if (dp_stage_from_config(cfg, comm_size(t->comm), t->be->host_memory, &stage) != SPES_OK) goto fail;
+        if (dp_stage_from_config(cfg, comm_size(t->comm), &stage) != SPES_OK) goto fail;
         if (dp_create(&t->dp, t->comm, t->be, stage, &t->model.table, cfg->model.n_layers, cfg->ddp_bucket_cap_mb) !=
             SPES_OK)
             goto fail;

@@ -2,12 +2,15 @@
 # Data parallelism on the GPU (docs/distributed.md): the NCCL path with several ranks on ONE
 # GPU, which NCCL allows from 2.30 on with NCCL_MULTI_RANK_GPU_ENABLE=1 (older NCCL refuses two
 # ranks of one communicator on a device: ncclInvalidUsage). The tiny MoE of tests/gpu/lib/gpu.sh
-# in fp32, 6 steps; 2 ranks on cuda:0 with DDP and with ZeRO-2 (gradient buckets overlapped
-# with the backward, reduce-scatter and parameter all-gather through NCCL) against 1 rank on
-# cuda:0: the loss log within 1e-4 relative and the weights within 1e-4 absolute + relative
-# (the GPU's fp32 reductions run in another order than 1 rank's accumulation), and DDP against
-# ZeRO-2 the same way. Skipped (77) without a GPU, and with an NCCL older than 2.30 (the
-# reason printed); the NCCL path with one rank is tests/gpu/test_dist_nccl.c.
+# in fp32, 6 steps; 2 ranks on cuda:0 with DDP, ZeRO-2 (gradient buckets overlapped with the
+# backward, reduce-scatter and parameter all-gather through NCCL) and ZeRO-3 (each part
+# all-gathered through NCCL before it runs) against 1 rank on cuda:0: the loss log within 1e-4
+# relative and the weights within 1e-4 absolute + relative (the GPU's fp32 reductions run in
+# another order than 1 rank's accumulation), DDP against ZeRO-2 the same way, and ZeRO-3 against
+# ZeRO-2 bit for bit (the same reductions; the gathered parts are the same bits), also in
+# amp_bf16 (the gathered part's compute copy). Skipped (77) without a GPU, and with an NCCL
+# older than 2.30 (the reason printed); the NCCL path with one rank is tests/gpu/test_dist_nccl.c,
+# ZeRO-3 on one rank tests/gpu/test_sharded_params_gpu.c.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu/lib/gpu.sh
@@ -29,7 +32,7 @@ trap 'rm -rf "$tmp"' EXIT
 gpu_tiny_data "$tmp"
 gpu_tiny_yaml "$tmp"
 
-train() {   # train NAME NPROC [overrides]
+train() {   # train NAME NPROC [overrides] (fp32 unless an override sets --precision)
   local name=$1 n=$2
   shift 2
   timeout 300 "$SPES_BIN" train "$tmp/tiny.yaml" --device=cuda:0 --precision=fp32 --save_folder="$tmp/$name" \
@@ -39,9 +42,13 @@ train() {   # train NAME NPROC [overrides]
 train one 1
 train ddp 2 --distributed_strategy=ddp
 train zero2 2 --fsdp.sharding_strategy=SHARD_GRAD_OP
-grep -q "dist: 2 ranks, strategy ddp" "$tmp/ddp.log" && grep -q "dist: 2 ranks, strategy zero2" "$tmp/zero2.log" ||
-  { echo "FAIL: the runs did not use 2 ranks"; exit 1; }
-for run in ddp zero2; do
+train zero3 2 --fsdp.sharding_strategy=FULL_SHARD
+train zero2_bf16 2 --fsdp.sharding_strategy=SHARD_GRAD_OP --precision=amp_bf16
+train zero3_bf16 2 --fsdp.sharding_strategy=FULL_SHARD --precision=amp_bf16
+for run in ddp zero2 zero3 zero2_bf16 zero3_bf16; do
+  grep -q "dist: 2 ranks, strategy ${run%_bf16}" "$tmp/$run.log" || { echo "FAIL: $run did not use 2 ranks"; exit 1; }
+done
+for run in ddp zero2 zero3; do
   echo "-- $run vs one"
   "$SPES_VENV_PY" tests/integration/lib/dist_compare.py "$tmp/one" "$tmp/$run" 6 --tol 1e-4 ||
     { echo "FAIL: $run on 2 ranks differs from 1 rank"; exit 1; }
@@ -49,4 +56,9 @@ done
 echo "-- zero2 vs ddp"
 "$SPES_VENV_PY" tests/integration/lib/dist_compare.py "$tmp/ddp" "$tmp/zero2" 6 --tol 1e-4 ||
   { echo "FAIL: zero2 differs from ddp"; exit 1; }
+for p in "" _bf16; do
+  echo "-- zero3$p vs zero2$p, bit for bit"
+  "$SPES_VENV_PY" tests/integration/lib/dist_compare.py "$tmp/zero2$p" "$tmp/zero3$p" 6 --tol 0 --exact-steps 6 ||
+    { echo "FAIL: zero3$p differs from zero2$p"; exit 1; }
+done
 echo "dist_ranks_gpu: OK"

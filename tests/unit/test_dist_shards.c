@@ -154,29 +154,27 @@ static void test_stage_from_config(void **state) {
     (void)state;
     TrainConfig cfg = {.distributed_strategy = "fsdp", .fsdp_sharding_strategy = "SHARD_OPTIM"};
     DpStage s;
-    assert_int_equal(dp_stage_from_config(&cfg, 2, true, &s), SPES_OK);
+    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_OK);
     assert_int_equal(s, DP_ZERO1);
     cfg.fsdp_sharding_strategy = "NO_SHARD";
-    assert_int_equal(dp_stage_from_config(&cfg, 2, true, &s), SPES_OK);
+    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_OK);
     assert_int_equal(s, DP_DDP);
     cfg.fsdp_sharding_strategy = "SHARD_GRAD_OP";
-    assert_int_equal(dp_stage_from_config(&cfg, 2, true, &s), SPES_OK);
+    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_OK);
     assert_int_equal(s, DP_ZERO2);
-    // FULL_SHARD: ZeRO-3 with host buffers; on a device backend it runs as ZeRO-2
+    // FULL_SHARD: ZeRO-3 on every backend
     cfg.fsdp_sharding_strategy = "FULL_SHARD";
-    assert_int_equal(dp_stage_from_config(&cfg, 2, true, &s), SPES_OK);
+    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_OK);
     assert_int_equal(s, DP_ZERO3);
     assert_true(dp_shards_grads(s));
     assert_string_equal(dp_stage_name(s), "zero3");
-    assert_int_equal(dp_stage_from_config(&cfg, 2, false, &s), SPES_OK);
-    assert_int_equal(s, DP_ZERO2);
     assert_false(dp_shards_grads(DP_ZERO1));
     cfg.distributed_strategy = "ddp";
-    assert_int_equal(dp_stage_from_config(&cfg, 2, true, &s), SPES_OK);
+    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_OK);
     assert_int_equal(s, DP_DDP);
     cfg.distributed_strategy = "single";
-    assert_int_equal(dp_stage_from_config(&cfg, 1, true, &s), SPES_OK);
-    assert_int_equal(dp_stage_from_config(&cfg, 2, true, &s), SPES_ERR);
+    assert_int_equal(dp_stage_from_config(&cfg, 1, &s), SPES_OK);
+    assert_int_equal(dp_stage_from_config(&cfg, 2, &s), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "distributed_strategy is single"));
 }
 
