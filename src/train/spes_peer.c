@@ -225,7 +225,11 @@ int spes_peer_save_state(SpesPeer *p, const char *dir) {
     return rc;
 }
 
-// A resumed int8 peer: the residual and base step its checkpoint saved (none: zero and -1).
+// "int8" or "int4": the codes of this delta run, for the log.
+static const char *delta_name(const SpesPeer *p) { return p->cfg->payload_dtype == PAYLOAD_INT4 ? "int4" : "int8"; }
+
+// A resumed delta peer (int8 or int4): the residual and base step its checkpoint saved (none:
+// zero and -1).
 static int load_sync_state(SpesPeer *p, int64_t start_step, int *base_step) {
     *base_step = -1;
     char name[64];
@@ -235,7 +239,7 @@ static int load_sync_state(SpesPeer *p, int64_t start_step, int *base_step) {
     free(step_dir);
     if (!path) return SPES_ERR;
     if (!file_exists(path)) {
-        log_info("spes peer %d: %s not found; int8 error feedback starts from zero", p->cfg->peer_id, path);
+        log_info("spes peer %d: %s not found; %s error feedback starts from zero", p->cfg->peer_id, path, delta_name(p));
         free(path);
         return SPES_OK;
     }
@@ -262,22 +266,22 @@ static int load_sync_state(SpesPeer *p, int64_t start_step, int *base_step) {
     return rc;
 }
 
-// Fetches the server's aggregate of step whole as the int8 base, leaving the model's weights as
+// Fetches the server's aggregate of step whole as the delta base, leaving the model's weights as
 // they are. A step the server no longer keeps leaves the peer without a base (its next upload
 // is a full payload).
 static int fetch_base(SpesPeer *p, Model *m, int step) {
     uint8_t *bytes = NULL;
     size_t len = 0;
     if (sync_client_wait_and_download(p->client, step, &bytes, &len) != SPES_OK) {
-        log_warn("spes peer %d: cannot fetch the aggregate of step %d as the int8 base (%s); the next upload is a "
+        log_warn("spes peer %d: cannot fetch the aggregate of step %d as the %s base (%s); the next upload is a "
                  "full payload",
-                 p->cfg->peer_id, step, spes_last_error());
+                 p->cfg->peer_id, step, delta_name(p), spes_last_error());
         return SPES_OK;
     }
     float *own = spes_malloc(m->table.total_numel * sizeof(float) + 1);
     int rc = own ? SPES_OK : SPES_ERR;
     char what[64];
-    snprintf(what, sizeof what, "aggregate of step %d (int8 base)", step);
+    snprintf(what, sizeof what, "aggregate of step %d (%s base)", step, delta_name(p));
     if (rc == SPES_OK) memcpy(own, m->params, m->table.total_numel * sizeof(float));
     if (rc == SPES_OK) rc = spes_load_aggregate(m, bytes, len, what);
     if (rc == SPES_OK) rc = int8_peer_set_base(&p->i8, m->params, step);
@@ -285,7 +289,7 @@ static int fetch_base(SpesPeer *p, Model *m, int step) {
     if (own) rc = model_params_to_device(m) == SPES_OK ? rc : SPES_ERR;
     free(own);
     free(bytes);
-    if (rc == SPES_OK) log_info("spes peer %d: int8 base: the aggregate of step %d", p->cfg->peer_id, step);
+    if (rc == SPES_OK) log_info("spes peer %d: %s base: the aggregate of step %d", p->cfg->peer_id, delta_name(p), step);
     return rc;
 }
 
