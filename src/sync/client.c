@@ -664,9 +664,9 @@ int sync_client_wait_and_download_view(SyncClient *c, int step, int delta_base_s
     SPES_TRY(wait_and_download(c, step, &ask, bytes, len, got->view, sizeof got->view));
     // A view is taken only when it is one of the four names and holds nothing this peer did not ask for.
     got->own_experts_omitted = strstr(got->view, ROUNDS_VIEW_OMIT_OWN) != NULL;
-    got->int8_delta = delta && strncmp(got->view, delta->encoding, strlen(delta->encoding)) == 0;
+    got->is_delta = delta && strncmp(got->view, delta->encoding, strlen(delta->encoding)) == 0;
     const char *known[] = {"", ROUNDS_VIEW_OMIT_OWN, delta ? delta->encoding : "", delta ? delta->view_omit_own : ""};
-    bool asked = (!got->own_experts_omitted || ask.omit_own_experts) && (!got->int8_delta || ask.has_delta_base), is_known = false;
+    bool asked = (!got->own_experts_omitted || ask.omit_own_experts) && (!got->is_delta || ask.has_delta_base), is_known = false;
     for (size_t i = 0; i < sizeof known / sizeof *known; i++) is_known |= strcmp(got->view, known[i]) == 0;
     asked = asked && is_known;
     if (!asked) {

@@ -54,7 +54,7 @@ typedef struct {
 typedef struct {
     bool own_experts_omitted;       // the peer's own experts are not in it: the round took them
                                     // unchanged from its upload (rounds.h: rounds_view)
-    bool int8_delta;                // a delta (the run's codec, int8 or int4) against the aggregate the
+    bool is_delta;                // a delta (the run's codec, int8 or int4) against the aggregate the
                                     // peer asked for as base
     char view[48];                  // the server's name of the view ("" the whole aggregate)
 } SyncDownload;

@@ -258,9 +258,9 @@ RoundsResult rounds_adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, 
     r->spec = *spec;
     model_spec_init(spec);
     r->wire_dtype = payload_dtype;
-    r->int8 = payload_dtype == DTYPE_I8;
+    r->delta_run = payload_dtype == DTYPE_I8;
     r->delta = delta;
-    r->payload_dtype = r->int8 ? DTYPE_F32 : payload_dtype;
+    r->payload_dtype = r->delta_run ? DTYPE_F32 : payload_dtype;
     if (plan_aggregate_layout(r) != SPES_OK || (r->outer_on && outer_state_fresh(r) != SPES_OK)) {
         free(r->tensor_offset);
         r->tensor_offset = NULL;
@@ -853,7 +853,7 @@ RoundsResult rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsV
     bool delta = req->has_delta_base && blob->delta && blob->delta_base == req->delta_base_step;
     // In a delta run a peer completes its own experts from the previous aggregate and what it
     // uploaded (docs/communication.md): only a peer holding that aggregate (asking for the delta) can.
-    omit = omit && (!r->int8 || delta);
+    omit = omit && (!r->delta_run || delta);
     *name = delta ? (omit ? r->delta->view_omit_own : r->delta->encoding) : omit ? ROUNDS_VIEW_OMIT_OWN : "";
     int slot = (delta ? P + 1 : 0) + (omit ? peer : P);
     RoundsResult code = ROUNDS_OK;

@@ -18,7 +18,7 @@
 #include "sync/aggregate.h"
 #include "sync/aggregate_view.h"
 #include "sync/model_spec.h"
-#include "sync/int8_codec.h"
+#include "sync/delta_codec.h"
 #include "sync/outer_optimizer.h"
 #include "sync/round_deadline.h"
 #include "sync/server_state.h"
@@ -86,7 +86,7 @@ typedef struct {
     bool *included;             // [P] peers whose uploads are in it; NULL: every peer
     AggregateView *views;       // [2 * (P + 1)] built on first use (rounds_view), NULL until then
     // int8 runs: bytes is the aggregate as every peer reconstructs it (F32), delta its int8
-    // change against the aggregate of step delta_base (int8_payload.h); NULL for the first
+    // change against the aggregate of step delta_base (delta_payload.h); NULL for the first
     // round and after a server restart (peers then download bytes whole).
     uint8_t *delta;
     size_t delta_len;

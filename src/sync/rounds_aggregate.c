@@ -14,8 +14,8 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/timer.h"
-#include "sync/int8_codec.h"
-#include "sync/int8_payload.h"
+#include "sync/delta_codec.h"
+#include "sync/delta_payload.h"
 #include "sync/rounds_internal.h"
 #include "sync/server_state.h"
 #include "sync/upload_check.h"
@@ -67,7 +67,7 @@ void rounds_drop_pages(const MappedFile *mf, const uint8_t *p, size_t n) {
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
-// A delta upload (int8_payload.h, the run's codec) of peer for step against the kept aggregate of
+// A delta upload (delta_payload.h, the run's codec) of peer for step against the kept aggregate of
 // base_step: every tensor the peer sends is decoded against the base and must be finite, and the
 // payload holds nothing else. With acc, each reconstructed tensor is also added to the
 // aggregate (one tensor of scratch memory at a time). The check on arrival and the read-back at
@@ -92,19 +92,19 @@ RoundsResult rounds_int8_upload_walk(Rounds *r, int peer, int step, const SafeTe
             sends++;
             if (spec->tensors[t].numel > largest) largest = spec->tensors[t].numel;
         }
-    float *out = spes_malloc(largest * sizeof(float)), *scales = spes_malloc(int8_blocks(largest) * sizeof(float));
+    float *out = spes_malloc(largest * sizeof(float)), *scales = spes_malloc(delta_blocks(largest) * sizeof(float));
     int8_t *codes = spes_malloc(largest);
     RoundsResult code = out && scales && codes ? ROUNDS_OK : ROUNDS_NO_ROOM;
     if (code == ROUNDS_OK && st->count != 2 * sends)
         code = rounds_fail(ROUNDS_BAD_REQUEST,
                            "%s: %d tensors, expected %d (each of the %d tensors it trains and its '%s')", what,
-                           st->count, 2 * sends, sends, INT8_SCALE_SUFFIX);
+                           st->count, 2 * sends, sends, DELTA_SCALE_SUFFIX);
     if (code == ROUNDS_OK && acc && aggregate_acc_begin_peer(acc, peer) != SPES_OK) code = ROUNDS_INTERNAL;
     for (int t = 0; code == ROUNDS_OK && t < spec->count; t++) {
         if (!model_spec_peer_sends(spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, t)) continue;
         const SpecTensor *x = &spec->tensors[t];
         const float *b = (const float *)(base->bytes + r->tensor_offset[t]);
-        if (int8_payload_decode(r->delta, st, what, x->name, x->ndim, x->shape, x->numel, b, out, scales, codes) !=
+        if (delta_payload_decode(r->delta, st, what, x->name, x->ndim, x->shape, x->numel, b, out, scales, codes) !=
             SPES_OK) {
             code = ROUNDS_BAD_REQUEST;
             break;
@@ -129,7 +129,7 @@ RoundsResult rounds_upload_kind(Rounds *r, int peer, int step, const SafeTensors
     char what[64];
     snprintf(what, sizeof what, "upload from peer %d for step %d", peer, step);
     const DeltaCodec *codec;
-    if (int8_payload_kind(st, what, &codec, base) != SPES_OK) return ROUNDS_BAD_REQUEST;
+    if (delta_payload_kind(st, what, &codec, base) != SPES_OK) return ROUNDS_BAD_REQUEST;
     *is_int8 = codec != NULL;
     if (codec && codec != r->delta)
         return rounds_fail(ROUNDS_BAD_REQUEST, "%s: an %s delta, but this run's payload dtype is %s", what, codec->name,
@@ -177,34 +177,34 @@ static int add_upload(Rounds *r, OpenRound *round, int peer, AggregateAcc *acc, 
 }
 
 // Delta runs: the aggregate goes down as its change against the previous aggregate prev, which
-// every peer that took part holds. Each tensor's change is encoded (int8_encode_change, the run's
+// every peer that took part holds. Each tensor's change is encoded (delta_encode_change, the run's
 // codec) and the
 // blob's F32 image is replaced by prev + decoded change, exactly what those peers reconstruct;
-// blob->delta gets the encoded change (int8_payload.h) against prev->step.
-static int int8_downlink(Rounds *r, AggregateBlob *blob, const AggregateBlob *prev) {
+// blob->delta gets the encoded change (delta_payload.h) against prev->step.
+static int delta_downlink(Rounds *r, AggregateBlob *blob, const AggregateBlob *prev) {
     const ModelSpec *spec = &r->spec;
     size_t largest = 1, blocks = 0;
     for (int t = 0; t < spec->count; t++) {
         if (spec->tensors[t].numel > largest) largest = spec->tensors[t].numel;
-        blocks += int8_blocks(spec->tensors[t].numel);
+        blocks += delta_blocks(spec->tensors[t].numel);
     }
     int8_t *q = spes_malloc(spec->total_numel ? spec->total_numel : 1);
     float *scales = spes_malloc(blocks * sizeof(float) + 1), *scratch = spes_malloc(largest * sizeof(float));
-    Int8Tensor *w = spes_calloc((size_t)spec->count + 1, sizeof *w);
+    DeltaTensor *w = spes_calloc((size_t)spec->count + 1, sizeof *w);
     int rc = q && scales && scratch && w ? SPES_OK : SPES_ERR;
     size_t at = 0, block_at = 0;
     for (int t = 0; rc == SPES_OK && t < spec->count; t++) {
         const SpecTensor *x = &spec->tensors[t];
         float *a = (float *)(blob->bytes + r->tensor_offset[t]);
         const float *b = (const float *)(prev->bytes + r->tensor_offset[t]);
-        int8_encode_change(r->delta, a, b, x->numel, q + at, scales + block_at, scratch);
-        int8_reconstruct(b, q + at, scales + block_at, x->numel, a);
-        w[t] = (Int8Tensor){.name = x->name, .ndim = x->ndim, .numel = x->numel, .q = q + at, .scale = scales + block_at};
+        delta_encode_change(r->delta, a, b, x->numel, q + at, scales + block_at, scratch);
+        delta_reconstruct(b, q + at, scales + block_at, x->numel, a);
+        w[t] = (DeltaTensor){.name = x->name, .ndim = x->ndim, .numel = x->numel, .q = q + at, .scale = scales + block_at};
         memcpy(w[t].shape, x->shape, sizeof w[t].shape);
         at += x->numel;
-        block_at += int8_blocks(x->numel);
+        block_at += delta_blocks(x->numel);
     }
-    if (rc == SPES_OK) rc = int8_payload_serialize(r->delta, w, spec->count, prev->step, &blob->delta, &blob->delta_len);
+    if (rc == SPES_OK) rc = delta_payload_serialize(r->delta, w, spec->count, prev->step, &blob->delta, &blob->delta_len);
     if (rc == SPES_OK) blob->delta_base = prev->step;
     free(q);
     free(scales);
@@ -231,7 +231,7 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round, OuterOptSta
     const StTensor **prev_rows = NULL, **row = NULL;
     AggregateAcc *acc = NULL;
     pthread_mutex_lock(&r->mu);
-    AggregateBlob *prev = partial || r->int8 || r->outer_on ? latest_before(r, round->step) : NULL;
+    AggregateBlob *prev = partial || r->delta_run || r->outer_on ? latest_before(r, round->step) : NULL;
     int outer_from = (int)r->outer.last_step;
     uint8_t *state_bytes = NULL;
     size_t state_len = 0;
@@ -270,7 +270,7 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round, OuterOptSta
         if (!(*next_bytes = spes_malloc(*next_len))) goto fail;
         outer_opt_state_serialise(next, *next_bytes);
     }
-    if (r->int8 && prev && int8_downlink(r, blob, prev) != SPES_OK) goto fail;
+    if (r->delta_run && prev && delta_downlink(r, blob, prev) != SPES_OK) goto fail;
     blob->step = round->step;
     blob->len = r->aggregate_len;
     blob->refs = 1;

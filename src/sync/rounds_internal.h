@@ -34,7 +34,7 @@ struct Rounds {
     ModelSpec spec;
     DType payload_dtype;        // dtype of the aggregate (the peers' payload dtype; F32 in int8 runs)
     DType wire_dtype;           // the peers' payload dtype from Hello (I8 in int8 runs)
-    bool int8;                  // a delta run (wire_dtype I8): int8 or int4 codes, as delta says
+    bool delta_run;                  // a delta run (wire_dtype I8): int8 or int4 codes, as delta says
     const DeltaCodec *delta;    // the run's delta codec (NULL: an F32 / BF16 run)
     uint8_t *header;            // safetensors header of every aggregate (same layout each round)
     size_t header_len, aggregate_len;

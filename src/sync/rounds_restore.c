@@ -10,7 +10,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/log.h"
-#include "sync/int8_payload.h"
+#include "sync/delta_payload.h"
 #include "sync/rounds_internal.h"
 #include "sync/server_state.h"
 
@@ -48,7 +48,7 @@ static int restore_delta(Rounds *r, AggregateBlob *blob, int step) {
     int base = -1;
     int rc = safetensors_parse(blob->delta, blob->delta_len, what, &st);
     if (rc == SPES_OK) {
-        rc = int8_payload_kind(&st, what, &codec, &base);
+        rc = delta_payload_kind(&st, what, &codec, &base);
         if (rc == SPES_OK && (codec != r->delta || base >= step))
             rc = spes_fail("%s: not an %s delta against an earlier step", what, r->delta->name);
         safetensors_close(&st);
@@ -147,7 +147,7 @@ int rounds_restore_state(Rounds *r) {
             AggregateBlob *blob = spes_calloc(1, sizeof *blob);
             rc = blob ? state_read(dir, f, &blob->bytes, &blob->len) : SPES_ERR;
             if (rc == SPES_OK) rc = state_load_included(dir, f->step, r->cfg.agg.num_peers, &blob->included);
-            if (rc == SPES_OK && r->int8) rc = restore_delta(r, blob, f->step);
+            if (rc == SPES_OK && r->delta_run) rc = restore_delta(r, blob, f->step);
             if (rc == SPES_OK && blob->len != r->aggregate_len)
                 rc = spes_fail("server state %s: aggregate of step %d has %zu bytes, the model's aggregate %zu (damaged "
                                "state directory?)",

@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #include "sync/aggregate.h"
-#include "sync/int8_codec.h"
+#include "sync/delta_codec.h"
 #include "sync/model_spec.h"
 #include "sync/outer_optimizer.h"
 

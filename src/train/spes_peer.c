@@ -16,7 +16,7 @@
 #include "io/safetensors.h"
 #include "sync/auth.h"
 #include "sync/client.h"
-#include "sync/int8_peer.h"
+#include "sync/delta_peer.h"
 #include "sync/model_spec.h"
 
 typedef struct RoundJob RoundJob;
@@ -49,8 +49,8 @@ struct SpesPeer {
     float *snapshot;            // [total] the weights it uploaded
     float *local;               // [total] scratch: the trained weights while the aggregate is applied
     double blocked_s;           // training-thread time spent in sync work so far (logged each round)
-    bool int8;                  // spes_config.payload_dtype: int8 or int4 (a delta run)
-    Int8Peer i8;                // its base aggregate and error feedback (set up by spes_peer_connect)
+    bool delta_run;                  // spes_config.payload_dtype: int8 or int4 (a delta run)
+    DeltaPeer deltas;                // its base aggregate and error feedback (set up by spes_peer_connect)
 };
 
 float spes_decayed_factor(int64_t step, int64_t total_steps) {
@@ -93,10 +93,10 @@ int spes_peer_create(const TrainConfig *cfg, SpesPeer **out) {
     cc.num_peers = cfg->num_peers;
     cc.experts_per_node = cfg->num_train_experts_per_node;
     cc.mode = cfg->using_dilico ? SYNC_MODE_FEDAVG : SYNC_MODE_SPES;
-    p->int8 = cfg->payload_dtype == PAYLOAD_INT8 || cfg->payload_dtype == PAYLOAD_INT4;   // a delta run, int8 or int4 codes
-    cc.payload_dtype = cfg->payload_dtype == PAYLOAD_BF16 ? DTYPE_BF16 : p->int8 ? DTYPE_I8 : DTYPE_F32;
-    cc.delta = cfg->payload_dtype == PAYLOAD_INT4 ? &DELTA_INT4 : p->int8 ? &DELTA_INT8 : NULL;
-    p->i8.base_step = -1;
+    p->delta_run = cfg->payload_dtype == PAYLOAD_INT8 || cfg->payload_dtype == PAYLOAD_INT4;   // a delta run, int8 or int4 codes
+    cc.payload_dtype = cfg->payload_dtype == PAYLOAD_BF16 ? DTYPE_BF16 : p->delta_run ? DTYPE_I8 : DTYPE_F32;
+    cc.delta = cfg->payload_dtype == PAYLOAD_INT4 ? &DELTA_INT4 : p->delta_run ? &DELTA_INT8 : NULL;
+    p->deltas.base_step = -1;
     cc.connect_timeout_s = cfg->retry_timeout_s;
     cc.tls_ca = cfg->tls_ca;
     cc.tls_cert = cfg->tls_cert;
@@ -132,7 +132,7 @@ void spes_peer_free(SpesPeer *p) {
     free(p->upload_at);
     free(p->snapshot);
     free(p->local);
-    int8_peer_free(&p->i8);
+    delta_peer_free(&p->deltas);
     free(p);
 }
 
@@ -164,7 +164,7 @@ static int load_newest(SpesPeer *p, Model *m, int *newest) {
     snprintf(what, sizeof what, "aggregate of step %d", *newest);
     int rc = spes_load_aggregate(m, bytes, len, what);
     free(bytes);
-    if (rc == SPES_OK && p->int8) rc = int8_peer_set_base(&p->i8, m->params, *newest);
+    if (rc == SPES_OK && p->delta_run) rc = delta_peer_set_base(&p->deltas, m->params, *newest);
     return rc;
 }
 
@@ -212,13 +212,13 @@ static int sync_round(SpesPeer *p, Model *m, int64_t step);
 #define SYNC_STATE_FILE "spes_sync_state.safetensors"
 
 int spes_peer_save_state(SpesPeer *p, const char *dir) {
-    if (!p->int8 || !p->i8.residual) return SPES_OK;
+    if (!p->delta_run || !p->deltas.residual) return SPES_OK;
     char *path = path_join(dir, SYNC_STATE_FILE);
     if (!path) return SPES_ERR;
-    StWriteTensor w = {.name = "error_feedback", .dtype = DTYPE_F32, .ndim = 1, .data = p->i8.residual};
-    w.shape[0] = (int64_t)p->i8.sent_total;
+    StWriteTensor w = {.name = "error_feedback", .dtype = DTYPE_F32, .ndim = 1, .data = p->deltas.residual};
+    w.shape[0] = (int64_t)p->deltas.sent_total;
     char base[24];
-    snprintf(base, sizeof base, "%d", p->i8.base_step);
+    snprintf(base, sizeof base, "%d", p->deltas.base_step);
     const char *keys[] = {"base_step"}, *values[] = {base};
     int rc = safetensors_write_file(path, &w, 1, keys, values, 1);
     free(path);
@@ -250,15 +250,15 @@ static int load_sync_state(SpesPeer *p, int64_t start_step, int *base_step) {
         const char *base = safetensors_meta(&st, "base_step");
         char *end = NULL;
         long b = base ? strtol(base, &end, 10) : -2;
-        if (!t || t->dtype != DTYPE_F32 || t->numel != p->i8.sent_total)
+        if (!t || t->dtype != DTYPE_F32 || t->numel != p->deltas.sent_total)
             rc = spes_fail("%s: 'error_feedback' must be F32 with %zu values (this peer's trainable tensors)", path,
-                           p->i8.sent_total);
+                           p->deltas.sent_total);
         else if (!base || *end || b < -1 || b > INT32_MAX)
             rc = spes_fail("%s: __metadata__ base_step must be a step or -1 (got '%s')", path, base ? base : "(none)");
         else
-            rc = safetensors_to_f32(t, p->i8.residual);
+            rc = safetensors_to_f32(t, p->deltas.residual);
         for (size_t i = 0; rc == SPES_OK && i < t->numel; i++)
-            if (!isfinite(p->i8.residual[i])) rc = spes_fail("%s: error_feedback is not finite at %zu", path, i);
+            if (!isfinite(p->deltas.residual[i])) rc = spes_fail("%s: error_feedback is not finite at %zu", path, i);
         if (rc == SPES_OK) *base_step = (int)b;
         safetensors_close(&st);
     }
@@ -284,7 +284,7 @@ static int fetch_base(SpesPeer *p, Model *m, int step) {
     snprintf(what, sizeof what, "aggregate of step %d (%s base)", step, delta_name(p));
     if (rc == SPES_OK) memcpy(own, m->params, m->table.total_numel * sizeof(float));
     if (rc == SPES_OK) rc = spes_load_aggregate(m, bytes, len, what);
-    if (rc == SPES_OK) rc = int8_peer_set_base(&p->i8, m->params, step);
+    if (rc == SPES_OK) rc = delta_peer_set_base(&p->deltas, m->params, step);
     if (own) memcpy(m->params, own, m->table.total_numel * sizeof(float));
     if (own) rc = model_params_to_device(m) == SPES_OK ? rc : SPES_ERR;
     free(own);
@@ -295,19 +295,19 @@ static int fetch_base(SpesPeer *p, Model *m, int step) {
 
 // int8 runs: the tensor list of the peer's int8 state (uploaded = trainable; own experts).
 static int init_int8(SpesPeer *p, const ParamTable *table) {
-    Int8PeerTensor *x = spes_calloc((size_t)table->count + 1, sizeof *x);
+    DeltaPeerTensor *x = spes_calloc((size_t)table->count + 1, sizeof *x);
     if (!x) return SPES_ERR;
     int m = p->cfg->num_train_experts_per_node;
     for (int i = 0; i < table->count; i++) {
         const ParamInfo *e = &table->entries[i];
-        x[i] = (Int8PeerTensor){.name = e->name, .ndim = e->ndim, .numel = e->numel, .offset = e->offset,
+        x[i] = (DeltaPeerTensor){.name = e->name, .ndim = e->ndim, .numel = e->numel, .offset = e->offset,
                                 .sent = e->trainable,
                                 .own = !p->cfg->using_dilico && e->expert >= 0 && e->expert / m == p->cfg->peer_id};
         for (int d = 0; d < e->ndim; d++) x[i].shape[d] = e->shape[d];
     }
-    int8_peer_free(&p->i8);
+    delta_peer_free(&p->deltas);
     const DeltaCodec *codec = p->cfg->payload_dtype == PAYLOAD_INT4 ? &DELTA_INT4 : &DELTA_INT8;
-    int rc = int8_peer_init(&p->i8, codec, x, table->count, table->total_numel);
+    int rc = delta_peer_init(&p->deltas, codec, x, table->count, table->total_numel);
     free(x);
     return rc;
 }
@@ -344,8 +344,8 @@ int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_s
         for (int d = 0; d < e->ndim; d++) t->shape[d] = e->shape[d];
     }
     int saved_base = -1;
-    if (p->int8) SPES_TRY(init_int8(p, table));
-    if (p->int8 && start_step > 0) SPES_TRY(load_sync_state(p, start_step, &saved_base));
+    if (p->delta_run) SPES_TRY(init_int8(p, table));
+    if (p->delta_run && start_step > 0) SPES_TRY(load_sync_state(p, start_step, &saved_base));
     log_info("spes peer %d/%d: connected to %s, uploading %d trainable tensors every %" PRId64 " steps (%s)",
              p->cfg->peer_id, p->cfg->num_peers, p->cfg->server_addr, p->n_upload, p->cfg->sync_steps,
              p->cfg->using_dilico ? "fedavg" : "spes");
@@ -365,7 +365,7 @@ int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_s
     }
     if (start_step > 0) SPES_TRY(rejoin(p, m, start_step));
     // Not moved on by a newer aggregate: the int8 base is the one the checkpoint's state was against.
-    if (p->int8 && start_step > 0 && p->i8.base_step < 0 && saved_base >= 0) SPES_TRY(fetch_base(p, m, saved_base));
+    if (p->delta_run && start_step > 0 && p->deltas.base_step < 0 && saved_base >= 0) SPES_TRY(fetch_base(p, m, saved_base));
     return SPES_OK;
 }
 
@@ -529,7 +529,7 @@ static int start_round(SpesPeer *p, int64_t step, uint8_t *payload, size_t paylo
         return SPES_ERR;
     }
     *j = (RoundJob){.client = p->client, .step = (int)step, .payload = payload, .payload_len = payload_len,
-                    .delta_base = p->int8 ? p->i8.base_step : -1};
+                    .delta_base = p->delta_run ? p->deltas.base_step : -1};
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     int err = pthread_create(&out->thread, NULL, round_thread, j);
@@ -590,8 +590,8 @@ static int finish_round(SpesPeer *p, Round *r, RoundResult *res) {
 // the trainable tensors in the payload dtype, or in an int8 run with a base, their int8 delta
 // with error feedback (*delta true).
 static int build_payload(SpesPeer *p, Model *m, const float *src, uint8_t **payload, size_t *len, bool *delta) {
-    *delta = p->int8 && p->i8.base_step >= 0;
-    if (*delta) return int8_peer_encode(&p->i8, src, payload, len);
+    *delta = p->delta_run && p->deltas.base_step >= 0;
+    if (*delta) return delta_peer_encode(&p->deltas, src, payload, len);
     StWriteTensor *w = spes_calloc((size_t)p->n_upload + 1, sizeof *w);
     if (!w) return SPES_ERR;
     for (int i = 0; i < p->n_upload; i++) {
@@ -600,7 +600,7 @@ static int build_payload(SpesPeer *p, Model *m, const float *src, uint8_t **payl
     }
     int rc = sync_client_serialize(p->client, w, p->n_upload, payload, len);
     free(w);
-    if (rc == SPES_OK && p->int8) int8_peer_sent_full(&p->i8, src);   // full F32: the server holds our values exactly
+    if (rc == SPES_OK && p->delta_run) delta_peer_sent_full(&p->deltas, src);   // full F32: the server holds our values exactly
     return rc;
 }
 
@@ -626,7 +626,7 @@ static int end_round(SpesPeer *p, Model *m, Round *r, const float *src, RoundRes
     int rc = finish_round(p, r, res);
     if (rc != SPES_OK && delta && sync_client_last_status(p->client) == GRPC_STATUS_FAILED_PRECONDITION) {
         log_warn("sync step %" PRId64 ": %s; uploading a full payload instead", step, spes_last_error());
-        p->i8.base_step = -1;
+        p->deltas.base_step = -1;
         rc = begin_round(p, m, step, src, r);
         if (rc == SPES_OK) rc = finish_round(p, r, res);
     }
@@ -638,27 +638,27 @@ static int end_round(SpesPeer *p, Model *m, Round *r, const float *src, RoundRes
 static int load_download(SpesPeer *p, Model *m, const RoundResult *res) {
     char what[64];
     snprintf(what, sizeof what, "aggregate of step %" PRId64, res->loaded);
-    if (res->got.int8_delta) {
+    if (res->got.is_delta) {
         SafeTensors st;
         SPES_TRY(safetensors_parse(res->bytes, res->len, what, &st));
-        int rc = int8_peer_apply_delta(&p->i8, &st, res->got.own_experts_omitted, (int)res->loaded, m->params, what);
+        int rc = delta_peer_apply_delta(&p->deltas, &st, res->got.own_experts_omitted, (int)res->loaded, m->params, what);
         safetensors_close(&st);
         SPES_TRY(rc);
         return model_params_to_device(m);
     }
     SPES_TRY(load_aggregate(m, res->bytes, res->len, what, res->got.own_experts_omitted ? p->cfg->peer_id : -1,
                             p->cfg->num_train_experts_per_node, p->cfg->payload_dtype == PAYLOAD_BF16));
-    return p->int8 ? int8_peer_set_base(&p->i8, m->params, (int)res->loaded) : SPES_OK;
+    return p->delta_run ? delta_peer_set_base(&p->deltas, m->params, (int)res->loaded) : SPES_OK;
 }
 
 // The end of a round for the model: loads the download (audit copy, int8 bookkeeping). The
 // model holds the weights the round uploaded when this is called.
 static int apply_result(SpesPeer *p, Model *m, int64_t step, const RoundResult *res) {
-    bool whole = !res->got.own_experts_omitted && !res->got.int8_delta;
+    bool whole = !res->got.own_experts_omitted && !res->got.is_delta;
     int rc = whole ? audit_log(p, "down", step, res->bytes, res->len) : SPES_OK;
     if (rc == SPES_OK) rc = load_download(p, m, res);
     if (rc == SPES_OK && !whole) rc = audit_model(p, m, "down", step);
-    if (rc == SPES_OK && p->int8 && res->loaded == step) int8_peer_commit(&p->i8);   // the round took our upload
+    if (rc == SPES_OK && p->delta_run && res->loaded == step) delta_peer_commit(&p->deltas);   // the round took our upload
     return rc;
 }
 

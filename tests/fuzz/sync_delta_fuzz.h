@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "sync/int8_peer.h"
+#include "sync/delta_peer.h"
 #include "sync/rounds.h"
 
 #include "tiny_spec.h"
@@ -65,24 +65,24 @@ static uint8_t *copy_of(const uint8_t *data, size_t size) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static Rounds *r = NULL;
     static ModelSpec spec;
-    static Int8Peer peer;
+    static DeltaPeer peer;
     static float *params;
     if (!r) {
         log_set_level(LOG_ERROR);
         if (build_spec(&spec) != 0) abort();
         r = make_rounds(&spec);
-        Int8PeerTensor x[64];
+        DeltaPeerTensor x[64];
         size_t at = 0;
         for (int t = 0; t < spec.count; t++) {
             const SpecTensor *s = &spec.tensors[t];
-            x[t] = (Int8PeerTensor){.name = s->name, .ndim = s->ndim, .numel = s->numel, .offset = at,
+            x[t] = (DeltaPeerTensor){.name = s->name, .ndim = s->ndim, .numel = s->numel, .offset = at,
                                     .sent = model_spec_peer_sends(&spec, SYNC_MODE_SPES, 2, 0, t),
                                     .own = s->expert >= 0 && s->expert / 2 == 0};
             memcpy(x[t].shape, s->shape, sizeof x[t].shape);
             at += s->numel;
         }
         params = calloc(spec.total_numel, sizeof(float));
-        if (!params || int8_peer_init(&peer, &FUZZ_CODEC, x, spec.count, spec.total_numel) != 0) abort();
+        if (!params || delta_peer_init(&peer, &FUZZ_CODEC, x, spec.count, spec.total_numel) != 0) abort();
     }
     // Server side.
     if (rounds_upload(r, 0, 4, copy_of(data, size), size) == ROUNDS_OK) {
@@ -103,8 +103,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     SafeTensors st;
     if (safetensors_parse(data, size, "fuzz download", &st) == 0) {
         for (int omitted = 0; omitted < 2; omitted++) {
-            int8_peer_set_base(&peer, params, 2);
-            if (int8_peer_apply_delta(&peer, &st, omitted, 4, params, "fuzz download") == 0)
+            delta_peer_set_base(&peer, params, 2);
+            if (delta_peer_apply_delta(&peer, &st, omitted, 4, params, "fuzz download") == 0)
                 for (size_t i = 0; i < spec.total_numel; i++)
                     if (!isfinite(params[i])) abort();
             memset(params, 0, spec.total_numel * sizeof(float));

@@ -1,5 +1,5 @@
-// Delta payloads as safetensors, int8 or int4 codes (see int8_payload.h).
-#include "sync/int8_payload.h"
+// Delta payloads as safetensors, int8 or int4 codes (see delta_payload.h).
+#include "sync/delta_payload.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -68,7 +68,7 @@ static int decompress_codes(const uint8_t *frame, size_t frame_len, uint8_t *out
     return SPES_OK;
 }
 
-int int8_payload_serialize(const DeltaCodec *c, const Int8Tensor *tensors, int n, int base_step, uint8_t **bytes,
+int delta_payload_serialize(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, uint8_t **bytes,
                            size_t *len) {
     StWriteTensor *w = spes_calloc(2 * (size_t)n + 1, sizeof *w);
     char **names = spes_calloc((size_t)n + 1, sizeof *names);
@@ -79,7 +79,7 @@ int int8_payload_serialize(const DeltaCodec *c, const Int8Tensor *tensors, int n
         size_t packed = code_bytes(c, tensors[i].numel);
         frames_cap += c->zstd ? ZSTD_compressBound(packed) : packed;
         largest = packed > largest ? packed : largest;
-        blocks_total += int8_blocks(tensors[i].numel);
+        blocks_total += delta_blocks(tensors[i].numel);
     }
     bool convert = c->bits == 4 || c->scale_dtype == DTYPE_BF16;
     uint8_t *frames = convert ? spes_malloc(frames_cap + 1) : NULL, *packed = convert ? spes_malloc(largest) : NULL;
@@ -87,8 +87,8 @@ int int8_payload_serialize(const DeltaCodec *c, const Int8Tensor *tensors, int n
     int rc = w && names && (!convert || (frames && packed && bf16)) ? SPES_OK : SPES_ERR;
     size_t frames_at = 0, block_at = 0;
     for (int i = 0; rc == SPES_OK && i < n; i++) {
-        const Int8Tensor *t = &tensors[i];
-        size_t blocks = int8_blocks(t->numel);
+        const DeltaTensor *t = &tensors[i];
+        size_t blocks = delta_blocks(t->numel);
         w[2 * i] = (StWriteTensor){.name = t->name, .dtype = DTYPE_I8, .ndim = t->ndim, .data = t->q};
         memcpy(w[2 * i].shape, t->shape, sizeof t->shape);
         if (c->bits == 4) {
@@ -100,24 +100,24 @@ int int8_payload_serialize(const DeltaCodec *c, const Int8Tensor *tensors, int n
             w[2 * i].shape[0] = (int64_t)frame_len;
             frames_at += frame_len;
         }
-        size_t name_len = strlen(t->name) + sizeof INT8_SCALE_SUFFIX;
+        size_t name_len = strlen(t->name) + sizeof DELTA_SCALE_SUFFIX;
         names[i] = spes_malloc(name_len);
         if (!names[i]) {
             rc = SPES_ERR;
             break;
         }
-        snprintf(names[i], name_len, "%s%s", t->name, INT8_SCALE_SUFFIX);
+        snprintf(names[i], name_len, "%s%s", t->name, DELTA_SCALE_SUFFIX);
         w[2 * i + 1] = (StWriteTensor){.name = names[i], .dtype = c->scale_dtype, .ndim = 1, .data = t->scale};
         w[2 * i + 1].shape[0] = (int64_t)blocks;
         if (c->scale_dtype == DTYPE_BF16) {
-            for (size_t b = 0; b < blocks; b++) bf16[block_at + b] = f32_to_bf16(t->scale[b]);   // exact: see int8_encode
+            for (size_t b = 0; b < blocks; b++) bf16[block_at + b] = f32_to_bf16(t->scale[b]);   // exact: see delta_encode
             w[2 * i + 1].data = bf16 + block_at;
             block_at += blocks;
         }
     }
     char base[24], block[24];
     snprintf(base, sizeof base, "%d", base_step);
-    snprintf(block, sizeof block, "%d", INT8_BLOCK);
+    snprintf(block, sizeof block, "%d", DELTA_BLOCK);
     const char *keys[] = {"spes_encoding", "spes_base_step", "spes_block"};
     const char *values[] = {c->encoding, base, block};
     if (rc == SPES_OK) rc = safetensors_serialize(w, 2 * n, keys, values, 3, bytes, len);
@@ -130,7 +130,7 @@ int int8_payload_serialize(const DeltaCodec *c, const Int8Tensor *tensors, int n
     return rc;
 }
 
-int int8_payload_kind(const SafeTensors *st, const char *what, const DeltaCodec **codec, int *base_step) {
+int delta_payload_kind(const SafeTensors *st, const char *what, const DeltaCodec **codec, int *base_step) {
     const char *enc = safetensors_meta(st, "spes_encoding");
     *codec = NULL;
     *base_step = -1;
@@ -145,21 +145,21 @@ int int8_payload_kind(const SafeTensors *st, const char *what, const DeltaCodec 
     if (!base || !*base || *end || b < 0 || b > INT32_MAX)
         return spes_fail("%s: %s delta without a valid spes_base_step (got '%.32s')", what, c->name,
                          base ? base : "(none)");
-    if (!block || strtol(block, &end, 10) != INT8_BLOCK || *end)
+    if (!block || strtol(block, &end, 10) != DELTA_BLOCK || *end)
         return spes_fail("%s: %s delta with block size '%.32s'; this side uses %d", what, c->name,
-                         block ? block : "(none)", INT8_BLOCK);
+                         block ? block : "(none)", DELTA_BLOCK);
     *codec = c;
     *base_step = (int)b;
     return SPES_OK;
 }
 
-int int8_payload_decode(const DeltaCodec *c, const SafeTensors *st, const char *what, const char *name, int ndim,
+int delta_payload_decode(const DeltaCodec *c, const SafeTensors *st, const char *what, const char *name, int ndim,
                         const int64_t *shape, size_t numel, const float *base, float *out, float *scales,
                         int8_t *codes) {
     char scale_name[1100];
-    snprintf(scale_name, sizeof scale_name, "%s%s", name, INT8_SCALE_SUFFIX);
+    snprintf(scale_name, sizeof scale_name, "%s%s", name, DELTA_SCALE_SUFFIX);
     const StTensor *q = safetensors_find(st, name), *s = safetensors_find(st, scale_name);
-    size_t blocks = int8_blocks(numel);
+    size_t blocks = delta_blocks(numel);
     if (!q || !s) return spes_fail("%s: %s delta lacks '%s'", what, c->name, q ? scale_name : name);
     if (c->bits == 8 &&
         (q->dtype != DTYPE_I8 || q->ndim != ndim || q->numel != numel || memcmp(q->shape, shape, (size_t)ndim * sizeof *shape)))
@@ -171,7 +171,7 @@ int int8_payload_decode(const DeltaCodec *c, const SafeTensors *st, const char *
                          c->zstd ? ", compressed" : "", dtype_name(q->dtype), q->numel);
     if (s->dtype != c->scale_dtype || s->ndim != 1 || s->numel != blocks)
         return spes_fail("%s: '%s' must be %s [%zu] (one scale per %d values), got %s with %zu values", what,
-                         scale_name, dtype_name(c->scale_dtype), blocks, INT8_BLOCK, dtype_name(s->dtype), s->numel);
+                         scale_name, dtype_name(c->scale_dtype), blocks, DELTA_BLOCK, dtype_name(s->dtype), s->numel);
     if (safetensors_to_f32(s, scales) != SPES_OK) return spes_fail_context("%s: '%s'", what, scale_name);   // unaligned-safe
     const int8_t *q_codes = (const int8_t *)q->data;
     if (c->bits == 4) {
@@ -184,10 +184,10 @@ int int8_payload_decode(const DeltaCodec *c, const SafeTensors *st, const char *
     }
     size_t where;
     const char *why;
-    if (!int8_check(c, q_codes, scales, numel, &where, &why))
+    if (!delta_check(c, q_codes, scales, numel, &where, &why))
         return spes_fail("%s: tensor '%s': %s at %s %zu", what, name, why,
                          strncmp(why, "scale", 5) == 0 ? "block" : "flat index", where);
-    int8_reconstruct(base, q_codes, scales, numel, out);
+    delta_reconstruct(base, q_codes, scales, numel, out);
     for (size_t i = 0; i < numel; i++)
         if (!isfinite(out[i]))
             return spes_fail("%s: tensor '%s': the reconstruction (base + change) is not finite at flat index %zu", what,

@@ -2,16 +2,16 @@
 // the codec says which), on a flat float32 parameter buffer described by a tensor list (no model types here):
 //   base      the aggregate of base_step, exactly as the server holds it (-1: none yet);
 //   residual  error feedback over the uploaded tensors (what rounding lost, sent next round).
-// A round: int8_peer_encode (or, without a base, a full F32 upload and int8_peer_sent_full),
-// then after the download int8_peer_apply_delta (an int8 delta view) or int8_peer_set_base (a
-// whole F32 aggregate), then int8_peer_commit when the server took the upload.
+// A round: delta_peer_encode (or, without a base, a full F32 upload and delta_peer_sent_full),
+// then after the download delta_peer_apply_delta (an int8 delta view) or delta_peer_set_base (a
+// whole F32 aggregate), then delta_peer_commit when the server took the upload.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "io/safetensors.h"
-#include "sync/int8_codec.h"
+#include "sync/delta_codec.h"
 
 typedef struct {
     const char *name;
@@ -21,11 +21,11 @@ typedef struct {
     size_t offset;              // into the parameter buffer (floats)
     bool sent;                  // uploaded by this peer (trainable)
     bool own;                   // one of this peer's own experts (downloads may leave it out)
-} Int8PeerTensor;
+} DeltaPeerTensor;
 
 typedef struct {
-    const DeltaCodec *codec;    // int8 or int4 codes (int8_codec.h)
-    Int8PeerTensor *tensors;    // copied
+    const DeltaCodec *codec;    // int8 or int4 codes (delta_codec.h)
+    DeltaPeerTensor *tensors;    // copied
     int count;
     size_t total;               // floats in the parameter buffer
     float *base;                // [total]
@@ -35,24 +35,24 @@ typedef struct {
     float *residual;            // [sent_total] error feedback carried into the next upload
     float *residual_next;       // [sent_total] the residual after the upload in flight
     float *sent;                // [sent_total] the upload as the server reconstructs it
-} Int8Peer;
+} DeltaPeer;
 
-int int8_peer_init(Int8Peer *p, const DeltaCodec *codec, const Int8PeerTensor *tensors, int count, size_t total);
-void int8_peer_free(Int8Peer *p);
+int delta_peer_init(DeltaPeer *p, const DeltaCodec *codec, const DeltaPeerTensor *tensors, int count, size_t total);
+void delta_peer_free(DeltaPeer *p);
 
 // The upload of params as a delta (the peer's codec) against the base (base_step >= 0), with error
 // feedback: safetensors bytes (malloc'd).
-int int8_peer_encode(Int8Peer *p, const float *params, uint8_t **bytes, size_t *len);
+int delta_peer_encode(DeltaPeer *p, const float *params, uint8_t **bytes, size_t *len);
 // The upload went as a full F32 payload (no base): the server holds params exactly.
-void int8_peer_sent_full(Int8Peer *p, const float *params);
+void delta_peer_sent_full(DeltaPeer *p, const float *params);
 // The upload was taken: its residual becomes the one carried forward.
-void int8_peer_commit(Int8Peer *p);
+void delta_peer_commit(DeltaPeer *p);
 
 // Applies a delta view (the peer's codec) of the aggregate of `step` (against base_step) to the base: every
-// tensor decoded and checked (int8_payload_decode), own experts (when own_omitted) completed as
+// tensor decoded and checked (delta_payload_decode), own experts (when own_omitted) completed as
 // the server computed them from our upload. On success the base is the new aggregate and is
 // copied into params; on failure params are untouched and the base is dropped (base_step -1).
-int int8_peer_apply_delta(Int8Peer *p, const SafeTensors *st, bool own_omitted, int step, float *params,
+int delta_peer_apply_delta(DeltaPeer *p, const SafeTensors *st, bool own_omitted, int step, float *params,
                           const char *what);
 // params hold a whole aggregate of step (loaded as F32): it becomes the base.
-int int8_peer_set_base(Int8Peer *p, const float *params, int step);
+int delta_peer_set_base(DeltaPeer *p, const float *params, int step);

@@ -1,4 +1,4 @@
-// The delta codec (int8_codec.h, int8_payload.h, int8_peer.h) and the delta rounds of the
+// The delta codec (delta_codec.h, delta_payload.h, delta_peer.h) and the delta rounds of the
 // server, for both code widths (every test runs with DELTA_INT8 and DELTA_INT4 as its state):
 // round trips, rounding, the error-feedback bound, hostile payloads refused with the reason, and
 // exactness: what the server holds after a delta round is bit for bit what a peer reconstructs
@@ -15,9 +15,9 @@
 #include <zstd.h>
 
 #include "base/rng.h"
-#include "sync/int8_codec.h"
-#include "sync/int8_payload.h"
-#include "sync/int8_peer.h"
+#include "sync/delta_codec.h"
+#include "sync/delta_payload.h"
+#include "sync/delta_peer.h"
 #include "sync/rounds.h"
 #include "sync_test_model.h"
 
@@ -33,29 +33,29 @@ static void test_round_trip_and_bound(void **state) {
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
         size_t n = sizes[k];
         float *d = malloc((n + 1) * sizeof(float)), *out = malloc((n + 1) * sizeof(float));
-        float *zero = calloc(n + 1, sizeof(float)), *scale = malloc((int8_blocks(n) + 1) * sizeof(float));
+        float *zero = calloc(n + 1, sizeof(float)), *scale = malloc((delta_blocks(n) + 1) * sizeof(float));
         int8_t *q = malloc(n + 1);
         for (size_t i = 0; i < n; i++) d[i] = (float)((rng_uniform(&rng) - 0.5) * pow(10.0, (double)(i % 7) - 4));
         for (size_t i = 256; i < n && i < 512; i++) d[i] = 0.0f;   // an all-zero block: scale 0
-        int8_encode(c, d, n, q, scale);
-        int8_reconstruct(zero, q, scale, n, out);
-        for (size_t b = 0; b < int8_blocks(n); b++) {
+        delta_encode(c, d, n, q, scale);
+        delta_reconstruct(zero, q, scale, n, out);
+        for (size_t b = 0; b < delta_blocks(n); b++) {
             float maxabs = 0;
-            size_t largest = b * INT8_BLOCK;
-            for (size_t i = b * INT8_BLOCK; i < n && i < (b + 1) * INT8_BLOCK; i++)
+            size_t largest = b * DELTA_BLOCK;
+            for (size_t i = b * DELTA_BLOCK; i < n && i < (b + 1) * DELTA_BLOCK; i++)
                 if (fabsf(d[i]) > maxabs) maxabs = fabsf(d[i]), largest = i;
             assert_true(scale[b] == wire_scale(c, maxabs / (float)c->qmax));
             if (maxabs > 0) assert_int_equal(abs(q[largest]), c->qmax);   // the largest magnitude: the end code
             else assert_true(scale[b] == 0.0f);                            // a block of zeros
         }
         for (size_t i = 0; i < n; i++) {
-            float s = scale[i / INT8_BLOCK];
+            float s = scale[i / DELTA_BLOCK];
             assert_true(q[i] >= -c->qmax && q[i] <= c->qmax);
             assert_true(fabsf(out[i] - d[i]) <= 0.5f * s * 1.0001f);
         }
         size_t where;
         const char *why;
-        assert_true(int8_check(c, q, scale, n, &where, &why));
+        assert_true(delta_check(c, q, scale, n, &where, &why));
         free(d), free(out), free(zero), free(scale), free(q);
     }
 }
@@ -64,7 +64,7 @@ static void test_rounding_ties_to_even(void **state) {
     const DeltaCodec *c = *state;
     float qmax = (float)c->qmax, d[6] = {qmax, 0.5f, 1.5f, 2.5f, -0.5f, -(qmax - 0.5f)}, scale;
     int8_t q[6];
-    int8_encode(c, d, 6, q, &scale);
+    delta_encode(c, d, 6, q, &scale);
     assert_true(scale == 1.0f);
     int8_t want[6] = {(int8_t)c->qmax, 0, 2, 2, 0, (int8_t)(1 - c->qmax)};   // -6.5 -> -6, -126.5 -> -126
     assert_memory_equal(q, want, sizeof want);
@@ -79,11 +79,11 @@ static void test_error_feedback_carries_what_rounding_lost(void **state) {
     int8_t q[N];
     for (int i = 0; i < N; i++) w[i] = i == 0 ? (float)c->qmax : 0.3f;   // block 0: scale 1; 0.3 rounds to 0
     for (int r = 0; r < ROUNDS; r++) {
-        int8_encode_feedback(c, w, base, residual, N, q, scale);
-        int8_reconstruct((float[N]){0}, q, scale, N, step);
+        delta_encode_feedback(c, w, base, residual, N, q, scale);
+        delta_reconstruct((float[N]){0}, q, scale, N, step);
         for (int i = 0; i < N; i++) {
             sent_sum[i] += step[i];
-            assert_true(fabsf(residual[i]) <= 0.5f * scale[i / INT8_BLOCK] * 1.0001f);
+            assert_true(fabsf(residual[i]) <= 0.5f * scale[i / DELTA_BLOCK] * 1.0001f);
             // Everything sent plus what is still owed is exactly everything there was to send.
             assert_true(fabsf(sent_sum[i] + residual[i] - (float)(r + 1) * w[i]) < 1e-3f * (float)(r + 1) * fabsf(w[i]));
         }
@@ -102,13 +102,13 @@ static void test_check_refuses_hostile_codes(void **state) {
     const char *says[] = {"NaN", "infinite", "negative", "too large"};
     for (int i = 0; i < 4; i++) {
         scale[1] = bad[i];
-        assert_false(int8_check(c, q, scale, 300, &where, &why));
+        assert_false(delta_check(c, q, scale, 300, &where, &why));
         assert_int_equal(where, 1);
         assert_non_null(strstr(why, says[i]));
     }
     scale[1] = 0.0f;
     q[299] = (int8_t)(-c->qmax - 1);   // -128 / -8
-    assert_false(int8_check(c, q, scale, 300, &where, &why));
+    assert_false(delta_check(c, q, scale, 300, &where, &why));
     assert_int_equal(where, 299);
     assert_non_null(strstr(why, c->bits == 8 ? "-128" : "-8"));
 }
@@ -135,7 +135,7 @@ static Rounds *make_rounds(const DeltaCodec *c) {
 typedef struct {
     ModelSpec spec;
     float *params;
-    Int8Peer i8;
+    DeltaPeer i8;
     StWriteTensor *w;           // its upload tensors, pointing into params
     int n;
 } TestPeer;
@@ -144,13 +144,13 @@ static void peer_init(TestPeer *tp, const DeltaCodec *c, int peer) {
     memset(tp, 0, sizeof *tp);
     assert_int_equal(sync_test_spec(&tp->spec, 4, 6), SPES_OK);
     tp->params = calloc(tp->spec.total_numel, sizeof(float));
-    Int8PeerTensor *x = calloc((size_t)tp->spec.count, sizeof *x);
+    DeltaPeerTensor *x = calloc((size_t)tp->spec.count, sizeof *x);
     tp->w = calloc((size_t)tp->spec.count, sizeof *tp->w);
     size_t at = 0;
     for (int t = 0; t < tp->spec.count; t++) {
         const SpecTensor *s = &tp->spec.tensors[t];
         bool sends = model_spec_peer_sends(&tp->spec, SYNC_MODE_SPES, M, peer, t);
-        x[t] = (Int8PeerTensor){.name = s->name, .ndim = s->ndim, .numel = s->numel, .offset = at, .sent = sends,
+        x[t] = (DeltaPeerTensor){.name = s->name, .ndim = s->ndim, .numel = s->numel, .offset = at, .sent = sends,
                                 .own = s->expert >= 0 && s->expert / M == peer};
         memcpy(x[t].shape, s->shape, sizeof x[t].shape);
         for (size_t i = 0; i < s->numel; i++) tp->params[at + i] = 0.01f * (float)(t + 1) + 0.001f * (float)i;
@@ -160,12 +160,12 @@ static void peer_init(TestPeer *tp, const DeltaCodec *c, int peer) {
         }
         at += s->numel;
     }
-    assert_int_equal(int8_peer_init(&tp->i8, c, x, tp->spec.count, tp->spec.total_numel), SPES_OK);
+    assert_int_equal(delta_peer_init(&tp->i8, c, x, tp->spec.count, tp->spec.total_numel), SPES_OK);
     free(x);
 }
 
 static void peer_free(TestPeer *tp) {
-    int8_peer_free(&tp->i8);
+    delta_peer_free(&tp->i8);
     free(tp->params);
     free(tp->w);
     model_spec_free(&tp->spec);
@@ -185,13 +185,13 @@ static RoundsResult peer_upload(Rounds *r, TestPeer *tp, int peer, int step) {
     uint8_t *bytes;
     size_t len;
     if (tp->i8.base_step >= 0) {
-        assert_int_equal(int8_peer_encode(&tp->i8, tp->params, &bytes, &len), SPES_OK);
+        assert_int_equal(delta_peer_encode(&tp->i8, tp->params, &bytes, &len), SPES_OK);
     } else {
         assert_int_equal(safetensors_serialize(tp->w, tp->n, NULL, NULL, 0, &bytes, &len), SPES_OK);
-        int8_peer_sent_full(&tp->i8, tp->params);
+        delta_peer_sent_full(&tp->i8, tp->params);
     }
     RoundsResult code = rounds_upload(r, peer, step, bytes, len);
-    if (code == ROUNDS_OK) int8_peer_commit(&tp->i8);
+    if (code == ROUNDS_OK) delta_peer_commit(&tp->i8);
     return code;
 }
 
@@ -218,14 +218,14 @@ static const char *peer_download(Rounds *r, TestPeer *tp, int peer, int step) {
     assert_int_equal(safetensors_parse(bytes, v->len, "download", &st), SPES_OK);
     if (strncmp(name, tp->i8.codec->encoding, strlen(tp->i8.codec->encoding)) == 0) {
         bool omitted = strstr(name, ROUNDS_VIEW_OMIT_OWN) != NULL;
-        assert_int_equal(int8_peer_apply_delta(&tp->i8, &st, omitted, step, tp->params, "download"), SPES_OK);
+        assert_int_equal(delta_peer_apply_delta(&tp->i8, &st, omitted, step, tp->params, "download"), SPES_OK);
     } else {
         assert_string_equal(name, "");
         for (int t = 0; t < tp->spec.count; t++)
             assert_int_equal(safetensors_to_f32(safetensors_find(&st, tp->spec.tensors[t].name),
                                                 tp->params + (tp->i8.tensors[t].offset)),
                              SPES_OK);
-        int8_peer_set_base(&tp->i8, tp->params, step);
+        delta_peer_set_base(&tp->i8, tp->params, step);
     }
     // Bit for bit the server's aggregate (F32, spec order, back to back after the header).
     SafeTensors agg;
@@ -264,19 +264,19 @@ static void test_server_and_peers_reconstruct_the_same_bits(void **state) {
 }
 
 // Hostile delta uploads: refused with the reason, the round left as it was.
-typedef void (*Damage)(Int8Tensor *w, int n, int8_t *q, float *scales, int *base_step);
-static void nan_scale(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { s[0] = NAN; }
-static void minus_128(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { q[3] = -128; }
-static void minus_8(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { q[3] = -8; }   // int4's -128
-static void huge_scale(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { s[1] = 3e38f; }
-static void unknown_base(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { *b = 99; }
-static void extra_scale(Int8Tensor *w, int n, int8_t *q, float *s, int *b) { w[0].numel = 300; }   // 2 scales
+typedef void (*Damage)(DeltaTensor *w, int n, int8_t *q, float *scales, int *base_step);
+static void nan_scale(DeltaTensor *w, int n, int8_t *q, float *s, int *b) { s[0] = NAN; }
+static void minus_128(DeltaTensor *w, int n, int8_t *q, float *s, int *b) { q[3] = -128; }
+static void minus_8(DeltaTensor *w, int n, int8_t *q, float *s, int *b) { q[3] = -8; }   // int4's -128
+static void huge_scale(DeltaTensor *w, int n, int8_t *q, float *s, int *b) { s[1] = 3e38f; }
+static void unknown_base(DeltaTensor *w, int n, int8_t *q, float *s, int *b) { *b = 99; }
+static void extra_scale(DeltaTensor *w, int n, int8_t *q, float *s, int *b) { w[0].numel = 300; }   // 2 scales
 
 // Serialises peer 0's upload (codec c) of ones against base step 2, damaged.
 static RoundsResult hostile_upload(Rounds *r, const DeltaCodec *c, Damage damage) {
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
-    Int8Tensor w[64];
+    DeltaTensor w[64];
     int8_t q[4096];
     float scales[512];
     int n = 0, base = 2;
@@ -286,15 +286,15 @@ static RoundsResult hostile_upload(Rounds *r, const DeltaCodec *c, Damage damage
         const SpecTensor *s = &spec.tensors[t];
         for (size_t i = 0; i < s->numel; i++) q[at + i] = 1;
         scales[blocks] = 0.5f;
-        w[n] = (Int8Tensor){.name = s->name, .ndim = s->ndim, .numel = s->numel, .q = q + at, .scale = scales + blocks};
+        w[n] = (DeltaTensor){.name = s->name, .ndim = s->ndim, .numel = s->numel, .q = q + at, .scale = scales + blocks};
         memcpy(w[n++].shape, s->shape, sizeof s->shape);
         at += s->numel;
-        blocks += int8_blocks(s->numel);
+        blocks += delta_blocks(s->numel);
     }
     damage(w, n, q, scales, &base);
     uint8_t *bytes;
     size_t len;
-    assert_int_equal(int8_payload_serialize(c, w, n, base, &bytes, &len), SPES_OK);
+    assert_int_equal(delta_payload_serialize(c, w, n, base, &bytes, &len), SPES_OK);
     model_spec_free(&spec);
     return rounds_upload(r, 0, 4, bytes, len);
 }
@@ -357,10 +357,10 @@ static void test_delta_upload_refused_in_a_float_run(void **state) {
 static void int4_payload(const float *d, size_t n, uint8_t **bytes, size_t *len, SafeTensors *st) {
     int8_t q[600];
     float scale[4];
-    int8_encode(&DELTA_INT4, d, n, q, scale);
-    Int8Tensor w = {.name = "t", .ndim = 1, .numel = n, .q = q, .scale = scale};
+    delta_encode(&DELTA_INT4, d, n, q, scale);
+    DeltaTensor w = {.name = "t", .ndim = 1, .numel = n, .q = q, .scale = scale};
     w.shape[0] = (int64_t)n;
-    assert_int_equal(int8_payload_serialize(&DELTA_INT4, &w, 1, 3, bytes, len), SPES_OK);
+    assert_int_equal(delta_payload_serialize(&DELTA_INT4, &w, 1, 3, bytes, len), SPES_OK);
     assert_int_equal(safetensors_parse(*bytes, *len, "int4 payload", st), SPES_OK);
 }
 
@@ -368,7 +368,7 @@ static int decode_t(const SafeTensors *st, size_t n, float *out) {
     float zero[600] = {0}, scales[4];
     int8_t codes[600];
     int64_t shape[1] = {(int64_t)n};
-    return int8_payload_decode(&DELTA_INT4, st, "int4 payload", "t", 1, shape, n, zero, out, scales, codes);
+    return delta_payload_decode(&DELTA_INT4, st, "int4 payload", "t", 1, shape, n, zero, out, scales, codes);
 }
 
 static void test_int4_packing_round_trip(void **state) {
@@ -379,8 +379,8 @@ static void test_int4_packing_round_trip(void **state) {
         float d[600], want[600], got[600], zero[600] = {0}, scale[4];
         int8_t q[600];
         for (size_t i = 0; i < n; i++) d[i] = (float)((int)(i * 37 % 29) - 14) * 0.01f;
-        int8_encode(&DELTA_INT4, d, n, q, scale);
-        int8_reconstruct(zero, q, scale, n, want);
+        delta_encode(&DELTA_INT4, d, n, q, scale);
+        delta_reconstruct(zero, q, scale, n, want);
         uint8_t *bytes;
         size_t len;
         SafeTensors st;
@@ -389,7 +389,7 @@ static void test_int4_packing_round_trip(void **state) {
         assert_int_equal(codes->dtype, DTYPE_U8);   // one zstd frame of the codes, two a byte, an odd count padded
         assert_int_equal(ZSTD_getFrameContentSize(codes->data, codes->numel), (n + 1) / 2);
         assert_int_equal(scales->dtype, DTYPE_BF16);
-        assert_int_equal(scales->numel, int8_blocks(n));
+        assert_int_equal(scales->numel, delta_blocks(n));
         assert_string_equal(safetensors_meta(&st, "spes_encoding"), "int4-delta");
         assert_int_equal(decode_t(&st, n, got), SPES_OK);
         assert_memory_equal(got, want, n * sizeof(float));   // the same bits as the unpacked codes give
@@ -469,8 +469,8 @@ static void test_int4_hostile_packing_refused(void **state) {
     // The int8 layout in an int4 payload: refused by name.
     int8_t q[257] = {0};
     float s[2] = {0.5f, 0.5f};
-    Int8Tensor t8 = {.name = "t", .ndim = 1, .shape = {257}, .numel = 257, .q = q, .scale = s};
-    assert_int_equal(int8_payload_serialize(&DELTA_INT8, &t8, 1, 3, &bytes, &len), SPES_OK);
+    DeltaTensor t8 = {.name = "t", .ndim = 1, .shape = {257}, .numel = 257, .q = q, .scale = s};
+    assert_int_equal(delta_payload_serialize(&DELTA_INT8, &t8, 1, 3, &bytes, &len), SPES_OK);
     assert_int_equal(safetensors_parse(bytes, len, "int8 payload", &st), SPES_OK);
     assert_int_equal(decode_t(&st, 257, out), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "must be U8"));

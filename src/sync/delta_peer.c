@@ -1,15 +1,15 @@
-// The peer's side of an int8 run (see int8_peer.h).
-#include "sync/int8_peer.h"
+// The peer's side of an int8 run (see delta_peer.h).
+#include "sync/delta_peer.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "sync/int8_codec.h"
-#include "sync/int8_payload.h"
+#include "sync/delta_codec.h"
+#include "sync/delta_payload.h"
 
-int int8_peer_init(Int8Peer *p, const DeltaCodec *codec, const Int8PeerTensor *tensors, int count, size_t total) {
+int delta_peer_init(DeltaPeer *p, const DeltaCodec *codec, const DeltaPeerTensor *tensors, int count, size_t total) {
     memset(p, 0, sizeof *p);
     p->codec = codec;
     p->base_step = -1;
@@ -19,13 +19,13 @@ int int8_peer_init(Int8Peer *p, const DeltaCodec *codec, const Int8PeerTensor *t
     p->sent_at = spes_calloc((size_t)count + 1, sizeof *p->sent_at);
     p->base = spes_calloc(total + 1, sizeof(float));
     if (!p->tensors || !p->sent_at || !p->base) {
-        int8_peer_free(p);
+        delta_peer_free(p);
         return SPES_ERR;
     }
     memcpy(p->tensors, tensors, (size_t)count * sizeof *tensors);
     for (int t = 0; t < count; t++) {
         if (tensors[t].offset + tensors[t].numel > total) {
-            int8_peer_free(p);
+            delta_peer_free(p);
             return spes_fail("%s peer: tensor '%s' lies outside the parameters", codec->name, tensors[t].name);
         }
         p->sent_at[t] = p->sent_total;
@@ -35,13 +35,13 @@ int int8_peer_init(Int8Peer *p, const DeltaCodec *codec, const Int8PeerTensor *t
     p->residual_next = spes_calloc(p->sent_total + 1, sizeof(float));
     p->sent = spes_calloc(p->sent_total + 1, sizeof(float));
     if (!p->residual || !p->residual_next || !p->sent) {
-        int8_peer_free(p);
+        delta_peer_free(p);
         return SPES_ERR;
     }
     return SPES_OK;
 }
 
-void int8_peer_free(Int8Peer *p) {
+void delta_peer_free(DeltaPeer *p) {
     free(p->tensors);
     free(p->sent_at);
     free(p->base);
@@ -52,49 +52,49 @@ void int8_peer_free(Int8Peer *p) {
     p->base_step = -1;
 }
 
-int int8_peer_encode(Int8Peer *p, const float *params, uint8_t **bytes, size_t *len) {
+int delta_peer_encode(DeltaPeer *p, const float *params, uint8_t **bytes, size_t *len) {
     if (p->base_step < 0) return spes_fail("%s peer: no base aggregate to encode a delta against", p->codec->name);
     size_t blocks = 0;
     int n = 0;
     for (int t = 0; t < p->count; t++)
-        if (p->tensors[t].sent) blocks += int8_blocks(p->tensors[t].numel), n++;
+        if (p->tensors[t].sent) blocks += delta_blocks(p->tensors[t].numel), n++;
     int8_t *q = spes_malloc(p->sent_total + 1);
     float *scales = spes_malloc((blocks + 1) * sizeof(float));
-    Int8Tensor *w = spes_calloc((size_t)n + 1, sizeof *w);
+    DeltaTensor *w = spes_calloc((size_t)n + 1, sizeof *w);
     int rc = q && scales && w ? SPES_OK : SPES_ERR;
     size_t block_at = 0;
     n = 0;
     for (int t = 0; rc == SPES_OK && t < p->count; t++) {
-        const Int8PeerTensor *x = &p->tensors[t];
+        const DeltaPeerTensor *x = &p->tensors[t];
         if (!x->sent) continue;
         size_t at = p->sent_at[t];
         const float *b = p->base + x->offset;
         memcpy(p->residual_next + at, p->residual + at, x->numel * sizeof(float));
-        int8_encode_feedback(p->codec, params + x->offset, b, p->residual_next + at, x->numel, q + at, scales + block_at);
-        int8_reconstruct(b, q + at, scales + block_at, x->numel, p->sent + at);
-        w[n] = (Int8Tensor){.name = x->name, .ndim = x->ndim, .numel = x->numel, .q = q + at, .scale = scales + block_at};
+        delta_encode_feedback(p->codec, params + x->offset, b, p->residual_next + at, x->numel, q + at, scales + block_at);
+        delta_reconstruct(b, q + at, scales + block_at, x->numel, p->sent + at);
+        w[n] = (DeltaTensor){.name = x->name, .ndim = x->ndim, .numel = x->numel, .q = q + at, .scale = scales + block_at};
         memcpy(w[n++].shape, x->shape, sizeof x->shape);
-        block_at += int8_blocks(x->numel);
+        block_at += delta_blocks(x->numel);
     }
-    if (rc == SPES_OK) rc = int8_payload_serialize(p->codec, w, n, p->base_step, bytes, len);
+    if (rc == SPES_OK) rc = delta_payload_serialize(p->codec, w, n, p->base_step, bytes, len);
     free(q);
     free(scales);
     free(w);
     return rc;
 }
 
-void int8_peer_sent_full(Int8Peer *p, const float *params) {
+void delta_peer_sent_full(DeltaPeer *p, const float *params) {
     for (int t = 0; t < p->count; t++) {
-        const Int8PeerTensor *x = &p->tensors[t];
+        const DeltaPeerTensor *x = &p->tensors[t];
         if (!x->sent) continue;
         memcpy(p->sent + p->sent_at[t], params + x->offset, x->numel * sizeof(float));
         memset(p->residual_next + p->sent_at[t], 0, x->numel * sizeof(float));   // nothing was lost
     }
 }
 
-void int8_peer_commit(Int8Peer *p) { memcpy(p->residual, p->residual_next, p->sent_total * sizeof(float)); }
+void delta_peer_commit(DeltaPeer *p) { memcpy(p->residual, p->residual_next, p->sent_total * sizeof(float)); }
 
-int int8_peer_apply_delta(Int8Peer *p, const SafeTensors *st, bool own_omitted, int step, float *params,
+int delta_peer_apply_delta(DeltaPeer *p, const SafeTensors *st, bool own_omitted, int step, float *params,
                           const char *what) {
     size_t largest = 1;
     int expected = 0;
@@ -102,7 +102,7 @@ int int8_peer_apply_delta(Int8Peer *p, const SafeTensors *st, bool own_omitted, 
         if (p->tensors[t].numel > largest) largest = p->tensors[t].numel;
         expected += own_omitted && p->tensors[t].own ? 0 : 2;
     }
-    float *scratch = spes_malloc(largest * sizeof(float)), *scales = spes_malloc(int8_blocks(largest) * sizeof(float));
+    float *scratch = spes_malloc(largest * sizeof(float)), *scales = spes_malloc(delta_blocks(largest) * sizeof(float));
     int8_t *q = spes_malloc(largest);
     int rc = scratch && scales && q ? SPES_OK : SPES_ERR;
     if (rc == SPES_OK && st->count != expected)
@@ -110,18 +110,18 @@ int int8_peer_apply_delta(Int8Peer *p, const SafeTensors *st, bool own_omitted, 
     // Decoded into the base in place: a failure part way drops the base (the next round sends a
     // full payload and downloads the whole aggregate); params are written only at the end.
     for (int t = 0; rc == SPES_OK && t < p->count; t++) {
-        const Int8PeerTensor *x = &p->tensors[t];
+        const DeltaPeerTensor *x = &p->tensors[t];
         float *b = p->base + x->offset;
         if (own_omitted && x->own) {
             // The server's aggregate of an own expert is our upload as it reconstructed it (sent);
             // its change against the base went down encoded like every other tensor.
             if (!x->sent) rc = spes_fail("%s: own expert '%s' left out, but this peer does not train it", what, x->name);
             else {
-                int8_encode_change(p->codec, p->sent + p->sent_at[t], b, x->numel, q, scales, scratch);
-                int8_reconstruct(b, q, scales, x->numel, b);
+                delta_encode_change(p->codec, p->sent + p->sent_at[t], b, x->numel, q, scales, scratch);
+                delta_reconstruct(b, q, scales, x->numel, b);
             }
         } else {
-            rc = int8_payload_decode(p->codec, st, what, x->name, x->ndim, x->shape, x->numel, b, b, scales, q);
+            rc = delta_payload_decode(p->codec, st, what, x->name, x->ndim, x->shape, x->numel, b, b, scales, q);
         }
     }
     if (rc == SPES_OK) {
@@ -136,7 +136,7 @@ int int8_peer_apply_delta(Int8Peer *p, const SafeTensors *st, bool own_omitted, 
     return rc;
 }
 
-int int8_peer_set_base(Int8Peer *p, const float *params, int step) {
+int delta_peer_set_base(DeltaPeer *p, const float *params, int step) {
     memcpy(p->base, params, p->total * sizeof(float));
     p->base_step = step;
     return SPES_OK;

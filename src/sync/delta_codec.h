@@ -1,7 +1,7 @@
 // The block codec of delta sync payloads (spes_config.payload_dtype: int8 or int4), pure: no I/O.
 // One set of functions serves both code widths; a DeltaCodec says which (docs/communication.md).
 //
-// A tensor's change d (float32, n values) is cut into blocks of INT8_BLOCK (256) consecutive
+// A tensor's change d (float32, n values) is cut into blocks of DELTA_BLOCK (256) consecutive
 // values (the last block may be shorter). Each block b gets one scale, with qmax = 2^(bits-1) - 1
 // (127 for int8, 7 for int4):
 //     s_b = max_i |d_i| / qmax        (0 for an all-zero block)
@@ -10,9 +10,9 @@
 //     q_i = clamp(rint(d_i / s_b), -qmax, qmax)   (rint: ties to even; 0 when s_b = 0)
 // computed with the rounded scale. It decodes to q_i * s_b. The range is symmetric: -qmax-1
 // (-128, -8) never appears and a decoder refuses it. A reconstruction is always base + q * s,
-// computed by int8_reconstruct, so the server and every peer holding the same base get the same
+// computed by delta_reconstruct, so the server and every peer holding the same base get the same
 // float32 bits. Codes are int8_t in memory for both widths; int4 codes are packed two per byte
-// and zstd-compressed only on the wire (int8_payload.h).
+// and zstd-compressed only on the wire (delta_payload.h).
 //
 // Error feedback (the peer): the change sent is d = (w - base) + e, and what rounding lost,
 // e' = d - q * s, is carried to the next round's change. |e'_i| <= s_b / 2 for every value (a
@@ -25,9 +25,9 @@
 
 #include "io/safetensors.h"
 
-#define INT8_BLOCK 256
+#define DELTA_BLOCK 256
 // Largest scale a decoder accepts: q * s stays far from float overflow for any q.
-#define INT8_MAX_SCALE 1e30f
+#define DELTA_MAX_SCALE 1e30f
 
 typedef struct {
     const char *name;       // "int8" | "int4" (messages)
@@ -46,26 +46,26 @@ extern const DeltaCodec DELTA_INT8, DELTA_INT4;
 const DeltaCodec *delta_codec_by_encoding(const char *encoding);
 const DeltaCodec *delta_codec_by_wire(const char *wire);
 
-static inline size_t int8_blocks(size_t n) { return (n + INT8_BLOCK - 1) / INT8_BLOCK; }
+static inline size_t delta_blocks(size_t n) { return (n + DELTA_BLOCK - 1) / DELTA_BLOCK; }
 
-// Quantises d[n] into q[n] and scale[int8_blocks(n)]. d must be finite.
-void int8_encode(const DeltaCodec *c, const float *d, size_t n, int8_t *q, float *scale);
+// Quantises d[n] into q[n] and scale[delta_blocks(n)]. d must be finite.
+void delta_encode(const DeltaCodec *c, const float *d, size_t n, int8_t *q, float *scale);
 
-// out[i] = base[i] + q[i] * scale[i / INT8_BLOCK] (out may be base).
-void int8_reconstruct(const float *base, const int8_t *q, const float *scale, size_t n, float *out);
+// out[i] = base[i] + q[i] * scale[i / DELTA_BLOCK] (out may be base).
+void delta_reconstruct(const float *base, const int8_t *q, const float *scale, size_t n, float *out);
 
 // The peer's side of one tensor with error feedback: d = (w - base) + residual, encoded into
 // q/scale; residual becomes d - q * s. w, base, residual: n floats.
-void int8_encode_feedback(const DeltaCodec *c, const float *w, const float *base, float *residual, size_t n, int8_t *q,
+void delta_encode_feedback(const DeltaCodec *c, const float *w, const float *base, float *residual, size_t n, int8_t *q,
                           float *scale);
 
 // What the server sends down for one tensor whose aggregate is a and whose previous aggregate
 // (the base every peer holds) is base: q/scale of a - base. Both sides then reconstruct with
-// int8_reconstruct(base, q, scale).
-void int8_encode_change(const DeltaCodec *c, const float *a, const float *base, size_t n, int8_t *q, float *scale,
+// delta_reconstruct(base, q, scale).
+void delta_encode_change(const DeltaCodec *c, const float *a, const float *base, size_t n, int8_t *q, float *scale,
                         float *scratch);
 
-// Checks an encoded tensor from outside: every scale finite, >= 0 and <= INT8_MAX_SCALE, every
+// Checks an encoded tensor from outside: every scale finite, >= 0 and <= DELTA_MAX_SCALE, every
 // code in [-qmax, qmax]. Returns true when valid; else *where is the bad block (scale) or value
 // index and *why says what is wrong.
-bool int8_check(const DeltaCodec *c, const int8_t *q, const float *scale, size_t n, size_t *where, const char **why);
+bool delta_check(const DeltaCodec *c, const int8_t *q, const float *scale, size_t n, size_t *where, const char **why);

@@ -1,5 +1,5 @@
-// The block codec of delta payloads, int8 or int4 codes (see int8_codec.h).
-#include "sync/int8_codec.h"
+// The block codec of delta payloads, int8 or int4 codes (see delta_codec.h).
+#include "sync/delta_codec.h"
 
 #include <math.h>
 #include <string.h>
@@ -30,10 +30,10 @@ static float wire_scale(const DeltaCodec *c, float s) {
     return c->scale_dtype == DTYPE_BF16 ? bf16_to_f32(f32_to_bf16(s)) : s;
 }
 
-void int8_encode(const DeltaCodec *c, const float *d, size_t n, int8_t *q, float *scale) {
+void delta_encode(const DeltaCodec *c, const float *d, size_t n, int8_t *q, float *scale) {
     const float qmax = (float)c->qmax;
-    for (size_t b = 0, at = 0; at < n; b++, at += INT8_BLOCK) {
-        size_t len = n - at < INT8_BLOCK ? n - at : INT8_BLOCK;
+    for (size_t b = 0, at = 0; at < n; b++, at += DELTA_BLOCK) {
+        size_t len = n - at < DELTA_BLOCK ? n - at : DELTA_BLOCK;
         float maxabs = 0.0f;
         for (size_t i = 0; i < len; i++) maxabs = fmaxf(maxabs, fabsf(d[at + i]));
         float s = wire_scale(c, maxabs / qmax);
@@ -45,29 +45,29 @@ void int8_encode(const DeltaCodec *c, const float *d, size_t n, int8_t *q, float
     }
 }
 
-void int8_reconstruct(const float *base, const int8_t *q, const float *scale, size_t n, float *out) {
+void delta_reconstruct(const float *base, const int8_t *q, const float *scale, size_t n, float *out) {
     for (size_t i = 0; i < n; i++) {
-        float step = (float)q[i] * scale[i / INT8_BLOCK];
+        float step = (float)q[i] * scale[i / DELTA_BLOCK];
         out[i] = base[i] + step;
     }
 }
 
-void int8_encode_feedback(const DeltaCodec *c, const float *w, const float *base, float *residual, size_t n, int8_t *q,
+void delta_encode_feedback(const DeltaCodec *c, const float *w, const float *base, float *residual, size_t n, int8_t *q,
                           float *scale) {
     for (size_t i = 0; i < n; i++) residual[i] = (w[i] - base[i]) + residual[i];   // d, in place
-    int8_encode(c, residual, n, q, scale);
-    for (size_t i = 0; i < n; i++) residual[i] -= (float)q[i] * scale[i / INT8_BLOCK];
+    delta_encode(c, residual, n, q, scale);
+    for (size_t i = 0; i < n; i++) residual[i] -= (float)q[i] * scale[i / DELTA_BLOCK];
 }
 
-void int8_encode_change(const DeltaCodec *c, const float *a, const float *base, size_t n, int8_t *q, float *scale,
+void delta_encode_change(const DeltaCodec *c, const float *a, const float *base, size_t n, int8_t *q, float *scale,
                         float *scratch) {
     for (size_t i = 0; i < n; i++) scratch[i] = a[i] - base[i];
-    int8_encode(c, scratch, n, q, scale);
+    delta_encode(c, scratch, n, q, scale);
 }
 
-bool int8_check(const DeltaCodec *c, const int8_t *q, const float *scale, size_t n, size_t *where, const char **why) {
-    for (size_t b = 0; b < int8_blocks(n); b++)
-        if (!(scale[b] >= 0.0f && scale[b] <= INT8_MAX_SCALE)) {   // also NaN
+bool delta_check(const DeltaCodec *c, const int8_t *q, const float *scale, size_t n, size_t *where, const char **why) {
+    for (size_t b = 0; b < delta_blocks(n); b++)
+        if (!(scale[b] >= 0.0f && scale[b] <= DELTA_MAX_SCALE)) {   // also NaN
             *where = b;
             *why = isnan(scale[b]) ? "scale is NaN" : isinf(scale[b]) ? "scale is infinite"
                    : scale[b] < 0.0f                 ? "scale is negative"
