@@ -118,6 +118,8 @@ static void test_check_refuses_hostile_codes(void **state) {
 #define P 2
 #define M 2
 
+// A server of P peers, peer 0 greeted with the test model: in a delta run of codec c, or in an
+// F32 run when c is NULL.
 static Rounds *make_rounds(const DeltaCodec *c) {
     RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = P, .experts_per_node = M, .merge_topk = 2},
                         .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2};
@@ -126,16 +128,19 @@ static Rounds *make_rounds(const DeltaCodec *c) {
     ModelSpec spec;
     assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     int last;
-    assert_int_equal(rounds_hello_delta(r, 0, P, M, SYNC_MODE_SPES, DTYPE_I8, c, &spec, &last), ROUNDS_OK);
+    if (c)
+        assert_int_equal(rounds_hello_delta(r, 0, P, M, SYNC_MODE_SPES, DTYPE_I8, c, &spec, &last), ROUNDS_OK);
+    else
+        assert_int_equal(rounds_hello(r, 0, P, M, SYNC_MODE_SPES, DTYPE_F32, &spec, &last), ROUNDS_OK);
     model_spec_free(&spec);
     return r;
 }
 
-// A peer of the test model: its parameters (spec order, back to back) and int8 state.
+// A peer of the test model: its parameters (spec order, back to back) and delta state.
 typedef struct {
     ModelSpec spec;
     float *params;
-    DeltaPeer i8;
+    DeltaPeer deltas;
     StWriteTensor *w;           // its upload tensors, pointing into params
     int n;
 } TestPeer;
@@ -160,12 +165,12 @@ static void peer_init(TestPeer *tp, const DeltaCodec *c, int peer) {
         }
         at += s->numel;
     }
-    assert_int_equal(delta_peer_init(&tp->i8, c, x, tp->spec.count, tp->spec.total_numel), SPES_OK);
+    assert_int_equal(delta_peer_init(&tp->deltas, c, x, tp->spec.count, tp->spec.total_numel), SPES_OK);
     free(x);
 }
 
 static void peer_free(TestPeer *tp) {
-    delta_peer_free(&tp->i8);
+    delta_peer_free(&tp->deltas);
     free(tp->params);
     free(tp->w);
     model_spec_free(&tp->spec);
@@ -184,14 +189,14 @@ static void peer_train(TestPeer *tp, int peer, int round) {
 static RoundsResult peer_upload(Rounds *r, TestPeer *tp, int peer, int step) {
     uint8_t *bytes;
     size_t len;
-    if (tp->i8.base_step >= 0) {
-        assert_int_equal(delta_peer_encode(&tp->i8, tp->params, &bytes, &len), SPES_OK);
+    if (tp->deltas.base_step >= 0) {
+        assert_int_equal(delta_peer_encode(&tp->deltas, tp->params, &bytes, &len), SPES_OK);
     } else {
         assert_int_equal(safetensors_serialize(tp->w, tp->n, NULL, NULL, 0, &bytes, &len), SPES_OK);
-        delta_peer_sent_full(&tp->i8, tp->params);
+        delta_peer_sent_full(&tp->deltas, tp->params);
     }
     RoundsResult code = rounds_upload(r, peer, step, bytes, len);
-    if (code == ROUNDS_OK) delta_peer_commit(&tp->i8);
+    if (code == ROUNDS_OK) delta_peer_commit(&tp->deltas);
     return code;
 }
 
@@ -207,8 +212,8 @@ static const char *peer_download(Rounds *r, TestPeer *tp, int peer, int step) {
     AggregateBlob *blob;
     assert_int_equal(rounds_get(r, step, 0, &blob), ROUNDS_OK);
     assert_non_null(blob);
-    RoundsViewRequest q = {.omit_own_experts = true, .has_delta_base = tp->i8.base_step >= 0,
-                           .delta_base_step = tp->i8.base_step};
+    RoundsViewRequest q = {.omit_own_experts = true, .has_delta_base = tp->deltas.base_step >= 0,
+                           .delta_base_step = tp->deltas.base_step};
     const AggregateView *v;
     const char *name;
     assert_int_equal(rounds_view(r, blob, peer, &q, &v, &name), ROUNDS_OK);
@@ -216,23 +221,23 @@ static const char *peer_download(Rounds *r, TestPeer *tp, int peer, int step) {
     aggregate_view_range(v, 0, v->len, gather, &at);
     SafeTensors st;
     assert_int_equal(safetensors_parse(bytes, v->len, "download", &st), SPES_OK);
-    if (strncmp(name, tp->i8.codec->encoding, strlen(tp->i8.codec->encoding)) == 0) {
+    if (strncmp(name, tp->deltas.codec->encoding, strlen(tp->deltas.codec->encoding)) == 0) {
         bool omitted = strstr(name, ROUNDS_VIEW_OMIT_OWN) != NULL;
-        assert_int_equal(delta_peer_apply_delta(&tp->i8, &st, omitted, step, tp->params, "download"), SPES_OK);
+        assert_int_equal(delta_peer_apply_delta(&tp->deltas, &st, omitted, step, tp->params, "download"), SPES_OK);
     } else {
         assert_string_equal(name, "");
         for (int t = 0; t < tp->spec.count; t++)
             assert_int_equal(safetensors_to_f32(safetensors_find(&st, tp->spec.tensors[t].name),
-                                                tp->params + (tp->i8.tensors[t].offset)),
+                                                tp->params + (tp->deltas.tensors[t].offset)),
                              SPES_OK);
-        delta_peer_set_base(&tp->i8, tp->params, step);
+        delta_peer_set_base(&tp->deltas, tp->params, step);
     }
     // Bit for bit the server's aggregate (F32, spec order, back to back after the header).
     SafeTensors agg;
     assert_int_equal(safetensors_parse(blob->bytes, blob->len, "aggregate", &agg), SPES_OK);
     for (int t = 0; t < tp->spec.count; t++) {
         const StTensor *x = safetensors_find(&agg, tp->spec.tensors[t].name);
-        assert_memory_equal(x->data, tp->params + tp->i8.tensors[t].offset, x->nbytes);
+        assert_memory_equal(x->data, tp->params + tp->deltas.tensors[t].offset, x->nbytes);
     }
     safetensors_close(&agg);
     safetensors_close(&st);
@@ -329,15 +334,9 @@ static void test_hostile_delta_uploads_refused(void **state) {
 
 static void test_delta_upload_refused_in_a_float_run(void **state) {
     const DeltaCodec *c = *state;
-    RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = P, .experts_per_node = M, .merge_topk = 2},
-                        .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2};
-    Rounds *r;
-    assert_int_equal(rounds_create(&cfg, &r), SPES_OK);
+    Rounds *r = make_rounds(NULL);
     ModelSpec spec;
-    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     int last;
-    assert_int_equal(rounds_hello(r, 0, P, M, SYNC_MODE_SPES, DTYPE_F32, &spec, &last), ROUNDS_OK);
-    model_spec_free(&spec);
     char want[96];
     assert_int_equal(hostile_upload(r, c, unknown_base), ROUNDS_BAD_REQUEST);
     snprintf(want, sizeof want, "an %s delta, but this run's payload dtype is F32", c->name);
