@@ -57,9 +57,10 @@ int sharded_params_create(ShardedParams *z, Model *m, DataParallel *dp) {
     if (be->compute != NUM_F32) z->cwork = alloc_values(be, z->work_n, be->compute);
     bool ok = z->shard && z->frozen && z->work && (be->compute == NUM_F32 || z->cwork);
     if (!ok) {
-        sharded_params_free(z);
-        return spes_fail_context("ZeRO-3 buffers on %s (shard of %zu values, frozen %zu, working %zu)", be->name,
-                                 z->shard_n, z->gather.frozen_numel, z->work_n);
+        spes_fail_context("ZeRO-3 buffers on %s (shard of %zu values, frozen %zu, working %zu)", be->name, z->shard_n,
+                          z->gather.frozen_numel, z->work_n);
+        sharded_params_free(z);   // after the message: it clears z
+        return SPES_ERR;
     }
     return SPES_OK;
 }
