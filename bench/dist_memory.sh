@@ -9,7 +9,8 @@
 # each role (the trainer's "memory per rank" line), and rank 0's peak RSS; theory is
 # ZeRO's: P parameters, T trainable, fp32: params 4P (ZeRO-3: 4T/N + 4(P-T) frozen, plus the
 # part buffers B it logs: the working buffer of the largest part), gradients 4T (4T/N under
-# ZeRO-2/3), AdamW state 8T (8T/N under ZeRO-1/2/3).
+# ZeRO-2/3; ZeRO-3 plus the part gradient buffer it logs), AdamW state 8T (8T/N under
+# ZeRO-1/2/3).
 set -euo pipefail
 BUILD=${1:-build}
 cd "$(dirname "$0")/.."
@@ -36,7 +37,8 @@ run() {   # run NAME NPROC THREADS STEPS [overrides]
     --nproc_per_node "$n" "$@" >"$tmp/$name.log" 2>&1 || { echo "dist_memory: failed ($name)"; tail "$tmp/$name.log"; exit 1; }
 }
 field() { sed -n "s/.*memory per rank.*$1 \([0-9.]*\) MB.*/\1/p" "$2" | head -1; }
-part_buffers() { sed -n "s/.*zero3 parameters per rank.*part buffers \([0-9.]*\) MB.*/\1/p" "$1" | head -1; }
+part_buffers() { sed -n "s/.*zero3 per rank.* part buffers \([0-9.]*\) MB.*/\1/p" "$1" | head -1; }
+part_grad_buffer() { sed -n "s/.*zero3 per rank.*part gradient buffer \([0-9.]*\) MB.*/\1/p" "$1" | head -1; }
 
 echo "| strategy | ranks N | parameters MB (theory) | gradients MB (theory) | optimizer state MB (theory) | collective scratch MB | peak RSS rank 0 MB |"
 echo "|---|---|---|---|---|---|---|"
@@ -52,10 +54,11 @@ for n in 1 2 4; do
       T=$(sed -n 's/.*model: \([0-9]*\) parameters, \([0-9]*\) trainable.*/\2/p' "$log")
     fi
     read -r tp tg to < <(python3 -c "
-P, T, N, s, B = $P, $T, $n, '$s', float('$(part_buffers "$log")' or 0)
+P, T, N, s = $P, $T, $n, '$s'
+B, Bg = float('$(part_buffers "$log")' or 0), float('$(part_grad_buffer "$log")' or 0)
 mb = 1 / 1048576
 p = 4 * T / N + 4 * (P - T) + B / mb if s == 'FULL_SHARD' else 4 * P
-g = 4 * T / (N if s in ('SHARD_GRAD_OP', 'FULL_SHARD') else 1)
+g = 4 * T / (N if s in ('SHARD_GRAD_OP', 'FULL_SHARD') else 1) + Bg / mb
 o = 8 * T / (N if s != 'ddp' else 1)
 print('%.2f %.2f %.2f' % (p * mb, g * mb, o * mb))")
     rss=$(python3 -c "import json; print('%.1f' % json.loads(open('$tmp/$name/metrics.jsonl').readline())['perf']['peak_rss_mb'])")
@@ -65,7 +68,7 @@ print('%.2f %.2f %.2f' % (p * mb, g * mb, o * mb))")
       "$(field "collective scratch" "$log")" "$rss"
   done
 done
-echo "P = $P parameters, T = $T trainable (fp32); ZeRO-3's part buffers: $(part_buffers "$tmp/FULL_SHARD_2.log") MB"
+echo "P = $P parameters, T = $T trainable (fp32); ZeRO-3's part buffers: $(part_buffers "$tmp/FULL_SHARD_2.log") MB, part gradient buffer: $(part_grad_buffer "$tmp/FULL_SHARD_2.log") MB"
 [ "${BENCH_DIST_MEMORY_ONLY:-}" = 1 ] && exit 0
 
 # Throughput: the same 12 steps, 2 ranks x 1 thread (DDP) against 1 rank x 2 threads (and 1 x 1).

@@ -184,22 +184,27 @@ float *dp_step_grads(DataParallel *dp, float *grads) {
     return grads ? grads + lo : NULL;
 }
 
-double dp_grad_norm(DataParallel *dp, float *grads) {
-    if (!dp_shards_grads(dp->stage)) return grad_global_norm(dp->be, grads, dp->n);   // every rank has it all
+double dp_shard_grad_norm(DataParallel *dp, const float *shard) {
     size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
-    double sumsq = grad_sum_of_squares(dp->be, grads + dp->lo[dp->rank], mine);
+    double sumsq = grad_sum_of_squares(dp->be, shard, mine);
     if (isnan(sumsq)) return NAN;
     if (comm_allreduce_sum(dp->comm, NULL, &sumsq, 1, COMM_F64) != SPES_OK) return NAN;
     return sqrt(sumsq);
 }
 
+void dp_shard_grad_scale(DataParallel *dp, float *shard, float s) {
+    size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
+    if (mine) dp->be->ops->scale(dp->be, shard, mine, s);
+}
+
+double dp_grad_norm(DataParallel *dp, float *grads) {
+    if (!dp_shards_grads(dp->stage)) return grad_global_norm(dp->be, grads, dp->n);   // every rank has it all
+    return dp_shard_grad_norm(dp, grads + dp->lo[dp->rank]);
+}
+
 void dp_grad_scale(DataParallel *dp, float *grads, float s) {
-    if (dp_shards_grads(dp->stage)) {
-        size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
-        if (mine) dp->be->ops->scale(dp->be, grads + dp->lo[dp->rank], mine, s);
-    } else if (dp->n) {
-        dp->be->ops->scale(dp->be, grads, dp->n, s);
-    }
+    if (dp_shards_grads(dp->stage)) dp_shard_grad_scale(dp, grads + dp->lo[dp->rank], s);
+    else if (dp->n) dp->be->ops->scale(dp->be, grads, dp->n, s);
 }
 
 // fn(dp, param offset, gradient-layout offset, length) for every piece of a trainable tensor

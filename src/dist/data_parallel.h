@@ -5,12 +5,13 @@
 //   ddp / NO_SHARD     bucketed all-reduce (sum)     full on every rank     full, updated everywhere
 //   SHARD_OPTIM (Z1)   bucketed all-reduce (sum)     rank's shard only      shard updated, all-gathered
 //   SHARD_GRAD_OP (Z2) bucketed reduce-scatter       rank's shard only      shard updated, all-gathered
-//   FULL_SHARD (Z3)    as Z2                         rank's shard only      rank's fp32 shard only; each part
-//                                                                                 all-gathered right before use
-//                                                                                 (dist/sharded_params.h)
+//   FULL_SHARD (Z3)    per part, reduce-scattered    rank's shard only      rank's fp32 shard only; each part
+//                      into a gradient shard right                          all-gathered right before use
+//                      after its backward                                   (dist/sharded_params.h)
 //
-// ZeRO-2 keeps the full-size gradient buffer the backward accumulates into (every micro-batch
-// adds into it); what is sharded is the reduced gradient, the clipping and the update.
+// ZeRO-1 and ZeRO-2 keep the full-size gradient buffer the backward accumulates into (every
+// micro-batch adds into it); what ZeRO-2 shards is the reduced gradient, the clipping and the
+// update. ZeRO-3 has no full-size gradient buffer and no buckets (dist/sharded_params.h).
 //
 // Buckets and overlap. The gradient layout is cut into buckets of `bucket` values; each is one
 // non-blocking collective (all-reduce, or ZeRO-2's reduce-scatter, in place). During the last
@@ -103,6 +104,9 @@ float *dp_step_grads(DataParallel *dp, float *grads);
 double dp_grad_norm(DataParallel *dp, float *grads);
 // Multiplies the gradient this rank's AdamW reads by s.
 void dp_grad_scale(DataParallel *dp, float *grads, float s);
+// The same two on a gradient shard held on its own ([lo[rank+1] - lo[rank]] values: ZeRO-3's).
+double dp_shard_grad_norm(DataParallel *dp, const float *shard);
+void dp_shard_grad_scale(DataParallel *dp, float *shard, float s);
 // ZeRO-1/2: every rank's updated shard of the trainable parameters (fp32 master `dparams`,
 // and the compute copy when there is one) reaches every rank. No-op under DDP; an error under
 // ZeRO-3 (its parameters stay sharded).

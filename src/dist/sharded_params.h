@@ -1,25 +1,36 @@
-// ZeRO-3's parameter side (fsdp.sharding_strategy FULL_SHARD): a rank keeps the fp32 values of
-// its shard of the trainable parameters only, and each part of the model (the hooks' unit:
+// ZeRO-3 (fsdp.sharding_strategy FULL_SHARD): a rank keeps the fp32 values and the gradient
+// of its shard of the trainable parameters only. Each part of the model (the hooks' unit:
 // embedding, layer l, head) is all-gathered into one working buffer right before the part
-// runs.
+// runs, and its gradients go into one working gradient buffer that is reduce-scattered into
+// the ranks' gradient shards as soon as the part's backward is done.
 //
 //   held per rank           size                                     data_parallel.h ZeRO-2 holds
 //   shard                   lo[r+1] - lo[r] trainable values         every parameter
+//   gradient shard          lo[r+1] - lo[r] values                   every gradient
 //   frozen store            the frozen tensors (SPES: experts this
 //                           peer does not own), packed; every rank
-//   working buffer          the largest part
+//   working buffers         the largest part's parameters, the
+//                           largest part's gradients
 //
-// The gradient side is ZeRO-2's (full-size gradient buffer, bucketed reduce-scatter), and the
-// shard is exactly ZeRO-2's shard of the gradient layout, so AdamW updates it in place
-// (adamw_step_packed) and nothing is all-gathered after the step. The gathered parts are the
-// same bits as the replicated parameters, so ZeRO-3 trains exactly what ZeRO-2 trains.
+// The shards are exactly ZeRO-2's shards of the gradient layout, so AdamW updates the
+// parameter shard in place from the gradient shard (adamw_step_packed) and nothing is
+// all-gathered after the step.
+//
+// Gradients. The model's own gradient buffer is released. A part's gradients are bound to the
+// working gradient buffer (model_bind_part), zeroed before the part first writes them (the
+// head at its PRE_FORWARD: lm_head's gradient is computed with its forward; every other part
+// at its PRE_BACKWARD); at its POST_BACKWARD the part's range of the gradient layout is
+// reduce-scattered (summed over ranks) and this rank's block added to its gradient shard. So
+// each micro-batch's gradient is summed over ranks first and the sums are accumulated over
+// micro-batches: another summation order than ZeRO-2's (micro-batches accumulated on each rank,
+// then summed over ranks once), equal to it within fp32 rounding, and bit for bit when every
+// rank runs one micro-batch (with 2 ranks, where a + b has one order).
 //
 // Collectives from hooks. sharded_params_hooks() gathers part p at PRE_FORWARD/PRE_BACKWARD
-// unless p is the part in the working buffer already, and passes every event on to the
-// gradient buckets' hooks when asked (the last micro-batch, ddp.overlap_grad_reduce). Every
+// unless p is the part in the working buffer already, and reduces at POST_BACKWARD. Every
 // rank must make the same collective calls in the same order, so every rank runs the same
 // number of passes per step: a rank with fewer micro-batches first replays passes without
-// work (sharded_params_idle_pass), then runs its own.
+// work (sharded_params_idle_pass: zero gradients go into the sums), then runs its own.
 //
 // Outside the steps the model holds its full parameters (sharded_params_unshard: every part
 // gathered into the model's own, restored buffers): checkpoints, evaluation and the SPES
@@ -50,31 +61,41 @@ typedef struct {
     float *work;           // [work_n] the working buffer (the largest part's span)
     void *cwork;           // [work_n] its compute copy in be->compute; NULL when compute is fp32
     size_t work_n;
+    float *gshard;         // [shard_n] this rank's gradient shard, summed over ranks and micro-batches
+    float *gwork;          // [gwork_n] the working gradient buffer (the largest part's gradient range)
+    size_t gwork_n;
+    int gbound;            // the part whose gradients gwork holds (-1: none)
+    int *counts;           // [ranks] scratch: a part's blocks of the reduce-scatter
     int bound;             // the part the working buffer holds (-1: none)
     bool sharded;          // the model's buffers are released; parts come from the shards
-    bool pass_on;          // pass events on to dp's bucket hooks
     ModelHooks hooks;      // the model's hooks while sharded
 } ShardedParams;
 
 // For model m (on any backend) trained under dp (stage DP_ZERO3). m and dp must
 // outlive z, and z must not move afterwards (z->hooks points at it). Allocates the buffers;
-// the model keeps its parameters until sharded_params_shard.
+// the model keeps its parameters and its gradient buffer until sharded_params_shard. The
+// gradient buffer stays released for good (model_restore_grads gives it back).
 int sharded_params_create(ShardedParams *z, Model *m, DataParallel *dp);
 void sharded_params_free(ShardedParams *z);
 
-// The model's full parameters -> this rank's shard and the frozen store; the model's buffers
-// are released. Every rank holds the same full parameters when it is called.
+// The model's full parameters -> this rank's shard and the frozen store; the model's parameter
+// (and, the first time, gradient) buffers are released. Every rank holds the same full
+// parameters when it is called.
 int sharded_params_shard(ShardedParams *z);
 // Collective: the model's buffers restored and filled with every part, gathered.
 int sharded_params_unshard(ShardedParams *z);
 
-// The hooks for a pass while sharded; pass_on: also start the gradient buckets (dp->hooks).
-const ModelHooks *sharded_params_hooks(ShardedParams *z, bool pass_on);
+// Before a step's passes: the gradient shard zeroed.
+void sharded_params_zero_grads(ShardedParams *z);
+// The hooks for a pass while sharded.
+const ModelHooks *sharded_params_hooks(ShardedParams *z);
 // A pass's collectives without its work (a rank with fewer micro-batches than another).
-int sharded_params_idle_pass(ShardedParams *z, bool pass_on);
+int sharded_params_idle_pass(ShardedParams *z);
 // After the update: the values changed, so the next part is gathered afresh.
 void sharded_params_updated(ShardedParams *z);
 
 // Backend bytes this rank holds for parameters while sharded: shard, frozen store, working
 // buffers (fp32 and compute copy), gather staging.
 size_t sharded_params_bytes(const ShardedParams *z);
+// Backend bytes this rank holds for gradients: the gradient shard and the working buffer.
+size_t sharded_params_grad_bytes(const ShardedParams *z);

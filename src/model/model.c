@@ -109,6 +109,19 @@ int model_restore_params(Model *m) {
     return model_bind(m);
 }
 
+int model_release_grads(Model *m) {
+    if (!m->grads) return SPES_OK;   // released already, or nothing trains
+    backend_free(m->be, m->grads);
+    m->grads = NULL;
+    return m->dparams ? model_bind(m) : SPES_OK;   // no view keeps pointing at the freed buffer
+}
+
+int model_restore_grads(Model *m) {
+    if (m->grads || m->table.trainable_numel == 0) return SPES_OK;
+    SPES_TRY(alloc_grads(m));
+    return m->dparams ? model_bind(m) : SPES_OK;
+}
+
 int model_move_to(Model *m, Backend *be) {
     if (m->be == be) return SPES_OK;
     SPES_TRY(model_params_to_host(m));

@@ -68,6 +68,11 @@ int model_params_to_host(Model *m);
 // backend keeps the page-locked host copy throughout. Gradients stay.
 int model_release_params(Model *m);
 int model_restore_params(Model *m);
+// The gradient buffer likewise (ZeRO-3's gradients live in shards): released, every part's
+// gradient views are NULL until a binding with a gradient buffer (model_bind_part); restore
+// allocates it again (zeroed) and, when the model holds its parameters, rebinds.
+int model_release_grads(Model *m);
+int model_restore_grads(Model *m);
 
 // Moves a model (its parameters and trainable mask; no activations) to backend be: load on
 // the host, then move. Gradients start at zero there.
@@ -87,9 +92,11 @@ void model_init_weights(Model *m, uint64_t seed);
 // `compute` (the compute copy; NULL when compute is fp32, where GEMMs read the master), both
 // laid out as the part's span of the parameter buffer (param_part_span): the working buffer
 // a sharded-parameter strategy gathers the part into. master NULL: back to the model's own
-// buffers. Gradients stay where they are. model_bind (set_trainable, move) rebinds every part
-// to the model's own buffers.
-int model_bind_part(Model *m, int part, const float *master, void *compute);
+// buffers. `grads`: where the part's gradients go, laid out as the part's range of the gradient
+// layout (param_part_grad_span; a sharded-gradient strategy's working buffer); NULL: the
+// model's own gradient buffer. model_bind (set_trainable, move) rebinds every part to the
+// model's own buffers.
+int model_bind_part(Model *m, int part, const float *master, void *compute, float *grads);
 // Per-entry trainable mask (table order). Frees/reallocates the gradient buffer so frozen
 // tensors get no gradient memory. Gradients are zeroed.
 int model_set_trainable(Model *m, const bool *mask);

@@ -13,17 +13,20 @@ static Buf compute_params(const Model *m) {
 
 // Where one part's parameters are read from: its span of the parameter buffer (offset) laid
 // out at `master` (fp32) and `compute` (the compute copy) - the model's own buffers, or a
-// working buffer that holds only this part (model_bind_part).
+// working buffer that holds only this part (model_bind_part); and where its gradients go: the
+// gradient layout from value grad_lo on, laid out at `grads` (NULL: no gradients).
 typedef struct {
     const float *master;
     Buf compute;
     size_t offset;   // the part's first float in the parameter buffer
+    float *grads;
+    size_t grad_lo;
 } PartBase;
 
 static PartBase own_base(const Model *m, int part) {
     size_t offset, numel;
     param_part_span(&m->table, part, m->cfg.n_layers, &offset, &numel);
-    return (PartBase){m->dparams + offset, buf_at(compute_params(m), offset), offset};
+    return (PartBase){m->dparams + offset, buf_at(compute_params(m), offset), offset, m->grads, 0};
 }
 
 static int entry(const Model *m, ParamKind kind, int layer, int expert) {
@@ -36,9 +39,11 @@ static const float *master(const Model *m, const PartBase *pb, int i) {
 static Buf compute(const Model *m, const PartBase *pb, int i) {
     return i < 0 ? (Buf){NULL, m->be->compute} : buf_at(pb->compute, m->table.entries[i].offset - pb->offset);
 }
-static float *grad(const Model *m, int i) {
-    if (i < 0 || !m->table.entries[i].trainable) return NULL;
-    return m->grads + m->table.entries[i].grad_offset;
+// NULL for a frozen tensor (the backward skips its weight gradient) and when the gradients are
+// released (model_release_grads: no pass trains without a gradient binding from the hooks).
+static float *grad(const Model *m, const PartBase *pb, int i) {
+    if (i < 0 || !m->table.entries[i].trainable || !pb->grads) return NULL;
+    return pb->grads + ((size_t)m->table.entries[i].grad_offset - pb->grad_lo);
 }
 
 void model_unbind(Model *m) {
@@ -74,9 +79,9 @@ static int bind_experts(Model *m, const PartBase *pb, int l, LayerParams *lp) {
         int gi = entry(m, PARAM_EXPERT_GATE, l, e);   // gate, up, down at consecutive indices
         lp->gate_up[e] = compute(m, pb, gi);
         lp->down[e] = compute(m, pb, gi + 2);
-        lp->d_gate[e] = grad(m, gi);
-        lp->d_up[e] = grad(m, gi + 1);
-        lp->d_down[e] = grad(m, gi + 2);
+        lp->d_gate[e] = grad(m, pb, gi);
+        lp->d_up[e] = grad(m, pb, gi + 1);
+        lp->d_down[e] = grad(m, pb, gi + 2);
         // One [2I, H] gradient GEMM when both halves train and sit next to each other.
         bool adjacent = lp->d_gate[e] && lp->d_up[e] && lp->d_up[e] == lp->d_gate[e] + I * H;
         lp->d_gate_up[e] = adjacent ? lp->d_gate[e] : NULL;
@@ -88,7 +93,7 @@ static void bind_embed(Model *m, const PartBase *pb) {
     ModelBinding *b = m->bind;
     int embed = entry(m, PARAM_EMBED, -1, -1);
     b->embed = master(m, pb, embed);
-    b->d_embed = grad(m, embed);
+    b->d_embed = grad(m, pb, embed);
 }
 
 static void bind_head(Model *m, const PartBase *pb) {
@@ -96,8 +101,8 @@ static void bind_head(Model *m, const PartBase *pb) {
     int fnorm = entry(m, PARAM_FINAL_NORM, -1, -1), head = entry(m, PARAM_LM_HEAD, -1, -1);
     b->final_norm = master(m, pb, fnorm);
     b->lm_head = compute(m, pb, head);
-    b->d_final_norm = grad(m, fnorm);
-    b->d_lm_head = grad(m, head);
+    b->d_final_norm = grad(m, pb, fnorm);
+    b->d_lm_head = grad(m, pb, head);
 }
 
 static int bind_layer(Model *m, const PartBase *pb, int l) {
@@ -113,15 +118,15 @@ static int bind_layer(Model *m, const PartBase *pb, int l) {
     lp->qkv = compute(m, pb, q);   // q_proj, k_proj, v_proj are adjacent in the parameter buffer
     lp->o = compute(m, pb, o);
     lp->router = compute(m, pb, r);
-    lp->d_attn_norm = grad(m, an);
-    lp->d_q_norm = grad(m, qn);
-    lp->d_k_norm = grad(m, kn);
-    lp->d_mlp_norm = grad(m, mn);
-    lp->d_q = grad(m, q);
-    lp->d_k = grad(m, k);
-    lp->d_v = grad(m, v);
-    lp->d_o = grad(m, o);
-    lp->d_router = grad(m, r);
+    lp->d_attn_norm = grad(m, pb, an);
+    lp->d_q_norm = grad(m, pb, qn);
+    lp->d_k_norm = grad(m, pb, kn);
+    lp->d_mlp_norm = grad(m, pb, mn);
+    lp->d_q = grad(m, pb, q);
+    lp->d_k = grad(m, pb, k);
+    lp->d_v = grad(m, pb, v);
+    lp->d_o = grad(m, pb, o);
+    lp->d_router = grad(m, pb, r);
     return bind_experts(m, pb, l, lp);
 }
 
@@ -148,24 +153,31 @@ int model_bind(Model *m) {
     return SPES_OK;
 }
 
-int model_bind_part(Model *m, int part, const float *master_base, void *compute_base) {
+int model_bind_part(Model *m, int part, const float *master_base, void *compute_base, float *grad_base) {
     const int L = m->cfg.n_layers;
     if (!m->bind) return spes_fail("model_bind_part: the model has no binding");
     if (part < 0 || part > L + 1) return spes_fail("model_bind_part: part %d out of range [0, %d]", part, L + 1);
+    PartBase pb;
     if (!master_base) {
         if (!m->dparams) return spes_fail("model_bind_part: part %d: the model's parameters are released", part);
-        PartBase pb = own_base(m, part);
-        return bind_part(m, &pb, part);
+        pb = own_base(m, part);
+    } else {
+        // A compute copy exists exactly when compute is not fp32 (model_create_on); released
+        // parameters leave cparams NULL, so ask the backend.
+        bool low_precision = m->be->compute != NUM_F32;
+        if (low_precision && !compute_base)
+            return spes_fail("model_bind_part: part %d needs a compute copy (compute is not fp32)", part);
+        size_t offset, numel;
+        param_part_span(&m->table, part, L, &offset, &numel);
+        // fp32 compute reads the GEMM weights from the master itself, as model_bind does.
+        pb = (PartBase){master_base,
+                        low_precision ? buf_of(compute_base, m->be->compute) : buf_f32((float *)master_base), offset,
+                        m->grads, 0};
     }
-    // A compute copy exists exactly when compute is not fp32 (model_create_on); released
-    // parameters leave cparams NULL, so ask the backend.
-    bool low_precision = m->be->compute != NUM_F32;
-    if (low_precision && !compute_base)
-        return spes_fail("model_bind_part: part %d needs a compute copy (compute is not fp32)", part);
-    size_t offset, numel;
-    param_part_span(&m->table, part, L, &offset, &numel);
-    // fp32 compute reads the GEMM weights from the master itself, as model_bind does.
-    PartBase pb = {master_base,
-                   low_precision ? buf_of(compute_base, m->be->compute) : buf_f32((float *)master_base), offset};
+    if (grad_base) {
+        size_t numel;
+        param_part_grad_span(&m->table, part, L, &pb.grad_lo, &numel);
+        pb.grads = grad_base;
+    }
     return bind_part(m, &pb, part);
 }

@@ -221,15 +221,20 @@ static void log_memory(const Trainer *t) {
     double params = (double)total * (4 + (t->model.cparams ? num_type_size(t->be->compute) : 0)) * mb;
     double grads = (double)trainable * 4 * mb, state = (double)t->adamw.numel * 8 * mb, scratch = 0;
     if (t->dist) scratch = (double)t->dp.scratch_n * 4 * mb;
-    if (t->z3_on) params = (double)sharded_params_bytes(&t->z3) * mb;   // while training (between steps: full)
+    if (t->z3_on) {   // while training (between steps the parameters are full)
+        params = (double)sharded_params_bytes(&t->z3) * mb;
+        grads = (double)sharded_params_grad_bytes(&t->z3) * mb;
+    }
     log_info("memory per rank (%s): parameters %.3f MB, gradients %.3f MB, optimizer state %.3f MB%s, collective "
              "scratch %.3f MB",
              t->be->name, params, grads, state, t->adamw.offload ? " (host memory, offloaded)" : "", scratch);
     if (t->z3_on)
-        log_info("zero3 parameters per rank while training: shard %.3f MB, frozen tensors %.3f MB, part buffers %.3f MB "
-                 "(the full parameters only around checkpoints, evaluations and SPES syncs)",
+        log_info("zero3 per rank while training: parameter shard %.3f MB, frozen tensors %.3f MB, part buffers %.3f MB "
+                 "(the full parameters only around checkpoints, evaluations and SPES syncs); gradient shard %.3f MB, "
+                 "part gradient buffer %.3f MB",
                  t->z3.shard_n * 4 * mb, t->z3.gather.frozen_numel * 4 * mb,
-                 (double)(sharded_params_bytes(&t->z3) - (t->z3.shard_n + t->z3.gather.frozen_numel) * 4) * mb);
+                 (double)(sharded_params_bytes(&t->z3) - (t->z3.shard_n + t->z3.gather.frozen_numel) * 4) * mb,
+                 t->z3.shard_n * 4 * mb, t->z3.gwork_n * 4 * mb);
     if (t->adamw.offload && t->be->host_memory)
         log_info("optimizer.cpu_offload on the cpu backend: the moments are host memory already; the update runs "
                  "through the offload path's host copies (the same bits, a little slower)");
@@ -276,10 +281,17 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
         size_t lo, hi;
         dp_state_range(&t->dp, &lo, &hi);
         if (adamw_create_shard(&t->adamw, &t->model.table, &cfg->adamw, t->be, lo, hi) != SPES_OK) goto fail;
-        log_info("dist: %d ranks, strategy %s; this rank holds optimizer state for [%zu, %zu) of %zu trainable "
-                 "values; %zu gradient buckets, %s",
-                 comm_size(t->comm), dp_stage_name(stage), lo, hi, t->model.table.trainable_numel, t->dp.n_buckets,
-                 cfg->ddp_overlap_grad_reduce ? "overlapped with the backward" : "reduced after the backward");
+        if (stage == DP_ZERO3)
+            log_info("dist: %d ranks, strategy zero3; this rank holds parameters, gradients and optimizer state for "
+                     "[%zu, %zu) of %zu trainable values; each part's gradients are reduce-scattered right after its "
+                     "backward (no buckets: ddp.bucket_cap_mb and ddp.overlap_grad_reduce do not apply)",
+                     comm_size(t->comm), lo, hi, t->model.table.trainable_numel);
+        else
+            log_info("dist: %d ranks, strategy %s; this rank holds optimizer state for [%zu, %zu) of %zu trainable "
+                     "values; %zu gradient buckets, %s",
+                     comm_size(t->comm), dp_stage_name(stage), lo, hi, t->model.table.trainable_numel,
+                     t->dp.n_buckets,
+                     cfg->ddp_overlap_grad_reduce ? "overlapped with the backward" : "reduced after the backward");
     } else if (adamw_create_on(&t->adamw, &t->model.table, &cfg->adamw, t->be) != SPES_OK) {
         goto fail;
     }
@@ -396,11 +408,13 @@ static int combine_ranks(Trainer *t, int n_micro, size_t n_counts, LossValues *m
 
 static double step_grad_norm(Trainer *t) {
     size_t n = t->model.table.trainable_numel;
+    if (t->z3_on) return dp_shard_grad_norm(&t->dp, t->z3.gshard);
     return t->dist ? dp_grad_norm(&t->dp, t->model.grads) : grad_global_norm(t->be, t->model.grads, n);
 }
 
 static void step_grad_scale(Trainer *t, float coef) {
-    if (t->dist) dp_grad_scale(&t->dp, t->model.grads, coef);
+    if (t->z3_on) dp_shard_grad_scale(&t->dp, t->z3.gshard, coef);
+    else if (t->dist) dp_grad_scale(&t->dp, t->model.grads, coef);
     else t->be->ops->scale(t->be, t->model.grads, t->model.table.trainable_numel, coef);
 }
 
@@ -437,16 +451,18 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         SPES_TRY(prepare_micro_losses(t, n_micro));
     }
     size_t n_grad = m->table.trainable_numel;
-    bool reduce = t->dist && n_grad > 0;
+    // ZeRO-3 reduces each part's gradients from the hooks; the others in buckets.
+    bool reduce = t->dist && n_grad > 0 && !t->z3_on;
     if (reduce) dp_reduce_begin(&t->dp, m->grads);
     // The last pass's backward starts the gradient buckets it finishes (overlap).
     bool overlap = reduce && cfg->ddp_overlap_grad_reduce;
     if (t->z3_on) {
-        // Every rank runs as many passes as the busiest (the part gathers are collectives): a
-        // rank with fewer micro-batches replays the missing passes first, without work.
+        sharded_params_zero_grads(&t->z3);
+        // Every rank runs as many passes as the busiest (the part gathers and gradient
+        // reductions are collectives): a rank with fewer micro-batches replays the missing
+        // passes first, without work.
         int passes = (n_micro + comm_size(t->comm) - 1) / comm_size(t->comm), idle = passes - (last - first);
-        for (int k = 0; k < idle; k++)
-            SPES_TRY(sharded_params_idle_pass(&t->z3, overlap && first == last && k == idle - 1));
+        for (int k = 0; k < idle; k++) SPES_TRY(sharded_params_idle_pass(&t->z3));
     }
     LossValues mean = {0};
     double flops = 0;
@@ -454,7 +470,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         int r0 = i * micro, nb = rows - r0 < micro ? rows - r0 : micro;
         LossValues lv;
         bool pass_on = overlap && i == last - 1;
-        m->hooks = t->z3_on ? sharded_params_hooks(&t->z3, pass_on) : pass_on ? &t->dp.hooks : NULL;
+        m->hooks = t->z3_on ? sharded_params_hooks(&t->z3) : pass_on ? &t->dp.hooks : NULL;
         int rc = model_forward_backward(m, batch->inputs + (size_t)r0 * T, batch->targets + (size_t)r0 * T, nb, T,
                                         &t->weights, (float)(t->scaler.scale / n_micro), &lv, NULL);
         m->hooks = NULL;
@@ -508,7 +524,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     }
     const Buf compute = {m->cparams, t->be->compute};
     if (n_grad && apply && t->z3_on) {   // the shard in place; nothing to all-gather
-        SPES_TRY(adamw_step_packed(&t->adamw, &m->table, t->z3.shard, dp_step_grads(&t->dp, m->grads), lr));
+        SPES_TRY(adamw_step_packed(&t->adamw, &m->table, t->z3.shard, t->z3.gshard, lr));
         sharded_params_updated(&t->z3);
     } else if (n_grad && apply) {
         SPES_TRY(adamw_step(&t->adamw, &m->table, m->dparams, t->dist ? dp_step_grads(&t->dp, m->grads) : m->grads,

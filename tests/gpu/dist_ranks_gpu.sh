@@ -7,8 +7,9 @@
 # all-gathered through NCCL before it runs) against 1 rank on cuda:0: the loss log within 1e-4
 # relative and the weights within 1e-4 absolute + relative (the GPU's fp32 reductions run in
 # another order than 1 rank's accumulation), DDP against ZeRO-2 the same way, and ZeRO-3 against
-# ZeRO-2 bit for bit (the same reductions; the gathered parts are the same bits), also in
-# amp_bf16 (the gathered part's compute copy). Skipped (77) without a GPU, and with an NCCL
+# ZeRO-2 bit for bit (each rank runs one micro-batch, so ZeRO-3's per-part reductions make the
+# same sums; the gathered parts are the same bits), also in amp_bf16 (the gathered part's
+# compute copy). Skipped (77) without a GPU, and with an NCCL
 # older than 2.30 (the reason printed); the NCCL path with one rank is tests/gpu/test_dist_nccl.c,
 # ZeRO-3 on one rank tests/gpu/test_sharded_params_gpu.c.
 set -euo pipefail

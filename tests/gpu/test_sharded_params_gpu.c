@@ -2,12 +2,13 @@
 // ranks on one GPU need NCCL >= 2.30: tests/gpu/dist_ranks_gpu.sh). For fp32 and amp_bf16, with
 // the optimizer state on the device and offloaded, on the tiny MoE with frozen experts (SPES: a
 // peer trains experts 1..2), against a second copy of the same model trained unsharded:
-//   - sharding releases the model's device buffers;
+//   - sharding releases the model's device buffers and its gradient buffer;
 //   - a training pass whose parts are gathered from the shard and the frozen store into the
-//     working buffers (and converted into the compute working copy) gives the plain pass's
-//     loss and gradients, bit for bit;
-//   - AdamW on the packed shard, then unshard (master gathered, compute copy converted), gives
-//     the plain step's master and compute copy, bit for bit;
+//     working buffers (and converted into the compute working copy), with each part's
+//     gradients reduced into the gradient shard after its backward, gives the plain pass's
+//     loss and gradients, bit for bit (one rank: the gradient shard is the whole gradient);
+//   - AdamW on the packed shard from the gradient shard, then unshard (master gathered,
+//     compute copy converted), gives the plain step's master and compute copy, bit for bit;
 //   - a second pass after the update is again the plain one's.
 // Skipped (cmocka skip) without a GPU. The cpu backend runs the same code in
 // tests/unit/test_dist_part_gather.c and tests/integration/dist_train_parity.sh.
@@ -48,14 +49,16 @@ static void make_model(Model *m, Backend *be) {
     assert_int_equal(model_params_to_device(m), SPES_OK);
 }
 
-static void pass(Model *m, const ModelHooks *hooks, LossValues *out) {
+// A training pass; with z, sharded (the gradient shard zeroed first, as a step does).
+static void pass(Model *m, ShardedParams *z, LossValues *out) {
     int32_t in[B * T], tg[B * T];
     for (int i = 0; i < B * T; i++) {
         in[i] = (i * 7 + 3) % m->cfg.embedding_size;
         tg[i] = (i * 5 + 1) % m->cfg.embedding_size;
     }
     LossWeights w = {.lm_z_mult = 1e-2f, .lb_weight = 0.1f, .router_z_weight = 1e-3f};
-    m->hooks = hooks;
+    if (z) sharded_params_zero_grads(z);
+    m->hooks = z ? sharded_params_hooks(z) : NULL;
     model_zero_grad(m);
     if (model_forward_backward(m, in, tg, B, T, &w, 1.0f, out, NULL) != SPES_OK)
         fail_msg("model_forward_backward: %s", spes_last_error());
@@ -81,13 +84,14 @@ static void run(Precision precision, bool offload) {
     assert_int_equal(sharded_params_shard(&sp), SPES_OK);
     assert_null(z.dparams);
     assert_null(z.cparams);
+    assert_null(z.grads);
     if (!be->host_memory) assert_non_null(z.params);   // the host copy stays on a device backend
 
     LossValues lr_, lz;
     pass(&ref, NULL, &lr_);
-    pass(&z, sharded_params_hooks(&sp, false), &lz);
+    pass(&z, &sp, &lz);
     assert_memory_equal(&lz, &lr_, sizeof lz);
-    assert_same_backend_bytes(be, z.grads, ref.grads, n * sizeof(float), "gradients of the sharded pass");
+    assert_same_backend_bytes(be, sp.gshard, ref.grads, n * sizeof(float), "gradients of the sharded pass");
 
     AdamWConfig ac = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .cpu_offload = offload};
     AdamW oref, oz;
@@ -95,14 +99,14 @@ static void run(Precision precision, bool offload) {
     assert_int_equal(adamw_create_shard(&oz, &z.table, &ac, be, dp.lo[0], dp.lo[1]), SPES_OK);
     const Buf compute = {ref.cparams, be->compute};
     assert_int_equal(adamw_step(&oref, &ref.table, ref.dparams, ref.grads, compute, 1e-3), SPES_OK);
-    assert_int_equal(adamw_step_packed(&oz, &z.table, sp.shard, dp_step_grads(&dp, z.grads), 1e-3), SPES_OK);
+    assert_int_equal(adamw_step_packed(&oz, &z.table, sp.shard, sp.gshard, 1e-3), SPES_OK);
     sharded_params_updated(&sp);
 
     // A pass on the updated shard, then the full model back.
     pass(&ref, NULL, &lr_);
-    pass(&z, sharded_params_hooks(&sp, false), &lz);
+    pass(&z, &sp, &lz);
     assert_memory_equal(&lz, &lr_, sizeof lz);
-    assert_same_backend_bytes(be, z.grads, ref.grads, n * sizeof(float), "gradients after the update");
+    assert_same_backend_bytes(be, sp.gshard, ref.grads, n * sizeof(float), "gradients after the update");
     assert_int_equal(sharded_params_unshard(&sp), SPES_OK);
     assert_same_backend_bytes(be, z.dparams, ref.dparams, total * sizeof(float), "fp32 masters after unshard");
     if (ref.cparams) {
@@ -112,7 +116,7 @@ static void run(Precision precision, bool offload) {
     }
     // Shard again from the restored model: the same pass once more.
     assert_int_equal(sharded_params_shard(&sp), SPES_OK);
-    pass(&z, sharded_params_hooks(&sp, false), &lz);
+    pass(&z, &sp, &lz);
     assert_memory_equal(&lz, &lr_, sizeof lz);
 
     adamw_free(&oref);

@@ -6,9 +6,10 @@
 #   - the loss log equals 1 rank's: step 1's losses bit for bit (every micro-batch holds the
 #     same instances as on 1 rank), later steps and grad norms within fp32 reduction order;
 #   - weights and AdamW moments within 1e-5 of 1 rank's; one full-model checkpoint, same files;
-#   - ZeRO-1 equals DDP bit for bit (same all-reduce, element-wise AdamW on shards), and
-#     ZeRO-3 equals ZeRO-2 bit for bit (the gathered parts are the replicated parameters' bits),
-#     while ZeRO-3's rank holds less parameter memory (its log's memory line);
+#   - ZeRO-1 equals DDP bit for bit (same all-reduce, element-wise AdamW on shards); ZeRO-3
+#     equals ZeRO-2 within tolerance (it sums each micro-batch's gradients over ranks, then
+#     over micro-batches), and bit for bit when each of 2 ranks runs one micro-batch, while
+#     ZeRO-3's rank holds less parameter and gradient memory (its log's memory line);
 # plus N = 4 (6 micro-batches over 4 ranks: uneven shares; under ZeRO-3 the ranks with one
 # micro-batch replay a pass of gathers), small gradient buckets, the optimizer-state offload
 # (same bits), resume at another world size (2 -> 1, 1 -> 3, 3 -> 2 with a sharded optimizer
@@ -27,6 +28,9 @@ dist_tiny_setup "$tmp"
 param_mb() {   # param_mb NAME: the parameter MB per rank of rank 0's memory line
   sed -n 's/.*memory per rank (cpu): parameters \([0-9.]*\) MB.*/\1/p' "$tmp/$1.log" | head -1
 }
+grad_mb() {   # grad_mb NAME: the gradient MB per rank of rank 0's memory line
+  sed -n 's/.*memory per rank (cpu): .*gradients \([0-9.]*\) MB.*/\1/p' "$tmp/$1.log" | head -1
+}
 
 
 dist_train one 1
@@ -40,7 +44,7 @@ for n in 2 3; do
     grep -q "strategy zero3" "$tmp/z3_$n.log" || { echo "FAIL: strategies"; exit 1; }
   for s in "ddp$n" "z1_$n" "z2_$n" "z3_$n"; do dist_check one "$s" 5 --tol 1e-5 --exact-steps 1; done
   dist_check "ddp$n" "z1_$n" 5 --tol 0 --exact-steps 5
-  dist_check "z2_$n" "z3_$n" 5 --tol 0 --exact-steps 5
+  dist_check "z2_$n" "z3_$n" 5 --tol 1e-5 --exact-steps 1
   # only rank 0 writes: one metrics line per step
   [ "$(grep -c '"loss"' "$tmp/z2_$n/metrics.jsonl")" = 5 ] || { echo "FAIL: metrics lines"; exit 1; }
 done
@@ -55,25 +59,31 @@ dist_check one z1b_3 5 --tol 1e-5 --exact-steps 1
 # ZeRO-3 with 4 ranks (ranks 0 and 2 have one micro-batch of 6, the others two) and small buckets
 dist_train z2b_4 4 --fsdp.sharding_strategy=SHARD_GRAD_OP --ddp.bucket_cap_mb=0.01
 dist_train z3b_4 4 --fsdp.sharding_strategy=FULL_SHARD --ddp.bucket_cap_mb=0.01
-dist_check z2b_4 z3b_4 5 --tol 0 --exact-steps 5
+dist_check z2b_4 z3b_4 5 --tol 1e-5 --exact-steps 1
 dist_check one z3b_4 5 --tol 1e-5 --exact-steps 1
+# One micro-batch per rank (6 rows each): ZeRO-3's per-micro-batch sums are ZeRO-2's sums.
+dist_train z2mb_2 2 --fsdp.sharding_strategy=SHARD_GRAD_OP --device_train_microbatch_size=6
+dist_train z3mb_2 2 --fsdp.sharding_strategy=FULL_SHARD --device_train_microbatch_size=6
+dist_check z2mb_2 z3mb_2 5 --tol 0 --exact-steps 5
 # ZeRO-3 with activation checkpointing: whole_layer recomputes a layer's forward from the part
 # gathered at PRE_BACKWARD
 dist_train z2wl_3 3 --fsdp.sharding_strategy=SHARD_GRAD_OP --activation_checkpointing=whole_layer
 dist_train z3wl_3 3 --fsdp.sharding_strategy=FULL_SHARD --activation_checkpointing=whole_layer
-dist_check z2wl_3 z3wl_3 5 --tol 0 --exact-steps 5
+dist_check z2wl_3 z3wl_3 5 --tol 1e-5 --exact-steps 1
+dist_check z3_3 z3wl_3 5 --tol 0 --exact-steps 5   # recomputing changes no bit
 
-# ZeRO-3's parameter memory per rank: its shard (1/N of the trainable values) plus a working
-# buffer and a gather buffer of the largest part. With 8 layers a part is small against the
-# model, and 4 ranks hold less than ZeRO-2's full copy.
+# ZeRO-3's parameter and gradient memory per rank: its shards (1/N of the trainable values)
+# plus working buffers of the largest part. With 8 layers a part is small against the model,
+# and 4 ranks hold less than ZeRO-2's full parameters and full gradient buffer.
 dist_train mem_z2 4 --fsdp.sharding_strategy=SHARD_GRAD_OP --model.n_layers=8 --max_duration=3
 dist_train mem_z3 4 --fsdp.sharding_strategy=FULL_SHARD --model.n_layers=8 --max_duration=3
-p2=$(param_mb mem_z2) p3=$(param_mb mem_z3)
-echo "parameters per rank, 8 layers, 4 ranks: zero2 $p2 MB, zero3 $p3 MB"
+p2=$(param_mb mem_z2) p3=$(param_mb mem_z3) g2=$(grad_mb mem_z2) g3=$(grad_mb mem_z3)
+echo "per rank, 8 layers, 4 ranks: parameters zero2 $p2 MB, zero3 $p3 MB; gradients zero2 $g2 MB, zero3 $g3 MB"
 python3 -c "import sys; sys.exit(0 if float('$p3') < 0.6 * float('$p2') else 1)" || { echo "FAIL: zero3 holds no less parameter memory"; exit 1; }
+python3 -c "import sys; sys.exit(0 if float('$g3') < 0.6 * float('$g2') else 1)" || { echo "FAIL: zero3 holds no less gradient memory"; exit 1; }
 
 # Evaluations between steps: under ZeRO-3 every rank gathers the full parameters, rank 0
-# evaluates; the figures are ZeRO-2's bit for bit and 1 rank's within tolerance.
+# evaluates; the figures are ZeRO-2's and 1 rank's within tolerance.
 cp "$tmp/tiny.yaml" "$tmp/tiny_eval.yaml"
 printf 'evaluators:\n  - label: val\n    type: lm\n    data:\n      paths: [%s]\neval_interval: 2\ndevice_eval_batch_size: 8\n' \
   "$tmp/tokens.npy" >> "$tmp/tiny_eval.yaml"
@@ -86,12 +96,13 @@ eval_run() {   # eval_run NAME NPROC [overrides]
 e1=$(eval_run eval1 1) e2=$(eval_run eval_z2 2 --fsdp.sharding_strategy=SHARD_GRAD_OP)
 e3=$(eval_run eval_z3 2 --fsdp.sharding_strategy=FULL_SHARD)
 [ "$(echo "$e3" | wc -l)" = 3 ] || { echo "FAIL: zero3 wrote $(echo "$e3" | wc -l) eval lines, expected 3 (steps 2, 4, 5)"; echo "$e3"; exit 1; }
-[ "$e2" = "$e3" ] || { echo "FAIL: zero3's evaluations differ from zero2's"; echo "$e2"; echo "$e3"; exit 1; }
-python3 - "$e1" "$e3" <<'PY' || { echo "FAIL: zero3's evaluations differ from 1 rank's"; exit 1; }
+for ref in "$e1" "$e2"; do
+  python3 - "$ref" "$e3" <<'PY' || { echo "FAIL: zero3's evaluations differ from 1 rank's or zero2's"; exit 1; }
 import json, sys
 a, b = ([json.loads(l)["ce"] for l in x.splitlines()] for x in sys.argv[1:3])
 assert len(a) == len(b) == 3 and all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)), (a, b)
 PY
+done
 
 # Optimizer-state offload (optimizer.cpu_offload): on the cpu backend the update runs through the
 # offload path's host copies and must give the same bits, on 1 rank and on ZeRO-2 shards; its
@@ -103,7 +114,7 @@ dist_check one one_off 5 --tol 0 --exact-steps 5
 dist_train z2off_2 2 --fsdp.sharding_strategy=SHARD_GRAD_OP --optimizer.cpu_offload=true
 dist_check z2_2 z2off_2 5 --tol 0 --exact-steps 5
 dist_train z3off_2 2 --fsdp.sharding_strategy=FULL_SHARD --optimizer.cpu_offload=true
-dist_check z2_2 z3off_2 5 --tol 0 --exact-steps 5
+dist_check z3_2 z3off_2 5 --tol 0 --exact-steps 5
 dist_train resoff 2 --fsdp.sharding_strategy=SHARD_GRAD_OP --optimizer.cpu_offload=true --stop_at=3
 dist_train resoff 1 --resume
 dist_check one resoff 5 --tol 1e-5 --exact-steps 1

@@ -38,7 +38,7 @@ static int gather_part(void *ctx, ModelHookEvent event, int part) {
     Listener *l = ctx;
     if (event != MODEL_HOOK_PRE_FORWARD && event != MODEL_HOOK_PRE_BACKWARD) return SPES_OK;
     SPES_TRY(part_gather(l->g, part, l->shard, l->frozen, l->work));
-    return model_bind_part(l->m, part, l->work, NULL);
+    return model_bind_part(l->m, part, l->work, NULL, NULL);
 }
 
 static void test_part_gather(void **state) {

@@ -6,6 +6,9 @@
 // part read outside its window would read NaN and show. The same with the model's parameter
 // buffers released (model_release_params, as ZeRO-3 runs), and after model_restore_params the
 // plain pass again. model_hook_replay sends exactly the events of a real pass, in order.
+// Gradients bound elsewhere (model_bind_part's grads, as ZeRO-3's working gradient buffer):
+// each part's range of another buffer receives the plain pass's gradients, the model's own
+// buffer nothing.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -42,6 +45,7 @@ typedef struct {
     Model *m;
     const float *store;   // [total_numel] the real parameters (what a gather would assemble)
     float *work;          // [largest part] the working buffer
+    float *grads;         // NULL, or [trainable_numel]: each part's gradients bound to its range here
     int gathers;
     EventLog log;
 } Gatherer;
@@ -54,7 +58,9 @@ static int gather(void *ctx, ModelHookEvent event, int part) {
     param_part_span(&g->m->table, part, g->m->cfg.n_layers, &offset, &numel);
     memcpy(g->work, g->store + offset, numel * sizeof(float));
     g->gathers++;
-    return model_bind_part(g->m, part, g->work, NULL);
+    size_t glo = 0, gn;
+    param_part_grad_span(&g->m->table, part, g->m->cfg.n_layers, &glo, &gn);
+    return model_bind_part(g->m, part, g->work, NULL, g->grads ? g->grads + glo : NULL);
 }
 
 static void batch(const Model *m, int32_t *in, int32_t *tg) {
@@ -117,6 +123,17 @@ static void run_mode(const char *checkpointing) {
     assert_int_equal(replay.n, g.log.n);
     assert_memory_equal(replay.events, g.log.events, (size_t)g.log.n * sizeof(int));
 
+    // Gradients bound to another buffer, part by part.
+    g.grads = calloc(n, sizeof(float));
+    model_zero_grad(&m);
+    assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 1.0f, &got, NULL), SPES_OK);
+    assert_memory_equal(&got, &ref_train, sizeof got);
+    assert_memory_equal(g.grads, ref_grads, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) assert_true(m.grads[i] == 0.0f);
+    free(g.grads);
+    g.grads = NULL;
+    g.log.n = 0;
+
     float *logits = malloc(n_logits * sizeof(float));
     g.log.n = 0;
     assert_int_equal(model_forward(&m, in, tg, B, T, &w, &got, logits), SPES_OK);
@@ -131,7 +148,7 @@ static void run_mode(const char *checkpointing) {
     assert_int_equal(model_release_params(&m), SPES_OK);
     assert_null(m.params);
     assert_int_equal(model_release_params(&m), SPES_ERR);
-    assert_int_equal(model_bind_part(&m, 0, NULL, NULL), SPES_ERR);
+    assert_int_equal(model_bind_part(&m, 0, NULL, NULL, NULL), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "released"));
     model_zero_grad(&m);
     assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 1.0f, &got, NULL), SPES_OK);
@@ -151,14 +168,14 @@ static void run_mode(const char *checkpointing) {
     // Bound back to the model's own (restored) buffers, with no listener: the plain pass again.
     m.hooks = NULL;
     memcpy(m.params, store, total * sizeof(float));
-    for (int p = 0; p <= L + 1; p++) assert_int_equal(model_bind_part(&m, p, NULL, NULL), SPES_OK);
+    for (int p = 0; p <= L + 1; p++) assert_int_equal(model_bind_part(&m, p, NULL, NULL, NULL), SPES_OK);
     model_zero_grad(&m);
     assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 1.0f, &got, NULL), SPES_OK);
     assert_memory_equal(&got, &ref_train, sizeof got);
     assert_memory_equal(m.grads, ref_grads, n * sizeof(float));
 
     // A part outside [0, L+1] is an error that names it.
-    assert_int_equal(model_bind_part(&m, L + 2, g.work, NULL), SPES_ERR);
+    assert_int_equal(model_bind_part(&m, L + 2, g.work, NULL, NULL), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "out of range"));
 
     free(logits);
