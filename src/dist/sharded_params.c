@@ -31,7 +31,8 @@ static int reduce_part(ShardedParams *z, int part) {
     SPES_TRY(comm_start_reduce_scatter_sum(dp->comm, z->m->be, z->gwork, z->counts));
     SPES_TRY(comm_wait_all(dp->comm));
     size_t a = max_sz(glo, lo), b = min_sz(ghi, dp->lo[dp->rank + 1]);
-    if (a < b) z->m->be->ops->add_inplace(z->m->be, buf_f32(z->gshard + (a - lo)), buf_f32(z->gwork + (a - glo)), b - a);
+    Backend *be = z->m->be;
+    if (a < b) be->ops->add_inplace(be, buf_f32(z->gshard + (a - lo)), buf_f32(z->gwork + (a - glo)), b - a);
     return SPES_OK;
 }
 
@@ -75,7 +76,8 @@ int sharded_params_create(ShardedParams *z, Model *m, DataParallel *dp) {
     z->dp = dp;
     z->bound = -1;
     z->hooks = (ModelHooks){.fn = on_event, .ctx = z};
-    if (dp->stage != DP_ZERO3) return spes_fail("sharded_params: the data-parallel stage is %s, not zero3", dp_stage_name(dp->stage));
+    if (dp->stage != DP_ZERO3)
+        return spes_fail("sharded_params: the data-parallel stage is %s, not zero3", dp_stage_name(dp->stage));
     Backend *be = m->be;
     const int L = m->cfg.n_layers;
     SPES_TRY(part_gather_create(&z->gather, dp->comm, be, &m->table, L, dp->lo));
