@@ -217,7 +217,7 @@ float *model_param(Model *m, int index) { return m->params + m->table.entries[in
 
 float *model_grad(Model *m, int index) {
     const ParamInfo *p = &m->table.entries[index];
-    return p->trainable ? m->grads + p->grad_offset : NULL;
+    return p->trainable && m->grads ? m->grads + p->grad_offset : NULL;
 }
 
 void model_zero_grad(Model *m) {

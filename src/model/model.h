@@ -103,7 +103,7 @@ int model_set_trainable(Model *m, const bool *mask);
 // Convenience: shared tensors trainable, experts trainable only in [first, last] (inclusive).
 int model_set_trainable_experts(Model *m, int first, int last);
 float *model_param(Model *m, int index);            // pointer to entry `index` in params
-float *model_grad(Model *m, int index);             // NULL when the entry is frozen
+float *model_grad(Model *m, int index);             // NULL when the entry is frozen or grads are released
 void model_zero_grad(Model *m);
 
 // Forward + backward on one micro-batch. inputs/targets [B*T] (targets IGNORE_INDEX are
