@@ -9,8 +9,7 @@
 # each role (the trainer's "memory per rank" line), and rank 0's peak RSS; theory is
 # ZeRO's: P parameters, T trainable, fp32: params 4P (ZeRO-3: 4T/N + 4(P-T) frozen, plus the
 # part buffers B it logs: the working buffer of the largest part), gradients 4T (4T/N under
-# ZeRO-2/3; ZeRO-3 plus the part gradient buffer it logs), AdamW state 8T (8T/N under
-# ZeRO-1/2/3).
+# ZeRO-2/3, plus the part gradient buffer they log), AdamW state 8T (8T/N under ZeRO-1/2/3).
 set -euo pipefail
 BUILD=${1:-build}
 cd "$(dirname "$0")/.."
@@ -38,7 +37,7 @@ run() {   # run NAME NPROC THREADS STEPS [overrides]
 }
 field() { sed -n "s/.*memory per rank.*$1 \([0-9.]*\) MB.*/\1/p" "$2" | head -1; }
 part_buffers() { sed -n "s/.*zero3 per rank.* part buffers \([0-9.]*\) MB.*/\1/p" "$1" | head -1; }
-part_grad_buffer() { sed -n "s/.*zero3 per rank.*part gradient buffer \([0-9.]*\) MB.*/\1/p" "$1" | head -1; }
+part_grad_buffer() { sed -n "s/.*zero[23] per rank: gradient shard.*part gradient buffer \([0-9.]*\) MB.*/\1/p" "$1" | head -1; }
 
 echo "| strategy | ranks N | parameters MB (theory) | gradients MB (theory) | optimizer state MB (theory) | collective scratch MB | peak RSS rank 0 MB |"
 echo "|---|---|---|---|---|---|---|"
@@ -68,7 +67,7 @@ print('%.2f %.2f %.2f' % (p * mb, g * mb, o * mb))")
       "$(field "collective scratch" "$log")" "$rss"
   done
 done
-echo "P = $P parameters, T = $T trainable (fp32); ZeRO-3's part buffers: $(part_buffers "$tmp/FULL_SHARD_2.log") MB, part gradient buffer: $(part_grad_buffer "$tmp/FULL_SHARD_2.log") MB"
+echo "P = $P parameters, T = $T trainable (fp32); ZeRO-3's part buffers: $(part_buffers "$tmp/FULL_SHARD_2.log") MB, ZeRO-2/3's part gradient buffer: $(part_grad_buffer "$tmp/SHARD_GRAD_OP_2.log") MB"
 [ "${BENCH_DIST_MEMORY_ONLY:-}" = 1 ] && exit 0
 
 # Throughput: the same 12 steps, 2 ranks x 1 thread (DDP) against 1 rank x 2 threads (and 1 x 1).
@@ -92,7 +91,7 @@ for d in sys.argv[1:]:
     rows = [json.loads(l) for l in open(d + '/metrics.jsonl') if '\"perf\"' in l][2:]
     rates += [r['tokens'] / r['perf']['step_s'] for r in rows]
 print('%.0f' % statistics.median(rates))" "$@"; }
-for cfg in "ddp 25" "ddp 4" "SHARD_GRAD_OP 4"; do
+for cfg in "ddp 25" "ddp 4" "SHARD_OPTIM 4"; do
   read -r s mb <<<"$cfg"
   strat=(--fsdp.sharding_strategy=$s); [ $s = ddp ] && strat=(--distributed_strategy=ddp)
   ons=(); offs=()

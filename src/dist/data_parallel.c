@@ -78,16 +78,6 @@ int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const Pa
         dp_free(dp);
         return spes_fail("dist: a shard of %zu values is more than MPI/NCCL counts hold; use more ranks", base + 1);
     }
-    // ZeRO-2's reduce-scatter of bucket b has blocks blocks[b*size ..): kept for the whole step,
-    // as a non-blocking collective reads its counts until it completes.
-    if (dp_shards_grads(stage)) {
-        if (!(dp->blocks = spes_calloc(dp->n_buckets * (size_t)dp->size + 1, sizeof *dp->blocks))) {
-            dp_free(dp);
-            return SPES_ERR;
-        }
-        for (size_t b = 0; b < dp->n_buckets; b++)
-            bucket_counts(dp, b * dp->bucket, min_sz((b + 1) * dp->bucket, dp->n), dp->blocks + b * (size_t)dp->size);
-    }
     // Scratch of one bucket: the parameter all-gather goes through it bucket by bucket, unless
     // the trainable tensors are the front of the parameter buffer in table order (every tensor
     // trainable: no frozen experts), when the all-gather runs in place on the parameters.
@@ -108,7 +98,6 @@ void dp_free(DataParallel *dp) {
     if (dp->be) backend_free(dp->be, dp->scratch);
     free(dp->lo);
     free(dp->counts);
-    free(dp->blocks);
     free(dp->unfinished);
     memset(dp, 0, sizeof *dp);
 }
@@ -145,11 +134,10 @@ void dp_reduce_begin(DataParallel *dp, float *grads) {
     count_tensors(dp, -1, +1);
 }
 
-// Bucket b's collective, started: an all-reduce, or ZeRO-2's reduce-scatter over its blocks.
+// Bucket b's all-reduce, started.
 static int start_bucket(DataParallel *dp, size_t b) {
     size_t b0 = b * dp->bucket, b1 = min_sz(b0 + dp->bucket, dp->n);
-    if (!dp_shards_grads(dp->stage)) return comm_start_allreduce_sum(dp->comm, dp->be, dp->grads + b0, b1 - b0);
-    return comm_start_reduce_scatter_sum(dp->comm, dp->be, dp->grads + b0, dp->blocks + b * (size_t)dp->size);
+    return comm_start_allreduce_sum(dp->comm, dp->be, dp->grads + b0, b1 - b0);
 }
 
 // Starts buckets from dp->next down while they are final (all of them when `all`), so every
@@ -173,6 +161,8 @@ int dp_on_model_event(void *ctx, ModelHookEvent event, int part) {
 }
 
 int dp_reduce_grads(DataParallel *dp, float *grads) {
+    if (dp_shards_grads(dp->stage))
+        return spes_fail("dist: %s reduces its gradients per part (sharded_grads.h), not in buckets", dp_stage_name(dp->stage));
     if (grads != dp->grads) return spes_fail("dist: dp_reduce_grads without dp_reduce_begin on that buffer");
     SPES_TRY(start_buckets(dp, true));
     return comm_wait_all(dp->comm);
@@ -197,15 +187,6 @@ void dp_shard_grad_scale(DataParallel *dp, float *shard, float s) {
     if (mine) dp->be->ops->scale(dp->be, shard, mine, s);
 }
 
-double dp_grad_norm(DataParallel *dp, float *grads) {
-    if (!dp_shards_grads(dp->stage)) return grad_global_norm(dp->be, grads, dp->n);   // every rank has it all
-    return dp_shard_grad_norm(dp, grads + dp->lo[dp->rank]);
-}
-
-void dp_grad_scale(DataParallel *dp, float *grads, float s) {
-    if (dp_shards_grads(dp->stage)) dp_shard_grad_scale(dp, grads + dp->lo[dp->rank], s);
-    else if (dp->n) dp->be->ops->scale(dp->be, grads, dp->n, s);
-}
 
 // fn(dp, param offset, gradient-layout offset, length) for every piece of a trainable tensor
 // inside [r0, r1) of the gradient layout that is inside this rank's shard (own) or outside it.

@@ -1,26 +1,32 @@
-// Data parallelism over the ranks of one node: what each strategy does with the gradient
-// buffer, the optimizer state and the parameters after the micro-batches of a step.
+// Data parallelism over the ranks of one node: what each strategy does with the gradients,
+// the optimizer state and the parameters after the micro-batches of a step.
 //
-//   strategy           gradients                     optimizer state        parameters
-//   ddp / NO_SHARD     bucketed all-reduce (sum)     full on every rank     full, updated everywhere
-//   SHARD_OPTIM (Z1)   bucketed all-reduce (sum)     rank's shard only      shard updated, all-gathered
-//   SHARD_GRAD_OP (Z2) bucketed reduce-scatter       rank's shard only      shard updated, all-gathered
-//   FULL_SHARD (Z3)    per part, reduce-scattered    rank's shard only      rank's fp32 shard only; each part
-//                      into a gradient shard right                          all-gathered right before use
-//                      after its backward                                   (dist/sharded_params.h)
+//   strategy           gradients                       optimizer state    parameters
+//   ddp / NO_SHARD     full buffer; bucketed           full on every      full, updated everywhere
+//                      all-reduce (sum)                rank
+//   SHARD_OPTIM (Z1)   full buffer; bucketed           rank's shard only  shard updated, all-gathered
+//                      all-reduce (sum)
+//   SHARD_GRAD_OP (Z2) rank's shard only: each part    rank's shard only  shard updated, all-gathered
+//                      reduce-scattered right after
+//                      its backward (sharded_grads.h)
+//   FULL_SHARD (Z3)    as ZeRO-2                       rank's shard only  rank's fp32 shard only; each part
+//                                                                         all-gathered right before use
+//                                                                         (sharded_params.h)
 //
-// ZeRO-1 and ZeRO-2 keep the full-size gradient buffer the backward accumulates into (every
-// micro-batch adds into it); what ZeRO-2 shards is the reduced gradient, the clipping and the
-// update. ZeRO-3 has no full-size gradient buffer and no buckets (dist/sharded_params.h).
+// DDP and ZeRO-1 keep the full-size gradient buffer the backward accumulates into (every
+// micro-batch adds into it) and reduce it once per step, in buckets (below). ZeRO-2 and ZeRO-3
+// have no full-size gradient buffer and no buckets: each micro-batch's gradients are
+// reduce-scattered part by part into the ranks' gradient shards (dist/sharded_grads.h).
 //
-// Buckets and overlap. The gradient layout is cut into buckets of `bucket` values; each is one
-// non-blocking collective (all-reduce, or ZeRO-2's reduce-scatter, in place). During the last
-// micro-batch's backward the model's hooks (model.h) report each part whose gradients are
-// final; a bucket starts as soon as every tensor in it is final (ddp.overlap_grad_reduce), so
-// its reduction runs while the backward goes on. Buckets always start in one order, the last
-// bucket first (the backward's order: head, last layer, ..., embedding), whether overlapped or
-// not and on every rank (a rank without micro-batches starts them all at the end): the same
-// MPI/NCCL calls on the same data, so overlap changes timing, never bits.
+// Buckets and overlap (DDP, ZeRO-1). The gradient layout is cut into buckets of `bucket`
+// values; each is one non-blocking all-reduce, in place. During the last micro-batch's
+// backward the model's hooks (model.h) report each part whose gradients are final; a bucket
+// starts as soon as every tensor in it is final (ddp.overlap_grad_reduce), so its reduction
+// runs while the backward goes on. Buckets always start in one order, the last bucket first
+// (the backward's order: head, last layer, ..., embedding), whether overlapped or not and on
+// every rank (a rank without micro-batches starts them all at the end): the same MPI/NCCL
+// calls on the same data, so overlap changes timing, never bits. ZeRO-1 and ZeRO-2 all-gather
+// the updated parameters in buckets of the same size.
 //
 // Shards are contiguous ranges of the flat gradient buffer (trainable tensors only, in table
 // order: frozen experts have no gradient, so they take part in no gradient collective):
@@ -55,7 +61,6 @@ typedef struct {
     size_t *lo;            // [size + 1] shard boundaries
     size_t bucket;         // values per gradient bucket
     size_t n_buckets;
-    int *blocks;           // ZeRO-2: [n_buckets * size] each bucket's overlap with each shard
     float *scratch;        // [scratch_n] backend memory: one bucket for the parameter all-gather
     size_t scratch_n;      // when the layout is not contiguous, else NULL
     bool contiguous;       // trainable tensors == the front of the parameter buffer (no frozen ones)
@@ -72,7 +77,7 @@ typedef struct {
 // rank is an error).
 int dp_stage_from_config(const TrainConfig *cfg, int world_size, DpStage *out);
 const char *dp_stage_name(DpStage s);   // "ddp", "zero1", "zero2", "zero3"
-// True when the stage reduce-scatters gradients into shards (ZeRO-2 and ZeRO-3).
+// True when the stage keeps gradient shards only (ZeRO-2 and ZeRO-3: dist/sharded_grads.h).
 bool dp_shards_grads(DpStage s);
 
 // `table` (of a model of n_layers layers) must outlive dp; dp must not be moved afterwards
@@ -87,24 +92,20 @@ void dp_free(DataParallel *dp);
 // The range of the gradient layout whose optimizer state this rank holds ([0, n) under DDP).
 void dp_state_range(const DataParallel *dp, size_t *lo, size_t *hi);
 
-// One step's gradient reduction. dp_reduce_begin before the step's micro-batches; set
-// model->hooks = &dp->hooks around the LAST micro-batch to start buckets during its backward
-// (leave it NULL to reduce everything after the backward); then dp_reduce_grads starts the
-// buckets not started yet and waits for all. It sums the ranks' gradients in `grads`: all of
-// it (DDP/ZeRO-1), or only this rank's shard range (ZeRO-2: the rest of the buffer is then
-// undefined). Every rank calls both, also a rank that computed no micro-batch.
+// One step's gradient reduction (DDP, ZeRO-1). dp_reduce_begin before the step's
+// micro-batches; set model->hooks = &dp->hooks around the LAST micro-batch to start buckets
+// during its backward (leave it NULL to reduce everything after the backward); then
+// dp_reduce_grads starts the buckets not started yet and waits for all: `grads` then holds the
+// sum over ranks on every rank. Every rank calls both, also a rank that computed no micro-batch.
 void dp_reduce_begin(DataParallel *dp, float *grads);
 int dp_reduce_grads(DataParallel *dp, float *grads);
 // The function behind dp->hooks: POST_BACKWARD of a part starts the buckets it completes;
 // every event lets the started collectives progress.
 int dp_on_model_event(void *ctx, ModelHookEvent event, int part);
-// The gradient AdamW reads on this rank, laid out from the state range's start.
+// DDP/ZeRO-1: the gradient AdamW reads on this rank, laid out from the state range's start.
 float *dp_step_grads(DataParallel *dp, float *grads);
-// L2 norm of the whole (reduced) gradient; under ZeRO-2 from the shards' sums of squares.
-double dp_grad_norm(DataParallel *dp, float *grads);
-// Multiplies the gradient this rank's AdamW reads by s.
-void dp_grad_scale(DataParallel *dp, float *grads, float s);
-// The same two on a gradient shard held on its own ([lo[rank+1] - lo[rank]] values: ZeRO-3's).
+// ZeRO-2/3: the L2 norm of the whole gradient from the ranks' gradient shards
+// ([lo[rank+1] - lo[rank]] values each; a collective), and a shard multiplied by s.
 double dp_shard_grad_norm(DataParallel *dp, const float *shard);
 void dp_shard_grad_scale(DataParallel *dp, float *shard, float s);
 // ZeRO-1/2: every rank's updated shard of the trainable parameters (fp32 master `dparams`,

@@ -18,6 +18,7 @@
 #include "data/loader.h"
 #include "dist/comm.h"
 #include "dist/data_parallel.h"
+#include "dist/sharded_grads.h"
 #include "dist/sharded_params.h"
 #include "model/hf_import.h"
 #include "train/checkpoint.h"
@@ -59,6 +60,8 @@ struct Trainer {
     Comm *comm;
     bool dist, rank0;
     DataParallel dp;
+    ShardedGrads zgrads;        // fsdp SHARD_GRAD_OP and FULL_SHARD (ZeRO-2/3): the gradients, sharded
+    bool zgrads_on;
     ShardedParams z3;           // fsdp FULL_SHARD (dp.stage DP_ZERO3): the parameters, sharded during the steps
     bool z3_on;
     double *micro_losses;       // [6 * micro-batches] per-micro-batch losses, summed over ranks
@@ -221,20 +224,19 @@ static void log_memory(const Trainer *t) {
     double params = (double)total * (4 + (t->model.cparams ? num_type_size(t->be->compute) : 0)) * mb;
     double grads = (double)trainable * 4 * mb, state = (double)t->adamw.numel * 8 * mb, scratch = 0;
     if (t->dist) scratch = (double)t->dp.scratch_n * 4 * mb;
-    if (t->z3_on) {   // while training (between steps the parameters are full)
-        params = (double)sharded_params_bytes(&t->z3) * mb;
-        grads = (double)sharded_params_grad_bytes(&t->z3) * mb;
-    }
+    if (t->zgrads_on) grads = (double)sharded_grads_bytes(&t->zgrads) * mb;
+    if (t->z3_on) params = (double)sharded_params_bytes(&t->z3) * mb;   // while training (between steps: full)
     log_info("memory per rank (%s): parameters %.3f MB, gradients %.3f MB, optimizer state %.3f MB%s, collective "
              "scratch %.3f MB",
              t->be->name, params, grads, state, t->adamw.offload ? " (host memory, offloaded)" : "", scratch);
+    if (t->zgrads_on)
+        log_info("%s per rank: gradient shard %.3f MB, part gradient buffer %.3f MB", dp_stage_name(t->dp.stage),
+                 t->zgrads.shard_n * 4 * mb, t->zgrads.work_n * 4 * mb);
     if (t->z3_on)
         log_info("zero3 per rank while training: parameter shard %.3f MB, frozen tensors %.3f MB, part buffers %.3f MB "
-                 "(the full parameters only around checkpoints, evaluations and SPES syncs); gradient shard %.3f MB, "
-                 "part gradient buffer %.3f MB",
+                 "(the full parameters only around checkpoints, evaluations and SPES syncs)",
                  t->z3.shard_n * 4 * mb, t->z3.gather.frozen_numel * 4 * mb,
-                 (double)(sharded_params_bytes(&t->z3) - (t->z3.shard_n + t->z3.gather.frozen_numel) * 4) * mb,
-                 t->z3.shard_n * 4 * mb, t->z3.gwork_n * 4 * mb);
+                 (double)(sharded_params_bytes(&t->z3) - (t->z3.shard_n + t->z3.gather.frozen_numel) * 4) * mb);
     if (t->adamw.offload && t->be->host_memory)
         log_info("optimizer.cpu_offload on the cpu backend: the moments are host memory already; the update runs "
                  "through the offload path's host copies (the same bits, a little slower)");
@@ -274,18 +276,23 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
         if (dp_create(&t->dp, t->comm, t->be, stage, &t->model.table, cfg->model.n_layers, cfg->ddp_bucket_cap_mb) !=
             SPES_OK)
             goto fail;
+        if (dp_shards_grads(stage)) {
+            if (sharded_grads_create(&t->zgrads, &t->model, &t->dp) != SPES_OK) goto fail;
+            t->zgrads_on = true;
+        }
         if (stage == DP_ZERO3) {
-            if (sharded_params_create(&t->z3, &t->model, &t->dp) != SPES_OK) goto fail;
+            if (sharded_params_create(&t->z3, &t->model, &t->dp, &t->zgrads) != SPES_OK) goto fail;
             t->z3_on = true;
         }
         size_t lo, hi;
         dp_state_range(&t->dp, &lo, &hi);
         if (adamw_create_shard(&t->adamw, &t->model.table, &cfg->adamw, t->be, lo, hi) != SPES_OK) goto fail;
-        if (stage == DP_ZERO3)
-            log_info("dist: %d ranks, strategy zero3; this rank holds parameters, gradients and optimizer state for "
-                     "[%zu, %zu) of %zu trainable values; each part's gradients are reduce-scattered right after its "
-                     "backward (no buckets: ddp.bucket_cap_mb and ddp.overlap_grad_reduce do not apply)",
-                     comm_size(t->comm), lo, hi, t->model.table.trainable_numel);
+        if (dp_shards_grads(stage))
+            log_info("dist: %d ranks, strategy %s; this rank holds %s and optimizer state for [%zu, %zu) of %zu "
+                     "trainable values; each part's gradients are reduce-scattered right after its backward (no "
+                     "buckets: ddp.overlap_grad_reduce does not apply)",
+                     comm_size(t->comm), dp_stage_name(stage), stage == DP_ZERO3 ? "parameters, gradients" : "gradients",
+                     lo, hi, t->model.table.trainable_numel);
         else
             log_info("dist: %d ranks, strategy %s; this rank holds optimizer state for [%zu, %zu) of %zu trainable "
                      "values; %zu gradient buckets, %s",
@@ -357,6 +364,7 @@ void trainer_free(Trainer *t) {
     free(t->micro_losses);
     adamw_free(&t->adamw);
     if (t->z3_on) sharded_params_free(&t->z3);
+    if (t->zgrads_on) sharded_grads_free(&t->zgrads);
     if (t->dist) dp_free(&t->dp);
     if (t->model_created) model_free(&t->model);
     backend_close(t->be);
@@ -406,16 +414,23 @@ static int combine_ranks(Trainer *t, int n_micro, size_t n_counts, LossValues *m
     return SPES_OK;
 }
 
+// The reduced gradient: sharded over the ranks (ZeRO-2/3), else whole on every rank.
 static double step_grad_norm(Trainer *t) {
-    size_t n = t->model.table.trainable_numel;
-    if (t->z3_on) return dp_shard_grad_norm(&t->dp, t->z3.gshard);
-    return t->dist ? dp_grad_norm(&t->dp, t->model.grads) : grad_global_norm(t->be, t->model.grads, n);
+    if (t->zgrads_on) return dp_shard_grad_norm(&t->dp, t->zgrads.shard);
+    return grad_global_norm(t->be, t->model.grads, t->model.table.trainable_numel);
 }
 
 static void step_grad_scale(Trainer *t, float coef) {
-    if (t->z3_on) dp_shard_grad_scale(&t->dp, t->z3.gshard, coef);
-    else if (t->dist) dp_grad_scale(&t->dp, t->model.grads, coef);
+    if (t->zgrads_on) dp_shard_grad_scale(&t->dp, t->zgrads.shard, coef);
     else t->be->ops->scale(t->be, t->model.grads, t->model.table.trainable_numel, coef);
+}
+
+// The hooks of a pass: ZeRO-3's (gather parts, reduce their gradients), ZeRO-2's (reduce),
+// else the buckets' on the last pass when overlapped.
+static const ModelHooks *pass_hooks(Trainer *t, bool last_overlapped) {
+    if (t->z3_on) return sharded_params_hooks(&t->z3);
+    if (t->zgrads_on) return sharded_grads_hooks(&t->zgrads);
+    return last_overlapped ? &t->dp.hooks : NULL;
 }
 
 int trainer_step(Trainer *t, StepMetrics *out) {
@@ -451,26 +466,25 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         SPES_TRY(prepare_micro_losses(t, n_micro));
     }
     size_t n_grad = m->table.trainable_numel;
-    // ZeRO-3 reduces each part's gradients from the hooks; the others in buckets.
-    bool reduce = t->dist && n_grad > 0 && !t->z3_on;
+    // ZeRO-2/3 reduce each part's gradients from the hooks; DDP and ZeRO-1 in buckets.
+    bool reduce = t->dist && n_grad > 0 && !t->zgrads_on;
     if (reduce) dp_reduce_begin(&t->dp, m->grads);
     // The last pass's backward starts the gradient buckets it finishes (overlap).
     bool overlap = reduce && cfg->ddp_overlap_grad_reduce;
-    if (t->z3_on) {
-        sharded_params_zero_grads(&t->z3);
+    if (t->zgrads_on) {
+        sharded_grads_zero(&t->zgrads);
         // Every rank runs as many passes as the busiest (the part gathers and gradient
         // reductions are collectives): a rank with fewer micro-batches replays the missing
         // passes first, without work.
         int passes = (n_micro + comm_size(t->comm) - 1) / comm_size(t->comm), idle = passes - (last - first);
-        for (int k = 0; k < idle; k++) SPES_TRY(sharded_params_idle_pass(&t->z3));
+        for (int k = 0; k < idle; k++) SPES_TRY(sharded_grads_idle_pass(&t->zgrads, pass_hooks(t, false)));
     }
     LossValues mean = {0};
     double flops = 0;
     for (int i = first; i < last; i++) {
         int r0 = i * micro, nb = rows - r0 < micro ? rows - r0 : micro;
         LossValues lv;
-        bool pass_on = overlap && i == last - 1;
-        m->hooks = t->z3_on ? sharded_params_hooks(&t->z3) : pass_on ? &t->dp.hooks : NULL;
+        m->hooks = pass_hooks(t, overlap && i == last - 1);
         int rc = model_forward_backward(m, batch->inputs + (size_t)r0 * T, batch->targets + (size_t)r0 * T, nb, T,
                                         &t->weights, (float)(t->scaler.scale / n_micro), &lv, NULL);
         m->hooks = NULL;
@@ -524,11 +538,11 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     }
     const Buf compute = {m->cparams, t->be->compute};
     if (n_grad && apply && t->z3_on) {   // the shard in place; nothing to all-gather
-        SPES_TRY(adamw_step_packed(&t->adamw, &m->table, t->z3.shard, t->z3.gshard, lr));
+        SPES_TRY(adamw_step_packed(&t->adamw, &m->table, t->z3.shard, t->zgrads.shard, lr));
         sharded_params_updated(&t->z3);
     } else if (n_grad && apply) {
-        SPES_TRY(adamw_step(&t->adamw, &m->table, m->dparams, t->dist ? dp_step_grads(&t->dp, m->grads) : m->grads,
-                            compute, lr));
+        float *grads = t->zgrads_on ? t->zgrads.shard : t->dist ? dp_step_grads(&t->dp, m->grads) : m->grads;
+        SPES_TRY(adamw_step(&t->adamw, &m->table, m->dparams, grads, compute, lr));
         if (t->dist) SPES_TRY(dp_gather_params(&t->dp, &m->table, m->dparams, compute));
     }
     SPES_TRY(backend_sync(t->be));

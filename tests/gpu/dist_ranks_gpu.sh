@@ -2,16 +2,16 @@
 # Data parallelism on the GPU (docs/distributed.md): the NCCL path with several ranks on ONE
 # GPU, which NCCL allows from 2.30 on with NCCL_MULTI_RANK_GPU_ENABLE=1 (older NCCL refuses two
 # ranks of one communicator on a device: ncclInvalidUsage). The tiny MoE of tests/gpu/lib/gpu.sh
-# in fp32, 6 steps; 2 ranks on cuda:0 with DDP, ZeRO-2 (gradient buckets overlapped with the
-# backward, reduce-scatter and parameter all-gather through NCCL) and ZeRO-3 (each part
+# in fp32, 6 steps; 2 ranks on cuda:0 with DDP (gradient buckets overlapped with the backward,
+# all-reduced through NCCL), ZeRO-2 (each part's gradients reduce-scattered through NCCL after
+# its backward, parameters all-gathered after the update) and ZeRO-3 (each part also
 # all-gathered through NCCL before it runs) against 1 rank on cuda:0: the loss log within 1e-4
 # relative and the weights within 1e-4 absolute + relative (the GPU's fp32 reductions run in
 # another order than 1 rank's accumulation), DDP against ZeRO-2 the same way, and ZeRO-3 against
-# ZeRO-2 bit for bit (each rank runs one micro-batch, so ZeRO-3's per-part reductions make the
-# same sums; the gathered parts are the same bits), also in amp_bf16 (the gathered part's
-# compute copy). Skipped (77) without a GPU, and with an NCCL
+# ZeRO-2 bit for bit (the same per-part reductions; the gathered parts are the same bits), also
+# in amp_bf16 (the gathered part's compute copy). Skipped (77) without a GPU, and with an NCCL
 # older than 2.30 (the reason printed); the NCCL path with one rank is tests/gpu/test_dist_nccl.c,
-# ZeRO-3 on one rank tests/gpu/test_sharded_params_gpu.c.
+# ZeRO-2/3 on one rank tests/gpu/test_sharded_params_gpu.c.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu/lib/gpu.sh

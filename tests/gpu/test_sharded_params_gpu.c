@@ -1,8 +1,12 @@
-// ZeRO-3's sharded parameters (src/dist/sharded_params.h) on the cuda backend, one rank (two
-// ranks on one GPU need NCCL >= 2.30: tests/gpu/dist_ranks_gpu.sh). For fp32 and amp_bf16, with
-// the optimizer state on the device and offloaded, on the tiny MoE with frozen experts (SPES: a
-// peer trains experts 1..2), against a second copy of the same model trained unsharded:
-//   - sharding releases the model's device buffers and its gradient buffer;
+// ZeRO-2's sharded gradients and ZeRO-3's sharded parameters (src/dist/sharded_grads.h,
+// sharded_params.h) on the cuda backend, one rank (two ranks on one GPU need NCCL >= 2.30:
+// tests/gpu/dist_ranks_gpu.sh). For fp32 and amp_bf16, with the optimizer state on the device
+// and offloaded, on the tiny MoE with frozen experts (SPES: a peer trains experts 1..2),
+// against a second copy of the same model trained unsharded:
+//   - sharded gradients release the model's gradient buffer; a ZeRO-2 pass (the model's own
+//     parameters, each part's gradients reduced into the gradient shard) gives the plain
+//     pass's loss and gradients, bit for bit;
+//   - sharding the parameters releases the model's device buffers;
 //   - a training pass whose parts are gathered from the shard and the frozen store into the
 //     working buffers (and converted into the compute working copy), with each part's
 //     gradients reduced into the gradient shard after its backward, gives the plain pass's
@@ -16,6 +20,7 @@
 
 #include "dist/comm.h"
 #include "dist/data_parallel.h"
+#include "dist/sharded_grads.h"
 #include "dist/sharded_params.h"
 #include "model/model.h"
 #include "train/optimizer.h"
@@ -49,16 +54,17 @@ static void make_model(Model *m, Backend *be) {
     assert_int_equal(model_params_to_device(m), SPES_OK);
 }
 
-// A training pass; with z, sharded (the gradient shard zeroed first, as a step does).
-static void pass(Model *m, ShardedParams *z, LossValues *out) {
+// A training pass; with g, its gradients sharded (the gradient shard zeroed first, as a step
+// does) through `hooks` (ZeRO-2's or ZeRO-3's).
+static void pass(Model *m, ShardedGrads *g, const ModelHooks *hooks, LossValues *out) {
     int32_t in[B * T], tg[B * T];
     for (int i = 0; i < B * T; i++) {
         in[i] = (i * 7 + 3) % m->cfg.embedding_size;
         tg[i] = (i * 5 + 1) % m->cfg.embedding_size;
     }
     LossWeights w = {.lm_z_mult = 1e-2f, .lb_weight = 0.1f, .router_z_weight = 1e-3f};
-    if (z) sharded_params_zero_grads(z);
-    m->hooks = z ? sharded_params_hooks(z) : NULL;
+    if (g) sharded_grads_zero(g);
+    m->hooks = hooks;
     model_zero_grad(m);
     if (model_forward_backward(m, in, tg, B, T, &w, 1.0f, out, NULL) != SPES_OK)
         fail_msg("model_forward_backward: %s", spes_last_error());
@@ -78,8 +84,18 @@ static void run(Precision precision, bool offload) {
 
     DataParallel dp;
     assert_int_equal(dp_create(&dp, comm, be, DP_ZERO3, &z.table, L, 1.0), SPES_OK);
+    ShardedGrads sg;
     ShardedParams sp;
-    if (sharded_params_create(&sp, &z, &dp) != SPES_OK) fail_msg("sharded_params_create: %s", spes_last_error());
+    if (sharded_grads_create(&sg, &z, &dp) != SPES_OK) fail_msg("sharded_grads_create: %s", spes_last_error());
+    assert_null(z.grads);
+    // ZeRO-2: the model's own parameters, gradients per part into the shard.
+    LossValues lr_, lz;
+    pass(&ref, NULL, NULL, &lr_);
+    pass(&z, &sg, sharded_grads_hooks(&sg), &lz);
+    assert_memory_equal(&lz, &lr_, sizeof lz);
+    assert_same_backend_bytes(be, sg.shard, ref.grads, n * sizeof(float), "gradients of the zero2 pass");
+    // ZeRO-3
+    if (sharded_params_create(&sp, &z, &dp, &sg) != SPES_OK) fail_msg("sharded_params_create: %s", spes_last_error());
     assert_int_equal(sp.shard_n, n);   // one rank: the whole gradient layout
     assert_int_equal(sharded_params_shard(&sp), SPES_OK);
     assert_null(z.dparams);
@@ -87,11 +103,10 @@ static void run(Precision precision, bool offload) {
     assert_null(z.grads);
     if (!be->host_memory) assert_non_null(z.params);   // the host copy stays on a device backend
 
-    LossValues lr_, lz;
-    pass(&ref, NULL, &lr_);
-    pass(&z, &sp, &lz);
+    pass(&ref, NULL, NULL, &lr_);
+    pass(&z, &sg, sharded_params_hooks(&sp), &lz);
     assert_memory_equal(&lz, &lr_, sizeof lz);
-    assert_same_backend_bytes(be, sp.gshard, ref.grads, n * sizeof(float), "gradients of the sharded pass");
+    assert_same_backend_bytes(be, sg.shard, ref.grads, n * sizeof(float), "gradients of the sharded pass");
 
     AdamWConfig ac = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .cpu_offload = offload};
     AdamW oref, oz;
@@ -99,14 +114,14 @@ static void run(Precision precision, bool offload) {
     assert_int_equal(adamw_create_shard(&oz, &z.table, &ac, be, dp.lo[0], dp.lo[1]), SPES_OK);
     const Buf compute = {ref.cparams, be->compute};
     assert_int_equal(adamw_step(&oref, &ref.table, ref.dparams, ref.grads, compute, 1e-3), SPES_OK);
-    assert_int_equal(adamw_step_packed(&oz, &z.table, sp.shard, sp.gshard, 1e-3), SPES_OK);
+    assert_int_equal(adamw_step_packed(&oz, &z.table, sp.shard, sg.shard, 1e-3), SPES_OK);
     sharded_params_updated(&sp);
 
     // A pass on the updated shard, then the full model back.
-    pass(&ref, NULL, &lr_);
-    pass(&z, &sp, &lz);
+    pass(&ref, NULL, NULL, &lr_);
+    pass(&z, &sg, sharded_params_hooks(&sp), &lz);
     assert_memory_equal(&lz, &lr_, sizeof lz);
-    assert_same_backend_bytes(be, sp.gshard, ref.grads, n * sizeof(float), "gradients after the update");
+    assert_same_backend_bytes(be, sg.shard, ref.grads, n * sizeof(float), "gradients after the update");
     assert_int_equal(sharded_params_unshard(&sp), SPES_OK);
     assert_same_backend_bytes(be, z.dparams, ref.dparams, total * sizeof(float), "fp32 masters after unshard");
     if (ref.cparams) {
@@ -116,12 +131,13 @@ static void run(Precision precision, bool offload) {
     }
     // Shard again from the restored model: the same pass once more.
     assert_int_equal(sharded_params_shard(&sp), SPES_OK);
-    pass(&z, &sp, &lz);
+    pass(&z, &sg, sharded_params_hooks(&sp), &lz);
     assert_memory_equal(&lz, &lr_, sizeof lz);
 
     adamw_free(&oref);
     adamw_free(&oz);
     sharded_params_free(&sp);
+    sharded_grads_free(&sg);
     dp_free(&dp);
     model_free(&z);
     model_free(&ref);

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Gradient buckets overlapped with the backward (ddp.overlap_grad_reduce, docs/distributed.md).
 # The tiny MoE of dist_train_parity.sh, 5 steps, small buckets (15 per step) so that buckets
-# really start while the backward runs. For 2 and 3 ranks and DDP / ZeRO-1 / ZeRO-2:
+# really start while the backward runs. For 2 and 3 ranks and DDP / ZeRO-1:
 #   - overlap on (the default) starts buckets during the backward (the log says how many) and
 #     overlap off starts none there;
 #   - both give the same bits (loss log, weights, moments): the same MPI calls on the same data;
 #   - both agree with 1 rank within fp32 reduction order, step 1's losses bit for bit.
 # And a job where a rank computes no micro-batch (global batch 4 = 2 micro-batches over 3
 # ranks: rank 0 has none) starts its buckets in the same order as the others, so it neither
-# hangs nor mismatches collectives: it equals 1 rank within tolerance. ZeRO-3 has no buckets
-# (each part's gradients are reduced right after its backward): the flag changes nothing there,
-# and a rank without micro-batches replays a pass of part gathers and reductions
-# (model_hook_replay): with one micro-batch per busy rank, ZeRO-2's bits.
+# hangs nor mismatches collectives: it equals 1 rank within tolerance. ZeRO-2 and ZeRO-3 have
+# no buckets (each part's gradients are reduced right after its backward): the flag changes
+# nothing there, they give the same bits as each other, and a rank without micro-batches
+# replays a pass of reductions (and, under ZeRO-3, part gathers: model_hook_replay).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/integration/lib/require.sh
@@ -29,7 +29,7 @@ started() {   # started NAME: buckets the hooks started in the first step, from 
 small="--ddp.bucket_cap_mb=0.01"
 dist_train one 1
 for n in 2 3; do
-  for s in NO_SHARD SHARD_OPTIM SHARD_GRAD_OP; do
+  for s in NO_SHARD SHARD_OPTIM; do
     on="on_${s}_$n" off="off_${s}_$n"
     dist_train "$on" "$n" --fsdp.sharding_strategy=$s $small
     dist_train "$off" "$n" --fsdp.sharding_strategy=$s $small --ddp.overlap_grad_reduce=false
@@ -42,11 +42,16 @@ for n in 2 3; do
     dist_check "$off" "$on" 5 --tol 0 --exact-steps 5
     dist_check one "$on" 5 --tol 1e-5 --exact-steps 1
   done
-  dist_train "z3_$n" "$n" --fsdp.sharding_strategy=FULL_SHARD $small
-  dist_train "z3off_$n" "$n" --fsdp.sharding_strategy=FULL_SHARD $small --ddp.overlap_grad_reduce=false
-  grep -q "reduce-scattered right after its backward (no buckets" "$tmp/z3_$n.log" || { echo "FAIL: z3_$n start line"; exit 1; }
-  dist_check "z3_$n" "z3off_$n" 5 --tol 0 --exact-steps 5
-  dist_check "on_SHARD_GRAD_OP_$n" "z3_$n" 5 --tol 1e-5 --exact-steps 1
+  for z in 2 3; do
+    s=$([ $z = 2 ] && echo SHARD_GRAD_OP || echo FULL_SHARD)
+    dist_train "z${z}_$n" "$n" --fsdp.sharding_strategy=$s $small
+    dist_train "z${z}off_$n" "$n" --fsdp.sharding_strategy=$s $small --ddp.overlap_grad_reduce=false
+    grep -q "strategy zero$z; .*reduce-scattered right after its backward (no buckets" "$tmp/z${z}_$n.log" ||
+      { echo "FAIL: z${z}_$n start line"; exit 1; }
+    dist_check "z${z}_$n" "z${z}off_$n" 5 --tol 0 --exact-steps 5
+  done
+  dist_check "z2_$n" "z3_$n" 5 --tol 0 --exact-steps 5
+  dist_check one "z2_$n" 5 --tol 1e-5 --exact-steps 1
 done
 
 # A rank without micro-batches: global batch 4 in micro-batches of 2 over 3 ranks.

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# ZeRO-3's part gather (src/dist/part_gather.h) across ranks: the unit test
+# ZeRO-3's part gather and ZeRO-2/3's sharded gradients (src/dist/) across ranks: the unit test
 # tests/unit/test_dist_part_gather.c (which runs as one rank on its own) under mpirun with 2
 # and 3 ranks, where the ZeRO-2 shards cut through the parts' tensors: every part gathered
 # from the shards and the frozen store equals the full parameters bit for bit, and a training
 # pass on gathered parts (model's own parameters NaN) equals the plain pass bit for bit.
+# Each rank's gradient shard after a ZeRO-2 pass is N times the plain gradient, bit for bit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/integration/lib/require.sh

@@ -5,6 +5,11 @@
 //   - a training pass whose parts are gathered by the model's hooks into one working buffer
 //     (model_bind_part) while the model's own parameters are NaN gives the plain pass's loss
 //     and gradients, bit for bit.
+// And ZeRO-2's sharded gradients (dist/sharded_grads.h): the model's gradient buffer is
+// released; a pass through sharded_grads_hooks (every rank the same micro-batch) leaves each
+// rank's gradient shard equal to N times the plain pass's gradient over its range, bit for bit
+// (N equal addends: the first sum is exact, so every order rounds the same); a replayed idle
+// pass adds nothing; ZeRO-1 has no sharded gradients.
 // Run directly it is a job of one rank; tests/integration/dist_part_gather.sh runs the same
 // binary under mpirun with 2 and 3 ranks (the shards then cut through the parts' tensors).
 #include <setjmp.h>
@@ -21,6 +26,7 @@
 #include "dist/comm.h"
 #include "dist/data_parallel.h"
 #include "dist/part_gather.h"
+#include "dist/sharded_grads.h"
 #include "model/model.h"
 
 enum { B = 2, T = 8 };
@@ -118,11 +124,75 @@ static void test_part_gather(void **state) {
     model_free(&m);
 }
 
+static void sample_batch(const Model *m, int32_t *in, int32_t *tg) {
+    for (int i = 0; i < B * T; i++) {
+        in[i] = (i * 7 + 3) % m->cfg.embedding_size;
+        tg[i] = (i * 5 + 1) % m->cfg.embedding_size;
+    }
+}
+
+static void test_sharded_grads(void **state) {
+    (void)state;
+    ModelConfig cfg;
+    assert_int_equal(model_config_preset("tiny", &cfg), SPES_OK);
+    Model ref, m;
+    assert_int_equal(model_create(&ref, &cfg), SPES_OK);
+    assert_int_equal(model_create(&m, &cfg), SPES_OK);
+    model_init_weights(&ref, 23);
+    model_init_weights(&m, 23);
+    assert_int_equal(model_set_trainable_experts(&ref, 1, 2), SPES_OK);
+    assert_int_equal(model_set_trainable_experts(&m, 1, 2), SPES_OK);
+    const int L = m.cfg.n_layers;
+    const size_t n = m.table.trainable_numel;
+
+    DataParallel dp;
+    ShardedGrads sg;
+    assert_int_equal(dp_create(&dp, comm, backend_cpu(), DP_ZERO1, &m.table, L, 1.0), SPES_OK);
+    assert_int_equal(sharded_grads_create(&sg, &m, &dp), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "not zero2 or zero3"));
+    dp_free(&dp);
+    assert_int_equal(dp_create(&dp, comm, backend_cpu(), DP_ZERO2, &m.table, L, 1.0), SPES_OK);
+    assert_int_equal(sharded_grads_create(&sg, &m, &dp), SPES_OK);
+    assert_null(m.grads);
+    for (int i = 0; i < m.table.count; i++) assert_null(model_grad(&m, i));
+    const size_t lo = dp.lo[dp.rank], hi = dp.lo[dp.rank + 1];
+    assert_int_equal(sg.shard_n, hi - lo);
+    assert_true(sg.work_n < n);   // the largest part, not the model
+    assert_int_equal(sharded_grads_bytes(&sg), (sg.shard_n + sg.work_n) * sizeof(float));
+
+    int32_t in[B * T], tg[B * T];
+    sample_batch(&m, in, tg);
+    LossWeights w = {.lm_z_mult = 1e-2f, .lb_weight = 0.1f, .router_z_weight = 1e-3f};
+    LossValues want, got;
+    model_zero_grad(&ref);
+    assert_int_equal(model_forward_backward(&ref, in, tg, B, T, &w, 1.0f, &want, NULL), SPES_OK);
+    sharded_grads_zero(&sg);
+    m.hooks = sharded_grads_hooks(&sg);
+    assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 1.0f, &got, NULL), SPES_OK);
+    m.hooks = NULL;
+    assert_memory_equal(&got, &want, sizeof got);
+    const float ranks = (float)dp.size;
+    for (size_t i = lo; i < hi; i++)
+        if (sg.shard[i - lo] != ranks * ref.grads[i]) fail_msg("gradient %zu: %g, expected %g", i, sg.shard[i - lo], ranks * ref.grads[i]);
+    // An idle pass (a rank with fewer micro-batches) runs the same collectives and adds zeros.
+    float *before = malloc((hi - lo + 1) * sizeof(float));
+    memcpy(before, sg.shard, (hi - lo) * sizeof(float));
+    assert_int_equal(sharded_grads_idle_pass(&sg, sharded_grads_hooks(&sg)), SPES_OK);
+    assert_memory_equal(sg.shard, before, (hi - lo) * sizeof(float));
+
+    free(before);
+    sharded_grads_free(&sg);
+    dp_free(&dp);
+    model_free(&m);
+    model_free(&ref);
+}
+
 int main(void) {
     threads_set(1);
     if (comm_init(&comm) != SPES_OK) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_part_gather),
+        cmocka_unit_test(test_sharded_grads),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     comm_finalize(comm);
