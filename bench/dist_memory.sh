@@ -9,7 +9,8 @@
 # each role (the trainer's "memory per rank" line), and rank 0's peak RSS; theory is
 # ZeRO's: P parameters, T trainable, fp32: params 4P (ZeRO-3: 4T/N + 4(P-T) frozen, plus the
 # part buffers B it logs: the working buffer of the largest part), gradients 4T (4T/N under
-# ZeRO-2/3, plus the part gradient buffer they log), AdamW state 8T (8T/N under ZeRO-1/2/3).
+# ZeRO-2/3, plus the part gradient buffers they log: two with ddp.overlap_grad_reduce, one
+# without), AdamW state 8T (8T/N under ZeRO-1/2/3).
 set -euo pipefail
 BUILD=${1:-build}
 cd "$(dirname "$0")/.."
@@ -37,16 +38,19 @@ run() {   # run NAME NPROC THREADS STEPS [overrides]
 }
 field() { sed -n "s/.*memory per rank.*$1 \([0-9.]*\) MB.*/\1/p" "$2" | head -1; }
 part_buffers() { sed -n "s/.*zero3 per rank.* part buffers \([0-9.]*\) MB.*/\1/p" "$1" | head -1; }
-part_grad_buffer() { sed -n "s/.*zero[23] per rank: gradient shard.*part gradient buffer \([0-9.]*\) MB.*/\1/p" "$1" | head -1; }
+part_grad_buffer() { sed -n "s/.*zero[23] per rank: gradient shard.*part gradient buffers\{0,1\}\( ([^)]*)\)\{0,1\} \([0-9.]*\) MB.*/\2/p" "$1" | head -1; }
 
 echo "| strategy | ranks N | parameters MB (theory) | gradients MB (theory) | optimizer state MB (theory) | collective scratch MB | peak RSS rank 0 MB |"
 echo "|---|---|---|---|---|---|---|"
 P=""; T=""
 for n in 1 2 4; do
-  for s in ddp SHARD_OPTIM SHARD_GRAD_OP FULL_SHARD; do
+  # ":off": ddp.overlap_grad_reduce false (ZeRO-2/3: one part gradient buffer instead of two)
+  for v in ddp SHARD_OPTIM SHARD_GRAD_OP FULL_SHARD SHARD_GRAD_OP:off FULL_SHARD:off; do
+    s=${v%:off}
     [ $n = 1 ] && [ $s != ddp ] && continue
-    name="${s}_$n"
-    if [ $s = ddp ]; then run "$name" $n 1 1 --distributed_strategy=ddp; else run "$name" $n 1 1 --fsdp.sharding_strategy=$s; fi
+    name="${s}_$n"; extra=(); label=$s
+    [ "$v" != "$s" ] && { name="${s}_off_$n"; extra=(--ddp.overlap_grad_reduce=false); label="$s, overlap off"; }
+    if [ $s = ddp ]; then run "$name" $n 1 1 --distributed_strategy=ddp; else run "$name" $n 1 1 --fsdp.sharding_strategy=$s "${extra[@]}"; fi
     log="$tmp/$name.log"
     if [ -z "$P" ]; then
       P=$(sed -n 's/.*model: \([0-9]*\) parameters, \([0-9]*\) trainable.*/\1/p' "$log")
@@ -61,13 +65,13 @@ g = 4 * T / (N if s in ('SHARD_GRAD_OP', 'FULL_SHARD') else 1) + Bg / mb
 o = 8 * T / (N if s != 'ddp' else 1)
 print('%.2f %.2f %.2f' % (p * mb, g * mb, o * mb))")
     rss=$(python3 -c "import json; print('%.1f' % json.loads(open('$tmp/$name/metrics.jsonl').readline())['perf']['peak_rss_mb'])")
-    label=$s; [ $n = 1 ] && label="single (any)"
+    [ $n = 1 ] && label="single (any)"
     printf "| %s | %d | %.2f (%s) | %.2f (%s) | %.2f (%s) | %.2f | %s |\n" "$label" $n \
       "$(field parameters "$log")" "$tp" "$(field gradients "$log")" "$tg" "$(field "optimizer state" "$log")" "$to" \
       "$(field "collective scratch" "$log")" "$rss"
   done
 done
-echo "P = $P parameters, T = $T trainable (fp32); ZeRO-3's part buffers: $(part_buffers "$tmp/FULL_SHARD_2.log") MB, ZeRO-2/3's part gradient buffer: $(part_grad_buffer "$tmp/SHARD_GRAD_OP_2.log") MB"
+echo "P = $P parameters, T = $T trainable (fp32); ZeRO-3's part buffers: $(part_buffers "$tmp/FULL_SHARD_2.log") MB, ZeRO-2/3's part gradient buffers: $(part_grad_buffer "$tmp/SHARD_GRAD_OP_2.log") MB"
 [ "${BENCH_DIST_MEMORY_ONLY:-}" = 1 ] && exit 0
 
 # Throughput: the same 12 steps, 2 ranks x 1 thread (DDP) against 1 rank x 2 threads (and 1 x 1).

@@ -10,23 +10,40 @@
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
-// Part p's gradients, summed over ranks (a reduce-scatter of the part's range of the gradient
-// layout, in work), added to this rank's gradient shard.
-static int reduce_part(ShardedGrads *g, int part) {
+float *sharded_grads_work(const ShardedGrads *g, int part) { return g->work[g->n_work == 2 ? part % 2 : 0]; }
+
+static int buffer_of(const ShardedGrads *g, int part) { return g->n_work == 2 ? part % 2 : 0; }
+
+// Starts the reduce-scatter of part p's range of the gradient layout (in its working buffer,
+// summed over ranks): it is then pending until finish_pending.
+static int start_reduce(ShardedGrads *g, int part) {
     const DataParallel *dp = g->dp;
     size_t glo, numel;
     param_part_grad_span(&g->m->table, part, g->m->cfg.n_layers, &glo, &numel);
     if (numel == 0) return SPES_OK;
-    const size_t ghi = glo + numel, lo = dp->lo[dp->rank];
+    const int b = buffer_of(g, part);
+    const size_t ghi = glo + numel;
     for (int r = 0; r < dp->size; r++) {
-        size_t a = max_sz(glo, dp->lo[r]), b = min_sz(ghi, dp->lo[r + 1]);
-        g->counts[r] = b > a ? (int)(b - a) : 0;
+        size_t a = max_sz(glo, dp->lo[r]), e = min_sz(ghi, dp->lo[r + 1]);
+        g->counts[b][r] = e > a ? (int)(e - a) : 0;
     }
-    Backend *be = g->m->be;
-    SPES_TRY(comm_start_reduce_scatter_sum(dp->comm, be, g->work, g->counts));
+    SPES_TRY(comm_start_reduce_scatter_sum(dp->comm, g->m->be, g->work[b], g->counts[b]));
+    g->pending = part;
+    return SPES_OK;
+}
+
+// Waits for the pending reduce-scatter and adds this rank's block to its gradient shard.
+static int finish_pending(ShardedGrads *g) {
+    if (g->pending < 0) return SPES_OK;
+    const DataParallel *dp = g->dp;
+    const int part = g->pending;
+    g->pending = -1;
     SPES_TRY(comm_wait_all(dp->comm));
-    size_t a = max_sz(glo, lo), b = min_sz(ghi, dp->lo[dp->rank + 1]);
-    if (a < b) be->ops->add_inplace(be, buf_f32(g->shard + (a - lo)), buf_f32(g->work + (a - glo)), b - a);
+    size_t glo, numel;
+    param_part_grad_span(&g->m->table, part, g->m->cfg.n_layers, &glo, &numel);
+    const size_t lo = dp->lo[dp->rank], a = max_sz(glo, lo), b = min_sz(glo + numel, dp->lo[dp->rank + 1]);
+    Backend *be = g->m->be;
+    if (a < b) be->ops->add_inplace(be, buf_f32(g->shard + (a - lo)), buf_f32(sharded_grads_work(g, part) + (a - glo)), b - a);
     return SPES_OK;
 }
 
@@ -36,22 +53,29 @@ int sharded_grads_on_event(ShardedGrads *g, ModelHookEvent event, int part) {
     bool first_write = (event == MODEL_HOOK_PRE_FORWARD && part == head) ||
                        (event == MODEL_HOOK_PRE_BACKWARD && part != g->held);
     if (first_write) {
-        g->m->be->ops->zero(g->m->be, g->work, g->work_n * sizeof(float));
+        // Its buffer may still be read by the pending reduce-scatter (of the part two later).
+        if (g->pending >= 0 && buffer_of(g, g->pending) == buffer_of(g, part)) SPES_TRY(finish_pending(g));
+        g->m->be->ops->zero(g->m->be, sharded_grads_work(g, part), g->work_n * sizeof(float));
         g->held = part;
     }
     if (event == MODEL_HOOK_POST_BACKWARD) {
-        SPES_TRY(reduce_part(g, part));
+        // One reduction in flight at most, added in the order they started: the bits do not
+        // depend on the overlap.
+        SPES_TRY(finish_pending(g));
+        SPES_TRY(start_reduce(g, part));
         g->held = -1;
+        if (g->n_work == 1) return finish_pending(g);
     }
-    return SPES_OK;
+    return g->pending >= 0 ? comm_progress(g->dp->comm) : SPES_OK;
 }
 
-// ZeRO-2: the parameters are the model's own (master NULL), the gradients go to `work`.
+// ZeRO-2: the parameters are the model's own (master NULL), the gradients go to the part's
+// working buffer.
 static int on_event_grads_only(void *ctx, ModelHookEvent event, int part) {
     ShardedGrads *g = ctx;
     bool pre = event == MODEL_HOOK_PRE_FORWARD || event == MODEL_HOOK_PRE_BACKWARD;
     if (pre && part != g->viewed) {
-        SPES_TRY(model_bind_part(g->m, part, NULL, NULL, g->work));
+        SPES_TRY(model_bind_part(g->m, part, NULL, NULL, sharded_grads_work(g, part)));
         g->viewed = part;
     }
     return sharded_grads_on_event(g, event, part);
@@ -63,11 +87,12 @@ static float *alloc_floats(Backend *be, size_t n) {
     return backend_alloc(be, (n + 1) * sizeof(float), &p) == SPES_OK ? p : NULL;
 }
 
-int sharded_grads_create(ShardedGrads *g, Model *m, DataParallel *dp) {
+int sharded_grads_create(ShardedGrads *g, Model *m, DataParallel *dp, bool overlap) {
     memset(g, 0, sizeof *g);
     g->m = m;
     g->dp = dp;
-    g->held = g->viewed = -1;
+    g->held = g->viewed = g->pending = -1;
+    g->n_work = overlap ? 2 : 1;
     g->hooks = (ModelHooks){.fn = on_event_grads_only, .ctx = g};
     if (!dp_shards_grads(dp->stage))
         return spes_fail("sharded_grads: the data-parallel stage is %s, not zero2 or zero3", dp_stage_name(dp->stage));
@@ -79,11 +104,15 @@ int sharded_grads_create(ShardedGrads *g, Model *m, DataParallel *dp) {
     }
     g->shard_n = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
     g->shard = alloc_floats(m->be, g->shard_n);
-    g->work = alloc_floats(m->be, g->work_n);
-    g->counts = spes_calloc((size_t)dp->size, sizeof *g->counts);
-    if (!g->shard || !g->work || !g->counts) {
-        spes_fail_context("sharded gradients on %s (shard of %zu values, working buffer %zu)", m->be->name,
-                          g->shard_n, g->work_n);
+    bool ok = g->shard != NULL;
+    for (int b = 0; b < g->n_work; b++) {
+        g->work[b] = alloc_floats(m->be, g->work_n);
+        g->counts[b] = spes_calloc((size_t)dp->size, sizeof *g->counts[b]);
+        ok = ok && g->work[b] && g->counts[b];
+    }
+    if (!ok) {
+        spes_fail_context("sharded gradients on %s (shard of %zu values, %d working buffers of %zu)", m->be->name,
+                          g->shard_n, g->n_work, g->work_n);
         sharded_grads_free(g);   // after the message: it clears g
         return SPES_ERR;
     }
@@ -95,18 +124,23 @@ int sharded_grads_create(ShardedGrads *g, Model *m, DataParallel *dp) {
 }
 
 void sharded_grads_free(ShardedGrads *g) {
-    if (g->m) {
-        backend_free(g->m->be, g->shard);
-        backend_free(g->m->be, g->work);
+    for (int b = 0; b < 2; b++) {
+        if (g->m) backend_free(g->m->be, g->work[b]);
+        free(g->counts[b]);
     }
-    free(g->counts);
+    if (g->m) backend_free(g->m->be, g->shard);
     memset(g, 0, sizeof *g);
 }
 
-void sharded_grads_zero(ShardedGrads *g) {
+int sharded_grads_zero(ShardedGrads *g) {
+    SPES_TRY(finish_pending(g));   // nothing is pending after sharded_grads_finish; a failed pass may leave one
     g->m->be->ops->zero(g->m->be, g->shard, g->shard_n * sizeof(float));
     g->viewed = -1;   // between steps the model may have rebound its views (a load, a move)
+    g->held = -1;
+    return SPES_OK;
 }
+
+int sharded_grads_finish(ShardedGrads *g) { return finish_pending(g); }
 
 const ModelHooks *sharded_grads_hooks(ShardedGrads *g) { return &g->hooks; }
 
@@ -115,4 +149,6 @@ int sharded_grads_idle_pass(ShardedGrads *g, const ModelHooks *hooks) {
     return model_hook_replay(g->m, true, hooks);
 }
 
-size_t sharded_grads_bytes(const ShardedGrads *g) { return (g->shard_n + g->work_n) * sizeof(float); }
+size_t sharded_grads_bytes(const ShardedGrads *g) {
+    return (g->shard_n + (size_t)g->n_work * g->work_n) * sizeof(float);
+}

@@ -4,14 +4,21 @@
 //
 //   held per rank        size
 //   gradient shard       lo[r+1] - lo[r] values, summed over ranks and micro-batches
-//   working buffer       the largest part's range of the gradient layout (a part: embedding,
-//                        layer l, head; the model hooks' unit)
+//   working buffers      1 or 2 (overlap) x the largest part's range of the gradient layout
+//                        (a part: embedding, layer l, head; the model hooks' unit)
 //
-// A part's gradient views point at the working buffer. It is zeroed where the part first
+// A part's gradient views point at its working buffer. It is zeroed where the part first
 // writes its gradients (the head at its PRE_FORWARD: lm_head's gradient is computed with its
 // forward; every other part at its PRE_BACKWARD), and at the part's POST_BACKWARD the part's
 // range is reduce-scattered (summed over ranks) and this rank's block added to its gradient
-// shard. So each micro-batch's gradient is summed over ranks first, and the sums are
+// shard.
+//
+// Overlap (ddp.overlap_grad_reduce, the default): two working buffers, part p's in buffer
+// p % 2, so the reduce-scatter of a part runs while the backward of the part below it writes
+// the other buffer; it is waited for (and its block added) at the next POST_BACKWARD, before a
+// buffer it reads is zeroed, or at sharded_grads_finish. One reduction is in flight at most and
+// blocks are added in the order the reductions started, so overlap changes timing, never bits.
+// Without overlap: one buffer, each reduction waited for at once. So each micro-batch's gradient is summed over ranks first, and the sums are
 // accumulated over micro-batches, as FSDP and DeepSpeed ZeRO-2 do: another summation order
 // than DDP's (micro-batches accumulated on each rank, then summed over ranks once), equal to
 // it within fp32 rounding, and bit for bit when every rank runs one micro-batch with 2 ranks
@@ -27,6 +34,7 @@
 // sharded_params.h binds a part's gathered parameters and these gradients together and calls
 // sharded_grads_on_event for the gradient side.
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "dist/data_parallel.h"
@@ -37,24 +45,33 @@ typedef struct {
     DataParallel *dp;      // the shard boundaries and the communicator
     float *shard;          // [shard_n] this rank's gradient shard (backend memory)
     size_t shard_n;
-    float *work;           // [work_n] the working gradient buffer (backend memory)
+    float *work[2];        // [n_work][work_n] the working gradient buffers (backend memory)
     size_t work_n;
-    int held;              // the part whose gradients `work` holds (-1: none)
-    int viewed;            // ZeRO-2's hooks: the part last bound to `work` (-1: none)
-    int *counts;           // [ranks] scratch: a part's blocks of the reduce-scatter
+    int n_work;            // 2 with overlap, else 1
+    int held;              // the part whose gradients are being written (-1: none)
+    int viewed;            // ZeRO-2's hooks: the part last bound to its buffer (-1: none)
+    int pending;           // the part whose reduce-scatter is in flight (-1: none)
+    int *counts[2];        // [n_work][ranks] each buffer's blocks of its reduce-scatter
     ModelHooks hooks;      // ZeRO-2's hooks (sharded_grads_hooks)
 } ShardedGrads;
 
 // For model m (on any backend) trained under dp (ZeRO-2 or ZeRO-3). m and dp must outlive g,
-// and g must not move afterwards (g->hooks points at it). Allocates the buffers and releases
-// the model's gradient buffer for good (model_restore_grads gives it back).
-int sharded_grads_create(ShardedGrads *g, Model *m, DataParallel *dp);
+// and g must not move afterwards (g->hooks points at it). Allocates the buffers (two working
+// buffers with `overlap`) and releases the model's gradient buffer for good
+// (model_restore_grads gives it back).
+int sharded_grads_create(ShardedGrads *g, Model *m, DataParallel *dp, bool overlap);
 void sharded_grads_free(ShardedGrads *g);
 
 // Before a step's passes: the gradient shard zeroed (and ZeRO-2's views bound afresh).
-void sharded_grads_zero(ShardedGrads *g);
-// The gradient side of a hook event (the part's gradient views must point at g->work):
-// zeroes the working buffer where the part first writes, reduces at POST_BACKWARD.
+int sharded_grads_zero(ShardedGrads *g);
+// After a step's passes (idle ones too), before the shard is read: the reduction in flight
+// waited for and added. A collective.
+int sharded_grads_finish(ShardedGrads *g);
+// The working buffer part `part`'s gradient views must point at (laid out as the part's range
+// of the gradient layout).
+float *sharded_grads_work(const ShardedGrads *g, int part);
+// The gradient side of a hook event (the part's gradient views bound to its working buffer):
+// zeroes the buffer where the part first writes, reduces at POST_BACKWARD.
 int sharded_grads_on_event(ShardedGrads *g, ModelHookEvent event, int part);
 // ZeRO-2's hooks for a pass: each part's gradient views bound to the working buffer, then
 // sharded_grads_on_event.
@@ -62,5 +79,5 @@ const ModelHooks *sharded_grads_hooks(ShardedGrads *g);
 // A pass's collectives without its work, through `hooks` (ZeRO-2's, or ZeRO-3's that gather
 // the parts too).
 int sharded_grads_idle_pass(ShardedGrads *g, const ModelHooks *hooks);
-// Backend bytes this rank holds for gradients: the shard and the working buffer.
+// Backend bytes this rank holds for gradients: the shard and the working buffers.
 size_t sharded_grads_bytes(const ShardedGrads *g);

@@ -22,7 +22,7 @@ static int on_event(void *ctx, ModelHookEvent event, int part) {
         size_t offset, numel;
         param_part_span(&z->m->table, part, z->m->cfg.n_layers, &offset, &numel);
         convert_part(z->m->be, z->cwork, z->work, numel);
-        SPES_TRY(model_bind_part(z->m, part, z->work, z->cwork, z->grads->work));
+        SPES_TRY(model_bind_part(z->m, part, z->work, z->cwork, sharded_grads_work(z->grads, part)));
         z->bound = part;
     }
     return sharded_grads_on_event(z->grads, event, part);

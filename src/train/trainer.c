@@ -230,8 +230,9 @@ static void log_memory(const Trainer *t) {
              "scratch %.3f MB",
              t->be->name, params, grads, state, t->adamw.offload ? " (host memory, offloaded)" : "", scratch);
     if (t->zgrads_on)
-        log_info("%s per rank: gradient shard %.3f MB, part gradient buffer %.3f MB", dp_stage_name(t->dp.stage),
-                 t->zgrads.shard_n * 4 * mb, t->zgrads.work_n * 4 * mb);
+        log_info("%s per rank: gradient shard %.3f MB, part gradient buffer%s %.3f MB", dp_stage_name(t->dp.stage),
+                 t->zgrads.shard_n * 4 * mb, t->zgrads.n_work == 2 ? "s (2, overlap)" : "",
+                 (double)t->zgrads.n_work * t->zgrads.work_n * 4 * mb);
     if (t->z3_on)
         log_info("zero3 per rank while training: parameter shard %.3f MB, frozen tensors %.3f MB, part buffers %.3f MB "
                  "(the full parameters only around checkpoints, evaluations and SPES syncs)",
@@ -277,7 +278,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
             SPES_OK)
             goto fail;
         if (dp_shards_grads(stage)) {
-            if (sharded_grads_create(&t->zgrads, &t->model, &t->dp) != SPES_OK) goto fail;
+            if (sharded_grads_create(&t->zgrads, &t->model, &t->dp, cfg->ddp_overlap_grad_reduce) != SPES_OK) goto fail;
             t->zgrads_on = true;
         }
         if (stage == DP_ZERO3) {
@@ -290,9 +291,11 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
         if (dp_shards_grads(stage))
             log_info("dist: %d ranks, strategy %s; this rank holds %s and optimizer state for [%zu, %zu) of %zu "
                      "trainable values; each part's gradients are reduce-scattered right after its backward (no "
-                     "buckets: ddp.overlap_grad_reduce does not apply)",
+                     "buckets), %s",
                      comm_size(t->comm), dp_stage_name(stage), stage == DP_ZERO3 ? "parameters, gradients" : "gradients",
-                     lo, hi, t->model.table.trainable_numel);
+                     lo, hi, t->model.table.trainable_numel,
+                     cfg->ddp_overlap_grad_reduce ? "overlapped with the next part's backward"
+                                                  : "waited for before the backward goes on");
         else
             log_info("dist: %d ranks, strategy %s; this rank holds optimizer state for [%zu, %zu) of %zu trainable "
                      "values; %zu gradient buckets, %s",
@@ -472,7 +475,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     // The last pass's backward starts the gradient buckets it finishes (overlap).
     bool overlap = reduce && cfg->ddp_overlap_grad_reduce;
     if (t->zgrads_on) {
-        sharded_grads_zero(&t->zgrads);
+        SPES_TRY(sharded_grads_zero(&t->zgrads));
         // Every rank runs as many passes as the busiest (the part gathers and gradient
         // reductions are collectives): a rank with fewer micro-batches replays the missing
         // passes first, without work.
@@ -508,6 +511,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
             log_info("dist: step %" PRId64 ": %zu of %zu gradient buckets started during the backward", step, early,
                      t->dp.n_buckets);
     }
+    if (t->zgrads_on) SPES_TRY(sharded_grads_finish(&t->zgrads));   // the last part's reduction
     if (t->dist) SPES_TRY(combine_ranks(t, n_micro, n_counts, &mean));
     if (!isfinite(mean.total))
         return spes_fail("step %" PRId64 ": the loss is %g (ce %g); lower optimizer.learning_rate or set "

@@ -4,8 +4,9 @@
 // and offloaded, on the tiny MoE with frozen experts (SPES: a peer trains experts 1..2),
 // against a second copy of the same model trained unsharded:
 //   - sharded gradients release the model's gradient buffer; a ZeRO-2 pass (the model's own
-//     parameters, each part's gradients reduced into the gradient shard) gives the plain
-//     pass's loss and gradients, bit for bit;
+//     parameters, each part's gradients reduced into the gradient shard; overlapped on the
+//     device-state runs, waited for at once on the offloaded ones) gives the plain pass's loss
+//     and gradients, bit for bit;
 //   - sharding the parameters releases the model's device buffers;
 //   - a training pass whose parts are gathered from the shard and the frozen store into the
 //     working buffers (and converted into the compute working copy), with each part's
@@ -63,18 +64,20 @@ static void pass(Model *m, ShardedGrads *g, const ModelHooks *hooks, LossValues 
         tg[i] = (i * 5 + 1) % m->cfg.embedding_size;
     }
     LossWeights w = {.lm_z_mult = 1e-2f, .lb_weight = 0.1f, .router_z_weight = 1e-3f};
-    if (g) sharded_grads_zero(g);
+    if (g) assert_int_equal(sharded_grads_zero(g), SPES_OK);
     m->hooks = hooks;
     model_zero_grad(m);
     if (model_forward_backward(m, in, tg, B, T, &w, 1.0f, out, NULL) != SPES_OK)
         fail_msg("model_forward_backward: %s", spes_last_error());
     m->hooks = NULL;
+    if (g) assert_int_equal(sharded_grads_finish(g), SPES_OK);
     gt_sync_ok(m->be);
 }
 
 static void run(Precision precision, bool offload) {
     Backend *be = cuda_test_backend(precision);
-    printf("-- %s, optimizer state %s\n", precision_name(precision), offload ? "offloaded" : "on the device");
+    printf("-- %s, optimizer state %s, gradient reductions %s\n", precision_name(precision), offload ? "offloaded" : "on the device",
+           offload ? "waited for at once" : "overlapped");
     Model ref, z;
     make_model(&ref, be);
     make_model(&z, be);
@@ -86,7 +89,7 @@ static void run(Precision precision, bool offload) {
     assert_int_equal(dp_create(&dp, comm, be, DP_ZERO3, &z.table, L, 1.0), SPES_OK);
     ShardedGrads sg;
     ShardedParams sp;
-    if (sharded_grads_create(&sg, &z, &dp) != SPES_OK) fail_msg("sharded_grads_create: %s", spes_last_error());
+    if (sharded_grads_create(&sg, &z, &dp, !offload) != SPES_OK) fail_msg("sharded_grads_create: %s", spes_last_error());
     assert_null(z.grads);
     // ZeRO-2: the model's own parameters, gradients per part into the shard.
     LossValues lr_, lz;

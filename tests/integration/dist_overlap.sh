@@ -9,9 +9,10 @@
 # And a job where a rank computes no micro-batch (global batch 4 = 2 micro-batches over 3
 # ranks: rank 0 has none) starts its buckets in the same order as the others, so it neither
 # hangs nor mismatches collectives: it equals 1 rank within tolerance. ZeRO-2 and ZeRO-3 have
-# no buckets (each part's gradients are reduced right after its backward): the flag changes
-# nothing there, they give the same bits as each other, and a rank without micro-batches
-# replays a pass of reductions (and, under ZeRO-3, part gathers: model_hook_replay).
+# no buckets (each part's gradients are reduce-scattered right after its backward; with the
+# flag, while the part below runs its backward into a second buffer): the same bits with the
+# flag on and off and as each other, and a rank without micro-batches replays a pass of
+# reductions (and, under ZeRO-3, part gathers: model_hook_replay).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/integration/lib/require.sh
@@ -46,8 +47,11 @@ for n in 2 3; do
     s=$([ $z = 2 ] && echo SHARD_GRAD_OP || echo FULL_SHARD)
     dist_train "z${z}_$n" "$n" --fsdp.sharding_strategy=$s $small
     dist_train "z${z}off_$n" "$n" --fsdp.sharding_strategy=$s $small --ddp.overlap_grad_reduce=false
-    grep -q "strategy zero$z; .*reduce-scattered right after its backward (no buckets" "$tmp/z${z}_$n.log" ||
-      { echo "FAIL: z${z}_$n start line"; exit 1; }
+    grep -q "strategy zero$z; .*reduce-scattered right after its backward (no buckets), overlapped with the next part" \
+      "$tmp/z${z}_$n.log" && grep -q "part gradient buffers (2, overlap)" "$tmp/z${z}_$n.log" ||
+      { echo "FAIL: z${z}_$n start lines"; exit 1; }
+    grep -q "(no buckets), waited for before the backward goes on" "$tmp/z${z}off_$n.log" ||
+      { echo "FAIL: z${z}off_$n start line"; exit 1; }
     dist_check "z${z}_$n" "z${z}off_$n" 5 --tol 0 --exact-steps 5
   done
   dist_check "z2_$n" "z3_$n" 5 --tol 0 --exact-steps 5

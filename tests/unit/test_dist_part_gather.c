@@ -9,7 +9,8 @@
 // released; a pass through sharded_grads_hooks (every rank the same micro-batch) leaves each
 // rank's gradient shard equal to N times the plain pass's gradient over its range, bit for bit
 // (N equal addends: the first sum is exact, so every order rounds the same); a replayed idle
-// pass adds nothing; ZeRO-1 has no sharded gradients.
+// pass adds nothing; ZeRO-1 has no sharded gradients. With and without the overlap (two
+// working buffers, the last reduction in flight until sharded_grads_finish).
 // Run directly it is a job of one rank; tests/integration/dist_part_gather.sh runs the same
 // binary under mpirun with 2 and 3 ranks (the shards then cut through the parts' tensors).
 #include <setjmp.h>
@@ -131,8 +132,7 @@ static void sample_batch(const Model *m, int32_t *in, int32_t *tg) {
     }
 }
 
-static void test_sharded_grads(void **state) {
-    (void)state;
+static void sharded_grads_pass(bool overlap) {
     ModelConfig cfg;
     assert_int_equal(model_config_preset("tiny", &cfg), SPES_OK);
     Model ref, m;
@@ -148,17 +148,18 @@ static void test_sharded_grads(void **state) {
     DataParallel dp;
     ShardedGrads sg;
     assert_int_equal(dp_create(&dp, comm, backend_cpu(), DP_ZERO1, &m.table, L, 1.0), SPES_OK);
-    assert_int_equal(sharded_grads_create(&sg, &m, &dp), SPES_ERR);
+    assert_int_equal(sharded_grads_create(&sg, &m, &dp, overlap), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "not zero2 or zero3"));
     dp_free(&dp);
     assert_int_equal(dp_create(&dp, comm, backend_cpu(), DP_ZERO2, &m.table, L, 1.0), SPES_OK);
-    assert_int_equal(sharded_grads_create(&sg, &m, &dp), SPES_OK);
+    assert_int_equal(sharded_grads_create(&sg, &m, &dp, overlap), SPES_OK);
     assert_null(m.grads);
     for (int i = 0; i < m.table.count; i++) assert_null(model_grad(&m, i));
     const size_t lo = dp.lo[dp.rank], hi = dp.lo[dp.rank + 1];
     assert_int_equal(sg.shard_n, hi - lo);
     assert_true(sg.work_n < n);   // the largest part, not the model
-    assert_int_equal(sharded_grads_bytes(&sg), (sg.shard_n + sg.work_n) * sizeof(float));
+    assert_int_equal(sg.n_work, overlap ? 2 : 1);
+    assert_int_equal(sharded_grads_bytes(&sg), (sg.shard_n + (size_t)sg.n_work * sg.work_n) * sizeof(float));
 
     int32_t in[B * T], tg[B * T];
     sample_batch(&m, in, tg);
@@ -166,10 +167,13 @@ static void test_sharded_grads(void **state) {
     LossValues want, got;
     model_zero_grad(&ref);
     assert_int_equal(model_forward_backward(&ref, in, tg, B, T, &w, 1.0f, &want, NULL), SPES_OK);
-    sharded_grads_zero(&sg);
+    assert_int_equal(sharded_grads_zero(&sg), SPES_OK);
     m.hooks = sharded_grads_hooks(&sg);
     assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 1.0f, &got, NULL), SPES_OK);
     m.hooks = NULL;
+    if (overlap) assert_int_equal(sg.pending, 0);   // the embedding's reduction is still in flight
+    assert_int_equal(sharded_grads_finish(&sg), SPES_OK);
+    assert_int_equal(sg.pending, -1);
     assert_memory_equal(&got, &want, sizeof got);
     const float ranks = (float)dp.size;
     for (size_t i = lo; i < hi; i++)
@@ -178,6 +182,7 @@ static void test_sharded_grads(void **state) {
     float *before = malloc((hi - lo + 1) * sizeof(float));
     memcpy(before, sg.shard, (hi - lo) * sizeof(float));
     assert_int_equal(sharded_grads_idle_pass(&sg, sharded_grads_hooks(&sg)), SPES_OK);
+    assert_int_equal(sharded_grads_finish(&sg), SPES_OK);
     assert_memory_equal(sg.shard, before, (hi - lo) * sizeof(float));
 
     free(before);
@@ -187,12 +192,23 @@ static void test_sharded_grads(void **state) {
     model_free(&ref);
 }
 
+static void test_sharded_grads(void **state) {
+    (void)state;
+    sharded_grads_pass(false);
+}
+
+static void test_sharded_grads_overlapped(void **state) {
+    (void)state;
+    sharded_grads_pass(true);
+}
+
 int main(void) {
     threads_set(1);
     if (comm_init(&comm) != SPES_OK) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_part_gather),
         cmocka_unit_test(test_sharded_grads),
+        cmocka_unit_test(test_sharded_grads_overlapped),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     comm_finalize(comm);
