@@ -8,9 +8,9 @@
 # random byte-level tokens. "Measured" is the size of every buffer the rank allocated for
 # each role (the trainer's "memory per rank" line), and rank 0's peak RSS; theory is
 # ZeRO's: P parameters, T trainable, fp32: params 4P (ZeRO-3: 4T/N + 4(P-T) frozen, plus the
-# part buffers B it logs: the working buffer of the largest part), gradients 4T (4T/N under
-# ZeRO-2/3, plus the part gradient buffers they log: two with ddp.overlap_grad_reduce, one
-# without), AdamW state 8T (8T/N under ZeRO-1/2/3).
+# part buffers B it logs: the working buffers of the largest part, two with fsdp.prefetch,
+# one without), gradients 4T (4T/N under ZeRO-2/3, plus the part gradient buffers they log:
+# two with ddp.overlap_grad_reduce, one without), AdamW state 8T (8T/N under ZeRO-1/2/3).
 set -euo pipefail
 BUILD=${1:-build}
 cd "$(dirname "$0")/.."
@@ -37,19 +37,20 @@ run() {   # run NAME NPROC THREADS STEPS [overrides]
     --nproc_per_node "$n" "$@" >"$tmp/$name.log" 2>&1 || { echo "dist_memory: failed ($name)"; tail "$tmp/$name.log"; exit 1; }
 }
 field() { sed -n "s/.*memory per rank.*$1 \([0-9.]*\) MB.*/\1/p" "$2" | head -1; }
-part_buffers() { sed -n "s/.*zero3 per rank.* part buffers \([0-9.]*\) MB.*/\1/p" "$1" | head -1; }
+part_buffers() { sed -n "s/.*zero3 per rank.* part buffers\( ([^)]*)\)\{0,1\} \([0-9.]*\) MB.*/\2/p" "$1" | head -1; }
 part_grad_buffer() { sed -n "s/.*zero[23] per rank: gradient shard.*part gradient buffers\{0,1\}\( ([^)]*)\)\{0,1\} \([0-9.]*\) MB.*/\2/p" "$1" | head -1; }
 
 echo "| strategy | ranks N | parameters MB (theory) | gradients MB (theory) | optimizer state MB (theory) | collective scratch MB | peak RSS rank 0 MB |"
 echo "|---|---|---|---|---|---|---|"
 P=""; T=""
 for n in 1 2 4; do
-  # ":off": ddp.overlap_grad_reduce false (ZeRO-2/3: one part gradient buffer instead of two)
+  # ":off": ddp.overlap_grad_reduce and fsdp.prefetch false (ZeRO-2/3: one part gradient buffer
+  # instead of two; ZeRO-3: one part buffer instead of two)
   for v in ddp SHARD_OPTIM SHARD_GRAD_OP FULL_SHARD SHARD_GRAD_OP:off FULL_SHARD:off; do
     s=${v%:off}
     [ $n = 1 ] && [ $s != ddp ] && continue
     name="${s}_$n"; extra=(); label=$s
-    [ "$v" != "$s" ] && { name="${s}_off_$n"; extra=(--ddp.overlap_grad_reduce=false); label="$s, overlap off"; }
+    [ "$v" != "$s" ] && { name="${s}_off_$n"; extra=(--ddp.overlap_grad_reduce=false --fsdp.prefetch=false); label="$s, overlap off"; }
     if [ $s = ddp ]; then run "$name" $n 1 1 --distributed_strategy=ddp; else run "$name" $n 1 1 --fsdp.sharding_strategy=$s "${extra[@]}"; fi
     log="$tmp/$name.log"
     if [ -z "$P" ]; then

@@ -98,8 +98,9 @@ typedef struct {
     char *distributed_strategy;       // single | ddp | fsdp (default fsdp, OLMo's)
     char *fsdp_sharding_strategy;     // fsdp.sharding_strategy: NO_SHARD | SHARD_OPTIM (ours: ZeRO-1) |
                                       // SHARD_GRAD_OP | FULL_SHARD (default FULL_SHARD, OLMo's)
-    double ddp_bucket_cap_mb;         // ddp.bucket_cap_mb: gradient bucket size of every strategy (25, torch's)
-    bool ddp_overlap_grad_reduce;     // ddp.overlap_grad_reduce: start buckets during the backward (true)
+    bool fsdp_prefetch;               // fsdp.prefetch: FULL_SHARD gathers the next part while one runs (true)
+    double ddp_bucket_cap_mb;         // ddp.bucket_cap_mb: gradient all-reduce / parameter all-gather buckets (25, torch's)
+    bool ddp_overlap_grad_reduce;     // ddp.overlap_grad_reduce: reduce gradients during the backward (true)
 
     // SPES
     bool using_spes;                  // train only own experts and sync through the server

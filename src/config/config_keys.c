@@ -463,6 +463,7 @@ static const ConfigKey KEYS[] = {
     {"distributed_strategy", K_STR, F(distributed_strategy), .meaning = "Data parallelism over the ranks of a node (`spes train --nproc_per_node N`, mpirun): `ddp`, `fsdp` (see `fsdp.sharding_strategy`) or `single` (one rank only). Ignored with one rank. docs/distributed.md."},
     {"fsdp", K_SECTION, .meaning = "FSDP settings: how `distributed_strategy: fsdp` shards."},
     {"fsdp.sharding_strategy", K_STR, F(fsdp_sharding_strategy), .meaning = "NO_SHARD (= DDP), SHARD_OPTIM (ZeRO-1: optimizer state sharded; our extension), SHARD_GRAD_OP (ZeRO-2: + gradients, each layer's reduce-scattered right after its backward), FULL_SHARD (ZeRO-3: + parameters, each layer gathered right before it runs). docs/distributed.md."},
+    {"fsdp.prefetch", K_BOOL, F(fsdp_prefetch), .meaning = "FULL_SHARD: all-gather the next layer while the current one computes (FSDP's forward_prefetch and backward_prefetch BACKWARD_PRE), into a second layer-sized parameter buffer; false: gather each layer when it runs. The same bits either way. Our extension."},
     {"fsdp.wrapping_strategy", K_IGNORED, .meaning = "Shards are contiguous ranges of the flat gradient buffer, not wrapped modules."},
     {"fsdp.precision", K_IGNORED, .meaning = "The `precision` key decides compute types; collectives run on the fp32 gradients."},
     {"fsdp.use_orig_params", K_IGNORED, .meaning = "Parameters are always addressed by their HF names."},
@@ -1024,6 +1025,7 @@ void config_defaults(TrainConfig *cfg) {
     cfg->fsdp_sharding_strategy = spes_strdup("FULL_SHARD");
     cfg->ddp_bucket_cap_mb = 25.0;
     cfg->ddp_overlap_grad_reduce = true;
+    cfg->fsdp_prefetch = true;
     cfg->decayed_factor_update_steps = 1;
     cfg->take_over_peer_id = -1;
     cfg->retry_timeout_s = 60;

@@ -10,11 +10,13 @@
 #include "base/error.h"
 #include "dist/rendezvous.h"
 
-// An in-place MPI reduce-scatter leaves this rank's sum at the front of its buffer; it is
-// moved to the block's own place once the collective completes.
+// What a queued MPI collective needs once it completes, or until then: an in-place MPI
+// reduce-scatter leaves this rank's sum at the front of its buffer, moved to the block's own
+// place afterwards; an all-gather reads its displacements until it completes.
 typedef struct {
     float *to, *from;
     size_t n;
+    int *displs;   // freed when the collective completes
 } Move;
 
 struct Comm {
@@ -207,9 +209,27 @@ int comm_wait_all(Comm *c) {
     c->n_reqs = 0;
     if (MPI_Waitall(n, c->reqs, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
         return spes_fail("MPI_Waitall on %d queued collectives failed", n);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (c->moves[i].n) memmove(c->moves[i].to, c->moves[i].from, c->moves[i].n * sizeof(float));
+        free(c->moves[i].displs);
+        c->moves[i].displs = NULL;
+    }
     return SPES_OK;
+}
+
+// displs[r] = sum(counts[0..r)); NULL with a message when that does not fit an MPI count.
+static int *displacements(const Comm *c, const int *counts) {
+    int *displs = spes_calloc((size_t)c->size, sizeof(int));
+    if (!displs) return NULL;
+    long long at = 0;
+    for (int r = 0; r < c->size; r++) {
+        displs[r] = (int)at;
+        at += counts[r];
+    }
+    if (at <= INT_MAX) return displs;
+    free(displs);
+    spes_fail("an all-gather of %lld values is more than MPI counts hold", at);
+    return NULL;
 }
 
 int comm_allgather(Comm *c, Backend *be, float *buf, const int *counts) {
@@ -219,19 +239,36 @@ int comm_allgather(Comm *c, Backend *be, float *buf, const int *counts) {
         SPES_TRY(nccl_for(c, be, &nc));
         return comm_nccl_allgather(nc, be, buf, counts);
     }
-    int *displs = spes_calloc((size_t)c->size, sizeof(int));
+    int *displs = displacements(c, counts);
     if (!displs) return SPES_ERR;
-    long long at = 0;
-    for (int r = 0; r < c->size; r++) {
-        displs[r] = (int)at;
-        at += counts[r];
-    }
-    int rc = at <= INT_MAX && MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT,
-                                             c->world) == MPI_SUCCESS
+    int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT, c->world) ==
+                     MPI_SUCCESS
                  ? SPES_OK
-                 : spes_fail("MPI_Allgatherv of %lld values failed", at);
+                 : spes_fail("MPI_Allgatherv failed");
     free(displs);
     return rc;
+}
+
+int comm_start_allgather(Comm *c, Backend *be, float *buf, const int *counts) {
+    if (!comm_is_multi(c)) return SPES_OK;
+    if (!on_host(be)) {
+        CommNccl *nc = NULL;
+        SPES_TRY(nccl_for(c, be, &nc));
+        c->nccl_queued = true;
+        return comm_nccl_start_allgather(nc, be, buf, counts);
+    }
+    int *displs = displacements(c, counts);
+    if (!displs) return SPES_ERR;
+    int slot = 0;
+    if (queue_slot(c, &slot) != SPES_OK) {
+        free(displs);
+        return SPES_ERR;
+    }
+    c->moves[slot].displs = displs;
+    if (MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT, c->world,
+                        &c->reqs[slot]) != MPI_SUCCESS)
+        return spes_fail("MPI_Iallgatherv failed");
+    return SPES_OK;
 }
 
 int comm_broadcast(Comm *c, Backend *be, void *buf, size_t bytes, int root) {

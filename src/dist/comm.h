@@ -43,7 +43,8 @@ bool comm_is_multi(const Comm *c);      // size > 1
 // buf[0..n) summed over ranks, in place, every rank gets the result.
 int comm_allreduce_sum(Comm *c, Backend *be, void *buf, size_t n, CommType t);
 
-// Non-blocking collectives: the gradient buckets, started while the backward goes on. Each
+// Non-blocking collectives: gradient reductions and ZeRO-3's part prefetch, started while the
+// backward goes on. Each
 // call starts one collective and queues it on the Comm; comm_wait_all waits for every queued
 // one. As for any collective, every rank must start them in the same order. Buffers and
 // `counts` must stay untouched until comm_wait_all returns. MPI (host) runs them as
@@ -55,6 +56,8 @@ int comm_start_allreduce_sum(Comm *c, Backend *be, float *buf, size_t n);
 // In place: block r of buf (counts[r] values at displacement sum(counts[0..r))) summed over
 // ranks; after comm_wait_all this rank's block holds its sum (the other blocks are undefined).
 int comm_start_reduce_scatter_sum(Comm *c, Backend *be, float *buf, const int *counts);
+// In place, as comm_allgather below (ZeRO-3's prefetch of the next part).
+int comm_start_allgather(Comm *c, Backend *be, float *buf, const int *counts);
 // Lets queued MPI collectives advance (MPI moves them on only inside MPI calls); cheap.
 int comm_progress(Comm *c);
 // Waits for every queued collective; the queue is then empty.
@@ -84,4 +87,5 @@ int comm_nccl_broadcast(CommNccl *n, Backend *be, void *buf, size_t bytes, int r
 // AllGather need equal blocks).
 int comm_nccl_start_allreduce_sum(CommNccl *n, Backend *be, float *buf, size_t count);
 int comm_nccl_start_reduce_scatter_sum(CommNccl *n, Backend *be, float *buf, const int *counts);
+int comm_nccl_start_allgather(CommNccl *n, Backend *be, float *buf, const int *counts);
 int comm_nccl_wait(CommNccl *n);

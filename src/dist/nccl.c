@@ -125,9 +125,9 @@ int comm_nccl_start_reduce_scatter_sum(CommNccl *n, Backend *be, float *buf, con
     return SPES_OK;
 }
 
-int comm_nccl_wait(CommNccl *n) { return finish(n, "gradient buckets"); }
+int comm_nccl_wait(CommNccl *n) { return finish(n, "queued collectives"); }
 
-int comm_nccl_allgather(CommNccl *n, Backend *be, float *buf, const int *counts) {
+int comm_nccl_start_allgather(CommNccl *n, Backend *be, float *buf, const int *counts) {
     SPES_TRY(begin(n, be));
     size_t at = 0;
     NCCL_TRY(ncclGroupStart());
@@ -136,6 +136,11 @@ int comm_nccl_allgather(CommNccl *n, Backend *be, float *buf, const int *counts)
         at += (size_t)counts[r];
     }
     NCCL_TRY(ncclGroupEnd());
+    return SPES_OK;
+}
+
+int comm_nccl_allgather(CommNccl *n, Backend *be, float *buf, const int *counts) {
+    SPES_TRY(comm_nccl_start_allgather(n, be, buf, counts));
     return finish(n, "all-gather");
 }
 
@@ -169,6 +174,7 @@ int comm_nccl_version(void) { return 0; }
 int comm_nccl_allreduce_sum(CommNccl *n, Backend *be, void *buf, size_t count, CommType t) { return no_nccl(); }
 int comm_nccl_start_allreduce_sum(CommNccl *n, Backend *be, float *buf, size_t count) { return no_nccl(); }
 int comm_nccl_start_reduce_scatter_sum(CommNccl *n, Backend *be, float *buf, const int *counts) { return no_nccl(); }
+int comm_nccl_start_allgather(CommNccl *n, Backend *be, float *buf, const int *counts) { return no_nccl(); }
 int comm_nccl_wait(CommNccl *n) { return no_nccl(); }
 int comm_nccl_allgather(CommNccl *n, Backend *be, float *buf, const int *counts) { return no_nccl(); }
 int comm_nccl_broadcast(CommNccl *n, Backend *be, void *buf, size_t bytes, int root) { return no_nccl(); }

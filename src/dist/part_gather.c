@@ -30,9 +30,10 @@ static bool all_trainable(const PartGather *g, int part) {
 }
 
 int part_gather_create(PartGather *g, Comm *comm, Backend *be, const ParamTable *table, int n_layers,
-                       const size_t *lo) {
+                       const size_t *lo, int slots) {
     memset(g, 0, sizeof *g);
-    g->comm = comm, g->be = be, g->table = table, g->n_layers = n_layers, g->lo = lo;
+    if (slots < 1 || slots > 2) return spes_fail("part_gather: %d slots (1 or 2)", slots);
+    g->comm = comm, g->be = be, g->table = table, g->n_layers = n_layers, g->lo = lo, g->slots = slots;
     g->rank = comm_rank(comm), g->size = comm_size(comm);
     if (!(g->frozen_at = spes_calloc((size_t)table->count, sizeof *g->frozen_at))) return SPES_ERR;
     for (int i = 0; i < table->count; i++) {
@@ -48,16 +49,20 @@ int part_gather_create(PartGather *g, Comm *comm, Backend *be, const ParamTable 
         if (!all_trainable(g, p)) g->gathered_n = max_sz(g->gathered_n, ghi - glo);   // staged
     }
     if (largest > INT_MAX) return spes_fail("part_gather: a part of %zu trainable values exceeds one collective's count", largest);
-    if (g->gathered_n && backend_alloc(be, g->gathered_n * sizeof(float), (void **)&g->gathered) != SPES_OK)
-        return spes_fail_context("part_gather: staging for %zu values", g->gathered_n);
-    g->counts = spes_calloc((size_t)g->size, sizeof *g->counts);
-    return g->counts ? SPES_OK : SPES_ERR;
+    for (int s = 0; s < slots; s++) {
+        if (g->gathered_n && backend_alloc(be, g->gathered_n * sizeof(float), (void **)&g->gathered[s]) != SPES_OK)
+            return spes_fail_context("part_gather: staging for %zu values", g->gathered_n);
+        if (!(g->counts[s] = spes_calloc((size_t)g->size, sizeof *g->counts[s]))) return SPES_ERR;
+    }
+    return SPES_OK;
 }
 
 void part_gather_free(PartGather *g) {
     free(g->frozen_at);
-    if (g->be) backend_free(g->be, g->gathered);
-    free(g->counts);
+    for (int s = 0; s < 2; s++) {
+        if (g->be) backend_free(g->be, g->gathered[s]);
+        free(g->counts[s]);
+    }
     memset(g, 0, sizeof *g);
 }
 
@@ -69,31 +74,41 @@ void part_pack_frozen(const PartGather *g, const float *params, float *store) {
     }
 }
 
-int part_gather(PartGather *g, int part, const float *shard, const float *frozen, float *work) {
+int part_gather_start(PartGather *g, int slot, int part, const float *shard, float *work) {
     if (part < 0 || part > g->n_layers + 1)
         return spes_fail("part_gather: part %d out of range [0, %d]", part, g->n_layers + 1);
+    if (slot < 0 || slot >= g->slots) return spes_fail("part_gather: slot %d of %d", slot, g->slots);
     size_t glo, ghi;
     part_grad_range(g, part, &glo, &ghi);
-    bool direct = all_trainable(g, part);
-    float *dst = direct ? work : g->gathered;
+    float *dst = all_trainable(g, part) ? work : g->gathered[slot];
     // Block r: the range's overlap with rank r's shard, at its place in the range.
+    int *counts = g->counts[slot];
     for (int r = 0; r < g->size; r++) {
         size_t a = max_sz(glo, g->lo[r]), b = min_sz(ghi, g->lo[r + 1]);
-        g->counts[r] = b > a ? (int)(b - a) : 0;
+        counts[r] = b > a ? (int)(b - a) : 0;
     }
     size_t mine = max_sz(glo, g->lo[g->rank]);
-    if (g->counts[g->rank])
-        g->be->ops->copy(g->be, dst + (mine - glo), shard + (mine - g->lo[g->rank]),
-                         (size_t)g->counts[g->rank] * sizeof(float));
-    if (ghi > glo) SPES_TRY(comm_allgather(g->comm, g->be, dst, g->counts));
-    if (direct) return SPES_OK;
-    size_t offset, numel;
+    if (counts[g->rank])
+        g->be->ops->copy(g->be, dst + (mine - glo), shard + (mine - g->lo[g->rank]), (size_t)counts[g->rank] * sizeof(float));
+    return ghi > glo ? comm_start_allgather(g->comm, g->be, dst, counts) : SPES_OK;
+}
+
+void part_gather_finish(PartGather *g, int slot, int part, const float *frozen, float *work) {
+    if (all_trainable(g, part)) return;   // gathered in place
+    size_t glo, ghi, offset, numel;
+    part_grad_range(g, part, &glo, &ghi);
     param_part_span(g->table, part, g->n_layers, &offset, &numel);
     for (int i = 0; i < g->table->count; i++) {
         const ParamInfo *pi = &g->table->entries[i];
         if (param_part(pi, g->n_layers) != part) continue;
-        const float *src = pi->trainable ? g->gathered + ((size_t)pi->grad_offset - glo) : frozen + g->frozen_at[i];
+        const float *src = pi->trainable ? g->gathered[slot] + ((size_t)pi->grad_offset - glo) : frozen + g->frozen_at[i];
         g->be->ops->copy(g->be, work + (pi->offset - offset), src, pi->numel * sizeof(float));
     }
+}
+
+int part_gather(PartGather *g, int part, const float *shard, const float *frozen, float *work) {
+    SPES_TRY(part_gather_start(g, 0, part, shard, work));
+    SPES_TRY(comm_wait_all(g->comm));
+    part_gather_finish(g, 0, part, frozen, work);
     return SPES_OK;
 }

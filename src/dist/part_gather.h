@@ -26,21 +26,28 @@ typedef struct {
     const size_t *lo;        // [size + 1] shard boundaries of the gradient layout (not owned)
     size_t frozen_numel;     // floats of the packed frozen store
     size_t *frozen_at;       // [table->count] each frozen tensor's offset in the store
-    float *gathered;         // [gathered_n] backend memory: staging of the all-gathered range of a part
-                             // with frozen tensors
+    int slots;               // gathers that may be in flight at once (1 or 2: prefetch)
+    float *gathered[2];      // [slots][gathered_n] backend memory: staging of the all-gathered range
+                             // of a part with frozen tensors
     size_t gathered_n;       // the largest such part's trainable values (0: every part gathers in place)
-    int *counts;             // [size]
+    int *counts[2];          // [slots][size] each slot's blocks (read until its gather completes)
 } PartGather;
 
 // lo: the shard boundaries (DataParallel.lo); table (of a model of n_layers layers) and lo must
-// outlive g.
+// outlive g. `slots`: 2 to keep a second gather in flight (its own staging and counts), else 1.
 int part_gather_create(PartGather *g, Comm *comm, Backend *be, const ParamTable *table, int n_layers,
-                       const size_t *lo);
+                       const size_t *lo, int slots);
 void part_gather_free(PartGather *g);
 // Copies the frozen tensors of the full parameter buffer params[total_numel] into
 // store[g->frozen_numel], packed in table order (both backend memory).
 void part_pack_frozen(const PartGather *g, const float *params, float *store);
 // Every rank calls it for the same part (a collective): assembles part `part` into
 // work[span of the part] from this rank's shard (shard[0..lo[rank+1]-lo[rank])), the other
-// ranks' shards and the frozen store (all backend memory).
+// ranks' shards and the frozen store (all backend memory). Uses slot 0.
 int part_gather(PartGather *g, int part, const float *shard, const float *frozen, float *work);
+// The same in two halves, so that the all-gather runs while other work goes on: _start begins
+// it in slot `slot` (a non-blocking collective: work, the slot's staging and counts stay
+// untouched until comm_wait_all), _finish, after comm_wait_all, copies the staged values and
+// the frozen tensors into work.
+int part_gather_start(PartGather *g, int slot, int part, const float *shard, float *work);
+void part_gather_finish(PartGather *g, int slot, int part, const float *frozen, float *work);

@@ -8,7 +8,8 @@
 //   shard                   lo[r+1] - lo[r] trainable values         every parameter
 //   frozen store            the frozen tensors (SPES: experts this
 //                           peer does not own), packed; every rank
-//   working buffer          the largest part's parameters
+//   working buffers         the largest part's parameters; two with
+//                           prefetch
 //   gradients               as ZeRO-2 (sharded_grads.h)              the same
 //
 // The shards are exactly the gradient shards' ranges of the gradient layout, so AdamW updates
@@ -16,10 +17,20 @@
 // all-gathered after the step.
 //
 // Collectives from hooks. sharded_params_hooks() gathers part p at PRE_FORWARD/PRE_BACKWARD
-// unless p is the part in the working buffer already, binds the part's parameters and
-// gradients to the working buffers, and leaves the gradient side to sharded_grads_on_event.
+// unless p is in its working buffer already, binds the part's parameters and gradients to the
+// working buffers, and leaves the gradient side to sharded_grads_on_event.
+//
+// Prefetch (fsdp.prefetch, FSDP's forward_prefetch and backward_prefetch BACKWARD_PRE): two
+// working buffers, part p's in buffer p mod 2. At part p's PRE_FORWARD the gather of p + 1
+// starts (a non-blocking all-gather into the other buffer), at its PRE_BACKWARD that of p - 1,
+// so the next part arrives while this one computes; it is completed when that part's PRE event
+// comes. Two buffers also keep a part that is needed again: layer L after the head's forward,
+// the embedding and layer 0 from one pass's backward into the next pass's forward. The values
+// gathered are the same bits either way.
+//
 // Every rank must make the same collective calls in the same order, so every rank runs the
-// same number of passes per step (sharded_grads_idle_pass replays one through these hooks).
+// same number of passes per step (sharded_grads_idle_pass replays one through these hooks);
+// the gathers follow the events alone, so they match too.
 //
 // Outside the steps the model holds its full parameters (sharded_params_unshard: every part
 // gathered into the model's own, restored buffers): checkpoints, evaluation and the SPES
@@ -49,19 +60,24 @@ typedef struct {
     float *shard;          // [shard_n] this rank's fp32 master values of the gradient layout
     size_t shard_n;
     float *frozen;         // [gather.frozen_numel] the frozen tensors, packed in table order
-    float *work;           // [work_n] the working buffer (the largest part's span)
-    void *cwork;           // [work_n] its compute copy in be->compute; NULL when compute is fp32
+    float *work[2];        // [n_work][work_n] the working buffers (the largest part's span)
+    void *cwork[2];        // [n_work][work_n] their compute copies in be->compute; NULL when fp32
     size_t work_n;
-    int bound;             // the part the working buffer holds (-1: none)
+    int n_work;            // 2 with prefetch, else 1
+    int holds[2];          // the part each working buffer holds (-1: none)
+    int inflight;          // the part whose gather is in flight (-1: none)
+    int bound;             // the part last bound to its buffer (-1: none)
+    long gathers;          // part gathers started by the hooks, and how many of them as a prefetch
+    long prefetched;
     bool sharded;          // the model's buffers are released; parts come from the shards
     ModelHooks hooks;      // the model's hooks while sharded
 } ShardedParams;
 
 // For model m (on any backend) trained under dp (stage DP_ZERO3) with gradients `grads`
 // (sharded_grads_create'd for m and dp). m, dp and grads must outlive z, and z must not move
-// afterwards (z->hooks points at it). Allocates the buffers; the model keeps its parameters
-// until sharded_params_shard.
-int sharded_params_create(ShardedParams *z, Model *m, DataParallel *dp, ShardedGrads *grads);
+// afterwards (z->hooks points at it). Allocates the buffers (two working buffers with
+// `prefetch`); the model keeps its parameters until sharded_params_shard.
+int sharded_params_create(ShardedParams *z, Model *m, DataParallel *dp, ShardedGrads *grads, bool prefetch);
 void sharded_params_free(ShardedParams *z);
 
 // The model's full parameters -> this rank's shard and the frozen store; the model's parameter
@@ -73,7 +89,7 @@ int sharded_params_unshard(ShardedParams *z);
 // The hooks for a pass while sharded.
 const ModelHooks *sharded_params_hooks(ShardedParams *z);
 // After the update: the values changed, so the next part is gathered afresh.
-void sharded_params_updated(ShardedParams *z);
+int sharded_params_updated(ShardedParams *z);
 
 // Backend bytes this rank holds for parameters while sharded: shard, frozen store, working
 // buffers (fp32 and compute copy), gather staging.

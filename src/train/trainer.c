@@ -234,9 +234,9 @@ static void log_memory(const Trainer *t) {
                  t->zgrads.shard_n * 4 * mb, t->zgrads.n_work == 2 ? "s (2, overlap)" : "",
                  (double)t->zgrads.n_work * t->zgrads.work_n * 4 * mb);
     if (t->z3_on)
-        log_info("zero3 per rank while training: parameter shard %.3f MB, frozen tensors %.3f MB, part buffers %.3f MB "
+        log_info("zero3 per rank while training: parameter shard %.3f MB, frozen tensors %.3f MB, part buffers%s %.3f MB "
                  "(the full parameters only around checkpoints, evaluations and SPES syncs)",
-                 t->z3.shard_n * 4 * mb, t->z3.gather.frozen_numel * 4 * mb,
+                 t->z3.shard_n * 4 * mb, t->z3.gather.frozen_numel * 4 * mb, t->z3.n_work == 2 ? " (2, prefetch)" : "",
                  (double)(sharded_params_bytes(&t->z3) - (t->z3.shard_n + t->z3.gather.frozen_numel) * 4) * mb);
     if (t->adamw.offload && t->be->host_memory)
         log_info("optimizer.cpu_offload on the cpu backend: the moments are host memory already; the update runs "
@@ -282,7 +282,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
             t->zgrads_on = true;
         }
         if (stage == DP_ZERO3) {
-            if (sharded_params_create(&t->z3, &t->model, &t->dp, &t->zgrads) != SPES_OK) goto fail;
+            if (sharded_params_create(&t->z3, &t->model, &t->dp, &t->zgrads, cfg->fsdp_prefetch) != SPES_OK) goto fail;
             t->z3_on = true;
         }
         size_t lo, hi;
@@ -512,6 +512,9 @@ int trainer_step(Trainer *t, StepMetrics *out) {
                      t->dp.n_buckets);
     }
     if (t->zgrads_on) SPES_TRY(sharded_grads_finish(&t->zgrads));   // the last part's reduction
+    if (t->z3_on && t->steps_this_run == 0)
+        log_info("dist: step %" PRId64 ": %ld part gathers on this rank, %ld of them prefetched", step, t->z3.gathers,
+                 t->z3.prefetched);
     if (t->dist) SPES_TRY(combine_ranks(t, n_micro, n_counts, &mean));
     if (!isfinite(mean.total))
         return spes_fail("step %" PRId64 ": the loss is %g (ce %g); lower optimizer.learning_rate or set "
@@ -543,7 +546,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     const Buf compute = {m->cparams, t->be->compute};
     if (n_grad && apply && t->z3_on) {   // the shard in place; nothing to all-gather
         SPES_TRY(adamw_step_packed(&t->adamw, &m->table, t->z3.shard, t->zgrads.shard, lr));
-        sharded_params_updated(&t->z3);
+        SPES_TRY(sharded_params_updated(&t->z3));
     } else if (n_grad && apply) {
         float *grads = t->zgrads_on ? t->zgrads.shard : t->dist ? dp_step_grads(&t->dp, m->grads) : m->grads;
         SPES_TRY(adamw_step(&t->adamw, &m->table, m->dparams, grads, compute, lr));

@@ -7,6 +7,8 @@
 //     parameters, each part's gradients reduced into the gradient shard; overlapped on the
 //     device-state runs, waited for at once on the offloaded ones) gives the plain pass's loss
 //     and gradients, bit for bit;
+//   - ZeRO-3 with the next part prefetched into a second buffer on the device-state runs,
+//     without on the offloaded ones;
 //   - sharding the parameters releases the model's device buffers;
 //   - a training pass whose parts are gathered from the shard and the frozen store into the
 //     working buffers (and converted into the compute working copy), with each part's
@@ -76,8 +78,8 @@ static void pass(Model *m, ShardedGrads *g, const ModelHooks *hooks, LossValues 
 
 static void run(Precision precision, bool offload) {
     Backend *be = cuda_test_backend(precision);
-    printf("-- %s, optimizer state %s, gradient reductions %s\n", precision_name(precision), offload ? "offloaded" : "on the device",
-           offload ? "waited for at once" : "overlapped");
+    printf("-- %s, optimizer state %s, gradient reductions and part gathers %s\n", precision_name(precision),
+           offload ? "offloaded" : "on the device", offload ? "waited for at once" : "overlapped (prefetch)");
     Model ref, z;
     make_model(&ref, be);
     make_model(&z, be);
@@ -98,7 +100,7 @@ static void run(Precision precision, bool offload) {
     assert_memory_equal(&lz, &lr_, sizeof lz);
     assert_same_backend_bytes(be, sg.shard, ref.grads, n * sizeof(float), "gradients of the zero2 pass");
     // ZeRO-3
-    if (sharded_params_create(&sp, &z, &dp, &sg) != SPES_OK) fail_msg("sharded_params_create: %s", spes_last_error());
+    if (sharded_params_create(&sp, &z, &dp, &sg, !offload) != SPES_OK) fail_msg("sharded_params_create: %s", spes_last_error());
     assert_int_equal(sp.shard_n, n);   // one rank: the whole gradient layout
     assert_int_equal(sharded_params_shard(&sp), SPES_OK);
     assert_null(z.dparams);
@@ -118,7 +120,7 @@ static void run(Precision precision, bool offload) {
     const Buf compute = {ref.cparams, be->compute};
     assert_int_equal(adamw_step(&oref, &ref.table, ref.dparams, ref.grads, compute, 1e-3), SPES_OK);
     assert_int_equal(adamw_step_packed(&oz, &z.table, sp.shard, sg.shard, 1e-3), SPES_OK);
-    sharded_params_updated(&sp);
+    assert_int_equal(sharded_params_updated(&sp), SPES_OK);
 
     // A pass on the updated shard, then the full model back.
     pass(&ref, NULL, NULL, &lr_);

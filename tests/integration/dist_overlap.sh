@@ -11,8 +11,9 @@
 # hangs nor mismatches collectives: it equals 1 rank within tolerance. ZeRO-2 and ZeRO-3 have
 # no buckets (each part's gradients are reduce-scattered right after its backward; with the
 # flag, while the part below runs its backward into a second buffer): the same bits with the
-# flag on and off and as each other, and a rank without micro-batches replays a pass of
-# reductions (and, under ZeRO-3, part gathers: model_hook_replay).
+# flag on and off and as each other; ZeRO-3 the same bits with its next-part prefetch
+# (fsdp.prefetch) on and off; a rank without micro-batches replays a pass of reductions (and,
+# under ZeRO-3, part gathers: model_hook_replay).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/integration/lib/require.sh
@@ -46,7 +47,7 @@ for n in 2 3; do
   for z in 2 3; do
     s=$([ $z = 2 ] && echo SHARD_GRAD_OP || echo FULL_SHARD)
     dist_train "z${z}_$n" "$n" --fsdp.sharding_strategy=$s $small
-    dist_train "z${z}off_$n" "$n" --fsdp.sharding_strategy=$s $small --ddp.overlap_grad_reduce=false
+    dist_train "z${z}off_$n" "$n" --fsdp.sharding_strategy=$s $small --ddp.overlap_grad_reduce=false --fsdp.prefetch=false
     grep -q "strategy zero$z; .*reduce-scattered right after its backward (no buckets), overlapped with the next part" \
       "$tmp/z${z}_$n.log" && grep -q "part gradient buffers (2, overlap)" "$tmp/z${z}_$n.log" ||
       { echo "FAIL: z${z}_$n start lines"; exit 1; }
@@ -54,6 +55,15 @@ for n in 2 3; do
       { echo "FAIL: z${z}off_$n start line"; exit 1; }
     dist_check "z${z}_$n" "z${z}off_$n" 5 --tol 0 --exact-steps 5
   done
+  grep -q "part buffers (2, prefetch)" "$tmp/z3_$n.log" && ! grep -q "(2, prefetch)" "$tmp/z3off_$n.log" &&
+    grep -q "dist: step 1: [0-9]* part gathers on this rank, 0 of them prefetched" "$tmp/z3off_$n.log" ||
+    { echo "FAIL: z3_$n prefetch lines"; exit 1; }
+  read -r gathers prefetched <<<"$(sed -n 's/.*dist: step 1: \([0-9]*\) part gathers on this rank, \([0-9]*\) of them prefetched.*/\1 \2/p' "$tmp/z3_$n.log" | head -1)"
+  echo "z3_$n: $gathers part gathers in step 1, $prefetched prefetched"
+  [ -n "$prefetched" ] && [ "$prefetched" -ge 4 ] || { echo "FAIL: z3_$n prefetched $prefetched part gathers"; exit 1; }
+  # the prefetch alone, without the gradient overlap
+  dist_train "z3pf_$n" "$n" --fsdp.sharding_strategy=FULL_SHARD $small --ddp.overlap_grad_reduce=false
+  dist_check "z3_$n" "z3pf_$n" 5 --tol 0 --exact-steps 5
   dist_check "z2_$n" "z3_$n" 5 --tol 0 --exact-steps 5
   dist_check one "z2_$n" 5 --tol 1e-5 --exact-steps 1
 done

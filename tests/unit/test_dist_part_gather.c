@@ -1,7 +1,7 @@
 // ZeRO-3's part gather (dist/part_gather.h) on the tiny MoE with frozen experts (SPES: a peer
 // trains experts 1..2 only), with the ranks' shards of ZeRO-2 (dp_create's boundaries):
 //   - every part gathered from the shards and the frozen store equals its span of the full
-//     parameters, bit for bit;
+//     parameters, bit for bit, also two at once in the two slots (ZeRO-3's prefetch);
 //   - a training pass whose parts are gathered by the model's hooks into one working buffer
 //     (model_bind_part) while the model's own parameters are NaN gives the plain pass's loss
 //     and gradients, bit for bit.
@@ -63,7 +63,7 @@ static void test_part_gather(void **state) {
     DataParallel dp;
     assert_int_equal(dp_create(&dp, comm, backend_cpu(), DP_ZERO2, &m.table, L, 1.0), SPES_OK);
     PartGather g;
-    assert_int_equal(part_gather_create(&g, comm, backend_cpu(), &m.table, L, dp.lo), SPES_OK);
+    assert_int_equal(part_gather_create(&g, comm, backend_cpu(), &m.table, L, dp.lo, 2), SPES_OK);
     assert_int_equal(g.frozen_numel, total - n);
 
     // This rank's master shard of the gradient layout, and the packed frozen store.
@@ -92,6 +92,24 @@ static void test_part_gather(void **state) {
         assert_memory_equal(work, m.params + offset, numel * sizeof(float));
     }
     assert_int_equal(part_gather(&g, L + 2, shard, frozen, work), SPES_ERR);
+    // Two gathers in flight at once (ZeRO-3's prefetch): each slot has its own staging and
+    // counts; both complete at one wait.
+    float *work2 = malloc(largest * sizeof(float));
+    for (int p = 0; p + 1 <= L + 1; p++) {
+        size_t offset, numel, offset2, numel2;
+        param_part_span(&m.table, p, L, &offset, &numel);
+        param_part_span(&m.table, p + 1, L, &offset2, &numel2);
+        for (size_t i = 0; i < largest; i++) work[i] = work2[i] = NAN;
+        assert_int_equal(part_gather_start(&g, p % 2, p, shard, work), SPES_OK);
+        assert_int_equal(part_gather_start(&g, (p + 1) % 2, p + 1, shard, work2), SPES_OK);
+        assert_int_equal(comm_wait_all(comm), SPES_OK);
+        part_gather_finish(&g, p % 2, p, frozen, work);
+        part_gather_finish(&g, (p + 1) % 2, p + 1, frozen, work2);
+        assert_memory_equal(work, m.params + offset, numel * sizeof(float));
+        assert_memory_equal(work2, m.params + offset2, numel2 * sizeof(float));
+    }
+    assert_int_equal(part_gather_start(&g, 2, 0, shard, work), SPES_ERR);   // no third slot
+    free(work2);
 
     // The reference pass, then the same pass on gathered parts with NaN in the model's buffer.
     int32_t in[B * T], tg[B * T];
