@@ -2,6 +2,7 @@
 #include "data/loader.h"
 
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 
 #include "base/alloc.h"
@@ -67,23 +68,36 @@ static int64_t instance_at(DataLoader *dl, int64_t i) {
     return dl->perm[i];
 }
 
-int loader_next(DataLoader *dl, const Batch **batch) {
-    int64_t remaining = dl->n - dl->pos.index;
+// Where the next batch starts and how many rows it has (an epoch that is over rolls into the
+// next when the loader wraps; rows 0: the end of a non-wrapping epoch).
+static void next_start(const DataLoader *dl, LoaderPosition *start, int *rows) {
+    *start = dl->pos;
+    int64_t remaining = dl->n - start->index;
     bool epoch_over = remaining <= 0 || (dl->opt.drop_last && remaining < dl->opt.batch_size);
     if (epoch_over) {
         if (!dl->opt.wrap) {
-            dl->batch.rows = 0;
-            dl->batch.position = dl->pos;
-            *batch = &dl->batch;
-            return SPES_OK;
+            *rows = 0;
+            return;
         }
-        dl->pos.epoch++;
-        dl->pos.index = 0;
+        start->epoch++;
+        start->index = 0;
         remaining = dl->n;
     }
-    int rows = remaining < dl->opt.batch_size ? (int)remaining : dl->opt.batch_size;
-    int T = dl->batch.T;
-    for (int r = 0; r < rows; r++) {
+    *rows = remaining < dl->opt.batch_size ? (int)remaining : dl->opt.batch_size;
+}
+
+int loader_peek_rows(const DataLoader *dl) {
+    LoaderPosition start;
+    int rows;
+    next_start(dl, &start, &rows);
+    return rows;
+}
+
+int loader_next_range(DataLoader *dl, int row_lo, int row_hi, const Batch **batch) {
+    int rows;
+    next_start(dl, &dl->pos, &rows);
+    int T = dl->batch.T, lo = row_lo < 0 ? 0 : row_lo, hi = row_hi < rows ? row_hi : rows;
+    for (int r = lo; r < hi; r++) {
         int32_t *x = dl->batch.inputs + (size_t)r * T;
         int32_t *y = dl->batch.targets + (size_t)r * T;
         SPES_TRY(token_dataset_get(dl->ds, instance_at(dl, dl->pos.index + r), x));
@@ -97,6 +111,8 @@ int loader_next(DataLoader *dl, const Batch **batch) {
     *batch = &dl->batch;
     return SPES_OK;
 }
+
+int loader_next(DataLoader *dl, const Batch **batch) { return loader_next_range(dl, 0, INT_MAX, batch); }
 
 LoaderPosition loader_get_position(const DataLoader *dl) { return dl->pos; }
 

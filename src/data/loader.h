@@ -45,6 +45,12 @@ void loader_free(DataLoader *dl);
 
 // The next batch (valid until the next call). rows == 0 only when !wrap and the epoch is over.
 int loader_next(DataLoader *dl, const Batch **batch);
+// The rows the next batch will have (loader_next's batch->rows), without moving.
+int loader_peek_rows(const DataLoader *dl);
+// loader_next reading only rows [row_lo, row_hi) of the batch (clipped to its rows; the other
+// rows of inputs/targets are left as they were): a rank of a data-parallel job reads just its
+// micro-batches. The position moves past the whole batch, as loader_next's does.
+int loader_next_range(DataLoader *dl, int row_lo, int row_hi, const Batch **batch);
 
 LoaderPosition loader_get_position(const DataLoader *dl);
 // Resume: the next batch starts at pos (validated against the dataset size).

@@ -34,7 +34,8 @@
 // two shards: AdamW is element-wise, so each rank updates its piece exactly as the whole
 // tensor would be updated (bit for bit).
 //
-// The micro-batches of the step are split by the trainer (train/rank_batch.h); each rank's
+// The micro-batches of the step are split by the trainer (train/trainer.c: rank r runs
+// micro-batches [n*r/N, n*(r+1)/N) and reads only their rows of the batch); each rank's
 // gradients are of loss_i / n_micro over the GLOBAL micro-batch count, so the sum over ranks
 // is the gradient one rank would have accumulated.
 #pragma once

@@ -449,9 +449,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     // ZeRO-3 shards the parameters at the first step (after resume and the SPES handshake,
     // which read and write the full model) and after anything that unsharded them.
     if (t->z3_on && !t->z3.sharded) SPES_TRY(sharded_params_shard(&t->z3));
-    const Batch *batch;
-    SPES_TRY(loader_next(t->train_dl, &batch));
-    int T = batch->T, rows = batch->rows, micro = cfg->device_train_microbatch_size;
+    int rows = loader_peek_rows(t->train_dl), micro = cfg->device_train_microbatch_size;
     int n_micro = (rows + micro - 1) / micro;   // a short last batch (drop_last false) has fewer
     int64_t step = t->state.step + 1;
     size_t n_counts = (size_t)m->cfg.n_layers * (size_t)m->cfg.num_experts;
@@ -468,6 +466,10 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         last = (int)((int64_t)n_micro * (r + 1) / size);
         SPES_TRY(prepare_micro_losses(t, n_micro));
     }
+    // This rank reads only its micro-batches' rows of the global batch.
+    const Batch *batch;
+    SPES_TRY(loader_next_range(t->train_dl, first * micro, last * micro, &batch));
+    const int T = batch->T;
     size_t n_grad = m->table.trainable_numel;
     // ZeRO-2/3 reduce each part's gradients from the hooks; DDP and ZeRO-1 in buckets.
     bool reduce = t->dist && n_grad > 0 && !t->zgrads_on;

@@ -355,6 +355,37 @@ static void test_drop_last_and_epochs(void **state) {
     token_dataset_close(ds);
 }
 
+// A rank's share (loader_next_range): the rows it asks for are the whole batch's rows, the
+// others are not read, and the position moves as loader_next's, also across an epoch's short
+// last batch (N = 5, batch 3, no drop_last: 3 rows, then 2, then the next epoch).
+static void test_next_range(void **state) {
+    (void)state;
+    TokenDataset *ds = open_counting_dataset(5, 4);
+    LoaderOptions opt = {.batch_size = 3, .shuffle = true, .seed = 5, .drop_last = false, .wrap = true};
+    DataLoader *whole, *part;
+    assert_int_equal(loader_create(ds, &opt, &whole), SPES_OK);
+    assert_int_equal(loader_create(ds, &opt, &part), SPES_OK);
+    const int want_rows[4] = {3, 2, 3, 2};
+    for (int k = 0; k < 4; k++) {
+        const Batch *a, *b;
+        assert_int_equal(loader_peek_rows(part), want_rows[k]);
+        assert_int_equal(loader_next(whole, &a), SPES_OK);
+        assert_int_equal(loader_next_range(part, 1, 3, &b), SPES_OK);   // rows 1..2 (clipped to the batch)
+        assert_int_equal(b->rows, a->rows);
+        assert_memory_equal(&b->position, &a->position, sizeof a->position);
+        for (int r = 1; r < a->rows; r++) {
+            assert_memory_equal(b->inputs + r * 4, a->inputs + r * 4, 4 * sizeof(int32_t));
+            assert_memory_equal(b->targets + r * 4, a->targets + r * 4, 4 * sizeof(int32_t));
+        }
+        assert_int_equal(b->targets[3], 0);   // row 0 never read: still the zeroed buffer
+        LoaderPosition pa = loader_get_position(whole), pb = loader_get_position(part);
+        assert_memory_equal(&pa, &pb, sizeof pa);
+    }
+    loader_free(whole);
+    loader_free(part);
+    token_dataset_close(ds);
+}
+
 // A loader set to a saved position hands out exactly the batches the original would have.
 static void test_resume_from_position(void **state) {
     (void)state;
@@ -525,6 +556,7 @@ int main(void) {
         cmocka_unit_test(test_inputs_and_targets),
         cmocka_unit_test(test_drop_last_and_epochs),
         cmocka_unit_test(test_resume_from_position),
+        cmocka_unit_test(test_next_range),
         cmocka_unit_test(test_eval_loader_ends),
         cmocka_unit_test(test_open_from_config),
         cmocka_unit_test(test_order_matches_olmo_numpy),
