@@ -96,16 +96,20 @@ for d in sys.argv[1:]:
     rows = [json.loads(l) for l in open(d + '/metrics.jsonl') if '\"perf\"' in l][2:]
     rates += [r['tokens'] / r['perf']['step_s'] for r in rows]
 print('%.0f' % statistics.median(rates))" "$@"; }
-for cfg in "ddp 25" "ddp 4" "SHARD_OPTIM 4"; do
+# ZeRO-2/3 reduce (and ZeRO-3 gathers) per part, not in buckets: "off" there also turns off
+# ZeRO-3's prefetch of the next part.
+for cfg in "ddp 25" "ddp 4" "SHARD_OPTIM 4" "SHARD_GRAD_OP part" "FULL_SHARD part"; do
   read -r s mb <<<"$cfg"
   strat=(--fsdp.sharding_strategy=$s); [ $s = ddp ] && strat=(--distributed_strategy=ddp)
+  off_flags=(--ddp.overlap_grad_reduce=false); unit="${mb} MB buckets"
+  if [ "$mb" = part ]; then off_flags+=(--fsdp.prefetch=false); unit="per part"; else strat+=(--ddp.bucket_cap_mb=$mb); fi
   ons=(); offs=()
   for rep in 1 2 3 4 5; do
-    run "ov_on_${s}_${mb}_$rep" 2 1 12 "${strat[@]}" --ddp.bucket_cap_mb=$mb
-    run "ov_off_${s}_${mb}_$rep" 2 1 12 "${strat[@]}" --ddp.bucket_cap_mb=$mb --ddp.overlap_grad_reduce=false
+    run "ov_on_${s}_${mb}_$rep" 2 1 12 "${strat[@]}"
+    run "ov_off_${s}_${mb}_$rep" 2 1 12 "${strat[@]}" "${off_flags[@]}"
     ons+=("$tmp/ov_on_${s}_${mb}_$rep"); offs+=("$tmp/ov_off_${s}_${mb}_$rep")
   done
   on=$(median_tps "${ons[@]}"); off=$(median_tps "${offs[@]}")
-  echo "tokens/s, 2 ranks x 1 thread, $s, ${mb} MB buckets (median of 5 alternating runs): overlapped $on, after the backward $off, ratio $(python3 -c "print('%.3f' % ($on / $off))")"
+  echo "tokens/s, 2 ranks x 1 thread, $s, $unit (median of 5 alternating runs): overlapped $on, after the backward $off, ratio $(python3 -c "print('%.3f' % ($on / $off))")"
 done
 echo "dist_memory: params_mb_n1=$(field parameters "$tmp/ddp_1.log") opt_mb_zero1_n4=$(field "optimizer state" "$tmp/SHARD_OPTIM_4.log") tok_s_1x2=$a tok_s_2x1=$b"
