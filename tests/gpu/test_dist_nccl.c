@@ -1,7 +1,7 @@
 // The NCCL half of src/dist/comm.h on one GPU with one rank: a communicator of size 1 over
-// the cuda backend, and each device collective (all-reduce, the non-blocking all-reduce and
-// in-place reduce-scatter of the gradient buckets, all-gather, broadcast) leaves the right
-// values in device memory. Skipped (cmocka skip) without a GPU. Two ranks need two GPUs: NCCL refuses two ranks of one communicator on the
+// the cuda backend, and each device collective (all-reduce, the non-blocking all-reduce,
+// in-place reduce-scatter and all-gather of the gradient reductions and ZeRO-3's prefetch,
+// all-gather, broadcast) leaves the right values in device memory. Skipped (cmocka skip) without a GPU. Two ranks need two GPUs: NCCL refuses two ranks of one communicator on the
 // same GPU (ncclInvalidUsage), which comm_nccl_open reports as such.
 #include "gpu_test.h"
 
@@ -23,10 +23,11 @@ static void test_nccl_one_rank(void **state) {
     float *y = gt_download(be, dx, n);
     assert_memory_equal(x, y, n * sizeof(float));   // a sum over one rank is the value itself
     free(y);
-    // The non-blocking pair the gradient buckets use: queued on NCCL's stream, then waited for.
+    // The non-blocking collectives: queued on NCCL's stream, then waited for.
     int counts[1] = {(int)n};
     assert_int_equal(comm_nccl_start_allreduce_sum(nc, be, d, n), SPES_OK);
     assert_int_equal(comm_nccl_start_reduce_scatter_sum(nc, be, d, counts), SPES_OK);   // in place
+    assert_int_equal(comm_nccl_start_allgather(nc, be, d, counts), SPES_OK);            // ZeRO-3's prefetch
     assert_int_equal(comm_nccl_wait(nc), SPES_OK);
     y = gt_download(be, dx, n);
     assert_memory_equal(x, y, n * sizeof(float));
