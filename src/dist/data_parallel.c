@@ -41,10 +41,9 @@ bool dp_layout_is_contiguous(const ParamTable *table) {
     return true;
 }
 
-// counts[r] = |[b0, b1) n shard r|.
-static void bucket_counts(const DataParallel *dp, size_t b0, size_t b1, int *counts) {
-    for (int r = 0; r < dp->size; r++) {
-        size_t a = max_sz(b0, dp->lo[r]), e = min_sz(b1, dp->lo[r + 1]);
+void dp_range_counts(const size_t *lo, int size, size_t b0, size_t b1, int *counts) {
+    for (int r = 0; r < size; r++) {
+        size_t a = max_sz(b0, lo[r]), e = min_sz(b1, lo[r + 1]);
         counts[r] = e > a ? (int)(e - a) : 0;
     }
 }
@@ -227,7 +226,7 @@ int dp_gather_params(DataParallel *dp, const ParamTable *table, float *dparams, 
         // Shards are ranges of the parameter buffer itself: gathered in place, one bucket at a time.
         for (size_t b0 = 0; b0 < dp->n; b0 += dp->bucket) {
             size_t b1 = min_sz(b0 + dp->bucket, dp->n);
-            bucket_counts(dp, b0, b1, dp->counts);
+            dp_range_counts(dp->lo, dp->size, b0, b1, dp->counts);
             SPES_TRY(comm_allgather(dp->comm, dp->be, dparams + b0, dp->counts));
             if (compute.p) for_pieces(dp, table, b0, b1, false, dparams, compute, take_piece);
         }
@@ -235,7 +234,7 @@ int dp_gather_params(DataParallel *dp, const ParamTable *table, float *dparams, 
     }
     for (size_t b0 = 0; b0 < dp->n; b0 += dp->scratch_n) {
         size_t b1 = min_sz(b0 + dp->scratch_n, dp->n);
-        bucket_counts(dp, b0, b1, dp->counts);
+        dp_range_counts(dp->lo, dp->size, b0, b1, dp->counts);
         for_pieces(dp, table, b0, b1, true, dparams, compute, put_piece);
         SPES_TRY(comm_allgather(dp->comm, dp->be, dp->scratch, dp->counts));
         for_pieces(dp, table, b0, b1, false, dparams, compute, take_piece);

@@ -85,6 +85,9 @@ bool dp_shards_grads(DpStage s);
 // (dp->hooks points at it).
 int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const ParamTable *table, int n_layers,
               double bucket_mb);
+// counts[r] = the size of [b0, b1)'s overlap with shard r, [lo[r], lo[r+1]) (r < size): the
+// blocks of a collective over that range of the gradient layout.
+void dp_range_counts(const size_t *lo, int size, size_t b0, size_t b1, int *counts);
 // True when every trainable tensor's gradient offset equals its parameter offset (no frozen
 // tensor before a trainable one): the gradient layout is then a prefix of the parameters.
 bool dp_layout_is_contiguous(const ParamTable *table);

@@ -10,9 +10,9 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "dist/data_parallel.h"
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
-static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
 // The part's range [glo, ghi) of the gradient layout (its trainable tensors).
 static void part_grad_range(const PartGather *g, int part, size_t *glo, size_t *ghi) {
@@ -83,10 +83,7 @@ int part_gather_start(PartGather *g, int slot, int part, const float *shard, flo
     float *dst = all_trainable(g, part) ? work : g->gathered[slot];
     // Block r: the range's overlap with rank r's shard, at its place in the range.
     int *counts = g->counts[slot];
-    for (int r = 0; r < g->size; r++) {
-        size_t a = max_sz(glo, g->lo[r]), b = min_sz(ghi, g->lo[r + 1]);
-        counts[r] = b > a ? (int)(b - a) : 0;
-    }
+    dp_range_counts(g->lo, g->size, glo, ghi, counts);
     size_t mine = max_sz(glo, g->lo[g->rank]);
     if (counts[g->rank])
         g->be->ops->copy(g->be, dst + (mine - glo), shard + (mine - g->lo[g->rank]), (size_t)counts[g->rank] * sizeof(float));

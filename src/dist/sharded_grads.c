@@ -10,9 +10,10 @@
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
-float *sharded_grads_work(const ShardedGrads *g, int part) { return g->work[g->n_work == 2 ? part % 2 : 0]; }
-
+// Part p's working buffer: p mod 2 with overlap (neighbouring parts alternate), else the one.
 static int buffer_of(const ShardedGrads *g, int part) { return g->n_work == 2 ? part % 2 : 0; }
+
+float *sharded_grads_work(const ShardedGrads *g, int part) { return g->work[buffer_of(g, part)]; }
 
 // Starts the reduce-scatter of part p's range of the gradient layout (in its working buffer,
 // summed over ranks): it is then pending until finish_pending.
@@ -22,11 +23,7 @@ static int start_reduce(ShardedGrads *g, int part) {
     param_part_grad_span(&g->m->table, part, g->m->cfg.n_layers, &glo, &numel);
     if (numel == 0) return SPES_OK;
     const int b = buffer_of(g, part);
-    const size_t ghi = glo + numel;
-    for (int r = 0; r < dp->size; r++) {
-        size_t a = max_sz(glo, dp->lo[r]), e = min_sz(ghi, dp->lo[r + 1]);
-        g->counts[b][r] = e > a ? (int)(e - a) : 0;
-    }
+    dp_range_counts(dp->lo, dp->size, glo, glo + numel, g->counts[b]);
     SPES_TRY(comm_start_reduce_scatter_sum(dp->comm, g->m->be, g->work[b], g->counts[b]));
     g->pending = part;
     return SPES_OK;
