@@ -5,10 +5,12 @@
 # out-of-bounds or misaligned access in any kernel fails it). Without a GPU every test reports
 # itself skipped. Ends with the line "N passed, N failed, N skipped" (as tests/run_all.sh).
 #   SPES_GPU_MEMCHECK=0   skip the sanitizer pass
+# (tests/runner.sh: SPES_TEST_ONLY, SPES_TEST_DEADLINE, SPES_TEST_LOG_DIR select, time-box and keep.)
 set -u
 BUILD=${1:-build}
 cd "$(dirname "$0")/.."
 source tests/runner.sh
+BUILD=$(absolute_path "$BUILD")   # a bundle's build/ lies outside the repository
 
 tests=()
 for t in "$BUILD"/tests-gpu/test_*; do [ -x "$t" ] && tests+=("$t"); done
@@ -21,7 +23,7 @@ echo "GPUs visible: $gpus"
 for t in "${tests[@]}"; do run_cmocka "$(basename "$t")" "$t"; done
 
 # End-to-end GPU scripts (tests/gpu/*.sh): exit 0 pass, 77 skipped (no GPU), else fail.
-export SPES_BIN="$PWD/$BUILD/spes" SPES_BUILD="$PWD/$BUILD"
+export SPES_BIN="$BUILD/spes" SPES_BUILD="$BUILD"
 export SPES_TEST_DATA=${SPES_TEST_DATA:-$PWD/../shared/data} SPES_VENV_PY=${SPES_VENV_PY:-$PWD/.venv/bin/python}
 for t in tests/gpu/*.sh; do
   [ -f "$t" ] && run_script "$t"

@@ -1,17 +1,50 @@
 # Shared by tests/run_all.sh and tests/run_gpu.sh (sourced): the counters, one cmocka program,
 # one test script, and the closing line "N passed, N failed, N skipped".
+# For a time-boxed run (scripts/gpu_check.sh on a lent GPU machine), optionally:
+#   SPES_TEST_ONLY=REGEX      run only the tests whose names match (extended regex)
+#   SPES_TEST_DEADLINE=EPOCH  start no test after this time (those left count as skipped) and
+#                             kill one still running then (a failure: "killed at the deadline")
+#   SPES_TEST_LOG_DIR=DIR     keep each test's log there (default: a temporary folder, removed)
 passed=0 failed=0 skipped=0
 failed_names=()
-log_dir=$(mktemp -d)
-trap 'rm -rf "$log_dir"' EXIT
+if [ -n "${SPES_TEST_LOG_DIR:-}" ]; then
+  log_dir=$SPES_TEST_LOG_DIR
+  mkdir -p "$log_dir"
+else
+  log_dir=$(mktemp -d)
+  trap 'rm -rf "$log_dir"' EXIT
+fi
+
+# absolute_path PATH: PATH made absolute against the current folder.
+absolute_path() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+
+# run_logged NAME LOG COMMAND...: runs COMMAND into LOG, under the deadline if one is set, and
+# sets rc and took (seconds); returns 1 without running it when NAME is not selected or no
+# time is left (then counted as skipped, with the reason).
+run_logged() {
+  local name=$1 out=$2 start left
+  shift 2
+  start=$(date +%s)
+  if [ -n "${SPES_TEST_ONLY:-}" ] && ! [[ "$name" =~ $SPES_TEST_ONLY ]]; then return 1; fi
+  if [ -z "${SPES_TEST_DEADLINE:-}" ]; then
+    "$@" >"$out" 2>&1
+    rc=$?
+  else
+    left=$(( SPES_TEST_DEADLINE - start ))
+    if [ "$left" -le 0 ]; then skipped=$((skipped + 1)); echo "skip $name: out of time"; return 1; fi
+    timeout -k 5 "$left" "$@" >"$out" 2>&1
+    rc=$?
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then echo "killed at the deadline" >>"$out"; fi
+  fi
+  took=$(( $(date +%s) - start ))
+}
 
 # run_cmocka NAME COMMAND...: counted by cmocka's own summary lines; a crash before cmocka
 # could count (or a sanitizer's error exit) is one failure.
 run_cmocka() {
   local name=$1; shift
-  local out="$log_dir/${name//[^A-Za-z0-9_.-]/_}.log" start=$(date +%s)
-  "$@" >"$out" 2>&1
-  local rc=$? took=$(( $(date +%s) - start )) p f s
+  local out="$log_dir/${name//[^A-Za-z0-9_.-]/_}.log" rc took p f s
+  run_logged "$name" "$out" "$@" || return 0
   p=$(sed -n 's/.*\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$out" | tail -1)
   f=$(sed -n 's/.*\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$out" | tail -1)
   s=$(sed -n 's/.*\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$out" | tail -1)
@@ -25,9 +58,8 @@ run_cmocka() {
 # run_script SCRIPT: exit 0 passed, 77 skipped (its last line says why), anything else failed.
 run_script() {
   local name; name=$(basename "$1" .sh)
-  local out="$log_dir/$name.log" start=$(date +%s)
-  bash "$1" >"$out" 2>&1
-  local rc=$? took=$(( $(date +%s) - start ))
+  local out="$log_dir/$name.log" rc took
+  run_logged "$name" "$out" bash "$1" || return 0
   if [ $rc -eq 0 ]; then passed=$((passed + 1)); echo "ok   $name (${took}s)"
   elif [ $rc -eq 77 ]; then skipped=$((skipped + 1)); echo "skip $name: $(tail -1 "$out")"
   else failed=$((failed + 1)); failed_names+=("$name"); echo "FAIL $name (${took}s)"; tail -50 "$out"; fi
