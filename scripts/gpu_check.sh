@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Everything a lent GPU machine should check, in one call and within a time budget. Unpacks the
+# bundle scripts/gpu_bundle.sh made (carried in .gpu-bundle/), then runs these stages in order:
+#   facts     the GPU, driver, CUDA, NCCL and PyTorch there; spes version; no library missing
+#   unit      the GPU test programs: each CUDA op against the cpu op, NCCL with one rank,
+#             ZeRO-2/3 on one rank (tests/gpu/test_*.c)
+#   e2e       the end-to-end GPU scripts (tests/gpu/*.sh): a training step against the cpu,
+#             resume, fp16 loss scaling, SPES with 2 peers on the GPU, Shakespeare, and the
+#             2-rank test with the machine's NCCL (which skips it below 2.30)
+#   ranks     with the bundle's own NCCL (built with NCCL_SRC; >= 2.30 lets two ranks share the
+#             GPU): the NCCL and ZeRO tests again and dist_ranks_gpu.sh (DDP, ZeRO-2, ZeRO-3 on
+#             2 ranks against 1 rank)
+#   bench     make bench-gpu's runner: ours against PyTorch on the reference's 1B config
+#   memcheck  the GPU test programs again under compute-sanitizer memcheck
+# From the repository root:  bash scripts/gpu_check.sh [STAGE...]   (default: all, in this order)
+# The device tool's call: command "bash scripts/gpu_check.sh", carry [".gpu-bundle"].
+#   SPES_GPU_CHECK_BUDGET  seconds for the whole call (default 540; a device call may run 600):
+#                          no test starts after it, one still running then is killed
+#   SPES_GPU_BUNDLE        the bundle's folder (default .gpu-bundle)
+# Every log lands in $OUT/gpu-check/ (the device tool brings $OUT back; /tmp/gpu-check without
+# it), one folder per stage. The output ends with a table: stage, seconds, result.
+set -u
+cd "$(dirname "$0")/.."
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(facts unit e2e ranks bench memcheck)
+for stage in "${stages[@]}"; do
+  case $stage in facts | unit | e2e | ranks | bench | memcheck) ;; *) echo "gpu_check: no stage '$stage'"; exit 2 ;; esac
+done
+start=$(date +%s)
+export SPES_TEST_DEADLINE=$((start + ${SPES_GPU_CHECK_BUDGET:-540}))
+logs=${OUT:-/tmp}/gpu-check
+mkdir -p "$logs"
+bundle=/tmp/spes-bundle
+rm -rf "$bundle" && mkdir -p "$bundle"
+tar -xJf "${SPES_GPU_BUNDLE:-.gpu-bundle}/bundle.tar.xz" -C "$bundle" ||
+  { echo "gpu_check: cannot unpack ${SPES_GPU_BUNDLE:-.gpu-bundle}/bundle.tar.xz (scripts/gpu_bundle.sh makes it)"; exit 1; }
+source "$bundle/env.sh"
+# The machine's python3 holds PyTorch and transformers: the references of the tests and bench.
+[ -x "${SPES_VENV_PY:-}" ] || SPES_VENV_PY=$(command -v python3)
+export SPES_VENV_PY
+
+stage_facts() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+  nvcc --version 2>/dev/null | tail -2
+  "$SPES_VENV_PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
+  "$SPES_BIN" version
+  if [ -f "$SPES_BUNDLE/nccl/libnccl.so.2" ]; then
+    echo "bundle's NCCL: $(LD_LIBRARY_PATH="$SPES_BUNDLE/nccl:$LD_LIBRARY_PATH" "$SPES_BIN" version | sed -n 's/^nccl: //p')"
+  fi
+  mpirun --version | head -1
+  local missing
+  missing=$(ldd "$SPES_BIN" "$SPES_BUILD"/tests-gpu/* "$SPES_BUILD"/bench/* | grep "not found" | sort -u)
+  [ -z "$missing" ] || { echo "missing libraries:"; echo "$missing"; return 1; }
+  echo "facts: every library resolves"
+}
+gpu_tests() {   # gpu_tests REGEX [MEMCHECK]: tests/run_gpu.sh on the tests whose names match
+  SPES_TEST_ONLY=$1 SPES_GPU_MEMCHECK=${2:-0} SPES_TEST_LOG_DIR="$logs/$stage" bash tests/run_gpu.sh "$SPES_BUILD"
+}
+stage_unit() { gpu_tests '^test_'; }
+stage_e2e() { gpu_tests "^($(cd tests/gpu && ls ./*.sh | sed 's|^\./||; s|\.sh$||' | paste -sd'|'))\$"; }
+stage_ranks() {
+  if [ ! -f "$SPES_BUNDLE/nccl/libnccl.so.2" ]; then
+    echo "0 passed, 0 failed, 1 skipped (the bundle has no NCCL of its own: build it with NCCL_SRC)"
+    return 0
+  fi
+  LD_LIBRARY_PATH="$SPES_BUNDLE/nccl:$LD_LIBRARY_PATH" NCCL_DEBUG=${NCCL_DEBUG:-WARN} \
+    gpu_tests '^(test_dist_nccl|test_sharded_params_gpu|dist_ranks_gpu)$'
+}
+stage_bench() {
+  local left=$((SPES_TEST_DEADLINE - $(date +%s)))
+  [ "$left" -gt 0 ] || { echo "bench-gpu: skipped (out of time)"; return 0; }
+  timeout -k 5 "$left" bash bench/run_gpu.sh "$SPES_BUILD" || echo "bench-gpu: failed or killed at the deadline"
+}
+stage_memcheck() { gpu_tests '^memcheck ' 1; }
+
+table=()
+status=0
+for stage in "${stages[@]}"; do
+  echo "==== $stage"
+  t0=$(date +%s)
+  mkdir -p "$logs/$stage"
+  "stage_$stage" 2>&1 | tee "$logs/$stage.log"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || status=1
+  table+=("$(printf '%-9s %4ss  rc=%s  %s' "$stage" $(($(date +%s) - t0)) "$rc" "$(tail -1 "$logs/$stage.log")")")
+done
+echo "==== gpu_check: $(($(date +%s) - start))s, logs in $logs"
+printf '%s\n' "${table[@]}"
+exit $status
