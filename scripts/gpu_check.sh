@@ -20,7 +20,7 @@
 # Every log lands in $OUT/gpu-check/ (the device tool brings $OUT back; /tmp/gpu-check without
 # it), one folder per stage. The output ends with a table: stage, seconds, result.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(facts unit e2e ranks bench memcheck)
 for stage in "${stages[@]}"; do

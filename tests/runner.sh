@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by tests/run_all.sh and tests/run_gpu.sh (sourced): the counters, one cmocka program,
 # one test script, and the closing line "N passed, N failed, N skipped".
 # For a time-boxed run (scripts/gpu_check.sh on a lent GPU machine), optionally:
