@@ -63,9 +63,11 @@ const char *cuda_blas_load(void) {
     return load_result == 0 ? NULL : load_message;
 }
 
-static void *lib_symbol(void *lib, const char *name) {
+// *lib is read after the load: a forwarder called first must not look its symbol up in NULL
+// (the global scope, which RTLD_LOCAL libraries are not in) and cache that failure.
+static void *lib_symbol(void *const *lib, const char *name) {
     if (cuda_blas_load() != NULL) return NULL;
-    return dlsym(lib, name);
+    return dlsym(*lib, name);
 }
 
 // One forwarding definition: RET NAME PARAMS { return real(ARGS); }. NAME may be a macro of
@@ -73,7 +75,7 @@ static void *lib_symbol(void *lib, const char *name) {
 #define FORWARD(lib, ret, fail, name, params, args)                                                   \
     extern "C" __attribute__((visibility("hidden"))) ret CUBLASWINAPI name params {                   \
         typedef ret (*fn_t) params;                                                                   \
-        static fn_t fn = (fn_t)lib_symbol(lib, STR(name));                                            \
+        static fn_t fn = (fn_t)lib_symbol(&lib, STR(name));                                            \
         if (!fn) return fail;                                                                         \
         return fn args;                                                                               \
     }

@@ -122,10 +122,23 @@ static bool plan_build(Backend *be, const GemmKey &key, GemmPlan *plan) {
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac));
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac));
-    LT(cublasLtMatmulAlgoGetHeuristic(st->lt, plan->op, plan->a, plan->b, plan->c, plan->c, pref, 1, &result,
-                                      &found));
+    if (key.type_c != NUM_F32) {
+        // fp32 accumulation (the contract): a split-K algorithm may add its partial sums in
+        // fp32 only, not in the bf16/fp16 output (the INPLACE and OUTPUT_TYPE schemes).
+        uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions,
+                                                sizeof reductions));
+    }
 #undef LT
-    if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
+    // NOT_SUPPORTED is cuBLASLt's "no algorithm for this configuration" (as is 0 found): the
+    // caller repacks; any other failure is recorded.
+    s = cublasLtMatmulAlgoGetHeuristic(st->lt, plan->op, plan->a, plan->b, plan->c, plan->c, pref, 1, &result,
+                                       &found);
+    if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED) {
+        cuda_record_failure(be, "cublasLtMatmulAlgoGetHeuristic", cublasGetStatusString(s), __FILE__, __LINE__);
+        goto fail;
+    }
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
         (void)cublasLtMatmulPreferenceDestroy(pref);
         plan_destroy(plan);   // ok stays false
         return true;
@@ -258,6 +271,10 @@ static void gemm_repacked(Backend *be, bool trans_a, bool trans_b, int M, int N,
     }
     int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, a_ptr, lda, b_ptr, ldb, op_type, beta, c_ptr, c_type,
                       pack_c ? ldc2 : ldc);
+    if (r == LT_NO_ALGO && !(pack_a && pack_b && pack_c)) {   // a mixed-type call packed one operand only
+        gemm_repacked(be, trans_a, trans_b, M, N, K, alpha, A, lda, true, B, ldb, true, op_type, beta, C, ldc, true);
+        return;
+    }
     if (r == LT_NO_ALGO) {
         char detail[200];
         snprintf(detail, sizeof detail, "no cuBLASLt algorithm for M=%d N=%d K=%d ta=%d tb=%d %s operands -> %s, "
