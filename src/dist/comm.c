@@ -1,6 +1,7 @@
 // MPI host collectives and the dispatch to NCCL for device buffers. See comm.h.
 #include "dist/comm.h"
 
+#include <inttypes.h>
 #include <limits.h>
 #include <mpi.h>
 #include <stdlib.h>
@@ -299,4 +300,12 @@ int comm_allgather_int(Comm *c, int value, int *out) {
     return MPI_Allgather(&value, 1, MPI_INT, out, 1, MPI_INT, c->world) == MPI_SUCCESS
                ? SPES_OK
                : spes_fail("MPI_Allgather failed");
+}
+
+int comm_all_ok(Comm *c, int rc, const char *what) {
+    int64_t failed = rc != SPES_OK;
+    SPES_TRY(comm_allreduce_sum(c, NULL, &failed, 1, COMM_I64));
+    if (rc == SPES_OK && failed)
+        rc = spes_fail("%" PRId64 " of %d ranks could not %s (their logs say why)", failed, comm_size(c), what);
+    return rc;
 }

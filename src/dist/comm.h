@@ -70,6 +70,10 @@ int comm_broadcast(Comm *c, Backend *be, void *buf, size_t bytes, int root);
 int comm_barrier(Comm *c);
 // All ranks' values of one int in rank order (out[size]); a host collective.
 int comm_allgather_int(Comm *c, int value, int *out);
+// Whether every rank arrives with rc == SPES_OK (one all-reduce): then SPES_OK everywhere, else
+// SPES_ERR everywhere (a failed rank keeps its own message; the others say how many ranks could
+// not `what`). Before collectives that a rank-local failure would leave the others waiting in.
+int comm_all_ok(Comm *c, int rc, const char *what);
 
 // The NCCL half (nccl.c). Device collectives in a build without CUDA, or on a backend
 // without NCCL, fail with a message naming the missing piece.

@@ -176,7 +176,8 @@ float *dp_step_grads(DataParallel *dp, float *grads) {
 double dp_shard_grad_norm(DataParallel *dp, const float *shard) {
     size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
     double sumsq = grad_sum_of_squares(dp->be, shard, mine);
-    if (isnan(sumsq)) return NAN;
+    // A NaN is summed too (no early return): every rank gets it and skips the step, and no
+    // rank's next collective meets another's norm all-reduce.
     if (comm_allreduce_sum(dp->comm, NULL, &sumsq, 1, COMM_F64) != SPES_OK) return NAN;
     return sqrt(sumsq);
 }
@@ -242,9 +243,8 @@ int dp_gather_params(DataParallel *dp, const ParamTable *table, float *dparams, 
     return backend_sync(dp->be);
 }
 
-int dp_gather_state(DataParallel *dp, AdamW *opt, AdamW *full) {
+int dp_gather_state(DataParallel *dp, const AdamW *opt, AdamW *full) {
     if (full->numel != dp->n) return spes_fail("dist: full optimizer state of %zu values, expected %zu", full->numel, dp->n);
-    SPES_TRY(adamw_state_to_host(opt));
     full->step = opt->step;
     if (dp->n == 0) return SPES_OK;
     size_t lo, hi;

@@ -118,7 +118,9 @@ void dp_shard_grad_scale(DataParallel *dp, float *shard, float s);
 int dp_gather_params(DataParallel *dp, const ParamTable *table, float *dparams, Buf compute);
 
 // Checkpoints: the full optimizer state on every rank (host), from the shards.
-// `full` must be a host AdamW over the whole trainable range; its step is opt's.
-int dp_gather_state(DataParallel *dp, AdamW *opt, AdamW *full);
+// `full` must be a host AdamW over the whole trainable range; its step is opt's. opt's
+// moments must be on the host (adamw_state_to_host), on every rank: each rank enters the
+// gathers (see comm_all_ok).
+int dp_gather_state(DataParallel *dp, const AdamW *opt, AdamW *full);
 // Resume: this rank's shard of a full host state (loaded from a checkpoint at any world size).
 int dp_scatter_state(DataParallel *dp, const AdamW *full, AdamW *opt);

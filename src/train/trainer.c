@@ -649,6 +649,9 @@ static int save_ranks(Trainer *t) {
     int rc = SPES_OK;
     if (sharded) {
         rc = adamw_create(&full, &t->model.table, &t->cfg->adamw);
+        if (rc == SPES_OK) rc = adamw_state_to_host(&t->adamw);
+        // The gathers need every rank: one that failed alone here would leave the others in them.
+        rc = comm_all_ok(t->comm, rc, "bring the optimizer state to the host");
         if (rc == SPES_OK) rc = dp_gather_state(&t->dp, &t->adamw, &full);
     } else {
         rc = adamw_state_to_host(&t->adamw);

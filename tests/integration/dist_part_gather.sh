@@ -4,7 +4,8 @@
 # and 3 ranks, where the ZeRO-2 shards cut through the parts' tensors: every part gathered
 # from the shards and the frozen store equals the full parameters bit for bit, and a training
 # pass on gathered parts (model's own parameters NaN) equals the plain pass bit for bit.
-# Each rank's gradient shard after a ZeRO-2 pass is N times the plain gradient, bit for bit.
+# Each rank's gradient shard after a ZeRO-2 pass is N times the plain gradient, bit for bit. A
+# NaN in one rank's gradient shard gives every rank a NaN norm (none skips the all-reduce).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/integration/lib/require.sh
@@ -19,7 +20,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROO
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for n in 2 3; do
-  if ! OMP_NUM_THREADS=1 mpirun -np "$n" --oversubscribe --bind-to none \
+  if ! OMP_NUM_THREADS=1 timeout 300 mpirun -np "$n" --oversubscribe --bind-to none \
       --mca btl_vader_single_copy_mechanism none "$BIN" > "$tmp/$n.log" 2>&1; then
     echo "FAIL: part gather with $n ranks"; cat "$tmp/$n.log"; exit 1
   fi

@@ -10,7 +10,9 @@
 // rank's gradient shard equal to N times the plain pass's gradient over its range, bit for bit
 // (N equal addends: the first sum is exact, so every order rounds the same); a replayed idle
 // pass adds nothing; ZeRO-1 has no sharded gradients. With and without the overlap (two
-// working buffers, the last reduction in flight until sharded_grads_finish).
+// working buffers, the last reduction in flight until sharded_grads_finish). A NaN in one rank's
+// gradient shard makes every rank's global norm NaN; a failure on one rank before a collective
+// reaches every rank through comm_all_ok.
 // Run directly it is a job of one rank; tests/integration/dist_part_gather.sh runs the same
 // binary under mpirun with 2 and 3 ranks (the shards then cut through the parts' tensors).
 #include <setjmp.h>
@@ -220,6 +222,47 @@ static void test_sharded_grads_overlapped(void **state) {
     sharded_grads_pass(true);
 }
 
+// The global norm of sharded gradients (dp_shard_grad_norm) with a NaN in rank 0's shard only:
+// every rank takes part in the all-reduce and gets NaN (so all skip the step together); one
+// that returned early would pair its next collective with the others' norm all-reduce.
+static void test_shard_norm_nan_on_one_rank(void **state) {
+    (void)state;
+    ModelConfig cfg;
+    assert_int_equal(model_config_preset("tiny", &cfg), SPES_OK);
+    Model m;
+    assert_int_equal(model_create(&m, &cfg), SPES_OK);
+    DataParallel dp;
+    assert_int_equal(dp_create(&dp, comm, backend_cpu(), DP_ZERO2, &m.table, m.cfg.n_layers, 1.0), SPES_OK);
+    const size_t mine = dp.lo[dp.rank + 1] - dp.lo[dp.rank], n = m.table.trainable_numel;
+    assert_true(mine > 0);
+    float *shard = malloc(mine * sizeof(float));
+    for (size_t i = 0; i < mine; i++) shard[i] = 1.0f;
+    assert_true(dp_shard_grad_norm(&dp, shard) == sqrt((double)n));
+    if (dp.rank == 0) shard[0] = NAN;
+    assert_true(isnan(dp_shard_grad_norm(&dp, shard)));
+    int64_t ranks = 1;   // the collective after the norm pairs with every rank's
+    assert_int_equal(comm_allreduce_sum(comm, NULL, &ranks, 1, COMM_I64), SPES_OK);
+    assert_int_equal(ranks, dp.size);
+    free(shard);
+    dp_free(&dp);
+    model_free(&m);
+}
+
+// comm_all_ok: the last rank fails alone; every rank learns it (the others name the count),
+// and the collective after it pairs with every rank's.
+static void test_all_ok(void **state) {
+    (void)state;
+    const int rank = comm_rank(comm), size = comm_size(comm);
+    assert_int_equal(comm_all_ok(comm, SPES_OK, "test"), SPES_OK);
+    int mine = rank == size - 1 ? spes_fail("rank %d's own failure", rank) : SPES_OK;
+    assert_int_equal(comm_all_ok(comm, mine, "do the test"), SPES_ERR);
+    if (rank == size - 1) assert_non_null(strstr(spes_last_error(), "own failure"));
+    else assert_non_null(strstr(spes_last_error(), "1 of "));
+    int64_t ranks = 1;
+    assert_int_equal(comm_allreduce_sum(comm, NULL, &ranks, 1, COMM_I64), SPES_OK);
+    assert_int_equal(ranks, size);
+}
+
 int main(void) {
     threads_set(1);
     if (comm_init(&comm) != SPES_OK) return 1;
@@ -227,6 +270,8 @@ int main(void) {
         cmocka_unit_test(test_part_gather),
         cmocka_unit_test(test_sharded_grads),
         cmocka_unit_test(test_sharded_grads_overlapped),
+        cmocka_unit_test(test_shard_norm_nan_on_one_rank),
+        cmocka_unit_test(test_all_ok),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     comm_finalize(comm);
