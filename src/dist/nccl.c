@@ -15,6 +15,7 @@
 #ifdef SPES_WITH_CUDA
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <sched.h>
 #include <stdlib.h>
 
 #include "base/alloc.h"
@@ -70,7 +71,7 @@ int comm_nccl_open(Comm *c, Backend *be, CommNccl **out) {
 
 void comm_nccl_close(CommNccl *n) {
     if (!n) return;
-    ncclCommDestroy(n->comm);
+    if (n->comm) ncclCommDestroy(n->comm);
     cudaStreamDestroy(n->stream);
     free(n);
 }
@@ -85,18 +86,32 @@ static ncclDataType_t nccl_type(CommType t) {
 }
 
 static int begin(CommNccl *n, Backend *be) {
+    if (!n->comm) return spes_fail("NCCL on cuda:%d: the communicator was aborted after an error", n->device);
     SPES_TRY(backend_sync(be));   // the backend's kernels that wrote the buffer are done
     if (cudaSetDevice(n->device) != cudaSuccess) return spes_fail("cudaSetDevice(%d) failed", n->device);
     return SPES_OK;
 }
 
+// Waits for NCCL's stream by polling it together with the communicator's asynchronous error:
+// a NCCL failure with every rank alive (a transport error) leaves its kernel spinning, so a
+// plain cudaStreamSynchronize would wait forever; the communicator is aborted instead, which
+// ends the kernels, and the error ends the job. (A rank that dies is mpirun's or the
+// rendezvous watchdog's to handle.) NCCL's own advice for error handling.
 static int finish(CommNccl *n, const char *what) {
-    cudaError_t e = cudaStreamSynchronize(n->stream);
-    if (e != cudaSuccess) return spes_fail("NCCL %s on cuda:%d: %s", what, n->device, cudaGetErrorString(e));
-    ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(n->comm, &async);
-    if (async != ncclSuccess) return spes_fail("NCCL %s: %s", what, ncclGetErrorString(async));
-    return SPES_OK;
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(n->stream);
+        if (e == cudaSuccess) return SPES_OK;
+        if (e != cudaErrorNotReady) return spes_fail("NCCL %s on cuda:%d: %s", what, n->device, cudaGetErrorString(e));
+        ncclResult_t async = ncclSuccess;
+        ncclResult_t r = ncclCommGetAsyncError(n->comm, &async);
+        if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+            ncclCommAbort(n->comm);
+            n->comm = NULL;
+            return spes_fail("NCCL %s on cuda:%d failed: %s (communicator aborted)", what, n->device,
+                             ncclGetErrorString(r != ncclSuccess ? r : async));
+        }
+        sched_yield();
+    }
 }
 
 int comm_nccl_allreduce_sum(CommNccl *n, Backend *be, void *buf, size_t count, CommType t) {
