@@ -173,13 +173,16 @@ float *dp_step_grads(DataParallel *dp, float *grads) {
     return grads ? grads + lo : NULL;
 }
 
-double dp_shard_grad_norm(DataParallel *dp, const float *shard) {
+int dp_shard_grad_norm(DataParallel *dp, const float *shard, double *norm) {
     size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
-    double sumsq = grad_sum_of_squares(dp->be, shard, mine);
-    // A NaN is summed too (no early return): every rank gets it and skips the step, and no
-    // rank's next collective meets another's norm all-reduce.
-    if (comm_allreduce_sum(dp->comm, NULL, &sumsq, 1, COMM_F64) != SPES_OK) return NAN;
-    return sqrt(sumsq);
+    double sumsq;
+    int rc = grad_sum_of_squares(dp->be, shard, mine, &sumsq);
+    if (rc != SPES_OK) sumsq = NAN;
+    // A NaN is summed too (no early return): every rank gets it, and no rank's next
+    // collective meets another's norm all-reduce.
+    SPES_TRY(comm_allreduce_sum(dp->comm, NULL, &sumsq, 1, COMM_F64));
+    *norm = sqrt(sumsq);
+    return rc;
 }
 
 void dp_shard_grad_scale(DataParallel *dp, float *shard, float s) {

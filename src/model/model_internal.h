@@ -121,7 +121,7 @@ typedef struct {
 // dL/d(block input) in dresid (residual blocks), adding weight gradients into m->grads.
 void attention_block_forward(Model *m, int l, const LayerKv *kv);
 void attention_block_backward(Model *m, int l);
-void moe_block_forward(Model *m, int l);
+int moe_block_forward(Model *m, int l);   // SPES_ERR: a backend failure (cuda)
 void moe_block_backward(Model *m, int l, const LossWeights *w, float grad_scale);
 
 // The residual after layer l: the next layer's input, or x_final after the last layer.

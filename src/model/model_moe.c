@@ -6,6 +6,8 @@
 // end of the step (model_step.c).
 #include "model/model_internal.h"
 
+#include "base/error.h"
+
 static ExpertsArgs experts_args(Model *m, int l) {
     const ModelConfig *c = &m->cfg;
     ModelActivations *a = m->acts;
@@ -29,7 +31,7 @@ static ExpertsArgs experts_args(Model *m, int l) {
                          .ddown = p->d_down};
 }
 
-void moe_block_forward(Model *m, int l) {
+int moe_block_forward(Model *m, int l) {
     const ModelConfig *c = &m->cfg;
     Backend *be = m->be;
     const BackendOps *op = be->ops;
@@ -47,8 +49,12 @@ void moe_block_forward(Model *m, int l) {
     op->router_forward(be, la->probs, la->router_lse, la->topk_idx, la->topk_w, a->router_logits, N, E, k,
                        c->normalize_expert_weights);
     op->moe_plan(be, la->expert_offsets, la->row_token, la->row_of_slot, la->topk_idx, N, E, k);
-    // The one read-back of this layer: the experts' row counts (the GEMM shapes).
-    be->ops->download(be, la->offsets_host, la->expert_offsets, (size_t)(E + 1) * sizeof(int32_t));
+    // The one read-back of this layer: the experts' row counts (the GEMM shapes). On cuda it
+    // also reports any failure of the ops queued before it: the layer stops there.
+    SPES_TRY(be->ops->download(be, la->offsets_host, la->expert_offsets, (size_t)(E + 1) * sizeof(int32_t)));
+    if (la->offsets_host[0] != 0 || la->offsets_host[E] != N * k)
+        return spes_fail("layer %d: the router's plan covers rows %d..%d of %d (an expert id outside 0..%d)", l,
+                         la->offsets_host[0], la->offsets_host[E], N * k, E - 1);
     for (int e = 0; e < E; e++)
         m->expert_counts[(size_t)l * E + e] = la->offsets_host[e + 1] - la->offsets_host[e];
     // Auxiliary-loss statistics, read back with the step's losses.
@@ -64,6 +70,7 @@ void moe_block_forward(Model *m, int l) {
     op->copy(be, x_out, la->x_mid, (size_t)N * H * sizeof(float));
     op->moe_combine(be, buf_f32(x_out), la->y, la->topk_w, la->row_of_slot, N, k, H);
     phase_end(m, MODEL_PHASE_EXPERTS_FWD, t);
+    return SPES_OK;
 }
 
 void moe_block_backward(Model *m, int l, const LossWeights *w, float grad_scale) {

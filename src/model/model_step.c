@@ -129,7 +129,7 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
     for (int l = 0; l < L; l++) {
         SPES_TRY(hook(m, MODEL_HOOK_PRE_FORWARD, 1 + l));
         attention_block_forward(m, l, NULL);
-        moe_block_forward(m, l);
+        SPES_TRY(moe_block_forward(m, l));
         SPES_TRY(hook(m, MODEL_HOOK_POST_FORWARD, 1 + l));
     }
     SPES_TRY(hook(m, MODEL_HOOK_PRE_FORWARD, HEAD));
@@ -165,7 +165,7 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
         SPES_TRY(hook(m, MODEL_HOOK_PRE_BACKWARD, 1 + l));
         if (a->keep == ACT_KEEP_INPUTS && l < L - 1) {   // the shared buffers hold layer L-1's
             attention_block_forward(m, l, NULL);
-            moe_block_forward(m, l);
+            SPES_TRY(moe_block_forward(m, l));
         }
         moe_block_backward(m, l, w, grad_scale);
         attention_block_backward(m, l);
@@ -227,7 +227,7 @@ int model_forward_kv(Model *m, const ModelKvCache *cache, int past, const int32_
                             .rope_cos = cache->rope_cos,
                             .rope_sin = cache->rope_sin};
         attention_block_forward(m, l, &kv);
-        moe_block_forward(m, l);
+        SPES_TRY(moe_block_forward(m, l));
     }
     if (logits) {
         const int H = c->d_model, first = n - n_logits;

@@ -188,17 +188,21 @@ int adamw_step_packed(AdamW *opt, const ParamTable *table, float *packed, const 
     return step(opt, table, packed, true, grads, (Buf){NULL, NUM_F32}, lr);
 }
 
-double grad_sum_of_squares(Backend *be, const float *grads, size_t n) {
-    if (n == 0) return 0.0;
-    double *sum, host = 0.0;
-    if (backend_alloc(be, sizeof(double), (void **)&sum) != SPES_OK) return NAN;
+int grad_sum_of_squares(Backend *be, const float *grads, size_t n, double *out) {
+    *out = 0.0;
+    if (n == 0) return SPES_OK;
+    double *sum;
+    SPES_TRY(backend_alloc(be, sizeof(double), (void **)&sum));
     be->ops->grad_sum_squares(be, sum, grads, n);
-    int rc = be->ops->download(be, &host, sum, sizeof(double));
+    int rc = be->ops->download(be, out, sum, sizeof(double));
     backend_free(be, sum);
-    return rc == SPES_OK ? host : NAN;
+    return rc;
 }
 
-double grad_global_norm(Backend *be, const float *grads, size_t n) { return sqrt(grad_sum_of_squares(be, grads, n)); }
+double grad_global_norm(Backend *be, const float *grads, size_t n) {
+    double sumsq;
+    return grad_sum_of_squares(be, grads, n, &sumsq) == SPES_OK ? sqrt(sumsq) : NAN;
+}
 
 float grad_clip_coef(double norm, double max_norm) {
     if (max_norm <= 0) return 1.0f;

@@ -71,9 +71,10 @@ int adamw_step_packed(AdamW *opt, const ParamTable *table, float *packed, const 
 
 // Sum of squares of n gradient values (backend memory), read back to the host. Summed in
 // double over fixed-size blocks, so the result is the same for every thread count (bit-exact
-// resume depends on it). NAN when the read-back fails. A shard's part of a global norm.
-double grad_sum_of_squares(Backend *be, const float *grads, size_t n);
-// L2 norm of all n gradient values: sqrt(grad_sum_of_squares).
+// resume depends on it). SPES_ERR with a message when the backend fails (on cuda the
+// read-back reports any failed op before it). A shard's part of a global norm.
+int grad_sum_of_squares(Backend *be, const float *grads, size_t n, double *out);
+// L2 norm of all n gradient values: sqrt(grad_sum_of_squares); NAN when that fails.
 double grad_global_norm(Backend *be, const float *grads, size_t n);
 // torch.nn.utils.clip_grad_norm_'s factor for a gradient of this norm: max_norm / (norm + 1e-6)
 // in float, or exactly 1 when max_norm <= 0 or the factor is >= 1 (multiplying changes

@@ -418,9 +418,12 @@ static int combine_ranks(Trainer *t, int n_micro, size_t n_counts, LossValues *m
 }
 
 // The reduced gradient: sharded over the ranks (ZeRO-2/3), else whole on every rank.
-static double step_grad_norm(Trainer *t) {
-    if (t->zgrads_on) return dp_shard_grad_norm(&t->dp, t->zgrads.shard);
-    return grad_global_norm(t->be, t->model.grads, t->model.table.trainable_numel);
+static int step_grad_norm(Trainer *t, double *norm) {
+    if (t->zgrads_on) return dp_shard_grad_norm(&t->dp, t->zgrads.shard, norm);
+    double sumsq;
+    SPES_TRY(grad_sum_of_squares(t->be, t->model.grads, t->model.table.trainable_numel, &sumsq));
+    *norm = sqrt(sumsq);
+    return SPES_OK;
 }
 
 static void step_grad_scale(Trainer *t, float coef) {
@@ -529,7 +532,8 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     if (t->scaler.enabled) {
         // Gradients are scaled by the loss scale: a non-finite norm is an overflow (skip the
         // step, halve the scale); otherwise unscale and clip in one multiply.
-        norm = n_grad ? step_grad_norm(t) / t->scaler.scale : 0.0;
+        if (n_grad) SPES_TRY(step_grad_norm(t, &norm));
+        norm /= t->scaler.scale;
         bool finite = isfinite(norm) && step != t->force_overflow_step;
         apply = loss_scale_update(&t->scaler, finite);
         if (!apply) {
@@ -540,8 +544,14 @@ int trainer_step(Trainer *t, StepMetrics *out) {
             if (coef != 1.0f) step_grad_scale(t, coef);
         }
     } else if (n_grad) {
-        // grad_clip_global_norm, over the reduced gradient (whole or sharded).
-        norm = step_grad_norm(t);
+        // grad_clip_global_norm, over the reduced gradient (whole or sharded). A non-finite
+        // norm with a finite loss would make every weight NaN: stop before the update (every
+        // rank has the same norm), so no checkpoint holds such weights.
+        SPES_TRY(step_grad_norm(t, &norm));
+        if (step == t->force_overflow_step) norm = INFINITY;   // tests: SPES_FORCE_GRAD_OVERFLOW_STEP
+        if (!isfinite(norm))
+            return spes_fail("step %" PRId64 ": the gradient norm is %g with a finite loss (%g): an overflow in the "
+                             "backward; lower optimizer.learning_rate; the last checkpoint is unaffected", step, norm, mean.total);
         float coef = grad_clip_coef(norm, cfg->max_grad_norm);
         if (coef != 1.0f) step_grad_scale(t, coef);
     }

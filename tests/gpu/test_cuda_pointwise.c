@@ -7,7 +7,8 @@
 // elements, aligned) and scalar paths (odd widths, or a pointer one element off alignment);
 // fp32 and bf16 buffers (mixed where an op mixes them in the model: fp32 residual stream,
 // bf16 activations); edge shapes (one row, widths not a multiple of 32, E not a power of two,
-// k = 1 and k = E, E above the router's inline-dprob limit, ignored targets, several moe_plan
+// k = 1 and k = E, E above the router's inline-dprob limit, rows of NaN logits (the router
+// picks valid experts, as the cpu does), ignored targets, several moe_plan
 // tiles). Reductions run twice and must give the same bits.
 //
 // Tolerances (u = unit roundoff: fp32 2^-24, bf16 2^-8; errors relative to max|ref| unless
@@ -437,8 +438,36 @@ static void check_router(int N, int E, int k, bool normalize, bool ties, bool wi
     backend_free(be, ddtw), backend_free(be, ddz), backend_free(be, ddz2);
 }
 
+// Rows with a NaN logit (an fp16 overflow upstream): the whole row's probabilities are NaN, and
+// both sides pick the experts the cpu's loop picks (the lowest not yet taken: 0, 1, ..., k-1),
+// never an id outside 0..E-1; the other rows as usual.
+static void check_router_nan_rows(int N, int E, int k) {
+    printf("router N %d E %d k %d, NaN rows\n", N, E, k);
+    Backend *be = backend_for(NUM_F32);
+    size_t ne = (size_t)N * E, nk = (size_t)N * k;
+    float *z = router_logits(N, E, false, 74);
+    for (int n = 1; n < N; n += 2) z[(size_t)n * E + (size_t)(n % E)] = NAN;
+    float *p = malloc(ne * sizeof(float)), *lse = malloc((size_t)N * sizeof(float)), *w = malloc(nk * sizeof(float));
+    int32_t *idx = malloc(nk * sizeof(int32_t));
+    op_router_forward(p, lse, idx, w, z, N, E, k, true);
+    float *dz = gt_upload(be, z, ne, NUM_F32).p;
+    float *dp = gt_alloc(be, ne, NUM_F32).p, *dl = gt_alloc(be, (size_t)N, NUM_F32).p, *dw = gt_alloc(be, nk, NUM_F32).p;
+    int32_t *di = gt_alloc_bytes(be, nk * sizeof(int32_t));
+    be->ops->router_forward(be, dp, dl, di, dw, dz, N, E, k, true);
+    int32_t *gi = download_ints(be, di, nk);
+    float *gw = gt_download(be, buf_f32(dw), nk);
+    for (int j = 0; j < k; j++) assert_int_equal(idx[(size_t)1 * k + j], j);   // the cpu's rule, row 1
+    check_ints("topk_idx with NaN rows", gi, idx, nk);
+    for (size_t i = 0; i < nk; i++)
+        if (isnan(w[i]) != isnan(gw[i])) fail_msg("topk_w [%zu]: got %g ref %g", i, gw[i], w[i]);
+    free(z), free(p), free(lse), free(w), free(idx), free(gi), free(gw);
+    backend_free(be, dz), backend_free(be, dp), backend_free(be, dl), backend_free(be, dw), backend_free(be, di);
+}
+
 static void test_router(void **state) {
     (void)state;
+    check_router_nan_rows(9, 64, 8);
+    check_router_nan_rows(9, 7, 7);                  // k = E
     check_router(1000, 64, 8, false, false, true);
     check_router(1000, 64, 8, true, false, true);
     check_router(37, 60, 1, true, false, false);     // E not a power of two, k = 1

@@ -2,7 +2,8 @@
 # amp_fp16's dynamic loss scaling, through the real trainer (on the cpu backend, where the
 # arithmetic stays fp32): scaling by a power of two is exact, so a run with the scaler trains
 # the same bytes as one without; a forced gradient overflow (SPES_FORCE_GRAD_OVERFLOW_STEP)
-# skips that step's update, halves the scale, and training carries on. Also: a bad precision
+# skips that step's update, halves the scale, and training carries on; without a scaler (fp32)
+# the run stops at that step, before the update. Also: a bad precision
 # or device value is refused naming the key, and device: cuda without CUDA says why.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,6 +46,17 @@ if grep -q loss_scale "$tmp/fp32/step5/train_state.json"; then echo "fp32 checkp
 $S train "$tmp/tiny.yaml" --save_folder="$tmp/ovf" --precision=amp_fp16 --max_duration=6 --resume > "$tmp/res.log" 2>&1
 grep -q "step 6/6 .*scale 32768" "$tmp/res.log" || { echo "resume lost the loss scale"; cat "$tmp/res.log"; exit 1; }
 echo "ok: a forced overflow skips the update, halves the scale, training recovers, the scale survives resume"
+
+# Without a loss scaler (fp32) an overflowed gradient would make every weight NaN: the run
+# stops before the update, with the reason, and its checkpoints stay those of a clean run.
+if SPES_FORCE_GRAD_OVERFLOW_STEP=3 $S train "$tmp/tiny.yaml" --save_folder="$tmp/ovf32" > "$tmp/ovf32.log" 2>&1; then
+  echo "fp32 trained on through a non-finite gradient norm"; exit 1
+fi
+grep -q "step 3: the gradient norm is inf with a finite loss" "$tmp/ovf32.log" ||
+  { echo "no gradient norm message"; cat "$tmp/ovf32.log"; exit 1; }
+[ ! -e "$tmp/ovf32/step3" ] || { echo "a checkpoint was written for the failed step"; exit 1; }
+cmp "$tmp/fp32/step2/model.safetensors" "$tmp/ovf32/step2/model.safetensors"
+echo "ok: fp32 stops at a non-finite gradient norm before the update"
 
 if $S train "$tmp/tiny.yaml" --save_folder="$tmp/bad" --precision=bf16 > "$tmp/bad.log" 2>&1; then
   echo "precision bf16 was accepted"; exit 1; fi

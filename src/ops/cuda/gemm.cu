@@ -253,24 +253,27 @@ static void gemm_repacked(Backend *be, bool trans_a, bool trans_b, int M, int N,
     size_t c_bytes = pack_c ? align_up((size_t)M * ldc2 * num_type_size(c_type), 256) : 0;
     char *scratch = (char *)cuda_scratch_slot(be, CUDA_SCRATCH_GEMM, a_bytes + b_bytes + c_bytes);
     if (!scratch) return;
+    // What cuBLASLt reads: the packed copy (in scratch, padded strides) or the operand as given.
     const void *a_ptr = A.p, *b_ptr = B.p;
     void *c_ptr = C.p;
+    int a_ld = lda, b_ld = ldb, c_ld = ldc;
     if (pack_a) {
         convert_2d(be, scratch, op_type, lda2, A.p, A.t, lda, a_rows, a_cols);
         a_ptr = scratch;
-        lda = lda2;
+        a_ld = lda2;
     }
     if (pack_b) {
         convert_2d(be, scratch + a_bytes, op_type, ldb2, B.p, B.t, ldb, b_rows, b_cols);
         b_ptr = scratch + a_bytes;
-        ldb = ldb2;
+        b_ld = ldb2;
     }
     if (pack_c) {
         c_ptr = scratch + a_bytes + b_bytes;
+        c_ld = ldc2;
         if (beta != 0.0f) convert_2d(be, c_ptr, c_type, ldc2, C.p, C.t, ldc, M, N);
     }
-    int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, a_ptr, lda, b_ptr, ldb, op_type, beta, c_ptr, c_type,
-                      pack_c ? ldc2 : ldc);
+    int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, a_ptr, a_ld, b_ptr, b_ld, op_type, beta, c_ptr, c_type,
+                      c_ld);
     if (r == LT_NO_ALGO && !(pack_a && pack_b && pack_c)) {   // a mixed-type call packed one operand only
         gemm_repacked(be, trans_a, trans_b, M, N, K, alpha, A, lda, true, B, ldb, true, op_type, beta, C, ldc, true);
         return;

@@ -55,6 +55,14 @@ __global__ void router_forward_kernel(float *probs, float *lse, int32_t *topk_id
             int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
             better_of(bv, bi, v2, i2);
         }
+        if (bi < 0) {
+            // Nothing after the previous pick in the order: NaN probabilities (an fp16 overflow
+            // upstream makes the whole row NaN). The cpu's loop then takes the lowest expert not
+            // yet taken, which for such a row is the next index (0, 1, ..., k-1).
+            __syncwarp();   // p[] was written by other lanes
+            bi = prev_i + 1;
+            bv = p[bi];
+        }
         if (lane == 0) idx[j] = bi, w[j] = bv;
         wsum += bv;
         prev_v = bv, prev_i = bi;
