@@ -23,6 +23,7 @@ BUILD=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
 case $BUILD in /*) BUILD_DIR=$BUILD ;; *) BUILD_DIR="$PWD/$BUILD" ;; esac
 VENV_PY=${SPES_VENV_PY:-$PWD/.venv/bin/python}
+VENV_PY=$(command -v "$VENV_PY" || echo "$VENV_PY")   # a bare name (python3) from PATH
 OURS="$BUILD_DIR/bench/gpu_train_step"
 NAME=bench-gpu
 LOG_DIR=$(mktemp -d)

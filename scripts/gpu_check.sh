@@ -11,14 +11,19 @@
 #             GPU): the NCCL and ZeRO tests again and dist_ranks_gpu.sh (DDP, ZeRO-2, ZeRO-3 on
 #             2 ranks against 1 rank)
 #   bench     make bench-gpu's runner: ours against PyTorch on the reference's 1B config
+#             (PyTorch eager unless BENCH_GPU_TORCH_ARGS says otherwise: compiling the 1B
+#             model takes minutes of a short lease)
 #   memcheck  the GPU test programs again under compute-sanitizer memcheck
 # From the repository root:  bash scripts/gpu_check.sh [STAGE...]   (default: all, in this order)
 # The device tool's call: command "bash scripts/gpu_check.sh", carry [".gpu-bundle"].
-#   SPES_GPU_CHECK_BUDGET  seconds for the whole call (default 540; a device call may run 600):
-#                          no test starts after it, one still running then is killed
+#   SPES_GPU_CHECK_BUDGET  seconds for the whole call (default 420, inside the device call's
+#                          600 and the lease's 15 minutes with the machine's start): no test
+#                          starts after it, one still running then is killed (skipped)
 #   SPES_GPU_BUNDLE        the bundle's folder (default .gpu-bundle)
-# Every log lands in $OUT/gpu-check/ (the device tool brings $OUT back; /tmp/gpu-check without
-# it), one folder per stage. The output ends with a table: stage, seconds, result.
+# Logs: the device tool brings back at most 8 files from $OUT, so after every stage the logs
+# (one folder per stage) are packed into $OUT/gpu-check-logs.tar.gz and the table so far into
+# $OUT/gpu-check-summary.txt (without $OUT: /tmp). A call killed at its limit keeps what the
+# finished stages packed. The output ends with the table: stage, seconds, exit status, result.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 stages=("$@")
@@ -27,9 +32,11 @@ for stage in "${stages[@]}"; do
   case $stage in facts | unit | e2e | ranks | bench | memcheck) ;; *) echo "gpu_check: no stage '$stage'"; exit 2 ;; esac
 done
 start=$(date +%s)
-export SPES_TEST_DEADLINE=$((start + ${SPES_GPU_CHECK_BUDGET:-540}))
-logs=${OUT:-/tmp}/gpu-check
-mkdir -p "$logs"
+export SPES_TEST_DEADLINE=$((start + ${SPES_GPU_CHECK_BUDGET:-420}))
+export BENCH_GPU_TORCH_ARGS=${BENCH_GPU_TORCH_ARGS:---compile off}
+out=${OUT:-/tmp}
+logs=/tmp/gpu-check-logs
+rm -rf "$logs" && mkdir -p "$logs"
 bundle=/tmp/spes-bundle
 rm -rf "$bundle" && mkdir -p "$bundle"
 tar -xJf "${SPES_GPU_BUNDLE:-.gpu-bundle}/bundle.tar.xz" -C "$bundle" ||
@@ -48,6 +55,15 @@ stage_facts() {
     echo "bundle's NCCL: $(LD_LIBRARY_PATH="$SPES_BUNDLE/nccl:$LD_LIBRARY_PATH" "$SPES_BIN" version | sed -n 's/^nccl: //p')"
   fi
   mpirun --version | head -1
+  # A GPU the driver shows but the CUDA runtime cannot open would make every later test skip
+  # (and pass): fail here instead.
+  local gpus
+  gpus=$("$SPES_BUILD/tests-gpu/gpu_count" 2>&1)
+  echo "GPUs visible to spes: $gpus"
+  if [ "$gpus" = 0 ] && nvidia-smi -L 2>/dev/null | grep -q GPU; then
+    echo "facts: nvidia-smi lists a GPU that the CUDA runtime does not open; every test would skip"
+    return 1
+  fi
   local missing
   missing=$(ldd "$SPES_BIN" "$SPES_BUILD"/tests-gpu/* "$SPES_BUILD"/bench/* | grep "not found" | sort -u)
   [ -z "$missing" ] || { echo "missing libraries:"; echo "$missing"; return 1; }
@@ -83,7 +99,9 @@ for stage in "${stages[@]}"; do
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || status=1
   table+=("$(printf '%-9s %4ss  rc=%s  %s' "$stage" $(($(date +%s) - t0)) "$rc" "$(tail -1 "$logs/$stage.log")")")
+  printf '%s\n' "${table[@]}" >"$out/gpu-check-summary.txt"
+  tar -C "$logs" -czf "$out/gpu-check-logs.tar.gz" .
 done
-echo "==== gpu_check: $(($(date +%s) - start))s, logs in $logs"
+echo "==== gpu_check: $(($(date +%s) - start))s; logs in $out/gpu-check-logs.tar.gz"
 printf '%s\n' "${table[@]}"
 exit $status

@@ -57,13 +57,20 @@ static void free_params(Model *m) {
     m->cparams = NULL;
 }
 
-int model_create_on(Model *m, const ModelConfig *cfg, Backend *be) {
+static int create(Model *m, const ModelConfig *cfg, Backend *be, bool trainable) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->be = be;
     SPES_TRY(model_config_validate(&m->cfg));
     SPES_TRY(param_table_build(&m->cfg, &m->table));
-    int rc = alloc_params(m);
+    int rc = SPES_OK;
+    if (!trainable) {
+        bool *none = spes_calloc((size_t)m->table.count, sizeof(bool));
+        if (none) param_table_set_trainable(&m->table, none);
+        else rc = SPES_ERR;
+        free(none);
+    }
+    if (rc == SPES_OK) rc = alloc_params(m);
     if (rc == SPES_OK) rc = alloc_grads(m);
     if (rc == SPES_OK && !(m->expert_counts = spes_calloc((size_t)m->cfg.n_layers * m->cfg.num_experts, sizeof(int64_t))))
         rc = SPES_ERR;
@@ -74,6 +81,9 @@ int model_create_on(Model *m, const ModelConfig *cfg, Backend *be) {
     }
     return SPES_OK;
 }
+
+int model_create_on(Model *m, const ModelConfig *cfg, Backend *be) { return create(m, cfg, be, true); }
+int model_create_frozen_on(Model *m, const ModelConfig *cfg, Backend *be) { return create(m, cfg, be, false); }
 
 void model_free(Model *m) {
     if (!m->be) return;
@@ -126,7 +136,7 @@ int model_move_to(Model *m, Backend *be) {
     if (m->be == be) return SPES_OK;
     SPES_TRY(model_params_to_host(m));
     Model moved;
-    SPES_TRY(model_create_on(&moved, &m->cfg, be));
+    SPES_TRY(model_create_frozen_on(&moved, &m->cfg, be));
     bool *mask = spes_calloc((size_t)m->table.count, sizeof(bool));
     int rc = mask ? SPES_OK : SPES_ERR;
     for (int i = 0; rc == SPES_OK && i < m->table.count; i++) mask[i] = m->table.entries[i].trainable;

@@ -57,6 +57,10 @@ typedef struct {
 int model_create(Model *m, const ModelConfig *cfg);
 // The same on backend `be` (which must outlive the model).
 int model_create_on(Model *m, const ModelConfig *cfg, Backend *be);
+// The same with every tensor frozen and no gradient buffer, until model_set_trainable says what
+// trains: a model most of whose tensors stay frozen (a SPES peer's other experts, evaluation)
+// never holds a gradient buffer for all of them, which would set the device's peak memory.
+int model_create_frozen_on(Model *m, const ModelConfig *cfg, Backend *be);
 // host params -> backend master and compute copy; backend master -> host params. No-ops on cpu.
 int model_params_to_device(Model *m);
 int model_params_to_host(Model *m);

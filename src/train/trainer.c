@@ -267,7 +267,8 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     if (precision_from_name(cfg->precision, &precision) != SPES_OK) goto fail;
     // Rank r of a node uses GPU LOCAL_RANK (an explicit cuda:N is taken as given).
     if (backend_open_for_rank(cfg->device, comm_local_rank(t->comm), precision, &t->be) != SPES_OK) goto fail;
-    if (model_create_on(&t->model, &cfg->model, t->be) != SPES_OK) goto fail;
+    // Frozen first: trainer_setup_trainable allocates the gradients of what this run trains only.
+    if (model_create_frozen_on(&t->model, &cfg->model, t->be) != SPES_OK) goto fail;
     t->model_created = true;
     if (trainer_setup_trainable(&t->model, cfg) != SPES_OK) goto fail;
     if (model_set_activation_checkpointing(&t->model, cfg->activation_checkpointing) != SPES_OK) goto fail;

@@ -37,7 +37,7 @@ gpu_tiny_yaml "$tmp"
 train() {   # train NAME NPROC [overrides] (fp32 unless an override sets --precision)
   local name=$1 n=$2
   shift 2
-  timeout 300 "$SPES_BIN" train "$tmp/tiny.yaml" --device=cuda:0 --precision=fp32 --save_folder="$tmp/$name" \
+  timeout 120 "$SPES_BIN" train "$tmp/tiny.yaml" --device=cuda:0 --precision=fp32 --save_folder="$tmp/$name" \
     --nproc_per_node "$n" --ddp.bucket_cap_mb=0.01 "$@" >"$tmp/$name.log" 2>&1 ||
     { echo "FAIL: $name ($n ranks $*)"; tail -30 "$tmp/$name.log"; exit 1; }
 }

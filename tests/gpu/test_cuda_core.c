@@ -2,8 +2,9 @@
 // transpose, fp32 / bf16 / f16 operands, fp32 and low-precision C, beta 0 and 1, odd sizes and
 // strides, mixed operand types, K = 0), grouped expert MLPs forward and backward (empty,
 // frozen and partly frozen experts; grouped and per-expert paths), AdamW, reductions, type
-// conversion, memory and error reporting. Outputs are poisoned (NaN) before every run, padding
-// columns must come back untouched, and the ops that reduce are run twice for identical bits.
+// conversion, memory and error reporting (a model created frozen holds no gradients). Outputs
+// are poisoned (NaN) before every run, padding columns must come back untouched, and the ops
+// that reduce are run twice for identical bits.
 //
 // Tolerances.
 //  GEMM: per element, from the inputs as the GPU sees them (rounded to the operand type
@@ -40,6 +41,7 @@
 #include <cmocka.h>
 
 #include "gpu/gpu_test.h"
+#include "model/model.h"
 
 static const double U32 = 0x1p-24;
 
@@ -585,6 +587,32 @@ static void test_memory_and_errors(void **state) {
     assert_int_equal(backend_sync(be), SPES_OK);
 }
 
+// A model created frozen holds its parameters (fp32 master + bf16 compute copy) and no
+// gradient buffer; setting what trains adds exactly those gradients; freeing returns it all.
+// (Created trainable, it would hold gradients for every tensor first: 4 bytes per parameter
+// more at the peak of a SPES peer or an evaluation.)
+static void test_model_created_frozen(void **state) {
+    (void)state;
+    Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
+    ModelConfig cfg;
+    assert_int_equal(model_config_preset("tiny", &cfg), SPES_OK);
+    size_t used0, used1, used2, used3;
+    be->ops->memory(be, &used0, NULL);
+    Model m;
+    assert_int_equal(model_create_frozen_on(&m, &cfg, be), SPES_OK);
+    be->ops->memory(be, &used1, NULL);
+    const size_t P = m.table.total_numel;
+    assert_null(m.grads);
+    assert_int_equal(used1 - used0, P * (sizeof(float) + sizeof(uint16_t)));
+    assert_int_equal(model_set_trainable_experts(&m, 1, 2), SPES_OK);
+    be->ops->memory(be, &used2, NULL);
+    assert_true(m.table.trainable_numel > 0 && m.table.trainable_numel < P);
+    assert_int_equal(used2 - used1, m.table.trainable_numel * sizeof(float));
+    model_free(&m);
+    be->ops->memory(be, &used3, NULL);
+    assert_int_equal(used3, used0);
+}
+
 // ---- device selection (runs with or without a GPU) ---------------------------------------------
 static void test_device_selection(void **state) {
     (void)state;
@@ -613,6 +641,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_selection),
         cmocka_unit_test(test_memory_and_errors),
+        cmocka_unit_test(test_model_created_frozen),
         cmocka_unit_test(test_convert),
         cmocka_unit_test(test_gemm_fp32),
         cmocka_unit_test(test_gemm_bf16),

@@ -296,8 +296,6 @@ static void check_rmsnorm_backward(NumType tdx, NumType tdy, NumType tx, int R, 
     if (with_dw) {
         check_dw("dw", gdw, rdw, dw0, dy, x, rstd, R, C);
         gt_check_same_bits(be, "dw, run twice", ddw, ddw2, (size_t)C * sizeof(float));
-    } else {
-        gt_check("dw untouched", gdw, dw0, (size_t)C, 0.0);
     }
     free(x), free(dy), free(dx0), free(w), free(dw0), free(rstd), free(ytmp), free(rdx), free(rdw), free(gdx), free(gdw);
     gt_free(be, ddy), gt_free(be, ddx2), gt_free(be, dxx);

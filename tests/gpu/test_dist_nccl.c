@@ -39,7 +39,10 @@ static void test_nccl_one_rank(void **state) {
     assert_memory_equal(x, y, n * sizeof(float));
     free(y);
     // Through the dispatching interface too: a device buffer of a single-rank job is left alone.
-    assert_int_equal(comm_allreduce_sum(c, be, d, n, COMM_F32), SPES_OK);
+    assert_int_equal(comm_allreduce_sum(c, be, dr.p, n, COMM_F32), SPES_OK);
+    y = gt_download(be, dr, n);
+    assert_memory_equal(x, y, n * sizeof(float));
+    free(y);
     gt_free(be, dr);
     gt_free(be, dx);
     free(x);

@@ -1,5 +1,6 @@
 // Model config validation, presets, parameter table, init statistics and reproducibility,
-// frozen experts (bitwise-identical trainable gradients), determinism, accumulation.
+// frozen experts (bitwise-identical trainable gradients; a model created frozen), determinism,
+// accumulation.
 #include <math.h>
 #include <omp.h>
 #include <setjmp.h>
@@ -195,6 +196,23 @@ static void test_frozen_experts_bitwise(void **state) {
         compared++;
     }
     assert_int_equal(compared, 3 + full.cfg.n_layers * (9 + 3 * 2));
+
+    // Created frozen (no gradient buffer at all), then the same experts set trainable: the
+    // same table and the same gradients, bit for bit.
+    Model late;
+    ModelConfig c = frozen.cfg;
+    assert_int_equal(model_create_frozen_on(&late, &c, backend_cpu()), SPES_OK);
+    assert_null(late.grads);
+    assert_int_equal(late.table.trainable_numel, 0);
+    for (int i = 0; i < late.table.count; i++) assert_null(model_grad(&late, i));
+    model_init_weights(&late, 5);
+    assert_int_equal(model_set_trainable_experts(&late, 2, 3), SPES_OK);
+    assert_int_equal(late.table.trainable_numel, frozen.table.trainable_numel);
+    LossValues lc;
+    assert_int_equal(model_forward_backward(&late, in, tg, B, T, &w, 1.0f, &lc, NULL), SPES_OK);
+    assert_memory_equal(&lc, &lb, sizeof lc);
+    assert_memory_equal(late.grads, frozen.grads, frozen.table.trainable_numel * sizeof(float));
+    model_free(&late);
     model_free(&full);
     model_free(&frozen);
 }

@@ -11,8 +11,10 @@ require_spes() {
 }
 
 # require_venv MODULE...: the test virtualenv's python ($SPES_VENV_PY) imports every module.
+# A bare name (SPES_VENV_PY=python3, the GPU machines' python with torch) is looked up on PATH.
 require_venv() {
   SPES_VENV_PY=${SPES_VENV_PY:-$PWD/.venv/bin/python}
+  SPES_VENV_PY=$(command -v "$SPES_VENV_PY" || echo "$SPES_VENV_PY")
   if [ ! -x "$SPES_VENV_PY" ] || ! "$SPES_VENV_PY" -c "import $(IFS=,; echo "$*")" 2>/dev/null; then
     echo "SKIPPED: no test virtualenv with $* at $SPES_VENV_PY (run tests/setup_venv.sh)"
     exit 77
