@@ -101,8 +101,10 @@ if [ -n "${NCCL_SRC:-}" ]; then
     case $(basename "$f") in nccl*) ;; *) ln -s "$f" "$cuda_inc/" ;; esac
   done
   # The collectives src/dist/nccl.c calls: all-reduce sums (f32, f64, i64 = u64, bytes),
-  # reduce sum f32 (the reduce-scatter), broadcast (the all-gather, bytes), send/recv (NCCL's own).
-  funcs='AllReduce Sum (i8|u8|i64|u64|f32|f64) * *|Reduce Sum f32 * *|Broadcast * *|SendRecv'
+  # reduce sum f32 (the reduce-scatter), broadcast (the all-gather, bytes), and what NCCL turns
+  # them into: grouped broadcasts run as AllGatherV (NCCL_ALLGATHERV_ENABLE, on by default). A
+  # function left out is built as a no-op, silently: keep this list in step with nccl.c.
+  funcs='AllReduce Sum (i8|u8|i64|u64|f32|f64) * *|Reduce Sum f32 * *|Broadcast * *|AllGather * *|AllGatherV * *|SendRecv'
   gencode=$(for a in $CUDA_ARCHS; do printf -- '-gencode=arch=compute_%s,code=sm_%s ' "$a" "$a"; done)
   make -C "$NCCL_SRC" -j"$(nproc)" src.build BUILDDIR="$NCCL_BUILD" CUDA_HOME="$cuda_home" CUDA_INC="$cuda_inc" \
     NVCC_GENCODE="$gencode" ONLY_FUNCS="$funcs"

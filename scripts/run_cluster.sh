@@ -15,10 +15,16 @@ MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 PORT=${PORT:-50051}
 export NPROC_PER_NODE=${NPROC_PER_NODE:-1}
 export CONFIG=${CONFIG:-$ROOT/configs/spes_tiny_4nodes.yaml}   # the peers' (run_single_node.sh) and the server's
-for arg in "$@"; do   # outer-optimizer overrides of the peers go to the server too
+# Outer-optimizer overrides of the peers go to the server too, in either form spes train takes
+# (--key=value, or --key value).
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  arg=${args[i]} next=${args[i + 1]:-}
   case $arg in
     --spes_config.outer_lr=*) export OUTER_LR=${arg#*=} ;;
     --spes_config.outer_momentum=*) export OUTER_MOMENTUM=${arg#*=} ;;
+    --spes_config.outer_lr) export OUTER_LR=$next ;;
+    --spes_config.outer_momentum) export OUTER_MOMENTUM=$next ;;
   esac
 done
 

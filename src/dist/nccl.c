@@ -8,6 +8,10 @@
 // gradient buckets) is left running on NCCL's stream while the host goes on queueing the rest
 // of the backward on the backend's stream, and comm_nccl_wait waits for all of them. No
 // cross-stream event is needed: the host sync orders the two streams.
+//
+// The NCCL that scripts/gpu_bundle.sh builds (for lent one-GPU machines) holds only the
+// collectives called here and what NCCL turns them into (its ONLY_FUNCS list): a new call
+// here goes into that list too, or that NCCL runs it as a no-op.
 #include "dist/comm.h"
 
 #include "base/error.h"
