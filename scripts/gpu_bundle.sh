@@ -106,8 +106,13 @@ if [ -n "${NCCL_SRC:-}" ]; then
   # function left out is built as a no-op, silently: keep this list in step with nccl.c.
   funcs='AllReduce Sum (i8|u8|i64|u64|f32|f64) * *|Reduce Sum f32 * *|Broadcast * *|AllGather * *|AllGatherV * *|SendRecv'
   gencode=$(for a in $CUDA_ARCHS; do printf -- '-gencode=arch=compute_%s,code=sm_%s ' "$a" "$a"; done)
+  # NCCL's makefile does not regenerate its kernels when ONLY_FUNCS or the architectures change:
+  # start its device part over when they differ from the last build's.
+  stamp="$NCCL_BUILD/spes-nccl-flags"
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$funcs $gencode" ]; then rm -rf "$NCCL_BUILD/obj/device" "$NCCL_BUILD/lib"; fi
   make -C "$NCCL_SRC" -j"$(nproc)" src.build BUILDDIR="$NCCL_BUILD" CUDA_HOME="$cuda_home" CUDA_INC="$cuda_inc" \
     NVCC_GENCODE="$gencode" ONLY_FUNCS="$funcs"
+  echo "$funcs $gencode" >"$stamp"
   mkdir -p "$STAGE/nccl"
   cp -L "$NCCL_BUILD/lib/libnccl.so.2" "$STAGE/nccl/"
   strip --strip-debug "$STAGE/nccl/libnccl.so.2"
