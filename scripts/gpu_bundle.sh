@@ -109,7 +109,7 @@ if [ -n "${NCCL_SRC:-}" ]; then
   # NCCL's makefile does not regenerate its kernels when ONLY_FUNCS or the architectures change:
   # start its device part over when they differ from the last build's.
   stamp="$NCCL_BUILD/spes-nccl-flags"
-  if [ "$(cat "$stamp" 2>/dev/null)" != "$funcs $gencode" ]; then rm -rf "$NCCL_BUILD/obj/device" "$NCCL_BUILD/lib"; fi
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$funcs $gencode" ]; then rm -rf "${NCCL_BUILD:?}/obj/device" "${NCCL_BUILD:?}/lib"; fi
   make -C "$NCCL_SRC" -j"$(nproc)" src.build BUILDDIR="$NCCL_BUILD" CUDA_HOME="$cuda_home" CUDA_INC="$cuda_inc" \
     NVCC_GENCODE="$gencode" ONLY_FUNCS="$funcs"
   echo "$funcs $gencode" >"$stamp"

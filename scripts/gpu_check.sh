@@ -83,9 +83,14 @@ stage_ranks() {
     gpu_tests '^(test_dist_nccl|test_sharded_params_gpu|dist_ranks_gpu)$'
 }
 stage_bench() {
-  local left=$((SPES_TEST_DEADLINE - $(date +%s)))
+  local left=$((SPES_TEST_DEADLINE - $(date +%s))) rc=0
   [ "$left" -gt 0 ] || { echo "bench-gpu: skipped (out of time)"; return 0; }
-  timeout -k 5 "$left" bash bench/run_gpu.sh "$SPES_BUILD" || echo "bench-gpu: failed or killed at the deadline"
+  timeout -k 5 "$left" bash bench/run_gpu.sh "$SPES_BUILD" || rc=$?
+  case $rc in
+    0) ;;
+    124 | 137) echo "bench-gpu: skipped (killed at the deadline: out of time)" ;;
+    *) echo "bench-gpu: failed (status $rc)"; return 1 ;;
+  esac
 }
 stage_memcheck() { gpu_tests '^memcheck ' 1; }
 

@@ -33,9 +33,9 @@ sanitizer=$(command -v compute-sanitizer || { [ -x /usr/local/cuda/bin/compute-s
 if [ "${SPES_GPU_MEMCHECK:-1}" = 0 ]; then
   echo "memcheck pass: skipped (SPES_GPU_MEMCHECK=0)"
 elif [ -z "$sanitizer" ]; then
-  echo "memcheck pass: skipped (compute-sanitizer not found)"
+  skip_test "memcheck pass" "compute-sanitizer not found"
 elif [ "$gpus" -eq 0 ]; then
-  echo "memcheck pass: skipped (no GPU visible)"
+  skip_test "memcheck pass" "no GPU visible"
 else
   # Memory errors only: the tests make CUDA calls fail on purpose (an impossible allocation),
   # which the sanitizer would otherwise report as errors too. SPES_GPU_MEMCHECK_PASS tells the

@@ -7,7 +7,7 @@
 #                             both count as skipped ("out of time": the budget ended, not the
 #                             test; a test's own time limits still fail it)
 #   SPES_TEST_LOG_DIR=DIR     keep each test's log there (default: a temporary folder, removed)
-passed=0 failed=0 skipped=0
+passed=0 failed=0 skipped=0 matched=0
 failed_names=()
 if [ -n "${SPES_TEST_LOG_DIR:-}" ]; then
   log_dir=$SPES_TEST_LOG_DIR
@@ -20,23 +20,52 @@ fi
 # absolute_path PATH: PATH made absolute against the current folder.
 absolute_path() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 
+selected() { [ -z "${SPES_TEST_ONLY:-}" ] || [[ "$1" =~ $SPES_TEST_ONLY ]]; }
+
+# skip_test NAME REASON: counts a test that cannot run here as skipped (when selected).
+skip_test() {
+  selected "$1" || return 0
+  matched=$((matched + 1)) skipped=$((skipped + 1))
+  echo "skip $1: $2"
+}
+
+# kill_session SIGNAL PID: every process of the session PID leads (setsid), wherever it moved
+# inside it: a test's own `timeout` puts its command in a process group of its own, which a
+# signal to the test's group would miss. (setsid forks when it cannot lead: its child, then.)
+kill_session() {
+  local child
+  pkill "-$1" -s "$2" 2>/dev/null
+  for child in $(pgrep -P "$2" 2>/dev/null); do pkill "-$1" -s "$child" 2>/dev/null; done
+  return 0
+}
+
 # run_logged NAME LOG COMMAND...: runs COMMAND into LOG, under the deadline if one is set, and
 # sets rc and took (seconds); returns 1 when NAME is not selected, or when no time was left to
 # start it or to finish it (then counted as skipped, with the reason).
 run_logged() {
-  local name=$1 out=$2 start left
+  local name=$1 out=$2 start left pid watchdog
   shift 2
   start=$(date +%s)
-  if [ -n "${SPES_TEST_ONLY:-}" ] && ! [[ "$name" =~ $SPES_TEST_ONLY ]]; then return 1; fi
+  selected "$name" || return 1
+  matched=$((matched + 1))
   if [ -z "${SPES_TEST_DEADLINE:-}" ]; then
     "$@" >"$out" 2>&1
     rc=$?
   else
     left=$(( SPES_TEST_DEADLINE - start ))
     if [ "$left" -le 0 ]; then skipped=$((skipped + 1)); echo "skip $name: out of time"; return 1; fi
-    timeout -k 5 "$left" "$@" >"$out" 2>&1
+    setsid -w "$@" >"$out" 2>&1 &
+    pid=$!
+    ( sleep "$left"; kill_session TERM "$pid" ) >/dev/null 2>&1 &
+    watchdog=$!
+    wait "$pid"
     rc=$?
-    if { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && [ "$(date +%s)" -ge "$SPES_TEST_DEADLINE" ]; then
+    pkill -P "$watchdog" 2>/dev/null   # its sleep
+    kill "$watchdog" 2>/dev/null
+    wait "$watchdog" 2>/dev/null
+    if [ "$(date +%s)" -ge "$SPES_TEST_DEADLINE" ] && [ $rc -ne 0 ]; then
+      sleep 2
+      kill_session KILL "$pid"   # what outlived the TERM
       echo "killed at the deadline" >>"$out"
       skipped=$((skipped + 1)); echo "skip $name: out of time (killed at the deadline after $(( $(date +%s) - start ))s)"
       return 1
@@ -71,9 +100,15 @@ run_script() {
   else failed=$((failed + 1)); failed_names+=("$name"); echo "FAIL $name (${took}s)"; tail -50 "$out"; fi
 }
 
-# finish: the closing line; returns non-zero when anything failed.
+# finish: the closing line; returns non-zero when anything failed, or when SPES_TEST_ONLY
+# selected no test at all (a typo, a renamed test).
 finish() {
   [ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]}"
+  local none=false
+  if [ -n "${SPES_TEST_ONLY:-}" ] && [ "$matched" -eq 0 ]; then
+    none=true
+    echo "no test's name matches SPES_TEST_ONLY='$SPES_TEST_ONLY'"
+  fi
   echo "$passed passed, $failed failed, $skipped skipped"
-  [ "$failed" -eq 0 ]
+  [ "$failed" -eq 0 ] && ! $none
 }

@@ -102,10 +102,11 @@ static int begin(CommNccl *n, Backend *be) {
 // ends the kernels, and the error ends the job. (A rank that dies is mpirun's or the
 // rendezvous watchdog's to handle.) NCCL's own advice for error handling.
 static int finish(CommNccl *n, const char *what) {
+    if (!n->comm) return spes_fail("NCCL %s on cuda:%d: the communicator was aborted after an error", what, n->device);
     for (;;) {
         cudaError_t e = cudaStreamQuery(n->stream);
-        if (e == cudaSuccess) return SPES_OK;
-        if (e != cudaErrorNotReady) return spes_fail("NCCL %s on cuda:%d: %s", what, n->device, cudaGetErrorString(e));
+        if (e != cudaSuccess && e != cudaErrorNotReady)
+            return spes_fail("NCCL %s on cuda:%d: %s", what, n->device, cudaGetErrorString(e));
         ncclResult_t async = ncclSuccess;
         ncclResult_t r = ncclCommGetAsyncError(n->comm, &async);
         if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
@@ -114,6 +115,7 @@ static int finish(CommNccl *n, const char *what) {
             return spes_fail("NCCL %s on cuda:%d failed: %s (communicator aborted)", what, n->device,
                              ncclGetErrorString(r != ncclSuccess ? r : async));
         }
+        if (e == cudaSuccess) return SPES_OK;   // done, and no error raised on the way
         sched_yield();
     }
 }
