@@ -258,15 +258,15 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
                                .lb_weight = cfg->moe_loss_weight,
                                .router_z_weight = cfg->moe_zloss_weight,
                                .lb_count_factor = opt->lb_count_factor};
+    // The device first: a missing GPU is said before the data are opened and checked (minutes
+    // on a large corpus). Rank r of a node uses GPU LOCAL_RANK (an explicit cuda:N is taken as given).
+    Precision precision;
+    if (precision_from_name(cfg->precision, &precision) != SPES_OK) goto fail;
+    if (backend_open_for_rank(cfg->device, comm_local_rank(t->comm), precision, &t->be) != SPES_OK) goto fail;
     if (loader_open_train(cfg, &t->train_ds, &t->train_dl) != SPES_OK) goto fail;
     if (config_max_steps(cfg, token_dataset_len(t->train_ds), &t->max_steps) != SPES_OK) goto fail;
     if (schedule_validate(&cfg->schedule, cfg->learning_rate, t->max_steps) != SPES_OK) goto fail;
     if (open_evaluators(t) != SPES_OK) goto fail;
-
-    Precision precision;
-    if (precision_from_name(cfg->precision, &precision) != SPES_OK) goto fail;
-    // Rank r of a node uses GPU LOCAL_RANK (an explicit cuda:N is taken as given).
-    if (backend_open_for_rank(cfg->device, comm_local_rank(t->comm), precision, &t->be) != SPES_OK) goto fail;
     // Frozen first: trainer_setup_trainable allocates the gradients of what this run trains only.
     if (model_create_frozen_on(&t->model, &cfg->model, t->be) != SPES_OK) goto fail;
     t->model_created = true;

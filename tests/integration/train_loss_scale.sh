@@ -4,7 +4,8 @@
 # the same bytes as one without; a forced gradient overflow (SPES_FORCE_GRAD_OVERFLOW_STEP)
 # skips that step's update, halves the scale, and training carries on; without a scaler (fp32)
 # the run stops at that step, before the update. Also: a bad precision
-# or device value is refused naming the key, and device: cuda without CUDA says why.
+# or device value is refused naming the key, and device: cuda without CUDA or a GPU says why,
+# before it opens the data.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/integration/lib/require.sh
@@ -61,9 +62,10 @@ echo "ok: fp32 stops at a non-finite gradient norm before the update"
 if $S train "$tmp/tiny.yaml" --save_folder="$tmp/bad" --precision=bf16 > "$tmp/bad.log" 2>&1; then
   echo "precision bf16 was accepted"; exit 1; fi
 grep -q "precision" "$tmp/bad.log" && grep -q "amp_bf16" "$tmp/bad.log"
-if ! $S version | grep -q "cuda("; then
-  if $S train "$tmp/tiny.yaml" --save_folder="$tmp/cuda" --device=cuda > "$tmp/cuda.log" 2>&1; then
-    echo "device cuda was accepted by a build without CUDA"; exit 1; fi
-  grep -q "built without CUDA" "$tmp/cuda.log" || { cat "$tmp/cuda.log"; exit 1; }
+# A missing GPU is said first, before the data are opened (here: data that do not exist).
+if ! $S version | grep -q "cuda(" || ! "${SPES_BUILD:-build}/tests-gpu/gpu_count" 2>/dev/null | grep -qv '^0$'; then
+  if $S train "$tmp/tiny.yaml" --save_folder="$tmp/cuda" --device=cuda --data.paths="[$tmp/missing.npy]" > "$tmp/cuda.log" 2>&1; then
+    echo "device cuda was accepted without CUDA or a GPU"; exit 1; fi
+  grep -q "built without CUDA\|no NVIDIA GPU is visible" "$tmp/cuda.log" || { cat "$tmp/cuda.log"; exit 1; }
 fi
 echo "ok: bad precision/device values refused with the reason"
