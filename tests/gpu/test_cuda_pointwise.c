@@ -396,43 +396,64 @@ static float *router_logits(int N, int E, bool ties, uint64_t seed) {
     return z;
 }
 
+// One router forward on both sides: the cpu's outputs (p, lse, idx, w), the device buffers
+// (logits dz; outputs dp, dl, di, dw) and the GPU's outputs read back (gp, gl, gi, gw).
+typedef struct {
+    float *p, *lse, *w, *gp, *gl, *gw;
+    int32_t *idx, *gi;
+    float *dz, *dp, *dl, *dw;
+    int32_t *di;
+} RouterRun;
+
+static RouterRun router_run(Backend *be, const float *z, int N, int E, int k, bool normalize) {
+    size_t ne = (size_t)N * E, nk = (size_t)N * k;
+    RouterRun r;
+    r.p = malloc(ne * sizeof(float)), r.lse = malloc((size_t)N * sizeof(float)), r.w = malloc(nk * sizeof(float));
+    r.idx = malloc(nk * sizeof(int32_t));
+    op_router_forward(r.p, r.lse, r.idx, r.w, z, N, E, k, normalize);
+    r.dz = gt_upload(be, z, ne, NUM_F32).p;
+    r.dp = gt_alloc(be, ne, NUM_F32).p, r.dl = gt_alloc(be, (size_t)N, NUM_F32).p, r.dw = gt_alloc(be, nk, NUM_F32).p;
+    r.di = gt_alloc_bytes(be, nk * sizeof(int32_t));
+    be->ops->router_forward(be, r.dp, r.dl, r.di, r.dw, r.dz, N, E, k, normalize);
+    r.gp = gt_download(be, buf_f32(r.dp), ne), r.gl = gt_download(be, buf_f32(r.dl), (size_t)N);
+    r.gw = gt_download(be, buf_f32(r.dw), nk);
+    r.gi = download_ints(be, r.di, nk);
+    return r;
+}
+
+static void router_run_free(Backend *be, RouterRun *r) {
+    free(r->p), free(r->lse), free(r->w), free(r->idx), free(r->gp), free(r->gl), free(r->gw), free(r->gi);
+    backend_free(be, r->dz), backend_free(be, r->dp), backend_free(be, r->dl), backend_free(be, r->dw);
+    backend_free(be, r->di);
+}
+
 static void check_router(int N, int E, int k, bool normalize, bool ties, bool with_dprob) {
     printf("router N %d E %d k %d%s%s%s\n", N, E, k, normalize ? " normalize" : "", ties ? " ties" : "",
            with_dprob ? " dprob" : "");
     Backend *be = backend_for(NUM_F32);
     size_t ne = (size_t)N * E, nk = (size_t)N * k;
     float *z = router_logits(N, E, ties, 71);
-    float *p = malloc(ne * sizeof(float)), *lse = malloc((size_t)N * sizeof(float)), *w = malloc(nk * sizeof(float));
-    int32_t *idx = malloc(nk * sizeof(int32_t));
-    op_router_forward(p, lse, idx, w, z, N, E, k, normalize);
-    float *dz = gt_upload(be, z, ne, NUM_F32).p;
-    float *dp = gt_alloc(be, ne, NUM_F32).p, *dl = gt_alloc(be, (size_t)N, NUM_F32).p, *dw = gt_alloc(be, nk, NUM_F32).p;
-    int32_t *di = gt_alloc_bytes(be, nk * sizeof(int32_t));
-    be->ops->router_forward(be, dp, dl, di, dw, dz, N, E, k, normalize);
-    float *gp = gt_download(be, buf_f32(dp), ne), *gl = gt_download(be, buf_f32(dl), (size_t)N);
-    float *gw = gt_download(be, buf_f32(dw), nk);
-    int32_t *gi = download_ints(be, di, nk);
-    gt_check("probs", gp, p, ne, FP32_TOL);
-    gt_check("lse", gl, lse, (size_t)N, FP32_TOL);
-    check_ints("topk_idx", gi, idx, nk);
-    gt_check("topk_w", gw, w, nk, FP32_TOL);
+    RouterRun r = router_run(be, z, N, E, k, normalize);
+    gt_check("probs", r.gp, r.p, ne, FP32_TOL);
+    gt_check("lse", r.gl, r.lse, (size_t)N, FP32_TOL);
+    check_ints("topk_idx", r.gi, r.idx, nk);
+    gt_check("topk_w", r.gw, r.w, nk, FP32_TOL);
     // backward on the cpu's forward outputs (so both sides see the same selection)
     float *dtw = gt_random(nk, 72, 1.0), *dprob = with_dprob ? gt_random((size_t)E, 73, 0.3) : NULL;
     float *rdz = malloc(ne * sizeof(float));
-    op_router_backward(rdz, dtw, p, lse, idx, w, dprob, 0.01f, N, E, k, normalize);
-    gt_upload_into(be, buf_f32(dp), p, ne), gt_upload_into(be, buf_f32(dl), lse, (size_t)N);
-    gt_upload_into(be, buf_f32(dw), w, nk);
-    assert_int_equal(be->ops->upload(be, di, idx, nk * sizeof(int32_t)), SPES_OK);
+    op_router_backward(rdz, dtw, r.p, r.lse, r.idx, r.w, dprob, 0.01f, N, E, k, normalize);
+    gt_upload_into(be, buf_f32(r.dp), r.p, ne), gt_upload_into(be, buf_f32(r.dl), r.lse, (size_t)N);
+    gt_upload_into(be, buf_f32(r.dw), r.w, nk);
+    assert_int_equal(be->ops->upload(be, r.di, r.idx, nk * sizeof(int32_t)), SPES_OK);
     float *ddtw = gt_upload(be, dtw, nk, NUM_F32).p;
     float *ddz = gt_alloc(be, ne, NUM_F32).p, *ddz2 = gt_alloc(be, ne, NUM_F32).p;
-    be->ops->router_backward(be, ddz, ddtw, dp, dl, di, dw, dprob, 0.01f, N, E, k, normalize);
-    be->ops->router_backward(be, ddz2, ddtw, dp, dl, di, dw, dprob, 0.01f, N, E, k, normalize);
+    be->ops->router_backward(be, ddz, ddtw, r.dp, r.dl, r.di, r.dw, dprob, 0.01f, N, E, k, normalize);
+    be->ops->router_backward(be, ddz2, ddtw, r.dp, r.dl, r.di, r.dw, dprob, 0.01f, N, E, k, normalize);
     float *gdz = gt_download(be, buf_f32(ddz), ne);
     gt_check("dlogits", gdz, rdz, ne, FP32_TOL);
     gt_check_same_bits(be, "dlogits, run twice", ddz, ddz2, ne * sizeof(float));
-    free(z), free(p), free(lse), free(w), free(idx), free(gp), free(gl), free(gw), free(gi), free(dtw), free(dprob);
-    free(rdz), free(gdz);
-    backend_free(be, dz), backend_free(be, dp), backend_free(be, dl), backend_free(be, dw), backend_free(be, di);
+    free(z), free(dtw), free(dprob), free(rdz), free(gdz);
+    router_run_free(be, &r);
     backend_free(be, ddtw), backend_free(be, ddz), backend_free(be, ddz2);
 }
 
@@ -442,24 +463,16 @@ static void check_router(int N, int E, int k, bool normalize, bool ties, bool wi
 static void check_router_nan_rows(int N, int E, int k) {
     printf("router N %d E %d k %d, NaN rows\n", N, E, k);
     Backend *be = backend_for(NUM_F32);
-    size_t ne = (size_t)N * E, nk = (size_t)N * k;
+    size_t nk = (size_t)N * k;
     float *z = router_logits(N, E, false, 74);
     for (int n = 1; n < N; n += 2) z[(size_t)n * E + (size_t)(n % E)] = NAN;
-    float *p = malloc(ne * sizeof(float)), *lse = malloc((size_t)N * sizeof(float)), *w = malloc(nk * sizeof(float));
-    int32_t *idx = malloc(nk * sizeof(int32_t));
-    op_router_forward(p, lse, idx, w, z, N, E, k, true);
-    float *dz = gt_upload(be, z, ne, NUM_F32).p;
-    float *dp = gt_alloc(be, ne, NUM_F32).p, *dl = gt_alloc(be, (size_t)N, NUM_F32).p, *dw = gt_alloc(be, nk, NUM_F32).p;
-    int32_t *di = gt_alloc_bytes(be, nk * sizeof(int32_t));
-    be->ops->router_forward(be, dp, dl, di, dw, dz, N, E, k, true);
-    int32_t *gi = download_ints(be, di, nk);
-    float *gw = gt_download(be, buf_f32(dw), nk);
-    for (int j = 0; j < k; j++) assert_int_equal(idx[(size_t)1 * k + j], j);   // the cpu's rule, row 1
-    check_ints("topk_idx with NaN rows", gi, idx, nk);
+    RouterRun r = router_run(be, z, N, E, k, true);
+    for (int j = 0; j < k; j++) assert_int_equal(r.idx[(size_t)1 * k + j], j);   // the cpu's rule, row 1
+    check_ints("topk_idx with NaN rows", r.gi, r.idx, nk);
     for (size_t i = 0; i < nk; i++)
-        if (isnan(w[i]) != isnan(gw[i])) fail_msg("topk_w [%zu]: got %g ref %g", i, gw[i], w[i]);
-    free(z), free(p), free(lse), free(w), free(idx), free(gi), free(gw);
-    backend_free(be, dz), backend_free(be, dp), backend_free(be, dl), backend_free(be, dw), backend_free(be, di);
+        if (isnan(r.w[i]) != isnan(r.gw[i])) fail_msg("topk_w [%zu]: got %g ref %g", i, r.gw[i], r.w[i]);
+    free(z);
+    router_run_free(be, &r);
 }
 
 static void test_router(void **state) {
