@@ -45,6 +45,8 @@ source "$bundle/env.sh"
 # The machine's python3 holds PyTorch and transformers: the references of the tests and bench.
 [ -x "${SPES_VENV_PY:-}" ] || SPES_VENV_PY=$(command -v python3)
 export SPES_VENV_PY
+# OpenMPI's shared-memory transport keeps its segments in /dev/shm; a microVM may lack it.
+[ -w /dev/shm ] || export OMPI_MCA_btl_vader_backing_directory=/tmp
 
 stage_facts() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
