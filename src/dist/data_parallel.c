@@ -41,11 +41,20 @@ bool dp_layout_is_contiguous(const ParamTable *table) {
     return true;
 }
 
+void *dp_alloc_values(Backend *be, size_t n, NumType t) {
+    void *p = NULL;
+    return backend_alloc(be, (n + 1) * num_type_size(t), &p) == SPES_OK ? p : NULL;
+}
+
+size_t dp_shard_overlap(const size_t *lo, int r, size_t b0, size_t b1, size_t *start) {
+    size_t a = max_sz(b0, lo[r]), e = min_sz(b1, lo[r + 1]);
+    *start = a;
+    return e > a ? e - a : 0;
+}
+
 void dp_range_counts(const size_t *lo, int size, size_t b0, size_t b1, int *counts) {
-    for (int r = 0; r < size; r++) {
-        size_t a = max_sz(b0, lo[r]), e = min_sz(b1, lo[r + 1]);
-        counts[r] = e > a ? (int)(e - a) : 0;
-    }
+    size_t start;
+    for (int r = 0; r < size; r++) counts[r] = (int)dp_shard_overlap(lo, r, b0, b1, &start);
 }
 
 int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const ParamTable *table, int n_layers,

@@ -85,8 +85,13 @@ bool dp_shards_grads(DpStage s);
 // (dp->hooks points at it).
 int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const ParamTable *table, int n_layers,
               double bucket_mb);
-// counts[r] = the size of [b0, b1)'s overlap with shard r, [lo[r], lo[r+1]) (r < size): the
-// blocks of a collective over that range of the gradient layout.
+// Backend memory for n values of type t, zeroed, one more than asked so that an empty shard
+// still has a buffer; NULL with a message.
+void *dp_alloc_values(Backend *be, size_t n, NumType t);
+// The overlap of [b0, b1) with shard r, [lo[r], lo[r+1]): its length (0: none), from *start.
+size_t dp_shard_overlap(const size_t *lo, int r, size_t b0, size_t b1, size_t *start);
+// counts[r] = the length of [b0, b1)'s overlap with shard r (r < size): the blocks of a
+// collective over that range of the gradient layout.
 void dp_range_counts(const size_t *lo, int size, size_t b0, size_t b1, int *counts);
 // True when every trainable tensor's gradient offset equals its parameter offset (no frozen
 // tensor before a trainable one): the gradient layout is then a prefix of the parameters.

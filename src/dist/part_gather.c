@@ -84,9 +84,8 @@ int part_gather_start(PartGather *g, int slot, int part, const float *shard, flo
     // Block r: the range's overlap with rank r's shard, at its place in the range.
     int *counts = g->counts[slot];
     dp_range_counts(g->lo, g->size, glo, ghi, counts);
-    size_t mine = max_sz(glo, g->lo[g->rank]);
-    if (counts[g->rank])
-        g->be->ops->copy(g->be, dst + (mine - glo), shard + (mine - g->lo[g->rank]), (size_t)counts[g->rank] * sizeof(float));
+    size_t mine, n = dp_shard_overlap(g->lo, g->rank, glo, ghi, &mine);
+    if (n) g->be->ops->copy(g->be, dst + (mine - glo), shard + (mine - g->lo[g->rank]), n * sizeof(float));
     return ghi > glo ? comm_start_allgather(g->comm, g->be, dst, counts) : SPES_OK;
 }
 

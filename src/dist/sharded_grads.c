@@ -8,7 +8,6 @@
 #include "base/error.h"
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
-static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
 // Part p's working buffer: p mod 2 with overlap (neighbouring parts alternate), else the one.
 static int buffer_of(const ShardedGrads *g, int part) { return g->n_work == 2 ? part % 2 : 0; }
@@ -38,9 +37,11 @@ static int finish_pending(ShardedGrads *g) {
     SPES_TRY(comm_wait_all(dp->comm));
     size_t glo, numel;
     param_part_grad_span(&g->m->table, part, g->m->cfg.n_layers, &glo, &numel);
-    const size_t lo = dp->lo[dp->rank], a = max_sz(glo, lo), b = min_sz(glo + numel, dp->lo[dp->rank + 1]);
+    size_t a, n = dp_shard_overlap(dp->lo, dp->rank, glo, glo + numel, &a);
     Backend *be = g->m->be;
-    if (a < b) be->ops->add_inplace(be, buf_f32(g->shard + (a - lo)), buf_f32(sharded_grads_work(g, part) + (a - glo)), b - a);
+    if (n)
+        be->ops->add_inplace(be, buf_f32(g->shard + (a - dp->lo[dp->rank])), buf_f32(sharded_grads_work(g, part) + (a - glo)),
+                             n);
     return SPES_OK;
 }
 
@@ -78,12 +79,6 @@ static int on_event_grads_only(void *ctx, ModelHookEvent event, int part) {
     return sharded_grads_on_event(g, event, part);
 }
 
-// n floats of backend memory; +1: a rank may hold an empty shard.
-static float *alloc_floats(Backend *be, size_t n) {
-    void *p = NULL;
-    return backend_alloc(be, (n + 1) * sizeof(float), &p) == SPES_OK ? p : NULL;
-}
-
 int sharded_grads_create(ShardedGrads *g, Model *m, DataParallel *dp, bool overlap) {
     memset(g, 0, sizeof *g);
     g->m = m;
@@ -100,10 +95,10 @@ int sharded_grads_create(ShardedGrads *g, Model *m, DataParallel *dp, bool overl
         g->work_n = max_sz(g->work_n, numel);
     }
     g->shard_n = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
-    g->shard = alloc_floats(m->be, g->shard_n);
+    g->shard = dp_alloc_values(m->be, g->shard_n, NUM_F32);
     bool ok = g->shard != NULL;
     for (int b = 0; b < g->n_work; b++) {
-        g->work[b] = alloc_floats(m->be, g->work_n);
+        g->work[b] = dp_alloc_values(m->be, g->work_n, NUM_F32);
         g->counts[b] = spes_calloc((size_t)dp->size, sizeof *g->counts[b]);
         ok = ok && g->work[b] && g->counts[b];
     }

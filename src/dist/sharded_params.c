@@ -6,7 +6,6 @@
 #include "base/error.h"
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
-static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
 // The compute copy of n fp32 master values into `compute`; nothing when compute is fp32 (no
 // compute copy: the GEMMs read the master).
@@ -85,11 +84,6 @@ static int forget_parts(ShardedParams *z) {
 
 // n floats (or compute values) of backend memory; +1: a rank may hold an empty shard or no
 // frozen tensor.
-static void *alloc_values(Backend *be, size_t n, NumType t) {
-    void *p = NULL;
-    return backend_alloc(be, (n + 1) * num_type_size(t), &p) == SPES_OK ? p : NULL;
-}
-
 int sharded_params_create(ShardedParams *z, Model *m, DataParallel *dp, ShardedGrads *grads, bool prefetch) {
     memset(z, 0, sizeof *z);
     z->m = m;
@@ -109,12 +103,12 @@ int sharded_params_create(ShardedParams *z, Model *m, DataParallel *dp, ShardedG
         z->work_n = max_sz(z->work_n, numel);
     }
     z->shard_n = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
-    z->shard = alloc_values(be, z->shard_n, NUM_F32);
-    z->frozen = alloc_values(be, z->gather.frozen_numel, NUM_F32);
+    z->shard = dp_alloc_values(be, z->shard_n, NUM_F32);
+    z->frozen = dp_alloc_values(be, z->gather.frozen_numel, NUM_F32);
     bool ok = z->shard && z->frozen;
     for (int b = 0; b < z->n_work; b++) {
-        z->work[b] = alloc_values(be, z->work_n, NUM_F32);
-        if (be->compute != NUM_F32) z->cwork[b] = alloc_values(be, z->work_n, be->compute);
+        z->work[b] = dp_alloc_values(be, z->work_n, NUM_F32);
+        if (be->compute != NUM_F32) z->cwork[b] = dp_alloc_values(be, z->work_n, be->compute);
         ok = ok && z->work[b] && (be->compute == NUM_F32 || z->cwork[b]);
     }
     if (!ok) {
@@ -145,13 +139,14 @@ int sharded_params_shard(ShardedParams *z) {
     SPES_TRY(forget_parts(z));
     const Model *m = z->m;
     Backend *be = m->be;
-    const size_t lo = z->dp->lo[z->dp->rank], hi = z->dp->lo[z->dp->rank + 1];
+    const int rank = z->dp->rank;
+    const size_t lo = z->dp->lo[rank];
     // shard[i - lo] = value i of the gradient layout, from its tensor's place in the master
     for (int i = 0; i < m->table.count; i++) {
         const ParamInfo *pi = &m->table.entries[i];
         if (!pi->trainable || pi->grad_offset < 0) continue;
-        size_t go = (size_t)pi->grad_offset, a = max_sz(go, lo), b = min_sz(go + pi->numel, hi);
-        if (a < b) be->ops->copy(be, z->shard + (a - lo), m->dparams + pi->offset + (a - go), (b - a) * sizeof(float));
+        size_t go = (size_t)pi->grad_offset, a, n = dp_shard_overlap(z->dp->lo, rank, go, go + pi->numel, &a);
+        if (n) be->ops->copy(be, z->shard + (a - lo), m->dparams + pi->offset + (a - go), n * sizeof(float));
     }
     part_pack_frozen(&z->gather, m->dparams, z->frozen);
     SPES_TRY(backend_sync(be));   // the copies have read the master before it is freed

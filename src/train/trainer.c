@@ -657,15 +657,12 @@ int trainer_evaluate(Trainer *t) {
 static int save_ranks(Trainer *t) {
     bool sharded = t->dp.stage != DP_DDP;
     AdamW full = {0};
-    int rc = SPES_OK;
+    int rc = adamw_state_to_host(&t->adamw);
     if (sharded) {
-        rc = adamw_create(&full, &t->model.table, &t->cfg->adamw);
-        if (rc == SPES_OK) rc = adamw_state_to_host(&t->adamw);
+        if (rc == SPES_OK) rc = adamw_create(&full, &t->model.table, &t->cfg->adamw);
         // The gathers need every rank: one that failed alone here would leave the others in them.
         rc = comm_all_ok(t->comm, rc, "bring the optimizer state to the host");
         if (rc == SPES_OK) rc = dp_gather_state(&t->dp, &t->adamw, &full);
-    } else {
-        rc = adamw_state_to_host(&t->adamw);
     }
     if (rc == SPES_OK && t->rank0) rc = checkpoint_save(t->cfg->save_folder, &t->model, sharded ? &full : &t->adamw,
                                                         &t->state, t->cfg);
