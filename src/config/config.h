@@ -38,12 +38,23 @@ typedef struct {
     int n_paths;
 } EvaluatorConfig;
 
+// data.instance_filter (OLMo's InstanceFilterConfig): a training instance holding a run of
+// some 1..max_period token pattern repeated max_count times or more is trained with its loss
+// masked out (src/data/instance_filter.h). Off unless the config has the mapping.
+typedef struct {
+    bool enabled;               // the key is set (a mapping); null/absent: every instance trains
+    int max_period;             // repetition_max_period, default 13
+    int min_period;             // repetition_min_period, default 1
+    int max_count;              // repetition_max_count, default 32
+} InstanceFilterConfig;
+
 typedef struct {
     char **paths;               // token files; an entry ending in .txt is a manifest (one path a line)
     int n_paths;
     MemmapDtype memmap_dtype;   // default uint16 (OLMo)
     int64_t seed;               // shuffle seed; data.seed, or the top-level seed when unset
     bool drop_last;             // drop the last incomplete global batch of an epoch
+    InstanceFilterConfig instance_filter;
 } DataConfig;
 
 typedef struct {

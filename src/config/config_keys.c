@@ -194,6 +194,8 @@ struct ConfigKey {
     bool nullable;          // null accepted: numbers store null_value, strings NULL
     double null_value;
     bool hashed;            // part of config_hash
+    bool (*unset)(const TrainConfig *);   // hashed keys added later: left out of the hash while
+                                          // unset, so configs without them keep their hash
     const char *fixed;      // K_FIXED: the accepted value
     int (*parse)(ParseCtx *, const YNode *, const char *key, TrainConfig *);
     void (*format)(const TrainConfig *, FILE *);   // K_SPECIAL; NULL: not printed
@@ -321,6 +323,47 @@ static int parse_data_seed(ParseCtx *c, const YNode *n, const char *key, TrainCo
     return SPES_OK;
 }
 static void format_data_seed(const TrainConfig *cfg, FILE *out) { fprintf(out, "%" PRId64, cfg->data.seed); }
+
+// data.instance_filter: null (off) or a mapping of OLMo's three InstanceFilterConfig fields;
+// a field left out keeps OLMo's default (13, 1, 32). A misspelt field is an error: it would
+// silently filter with a default.
+static const InstanceFilterConfig INSTANCE_FILTER_OFF = {.enabled = false, .max_period = 13, .min_period = 1,
+                                                          .max_count = 32};
+static int parse_instance_filter(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
+    InstanceFilterConfig *f = &cfg->data.instance_filter;
+    *f = INSTANCE_FILTER_OFF;
+    if (ytree_is_null(n)) return SPES_OK;
+    if (n->kind != YNODE_MAP) return key_fail(n, key, "expected a mapping (or null), got %s", kind_word(n));
+    static const char *const names[] = {"repetition_max_period", "repetition_min_period", "repetition_max_count"};
+    int *fields[] = {&f->max_period, &f->min_period, &f->max_count};
+    for (int i = 0; i < n->n; i++) {
+        char path[128];
+        snprintf(path, sizeof path, "%s.%s", key, n->keys[i]);
+        int which = -1;
+        for (int j = 0; j < 3; j++)
+            if (strcmp(n->keys[i], names[j]) == 0) which = j;
+        if (which < 0)
+            return key_fail(n->items[i], path, "unknown field (expected repetition_max_period, repetition_min_period "
+                                               "or repetition_max_count)");
+        int64_t v = 0;
+        SPES_TRY(parse_i64(n->items[i], path, &v));
+        if (v < 1 || v > INT_MAX) return key_fail(n->items[i], path, "must be a whole number >= 1, got %s", n->items[i]->value);
+        *fields[which] = (int)v;
+    }
+    if (f->max_period < f->min_period)
+        return key_fail(n, key, "repetition_max_period (%d) must be >= repetition_min_period (%d)", f->max_period,
+                        f->min_period);
+    f->enabled = true;
+    (void)c;
+    return SPES_OK;
+}
+static void format_instance_filter(const TrainConfig *cfg, FILE *out) {
+    const InstanceFilterConfig *f = &cfg->data.instance_filter;
+    if (!f->enabled) fputs("null", out);
+    else fprintf(out, "{repetition_max_period: %d, repetition_min_period: %d, repetition_max_count: %d}", f->max_period,
+                 f->min_period, f->max_count);
+}
+static bool instance_filter_unset(const TrainConfig *cfg) { return !cfg->data.instance_filter.enabled; }
 
 // "50000" steps, "1e9T" / "1000000000T" tokens, "2ep" epochs (OLMo's forms).
 static int parse_max_duration(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
@@ -583,7 +626,7 @@ static const ConfigKey KEYS[] = {
     {"data.prefetch_factor", K_IGNORED, .meaning = "The loader reads memory-mapped files inline."},
     {"data.persistent_workers", K_IGNORED, .meaning = "The loader reads memory-mapped files inline."},
     {"data.timeout", K_IGNORED, .meaning = "The loader reads memory-mapped files inline."},
-    {"data.instance_filter", K_IGNORED, .meaning = "NOT implemented: OLMo masks the loss of instances with long repeated n-grams; here every instance is trained on."},
+    {"data.instance_filter", K_SPECIAL, .hashed = true, .unset = instance_filter_unset, .parse = parse_instance_filter, .format = format_instance_filter, .meaning = "OLMo's repetition filter: a mapping `{repetition_max_period: 13, repetition_min_period: 1, repetition_max_count: 32}` (fields left out take these defaults) masks the loss of every training instance in which a pattern of 1..max_period tokens repeats max_count times or more in a row (OLMo's find_periodic_sequences); the instance still runs through the model. `train/masked_instances` counts them per step. null: every instance trains. Evaluators are never filtered."},
 
     {"spes_config", K_SECTION, .meaning = "SPES topology."},
     {"spes_config.num_peers", K_INT, F(num_peers), MIN_POSITIVE, .hashed = true, .meaning = "Training nodes."},
@@ -876,7 +919,7 @@ void config_write_values(const TrainConfig *cfg, FILE *out, bool hashed_only) {
         const ConfigKey *k = &KEYS[i];
         if (k->kind == K_SECTION || k->kind == K_IGNORED) continue;
         if (hashed_only) {
-            if (!k->hashed) continue;
+            if (!k->hashed || (k->unset && k->unset(cfg))) continue;
             fprintf(out, "%s=", k->path);
             print_value(k, cfg, out);
             fputc('\n', out);
@@ -1004,6 +1047,7 @@ void config_defaults(TrainConfig *cfg) {
     cfg->schedule = (ScheduleConfig){.kind = SCHEDULE_COSINE_WITH_WARMUP, .t_warmup = 100, .t_max = 0,
                                      .alpha_f = 0.1, .warmup_min_lr = -1};
     cfg->data.memmap_dtype = MEMMAP_UINT16;
+    cfg->data.instance_filter = INSTANCE_FILTER_OFF;
     cfg->seed = 6198;
     cfg->data.seed = 6198;
     cfg->eval_interval = 1000;

@@ -7,6 +7,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "data/instance_filter.h"
 #include "data/pcg64.h"
 #include "model/model_config.h"
 
@@ -101,8 +102,10 @@ int loader_next_range(DataLoader *dl, int row_lo, int row_hi, const Batch **batc
         int32_t *x = dl->batch.inputs + (size_t)r * T;
         int32_t *y = dl->batch.targets + (size_t)r * T;
         SPES_TRY(token_dataset_get(dl->ds, instance_at(dl, dl->pos.index + r), x));
-        // the loss predicts x[1..T-1] from x[0..T-2]; the last position has no target
-        for (int t = 0; t + 1 < T; t++) y[t] = x[t + 1];
+        // the loss predicts x[1..T-1] from x[0..T-2]; the last position has no target, and a
+        // filtered instance none at all (OLMo's instance_mask)
+        bool keep = instance_filter_keeps(&dl->opt.filter, x, T);
+        for (int t = 0; t + 1 < T; t++) y[t] = keep ? x[t + 1] : IGNORE_INDEX;
         y[T - 1] = IGNORE_INDEX;
     }
     dl->batch.rows = rows;
@@ -145,7 +148,7 @@ static int open_loader(const TrainConfig *cfg, char *const *paths, int n_paths, 
 
 int loader_open_train(const TrainConfig *cfg, TokenDataset **ds, DataLoader **dl) {
     LoaderOptions opt = {.batch_size = cfg->global_train_batch_size, .shuffle = true, .seed = (uint64_t)cfg->data.seed,
-                         .drop_last = cfg->data.drop_last, .wrap = true};
+                         .drop_last = cfg->data.drop_last, .wrap = true, .filter = cfg->data.instance_filter};
     if (open_loader(cfg, cfg->data.paths, cfg->data.n_paths, &opt, ds, dl) != SPES_OK)
         return spes_fail_context("training data");
     return SPES_OK;

@@ -5,7 +5,8 @@
 // without it that batch comes out short (rows < batch_size).
 //
 // Each row is one instance x[0..T-1]: inputs = x[0..T-1], targets = x[1..T-1] followed by
-// IGNORE_INDEX, so the loss predicts positions 1..T-1 of every instance (OLMo's labels).
+// IGNORE_INDEX, so the loss predicts positions 1..T-1 of every instance (OLMo's labels). An
+// instance the instance filter rejects (data/instance_filter.h) has every target IGNORE_INDEX.
 //
 // The position (epoch, index into the epoch's permutation) of the NEXT batch is all the
 // state there is: it goes into checkpoints, and loader_set_position resumes bit-exactly.
@@ -27,11 +28,13 @@ typedef struct {
     bool drop_last;
     bool wrap;          // true: at the end of an epoch go on with the next (training);
                         // false: loader_next reports the end (evaluation)
+    InstanceFilterConfig filter;   // data.instance_filter (training); .enabled false: none
 } LoaderOptions;
 
 typedef struct {
     int32_t *inputs;    // [batch_size * T]; the first rows*T are valid
-    int32_t *targets;   // [batch_size * T]; IGNORE_INDEX at each row's last position
+    int32_t *targets;   // [batch_size * T]; IGNORE_INDEX at each row's last position (and
+                        // everywhere in a row the instance filter rejects)
     int rows;           // instances in this batch (0 at the end of a non-wrapping epoch)
     int T;              // seq_len
     LoaderPosition position;   // where this batch starts
@@ -59,7 +62,7 @@ int loader_set_position(DataLoader *dl, LoaderPosition pos);
 int64_t loader_batches_per_epoch(const DataLoader *dl);
 
 // Opens the training dataset and loader from a config (data.*, max_sequence_length,
-// vocab_size, global_train_batch_size, shuffle with data.seed, wrap).
+// vocab_size, global_train_batch_size, shuffle with data.seed, wrap, data.instance_filter).
 int loader_open_train(const TrainConfig *cfg, TokenDataset **ds, DataLoader **dl);
 // The same for an lm evaluator: dataset order, device_eval_batch_size, no wrap, no drop.
 int loader_open_eval(const TrainConfig *cfg, const EvaluatorConfig *ev, TokenDataset **ds, DataLoader **dl);

@@ -95,6 +95,7 @@ static int step_fields(const StepMetrics *s, Field *f) {
     f[n++] = (Field){"lr", FIELD_DOUBLE, s->lr, false};
     f[n++] = (Field){"grad_norm", FIELD_DOUBLE, s->grad_norm, false};
     f[n++] = (Field){"tokens", FIELD_INT, (double)s->tokens_seen, false};
+    if (s->instance_filter) f[n++] = (Field){"masked_instances", FIELD_INT, (double)s->masked_instances, false};
     if (s->loss_scale > 0) {
         f[n++] = (Field){"loss_scale", FIELD_DOUBLE, s->loss_scale, false};
         f[n++] = (Field){"step_skipped", FIELD_BOOL, s->step_skipped, false};
@@ -228,14 +229,15 @@ void metrics_format_console(const StepMetrics *s, char *buf, int bufsize) {
         metrics_route_balance(s->expert_counts, s->n_layers, s->n_experts, &lo, &hi);
         snprintf(route, sizeof route, " | route %.2f-%.2fx", lo, hi);
     }
-    char device[64] = "", scale[48] = "";
+    char device[64] = "", scale[48] = "", masked[40] = "";
     if (s->device_peak_mb > 0)
         snprintf(device, sizeof device, " | gpu %.1f/%.1fGB", s->device_mem_mb / 1024, s->device_peak_mb / 1024);
     if (s->loss_scale > 0)
         snprintf(scale, sizeof scale, " | scale %g%s", s->loss_scale, s->step_skipped ? " (skipped)" : "");
+    if (s->masked_instances > 0) snprintf(masked, sizeof masked, " | masked %" PRId64, s->masked_instances);
     snprintf(buf, (size_t)bufsize,
              "step %" PRId64 "/%" PRId64 " | loss %.4f (ce %.4f lm_z %.4g lb %.4f rz %.4g) | lr %.2e | gnorm %.3f | "
-             "%s tok/s | MFU %.1f%% | ETA %s | rss %.0fMB%s%s%s",
+             "%s tok/s | MFU %.1f%% | ETA %s | rss %.0fMB%s%s%s%s",
              s->step, s->max_steps, s->loss.total, s->loss.ce, s->loss.lm_z, s->loss.lb, s->loss.router_z, s->lr,
-             s->grad_norm, tps, 100 * s->mfu, eta, s->peak_rss_mb, device, scale, route);
+             s->grad_norm, tps, 100 * s->mfu, eta, s->peak_rss_mb, device, scale, masked, route);
 }

@@ -26,6 +26,8 @@ typedef struct {
     LossValues loss;            // unweighted terms + weighted total, mean over micro-batches
     double lr, grad_norm;       // grad_norm before clipping
     int64_t tokens_seen;
+    bool instance_filter;       // data.instance_filter is on, and
+    int64_t masked_instances;   // this step trained so many instances with no loss
     const int64_t *expert_counts;   // [L*E] tokens routed to each expert this step
     int n_layers, n_experts;
     // wall-clock (not reproducible)

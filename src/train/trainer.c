@@ -349,6 +349,11 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
              config_grad_accum_steps(cfg), t->peak_flops / 1e9,
              opt->peak_flops > 0 ? "" : t->be->host_memory ? " (measured sgemm)" : " (measured GEMM)",
              t->scaler.enabled ? "; amp_fp16 dynamic loss scaling" : "");
+    const InstanceFilterConfig *f = &cfg->data.instance_filter;
+    if (f->enabled)
+        log_info("data: instance filter on: the loss of an instance with a pattern of %d..%d tokens repeated %d times "
+                 "or more in a row is masked (OLMo's instance_filter)",
+                 f->min_period, f->max_period, f->max_count);
     *out = t;
     return SPES_OK;
 fail:
@@ -438,6 +443,12 @@ static const ModelHooks *pass_hooks(Trainer *t, bool last_overlapped) {
     if (t->z3_on) return sharded_params_hooks(&t->z3);
     if (t->zgrads_on) return sharded_grads_hooks(&t->zgrads);
     return last_overlapped ? &t->dp.hooks : NULL;
+}
+
+// data.instance_filter's count for the step: a kept instance has exactly T - 1 targets and a
+// masked one none, so the targets counted by the losses (summed over the ranks) tell it.
+static int64_t masked_instances(int rows, int T, int64_t num_targets) {
+    return T < 2 ? 0 : rows - num_targets / (T - 1);
 }
 
 int trainer_step(Trainer *t, StepMetrics *out) {
@@ -583,6 +594,8 @@ int trainer_step(Trainer *t, StepMetrics *out) {
                          .lr = lr,
                          .grad_norm = norm,
                          .tokens_seen = t->state.tokens_seen,
+                         .instance_filter = cfg->data.instance_filter.enabled,
+                         .masked_instances = masked_instances(rows, T, mean.num_targets),
                          .expert_counts = t->step_counts,
                          .n_layers = m->cfg.n_layers,
                          .n_experts = m->cfg.num_experts,

@@ -89,6 +89,16 @@ static const BadCase CASES[] = {
     {"outer_lr out of range", "spes_config:\n  outer_lr: 20\n", NULL, "bad.yaml:2: spes_config.outer_lr", "[1e-6, 10], got 20"},
     {"outer_lr zero", "spes_config:\n  outer_lr: 0\n", NULL, "bad.yaml:2: spes_config.outer_lr", "> 0"},
     {"outer_momentum 1", "spes_config:\n  outer_momentum: 1.0\n", NULL, "bad.yaml:2: spes_config.outer_momentum", "[0, 1)"},
+    {"instance filter misspelt field", "data:\n  instance_filter:\n    repetition_max_cont: 8\n", NULL,
+     "bad.yaml:3: data.instance_filter.repetition_max_cont", "unknown field"},
+    {"instance filter periods reversed", "data:\n  instance_filter:\n    repetition_min_period: 5\n    repetition_max_period: 4\n",
+     NULL, "bad.yaml:3: data.instance_filter", "repetition_max_period (4) must be >= repetition_min_period (5)"},
+    {"instance filter zero count", "data:\n  instance_filter:\n    repetition_max_count: 0\n", NULL,
+     "bad.yaml:3: data.instance_filter.repetition_max_count", ">= 1, got 0"},
+    {"instance filter not a mapping", "data:\n  instance_filter: true\n", NULL, "bad.yaml:2: data.instance_filter",
+     "expected a mapping (or null)"},
+    {"instance filter override", "", "--data.instance_filter.repetition_min_period=-2",
+     "data.instance_filter.repetition_min_period", ">= 1, got -2"},
 };
 
 static void test_bad_configs(void **state) {

@@ -48,7 +48,7 @@ static void test_table_content(void **state) {
     assert_non_null(strstr(gen, "| `ddp.bucket_cap_mb` | `25` | supported |"));
     assert_non_null(strstr(gen, "| `optimizer.learning_rate` | `0.0001` | supported |"));
     assert_non_null(strstr(gen, "| `model.activation_type` | `swiglu` | fixed |"));
-    assert_non_null(strstr(gen, "| `data.instance_filter` |  | ignored | NOT implemented"));
+    assert_non_null(strstr(gen, "| `data.instance_filter` | `null` | supported | OLMo's repetition filter"));
     free(gen);
 }
 

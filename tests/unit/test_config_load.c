@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "config/config_internal.h"   // config_write_values: what the hash reads
 #include "config/config.h"
 
 // ../shared/reference/configs, found from $SPES_TEST_DATA (default ../shared/data).
@@ -86,6 +87,11 @@ static void test_reference_spes_1b(void **state) {
     assert_true(cfg.data.drop_last);
     assert_true(cfg.data.n_paths > 1000);
     assert_string_equal(cfg.data.paths[0], "data/SlimPajama-627B/030_000012.npy");
+    const InstanceFilterConfig *f = &cfg.data.instance_filter;
+    assert_true(f->enabled);
+    assert_int_equal(f->max_period, 13);
+    assert_int_equal(f->min_period, 1);
+    assert_int_equal(f->max_count, 32);
     assert_true(cfg.using_spes);
     assert_false(cfg.using_dilico);
     assert_int_equal(cfg.num_peers, 4);
@@ -302,6 +308,54 @@ static void test_hash_and_round_trip(void **state) {
     config_free(&c);
 }
 
+// data.instance_filter: off by default and then not in the hash (configs written before the key
+// existed keep their hash: checkpoints resume); on, hashed; OLMo's defaults for fields left out;
+// overrides reach single fields or turn it off; the YAML dump reads back the same.
+static void test_instance_filter(void **state) {
+    (void)state;
+    TrainConfig plain, on, dump;
+    assert_int_equal(config_load_string("", "plain.yaml", 0, NULL, &plain), SPES_OK);
+    assert_false(plain.data.instance_filter.enabled);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    config_write_values(&plain, mem, true);
+    fclose(mem);
+    assert_null(strstr(text, "instance_filter"));
+    free(text);
+
+    assert_int_equal(config_load_string("data:\n  instance_filter:\n    repetition_max_count: 8\n", "on.yaml", 0, NULL, &on),
+                     SPES_OK);
+    assert_true(on.data.instance_filter.enabled);
+    assert_int_equal(on.data.instance_filter.max_period, 13);
+    assert_int_equal(on.data.instance_filter.min_period, 1);
+    assert_int_equal(on.data.instance_filter.max_count, 8);
+    assert_true(config_hash(&on) != config_hash(&plain));
+    text = NULL;
+    mem = open_memstream(&text, &len);
+    config_write_yaml(&on, mem);
+    fclose(mem);
+    assert_int_equal(config_load_string(text, "dump.yaml", 0, NULL, &dump), SPES_OK);
+    assert_memory_equal(&dump.data.instance_filter, &on.data.instance_filter, sizeof(InstanceFilterConfig));
+    assert_true(config_hash(&dump) == config_hash(&on));
+    free(text);
+    config_free(&dump);
+
+    char *one_field[] = {"--data.instance_filter.repetition_max_period=5"};
+    assert_int_equal(config_load_string("", "o.yaml", 1, one_field, &dump), SPES_OK);
+    assert_true(dump.data.instance_filter.enabled && dump.data.instance_filter.max_period == 5 &&
+                dump.data.instance_filter.max_count == 32);
+    config_free(&dump);
+    char *off[] = {"--data.instance_filter=null"};
+    assert_int_equal(config_load_string("data:\n  instance_filter: {repetition_max_count: 8}\n", "o.yaml", 1, off, &dump),
+                     SPES_OK);
+    assert_false(dump.data.instance_filter.enabled);
+    assert_true(config_hash(&dump) == config_hash(&plain));
+    config_free(&dump);
+    config_free(&on);
+    config_free(&plain);
+}
+
 // Loading never opens data files: the seeds' paths do not exist here.
 // spes_config.payload_dtype int4 and the outer optimizer keys: read, defaults, and in the hash
 // only what changes a peer's own training (the payload) - the outer step runs on the server.
@@ -348,6 +402,7 @@ int main(void) {
         cmocka_unit_test(test_evaluators),
         cmocka_unit_test(test_max_duration_forms),
         cmocka_unit_test(test_hash_and_round_trip),
+        cmocka_unit_test(test_instance_filter),
         cmocka_unit_test(test_loading_does_not_touch_data),
         cmocka_unit_test(test_int4_payload_and_outer_keys),
     };

@@ -318,6 +318,45 @@ static void test_inputs_and_targets(void **state) {
     token_dataset_close(ds);
 }
 
+// data.instance_filter: a row holding a long run of one token keeps its inputs and loses every
+// target; the other rows, and loaders without the filter, are untouched. The range reader
+// (a rank's rows) filters the rows it reads the same way.
+static void test_instance_filter_masks_rows(void **state) {
+    (void)state;
+    enum { N = 4, T = 40 };
+    uint16_t buf[N * T];
+    for (int i = 0; i < N * T; i++) buf[i] = (uint16_t)(i % 251);
+    for (int t = 3; t < 3 + 33; t++) buf[1 * T + t] = 9;   // instance 1: 33 x one token (OLMo masks >= 32)
+    for (int t = 0; t < 31; t++) buf[3 * T + t] = 9;       // instance 3: 31 x, kept
+    char *path = tmp_path("repeats.npy");
+    assert_int_equal(file_write_atomic(path, buf, sizeof buf), SPES_OK);
+    char *paths[] = {path};
+    TokenDataset *ds;
+    assert_int_equal(token_dataset_open(paths, 1, MEMMAP_UINT16, T, 0, &ds), SPES_OK);
+    free(path);
+    const InstanceFilterConfig olmo = {.enabled = true, .max_period = 13, .min_period = 1, .max_count = 32};
+    for (int filtered = 0; filtered < 2; filtered++) {
+        LoaderOptions opt = {.batch_size = N, .shuffle = false, .drop_last = true, .wrap = true};
+        if (filtered) opt.filter = olmo;
+        DataLoader *dl;
+        assert_int_equal(loader_create(ds, &opt, &dl), SPES_OK);
+        for (int pass = 0; pass < 2; pass++) {   // the whole batch, then rows [1, 3) only
+            const Batch *b;
+            if (pass == 0) assert_int_equal(loader_next(dl, &b), SPES_OK);
+            else assert_int_equal(loader_next_range(dl, 1, 3, &b), SPES_OK);
+            for (int r = pass ? 1 : 0; r < (pass ? 3 : N); r++)
+                for (int t = 0; t < T; t++) {
+                    assert_int_equal(b->inputs[r * T + t], buf[r * T + t]);
+                    bool masked = filtered && r == 1;
+                    int want = t + 1 < T && !masked ? buf[r * T + t + 1] : IGNORE_INDEX;
+                    assert_int_equal(b->targets[r * T + t], want);
+                }
+        }
+        loader_free(dl);
+    }
+    token_dataset_close(ds);
+}
+
 // N = 5, batch 2: drop_last gives 2 batches an epoch; without it the third has one row.
 static void test_drop_last_and_epochs(void **state) {
     (void)state;
@@ -554,6 +593,7 @@ int main(void) {
         cmocka_unit_test(test_fifo_refused),
         cmocka_unit_test(test_manifest_escapes),
         cmocka_unit_test(test_inputs_and_targets),
+        cmocka_unit_test(test_instance_filter_masks_rows),
         cmocka_unit_test(test_drop_last_and_epochs),
         cmocka_unit_test(test_resume_from_position),
         cmocka_unit_test(test_next_range),
