@@ -520,7 +520,7 @@ static const ConfigKey KEYS[] = {
     {"speed_monitor", K_IGNORED, .meaning = "Tokens/s is always on the console line."},
     {"tokenizer", K_IGNORED, .meaning = "Token files already hold ids; the tokenizer is chosen at `spes tokenize` time."},
     {"softmax_auxiliary_loss", K_BOOL, F(softmax_auxiliary_loss), .hashed = true, .meaning = "Add the LM z-loss `mean(logsumexp(logits)^2)`."},
-    {"auxiliary_loss_multiplier", K_F32, F(auxiliary_loss_multiplier), MIN_NONNEG, .hashed = true, .meaning = "Weight of the LM z-loss."},
+    {"auxiliary_loss_multiplier", K_F32, F(auxiliary_loss_multiplier), MIN_NONNEG, .hashed = true, .meaning = "Weight of the LM z-loss. Applied as written; note that OLMo's trainer never reads this key (its z-loss weight is fixed at 1e-4), so a reference run trains with 1e-4 whatever the config says."},
     {"using_spes", K_BOOL, F(using_spes), .hashed = true, .meaning = "SPES: train shared tensors + own experts, sync through the parameter server."},
     {"using_dilico", K_BOOL, F(using_dilico), .hashed = true, .meaning = "FedAvg baseline: every tensor trainable on every peer, all averaged."},
     {"max_duration", K_SPECIAL, .hashed = false, .parse = parse_max_duration, .format = format_max_duration, .meaning = "Training length: steps, `<N>T` tokens or `<N>ep` epochs."},

@@ -42,6 +42,10 @@ typedef struct {
     float lb_weight;         // moe_loss_weight
     float router_z_weight;   // moe_zloss_weight
     const float *lb_count_factor;   // [L*E] c_{l,e} (decayed aux loss), NULL = all 1
+    double ce_tokens;        // what the ce and lm_z sums are divided by instead of the micro-batch's
+                             // target count (0: by that count, the means above). Training passes its
+                             // share of the batch's tokens, as OLMo's trainer divides by the batch's
+                             // token count, masked and last positions included (train/trainer.c).
 } LossWeights;
 
 typedef struct {

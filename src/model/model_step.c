@@ -67,8 +67,9 @@ static void loss_values(const Model *m, const LossWeights *w, int64_t num_target
     out->num_targets = num_targets;
     if (num_targets > 0) {
         const double *sums = st + (size_t)L * STATS_PER_LAYER(E);
-        out->ce = sums[0] / (double)num_targets;
-        out->lm_z = sums[1] / (double)num_targets;
+        const double divisor = w->ce_tokens > 0 ? w->ce_tokens : (double)num_targets;
+        out->ce = sums[0] / divisor;
+        out->lm_z = sums[1] / divisor;
     }
     double lb = 0.0;
     for (int l = 0; l < L; l++) {
@@ -137,7 +138,9 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
     op->rmsnorm_forward(be, a->hf, a->rstd_f, buf_f32(a->x_final), b->final_norm, N, H, c->norm_eps);
     phase_end(m, MODEL_PHASE_NORMS, t);
     t = phase_begin();
-    float ce_scale = num_targets ? grad_scale / (float)num_targets : 0.0f;
+    float ce_scale = !num_targets ? 0.0f
+                     : w->ce_tokens > 0 ? (float)((double)grad_scale / w->ce_tokens)
+                                        : grad_scale / (float)num_targets;
     SPES_TRY(lm_head_and_loss(m, 0, targets != NULL, ce_scale, ce_scale * w->lm_z_mult, grad, logits_out));
     phase_end(m, MODEL_PHASE_LM_HEAD, t);
     SPES_TRY(hook(m, MODEL_HOOK_POST_FORWARD, HEAD));

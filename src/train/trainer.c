@@ -399,7 +399,7 @@ static int prepare_micro_losses(Trainer *t, int n_micro) {
     return SPES_OK;
 }
 
-// The step's losses are the mean of the micro-batch means (OLMo's train_batch): mean += lv / n_micro.
+// The step's losses are the mean of the micro-batch losses (OLMo's train_batch): mean += lv / n_micro.
 static void add_micro_batch(LossValues *mean, const LossValues *lv, int n_micro) {
     mean->ce += lv->ce / n_micro;
     mean->lm_z += lv->lm_z / n_micro;
@@ -499,6 +499,14 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         int passes = (n_micro + comm_size(t->comm) - 1) / comm_size(t->comm), idle = passes - (last - first);
         for (int k = 0; k < idle; k++) SPES_TRY(sharded_grads_idle_pass(&t->zgrads, pass_hooks(t, false)));
     }
+    // OLMo's train_batch divides each micro-batch's cross-entropy (and LM z-loss) sum by the
+    // whole batch's token count, batch_size_in_tokens = instances x seq_len (masked instances and
+    // each row's last position, which has no target, included), and the MoE losses by the
+    // number of micro-batches. A micro-batch's share of that divisor makes ce_scale
+    // (grad_scale / share) = scale / batch tokens, and the mean over micro-batches below the
+    // batch's ce sum / batch tokens: OLMo's figure, with any number of ranks.
+    LossWeights weights = t->weights;
+    weights.ce_tokens = (double)rows * T / n_micro;
     LossValues mean = {0};
     double flops = 0;
     for (int i = first; i < last; i++) {
@@ -506,7 +514,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         LossValues lv;
         m->hooks = pass_hooks(t, overlap && i == last - 1);
         int rc = model_forward_backward(m, batch->inputs + (size_t)r0 * T, batch->targets + (size_t)r0 * T, nb, T,
-                                        &t->weights, (float)(t->scaler.scale / n_micro), &lv, NULL);
+                                        &weights, (float)(t->scaler.scale / n_micro), &lv, NULL);
         m->hooks = NULL;
         if (rc != SPES_OK) return spes_fail_context("step %" PRId64 ", micro-batch %d", step, i);
         if (t->dist) {

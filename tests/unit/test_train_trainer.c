@@ -1,7 +1,8 @@
 // The trainer (src/train/trainer.c) on a tiny model and a token file written here:
 // SPES trainable mask (frozen experts bit-identical after steps), gradient accumulation
-// normalised like OLMo (2 micro-batches of 4 == 1 of 8), learning-rate schedule applied,
-// and a clear error for a save_folder that already holds checkpoints.
+// normalised like OLMo (2 micro-batches of 4 == 1 of 8; the ce sum over the batch's tokens,
+// masked instances included), learning-rate schedule applied, and a clear error for a
+// save_folder that already holds checkpoints.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +16,7 @@
 #include "base/error.h"
 #include "base/file.h"
 #include "config/config.h"
+#include "data/loader.h"
 #include "train/trainer.h"
 
 static char dir[64];
@@ -103,9 +105,9 @@ static void test_spes_mask_freezes_other_experts(void **state) {
     config_free(&cfg);
 }
 
-// One step with the batch in one micro-batch and in two: OLMo divides each micro-batch's mean
-// loss by the number of micro-batches, so (equal-sized micro-batches, CE only) the gradient,
-// the loss and the update are the same up to float rounding.
+// One step with the batch in one micro-batch and in two: OLMo divides each micro-batch's loss sum
+// by the whole batch's tokens, so (CE only) the gradient, the loss and the update are the same
+// up to float rounding.
 static void test_grad_accumulation_matches_one_batch(void **state) {
     (void)state;
     TrainConfig one, two;
@@ -158,6 +160,52 @@ static void test_lb_count_factor(void **state) {
     config_free(&cfg2);
 }
 
+// OLMo's normalisation: a step's ce (and LM z-loss) is the batch's cross-entropy SUM divided by
+// the batch's token count, instances x seq_len, counting each row's last position (no target)
+// and the instances the instance filter masks. Two of the 8 instances here hold a token x8
+// (repetition_max_count 8): the step's figures equal a forward over the same batch, its mean
+// scaled by targets / (8 x 32), with 6 x 31 targets.
+static void test_ce_divided_by_batch_tokens(void **state) {
+    (void)state;
+    char path[160];
+    snprintf(path, sizeof path, "%s/repeats.npy", dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    for (int i = 0; i < 8 * 32; i++) {
+        int inst = i / 32, t = i % 32;
+        uint16_t id = (uint16_t)((i * 7 + i / 5) % 64);   // no run of 8 on its own
+        if ((inst == 2 || inst == 5) && t >= 4 && t < 12) id = 9;
+        fwrite(&id, 2, 1, f);
+    }
+    fclose(f);
+    TrainConfig cfg;
+    load_config(&cfg, "norm", "softmax_auxiliary_loss: true\n");
+    cfg.device_train_microbatch_size = 4;
+    free(cfg.data.paths[0]);
+    cfg.data.paths[0] = strdup(path);
+    cfg.data.instance_filter = (InstanceFilterConfig){.enabled = true, .max_period = 13, .min_period = 1, .max_count = 8};
+    Trainer *t = create(&cfg);
+    TokenDataset *ds;
+    DataLoader *dl;
+    assert_int_equal(loader_open_train(&cfg, &ds, &dl), SPES_OK);   // the batch the trainer will read
+    const Batch *b;
+    assert_int_equal(loader_next(dl, &b), SPES_OK);
+    LossValues mean;
+    assert_int_equal(model_forward(trainer_model(t), b->inputs, b->targets, 8, 32, NULL, &mean, NULL), SPES_OK);
+    assert_int_equal(mean.num_targets, 6 * 31);
+    StepMetrics sm;
+    assert_int_equal(trainer_step(t, &sm), SPES_OK);
+    assert_true(sm.instance_filter);
+    assert_int_equal(sm.masked_instances, 2);
+    double share = (double)mean.num_targets / (8 * 32);
+    assert_float_equal(sm.loss.ce, mean.ce * share, 1e-6 * mean.ce);
+    assert_float_equal(sm.loss.lm_z, mean.lm_z * share, 1e-6 * mean.lm_z);
+    loader_free(dl);
+    token_dataset_close(ds);
+    trainer_free(t);
+    config_free(&cfg);
+}
+
 static void test_refuses_used_save_folder(void **state) {
     (void)state;
     TrainConfig cfg;
@@ -190,6 +238,7 @@ int main(void) {
         cmocka_unit_test(test_spes_mask_freezes_other_experts),
         cmocka_unit_test(test_grad_accumulation_matches_one_batch),
         cmocka_unit_test(test_lb_count_factor),
+        cmocka_unit_test(test_ce_divided_by_batch_tokens),
         cmocka_unit_test(test_refuses_used_save_folder),
     };
     return cmocka_run_group_tests(tests, make_data, remove_data);
