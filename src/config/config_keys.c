@@ -635,7 +635,7 @@ static const ConfigKey KEYS[] = {
     {"spes_config.sync_steps", K_I64, F(sync_steps), MIN_POSITIVE, .hashed = true, .meaning = "Steps between synchronisations."},
     {"spes_config.server_addr", K_STR, F(server_addr), .meaning = "Parameter server host:port."},
     {"spes_config.using_decayed_aux_loss", K_BOOL, F(using_decayed_aux_loss), .hashed = true, .meaning = "Decayed load-balancing counts for own experts (DESIGN.md)."},
-    {"spes_config.decayed_factor_update_steps", K_I64, F(decayed_factor_update_steps), MIN_POSITIVE, .hashed = true, .meaning = "Recompute the decay factor every N steps."},
+    {"spes_config.decayed_factor_update_steps", K_I64, F(decayed_factor_update_steps), MIN_POSITIVE, .hashed = true, .meaning = "Recompute the decay factor every N steps (after step N, 2N, ...). Deviation: the reference's default is 500, and its factor is 1.0 (not c(0) = 0.7) until its first update; ours starts at c(start step) and updates every step by default, the ramp DESIGN.md describes."},
     {"spes_config.auth_token_file", K_STR, F(auth_token_file), .nullable = true, .meaning = "File holding the parameter server's token (sent as `authorization: Bearer ...`). Our extension."},
     {"spes_config.tls_ca", K_STR, F(tls_ca), .nullable = true, .meaning = "PEM CA file: connect to the parameter server with TLS, trusting it. Our extension."},
     {"spes_config.tls_cert", K_STR, F(tls_cert), .nullable = true, .meaning = "PEM client certificate for a server that requires one (with tls_key). Our extension."},
