@@ -17,6 +17,7 @@
 #include "base/file.h"
 #include "config/config.h"
 #include "data/loader.h"
+#include "data/pcg64.h"
 #include "train/trainer.h"
 
 static char dir[64];
@@ -160,30 +161,38 @@ static void test_lb_count_factor(void **state) {
     config_free(&cfg2);
 }
 
-// OLMo's normalisation: a step's ce (and LM z-loss) is the batch's cross-entropy SUM divided by
-// the batch's token count, instances x seq_len, counting each row's last position (no target)
-// and the instances the instance filter masks. Two of the 8 instances here hold a token x8
-// (repetition_max_count 8): the step's figures equal a forward over the same batch, its mean
-// scaled by targets / (8 x 32), with 6 x 31 targets.
-static void test_ce_divided_by_batch_tokens(void **state) {
-    (void)state;
+// 8 instances of 32 ids with no run of 8 except a token x8 in instances masked[0..n) (the
+// filter, repetition_max_count 8, masks those), written as dir/repeats_<folder>.npy; the config
+// (save folder `folder`) trains on it with the filter on, 2 micro-batches of 4 and the LM z-loss.
+static void load_repeats_config(TrainConfig *cfg, const char *folder, const int *masked, int n) {
     char path[160];
-    snprintf(path, sizeof path, "%s/repeats.npy", dir);
+    snprintf(path, sizeof path, "%s/repeats_%s.npy", dir, folder);
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
     for (int i = 0; i < 8 * 32; i++) {
         int inst = i / 32, t = i % 32;
-        uint16_t id = (uint16_t)((i * 7 + i / 5) % 64);   // no run of 8 on its own
-        if ((inst == 2 || inst == 5) && t >= 4 && t < 12) id = 9;
+        uint16_t id = (uint16_t)((i * 7 + i / 5) % 64);
+        for (int k = 0; k < n; k++)
+            if (inst == masked[k] && t >= 4 && t < 12) id = 9;
         fwrite(&id, 2, 1, f);
     }
     fclose(f);
+    load_config(cfg, folder, "softmax_auxiliary_loss: true\n");
+    cfg->device_train_microbatch_size = 4;
+    free(cfg->data.paths[0]);
+    cfg->data.paths[0] = strdup(path);
+    cfg->data.instance_filter = (InstanceFilterConfig){.enabled = true, .max_period = 13, .min_period = 1, .max_count = 8};
+}
+
+// OLMo's normalisation: a step's ce (and LM z-loss) is the batch's cross-entropy SUM divided by
+// the batch's token count, instances x seq_len, counting each row's last position (no target)
+// and the instances the instance filter masks. Two of the 8 instances are masked: the step's
+// figures equal a forward over the same batch, its mean scaled by targets / (8 x 32), with
+// 6 x 31 targets.
+static void test_ce_divided_by_batch_tokens(void **state) {
+    (void)state;
     TrainConfig cfg;
-    load_config(&cfg, "norm", "softmax_auxiliary_loss: true\n");
-    cfg.device_train_microbatch_size = 4;
-    free(cfg.data.paths[0]);
-    cfg.data.paths[0] = strdup(path);
-    cfg.data.instance_filter = (InstanceFilterConfig){.enabled = true, .max_period = 13, .min_period = 1, .max_count = 8};
+    load_repeats_config(&cfg, "norm", (const int[]){2, 5}, 2);
     Trainer *t = create(&cfg);
     TokenDataset *ds;
     DataLoader *dl;
@@ -204,6 +213,35 @@ static void test_ce_divided_by_batch_tokens(void **state) {
     token_dataset_close(ds);
     trainer_free(t);
     config_free(&cfg);
+}
+
+// The gradient of that normalisation: with both masked instances in the first of 2 micro-
+// batches, every kept token still weighs 1 / (8 x 32), so the step equals the same batch in one
+// micro-batch (CE and LM z-loss only), where a mean per micro-batch would weigh the first
+// micro-batch's 2 kept instances like the second's 4.
+static void test_masked_micro_batch_weighs_tokens(void **state) {
+    (void)state;
+    uint32_t perm[8];
+    pcg64_permutation(1, perm, 8);   // data.seed 1, epoch 0: the batch's order
+    TrainConfig one, two;
+    const int masked[2] = {(int)perm[0], (int)perm[1]};   // rows 0 and 1: the first micro-batch
+    load_repeats_config(&one, "one_micro", masked, 2);
+    load_repeats_config(&two, "two_micro", masked, 2);
+    one.device_train_microbatch_size = 8;
+    one.moe_loss_weight = two.moe_loss_weight = 0;
+    one.moe_zloss_weight = two.moe_zloss_weight = 0;
+    Trainer *a = create(&one), *b = create(&two);
+    StepMetrics ma, mb;
+    assert_int_equal(trainer_step(a, &ma), SPES_OK);
+    assert_int_equal(trainer_step(b, &mb), SPES_OK);
+    assert_int_equal(ma.masked_instances, 2);
+    assert_int_equal(mb.masked_instances, 2);
+    assert_float_equal(ma.loss.ce, mb.loss.ce, 1e-6 * ma.loss.ce);
+    assert_float_equal(ma.grad_norm, mb.grad_norm, 1e-5 * ma.grad_norm);
+    trainer_free(a);
+    trainer_free(b);
+    config_free(&one);
+    config_free(&two);
 }
 
 static void test_refuses_used_save_folder(void **state) {
@@ -239,6 +277,7 @@ int main(void) {
         cmocka_unit_test(test_grad_accumulation_matches_one_batch),
         cmocka_unit_test(test_lb_count_factor),
         cmocka_unit_test(test_ce_divided_by_batch_tokens),
+        cmocka_unit_test(test_masked_micro_batch_weighs_tokens),
         cmocka_unit_test(test_refuses_used_save_folder),
     };
     return cmocka_run_group_tests(tests, make_data, remove_data);
