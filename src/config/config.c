@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "base/text_buf.h"
 #include "config/config_internal.h"
 
 static const char COMMAND_LINE[] = "command line";
@@ -329,7 +330,9 @@ static void report_keys(const TrainConfig *cfg, ParseCtx *ctx) {
                  ctx->unknown.n, ctx->unknown.n == 1 ? "" : "s", cfg->unknown_keys ? cfg->unknown_keys : "");
 }
 
-int config_load_string(const char *yaml_text, const char *name, int n_overrides, char **overrides, TrainConfig *cfg) {
+// report: say which keys were ignored, skipped or unknown (not when reading back a saved copy).
+static int load_string(const char *yaml_text, const char *name, int n_overrides, char **overrides, TrainConfig *cfg,
+                       bool report) {
     config_defaults(cfg);
     YNode *root = NULL;
     ParseCtx ctx = {.mlp_ratio = 4.0};
@@ -348,7 +351,7 @@ int config_load_string(const char *yaml_text, const char *name, int n_overrides,
     if (config_finish(&ctx, root, cfg) != SPES_OK) goto out;
     if (ctx.unknown.n && !(cfg->unknown_keys = strlist_join(&ctx.unknown, ", "))) goto out;
     if (validate_at(cfg, root) != SPES_OK) goto out;
-    report_keys(cfg, &ctx);
+    if (report) report_keys(cfg, &ctx);
     rc = SPES_OK;
 out:
     ytree_free(root);
@@ -359,7 +362,11 @@ out:
     return rc;
 }
 
-int config_load(const char *path, int n_overrides, char **overrides, TrainConfig *cfg) {
+int config_load_string(const char *yaml_text, const char *name, int n_overrides, char **overrides, TrainConfig *cfg) {
+    return load_string(yaml_text, name, n_overrides, overrides, cfg, true);
+}
+
+static int load_file(const char *path, int n_overrides, char **overrides, TrainConfig *cfg, bool report) {
     uint8_t *text = NULL;
     size_t len = 0;
     if (file_read_all(path, &text, &len) != SPES_OK) {
@@ -368,10 +375,14 @@ int config_load(const char *path, int n_overrides, char **overrides, TrainConfig
     }
     int rc = SPES_OK;
     if (strlen((const char *)text) != len) rc = spes_fail("%s: NUL byte in the config file", path);
-    else rc = config_load_string((const char *)text, path, n_overrides, overrides, cfg);
+    else rc = load_string((const char *)text, path, n_overrides, overrides, cfg, report);
     if (rc != SPES_OK) *cfg = (TrainConfig){0};
     free(text);
     return rc;
+}
+
+int config_load(const char *path, int n_overrides, char **overrides, TrainConfig *cfg) {
+    return load_file(path, n_overrides, overrides, cfg, true);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -419,3 +430,63 @@ uint64_t config_hash(const TrainConfig *cfg) {
 }
 
 void config_write_yaml(const TrainConfig *cfg, FILE *out) { config_write_values(cfg, out, false); }
+
+// The "key=value" lines config_hash reads, split in place into *lines (caller frees text and lines).
+static int hashed_lines(const TrainConfig *cfg, char **text, char ***lines, int *n) {
+    size_t len = 0;
+    *text = NULL, *lines = NULL, *n = 0;
+    FILE *mem = open_memstream(text, &len);
+    if (!mem) return SPES_ERR;
+    config_write_values(cfg, mem, true);
+    if (fclose(mem) != 0 || !*text) return SPES_ERR;
+    int count = 0;
+    for (size_t i = 0; i < len; i++) count += (*text)[i] == '\n';
+    if (!(*lines = spes_calloc((size_t)count + 1, sizeof(char *)))) return SPES_ERR;
+    for (char *line = *text, *end; *line && (end = strchr(line, '\n')); line = end + 1) {
+        *end = '\0';
+        (*lines)[(*n)++] = line;
+    }
+    return SPES_OK;
+}
+
+// The value of `key` among "key=value" lines, or NULL.
+static const char *value_of(char **lines, int n, const char *key, size_t key_len) {
+    for (int i = 0; i < n; i++)
+        if (strncmp(lines[i], key, key_len) == 0 && lines[i][key_len] == '=') return lines[i] + key_len + 1;
+    return NULL;
+}
+
+// "old -> new" for one key, each value cut at 60 characters (data.paths can list thousands).
+static void describe_change(TextBuf *b, const char *key, size_t key_len, const char *was, const char *now) {
+    text_buf_printf(b, "%s%.*s: ", b->len ? "; " : "", (int)key_len, key);
+    const char *sides[2] = {was ? was : "(unset)", now ? now : "(unset)"};
+    for (int i = 0; i < 2; i++)
+        text_buf_printf(b, "%s%.60s%s", i ? " -> " : "", sides[i], strlen(sides[i]) > 60 ? "..." : "");
+}
+
+char *config_changes_since(const char *saved_path, const TrainConfig *now) {
+    TrainConfig saved;
+    if (load_file(saved_path, 0, NULL, &saved, false) != SPES_OK) return NULL;
+    char *text_was = NULL, *text_now = NULL, **was = NULL, **cur = NULL;
+    int n_was = 0, n_now = 0;
+    TextBuf b;
+    text_buf_init(&b);
+    if (hashed_lines(&saved, &text_was, &was, &n_was) == SPES_OK && hashed_lines(now, &text_now, &cur, &n_now) == SPES_OK) {
+        for (int i = 0; i < n_now; i++) {   // keys set now, in table order
+            size_t key_len = strcspn(cur[i], "=");
+            const char *old_value = value_of(was, n_was, cur[i], key_len);
+            if (!old_value || strcmp(old_value, cur[i] + key_len + 1) != 0)
+                describe_change(&b, cur[i], key_len, old_value, cur[i] + key_len + 1);
+        }
+        for (int i = 0; i < n_was; i++) {   // keys set then and unset now
+            size_t key_len = strcspn(was[i], "=");
+            if (!value_of(cur, n_now, was[i], key_len)) describe_change(&b, was[i], key_len, was[i] + key_len + 1, NULL);
+        }
+    }
+    free(text_was), free(text_now), free(was), free(cur);
+    config_free(&saved);
+    size_t len;
+    char *out = text_buf_take(&b, &len);
+    if (out && len == 0) free(out), out = NULL;
+    return out;
+}

@@ -165,6 +165,10 @@ int config_grad_accum_steps(const TrainConfig *cfg);
 // batch, SPES topology. Run-control keys (intervals, folders, run_name, threads, stop_at,
 // load/resume) are excluded, so a resume with a different save_folder still matches.
 uint64_t config_hash(const TrainConfig *cfg);
+// What changed in those keys since the config saved at `saved_path` (a checkpoint's
+// config.yaml): "key: old -> new; ..." (caller frees). NULL when nothing differs or the saved
+// copy cannot be read.
+char *config_changes_since(const char *saved_path, const TrainConfig *now);
 
 // Resolved configuration as YAML (every supported key, after overrides and interpolation).
 void config_write_yaml(const TrainConfig *cfg, FILE *out);

@@ -140,15 +140,21 @@ static int resume_latest(Trainer *t, bool *resumed) {
     int rc = checkpoint_read_state(dir, &saved);
     uint64_t mine = config_hash(cfg);
     if (rc == SPES_OK && saved.config_hash != mine) {
+        // The checkpoint's config.yaml tells which settings changed (older spes versions hashed
+        // fewer keys: a key they did not know shows as "(unset) -> value").
+        char *saved_yaml = path_join(dir, "config.yaml");
+        char *changes = saved_yaml ? config_changes_since(saved_yaml, cfg) : NULL;
+        free(saved_yaml);
+        const char *what = changes ? changes : "model, optimizer, schedule, data or batch settings";
         if (t->opt.ignore_config_hash)
             log_warn("%s was written with a different configuration (hash %016" PRIx64 ", now %016" PRIx64
-                     "); resuming anyway as asked",
-                     dir, saved.config_hash, mine);
+                     "; changed: %s); resuming anyway as asked",
+                     dir, saved.config_hash, mine, what);
         else
             rc = spes_fail("%s was written with a different configuration (hash %016" PRIx64 ", now %016" PRIx64
-                           "): model, optimizer, schedule, data or batch settings changed. Resume with the same "
-                           "settings, or pass --force-resume to continue anyway",
-                           dir, saved.config_hash, mine);
+                           "; changed: %s). Resume with the same settings, or pass --force-resume to continue anyway",
+                           dir, saved.config_hash, mine, what);
+        free(changes);
     }
     // Sharded optimizer state (ZeRO-1/2): every rank reads the full state, written at any world
     // size, and keeps its shard.

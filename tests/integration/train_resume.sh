@@ -62,6 +62,7 @@ if run --save_folder="$tmp/split" --resume --optimizer.learning_rate=1e-2 > "$tm
   echo "resume with a different learning rate was accepted"; exit 1
 fi
 grep -q "different configuration" "$tmp/hash.log" || { echo "unclear config-hash error:"; cat "$tmp/hash.log"; exit 1; }
+grep -q "changed: optimizer.learning_rate: [0-9.e-]* -> 0.01" "$tmp/hash.log" || { echo "the error does not name the changed key:"; cat "$tmp/hash.log"; exit 1; }
 # ...unless forced.
 run --save_folder="$tmp/split" --force-resume --optimizer.learning_rate=1e-2 > "$tmp/force.log" 2>&1 || { cat "$tmp/force.log"; exit 1; }
 # A fresh run into a folder with checkpoints is refused.

@@ -356,6 +356,34 @@ static void test_instance_filter(void **state) {
     config_free(&plain);
 }
 
+// A resume whose hash differs names what changed: the saved config.yaml against the current one.
+static void test_changes_since_saved(void **state) {
+    (void)state;
+    TrainConfig saved, now;
+    assert_int_equal(config_load_string("optimizer:\n  learning_rate: 1.0e-4\n", "a.yaml", 0, NULL, &saved), SPES_OK);
+    char path[] = "/tmp/spes_config_saved_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    config_write_yaml(&saved, f);
+    fclose(f);
+    char *same = config_changes_since(path, &saved);
+    assert_null(same);
+    char *over[] = {"--optimizer.learning_rate=4e-4", "--data.instance_filter.repetition_max_count=8", "--seed=9"};
+    assert_int_equal(config_load_string("optimizer:\n  learning_rate: 1.0e-4\n", "a.yaml", 3, over, &now), SPES_OK);
+    char *changes = config_changes_since(path, &now);
+    assert_non_null(changes);
+    assert_non_null(strstr(changes, "optimizer.learning_rate: 0.0001 -> 0.0004"));
+    assert_non_null(strstr(changes, "data.instance_filter: (unset) -> {repetition_max_period: 13"));
+    assert_non_null(strstr(changes, "seed: 6198 -> 9"));
+    assert_null(strstr(changes, "save_folder"));   // not hashed
+    free(changes);
+    assert_null(config_changes_since("/nonexistent/config.yaml", &now));
+    unlink(path);
+    config_free(&now);
+    config_free(&saved);
+}
+
 // Loading never opens data files: the seeds' paths do not exist here.
 // spes_config.payload_dtype int4 and the outer optimizer keys: read, defaults, and in the hash
 // only what changes a peer's own training (the payload) - the outer step runs on the server.
@@ -403,6 +431,7 @@ int main(void) {
         cmocka_unit_test(test_max_duration_forms),
         cmocka_unit_test(test_hash_and_round_trip),
         cmocka_unit_test(test_instance_filter),
+        cmocka_unit_test(test_changes_since_saved),
         cmocka_unit_test(test_loading_does_not_touch_data),
         cmocka_unit_test(test_int4_payload_and_outer_keys),
     };
