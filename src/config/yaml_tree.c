@@ -242,7 +242,8 @@ static YNode *walk_path(YNode *root, const char *path, bool create, char **last_
         }
         YNode *next = ytree_map_get(cur, part);
         if (!next && create) {
-            next = node_new(YNODE_MAP, cur->origin, cur->line);
+            // a map only an override brings (line 0): errors about it name the command line
+            next = node_new(YNODE_MAP, cur->origin, 0);
             if (!next || node_append(cur, spes_strdup(part), next) != SPES_OK) {
                 free(part);
                 return NULL;

@@ -98,7 +98,9 @@ static const BadCase CASES[] = {
     {"instance filter not a mapping", "data:\n  instance_filter: true\n", NULL, "bad.yaml:2: data.instance_filter",
      "expected a mapping (or null)"},
     {"instance filter override", "", "--data.instance_filter.repetition_min_period=-2",
-     "data.instance_filter.repetition_min_period", ">= 1, got -2"},
+     "command line --data.instance_filter.repetition_min_period", ">= 1, got -2"},
+    {"instance filter from overrides only", "seed: 1\ndata:\n  drop_last: true\n", "--data.instance_filter.repetition_min_period=20",
+     "command line --data.instance_filter: repetition_max_period (13)", ">= repetition_min_period (20)"},
 };
 
 static void test_bad_configs(void **state) {
