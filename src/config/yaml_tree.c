@@ -273,6 +273,31 @@ YNode *ytree_get_path(const YNode *root, const char *path) {
     return n;
 }
 
+// parent[key] = value, taking ownership of both. When the old value and the new one are both
+// mappings, the new one is merged into the old key by key, as OmegaConf merges an override
+// (`--a={x: 1}` changes a.x and keeps a's other keys).
+static int put(YNode *parent, char *key, YNode *value) {
+    for (int i = 0; i < parent->n; i++) {
+        if (strcmp(parent->keys[i], key) != 0) continue;
+        free(key);
+        YNode *old = parent->items[i];
+        if (old->kind != YNODE_MAP || value->kind != YNODE_MAP) {
+            ytree_free(old);
+            parent->items[i] = value;
+            return SPES_OK;
+        }
+        int rc = SPES_OK;
+        for (int j = 0; j < value->n; j++) {   // each entry moves into old (or is freed after a failure)
+            if (rc == SPES_OK) rc = put(old, value->keys[j], value->items[j]);
+            else free(value->keys[j]), ytree_free(value->items[j]);
+        }
+        value->n = 0;
+        ytree_free(value);
+        return rc;
+    }
+    return node_append(parent, key, value);
+}
+
 int ytree_set_path(YNode *root, const char *path, YNode *value) {
     char *key = NULL;
     YNode *parent = NULL;
@@ -285,13 +310,5 @@ int ytree_set_path(YNode *root, const char *path, YNode *value) {
         ytree_free(value);
         return spes_fail("%s: the parent of this key is not a mapping", path);
     }
-    for (int i = 0; i < parent->n; i++) {
-        if (strcmp(parent->keys[i], key) == 0) {
-            free(key);
-            ytree_free(parent->items[i]);
-            parent->items[i] = value;
-            return SPES_OK;
-        }
-    }
-    return node_append(parent, key, value);
+    return put(parent, key, value);
 }

@@ -27,6 +27,6 @@ YNode *ytree_map_get(const YNode *map, const char *key);
 // Dotted path lookup ("spes_config.peer_id"); NULL when any part is missing.
 YNode *ytree_get_path(const YNode *root, const char *path);
 // Replaces (or adds) the node at a dotted path, creating maps on the way (line 0: they come
-// from the command line). Takes ownership of value. Fails (message naming the path) when a part
-// of the path is not a map.
+// from the command line); a mapping set over a mapping is merged into it (OmegaConf's merge).
+// Takes ownership of value. Fails (message naming the path) when a part of the path is not a map.
 int ytree_set_path(YNode *root, const char *path, YNode *value);

@@ -346,6 +346,14 @@ static void test_instance_filter(void **state) {
     assert_true(dump.data.instance_filter.enabled && dump.data.instance_filter.max_period == 5 &&
                 dump.data.instance_filter.max_count == 32);
     config_free(&dump);
+    char *merge[] = {"--data.instance_filter={repetition_max_count: 5}", "--model={d_model: 48}"};
+    assert_int_equal(config_load_string("model:\n  n_layers: 3\n  d_model: 64\n"
+                                        "data:\n  instance_filter:\n    repetition_max_period: 10\n",
+                                        "m.yaml", 2, merge, &dump),
+                     SPES_OK);   // a mapping override merges into the file's (OmegaConf)
+    assert_true(dump.data.instance_filter.max_period == 10 && dump.data.instance_filter.max_count == 5);
+    assert_true(dump.model.n_layers == 3 && dump.model.d_model == 48);
+    config_free(&dump);
     char *off[] = {"--data.instance_filter=null"};
     assert_int_equal(config_load_string("data:\n  instance_filter: {repetition_max_count: 8}\n", "o.yaml", 1, off, &dump),
                      SPES_OK);
