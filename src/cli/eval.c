@@ -104,13 +104,6 @@ static int run_perplexity(Model *m, const char *tokens_path, TokenDtype dtype, c
     return SPES_OK;
 }
 
-static const char *metric_names[] = {"acc_raw", "acc_per_token", "acc_per_char", "acc_per_byte", "acc_uncond"};
-
-static double metric_value(const McMetrics *mm, int i) {
-    const double v[] = {mm->acc_raw, mm->acc_per_token, mm->acc_per_char, mm->acc_per_byte, mm->acc_uncond};
-    return v[i];
-}
-
 // One JSON line per scored request (documents kept by --limit and their unconditional twins).
 static int write_request_scores(FILE *out, const McTask *task, const McScore *scores) {
     for (int r = 0; r < task->num_requests; r++) {
@@ -145,10 +138,10 @@ static int run_task(Model *m, const Tokenizer *tok, const char *path, int limit,
         json_t *t = json_object();
         json_object_set_new(t, "path", json_string(path));
         json_object_set_new(t, "num_docs", json_integer(mm.num_docs));
-        for (int i = 0; i < 5; i++) {
-            double v = metric_value(&mm, i);
-            if (!isnan(v)) printf(" %s=%.4f", metric_names[i], v);
-            json_object_set_new(t, metric_names[i], number_or_null(v));
+        for (int i = 0; i < MC_NUM_METRICS; i++) {
+            double v = mc_metric(&mm, i);
+            if (!isnan(v)) printf(" %s=%.4f", MC_METRIC_NAMES[i], v);
+            json_object_set_new(t, MC_METRIC_NAMES[i], number_or_null(v));
         }
         // The task's primary metric (config.json), "acc" and "acc_norm" aliases like lm-eval.
         json_object_set_new(t, "acc", json_real(mm.acc_raw));

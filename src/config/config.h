@@ -30,12 +30,16 @@ typedef enum { DURATION_STEPS = 0, DURATION_TOKENS, DURATION_EPOCHS } DurationUn
 // (docs/communication.md).
 typedef enum { PAYLOAD_F32 = 0, PAYLOAD_BF16, PAYLOAD_INT8, PAYLOAD_INT4 } PayloadDtype;
 
-// An `evaluators:` entry of type lm: validation loss on token files. Downstream
-// (multiple-choice) entries are skipped with a warning; `spes eval` runs those.
+// An `evaluators:` entry: type lm, validation loss on token files; or type downstream with our
+// `requests:` key, multiple-choice accuracy on an oe-eval request file or folder (what `spes
+// eval --task` reads), tokenised with tokenizer.identifier. Downstream entries without
+// `requests` (OLMo's built-in tasks) are skipped with a warning.
 typedef struct {
     char *label;
-    char **paths;               // token files or .txt manifests (as data.paths)
+    char **paths;               // lm: token files or .txt manifests (as data.paths)
     int n_paths;
+    char *requests;             // downstream: requests.jsonl[.gz] or a folder holding one; NULL: lm
+    int limit;                  // downstream: the first `limit` documents (0: all)
 } EvaluatorConfig;
 
 // data.instance_filter (OLMo's InstanceFilterConfig): a training instance holding a run of
@@ -77,7 +81,9 @@ typedef struct {
     ScheduleConfig schedule;
 
     DataConfig data;
-    EvaluatorConfig *evaluators;      // type lm only
+    EvaluatorConfig *evaluators;      // type lm, and downstream ones with `requests`
+    char *tokenizer_identifier;       // tokenizer.identifier: a tokenizer.json (or its folder) for
+                                      // downstream evaluators; NULL: none
     int n_evaluators;
     int64_t eval_interval;            // steps, default 1000
     int device_eval_batch_size;       // default 16

@@ -394,11 +394,44 @@ static void format_max_duration(const TrainConfig *cfg, FILE *out) {
 static void evaluator_free(EvaluatorConfig *ev) {
     free(ev->label);
     free_strings(ev->paths, ev->n_paths);
+    free(ev->requests);
     *ev = (EvaluatorConfig){0};
 }
 
-// One `evaluators:` entry. type lm (OLMo's default) needs data.paths; downstream ones are
-// recorded and skipped (`spes eval` runs those).
+// A downstream entry with our `requests:` key (and optional `limit:`) is kept; without it, it is
+// recorded and skipped (OLMo's built-in tasks: `spes eval` runs oe-eval request files).
+static int parse_downstream_evaluator(ParseCtx *c, const YNode *n, const char *where, const char *label,
+                                      EvaluatorConfig *ev, bool *keep) {
+    const YNode *requests = ytree_map_get(n, "requests");
+    if (!requests || ytree_is_null(requests)) {
+        *keep = false;
+        return strlist_push(&c->downstream, spes_strdup(label));
+    }
+    *keep = true;
+    const char *path = NULL;
+    char key[96];
+    snprintf(key, sizeof key, "%s.requests", where);
+    SPES_TRY(scalar_of(requests, key, "a request file or folder", &path));
+    if (!(ev->label = spes_strdup(label)) || !(ev->requests = spes_strdup(path))) return SPES_ERR;
+    for (int i = 0; i < n->n; i++) {
+        const char *k = n->keys[i];
+        snprintf(key, sizeof key, "%s.%s", where, k);
+        if (strcmp(k, "label") == 0 || strcmp(k, "type") == 0 || strcmp(k, "requests") == 0) continue;
+        if (strcmp(k, "limit") == 0) {
+            int64_t v = 0;
+            if (!ytree_is_null(n->items[i])) SPES_TRY(parse_i64(n->items[i], key, &v));
+            if (v < 0 || v > INT_MAX) return key_fail(n->items[i], key, "must be a document count >= 0 (0: all)");
+            ev->limit = (int)v;
+        } else if (strcmp(k, "subset_num_batches") == 0 || strcmp(k, "device_eval_batch_size") == 0) {
+            SPES_TRY(strlist_push(&c->ignored, spes_strdup(key)));
+        } else {
+            SPES_TRY(strlist_push(&c->unknown, str_printf("%s (%s:%d)", key, n->items[i]->origin, n->items[i]->line)));
+        }
+    }
+    return SPES_OK;
+}
+
+// One `evaluators:` entry. type lm (OLMo's default) needs data.paths; downstream: above.
 static int parse_one_evaluator(ParseCtx *c, const YNode *n, int index, EvaluatorConfig *ev, bool *keep) {
     char where[64];
     snprintf(where, sizeof where, "evaluators[%d]", index);
@@ -409,10 +442,7 @@ static int parse_one_evaluator(ParseCtx *c, const YNode *n, int index, Evaluator
         return key_fail(n, where, "every evaluator needs a label");
     const char *type_name = "lm";
     if (type && !ytree_is_null(type)) SPES_TRY(scalar_of(type, where, "lm or downstream", &type_name));
-    if (strcmp(type_name, "downstream") == 0) {
-        *keep = false;
-        return strlist_push(&c->downstream, spes_strdup(label->value));
-    }
+    if (strcmp(type_name, "downstream") == 0) return parse_downstream_evaluator(c, n, where, label->value, ev, keep);
     if (strcmp(type_name, "lm") != 0) return key_fail(type, where, "type must be lm or downstream, got '%s'", type_name);
     *keep = true;
     if (!(ev->label = spes_strdup(label->value))) return SPES_ERR;
@@ -480,6 +510,12 @@ static void format_evaluators(const TrainConfig *cfg, FILE *out) {
         const EvaluatorConfig *ev = &cfg->evaluators[i];
         fputs(i ? ", {label: " : "{label: ", out);
         print_string(out, ev->label);
+        if (ev->requests) {
+            fputs(", type: downstream, requests: ", out);
+            print_string(out, ev->requests);
+            fprintf(out, ", limit: %d}", ev->limit);
+            continue;
+        }
         fputs(", type: lm, data: {paths: [", out);
         for (int j = 0; j < ev->n_paths; j++) {
             if (j) fputs(", ", out);
@@ -518,7 +554,9 @@ static const ConfigKey KEYS[] = {
     {"ddp.find_unused_params", K_IGNORED, .meaning = "Frozen tensors have no gradient and take part in no collective."},
     {"activation_checkpointing", K_STR, F(activation_checkpointing), .nullable = true, .meaning = "null: every layer keeps its activations; fine_grained: the experts' SwiGLU intermediates are recomputed in the backward; whole_layer: each layer's forward is recomputed before its backward. Same gradients, bit for bit."},
     {"speed_monitor", K_IGNORED, .meaning = "Tokens/s is always on the console line."},
-    {"tokenizer", K_IGNORED, .meaning = "Token files already hold ids; the tokenizer is chosen at `spes tokenize` time."},
+    {"tokenizer", K_SECTION, .meaning = "Token files already hold ids (the tokenizer is chosen at `spes tokenize` time); this one serves downstream evaluators."},
+    {"tokenizer.identifier", K_STR, F(tokenizer_identifier), .nullable = true, .meaning = "A tokenizer.json, or a folder holding one, for `type: downstream` evaluators with `requests` (OLMo: a HF hub name, which is not downloaded here: unused unless such an evaluator exists)."},
+    {"tokenizer.truncate_direction", K_IGNORED, .meaning = "Instances are cut from token files, never truncated."},
     {"softmax_auxiliary_loss", K_BOOL, F(softmax_auxiliary_loss), .hashed = true, .meaning = "Add the LM z-loss `mean(logsumexp(logits)^2)`."},
     {"auxiliary_loss_multiplier", K_F32, F(auxiliary_loss_multiplier), MIN_NONNEG, .hashed = true, .meaning = "Weight of the LM z-loss. Applied as written; note that OLMo's trainer never reads this key (its z-loss weight is fixed at 1e-4), so a reference run trains with 1e-4 whatever the config says."},
     {"using_spes", K_BOOL, F(using_spes), .hashed = true, .meaning = "SPES: train shared tensors + own experts, sync through the parameter server."},
@@ -543,7 +581,7 @@ static const ConfigKey KEYS[] = {
     {"eval_interval", K_I64, F(eval_interval), MIN_POSITIVE, .meaning = "Validation loss every N steps (lm evaluators)."},
     {"eval_subset_num_batches", K_IGNORED, .meaning = "Validation always covers the whole evaluator dataset."},
     {"device_eval_batch_size", K_INT, F(device_eval_batch_size), MIN_POSITIVE, .meaning = "Instances per validation forward."},
-    {"evaluators", K_SPECIAL, .parse = parse_evaluators, .format = format_evaluators, .meaning = "`type: lm` entries (label + data.paths): validation loss. `downstream` entries are skipped with a warning (run `spes eval`)."},
+    {"evaluators", K_SPECIAL, .parse = parse_evaluators, .format = format_evaluators, .meaning = "`type: lm` entries (label + data.paths): validation loss. `type: downstream` entries with `requests:` (our extension: an oe-eval request file or folder, as `spes eval --task` reads; optional `limit:` documents) report the multiple-choice accuracies every eval_interval, tokenised with `tokenizer.identifier`; downstream entries without it (OLMo's built-in tasks) are skipped with a warning (run `spes eval`)."},
 
     {"model", K_SECTION, .meaning = "Model architecture (OLMoE)."},
     {"model.d_model", K_INT, F(model.d_model), MIN_POSITIVE, .hashed = true, .meaning = "Hidden size H."},
@@ -1094,6 +1132,7 @@ void config_free(TrainConfig *cfg) {
     free(cfg->tls_ca);
     free(cfg->tls_cert);
     free(cfg->tls_key);
+    free(cfg->tokenizer_identifier);
     free(cfg->source_path);
     free(cfg->unknown_keys);
     *cfg = (TrainConfig){0};

@@ -376,6 +376,14 @@ int mc_task_metrics(const McTask *task, const McScore *scores, McMetrics *out) {
     return SPES_OK;
 }
 
+const char *const MC_METRIC_NAMES[MC_NUM_METRICS] = {"acc_raw", "acc_per_token", "acc_per_char", "acc_per_byte",
+                                                      "acc_uncond"};
+
+double mc_metric(const McMetrics *m, int i) {
+    const double v[MC_NUM_METRICS] = {m->acc_raw, m->acc_per_token, m->acc_per_char, m->acc_per_byte, m->acc_uncond};
+    return v[i];
+}
+
 void mc_metrics_free(McMetrics *m) {
     free(m->predictions);
     m->predictions = NULL;

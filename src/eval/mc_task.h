@@ -65,5 +65,12 @@ typedef struct {
 int mc_task_metrics(const McTask *task, const McScore *scores, McMetrics *out);
 void mc_metrics_free(McMetrics *m);
 
+// The five accuracies by index, for printing and logging them alike: MC_METRIC_NAMES[i] is
+// "acc_raw", "acc_per_token", "acc_per_char", "acc_per_byte", "acc_uncond"; mc_metric(m, i)
+// its value (acc_uncond NaN when the task has no unconditional requests).
+#define MC_NUM_METRICS 5
+extern const char *const MC_METRIC_NAMES[MC_NUM_METRICS];
+double mc_metric(const McMetrics *m, int i);
+
 // Unicode characters in a UTF-8 string (what Python's len() says).
 int64_t utf8_char_count(const char *s);

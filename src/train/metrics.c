@@ -189,7 +189,8 @@ int metrics_write_step(MetricsLog *log, const StepMetrics *s, bool with_expert_c
     return write_event(log, s->step, f, n, "train/");
 }
 
-int metrics_write_eval(MetricsLog *log, int64_t step, const char *label, double ce, int64_t tokens) {
+// One evaluator's line and its event: {"step", "eval": label, fields...}, tags eval/<label>/<key>.
+static int write_eval_fields(MetricsLog *log, int64_t step, const char *label, const Field *f, int n) {
     FILE *fp = log->fp;
     fprintf(fp, "{\"step\":%" PRId64 ",\"eval\":\"", step);
     for (const char *c = label; *c; c++)   // labels come from the config: escape what JSON needs
@@ -200,15 +201,27 @@ int metrics_write_eval(MetricsLog *log, int64_t step, const char *label, double 
         else
             fputc(*c, fp);
     fputc('"', fp);
-    Field f[3] = {{"ce", FIELD_DOUBLE, ce, false},
-                  {"perplexity", FIELD_DOUBLE, exp(ce), false},
-                  {"tokens", FIELD_INT, (double)tokens, false}};
-    for (int i = 0; i < 3; i++) put_field(fp, &f[i], false);
+    for (int i = 0; i < n; i++) put_field(fp, &f[i], false);
     fputc('}', fp);
     SPES_TRY(flush_line(log));
     char prefix[128];   // "eval/<label>/": TensorBoard groups tags by their first part
     snprintf(prefix, sizeof prefix, "eval/%s/", label);
-    return write_event(log, step, f, 3, prefix);
+    return write_event(log, step, f, n, prefix);
+}
+
+int metrics_write_eval(MetricsLog *log, int64_t step, const char *label, double ce, int64_t tokens) {
+    Field f[3] = {{"ce", FIELD_DOUBLE, ce, false},
+                  {"perplexity", FIELD_DOUBLE, exp(ce), false},
+                  {"tokens", FIELD_INT, (double)tokens, false}};
+    return write_eval_fields(log, step, label, f, 3);
+}
+
+int metrics_write_downstream(MetricsLog *log, int64_t step, const char *label, const McMetrics *mm) {
+    Field f[1 + MC_NUM_METRICS] = {{"docs", FIELD_INT, (double)mm->num_docs, false}};
+    int n = 1;
+    for (int i = 0; i < MC_NUM_METRICS; i++)   // acc_uncond only where the task has it
+        if (!isnan(mc_metric(mm, i))) f[n++] = (Field){MC_METRIC_NAMES[i], FIELD_DOUBLE, mc_metric(mm, i), false};
+    return write_eval_fields(log, step, label, f, n);
 }
 
 static void format_count(double v, char *buf, int n) {

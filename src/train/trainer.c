@@ -20,16 +20,21 @@
 #include "dist/data_parallel.h"
 #include "dist/sharded_grads.h"
 #include "dist/sharded_params.h"
+#include "eval/mc_score.h"
 #include "model/hf_import.h"
 #include "train/checkpoint.h"
 #include "train/loss_scale.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
 
+// An lm evaluator reads token files; a downstream one (cfg->requests) scores a multiple-choice
+// task read once at start, with the trainer's tokenizer.
 typedef struct {
     const EvaluatorConfig *cfg;
     TokenDataset *ds;
     DataLoader *dl;
+    McTask task;
+    McScore *scores;            // [task.num_requests]
 } Evaluator;
 
 struct Trainer {
@@ -43,6 +48,7 @@ struct Trainer {
     DataLoader *train_dl;
     Evaluator *evals;
     int n_evals;
+    Tokenizer *tokenizer;       // tokenizer.identifier, for downstream evaluators (NULL: none)
     LossWeights weights;
     TrainState state;
     int64_t max_steps;
@@ -216,8 +222,20 @@ static int open_evaluators(Trainer *t) {
         Evaluator *e = &t->evals[i];
         e->cfg = &t->cfg->evaluators[i];
         t->n_evals++;
-        if (loader_open_eval(t->cfg, e->cfg, &e->ds, &e->dl) != SPES_OK)
+        if (!e->cfg->requests) {
+            if (loader_open_eval(t->cfg, e->cfg, &e->ds, &e->dl) != SPES_OK)
+                return spes_fail_context("evaluator '%s'", e->cfg->label);
+            continue;
+        }
+        // downstream: the tokenizer (once) and the task, checked now rather than at the first evaluation
+        const char *tok_path = t->cfg->tokenizer_identifier;
+        if (!t->tokenizer && (!tok_path || tokenizer_load(tok_path, &t->tokenizer) != SPES_OK))
+            return spes_fail("evaluator '%s' (downstream) tokenises its requests with tokenizer.identifier, which must "
+                             "name a tokenizer.json or a folder holding one; %s%s",
+                             e->cfg->label, tok_path ? "cannot load it: " : "it is not set", tok_path ? spes_last_error() : "");
+        if (mc_task_load(e->cfg->requests, e->cfg->limit, &e->task) != SPES_OK)
             return spes_fail_context("evaluator '%s'", e->cfg->label);
+        if (!(e->scores = spes_calloc((size_t)e->task.num_requests + 1, sizeof(McScore)))) return SPES_ERR;
     }
     return SPES_OK;
 }
@@ -373,8 +391,11 @@ void trainer_free(Trainer *t) {
     for (int i = 0; i < t->n_evals; i++) {
         loader_free(t->evals[i].dl);
         token_dataset_close(t->evals[i].ds);
+        if (t->evals[i].cfg->requests) mc_task_free(&t->evals[i].task);
+        free(t->evals[i].scores);
     }
     free(t->evals);
+    tokenizer_free(t->tokenizer);
     free(t->step_counts);
     free(t->micro_losses);
     adamw_free(&t->adamw);
@@ -629,10 +650,33 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     return SPES_OK;
 }
 
-// Every lm evaluator on this rank's model (which holds its full parameters).
+// A downstream evaluator: its task scored as `spes eval --task` scores it (mc_score.h).
+static int evaluate_downstream(Trainer *t, Evaluator *e) {
+    double t0 = now_seconds();
+    McScoreOptions opt = {.max_seq = 0, .show_progress = 0};
+    McMetrics mm = {0};
+    int rc = mc_task_score(&t->model, t->tokenizer, &e->task, &opt, e->scores);
+    if (rc == SPES_OK) rc = mc_task_metrics(&e->task, e->scores, &mm);
+    if (rc != SPES_OK) return spes_fail_context("evaluator '%s'", e->cfg->label);
+    char line[256];
+    int len = snprintf(line, sizeof line, "eval %s at step %" PRId64 ": %d docs", e->cfg->label, t->state.step, mm.num_docs);
+    for (int k = 0; k < MC_NUM_METRICS && len < (int)sizeof line; k++)
+        if (!isnan(mc_metric(&mm, k)))
+            len += snprintf(line + len, sizeof line - (size_t)len, " %s %.4f", MC_METRIC_NAMES[k], mc_metric(&mm, k));
+    log_info("%s (%.1fs)", line, now_seconds() - t0);
+    rc = metrics_write_downstream(&t->log, t->state.step, e->cfg->label, &mm);
+    mc_metrics_free(&mm);
+    return rc;
+}
+
+// Every evaluator on this rank's model (which holds its full parameters).
 static int evaluate_here(Trainer *t) {
     for (int i = 0; i < t->n_evals; i++) {
         Evaluator *e = &t->evals[i];
+        if (e->cfg->requests) {
+            SPES_TRY(evaluate_downstream(t, e));
+            continue;
+        }
         double t0 = now_seconds(), ce_sum = 0;
         int64_t targets = 0;
         SPES_TRY(loader_set_position(e->dl, (LoaderPosition){0, 0}));

@@ -245,12 +245,24 @@ static void test_evaluators(void **state) {
                        "    data:\n"
                        "      paths: [a.npy, b.npy]\n"
                        "  - label: piqa\n"
-                       "    type: downstream\n";
+                       "    type: downstream\n"
+                       "  - label: arc\n"
+                       "    type: downstream\n"
+                       "    requests: eval/arc_easy_rc_0shot\n"
+                       "    limit: 50\n"
+                       "tokenizer:\n"
+                       "  identifier: tok.json\n"
+                       "  truncate_direction: right\n";
     assert_int_equal(config_load_string(yaml, "e.yaml", 0, NULL, &cfg), SPES_OK);
-    assert_int_equal(cfg.n_evaluators, 1);
+    assert_int_equal(cfg.n_evaluators, 2);   // piqa (no requests: OLMo's built-in task) is skipped
     assert_string_equal(cfg.evaluators[0].label, "val");
     assert_int_equal(cfg.evaluators[0].n_paths, 2);
     assert_string_equal(cfg.evaluators[0].paths[1], "b.npy");
+    assert_null(cfg.evaluators[0].requests);
+    assert_string_equal(cfg.evaluators[1].label, "arc");
+    assert_string_equal(cfg.evaluators[1].requests, "eval/arc_easy_rc_0shot");
+    assert_int_equal(cfg.evaluators[1].limit, 50);
+    assert_string_equal(cfg.tokenizer_identifier, "tok.json");
     // the resolved-YAML dump keeps them
     char *text = NULL;
     size_t len = 0;
@@ -259,9 +271,12 @@ static void test_evaluators(void **state) {
     fclose(mem);
     TrainConfig again;
     assert_int_equal(config_load_string(text, "dump.yaml", 0, NULL, &again), SPES_OK);
-    assert_int_equal(again.n_evaluators, 1);
+    assert_int_equal(again.n_evaluators, 2);
     assert_string_equal(again.evaluators[0].label, "val");
     assert_int_equal(again.evaluators[0].n_paths, 2);
+    assert_string_equal(again.evaluators[1].requests, "eval/arc_easy_rc_0shot");
+    assert_int_equal(again.evaluators[1].limit, 50);
+    assert_string_equal(again.tokenizer_identifier, "tok.json");
     free(text);
     config_free(&again);
     config_free(&cfg);
