@@ -245,7 +245,7 @@ def curve(metrics_path, tokens_per_step):
     with open(metrics_path) as f:
         for line in f:
             r = json.loads(line)
-            if "eval" in r:
+            if "eval" in r and "ce" in r:   # lm evaluators (downstream ones report accuracies)
                 points.append([r["step"] * tokens_per_step, r["ce"]])
     return points
 

@@ -7,7 +7,7 @@
 //   {"step":12,"loss":..,"ce":..,"lm_z":..,"lb":..,"router_z":..,"lr":..,"grad_norm":..,
 //    "tokens":..,"route_min":..,"route_max":..[,"expert_tokens":[[layer 0 counts],..]],
 //    "perf":{"step_s":..,"tokens_per_s":..,"mfu":..,"peak_rss_mb":..}}
-// An evaluation line:
+// An evaluation line (lm evaluator; a downstream one has "docs" and its accuracies instead):
 //   {"step":12,"eval":"label","ce":..,"perplexity":..,"tokens":..}
 // Everything before "perf" is a pure function of the run (bit-exact on resume); "perf" is
 // wall-clock. Floats are printed with enough digits to round-trip (%.9g / %.17g).
