@@ -144,6 +144,7 @@ static int run_task(Model *m, const Tokenizer *tok, const char *path, int limit,
             json_object_set_new(t, MC_METRIC_NAMES[i], number_or_null(v));
         }
         // The task's primary metric (config.json), "acc" and "acc_norm" aliases like lm-eval.
+        json_object_set_new(t, "gold_logprob", json_real(mm.gold_logprob));
         json_object_set_new(t, "acc", json_real(mm.acc_raw));
         json_object_set_new(t, "acc_norm", json_real(mm.acc_per_char));
         if (task.primary_metric) {

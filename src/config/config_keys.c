@@ -578,7 +578,7 @@ static const ConfigKey KEYS[] = {
     {"load_path", K_STR, F(load_path), .nullable = true, .meaning = "Initial weights only: a checkpoint step directory or an HF OLMoE directory."},
     {"try_load_latest_save", K_BOOL, F(try_load_latest_save), .meaning = "Resume from the newest complete checkpoint in save_folder, if any."},
     {"console_log_interval", K_I64, F(console_log_interval), MIN_POSITIVE, .meaning = "Console line every N steps."},
-    {"eval_interval", K_I64, F(eval_interval), MIN_POSITIVE, .meaning = "Validation loss every N steps (lm evaluators)."},
+    {"eval_interval", K_I64, F(eval_interval), MIN_POSITIVE, .meaning = "Run the evaluators every N steps (and at the end): validation loss (lm), accuracies (downstream with requests)."},
     {"eval_subset_num_batches", K_IGNORED, .meaning = "Validation always covers the whole evaluator dataset."},
     {"device_eval_batch_size", K_INT, F(device_eval_batch_size), MIN_POSITIVE, .meaning = "Instances per validation forward."},
     {"evaluators", K_SPECIAL, .parse = parse_evaluators, .format = format_evaluators, .meaning = "`type: lm` entries (label + data.paths): validation loss. `type: downstream` entries with `requests:` (our extension: an oe-eval request file or folder, as `spes eval --task` reads; optional `limit:` documents) report the multiple-choice accuracies every eval_interval, tokenised with `tokenizer.identifier`; downstream entries without it (OLMo's built-in tasks) are skipped with a warning (run `spes eval`)."},

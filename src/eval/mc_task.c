@@ -352,9 +352,11 @@ int mc_task_metrics(const McTask *task, const McScore *scores, McMetrics *out) {
     if (!out->predictions) return SPES_ERR;
     int correct[NORM_COUNT] = {0};
     bool all_uncond = task->num_docs > 0;
+    double gold_sum = 0;
     for (int d = 0; d < task->num_docs; d++) {
         const McDoc *doc = &task->docs[d];
         if (doc->uncond < 0) all_uncond = false;
+        gold_sum += scores[doc->request_of_choice[doc->gold]].sum_logprob;
         for (int norm = 0; norm < NORM_COUNT; norm++) {
             if (norm == NORM_UNCOND && doc->uncond < 0) continue;
             int best = 0;
@@ -373,6 +375,7 @@ int mc_task_metrics(const McTask *task, const McScore *scores, McMetrics *out) {
     out->acc_per_char = correct[NORM_CHAR] / n;
     out->acc_per_byte = correct[NORM_BYTE] / n;
     out->acc_uncond = all_uncond ? correct[NORM_UNCOND] / n : NAN;
+    out->gold_logprob = gold_sum / n;
     return SPES_OK;
 }
 

@@ -58,6 +58,8 @@ typedef struct {
     int num_docs;
     double acc_raw, acc_per_token, acc_per_char, acc_per_byte;
     double acc_uncond;      // NaN when the task has no unconditional requests
+    double gold_logprob;    // mean over documents of the right choice's sum_logprob: a continuous
+                            // figure that moves with every weight (accuracies move in steps)
     int *predictions;       // [num_docs] acc_raw choice per document (owned, may be NULL)
 } McMetrics;
 

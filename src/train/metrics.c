@@ -217,10 +217,11 @@ int metrics_write_eval(MetricsLog *log, int64_t step, const char *label, double 
 }
 
 int metrics_write_downstream(MetricsLog *log, int64_t step, const char *label, const McMetrics *mm) {
-    Field f[1 + MC_NUM_METRICS] = {{"docs", FIELD_INT, (double)mm->num_docs, false}};
+    Field f[2 + MC_NUM_METRICS] = {{"docs", FIELD_INT, (double)mm->num_docs, false}};
     int n = 1;
     for (int i = 0; i < MC_NUM_METRICS; i++)   // acc_uncond only where the task has it
         if (!isnan(mc_metric(mm, i))) f[n++] = (Field){MC_METRIC_NAMES[i], FIELD_DOUBLE, mc_metric(mm, i), false};
+    f[n++] = (Field){"gold_logprob", FIELD_DOUBLE, mm->gold_logprob, false};
     return write_eval_fields(log, step, label, f, n);
 }
 

@@ -55,7 +55,8 @@ void metrics_close(MetricsLog *log);
 // with_expert_counts: add the full [L][E] count table to the line.
 int metrics_write_step(MetricsLog *log, const StepMetrics *s, bool with_expert_counts);
 int metrics_write_eval(MetricsLog *log, int64_t step, const char *label, double ce, int64_t tokens);
-// A downstream evaluator's line: {"step", "eval": label, "docs", "acc_raw", ..., ["acc_uncond"]}.
+// A downstream evaluator's line: {"step", "eval": label, "docs", "acc_raw", ..., ["acc_uncond"],
+// "gold_logprob"}.
 int metrics_write_downstream(MetricsLog *log, int64_t step, const char *label, const McMetrics *mm);
 
 // Min and max expert load over all layers relative to the even share (see above).

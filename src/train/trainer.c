@@ -214,6 +214,25 @@ static int claim_save_folder(const TrainConfig *cfg, bool rank0) {
     return rc;
 }
 
+// tokenizer.identifier for the downstream evaluator `label`, loaded once; its ids must fit the
+// model's embedding (else the first evaluation would stop the run).
+static int open_tokenizer(Trainer *t, const char *label) {
+    if (t->tokenizer) return SPES_OK;
+    const char *path = t->cfg->tokenizer_identifier;
+#define NEED_TOKENIZER                                                                                               \
+    "evaluator '%s' (downstream) tokenises its requests with tokenizer.identifier, which must name a tokenizer.json, " \
+    "a folder holding one, or bytes"
+    if (!path) return spes_fail(NEED_TOKENIZER "; it is not set", label);
+    if (tokenizer_load(path, &t->tokenizer) != SPES_OK) return spes_fail_context(NEED_TOKENIZER, label);
+#undef NEED_TOKENIZER
+    uint32_t vocab = tokenizer_vocab_size(t->tokenizer);
+    if ((int64_t)vocab > t->cfg->model.embedding_size)
+        return spes_fail("evaluator '%s' (downstream): tokenizer.identifier %s has %u ids, more than the model's "
+                         "embedding (model.embedding_size %d)",
+                         label, path, vocab, t->cfg->model.embedding_size);
+    return SPES_OK;
+}
+
 static int open_evaluators(Trainer *t) {
     if (t->cfg->n_evaluators == 0) return SPES_OK;
     t->evals = spes_calloc((size_t)t->cfg->n_evaluators, sizeof *t->evals);
@@ -228,11 +247,7 @@ static int open_evaluators(Trainer *t) {
             continue;
         }
         // downstream: the tokenizer (once) and the task, checked now rather than at the first evaluation
-        const char *tok_path = t->cfg->tokenizer_identifier;
-        if (!t->tokenizer && (!tok_path || tokenizer_load(tok_path, &t->tokenizer) != SPES_OK))
-            return spes_fail("evaluator '%s' (downstream) tokenises its requests with tokenizer.identifier, which must "
-                             "name a tokenizer.json or a folder holding one; %s%s",
-                             e->cfg->label, tok_path ? "cannot load it: " : "it is not set", tok_path ? spes_last_error() : "");
+        SPES_TRY(open_tokenizer(t, e->cfg->label));
         if (mc_task_load(e->cfg->requests, e->cfg->limit, &e->task) != SPES_OK)
             return spes_fail_context("evaluator '%s'", e->cfg->label);
         if (!(e->scores = spes_calloc((size_t)e->task.num_requests + 1, sizeof(McScore)))) return SPES_ERR;
