@@ -842,7 +842,7 @@ int config_finish(ParseCtx *ctx, const YNode *root, TrainConfig *cfg) {
         m->expert_hidden = ctx->mlp_hidden_size / 2;
     } else {
         double hidden = ctx->mlp_ratio * m->d_model;
-        if (hidden != floor(hidden) || (int64_t)hidden % 2 != 0 || hidden > INT_MAX)
+        if (hidden > INT_MAX || hidden != floor(hidden) || (int64_t)hidden % 2 != 0)   // range first: the cast
             return key_fail(node_of(root, "model.mlp_ratio"), "model.mlp_ratio",
                             "mlp_ratio * d_model = %g must be an even whole number", hidden);
         m->expert_hidden = (int)(hidden / 2);

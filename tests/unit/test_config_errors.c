@@ -89,6 +89,8 @@ static const BadCase CASES[] = {
     {"outer_lr out of range", "spes_config:\n  outer_lr: 20\n", NULL, "bad.yaml:2: spes_config.outer_lr", "[1e-6, 10], got 20"},
     {"outer_lr zero", "spes_config:\n  outer_lr: 0\n", NULL, "bad.yaml:2: spes_config.outer_lr", "> 0"},
     {"outer_momentum 1", "spes_config:\n  outer_momentum: 1.0\n", NULL, "bad.yaml:2: spes_config.outer_momentum", "[0, 1)"},
+    {"mlp_ratio beyond int", "model:\n  d_model: 64\n  mlp_ratio: 4444444444444444444444444444444444444444444444444\n", NULL,
+     "model.mlp_ratio", "must be an even whole number"},
     {"downstream limit negative", "evaluators:\n  - label: arc\n    type: downstream\n    requests: r.jsonl\n    limit: -1\n",
      NULL, "bad.yaml:5: evaluators[0].limit", "document count >= 0"},
     {"downstream requests a list", "evaluators:\n  - label: arc\n    type: downstream\n    requests: [a, b]\n", NULL,
