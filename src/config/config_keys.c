@@ -354,7 +354,6 @@ static int parse_instance_filter(ParseCtx *c, const YNode *n, const char *key, T
         return key_fail(n, key, "repetition_max_period (%d) must be >= repetition_min_period (%d)", f->max_period,
                         f->min_period);
     f->enabled = true;
-    (void)c;
     return SPES_OK;
 }
 static void format_instance_filter(const TrainConfig *cfg, FILE *out) {
@@ -398,6 +397,11 @@ static void evaluator_free(EvaluatorConfig *ev) {
     *ev = (EvaluatorConfig){0};
 }
 
+// Keys of an `evaluators:` entry that OLMo has and we skip (reported as ignored).
+static bool evaluator_key_ignored(const char *k) {
+    return strcmp(k, "subset_num_batches") == 0 || strcmp(k, "device_eval_batch_size") == 0;
+}
+
 // A downstream entry with our `requests:` key (and optional `limit:`) is kept; without it, it is
 // recorded and skipped (OLMo's built-in tasks: `spes eval` runs oe-eval request files).
 static int parse_downstream_evaluator(ParseCtx *c, const YNode *n, const char *where, const char *label,
@@ -422,7 +426,7 @@ static int parse_downstream_evaluator(ParseCtx *c, const YNode *n, const char *w
             if (!ytree_is_null(n->items[i])) SPES_TRY(parse_i64(n->items[i], key, &v));
             if (v < 0 || v > INT_MAX) return key_fail(n->items[i], key, "must be a document count >= 0 (0: all)");
             ev->limit = (int)v;
-        } else if (strcmp(k, "subset_num_batches") == 0 || strcmp(k, "device_eval_batch_size") == 0) {
+        } else if (evaluator_key_ignored(k)) {
             SPES_TRY(strlist_push(&c->ignored, spes_strdup(key)));
         } else {
             SPES_TRY(strlist_push(&c->unknown, str_printf("%s (%s:%d)", key, n->items[i]->origin, n->items[i]->line)));
@@ -449,7 +453,7 @@ static int parse_one_evaluator(ParseCtx *c, const YNode *n, int index, Evaluator
     for (int i = 0; i < n->n; i++) {
         const char *k = n->keys[i];
         if (strcmp(k, "label") == 0 || strcmp(k, "type") == 0) continue;
-        if (strcmp(k, "subset_num_batches") == 0 || strcmp(k, "device_eval_batch_size") == 0) {
+        if (evaluator_key_ignored(k)) {
             SPES_TRY(strlist_push(&c->ignored, str_printf("%s.%s", where, k)));
             continue;
         }

@@ -57,6 +57,12 @@ static int lm_head_and_loss(Model *m, int first, bool with_targets, float ce_sca
     return SPES_OK;
 }
 
+// What the ce and lm_z sums are divided by: the caller's share of the batch's tokens
+// (training, OLMo's normalisation), else the micro-batch's targets (a mean).
+static double ce_divisor(const LossWeights *w, int64_t num_targets) {
+    return w->ce_tokens > 0 ? w->ce_tokens : (double)num_targets;
+}
+
 // The step's losses from the read-back statistics (host arithmetic in double, fixed order).
 static void loss_values(const Model *m, const LossWeights *w, int64_t num_targets, LossValues *out) {
     const ModelConfig *c = &m->cfg;
@@ -67,9 +73,8 @@ static void loss_values(const Model *m, const LossWeights *w, int64_t num_target
     out->num_targets = num_targets;
     if (num_targets > 0) {
         const double *sums = st + (size_t)L * STATS_PER_LAYER(E);
-        const double divisor = w->ce_tokens > 0 ? w->ce_tokens : (double)num_targets;
-        out->ce = sums[0] / divisor;
-        out->lm_z = sums[1] / divisor;
+        out->ce = sums[0] / ce_divisor(w, num_targets);
+        out->lm_z = sums[1] / ce_divisor(w, num_targets);
     }
     double lb = 0.0;
     for (int l = 0; l < L; l++) {
@@ -138,9 +143,9 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
     op->rmsnorm_forward(be, a->hf, a->rstd_f, buf_f32(a->x_final), b->final_norm, N, H, c->norm_eps);
     phase_end(m, MODEL_PHASE_NORMS, t);
     t = phase_begin();
-    float ce_scale = !num_targets ? 0.0f
-                     : w->ce_tokens > 0 ? (float)((double)grad_scale / w->ce_tokens)
-                                        : grad_scale / (float)num_targets;
+    // in double, then rounded once: the same float as grad_scale / (float)num_targets while the
+    // count is exact in float (< 2^24), and not rounded twice beyond
+    float ce_scale = num_targets ? (float)((double)grad_scale / ce_divisor(w, num_targets)) : 0.0f;
     SPES_TRY(lm_head_and_loss(m, 0, targets != NULL, ce_scale, ce_scale * w->lm_z_mult, grad, logits_out));
     phase_end(m, MODEL_PHASE_LM_HEAD, t);
     SPES_TRY(hook(m, MODEL_HOOK_POST_FORWARD, HEAD));

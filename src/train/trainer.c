@@ -406,7 +406,7 @@ void trainer_free(Trainer *t) {
     for (int i = 0; i < t->n_evals; i++) {
         loader_free(t->evals[i].dl);
         token_dataset_close(t->evals[i].ds);
-        if (t->evals[i].cfg->requests) mc_task_free(&t->evals[i].task);
+        mc_task_free(&t->evals[i].task);   // zeroed for an lm evaluator
         free(t->evals[i].scores);
     }
     free(t->evals);

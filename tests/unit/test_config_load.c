@@ -407,7 +407,6 @@ static void test_changes_since_saved(void **state) {
     config_free(&saved);
 }
 
-// Loading never opens data files: the seeds' paths do not exist here.
 // spes_config.payload_dtype int4 and the outer optimizer keys: read, defaults, and in the hash
 // only what changes a peer's own training (the payload) - the outer step runs on the server.
 static void test_int4_payload_and_outer_keys(void **state) {
@@ -429,6 +428,7 @@ static void test_int4_payload_and_outer_keys(void **state) {
     config_free(&plain);
 }
 
+// Loading never opens data files: the seeds' paths do not exist here.
 static void test_loading_does_not_touch_data(void **state) {
     (void)state;
     TrainConfig cfg;
