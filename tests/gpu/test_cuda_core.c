@@ -12,8 +12,13 @@
 //    With S = |alpha| sum_k |a_ik||b_kj| + |beta c_ij|, fp32 accumulation of K terms errs by
 //    at most ~K u32 S (u32 = 2^-24; any summation order, split-K included); the output is
 //    then rounded to C's type (u_c |ref|) and the reference to fp32 (u32 |ref|):
-//      bound = 4 K u32 S + (1.01 u_c + u32) |ref|
+//      bound = 4 K u32 S + (1.01 u_c + u32) |ref| + 1.01 eta_c
+//    (eta_c: half the spacing of C's subnormals, 2^-25 for f16, where rounding errs
+//    absolutely: a 3.1e-5 f16 output of a K = 1 product, correctly rounded on an H200, was 0.4
+//    of a subnormal step off; bf16 and f32 subnormals lie far below these tests' values.)
 //    (factor 4: slack for tensor-core accumulation, which may truncate rather than round).
+//    One rounding to C's type: with beta 1 and a bf16/f16 C, cuBLASLt's own kernel rounded
+//    twice (0.73 ulp off at 64x64x64 on an H200); gemm.cu sends that case through fp32.
 //    Any indexing or transpose mistake moves an element by about one term |a||b| ~ S/K or
 //    more, above 4 K u32 S for every K tested (K <= 8192: 4 K u32 < 2e-3 while 1/K... is
 //    checked by the small-K cases, where the bound is tiny).
@@ -91,11 +96,11 @@ static float *check_gemm(Backend *be, const GemmCase *c, uint64_t seed) {
     float *Aa = abs_copy(Aref, na), *Ba = abs_copy(Bref, nb), *S = abs_copy(C0, nc);
     op_gemm_ref(c->ta, c->tb, M, N, K, fabsf(c->alpha), Aa, lda, Ba, ldb, fabsf(c->beta), S, ldc);
     double *bound = malloc(nc * sizeof(double));
-    const double uc = gt_unit_roundoff(c->ct);
+    const double uc = gt_unit_roundoff(c->ct), eta_c = c->ct == NUM_F16 ? 0x1p-25 : 0.0;
     for (int i = 0; i < M; i++)
         for (int j = 0; j < ldc; j++) {
             size_t at = (size_t)i * ldc + j;
-            bound[at] = j < N ? 4.0 * K * U32 * S[at] + (1.01 * uc + U32) * fabs((double)ref[at]) : 0.0;
+            bound[at] = j < N ? 4.0 * K * U32 * S[at] + (1.01 * uc + U32) * fabs((double)ref[at]) + 1.01 * eta_c : 0.0;
         }
     char what[160];
     snprintf(what, sizeof what, "gemm %c%c %dx%dx%d %s,%s->%s a=%.2g b=%.2g pad %d", c->ta ? 'T' : 'N',

@@ -27,6 +27,14 @@
 #     most 20% of the entries differ by more than lr (a flipped sign needs |g| below its
 #     bf16 error; an unrelated gradient flips ~50%).
 #   - Step 2 loss (after one update, itself slightly different): 8u.
+#   - Routing is a discrete choice: a token whose 2nd and 3rd router logits lie within bf16
+#     rounding of each other can go to another expert on the GPU than on the CPU (seen on an
+#     H200: expert 1 of layer 0's moment 13% of its scale off, every other tensor within 16u).
+#     metrics.jsonl's expert_tokens says which experts' token counts differ at step 1; those
+#     experts' moments are held to 1/2 of their scale only (a moved token changes an
+#     expert's gradient by its own term, ~1/sqrt(tokens) of the sum; a wrong expert, row or
+#     half of gate_up by O(1)), and at most 2 tokens may have moved (4 counts off by one):
+#     a routing bug moves many. fp32 runs must route identically.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu/lib/gpu.sh
@@ -68,14 +76,27 @@ for key, scale in (("loss", 1), ("ce", 1), ("lm_z", 2), ("lb", 1), ("router_z", 
     close(b[1][key], a[1][key], loss_tol * scale, f"step 1 {key}")
 close(b[1]["grad_norm"], a[1]["grad_norm"], norm_tol, "step 1 grad_norm")
 close(b[2]["loss"], a[2]["loss"], step2_tol, "step 2 loss")
+# Experts whose step-1 token counts differ (a token routed elsewhere at a near-tie).
+ta, tb = a[1].get("expert_tokens"), b[1].get("expert_tokens")
+assert ta and tb, f"{name}: no expert_tokens at step 1 in metrics.jsonl"
+moved = {(l, e) for l in range(len(ta)) for e in range(len(ta[l])) if ta[l][e] != tb[l][e]}
+off = sum(abs(ta[l][e] - tb[l][e]) for l, e in moved)
+print(f"{name}: step 1 tokens per expert {tb} vs cpu {ta}: {off // 2} token(s) routed elsewhere")
+assert not moved or weight_tol == "adam", f"{name}: an fp32 run must route as the cpu does"
+assert off <= 4, f"{name}: {off // 2} tokens routed to other experts than on the cpu (at most 2 near-ties expected)"
+moved_prefixes = tuple(f"exp_avg.model.layers.{l}.mlp.experts.{e}." for l, e in sorted(moved))
 
-def tensors_close(x, y, tol, what):
+def tensors_close(x, y, tol, what, loose=()):
+    # loose: name prefixes held to 1/2 of their scale instead (experts a token moved to or from)
     assert x.keys() == y.keys(), f"{name}: {what}: different tensors"
     worst, at = 0.0, None
     for k in x:
         p, q = x[k].astype(np.float64), y[k].astype(np.float64)
         rel = float(np.max(np.abs(p - q))) / max(float(np.max(np.abs(q))), 1e-30)
-        if rel > worst:
+        if loose and k.startswith(loose):
+            print(f"{name}: {what}: {k} (its expert's tokens differ): {rel:.2e}, tolerance 5.0e-01")
+            assert rel <= 0.5, f"{name}: {what}: {k} differs by {rel:.2e} of its scale (> 5.0e-01)"
+        elif rel > worst:
             worst, at = rel, k
     print(f"{name}: {what}: worst per-tensor relative difference {worst:.2e} ({at}), tolerance {tol:.1e}")
     assert worst <= tol, f"{name}: {what}: {at} differs by {worst:.2e} of its scale (> {tol:.1e})"
@@ -83,7 +104,7 @@ def tensors_close(x, y, tol, what):
 sa, sb = load_file(f"{ref}/step1/train_state.safetensors"), load_file(f"{run}/step1/train_state.safetensors")
 m = lambda s: {k: v for k, v in s.items() if k.startswith("exp_avg.")}
 assert m(sa), "no exp_avg.* tensors in train_state.safetensors"
-tensors_close(m(sb), m(sa), moment_tol, "step 1 AdamW exp_avg (the clipped gradient / 10)")
+tensors_close(m(sb), m(sa), moment_tol, "step 1 AdamW exp_avg (the clipped gradient / 10)", moved_prefixes)
 lr = a[1]["lr"]
 for step in (1, 2):
     wa, wb = load_file(f"{ref}/step{step}/model.safetensors"), load_file(f"{run}/step{step}/model.safetensors")

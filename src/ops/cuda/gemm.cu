@@ -18,6 +18,10 @@
 //   - A and B of different types: the fp32 one is converted to the other's type (backend.h).
 //   - C of a third type (f32 operands with a bf16 C, ...): the product goes to an fp32
 //     scratch copy of C (converted in when beta != 0) and is converted back.
+//   - a bf16/f16 C with beta != 0, likewise: cuBLASLt (13.0, on an H200) rounded alpha*AB to
+//     C's type before adding beta*C, two roundings (0.73 ulp off in test_cuda_core's 64^3
+//     case); through the fp32 copy the sum is rounded once. The model never asks for this
+//     (its accumulating GEMMs write fp32), so no hot path pays for the copy.
 //   - no algorithm for the operands' alignment or strides (cuBLASLt is told the actual pointer
 //     alignment): every operand is repacked into aligned, padded scratch and the call retried.
 // beta == 0 never reads C (cuBLASLt does not read C then, so NaN in C is harmless).
@@ -239,14 +243,20 @@ static int padded_ld(int cols, size_t es) {
     return (int)(((size_t)cols + per16 - 1) / per16 * per16);
 }
 
+// cuBLASLt writes C itself when C is f32, or of the operands' type and not read (beta == 0);
+// otherwise C goes through an fp32 copy (the header says why).
+static bool c_written_directly(NumType c_type, NumType op_type, float beta) {
+    return c_type == NUM_F32 || (c_type == op_type && beta == 0.0f);
+}
+
 static void gemm_repacked(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda,
                           bool pack_a, Buf B, int ldb, bool pack_b, NumType op_type, float beta, Buf C, int ldc,
                           bool pack_c) {
     int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
     int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
     size_t es = num_type_size(op_type);
-    // C's copy: f32 unless C already has a type cuBLASLt writes (then it keeps it).
-    NumType c_type = (C.t == op_type || C.t == NUM_F32) ? C.t : NUM_F32;
+    // C's copy: f32 unless C already has a type cuBLASLt writes in one rounding (then it keeps it).
+    NumType c_type = c_written_directly(C.t, op_type, beta) ? C.t : NUM_F32;
     int lda2 = padded_ld(a_cols, es), ldb2 = padded_ld(b_cols, es), ldc2 = padded_ld(N, num_type_size(c_type));
     size_t a_bytes = pack_a ? align_up((size_t)a_rows * lda2 * es, 256) : 0;
     size_t b_bytes = pack_b ? align_up((size_t)b_rows * ldb2 * es, 256) : 0;
@@ -317,8 +327,7 @@ extern "C" void cuda_gemm(Backend *be, bool trans_a, bool trans_b, int M, int N,
         if (A.t == NUM_F32) op_type = B.t, conv_a = true;
         else op_type = A.t, conv_b = true;   // B is f32, or (bf16 vs f16) B follows A
     }
-    // Output: cuBLASLt writes C of the operand type or f32; otherwise through an f32 copy.
-    bool c_via_copy = !(C.t == op_type || C.t == NUM_F32);
+    bool c_via_copy = !c_written_directly(C.t, op_type, beta);
     if (!conv_a && !conv_b && !c_via_copy) {
         int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A.p, lda, B.p, ldb, op_type, beta, C.p, C.t, ldc);
         if (r != LT_NO_ALGO) return;
