@@ -51,6 +51,7 @@ typedef struct {
     int64_t *expert_counts; // [L*E] tokens routed to each expert in the last forward
     int checkpointing;      // activation_checkpointing: 0 none, 1 fine_grained, 2 whole_layer
     const ModelHooks *hooks;   // NULL: none (set by the caller around the passes it listens to)
+    bool phase_sync;        // profile in device time: sync the backend at every phase boundary
 } Model;
 
 // Allocates parameters (zeroed) and gradients for every tensor (all trainable), on the cpu.
@@ -144,7 +145,10 @@ int model_forward_kv(Model *m, const ModelKvCache *cache, int past, const int32_
 double model_train_flops(const Model *m, int B, int T);
 
 // Per-phase wall time of forward/backward calls since the last reset (for the bench's
-// profile). Phases are the model's stages; forward and backward of each counted apart.
+// profile). Phases are the model's stages; forward and backward of each counted apart. On an
+// asynchronous backend a phase's time is the host's time to enqueue it, unless m->phase_sync
+// is set: then the backend is synced at every phase boundary, so each phase is its device
+// time (and the pass is slower by the lost overlap of host and device).
 typedef enum {
     MODEL_PHASE_EMBED = 0,      // embedding lookup + its gradient
     MODEL_PHASE_NORMS,          // RMSNorms (layer, QK, final) forward + backward

@@ -28,10 +28,10 @@ void attention_block_forward(Model *m, int l, const LayerKv *kv) {
     const float *cos_t = kv ? kv->rope_cos + (size_t)past * (hd / 2) : a->rope_cos;
     const float *sin_t = kv ? kv->rope_sin + (size_t)past * (hd / 2) : a->rope_sin;
 
-    double t = phase_begin();
+    double t = phase_begin(m);
     op->rmsnorm_forward(be, la->h1, la->rstd1, buf_f32(la->x_in), p->attn_norm, N, H, c->norm_eps);
     phase_end(m, MODEL_PHASE_NORMS, t);
-    t = phase_begin();
+    t = phase_begin(m);
     // q/k go to q_raw/k_raw when QK-norm follows, straight into q/k otherwise.
     const int S = qd + 2 * kd;
     linear_forward(be, a->qkv, la->h1, p->qkv, N, H, S, false);
@@ -40,7 +40,7 @@ void attention_block_forward(Model *m, int l, const LayerKv *kv) {
     op->copy_2d(be, v_out, kd, buf_at(a->qkv, qd + kd), S, N, kd);
     phase_end(m, MODEL_PHASE_ATTN_FWD, t);
     if (qk) {
-        t = phase_begin();
+        t = phase_begin(m);
         int rows, width;
         qk_norm_shape(c, N, c->n_heads, &rows, &width);
         op->rmsnorm_forward(be, la->q, la->q_rstd, la->q_raw, p->q_norm, rows, width, c->norm_eps);
@@ -48,7 +48,7 @@ void attention_block_forward(Model *m, int l, const LayerKv *kv) {
         op->rmsnorm_forward(be, k_out, la->k_rstd, la->k_raw, p->k_norm, rows, width, c->norm_eps);
         phase_end(m, MODEL_PHASE_NORMS, t);
     }
-    t = phase_begin();
+    t = phase_begin(m);
     op->rope_forward(be, la->q, cos_t, sin_t, B, T, c->n_heads, hd);
     op->rope_forward(be, k_out, cos_t, sin_t, B, T, c->n_kv_heads, hd);
     if (kv)
@@ -78,7 +78,7 @@ void attention_block_backward(Model *m, int l) {
     const Buf dresid = buf_f32(a->dresid);
 
     // o_proj: dresid is dL/dx_mid
-    double t = phase_begin();
+    double t = phase_begin(m);
     linear_backward_input(be, a->datt, dresid, p->o, N, qd, H, false);
     weight_grad(be, p->d_o, dresid, H, la->att, N, qd, H);
     op->attention_backward(be, a->dq, a->dk, a->dv, a->datt, la->att, la->att_lse, la->q, la->k, la->v, B, T,
@@ -87,7 +87,7 @@ void attention_block_backward(Model *m, int l) {
     op->rope_backward(be, a->dk, a->rope_cos, a->rope_sin, B, T, c->n_kv_heads, hd);
     phase_end(m, MODEL_PHASE_ATTN_BWD, t);
     if (c->qk_norm != QK_NORM_NONE) {
-        t = phase_begin();
+        t = phase_begin(m);
         int rows, width;
         qk_norm_shape(c, N, c->n_heads, &rows, &width);
         op->rmsnorm_backward(be, a->dq, p->d_q_norm, a->dq, la->q_raw, p->q_norm, la->q_rstd, rows, width, false);
@@ -96,7 +96,7 @@ void attention_block_backward(Model *m, int l) {
         phase_end(m, MODEL_PHASE_NORMS, t);
     }
     // q/k/v projections: dh1 = [dq dk dv] [Wq; Wk; Wv], one GEMM on the joined gradient
-    t = phase_begin();
+    t = phase_begin(m);
     const int S = qd + 2 * kd;
     op->copy_2d(be, a->qkv, S, a->dq, qd, N, qd);
     op->copy_2d(be, buf_at(a->qkv, qd), S, a->dk, kd, N, kd);
@@ -111,7 +111,7 @@ void attention_block_backward(Model *m, int l) {
     }
     phase_end(m, MODEL_PHASE_ATTN_BWD, t);
     // input_layernorm, plus the residual already in dresid: dresid becomes dL/dx_in
-    t = phase_begin();
+    t = phase_begin(m);
     op->rmsnorm_backward(be, dresid, p->d_attn_norm, a->dh, buf_f32(la->x_in), p->attn_norm, la->rstd1, N, H, true);
     phase_end(m, MODEL_PHASE_NORMS, t);
 }

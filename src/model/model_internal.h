@@ -101,8 +101,8 @@ struct ModelActivations {
     double phase_seconds[MODEL_PHASE_COUNT];   // profile, see model_phase_seconds
 };
 
-// Profiling: t = phase_begin(); ...; phase_end(m, PHASE, t) adds the elapsed time.
-double phase_begin(void);
+// Profiling: t = phase_begin(m); ...; phase_end(m, PHASE, t) adds the elapsed time.
+double phase_begin(const Model *m);
 void phase_end(Model *m, ModelPhase phase, double t0);
 
 // Plans activation memory for (B, T) and what layers keep, reusing the current plan when it fits.

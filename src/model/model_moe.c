@@ -41,10 +41,10 @@ int moe_block_forward(Model *m, int l) {
     const int N = a->B * a->T, H = c->d_model, E = c->num_experts, k = c->top_k;
     float *x_out = layer_output(m, l);
 
-    double t = phase_begin();
+    double t = phase_begin(m);
     op->rmsnorm_forward(be, la->h2, la->rstd2, buf_f32(la->x_mid), p->mlp_norm, N, H, c->norm_eps);
     phase_end(m, MODEL_PHASE_NORMS, t);
-    t = phase_begin();
+    t = phase_begin(m);
     linear_forward(be, buf_f32(a->router_logits), la->h2, p->router, N, H, E, false);
     op->router_forward(be, la->probs, la->router_lse, la->topk_idx, la->topk_w, a->router_logits, N, E, k,
                        c->normalize_expert_weights);
@@ -63,7 +63,7 @@ int moe_block_forward(Model *m, int l) {
     op->sum(be, stats + E, la->router_lse, (size_t)N, true);
     phase_end(m, MODEL_PHASE_ROUTER, t);
 
-    t = phase_begin();
+    t = phase_begin(m);
     op->gather_rows(be, a->xe, la->h2, la->row_token, N * k, H);
     ExpertsArgs ea = experts_args(m, l);
     op->experts_forward(be, &ea);
@@ -84,7 +84,7 @@ void moe_block_backward(Model *m, int l, const LossWeights *w, float grad_scale)
     const Buf dresid = buf_f32(a->dresid);
 
     ExpertsArgs ea = experts_args(m, l);
-    double t = phase_begin();
+    double t = phase_begin(m);
     // fine_grained checkpointing: the experts' intermediates are shared between layers;
     // recompute this layer's (same ops, same bits) from h2.
     const bool recompute = a->keep == ACT_KEEP_NO_EXPERTS && l < c->n_layers - 1;
@@ -94,10 +94,10 @@ void moe_block_backward(Model *m, int l, const LossWeights *w, float grad_scale)
     }
     phase_end(m, MODEL_PHASE_EXPERTS_FWD, t);
     // combine: dresid is dL/dx_out; dy (in dxe) = w * dout, dtopk_w = dout . y
-    t = phase_begin();
+    t = phase_begin(m);
     op->moe_combine_backward(be, a->dxe, a->dtopk_w, dresid, la->y, la->topk_w, la->row_of_slot, N, k, H);
     phase_end(m, MODEL_PHASE_EXPERTS_BWD, t);
-    t = phase_begin();
+    t = phase_begin(m);
 
     // router: load balancing adds the same dL/dprob[e] to every token; z-loss through lse.
     float dprob[E];
@@ -112,14 +112,14 @@ void moe_block_backward(Model *m, int l, const LossWeights *w, float grad_scale)
     if (p->d_router) linear_backward_weight(be, p->d_router, buf_f32(a->router_logits), E, la->h2, N, H, E);
     linear_backward_input(be, a->dh, buf_f32(a->router_logits), p->router, N, H, E, false);
     phase_end(m, MODEL_PHASE_ROUTER, t);
-    t = phase_begin();
+    t = phase_begin(m);
 
     // experts, one block each; frozen experts still pass dX back, but skip their dW.
     if (!recompute) op->gather_rows(be, a->xe, la->h2, la->row_token, N * k, H);
     op->experts_backward(be, &ea);
     op->moe_uncombine_add(be, a->dh, a->dxe, la->row_of_slot, N, k, H);
     phase_end(m, MODEL_PHASE_EXPERTS_BWD, t);
-    t = phase_begin();
+    t = phase_begin(m);
     // post_attention_layernorm + residual: dresid becomes dL/dx_mid
     op->rmsnorm_backward(be, dresid, p->d_mlp_norm, a->dh, buf_f32(la->x_mid), p->mlp_norm, la->rstd2, N, H, true);
     phase_end(m, MODEL_PHASE_NORMS, t);

@@ -127,7 +127,7 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
         for (int i = 0; i < N; i++) num_targets += targets[i] != IGNORE_INDEX;
 
     SPES_TRY(hook(m, MODEL_HOOK_PRE_FORWARD, 0));
-    double t = phase_begin();
+    double t = phase_begin(m);
     op->rope_tables(be, a->rope_cos, a->rope_sin, T, c->head_dim, c->rope_theta);
     SPES_TRY(embed(m, inputs, targets, N));
     phase_end(m, MODEL_PHASE_EMBED, t);
@@ -139,10 +139,10 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
         SPES_TRY(hook(m, MODEL_HOOK_POST_FORWARD, 1 + l));
     }
     SPES_TRY(hook(m, MODEL_HOOK_PRE_FORWARD, HEAD));
-    t = phase_begin();
+    t = phase_begin(m);
     op->rmsnorm_forward(be, a->hf, a->rstd_f, buf_f32(a->x_final), b->final_norm, N, H, c->norm_eps);
     phase_end(m, MODEL_PHASE_NORMS, t);
-    t = phase_begin();
+    t = phase_begin(m);
     // in double, then rounded once: the same float as grad_scale / (float)num_targets while the
     // count is exact in float (< 2^24), and not rounded twice beyond
     float ce_scale = num_targets ? (float)((double)grad_scale / ce_divisor(w, num_targets)) : 0.0f;
@@ -164,7 +164,7 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
 
     // backward: a->dh holds dL/dhf (and lm_head's gradient is in, from lm_head_and_loss)
     SPES_TRY(hook(m, MODEL_HOOK_PRE_BACKWARD, HEAD));
-    t = phase_begin();
+    t = phase_begin(m);
     op->rmsnorm_backward(be, buf_f32(a->dresid), b->d_final_norm, a->dh, buf_f32(a->x_final), b->final_norm,
                          a->rstd_f, N, H, false);
     phase_end(m, MODEL_PHASE_NORMS, t);
@@ -180,7 +180,7 @@ static int run(Model *m, const int32_t *inputs, const int32_t *targets, int B, i
         SPES_TRY(hook(m, MODEL_HOOK_POST_BACKWARD, 1 + l));
     }
     SPES_TRY(hook(m, MODEL_HOOK_PRE_BACKWARD, 0));
-    t = phase_begin();
+    t = phase_begin(m);
     if (b->d_embed) op->embedding_backward(be, b->d_embed, buf_f32(a->dresid), a->tokens, N, H);
     phase_end(m, MODEL_PHASE_EMBED, t);
     SPES_TRY(hook(m, MODEL_HOOK_POST_BACKWARD, 0));

@@ -1,6 +1,6 @@
 // Model config validation, presets, parameter table, init statistics and reproducibility,
 // frozen experts (bitwise-identical trainable gradients; a model created frozen), determinism,
-// accumulation.
+// accumulation, the phase profile.
 #include <math.h>
 #include <omp.h>
 #include <setjmp.h>
@@ -264,6 +264,20 @@ static void test_determinism_accumulation_and_forward(void **state) {
     assert_memory_equal(g1, m.grads, n * sizeof(float));   // same inputs, same bits
     assert_true(v1.total == v2.total);
     assert_int_equal(v1.num_targets, B * T - 1);
+    // The profile synced at every phase boundary (the GPU bench's) changes no bit, and every
+    // phase of a forward+backward is timed.
+    model_phase_reset(&m);
+    m.phase_sync = true;
+    model_zero_grad(&m);
+    assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 1.0f, &v2, NULL), SPES_OK);
+    m.phase_sync = false;
+    assert_memory_equal(g1, m.grads, n * sizeof(float));
+    assert_true(v1.total == v2.total);
+    double phase[MODEL_PHASE_COUNT];
+    model_phase_seconds(&m, phase);
+    for (int i = 0; i < MODEL_PHASE_COUNT; i++) {
+        if (!(phase[i] > 0.0)) fail_msg("phase %s was not timed", model_phase_name((ModelPhase)i));
+    }
     // Accumulation: a second call with grad_scale 0.5 adds half the gradient.
     assert_int_equal(model_forward_backward(&m, in, tg, B, T, &w, 0.5f, NULL, NULL), SPES_OK);
     for (size_t i = 0; i < n; i++) assert_true(fabsf(m.grads[i] - 1.5f * g1[i]) <= 1e-6f + 1e-5f * fabsf(g1[i]));
