@@ -86,7 +86,8 @@ bool dp_shards_grads(DpStage s);
 int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const ParamTable *table, int n_layers,
               double bucket_mb);
 // Backend memory for n values of type t, zeroed, one more than asked so that an empty shard
-// still has a buffer; NULL with a message.
+// (or ZeRO-3's pack of frozen tensors when there are none) still has a buffer; NULL with a
+// message.
 void *dp_alloc_values(Backend *be, size_t n, NumType t);
 // The overlap of [b0, b1) with shard r, [lo[r], lo[r+1]): its length (0: none), from *start.
 size_t dp_shard_overlap(const size_t *lo, int r, size_t b0, size_t b1, size_t *start);

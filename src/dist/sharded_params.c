@@ -82,8 +82,6 @@ static int forget_parts(ShardedParams *z) {
     return SPES_OK;
 }
 
-// n floats (or compute values) of backend memory; +1: a rank may hold an empty shard or no
-// frozen tensor.
 int sharded_params_create(ShardedParams *z, Model *m, DataParallel *dp, ShardedGrads *grads, bool prefetch) {
     memset(z, 0, sizeof *z);
     z->m = m;
