@@ -7,8 +7,23 @@
 #include "base/timer.h"
 #include "model/model_internal.h"
 
-// Rows of the LM-head block: logits exist for this many tokens at a time.
+// Rows of the LM-head block on a backend without a byte budget for it (the cpu): logits exist
+// for this many tokens at a time.
 #define LOGIT_BLOCK_ROWS 512
+// Rows of the fp32 staging the host's logits go through (eval, debug-step, generation) when
+// the block is low precision or padded.
+#define LOGIT_STAGE_ROWS 256
+
+int logits_row_stride(int V, int align) { return align > 1 ? (V + align - 1) / align * align : V; }
+
+int logits_block_rows(size_t N, int ld, NumType ct, size_t block_bytes) {
+    size_t rows = LOGIT_BLOCK_ROWS;
+    if (block_bytes > 0) {   // as many rows as the budget holds, a multiple of 64 (GEMM tiles)
+        rows = block_bytes / ((size_t)ld * num_type_size(ct)) / 64 * 64;
+        if (rows < 64) rows = 64;
+    }
+    return (int)(N < rows ? N : rows);
+}
 
 typedef struct {
     char *base;     // NULL while measuring
@@ -34,8 +49,9 @@ static void *carve(Carver *c, size_t count, size_t elem) {
 #define CARVE_C(c, n, t) ((Buf){carve((c), (n), num_type_size(t)), (t)})
 
 // Layers other than 0 share layer 0's buffers as `keep` allows (ActKeep).
-static void layout(const ModelConfig *cfg, NumType ct, ActKeep keep, ModelActivations *a, LayerActs *layers,
+static void layout(const ModelConfig *cfg, const Backend *be, ActKeep keep, ModelActivations *a, LayerActs *layers,
                    Carver *c) {
+    const NumType ct = be->compute;
     const size_t N = (size_t)a->B * a->T, H = cfg->d_model, hd = cfg->head_dim, E = cfg->num_experts;
     const size_t qd = (size_t)cfg->n_heads * hd, kd = (size_t)cfg->n_kv_heads * hd, I = cfg->expert_hidden;
     const size_t NK = N * cfg->top_k, V = cfg->embedding_size;
@@ -106,9 +122,12 @@ static void layout(const ModelConfig *cfg, NumType ct, ActKeep keep, ModelActiva
     a->dv = CARVE_C(c, N * kd, ct);
     a->datt = CARVE_C(c, N * qd, ct);
     a->qkv = CARVE_C(c, N * (qd + 2 * kd), ct);
-    a->logit_rows = N < LOGIT_BLOCK_ROWS ? (int)N : LOGIT_BLOCK_ROWS;
-    a->logits = CARVE_C(c, (size_t)a->logit_rows * V, ct);
-    a->logits_f32 = ct != NUM_F32 ? CARVE_F(c, (size_t)a->logit_rows * V) : NULL;
+    a->logit_ld = logits_row_stride((int)V, be->logits_align);
+    a->logit_rows = logits_block_rows(N, a->logit_ld, ct, be->logits_block_bytes);
+    a->logits = CARVE_C(c, (size_t)a->logit_rows * a->logit_ld, ct);
+    a->logit_stage_rows = a->logit_rows < LOGIT_STAGE_ROWS ? a->logit_rows : LOGIT_STAGE_ROWS;
+    const bool staged = ct != NUM_F32 || a->logit_ld != (int)V;
+    a->logits_f32 = staged ? CARVE_F(c, (size_t)a->logit_stage_rows * V) : NULL;
     a->row_ce = CARVE_F(c, N);
     a->row_lse = CARVE_F(c, N);
     a->stats = CARVE_D(c, (size_t)cfg->n_layers * STATS_PER_LAYER(E) + 2);
@@ -130,8 +149,7 @@ int model_acts_plan(Model *m, int B, int T, ActKeep keep) {
     LayerActs *layers = spes_calloc((size_t)m->cfg.n_layers, sizeof *layers);
     if (!layers) return spes_fail_context("activation plan");
     Carver measure = {0};
-    const NumType ct = m->be->compute;
-    layout(&m->cfg, ct, keep, &probe, layers, &measure);
+    layout(&m->cfg, m->be, keep, &probe, layers, &measure);
     if (measure.overflow) {
         free(layers);
         return spes_fail("activation memory for batch %d x seq %d overflows size_t", B, T);
@@ -141,7 +159,7 @@ int model_acts_plan(Model *m, int B, int T, ActKeep keep) {
         a->B = B;
         a->T = T;
         a->keep = keep;
-        layout(&m->cfg, ct, keep, a, a->layers, &fill);
+        layout(&m->cfg, m->be, keep, a, a->layers, &fill);
         free(layers);
         return SPES_OK;
     }
@@ -162,7 +180,7 @@ int model_acts_plan(Model *m, int B, int T, ActKeep keep) {
     a->B = B;
     a->T = T;
     a->keep = keep;
-    layout(&m->cfg, ct, keep, a, layers, &fill);
+    layout(&m->cfg, m->be, keep, a, layers, &fill);
     a->arena = fill.base;
     a->arena_bytes = measure.used;
     a->layers = layers;

@@ -92,10 +92,12 @@ struct ModelActivations {
     Buf dq, dk, dv;          // [N,qd], [N,kd], [N,kd]
     Buf datt;                // [N,qd]
     Buf qkv;                 // [N,qd+2kd] fused q|k|v projection output, then its gradient
-    Buf logits;              // [R,V] one row block of the LM head
-    float *logits_f32;       // [R,V] fp32 copy for the host when logits are low precision, else NULL
+    Buf logits;              // [R,V] one row block of the LM head, rows logit_ld apart
+    float *logits_f32;       // [S,V] dense fp32 staging for the host when logits are low precision or padded, else NULL
     float *row_ce, *row_lse; // [N]
     int logit_rows;          // R
+    int logit_ld;            // >= V: V rounded up to the backend's logits_align
+    int logit_stage_rows;    // S <= R
     double *stats;           // backend [L*(E+1) + 2], see STATS_PER_LAYER
     double *stats_host;      // host copy
     double phase_seconds[MODEL_PHASE_COUNT];   // profile, see model_phase_seconds
@@ -104,6 +106,11 @@ struct ModelActivations {
 // Profiling: t = phase_begin(m); ...; phase_end(m, PHASE, t) adds the elapsed time.
 double phase_begin(const Model *m);
 void phase_end(Model *m, ModelPhase phase, double t0);
+
+// The LM head's logits block (see Backend.logits_align / logits_block_bytes): the row stride
+// for vocabulary V, and the rows of a block for N tokens.
+int logits_row_stride(int V, int align);
+int logits_block_rows(size_t N, int ld, NumType ct, size_t block_bytes);
 
 // Plans activation memory for (B, T) and what layers keep, reusing the current plan when it fits.
 int model_acts_plan(Model *m, int B, int T, ActKeep keep);

@@ -23,9 +23,26 @@ static int check_batch(const Model *m, const int32_t *inputs, const int32_t *tar
     return SPES_OK;
 }
 
+// R rows of the logits block to the host as dense fp32 [R, V], through the fp32 staging when
+// the block is low precision or its rows are padded.
+static int download_logits(Model *m, float *out, int R) {
+    Backend *be = m->be;
+    const ModelActivations *a = m->acts;
+    const int V = m->cfg.embedding_size, ld = a->logit_ld;
+    if (!a->logits_f32) return be->ops->download(be, out, a->logits.p, (size_t)R * V * sizeof(float));
+    for (int r0 = 0; r0 < R; r0 += a->logit_stage_rows) {
+        int S = R - r0 < a->logit_stage_rows ? R - r0 : a->logit_stage_rows;
+        be->ops->copy_2d(be, buf_f32(a->logits_f32), V, buf_at(a->logits, (size_t)r0 * ld), ld, S, V);
+        SPES_TRY(be->ops->download(be, out + (size_t)r0 * V, a->logits_f32, (size_t)S * V * sizeof(float)));
+    }
+    return SPES_OK;
+}
+
 // LM head in blocks of rows: logits for R tokens at a time, their loss, and when training
 // their gradient straight away (dL/dhf into a->dh, dL/dlm_head added). Logits are copied
-// out (to the host) when asked for; otherwise at most R x V of them exist at once.
+// out (to the host) when asked for; otherwise at most R x V of them exist at once, in rows
+// logit_ld apart (the backend's padding: aligned rows for its GEMMs and vector loads; the
+// padding columns are never computed, read or written).
 // Rows [first, N) of hf only (the KV forward wants the last few).
 static int lm_head_and_loss(Model *m, int first, bool with_targets, float ce_scale, float z_scale, bool grad,
                             float *logits_out) {
@@ -33,25 +50,21 @@ static int lm_head_and_loss(Model *m, int first, bool with_targets, float ce_sca
     Backend *be = m->be;
     ModelActivations *a = m->acts;
     const ModelBinding *b = m->bind;
-    const int N = a->B * a->T, H = c->d_model, V = c->embedding_size;
+    const int N = a->B * a->T, H = c->d_model, V = c->embedding_size, ld = a->logit_ld;
     for (int r0 = first; r0 < N; r0 += a->logit_rows) {
         int R = N - r0 < a->logit_rows ? N - r0 : a->logit_rows;
         const Buf h = buf_at(a->hf, (size_t)r0 * H);
-        linear_forward(be, a->logits, h, b->lm_head, R, H, V, false);
-        if (logits_out) {   // fp32 to the host; a low-precision block through its fp32 staging
-            const float *src = a->logits.p;
-            if (a->logits_f32) {
-                be->ops->convert(be, buf_f32(a->logits_f32), a->logits, (size_t)R * V);
-                src = a->logits_f32;
-            }
-            SPES_TRY(be->ops->download(be, logits_out + (size_t)(r0 - first) * V, src, (size_t)R * V * sizeof(float)));
-        }
+        // logits[R, V] = h[R, H] @ lm_head[V, H]^T
+        be->ops->gemm(be, false, true, R, V, H, 1.0f, h, H, b->lm_head, H, 0.0f, a->logits, ld);
+        if (logits_out) SPES_TRY(download_logits(m, logits_out + (size_t)(r0 - first) * V, R));
         if (with_targets)
-            be->ops->cross_entropy_rows(be, a->logits, a->row_ce + r0, a->row_lse + r0, a->targets + r0, R, V,
+            be->ops->cross_entropy_rows(be, a->logits, ld, a->row_ce + r0, a->row_lse + r0, a->targets + r0, R, V,
                                         ce_scale, z_scale, grad);
         if (grad) {
-            linear_backward_input(be, buf_at(a->dh, (size_t)r0 * H), a->logits, b->lm_head, R, H, V, false);
-            if (b->d_lm_head) linear_backward_weight(be, b->d_lm_head, a->logits, V, h, R, H, V);
+            // dh[R, H] = dlogits[R, V] @ lm_head[V, H];  d_lm_head[V, H] += dlogits^T @ h
+            be->ops->gemm(be, false, false, R, H, V, 1.0f, a->logits, ld, b->lm_head, H, 0.0f,
+                          buf_at(a->dh, (size_t)r0 * H), H);
+            if (b->d_lm_head) linear_backward_weight(be, b->d_lm_head, a->logits, ld, h, R, H, V);
         }
     }
     return SPES_OK;

@@ -180,11 +180,12 @@ typedef struct {
                                  const int32_t *row_of_slot, int N, int k, int H);
     // dx[n] += sum_j dxe[row_of_slot[n*k+j]]
     void (*moe_uncombine_add)(Backend *be, Buf dx, Buf dxe, const int32_t *row_of_slot, int N, int k, int H);
-    // Rows of logits[R,V] with targets[r] != IGNORE_INDEX: lse = logsumexp, ce = lse - logit[target];
-    // ignored rows ce = lse = 0. With grad, logits become dL/dlogits of
-    // ce_scale*sum ce + z_scale*sum lse^2 (ignored rows: zeros). Statistics in fp32.
-    void (*cross_entropy_rows)(Backend *be, Buf logits, float *ce, float *lse, const int32_t *targets, int R, int V,
-                               float ce_scale, float z_scale, bool grad);
+    // Rows of logits[R,V] (row stride ld >= V) with targets[r] != IGNORE_INDEX: lse = logsumexp,
+    // ce = lse - logit[target]; ignored rows ce = lse = 0. With grad, logits become dL/dlogits of
+    // ce_scale*sum ce + z_scale*sum lse^2 (ignored rows: zeros). Statistics in fp32. Columns
+    // [V, ld) of a row (the padding of a padded stride) are never read or written.
+    void (*cross_entropy_rows)(Backend *be, Buf logits, int ld, float *ce, float *lse, const int32_t *targets, int R,
+                               int V, float ce_scale, float z_scale, bool grad);
 
     // ---- reductions the host reads back (fixed order; double results in backend memory) ----
     // out[0] = sum_i x[i] (squares: x[i]^2), i in order, accumulated in double.
@@ -207,6 +208,13 @@ struct Backend {
     NumType compute;           // type of GEMM operands and activations (fp32 on cpu)
     int device;                // GPU index, -1 on cpu
     char description[160];     // shown on the console: "cpu (2 threads)", "cuda:0 NVIDIA H100 (sm_90, 79 GiB)"
+    // The LM head's logits block (src/model/model_acts.c). Its row stride is the vocabulary
+    // rounded up to a multiple of logits_align elements: a GPU wants every row 16-byte aligned
+    // for its GEMMs and vector loads (the reference 1B vocabulary, 151665, is odd). It holds
+    // as many rows as fit in logits_block_bytes; 0 keeps the fixed 512-row block, whose order
+    // of dW sums the cpu's results (and golden checkpoints) are made of.
+    int logits_align;          // 1 on cpu, 128 on cuda
+    size_t logits_block_bytes; // 0 on cpu
     void *impl;                // the backend's own state
 };
 

@@ -656,11 +656,15 @@ static void test_combine_backward(void **state) {
 }
 
 // ---- cross-entropy ----------------------------------------------------------------------------------
-static void check_cross_entropy(NumType t, int R, int V, bool grad) {
-    printf("cross_entropy %s R %d V %d%s\n", num_type_name(t), R, V, grad ? " grad" : "");
+// Rows ld >= V apart, as the LM head's padded logits block: the padding columns are poisoned
+// and must come back untouched (never read into a row's sums, never written).
+static void check_cross_entropy(NumType t, int R, int V, int ld, bool grad) {
+    printf("cross_entropy %s R %d V %d ld %d%s\n", num_type_name(t), R, V, ld, grad ? " grad" : "");
     Backend *be = backend_for(t);
-    size_t n = (size_t)R * V;
+    size_t n = (size_t)R * ld;
     float *logits = gt_random(n, 121, 3.0);
+    for (int r = 0; r < R; r++)
+        for (int v = V; v < ld; v++) logits[(size_t)r * ld + v] = 1e4f;   // would dominate any lse it got into
     gt_round_host(logits, n, t);
     int32_t *tg = gt_random_ints((size_t)R, 122, V);
     tg[0] = 0;                       // the first column
@@ -675,22 +679,25 @@ static void check_cross_entropy(NumType t, int R, int V, bool grad) {
     int32_t *dtg = upload_ints(be, tg, (size_t)R);
     float *dce = gt_alloc(be, (size_t)R, NUM_F32).p, *dlse = gt_alloc(be, (size_t)R, NUM_F32).p;
     float *dce2 = gt_alloc(be, (size_t)R, NUM_F32).p, *dlse2 = gt_alloc(be, (size_t)R, NUM_F32).p;
-    be->ops->cross_entropy_rows(be, dl, dce, dlse, dtg, R, V, ce_scale, z_scale, grad);
-    be->ops->cross_entropy_rows(be, dl2, dce2, dlse2, dtg, R, V, ce_scale, z_scale, grad);
+    be->ops->cross_entropy_rows(be, dl, ld, dce, dlse, dtg, R, V, ce_scale, z_scale, grad);
+    be->ops->cross_entropy_rows(be, dl2, ld, dce2, dlse2, dtg, R, V, ce_scale, z_scale, grad);
     float *rce = malloc((size_t)R * sizeof(float)), *rlse = malloc((size_t)R * sizeof(float));
     float *ref = gt_copy_floats(logits, n);
-    op_cross_entropy_rows(ref, rce, rlse, tg, R, V, ce_scale, z_scale, grad);
+    op_cross_entropy_rows(ref, ld, rce, rlse, tg, R, V, ce_scale, z_scale, grad);
     float *gce = gt_download(be, buf_f32(dce), (size_t)R), *glse = gt_download(be, buf_f32(dlse), (size_t)R);
     gt_check("ce", gce, rce, (size_t)R, FP32_TOL);
     gt_check("lse", glse, rlse, (size_t)R, FP32_TOL);
     gt_check_same_bits(be, "lse, run twice", dlse, dlse2, (size_t)R * sizeof(float));
     float *g = gt_download(be, dl, n);
+    for (int r = 0; r < R; r++)
+        for (int v = V; v < ld; v++)
+            if (g[(size_t)r * ld + v] != logits[(size_t)r * ld + v]) fail_msg("padding of row %d written at %d", r, v);
     if (grad) {
         gt_check("dlogits", g, ref, n, stored_tol(t));
         for (int r = 0; r < R; r++)
             if (tg[r] == IGNORE_INDEX)
                 for (int v = 0; v < V; v++)
-                    if (g[(size_t)r * V + v] != 0.0f) fail_msg("ignored row %d not zeroed at %d", r, v);
+                    if (g[(size_t)r * ld + v] != 0.0f) fail_msg("ignored row %d not zeroed at %d", r, v);
         gt_check_same_bits(be, "dlogits, run twice", dl.p, dl2.p, n * num_type_size(t));
     } else {
         gt_check("logits untouched", g, logits, n, 0.0);
@@ -702,12 +709,17 @@ static void check_cross_entropy(NumType t, int R, int V, bool grad) {
 
 static void test_cross_entropy(void **state) {
     (void)state;
-    check_cross_entropy(NUM_F32, 33, 50304, true);
-    check_cross_entropy(NUM_BF16, 33, 50304, true);
-    check_cross_entropy(NUM_F32, 12, 1001, true);    // V % 8 != 0: scalar path
-    check_cross_entropy(NUM_BF16, 7, 333, false);
-    check_cross_entropy(NUM_F32, 1, 5, true);        // one row, fewer columns than threads
-    check_cross_entropy(NUM_F32, 3, 8, true);        // row 1 ignored
+    check_cross_entropy(NUM_F32, 33, 50304, 50304, true);
+    check_cross_entropy(NUM_BF16, 33, 50304, 50304, true);
+    check_cross_entropy(NUM_F32, 12, 1001, 1001, true);    // ld % 8 != 0: scalar path
+    check_cross_entropy(NUM_BF16, 7, 333, 333, false);
+    check_cross_entropy(NUM_F32, 1, 5, 5, true);           // one row, fewer columns than threads
+    check_cross_entropy(NUM_F32, 3, 8, 8, true);           // row 1 ignored
+    // padded rows (the LM head's block): vector body + scalar tail of V % 8 columns
+    check_cross_entropy(NUM_BF16, 9, 151665, 151680, true);   // the reference 1B vocabulary
+    check_cross_entropy(NUM_F32, 6, 1001, 1024, true);
+    check_cross_entropy(NUM_F16, 11, 3, 128, true);          // a tail only
+    check_cross_entropy(NUM_BF16, 5, 1001, 1024, false);
 }
 
 int main(void) {

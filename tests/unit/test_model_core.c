@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/threads.h"
 #include "model/model.h"
+#include "model/model_internal.h"   // the logits block's layout
 
 static ModelConfig tiny(void) {
     ModelConfig cfg;
@@ -325,6 +326,61 @@ static void test_activation_checkpointing_is_exact(void **state) {
     model_free(&m);
 }
 
+// The LM head's logits block as a GPU backend lays it out (backend.h: logits_align,
+// logits_block_bytes), run on the cpu: rows padded from V = 73 to 128 columns give the same
+// bits as dense rows (the padding is never computed, read or written), also for the logits a
+// forward hands to the host; blocks of 64 rows instead of one give the same losses, logits and
+// gradients up to rounding (OpenBLAS blocks by row count; one dW GEMM per block).
+static void test_logits_block_layout(void **state) {
+    (void)state;
+    ModelConfig c = tiny();
+    c.embedding_size = 73;   // odd, as the reference 1B vocabulary (151665)
+    c.max_seq_len = T;
+    c.init_std = 0.1f;
+    Backend padded = *backend_cpu(), blocked = *backend_cpu();
+    padded.logits_align = 128;
+    blocked.logits_align = 128;
+    blocked.logits_block_bytes = 64 * 128 * sizeof(float);   // 64 rows: blocks of 64, 64, 12
+    Backend *bes[3] = {backend_cpu(), &padded, &blocked};
+    Model m[3];
+    int32_t in[B * T], tg[B * T];
+    tokens(in, tg, c.embedding_size);
+    LossWeights w = {.lm_z_mult = 1e-2f, .lb_weight = 0.1f, .router_z_weight = 1e-3f};
+    LossValues v[3];
+    float *logits[3];
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(model_create_on(&m[i], &c, bes[i]), SPES_OK);
+        model_init_weights(&m[i], 5);
+        model_zero_grad(&m[i]);
+        assert_int_equal(model_forward_backward(&m[i], in, tg, B, T, &w, 1.0f, &v[i], NULL), SPES_OK);
+        logits[i] = malloc((size_t)B * T * c.embedding_size * sizeof(float));
+        LossValues fv;
+        assert_int_equal(model_forward(&m[i], in, tg, B, T, &w, &fv, logits[i]), SPES_OK);
+        assert_true(fv.total == v[i].total);
+    }
+    assert_int_equal(m[1].acts->logit_ld, 128);
+    assert_int_equal(m[2].acts->logit_rows, 64);
+    assert_int_equal(m[0].acts->logit_ld, 73);
+    const size_t n = m[0].table.trainable_numel, nl = (size_t)B * T * c.embedding_size;
+    assert_memory_equal(m[0].grads, m[1].grads, n * sizeof(float));
+    assert_true(v[0].total == v[1].total && v[0].ce == v[1].ce && v[0].lm_z == v[1].lm_z);
+    assert_memory_equal(logits[0], logits[1], nl * sizeof(float));
+    // OpenBLAS blocks a GEMM by its row count: 64-row blocks may round the logits differently.
+    float lscale = 0.0f;
+    for (size_t j = 0; j < nl; j++) lscale = fmaxf(lscale, fabsf(logits[0][j]));
+    for (size_t j = 0; j < nl; j++) assert_true(fabsf(logits[2][j] - logits[0][j]) <= 1e-6f * lscale);
+    assert_true(fabs(v[2].total - v[0].total) <= 1e-6 * fabs(v[0].total));
+    float scale = 0.0f;
+    for (size_t j = 0; j < n; j++) scale = fmaxf(scale, fabsf(m[0].grads[j]));
+    for (size_t j = 0; j < n; j++)
+        if (!(fabsf(m[2].grads[j] - m[0].grads[j]) <= 1e-5f * scale))
+            fail_msg("gradient %zu: %g in 64-row blocks against %g in one", j, m[2].grads[j], m[0].grads[j]);
+    for (int i = 0; i < 3; i++) {
+        free(logits[i]);
+        model_free(&m[i]);
+    }
+}
+
 static void test_bad_inputs(void **state) {
     (void)state;
     Model m;
@@ -361,6 +417,7 @@ int main(void) {
         cmocka_unit_test(test_frozen_shared_tensor),
         cmocka_unit_test(test_determinism_accumulation_and_forward),
         cmocka_unit_test(test_activation_checkpointing_is_exact),
+        cmocka_unit_test(test_logits_block_layout),
         cmocka_unit_test(test_bad_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

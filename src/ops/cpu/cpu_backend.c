@@ -121,9 +121,9 @@ static void cpu_moe_combine_backward(Backend *be, Buf dy, float *dw, Buf dout, B
 static void cpu_moe_uncombine_add(Backend *be, Buf dx, Buf dxe, const int32_t *ros, int N, int k, int H) {
     op_moe_uncombine_add(f32(dx), f32(dxe), ros, N, k, H);
 }
-static void cpu_cross_entropy_rows(Backend *be, Buf logits, float *ce, float *lse, const int32_t *targets, int R,
-                                   int V, float ce_scale, float z_scale, bool grad) {
-    op_cross_entropy_rows(f32(logits), ce, lse, targets, R, V, ce_scale, z_scale, grad);
+static void cpu_cross_entropy_rows(Backend *be, Buf logits, int ld, float *ce, float *lse, const int32_t *targets,
+                                   int R, int V, float ce_scale, float z_scale, bool grad) {
+    op_cross_entropy_rows(f32(logits), ld, ce, lse, targets, R, V, ce_scale, z_scale, grad);
 }
 static void cpu_sum(Backend *be, double *out, const float *x, size_t n, bool squares) { op_sum(out, x, n, squares); }
 static void cpu_column_means(Backend *be, double *out, const float *x, int N, int E) { op_column_means(out, x, N, E); }
@@ -180,6 +180,8 @@ static Backend cpu_backend = {
     .precision = PRECISION_FP32,
     .compute = NUM_F32,
     .device = -1,
+    .logits_align = 1,
+    .logits_block_bytes = 0,
 };
 
 Backend *backend_cpu(void) {

@@ -125,7 +125,8 @@ void op_swiglu_backward(float *dgu, const float *da, const float *gu, int R, int
 // ce[r] = lse - logits[r, target]. Rows with ignored targets get ce = lse = 0.
 // When grad: logits[r] is overwritten with dL/dlogits for
 //   L = ce_scale * sum_r ce[r] + z_scale * sum_r lse[r]^2   (ignored rows: zeros).
-void op_cross_entropy_rows(float *logits, float *ce, float *lse, const int32_t *targets, int R, int V,
+// Rows are ld >= V floats apart; columns [V, ld) are left alone.
+void op_cross_entropy_rows(float *logits, int ld, float *ce, float *lse, const int32_t *targets, int R, int V,
                            float ce_scale, float z_scale, bool grad);
 
 // ---- experts, reductions, AdamW (the cpu backend's entries of the same names) -------------

@@ -5,11 +5,11 @@
 #include "ops/cpu/vmath.h"
 #include "ops/cpu/cpu_ops.h"
 
-void op_cross_entropy_rows(float *logits, float *ce, float *lse, const int32_t *targets, int R, int V,
+void op_cross_entropy_rows(float *logits, int ld, float *ce, float *lse, const int32_t *targets, int R, int V,
                            float ce_scale, float z_scale, bool grad) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < R; r++) {
-        float *x = logits + (size_t)r * V;
+        float *x = logits + (size_t)r * ld;
         if (targets[r] == IGNORE_INDEX) {
             ce[r] = lse[r] = 0.0f;
             if (grad)

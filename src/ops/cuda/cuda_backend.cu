@@ -410,6 +410,8 @@ extern "C" int cuda_backend_open(int device, Precision precision, Backend **out)
     be->precision = precision;
     be->compute = precision == PRECISION_AMP_BF16 ? NUM_BF16 : precision == PRECISION_AMP_FP16 ? NUM_F16 : NUM_F32;
     be->device = device;
+    be->logits_align = 128;                   // 256-byte rows in bf16/f16
+    be->logits_block_bytes = (size_t)1 << 30; // a few blocks per micro-batch: dW's fp32 read-modify-write is per block
     be->impl = impl;
     gib = (double)prop.totalGlobalMem / 1073741824.0;
     snprintf(be->description, sizeof be->description, "cuda:%d %.100s (sm_%d%d, %.0f GiB, %s)", device, prop.name,

@@ -51,8 +51,8 @@ void cuda_moe_combine_backward(Backend *be, Buf dy, float *dw, Buf dout, Buf y, 
 void cuda_moe_uncombine_add(Backend *be, Buf dx, Buf dxe, const int32_t *row_of_slot, int N, int k, int H);
 
 // cross_entropy.cu
-void cuda_cross_entropy_rows(Backend *be, Buf logits, float *ce, float *lse, const int32_t *targets, int R, int V,
-                             float ce_scale, float z_scale, bool grad);
+void cuda_cross_entropy_rows(Backend *be, Buf logits, int ld, float *ce, float *lse, const int32_t *targets, int R,
+                             int V, float ce_scale, float z_scale, bool grad);
 
 #ifdef __cplusplus
 }
