@@ -80,6 +80,7 @@ typedef struct {
     size_t peak_bytes;          // backend peak since open
     double mean_s, best_s, fb_s, clip_s, adam_s, loss, grad_norm, flops;
     double phase[MODEL_PHASE_COUNT];
+    double phase_flops[MODEL_PHASE_COUNT];   // GEMM FLOPs of the phases that are mostly GEMMs, else 0
 } Result;
 
 // ---- helpers --------------------------------------------------------------------------
@@ -290,6 +291,14 @@ static void run_train(const Opts *o, int experts_per_peer, Result *r) {
     if (backend_sync(be) != SPES_OK) goto fail;
     m.phase_sync = false;
     model_phase_seconds(&m, r->phase);
+    {   // the GEMM work of the expert and LM-head phases, to read their rates beside the times
+        const double N = (double)B * T, NK = N * cfg.top_k, H = cfg.d_model, I = cfg.expert_hidden;
+        const double expert_gemm = 2.0 * NK * 3.0 * H * I;   // gate+up [2I,H] and down [H,I] over NK rows
+        const double trained = experts_per_peer > 0 ? (double)experts_per_peer / cfg.num_experts : 1.0;
+        r->phase_flops[MODEL_PHASE_EXPERTS_FWD] = expert_gemm;
+        r->phase_flops[MODEL_PHASE_EXPERTS_BWD] = expert_gemm * (1.0 + trained);   // dX, dW of the trained share
+        r->phase_flops[MODEL_PHASE_LM_HEAD] = 3.0 * 2.0 * N * cfg.embedding_size * H;
+    }
     r->status = RES_OK;
     goto done;
 fail:
@@ -395,9 +404,14 @@ static void print_train(const char *name, const Result *r, const Opts *o, double
     printf("%s: model phases of one more forward+backward, %s: sum %.1f ms (the timed steps' forward+backward: "
            "%.1f ms)\n",
            name, async ? "synced at every phase boundary (device time)" : "wall time", 1e3 * phases, 1e3 * r->fb_s);
-    for (int i = 0; i < MODEL_PHASE_COUNT; i++)
-        printf("    %-15s %8.2f ms  %5.1f%%\n", model_phase_name((ModelPhase)i), 1e3 * r->phase[i],
+    for (int i = 0; i < MODEL_PHASE_COUNT; i++) {
+        printf("    %-15s %8.2f ms  %5.1f%%", model_phase_name((ModelPhase)i), 1e3 * r->phase[i],
                phases > 0 ? 100.0 * r->phase[i] / phases : 0.0);
+        if (r->phase_flops[i] > 0 && r->phase[i] > 0)
+            printf("  %6.1f TFLOP/s of GEMMs (%.2f TFLOP)", r->phase_flops[i] / r->phase[i] / 1e12,
+                   r->phase_flops[i] / 1e12);
+        printf("\n");
+    }
 }
 
 static void usage(FILE *out) {

@@ -6,18 +6,20 @@
 # trainable, a cuBLAS bf16 8192^3 GEMM timed in the same run, peak GPU memory) against Hugging
 # Face OlmoeForCausalLM in PyTorch on the same GPU (bench/gpu_train_step_torch.py).
 # Prints both programs' detail, then exactly one final line:
-#   bench-gpu: ours_tok_s=<x> pytorch_tok_s=<x> ratio=<x> mfu=<x> gemm_ceiling_frac=<x> peak_mem_gb=<x> peak_mem_gb_all_trainable=<x>
+#   bench-gpu: ours_tok_s=<x> pytorch_tok_s=<x> pytorch_eager_tok_s=<x> pytorch_compiled_tok_s=<x> ratio=<x> mfu=<x> gemm_ceiling_frac=<x> peak_mem_gb=<x> peak_mem_gb_all_trainable=<x>
 # or "bench-gpu: skipped (<why>)" when there is no GPU backend (this spes was built without
 # CUDA, or no GPU is visible), or "bench-gpu: failed (<why>)" (exit 1).
 #   ours_tok_s, mfu (model FLOP/s / 989 TFLOP/s, H100 SXM bf16 dense), gemm_ceiling_frac
 #     (model FLOP/s / the measured GEMM): the all-trainable run, the same work as PyTorch's;
+#   pytorch_tok_s: the faster of PyTorch eager and torch.compile (BENCH_GPU_TORCH_MODES);
 #   ratio = ours_tok_s / pytorch_tok_s;
 #   peak_mem_gb: the SPES peer (4 of 16 experts trainable), peak_mem_gb_all_trainable: every
 #     tensor trainable; GB = 1e9 bytes of backend allocations (ours) / torch.cuda
 #     max_memory_allocated (PyTorch, detail lines only).
 # NA marks a value that could not be measured (e.g. a variant that does not fit in memory,
 # said in the detail; no test virtualenv for the PyTorch side).
-# BENCH_GPU_ARGS / BENCH_GPU_TORCH_ARGS add flags to either program (e.g. "--batch 4").
+# BENCH_GPU_ARGS / BENCH_GPU_TORCH_ARGS add flags to either program (e.g. "--batch 4");
+# BENCH_GPU_TORCH_MODES: "off on" (default: eager and compiled), or one of them.
 set -u
 BUILD=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
@@ -59,27 +61,42 @@ if [ "$rc" -ne 0 ]; then
   exit 1
 fi
 
+# PyTorch eager and compiled (torch.compile), each its own process in this run; the ratio is
+# against the faster. BENCH_GPU_TORCH_MODES picks them ("off on" by default; compiling the 1B
+# model takes minutes, so a short GPU lease may run "off" alone and say so).
+TORCH_MODES=${BENCH_GPU_TORCH_MODES:-off on}
 pytorch=NA
+declare -A torch_tok_s=([off]=NA [on]=NA)
 if [ -x "$VENV_PY" ] && "$VENV_PY" -c 'import torch, transformers' 2>/dev/null; then
-  echo "== $NAME: pytorch (bench/gpu_train_step_torch.py ${BENCH_GPU_TORCH_ARGS:-})"
-  # shellcheck disable=SC2086
-  "$VENV_PY" bench/gpu_train_step_torch.py ${BENCH_GPU_TORCH_ARGS:-} 2>&1 | tee "$LOG_DIR/torch.log"
-  trc=${PIPESTATUS[0]}
-  if [ "$trc" -ne 0 ]; then
-    echo "$NAME: failed (bench/gpu_train_step_torch.py exited with status $trc)"
-    exit 1
-  fi
-  if grep -q '^pytorch: skipped' "$LOG_DIR/torch.log"; then
-    echo "== $NAME: pytorch side $(grep '^pytorch: skipped' "$LOG_DIR/torch.log" | tail -1 | sed 's/^pytorch: //')"
-  else
-    pytorch=$(value pytorch_tok_s "$LOG_DIR/torch.log")
-  fi
+  for mode in $TORCH_MODES; do
+    case $mode in off | on) ;; *) echo "$NAME: failed (BENCH_GPU_TORCH_MODES: '$mode' is not off or on)"; exit 1 ;; esac
+    log="$LOG_DIR/torch_$mode.log"
+    echo "== $NAME: pytorch, torch.compile $mode (bench/gpu_train_step_torch.py --compile $mode ${BENCH_GPU_TORCH_ARGS:-})"
+    t0=$(date +%s)
+    # shellcheck disable=SC2086
+    "$VENV_PY" bench/gpu_train_step_torch.py --compile "$mode" ${BENCH_GPU_TORCH_ARGS:-} 2>&1 | tee "$log"
+    trc=${PIPESTATUS[0]}
+    echo "== $NAME: pytorch, torch.compile $mode: $(($(date +%s) - t0)) s including start-up and compilation"
+    if [ "$trc" -ne 0 ]; then
+      echo "$NAME: failed (bench/gpu_train_step_torch.py --compile $mode exited with status $trc)"
+      exit 1
+    fi
+    if grep -q '^pytorch: skipped' "$log"; then
+      echo "== $NAME: pytorch side $(grep '^pytorch: skipped' "$log" | tail -1 | sed 's/^pytorch: //')"
+    else
+      torch_tok_s[$mode]=$(value pytorch_tok_s "$log")
+    fi
+  done
+  # the faster of the two that ran
+  pytorch=$(awk -v a="${torch_tok_s[off]}" -v b="${torch_tok_s[on]}" 'BEGIN {
+    m = "NA"; if (a + 0 > 0) m = a; if (b + 0 > 0 && (m == "NA" || b + 0 > m + 0)) m = b; print m }')
 else
   echo "== $NAME: pytorch skipped: no virtualenv with torch + transformers at $VENV_PY (run tests/setup_venv.sh)"
 fi
 
 ours=$(value ours_tok_s "$LOG_DIR/ours.log")
-echo "$NAME: ours_tok_s=$ours pytorch_tok_s=$pytorch ratio=$(ratio "$ours" "$pytorch")" \
+echo "$NAME: ours_tok_s=$ours pytorch_tok_s=$pytorch pytorch_eager_tok_s=${torch_tok_s[off]}" \
+  "pytorch_compiled_tok_s=${torch_tok_s[on]} ratio=$(ratio "$ours" "$pytorch")" \
   "mfu=$(value mfu "$LOG_DIR/ours.log") gemm_ceiling_frac=$(value gemm_ceiling_frac "$LOG_DIR/ours.log")" \
   "peak_mem_gb=$(value peak_mem_gb "$LOG_DIR/ours.log")" \
   "peak_mem_gb_all_trainable=$(value peak_mem_gb_all_trainable "$LOG_DIR/ours.log")"

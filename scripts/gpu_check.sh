@@ -10,9 +10,9 @@
 #   ranks     with the bundle's own NCCL (built with NCCL_SRC; >= 2.30 lets two ranks share the
 #             GPU): the NCCL and ZeRO tests again and dist_ranks_gpu.sh (DDP, ZeRO-2, ZeRO-3 on
 #             2 ranks against 1 rank)
-#   bench     make bench-gpu's runner: ours against PyTorch on the reference's 1B config
-#             (PyTorch eager unless BENCH_GPU_TORCH_ARGS says otherwise: compiling the 1B
-#             model takes minutes of a short lease)
+#   bench     make bench-gpu's runner: ours against PyTorch eager and torch.compile on the
+#             reference's 1B config (BENCH_GPU_TORCH_MODES=off leaves the compiled one out:
+#             compiling the 1B model takes minutes of a short lease)
 #   memcheck  the GPU test programs again under compute-sanitizer memcheck
 # From the repository root:  bash scripts/gpu_check.sh [STAGE...]   (default: all, in this order)
 # The device tool's call: command "bash scripts/gpu_check.sh", carry [".gpu-bundle"].
@@ -33,7 +33,6 @@ for stage in "${stages[@]}"; do
 done
 start=$(date +%s)
 export SPES_TEST_DEADLINE=$((start + ${SPES_GPU_CHECK_BUDGET:-420}))
-export BENCH_GPU_TORCH_ARGS=${BENCH_GPU_TORCH_ARGS:---compile off}
 out=${OUT:-/tmp}
 logs=/tmp/gpu-check-logs
 rm -rf "$logs" && mkdir -p "$logs"

@@ -155,7 +155,8 @@ typedef enum {
     MODEL_PHASE_ATTN_FWD,       // q/k/v/o projections, RoPE, attention
     MODEL_PHASE_ATTN_BWD,
     MODEL_PHASE_ROUTER,         // router logits, softmax/top-k, dispatch plan, aux losses, router backward
-    MODEL_PHASE_EXPERTS_FWD,    // gather, expert GEMMs, SwiGLU, weighted combine
+    MODEL_PHASE_MOE_DISPATCH,   // rows gathered for the experts, the weighted combine, and their backward
+    MODEL_PHASE_EXPERTS_FWD,    // expert GEMMs + SwiGLU (the backend's experts_forward)
     MODEL_PHASE_EXPERTS_BWD,
     MODEL_PHASE_LM_HEAD,        // LM head, cross-entropy/z-loss, their backward
     MODEL_PHASE_COUNT

@@ -210,9 +210,9 @@ double phase_begin(const Model *m) { return phase_clock(m); }
 void phase_end(Model *m, ModelPhase phase, double t0) { m->acts->phase_seconds[phase] += phase_clock(m) - t0; }
 
 const char *model_phase_name(ModelPhase phase) {
-    static const char *const names[MODEL_PHASE_COUNT] = {"embedding",   "norms",       "attention fwd",
-                                                          "attention bwd", "router",   "experts fwd",
-                                                          "experts bwd", "lm_head+loss"};
+    static const char *const names[MODEL_PHASE_COUNT] = {
+        "embedding", "norms", "attention fwd", "attention bwd", "router", "moe dispatch", "experts fwd",
+        "experts bwd", "lm_head+loss"};
     return (unsigned)phase < MODEL_PHASE_COUNT ? names[phase] : "?";
 }
 

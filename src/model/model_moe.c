@@ -65,11 +65,15 @@ int moe_block_forward(Model *m, int l) {
 
     t = phase_begin(m);
     op->gather_rows(be, a->xe, la->h2, la->row_token, N * k, H);
+    phase_end(m, MODEL_PHASE_MOE_DISPATCH, t);
+    t = phase_begin(m);
     ExpertsArgs ea = experts_args(m, l);
     op->experts_forward(be, &ea);
+    phase_end(m, MODEL_PHASE_EXPERTS_FWD, t);
+    t = phase_begin(m);
     op->copy(be, x_out, la->x_mid, (size_t)N * H * sizeof(float));
     op->moe_combine(be, buf_f32(x_out), la->y, la->topk_w, la->row_of_slot, N, k, H);
-    phase_end(m, MODEL_PHASE_EXPERTS_FWD, t);
+    phase_end(m, MODEL_PHASE_MOE_DISPATCH, t);
     return SPES_OK;
 }
 
@@ -88,15 +92,15 @@ void moe_block_backward(Model *m, int l, const LossWeights *w, float grad_scale)
     // fine_grained checkpointing: the experts' intermediates are shared between layers;
     // recompute this layer's (same ops, same bits) from h2.
     const bool recompute = a->keep == ACT_KEEP_NO_EXPERTS && l < c->n_layers - 1;
-    if (recompute) {
-        op->gather_rows(be, a->xe, la->h2, la->row_token, N * k, H);
-        op->experts_forward(be, &ea);
-    }
+    if (recompute) op->gather_rows(be, a->xe, la->h2, la->row_token, N * k, H);
+    phase_end(m, MODEL_PHASE_MOE_DISPATCH, t);
+    t = phase_begin(m);
+    if (recompute) op->experts_forward(be, &ea);
     phase_end(m, MODEL_PHASE_EXPERTS_FWD, t);
     // combine: dresid is dL/dx_out; dy (in dxe) = w * dout, dtopk_w = dout . y
     t = phase_begin(m);
     op->moe_combine_backward(be, a->dxe, a->dtopk_w, dresid, la->y, la->topk_w, la->row_of_slot, N, k, H);
-    phase_end(m, MODEL_PHASE_EXPERTS_BWD, t);
+    phase_end(m, MODEL_PHASE_MOE_DISPATCH, t);
     t = phase_begin(m);
 
     // router: load balancing adds the same dL/dprob[e] to every token; z-loss through lse.
@@ -114,11 +118,15 @@ void moe_block_backward(Model *m, int l, const LossWeights *w, float grad_scale)
     phase_end(m, MODEL_PHASE_ROUTER, t);
     t = phase_begin(m);
 
-    // experts, one block each; frozen experts still pass dX back, but skip their dW.
     if (!recompute) op->gather_rows(be, a->xe, la->h2, la->row_token, N * k, H);
+    phase_end(m, MODEL_PHASE_MOE_DISPATCH, t);
+    t = phase_begin(m);
+    // experts, one block each; frozen experts still pass dX back, but skip their dW.
     op->experts_backward(be, &ea);
-    op->moe_uncombine_add(be, a->dh, a->dxe, la->row_of_slot, N, k, H);
     phase_end(m, MODEL_PHASE_EXPERTS_BWD, t);
+    t = phase_begin(m);
+    op->moe_uncombine_add(be, a->dh, a->dxe, la->row_of_slot, N, k, H);
+    phase_end(m, MODEL_PHASE_MOE_DISPATCH, t);
     t = phase_begin(m);
     // post_attention_layernorm + residual: dresid becomes dL/dx_mid
     op->rmsnorm_backward(be, dresid, p->d_mlp_norm, a->dh, buf_f32(la->x_mid), p->mlp_norm, la->rstd2, N, H, true);

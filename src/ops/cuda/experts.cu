@@ -37,39 +37,89 @@
 #include <vector>
 
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/pointwise_common.cuh"
 
 // ---- SwiGLU -----------------------------------------------------------------------------------
 // a[r, i] = silu(g) * u, g = gu[r, i], u = gu[r, I + i]; the cpu's float expression order:
-// g * sigmoid(g) * u with sigmoid(g) = 1 / (1 + exp(-g)).
+// g * sigmoid(g) * u with sigmoid(g) = 1 / (1 + exp(-g)). Typed kernels over W consecutive
+// columns of a row (16-byte accesses when I is a multiple of PW_VEC and the buffers aligned;
+// one element otherwise): the same values either way, one index division per W elements.
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-__global__ void swiglu_forward_kernel(void *a, NumType at, const void *gu, NumType gt, size_t rows, int I) {
-    size_t n = rows * (size_t)I, stride = (size_t)gridDim.x * blockDim.x;
+template <int W, typename Ta, typename Tg>
+__global__ void swiglu_forward_kernel(Ta *a, const Tg *gu, size_t rows, int I) {
+    const size_t per_row = (size_t)(I / W), n = rows * per_row, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += stride) {
-        size_t r = idx / (size_t)I, i = idx % (size_t)I;
-        float g = load_num(gu, gt, r * 2 * (size_t)I + i), u = load_num(gu, gt, r * 2 * (size_t)I + I + i);
-        store_num(a, at, idx, g * sigmoid_f(g) * u);
+        const size_t r = idx / per_row, i = (idx % per_row) * W;
+        float g[W], u[W], y[W];
+        load_vec<W>(gu + r * 2 * (size_t)I + i, g);
+        load_vec<W>(gu + r * 2 * (size_t)I + I + i, u);
+#pragma unroll
+        for (int j = 0; j < W; j++) y[j] = g[j] * sigmoid_f(g[j]) * u[j];
+        store_vec<W>(a + r * (size_t)I + i, y);
     }
 }
 
 // dgu (may alias gu: each thread reads its g, u before writing them) from da:
 //   du = da * g * s;  dg = da * u * s * (1 + g * (1 - s)),  s = sigmoid(g).
-__global__ void swiglu_backward_kernel(void *dgu, NumType dt, const void *da, NumType at, const void *gu,
-                                       NumType gt, size_t rows, int I) {
-    size_t n = rows * (size_t)I, stride = (size_t)gridDim.x * blockDim.x;
+template <int W, typename Td, typename Ta, typename Tg>
+__global__ void swiglu_backward_kernel(Td *dgu, const Ta *da, const Tg *gu, size_t rows, int I) {
+    const size_t per_row = (size_t)(I / W), n = rows * per_row, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += stride) {
-        size_t r = idx / (size_t)I, i = idx % (size_t)I;
-        size_t gi_at = r * 2 * (size_t)I + i, ui_at = gi_at + (size_t)I;
-        float g = load_num(gu, gt, gi_at), u = load_num(gu, gt, ui_at), d = load_num(da, at, idx);
-        float s = sigmoid_f(g);
-        store_num(dgu, dt, ui_at, d * g * s);
-        store_num(dgu, dt, gi_at, d * u * s * (1.0f + g * (1.0f - s)));
+        const size_t r = idx / per_row, i = (idx % per_row) * W;
+        const size_t gi_at = r * 2 * (size_t)I + i, ui_at = gi_at + (size_t)I;
+        float g[W], u[W], d[W], dg[W], du[W];
+        load_vec<W>(gu + gi_at, g);
+        load_vec<W>(gu + ui_at, u);
+        load_vec<W>(da + r * (size_t)I + i, d);
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            float s = sigmoid_f(g[j]);
+            du[j] = d[j] * g[j] * s;
+            dg[j] = d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+        }
+        store_vec<W>(dgu + ui_at, du);
+        store_vec<W>(dgu + gi_at, dg);
     }
 }
 
-static unsigned grid_for(size_t n) {
-    unsigned b = cuda_blocks(n, 256);
-    return b > 65535u * 8u ? 65535u * 8u : b;
+static void swiglu_forward(Backend *be, Buf act, Buf gu, size_t rows, int I) {
+    const bool vec = pw_vec_ok({act.p, gu.p}, {I});
+    const int W = vec ? PW_VEC : 1;
+    const unsigned grid = pw_grid(be, rows * (size_t)(I / W), PW_THREADS);
+    cudaStream_t st = cuda_state(be)->stream;
+    with_num_type(act.t, [&](auto ta) {
+        with_num_type(gu.t, [&](auto tg) {
+            using Ta = decltype(ta);
+            using Tg = decltype(tg);
+            if (vec)
+                swiglu_forward_kernel<PW_VEC><<<grid, PW_THREADS, 0, st>>>((Ta *)act.p, (const Tg *)gu.p, rows, I);
+            else
+                swiglu_forward_kernel<1><<<grid, PW_THREADS, 0, st>>>((Ta *)act.p, (const Tg *)gu.p, rows, I);
+        });
+    });
+    CUDA_LAUNCHED(be);
+}
+
+// In place: gu (gate | up) becomes its gradient.
+static void swiglu_backward(Backend *be, Buf gu, Buf da, size_t rows, int I) {
+    const bool vec = pw_vec_ok({gu.p, da.p}, {I});
+    const int W = vec ? PW_VEC : 1;
+    const unsigned grid = pw_grid(be, rows * (size_t)(I / W), PW_THREADS);
+    cudaStream_t st = cuda_state(be)->stream;
+    with_num_type(gu.t, [&](auto tg) {
+        with_num_type(da.t, [&](auto ta) {
+            using Tg = decltype(tg);
+            using Ta = decltype(ta);
+            if (vec)
+                swiglu_backward_kernel<PW_VEC>
+                    <<<grid, PW_THREADS, 0, st>>>((Tg *)gu.p, (const Ta *)da.p, (const Tg *)gu.p, rows, I);
+            else
+                swiglu_backward_kernel<1>
+                    <<<grid, PW_THREADS, 0, st>>>((Tg *)gu.p, (const Ta *)da.p, (const Tg *)gu.p, rows, I);
+        });
+    });
+    CUDA_LAUNCHED(be);
 }
 
 // ---- a batch of per-expert GEMMs --------------------------------------------------------------
@@ -174,9 +224,7 @@ extern "C" void cuda_experts_forward(Backend *be, const ExpertsArgs *a) {
     if (up.empty()) return;
     gemm_many(be, false, true, 1.0f, 0.0f, a->xe.t, a->gate_up[0].t, a->gu.t, up);
     size_t rows = (size_t)(off[E] - off[0]);
-    Buf act = buf_at(a->act, (size_t)off[0] * I), gu = buf_at(a->gu, (size_t)off[0] * 2 * I);
-    swiglu_forward_kernel<<<grid_for(rows * I), 256, 0, cuda_state(be)->stream>>>(act.p, act.t, gu.p, gu.t, rows, I);
-    CUDA_LAUNCHED(be);
+    swiglu_forward(be, buf_at(a->act, (size_t)off[0] * I), buf_at(a->gu, (size_t)off[0] * 2 * I), rows, I);
     gemm_many(be, false, true, 1.0f, 0.0f, a->act.t, a->down[0].t, a->y.t, down);
 }
 
@@ -209,10 +257,7 @@ extern "C" void cuda_experts_backward(Backend *be, const ExpertsArgs *a) {
     gemm_many(be, false, false, 1.0f, 0.0f, a->dy.t, a->down[0].t, a->da.t, da);
     gemm_many(be, true, false, 1.0f, 1.0f, a->dy.t, a->act.t, NUM_F32, ddown);
     size_t rows = (size_t)(off[E] - off[0]);
-    Buf gu = buf_at(a->gu, (size_t)off[0] * 2 * I), dab = buf_at(a->da, (size_t)off[0] * I);
-    swiglu_backward_kernel<<<grid_for(rows * I), 256, 0, cuda_state(be)->stream>>>(gu.p, gu.t, dab.p, dab.t, gu.p,
-                                                                                   gu.t, rows, I);
-    CUDA_LAUNCHED(be);
+    swiglu_backward(be, buf_at(a->gu, (size_t)off[0] * 2 * I), buf_at(a->da, (size_t)off[0] * I), rows, I);
     gemm_many(be, true, false, 1.0f, 1.0f, a->gu.t, a->xe.t, NUM_F32, dgate_up);
     gemm_many(be, true, false, 1.0f, 1.0f, a->gu.t, a->xe.t, NUM_F32, dgate);
     gemm_many(be, true, false, 1.0f, 1.0f, a->gu.t, a->xe.t, NUM_F32, dup);
