@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -371,6 +372,96 @@ static void test_experts_deterministic(void **state) {
     free(r1), free(r2);
 }
 
+// Not a check: prints the speed of the experts op at the 1B model's shape (H 768, I 2048, 16
+// experts, 8 x 2048 tokens top-2: 2048 rows each), for the GPU speed work (docs/gpu_perf_notes.md):
+// the forward (grouped GEMMs + SwiGLU), the backward with every expert trainable and with all
+// frozen (dX only: the difference is the dW GEMMs), each through cuBLAS's grouped GEMM and the
+// per-expert cuBLASLt loop, and one dense GEMM of the forward's first projection's size as the
+// ceiling. FLOPs: forward 2*NK*3*H*I; backward dX the same, dW the same again.
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void test_experts_speed(void **state) {
+    (void)state;
+    if (getenv("SPES_GPU_MEMCHECK_PASS")) skip();   // minutes under the sanitizer, and time means nothing there
+    Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
+    enum { E = 16, H = 768, I = 2048, ROWS = 2048, NK = E * ROWS, ITERS = 5 };
+    const NumType ct = NUM_BF16;
+    int32_t off[E + 1];
+    for (int e = 0; e <= E; e++) off[e] = e * ROWS;
+    float *x = gt_random((size_t)NK * 2 * I, 77, 1.0);
+    Buf xe = gt_upload(be, x, (size_t)NK * H, ct), dy = gt_upload(be, x, (size_t)NK * H, ct);
+    Buf gu = gt_alloc(be, (size_t)NK * 2 * I, ct), act = gt_alloc(be, (size_t)NK * I, ct);
+    Buf y = gt_alloc(be, (size_t)NK * H, ct), da = gt_alloc(be, (size_t)NK * I, ct);
+    Buf gate_up[E], down[E];
+    float *dgate_up[E], *ddown[E], *none[E];
+    for (int e = 0; e < E; e++) {
+        gate_up[e] = gt_upload(be, x + e, (size_t)2 * I * H, ct);
+        down[e] = gt_upload(be, x + 2 * e, (size_t)H * I, ct);
+        dgate_up[e] = gt_alloc(be, (size_t)2 * I * H, NUM_F32).p;
+        ddown[e] = gt_alloc(be, (size_t)H * I, NUM_F32).p;
+        none[e] = NULL;
+    }
+    const double flops = 2.0 * NK * 3.0 * H * I;
+    for (int variant = 0; variant < 2; variant++) {
+        if (variant == 1) setenv("SPES_CUDA_GROUPED", "0", 1);
+        double t_fwd = 0, t_bwd = 0, t_bwd_frozen = 0;
+        for (int pass = 0; pass < 2; pass++) {   // pass 0 warms up (plans, heuristics)
+            ExpertsArgs a = {E, H, I, off, gate_up, down, xe, gu, act, y, dy, da, dgate_up, none, none, ddown};
+            ExpertsArgs frozen = a;
+            frozen.dgate_up = frozen.dgate = frozen.dup = frozen.ddown = none;
+            gt_sync_ok(be);
+            double t0 = seconds_now();
+            for (int it = 0; it < ITERS; it++) be->ops->experts_forward(be, &a);
+            gt_sync_ok(be);
+            double t1 = seconds_now();
+            for (int it = 0; it < ITERS; it++) {   // the backward overwrites gu and dy: refresh them
+                be->ops->experts_forward(be, &a);
+                be->ops->copy(be, dy.p, xe.p, (size_t)NK * H * num_type_size(ct));
+                be->ops->experts_backward(be, &a);
+            }
+            gt_sync_ok(be);
+            double t2 = seconds_now();
+            for (int it = 0; it < ITERS; it++) {
+                be->ops->experts_forward(be, &frozen);
+                be->ops->copy(be, dy.p, xe.p, (size_t)NK * H * num_type_size(ct));
+                be->ops->experts_backward(be, &frozen);
+            }
+            gt_sync_ok(be);
+            double t3 = seconds_now();
+            t_fwd = (t1 - t0) / ITERS;
+            t_bwd = (t2 - t1) / ITERS - t_fwd;   // less the forward that refreshed its inputs
+            t_bwd_frozen = (t3 - t2) / ITERS - t_fwd;
+        }
+        printf("  experts H=%d I=%d E=%d NK=%d, %s: forward %.3f ms (%.0f TFLOP/s); backward all trainable %.3f ms "
+               "(%.0f TFLOP/s), all frozen %.3f ms (%.0f TFLOP/s): dW GEMMs %.3f ms (%.0f TFLOP/s)\n",
+               H, I, E, NK, variant ? "per-expert cuBLASLt loop" : "grouped GEMMs", 1e3 * t_fwd,
+               flops / t_fwd * 1e-12, 1e3 * t_bwd, 2 * flops / t_bwd * 1e-12, 1e3 * t_bwd_frozen,
+               flops / t_bwd_frozen * 1e-12, 1e3 * (t_bwd - t_bwd_frozen), flops / (t_bwd - t_bwd_frozen) * 1e-12);
+    }
+    unsetenv("SPES_CUDA_GROUPED");
+    // the ceiling: one GEMM of all NK rows against one expert's [2I, H] (gu = xe @ gate_up^T)
+    double t_dense = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        gt_sync_ok(be);
+        double t0 = seconds_now();
+        for (int it = 0; it < ITERS; it++) linear_forward(be, gu, xe, gate_up[0], NK, H, 2 * I, false);
+        gt_sync_ok(be);
+        t_dense = (seconds_now() - t0) / ITERS;
+    }
+    printf("  dense GEMM [%d x %d] @ [%d x %d]^T: %.3f ms (%.0f TFLOP/s)\n", NK, H, 2 * I, H, 1e3 * t_dense,
+           2.0 * NK * H * 2 * I / t_dense * 1e-12);
+    free(x);
+    gt_free(be, xe), gt_free(be, dy), gt_free(be, gu), gt_free(be, act), gt_free(be, y), gt_free(be, da);
+    for (int e = 0; e < E; e++) {
+        gt_free(be, gate_up[e]), gt_free(be, down[e]);
+        backend_free(be, dgate_up[e]), backend_free(be, ddown[e]);
+    }
+}
+
 // ---- AdamW ------------------------------------------------------------------------------------
 static void test_adamw(void **state) {
     (void)state;
@@ -658,6 +749,7 @@ int main(void) {
         cmocka_unit_test(test_experts_bf16),
         cmocka_unit_test(test_experts_f16),
         cmocka_unit_test(test_experts_deterministic),
+        cmocka_unit_test(test_experts_speed),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_reductions),
     };
