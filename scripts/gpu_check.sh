@@ -44,6 +44,12 @@ source "$bundle/env.sh"
 # The machine's python3 holds PyTorch and transformers: the references of the tests and bench.
 [ -x "${SPES_VENV_PY:-}" ] || SPES_VENV_PY=$(command -v python3)
 export SPES_VENV_PY
+# cuDNN (attention's fused kernels; src/ops/cuda/cudnn_loader.cu dlopens libcudnn.so.9): the GPU
+# machines have it only in PyTorch's nvidia-cudnn wheel, which C cannot ask Python for: here.
+if [ -z "${SPES_CUDNN_LIB:-}" ]; then
+  cudnn_dir=$("$SPES_VENV_PY" -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null || true)
+  if [ -n "$cudnn_dir" ] && [ -e "$cudnn_dir/libcudnn.so.9" ]; then export SPES_CUDNN_LIB=$cudnn_dir; fi
+fi
 # OpenMPI's shared-memory transport keeps its segments in /dev/shm; a microVM may lack it.
 [ -w /dev/shm ] || export OMPI_MCA_btl_vader_backing_directory=/tmp
 
@@ -52,6 +58,9 @@ stage_facts() {
   nvcc --version 2>/dev/null | tail -2
   "$SPES_VENV_PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
   "$SPES_BIN" version
+  echo "cuDNN for attention: SPES_CUDNN_LIB=${SPES_CUDNN_LIB:-(unset: the loader searches itself)}" \
+    "$(ls "${SPES_CUDNN_LIB:-/nonexistent}"/libcudnn.so.9.* 2>/dev/null | head -1)," \
+    "torch's cuDNN $("$SPES_VENV_PY" -c 'import torch; print(torch.backends.cudnn.version())' 2>/dev/null || echo '?')"
   if [ -f "$SPES_BUNDLE/nccl/libnccl.so.2" ]; then
     echo "bundle's NCCL: $(LD_LIBRARY_PATH="$SPES_BUNDLE/nccl:$LD_LIBRARY_PATH" "$SPES_BIN" version | sed -n 's/^nccl: //p')"
   fi

@@ -6,6 +6,18 @@
 // multiple of the 64-row tiles, B > 1, hd 64 and 128 (and 40, 256 on the SIMT path).
 // Outputs are poisoned before every run; every run is repeated and must give the same bits.
 //
+// cuDNN (src/ops/cuda/cudnn_attention.cu). The bf16/f16 shapes run twice: on our kernels
+// (cuda_attention_use_cudnn(false)) and on cuDNN's fused attention, against the same cpu
+// reference and bounds; on the cuDNN path the output is also compared with our kernel's on
+// the same inputs (within the sum of both bounds) and must repeat bit for bit (the backward
+// is cuDNN's deterministic one). A shape cuDNN declines for a documented limit (a version
+// rule, T = 1) runs our kernel and says so; a cuDNN call that fails (graph, plan, execute)
+// fails the test with cuDNN's message. Without cuDNN the cuDNN cases are skipped, saying why.
+// test_cudnn_absent re-runs this program with SPES_CUDNN_LIB=/nonexistent: our kernels run,
+// nothing fails. test_cudnn_graph_descriptors needs no GPU: it builds every tensor and
+// operation descriptor of the graphs and finalizes them (cuDNN checks their attributes then).
+// test_bf16_speed prints ms and TFLOP/s of ours and cuDNN's at the 1B model's shape.
+//
 // Tolerances.
 //  fp32: max|got-ref| / max|ref| <= 1e-5 for out and lse, 1e-4 for dq/dk/dv (as the cpu tiled
 //    vs textbook test), plus, for dq and dk, the cancellation below.
@@ -40,8 +52,35 @@
 
 #include <cmocka.h>
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "gpu/gpu_test.h"
 #include "ops/cuda/cuda_attention.h"
+#include "ops/cuda/cudnn_attention.h"
+
+extern char **environ;
+
+typedef enum { PATH_OURS, PATH_CUDNN, PATH_SIMT } Path;
+static const char *path_name(Path p) { return p == PATH_OURS ? "" : p == PATH_CUDNN ? " (cudnn)" : " (simt)"; }
+
+// After a call meant for cuDNN: cuDNN ran it, or declined for a documented limit (printed),
+// or failed (the test fails with its message).
+static void expect_cudnn(bool backward, bool *ran) {
+    const char *impl = cuda_attention_last_impl(backward);
+    if (impl && strcmp(impl, "cudnn") == 0) {
+        *ran = true;
+        return;
+    }
+    bool failed = false;
+    const char *why = cuda_cudnn_attention_last_fallback(backward, &failed);
+    if (failed) fail_msg("cuDNN %s failed: %s", backward ? "backward" : "forward", why ? why : "?");
+    printf("  cuDNN %s not used (%s): %s ran\n", backward ? "backward" : "forward", why ? why : "?",
+           impl ? impl : "?");
+    *ran = false;
+}
 
 typedef struct {
     int B, Tq, Tk, nh, nkv, hd;
@@ -123,14 +162,16 @@ static float *rounded_random(size_t n, uint64_t seed, NumType t) {
 
 // One shape in one precision: forward (and backward when Tq == Tk) against the cpu kernels,
 // then a second run into freshly poisoned buffers must give the same bits.
-static void check_attention(Precision prec, Shape s, bool force_simt) {
+static void check_attention(Precision prec, Shape s, Path path) {
     Backend *be = cuda_test_backend(prec);
     const NumType t = gt_compute_type(prec);
     const int B = s.B, Tq = s.Tq, Tk = s.Tk, nh = s.nh, nkv = s.nkv, hd = s.hd;
     const bool bwd = Tq == Tk;
-    printf("attention %s%s B=%d Tq=%d Tk=%d nh=%d nkv=%d hd=%d\n", num_type_name(t), force_simt ? " (simt)" : "", B,
-           Tq, Tk, nh, nkv, hd);
-    cuda_attention_force_simt(force_simt);
+    printf("attention %s%s B=%d Tq=%d Tk=%d nh=%d nkv=%d hd=%d\n", num_type_name(t), path_name(path), B, Tq, Tk, nh,
+           nkv, hd);
+    cuda_attention_force_simt(path == PATH_SIMT);
+    cuda_attention_use_cudnn(path == PATH_CUDNN);
+    bool cudnn_fwd = false, cudnn_bwd = false;
     const size_t nq = (size_t)B * Tq * nh * hd, nk = (size_t)B * Tk * nkv * hd, nl = (size_t)B * nh * Tq;
     float *q = rounded_random(nq, 101, t), *k = rounded_random(nk, 102, t), *v = rounded_random(nk, 103, t);
     float *dout = rounded_random(nq, 104, t);
@@ -149,8 +190,19 @@ static void check_attention(Precision prec, Shape s, bool force_simt) {
         d_out[run] = gt_alloc(be, nq, t);
         d_lse[run] = gt_alloc(be, nl, NUM_F32).p;
         be->ops->attention_forward(be, d_out[run], d_lse[run], d_q, d_k, d_v, B, Tq, Tk, nh, nkv, hd);
+        if (path == PATH_CUDNN) expect_cudnn(false, &cudnn_fwd);
     }
     float *out = gt_download(be, d_out[0], nq), *lse = gt_download(be, buf_f32(d_lse[0]), nl);
+    float *out_ours = NULL, *lse_ours = NULL;
+    if (cudnn_fwd) {   // our kernel on the same inputs, for the comparison below
+        cuda_attention_use_cudnn(false);
+        Buf o2 = gt_alloc(be, nq, t);
+        float *l2 = gt_alloc(be, nl, NUM_F32).p;
+        be->ops->attention_forward(be, o2, l2, d_q, d_k, d_v, B, Tq, Tk, nh, nkv, hd);
+        out_ours = gt_download(be, o2, nq), lse_ours = gt_download(be, buf_f32(l2), nl);
+        gt_free(be, o2), backend_free(be, l2);
+        cuda_attention_use_cudnn(true);
+    }
 
     const double u = t == NUM_F32 ? 0.0 : gt_unit_roundoff(t), eta = t == NUM_F16 ? 0x1p-25 : 0.0;
     double *b_out = malloc(nq * sizeof(double)), *b_dq = NULL, *b_dk = NULL, *b_dv = NULL;
@@ -182,6 +234,7 @@ static void check_attention(Precision prec, Shape s, bool force_simt) {
             g_q[run] = gt_alloc(be, nq, t), g_k[run] = gt_alloc(be, nk, t), g_v[run] = gt_alloc(be, nk, t);
             be->ops->attention_backward(be, g_q[run], g_k[run], g_v[run], d_dout, d_outin, d_lsein, d_q, d_k, d_v, B,
                                         Tq, nh, nkv, hd);
+            if (path == PATH_CUDNN) expect_cudnn(true, &cudnn_bwd);
         }
         float *gq = gt_download(be, g_q[0], nq), *gk = gt_download(be, g_k[0], nk), *gv = gt_download(be, g_v[0], nk);
         b_dq = malloc(nq * sizeof(double)), b_dk = malloc(nk * sizeof(double)), b_dv = malloc(nk * sizeof(double));
@@ -192,6 +245,20 @@ static void check_attention(Precision prec, Shape s, bool force_simt) {
         check_bounded("dq", gq, dq_ref, b_dq, nq, u, 1e-4);
         check_bounded("dk", gk, dk_ref, b_dk, nk, u, 1e-4);
         check_bounded("dv", gv, dv_ref, b_dv, nk, u, 1e-4);
+        if (cudnn_bwd) {   // cuDNN against our kernel on the same inputs: within both bounds
+            cuda_attention_use_cudnn(false);
+            Buf o_q = gt_alloc(be, nq, t), o_k = gt_alloc(be, nk, t), o_v = gt_alloc(be, nk, t);
+            be->ops->attention_backward(be, o_q, o_k, o_v, d_dout, d_outin, d_lsein, d_q, d_k, d_v, B, Tq, nh, nkv, hd);
+            float *oq = gt_download(be, o_q, nq), *ok = gt_download(be, o_k, nk), *ov = gt_download(be, o_v, nk);
+            for (size_t e = 0; e < nq; e++) b_dq[e] *= 2.0;
+            for (size_t e = 0; e < nk; e++) b_dk[e] *= 2.0, b_dv[e] *= 2.0;
+            check_bounded("dq cudnn vs ours", gq, oq, b_dq, nq, 2.0 * u, 2e-4);
+            check_bounded("dk cudnn vs ours", gk, ok, b_dk, nk, 2.0 * u, 2e-4);
+            check_bounded("dv cudnn vs ours", gv, ov, b_dv, nk, 2.0 * u, 2e-4);
+            gt_free(be, o_q), gt_free(be, o_k), gt_free(be, o_v);
+            free(oq), free(ok), free(ov);
+            cuda_attention_use_cudnn(true);
+        }
         gt_check_same_bits(be, "dq (two runs)", g_q[0].p, g_q[1].p, nq * num_type_size(t));
         gt_check_same_bits(be, "dk (two runs)", g_k[0].p, g_k[1].p, nk * num_type_size(t));
         gt_check_same_bits(be, "dv (two runs)", g_v[0].p, g_v[1].p, nk * num_type_size(t));
@@ -203,9 +270,16 @@ static void check_attention(Precision prec, Shape s, bool force_simt) {
         if (!bwd) attention_bounds(&s, q, k, v, dout, out_ref, lse_ref, u, eta, b_out, NULL, NULL, NULL);
         check_bounded("out", out, out_ref, b_out, nq, u, 1e-5);
         gt_check("lse", lse, lse_ref, nl, 2e-5);
+        if (out_ours) {
+            for (size_t e = 0; e < nq; e++) b_out[e] *= 2.0;
+            check_bounded("out cudnn vs ours", out, out_ours, b_out, nq, 2.0 * u, 2e-5);
+            gt_check("lse cudnn vs ours", lse, lse_ours, nl, 4e-5);
+        }
     }
 
     cuda_attention_force_simt(false);
+    cuda_attention_use_cudnn(true);
+    free(out_ours), free(lse_ours);
     for (int run = 0; run < 2; run++) gt_free(be, d_out[run]), backend_free(be, d_lse[run]);
     gt_free(be, d_q), gt_free(be, d_k), gt_free(be, d_v);
     free(q), free(k), free(v), free(dout), free(out_ref), free(lse_ref), free(out), free(lse);
@@ -217,53 +291,223 @@ static void check_attention(Precision prec, Shape s, bool force_simt) {
 // fp32: the SIMT kernels (tensor cores are not used for fp32 buffers).
 static void test_fp32(void **state) {
     (void)state;
-    check_attention(PRECISION_FP32, S(2, 17, 17, 4, 2, 64), false);     // GQA 2, B > 1
-    check_attention(PRECISION_FP32, S(1, 100, 100, 4, 1, 128), false);  // MQA
-    check_attention(PRECISION_FP32, S(2, 257, 257, 4, 4, 64), false);   // MHA, 5 tiles of 64, ragged
-    check_attention(PRECISION_FP32, S(1, 1, 1, 2, 1, 64), false);       // a single token
-    check_attention(PRECISION_FP32, S(1, 33, 33, 8, 2, 40), false);     // hd 40: generic, GQA 4
-    check_attention(PRECISION_FP32, S(1, 40, 40, 2, 1, 256), false);    // hd 256: the largest
+    check_attention(PRECISION_FP32, S(2, 17, 17, 4, 2, 64), PATH_OURS);     // GQA 2, B > 1
+    check_attention(PRECISION_FP32, S(1, 100, 100, 4, 1, 128), PATH_OURS);  // MQA
+    check_attention(PRECISION_FP32, S(2, 257, 257, 4, 4, 64), PATH_OURS);   // MHA, 5 tiles of 64, ragged
+    check_attention(PRECISION_FP32, S(1, 1, 1, 2, 1, 64), PATH_OURS);       // a single token
+    check_attention(PRECISION_FP32, S(1, 33, 33, 8, 2, 40), PATH_OURS);     // hd 40: generic, GQA 4
+    check_attention(PRECISION_FP32, S(1, 40, 40, 2, 1, 256), PATH_OURS);    // hd 256: the largest
 }
 
 static void test_fp32_kv_cache(void **state) {
     (void)state;
-    check_attention(PRECISION_FP32, S(2, 1, 300, 4, 2, 64), false);     // decode one token
-    check_attention(PRECISION_FP32, S(1, 5, 300, 4, 1, 128), false);    // five tokens, MQA
+    check_attention(PRECISION_FP32, S(2, 1, 300, 4, 2, 64), PATH_OURS);     // decode one token
+    check_attention(PRECISION_FP32, S(1, 5, 300, 4, 1, 128), PATH_OURS);    // five tokens, MQA
 }
 
 // bf16: the tensor-core kernels wherever they apply.
 static void test_bf16(void **state) {
     (void)state;
-    check_attention(PRECISION_AMP_BF16, S(2, 100, 100, 4, 2, 64), false);   // GQA 2, B > 1, ragged
-    check_attention(PRECISION_AMP_BF16, S(1, 257, 257, 4, 1, 128), false);  // MQA, 5 tiles
-    check_attention(PRECISION_AMP_BF16, S(2, 17, 17, 2, 2, 128), false);    // MHA, one partial tile
-    check_attention(PRECISION_AMP_BF16, S(3, 64, 64, 8, 2, 64), false);     // GQA 4, exactly one tile
-    check_attention(PRECISION_AMP_BF16, S(1, 130, 130, 12, 12, 64), false); // 1B model's heads
-    check_attention(PRECISION_AMP_BF16, S(1, 1, 1, 4, 2, 64), false);       // T = 1 (SIMT: Tq < 16)
-    check_attention(PRECISION_AMP_BF16, S(1, 33, 33, 4, 2, 40), false);     // hd 40: SIMT
-    check_attention(PRECISION_AMP_BF16, S(1, 2048, 2048, 2, 1, 64), false); // training length, 32 tiles
+    check_attention(PRECISION_AMP_BF16, S(2, 100, 100, 4, 2, 64), PATH_OURS);   // GQA 2, B > 1, ragged
+    check_attention(PRECISION_AMP_BF16, S(1, 257, 257, 4, 1, 128), PATH_OURS);  // MQA, 5 tiles
+    check_attention(PRECISION_AMP_BF16, S(2, 17, 17, 2, 2, 128), PATH_OURS);    // MHA, one partial tile
+    check_attention(PRECISION_AMP_BF16, S(3, 64, 64, 8, 2, 64), PATH_OURS);     // GQA 4, exactly one tile
+    check_attention(PRECISION_AMP_BF16, S(1, 130, 130, 12, 12, 64), PATH_OURS); // 1B model's heads
+    check_attention(PRECISION_AMP_BF16, S(1, 1, 1, 4, 2, 64), PATH_OURS);       // T = 1 (SIMT: Tq < 16)
+    check_attention(PRECISION_AMP_BF16, S(1, 33, 33, 4, 2, 40), PATH_OURS);     // hd 40: SIMT
+    check_attention(PRECISION_AMP_BF16, S(1, 2048, 2048, 2, 1, 64), PATH_OURS); // training length, 32 tiles
 }
 
 static void test_bf16_kv_cache(void **state) {
     (void)state;
-    check_attention(PRECISION_AMP_BF16, S(2, 1, 300, 4, 2, 64), false);     // decode (SIMT)
-    check_attention(PRECISION_AMP_BF16, S(1, 5, 300, 4, 1, 128), false);    // (SIMT)
-    check_attention(PRECISION_AMP_BF16, S(1, 40, 300, 4, 2, 64), false);    // tensor cores, 260 past keys
-    check_attention(PRECISION_AMP_BF16, S(2, 100, 300, 4, 1, 128), false);  // tensor cores, MQA
+    check_attention(PRECISION_AMP_BF16, S(2, 1, 300, 4, 2, 64), PATH_OURS);     // decode (SIMT)
+    check_attention(PRECISION_AMP_BF16, S(1, 5, 300, 4, 1, 128), PATH_OURS);    // (SIMT)
+    check_attention(PRECISION_AMP_BF16, S(1, 40, 300, 4, 2, 64), PATH_OURS);    // tensor cores, 260 past keys
+    check_attention(PRECISION_AMP_BF16, S(2, 100, 300, 4, 1, 128), PATH_OURS);  // tensor cores, MQA
 }
 
 // bf16 through the SIMT kernels (the simple reference path) on the same shapes.
 static void test_bf16_simt(void **state) {
     (void)state;
-    check_attention(PRECISION_AMP_BF16, S(2, 100, 100, 4, 2, 64), true);
-    check_attention(PRECISION_AMP_BF16, S(1, 257, 257, 4, 1, 128), true);
-    check_attention(PRECISION_AMP_BF16, S(1, 40, 300, 4, 2, 64), true);
+    check_attention(PRECISION_AMP_BF16, S(2, 100, 100, 4, 2, 64), PATH_SIMT);
+    check_attention(PRECISION_AMP_BF16, S(1, 257, 257, 4, 1, 128), PATH_SIMT);
+    check_attention(PRECISION_AMP_BF16, S(1, 40, 300, 4, 2, 64), PATH_SIMT);
 }
 
 static void test_f16(void **state) {
     (void)state;
-    check_attention(PRECISION_AMP_FP16, S(2, 100, 100, 4, 2, 64), false);
-    check_attention(PRECISION_AMP_FP16, S(1, 130, 130, 4, 4, 128), false);
+    check_attention(PRECISION_AMP_FP16, S(2, 100, 100, 4, 2, 64), PATH_OURS);
+    check_attention(PRECISION_AMP_FP16, S(1, 130, 130, 4, 4, 128), PATH_OURS);
+}
+
+// ---- cuDNN -------------------------------------------------------------------------------
+static void require_cudnn(void) {
+    const char *why = cuda_cudnn_load();
+    if (why) {
+        printf("cuDNN not available (%s): skipped\n", why);
+        skip();
+    }
+    char d[800];
+    cuda_cudnn_describe(d, sizeof d);
+    printf("%s\n", d);
+}
+
+// bf16 through cuDNN's fused attention: GQA 1/2/4 and MQA, hd 64/128, B > 1, T a multiple of
+// 128 (what cuDNN <= 9.15's backward needs) and not, shapes cuDNN declines (say so, run ours).
+// Few shapes: each builds two cuDNN plans (runtime-compiled kernels, ~0.1-1 s each).
+static void test_bf16_cudnn(void **state) {
+    (void)state;
+    cuda_test_backend(PRECISION_AMP_BF16);
+    require_cudnn();
+    check_attention(PRECISION_AMP_BF16, S(2, 256, 256, 4, 2, 64), PATH_CUDNN);    // GQA 2, B > 1
+    check_attention(PRECISION_AMP_BF16, S(1, 384, 384, 4, 1, 128), PATH_CUDNN);   // MQA, hd 128
+    check_attention(PRECISION_AMP_BF16, S(3, 128, 128, 8, 2, 64), PATH_CUDNN);    // GQA 4
+    check_attention(PRECISION_AMP_BF16, S(1, 256, 256, 12, 12, 64), PATH_CUDNN);  // MHA, the 1B model's heads
+    check_attention(PRECISION_AMP_BF16, S(2, 100, 100, 4, 2, 128), PATH_CUDNN);   // ragged T (backward: 9.16+)
+    check_attention(PRECISION_AMP_BF16, S(1, 1, 1, 4, 2, 64), PATH_CUDNN);        // T = 1: declined
+    check_attention(PRECISION_AMP_BF16, S(1, 33, 33, 4, 2, 40), PATH_CUDNN);      // hd 40: declined
+    check_attention(PRECISION_AMP_BF16, S(1, 40, 300, 4, 2, 64), PATH_CUDNN);     // KV cache: ours
+    check_attention(PRECISION_AMP_BF16, S(1, 2048, 2048, 2, 1, 64), PATH_CUDNN);  // training length
+}
+
+static void test_f16_cudnn(void **state) {
+    (void)state;
+    cuda_test_backend(PRECISION_AMP_FP16);
+    require_cudnn();
+    check_attention(PRECISION_AMP_FP16, S(2, 256, 256, 4, 2, 64), PATH_CUDNN);
+    check_attention(PRECISION_AMP_FP16, S(1, 128, 128, 4, 4, 128), PATH_CUDNN);
+    check_attention(PRECISION_AMP_FP16, S(2, 100, 100, 4, 2, 64), PATH_CUDNN);
+}
+
+// cuDNN's opt-in non-deterministic backward (SPES_CUDNN_NONDETERMINISTIC=1): same bounds; its
+// two runs may differ in the last bits, so only the first is compared (check_attention's
+// same-bits check would fail it): here one shape, checked against the cpu by hand.
+static void test_bf16_cudnn_nondeterministic(void **state) {
+    (void)state;
+    Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
+    require_cudnn();
+    cuda_cudnn_attention_set_deterministic(false);
+    const Shape s = S(2, 256, 256, 4, 2, 64);
+    const int B = s.B, T = s.Tq, nh = s.nh, nkv = s.nkv, hd = s.hd;
+    const NumType t = NUM_BF16;
+    const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+    float *q = rounded_random(nq, 201, t), *k = rounded_random(nk, 202, t), *v = rounded_random(nk, 203, t);
+    float *dout = rounded_random(nq, 204, t);
+    float *out_ref = malloc(nq * sizeof(float)), *lse_ref = malloc(nl * sizeof(float));
+    float *dq_ref = malloc(nq * sizeof(float)), *dk_ref = malloc(nk * sizeof(float)), *dv_ref = malloc(nk * sizeof(float));
+    assert_true(out_ref && lse_ref && dq_ref && dk_ref && dv_ref);
+    assert_int_equal(op_attention_forward(out_ref, lse_ref, q, k, v, B, T, nh, nkv, hd), SPES_OK);
+    gt_round_host(out_ref, nq, t);
+    assert_int_equal(op_attention_backward(dq_ref, dk_ref, dv_ref, dout, out_ref, lse_ref, q, k, v, B, T, nh, nkv, hd),
+                     SPES_OK);
+    Buf d_q = gt_upload(be, q, nq, t), d_k = gt_upload(be, k, nk, t), d_v = gt_upload(be, v, nk, t);
+    Buf d_dout = gt_upload(be, dout, nq, t), d_out = gt_upload(be, out_ref, nq, t);
+    float *d_lse = gt_upload(be, lse_ref, nl, NUM_F32).p;
+    Buf g_q = gt_alloc(be, nq, t), g_k = gt_alloc(be, nk, t), g_v = gt_alloc(be, nk, t);
+    cuda_attention_use_cudnn(true);
+    be->ops->attention_backward(be, g_q, g_k, g_v, d_dout, d_out, d_lse, d_q, d_k, d_v, B, T, nh, nkv, hd);
+    bool ran = false;
+    expect_cudnn(true, &ran);
+    gt_sync_ok(be);
+    float *gq = gt_download(be, g_q, nq), *gk = gt_download(be, g_k, nk), *gv = gt_download(be, g_v, nk);
+    double *b_out = malloc(nq * sizeof(double)), *b_dq = malloc(nq * sizeof(double)),
+           *b_dk = malloc(nk * sizeof(double)), *b_dv = malloc(nk * sizeof(double));
+    assert_true(b_out && b_dq && b_dk && b_dv);
+    const double u = gt_unit_roundoff(t);
+    attention_bounds(&s, q, k, v, dout, out_ref, lse_ref, u, 0.0, b_out, b_dq, b_dk, b_dv);
+    // fp32 atomics change the summation order of dq: a few fp32 roundings more, in the slack
+    check_bounded("dq (non-deterministic)", gq, dq_ref, b_dq, nq, u, 2e-4);
+    check_bounded("dk (non-deterministic)", gk, dk_ref, b_dk, nk, u, 1e-4);
+    check_bounded("dv (non-deterministic)", gv, dv_ref, b_dv, nk, u, 1e-4);
+    cuda_cudnn_attention_set_deterministic(true);
+    gt_free(be, d_q), gt_free(be, d_k), gt_free(be, d_v), gt_free(be, d_dout), gt_free(be, d_out);
+    gt_free(be, g_q), gt_free(be, g_k), gt_free(be, g_v), backend_free(be, d_lse);
+    free(q), free(k), free(v), free(dout), free(out_ref), free(lse_ref), free(dq_ref), free(dk_ref), free(dv_ref);
+    free(gq), free(gk), free(gv), free(b_out), free(b_dq), free(b_dk), free(b_dv);
+}
+
+// No GPU needed: every tensor and operation descriptor of the forward and backward graphs is
+// built and finalized by the cuDNN library (which checks each attribute's type, count and
+// value then). The operation graph itself needs a handle, hence a GPU: the GPU tests do that.
+static void test_cudnn_graph_descriptors(void **state) {
+    (void)state;
+    require_cudnn();
+    const Shape shapes[] = {S(2, 256, 256, 4, 2, 64), S(1, 384, 384, 4, 4, 128), S(8, 2048, 2048, 12, 12, 64)};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int dir = 0; dir < 2; dir++)
+            for (int f16 = 0; f16 < 2; f16++)
+                for (int det = 1; det >= (dir ? 0 : 1); det--) {
+                    const Shape s = shapes[i];
+                    char msg[1200];
+                    const bool ok = cuda_cudnn_check_graph(dir == 1, s.B, s.Tq, s.nh, s.nkv, s.hd, f16, det, msg,
+                                                           sizeof msg);
+                    printf("  %s %s B=%d T=%d nh=%d nkv=%d hd=%d%s: %s\n", dir ? "backward" : "forward",
+                           f16 ? "f16" : "bf16", s.B, s.Tq, s.nh, s.nkv, s.hd,
+                           dir ? (det ? " deterministic" : " non-deterministic") : "", msg);
+                    if (!ok) fail_msg("cuDNN refused a descriptor: %s", msg);
+                }
+}
+
+// Without cuDNN (SPES_CUDNN_LIB=/nonexistent) our kernels run and nothing fails. The loader
+// decides once per process, so this runs the program again (argument --cudnn-absent) with
+// that variable; its output is shown indented, with cmocka's brackets changed so the test
+// runner does not count the child's summary as this program's.
+static void test_cudnn_absent(void **state) {
+    (void)state;
+    cuda_test_backend(PRECISION_AMP_BF16);   // skips without a GPU
+    // Under compute-sanitizer the child would inherit its injection variables: not there.
+    if (getenv("SPES_GPU_MEMCHECK_PASS")) skip();
+    const char *out_path = "/tmp/spes_cudnn_absent.log";
+    size_t n_env = 0;
+    while (environ[n_env]) n_env++;
+    char **env = calloc(n_env + 2, sizeof *env);
+    assert_non_null(env);
+    size_t m = 0;
+    for (size_t i = 0; i < n_env; i++)
+        if (strncmp(environ[i], "SPES_CUDNN_LIB=", 15) != 0) env[m++] = environ[i];
+    env[m++] = (char *)"SPES_CUDNN_LIB=/nonexistent";
+    env[m] = NULL;
+    char *argv[] = {(char *)"/proc/self/exe", (char *)"--cudnn-absent", NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid;
+    const int rc = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, env);
+    posix_spawn_file_actions_destroy(&fa);
+    free(env);
+    assert_int_equal(rc, 0);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    FILE *f = fopen(out_path, "r");
+    if (f) {
+        char line[2000];
+        while (fgets(line, sizeof line, f)) {
+            for (char *c = line; *c; c++)
+                if (*c == '[') *c = '(';
+                else if (*c == ']') *c = ')';
+            printf("  | %s", line);
+        }
+        fclose(f);
+    }
+    unlink(out_path);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("the run with SPES_CUDNN_LIB=/nonexistent failed (status %d): see its output above", status);
+}
+
+// The child of test_cudnn_absent.
+static void test_cudnn_absent_child(void **state) {
+    (void)state;
+    const char *why = cuda_cudnn_load();
+    assert_non_null(why);
+    printf("cuDNN: %s\n", why);
+    assert_non_null(strstr(why, "not found"));
+    check_attention(PRECISION_AMP_BF16, S(2, 256, 256, 4, 2, 64), PATH_CUDNN);   // falls back, passes
+    assert_string_equal(cuda_attention_last_impl(false), "tensor-core");
+    assert_string_equal(cuda_attention_last_impl(true), "tensor-core");
+    bool failed = true;
+    assert_non_null(cuda_cudnn_attention_last_fallback(false, &failed));
+    assert_false(failed);
 }
 
 // A head dim the kernels do not support is a recorded failure that names it, not a crash.
@@ -309,33 +553,79 @@ static void test_bf16_speed(void **state) {
         float *lse = gt_alloc(be, nl, NUM_F32).p;
         const double flops_fwd = 2.0 * s.B * s.nh * (double)s.Tq * s.Tq * s.hd;
         const int iters = 10;
-        double t_fwd = 0, t_bwd = 0;
-        for (int pass = 0; pass < 2; pass++) {   // pass 0 warms up
+        // ours; cuDNN deterministic (the default); cuDNN non-deterministic (opt-in)
+        const char *names[3] = {"ours", "cudnn", "cudnn non-deterministic"};
+        for (int impl = 0; impl < 3; impl++) {
+            if (impl > 0 && cuda_cudnn_load() != NULL) {
+                printf("  %s: skipped (%s)\n", names[impl], cuda_cudnn_load());
+                continue;
+            }
+            cuda_attention_use_cudnn(impl > 0);
+            cuda_cudnn_attention_set_deterministic(impl != 2);
+            double t_fwd = 0, t_bwd = 0;
+            for (int pass = 0; pass < 2; pass++) {   // pass 0 warms up (and builds cuDNN's plans)
+                gt_sync_ok(be);
+                double t0 = now_s();
+                for (int it = 0; it < iters; it++)
+                    be->ops->attention_forward(be, out, lse, q, k, v, s.B, s.Tq, s.Tk, s.nh, s.nkv, s.hd);
+                gt_sync_ok(be);
+                double t1 = now_s();
+                for (int it = 0; it < iters; it++)
+                    be->ops->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, s.B, s.Tq, s.nh, s.nkv,
+                                                s.hd);
+                gt_sync_ok(be);
+                t_fwd = (t1 - t0) / iters, t_bwd = (now_s() - t1) / iters;
+            }
+            const char *fi = cuda_attention_last_impl(false), *bi = cuda_attention_last_impl(true);
+            // Repeatability at this size (where atomics would show): one more backward into
+            // fresh buffers must give the same bits as the last timed one.
+            Buf dq2 = gt_alloc(be, nq, NUM_BF16), dk2 = gt_alloc(be, nk, NUM_BF16), dv2 = gt_alloc(be, nk, NUM_BF16);
+            be->ops->attention_backward(be, dq2, dk2, dv2, dout, out, lse, q, k, v, s.B, s.Tq, s.nh, s.nkv, s.hd);
             gt_sync_ok(be);
-            double t0 = now_s();
-            for (int it = 0; it < iters; it++)
-                be->ops->attention_forward(be, out, lse, q, k, v, s.B, s.Tq, s.Tk, s.nh, s.nkv, s.hd);
-            gt_sync_ok(be);
-            double t1 = now_s();
-            for (int it = 0; it < iters; it++)
-                be->ops->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, s.B, s.Tq, s.nh, s.nkv, s.hd);
-            gt_sync_ok(be);
-            t_fwd = (t1 - t0) / iters, t_bwd = (now_s() - t1) / iters;
+            bool same = true;
+            const Buf pairs[3][2] = {{dq, dq2}, {dk, dk2}, {dv, dv2}};
+            const size_t sizes[3] = {nq, nk, nk};
+            for (int i = 0; i < 3; i++) {
+                void *a = gt_download_bytes(be, pairs[i][0].p, sizes[i] * 2);
+                void *b2 = gt_download_bytes(be, pairs[i][1].p, sizes[i] * 2);
+                same = same && memcmp(a, b2, sizes[i] * 2) == 0;
+                free(a), free(b2);
+            }
+            gt_free(be, dq2), gt_free(be, dk2), gt_free(be, dv2);
+            printf("  %-24s B=%d T=%d nh=%d nkv=%d hd=%d: forward %.3f ms (%.0f TFLOP/s, %s), backward %.3f ms "
+                   "(%.0f TFLOP/s, %s)\n",
+                   names[impl], s.B, s.Tq, s.nh, s.nkv, s.hd, 1e3 * t_fwd, flops_fwd / t_fwd * 1e-12, fi ? fi : "?",
+                   1e3 * t_bwd, 2.5 * flops_fwd / t_bwd * 1e-12, bi ? bi : "?");
+            printf("  %-24s backward repeated: %s\n", "", same ? "same bits" : "DIFFERENT bits");
+            if (impl != 2 && !same) fail_msg("%s: the backward is not reproducible at this shape", names[impl]);
         }
-        printf("  B=%d T=%d nh=%d nkv=%d hd=%d: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s)\n",
-               s.B, s.Tq, s.nh, s.nkv, s.hd, 1e3 * t_fwd, flops_fwd / t_fwd * 1e-12, 1e3 * t_bwd,
-               2.5 * flops_fwd / t_bwd * 1e-12);
+        cuda_attention_use_cudnn(true);
+        cuda_cudnn_attention_set_deterministic(true);
         free(x);
         gt_free(be, q), gt_free(be, k), gt_free(be, v), gt_free(be, dout), gt_free(be, out);
         gt_free(be, dq), gt_free(be, dk), gt_free(be, dv), backend_free(be, lse);
     }
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--cudnn-absent") == 0) {
+        const struct CMUnitTest child[] = {cmocka_unit_test(test_cudnn_absent_child)};
+        return cmocka_run_group_tests(child, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fp32),        cmocka_unit_test(test_fp32_kv_cache), cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_bf16_kv_cache), cmocka_unit_test(test_bf16_simt),   cmocka_unit_test(test_f16),
-        cmocka_unit_test(test_unsupported_head_dim), cmocka_unit_test(test_bf16_speed),
+        cmocka_unit_test(test_fp32),
+        cmocka_unit_test(test_fp32_kv_cache),
+        cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_bf16_kv_cache),
+        cmocka_unit_test(test_bf16_simt),
+        cmocka_unit_test(test_f16),
+        cmocka_unit_test(test_cudnn_graph_descriptors),
+        cmocka_unit_test(test_bf16_cudnn),
+        cmocka_unit_test(test_f16_cudnn),
+        cmocka_unit_test(test_bf16_cudnn_nondeterministic),
+        cmocka_unit_test(test_cudnn_absent),
+        cmocka_unit_test(test_unsupported_head_dim),
+        cmocka_unit_test(test_bf16_speed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,11 +1,12 @@
 // Causal GQA attention on the GPU: flash-attention-style kernels of our own.
 //
-// Why our own kernel and not cuDNN's fused attention: cuDNN's SDPA is reached through the
-// graph API, which from C is hundreds of lines of backend descriptors (no cudnn-frontend
-// C++ headers here), its engine choice and numerics change between cuDNN versions (our
-// runs must be bit-reproducible and tested against the cpu reference), and its backward
-// determinism is a per-engine property we would have to trust. A kernel of our own is a
-// page we can read, test and keep deterministic by construction.
+// cuDNN first, these kernels as the fallback and the oracle: cuda_attention_forward/backward
+// (bottom of this file) hand bf16/f16 training shapes (Tq == Tk, hd 64/128) to cuDNN's fused
+// flash attention (cudnn_attention.cu, loaded at run time; deterministic backward) when it
+// is there and takes the shape; everything else, and every shape cuDNN declines, runs the
+// kernels below. SPES_ATTENTION=ours (or cuda_attention_use_cudnn(false)) runs ours only.
+// Why keep our own: a page we can read, test and keep deterministic by construction; the
+// tests check cuDNN against both the cpu reference and these kernels.
 //
 // Contract (src/ops/backend.h): q[B,Tq,nh,hd], k,v[B,Tk,nkv,hd], Tq <= Tk, query i at
 // position Tk-Tq+i sees keys 0..Tk-Tq+i; query head h reads kv head h/(nh/nkv).
@@ -48,11 +49,14 @@
 #include <mma.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_attention.h"
+#include "ops/cuda/cudnn_attention.h"
 
 using namespace nvcuda;
 
@@ -710,19 +714,41 @@ size_t fa_smem(int hd, bool backward) {
     return backward ? FaLayout<128>::bwd_bytes : FaLayout<128>::fwd_bytes;
 }
 
+int g_use_cudnn = -1;   // -1: not yet read from SPES_ATTENTION
+const char *g_last_impl[2];
+
+bool use_cudnn() {
+    if (g_use_cudnn < 0) {
+        const char *e = getenv("SPES_ATTENTION");
+        g_use_cudnn = !(e && strcmp(e, "ours") == 0);
+    }
+    return g_use_cudnn == 1;
+}
+
 } // namespace
 
 extern "C" void cuda_attention_force_simt(bool on) { g_force_simt = on; }
+extern "C" void cuda_attention_use_cudnn(bool on) { g_use_cudnn = on ? 1 : 0; }
+extern "C" bool cuda_attention_using_cudnn(void) { return use_cudnn(); }
+extern "C" const char *cuda_attention_last_impl(bool backward) { return g_last_impl[backward ? 1 : 0]; }
 
 extern "C" void cuda_attention_forward(Backend *be, Buf out, float *lse, Buf q, Buf k, Buf v, int B, int Tq, int Tk,
                                        int nh, int nkv, int hd) {
     if (!attn_args_ok(be, "attention forward", B, Tq, Tk, nh, nkv, hd) || B == 0 || Tq == 0) return;
+    // cuDNN first (training shapes: Tq == Tk; the KV-cache forward stays on our kernel).
+    if (Tq == Tk && !g_force_simt && use_cudnn() &&
+        cuda_cudnn_attention_forward(be, out, lse, q, k, v, B, Tq, nh, nkv, hd)) {
+        g_last_impl[0] = "cudnn";
+        return;
+    }
     Buf bufs[4] = {out, q, k, v};
     if (fa_usable(be, bufs, 4, hd, Tq, fa_smem(hd, false))) {
+        g_last_impl[0] = "tensor-core";
         if (q.t == NUM_BF16) fa_forward_dispatch<__nv_bfloat16>(be, out, lse, q, k, v, B, Tq, Tk, nh, nkv, hd);
         else fa_forward_dispatch<__half>(be, out, lse, q, k, v, B, Tq, Tk, nh, nkv, hd);
         return;
     }
+    g_last_impl[0] = "simt";
     const size_t rows = (size_t)B * Tq * nh;
     attn_forward_simt<<<cuda_blocks(rows, SIMT_WARPS), SIMT_WARPS * 32, 0, cuda_state(be)->stream>>>(
         out, lse, q, k, v, B, Tq, Tk, nh, nkv, hd, 1.0f / sqrtf((float)hd));
@@ -732,13 +758,20 @@ extern "C" void cuda_attention_forward(Backend *be, Buf out, float *lse, Buf q, 
 extern "C" void cuda_attention_backward(Backend *be, Buf dq, Buf dk, Buf dv, Buf dout, Buf out, const float *lse,
                                         Buf q, Buf k, Buf v, int B, int T, int nh, int nkv, int hd) {
     if (!attn_args_ok(be, "attention backward", B, T, T, nh, nkv, hd) || B == 0 || T == 0) return;
+    if (!g_force_simt && use_cudnn() &&
+        cuda_cudnn_attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, B, T, nh, nkv, hd)) {
+        g_last_impl[1] = "cudnn";
+        return;
+    }
     Buf bufs[8] = {dq, dk, dv, dout, out, q, k, v};
     if (fa_usable(be, bufs, 8, hd, T, fa_smem(hd, true))) {
+        g_last_impl[1] = "tensor-core";
         if (q.t == NUM_BF16)
             fa_backward_dispatch<__nv_bfloat16>(be, dq, dk, dv, dout, out, lse, q, k, v, B, T, nh, nkv, hd);
         else fa_backward_dispatch<__half>(be, dq, dk, dv, dout, out, lse, q, k, v, B, T, nh, nkv, hd);
         return;
     }
+    g_last_impl[1] = "simt";
     const float scale = 1.0f / sqrtf((float)hd);
     cudaStream_t st = cuda_state(be)->stream;
     attn_backward_dkdv_simt<<<cuda_blocks((size_t)B * T * nkv, SIMT_WARPS), SIMT_WARPS * 32, 0, st>>>(

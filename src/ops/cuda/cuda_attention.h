@@ -21,6 +21,16 @@ void cuda_attention_backward(Backend *be, Buf dq, Buf dk, Buf dv, Buf dout, Buf 
 // serves fp32 and odd head dims) instead of the tensor-core kernels. Process-wide.
 void cuda_attention_force_simt(bool on);
 
+// cuDNN's fused attention (cudnn_attention.cu) is tried first for bf16/f16, Tq == Tk, hd 64
+// or 128, when cuDNN can be loaded; everything else (and whatever cuDNN declines) runs our
+// kernels. SPES_ATTENTION=ours|cudnn (read once; default cudnn) or this call (tests, bench)
+// picks: false = our kernels only. Process-wide.
+void cuda_attention_use_cudnn(bool on);
+bool cuda_attention_using_cudnn(void);
+// What ran the last forward (backward=false) / backward call: "cudnn", "tensor-core" or
+// "simt" (NULL before any).
+const char *cuda_attention_last_impl(bool backward);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,6 +22,7 @@
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_pointwise.h"
+#include "ops/cuda/cudnn_attention.h"
 
 #ifndef SPES_CUDA_ARCHS
 #define SPES_CUDA_ARCHS "?"
@@ -271,6 +272,7 @@ static void cuda_release(CudaImpl *impl) {
     for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++)
         if (st->scratch[i].p) (void)cudaFree(st->scratch[i].p);
     if (st->gemm_cache) cuda_gemm_cache_free(st->gemm_cache);
+    if (st->cudnn) cuda_cudnn_free(st->cudnn);
     if (st->workspace) (void)cudaFree(st->workspace);
     if (st->blas) (void)cublasDestroy(st->blas);
     if (st->lt) (void)cublasLtDestroy(st->lt);

@@ -22,6 +22,7 @@ enum {
     CUDA_SCRATCH_GEMM,          // gemm.cu: operand type conversion
     CUDA_SCRATCH_EXPERTS,       // experts.cu: grouped-GEMM pointer arrays, converted operands
     CUDA_SCRATCH_REDUCE,        // reduce.cu: per-block double partials
+    CUDA_SCRATCH_CUDNN,         // cudnn_attention.cu: cuDNN's workspace (+ the backward's softmax_sum)
     CUDA_SCRATCH_SLOTS
 };
 typedef struct {
@@ -30,6 +31,7 @@ typedef struct {
 } CudaScratch;
 
 typedef struct CudaGemmCache CudaGemmCache;   // gemm.cu: matmul descriptors per shape
+typedef struct CudaCudnn CudaCudnn;           // cudnn_attention.cu: cuDNN handle, attention plans
 
 typedef struct {
     cudaStream_t stream;
@@ -45,6 +47,7 @@ typedef struct {
     int device;                 // the GPU index (made current by cuda_backend_open; one GPU per process)
     CudaScratch scratch[CUDA_SCRATCH_SLOTS];
     CudaGemmCache *gemm_cache;  // owned by gemm.cu (cuda_gemm_cache_free at close)
+    CudaCudnn *cudnn;           // owned by cudnn_attention.cu (cuda_cudnn_free at close); NULL until used
     int debug_sync;             // SPES_CUDA_DEBUG_SYNC=1: sync after every launch (finds the faulting op)
 } CudaState;
 
