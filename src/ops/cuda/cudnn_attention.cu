@@ -659,16 +659,27 @@ CudaCudnn *cudnn_state(Backend *be, bool backward) {
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+constexpr size_t kMaxPlans = 48;
+
 // The cached plan for this call, built on first use; NULL (fallback recorded) when cuDNN
 // cannot take it.
 CudnnPlan *plan_for(Backend *be, CudaCudnn *c, const Shape &s, NumType t, bool backward) {
     const bool det = deterministic_now();
-    const int key[9] = {backward, (int)s.B, (int)s.T, (int)s.nh, (int)s.nkv, (int)s.hd, (int)t, det, 0};
+    const int key[9] = {backward, (int)s.B, (int)s.T, (int)s.nh, (int)s.nkv, (int)s.hd, (int)t, backward && det, 0};
     for (CudnnPlan *p : c->plans)
         if (memcmp(p->key, key, sizeof key) == 0) {
             if (!p->usable) fall_back(backward, false, false, "cuDNN rejected this shape before (logged then)");
             return p->usable ? p : NULL;
         }
+    // Each plan costs a build (runtime-compiled kernels: ~0.1-1 s) and its memory: a run whose
+    // shapes keep changing (prompts of every length in eval) stops adding plans here.
+    if (c->plans.size() >= kMaxPlans) {
+        static bool logged = false;
+        fall_back(backward, false, !logged, "%d cuDNN plans built already (one per shape): further shapes run ours",
+                  (int)kMaxPlans);
+        logged = true;
+        return NULL;
+    }
     CudnnPlan *p = new CudnnPlan();
     memcpy(p->key, key, sizeof key);
     p->usable = false;
@@ -783,6 +794,10 @@ float mask_value(const CudaCudnn *c) {
 // ---- entry points -------------------------------------------------------------------------------
 extern "C" void cuda_cudnn_attention_set_deterministic(bool on) { g_deterministic = on ? 1 : 0; }
 extern "C" bool cuda_cudnn_attention_deterministic(void) { return deterministic_now(); }
+
+extern "C" void cuda_cudnn_attention_not_offered(bool backward, const char *why) {
+    fall_back(backward, false, false, "%s", why);
+}
 
 extern "C" const char *cuda_cudnn_attention_last_fallback(bool backward, bool *failed) {
     const Fallback *f = &g_last[backward ? 1 : 0];

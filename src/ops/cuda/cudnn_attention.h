@@ -40,6 +40,10 @@ bool cuda_cudnn_attention_backward(Backend *be, Buf dq, Buf dk, Buf dv, Buf dout
 // For the tests, which must fail loudly when cuDNN was there and failed.
 const char *cuda_cudnn_attention_last_fallback(bool backward, bool *failed);
 
+// The dispatch did not offer this call to cuDNN (`why`: the KV-cache forward, SPES_ATTENTION=ours,
+// forced SIMT): what cuda_cudnn_attention_last_fallback reports for it (not a failure).
+void cuda_cudnn_attention_not_offered(bool backward, const char *why);
+
 // SPES_CUDNN_NONDETERMINISTIC=1 (read once) or this call: the backward may use cuDNN's
 // faster non-deterministic algorithm (dQ accumulated in fp32 with atomics). Default off:
 // runs are bit-reproducible. Process-wide; affects graphs built afterwards.
