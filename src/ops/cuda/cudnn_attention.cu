@@ -88,6 +88,8 @@ struct CudnnPlan {
     std::vector<cudnnBackendDescriptor_t> owned;   // every descriptor the plan was built from
     int64_t workspace;                             // the engine's, bytes
     int64_t engine;                                // global engine index (for the log)
+    char why[1200];                                // when not usable: why (reported again on every call)
+    bool failed;                                   // ... and whether a cuDNN call failed
 };
 
 struct CudaCudnn {
@@ -668,7 +670,7 @@ CudnnPlan *plan_for(Backend *be, CudaCudnn *c, const Shape &s, NumType t, bool b
     const int key[9] = {backward, (int)s.B, (int)s.T, (int)s.nh, (int)s.nkv, (int)s.hd, (int)t, backward && det, 0};
     for (CudnnPlan *p : c->plans)
         if (memcmp(p->key, key, sizeof key) == 0) {
-            if (!p->usable) fall_back(backward, false, false, "cuDNN rejected this shape before (logged then)");
+            if (!p->usable) fall_back(backward, p->failed, false, "%s", p->why);
             return p->usable ? p : NULL;
         }
     // Each plan costs a build (runtime-compiled kernels: ~0.1-1 s) and its memory: a run whose
@@ -684,6 +686,13 @@ CudnnPlan *plan_for(Backend *be, CudaCudnn *c, const Shape &s, NumType t, bool b
     memcpy(p->key, key, sizeof key);
     p->usable = false;
     c->plans.push_back(p);
+    // Declines this shape for good: logged once here, repeated (unlogged) on later calls.
+    auto decline = [&](bool failed) {
+        const Fallback *f = &g_last[backward ? 1 : 0];
+        memcpy(p->why, f->why, sizeof p->why);
+        p->failed = failed;
+        return (CudnnPlan *)NULL;
+    };
     char what[200];
     fmt(what, sizeof what, "B=%d T=%d nh=%d nkv=%d hd=%d %s", (int)s.B, (int)s.T, (int)s.nh, (int)s.nkv,
              (int)s.hd, num_type_name(t));
@@ -692,18 +701,18 @@ CudnnPlan *plan_for(Backend *be, CudaCudnn *c, const Shape &s, NumType t, bool b
     // Limits known from cudnn-frontend's checks (fall back quietly after one line).
     if (v >= 91000 && v < 91002) {
         fall_back(backward, false, true, "%s: cuDNN 9.10.0/9.10.1 have known SDPA bugs (9.10.2+ is fine)", what);
-        return NULL;
+        return decline(false);
     }
     if (backward && v <= 91500 && s.T % 128 != 0) {
         fall_back(backward, false, true, "%s: cuDNN %zu's backward needs T %% 128 == 0 (9.16+ does not)", what, v);
-        return NULL;
+        return decline(false);
     }
     if (backward && det && sm >= 100) {
         fall_back(backward, false, true,
                   "%s: a deterministic cuDNN backward on sm_%d needs engine knobs not set here "
                   "(SPES_CUDNN_NONDETERMINISTIC=1 allows cuDNN's non-deterministic one)",
                   what, sm);
-        return NULL;
+        return decline(false);
     }
     char why[1300];
     struct timespec a, z;
@@ -713,7 +722,7 @@ CudnnPlan *plan_for(Backend *be, CudaCudnn *c, const Shape &s, NumType t, bool b
     (void)cudaGetLastError();   // a failed build leaves no CUDA error behind for the next op
     if (!p->usable) {
         fall_back(backward, true, true, "%s: cuDNN %zu does not take this graph: %s", what, v, why);
-        return NULL;
+        return decline(true);
     }
     log_info("attention %s: cuDNN plan for %s: engine %lld, workspace %.1f MiB, built in %.0f ms%s",
              backward ? "backward" : "forward", what, (long long)p->engine, (double)p->workspace / 1048576.0,
@@ -764,7 +773,10 @@ bool execute(Backend *be, CudaCudnn *c, CudnnPlan *p, int n, const int64_t *uids
         fmt(detail, sizeof detail, "%s (CUDA: %s)", words, cudaGetErrorString(ce));
         cuda_record_failure(be, call, detail, __FILE__, __LINE__);
     }
-    return fall_back(backward, true, true, "%s failed (engine %lld): %s", call, (long long)p->engine, words);
+    fall_back(backward, true, true, "%s failed (engine %lld): %s", call, (long long)p->engine, words);
+    memcpy(p->why, g_last[backward ? 1 : 0].why, sizeof p->why);
+    p->failed = true;
+    return false;
 }
 
 // Common checks of both directions; fills s.
