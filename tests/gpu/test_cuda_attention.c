@@ -457,7 +457,8 @@ static void test_cudnn_absent(void **state) {
     cuda_test_backend(PRECISION_AMP_BF16);   // skips without a GPU
     // Under compute-sanitizer the child would inherit its injection variables: not there.
     if (getenv("SPES_GPU_MEMCHECK_PASS")) skip();
-    const char *out_path = "/tmp/spes_cudnn_absent.log";
+    char out_path[64];
+    snprintf(out_path, sizeof out_path, "/tmp/spes_cudnn_absent.%d.log", (int)getpid());
     size_t n_env = 0;
     while (environ[n_env]) n_env++;
     char **env = calloc(n_env + 2, sizeof *env);
