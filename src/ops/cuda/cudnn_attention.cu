@@ -42,12 +42,19 @@
 // the backward needs T % 128 == 0 (the frontend adds a padding mask for other T; we do not).
 //
 // Plans: built once per (direction, B, T, nh, nkv, hd, type, determinism) and cached on the
-// backend (CudaCudnn, freed at close), as llm.c caches its graphs. A shape whose graph cuDNN
+// backend (CudaCudnn, freed at close), as llm.c caches its graphs; at most kMaxPlans (48) of
+// them, then new shapes run ours (eval prompts of every length). A shape whose graph cuDNN
 // rejects is cached as rejected and runs our kernel, after one console line naming the cuDNN
 // call, its status and cuDNN's own last error message. Workspace: the CUDA_SCRATCH_CUDNN slot
 // (cuda_scratch_slot), holding the backward's softmax_sum tensor (and dQ accumulator) and the
-// engine's workspace. An execution that fails to launch also falls back (and is logged); a
+// engine's workspace (its size is in the plan's console line: the deterministic backward may
+// want a large one). An execution that fails to launch also falls back (and is logged); a
 // sticky CUDA error after it is recorded through cuda_record_failure.
+//
+// Console: "attention: cuDNN 9.x.y (built for CUDA ..) from PATH" once per backend, then one
+// line per plan (shape, engine, workspace, build time); when cuDNN is not used, one line with
+// the reason (library not found with what was tried, version, a version/arch limit for this
+// shape, or the cuDNN call that refused: call, status, cuDNN's last error message).
 #include <cuda_runtime.h>
 #pragma GCC visibility push(hidden)
 #include <cudnn_graph.h>
