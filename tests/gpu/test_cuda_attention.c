@@ -436,16 +436,17 @@ static void test_cudnn_graph_descriptors(void **state) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int dir = 0; dir < 2; dir++)
             for (int f16 = 0; f16 < 2; f16++)
-                for (int det = 1; det >= (dir ? 0 : 1); det--) {
-                    const Shape s = shapes[i];
-                    char msg[1200];
-                    const bool ok = cuda_cudnn_check_graph(dir == 1, s.B, s.Tq, s.nh, s.nkv, s.hd, f16, det, msg,
-                                                           sizeof msg);
-                    printf("  %s %s B=%d T=%d nh=%d nkv=%d hd=%d%s: %s\n", dir ? "backward" : "forward",
-                           f16 ? "f16" : "bf16", s.B, s.Tq, s.nh, s.nkv, s.hd,
-                           dir ? (det ? " deterministic" : " non-deterministic") : "", msg);
-                    if (!ok) fail_msg("cuDNN refused a descriptor: %s", msg);
-                }
+                for (int det = 1; det >= (dir ? 0 : 1); det--)
+                    for (int style = 0; style < 2; style++) {
+                        const Shape s = shapes[i];
+                        char msg[1200];
+                        const bool ok = cuda_cudnn_check_graph(dir == 1, s.B, s.Tq, s.nh, s.nkv, s.hd, f16, det,
+                                                               style, msg, sizeof msg);
+                        printf("  %s %s B=%d T=%d nh=%d nkv=%d hd=%d%s, graph form %d: %s\n",
+                               dir ? "backward" : "forward", f16 ? "f16" : "bf16", s.B, s.Tq, s.nh, s.nkv, s.hd,
+                               dir ? (det ? " deterministic" : " non-deterministic") : "", style, msg);
+                        if (!ok) fail_msg("cuDNN refused a descriptor: %s", msg);
+                    }
 }
 
 // Without cuDNN (SPES_CUDNN_LIB=/nonexistent) our kernels run and nothing fails. The loader
@@ -457,7 +458,8 @@ static void test_cudnn_absent(void **state) {
     cuda_test_backend(PRECISION_AMP_BF16);   // skips without a GPU
     // Under compute-sanitizer the child would inherit its injection variables: not there.
     if (getenv("SPES_GPU_MEMCHECK_PASS")) skip();
-    const char *out_path = "/tmp/spes_cudnn_absent.log";
+    char out_path[64];
+    snprintf(out_path, sizeof out_path, "/tmp/spes_cudnn_absent.%d.log", (int)getpid());
     size_t n_env = 0;
     while (environ[n_env]) n_env++;
     char **env = calloc(n_env + 2, sizeof *env);

@@ -736,8 +736,10 @@ extern "C" void cuda_attention_forward(Backend *be, Buf out, float *lse, Buf q, 
                                        int nh, int nkv, int hd) {
     if (!attn_args_ok(be, "attention forward", B, Tq, Tk, nh, nkv, hd) || B == 0 || Tq == 0) return;
     // cuDNN first (training shapes: Tq == Tk; the KV-cache forward stays on our kernel).
-    if (Tq == Tk && !g_force_simt && use_cudnn() &&
-        cuda_cudnn_attention_forward(be, out, lse, q, k, v, B, Tq, nh, nkv, hd)) {
+    if (Tq != Tk || g_force_simt || !use_cudnn())
+        cuda_cudnn_attention_not_offered(false, Tq != Tk ? "the KV-cache forward (Tq < Tk) runs ours"
+                                                : g_force_simt ? "SIMT kernels forced" : "SPES_ATTENTION=ours");
+    else if (cuda_cudnn_attention_forward(be, out, lse, q, k, v, B, Tq, nh, nkv, hd)) {
         g_last_impl[0] = "cudnn";
         return;
     }
@@ -758,8 +760,9 @@ extern "C" void cuda_attention_forward(Backend *be, Buf out, float *lse, Buf q, 
 extern "C" void cuda_attention_backward(Backend *be, Buf dq, Buf dk, Buf dv, Buf dout, Buf out, const float *lse,
                                         Buf q, Buf k, Buf v, int B, int T, int nh, int nkv, int hd) {
     if (!attn_args_ok(be, "attention backward", B, T, T, nh, nkv, hd) || B == 0 || T == 0) return;
-    if (!g_force_simt && use_cudnn() &&
-        cuda_cudnn_attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, B, T, nh, nkv, hd)) {
+    if (g_force_simt || !use_cudnn())
+        cuda_cudnn_attention_not_offered(true, g_force_simt ? "SIMT kernels forced" : "SPES_ATTENTION=ours");
+    else if (cuda_cudnn_attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, B, T, nh, nkv, hd)) {
         g_last_impl[1] = "cudnn";
         return;
     }

@@ -15,7 +15,11 @@
 // Hopper, so it is the graph cuDNN's SDPA engines are tested against. The graphs below follow
 // cudnn-frontend 1.10+ (include/cudnn_frontend/node/scaled_dot_product_flash_attention.h,
 // utils/attn_score_modifiers.h, node/softmax.h): same operations, order, data types,
-// virtual/non-virtual tensors; written from reading it, in plain backend-API C.
+// virtual/non-virtual tensors; written from reading it, in plain backend-API C. Should cuDNN
+// refuse that graph, the form cudnn-frontend 1.8 emitted (the one cuDNN 9.0-9.5 shipped
+// against: int32 index generators, the lowest float as mask value, the backward masking
+// before subtracting the stats and multiplying dP by a unit dropout mask) is tried next; the
+// plan's console line says when that happened.
 //
 // Layouts: our BSHD buffers are described to cuDNN by strides, no transposes:
 //   Q  [B,nh,T,hd]  strides (T*nh*hd, hd, nh*hd, 1)        (out, dout, dq the same)
@@ -42,12 +46,19 @@
 // the backward needs T % 128 == 0 (the frontend adds a padding mask for other T; we do not).
 //
 // Plans: built once per (direction, B, T, nh, nkv, hd, type, determinism) and cached on the
-// backend (CudaCudnn, freed at close), as llm.c caches its graphs. A shape whose graph cuDNN
+// backend (CudaCudnn, freed at close), as llm.c caches its graphs; at most kMaxPlans (48) of
+// them, then new shapes run ours (eval prompts of every length). A shape whose graph cuDNN
 // rejects is cached as rejected and runs our kernel, after one console line naming the cuDNN
 // call, its status and cuDNN's own last error message. Workspace: the CUDA_SCRATCH_CUDNN slot
 // (cuda_scratch_slot), holding the backward's softmax_sum tensor (and dQ accumulator) and the
-// engine's workspace. An execution that fails to launch also falls back (and is logged); a
+// engine's workspace (its size is in the plan's console line: the deterministic backward may
+// want a large one). An execution that fails to launch also falls back (and is logged); a
 // sticky CUDA error after it is recorded through cuda_record_failure.
+//
+// Console: "attention: cuDNN 9.x.y (built for CUDA ..) from PATH" once per backend, then one
+// line per plan (shape, engine, workspace, build time); when cuDNN is not used, one line with
+// the reason (library not found with what was tried, version, a version/arch limit for this
+// shape, or the cuDNN call that refused: call, status, cuDNN's last error message).
 #include <cuda_runtime.h>
 #pragma GCC visibility push(hidden)
 #include <cudnn_graph.h>
@@ -88,6 +99,9 @@ struct CudnnPlan {
     std::vector<cudnnBackendDescriptor_t> owned;   // every descriptor the plan was built from
     int64_t workspace;                             // the engine's, bytes
     int64_t engine;                                // global engine index (for the log)
+    int style;                                     // Shape.style of the graph cuDNN took
+    char why[1200];                                // when not usable: why (reported again on every call)
+    bool failed;                                   // ... and whether a cuDNN call failed
 };
 
 struct CudaCudnn {
@@ -293,18 +307,21 @@ void reshape(Builder &b, const char *name, Tensor x, Tensor y) {
 struct Shape {
     int64_t B, T, nh, nkv, hd;
     cudnnDataType_t io;   // bf16 or f16
+    int style;            // 0: cudnn-frontend 1.10+'s graph; 1: 1.8's (tried when 0 is refused)
 };
 
 // Causal mask of a [B,nh,T,T] score tensor s (strides ss): keeps column <= row, else `neg`.
+// The index generators compute in fp32 (frontend 1.10+, its diagonal-band mask) or int32 (1.8).
 Tensor causal_mask(Builder &b, const Shape &s, Tensor x, Tensor neg) {
+    const cudnnDataType_t index_prec = s.style == 0 ? CUDNN_DATA_FLOAT : CUDNN_DATA_INT32;
     const int64_t B = s.B, T = s.T, nh = s.nh;
     const int64_t ss[4] = {nh * T * T, T * T, T, 1};
     Tensor row = virt(b, "row index", CUDNN_DATA_INT32, B, nh, T, T, ss[0], ss[1], ss[2], ss[3]);
     Tensor col = virt(b, "column index", CUDNN_DATA_INT32, B, nh, T, T, ss[0], ss[1], ss[2], ss[3]);
     Tensor keep = virt(b, "row >= column", CUDNN_DATA_BOOLEAN, B, nh, T, T, ss[0], ss[1], ss[2], ss[3]);
     Tensor y = virt(b, "masked scores", CUDNN_DATA_FLOAT, B, nh, T, T, ss[0], ss[1], ss[2], ss[3]);
-    pointwise(b, "gen row index", CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, row, CUDNN_DATA_FLOAT, 2);
-    pointwise(b, "gen column index", CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, col, CUDNN_DATA_FLOAT, 3);
+    pointwise(b, "gen row index", CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, row, index_prec, 2);
+    pointwise(b, "gen column index", CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, col, index_prec, 3);
     pointwise(b, "row >= column", CUDNN_POINTWISE_CMP_GE, row, &col, nullptr, keep, CUDNN_DATA_BOOLEAN);
     pointwise(b, "causal select", CUDNN_POINTWISE_BINARY_SELECT, x, &neg, &keep, y);
     return y;
@@ -385,9 +402,17 @@ void build_backward(Builder &b, const Shape &s, bool deterministic) {
     matmul(b, "matmul Q K^T", Q, KT, S);
     Tensor S1 = virt(b, "S * scale", CUDNN_DATA_FLOAT, B, nh, T, T, s0, s1, T, 1);
     pointwise(b, "mul S attn scale", CUDNN_POINTWISE_MUL, S, &scale, nullptr, S1);
-    Tensor S2 = virt(b, "S - Stats", CUDNN_DATA_FLOAT, B, nh, T, T, s0, s1, T, 1);
-    pointwise(b, "sub S Stats", CUDNN_POINTWISE_SUB, S1, &Stats, nullptr, S2);
-    Tensor S3 = causal_mask(b, s, S2, neg);
+    // style 0: subtract the stats, then mask; style 1 (frontend 1.8): mask, then subtract
+    Tensor S3;
+    if (s.style == 0) {
+        Tensor S2 = virt(b, "S - Stats", CUDNN_DATA_FLOAT, B, nh, T, T, s0, s1, T, 1);
+        pointwise(b, "sub S Stats", CUDNN_POINTWISE_SUB, S1, &Stats, nullptr, S2);
+        S3 = causal_mask(b, s, S2, neg);
+    } else {
+        Tensor S2 = causal_mask(b, s, S1, neg);
+        S3 = virt(b, "S - Stats", CUDNN_DATA_FLOAT, B, nh, T, T, s0, s1, T, 1);
+        pointwise(b, "sub S Stats", CUDNN_POINTWISE_SUB, S2, &Stats, nullptr, S3);
+    }
     Tensor P = virt(b, "P = exp", CUDNN_DATA_FLOAT, B, nh, T, T, s0, s1, T, 1);
     pointwise(b, "exp S", CUDNN_POINTWISE_EXP, S3, nullptr, nullptr, P);
 
@@ -405,6 +430,11 @@ void build_backward(Builder &b, const Shape &s, bool deterministic) {
     // dS = P * (dO V^T - softmax_sum) * scale
     Tensor dP = virt(b, "dP = dO V^T", CUDNN_DATA_FLOAT, B, nh, T, T, s0, s1, T, 1);
     matmul(b, "matmul dO V^T", dO, VT, dP);
+    if (s.style == 1) {   // frontend 1.8 multiplies dP by the (absent) dropout mask: 1
+        Tensor dPm = virt(b, "dP * 1", CUDNN_DATA_FLOAT, B, nh, T, T, s0, s1, T, 1);
+        pointwise(b, "dP dropout mask", CUDNN_POINTWISE_MUL, dP, &one, nullptr, dPm);
+        dP = dPm;
+    }
     Tensor dP1 = virt(b, "dP - softmax_sum", CUDNN_DATA_FLOAT, B, nh, T, T, s0, s1, T, 1);
     pointwise(b, "sub dP softmax_sum", CUDNN_POINTWISE_SUB, dP, &ssum, nullptr, dP1);
     Tensor dP2 = virt(b, "P (dP - softmax_sum)", CUDNN_DATA_FLOAT, B, nh, T, T, s0, s1, T, 1);
@@ -520,8 +550,8 @@ bool heuristics(Builder &b, cudnnBackendDescriptor_t graph, cudnnBackendHeurMode
 // Builds the graph, asks heuristics (mode A, then FALLBACK) and finalizes the first engine
 // config that works (skipping non-deterministic engines when `deterministic`). On failure
 // p->usable stays false and `why` names the call that failed.
-void build_plan(CudaCudnn *c, CudnnPlan *p, const Shape &s, bool backward, bool deterministic, char *why,
-                size_t cap) {
+void build_style(CudaCudnn *c, CudnnPlan *p, const Shape &s, bool backward, bool deterministic, char *why,
+                 size_t cap) {
     Builder b;
     b.handle = c->handle;
     if (backward) build_backward(b, s, deterministic);
@@ -583,6 +613,7 @@ void build_plan(CudaCudnn *c, CudnnPlan *p, const Shape &s, bool backward, bool 
             p->plan = plan;
             p->workspace = ws;
             p->engine = engine;
+            p->style = s.style;
             p->usable = true;
             p->owned.swap(b.owned);
             return;
@@ -601,6 +632,23 @@ void build_plan(CudaCudnn *c, CudnnPlan *p, const Shape &s, bool backward, bool 
         fmt(why, cap, "no engine config finalizes (%zu from mode A, %zu from FALLBACK: %s)", n_a,
                  cfgs.size() - n_a, tried);
     destroy_all(b.owned);
+}
+
+// The frontend 1.10+ graph first; if cuDNN refuses it, the frontend 1.8 one (the forms cuDNN
+// 9.0-9.5 were released against). `why` gets both reasons when neither is taken.
+void build_plan(CudaCudnn *c, CudnnPlan *p, Shape s, bool backward, bool deterministic, char *why, size_t cap) {
+    char why0[1300] = "", why1[1300] = "";
+    s.style = 0;
+    build_style(c, p, s, backward, deterministic, why0, sizeof why0);
+    if (p->usable) return;
+    s.style = 1;
+    build_style(c, p, s, backward, deterministic, why1, sizeof why1);
+    if (p->usable) {
+        log_info("attention %s: cuDNN refused the frontend-1.10 graph (%s); took the frontend-1.8 one",
+                 backward ? "backward" : "forward", why0);
+        return;
+    }
+    fmt(why, cap, "graph 1: %s | graph 2 (frontend 1.8 form): %s", why0, why1);
 }
 
 // The backend's cuDNN state, created on first use: the library loaded, its version usable,
@@ -659,20 +707,38 @@ CudaCudnn *cudnn_state(Backend *be, bool backward) {
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+constexpr size_t kMaxPlans = 48;
+
 // The cached plan for this call, built on first use; NULL (fallback recorded) when cuDNN
 // cannot take it.
 CudnnPlan *plan_for(Backend *be, CudaCudnn *c, const Shape &s, NumType t, bool backward) {
     const bool det = deterministic_now();
-    const int key[9] = {backward, (int)s.B, (int)s.T, (int)s.nh, (int)s.nkv, (int)s.hd, (int)t, det, 0};
+    const int key[9] = {backward, (int)s.B, (int)s.T, (int)s.nh, (int)s.nkv, (int)s.hd, (int)t, backward && det, 0};
     for (CudnnPlan *p : c->plans)
         if (memcmp(p->key, key, sizeof key) == 0) {
-            if (!p->usable) fall_back(backward, false, false, "cuDNN rejected this shape before (logged then)");
+            if (!p->usable) fall_back(backward, p->failed, false, "%s", p->why);
             return p->usable ? p : NULL;
         }
+    // Each plan costs a build (runtime-compiled kernels: ~0.1-1 s) and its memory: a run whose
+    // shapes keep changing (prompts of every length in eval) stops adding plans here.
+    if (c->plans.size() >= kMaxPlans) {
+        static bool logged = false;
+        fall_back(backward, false, !logged, "%d cuDNN plans built already (one per shape): further shapes run ours",
+                  (int)kMaxPlans);
+        logged = true;
+        return NULL;
+    }
     CudnnPlan *p = new CudnnPlan();
     memcpy(p->key, key, sizeof key);
     p->usable = false;
     c->plans.push_back(p);
+    // Declines this shape for good: logged once here, repeated (unlogged) on later calls.
+    auto decline = [&](bool failed) {
+        const Fallback *f = &g_last[backward ? 1 : 0];
+        memcpy(p->why, f->why, sizeof p->why);
+        p->failed = failed;
+        return (CudnnPlan *)NULL;
+    };
     char what[200];
     fmt(what, sizeof what, "B=%d T=%d nh=%d nkv=%d hd=%d %s", (int)s.B, (int)s.T, (int)s.nh, (int)s.nkv,
              (int)s.hd, num_type_name(t));
@@ -681,18 +747,18 @@ CudnnPlan *plan_for(Backend *be, CudaCudnn *c, const Shape &s, NumType t, bool b
     // Limits known from cudnn-frontend's checks (fall back quietly after one line).
     if (v >= 91000 && v < 91002) {
         fall_back(backward, false, true, "%s: cuDNN 9.10.0/9.10.1 have known SDPA bugs (9.10.2+ is fine)", what);
-        return NULL;
+        return decline(false);
     }
     if (backward && v <= 91500 && s.T % 128 != 0) {
         fall_back(backward, false, true, "%s: cuDNN %zu's backward needs T %% 128 == 0 (9.16+ does not)", what, v);
-        return NULL;
+        return decline(false);
     }
     if (backward && det && sm >= 100) {
         fall_back(backward, false, true,
                   "%s: a deterministic cuDNN backward on sm_%d needs engine knobs not set here "
                   "(SPES_CUDNN_NONDETERMINISTIC=1 allows cuDNN's non-deterministic one)",
                   what, sm);
-        return NULL;
+        return decline(false);
     }
     char why[1300];
     struct timespec a, z;
@@ -702,7 +768,7 @@ CudnnPlan *plan_for(Backend *be, CudaCudnn *c, const Shape &s, NumType t, bool b
     (void)cudaGetLastError();   // a failed build leaves no CUDA error behind for the next op
     if (!p->usable) {
         fall_back(backward, true, true, "%s: cuDNN %zu does not take this graph: %s", what, v, why);
-        return NULL;
+        return decline(true);
     }
     log_info("attention %s: cuDNN plan for %s: engine %lld, workspace %.1f MiB, built in %.0f ms%s",
              backward ? "backward" : "forward", what, (long long)p->engine, (double)p->workspace / 1048576.0,
@@ -753,7 +819,10 @@ bool execute(Backend *be, CudaCudnn *c, CudnnPlan *p, int n, const int64_t *uids
         fmt(detail, sizeof detail, "%s (CUDA: %s)", words, cudaGetErrorString(ce));
         cuda_record_failure(be, call, detail, __FILE__, __LINE__);
     }
-    return fall_back(backward, true, true, "%s failed (engine %lld): %s", call, (long long)p->engine, words);
+    fall_back(backward, true, true, "%s failed (engine %lld): %s", call, (long long)p->engine, words);
+    memcpy(p->why, g_last[backward ? 1 : 0].why, sizeof p->why);
+    p->failed = true;
+    return false;
 }
 
 // Common checks of both directions; fills s.
@@ -770,12 +839,14 @@ bool usable_call(Backend *be, const Buf *bufs, int nbufs, const void *lse, int B
     if (T < 2 || B < 1 || nkv < 1 || nh % nkv != 0) return fall_back(backward, false, false, "shape");
     s->B = B, s->T = T, s->nh = nh, s->nkv = nkv, s->hd = hd;
     s->io = t == NUM_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+    s->style = 0;
     return true;
 }
 
-float mask_value(const CudaCudnn *c) {
-    // cudnn-frontend: -inf from 9.10, the lowest float before ("older cuDNN prefers lowest").
-    return c->version >= 91000 ? -INFINITY : -FLT_MAX;
+float mask_value(const CudaCudnn *c, const CudnnPlan *p) {
+    // cudnn-frontend 1.10+: -inf from cuDNN 9.10, the lowest float before ("older cuDNN prefers
+    // lowest"); 1.8: always the lowest float.
+    return p->style == 0 && c->version >= 91000 ? -INFINITY : -FLT_MAX;
 }
 
 } // namespace
@@ -783,6 +854,10 @@ float mask_value(const CudaCudnn *c) {
 // ---- entry points -------------------------------------------------------------------------------
 extern "C" void cuda_cudnn_attention_set_deterministic(bool on) { g_deterministic = on ? 1 : 0; }
 extern "C" bool cuda_cudnn_attention_deterministic(void) { return deterministic_now(); }
+
+extern "C" void cuda_cudnn_attention_not_offered(bool backward, const char *why) {
+    fall_back(backward, false, false, "%s", why);
+}
 
 extern "C" const char *cuda_cudnn_attention_last_fallback(bool backward, bool *failed) {
     const Fallback *f = &g_last[backward ? 1 : 0];
@@ -815,7 +890,7 @@ extern "C" bool cuda_cudnn_attention_forward(Backend *be, Buf out, float *lse, B
         ws = cuda_scratch_slot(be, CUDA_SCRATCH_CUDNN, (size_t)p->workspace);
         if (!ws) return true;   // failure recorded by the scratch allocation
     }
-    float scale = 1.0f / sqrtf((float)hd), neg = mask_value(c);
+    float scale = 1.0f / sqrtf((float)hd), neg = mask_value(c, p);
     const int64_t uids[7] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG};
     void *ptrs[7] = {q.p, k.p, v.p, out.p, lse, &scale, &neg};
     return execute(be, c, p, 7, uids, ptrs, ws, false);
@@ -840,7 +915,7 @@ extern "C" bool cuda_cudnn_attention_backward(Backend *be, Buf dq, Buf dk, Buf d
     char *ws = (char *)cuda_scratch_slot(be, CUDA_SCRATCH_CUDNN, sum_bytes + acc_bytes + (size_t)p->workspace);
     if (!ws) return true;   // failure recorded
     if (acc_bytes) CUDA_CHECK(be, cudaMemsetAsync(ws + sum_bytes, 0, acc_bytes, cuda_state(be)->stream));
-    float scale = 1.0f / sqrtf((float)hd), one = 1.0f, neg = mask_value(c);
+    float scale = 1.0f / sqrtf((float)hd), one = 1.0f, neg = mask_value(c, p);
     const int64_t uids[14] = {UID_Q,  UID_K,     UID_V,   UID_O,   UID_DO,          UID_STATS,   UID_DQ,
                               UID_DK, UID_DV,    UID_SCALE, UID_ONE, UID_NEG, UID_SOFTMAX_SUM, UID_DQ_ACCUM};
     void *ptrs[14] = {q.p,  k.p,  v.p,    out.p, dout.p, (void *)lse, dq.p,
@@ -849,14 +924,14 @@ extern "C" bool cuda_cudnn_attention_backward(Backend *be, Buf dq, Buf dk, Buf d
 }
 
 extern "C" bool cuda_cudnn_check_graph(bool backward, int B, int T, int nh, int nkv, int hd, bool f16,
-                                       bool deterministic, char *msg, size_t cap) {
+                                       bool deterministic, int style, char *msg, size_t cap) {
     if (const char *why = cuda_cudnn_load()) {
         fmt(msg, cap, "%s", why);
         return false;
     }
     Builder b;
     b.handle = nullptr;
-    const Shape s = {B, T, nh, nkv, hd, f16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16};
+    const Shape s = {B, T, nh, nkv, hd, f16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16, style};
     if (backward) build_backward(b, s, deterministic);
     else build_forward(b, s);
     if (b.ok) fmt(msg, cap, "%zu operations, %zu descriptors finalized", b.ops.size(), b.owned.size());

@@ -40,6 +40,10 @@ bool cuda_cudnn_attention_backward(Backend *be, Buf dq, Buf dk, Buf dv, Buf dout
 // For the tests, which must fail loudly when cuDNN was there and failed.
 const char *cuda_cudnn_attention_last_fallback(bool backward, bool *failed);
 
+// The dispatch did not offer this call to cuDNN (`why`: the KV-cache forward, SPES_ATTENTION=ours,
+// forced SIMT): what cuda_cudnn_attention_last_fallback reports for it (not a failure).
+void cuda_cudnn_attention_not_offered(bool backward, const char *why);
+
 // SPES_CUDNN_NONDETERMINISTIC=1 (read once) or this call: the backward may use cuDNN's
 // faster non-deterministic algorithm (dQ accumulated in fp32 with atomics). Default off:
 // runs are bit-reproducible. Process-wide; affects graphs built afterwards.
@@ -48,10 +52,10 @@ bool cuda_cudnn_attention_deterministic(void);
 
 // A check that needs no GPU: builds and finalizes the tensors and operations of the forward or
 // backward graph (not the operation graph itself, which needs a handle, hence a GPU) and says
-// which cuDNN call refused, if one did. scripts/cudnn_graph_check.sh runs it through
-// tests/gpu/cudnn_graph_check.c.
+// which cuDNN call refused, if one did. Run by test_cuda_attention's test_cudnn_graph_descriptors.
+// style: 0 the cudnn-frontend 1.10+ graph, 1 the 1.8 one (the fallback form).
 bool cuda_cudnn_check_graph(bool backward, int B, int T, int nh, int nkv, int hd, bool f16, bool deterministic,
-                            char *msg, size_t cap);
+                            int style, char *msg, size_t cap);
 
 // The backend's cuDNN state (handle, plan cache): created on first use, freed at close.
 typedef struct CudaCudnn CudaCudnn;
