@@ -149,8 +149,9 @@ bool fall_back(bool backward, bool failed, bool log, const char *fmt, ...) {
     va_end(ap);
     f->failed = failed;
     if (log)
-        log_message(failed ? LOG_WARN : LOG_INFO, "attention %s: cuDNN not used, our kernel runs: %s",
-                    backward ? "backward" : "forward", f->why);
+        log_message(failed ? LOG_WARN : LOG_INFO, "attention %s: cuDNN not used, our kernel runs: %s%s",
+                    backward ? "backward" : "forward", f->why,
+                    failed ? " (CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr shows cuDNN's own log)" : "");
     return false;
 }
 
