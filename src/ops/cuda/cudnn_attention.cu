@@ -51,8 +51,9 @@
 // rejects is cached as rejected and runs our kernel, after one console line naming the cuDNN
 // call, its status and cuDNN's own last error message. Workspace: the CUDA_SCRATCH_CUDNN slot
 // (cuda_scratch_slot), holding the backward's softmax_sum tensor (and dQ accumulator) and the
-// engine's workspace (its size is in the plan's console line: the deterministic backward may
-// want a large one). An execution that fails to launch also falls back (and is logged); a
+// engine's workspace (its size is in the plan's console line: the deterministic backward
+// keeps dP there, B*nh*T*T*2 bytes on Hopper as cuDNN's own H200 figures show, 768 MiB at the
+// 1B config; over half the free memory, the shape runs ours). An execution that fails to launch also falls back (and is logged); a
 // sticky CUDA error after it is recorded through cuda_record_failure.
 //
 // Console: "attention: cuDNN 9.x.y (built for CUDA ..) from PATH" once per backend, then one
@@ -149,8 +150,9 @@ bool fall_back(bool backward, bool failed, bool log, const char *fmt, ...) {
     va_end(ap);
     f->failed = failed;
     if (log)
-        log_message(failed ? LOG_WARN : LOG_INFO, "attention %s: cuDNN not used, our kernel runs: %s",
-                    backward ? "backward" : "forward", f->why);
+        log_message(failed ? LOG_WARN : LOG_INFO, "attention %s: cuDNN not used, our kernel runs: %s%s",
+                    backward ? "backward" : "forward", f->why,
+                    failed ? " (CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr shows cuDNN's own log)" : "");
     return false;
 }
 
@@ -769,6 +771,17 @@ CudnnPlan *plan_for(Backend *be, CudaCudnn *c, const Shape &s, NumType t, bool b
     if (!p->usable) {
         fall_back(backward, true, true, "%s: cuDNN %zu does not take this graph: %s", what, v, why);
         return decline(true);
+    }
+    // The deterministic backward keeps dP in its workspace (B*nh*T*T*2 bytes on Hopper: 768 MiB
+    // at B=8 T=2048 nh=12): a shape whose workspace would take over half the free GPU memory
+    // runs ours rather than ending the run out of memory.
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+    else if ((double)p->workspace > 0.5 * (double)free_b) {
+        p->usable = false;
+        fall_back(backward, false, true, "%s: cuDNN's workspace would be %.2f GiB of %.2f GiB free", what,
+                  (double)p->workspace / 1073741824.0, (double)free_b / 1073741824.0);
+        return decline(false);
     }
     log_info("attention %s: cuDNN plan for %s: engine %lld, workspace %.1f MiB, built in %.0f ms%s",
              backward ? "backward" : "forward", what, (long long)p->engine, (double)p->workspace / 1048576.0,
