@@ -125,6 +125,13 @@ static void layout(const ModelConfig *cfg, const Backend *be, ActKeep keep, Mode
     a->logit_ld = logits_row_stride((int)V, be->logits_align);
     a->logit_rows = logits_block_rows(N, a->logit_ld, ct, be->logits_block_bytes);
     a->logits = CARVE_C(c, (size_t)a->logit_rows * a->logit_ld, ct);
+    if (a->logit_ld != (int)V) {   // the head's GEMMs over ld columns: lm_head padded with zero rows, its dW too
+        a->lm_head_padded = CARVE_C(c, (size_t)a->logit_ld * H, ct);
+        a->d_lm_head_padded = CARVE_F(c, (size_t)a->logit_ld * H);
+    } else {
+        a->lm_head_padded = (Buf){NULL, ct};
+        a->d_lm_head_padded = NULL;
+    }
     a->logit_stage_rows = a->logit_rows < LOGIT_STAGE_ROWS ? a->logit_rows : LOGIT_STAGE_ROWS;
     const bool staged = ct != NUM_F32 || a->logit_ld != (int)V;
     a->logits_f32 = staged ? CARVE_F(c, (size_t)a->logit_stage_rows * V) : NULL;

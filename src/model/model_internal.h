@@ -98,6 +98,10 @@ struct ModelActivations {
     int logit_rows;          // R
     int logit_ld;            // >= V: V rounded up to the backend's logits_align
     int logit_stage_rows;    // S <= R
+    // When logit_ld > V: lm_head [logit_ld, H] with zero rows past V (copied in per pass) and
+    // an fp32 dW of that shape, so every dimension of the head's GEMMs is logit_ld, never V.
+    Buf lm_head_padded;
+    float *d_lm_head_padded;
     double *stats;           // backend [L*(E+1) + 2], see STATS_PER_LAYER
     double *stats_host;      // host copy
     double phase_seconds[MODEL_PHASE_COUNT];   // profile, see model_phase_seconds

@@ -40,9 +40,12 @@ static int download_logits(Model *m, float *out, int R) {
 
 // LM head in blocks of rows: logits for R tokens at a time, their loss, and when training
 // their gradient straight away (dL/dhf into a->dh, dL/dlm_head added). Logits are copied
-// out (to the host) when asked for; otherwise at most R x V of them exist at once, in rows
-// logit_ld apart (the backend's padding: aligned rows for its GEMMs and vector loads; the
-// padding columns are never computed, read or written).
+// out (to the host) when asked for; otherwise at most R x V of them exist at once.
+// Padded rows (logit_ld > V, a GPU backend's logits_align): every GEMM runs over logit_ld
+// columns, against lm_head with zero rows past V, so no GEMM dimension is the odd V (cuBLASLt
+// has no fast kernel for a contiguous dimension of 151665). The padding columns of the logits
+// come out as exact zeros, the loss never reads them, and as dlogits they meet the zero rows:
+// dh is the same; lm_head's dW gathers in a padded fp32 copy, added into the gradient once.
 // Rows [first, N) of hf only (the KV forward wants the last few).
 static int lm_head_and_loss(Model *m, int first, bool with_targets, float ce_scale, float z_scale, bool grad,
                             float *logits_out) {
@@ -51,22 +54,38 @@ static int lm_head_and_loss(Model *m, int first, bool with_targets, float ce_sca
     ModelActivations *a = m->acts;
     const ModelBinding *b = m->bind;
     const int N = a->B * a->T, H = c->d_model, V = c->embedding_size, ld = a->logit_ld;
+    Buf W = b->lm_head;   // [ld, H]
+    float *dW = b->d_lm_head;
+    if (ld != V) {
+        be->ops->copy_2d(be, a->lm_head_padded, H, b->lm_head, H, V, H);
+        be->ops->zero(be, buf_at(a->lm_head_padded, (size_t)V * H).p,
+                      (size_t)(ld - V) * H * num_type_size(a->lm_head_padded.t));
+        W = a->lm_head_padded;
+        dW = b->d_lm_head ? a->d_lm_head_padded : NULL;
+    }
     for (int r0 = first; r0 < N; r0 += a->logit_rows) {
         int R = N - r0 < a->logit_rows ? N - r0 : a->logit_rows;
         const Buf h = buf_at(a->hf, (size_t)r0 * H);
-        // logits[R, V] = h[R, H] @ lm_head[V, H]^T
-        be->ops->gemm(be, false, true, R, V, H, 1.0f, h, H, b->lm_head, H, 0.0f, a->logits, ld);
+        // logits[R, ld] = h[R, H] @ W[ld, H]^T
+        be->ops->gemm(be, false, true, R, ld, H, 1.0f, h, H, W, H, 0.0f, a->logits, ld);
         if (logits_out) SPES_TRY(download_logits(m, logits_out + (size_t)(r0 - first) * V, R));
         if (with_targets)
             be->ops->cross_entropy_rows(be, a->logits, ld, a->row_ce + r0, a->row_lse + r0, a->targets + r0, R, V,
                                         ce_scale, z_scale, grad);
         if (grad) {
-            // dh[R, H] = dlogits[R, V] @ lm_head[V, H];  d_lm_head[V, H] += dlogits^T @ h
-            be->ops->gemm(be, false, false, R, H, V, 1.0f, a->logits, ld, b->lm_head, H, 0.0f,
+            // dh[R, H] = dlogits[R, ld] @ W[ld, H];  dW[ld, H] (+)= dlogits^T @ h
+            be->ops->gemm(be, false, false, R, H, ld, 1.0f, a->logits, ld, W, H, 0.0f,
                           buf_at(a->dh, (size_t)r0 * H), H);
-            if (b->d_lm_head) linear_backward_weight(be, b->d_lm_head, a->logits, ld, h, R, H, V);
+            const bool first_block = r0 == first;
+            if (dW && dW != b->d_lm_head)
+                be->ops->gemm(be, true, false, ld, H, R, 1.0f, a->logits, ld, h, H, first_block ? 0.0f : 1.0f,
+                              buf_f32(dW), H);
+            else if (dW)
+                linear_backward_weight(be, dW, a->logits, ld, h, R, H, V);
         }
     }
+    if (grad && dW && dW != b->d_lm_head)
+        be->ops->add_inplace(be, buf_f32(b->d_lm_head), buf_f32(dW), (size_t)V * H);
     return SPES_OK;
 }
 

@@ -211,7 +211,7 @@ typedef struct {
     float **dgate_up, **dgate, **dup, **ddown;   // per expert, NULL where frozen
 } HostExperts;
 
-static void experts_case(Precision prec, const ExpertsShape *s, bool force_loop, float **det_out, size_t *det_n) {
+static void experts_case(Precision prec, const ExpertsShape *s, bool grouped, float **det_out, size_t *det_n) {
     Backend *be = cuda_test_backend(prec);
     const NumType ct = gt_compute_type(prec);
     const int E = s->E, H = s->H, I = s->I;
@@ -219,7 +219,7 @@ static void experts_case(Precision prec, const ExpertsShape *s, bool force_loop,
     off[0] = 0;
     for (int e = 0; e < E; e++) off[e + 1] = off[e] + s->counts[e];
     const int NK = off[E];
-    if (force_loop) setenv("SPES_CUDA_GROUPED", "0", 1);
+    if (grouped) setenv("SPES_CUDA_GROUPED", "1", 1);   // cuBLAS's grouped GEMM instead of the per-expert loop
     else unsetenv("SPES_CUDA_GROUPED");
 
     // host reference buffers (inputs rounded to the compute type)
@@ -277,7 +277,7 @@ static void experts_case(Precision prec, const ExpertsShape *s, bool force_loop,
     const double tol_gu = f32 ? 1e-5 : 2 * u, tol_act = f32 ? 1e-5 : 6 * u, tol_fwd = f32 ? 1e-5 : 24 * u;
     const double tol_bwd = f32 ? 1e-4 : 24 * u;
     printf("experts %s H=%d I=%d E=%d NK=%d%s\n", precision_name(prec), H, I, E, NK,
-           force_loop ? " (per-expert loop forced)" : "");
+           grouped ? " (cuBLAS grouped GEMM)" : "");
 
     // forward
     op_experts_forward(&ha);
@@ -337,8 +337,9 @@ static void experts_case(Precision prec, const ExpertsShape *s, bool force_loop,
 
 // Empty experts first, in the middle and last; a single-row expert.
 static const int counts8[] = {0, 7, 13, 1, 0, 19, 3, 0};
-static const ExpertsShape aligned_shape = {32, 24, 8, counts8};   // grouped path in every precision
-static const ExpertsShape odd_shape = {20, 12, 8, counts8};       // bf16 rows not 16-byte multiples: loop path
+// Row counts below their plan buckets (gemm.cu: 7 runs the 8-row bucket's plan, resized).
+static const ExpertsShape aligned_shape = {32, 24, 8, counts8};   // either path (grouped when asked for)
+static const ExpertsShape odd_shape = {20, 12, 8, counts8};       // bf16 rows not 16-byte multiples: the loop even when grouped is asked for
 
 static void test_experts_fp32(void **state) {
     (void)state;
@@ -357,6 +358,7 @@ static void test_experts_bf16(void **state) {
 static void test_experts_f16(void **state) {
     (void)state;
     experts_case(PRECISION_AMP_FP16, &aligned_shape, false, NULL, NULL);
+    experts_case(PRECISION_AMP_FP16, &aligned_shape, true, NULL, NULL);
 }
 
 static void test_experts_deterministic(void **state) {
@@ -374,7 +376,7 @@ static void test_experts_deterministic(void **state) {
 
 // Not a check: prints the speed of the experts op at the 1B model's shape (H 768, I 2048, 16
 // experts, 8 x 2048 tokens top-2: 2048 rows each), for the GPU speed work (docs/gpu_perf_notes.md):
-// the forward (grouped GEMMs + SwiGLU), the backward with every expert trainable and with all
+// the forward (GEMMs + SwiGLU), the backward with every expert trainable and with all
 // frozen (dX only: the difference is the dW GEMMs), each through cuBLAS's grouped GEMM and the
 // per-expert cuBLASLt loop, and one dense GEMM of the forward's first projection's size as the
 // ceiling. FLOPs: forward 2*NK*3*H*I; backward dX the same, dW the same again.
@@ -407,7 +409,7 @@ static void test_experts_speed(void **state) {
     }
     const double flops = 2.0 * NK * 3.0 * H * I;
     for (int variant = 0; variant < 2; variant++) {
-        if (variant == 1) setenv("SPES_CUDA_GROUPED", "0", 1);
+        if (variant == 1) setenv("SPES_CUDA_GROUPED", "1", 1);
         double t_fwd = 0, t_bwd = 0, t_bwd_frozen = 0;
         for (int pass = 0; pass < 2; pass++) {   // pass 0 warms up (plans, heuristics)
             ExpertsArgs a = {E, H, I, off, gate_up, down, xe, gu, act, y, dy, da, dgate_up, none, none, ddown};
@@ -438,7 +440,7 @@ static void test_experts_speed(void **state) {
         }
         printf("  experts H=%d I=%d E=%d NK=%d, %s: forward %.3f ms (%.0f TFLOP/s); backward all trainable %.3f ms "
                "(%.0f TFLOP/s), all frozen %.3f ms (%.0f TFLOP/s): dW GEMMs %.3f ms (%.0f TFLOP/s)\n",
-               H, I, E, NK, variant ? "per-expert cuBLASLt loop" : "grouped GEMMs", 1e3 * t_fwd,
+               H, I, E, NK, variant ? "cuBLAS grouped GEMM" : "per-expert cuBLASLt loop", 1e3 * t_fwd,
                flops / t_fwd * 1e-12, 1e3 * t_bwd, 2 * flops / t_bwd * 1e-12, 1e3 * t_bwd_frozen,
                flops / t_bwd_frozen * 1e-12, 1e3 * (t_bwd - t_bwd_frozen), flops / (t_bwd - t_bwd_frozen) * 1e-12);
     }
@@ -460,6 +462,60 @@ static void test_experts_speed(void **state) {
         gt_free(be, gate_up[e]), gt_free(be, down[e]);
         backend_free(be, dgate_up[e]), backend_free(be, ddown[e]);
     }
+}
+
+// Not a check: prints the speed of the LM head's pieces at the 1B model's shape (one logits
+// block of 3520 rows, H 768, vocabulary 151665 in rows of 151680), for the GPU speed work: its
+// three GEMMs with the vocabulary as a GEMM dimension (odd: what the first H200 run measured at
+// ~118 TFLOP/s for the whole head) and with the padded width (model_step.c's lm_head_and_loss
+// now), and the fused cross-entropy with its gradient.
+static void time_gemm(Backend *be, const char *what, bool ta, bool tb, int M, int N, int K, Buf A, int lda, Buf Bm,
+                      int ldb, float beta, Buf C, int ldc) {
+    enum { ITERS = 5 };
+    double t = 0;
+    for (int pass = 0; pass < 2; pass++) {   // pass 0 warms up
+        gt_sync_ok(be);
+        double t0 = seconds_now();
+        for (int it = 0; it < ITERS; it++) be->ops->gemm(be, ta, tb, M, N, K, 1.0f, A, lda, Bm, ldb, beta, C, ldc);
+        gt_sync_ok(be);
+        t = (seconds_now() - t0) / ITERS;
+    }
+    printf("  %-44s M=%d N=%d K=%d: %.3f ms (%.0f TFLOP/s)\n", what, M, N, K, 1e3 * t, 2.0 * M * N * K / t * 1e-12);
+}
+
+static void test_lm_head_speed(void **state) {
+    (void)state;
+    if (getenv("SPES_GPU_MEMCHECK_PASS")) skip();   // minutes under the sanitizer, and time means nothing there
+    Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
+    enum { R = 3520, H = 768, V = 151665, LD = 151680 };
+    const NumType ct = NUM_BF16;
+    float *x = gt_random((size_t)LD * H, 91, 1.0);
+    Buf h = gt_upload(be, x, (size_t)R * H, ct), W = gt_upload(be, x, (size_t)LD * H, ct);
+    Buf dh = gt_alloc(be, (size_t)R * H, ct), logits = gt_alloc(be, (size_t)R * LD, ct);
+    Buf dW = gt_alloc(be, (size_t)LD * H, NUM_F32);
+    time_gemm(be, "logits = h W^T, N = V (odd)", false, true, R, V, H, h, H, W, H, 0.0f, logits, LD);
+    time_gemm(be, "logits = h W^T, N = ld", false, true, R, LD, H, h, H, W, H, 0.0f, logits, LD);
+    time_gemm(be, "dh = dlogits W, K = V (odd)", false, false, R, H, V, logits, LD, W, H, 0.0f, dh, H);
+    time_gemm(be, "dh = dlogits W, K = ld", false, false, R, H, LD, logits, LD, W, H, 0.0f, dh, H);
+    time_gemm(be, "dW += dlogits^T h, M = V (odd), fp32", true, false, V, H, R, logits, LD, h, H, 1.0f, dW, H);
+    time_gemm(be, "dW += dlogits^T h, M = ld, fp32", true, false, LD, H, R, logits, LD, h, H, 1.0f, dW, H);
+    int32_t *tg_host = gt_random_ints(R, 92, V);
+    int32_t *tg = gt_upload_bytes(be, tg_host, R * sizeof(int32_t));
+    float *ce = gt_alloc(be, R, NUM_F32).p, *lse = gt_alloc(be, R, NUM_F32).p;
+    double t = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        be->ops->gemm(be, false, true, R, LD, H, 1.0f, h, H, W, H, 0.0f, logits, LD);   // fresh logits
+        gt_sync_ok(be);
+        double t0 = seconds_now();
+        be->ops->cross_entropy_rows(be, logits, LD, ce, lse, tg, R, V, 1e-4f, 1e-9f, true);
+        gt_sync_ok(be);
+        t = seconds_now() - t0;
+    }
+    printf("  cross-entropy + gradient, R=%d V=%d ld=%d: %.3f ms (%.0f GB/s of logits read twice, written once)\n", R,
+           V, LD, 1e3 * t, 3.0 * R * V * 2 / t * 1e-9);
+    free(x), free(tg_host);
+    gt_free(be, h), gt_free(be, W), gt_free(be, dh), gt_free(be, logits), gt_free(be, dW);
+    backend_free(be, tg), backend_free(be, ce), backend_free(be, lse);
 }
 
 // ---- AdamW ------------------------------------------------------------------------------------
@@ -750,6 +806,7 @@ int main(void) {
         cmocka_unit_test(test_experts_f16),
         cmocka_unit_test(test_experts_deterministic),
         cmocka_unit_test(test_experts_speed),
+        cmocka_unit_test(test_lm_head_speed),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_reductions),
     };

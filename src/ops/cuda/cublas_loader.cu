@@ -91,6 +91,8 @@ LT(cublasLtMatmulDescSetAttribute,
 LT(cublasLtMatrixLayoutCreate, (cublasLtMatrixLayout_t * l, cudaDataType t, uint64_t rows, uint64_t cols, int64_t ld),
    (l, t, rows, cols, ld))
 LT(cublasLtMatrixLayoutDestroy, (cublasLtMatrixLayout_t l), (l))
+LT(cublasLtMatrixLayoutSetAttribute,
+   (cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a, const void *buf, size_t n), (l, a, buf, n))
 LT(cublasLtMatmulPreferenceCreate, (cublasLtMatmulPreference_t * p), (p))
 LT(cublasLtMatmulPreferenceDestroy, (cublasLtMatmulPreference_t p), (p))
 LT(cublasLtMatmulPreferenceSetAttribute,

@@ -41,4 +41,8 @@ void cuda_adamw(Backend *be, const AdamWTensor *t, int count, const AdamWScalars
 // Internal to the backend (C++ linkage): gemm.cu's descriptor cache, freed at close.
 struct CudaGemmCache;
 void cuda_gemm_cache_free(struct CudaGemmCache *cache);
+// cuda_gemm for GEMMs whose sizes change from call to call (the experts' row counts): plans
+// per size bucket, not per exact size (gemm.cu's header).
+void cuda_gemm_varying(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda,
+                       Buf B, int ldb, float beta, Buf C, int ldc);
 #endif

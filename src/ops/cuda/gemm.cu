@@ -29,7 +29,13 @@
 //
 // Plans (matmul descriptor, layouts, the heuristic's algorithm) are cached per shape, types
 // and pointer alignment: the heuristic query costs tens of microseconds, more than a small
-// GEMM. The cache is bounded (cleared when full: expert GEMMs have data-dependent row counts).
+// GEMM. The cache is bounded (cleared when full). GEMMs whose sizes change from call to call
+// (the experts', with data-dependent row counts: cuda_gemm_varying) are keyed by their sizes
+// rounded up to buckets (gemm_bucket): one heuristic query per bucket, then the bucket's
+// algorithm runs every size in it, the layouts set to the actual sizes before each call. On
+// an H200 the exact-shape queries had cost ~20 ms of host time per step of the 1B model (the
+// per-expert dW GEMMs of 12 layers; docs/gpu_perf_notes.md). An algorithm cuBLASLt refuses
+// for the actual sizes falls back to an exact-shape plan for that call.
 // Reproducibility: the same plan runs for the same shape, and every cuBLASLt reduction scheme
 // for split-K is ordered (in-place with sequencing counters, or a separate reduction pass),
 // so the same inputs give the same bits on the same GPU and library version.
@@ -175,17 +181,58 @@ static const GemmPlan *plan_get(Backend *be, const GemmKey &key) {
 // ---- the cuBLASLt call (types already ones cuBLASLt takes) ------------------------------------
 enum { LT_DONE, LT_NO_ALGO, LT_FAILED };
 
-// Row-major arguments, as cuda_gemm's; A and B of one type; C of that type or f32.
+// A size rounded up to its bucket: 1..64 to a power of two, then to multiples of 64 up to
+// 1024, of 256 up to 8192, of 2048 beyond (every bucket within 25% of its smallest member
+// past 64, so the bucket's algorithm suits its sizes).
+static int gemm_bucket(int x) {
+    if (x <= 64) {
+        int b = 1;
+        while (b < x) b *= 2;
+        return b;
+    }
+    int step = x <= 1024 ? 64 : x <= 8192 ? 256 : 2048;
+    return (int)(((long long)x + step - 1) / step * step);
+}
+
+// Sets a plan's layouts to the actual sizes (a bucketed plan was built for its bucket's).
+static bool plan_resize(Backend *be, const GemmPlan *plan, const GemmKey &key, int m, int n, int k) {
+    uint64_t a_rows = key.ta ? k : m, a_cols = key.ta ? m : k;
+    uint64_t b_rows = key.tb ? n : k, b_cols = key.tb ? k : n;
+    uint64_t c_rows = m, c_cols = n;
+    const struct {
+        cublasLtMatrixLayout_t l;
+        uint64_t rows, cols;
+    } set[3] = {{plan->a, a_rows, a_cols}, {plan->b, b_rows, b_cols}, {plan->c, c_rows, c_cols}};
+    for (int i = 0; i < 3; i++) {
+        cublasStatus_t s = cublasLtMatrixLayoutSetAttribute(set[i].l, CUBLASLT_MATRIX_LAYOUT_ROWS, &set[i].rows,
+                                                            sizeof set[i].rows);
+        if (s == CUBLAS_STATUS_SUCCESS)
+            s = cublasLtMatrixLayoutSetAttribute(set[i].l, CUBLASLT_MATRIX_LAYOUT_COLS, &set[i].cols,
+                                                 sizeof set[i].cols);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            cuda_record_failure(be, "cublasLtMatrixLayoutSetAttribute", cublasGetStatusString(s), __FILE__, __LINE__);
+            return false;
+        }
+    }
+    return true;
+}
+
+// Row-major arguments, as cuda_gemm's; A and B of one type; C of that type or f32. With
+// `bucketed`, the plan is the one of the sizes' bucket (the header says why).
 static int lt_matmul(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
-                     int lda, const void *B, int ldb, NumType op_type, float beta, void *C, NumType c_type, int ldc) {
+                     int lda, const void *B, int ldb, NumType op_type, float beta, void *C, NumType c_type, int ldc,
+                     bool bucketed) {
     CudaState *st = cuda_state(be);
     GemmKey key;
     memset(&key, 0, sizeof key);   // padding too: the key is hashed and compared bytewise
     key.ta = trans_b;
     key.tb = trans_a;
-    key.m = N;
-    key.n = M;
-    key.k = K;
+    key.m = bucketed ? gemm_bucket(N) : N;
+    key.n = bucketed ? gemm_bucket(M) : M;
+    key.k = bucketed ? gemm_bucket(K) : K;
+    // A bucket may not outgrow a leading dimension (the stored rows of each column-major layout)
+    if (bucketed && ((trans_b ? key.k : key.m) > ldb || (trans_a ? key.n : key.k) > lda || key.m > ldc))
+        return lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, op_type, beta, C, c_type, ldc, false);
     key.lda = ldb;
     key.ldb = lda;
     key.ldc = ldc;
@@ -197,9 +244,20 @@ static int lt_matmul(Backend *be, bool trans_a, bool trans_b, int M, int N, int 
     key.align_c = pointer_alignment(C);
     const GemmPlan *plan = plan_get(be, key);
     if (!plan) return LT_FAILED;
-    if (!plan->ok) return LT_NO_ALGO;
-    CUBLAS_CHECK(be, cublasLtMatmul(st->lt, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c,
-                                    &plan->algo, st->workspace, st->workspace_bytes, st->stream));
+    if (!plan->ok) {   // no algorithm for the bucket's sizes: perhaps for the actual ones
+        return bucketed ? lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, op_type, beta, C, c_type,
+                                    ldc, false)
+                        : LT_NO_ALGO;
+    }
+    if (bucketed && !plan_resize(be, plan, key, N, M, K)) return LT_FAILED;
+    cublasStatus_t s = cublasLtMatmul(st->lt, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c,
+                                      &plan->algo, st->workspace, st->workspace_bytes, st->stream);
+    if (bucketed && s == CUBLAS_STATUS_NOT_SUPPORTED)   // the bucket's algorithm refuses these sizes
+        return lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, op_type, beta, C, c_type, ldc, false);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        cuda_record_failure(be, "cublasLtMatmul", cublasGetStatusString(s), __FILE__, __LINE__);
+        return LT_FAILED;
+    }
     return LT_DONE;
 }
 
@@ -283,7 +341,7 @@ static void gemm_repacked(Backend *be, bool trans_a, bool trans_b, int M, int N,
         if (beta != 0.0f) convert_2d(be, c_ptr, c_type, ldc2, C.p, C.t, ldc, M, N);
     }
     int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, a_ptr, a_ld, b_ptr, b_ld, op_type, beta, c_ptr, c_type,
-                      c_ld);
+                      c_ld, false);
     if (r == LT_NO_ALGO && !(pack_a && pack_b && pack_c)) {   // a mixed-type call packed one operand only
         gemm_repacked(be, trans_a, trans_b, M, N, K, alpha, A, lda, true, B, ldb, true, op_type, beta, C, ldc, true);
         return;
@@ -299,8 +357,8 @@ static void gemm_repacked(Backend *be, bool trans_a, bool trans_b, int M, int N,
 }
 
 // ---- the op -----------------------------------------------------------------------------------
-extern "C" void cuda_gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda,
-                          Buf B, int ldb, float beta, Buf C, int ldc) {
+static void gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda, Buf B,
+                 int ldb, float beta, Buf C, int ldc, bool bucketed) {
     if (M <= 0 || N <= 0) return;
     // Row-major stored shapes: A is [M,K] ([K,M] when trans_a), B is [K,N] ([N,K] when trans_b).
     int a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
@@ -329,11 +387,22 @@ extern "C" void cuda_gemm(Backend *be, bool trans_a, bool trans_b, int M, int N,
     }
     bool c_via_copy = !c_written_directly(C.t, op_type, beta);
     if (!conv_a && !conv_b && !c_via_copy) {
-        int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A.p, lda, B.p, ldb, op_type, beta, C.p, C.t, ldc);
+        int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A.p, lda, B.p, ldb, op_type, beta, C.p, C.t, ldc,
+                          bucketed);
         if (r != LT_NO_ALGO) return;
         // No algorithm for these alignments / strides: repack everything below.
         conv_a = conv_b = c_via_copy = true;
     }
     gemm_repacked(be, trans_a, trans_b, M, N, K, alpha, A, lda, conv_a, B, ldb, conv_b, op_type, beta, C, ldc,
                   c_via_copy);
+}
+
+extern "C" void cuda_gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda,
+                          Buf B, int ldb, float beta, Buf C, int ldc) {
+    gemm(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, false);
+}
+
+void cuda_gemm_varying(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda,
+                       Buf B, int ldb, float beta, Buf C, int ldc) {
+    gemm(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
 }
