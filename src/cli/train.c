@@ -170,7 +170,12 @@ int cmd_train(int argc, char **argv) {
     TrainConfig cfg;
     int loaded = config_load(config_path, n_overrides, overrides, &cfg);
     free(overrides);
-    if (loaded != SPES_OK || dist_check_config(comm, &cfg) != SPES_OK) {
+    // Options outside the config that ranks must share: one resuming alone would start at
+    // another step than the others (mismatched collectives).
+    char flags[64];
+    snprintf(flags, sizeof flags, "--resume=%s\n--force-resume=%s\n", opt.resume ? "true" : "false",
+             opt.ignore_config_hash ? "true" : "false");
+    if (loaded != SPES_OK || dist_check_config(comm, &cfg, flags) != SPES_OK) {
         if (comm_is_multi(comm)) fprintf(stderr, "spes: rank %d of %d: %s\n", rank, comm_size(comm), spes_last_error());
         else fprintf(stderr, "spes: %s\n", spes_last_error());
         fflush(stderr);

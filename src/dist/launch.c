@@ -76,7 +76,7 @@ static int share_lines(Comm *comm, int root, const char *mine, char **text) {
     return SPES_OK;
 }
 
-int dist_check_config(Comm *comm, const TrainConfig *cfg) {
+int dist_check_config(Comm *comm, const TrainConfig *cfg, const char *flags) {
     int ws = env_int("WORLD_SIZE");
     if (!comm_is_multi(comm) && !getenv("OMPI_COMM_WORLD_SIZE") && ws > 1 && env_int("LOCAL_WORLD_SIZE") == 1 &&
         !cfg->using_spes && !cfg->using_dilico)
@@ -92,7 +92,9 @@ int dist_check_config(Comm *comm, const TrainConfig *cfg) {
     // their collectives mismatch (a hang), a different learning rate trains silently wrong.
     // Rank 0's lines reach every rank; the first rank that differs sends its lines too, so
     // every rank fails with the same message naming the keys.
-    char *mine = config_job_lines(cfg), *root = NULL, *other = NULL;
+    char *lines = config_job_lines(cfg), *root = NULL, *other = NULL, *mine = NULL;
+    if (lines && asprintf(&mine, "%s%s", lines, flags ? flags : "") < 0) mine = NULL;
+    free(lines);
     if (!mine) return comm_abort(comm, 1), SPES_ERR;   // as in share_lines
     int size = comm_size(comm), first = -1, n_differ = 0;
     int *differs = spes_calloc((size_t)size, sizeof *differs);

@@ -15,10 +15,11 @@ bool dist_launched(void);
 // the missing variable (such a process would otherwise train alone as one rank).
 int dist_check_env(void);
 // After the configuration is loaded, on every rank: refuses ranks whose configurations differ
-// (every key but threads and device; the message names the keys, the same on every rank),
-// and a one-process-per-node environment (LOCAL_WORLD_SIZE=1, WORLD_SIZE > 1) for a training
-// that is not a SPES peer.
-int dist_check_config(Comm *comm, const TrainConfig *cfg);
+// (every key but threads and device, plus `flags`: "name=value" lines of the command-line
+// options that change what a rank does, e.g. --resume; the message names the keys, the same
+// on every rank), and a one-process-per-node environment (LOCAL_WORLD_SIZE=1, WORLD_SIZE > 1)
+// for a training that is not a SPES peer.
+int dist_check_config(Comm *comm, const TrainConfig *cfg, const char *flags);
 // Replaces this process by `mpirun -np nproc <this binary> argv[0..argc)`. Returns only on
 // failure (SPES_ERR, message set): mpirun missing or not executable.
 int dist_exec_mpirun(int nproc, int argc, char **argv);

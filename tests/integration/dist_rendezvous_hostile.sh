@@ -9,7 +9,7 @@
 #     timeout, naming rank 1 (it used to hang in MPI_Comm_accept forever);
 #   - ranks started with different configurations are refused, naming the keys (another
 #     learning rate used to train and exit 0; another batch size or strategy hung); a per-rank
-#     key (threads) may differ;
+#     key (threads) may differ; --resume on one rank only is refused too;
 #   - WORLD_SIZE=2 without MASTER_PORT, or without LOCAL_RANK, is refused naming the variable;
 #     LOCAL_WORLD_SIZE=1 with WORLD_SIZE=2 (one process per node) for a training that is not a
 #     SPES peer is refused (it used to train as independent one-rank jobs on one save_folder).
@@ -126,6 +126,16 @@ rank 0 "$port" threads --threads=1; r0=$last
 rank 1 "$port" threads --threads=2; r1=$last
 finish "$r0" 90; rc0=$rc; finish "$r1" 30; rc1=$rc
 [ "$rc0" = 0 ] && [ "$rc1" = 0 ] || fail "ranks differing only in threads ended $rc0/$rc1" "$tmp/threads.0.log" "$tmp/threads.1.log"
+# --resume on one rank only: it would start at step 5, the other at 0.
+port=$(free_port)
+rank 0 "$port" threads --max_duration=8 --resume; r0=$last
+rank 1 "$port" threads --max_duration=8; r1=$last
+finish "$r0" 60; rc0=$rc; finish "$r1" 30; rc1=$rc
+[ "$rc0" != 0 ] && [ "$rc0" != 124 ] && [ "$rc1" != 0 ] && [ "$rc1" != 124 ] ||
+  fail "--resume on rank 0 only: ranks ended $rc0/$rc1" "$tmp/threads.0.log" "$tmp/threads.1.log"
+grep -q "configuration differs from rank 0's.*--resume: true -> false" "$tmp/threads.0.log" || fail "message" "$tmp/threads.0.log"
+[ ! -d "$tmp/threads/step8" ] || fail "--resume on rank 0 only: trained anyway" "$tmp/threads.0.log"
+echo "--resume on one rank only: refused"
 }
 
 # 5. Half a torchrun environment.
