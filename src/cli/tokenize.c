@@ -35,6 +35,7 @@ typedef struct {
     const char *file_glob, *tokenizer, *output_prefix, *text_field, *dump_ids, *dump_decoded;
     int processes, files_per_process, batch_size, dtype_bytes, no_eos;
     uint64_t max_shard_bytes;
+    uint64_t max_doc_bytes;   // longer documents (records) are skipped, named by file:line
     int64_t eos_id;           // -1: the tokenizer's
 } TokenizeArgs;
 
@@ -53,6 +54,7 @@ static void usage(FILE *out) {
             "usage: spes tokenize --file_glob GLOB --tokenizer_name_or_path PATH|bytes --output_prefix PREFIX\n"
             "                     [--text_field text] [--processes 1] [--files_per_process N] [--batch_size 500]\n"
             "                     [--max_shard_bytes 4294967296] [--dtype uint32|uint16] [--no_eos] [--eos_id N]\n"
+            "                     [--max_doc_bytes 33554432]\n"
             "       spes tokenize --dump_ids FILE --tokenizer_name_or_path PATH [--dump_decoded OUT]\n"
             "                     (testing: ids of FILE encoded as one document, one per line on stdout;\n"
             "                     OUT gets decode(ids))\n\n"
@@ -60,7 +62,9 @@ static void usage(FILE *out) {
             "stream one at a time, in input order; the script shuffles each batch with an unseeded RNG).\n"
             "Inputs: .jsonl .json .jsonl.gz .json.gz .jsonl.zst .parquet .txt. Output: {prefix}{proc:03d}_{shard:06d}.npy,\n"
             "raw little-endian token ids without header (SPES tokenize_data.py format). EOS per document: the\n"
-            "tokenizer's eos_token (tokenizer_config.json, else <|endoftext|>, </s>, ...); built-in 'bytes' uses 256.\n");
+            "tokenizer's eos_token (tokenizer_config.json, else <|endoftext|>, </s>, ...); built-in 'bytes' uses 256.\n"
+            "--max_doc_bytes bounds memory per document (a worker holds about 5x it): a longer JSON line or entry,\n"
+            "parquet value or .txt file is skipped with a warning naming file:line, and counted (at most 256 MiB).\n");
 }
 
 static int parse_u64(const char *flag, const char *v, uint64_t *out) {
@@ -82,7 +86,7 @@ static int parse_int(const char *flag, const char *v, int min, int *out) {
 
 static int parse_args(int argc, char **argv, TokenizeArgs *a) {
     *a = (TokenizeArgs){.text_field = "text", .processes = 1, .batch_size = 500, .dtype_bytes = 4,
-                        .max_shard_bytes = 4ull << 30, .eos_id = -1};
+                        .max_shard_bytes = 4ull << 30, .max_doc_bytes = DOC_READER_MAX_DOC_BYTES, .eos_id = -1};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--no_eos")) {
@@ -105,6 +109,12 @@ static int parse_args(int argc, char **argv, TokenizeArgs *a) {
         else if (IS("--files_per_process")) SPES_TRY(parse_int("--files_per_process", v, 1, &a->files_per_process));
         else if (IS("--batch_size")) SPES_TRY(parse_int("--batch_size", v, 1, &a->batch_size));
         else if (IS("--max_shard_bytes")) SPES_TRY(parse_u64("--max_shard_bytes", v, &a->max_shard_bytes));
+        else if (IS("--max_doc_bytes")) {
+            SPES_TRY(parse_u64("--max_doc_bytes", v, &a->max_doc_bytes));
+            if (a->max_doc_bytes < 1 || a->max_doc_bytes > DOC_READER_MAX_DOC_BYTES_LIMIT)
+                return spes_fail("--max_doc_bytes must be between 1 and %zu (256 MiB), not %s",
+                                 DOC_READER_MAX_DOC_BYTES_LIMIT, v);
+        }
         else if (IS("--eos_id")) {
             uint64_t x = 0;
             SPES_TRY(parse_u64("--eos_id", v, &x));
@@ -164,6 +174,7 @@ typedef struct {
 static void report_malformed(MalformedCtx *m, const char *path, int is_line, uint64_t n, const char *why) {
     if (m->reported < MAX_MALFORMED_REPORTS) {
         if (is_line) log_warn("%s:%" PRIu64 ": skipped: %s", path, n, why);
+        else if (n == 0) log_warn("%s: skipped: %s", path, why);
         else log_warn("%s: document %" PRIu64 ": skipped: %s", path, n, why);
     }
     else if (m->reported == MAX_MALFORMED_REPORTS) log_warn("further malformed records are only counted");
@@ -171,13 +182,17 @@ static void report_malformed(MalformedCtx *m, const char *path, int is_line, uin
 }
 
 static void on_malformed(void *user, const char *path, uint64_t line, const char *why) {
-    report_malformed(user, path, 1, line, why);
+    report_malformed(user, path, line > 0, line, why);   // line 0: a parquet value or .txt file (why names it)
 }
 
 static int tokenize_file(const TokenizeArgs *a, TokenEncoder *enc, int64_t eos, TokenWriter *w, const char *path,
                          WorkerStats *st, MalformedCtx *mctx, DocCleanScratch *clean, IdBuffer *ids) {
     DocReader *r;
     SPES_TRY(doc_reader_open(path, a->text_field, on_malformed, mctx, &r));
+    if (doc_reader_set_max_doc_bytes(r, (size_t)a->max_doc_bytes) != SPES_OK) {
+        doc_reader_close(r);
+        return SPES_ERR;
+    }
     uint64_t bytes_before = STAT_GET(st->file_bytes), doc_index = 0;
     const char *text;
     size_t len;

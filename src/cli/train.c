@@ -168,14 +168,23 @@ int cmd_train(int argc, char **argv) {
     opt.comm = comm;
 
     TrainConfig cfg;
-    if (config_load(config_path, n_overrides, overrides, &cfg) != SPES_OK) {
-        fprintf(stderr, "spes: %s\n", spes_last_error());
-        free(overrides);
+    int loaded = config_load(config_path, n_overrides, overrides, &cfg);
+    free(overrides);
+    // Options outside the config that ranks must share: one resuming alone would start at
+    // another step than the others (mismatched collectives).
+    char flags[64];
+    snprintf(flags, sizeof flags, "--resume=%s\n--force-resume=%s\n", opt.resume ? "true" : "false",
+             opt.ignore_config_hash ? "true" : "false");
+    if (loaded != SPES_OK || dist_check_config(comm, &cfg, flags) != SPES_OK) {
+        if (comm_is_multi(comm)) fprintf(stderr, "spes: rank %d of %d: %s\n", rank, comm_size(comm), spes_last_error());
+        else fprintf(stderr, "spes: %s\n", spes_last_error());
+        fflush(stderr);
+        // dist_check_config fails on every rank at once: each says why before any ends the job.
+        if (loaded == SPES_OK) comm_barrier(comm), config_free(&cfg);
         comm_abort(comm, 1);
         comm_finalize(comm);
         return 1;
     }
-    free(overrides);
     Trainer *trainer = NULL;
     SpesRanks *peer = NULL;
     install_handlers();

@@ -413,13 +413,20 @@ int config_max_steps(const TrainConfig *cfg, int64_t dataset_instances, int64_t 
     return spes_fail("max_duration: unknown unit");
 }
 
-uint64_t config_hash(const TrainConfig *cfg) {
+// The "key=value" lines of `which` keys (config_write_values), as one string (caller frees).
+static char *value_lines(const TrainConfig *cfg, ConfigOutput which, size_t *len) {
     char *text = NULL;
+    FILE *mem = open_memstream(&text, len);
+    if (!mem) return NULL;
+    config_write_values(cfg, mem, which);
+    if (fclose(mem) != 0) free(text), text = NULL;
+    return text;
+}
+
+uint64_t config_hash(const TrainConfig *cfg) {
     size_t len = 0;
-    FILE *mem = open_memstream(&text, &len);
-    if (!mem) return 0;
-    config_write_values(cfg, mem, true);
-    fclose(mem);
+    char *text = value_lines(cfg, CONFIG_LINES_HASHED, &len);
+    if (!text) return 0;
     uint64_t h = 0xcbf29ce484222325ULL;   // FNV-1a 64
     for (size_t i = 0; i < len; i++) {
         h ^= (uint8_t)text[i];
@@ -429,20 +436,20 @@ uint64_t config_hash(const TrainConfig *cfg) {
     return h;
 }
 
-void config_write_yaml(const TrainConfig *cfg, FILE *out) { config_write_values(cfg, out, false); }
-
-// The "key=value" lines config_hash reads, split in place into *lines (caller frees text and lines).
-static int hashed_lines(const TrainConfig *cfg, char **text, char ***lines, int *n) {
+char *config_job_lines(const TrainConfig *cfg) {
     size_t len = 0;
-    *text = NULL, *lines = NULL, *n = 0;
-    FILE *mem = open_memstream(text, &len);
-    if (!mem) return SPES_ERR;
-    config_write_values(cfg, mem, true);
-    if (fclose(mem) != 0 || !*text) return SPES_ERR;
+    return value_lines(cfg, CONFIG_LINES_JOB, &len);
+}
+
+void config_write_yaml(const TrainConfig *cfg, FILE *out) { config_write_values(cfg, out, CONFIG_DUMP_YAML); }
+
+// "key=value" lines split in place into *lines (caller frees *lines; the text stays the caller's).
+static int split_lines(char *text, char ***lines, int *n) {
+    *lines = NULL, *n = 0;
     int count = 0;
-    for (size_t i = 0; i < len; i++) count += (*text)[i] == '\n';
+    for (const char *c = text; *c; c++) count += *c == '\n';
     if (!(*lines = spes_calloc((size_t)count + 1, sizeof(char *)))) return SPES_ERR;
-    for (char *line = *text, *end; *line && (end = strchr(line, '\n')); line = end + 1) {
+    for (char *line = text, *end; *line && (end = strchr(line, '\n')); line = end + 1) {
         *end = '\0';
         (*lines)[(*n)++] = line;
     }
@@ -464,14 +471,13 @@ static void describe_change(TextBuf *b, const char *key, size_t key_len, const c
         text_buf_printf(b, "%s%.60s%s", i ? " -> " : "", sides[i], strlen(sides[i]) > 60 ? "..." : "");
 }
 
-char *config_changes_since(const char *saved_path, const TrainConfig *now) {
-    TrainConfig saved;
-    if (load_file(saved_path, 0, NULL, &saved, false) != SPES_OK) return NULL;
-    char *text_was = NULL, *text_now = NULL, **was = NULL, **cur = NULL;
+char *config_diff_lines(const char *was_text, const char *now_text) {
+    char *text_was = spes_strdup(was_text), *text_now = spes_strdup(now_text), **was = NULL, **cur = NULL;
     int n_was = 0, n_now = 0;
     TextBuf b;
     text_buf_init(&b);
-    if (hashed_lines(&saved, &text_was, &was, &n_was) == SPES_OK && hashed_lines(now, &text_now, &cur, &n_now) == SPES_OK) {
+    if (text_was && text_now && split_lines(text_was, &was, &n_was) == SPES_OK &&
+        split_lines(text_now, &cur, &n_now) == SPES_OK) {
         for (int i = 0; i < n_now; i++) {   // keys set now, in table order
             size_t key_len = strcspn(cur[i], "=");
             const char *old_value = value_of(was, n_was, cur[i], key_len);
@@ -484,9 +490,19 @@ char *config_changes_since(const char *saved_path, const TrainConfig *now) {
         }
     }
     free(text_was), free(text_now), free(was), free(cur);
-    config_free(&saved);
     size_t len;
     char *out = text_buf_take(&b, &len);
     if (out && len == 0) free(out), out = NULL;
+    return out;
+}
+
+char *config_changes_since(const char *saved_path, const TrainConfig *now) {
+    TrainConfig saved;
+    if (load_file(saved_path, 0, NULL, &saved, false) != SPES_OK) return NULL;
+    size_t len;
+    char *was = value_lines(&saved, CONFIG_LINES_HASHED, &len), *cur = value_lines(now, CONFIG_LINES_HASHED, &len);
+    char *out = was && cur ? config_diff_lines(was, cur) : NULL;
+    free(was), free(cur);
+    config_free(&saved);
     return out;
 }

@@ -175,6 +175,12 @@ uint64_t config_hash(const TrainConfig *cfg);
 // config.yaml): "key: old -> new; ..." (caller frees). NULL when nothing differs or the saved
 // copy cannot be read.
 char *config_changes_since(const char *saved_path, const TrainConfig *now);
+// The "key=value" lines every rank of one job must share: every key but the per-rank ones
+// (threads, device), compared by dist_check_config (caller frees; NULL: out of memory).
+char *config_job_lines(const TrainConfig *cfg);
+// What differs between two sets of "key=value" lines, as config_changes_since says it:
+// "key: was -> now; ..." (caller frees), NULL when they hold the same keys and values.
+char *config_diff_lines(const char *was, const char *now);
 
 // Resolved configuration as YAML (every supported key, after overrides and interpolation).
 void config_write_yaml(const TrainConfig *cfg, FILE *out);

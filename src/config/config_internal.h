@@ -37,5 +37,9 @@ int config_apply_tree(ParseCtx *ctx, const YNode *root, TrainConfig *cfg);
 int config_finish(ParseCtx *ctx, const YNode *root, TrainConfig *cfg);
 // Whether `path` (dotted) names a known key, or lies inside an ignored/free-form one.
 bool config_key_known(const char *path);
-// "key=value" lines of the hashed keys (hash) or the whole resolved YAML (dump).
-void config_write_values(const TrainConfig *cfg, FILE *out, bool hashed_only);
+typedef enum {
+    CONFIG_DUMP_YAML,      // the whole resolved YAML (config_write_yaml)
+    CONFIG_LINES_HASHED,   // "key=value" lines of the hashed keys (config_hash, resume)
+    CONFIG_LINES_JOB,      // "key=value" lines of every key but the per-rank ones (ranks of a job)
+} ConfigOutput;
+void config_write_values(const TrainConfig *cfg, FILE *out, ConfigOutput which);

@@ -194,6 +194,7 @@ struct ConfigKey {
     bool nullable;          // null accepted: numbers store null_value, strings NULL
     double null_value;
     bool hashed;            // part of config_hash
+    bool per_rank;          // may differ between the ranks of one job (config_job_lines leaves it out)
     bool (*unset)(const TrainConfig *);   // hashed keys added later: left out of the hash while
                                           // unset, so configs without them keep their hash
     const char *fixed;      // K_FIXED: the accepted value
@@ -535,14 +536,14 @@ static void format_evaluators(const TrainConfig *cfg, FILE *out) {
 static const ConfigKey KEYS[] = {
     {"run_name", K_STR, F(run_name), .nullable = true, .meaning = "Name of the run; used in `${run_name}` interpolation and logs."},
     {"seed", K_I64, F(seed), MIN_NONNEG, .hashed = true, .meaning = "Seed of weight initialisation, and of the data order when `data.seed` is unset."},
-    {"threads", K_INT, F(threads), MIN_NONNEG, .meaning = "CPU threads (0: all cores). Our extension."},
+    {"threads", K_INT, F(threads), MIN_NONNEG, .per_rank = true, .meaning = "CPU threads (0: all cores). Our extension."},
     {"dry_run", K_IGNORED, .meaning = "OLMo debugging switch."},
     {"no_pre_train_checkpoint", K_IGNORED, .meaning = "We never write a step-0 checkpoint."},
     {"wandb", K_IGNORED, .meaning = "Weights & Biases is not built in; metrics go to `save_folder/metrics.jsonl`."},
     {"compile", K_IGNORED, .meaning = "torch.compile settings."},
     {"fused_loss", K_IGNORED, .meaning = "GPU fused cross-entropy kernel (flash-attn's); the gradient is the same. With it the reference logs CrossEntropyLoss with 1e-4 x the z-loss term folded in (the kernel's lse_square_scale); our `ce` is the cross-entropy alone."},
     {"precision", K_STR, F(precision), .meaning = "fp32, amp_bf16 or amp_fp16 (dynamic loss scaling). On the cpu backend everything runs fp32."},
-    {"device", K_STR, F(device), .meaning = "auto (a GPU when one is visible and spes has CUDA), cpu, cuda or cuda:N. Our extension."},
+    {"device", K_STR, F(device), .per_rank = true, .meaning = "auto (a GPU when one is visible and spes has CUDA), cpu, cuda or cuda:N. Our extension."},
     {"distributed_strategy", K_STR, F(distributed_strategy), .meaning = "Data parallelism over the ranks of a node (`spes train --nproc_per_node N`, mpirun): `ddp`, `fsdp` (see `fsdp.sharding_strategy`) or `single` (one rank only). Ignored with one rank. docs/distributed.md."},
     {"fsdp", K_SECTION, .meaning = "FSDP settings: how `distributed_strategy: fsdp` shards."},
     {"fsdp.sharding_strategy", K_STR, F(fsdp_sharding_strategy), .meaning = "NO_SHARD (= DDP), SHARD_OPTIM (ZeRO-1: optimizer state sharded; our extension), SHARD_GRAD_OP (ZeRO-2: + gradients, each layer's reduce-scattered right after its backward), FULL_SHARD (ZeRO-3: + parameters, each layer gathered right before it runs). docs/distributed.md."},
@@ -955,13 +956,15 @@ static bool print_value(const ConfigKey *k, const TrainConfig *cfg, FILE *out) {
     }
 }
 
-void config_write_values(const TrainConfig *cfg, FILE *out, bool hashed_only) {
+void config_write_values(const TrainConfig *cfg, FILE *out, ConfigOutput which) {
     const char *section = NULL;   // open section ("model"), NULL at top level
     for (int i = 0; i < N_KEYS; i++) {
         const ConfigKey *k = &KEYS[i];
         if (k->kind == K_SECTION || k->kind == K_IGNORED) continue;
-        if (hashed_only) {
-            if (!k->hashed || (k->unset && k->unset(cfg))) continue;
+        if (which != CONFIG_DUMP_YAML) {
+            if (which == CONFIG_LINES_HASHED && (!k->hashed || (k->unset && k->unset(cfg)))) continue;
+            if (which == CONFIG_LINES_JOB && (k->per_rank || k->kind == K_FIXED || (k->kind == K_SPECIAL && !k->format)))
+                continue;
             fprintf(out, "%s=", k->path);
             print_value(k, cfg, out);
             fputc('\n', out);

@@ -21,6 +21,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "base/timer.h"
 
 struct Rendezvous {
@@ -32,7 +33,17 @@ struct Rendezvous {
     pthread_t watchdog;
     bool watching;
     atomic_bool finishing;
+    atomic_bool joined;        // steps 2-3 are done: the watchdog stops timing them
+    double join_deadline;      // until when steps 2-3 may take (the watchdog ends the rank after it)
+    atomic_int waiting_for;    // for the watchdog's message: the rank being joined in step 3, -1 while
+                               // a rank waits for its turn, 0 in MPI_Init
 };
+
+// A connection to rank 0 has this long to say its RANK and WORLD_SIZE; several are read at
+// once, so a silent one costs its own slot, not the whole rendezvous timeout.
+#define HELLO_SECONDS 5.0
+// Connections rank 0 reads hellos from at once; more wait in the listen backlog.
+#define MAX_PENDING 64
 
 // A non-negative int from the environment; -1 when unset, -2 when not a number.
 static int env_num(const char *name) {
@@ -163,35 +174,123 @@ static int listen_on(const char *host, int port, int *out) {
     return SPES_OK;
 }
 
-// Every other rank connects and says its RANK: fds[k] is rank k's socket.
+// The user a connected Unix socket's other end runs as (SO_PEERCRED: its credentials when it
+// connected or listened, which it cannot forge) and its pid.
+static int peer_of(int fd, uid_t *uid, pid_t *pid) {
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+        return spes_fail("rendezvous: cannot tell who is on the other end of a socket (SO_PEERCRED): %s", strerror(errno));
+    *uid = cred.uid, *pid = cred.pid;
+    return SPES_OK;
+}
+
+// A connection whose hello (RANK, WORLD_SIZE: two int32) is not complete yet.
+typedef struct {
+    int fd;
+    pid_t pid;
+    double until;
+    int32_t hello[2];
+    size_t got;   // bytes of hello read
+} Pending;
+
+static void drop_pending(Pending *p, int *n, int i) {
+    close(p[i].fd);
+    p[i] = p[--*n];
+}
+
+// Every other rank connects and says its RANK and WORLD_SIZE: fds[k] is rank k's socket.
+// The abstract socket has no file permissions, so anyone on the node can connect: a
+// connection from another user is refused at once (the job's user is the trust boundary: it
+// can ptrace the ranks anyway), and each connection gets HELLO_SECONDS to say who it is,
+// read concurrently, so a silent or slow one delays nobody.
 static int gather_ranks(Rendezvous *r, int lfd, double deadline) {
-    for (int joined = 0; joined < r->size - 1;) {
-        int ms = (int)((deadline - now_seconds()) * 1000);
-        struct pollfd pfd = {.fd = lfd, .events = POLLIN};
-        int ready = ms > 0 ? poll(&pfd, 1, ms) : 0;
-        if (ready < 0 && errno == EINTR) continue;
-        if (ready <= 0) {
+    Pending pend[MAX_PENDING];
+    struct pollfd pfd[MAX_PENDING + 1];
+    int n_pend = 0, rc = SPES_OK;
+    uid_t me = geteuid();
+    for (int joined = 0; rc == SPES_OK && joined < r->size - 1;) {
+        double now = now_seconds(), wake = deadline;
+        for (int i = 0; i < n_pend;) {
+            if (pend[i].until <= now) {
+                log_warn("rendezvous: a connection to rank 0 (pid %d) said nothing within %.0f s: dropped (not a spes "
+                         "rank?)",
+                         (int)pend[i].pid, HELLO_SECONDS);
+                drop_pending(pend, &n_pend, i);
+                continue;
+            }
+            if (pend[i].until < wake) wake = pend[i].until;
+            i++;
+        }
+        if (now >= deadline) {
             char missing[256] = "";
             for (int k = 1, at = 0; k < r->size && at < (int)sizeof missing - 12; k++)
                 if (r->fds[k] < 0) at += snprintf(missing + at, sizeof missing - (size_t)at, " %d", k);
-            return spes_fail("rendezvous: %d of %d ranks connected to rank 0 within %.0f s; missing:%s "
-                             "(SPES_RENDEZVOUS_TIMEOUT)",
-                             joined + 1, r->size, timeout_seconds(), missing);
+            rc = spes_fail("rendezvous: %d of %d ranks connected to rank 0 within %.0f s; missing:%s "
+                           "(SPES_RENDEZVOUS_TIMEOUT)",
+                           joined + 1, r->size, timeout_seconds(), missing);
+            break;
         }
+        int n = 0;
+        bool listening = n_pend < MAX_PENDING;   // else new connections wait in the backlog
+        for (int i = 0; i < n_pend; i++) pfd[n++] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+        if (listening) pfd[n++] = (struct pollfd){.fd = lfd, .events = POLLIN};
+        int ms = (int)((wake - now) * 1000) + 1;
+        int ready = poll(pfd, (nfds_t)n, ms);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready < 0) {
+            rc = spes_fail("rendezvous: poll: %s", strerror(errno));
+            break;
+        }
+        // Hellos first (pfd[i] is pend[i]; walked backwards because drop_pending moves the last one).
+        for (int i = n_pend - 1; i >= 0 && rc == SPES_OK; i--) {
+            if (!pfd[i].revents) continue;
+            Pending *p = &pend[i];
+            ssize_t k = recv(p->fd, (char *)p->hello + p->got, sizeof p->hello - p->got, MSG_DONTWAIT);
+            if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+            if (k <= 0) {   // closed before saying who it is: not one of ours
+                drop_pending(pend, &n_pend, i);
+                continue;
+            }
+            if ((p->got += (size_t)k) < sizeof p->hello) continue;
+            int32_t rank = p->hello[0], size = p->hello[1];
+            if (rank < 1 || rank >= r->size) {
+                log_warn("rendezvous: a connection to rank 0 (pid %d) says RANK=%d, not one of 1..%d: dropped",
+                         (int)p->pid, (int)rank, r->size - 1);
+                drop_pending(pend, &n_pend, i);
+            } else if (size != r->size) {
+                rc = spes_fail("rendezvous: rank %d (pid %d) says WORLD_SIZE=%d, rank 0 has WORLD_SIZE=%d; every rank "
+                               "needs the same WORLD_SIZE",
+                               (int)rank, (int)p->pid, (int)size, r->size);
+            } else if (r->fds[rank] >= 0) {
+                rc = spes_fail("rendezvous: two processes say RANK=%d (the second is pid %d); each rank needs its own "
+                               "RANK",
+                               (int)rank, (int)p->pid);
+            } else {
+                r->fds[rank] = p->fd;
+                p->fd = -1;
+                pend[i] = pend[--n_pend];
+                joined++;
+            }
+        }
+        if (rc != SPES_OK || !listening || !(pfd[n - 1].revents & POLLIN)) continue;
         int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0) continue;
-        int32_t k = -1;
-        if (read_all(fd, &k, sizeof k, deadline, "a rank's RANK") != SPES_OK || k < 1 || k >= r->size ||
-            r->fds[k] >= 0) {
-            close(fd);   // not one of ours, or a rank twice: a stray connection is dropped
-            if (k >= 1 && k < r->size && r->fds[k] >= 0)
-                return spes_fail("rendezvous: two processes say RANK=%d; each rank needs its own RANK", (int)k);
-            continue;
+        uid_t uid = 0;
+        pid_t pid = 0;
+        if (peer_of(fd, &uid, &pid) != SPES_OK) {
+            close(fd);
+            rc = SPES_ERR;
+        } else if (uid != me) {
+            log_warn("rendezvous: refused a connection from uid %d (pid %d): ranks run as this job's user (uid %d)",
+                     (int)uid, (int)pid, (int)me);
+            close(fd);
+        } else {
+            pend[n_pend++] = (Pending){.fd = fd, .pid = pid, .until = now_seconds() + HELLO_SECONDS};
         }
-        r->fds[k] = fd;
-        joined++;
     }
-    return SPES_OK;
+    for (int i = 0; i < n_pend; i++) close(pend[i].fd);
+    return rc;
 }
 
 // ---- the other ranks: connect to rank 0, retrying until it listens ----
@@ -202,6 +301,17 @@ static int connect_to(const char *host, int port, double deadline, int *out) {
     while (now_seconds() < deadline) {
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd >= 0 && connect(fd, (struct sockaddr *)&a, len) == 0) {
+            // Whoever listens there gets this rank's trust (it hands out the ompi-server and
+            // the MPI port): it must be this job's user, as rank 0 checks the other way round.
+            uid_t uid = 0;
+            pid_t pid = 0;
+            if (peer_of(fd, &uid, &pid) != SPES_OK) return close(fd), SPES_ERR;
+            if (uid != geteuid()) {
+                close(fd);
+                return spes_fail("rendezvous: @%s is held by a process of another user (uid %d, pid %d), not by rank 0 "
+                                 "of this job (uid %d); use another MASTER_PORT",
+                                 a.sun_path + 1, (int)uid, (int)pid, (int)geteuid());
+            }
             *out = fd;
             return SPES_OK;
         }
@@ -215,23 +325,49 @@ static int connect_to(const char *host, int port, double deadline, int *out) {
 }
 
 // ---- the watchdog ----
+// From the end of step 1 to comm_finalize. It never reads (the join still sends port names
+// over these sockets): POLLRDHUP says the other end closed. Until the join is done it also
+// bounds steps 2-3, which MPI cannot: MPI_Init and MPI_Comm_accept have no timeout, and a
+// process that said RANK=k but never connects to the MPI port would hold every rank forever.
 static void *watch(void *arg) {
     Rendezvous *r = arg;
     int n = r->rank == 0 ? r->size - 1 : 1;
     struct pollfd *p = calloc((size_t)n + 1, sizeof *p);
-    if (!p) return NULL;
+    if (!p) {
+        fprintf(stderr, "spes: rank %d of %d: out of memory starting the rendezvous watchdog\n", r->rank, r->size);
+        _exit(1);   // without it a dead rank or a stuck join would hang this one
+    }
     for (int i = 0; i < n; i++)
-        p[i] = (struct pollfd){.fd = r->rank == 0 ? r->fds[i + 1] : r->fds[0], .events = POLLIN};
+        p[i] = (struct pollfd){.fd = r->rank == 0 ? r->fds[i + 1] : r->fds[0], .events = POLLRDHUP};
     p[n] = (struct pollfd){.fd = r->wake[0], .events = POLLIN};
     for (;;) {
-        if (poll(p, (nfds_t)n + 1, -1) < 0 && errno != EINTR) break;
+        int ms = -1;
+        if (!atomic_load(&r->joined)) {
+            double left = r->join_deadline - now_seconds();
+            if (left <= 0) {
+                int k = atomic_load(&r->waiting_for);
+                if (k > 0)
+                    fprintf(stderr, "spes: rank %d of %d: rendezvous: rank %d did not join the MPI communicator within "
+                                    "%.0f s (SPES_RENDEZVOUS_TIMEOUT): the process that said RANK=%d is not a working "
+                                    "spes rank of this job\n",
+                            r->rank, r->size, k, timeout_seconds(), k);
+                else if (k < 0)
+                    fprintf(stderr, "spes: rank %d of %d: rendezvous: rank 0 did not hand over the MPI port within %.0f "
+                                    "s (SPES_RENDEZVOUS_TIMEOUT): a lower rank did not join\n",
+                            r->rank, r->size, timeout_seconds());
+                else
+                    fprintf(stderr, "spes: rank %d of %d: rendezvous: MPI_Init did not finish within %.0f s "
+                                    "(SPES_RENDEZVOUS_TIMEOUT)\n",
+                            r->rank, r->size, timeout_seconds());
+                _exit(1);   // this thread cannot interrupt MPI: ending the process is the bound
+            }
+            ms = (int)(left * 1000) + 1;
+        }
+        int ready = poll(p, (nfds_t)n + 1, ms);
+        if (ready < 0 && errno != EINTR) break;
         if (atomic_load(&r->finishing) || p[n].revents) break;
-        for (int i = 0; i < n; i++) {
-            if (!p[i].revents) continue;
-            char byte;
-            ssize_t k = read(p[i].fd, &byte, 1);
-            if (k > 0) continue;   // nothing is sent after the join; ignore
-            if (k < 0 && errno == EINTR) continue;
+        for (int i = 0; ready > 0 && i < n; i++) {
+            if (!(p[i].revents & (POLLRDHUP | POLLHUP | POLLERR))) continue;
             if (atomic_load(&r->finishing)) break;
             int gone = r->rank == 0 ? i + 1 : 0;
             fprintf(stderr, "spes: rank %d of %d: rank %d is gone (its rendezvous socket closed: it exited or was "
@@ -274,13 +410,14 @@ static int join_in_rank_order(Rendezvous *r, MPI_Comm *comm) {
         SPES_TRY(mpi_call(MPI_Open_port(MPI_INFO_NULL, port), "MPI_Open_port"));
     } else {
         MPI_Comm inter;
-        SPES_TRY(recv_str(r->fds[0], port, sizeof port, now_seconds() + timeout_seconds() * r->size,
-                          "the MPI port name from rank 0"));
+        atomic_store(&r->waiting_for, -1);
+        SPES_TRY(recv_str(r->fds[0], port, sizeof port, r->join_deadline, "the MPI port name from rank 0"));
         SPES_TRY(mpi_call(MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter), "MPI_Comm_connect"));
         SPES_TRY(mpi_call(MPI_Intercomm_merge(inter, 1, comm), "MPI_Intercomm_merge"));
         MPI_Comm_free(&inter);
     }
     for (int k = r->rank + 1; k < r->size; k++) {
+        atomic_store(&r->waiting_for, k);
         if (r->rank == 0) SPES_TRY(send_str(r->fds[k], port));
         SPES_TRY(accept_next(comm, port));
     }
@@ -332,11 +469,17 @@ int rdv_join(Rendezvous **out, MPI_Comm *world, int *rank, int *size, int *local
         for (int k = 1; rc == SPES_OK && k < ws; k++) rc = send_str(r->fds[k], uri);
         if (lfd >= 0) close(lfd);
     } else if (rc == SPES_OK) {
-        int32_t me = rk;
+        int32_t hello[2] = {rk, ws};
         rc = connect_to(host, port, deadline, &r->fds[0]);
-        if (rc == SPES_OK) rc = write_all(r->fds[0], &me, sizeof me);
+        if (rc == SPES_OK) rc = write_all(r->fds[0], hello, sizeof hello);
         if (rc == SPES_OK) rc = recv_str(r->fds[0], uri, sizeof uri, deadline, "the ompi-server URI from rank 0");
     }
+    // From here on the watchdog bounds steps 2-3 and notices a rank that dies.
+    r->join_deadline = now_seconds() + timeout_seconds();
+    if (rc == SPES_OK && pipe2(r->wake, O_CLOEXEC) != 0) rc = spes_fail("rendezvous: pipe: %s", strerror(errno));
+    if (rc == SPES_OK && pthread_create(&r->watchdog, NULL, watch, r) != 0)
+        rc = spes_fail("rendezvous: cannot start the watchdog thread");
+    if (rc == SPES_OK) r->watching = true;
     // Step 2: singletons that know the server.
     if (rc == SPES_OK) {
         setenv("OMPI_MCA_pmix_server_uri", uri, 1);
@@ -351,14 +494,12 @@ int rdv_join(Rendezvous **out, MPI_Comm *world, int *rank, int *size, int *local
     // Step 3: one communicator of every rank, in RANK order.
     MPI_Comm comm = MPI_COMM_SELF;
     rc = join_in_rank_order(r, &comm);
-    if (rc == SPES_OK && pipe2(r->wake, O_CLOEXEC) != 0) rc = spes_fail("rendezvous: pipe: %s", strerror(errno));
-    if (rc == SPES_OK && pthread_create(&r->watchdog, NULL, watch, r) != 0)
-        rc = spes_fail("rendezvous: cannot start the watchdog thread");
     if (rc != SPES_OK) {
         MPI_Finalize();
         rdv_close(r);
         return SPES_ERR;
     }
+    atomic_store(&r->joined, true);
     r->watching = true;
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_ARE_FATAL);
     *world = comm;

@@ -8,7 +8,9 @@
 //      named after MASTER_ADDR and MASTER_PORT (an abstract Unix socket: the ranks are one
 //      node's, and torchrun's own agent listens on MASTER_PORT); every other rank connects
 //      there (retrying for up to SPES_RENDEZVOUS_TIMEOUT seconds, 60 by default) and says its
-//      RANK; rank 0 hands each the server's URI;
+//      RANK and WORLD_SIZE; rank 0 hands each the server's URI. Only processes of this job's
+//      user are let in (SO_PEERCRED, both ways), and each connection gets a few seconds to
+//      say who it is, read concurrently;
 //   2. every rank points OpenMPI at that server (OMPI_MCA_pmix_server_uri) and MPI_Inits as a
 //      singleton;
 //   3. rank 0 opens an MPI port; in RANK order it sends the port name to rank k over its socket
@@ -17,7 +19,9 @@
 // The sockets stay open as a watchdog: without mpirun nobody ends the job when a rank dies, so
 // a thread on each rank waits for its sockets to close (rank 0: every other rank's; the others:
 // rank 0's) and ends this process with a message when one closes before comm_finalize; rank 0
-// dying closes every socket, a rank dying makes rank 0 exit, which closes the rest.
+// dying closes every socket, a rank dying makes rank 0 exit, which closes the rest. It starts
+// after step 1 and also ends the rank when steps 2-3 (MPI_Init, MPI_Comm_accept: no timeouts of
+// their own) are not done SPES_RENDEZVOUS_TIMEOUT seconds later.
 #pragma once
 #include <mpi.h>
 #include <stdbool.h>

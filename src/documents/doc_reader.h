@@ -11,7 +11,10 @@
 // Malformed records (bad JSON line, not an object, missing/null/non-string field) are
 // counted and reported with file:line through the callback below, never fatal; an
 // unreadable, truncated or corrupt file is an error. Large files are streamed (or mapped),
-// never read whole; one JSON line may be at most LINE_READER_MAX_LINE_BYTES (256 MiB).
+// never read whole. Memory per document is bounded: a record (JSON line or array entry) or
+// text longer than the reader's max_doc_bytes (DOC_READER_MAX_DOC_BYTES by default) is
+// reported like a malformed record and skipped; an over-long JSON line is read past in
+// pieces, never held whole (a 7 KB .jsonl.zst can hold a 200 MB line).
 // Texts are passed on exactly as stored: not stripped, not UTF-8-validated for .txt and
 // .parquet (JSON strings are valid UTF-8 by construction) — cleaning is the caller's job.
 #pragma once
@@ -19,6 +22,13 @@
 #include <stdint.h>
 
 typedef struct DocReader DocReader;
+
+// The default bound on one document (its JSON record, or its text): 32 MiB. Tokenizing holds
+// about 5x a document's bytes (text, cleaned copy, pieces, ids), so this keeps a worker near
+// 200 MB whatever its input; the largest documents of common corpora (books) are a few MB.
+#define DOC_READER_MAX_DOC_BYTES ((size_t)32 << 20)
+// The most doc_reader_set_max_doc_bytes accepts: the line reader's buffer limit.
+#define DOC_READER_MAX_DOC_BYTES_LIMIT ((size_t)256 << 20)
 
 // Called for each malformed record (may be NULL: then they are only counted). For .json
 // files `line` is the line where the entry starts and `why` names the entry index.
@@ -31,6 +41,9 @@ int doc_reader_open(const char *path, const char *text_field, DocMalformedFn on_
 // and *len; 0 at end; SPES_ERR on an I/O or format error (message set).
 int doc_reader_next(DocReader *r, const char **text, size_t *len);
 uint64_t doc_reader_malformed(const DocReader *r);   // records skipped so far
+// Bound on one document in bytes, before the first doc_reader_next: 1 ..
+// DOC_READER_MAX_DOC_BYTES_LIMIT, else an error naming the limit.
+int doc_reader_set_max_doc_bytes(DocReader *r, size_t max_doc_bytes);
 // Input bytes consumed (for MB/s and ETA against the file size): bytes of the FILE, so
 // compressed bytes for .gz/.zst; for .parquet the file size times the fraction of the
 // column's values read (only one column's pages are read).

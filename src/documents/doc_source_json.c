@@ -4,6 +4,7 @@
 // mapped and walked one entry at a time: a small scanner finds where each entry ends
 // (strings, escapes, nesting) and json_field.h parses just that entry, so a bad entry is
 // reported by index and line and skipped. A file that ends inside the array is an error.
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,6 +98,9 @@ static int decode_entry(JsonSource *s, const char *entry, size_t n, uint64_t lin
         doc_report_malformed(s->report, line, "entry %llu: empty entry", (unsigned long long)index);
         return 0;
     }
+    char what[48];
+    snprintf(what, sizeof what, "entry %llu", (unsigned long long)index);
+    if (doc_too_long(s->report, line, what, n)) return 0;   // before decoding: its text is no longer
     char why[256];
     JsonFieldResult r = json_field_string(entry, n, s->text_field, &s->scratch, text, len, why, sizeof why);
     if (r == JSON_FIELD_OK) return 1;

@@ -31,7 +31,12 @@ static int jsonl_next(DocSource *base, const char **text, size_t *len) {
     for (;;) {
         const char *line;
         size_t n;
+        s->lines.max_line = s->report->max_doc;   // set after open (doc_reader_set_max_doc_bytes)
         int rc = line_reader_next(&s->lines, &line, &n);
+        if (rc == LINE_READER_SKIPPED) {   // read past, never held: n is its length
+            doc_too_long(s->report, s->lines.line_no, "the line", n);
+            continue;
+        }
         if (rc != 1) return rc;
         if (s->lines.line_no == 1 && n >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3)) {   // UTF-8 byte order mark
             line += 3;

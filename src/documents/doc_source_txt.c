@@ -1,5 +1,5 @@
-// .txt: the whole file is one document, served straight from a read-only mapping (no
-// copy and no size limit; the text is not validated here).
+// .txt: the whole file is one document, served straight from a read-only mapping (no copy;
+// the text is not validated here). A file larger than the limit per document is skipped.
 #include <stdlib.h>
 
 #include "base/alloc.h"
@@ -10,6 +10,7 @@
 typedef struct {
     DocSource base;
     MappedFile file;
+    DocReport *report;
     int served;
 } TxtSource;
 
@@ -17,6 +18,7 @@ static int txt_next(DocSource *base, const char **text, size_t *len) {
     TxtSource *s = (TxtSource *)base;
     if (s->served) return 0;
     s->served = 1;
+    if (doc_too_long(s->report, 0, "the file (one document)", s->file.size)) return 0;
     *text = s->file.data ? (const char *)s->file.data : "";
     *len = s->file.size;
     return 1;
@@ -33,10 +35,11 @@ static void txt_close(DocSource *base) {
     free(s);
 }
 
-int doc_source_txt_open(const char *path, DocSource **out) {
+int doc_source_txt_open(const char *path, DocReport *rep, DocSource **out) {
     TxtSource *s = spes_calloc(1, sizeof *s);
     if (!s) return SPES_ERR;
     s->base = (DocSource){txt_next, txt_bytes_read, txt_close};
+    s->report = rep;
     if (file_map(path, &s->file) != SPES_OK) {
         free(s);
         return SPES_ERR;

@@ -2,6 +2,7 @@
 #include "model/hf_config.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,11 +30,30 @@ static int get_int(const JsonDoc *d, const char *key, bool required, int *out) {
     return SPES_OK;
 }
 
-static int get_float(const JsonDoc *d, json_t *obj, const char *key, float *out) {
+// A positive integer key (a dimension or count): 0 or less named here, by its HF key, rather
+// than later by our field's name.
+static int get_dim(const JsonDoc *d, const char *key, bool required, int *out) {
+    int v = 0;
+    bool present = json_object_get(d->root, key) && !json_is_null(json_object_get(d->root, key));
+    SPES_TRY(get_int(d, key, required, &v));
+    if (!present) return SPES_OK;
+    if (v < 1) return spes_fail("%s: \"%s\" must be a positive integer, got %d", d->path, key, v);
+    *out = v;
+    return SPES_OK;
+}
+
+// A positive, finite number (rope_theta, rms_norm_eps, initializer_range: 0 would divide by
+// zero or make RoPE's angles NaN, and the model would load and print garbage). `name` is the
+// key as the message shows it (rope_parameters.rope_theta).
+static int get_float(const JsonDoc *d, json_t *obj, const char *key, const char *name, float *out) {
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) return SPES_OK;
-    if (!json_is_number(v)) return spes_fail("%s: \"%s\" must be a number", d->path, key);
-    *out = (float)json_number_value(v);
+    if (!json_is_number(v)) return spes_fail("%s: \"%s\" must be a number", d->path, name);
+    double x = json_number_value(v);
+    float f = (float)x;
+    if (!(x > 0) || !isfinite(f) || f == 0.0f)
+        return spes_fail("%s: \"%s\" must be a positive number (in float range), got %g", d->path, name, x);
+    *out = f;
     return SPES_OK;
 }
 
@@ -59,7 +79,9 @@ static int get_token_id(const JsonDoc *d, const char *key, int *out) {
     if (json_is_array(v) && json_array_size(v) > 0) v = json_array_get(v, 0);
     if (!v || json_is_null(v)) return SPES_OK;
     if (!json_is_integer(v)) return spes_fail("%s: \"%s\" must be an integer or a list of integers", d->path, key);
-    *out = (int)json_integer_value(v);
+    json_int_t x = json_integer_value(v);   // range-checked before the cast, which would wrap
+    if (x < -1 || x > 2147483647LL) return spes_fail("%s: \"%s\" = %lld is out of range", d->path, key, (long long)x);
+    *out = (int)x;
     return SPES_OK;
 }
 
@@ -81,35 +103,51 @@ static int parse_config(const JsonDoc *d, ModelConfig *cfg) {
     cfg->init_cutoff_factor = 3.0f;
     cfg->eos_token_id = 0;
     cfg->pad_token_id = 1;
-    SPES_TRY(get_int(d, "hidden_size", true, &cfg->d_model));
-    SPES_TRY(get_int(d, "num_attention_heads", true, &cfg->n_heads));
-    SPES_TRY(get_int(d, "num_key_value_heads", false, &cfg->n_kv_heads));
-    SPES_TRY(get_int(d, "head_dim", false, &cfg->head_dim));
-    SPES_TRY(get_int(d, "num_hidden_layers", true, &cfg->n_layers));
-    SPES_TRY(get_int(d, "vocab_size", true, &cfg->embedding_size));
+    SPES_TRY(get_dim(d, "hidden_size", true, &cfg->d_model));
+    SPES_TRY(get_dim(d, "num_attention_heads", true, &cfg->n_heads));
+    SPES_TRY(get_dim(d, "num_key_value_heads", false, &cfg->n_kv_heads));
+    SPES_TRY(get_dim(d, "head_dim", false, &cfg->head_dim));
+    SPES_TRY(get_dim(d, "num_hidden_layers", true, &cfg->n_layers));
+    SPES_TRY(get_dim(d, "vocab_size", true, &cfg->embedding_size));
     cfg->vocab_size = cfg->embedding_size;
-    SPES_TRY(get_int(d, "spes_vocab_size", false, &cfg->vocab_size));
+    SPES_TRY(get_dim(d, "spes_vocab_size", false, &cfg->vocab_size));
     // transformers 5 names it num_local_experts for qwen3_moe (num_experts is its alias)
     const char *experts_key = json_object_get(d->root, "num_experts") ? "num_experts" : "num_local_experts";
-    SPES_TRY(get_int(d, experts_key, true, &cfg->num_experts));
-    SPES_TRY(get_int(d, "num_experts_per_tok", true, &cfg->top_k));
-    SPES_TRY(get_int(d, qwen ? "moe_intermediate_size" : "intermediate_size", true, &cfg->expert_hidden));
-    SPES_TRY(get_int(d, "max_position_embeddings", false, &cfg->max_seq_len));
-    SPES_TRY(get_float(d, d->root, "rope_theta", &cfg->rope_theta));
+    SPES_TRY(get_dim(d, experts_key, true, &cfg->num_experts));
+    SPES_TRY(get_dim(d, "num_experts_per_tok", true, &cfg->top_k));
+    SPES_TRY(get_dim(d, qwen ? "moe_intermediate_size" : "intermediate_size", true, &cfg->expert_hidden));
+    SPES_TRY(get_dim(d, "max_position_embeddings", false, &cfg->max_seq_len));
+    SPES_TRY(get_float(d, d->root, "rope_theta", "rope_theta", &cfg->rope_theta));
     json_t *rope = json_object_get(d->root, "rope_parameters");
     if (json_is_object(rope)) {
         json_t *rt = json_object_get(rope, "rope_type");
         if (rt && !json_is_null(rt) && (!json_is_string(rt) || strcmp(json_string_value(rt), "default") != 0))
             return spes_fail("%s: rope_parameters.rope_type must be \"default\"", d->path);
-        SPES_TRY(get_float(d, rope, "rope_theta", &cfg->rope_theta));
+        float outer = cfg->rope_theta, inner = 0;
+        SPES_TRY(get_float(d, rope, "rope_theta", "rope_parameters.rope_theta", &inner));
+        // Both written (our export, transformers 4.5x) must agree: one silently winning over
+        // the other would run a model its config file does not describe.
+        if (inner > 0 && json_object_get(d->root, "rope_theta") && !json_is_null(json_object_get(d->root, "rope_theta")) &&
+            inner != outer)
+            return spes_fail("%s: \"rope_theta\" (%g) and \"rope_parameters.rope_theta\" (%g) differ; which one "
+                             "the model was trained with is unclear",
+                             d->path, (double)outer, (double)inner);
+        if (inner > 0) cfg->rope_theta = inner;
     }
     json_t *scaling = json_object_get(d->root, "rope_scaling");
     if (scaling && !json_is_null(scaling)) return spes_fail("%s: \"rope_scaling\" is not supported", d->path);
-    SPES_TRY(get_float(d, d->root, "rms_norm_eps", &cfg->norm_eps));
-    SPES_TRY(get_float(d, d->root, "initializer_range", &cfg->init_std));
+    SPES_TRY(get_float(d, d->root, "rms_norm_eps", "rms_norm_eps", &cfg->norm_eps));
+    SPES_TRY(get_float(d, d->root, "initializer_range", "initializer_range", &cfg->init_std));
     SPES_TRY(get_bool(d, "norm_topk_prob", &cfg->normalize_expert_weights));
     SPES_TRY(get_token_id(d, "eos_token_id", &cfg->eos_token_id));
     SPES_TRY(get_token_id(d, "pad_token_id", &cfg->pad_token_id));
+    // A token id outside the embedding would index past it (pad) or never match (eos).
+    if (cfg->eos_token_id < 0 || cfg->eos_token_id >= cfg->embedding_size)
+        return spes_fail("%s: \"eos_token_id\" %d is outside the vocabulary [0, %d)", d->path, cfg->eos_token_id,
+                         cfg->embedding_size);
+    if (cfg->pad_token_id < 0 || cfg->pad_token_id >= cfg->embedding_size)
+        return spes_fail("%s: \"pad_token_id\" %d is outside the vocabulary [0, %d)", d->path, cfg->pad_token_id,
+                         cfg->embedding_size);
 
     SPES_TRY(require_false(d, "attention_bias"));
     SPES_TRY(require_false(d, "tie_word_embeddings"));

@@ -1,6 +1,7 @@
 #include "model/hf_import.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,8 +151,16 @@ static void list_add(NameList *l, const char *item) {
         l->at += snprintf(l->text + l->at, sizeof l->text - (size_t)l->at, "%s%s", l->count > 1 ? ", " : "", item);
 }
 
+// Values of x[0..n) that are NaN or +-Inf.
+static size_t count_nonfinite(const float *x, size_t n) {
+    size_t bad = 0;
+#pragma omp parallel for reduction(+ : bad) if (n > ((size_t)1 << 20))
+    for (size_t i = 0; i < n; i++) bad += !isfinite(x[i]);
+    return bad;
+}
+
 int hf_tensors_load_model(const HfTensorSet *set, Model *m, bool tie_lm_head) {
-    NameList missing = {0}, bad = {0};
+    NameList missing = {0}, bad = {0}, nonfinite = {0};
     int embed = -1, lm_head = -1;
     for (int i = 0; i < m->table.count; i++) {
         const ParamInfo *p = &m->table.entries[i];
@@ -168,16 +177,29 @@ int hf_tensors_load_model(const HfTensorSet *set, Model *m, bool tie_lm_head) {
             continue;
         }
         SPES_TRY(safetensors_to_f32(t, m->params + p->offset));
+        // A NaN or Inf weight makes every output NaN: generate would print token 0 forever and
+        // eval report loss=nan, both exiting 0. No trained model holds one; refuse it by name.
+        size_t n_bad = count_nonfinite(m->params + p->offset, (size_t)p->numel);
+        if (n_bad) {
+            char what[300];
+            snprintf(what, sizeof what, "%s: %zu of %lld values", p->name, n_bad, (long long)p->numel);
+            list_add(&nonfinite, what);
+        }
     }
-    if (missing.count || bad.count) {
-        char msg[9000];
+    if (missing.count || bad.count || nonfinite.count) {
+        char msg[13000];
         int at = 0;
         if (missing.count)
             at += snprintf(msg, sizeof msg, "%d missing tensor%s (%s%s)", missing.count, missing.count == 1 ? "" : "s",
                            missing.text, missing.count > MAX_LISTED ? ", ..." : "");
         if (bad.count)
-            snprintf(msg + at, sizeof msg - (size_t)at, "%s%d mis-shaped tensor%s (%s%s)", at ? "; " : "", bad.count,
-                     bad.count == 1 ? "" : "s", bad.text, bad.count > MAX_LISTED ? ", ..." : "");
+            at += snprintf(msg + at, sizeof msg - (size_t)at, "%s%d mis-shaped tensor%s (%s%s)", at ? "; " : "",
+                           bad.count, bad.count == 1 ? "" : "s", bad.text, bad.count > MAX_LISTED ? ", ..." : "");
+        if (nonfinite.count)
+            snprintf(msg + at, sizeof msg - (size_t)at, "%s%d tensor%s holding NaN or Inf (%s%s): the file is damaged "
+                     "or the run that wrote it diverged",
+                     at ? "; " : "", nonfinite.count, nonfinite.count == 1 ? "" : "s", nonfinite.text,
+                     nonfinite.count > MAX_LISTED ? ", ..." : "");
         return spes_fail("%s", msg);
     }
     if (lm_head >= 0 && embed >= 0)

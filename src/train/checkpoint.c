@@ -290,7 +290,18 @@ int checkpoint_save(const char *save_folder, const Model *m, const AdamW *opt, c
     if (dir_exists(final)) rc = replace_dir(tmp, final, save_folder);   // re-save of the same step
     else rc = rename_durable(tmp, final);
 done:
-    if (rc != SPES_OK) spes_fail_context("saving checkpoint step %lld in %s", (long long)state->step, save_folder);
+    if (rc != SPES_OK) {
+        spes_fail_context("saving checkpoint step %lld in %s", (long long)state->step, save_folder);
+        // The partial directory is as large as the model and never used (resume and prune
+        // skip .tmp): on a full disk, keeping it would hold the space the next save needs.
+        // (After a failed swap it may hold the step's previous copy, equally unused.)
+        char why[2048];
+        snprintf(why, sizeof why, "%s", spes_last_error());
+        if (tmp && remove_tree(tmp) != SPES_OK) {
+            log_warn("could not remove the partial checkpoint %s after the failed save: %s", tmp, spes_last_error());
+            spes_fail("%s", why);   // the save's own error is the one to report
+        }
+    }
     for (int i = 0; i < 5; i++) free(files[i]);
     free(tmp);
     free(final);

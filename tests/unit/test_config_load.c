@@ -334,7 +334,7 @@ static void test_instance_filter(void **state) {
     char *text = NULL;
     size_t len = 0;
     FILE *mem = open_memstream(&text, &len);
-    config_write_values(&plain, mem, true);
+    config_write_values(&plain, mem, CONFIG_LINES_HASHED);
     fclose(mem);
     assert_null(strstr(text, "instance_filter"));
     free(text);
@@ -407,6 +407,40 @@ static void test_changes_since_saved(void **state) {
     config_free(&saved);
 }
 
+// The ranks of one job compare every key but threads and device (dist_check_config), with the
+// same diff the resume uses: run-control keys the hash leaves out (strategy, micro-batch,
+// save_folder) count here.
+static void test_job_lines(void **state) {
+    (void)state;
+    TrainConfig a, b;
+    char *over_a[] = {"--threads=1", "--device=cpu", "--distributed_strategy=ddp"};
+    char *over_b[] = {"--threads=2", "--device=cuda:1", "--distributed_strategy=fsdp", "--save_folder=/elsewhere",
+                      "--device_train_microbatch_size=1"};
+    assert_int_equal(config_load_string("", "a.yaml", 3, over_a, &a), SPES_OK);
+    char *same[] = {"--threads=2", "--device=cuda:1", "--distributed_strategy=ddp"};
+    assert_int_equal(config_load_string("", "b.yaml", 3, same, &b), SPES_OK);
+    char *la = config_job_lines(&a), *lb = config_job_lines(&b);
+    assert_non_null(la);
+    assert_non_null(lb);
+    assert_null(strstr(la, "threads="));
+    assert_null(strstr(la, "device="));
+    assert_null(config_diff_lines(la, lb));   // only per-rank keys differ
+    free(lb);
+    config_free(&b);
+    assert_int_equal(config_load_string("", "b.yaml", 5, over_b, &b), SPES_OK);
+    lb = config_job_lines(&b);
+    char *diff = config_diff_lines(la, lb);
+    assert_non_null(diff);
+    assert_non_null(strstr(diff, "distributed_strategy: \"ddp\" -> \"fsdp\""));
+    assert_non_null(strstr(diff, "device_train_microbatch_size: "));
+    assert_non_null(strstr(diff, "save_folder: "));
+    assert_null(strstr(diff, "threads"));
+    assert_true(config_hash(&a) == config_hash(&b));   // none of them is in the resume hash
+    free(diff), free(la), free(lb);
+    config_free(&a);
+    config_free(&b);
+}
+
 // spes_config.payload_dtype int4 and the outer optimizer keys: read, defaults, and in the hash
 // only what changes a peer's own training (the payload) - the outer step runs on the server.
 static void test_int4_payload_and_outer_keys(void **state) {
@@ -455,6 +489,7 @@ int main(void) {
         cmocka_unit_test(test_hash_and_round_trip),
         cmocka_unit_test(test_instance_filter),
         cmocka_unit_test(test_changes_since_saved),
+        cmocka_unit_test(test_job_lines),
         cmocka_unit_test(test_loading_does_not_touch_data),
         cmocka_unit_test(test_int4_payload_and_outer_keys),
     };

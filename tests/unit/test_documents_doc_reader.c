@@ -135,8 +135,10 @@ static void test_jsonl_custom_field(void **state) {
     free(path);
 }
 
-// A 3 MB line (beyond the initial buffer) reads whole; a line over the reader's cap is a
-// clear error naming the line.
+// A 3 MB line (beyond the initial buffer) reads whole; a line over the reader's cap is read
+// past and reported by number and length (it used to be an error ending the whole file), the
+// lines around it read as usual; through doc_reader, a record over max_doc_bytes is reported
+// as malformed with its line, and the next document served.
 static void test_long_lines(void **state) {
     (void)state;
     size_t n = 3u << 20;
@@ -165,9 +167,55 @@ static void test_long_lines(void **state) {
     LineReader lr;
     assert_int_equal(line_reader_init(&lr, s, path, 1000), SPES_OK);
     const char *line;
-    assert_int_equal(line_reader_next(&lr, &line, &len), SPES_ERR);
-    assert_non_null(strstr(spes_last_error(), "line 1 is longer than 1000 bytes"));
+    assert_int_equal(line_reader_next(&lr, &line, &len), LINE_READER_SKIPPED);
+    assert_int_equal(len, n + 12);   // {"text": "...."}
+    assert_int_equal(lr.line_no, 1);
+    assert_int_equal(line_reader_next(&lr, &line, &len), 1);
+    assert_int_equal(len, strlen("{\"text\": \"short\"}"));
+    assert_int_equal(lr.line_no, 2);
+    assert_int_equal(line_reader_next(&lr, &line, &len), 0);
     line_reader_close(&lr);
+
+    // A short line, the long one, a line at the limit exactly; a long last line without '\n'.
+    char *mixed = malloc(2 * n + 64);
+    size_t m = 0;
+    m += (size_t)sprintf(mixed + m, "ab\n");
+    memset(mixed + m, 'z', n), m += n, mixed[m++] = '\n';
+    memset(mixed + m, 'k', 1000), m += 1000, mixed[m++] = '\n';
+    memset(mixed + m, 'q', 5000), m += 5000;
+    char *mixed_path = write_file("mixed.jsonl", mixed, m);
+    assert_int_equal(byte_stream_open(mixed_path, BYTE_STREAM_PLAIN, &s), SPES_OK);
+    assert_int_equal(line_reader_init(&lr, s, mixed_path, 1000), SPES_OK);
+    assert_int_equal(line_reader_next(&lr, &line, &len), 1);
+    assert_int_equal(len, 2);
+    assert_int_equal(line_reader_next(&lr, &line, &len), LINE_READER_SKIPPED);
+    assert_int_equal(len, n);
+    assert_int_equal(lr.line_no, 2);
+    assert_true(lr.cap <= 1001);   // never held
+    assert_int_equal(line_reader_next(&lr, &line, &len), 1);
+    assert_int_equal(len, 1000);
+    assert_int_equal(line[999], 'k');
+    assert_int_equal(line_reader_next(&lr, &line, &len), LINE_READER_SKIPPED);
+    assert_int_equal(len, 5000);
+    assert_int_equal(lr.line_no, 4);
+    assert_int_equal(line_reader_next(&lr, &line, &len), 0);
+    line_reader_close(&lr);
+
+    Collected c = {0};
+    r = NULL;
+    assert_int_equal(doc_reader_open(path, "text", on_malformed, &c, &r), SPES_OK);
+    assert_int_equal(doc_reader_set_max_doc_bytes(r, 1u << 20), SPES_OK);
+    assert_int_equal(doc_reader_next(r, &text, &len), 1);
+    assert_int_equal(len, 5);   // "short": the 3 MB record was skipped
+    assert_int_equal(doc_reader_next(r, &text, &len), 0);
+    assert_int_equal(doc_reader_malformed(r), 1);
+    assert_int_equal(c.n_bad, 1);
+    assert_int_equal(c.bad_lines[0], 1);
+    assert_non_null(strstr(c.bad_why[0], "longer than the limit of 1048576 bytes per document"));
+    assert_int_equal(doc_reader_set_max_doc_bytes(r, 0), SPES_ERR);
+    doc_reader_close(r);
+    free(mixed);
+    free(mixed_path);
     free(data);
     free(path);
 }

@@ -87,6 +87,45 @@ static void test_errors(void **state) {
     assert_non_null(strstr(spes_last_error(), "does not exist"));
 }
 
+// Values no model can run with are refused at load, naming the HF key (issue 29: a config.json
+// with "rope_theta": 0 beside rope_parameters' 10000 loaded, and the model ran with either).
+static void test_impossible_values(void **state) {
+    (void)state;
+    // Accepted before: the first three ran a model its config does not describe, the last
+    // wrapped 2^32 + 1 to pad id 1.
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"rope_theta\": 0, \"rope_parameters\": {\"rope_type\": "
+                 "\"default\", \"rope_theta\": 10000}}",
+                 "\"rope_theta\" must be a positive number");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"rope_theta\": 500000, \"rope_parameters\": {\"rope_type\": "
+                 "\"default\", \"rope_theta\": 10000}}",
+                 "differ");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"eos_token_id\": 64}", "\"eos_token_id\" 64 is outside");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"pad_token_id\": 4294967297}", "pad_token_id");
+    // Refused before too, but named by our field (norm_eps, d_model, ...), not the file's key:
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"rope_theta\": 0}", "\"rope_theta\" must be a positive number");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"rope_parameters\": {\"rope_theta\": -1}}",
+                 "\"rope_parameters.rope_theta\" must be a positive number");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"rms_norm_eps\": 0}", "\"rms_norm_eps\" must be a positive");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"rms_norm_eps\": 1e-60}", "\"rms_norm_eps\" must be a positive");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"initializer_range\": 1e39}", "\"initializer_range\"");
+    expect_error("{\"model_type\": \"olmoe\", \"hidden_size\": 0, \"num_attention_heads\": 4, \"num_hidden_layers\": 2, "
+                 "\"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 2, \"intermediate_size\": 16}",
+                 "\"hidden_size\" must be a positive integer");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"max_position_embeddings\": -5}",
+                 "\"max_position_embeddings\" must be a positive integer");
+    // The forms real models write still load: equal values in both places, a list of eos ids.
+    char *path = path_join(dir, "ok.json");
+    const char *ok = "{\"model_type\": \"olmoe\", " BASE ", \"rope_theta\": 500000.0, \"rope_parameters\": "
+                     "{\"rope_type\": \"default\", \"rope_theta\": 500000.0}, \"eos_token_id\": [63, 1], "
+                     "\"pad_token_id\": null}";
+    assert_int_equal(file_write_atomic(path, ok, strlen(ok)), SPES_OK);
+    ModelConfig c;
+    assert_int_equal(hf_config_read(path, &c), SPES_OK);
+    assert_true(c.rope_theta == 500000.0f);
+    assert_int_equal(c.eos_token_id, 63);
+    free(path);
+}
+
 static int setup(void **state) {
     (void)state;
     return mkdtemp(dir) ? 0 : -1;
@@ -101,6 +140,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_impossible_values),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,9 +6,11 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -248,12 +250,52 @@ static void test_unsynced_marker_and_resave(void **state) {
     free(tmp);
 }
 
+static int fail_extra(void *ctx, const char *dir) {
+    (void)ctx, (void)dir;
+    return spes_fail("the extra state could not be written (test)");
+}
+
+// A save that fails leaves no stepN.tmp behind (issue 29: a failed save on a full disk left a
+// model-sized stepN.tmp until the next save or resume), and the previous checkpoint of that
+// step, if any, stays. Two failures: after every file is written (save_extra fails), and in the
+// middle of the weights (the file size limit: write fails with EFBIG, as on a full disk).
+static void test_failed_save_cleans_up(void **state) {
+    Fixture *f = *state;
+    TrainState st = sample_state(12);
+    char *tmp_dir = join(f->dir, "step12.tmp"), *step_dir = join(f->dir, "step12");
+    st.save_extra = fail_extra;
+    assert_int_equal(checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "saving checkpoint step 12"));
+    assert_false(dir_exists(tmp_dir));
+    assert_false(dir_exists(step_dir));
+
+    st.save_extra = NULL;
+    assert_int_equal(checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg), SPES_OK);   // step12 exists
+    struct rlimit old;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);   // EFBIG instead of the signal
+    struct rlimit small = {.rlim_cur = 4096, .rlim_max = old.rlim_max};
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
+    int rc = checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, old_handler);
+    assert_int_equal(rc, SPES_ERR);
+    assert_false(dir_exists(tmp_dir));
+    assert_true(dir_exists(step_dir));   // the complete earlier save of the step is untouched
+    TrainState back;
+    assert_int_equal(checkpoint_read_state(step_dir, &back), SPES_OK);
+    assert_int_equal(back.step, 12);
+    free(tmp_dir);
+    free(step_dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_layout_and_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_latest_and_prune, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsynced_marker_and_resave, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_state, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failed_save_cleans_up, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
