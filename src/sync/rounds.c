@@ -662,12 +662,7 @@ static RoundsResult check_upload_file(Rounds *r, int peer, int step, const Mappe
             w.data = u->data + at * elem;
             w.numel = u->numel - at < per ? u->numel - at : per;
             w.nbytes = w.numel * elem;
-            size_t bad = upload_first_non_finite(&w);
-            if (bad < w.numel) {
-                spes_fail("upload from peer %d: tensor '%s' has a non-finite value (NaN or Inf) at flat index %zu",
-                          peer, u->name, at + bad);
-                code = ROUNDS_BAD_REQUEST;
-            }
+            if (upload_check_values(&w, at, peer, u->name) != SPES_OK) code = ROUNDS_BAD_REQUEST;
             rounds_drop_pages(mf, w.data, w.nbytes);
         }
     }
