@@ -75,7 +75,8 @@ void log_refusal(const char *what) {
 }
 
 int rounds_create(const RoundsConfig *cfg, Rounds **out) {
-    if (cfg->keep_steps < 1) return spes_fail("server: keep_steps must be >= 1 (got %d)", cfg->keep_steps);
+    if (cfg->keep_steps < 1 || cfg->keep_steps > STATE_MAX_KEPT)
+        return spes_fail("server: keep_steps must be in [1, %d] (got %d)", STATE_MAX_KEPT, cfg->keep_steps);
     if (cfg->max_open_rounds < 1) return spes_fail("server: max_open_rounds must be >= 1");
     if (cfg->round_timeout_s < 0 || cfg->min_peers < 0 || cfg->min_peers > cfg->agg.num_peers)
         return spes_fail("server: --round_timeout must be >= 0 and --min_peers in [1, total_peers %d] (got %g, %d)",

@@ -91,6 +91,7 @@ typedef struct {
     uint8_t *delta;
     size_t delta_len;
     int delta_base;
+    uint32_t crc32c, delta_crc32c;   // state_checksum of bytes and delta, recorded in rounds.json
 } AggregateBlob;
 
 typedef struct {

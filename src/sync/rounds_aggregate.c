@@ -339,6 +339,33 @@ int rounds_publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seco
     return dropped;
 }
 
+// The kept aggregates once blob is published (rounds_publish drops the oldest when the list is
+// full), newest first, with their checksums: what rounds.json records. Under r->mu.
+static void book_record_kept(const Rounds *r, const AggregateBlob *blob, StateBook *book) {
+    const AggregateBlob *all[STATE_MAX_KEPT + 1];
+    int n = 0, oldest = -1;
+    bool full = true;
+    for (int i = 0; i < r->cfg.keep_steps && n < STATE_MAX_KEPT; i++) {
+        full &= r->kept[i] != NULL;
+        if (!r->kept[i]) continue;
+        if (oldest < 0 || r->kept[i]->step < all[oldest]->step) oldest = n;
+        all[n++] = r->kept[i];
+    }
+    if (full && oldest >= 0) all[oldest] = all[--n];   // the slot blob takes
+    all[n++] = blob;
+    for (int i = 1; i < n; i++)   // insertion sort by step, newest first (a handful of entries)
+        for (int j = i; j > 0 && all[j]->step > all[j - 1]->step; j--) {
+            const AggregateBlob *t = all[j];
+            all[j] = all[j - 1];
+            all[j - 1] = t;
+        }
+    book->n_kept = n;
+    for (int i = 0; i < book->n_kept; i++)
+        book->kept[i] = (StateKept){.step = all[i]->step, .bytes = all[i]->len, .crc32c = all[i]->crc32c,
+                                    .has_delta = all[i]->delta != NULL, .delta_bytes = all[i]->delta_len,
+                                    .delta_crc32c = all[i]->delta_crc32c};
+}
+
 // Writes the aggregate and then the bookkeeping to the state dir (when there is one) and
 // publishes the aggregate: downloads only ever see durable aggregates. Afterwards the round's
 // uploads and the aggregate that dropped out of the kept list are removed from disk.
@@ -350,17 +377,26 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
     int step = blob->step, P = r->cfg.agg.num_peers;
     pthread_mutex_lock(&r->persist_mu);
     if (dir) {
-        pthread_mutex_lock(&r->mu);
-        StateBook book = {r->last_completed_step > step ? r->last_completed_step : step, r->stats.rounds_completed + 1,
-                          r->rounds_partial + (blob->included != NULL)};
-        pthread_mutex_unlock(&r->mu);
-        if ((outer_bytes && state_save_outer(dir, step, outer_bytes, outer_len) != SPES_OK) ||
+        blob->crc32c = state_checksum(blob->bytes, blob->len);
+        if (blob->delta) blob->delta_crc32c = state_checksum(blob->delta, blob->delta_len);
+        StateBook *book = spes_calloc(1, sizeof *book);   // large (STATE_MAX_KEPT entries): not on a call's stack
+        if (book) {
+            pthread_mutex_lock(&r->mu);
+            book->last_completed_step = r->last_completed_step > step ? r->last_completed_step : step;
+            book->rounds_completed = r->stats.rounds_completed + 1;
+            book->rounds_partial = r->rounds_partial + (blob->included != NULL);
+            book_record_kept(r, blob, book);
+            pthread_mutex_unlock(&r->mu);
+        }
+        if (!book || (outer_bytes && state_save_outer(dir, step, outer_bytes, outer_len) != SPES_OK) ||
             (blob->included && state_save_included(dir, step, blob->included, P) != SPES_OK) ||
             (blob->delta && state_save_delta(dir, step, blob->delta, blob->delta_len) != SPES_OK) ||
-            state_save_aggregate(dir, step, blob->bytes, blob->len) != SPES_OK || state_save_book(dir, &book) != SPES_OK) {
+            state_save_aggregate(dir, step, blob->bytes, blob->len) != SPES_OK || state_save_book(dir, book) != SPES_OK) {
+            free(book);
             pthread_mutex_unlock(&r->persist_mu);
             return SPES_ERR;
         }
+        free(book);
     }
     pthread_mutex_lock(&r->mu);
     int dropped = rounds_publish(r, round, blob, seconds);
