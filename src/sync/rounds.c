@@ -254,8 +254,11 @@ RoundsResult rounds_adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, 
     const char *payload_name = delta ? delta->wire : dtype_name(payload_dtype);
     if (aggregate_config_check(&r->cfg.agg, spec) != SPES_OK) return ROUNDS_MISMATCH;
     if (persist && r->cfg.state_dir &&
-        state_save_spec(r->cfg.state_dir, &r->cfg.agg, &r->cfg.outer, spec, payload_name) != SPES_OK)
-        return ROUNDS_INTERNAL;
+        state_save_spec(r->cfg.state_dir, &r->cfg.agg, &r->cfg.outer, spec, payload_name) != SPES_OK) {
+        log_error("server: cannot write the model spec to the state dir: %s", spes_last_error());
+        spes_fail_context("the server cannot store the run's spec now (retry later)");
+        return ROUNDS_STORAGE;   // peers retry the Hello
+    }
     r->spec = *spec;
     model_spec_init(spec);
     r->wire_dtype = payload_dtype;
@@ -612,20 +615,27 @@ RoundsResult rounds_store_upload(Rounds *r, int peer, int step, size_t len, Open
     return ROUNDS_OK;
 }
 
+// An upload the upload dir cannot take now (its file could not be written: a full disk):
+// ROUNDS_STORAGE, which peers retry; the message keeps the system's reason.
+static RoundsResult storage_failed(int peer, int step) {
+    spes_fail_context("upload from peer %d for step %d: the server cannot store it now (nothing of it was kept; retry "
+                      "later)",
+                      peer, step);
+    return ROUNDS_STORAGE;
+}
+
 RoundsResult rounds_upload_begin(Rounds *r, int peer, int step, RoundsUpload *up) {
     memset(up, 0, sizeof *up);
     up->file.fd = -1;
     up->peer = peer;
     up->step = step;
     if (state_upload_open(r->upload_dir, step, peer, &up->file) != SPES_OK)
-        return rounds_fail(ROUNDS_INTERNAL, "upload from peer %d for step %d: %s", peer, step, spes_last_error());
+        return storage_failed(peer, step);
     return ROUNDS_OK;
 }
 
 RoundsResult rounds_upload_append(RoundsUpload *up, const void *data, size_t len) {
-    if (state_upload_append(&up->file, data, len) != SPES_OK)
-        return rounds_fail(ROUNDS_INTERNAL, "upload from peer %d for step %d: %s", up->peer, up->step,
-                           spes_last_error());
+    if (state_upload_append(&up->file, data, len) != SPES_OK) return storage_failed(up->peer, up->step);
     return ROUNDS_OK;
 }
 
@@ -688,11 +698,11 @@ RoundsResult rounds_upload_finish(Rounds *r, RoundsUpload *up) {
             r, rounds_fail(ROUNDS_BAD_REQUEST, "upload from peer %d: step %d is negative", peer, step), up);
     size_t len = up->file.len;
     MappedFile mf;
-    if (file_map(up->file.temp_path, &mf) != SPES_OK)
-        return reject_upload(r,
-                             rounds_fail(ROUNDS_INTERNAL, "upload from peer %d for step %d: %s", peer, step,
-                                         spes_last_error()),
-                             up);
+    if (file_map(up->file.temp_path, &mf) != SPES_OK) {
+        // spes_fail_context, not rounds_fail("%s", spes_last_error()): that formats the message into itself
+        spes_fail_context("upload from peer %d for step %d", peer, step);
+        return reject_upload(r, ROUNDS_INTERNAL, up);
+    }
 
     pthread_mutex_lock(&r->mu);
     RoundsResult code = r->closing ? ROUNDS_CLOSING : ROUNDS_OK;
@@ -711,9 +721,7 @@ RoundsResult rounds_upload_finish(Rounds *r, RoundsUpload *up) {
     // aggregates. A file that loses a race with the round's completion below is a leftover of a
     // completed step, removed at the next start (or with the spool).
     if (!round_accepts(r, peer, step, &code) || state_upload_commit(&up->file) != SPES_OK) {
-        if (code == ROUNDS_OK)
-            code = rounds_fail(ROUNDS_INTERNAL, "upload from peer %d for step %d: %s", peer, step,
-                               spes_last_error());
+        if (code == ROUNDS_OK) code = storage_failed(peer, step);
         return reject_upload(r, code, up);
     }
     OpenRound *round;
@@ -745,6 +753,10 @@ static OpenRound *overdue_round(Rounds *r, int step, double *due) {
     for (int i = 0; i < r->cfg.max_open_rounds; i++)
         if (r->open[i].step == step) round = &r->open[i];
     if (!round || round->aggregating) return NULL;
+    if (round->retry_at > 0 && now_seconds() < round->retry_at) {   // its aggregate failed to persist
+        *due = round->retry_at;
+        return NULL;
+    }
     bool have_earlier = false;
     for (int i = 0; i < r->cfg.keep_steps; i++) have_earlier |= r->kept[i] && r->kept[i]->step < step;
     RoundWait wait = {.round_timeout_s = r->cfg.round_timeout_s, .opened_at = round->opened_at, .now = now_seconds(),
@@ -777,6 +789,26 @@ static struct timespec monotonic_at(double seconds) {
     return ts;
 }
 
+// The open round of step if every peer's upload is in but its aggregate failed to persist and
+// the retry is due, frozen for the caller to aggregate again; else NULL, and *due says when to
+// look again (0: nothing to retry). Under r->mu.
+static OpenRound *stalled_round(Rounds *r, int step, double *due) {
+    *due = 0;
+    for (int i = 0; i < r->cfg.max_open_rounds; i++) {
+        OpenRound *round = &r->open[i];
+        if (round->step != step || round->aggregating || round->retry_at <= 0 ||
+            round->num_uploaded != r->cfg.agg.num_peers)
+            continue;
+        if (now_seconds() < round->retry_at) {
+            *due = round->retry_at;
+            return NULL;
+        }
+        round->aggregating = true;
+        return round;
+    }
+    return NULL;
+}
+
 // The kept aggregate of step with a reference, or NULL. Under r->mu.
 AggregateBlob *rounds_find_kept(Rounds *r, int step) {
     for (int i = 0; i < r->cfg.keep_steps; i++)
@@ -804,16 +836,18 @@ RoundsResult rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob **o
             code = rounds_fail(ROUNDS_CLOSING, "server is shutting down");
             break;
         }
-        double due;
-        OpenRound *late = overdue_round(r, step, &due);
-        if (late) {   // this waiter closes the round with the peers that arrived
+        double due, retry_due;
+        OpenRound *stalled = stalled_round(r, step, &retry_due);
+        OpenRound *late = stalled ? stalled : overdue_round(r, step, &due);
+        if (late) {   // this waiter closes the round (with the peers that arrived), or retries its write
             pthread_mutex_unlock(&r->mu);
             code = rounds_complete_round(r, late, -1);
             pthread_mutex_lock(&r->mu);
             if (code == ROUNDS_OK) continue;
-            log_warn("server: step %d: partial aggregation failed: %s", step, spes_last_error());
+            log_warn("server: step %d: aggregation failed: %s", step, spes_last_error());
             break;
         }
+        if (retry_due > 0 && (due <= 0 || retry_due < due)) due = retry_due;
         double wake = due > 0 && due < until ? due : until;
         if (timeout_s <= 0) break;
         struct timespec at = monotonic_at(wake);
@@ -874,9 +908,10 @@ RoundsResult rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsV
             safetensors_close(&st);
         }
         free(keep);
-        if (rc != SPES_OK)
-            code = rounds_fail(ROUNDS_INTERNAL, "download of step %d for peer %d: %s", blob->step, peer,
-                               spes_last_error());
+        if (rc != SPES_OK) {
+            spes_fail_context("download of step %d for peer %d", blob->step, peer);
+            code = ROUNDS_INTERNAL;
+        }
     }
     pthread_mutex_unlock(&r->mu);
     *view = code == ROUNDS_OK ? v : NULL;

@@ -38,7 +38,8 @@ typedef enum {
     ROUNDS_NOT_KEPT,            // the step was aggregated but its aggregate is no longer kept
     ROUNDS_NO_ROOM,             // too many open rounds, or out of memory
     ROUNDS_CLOSING,             // the server is shutting down
-    ROUNDS_INTERNAL,            // the server's own failure (disk, memory)
+    ROUNDS_STORAGE,             // the upload or state dir cannot be written now (a full disk): retry later
+    ROUNDS_INTERNAL,            // the server's own failure (memory, a file it wrote that reads back bad)
 } RoundsResult;
 
 // Leaves the message (printf-style, like spes_fail) and returns result.
@@ -77,6 +78,10 @@ typedef struct {
 #define ROUNDS_DEFAULT_SPACING 1000
 
 // Stragglers (--round_timeout): sync/round_deadline.h.
+
+// A round whose aggregate could not be written to the state dir (a full disk) keeps its uploads
+// and is written again by a waiting peer's call every this many seconds.
+#define ROUNDS_PERSIST_RETRY_S 2.0
 
 typedef struct {
     int step;

@@ -445,9 +445,23 @@ RoundsResult rounds_complete_round(Rounds *r, OpenRound *round, int peer) {
         return ROUNDS_OK;
     }
     if (blob) {   // not durable: not published either
-        code = ROUNDS_INTERNAL;
         free(blob->bytes);
+        free(blob->included);
+        free(blob->delta);
         free(blob);
+        // Every upload of the round is on disk: keep them and write the aggregate again once a
+        // waiter's retry is due (stalled_round, overdue_round), so the run goes on by itself once
+        // space is back. The uploader heard nothing wrong: its upload is taken.
+        pthread_mutex_lock(&r->mu);
+        round->aggregating = false;
+        round->retry_at = now_seconds() + ROUNDS_PERSIST_RETRY_S;
+        pthread_mutex_unlock(&r->mu);
+        log_error("server: step %d: cannot write the aggregate to the state dir %s: %s; the round keeps its %d "
+                  "uploads and is written again every %.0f s while peers wait (free space there); the kept aggregates "
+                  "are still served",
+                  step, r->cfg.state_dir ? r->cfg.state_dir : "(none)", spes_last_error(), arrived,
+                  ROUNDS_PERSIST_RETRY_S);
+        return ROUNDS_OK;
     }
     // Drop this peer's upload so that its retry completes the round again (a partial round
     // is simply reopened: the next waiter tries again).

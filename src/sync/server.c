@@ -32,6 +32,7 @@ static grpc_status_code grpc_status_of(RoundsResult result) {
     case ROUNDS_NOT_KEPT: return GRPC_STATUS_NOT_FOUND;
     case ROUNDS_NO_ROOM: return GRPC_STATUS_RESOURCE_EXHAUSTED;
     case ROUNDS_CLOSING: return GRPC_STATUS_UNAVAILABLE;
+    case ROUNDS_STORAGE: return GRPC_STATUS_UNAVAILABLE;   // clients retry with backoff until space is back
     case ROUNDS_INTERNAL: break;
     }
     return GRPC_STATUS_INTERNAL;

@@ -11,6 +11,8 @@
 
 #include <cmocka.h>
 #include <glob.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -482,6 +484,57 @@ static void test_damaged_state_dir_refused(void **state) {
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
+// The state dir stops taking writes (RLIMIT_FSIZE stands in for a full disk: a write past it
+// fails with EFBIG as ENOSPC would, issue 29): the aggregate that cannot be written is not lost
+// and not published; the uploader hears OK, the round keeps its uploads, waiters wait, and once
+// writes work again a waiter's retry writes and publishes it (byte-identical to a calm server's).
+// An upload that cannot be stored is refused ROUNDS_STORAGE (gRPC UNAVAILABLE: peers retry).
+static void test_full_disk_stalls_nothing(void **state) {
+    (void)state;
+    char dir[] = "/tmp/spes_rounds_full_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    Rounds *calm = make_rounds(2), *r = make_rounds_in(2, dir);
+    hello(calm, 0, 6, ROUNDS_OK);
+    hello(r, 0, 6, ROUNDS_OK);
+    assert_int_equal(upload(calm, 0, 2, NULL), ROUNDS_OK);
+    assert_int_equal(upload(calm, 1, 2, plus_one), ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 2, NULL), ROUNDS_OK);
+    struct rlimit was;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &was), 0);
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit tight = {3000, was.rlim_max};   // an upload (2464 bytes) fits, the aggregate (4288) not
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &tight), 0);
+    assert_int_equal(upload(r, 1, 2, plus_one), ROUNDS_OK);
+    RoundsStatus st;
+    rounds_status(r, &st);
+    assert_int_equal(st.last_aggregate_step, -1);
+    assert_int_equal(st.open_step, 2);
+    assert_int_equal(st.num_uploaded, 2);
+    AggregateBlob *a = NULL, *b = NULL;
+    assert_int_equal(rounds_get(r, 2, ROUNDS_PERSIST_RETRY_S + 0.5, &a), ROUNDS_OK);   // retried, still full
+    assert_null(a);
+    tight.rlim_cur = 1000;   // now an upload does not fit either
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &tight), 0);
+    assert_int_equal(upload(r, 0, 4, NULL), ROUNDS_STORAGE);
+    assert_non_null(strstr(spes_last_error(), "the server cannot store it now"));
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &was), 0);   // space is back
+    assert_int_equal(rounds_get(r, 2, 3 * ROUNDS_PERSIST_RETRY_S, &a), ROUNDS_OK);
+    assert_non_null(a);
+    assert_int_equal(rounds_get(calm, 2, 0, &b), ROUNDS_OK);
+    assert_int_equal(a->len, b->len);
+    assert_memory_equal(a->bytes, b->bytes, a->len);
+    rounds_release(r, a);
+    rounds_release(calm, b);
+    rounds_destroy(r);
+    r = make_rounds_in(2, dir);   // and it is durable
+    rounds_status(r, &st);
+    assert_int_equal(st.last_aggregate_step, 2);
+    rounds_destroy(r);
+    rounds_destroy(calm);
+    signal(SIGXFSZ, SIG_DFL);
+    assert_int_equal(remove_tree(dir), SPES_OK);
+}
+
 // Killed during aggregation: every upload of a round is on disk, the aggregate is not. The
 // restarted server completes the round itself, byte-identical to an uninterrupted server.
 static void test_restart_completes_a_full_round(void **state) {
@@ -693,6 +746,7 @@ int main(void) {
         cmocka_unit_test(test_state_dir_survives_restart),
         cmocka_unit_test(test_restart_completes_a_full_round),
         cmocka_unit_test(test_damaged_state_dir_refused),
+        cmocka_unit_test(test_full_disk_stalls_nothing),
         cmocka_unit_test(test_deadline_rule),
         cmocka_unit_test(test_round_timeout_closes_partial_round),
         cmocka_unit_test(test_outer_optimizer_steps_the_shared_tensors),
