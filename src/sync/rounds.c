@@ -189,42 +189,34 @@ void rounds_destroy(Rounds *r) {
 // so no real memory is read), keeps its header bytes and each tensor's data offset. Every
 // round then writes the header and aggregates straight into the data region.
 static int plan_aggregate_layout(Rounds *r) {
+    // From the header alone: the data follows it, tensors back to back in spec order. A Hello of
+    // a few hundred bytes may declare any size, so nothing model-sized is allocated here (issue 29).
     const ModelSpec *spec = &r->spec;
-    size_t largest = 0, elem = dtype_size(r->payload_dtype);
-    for (int t = 0; t < spec->count; t++)
-        if (spec->tensors[t].numel * elem > largest) largest = spec->tensors[t].numel * elem;
-    StWriteTensor *w = spes_calloc((size_t)spec->count, sizeof *w);
-    void *zeros = spes_calloc(largest ? largest : 1, 1);
-    r->tensor_offset = spes_calloc((size_t)spec->count, sizeof(size_t));
-    int rc = w && zeros && r->tensor_offset ? SPES_OK : SPES_ERR;
+    size_t elem = dtype_size(r->payload_dtype);
+    StWriteTensor *w = spes_calloc((size_t)spec->count + 1, sizeof *w);
+    r->tensor_offset = spes_calloc((size_t)spec->count + 1, sizeof(size_t));
+    int rc = w && r->tensor_offset ? SPES_OK : SPES_ERR;
     for (int t = 0; rc == SPES_OK && t < spec->count; t++) {
         w[t].name = spec->tensors[t].name;
         w[t].dtype = r->payload_dtype;
         w[t].ndim = spec->tensors[t].ndim;
         memcpy(w[t].shape, spec->tensors[t].shape, sizeof w[t].shape);
-        w[t].data = zeros;
     }
-    uint8_t *image = NULL;
-    size_t len = 0;
-    if (rc == SPES_OK) rc = safetensors_serialize(w, spec->count, NULL, NULL, 0, &image, &len);
-    SafeTensors parsed;
-    if (rc == SPES_OK) rc = safetensors_parse(image, len, "aggregate layout", &parsed);
+    char *header = NULL;
+    size_t header_len = 0, data_len = 0;
+    if (rc == SPES_OK) rc = safetensors_build_header(w, spec->count, NULL, NULL, 0, &header, &header_len, &data_len);
     if (rc == SPES_OK) {
-        r->header_len = len;
+        size_t at = header_len;
         for (int t = 0; t < spec->count; t++) {
-            const StTensor *x = safetensors_find(&parsed, spec->tensors[t].name);
-            r->tensor_offset[t] = (size_t)(x->data - image);
-            if (r->tensor_offset[t] < r->header_len) r->header_len = r->tensor_offset[t];
+            r->tensor_offset[t] = at;
+            at += spec->tensors[t].numel * elem;
         }
-        if (spec->count == 0) r->header_len = len;
-        safetensors_close(&parsed);
-        r->aggregate_len = len;
-        r->header = spes_malloc(r->header_len);
-        if (r->header) memcpy(r->header, image, r->header_len);
-        else rc = SPES_ERR;
+        r->header_len = header_len;
+        r->aggregate_len = header_len + data_len;
+        r->header = (uint8_t *)header;
+        header = NULL;
     }
-    free(image);
-    free(zeros);
+    free(header);
     free(w);
     return rc;
 }

@@ -484,6 +484,38 @@ static void test_damaged_state_dir_refused(void **state) {
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
+// The process's peak resident memory in bytes since the last reset_peak (VmHWM).
+static size_t peak_resident_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+static void reset_peak(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    assert_non_null(f);
+    fputs("5", f);
+    fclose(f);
+}
+
+// A Hello of a few hundred bytes may declare a model of any size (issue 29: a 2.5 GB model's Hello
+// made the server allocate and touch 2.5 GB). Fixing the spec plans the aggregate's layout
+// without materialising it: here a 512 MB model costs the server almost nothing.
+static void test_hello_of_a_huge_model_costs_no_memory(void **state) {
+    (void)state;
+    Rounds *r = make_rounds(2);
+    reset_peak();
+    size_t before = peak_resident_bytes();
+    hello(r, 0, (int64_t)1 << 25, ROUNDS_OK);   // lm_head [2^25, 4]: 512 MB in F32
+    size_t grown = peak_resident_bytes() - before;
+    if (grown > ((size_t)64 << 20)) fail_msg("the Hello cost %zu MB of resident memory", grown >> 20);
+    assert_true(rounds_model_bytes(r) > ((size_t)512 << 20));
+    rounds_destroy(r);
+}
+
 // The state dir stops taking writes (RLIMIT_FSIZE stands in for a full disk: a write past it
 // fails with EFBIG as ENOSPC would, issue 29): the aggregate that cannot be written is not lost
 // and not published; the uploader hears OK, the round keeps its uploads, waiters wait, and once
@@ -747,6 +779,7 @@ int main(void) {
         cmocka_unit_test(test_restart_completes_a_full_round),
         cmocka_unit_test(test_damaged_state_dir_refused),
         cmocka_unit_test(test_full_disk_stalls_nothing),
+        cmocka_unit_test(test_hello_of_a_huge_model_costs_no_memory),
         cmocka_unit_test(test_deadline_rule),
         cmocka_unit_test(test_round_timeout_closes_partial_round),
         cmocka_unit_test(test_outer_optimizer_steps_the_shared_tensors),
