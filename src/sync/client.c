@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "base/alloc.h"
@@ -27,6 +29,7 @@ struct SyncClient {
     SyncStats stats;
     grpc_status_code last_status;
     Rng jitter;                     // retry delays: peers restarting together do not retry in lockstep
+    uint64_t instance_id;           // this process's random id, sent with every call (proto HelloRequest)
     grpc_metadata auth;             // authorization: Bearer <token>
     size_t n_metadata;              // 1 with a token, else 0
     char **server_encodings;        // from HelloResponse.encodings
@@ -101,6 +104,10 @@ int sync_client_create(const SyncClientConfig *cfg, SyncClient **out) {
     }
     c->cfg.server_addr = c->addr;
     rng_seed(&c->jitter, (uint64_t)now_seconds() * 1000003u + (uint64_t)cfg->peer_id);
+    // Random, never 0 (0 on the wire means "not stated"); the clock and pid only if getrandom fails.
+    if (getrandom(&c->instance_id, sizeof c->instance_id, 0) != (ssize_t)sizeof c->instance_id)
+        c->instance_id = (uint64_t)(now_seconds() * 1e9) ^ ((uint64_t)getpid() << 32);
+    if (c->instance_id == 0) c->instance_id = 1;
     c->chunk_size = cfg->chunk_size ? cfg->chunk_size : SYNC_DEFAULT_CHUNK_SIZE;
     grpc_init();
     grpc_channel_credentials *creds = NULL;
@@ -308,6 +315,7 @@ static const DeltaCodec *delta_codec_of(const SyncClient *c) {
 
 int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     HelloRequest req = HELLO_REQUEST__INIT;
+    req.instance_id = c->instance_id;
     req.peer_id = c->cfg.peer_id;
     req.num_peers = c->cfg.num_peers;
     req.experts_per_node = c->cfg.experts_per_node;
@@ -430,6 +438,7 @@ static grpc_status_code upload_once(SyncClient *c, int step, const uint8_t *byte
     int n_points = points && point_ptrs ? pending_metrics(c, points, point_ptrs) : 0;
     for (size_t i = 0; sending && i < n_chunks; i++) {
         UploadChunkRequest m = UPLOAD_CHUNK_REQUEST__INIT;
+        m.instance_id = c->instance_id;
         if (i == 0) {   // the steps logged since the last upload ride on the first message
             m.n_metrics = (size_t)n_points;
             m.metrics = point_ptrs;
@@ -528,6 +537,7 @@ static int wait_ready(SyncClient *c, int step, const ViewAsk *ask, int64_t *tota
                 "server %s: the aggregate of step %d was not ready after %.0f s (a peer missing? see `Status`)",
                 c->addr, step, c->cfg.wait_timeout_s);
         WaitAggregateRequest req = WAIT_AGGREGATE_REQUEST__INIT;
+        req.instance_id = c->instance_id;
         req.peer_id = c->cfg.peer_id;
         req.step = step;
         req.timeout_ms = (int32_t)(left < 25.0 ? left * 1000 : 25000);
@@ -557,6 +567,7 @@ static int wait_ready(SyncClient *c, int step, const ViewAsk *ask, int64_t *tota
 
 static DownloadChunkRequest chunk_request(const SyncClient *c, int step, int chunk, const ViewAsk *ask) {
     DownloadChunkRequest req = DOWNLOAD_CHUNK_REQUEST__INIT;
+    req.instance_id = c->instance_id;
     req.peer_id = c->cfg.peer_id;
     req.step = step;
     req.chunk_id = chunk;

@@ -113,7 +113,8 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     pthread_condattr_destroy(&attr);
     r->open = spes_calloc((size_t)cfg->max_open_rounds, sizeof(OpenRound));
     r->kept = spes_calloc((size_t)cfg->keep_steps, sizeof(AggregateBlob *));
-    if (!r->open || !r->kept) {
+    r->instance = spes_calloc((size_t)cfg->agg.num_peers + 1, sizeof *r->instance);
+    if (!r->open || !r->kept || !r->instance) {
         rounds_destroy(r);
         return SPES_ERR;
     }
@@ -170,6 +171,7 @@ void rounds_destroy(Rounds *r) {
     free(r->spare);
     free(r->open);
     free(r->kept);
+    free(r->instance);
     free(r->header);
     free(r->tensor_offset);
     model_spec_free(&r->spec);
@@ -270,6 +272,30 @@ RoundsResult rounds_adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, 
         r->spec.count, r->spec.total_numel, r->spec.num_experts, r->spec.num_moe_layers, payload_name,
         (unsigned long long)r->spec.fingerprint);
     return ROUNDS_OK;
+}
+
+RoundsResult rounds_peer_instance(Rounds *r, int peer, uint64_t instance, bool hello, const char *what) {
+    if (instance == 0 || peer < 0 || peer >= r->cfg.agg.num_peers) return ROUNDS_OK;   // not stated; bad ids: refused elsewhere
+    pthread_mutex_lock(&r->mu);
+    uint64_t holder = r->instance[peer];
+    RoundsResult code = ROUNDS_OK;
+    if (holder == 0 || holder == instance) {
+        r->instance[peer] = instance;
+    } else if (hello) {
+        r->instance[peer] = instance;
+        log_warn("server: peer %d: a new process (instance %016llx) said Hello and now holds the peer_id; the calls of "
+                 "the previous one (instance %016llx) are refused from now on (a restarted peer, or two processes "
+                 "sharing a peer_id)",
+                 peer, (unsigned long long)instance, (unsigned long long)holder);
+    } else {
+        code = rounds_fail(ROUNDS_MISMATCH,
+                           "%s from peer %d refused: another process (instance %016llx) said Hello as peer %d after this "
+                           "one (instance %016llx) and holds the peer_id now; two live processes must not share a "
+                           "peer_id (give each its own spes_config.peer_id)",
+                           what, peer, (unsigned long long)holder, peer, (unsigned long long)instance);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return code;
 }
 
 RoundsResult rounds_hello_settings(const Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,

@@ -146,6 +146,14 @@ OuterOptConfig rounds_outer_config(const Rounds *r);
 // Results: ROUNDS_OK, ROUNDS_BAD_REQUEST, ROUNDS_MISMATCH (the message names what differs).
 RoundsResult rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode, DType payload_dtype,
                               ModelSpec *spec, int *last_completed_step);
+// Which process holds peer's id (proto HelloRequest.instance_id, sent with every call; 0: not
+// stated, as the seeds' clients do, and never checked). An accepted Hello (hello true) takes the
+// peer_id for its instance: a restarted peer is taken at once, even while its dead process's
+// calls linger. Any other call (`what`: "upload", "wait", "download") from an instance that no
+// longer holds the peer_id is refused ROUNDS_MISMATCH naming both: of two live processes with one
+// peer_id, the one that said Hello first is refused at its next call. A call of an unregistered
+// peer (after a server restart) registers its instance.
+RoundsResult rounds_peer_instance(Rounds *r, int peer, uint64_t instance, bool hello, const char *what);
 // The same with the delta codec of an I8 payload (HelloRequest.payload_dtype "I8": DELTA_INT8, "I4":
 // DELTA_INT4; rounds_hello takes an I8 payload as int8). Every peer of a run uses one codec; another
 // is refused naming both.

@@ -57,6 +57,7 @@ struct Rounds {
     bool outer_on;              // cfg.outer is not off
     OuterOptState outer;        // its state after the newest published aggregate (under mu;
                                 // replaced under aggregate_mu, so rounds step it in turn)
+    uint64_t *instance;         // [P] the process holding each peer_id (HelloRequest.instance_id); 0: none yet
     PeerWatch *watch;           // peers' last calls and metrics, round history (own lock, taken
                                 // after mu where both are held)
 };

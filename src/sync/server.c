@@ -273,6 +273,8 @@ static grpc_status_code take_chunk(Call *c, UploadStream *up, const UploadChunkR
     if (up->next_chunk == 0) {
         // Everything the first message can tell is decided now, before anything is stored.
         grpc_status_code code = check_bound_peer(c, "upload", m->peer_id);
+        if (code == GRPC_STATUS_OK)
+            code = grpc_status_of(rounds_peer_instance(c->srv->rounds, m->peer_id, m->instance_id, false, "upload"));
         if (code != GRPC_STATUS_OK) return code;
         note_seen(c, m->peer_id);
         up->peer = m->peer_id;
@@ -473,7 +475,9 @@ static void handle_download(Call *c) {
     if (!req) return;
     note_seen(c, req->peer_id);
     AggregateBlob *blob = NULL;
-    grpc_status_code code = grpc_status_of(rounds_get(c->srv->rounds, req->step, 0, &blob));
+    grpc_status_code code = grpc_status_of(rounds_peer_instance(c->srv->rounds, req->peer_id, req->instance_id, false, "download"));
+    if (code != GRPC_STATUS_OK) log_refusal("download");
+    if (code == GRPC_STATUS_OK) code = grpc_status_of(rounds_get(c->srv->rounds, req->step, 0, &blob));
     DownloadChunkResponse resp = DOWNLOAD_CHUNK_RESPONSE__INIT;
     const AggregateView *view = NULL;
     const char *name = "";
@@ -563,6 +567,7 @@ static void handle_hello(Call *c) {
         RoundsStatus st;
         rounds_status(c->srv->rounds, &st);
         resp.fingerprint = st.fingerprint;
+        rounds_peer_instance(c->srv->rounds, req->peer_id, req->instance_id, true, "hello");
         log_info("server: hello from peer %d accepted", req->peer_id);
     } else {
         log_refusal("hello");
@@ -589,7 +594,9 @@ static void handle_wait(Call *c) {
     if (timeout > c->srv->cfg.max_wait_seconds) timeout = c->srv->cfg.max_wait_seconds;
     AggregateBlob *blob = NULL;
     note_seen(c, req->peer_id);   // at both ends of the long poll: a waiting peer is present
-    grpc_status_code code = grpc_status_of(rounds_get(c->srv->rounds, req->step, timeout, &blob));
+    grpc_status_code code = grpc_status_of(rounds_peer_instance(c->srv->rounds, req->peer_id, req->instance_id, false, "wait"));
+    if (code != GRPC_STATUS_OK) log_refusal("wait");
+    if (code == GRPC_STATUS_OK) code = grpc_status_of(rounds_get(c->srv->rounds, req->step, timeout, &blob));
     note_seen(c, req->peer_id);
     WaitAggregateResponse resp = WAIT_AGGREGATE_RESPONSE__INIT;
     const AggregateView *view = NULL;
