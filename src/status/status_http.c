@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,8 +19,21 @@
 #include "status/status_page.h"
 #include "sync/auth.h"
 
+// One open connection, for the slowloris defence (guard_new_connection). pending_since: when it
+// began waiting for a complete request (accepted, or its previous request answered); 0 while a
+// request is being answered or once it was shut down.
+typedef struct {
+    bool used;
+    int fd;
+    struct sockaddr_storage peer;
+    double pending_since;
+} Conn;
+
 struct StatusHttp {
     struct MHD_Daemon *daemon;
+    Conn *conns;                // [conn_cap], touched only by libmicrohttpd's one thread
+    unsigned conn_cap;          // libmicrohttpd's connection limit: max_connections + STATUS_HTTP_SPARE_CONNECTIONS
+    unsigned max_pending;       // max_connections
     StatusFill fill;
     void *ctx;
     char *token;                // NULL: open
@@ -35,6 +49,94 @@ struct StatusHttp {
 // No scripts, nothing from elsewhere: the page is self-contained (inline style and SVG).
 #define SECURITY_POLICY "default-src 'none'; style-src 'unsafe-inline'"
 
+static bool same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+    if (a->ss_family != b->ss_family) return false;
+    if (a->ss_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (a->ss_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+                      sizeof(struct in6_addr)) == 0;
+    return false;
+}
+
+// Ends a connection that holds a slot without finishing its request: the socket is shut down
+// here and libmicrohttpd closes it at its next look (it sees the end of the stream).
+static void evict(Conn *x) {
+    shutdown(x->fd, SHUT_RDWR);
+    x->pending_since = 0;
+}
+
+// The oldest connection waiting for a request (of host, when not NULL), or NULL.
+static Conn *oldest_pending(StatusHttp *h, const struct sockaddr_storage *host, unsigned *count) {
+    Conn *oldest = NULL;
+    *count = 0;
+    for (unsigned i = 0; i < h->conn_cap; i++) {
+        Conn *x = &h->conns[i];
+        if (!x->used || x->pending_since <= 0 || (host && !same_host(&x->peer, host))) continue;
+        ++*count;
+        if (!oldest || x->pending_since < oldest->pending_since) oldest = x;
+    }
+    return oldest;
+}
+
+// A slowloris (connections that trickle header lines, never idle for the timeout, never done)
+// must not lock out a client that sends its request at once (issue 29). Each new connection
+// first ends the waiting ones past STATUS_HTTP_REQUEST_DEADLINE_S, then its host's oldest waiting
+// one beyond STATUS_HTTP_PER_HOST_PENDING, then the oldest waiting one beyond max_connections:
+// a newcomer always gets a slot, and a request sent at once is answered long before it could be
+// the oldest. Everything runs on libmicrohttpd's one thread, so no socket is shut down after
+// libmicrohttpd closed it.
+static void guard_new_connection(StatusHttp *h, const Conn *fresh) {
+    double now = now_seconds();
+    for (unsigned i = 0; i < h->conn_cap; i++) {
+        Conn *x = &h->conns[i];
+        if (x->used && x != fresh && x->pending_since > 0 && now - x->pending_since > STATUS_HTTP_REQUEST_DEADLINE_S)
+            evict(x);
+    }
+    unsigned count;
+    Conn *oldest = oldest_pending(h, &fresh->peer, &count);
+    if (count > STATUS_HTTP_PER_HOST_PENDING && oldest) evict(oldest);
+    oldest = oldest_pending(h, NULL, &count);
+    if (count > h->max_pending && oldest) evict(oldest);
+}
+
+static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                              enum MHD_ConnectionNotificationCode code) {
+    StatusHttp *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        Conn *x = *socket_context;
+        if (x) memset(x, 0, sizeof *x);
+        *socket_context = NULL;
+        return;
+    }
+    const union MHD_ConnectionInfo *fd = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *addr = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    Conn *x = NULL;
+    for (unsigned i = 0; i < h->conn_cap && !x; i++)
+        if (!h->conns[i].used) x = &h->conns[i];
+    *socket_context = x;
+    if (!x || !fd) return;   // never: libmicrohttpd's limit is conn_cap
+    *x = (Conn){.used = true, .fd = fd->connect_fd, .pending_since = now_seconds()};
+    if (addr && addr->client_addr) {
+        socklen_t len = addr->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+        memcpy(&x->peer, addr->client_addr, len);
+    }
+    guard_new_connection(h, x);
+}
+
+// The connection's slot (notify_connection), or NULL.
+static Conn *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info ? info->socket_context : NULL;
+}
+
+// A request was answered: its connection waits for the next one (keep-alive) from now.
+static void request_completed(void *cls, struct MHD_Connection *c, void **request_state,
+                              enum MHD_RequestTerminationCode toe) {
+    Conn *x = conn_of(c);
+    if (x && x->used) x->pending_since = now_seconds();
+}
+
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned code, const char *type, char *body, size_t len) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
@@ -47,8 +149,10 @@ static enum MHD_Result send_text(struct MHD_Connection *c, unsigned code, const 
     MHD_add_response_header(r, "Content-Security-Policy", SECURITY_POLICY);
     if (code == MHD_HTTP_METHOD_NOT_ALLOWED)
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
-    if (code == MHD_HTTP_UNAUTHORIZED)
+    if (code == MHD_HTTP_UNAUTHORIZED) {
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"spes status\"");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");   // no slot kept for a caller without the token
+    }
     enum MHD_Result ok = MHD_queue_response(c, code, r);
     MHD_destroy_response(r);
     return ok;
@@ -105,6 +209,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                               const char *version, const char *upload_data, size_t *upload_data_size,
                               void **request_state) {
     StatusHttp *h = cls;
+    Conn *conn = conn_of(c);
+    if (conn && conn->used) conn->pending_since = 0;   // its request is complete: not a slowloris
     bool head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
     if (!head && strcmp(method, MHD_HTTP_METHOD_GET) != 0)
         return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
@@ -200,10 +306,18 @@ int status_http_start(const StatusHttpConfig *cfg, StatusFill fill, void *ctx, S
     }
     unsigned connections = cfg->max_connections ? cfg->max_connections : STATUS_HTTP_DEFAULT_CONNECTIONS;
     unsigned timeout = cfg->timeout_s ? cfg->timeout_s : STATUS_HTTP_DEFAULT_TIMEOUT_S;
+    h->max_pending = connections;
+    h->conn_cap = connections + STATUS_HTTP_SPARE_CONNECTIONS;
+    if (!(h->conns = spes_calloc(h->conn_cap, sizeof *h->conns))) {
+        status_http_stop(h);
+        return SPES_ERR;
+    }
     h->daemon = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, handle, h, MHD_OPTION_EXTERNAL_LOGGER,
                                  mhd_log, h, MHD_OPTION_URI_LOG_CALLBACK, check_url, NULL,
                                  MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                                 MHD_OPTION_CONNECTION_LIMIT, connections, MHD_OPTION_CONNECTION_TIMEOUT, timeout,
+                                 MHD_OPTION_NOTIFY_CONNECTION, notify_connection, h, MHD_OPTION_NOTIFY_COMPLETED,
+                                 request_completed, h, MHD_OPTION_CONNECTION_LIMIT, h->conn_cap,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, timeout,
                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)STATUS_HTTP_REQUEST_BYTES, MHD_OPTION_END);
     if (!h->daemon) {
         status_http_stop(h);
@@ -223,6 +337,7 @@ void status_http_stop(StatusHttp *h) {
         return;
     if (h->daemon)
         MHD_stop_daemon(h->daemon);
+    free(h->conns);
     free(h->token);
     free(h);
 }
