@@ -36,7 +36,8 @@ struct StatusHttp {
     unsigned max_pending;       // max_connections
     StatusFill fill;
     void *ctx;
-    char *token;                // NULL: open
+    char **tokens;              // [n_tokens] each one lets a request in; none: open
+    int n_tokens;
     int port;
     // libmicrohttpd's messages (mhd_log), touched only by its one thread once it runs.
     double log_window_start;    // now_seconds() when the current minute began
@@ -163,19 +164,36 @@ static enum MHD_Result send_error(struct MHD_Connection *c, unsigned code, const
     return body ? send_text(c, code, "text/plain; charset=utf-8", body, strlen(body)) : MHD_NO;
 }
 
-// *by_query: the token came as ?token= (the page then keeps it on its link).
-static bool authorised(const StatusHttp *h, struct MHD_Connection *c, bool *by_query) {
-    *by_query = false;
-    if (!h->token)
+// Whether value[len] (NULs included: "T%00junk" is not "T") is one of the tokens; every token
+// is compared, in constant time, whichever matches. *which: the one that matched.
+static bool known_token(const StatusHttp *h, const char *value, size_t len, const char **which) {
+    bool found = false;
+    for (int i = 0; i < h->n_tokens; i++)
+        if (auth_equal(value, len, h->tokens[i], strlen(h->tokens[i])) && !found) {
+            found = true;
+            *which = h->tokens[i];
+        }
+    return found;
+}
+
+// *query_token: the token when it came as ?token= (the page then keeps it on its link), else NULL.
+static bool authorised(const StatusHttp *h, struct MHD_Connection *c, const char **query_token) {
+    *query_token = NULL;
+    if (h->n_tokens == 0)
         return true;
-    size_t want = strlen(h->token);
-    const char *query = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "token");
-    if (query && auth_equal(query, strlen(query), h->token, want))
-        return *by_query = true;
-    const char *header = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    const char *value, *which = NULL;
+    size_t len;
+    if (MHD_lookup_connection_value_n(c, MHD_GET_ARGUMENT_KIND, "token", 5, &value, &len) == MHD_YES && value &&
+        known_token(h, value, len, &which)) {
+        *query_token = which;
+        return true;
+    }
     static const char bearer[] = "Bearer ";
-    return header && strncasecmp(header, bearer, sizeof bearer - 1) == 0 &&   // the scheme is case-insensitive
-           auth_equal(header + sizeof bearer - 1, strlen(header + sizeof bearer - 1), h->token, want);
+    size_t skip = sizeof bearer - 1;
+    return MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION,
+                                         strlen(MHD_HTTP_HEADER_AUTHORIZATION), &value, &len) == MHD_YES &&
+           value && len >= skip && strncasecmp(value, bearer, skip) == 0 &&   // the scheme is case-insensitive
+           known_token(h, value + skip, len - skip, &which);
 }
 
 // The whole URL of each request, path and query, as libmicrohttpd received it (before it splits
@@ -200,9 +218,14 @@ static bool query_count(struct MHD_Connection *c, const char *name, int limit, i
 #define STRINGIFY_(x) #x
 #define STRINGIFY(x) STRINGIFY_(x)
 
-static char url_within_limit, url_too_long;
+static char url_within_limit, url_too_long, url_with_nul;
 static void *check_url(void *cls, const char *uri, struct MHD_Connection *c) {
-    return strlen(uri) > STATUS_HTTP_URL_BYTES ? &url_too_long : &url_within_limit;
+    if (strlen(uri) > STATUS_HTTP_URL_BYTES) return &url_too_long;
+    // A %00 would end the decoded path or value early ("/status.json%00junk" read as
+    // "/status.json"): no request of ours carries a NUL, so it is refused whole.
+    for (const char *p = strchr(uri, '%'); p; p = strchr(p + 1, '%'))
+        if (p[1] == '0' && p[2] == '0') return &url_with_nul;
+    return &url_within_limit;
 }
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -216,6 +239,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
     if (*request_state == &url_too_long)
         return send_error(c, MHD_HTTP_URI_TOO_LONG, "URL too long\n");
+    if (*request_state == &url_with_nul)
+        return send_error(c, MHD_HTTP_BAD_REQUEST, "a NUL byte (%00) in the URL\n");
     if (*upload_data_size != 0)
         return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "no request body accepted\n");
     // A body announced by length, or chunked (Transfer-Encoding, no length): refused either way.
@@ -226,8 +251,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     bool page = strcmp(url, "/") == 0, json = strcmp(url, "/status.json") == 0;
     if (!page && !json)
         return send_error(c, MHD_HTTP_NOT_FOUND, "not found: the status server has / and /status.json\n");
-    bool by_query;
-    if (!authorised(h, c, &by_query))
+    const char *query_token;
+    if (!authorised(h, c, &query_token))
         return send_error(c, MHD_HTTP_UNAUTHORIZED, "a token is needed: Authorization: Bearer <token> or ?token=\n");
 
     StatusJsonLimits limits = STATUS_JSON_ALL;
@@ -243,7 +268,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     size_t len = 0;
     char *body = json ? status_json_render(&status, limits, &len)
-                      : status_page_render(&status, by_query ? h->token : NULL, &len);
+                      : status_page_render(&status, query_token, &len);
     run_status_free(&status);
     if (!body)
         return send_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
@@ -275,8 +300,9 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 int status_http_start(const StatusHttpConfig *cfg, StatusFill fill, void *ctx, StatusHttp **out) {
     *out = NULL;
     const char *addr = cfg->bind_addr ? cfg->bind_addr : "127.0.0.1";
-    if (cfg->token && !*cfg->token)   // "?token=" would let anyone in
-        return spes_fail("status http: the token is empty (leave it out to serve without one)");
+    for (int i = -1; i < cfg->n_tokens; i++)
+        if (i < 0 ? cfg->token && !*cfg->token : !cfg->tokens[i] || !*cfg->tokens[i])   // "?token=" would let anyone in
+            return spes_fail("status http: a token is empty (leave it out to serve without one)");
     if (cfg->port < 0 || cfg->port > 65535)
         return spes_fail("status http: port %d is not in 0..65535", cfg->port);
     struct sockaddr_storage sa;
@@ -300,9 +326,17 @@ int status_http_start(const StatusHttpConfig *cfg, StatusFill fill, void *ctx, S
     h->fill = fill;
     h->ctx = ctx;
     h->log_window_start = now_seconds();
-    if (cfg->token && !(h->token = spes_strdup(cfg->token))) {
+    h->tokens = spes_calloc((size_t)cfg->n_tokens + 2, sizeof *h->tokens);
+    if (!h->tokens) {
         free(h);
         return SPES_ERR;
+    }
+    for (int i = -1; i < cfg->n_tokens; i++) {
+        const char *t = i < 0 ? cfg->token : cfg->tokens[i];
+        if (t && !(h->tokens[h->n_tokens++] = spes_strdup(t))) {
+            status_http_stop(h);
+            return SPES_ERR;
+        }
     }
     unsigned connections = cfg->max_connections ? cfg->max_connections : STATUS_HTTP_DEFAULT_CONNECTIONS;
     unsigned timeout = cfg->timeout_s ? cfg->timeout_s : STATUS_HTTP_DEFAULT_TIMEOUT_S;
@@ -338,6 +372,7 @@ void status_http_stop(StatusHttp *h) {
     if (h->daemon)
         MHD_stop_daemon(h->daemon);
     free(h->conns);
-    free(h->token);
+    for (int i = 0; i < h->n_tokens; i++) free(h->tokens[i]);
+    free(h->tokens);
     free(h);
 }

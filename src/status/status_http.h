@@ -14,9 +14,10 @@
 // Every request asks fill() for a fresh
 // snapshot (the server fills it under its own lock) and frees it after rendering.
 //
-// With a token every request needs it, as `Authorization: Bearer <token>` (curl, scripts) or as
-// the query parameter `?token=<token>` (a browser: the page's links and its reload keep it);
-// without it: 401. Compared in constant time.
+// With a token (or several) every request needs one, as `Authorization: Bearer <token>` (curl,
+// scripts) or as the query parameter `?token=<token>` (a browser: the page's links and its reload
+// keep it); without it: 401 and the connection closed. Compared in constant time, whole (a %00 in
+// the URL is refused 400: it would cut a decoded value short).
 #pragma once
 #include <stdbool.h>
 
@@ -34,6 +35,8 @@ typedef struct {
     int port;                   // 0: any free port (status_http_port says which)
     const char *bind_addr;      // numeric IPv4 or IPv6 address; NULL: 127.0.0.1
     const char *token;          // NULL: no token needed; "" is refused
+    const char *const *tokens;  // [n_tokens] more tokens, each accepted as token is (the parameter
+    int n_tokens;               // server's per-peer tokens); none and no token: open
     unsigned max_connections;   // 0: STATUS_HTTP_DEFAULT_CONNECTIONS
     unsigned timeout_s;         // 0: STATUS_HTTP_DEFAULT_TIMEOUT_S
 } StatusHttpConfig;
