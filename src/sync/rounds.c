@@ -533,6 +533,13 @@ static RoundsResult too_far_ahead(Rounds *r, int peer, int step) {
                        peer, step, (long long)limit);
 }
 
+int64_t rounds_step_limit(Rounds *r, int step) {
+    pthread_mutex_lock(&r->mu);
+    int64_t limit = step_limit(r, step);
+    pthread_mutex_unlock(&r->mu);
+    return limit;
+}
+
 RoundsResult rounds_upload_start(Rounds *r, int peer, int step, size_t *cap) {
     int P = r->cfg.agg.num_peers;
     *cap = 0;

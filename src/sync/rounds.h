@@ -146,6 +146,10 @@ OuterOptConfig rounds_outer_config(const Rounds *r);
 // Results: ROUNDS_OK, ROUNDS_BAD_REQUEST, ROUNDS_MISMATCH (the message names what differs).
 RoundsResult rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode, DType payload_dtype,
                               ModelSpec *spec, int *last_completed_step);
+// The highest step an upload is taken for now (with an upload of `step` under way: it is the
+// anchor before any round completed), the window described above ROUNDS_AHEAD.
+int64_t rounds_step_limit(Rounds *r, int step);
+
 // Which process holds peer's id (proto HelloRequest.instance_id, sent with every call; 0: not
 // stated, as the seeds' clients do, and never checked). An accepted Hello (hello true) takes the
 // peer_id for its instance: a restarted peer is taken at once, even while its dead process's
