@@ -119,6 +119,10 @@ static const char *point_problem(const PeerMetricPoint *pt, int64_t max_step) {
     if (pt->tokens_per_s < 0 || pt->device_mem_mb < 0 || pt->route_min < 0 || pt->route_max < 0)
         return "a negative throughput, memory or routing ratio";
     if (pt->mfu < 0 || pt->mfu > 1e3) return "an mfu outside [0, 1000]";
+    // Losses are a few units (ln of the vocabulary at start): 1e6 is no training's; a hostile
+    // +-1.7e308 would squash every other peer's curve on the page.
+    if (fabs(pt->loss) > PEER_MAX_LOSS || fabs(pt->ce) > PEER_MAX_LOSS || fabs(pt->lb) > PEER_MAX_LOSS)
+        return "a loss beyond +-1e6";
     return NULL;
 }
 

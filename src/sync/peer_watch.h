@@ -61,9 +61,11 @@ void peer_watch_uploaded(PeerWatch *w, int peer, int step);
 // upload) and skipped; points with a negative step, a step beyond max_step (the highest step the
 // run takes uploads for, rounds_step_limit: an overlapped peer logs a few steps past its upload's
 // before it goes), or a value that is not finite (or out of its range: negative throughput, memory or
-// routing ratios, mfu outside [0, 1e3]) are ignored with one log line per call; more than
+// routing ratios, mfu outside [0, 1e3], a loss beyond +-PEER_MAX_LOSS) are ignored with one log line per call; more than
 // SYNC_MAX_METRIC_POINTS: the newest kept. Returns the number of points taken.
 int peer_watch_metrics(PeerWatch *w, int peer, int64_t max_step, const PeerMetricPoint *points, int n);
+// The largest loss magnitude (loss, ce, lb) a metric point may carry.
+#define PEER_MAX_LOSS 1e6
 
 // A round was aggregated (rounds_completed grows): its record goes into the history (the oldest
 // dropped when full). included[P] the peers in it (NULL: every peer).

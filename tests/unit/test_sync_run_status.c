@@ -84,6 +84,11 @@ static void test_metrics_validated_and_bounded(void **state) {
     assert_int_equal(peer_watch_metrics(w, -1, 100, pts, 1), 0);
     PeerMetricPoint beyond = point(INT64_MAX);   // past any step the run takes: not kept (issue 29)
     assert_int_equal(peer_watch_metrics(w, 0, 100, &beyond, 1), 0);
+    PeerMetricPoint huge = point(50);            // a finite but absurd loss (issue 29): not kept
+    huge.loss = -1.7e308;
+    assert_int_equal(peer_watch_metrics(w, 0, 100, &huge, 1), 0);
+    huge.loss = 3, huge.ce = 2e6;
+    assert_int_equal(peer_watch_metrics(w, 0, 100, &huge, 1), 0);
     // One upload carries at most SYNC_MAX_METRIC_POINTS: the newest are kept; the ring holds the
     // newest RUN_STATUS_POINTS.
     int n = SYNC_MAX_METRIC_POINTS + 10;
