@@ -708,12 +708,56 @@ static void rounds_from_status(const StatusResponse *resp, RoundsStatus *out) {
     if (resp->mode && sync_mode_parse(resp->mode, &out->mode) != SPES_OK) spes_clear_error();
 }
 
+// Whether a Status answer can be a server's (counters not negative, peers within the run and
+// SYNC_MAX_STATUS_PEERS, steps >= -1, times finite): a hostile or broken server must not make a
+// caller print gigabytes (total_peers 2^31-1) or absurd counters. Names the first bad field.
+static int status_sane(const SyncClient *c, const StatusResponse *r) {
+    const char *bad = NULL;
+    long long value = 0;
+    double real = 0;
+    int64_t P = r->total_peers;
+#define CHECK_INT(cond, field) \
+    if (!bad && !(cond)) bad = #field, value = (long long)r->field
+    CHECK_INT(r->total_peers >= 0 && r->total_peers <= SYNC_MAX_STATUS_PEERS, total_peers);
+    CHECK_INT(r->rounds_completed >= 0, rounds_completed);
+    CHECK_INT(r->rounds_partial >= 0 && r->rounds_partial <= r->rounds_completed, rounds_partial);
+    CHECK_INT(r->bytes_received >= 0, bytes_received);
+    CHECK_INT(r->bytes_sent >= 0, bytes_sent);
+    CHECK_INT(r->uploads_rejected >= 0, uploads_rejected);
+    CHECK_INT(r->open_step >= -1, open_step);
+    CHECK_INT(r->last_aggregate_step >= -1, last_aggregate_step);
+    CHECK_INT(r->last_round_peers >= 0 && r->last_round_peers <= P, last_round_peers);
+    CHECK_INT(r->n_peers_uploaded <= (size_t)P, n_peers_uploaded);
+    CHECK_INT(r->n_peers <= (size_t)P, n_peers);
+#undef CHECK_INT
+    for (size_t i = 0; !bad && i < r->n_peers_uploaded; i++)
+        if (r->peers_uploaded[i] < 0 || r->peers_uploaded[i] >= P) bad = "peers_uploaded[]", value = r->peers_uploaded[i];
+    if (!bad && !(r->last_aggregate_seconds >= 0 && r->last_aggregate_seconds < 1e9))
+        bad = "last_aggregate_seconds", real = r->last_aggregate_seconds;
+    for (size_t i = 0; !bad && i < r->n_peers; i++) {
+        const PeerState *st = r->peers[i];
+        if (st->peer_id < 0 || st->peer_id >= P) bad = "peers[].peer_id", value = st->peer_id;
+        else if (st->last_upload_step < -1) bad = "peers[].last_upload_step", value = st->last_upload_step;
+        else if (!(st->last_seen_unix >= 0 && st->last_seen_unix < 1e11)) bad = "peers[].last_seen_unix", real = st->last_seen_unix;
+    }
+    if (!bad) return SPES_OK;
+    if (real != 0 || strstr(bad, "seconds") || strstr(bad, "unix"))
+        return spes_fail("server %s: its Status cannot be right: %s %g", c->addr, bad, real);
+    return spes_fail("server %s: its Status cannot be right: %s %lld", c->addr, bad, value);
+}
+
+// The Status call, bounded by the client's call timeout (spes status --timeout) and at most 30 s.
 static StatusResponse *status_call(SyncClient *c) {
     StatusRequest req = STATUS_REQUEST__INIT;
     StatusResponse *resp = NULL;
-    if (unary(c, "/FederatedServer/Status", &req.base, &status_response__descriptor, (ProtobufCMessage **)&resp, 30) !=
-        GRPC_STATUS_OK)
+    double timeout = c->cfg.call_timeout_s > 0 && c->cfg.call_timeout_s < 30 ? c->cfg.call_timeout_s : 30;
+    if (unary(c, "/FederatedServer/Status", &req.base, &status_response__descriptor, (ProtobufCMessage **)&resp,
+              timeout) != GRPC_STATUS_OK)
         return NULL;
+    if (status_sane(c, resp) != SPES_OK) {
+        status_response__free_unpacked(resp, NULL);
+        return NULL;
+    }
     return resp;
 }
 
@@ -751,9 +795,9 @@ int sync_client_run_status(SyncClient *c, RunStatus *out) {
         ps->liveness = liveness_from_name(st->liveness);
         ps->last_seen_unix = st->last_seen_unix;
         ps->last_upload_step = st->last_upload_step;
-        if (st->latest) {
+        if (st->latest) {   // a point no server keeps is not shown
             ps->points[0] = wire_metrics_from_proto(st->latest);
-            ps->num_points = 1;
+            ps->num_points = peer_metric_point_problem(&ps->points[0], INT64_MAX) ? 0 : 1;
         }
     }
     status_response__free_unpacked(resp, NULL);

@@ -107,8 +107,7 @@ void peer_watch_uploaded(PeerWatch *w, int peer, int step) {
     pthread_mutex_unlock(&w->mu);
 }
 
-// Why a point cannot be kept, or NULL when it can.
-static const char *point_problem(const PeerMetricPoint *pt, int64_t max_step) {
+const char *peer_metric_point_problem(const PeerMetricPoint *pt, int64_t max_step) {
     const double values[] = {pt->loss, pt->ce, pt->lb, pt->tokens_per_s, pt->mfu, pt->device_mem_mb, pt->route_min, pt->route_max};
     for (size_t i = 0; i < sizeof values / sizeof *values; i++)
         if (!isfinite(values[i])) return "a value that is not finite";
@@ -140,7 +139,7 @@ int peer_watch_metrics(PeerWatch *w, int peer, int64_t max_step, const PeerMetri
     pthread_mutex_lock(&w->mu);
     WatchedPeer *wp = &w->peers[peer];
     for (int i = first; i < n; i++) {
-        const char *problem = point_problem(&points[i], max_step);
+        const char *problem = peer_metric_point_problem(&points[i], max_step);
         if (!problem && points[i].step <= newest_step(wp)) continue;   // a resend (retried upload)
         if (problem) {
             if (!why) {

@@ -66,6 +66,8 @@ void peer_watch_uploaded(PeerWatch *w, int peer, int step);
 int peer_watch_metrics(PeerWatch *w, int peer, int64_t max_step, const PeerMetricPoint *points, int n);
 // The largest loss magnitude (loss, ce, lb) a metric point may carry.
 #define PEER_MAX_LOSS 1e6
+// Why a metric point cannot be kept or shown (the rules of peer_watch_metrics), or NULL when it can.
+const char *peer_metric_point_problem(const PeerMetricPoint *pt, int64_t max_step);
 
 // A round was aggregated (rounds_completed grows): its record goes into the history (the oldest
 // dropped when full). included[P] the peers in it (NULL: every peer).
