@@ -169,6 +169,7 @@ int rounds_restore_state(Rounds *r) {
                          dir, book.last_completed_step, book.last_completed_step);
     }
     int durable = 0, kept = 0, reopened = 0, rc = SPES_OK;
+    bool book_applied = false;
     for (int i = 0; i < n; i++) durable += files[i].kind == 'a' && files[i].step <= book.last_completed_step;
     for (int i = 0; i < n && rc == SPES_OK; i++) {   // sorted: aggregates by step, then uploads by step
         const StateFile *f = &files[i];
@@ -210,16 +211,19 @@ int rounds_restore_state(Rounds *r) {
             state_remove_upload(dir, f->step, f->peer);
             continue;
         }
-        if (reopened == 0) apply_book(r, &book);   // before the open rounds complete (if they do)
-        if (reopened == 0 && r->outer_on) rc = restore_outer(r);
+        if (!book_applied) {   // before the open rounds complete (if they do)
+            apply_book(r, &book);
+            if (r->outer_on) rc = restore_outer(r);
+            book_applied = true;
+        }
         bool taken = false;
         if (rc == SPES_OK) rc = restore_upload(r, f, &taken);
         reopened += taken;
     }
     free(files);
-    if (rc == SPES_OK && reopened == 0 && r->outer_on) rc = restore_outer(r);
+    if (rc == SPES_OK && !book_applied && r->outer_on) rc = restore_outer(r);
     if (rc != SPES_OK) return rc;
-    if (reopened == 0) apply_book(r, &book);
+    if (!book_applied) apply_book(r, &book);
     log_info("server: resumed from state dir %s: model fingerprint %016llx, %lld rounds completed (last step %d), %d "
              "aggregates kept, %d uploads of open rounds reloaded",
              dir, (unsigned long long)r->spec.fingerprint, (long long)r->stats.rounds_completed, r->last_completed_step,
