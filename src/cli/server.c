@@ -2,6 +2,7 @@
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,26 +79,43 @@ static int parse_size(const char *flag, const char *text, size_t *out) {
     return SPES_OK;
 }
 
-static int fill_status(void *server, RunStatus *out) { return rounds_run_status(sync_server_rounds(server), out); }
+// The status page starts before the parameter server (so that its bad flags fail before anything
+// says "listening on"): until the server is up it answers 503.
+static int fill_status(void *server, RunStatus *out) {
+    SyncServer *srv = atomic_load((_Atomic(SyncServer *) *)server);
+    if (!srv) return spes_fail("the parameter server is starting");
+    return rounds_run_status(sync_server_rounds(srv), out);
+}
 
-// The status server (docs/status.md) over srv's rounds, with the token of status_token_file, else
-// of the peers' shared auth_token_file, else none.
+// The status server (docs/status.md) over srv's rounds. Its tokens: status_token_file's; else
+// every token the gRPC Status takes (the shared auth_token_file's and each of peer_tokens_file's),
+// so a run that needs a token for Status never shows its page without one; else none.
 static int start_status_page(StatusHttpConfig *http, const char *status_token_file, const char *auth_token_file,
-                             SyncServer *srv, StatusHttp **out) {
-    const char *token_file = status_token_file ? status_token_file : auth_token_file;
+                             const char *peer_tokens_file, int num_peers, _Atomic(SyncServer *) *srv, StatusHttp **out) {
     char *token = NULL;
-    if (token_file && auth_read_token_file(token_file, &token) != SPES_OK)
-        return spes_fail_context("--%s", status_token_file ? "status_token_file" : "auth_token_file");
-    http->token = token;
+    AuthTokens peers = {0};
+    if (status_token_file && auth_read_token_file(status_token_file, &token) != SPES_OK)
+        return spes_fail_context("--status_token_file");
+    if (!status_token_file && (auth_token_file || peer_tokens_file) &&
+        auth_load(auth_token_file, peer_tokens_file, num_peers, &peers) != SPES_OK)
+        return SPES_ERR;
+    http->token = token ? token : peers.shared;
+    http->tokens = (const char *const *)peers.token;
+    http->n_tokens = peers.count;
     int rc = status_http_start(http, fill_status, srv, out);
+    bool needs_token = http->token || http->n_tokens > 0;
     free(token);
+    auth_free(&peers);
     http->token = NULL;
+    http->tokens = NULL;
+    http->n_tokens = 0;
     if (rc != SPES_OK)
         return rc;
     const char *addr = http->bind_addr ? http->bind_addr : "127.0.0.1";
     printf("spes server: status page on http://%s%s%s:%d/ (%s)\n", strchr(addr, ':') ? "[" : "", addr,
-           strchr(addr, ':') ? "]" : "", status_http_port(*out), token_file ? "token required" : "no token");
-    if (!token_file && strcmp(addr, "127.0.0.1") != 0 && strcmp(addr, "::1") != 0)
+           strchr(addr, ':') ? "]" : "", status_http_port(*out),
+           !needs_token ? "no token" : status_token_file || !peer_tokens_file ? "token required" : "token required: the shared or any peer's");
+    if (!needs_token && strcmp(addr, "127.0.0.1") != 0 && strcmp(addr, "::1") != 0)
         log_warn("server: the status page on %s needs no token: anyone who reaches it sees the run "
                  "(--status_token_file F to require one)", addr);
     return SPES_OK;
@@ -247,20 +265,28 @@ int cmd_server(int argc, char **argv) {
     sigaddset(&stop_signals, SIGINT);
     sigaddset(&stop_signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
-    SyncServer *srv;
-    if (sync_server_start(&cfg, &srv) != SPES_OK) return cli_report_error();
-    printf("spes server: listening on %s:%d (%d peers, mode %s, %d experts per node)\n", cfg.host,
-           sync_server_port(srv), agg->num_peers, sync_mode_name(agg->mode), agg->experts_per_node);
+    // The status page first: "listening on" tells launchers and scripts the server is up, so
+    // nothing says it before everything that can still fail (a bad --status_bind, an empty token
+    // file) has not.
+    static _Atomic(SyncServer *) page_server;
     StatusHttp *page = NULL;
-    if (http.port >= 0 && start_status_page(&http, status_token_file, cfg.auth_token_file, srv, &page) != SPES_OK) {
-        sync_server_stop(srv);
+    if (http.port >= 0 && start_status_page(&http, status_token_file, cfg.auth_token_file, cfg.peer_tokens_file,
+                                            agg->num_peers, &page_server, &page) != SPES_OK)
+        return cli_report_error();
+    SyncServer *srv;
+    if (sync_server_start(&cfg, &srv) != SPES_OK) {
+        status_http_stop(page);
         return cli_report_error();
     }
+    atomic_store(&page_server, srv);
+    printf("spes server: listening on %s:%d (%d peers, mode %s, %d experts per node)\n", cfg.host,
+           sync_server_port(srv), agg->num_peers, sync_mode_name(agg->mode), agg->experts_per_node);
     fflush(stdout);
     int sig = 0;
     sigwait(&stop_signals, &sig);
     log_info("server: signal %d, shutting down", sig);
     status_http_stop(page);
+    atomic_store(&page_server, NULL);
     RoundsStatus st;
     rounds_status(sync_server_rounds(srv), &st);
     sync_server_stop(srv);

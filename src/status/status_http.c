@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,11 +19,25 @@
 #include "status/status_page.h"
 #include "sync/auth.h"
 
+// One open connection, for the slowloris defence (guard_new_connection). pending_since: when it
+// began waiting for a complete request (accepted, or its previous request answered); 0 while a
+// request is being answered or once it was shut down.
+typedef struct {
+    bool used;
+    int fd;
+    struct sockaddr_storage peer;
+    double pending_since;
+} Conn;
+
 struct StatusHttp {
     struct MHD_Daemon *daemon;
+    Conn *conns;                // [conn_cap], touched only by libmicrohttpd's one thread
+    unsigned conn_cap;          // libmicrohttpd's connection limit: max_connections + STATUS_HTTP_SPARE_CONNECTIONS
+    unsigned max_pending;       // max_connections
     StatusFill fill;
     void *ctx;
-    char *token;                // NULL: open
+    char **tokens;              // [n_tokens] each one lets a request in; none: open
+    int n_tokens;
     int port;
     // libmicrohttpd's messages (mhd_log), touched only by its one thread once it runs.
     double log_window_start;    // now_seconds() when the current minute began
@@ -34,6 +49,94 @@ struct StatusHttp {
 
 // No scripts, nothing from elsewhere: the page is self-contained (inline style and SVG).
 #define SECURITY_POLICY "default-src 'none'; style-src 'unsafe-inline'"
+
+static bool same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+    if (a->ss_family != b->ss_family) return false;
+    if (a->ss_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (a->ss_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+                      sizeof(struct in6_addr)) == 0;
+    return false;
+}
+
+// Ends a connection that holds a slot without finishing its request: the socket is shut down
+// here and libmicrohttpd closes it at its next look (it sees the end of the stream).
+static void evict(Conn *x) {
+    shutdown(x->fd, SHUT_RDWR);
+    x->pending_since = 0;
+}
+
+// The oldest connection waiting for a request (of host, when not NULL), or NULL.
+static Conn *oldest_pending(StatusHttp *h, const struct sockaddr_storage *host, unsigned *count) {
+    Conn *oldest = NULL;
+    *count = 0;
+    for (unsigned i = 0; i < h->conn_cap; i++) {
+        Conn *x = &h->conns[i];
+        if (!x->used || x->pending_since <= 0 || (host && !same_host(&x->peer, host))) continue;
+        ++*count;
+        if (!oldest || x->pending_since < oldest->pending_since) oldest = x;
+    }
+    return oldest;
+}
+
+// A slowloris (connections that trickle header lines, never idle for the timeout, never done)
+// must not lock out a client that sends its request at once (issue 29). Each new connection
+// first ends the waiting ones past STATUS_HTTP_REQUEST_DEADLINE_S, then its host's oldest waiting
+// one beyond STATUS_HTTP_PER_HOST_PENDING, then the oldest waiting one beyond max_connections:
+// a newcomer always gets a slot, and a request sent at once is answered long before it could be
+// the oldest. Everything runs on libmicrohttpd's one thread, so no socket is shut down after
+// libmicrohttpd closed it.
+static void guard_new_connection(StatusHttp *h, const Conn *fresh) {
+    double now = now_seconds();
+    for (unsigned i = 0; i < h->conn_cap; i++) {
+        Conn *x = &h->conns[i];
+        if (x->used && x != fresh && x->pending_since > 0 && now - x->pending_since > STATUS_HTTP_REQUEST_DEADLINE_S)
+            evict(x);
+    }
+    unsigned count;
+    Conn *oldest = oldest_pending(h, &fresh->peer, &count);
+    if (count > STATUS_HTTP_PER_HOST_PENDING && oldest) evict(oldest);
+    oldest = oldest_pending(h, NULL, &count);
+    if (count > h->max_pending && oldest) evict(oldest);
+}
+
+static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                              enum MHD_ConnectionNotificationCode code) {
+    StatusHttp *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        Conn *x = *socket_context;
+        if (x) memset(x, 0, sizeof *x);
+        *socket_context = NULL;
+        return;
+    }
+    const union MHD_ConnectionInfo *fd = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *addr = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    Conn *x = NULL;
+    for (unsigned i = 0; i < h->conn_cap && !x; i++)
+        if (!h->conns[i].used) x = &h->conns[i];
+    *socket_context = x;
+    if (!x || !fd) return;   // never: libmicrohttpd's limit is conn_cap
+    *x = (Conn){.used = true, .fd = fd->connect_fd, .pending_since = now_seconds()};
+    if (addr && addr->client_addr) {
+        socklen_t len = addr->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+        memcpy(&x->peer, addr->client_addr, len);
+    }
+    guard_new_connection(h, x);
+}
+
+// The connection's slot (notify_connection), or NULL.
+static Conn *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info ? info->socket_context : NULL;
+}
+
+// A request was answered: its connection waits for the next one (keep-alive) from now.
+static void request_completed(void *cls, struct MHD_Connection *c, void **request_state,
+                              enum MHD_RequestTerminationCode toe) {
+    Conn *x = conn_of(c);
+    if (x && x->used) x->pending_since = now_seconds();
+}
 
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned code, const char *type, char *body, size_t len) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
@@ -47,8 +150,10 @@ static enum MHD_Result send_text(struct MHD_Connection *c, unsigned code, const 
     MHD_add_response_header(r, "Content-Security-Policy", SECURITY_POLICY);
     if (code == MHD_HTTP_METHOD_NOT_ALLOWED)
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
-    if (code == MHD_HTTP_UNAUTHORIZED)
+    if (code == MHD_HTTP_UNAUTHORIZED) {
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"spes status\"");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");   // no slot kept for a caller without the token
+    }
     enum MHD_Result ok = MHD_queue_response(c, code, r);
     MHD_destroy_response(r);
     return ok;
@@ -59,19 +164,36 @@ static enum MHD_Result send_error(struct MHD_Connection *c, unsigned code, const
     return body ? send_text(c, code, "text/plain; charset=utf-8", body, strlen(body)) : MHD_NO;
 }
 
-// *by_query: the token came as ?token= (the page then keeps it on its link).
-static bool authorised(const StatusHttp *h, struct MHD_Connection *c, bool *by_query) {
-    *by_query = false;
-    if (!h->token)
+// Whether value[len] (NULs included: "T%00junk" is not "T") is one of the tokens; every token
+// is compared, in constant time, whichever matches. *which: the one that matched.
+static bool known_token(const StatusHttp *h, const char *value, size_t len, const char **which) {
+    bool found = false;
+    for (int i = 0; i < h->n_tokens; i++)
+        if (auth_equal(value, len, h->tokens[i], strlen(h->tokens[i])) && !found) {
+            found = true;
+            *which = h->tokens[i];
+        }
+    return found;
+}
+
+// *query_token: the token when it came as ?token= (the page then keeps it on its link), else NULL.
+static bool authorised(const StatusHttp *h, struct MHD_Connection *c, const char **query_token) {
+    *query_token = NULL;
+    if (h->n_tokens == 0)
         return true;
-    size_t want = strlen(h->token);
-    const char *query = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "token");
-    if (query && auth_equal(query, strlen(query), h->token, want))
-        return *by_query = true;
-    const char *header = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    const char *value, *which = NULL;
+    size_t len;
+    if (MHD_lookup_connection_value_n(c, MHD_GET_ARGUMENT_KIND, "token", 5, &value, &len) == MHD_YES && value &&
+        known_token(h, value, len, &which)) {
+        *query_token = which;
+        return true;
+    }
     static const char bearer[] = "Bearer ";
-    return header && strncasecmp(header, bearer, sizeof bearer - 1) == 0 &&   // the scheme is case-insensitive
-           auth_equal(header + sizeof bearer - 1, strlen(header + sizeof bearer - 1), h->token, want);
+    size_t skip = sizeof bearer - 1;
+    return MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION,
+                                         strlen(MHD_HTTP_HEADER_AUTHORIZATION), &value, &len) == MHD_YES &&
+           value && len >= skip && strncasecmp(value, bearer, skip) == 0 &&   // the scheme is case-insensitive
+           known_token(h, value + skip, len - skip, &which);
 }
 
 // The whole URL of each request, path and query, as libmicrohttpd received it (before it splits
@@ -96,20 +218,29 @@ static bool query_count(struct MHD_Connection *c, const char *name, int limit, i
 #define STRINGIFY_(x) #x
 #define STRINGIFY(x) STRINGIFY_(x)
 
-static char url_within_limit, url_too_long;
+static char url_within_limit, url_too_long, url_with_nul;
 static void *check_url(void *cls, const char *uri, struct MHD_Connection *c) {
-    return strlen(uri) > STATUS_HTTP_URL_BYTES ? &url_too_long : &url_within_limit;
+    if (strlen(uri) > STATUS_HTTP_URL_BYTES) return &url_too_long;
+    // A %00 would end the decoded path or value early ("/status.json%00junk" read as
+    // "/status.json"): no request of ours carries a NUL, so it is refused whole.
+    for (const char *p = strchr(uri, '%'); p; p = strchr(p + 1, '%'))
+        if (p[1] == '0' && p[2] == '0') return &url_with_nul;
+    return &url_within_limit;
 }
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                               const char *version, const char *upload_data, size_t *upload_data_size,
                               void **request_state) {
     StatusHttp *h = cls;
+    Conn *conn = conn_of(c);
+    if (conn && conn->used) conn->pending_since = 0;   // its request is complete: not a slowloris
     bool head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
     if (!head && strcmp(method, MHD_HTTP_METHOD_GET) != 0)
         return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
     if (*request_state == &url_too_long)
         return send_error(c, MHD_HTTP_URI_TOO_LONG, "URL too long\n");
+    if (*request_state == &url_with_nul)
+        return send_error(c, MHD_HTTP_BAD_REQUEST, "a NUL byte (%00) in the URL\n");
     if (*upload_data_size != 0)
         return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "no request body accepted\n");
     // A body announced by length, or chunked (Transfer-Encoding, no length): refused either way.
@@ -120,8 +251,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     bool page = strcmp(url, "/") == 0, json = strcmp(url, "/status.json") == 0;
     if (!page && !json)
         return send_error(c, MHD_HTTP_NOT_FOUND, "not found: the status server has / and /status.json\n");
-    bool by_query;
-    if (!authorised(h, c, &by_query))
+    const char *query_token;
+    if (!authorised(h, c, &query_token))
         return send_error(c, MHD_HTTP_UNAUTHORIZED, "a token is needed: Authorization: Bearer <token> or ?token=\n");
 
     StatusJsonLimits limits = STATUS_JSON_ALL;
@@ -137,7 +268,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     size_t len = 0;
     char *body = json ? status_json_render(&status, limits, &len)
-                      : status_page_render(&status, by_query ? h->token : NULL, &len);
+                      : status_page_render(&status, query_token, &len);
     run_status_free(&status);
     if (!body)
         return send_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
@@ -169,8 +300,9 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 int status_http_start(const StatusHttpConfig *cfg, StatusFill fill, void *ctx, StatusHttp **out) {
     *out = NULL;
     const char *addr = cfg->bind_addr ? cfg->bind_addr : "127.0.0.1";
-    if (cfg->token && !*cfg->token)   // "?token=" would let anyone in
-        return spes_fail("status http: the token is empty (leave it out to serve without one)");
+    for (int i = -1; i < cfg->n_tokens; i++)
+        if (i < 0 ? cfg->token && !*cfg->token : !cfg->tokens[i] || !*cfg->tokens[i])   // "?token=" would let anyone in
+            return spes_fail("status http: a token is empty (leave it out to serve without one)");
     if (cfg->port < 0 || cfg->port > 65535)
         return spes_fail("status http: port %d is not in 0..65535", cfg->port);
     struct sockaddr_storage sa;
@@ -194,16 +326,32 @@ int status_http_start(const StatusHttpConfig *cfg, StatusFill fill, void *ctx, S
     h->fill = fill;
     h->ctx = ctx;
     h->log_window_start = now_seconds();
-    if (cfg->token && !(h->token = spes_strdup(cfg->token))) {
+    h->tokens = spes_calloc((size_t)cfg->n_tokens + 2, sizeof *h->tokens);
+    if (!h->tokens) {
         free(h);
         return SPES_ERR;
     }
+    for (int i = -1; i < cfg->n_tokens; i++) {
+        const char *t = i < 0 ? cfg->token : cfg->tokens[i];
+        if (t && !(h->tokens[h->n_tokens++] = spes_strdup(t))) {
+            status_http_stop(h);
+            return SPES_ERR;
+        }
+    }
     unsigned connections = cfg->max_connections ? cfg->max_connections : STATUS_HTTP_DEFAULT_CONNECTIONS;
     unsigned timeout = cfg->timeout_s ? cfg->timeout_s : STATUS_HTTP_DEFAULT_TIMEOUT_S;
+    h->max_pending = connections;
+    h->conn_cap = connections + STATUS_HTTP_SPARE_CONNECTIONS;
+    if (!(h->conns = spes_calloc(h->conn_cap, sizeof *h->conns))) {
+        status_http_stop(h);
+        return SPES_ERR;
+    }
     h->daemon = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, handle, h, MHD_OPTION_EXTERNAL_LOGGER,
                                  mhd_log, h, MHD_OPTION_URI_LOG_CALLBACK, check_url, NULL,
                                  MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                                 MHD_OPTION_CONNECTION_LIMIT, connections, MHD_OPTION_CONNECTION_TIMEOUT, timeout,
+                                 MHD_OPTION_NOTIFY_CONNECTION, notify_connection, h, MHD_OPTION_NOTIFY_COMPLETED,
+                                 request_completed, h, MHD_OPTION_CONNECTION_LIMIT, h->conn_cap,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, timeout,
                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)STATUS_HTTP_REQUEST_BYTES, MHD_OPTION_END);
     if (!h->daemon) {
         status_http_stop(h);
@@ -223,6 +371,8 @@ void status_http_stop(StatusHttp *h) {
         return;
     if (h->daemon)
         MHD_stop_daemon(h->daemon);
-    free(h->token);
+    free(h->conns);
+    for (int i = 0; i < h->n_tokens; i++) free(h->tokens[i]);
+    free(h->tokens);
     free(h);
 }

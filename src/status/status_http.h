@@ -5,13 +5,19 @@
 // HEAD is answered like GET without the body; any other method 405, any other path 404, a
 // request body 413, a URL (path and query) longer than STATUS_HTTP_URL_BYTES 414, a request line
 // or headers larger than STATUS_HTTP_REQUEST_BYTES 414/431 (libmicrohttpd's own answer, before
-// the URL is looked at), a connection idle for timeout_s closed, more than max_connections
-// connections refused at accept. Every request asks fill() for a fresh
+// the URL is looked at), a connection idle for timeout_s closed. Slowloris (connections that
+// trickle header lines, never idle, never done): a connection that has not sent a complete request
+// within STATUS_HTTP_REQUEST_DEADLINE_S of opening (or of its previous answer) is closed at the
+// next new connection, and a new connection ends the oldest waiting one of its host beyond
+// STATUS_HTTP_PER_HOST_PENDING, and the oldest waiting one overall beyond max_connections (a
+// newcomer always gets a slot; max_connections + STATUS_HTTP_SPARE_CONNECTIONS sockets at most).
+// Every request asks fill() for a fresh
 // snapshot (the server fills it under its own lock) and frees it after rendering.
 //
-// With a token every request needs it, as `Authorization: Bearer <token>` (curl, scripts) or as
-// the query parameter `?token=<token>` (a browser: the page's links and its reload keep it);
-// without it: 401. Compared in constant time.
+// With a token (or several) every request needs one, as `Authorization: Bearer <token>` (curl,
+// scripts) or as the query parameter `?token=<token>` (a browser: the page's links and its reload
+// keep it); without it: 401 and the connection closed. Compared in constant time, whole (a %00 in
+// the URL is refused 400: it would cut a decoded value short).
 #pragma once
 #include <stdbool.h>
 
@@ -21,11 +27,16 @@
 #define STATUS_HTTP_REQUEST_BYTES (16 * 1024)
 #define STATUS_HTTP_DEFAULT_CONNECTIONS 64
 #define STATUS_HTTP_DEFAULT_TIMEOUT_S 10
+#define STATUS_HTTP_REQUEST_DEADLINE_S 5.0
+#define STATUS_HTTP_PER_HOST_PENDING 16
+#define STATUS_HTTP_SPARE_CONNECTIONS 16
 
 typedef struct {
     int port;                   // 0: any free port (status_http_port says which)
     const char *bind_addr;      // numeric IPv4 or IPv6 address; NULL: 127.0.0.1
     const char *token;          // NULL: no token needed; "" is refused
+    const char *const *tokens;  // [n_tokens] more tokens, each accepted as token is (the parameter
+    int n_tokens;               // server's per-peer tokens); none and no token: open
     unsigned max_connections;   // 0: STATUS_HTTP_DEFAULT_CONNECTIONS
     unsigned timeout_s;         // 0: STATUS_HTTP_DEFAULT_TIMEOUT_S
 } StatusHttpConfig;

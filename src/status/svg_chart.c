@@ -33,6 +33,12 @@ static ChartFrame with_legend(const ChartFrame *f, int n, double *top) {
     return g;
 }
 
+// Values beyond +-SVG_CHART_MAX_ABS are left out like NaN: the axis range of two such values
+// (1.7e308 - -1.7e308) overflows to inf and prints "nan" coordinates, and one of them would
+// squash every other series to a flat line.
+#define SVG_CHART_MAX_ABS 1e12
+static bool drawable(double v) { return fabs(v) <= SVG_CHART_MAX_ABS; }   // false for NaN too
+
 typedef struct {
     double lo, hi;              // data range (hi > lo)
     double px0, px1;            // pixel range it maps to
@@ -103,7 +109,7 @@ void svg_line_chart(TextBuf *b, const ChartFrame *f, const ChartSeries *series, 
     for (int s = 0; s < n_series; s++)
         for (int i = 0; i < series[s].n; i++) {
             double xv = series[s].x[i], yv = series[s].y[i];
-            if (!isfinite(xv) || !isfinite(yv))
+            if (!drawable(xv) || !drawable(yv))
                 continue;
             xlo = fmin(xlo, xv), xhi = fmax(xhi, xv), ylo = fmin(ylo, yv), yhi = fmax(yhi, yv);
         }
@@ -125,7 +131,7 @@ void svg_line_chart(TextBuf *b, const ChartFrame *f, const ChartSeries *series, 
             text_buf_printf(b, " stroke-dasharray=\"%s\"", svg_chart_dash(s));
         text_buf_puts(b, " points=\"");
         for (int i = 0; i < series[s].n; i++)
-            if (isfinite(series[s].x[i]) && isfinite(series[s].y[i]))
+            if (drawable(series[s].x[i]) && drawable(series[s].y[i]))
                 text_buf_printf(b, "%.1f,%.1f ", axis_map(&x, series[s].x[i]), axis_map(&y, series[s].y[i]));
         text_buf_puts(b, "\"/>");
     }
@@ -136,7 +142,7 @@ void svg_bar_chart(TextBuf *b, const ChartFrame *f, const double *values, const 
                    int n, const char *highlight_label) {
     double hi = 0;
     for (int i = 0; i < n; i++)
-        if (isfinite(values[i]))
+        if (drawable(values[i]))
             hi = fmax(hi, values[i]);
     Axis x = axis_make(0, n > 0 ? n : 1, MARGIN_LEFT, f->width - MARGIN_RIGHT);
     Axis y = axis_make(0, hi > 0 ? hi : 1, f->height - MARGIN_BOTTOM, MARGIN_TOP);
@@ -147,7 +153,7 @@ void svg_bar_chart(TextBuf *b, const ChartFrame *f, const double *values, const 
     double slot = (x.px1 - x.px0) / (n > 0 ? n : 1), bottom = axis_map(&y, 0);
     int label_every = slot >= 40 ? 1 : (int)ceil(40 / slot);
     for (int i = 0; i < n; i++) {
-        double v = isfinite(values[i]) && values[i] > 0 ? values[i] : 0, top = axis_map(&y, v);
+        double v = drawable(values[i]) && values[i] > 0 ? values[i] : 0, top = axis_map(&y, v);
         text_buf_printf(b, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\">"
                            "<title>step %d: %.3g</title></rect>",
                         x.px0 + i * slot + slot * 0.1, top, slot * 0.8, bottom - top,

@@ -1,6 +1,7 @@
 // Small inline SVG charts for the status page, drawn by the server so the page needs no
 // JavaScript and no network: a line chart (one polyline per series, shared axes, a legend) and
-// a bar chart. Values that are not finite are left out. Every id and label is HTML-escaped.
+// a bar chart. Values that are not finite or beyond +-1e12 (SVG_CHART_MAX_ABS in svg_chart.c:
+// their range would overflow) are left out. Every id and label is HTML-escaped.
 #pragma once
 #include <stdbool.h>
 

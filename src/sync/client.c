@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "base/alloc.h"
@@ -27,6 +29,7 @@ struct SyncClient {
     SyncStats stats;
     grpc_status_code last_status;
     Rng jitter;                     // retry delays: peers restarting together do not retry in lockstep
+    uint64_t instance_id;           // this process's random id, sent with every call (proto HelloRequest)
     grpc_metadata auth;             // authorization: Bearer <token>
     size_t n_metadata;              // 1 with a token, else 0
     char **server_encodings;        // from HelloResponse.encodings
@@ -101,6 +104,10 @@ int sync_client_create(const SyncClientConfig *cfg, SyncClient **out) {
     }
     c->cfg.server_addr = c->addr;
     rng_seed(&c->jitter, (uint64_t)now_seconds() * 1000003u + (uint64_t)cfg->peer_id);
+    // Random, never 0 (0 on the wire means "not stated"); the clock and pid only if getrandom fails.
+    if (getrandom(&c->instance_id, sizeof c->instance_id, 0) != (ssize_t)sizeof c->instance_id)
+        c->instance_id = (uint64_t)(now_seconds() * 1e9) ^ ((uint64_t)getpid() << 32);
+    if (c->instance_id == 0) c->instance_id = 1;
     c->chunk_size = cfg->chunk_size ? cfg->chunk_size : SYNC_DEFAULT_CHUNK_SIZE;
     grpc_init();
     grpc_channel_credentials *creds = NULL;
@@ -308,6 +315,7 @@ static const DeltaCodec *delta_codec_of(const SyncClient *c) {
 
 int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     HelloRequest req = HELLO_REQUEST__INIT;
+    req.instance_id = c->instance_id;
     req.peer_id = c->cfg.peer_id;
     req.num_peers = c->cfg.num_peers;
     req.experts_per_node = c->cfg.experts_per_node;
@@ -430,6 +438,7 @@ static grpc_status_code upload_once(SyncClient *c, int step, const uint8_t *byte
     int n_points = points && point_ptrs ? pending_metrics(c, points, point_ptrs) : 0;
     for (size_t i = 0; sending && i < n_chunks; i++) {
         UploadChunkRequest m = UPLOAD_CHUNK_REQUEST__INIT;
+        m.instance_id = c->instance_id;
         if (i == 0) {   // the steps logged since the last upload ride on the first message
             m.n_metrics = (size_t)n_points;
             m.metrics = point_ptrs;
@@ -528,6 +537,7 @@ static int wait_ready(SyncClient *c, int step, const ViewAsk *ask, int64_t *tota
                 "server %s: the aggregate of step %d was not ready after %.0f s (a peer missing? see `Status`)",
                 c->addr, step, c->cfg.wait_timeout_s);
         WaitAggregateRequest req = WAIT_AGGREGATE_REQUEST__INIT;
+        req.instance_id = c->instance_id;
         req.peer_id = c->cfg.peer_id;
         req.step = step;
         req.timeout_ms = (int32_t)(left < 25.0 ? left * 1000 : 25000);
@@ -557,6 +567,7 @@ static int wait_ready(SyncClient *c, int step, const ViewAsk *ask, int64_t *tota
 
 static DownloadChunkRequest chunk_request(const SyncClient *c, int step, int chunk, const ViewAsk *ask) {
     DownloadChunkRequest req = DOWNLOAD_CHUNK_REQUEST__INIT;
+    req.instance_id = c->instance_id;
     req.peer_id = c->cfg.peer_id;
     req.step = step;
     req.chunk_id = chunk;
@@ -697,12 +708,56 @@ static void rounds_from_status(const StatusResponse *resp, RoundsStatus *out) {
     if (resp->mode && sync_mode_parse(resp->mode, &out->mode) != SPES_OK) spes_clear_error();
 }
 
+// Whether a Status answer can be a server's (counters not negative, peers within the run and
+// SYNC_MAX_STATUS_PEERS, steps >= -1, times finite): a hostile or broken server must not make a
+// caller print gigabytes (total_peers 2^31-1) or absurd counters. Names the first bad field.
+static int status_sane(const SyncClient *c, const StatusResponse *r) {
+    const char *bad = NULL;
+    long long value = 0;
+    double real = 0;
+    int64_t P = r->total_peers;
+#define CHECK_INT(cond, field) \
+    if (!bad && !(cond)) bad = #field, value = (long long)r->field
+    CHECK_INT(r->total_peers >= 0 && r->total_peers <= SYNC_MAX_STATUS_PEERS, total_peers);
+    CHECK_INT(r->rounds_completed >= 0, rounds_completed);
+    CHECK_INT(r->rounds_partial >= 0 && r->rounds_partial <= r->rounds_completed, rounds_partial);
+    CHECK_INT(r->bytes_received >= 0, bytes_received);
+    CHECK_INT(r->bytes_sent >= 0, bytes_sent);
+    CHECK_INT(r->uploads_rejected >= 0, uploads_rejected);
+    CHECK_INT(r->open_step >= -1, open_step);
+    CHECK_INT(r->last_aggregate_step >= -1, last_aggregate_step);
+    CHECK_INT(r->last_round_peers >= 0 && r->last_round_peers <= P, last_round_peers);
+    CHECK_INT(r->n_peers_uploaded <= (size_t)P, n_peers_uploaded);
+    CHECK_INT(r->n_peers <= (size_t)P, n_peers);
+#undef CHECK_INT
+    for (size_t i = 0; !bad && i < r->n_peers_uploaded; i++)
+        if (r->peers_uploaded[i] < 0 || r->peers_uploaded[i] >= P) bad = "peers_uploaded[]", value = r->peers_uploaded[i];
+    if (!bad && !(r->last_aggregate_seconds >= 0 && r->last_aggregate_seconds < 1e9))
+        bad = "last_aggregate_seconds", real = r->last_aggregate_seconds;
+    for (size_t i = 0; !bad && i < r->n_peers; i++) {
+        const PeerState *st = r->peers[i];
+        if (st->peer_id < 0 || st->peer_id >= P) bad = "peers[].peer_id", value = st->peer_id;
+        else if (st->last_upload_step < -1) bad = "peers[].last_upload_step", value = st->last_upload_step;
+        else if (!(st->last_seen_unix >= 0 && st->last_seen_unix < 1e11)) bad = "peers[].last_seen_unix", real = st->last_seen_unix;
+    }
+    if (!bad) return SPES_OK;
+    if (real != 0 || strstr(bad, "seconds") || strstr(bad, "unix"))
+        return spes_fail("server %s: its Status cannot be right: %s %g", c->addr, bad, real);
+    return spes_fail("server %s: its Status cannot be right: %s %lld", c->addr, bad, value);
+}
+
+// The Status call, bounded by the client's call timeout (spes status --timeout) and at most 30 s.
 static StatusResponse *status_call(SyncClient *c) {
     StatusRequest req = STATUS_REQUEST__INIT;
     StatusResponse *resp = NULL;
-    if (unary(c, "/FederatedServer/Status", &req.base, &status_response__descriptor, (ProtobufCMessage **)&resp, 30) !=
-        GRPC_STATUS_OK)
+    double timeout = c->cfg.call_timeout_s > 0 && c->cfg.call_timeout_s < 30 ? c->cfg.call_timeout_s : 30;
+    if (unary(c, "/FederatedServer/Status", &req.base, &status_response__descriptor, (ProtobufCMessage **)&resp,
+              timeout) != GRPC_STATUS_OK)
         return NULL;
+    if (status_sane(c, resp) != SPES_OK) {
+        status_response__free_unpacked(resp, NULL);
+        return NULL;
+    }
     return resp;
 }
 
@@ -740,9 +795,9 @@ int sync_client_run_status(SyncClient *c, RunStatus *out) {
         ps->liveness = liveness_from_name(st->liveness);
         ps->last_seen_unix = st->last_seen_unix;
         ps->last_upload_step = st->last_upload_step;
-        if (st->latest) {
+        if (st->latest) {   // a point no server keeps is not shown
             ps->points[0] = wire_metrics_from_proto(st->latest);
-            ps->num_points = 1;
+            ps->num_points = peer_metric_point_problem(&ps->points[0], INT64_MAX) ? 0 : 1;
         }
     }
     status_response__free_unpacked(resp, NULL);

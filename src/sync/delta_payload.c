@@ -11,6 +11,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "sync/model_spec.h"
 
 // zstd level of the int4 codes: level 1 shrinks them as much as 3 or 9 do (measured on the payloads
 // of a 4-peer run: 0.758 / 0.756 / 0.756 of the packed bytes), at the least CPU.
@@ -189,8 +190,9 @@ int delta_payload_decode(const DeltaCodec *c, const SafeTensors *st, const char 
                          strncmp(why, "scale", 5) == 0 ? "block" : "flat index", where);
     delta_reconstruct(base, q_codes, scales, numel, out);
     for (size_t i = 0; i < numel; i++)
-        if (!isfinite(out[i]))
-            return spes_fail("%s: tensor '%s': the reconstruction (base + change) is not finite at flat index %zu", what,
-                             name, i);
+        if (!(fabsf(out[i]) <= SYNC_MAX_WEIGHT))   // also NaN
+            return spes_fail("%s: tensor '%s': the reconstruction (base + change) is %g at flat index %zu, not within "
+                             "+-%g (the largest weight a sync payload may carry; no healthy peer sends it)",
+                             what, name, (double)out[i], i, (double)SYNC_MAX_WEIGHT);
     return SPES_OK;
 }

@@ -40,7 +40,8 @@ int delta_payload_serialize(const DeltaCodec *c, const DeltaTensor *tensors, int
 int delta_payload_kind(const SafeTensors *st, const char *what, const DeltaCodec **codec, int *base_step);
 
 // The encoded tensor `name` (ndim/shape from the model) checked and reconstructed:
-// out[numel] = base + q * s (delta_reconstruct); every value of out must be finite. Errors name
+// out[numel] = base + q * s (delta_reconstruct); every value of out must be finite
+// and within +-SYNC_MAX_WEIGHT (model_spec.h). Errors name
 // `what`, the tensor and what is wrong (missing, dtype, shape, int4's zstd frame (not one, or of
 // another size), block count, bad scale, -128 / -8, a non-zero padding nibble, non-finite result). Scratch: scales
 // delta_blocks(numel) floats, codes numel bytes (int4's unpacked codes; unused for int8).

@@ -1,6 +1,7 @@
 // The peer's side of an int8 run (see delta_peer.h).
 #include "sync/delta_peer.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,6 +9,7 @@
 #include "base/error.h"
 #include "sync/delta_codec.h"
 #include "sync/delta_payload.h"
+#include "sync/model_spec.h"
 
 int delta_peer_init(DeltaPeer *p, const DeltaCodec *codec, const DeltaPeerTensor *tensors, int count, size_t total) {
     memset(p, 0, sizeof *p);
@@ -93,6 +95,26 @@ void delta_peer_sent_full(DeltaPeer *p, const float *params) {
 }
 
 void delta_peer_commit(DeltaPeer *p) { memcpy(p->residual, p->residual_next, p->sent_total * sizeof(float)); }
+
+float delta_peer_residual_bound(const DeltaCodec *c) {
+    return 1.01f * 2.0f * SYNC_MAX_WEIGHT / (float)(2 * c->qmax - 1);
+}
+
+int delta_peer_check_residual(const DeltaPeer *p, const char *what) {
+    float bound = delta_peer_residual_bound(p->codec);
+    for (int t = 0; t < p->count; t++) {
+        const DeltaPeerTensor *x = &p->tensors[t];
+        if (!x->sent) continue;
+        const float *e = p->residual + p->sent_at[t];
+        for (size_t i = 0; i < x->numel; i++)
+            if (!(fabsf(e[i]) <= bound))   // also NaN
+                return spes_fail("%s: the %s error feedback of tensor '%s' is %g at flat index %zu, beyond %g (half a "
+                                 "quantisation step of the largest change a healthy peer sends): the file is damaged; "
+                                 "remove it to restart the error feedback from zero",
+                                 what, p->codec->name, x->name, (double)e[i], i, (double)bound);
+    }
+    return SPES_OK;
+}
 
 int delta_peer_apply_delta(DeltaPeer *p, const SafeTensors *st, bool own_omitted, int step, float *params,
                           const char *what) {

@@ -48,6 +48,16 @@ void delta_peer_sent_full(DeltaPeer *p, const float *params);
 // The upload was taken: its residual becomes the one carried forward.
 void delta_peer_commit(DeltaPeer *p);
 
+// The largest error-feedback value a healthy peer carries. By construction |e'| <= s / 2 with
+// s = max|d| / qmax and d = (w - base) + e, where w and base are weights within +-SYNC_MAX_WEIGHT
+// (the server refuses others): by induction from e = 0, |e| <= 2 SYNC_MAX_WEIGHT / (2 qmax - 1),
+// plus 1% for int4's bf16 scale rounding. About 523 for int8, 10178 for int4.
+float delta_peer_residual_bound(const DeltaCodec *c);
+// Checks the residual restored from a checkpoint (p->residual): every value finite and within
+// delta_peer_residual_bound. A damaged one would poison the next upload and, through the server's
+// aggregate, every peer. Errors name `what`, the tensor and the flat index.
+int delta_peer_check_residual(const DeltaPeer *p, const char *what);
+
 // Applies a delta view (the peer's codec) of the aggregate of `step` (against base_step) to the base: every
 // tensor decoded and checked (delta_payload_decode), own experts (when own_omitted) completed as
 // the server computed them from our upload. On success the base is the new aggregate and is

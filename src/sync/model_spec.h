@@ -9,6 +9,12 @@
 
 #include "io/safetensors.h"
 
+// The largest weight magnitude a sync payload may carry (uploads, aggregates, deltas decoded):
+// fp16's largest finite value. A model must still run with fp16 compute copies (device: cuda,
+// fp16 with loss scaling) and healthy training stays orders of magnitude below it, so a value
+// beyond it comes from a damaged or hostile peer; taking it would poison every peer's weights.
+#define SYNC_MAX_WEIGHT 65504.0f
+
 typedef enum { SYNC_MODE_SPES = 0, SYNC_MODE_FEDAVG } SyncMode;
 const char *sync_mode_name(SyncMode mode);            // "spes" | "fedavg"
 int sync_mode_parse(const char *name, SyncMode *out);

@@ -107,15 +107,21 @@ void peer_watch_uploaded(PeerWatch *w, int peer, int step) {
     pthread_mutex_unlock(&w->mu);
 }
 
-// Why a point cannot be kept, or NULL when it can.
-static const char *point_problem(const PeerMetricPoint *pt) {
+const char *peer_metric_point_problem(const PeerMetricPoint *pt, int64_t max_step) {
     const double values[] = {pt->loss, pt->ce, pt->lb, pt->tokens_per_s, pt->mfu, pt->device_mem_mb, pt->route_min, pt->route_max};
     for (size_t i = 0; i < sizeof values / sizeof *values; i++)
         if (!isfinite(values[i])) return "a value that is not finite";
     if (pt->step < 0) return "a negative step";
+    // Beyond any step the run takes uploads for: bogus, and kept it would make every real point
+    // after it look like a resend (a frozen curve).
+    if (pt->step > max_step) return "a step beyond the run's";
     if (pt->tokens_per_s < 0 || pt->device_mem_mb < 0 || pt->route_min < 0 || pt->route_max < 0)
         return "a negative throughput, memory or routing ratio";
     if (pt->mfu < 0 || pt->mfu > 1e3) return "an mfu outside [0, 1000]";
+    // Losses are a few units (ln of the vocabulary at start): 1e6 is no training's; a hostile
+    // +-1.7e308 would squash every other peer's curve on the page.
+    if (fabs(pt->loss) > PEER_MAX_LOSS || fabs(pt->ce) > PEER_MAX_LOSS || fabs(pt->lb) > PEER_MAX_LOSS)
+        return "a loss beyond +-1e6";
     return NULL;
 }
 
@@ -124,7 +130,7 @@ static int64_t newest_step(const WatchedPeer *wp) {
     return wp->points[(wp->head + wp->count - 1) % RUN_STATUS_POINTS].step;
 }
 
-int peer_watch_metrics(PeerWatch *w, int peer, const PeerMetricPoint *points, int n) {
+int peer_watch_metrics(PeerWatch *w, int peer, int64_t max_step, const PeerMetricPoint *points, int n) {
     if (peer < 0 || peer >= w->num_peers || n <= 0) return 0;
     int first = n > SYNC_MAX_METRIC_POINTS ? n - SYNC_MAX_METRIC_POINTS : 0;
     int taken = 0, ignored = first;
@@ -133,7 +139,7 @@ int peer_watch_metrics(PeerWatch *w, int peer, const PeerMetricPoint *points, in
     pthread_mutex_lock(&w->mu);
     WatchedPeer *wp = &w->peers[peer];
     for (int i = first; i < n; i++) {
-        const char *problem = point_problem(&points[i]);
+        const char *problem = peer_metric_point_problem(&points[i], max_step);
         if (!problem && points[i].step <= newest_step(wp)) continue;   // a resend (retried upload)
         if (problem) {
             if (!why) {

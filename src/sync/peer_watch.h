@@ -56,12 +56,18 @@ double peer_watch_now(void);
 void peer_watch_seen(PeerWatch *w, int peer);
 // peer's upload for step was accepted.
 void peer_watch_uploaded(PeerWatch *w, int peer, int step);
-// Metric points peer reported (oldest first). Points at or before the newest kept step are
-// resends (a retried upload) and skipped; points with a negative step or a value that is not
-// finite (or out of its range: negative throughput, memory or routing ratios, mfu outside
-// [0, 1e3]) are ignored with one log line per call; more than SYNC_MAX_METRIC_POINTS: the
-// newest kept. Returns the number of points taken.
-int peer_watch_metrics(PeerWatch *w, int peer, const PeerMetricPoint *points, int n);
+// Metric points peer reported (oldest first) with an accepted upload (the server hands them over
+// only once the upload is taken). Points at or before the newest kept step are resends (a retried
+// upload) and skipped; points with a negative step, a step beyond max_step (the highest step the
+// run takes uploads for, rounds_step_limit: an overlapped peer logs a few steps past its upload's
+// before it goes), or a value that is not finite (or out of its range: negative throughput, memory or
+// routing ratios, mfu outside [0, 1e3], a loss beyond +-PEER_MAX_LOSS) are ignored with one log line per call; more than
+// SYNC_MAX_METRIC_POINTS: the newest kept. Returns the number of points taken.
+int peer_watch_metrics(PeerWatch *w, int peer, int64_t max_step, const PeerMetricPoint *points, int n);
+// The largest loss magnitude (loss, ce, lb) a metric point may carry.
+#define PEER_MAX_LOSS 1e6
+// Why a metric point cannot be kept or shown (the rules of peer_watch_metrics), or NULL when it can.
+const char *peer_metric_point_problem(const PeerMetricPoint *pt, int64_t max_step);
 
 // A round was aggregated (rounds_completed grows): its record goes into the history (the oldest
 // dropped when full). included[P] the peers in it (NULL: every peer).

@@ -75,7 +75,8 @@ void log_refusal(const char *what) {
 }
 
 int rounds_create(const RoundsConfig *cfg, Rounds **out) {
-    if (cfg->keep_steps < 1) return spes_fail("server: keep_steps must be >= 1 (got %d)", cfg->keep_steps);
+    if (cfg->keep_steps < 1 || cfg->keep_steps > STATE_MAX_KEPT)
+        return spes_fail("server: keep_steps must be in [1, %d] (got %d)", STATE_MAX_KEPT, cfg->keep_steps);
     if (cfg->max_open_rounds < 1) return spes_fail("server: max_open_rounds must be >= 1");
     if (cfg->round_timeout_s < 0 || cfg->min_peers < 0 || cfg->min_peers > cfg->agg.num_peers)
         return spes_fail("server: --round_timeout must be >= 0 and --min_peers in [1, total_peers %d] (got %g, %d)",
@@ -112,7 +113,8 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     pthread_condattr_destroy(&attr);
     r->open = spes_calloc((size_t)cfg->max_open_rounds, sizeof(OpenRound));
     r->kept = spes_calloc((size_t)cfg->keep_steps, sizeof(AggregateBlob *));
-    if (!r->open || !r->kept) {
+    r->instance = spes_calloc((size_t)cfg->agg.num_peers + 1, sizeof *r->instance);
+    if (!r->open || !r->kept || !r->instance) {
         rounds_destroy(r);
         return SPES_ERR;
     }
@@ -169,6 +171,7 @@ void rounds_destroy(Rounds *r) {
     free(r->spare);
     free(r->open);
     free(r->kept);
+    free(r->instance);
     free(r->header);
     free(r->tensor_offset);
     model_spec_free(&r->spec);
@@ -188,42 +191,34 @@ void rounds_destroy(Rounds *r) {
 // so no real memory is read), keeps its header bytes and each tensor's data offset. Every
 // round then writes the header and aggregates straight into the data region.
 static int plan_aggregate_layout(Rounds *r) {
+    // From the header alone: the data follows it, tensors back to back in spec order. A Hello of
+    // a few hundred bytes may declare any size, so nothing model-sized is allocated here (issue 29).
     const ModelSpec *spec = &r->spec;
-    size_t largest = 0, elem = dtype_size(r->payload_dtype);
-    for (int t = 0; t < spec->count; t++)
-        if (spec->tensors[t].numel * elem > largest) largest = spec->tensors[t].numel * elem;
-    StWriteTensor *w = spes_calloc((size_t)spec->count, sizeof *w);
-    void *zeros = spes_calloc(largest ? largest : 1, 1);
-    r->tensor_offset = spes_calloc((size_t)spec->count, sizeof(size_t));
-    int rc = w && zeros && r->tensor_offset ? SPES_OK : SPES_ERR;
+    size_t elem = dtype_size(r->payload_dtype);
+    StWriteTensor *w = spes_calloc((size_t)spec->count + 1, sizeof *w);
+    r->tensor_offset = spes_calloc((size_t)spec->count + 1, sizeof(size_t));
+    int rc = w && r->tensor_offset ? SPES_OK : SPES_ERR;
     for (int t = 0; rc == SPES_OK && t < spec->count; t++) {
         w[t].name = spec->tensors[t].name;
         w[t].dtype = r->payload_dtype;
         w[t].ndim = spec->tensors[t].ndim;
         memcpy(w[t].shape, spec->tensors[t].shape, sizeof w[t].shape);
-        w[t].data = zeros;
     }
-    uint8_t *image = NULL;
-    size_t len = 0;
-    if (rc == SPES_OK) rc = safetensors_serialize(w, spec->count, NULL, NULL, 0, &image, &len);
-    SafeTensors parsed;
-    if (rc == SPES_OK) rc = safetensors_parse(image, len, "aggregate layout", &parsed);
+    char *header = NULL;
+    size_t header_len = 0, data_len = 0;
+    if (rc == SPES_OK) rc = safetensors_build_header(w, spec->count, NULL, NULL, 0, &header, &header_len, &data_len);
     if (rc == SPES_OK) {
-        r->header_len = len;
+        size_t at = header_len;
         for (int t = 0; t < spec->count; t++) {
-            const StTensor *x = safetensors_find(&parsed, spec->tensors[t].name);
-            r->tensor_offset[t] = (size_t)(x->data - image);
-            if (r->tensor_offset[t] < r->header_len) r->header_len = r->tensor_offset[t];
+            r->tensor_offset[t] = at;
+            at += spec->tensors[t].numel * elem;
         }
-        if (spec->count == 0) r->header_len = len;
-        safetensors_close(&parsed);
-        r->aggregate_len = len;
-        r->header = spes_malloc(r->header_len);
-        if (r->header) memcpy(r->header, image, r->header_len);
-        else rc = SPES_ERR;
+        r->header_len = header_len;
+        r->aggregate_len = header_len + data_len;
+        r->header = (uint8_t *)header;
+        header = NULL;
     }
-    free(image);
-    free(zeros);
+    free(header);
     free(w);
     return rc;
 }
@@ -253,8 +248,11 @@ RoundsResult rounds_adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, 
     const char *payload_name = delta ? delta->wire : dtype_name(payload_dtype);
     if (aggregate_config_check(&r->cfg.agg, spec) != SPES_OK) return ROUNDS_MISMATCH;
     if (persist && r->cfg.state_dir &&
-        state_save_spec(r->cfg.state_dir, &r->cfg.agg, &r->cfg.outer, spec, payload_name) != SPES_OK)
-        return ROUNDS_INTERNAL;
+        state_save_spec(r->cfg.state_dir, &r->cfg.agg, &r->cfg.outer, spec, payload_name) != SPES_OK) {
+        log_error("server: cannot write the model spec to the state dir: %s", spes_last_error());
+        spes_fail_context("the server cannot store the run's spec now (retry later)");
+        return ROUNDS_STORAGE;   // peers retry the Hello
+    }
     r->spec = *spec;
     model_spec_init(spec);
     r->wire_dtype = payload_dtype;
@@ -274,6 +272,30 @@ RoundsResult rounds_adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, 
         r->spec.count, r->spec.total_numel, r->spec.num_experts, r->spec.num_moe_layers, payload_name,
         (unsigned long long)r->spec.fingerprint);
     return ROUNDS_OK;
+}
+
+RoundsResult rounds_peer_instance(Rounds *r, int peer, uint64_t instance, bool hello, const char *what) {
+    if (instance == 0 || peer < 0 || peer >= r->cfg.agg.num_peers) return ROUNDS_OK;   // not stated; bad ids: refused elsewhere
+    pthread_mutex_lock(&r->mu);
+    uint64_t holder = r->instance[peer];
+    RoundsResult code = ROUNDS_OK;
+    if (holder == 0 || holder == instance) {
+        r->instance[peer] = instance;
+    } else if (hello) {
+        r->instance[peer] = instance;
+        log_warn("server: peer %d: a new process (instance %016llx) said Hello and now holds the peer_id; the calls of "
+                 "the previous one (instance %016llx) are refused from now on (a restarted peer, or two processes "
+                 "sharing a peer_id)",
+                 peer, (unsigned long long)instance, (unsigned long long)holder);
+    } else {
+        code = rounds_fail(ROUNDS_MISMATCH,
+                           "%s from peer %d refused: another process (instance %016llx) said Hello as peer %d after this "
+                           "one (instance %016llx) and holds the peer_id now; two live processes must not share a "
+                           "peer_id (give each its own spes_config.peer_id)",
+                           what, peer, (unsigned long long)holder, peer, (unsigned long long)instance);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return code;
 }
 
 RoundsResult rounds_hello_settings(const Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode,
@@ -511,6 +533,13 @@ static RoundsResult too_far_ahead(Rounds *r, int peer, int step) {
                        peer, step, (long long)limit);
 }
 
+int64_t rounds_step_limit(Rounds *r, int step) {
+    pthread_mutex_lock(&r->mu);
+    int64_t limit = step_limit(r, step);
+    pthread_mutex_unlock(&r->mu);
+    return limit;
+}
+
 RoundsResult rounds_upload_start(Rounds *r, int peer, int step, size_t *cap) {
     int P = r->cfg.agg.num_peers;
     *cap = 0;
@@ -611,20 +640,27 @@ RoundsResult rounds_store_upload(Rounds *r, int peer, int step, size_t len, Open
     return ROUNDS_OK;
 }
 
+// An upload the upload dir cannot take now (its file could not be written: a full disk):
+// ROUNDS_STORAGE, which peers retry; the message keeps the system's reason.
+static RoundsResult storage_failed(int peer, int step) {
+    spes_fail_context("upload from peer %d for step %d: the server cannot store it now (nothing of it was kept; retry "
+                      "later)",
+                      peer, step);
+    return ROUNDS_STORAGE;
+}
+
 RoundsResult rounds_upload_begin(Rounds *r, int peer, int step, RoundsUpload *up) {
     memset(up, 0, sizeof *up);
     up->file.fd = -1;
     up->peer = peer;
     up->step = step;
     if (state_upload_open(r->upload_dir, step, peer, &up->file) != SPES_OK)
-        return rounds_fail(ROUNDS_INTERNAL, "upload from peer %d for step %d: %s", peer, step, spes_last_error());
+        return storage_failed(peer, step);
     return ROUNDS_OK;
 }
 
 RoundsResult rounds_upload_append(RoundsUpload *up, const void *data, size_t len) {
-    if (state_upload_append(&up->file, data, len) != SPES_OK)
-        return rounds_fail(ROUNDS_INTERNAL, "upload from peer %d for step %d: %s", up->peer, up->step,
-                           spes_last_error());
+    if (state_upload_append(&up->file, data, len) != SPES_OK) return storage_failed(up->peer, up->step);
     return ROUNDS_OK;
 }
 
@@ -662,12 +698,7 @@ static RoundsResult check_upload_file(Rounds *r, int peer, int step, const Mappe
             w.data = u->data + at * elem;
             w.numel = u->numel - at < per ? u->numel - at : per;
             w.nbytes = w.numel * elem;
-            size_t bad = upload_first_non_finite(&w);
-            if (bad < w.numel) {
-                spes_fail("upload from peer %d: tensor '%s' has a non-finite value (NaN or Inf) at flat index %zu",
-                          peer, u->name, at + bad);
-                code = ROUNDS_BAD_REQUEST;
-            }
+            if (upload_check_values(&w, at, peer, u->name) != SPES_OK) code = ROUNDS_BAD_REQUEST;
             rounds_drop_pages(mf, w.data, w.nbytes);
         }
     }
@@ -692,11 +723,11 @@ RoundsResult rounds_upload_finish(Rounds *r, RoundsUpload *up) {
             r, rounds_fail(ROUNDS_BAD_REQUEST, "upload from peer %d: step %d is negative", peer, step), up);
     size_t len = up->file.len;
     MappedFile mf;
-    if (file_map(up->file.temp_path, &mf) != SPES_OK)
-        return reject_upload(r,
-                             rounds_fail(ROUNDS_INTERNAL, "upload from peer %d for step %d: %s", peer, step,
-                                         spes_last_error()),
-                             up);
+    if (file_map(up->file.temp_path, &mf) != SPES_OK) {
+        // spes_fail_context, not rounds_fail("%s", spes_last_error()): that formats the message into itself
+        spes_fail_context("upload from peer %d for step %d", peer, step);
+        return reject_upload(r, ROUNDS_INTERNAL, up);
+    }
 
     pthread_mutex_lock(&r->mu);
     RoundsResult code = r->closing ? ROUNDS_CLOSING : ROUNDS_OK;
@@ -715,9 +746,7 @@ RoundsResult rounds_upload_finish(Rounds *r, RoundsUpload *up) {
     // aggregates. A file that loses a race with the round's completion below is a leftover of a
     // completed step, removed at the next start (or with the spool).
     if (!round_accepts(r, peer, step, &code) || state_upload_commit(&up->file) != SPES_OK) {
-        if (code == ROUNDS_OK)
-            code = rounds_fail(ROUNDS_INTERNAL, "upload from peer %d for step %d: %s", peer, step,
-                               spes_last_error());
+        if (code == ROUNDS_OK) code = storage_failed(peer, step);
         return reject_upload(r, code, up);
     }
     OpenRound *round;
@@ -749,6 +778,10 @@ static OpenRound *overdue_round(Rounds *r, int step, double *due) {
     for (int i = 0; i < r->cfg.max_open_rounds; i++)
         if (r->open[i].step == step) round = &r->open[i];
     if (!round || round->aggregating) return NULL;
+    if (round->retry_at > 0 && now_seconds() < round->retry_at) {   // its aggregate failed to persist
+        *due = round->retry_at;
+        return NULL;
+    }
     bool have_earlier = false;
     for (int i = 0; i < r->cfg.keep_steps; i++) have_earlier |= r->kept[i] && r->kept[i]->step < step;
     RoundWait wait = {.round_timeout_s = r->cfg.round_timeout_s, .opened_at = round->opened_at, .now = now_seconds(),
@@ -781,6 +814,26 @@ static struct timespec monotonic_at(double seconds) {
     return ts;
 }
 
+// The open round of step if every peer's upload is in but its aggregate failed to persist and
+// the retry is due, frozen for the caller to aggregate again; else NULL, and *due says when to
+// look again (0: nothing to retry). Under r->mu.
+static OpenRound *stalled_round(Rounds *r, int step, double *due) {
+    *due = 0;
+    for (int i = 0; i < r->cfg.max_open_rounds; i++) {
+        OpenRound *round = &r->open[i];
+        if (round->step != step || round->aggregating || round->retry_at <= 0 ||
+            round->num_uploaded != r->cfg.agg.num_peers)
+            continue;
+        if (now_seconds() < round->retry_at) {
+            *due = round->retry_at;
+            return NULL;
+        }
+        round->aggregating = true;
+        return round;
+    }
+    return NULL;
+}
+
 // The kept aggregate of step with a reference, or NULL. Under r->mu.
 AggregateBlob *rounds_find_kept(Rounds *r, int step) {
     for (int i = 0; i < r->cfg.keep_steps; i++)
@@ -808,16 +861,18 @@ RoundsResult rounds_get(Rounds *r, int step, double timeout_s, AggregateBlob **o
             code = rounds_fail(ROUNDS_CLOSING, "server is shutting down");
             break;
         }
-        double due;
-        OpenRound *late = overdue_round(r, step, &due);
-        if (late) {   // this waiter closes the round with the peers that arrived
+        double due, retry_due;
+        OpenRound *stalled = stalled_round(r, step, &retry_due);
+        OpenRound *late = stalled ? stalled : overdue_round(r, step, &due);
+        if (late) {   // this waiter closes the round (with the peers that arrived), or retries its write
             pthread_mutex_unlock(&r->mu);
             code = rounds_complete_round(r, late, -1);
             pthread_mutex_lock(&r->mu);
             if (code == ROUNDS_OK) continue;
-            log_warn("server: step %d: partial aggregation failed: %s", step, spes_last_error());
+            log_warn("server: step %d: aggregation failed: %s", step, spes_last_error());
             break;
         }
+        if (retry_due > 0 && (due <= 0 || retry_due < due)) due = retry_due;
         double wake = due > 0 && due < until ? due : until;
         if (timeout_s <= 0) break;
         struct timespec at = monotonic_at(wake);
@@ -878,9 +933,10 @@ RoundsResult rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsV
             safetensors_close(&st);
         }
         free(keep);
-        if (rc != SPES_OK)
-            code = rounds_fail(ROUNDS_INTERNAL, "download of step %d for peer %d: %s", blob->step, peer,
-                               spes_last_error());
+        if (rc != SPES_OK) {
+            spes_fail_context("download of step %d for peer %d", blob->step, peer);
+            code = ROUNDS_INTERNAL;
+        }
     }
     pthread_mutex_unlock(&r->mu);
     *view = code == ROUNDS_OK ? v : NULL;

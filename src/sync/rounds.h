@@ -38,7 +38,8 @@ typedef enum {
     ROUNDS_NOT_KEPT,            // the step was aggregated but its aggregate is no longer kept
     ROUNDS_NO_ROOM,             // too many open rounds, or out of memory
     ROUNDS_CLOSING,             // the server is shutting down
-    ROUNDS_INTERNAL,            // the server's own failure (disk, memory)
+    ROUNDS_STORAGE,             // the upload or state dir cannot be written now (a full disk): retry later
+    ROUNDS_INTERNAL,            // the server's own failure (memory, a file it wrote that reads back bad)
 } RoundsResult;
 
 // Leaves the message (printf-style, like spes_fail) and returns result.
@@ -78,6 +79,10 @@ typedef struct {
 
 // Stragglers (--round_timeout): sync/round_deadline.h.
 
+// A round whose aggregate could not be written to the state dir (a full disk) keeps its uploads
+// and is written again by a waiting peer's call every this many seconds.
+#define ROUNDS_PERSIST_RETRY_S 2.0
+
 typedef struct {
     int step;
     uint8_t *bytes;             // the aggregate as safetensors bytes
@@ -91,6 +96,7 @@ typedef struct {
     uint8_t *delta;
     size_t delta_len;
     int delta_base;
+    uint32_t crc32c, delta_crc32c;   // state_checksum of bytes and delta, recorded in rounds.json
 } AggregateBlob;
 
 typedef struct {
@@ -140,6 +146,18 @@ OuterOptConfig rounds_outer_config(const Rounds *r);
 // Results: ROUNDS_OK, ROUNDS_BAD_REQUEST, ROUNDS_MISMATCH (the message names what differs).
 RoundsResult rounds_hello(Rounds *r, int peer, int num_peers, int experts_per_node, SyncMode mode, DType payload_dtype,
                               ModelSpec *spec, int *last_completed_step);
+// The highest step an upload is taken for now (with an upload of `step` under way: it is the
+// anchor before any round completed), the window described above ROUNDS_AHEAD.
+int64_t rounds_step_limit(Rounds *r, int step);
+
+// Which process holds peer's id (proto HelloRequest.instance_id, sent with every call; 0: not
+// stated, as the seeds' clients do, and never checked). An accepted Hello (hello true) takes the
+// peer_id for its instance: a restarted peer is taken at once, even while its dead process's
+// calls linger. Any other call (`what`: "upload", "wait", "download") from an instance that no
+// longer holds the peer_id is refused ROUNDS_MISMATCH naming both: of two live processes with one
+// peer_id, the one that said Hello first is refused at its next call. A call of an unregistered
+// peer (after a server restart) registers its instance.
+RoundsResult rounds_peer_instance(Rounds *r, int peer, uint64_t instance, bool hello, const char *what);
 // The same with the delta codec of an I8 payload (HelloRequest.payload_dtype "I8": DELTA_INT8, "I4":
 // DELTA_INT4; rounds_hello takes an I8 payload as int8). Every peer of a run uses one codec; another
 // is refused naming both.

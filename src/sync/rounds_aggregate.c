@@ -339,6 +339,33 @@ int rounds_publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seco
     return dropped;
 }
 
+// The kept aggregates once blob is published (rounds_publish drops the oldest when the list is
+// full), newest first, with their checksums: what rounds.json records. Under r->mu.
+static void book_record_kept(const Rounds *r, const AggregateBlob *blob, StateBook *book) {
+    const AggregateBlob *all[STATE_MAX_KEPT + 1];
+    int n = 0, oldest = -1;
+    bool full = true;
+    for (int i = 0; i < r->cfg.keep_steps && n < STATE_MAX_KEPT; i++) {
+        full &= r->kept[i] != NULL;
+        if (!r->kept[i]) continue;
+        if (oldest < 0 || r->kept[i]->step < all[oldest]->step) oldest = n;
+        all[n++] = r->kept[i];
+    }
+    if (full && oldest >= 0) all[oldest] = all[--n];   // the slot blob takes
+    all[n++] = blob;
+    for (int i = 1; i < n; i++)   // insertion sort by step, newest first (a handful of entries)
+        for (int j = i; j > 0 && all[j]->step > all[j - 1]->step; j--) {
+            const AggregateBlob *t = all[j];
+            all[j] = all[j - 1];
+            all[j - 1] = t;
+        }
+    book->n_kept = n;
+    for (int i = 0; i < book->n_kept; i++)
+        book->kept[i] = (StateKept){.step = all[i]->step, .bytes = all[i]->len, .crc32c = all[i]->crc32c,
+                                    .has_delta = all[i]->delta != NULL, .delta_bytes = all[i]->delta_len,
+                                    .delta_crc32c = all[i]->delta_crc32c};
+}
+
 // Writes the aggregate and then the bookkeeping to the state dir (when there is one) and
 // publishes the aggregate: downloads only ever see durable aggregates. Afterwards the round's
 // uploads and the aggregate that dropped out of the kept list are removed from disk.
@@ -350,17 +377,26 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
     int step = blob->step, P = r->cfg.agg.num_peers;
     pthread_mutex_lock(&r->persist_mu);
     if (dir) {
-        pthread_mutex_lock(&r->mu);
-        StateBook book = {r->last_completed_step > step ? r->last_completed_step : step, r->stats.rounds_completed + 1,
-                          r->rounds_partial + (blob->included != NULL)};
-        pthread_mutex_unlock(&r->mu);
-        if ((outer_bytes && state_save_outer(dir, step, outer_bytes, outer_len) != SPES_OK) ||
+        blob->crc32c = state_checksum(blob->bytes, blob->len);
+        if (blob->delta) blob->delta_crc32c = state_checksum(blob->delta, blob->delta_len);
+        StateBook *book = spes_calloc(1, sizeof *book);   // large (STATE_MAX_KEPT entries): not on a call's stack
+        if (book) {
+            pthread_mutex_lock(&r->mu);
+            book->last_completed_step = r->last_completed_step > step ? r->last_completed_step : step;
+            book->rounds_completed = r->stats.rounds_completed + 1;
+            book->rounds_partial = r->rounds_partial + (blob->included != NULL);
+            book_record_kept(r, blob, book);
+            pthread_mutex_unlock(&r->mu);
+        }
+        if (!book || (outer_bytes && state_save_outer(dir, step, outer_bytes, outer_len) != SPES_OK) ||
             (blob->included && state_save_included(dir, step, blob->included, P) != SPES_OK) ||
             (blob->delta && state_save_delta(dir, step, blob->delta, blob->delta_len) != SPES_OK) ||
-            state_save_aggregate(dir, step, blob->bytes, blob->len) != SPES_OK || state_save_book(dir, &book) != SPES_OK) {
+            state_save_aggregate(dir, step, blob->bytes, blob->len) != SPES_OK || state_save_book(dir, book) != SPES_OK) {
+            free(book);
             pthread_mutex_unlock(&r->persist_mu);
             return SPES_ERR;
         }
+        free(book);
     }
     pthread_mutex_lock(&r->mu);
     int dropped = rounds_publish(r, round, blob, seconds);
@@ -409,9 +445,23 @@ RoundsResult rounds_complete_round(Rounds *r, OpenRound *round, int peer) {
         return ROUNDS_OK;
     }
     if (blob) {   // not durable: not published either
-        code = ROUNDS_INTERNAL;
         free(blob->bytes);
+        free(blob->included);
+        free(blob->delta);
         free(blob);
+        // Every upload of the round is on disk: keep them and write the aggregate again once a
+        // waiter's retry is due (stalled_round, overdue_round), so the run goes on by itself once
+        // space is back. The uploader heard nothing wrong: its upload is taken.
+        pthread_mutex_lock(&r->mu);
+        round->aggregating = false;
+        round->retry_at = now_seconds() + ROUNDS_PERSIST_RETRY_S;
+        pthread_mutex_unlock(&r->mu);
+        log_error("server: step %d: cannot write the aggregate to the state dir %s: %s; the round keeps its %d "
+                  "uploads and is written again every %.0f s while peers wait (free space there); the kept aggregates "
+                  "are still served",
+                  step, r->cfg.state_dir ? r->cfg.state_dir : "(none)", spes_last_error(), arrived,
+                  ROUNDS_PERSIST_RETRY_S);
+        return ROUNDS_OK;
     }
     // Drop this peer's upload so that its retry completes the round again (a partial round
     // is simply reopened: the next waiter tries again).

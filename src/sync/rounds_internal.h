@@ -18,6 +18,9 @@ typedef struct {
     double opened_unix;         // the same in wall-clock time (the status page's round history)
     int64_t bytes_in;           // upload bytes taken for it (retries too)
     bool warned;                // "cannot close partially" logged once
+    // Its aggregate could not be written (a full disk under the state dir): the round keeps its
+    // uploads and is aggregated again by a waiter from this time on (now_seconds; 0: never failed).
+    double retry_at;
 } OpenRound;
 
 struct Rounds {
@@ -54,6 +57,7 @@ struct Rounds {
     bool outer_on;              // cfg.outer is not off
     OuterOptState outer;        // its state after the newest published aggregate (under mu;
                                 // replaced under aggregate_mu, so rounds step it in turn)
+    uint64_t *instance;         // [P] the process holding each peer_id (HelloRequest.instance_id); 0: none yet
     PeerWatch *watch;           // peers' last calls and metrics, round history (own lock, taken
                                 // after mu where both are held)
 };

@@ -32,6 +32,7 @@ static grpc_status_code grpc_status_of(RoundsResult result) {
     case ROUNDS_NOT_KEPT: return GRPC_STATUS_NOT_FOUND;
     case ROUNDS_NO_ROOM: return GRPC_STATUS_RESOURCE_EXHAUSTED;
     case ROUNDS_CLOSING: return GRPC_STATUS_UNAVAILABLE;
+    case ROUNDS_STORAGE: return GRPC_STATUS_UNAVAILABLE;   // clients retry with backoff until space is back
     case ROUNDS_INTERNAL: break;
     }
     return GRPC_STATUS_INTERNAL;
@@ -182,6 +183,8 @@ typedef struct {
     size_t reserved;                // bytes of srv->buffered held by this call
     bool open;                      // file holds a temp file
     RoundsUpload file;
+    PeerMetricPoint *metrics;       // [n_metrics] the first message's points, kept once the upload is
+    int n_metrics;                  // accepted (SYNC_MAX_METRIC_POINTS allocated)
 } UploadStream;
 
 // What one upload call holds while a chunk of `chunk` bytes is in hand: gRPC's received
@@ -246,9 +249,10 @@ static void note_seen(const Call *c, int peer) {
     if (c->bound_peer < 0 || c->bound_peer == peer) peer_watch_seen(rounds_watch(c->srv->rounds), peer);
 }
 
-// The metric points an upload's first message carries (proto PeerMetrics), handed to the
-// server's PeerWatch, which validates them. Metrics on later chunks are ignored (logged).
-static void take_metrics(Call *c, const UploadChunkRequest *m, bool first) {
+// The metric points an upload's first message carries (proto PeerMetrics), kept with the stream
+// until the upload is accepted (a refused upload's points are not the peer's: issue 29). Metrics
+// on later chunks are ignored (logged).
+static void take_metrics(UploadStream *up, const UploadChunkRequest *m, bool first) {
     if (m->n_metrics == 0) return;
     if (!first) {
         log_warn("server: upload from peer %d: %zu metric points on chunk %d ignored (only the first chunk's count)",
@@ -256,22 +260,21 @@ static void take_metrics(Call *c, const UploadChunkRequest *m, bool first) {
         return;
     }
     size_t skip = m->n_metrics > SYNC_MAX_METRIC_POINTS ? m->n_metrics - SYNC_MAX_METRIC_POINTS : 0;
-    PeerMetricPoint points[SYNC_MAX_METRIC_POINTS];
-    int n = 0;
-    for (size_t i = skip; i < m->n_metrics; i++) {
-        points[n++] = wire_metrics_from_proto(m->metrics[i]);
-    }
+    if (!up->metrics && !(up->metrics = spes_malloc(SYNC_MAX_METRIC_POINTS * sizeof *up->metrics))) return;
+    up->n_metrics = 0;
+    for (size_t i = skip; i < m->n_metrics; i++) up->metrics[up->n_metrics++] = wire_metrics_from_proto(m->metrics[i]);
     if (skip)
         log_warn("server: upload from peer %d: %zu metric points, more than %d; the oldest %zu ignored", m->peer_id,
                  m->n_metrics, SYNC_MAX_METRIC_POINTS, skip);
-    peer_watch_metrics(rounds_watch(c->srv->rounds), m->peer_id, points, n);
 }
 
 static grpc_status_code take_chunk(Call *c, UploadStream *up, const UploadChunkRequest *m) {
-    take_metrics(c, m, up->next_chunk == 0 && (c->bound_peer < 0 || c->bound_peer == m->peer_id));
+    take_metrics(up, m, up->next_chunk == 0);
     if (up->next_chunk == 0) {
         // Everything the first message can tell is decided now, before anything is stored.
         grpc_status_code code = check_bound_peer(c, "upload", m->peer_id);
+        if (code == GRPC_STATUS_OK)
+            code = grpc_status_of(rounds_peer_instance(c->srv->rounds, m->peer_id, m->instance_id, false, "upload"));
         if (code != GRPC_STATUS_OK) return code;
         note_seen(c, m->peer_id);
         up->peer = m->peer_id;
@@ -321,6 +324,8 @@ static void upload_drop(Call *c, UploadStream *up) {
     if (up->open) rounds_upload_abort(&up->file);
     up->open = false;
     release(c, up);
+    free(up->metrics);
+    up->metrics = NULL;
 }
 
 static void handle_upload(Call *c) {
@@ -375,6 +380,10 @@ static void handle_upload(Call *c) {
     up.open = false;
     code = grpc_status_of(rounds_upload_finish(c->srv->rounds, &up.file));   // closes the file on every path
     note_seen(c, up.peer);
+    if (code == GRPC_STATUS_OK)
+        peer_watch_metrics(rounds_watch(c->srv->rounds), up.peer, rounds_step_limit(c->srv->rounds, up.step), up.metrics,
+                           up.n_metrics);
+    free(up.metrics);
     UploadChunkResponse resp = UPLOAD_CHUNK_RESPONSE__INIT;
     resp.success = code == GRPC_STATUS_OK;
     finish(c, code, &resp.base);
@@ -472,7 +481,9 @@ static void handle_download(Call *c) {
     if (!req) return;
     note_seen(c, req->peer_id);
     AggregateBlob *blob = NULL;
-    grpc_status_code code = grpc_status_of(rounds_get(c->srv->rounds, req->step, 0, &blob));
+    grpc_status_code code = grpc_status_of(rounds_peer_instance(c->srv->rounds, req->peer_id, req->instance_id, false, "download"));
+    if (code != GRPC_STATUS_OK) log_refusal("download");
+    if (code == GRPC_STATUS_OK) code = grpc_status_of(rounds_get(c->srv->rounds, req->step, 0, &blob));
     DownloadChunkResponse resp = DOWNLOAD_CHUNK_RESPONSE__INIT;
     const AggregateView *view = NULL;
     const char *name = "";
@@ -562,6 +573,7 @@ static void handle_hello(Call *c) {
         RoundsStatus st;
         rounds_status(c->srv->rounds, &st);
         resp.fingerprint = st.fingerprint;
+        rounds_peer_instance(c->srv->rounds, req->peer_id, req->instance_id, true, "hello");
         log_info("server: hello from peer %d accepted", req->peer_id);
     } else {
         log_refusal("hello");
@@ -588,7 +600,9 @@ static void handle_wait(Call *c) {
     if (timeout > c->srv->cfg.max_wait_seconds) timeout = c->srv->cfg.max_wait_seconds;
     AggregateBlob *blob = NULL;
     note_seen(c, req->peer_id);   // at both ends of the long poll: a waiting peer is present
-    grpc_status_code code = grpc_status_of(rounds_get(c->srv->rounds, req->step, timeout, &blob));
+    grpc_status_code code = grpc_status_of(rounds_peer_instance(c->srv->rounds, req->peer_id, req->instance_id, false, "wait"));
+    if (code != GRPC_STATUS_OK) log_refusal("wait");
+    if (code == GRPC_STATUS_OK) code = grpc_status_of(rounds_get(c->srv->rounds, req->step, timeout, &blob));
     note_seen(c, req->peer_id);
     WaitAggregateResponse resp = WAIT_AGGREGATE_RESPONSE__INIT;
     const AggregateView *view = NULL;

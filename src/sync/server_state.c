@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <inttypes.h>
+#include <isa-l/crc.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,28 +171,116 @@ int state_load_spec(const char *dir, const AggregateConfig *agg, const OuterOptC
     return rc;
 }
 
+uint32_t state_checksum(const uint8_t *bytes, size_t len) {
+    // crc32_iscsi is the reflected CRC-32C update without the initial and final inversions, and
+    // takes an int length: fed in 1 GiB pieces.
+    uint32_t crc = 0xffffffffu;
+    for (size_t at = 0; at < len;) {
+        size_t n = len - at < ((size_t)1 << 30) ? len - at : (size_t)1 << 30;
+        crc = crc32_iscsi((unsigned char *)bytes + at, (int)n, crc);
+        at += n;
+    }
+    return ~crc;
+}
+
+const StateKept *state_book_find(const StateBook *book, int step) {
+    for (int i = 0; i < book->n_kept; i++)
+        if (book->kept[i].step == step) return &book->kept[i];
+    return NULL;
+}
+
+// The fixed text form of a book's fields that its "check" covers.
+static uint32_t book_check(const StateBook *book) {
+    size_t cap = 128 + (size_t)book->n_kept * 96;
+    char *text = spes_malloc(cap);
+    if (!text) return 0;   // never a file's check: the load refuses, the save writes a check that fails
+    int at = snprintf(text, cap, "rounds.json v2 %d %" PRId64 " %" PRId64 " %d", book->last_completed_step,
+                      book->rounds_completed, book->rounds_partial, book->n_kept);
+    for (int i = 0; i < book->n_kept && (size_t)at < cap; i++) {
+        const StateKept *k = &book->kept[i];
+        at += snprintf(text + at, cap - (size_t)at, " %d:%" PRIu64 ":%08x:%d:%" PRIu64 ":%08x", k->step, k->bytes,
+                       k->crc32c, k->has_delta, k->delta_bytes, k->delta_crc32c);
+    }
+    uint32_t crc = state_checksum((const uint8_t *)text, (size_t)at < cap ? (size_t)at : cap);
+    free(text);
+    return crc;
+}
+
 int state_save_book(const char *dir, const StateBook *book) {
-    json_t *j = json_pack("{s:i, s:i, s:I, s:I}", "version", 1, "last_completed_step", book->last_completed_step,
-                          "rounds_completed", (json_int_t)book->rounds_completed, "rounds_partial",
-                          (json_int_t)book->rounds_partial);
+    json_t *kept = json_array();
+    for (int i = 0; kept && i < book->n_kept; i++) {
+        const StateKept *k = &book->kept[i];
+        json_t *e = json_pack("{s:i, s:I, s:I}", "step", k->step, "bytes", (json_int_t)k->bytes, "crc32c",
+                              (json_int_t)k->crc32c);
+        if (e && k->has_delta) {
+            json_object_set_new(e, "delta_bytes", json_integer((json_int_t)k->delta_bytes));
+            json_object_set_new(e, "delta_crc32c", json_integer((json_int_t)k->delta_crc32c));
+        }
+        json_array_append_new(kept, e);
+    }
+    json_t *j = json_pack("{s:i, s:i, s:I, s:I, s:o, s:I}", "version", 2, "last_completed_step",
+                          book->last_completed_step, "rounds_completed", (json_int_t)book->rounds_completed,
+                          "rounds_partial", (json_int_t)book->rounds_partial, "aggregates", kept, "check",
+                          (json_int_t)book_check(book));
     return save_json(dir, "rounds.json", j);
+}
+
+// One entry of rounds.json's "aggregates"; false when malformed.
+static bool load_kept(json_t *e, StateKept *k) {
+    json_int_t step, bytes, crc, delta_bytes = 0, delta_crc = 0;
+    json_error_t err;
+    if (json_unpack_ex(e, &err, 0, "{s:I, s:I, s:I, s?I, s?I}", "step", &step, "bytes", &bytes, "crc32c", &crc,
+                       "delta_bytes", &delta_bytes, "delta_crc32c", &delta_crc) != 0 ||
+        step < 0 || step > INT32_MAX || bytes < 0 || crc < 0 || crc > UINT32_MAX || delta_bytes < 0 || delta_crc < 0 ||
+        delta_crc > UINT32_MAX)
+        return false;
+    *k = (StateKept){.step = (int)step, .bytes = (uint64_t)bytes, .crc32c = (uint32_t)crc,
+                     .has_delta = json_object_get(e, "delta_bytes") != NULL, .delta_bytes = (uint64_t)delta_bytes,
+                     .delta_crc32c = (uint32_t)delta_crc};
+    return true;
 }
 
 int state_load_book(const char *dir, StateBook *book, bool *found) {
     json_t *j;
+    memset(book, 0, sizeof *book);
     book->last_completed_step = -1;
-    book->rounds_completed = book->rounds_partial = 0;
     SPES_TRY(load_json(dir, "rounds.json", &j, found));
     if (!*found) return SPES_OK;
-    json_int_t completed = 0, partial = 0;
+    json_int_t completed = 0, partial = 0, check = -1;
     int version = 0;
+    json_t *kept = NULL;
     json_error_t err;
-    int rc = json_unpack_ex(j, &err, 0, "{s:i, s:i, s:I, s:I}", "version", &version, "last_completed_step",
-                            &book->last_completed_step, "rounds_completed", &completed, "rounds_partial", &partial) == 0
+    int rc = json_unpack_ex(j, &err, 0, "{s:i, s:i, s:I, s:I, s?o, s?I}", "version", &version, "last_completed_step",
+                            &book->last_completed_step, "rounds_completed", &completed, "rounds_partial", &partial,
+                            "aggregates", &kept, "check", &check) == 0
                  ? SPES_OK
                  : spes_fail("server state %s/rounds.json: %s", dir, err.text);
     book->rounds_completed = completed;
     book->rounds_partial = partial;
+    if (rc == SPES_OK && version == 1) {
+        log_warn("server state %s/rounds.json: written by an older server (version 1): the kept aggregates carry no "
+                 "checksum and are reloaded unverified",
+                 dir);
+    } else if (rc == SPES_OK && version == 2) {
+        size_t i;
+        json_t *e;
+        if (!json_is_array(kept) || json_array_size(kept) > STATE_MAX_KEPT)
+            rc = spes_fail("server state %s/rounds.json: 'aggregates' must be a list of at most %d", dir, STATE_MAX_KEPT);
+        json_array_foreach(rc == SPES_OK ? kept : NULL, i, e) {
+            if (!load_kept(e, &book->kept[i])) {
+                rc = spes_fail("server state %s/rounds.json: aggregates entry %zu is malformed", dir, i);
+                break;
+            }
+            book->n_kept = (int)i + 1;
+        }
+        if (rc == SPES_OK && (check < 0 || (uint32_t)check != book_check(book)))
+            rc = spes_fail("server state %s/rounds.json: its check does not match its content: the file was edited or "
+                           "is damaged (restore it, or move the state dir away to start afresh)",
+                           dir);
+        book->verified = rc == SPES_OK;
+    } else if (rc == SPES_OK) {
+        rc = spes_fail("server state %s/rounds.json: unknown version %d", dir, version);
+    }
     json_decref(j);
     return rc;
 }
@@ -306,6 +395,20 @@ void state_remove_partial(const char *dir) {
 }
 
 void state_remove_upload(const char *dir, int step, int peer) { remove_file(dir, &(StateFile){'u', step, peer}); }
+
+void state_quarantine_upload(const char *dir, int step, int peer, const char *why) {
+    char *path = file_path(dir, &(StateFile){'u', step, peer});
+    size_t n = path ? strlen(path) + 16 : 0;
+    char *aside = path ? spes_malloc(n) : NULL;
+    if (aside) snprintf(aside, n, "%s.damaged", path);
+    if (aside && rename(path, aside) == 0)
+        log_warn("server state: %s is damaged (%s); moved aside to %s: peer %d must upload step %d again", path, why,
+                 aside, peer, step);
+    else if (path)
+        log_warn("server state: %s is damaged (%s) and cannot be moved aside: %s; ignored", path, why, strerror(errno));
+    free(aside);
+    free(path);
+}
 static char *included_name(int step) {
     char *name = spes_malloc(48);
     if (name) snprintf(name, 48, "aggregate_s%d.peers.json", step);

@@ -26,11 +26,34 @@
 #include "sync/model_spec.h"
 #include "sync/outer_optimizer.h"
 
+// What rounds.json records of a kept aggregate, so that a restart serves only the bytes it
+// wrote: a damaged file, or another step's aggregate copied over it, no longer matches.
+typedef struct {
+    int step;
+    uint64_t bytes;
+    uint32_t crc32c;                // state_checksum of the aggregate's bytes
+    bool has_delta;                 // delta runs: its aggregate_s<step>.int8.safetensors
+    uint64_t delta_bytes;
+    uint32_t delta_crc32c;
+} StateKept;
+
+#define STATE_MAX_KEPT 1000         // kept aggregates rounds.json may list (--keep_steps' bound)
+
 typedef struct {
     int last_completed_step;        // -1: none
     int64_t rounds_completed;
     int64_t rounds_partial;         // completed without every peer (round timeout)
+    // The kept aggregates, newest first. Written by every server since issue 29; a rounds.json
+    // of an older one (version 1) lists none and has no check: verified is then false.
+    StateKept kept[STATE_MAX_KEPT];
+    int n_kept;
+    bool verified;
 } StateBook;
+
+// CRC-32C (ISA-L) of bytes: the checksum rounds.json keeps of each aggregate.
+uint32_t state_checksum(const uint8_t *bytes, size_t len);
+// The entry of step in book, or NULL.
+const StateKept *state_book_find(const StateBook *book, int step);
 
 // Creates dir if needed and takes an exclusive lock on DIR/lock (flock), held until
 // state_close(*lock_fd); another server's lock on the same dir is an error naming it.
@@ -48,6 +71,8 @@ int state_save_spec(const char *dir, const AggregateConfig *agg, const OuterOptC
 int state_load_spec(const char *dir, const AggregateConfig *agg, const OuterOptConfig *outer, ModelSpec *spec,
                     DType *payload_dtype, const DeltaCodec **delta, bool *found);
 
+// rounds.json (version 2) carries "check", the CRC-32C of its fields in a fixed text form, so a
+// hand-edited or damaged file is refused by name instead of rewinding or skipping rounds.
 int state_save_book(const char *dir, const StateBook *book);
 int state_load_book(const char *dir, StateBook *book, bool *found);
 
@@ -87,6 +112,9 @@ int state_load_delta(const char *dir, int step, uint8_t **bytes, size_t *len);
 // removed with that step's aggregate. state_load_outer: a missing file is an error naming it.
 int state_save_outer(const char *dir, int step, const uint8_t *bytes, size_t len);
 int state_load_outer(const char *dir, int step, uint8_t **bytes, size_t *len);
+// Renames a damaged upload file aside ("<name>.damaged", which state_list ignores), logging why:
+// one bad file must not keep the server from starting.
+void state_quarantine_upload(const char *dir, int step, int peer, const char *why);
 // Removing is best effort (a leftover is cleaned up at the next start); failures are logged.
 void state_remove_upload(const char *dir, int step, int peer);
 void state_remove_aggregate(const char *dir, int step);   // and its .peers.json, .int8 delta, outer state

@@ -1,30 +1,48 @@
 // Upload validation (see upload_check.h).
 #include "sync/upload_check.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "base/error.h"
 
-// Index of the first non-finite value of t (exponent bits all ones), or t->numel if none.
-size_t upload_first_non_finite(const StTensor *t) {
+// Widened to F32, the bits of value i of t (F32 or BF16).
+static uint32_t value_bits(const StTensor *t, size_t i) {
+    uint32_t bits;
+    if (t->dtype == DTYPE_F32) {
+        memcpy(&bits, t->data + 4 * i, 4);
+        return bits;
+    }
+    return (uint32_t)(t->data[2 * i] | t->data[2 * i + 1] << 8) << 16;
+}
+
+// Index of the first value of t that is not finite or beyond +-SYNC_MAX_WEIGHT, or t->numel if
+// none. On the magnitude bits: NaN and Inf are above every finite bound.
+static size_t first_bad_value(const StTensor *t) {
+    float bound = SYNC_MAX_WEIGHT;
+    uint32_t limit;
+    memcpy(&limit, &bound, 4);
     size_t first = t->numel;
     long n = (long)t->numel;
-    if (t->dtype == DTYPE_F32) {
 #pragma omp parallel for schedule(static) reduction(min : first) if (n > 65536)
-        for (long i = 0; i < n; i++) {
-            uint32_t bits;
-            memcpy(&bits, t->data + 4 * (size_t)i, 4);
-            if ((bits & 0x7f800000u) == 0x7f800000u && (size_t)i < first) first = (size_t)i;
-        }
-    } else {
-#pragma omp parallel for schedule(static) reduction(min : first) if (n > 65536)
-        for (long i = 0; i < n; i++) {
-            uint16_t bits = (uint16_t)(t->data[2 * i] | t->data[2 * i + 1] << 8);
-            if ((bits & 0x7f80u) == 0x7f80u && (size_t)i < first) first = (size_t)i;
-        }
-    }
+    for (long i = 0; i < n; i++)
+        if ((value_bits(t, (size_t)i) & 0x7fffffffu) > limit && (size_t)i < first) first = (size_t)i;
     return first;
+}
+
+int upload_check_values(const StTensor *t, size_t first, int peer, const char *name) {
+    size_t bad = first_bad_value(t);
+    if (bad == t->numel) return SPES_OK;
+    uint32_t bits = value_bits(t, bad);
+    float v;
+    memcpy(&v, &bits, 4);
+    if (!isfinite(v))
+        return spes_fail("upload from peer %d: tensor '%s' has a non-finite value (NaN or Inf) at flat index %zu", peer,
+                         name, first + bad);
+    return spes_fail("upload from peer %d: tensor '%s' has the value %g at flat index %zu, beyond +-%g (the largest "
+                     "weight a sync payload may carry; no healthy peer sends it)",
+                     peer, name, (double)v, first + bad, (double)SYNC_MAX_WEIGHT);
 }
 
 static int check_tensor(const ModelSpec *spec, const StTensor *u, int t, int peer) {
@@ -46,14 +64,6 @@ static int check_tensor(const ModelSpec *spec, const StTensor *u, int t, int pee
     return SPES_OK;
 }
 
-static int check_values(const StTensor *u, int peer) {
-    size_t bad = upload_first_non_finite(u);
-    if (bad < u->numel)
-        return spes_fail("upload from peer %d: tensor '%s' has a non-finite value (NaN or Inf) at flat index %zu", peer,
-                         u->name, bad);
-    return SPES_OK;
-}
-
 static int check(const ModelSpec *spec, SyncMode mode, int experts_per_node, int peer, const SafeTensors *upload,
                  const StTensor **row, bool values) {
     for (int t = 0; t < spec->count; t++) row[t] = NULL;
@@ -70,7 +80,7 @@ static int check(const ModelSpec *spec, SyncMode mode, int experts_per_node, int
                 peer, u->name, spec->tensors[t].expert, spec->tensors[t].expert / experts_per_node);
         if (row[t]) return spes_fail("upload from peer %d: tensor '%s' appears twice", peer, u->name);
         SPES_TRY(check_tensor(spec, u, t, peer));
-        if (values) SPES_TRY(check_values(u, peer));
+        if (values) SPES_TRY(upload_check_values(u, 0, peer, u->name));
         row[t] = u;
     }
     int missing = 0, first_missing = -1;

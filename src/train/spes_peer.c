@@ -257,8 +257,7 @@ static int load_sync_state(SpesPeer *p, int64_t start_step, int *base_step) {
             rc = spes_fail("%s: __metadata__ base_step must be a step or -1 (got '%s')", path, base ? base : "(none)");
         else
             rc = safetensors_to_f32(t, p->deltas.residual);
-        for (size_t i = 0; rc == SPES_OK && i < t->numel; i++)
-            if (!isfinite(p->deltas.residual[i])) rc = spes_fail("%s: error_feedback is not finite at %zu", path, i);
+        if (rc == SPES_OK) rc = delta_peer_check_residual(&p->deltas, path);
         if (rc == SPES_OK) *base_step = (int)b;
         safetensors_close(&st);
     }

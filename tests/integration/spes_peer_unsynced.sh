@@ -4,7 +4,8 @@
 #  1. the server is killed (SIGKILL) mid-run and stays down past retry_timeout_s: every peer saves
 #     its local state as a checkpoint marked "synced": false and exits non-zero; the server is
 #     restarted on its --state_dir, the peers resume with --resume (redoing the pending round) and
-#     finish with byte-identical weights;
+#     finish with byte-identical weights (delta runs: first a resume on a damaged error feedback
+#     is refused);
 #  2. peer 1 is SIGTERMed while it waits for the aggregate of step 2 (peer 3 is not started yet,
 #     so the round cannot complete): it stops at once, saves step 2 not synced, exits non-zero;
 #     resumed, it redoes round 2 (the server answers ALREADY_EXISTS and hands out the aggregate),
@@ -74,6 +75,36 @@ rm "$dir/kill/server.log"; mv "$dir/server.log" "$dir/kill/server.log"
 "$SPES" server --total_peers 4 --num_train_experts_per_node 1 --host 127.0.0.1 --port "$port" \
   --state_dir "$dir/kill/state" >"$dir/kill/server2.log" 2>&1 &
 server_pid=$!; pids+=($server_pid)
+if [[ "${RELIABILITY_PEER_ARGS:-}" == *payload_dtype=int* ]]; then
+  # Delta runs: a damaged error feedback (every value 1e30, finite) is refused at resume, naming
+  # the file, before it can poison an upload and through the aggregate every peer (issue 29).
+  s=$(unsynced_checkpoint "$dir/kill/peer0")
+  state="$dir/kill/peer0/step$s/spes_sync_state.safetensors"
+  cp "$state" "$dir/sync_state.good"
+  python3 - "$state" <<'PY'
+import json, struct, sys
+path = sys.argv[1]
+raw = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+lo, hi = json.loads(raw[8:8 + n])["error_feedback"]["data_offsets"]
+at = 8 + n + lo
+raw[at:8 + n + hi] = struct.pack("<f", 1e30) * ((hi - lo) // 4)
+open(path, "wb").write(raw)
+PY
+  rc=0
+  reliability_peer 0 "$port" $STEPS "$dir/kill/peer0" "$dir/kill/peer0.damaged.log" $STEPS \
+    --spes_config.retry_timeout_s=30 --resume
+  # Taken, it would upload and wait for a round the other peers never join: 60 s is a failure.
+  for _ in $(seq 1 600); do kill -0 "$last_pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$last_pid" 2>/dev/null && { kill -9 "$last_pid"; echo "peer 0 resumed on a damaged error feedback";
+                                       tail "$dir/kill/peer0.damaged.log"; exit 1; }
+  wait "$last_pid" || rc=$?
+  [ $rc -ne 0 ] || { echo "peer 0 resumed on a damaged error feedback"; tail "$dir/kill/peer0.damaged.log"; exit 1; }
+  grep -q "spes_sync_state.safetensors: the .* error feedback of tensor .* is 1e+30 at flat index 0.*damaged" \
+    "$dir/kill/peer0.damaged.log" || { echo "no clear refusal of the damaged error feedback:"; tail -3 "$dir/kill/peer0.damaged.log"; exit 1; }
+  echo "  a damaged error feedback is refused at resume (exit $rc)"
+  cp "$dir/sync_state.good" "$state"
+fi
 for peer in 0 1 2 3; do
   reliability_peer $peer "$port" $STEPS "$dir/kill/peer$peer" "$dir/kill/peer$peer.resume.log" $STEPS \
     --spes_config.retry_timeout_s=30 --resume

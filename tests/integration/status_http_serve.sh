@@ -5,7 +5,8 @@
 # malformed requests in a loop logged at most 20 times a minute; then
 # the hostile requests of tests/integration/lib/http_hostile.py (8 KiB and 100 KB URLs, bad
 # methods, bodies, garbage, slow half-sent requests, 200 connections at once), answered or
-# refused, the server still serving afterwards and still alive.
+# refused, the server still serving afterwards and still alive; and a slowloris (70 connections
+# trickling headers) does not lock a client with the token out.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 command -v curl >/dev/null || { echo "SKIPPED: curl not installed"; exit 77; }
@@ -79,4 +80,13 @@ done
 curl -s "$url/?token=$token" | grep -q "href=\"status.json?token=$token\"" || fail "the page's link drops the token"
 python3 tests/integration/lib/http_hostile.py 127.0.0.1 "$fixture_port" --token "$token" --connections 50 \
   || fail "hostile requests with a token"
-echo "status server: JSON, page, HEAD, 404, token and hostile requests all as documented"
+kill "$fixture_pid"; wait "$fixture_pid"
+fixture_pid=""
+
+# ---- slowloris (issue 29): 70 connections trickling a header line a second, none idle for the
+# timeout, must not lock a client with the token out (it used to get 0 of 13 requests) ----
+start_fixture_server "$dir" --token_file "$dir/token"
+python3 tests/integration/lib/http_slowloris.py 127.0.0.1 "$fixture_port" --token "$token" \
+  || fail "slowloris locked the token holder out"
+kill -0 "$fixture_pid" || fail "the server died under slowloris"
+echo "status server: JSON, page, HEAD, 404, token, hostile requests and slowloris all as documented"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `spes server` flags: --help, required flags, bad values named, a bind failure explained, a
-# second server on the same port or state dir refused, and a clean stop on SIGTERM with the
-# summary line.
+# second server on the same port or state dir refused, a clean stop on SIGTERM with the
+# summary line, bad status page flags refused before "listening on", and a status page that
+# needs a token when only --peer_tokens are given.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -x "${SPES_BIN:-}" ] || { echo "spes binary not built: ${SPES_BIN:-<unset>}"; exit 1; }
@@ -40,4 +41,35 @@ grep -q -- "--state_dir $out/state is in use by another spes server" "$out/secon
 kill -TERM $pid
 wait $pid || fail "SIGTERM: server exited non-zero"
 grep -q "stopped after 0 rounds" "$out/run" || fail "no summary line on stop"
+# The status page's flags (issue 29): a bad --status_bind or an empty --status_token_file exits 1
+# without ever saying "listening on" (launchers take that line as the server being up).
+"$SPES_BIN" server --total_peers 2 --mode fedavg --host 127.0.0.1 --port 0 --status_port 0 --status_bind 300.1.1.1 \
+  >"$out/sbind" 2>&1
+[ $? -eq 1 ] || fail "bad --status_bind: exit code not 1"
+grep -q "bind address '300.1.1.1' is not a numeric" "$out/sbind" || fail "bad --status_bind not named: $(cat "$out/sbind")"
+grep -q "listening on" "$out/sbind" && fail "bad --status_bind: said 'listening on' before exiting"
+: >"$out/empty_token"
+"$SPES_BIN" server --total_peers 2 --mode fedavg --host 127.0.0.1 --port 0 --status_port 0 \
+  --status_token_file "$out/empty_token" >"$out/stoken" 2>&1
+[ $? -eq 1 ] || fail "empty --status_token_file: exit code not 1"
+grep -q -- "--status_token_file" "$out/stoken" || fail "empty --status_token_file not named: $(cat "$out/stoken")"
+grep -q "listening on" "$out/stoken" && fail "empty --status_token_file: said 'listening on' before exiting"
+
+# With only --peer_tokens the page needs a token as the gRPC Status does: any peer's lets it in.
+if command -v curl >/dev/null; then
+  printf '0 peer-zero-%s\n1 peer-one-%s\n' "$RANDOM" "$RANDOM" >"$out/peer_tokens"
+  one=$(sed -n 's/^1 //p' "$out/peer_tokens")
+  "$SPES_BIN" server --total_peers 2 --mode fedavg --host 127.0.0.1 --port 0 --status_port 0 \
+    --peer_tokens "$out/peer_tokens" >"$out/ptok" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do grep -q "listening on" "$out/ptok" && break; sleep 0.1; done
+  sport=$(sed -n 's|.*status page on http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$out/ptok" | head -1)
+  [ -n "$sport" ] || { kill $pid; fail "no status page line: $(cat "$out/ptok")"; }
+  code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$sport/status.json")
+  [ "$code" = 401 ] || { kill $pid; fail "--peer_tokens only: /status.json without a token answered $code, not 401"; }
+  code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $one" "http://127.0.0.1:$sport/status.json")
+  [ "$code" = 200 ] || { kill $pid; fail "--peer_tokens only: /status.json with peer 1's token answered $code"; }
+  kill -TERM $pid
+  wait $pid || fail "SIGTERM: server with --peer_tokens exited non-zero"
+fi
 echo "spes server CLI: ok"

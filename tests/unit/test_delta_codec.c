@@ -274,6 +274,9 @@ static void nan_scale(DeltaTensor *w, int n, int8_t *q, float *s, int *b) { s[0]
 static void minus_128(DeltaTensor *w, int n, int8_t *q, float *s, int *b) { q[3] = -128; }
 static void minus_8(DeltaTensor *w, int n, int8_t *q, float *s, int *b) { q[3] = -8; }   // int4's -128
 static void huge_scale(DeltaTensor *w, int n, int8_t *q, float *s, int *b) { s[1] = 3e38f; }
+// Finite and under DELTA_MAX_SCALE, but no healthy peer's change: a damaged error feedback of
+// 1e30 sent scales like this one (issue 29).
+static void poisoning_scale(DeltaTensor *w, int n, int8_t *q, float *s, int *b) { s[0] = 8e27f; }
 static void unknown_base(DeltaTensor *w, int n, int8_t *q, float *s, int *b) { *b = 99; }
 static void extra_scale(DeltaTensor *w, int n, int8_t *q, float *s, int *b) { w[0].numel = 300; }   // 2 scales
 
@@ -318,6 +321,7 @@ static void test_hostile_delta_uploads_refused(void **state) {
         {nan_scale, ROUNDS_BAD_REQUEST, "scale is NaN at block 0"},
         {c->bits == 8 ? minus_128 : minus_8, ROUNDS_BAD_REQUEST, c->bits == 8 ? "value -128" : "value -8"},
         {huge_scale, ROUNDS_BAD_REQUEST, "too large"},
+        {poisoning_scale, ROUNDS_BAD_REQUEST, "not within +-65504"},
         {unknown_base, ROUNDS_NO_BASE, "aggregate of step 99, is not kept"},
         {extra_scale, ROUNDS_BAD_REQUEST, "one scale per 256 values"},
     };
@@ -503,6 +507,36 @@ static void test_int4_and_int8_runs_refuse_each_other(void **state) {
     }
 }
 
+// A residual restored from a checkpoint: what healthy rounds leave passes; a damaged value (finite
+// but far beyond half a quantisation step, or NaN) is refused naming the tensor and index.
+static void test_damaged_residual_refused(void **state) {
+    const DeltaCodec *c = *state;
+    Rounds *r = make_rounds(c);
+    TestPeer tp[P];
+    for (int p = 0; p < P; p++) peer_init(&tp[p], c, p);
+    for (int round = 1; round <= 3; round++) {
+        for (int p = 0; p < P; p++) peer_train(&tp[p], p, round);
+        for (int p = 0; p < P; p++) assert_int_equal(peer_upload(r, &tp[p], p, 2 * round), ROUNDS_OK);
+        for (int p = 0; p < P; p++) peer_download(r, &tp[p], p, 2 * round);
+    }
+    DeltaPeer *d = &tp[0].deltas;
+    assert_int_equal(delta_peer_check_residual(d, "step6/spes_sync_state.safetensors"), SPES_OK);
+    float bound = delta_peer_residual_bound(c);
+    assert_true(bound > 500.0f && bound < 11000.0f);
+    d->residual[3] = bound;   // the bound itself is a value a peer can hold
+    assert_int_equal(delta_peer_check_residual(d, "ckpt"), SPES_OK);
+    const float damaged[] = {1e30f, -1e30f, NAN, 2.0f * bound};
+    for (size_t k = 0; k < sizeof damaged / sizeof *damaged; k++) {
+        d->residual[d->sent_total - 1] = damaged[k];
+        assert_int_equal(delta_peer_check_residual(d, "step6/spes_sync_state.safetensors"), SPES_ERR);
+        if (!strstr(spes_last_error(), "step6/spes_sync_state.safetensors: the ") ||
+            !strstr(spes_last_error(), "error feedback of tensor '") || !strstr(spes_last_error(), "damaged"))
+            fail_msg("%s", spes_last_error());
+    }
+    for (int p = 0; p < P; p++) peer_free(&tp[p]);
+    rounds_destroy(r);
+}
+
 #define BOTH(f) cmocka_unit_test_prestate(f, (void *)&DELTA_INT8), cmocka_unit_test_prestate(f, (void *)&DELTA_INT4)
 
 int main(void) {
@@ -514,6 +548,7 @@ int main(void) {
         BOTH(test_server_and_peers_reconstruct_the_same_bits),
         BOTH(test_hostile_delta_uploads_refused),
         BOTH(test_delta_upload_refused_in_a_float_run),
+        BOTH(test_damaged_residual_refused),
         cmocka_unit_test(test_int4_packing_round_trip),
         cmocka_unit_test(test_int4_hostile_packing_refused),
         cmocka_unit_test(test_int4_and_int8_runs_refuse_each_other),

@@ -249,7 +249,35 @@ static void test_http_token(void **state) {
     assert_int_equal(get(port, "/status.json", "Authorization: Basic s3cret-token\r\n", NULL), 401);
     assert_int_equal(get(port, "/?token=s3cret-token", NULL, NULL), 200);
     assert_int_equal(get(port, "/nothing?token=s3cret-token", NULL, NULL), 404);
+    // A NUL cuts a decoded value short: the token or the path with junk after %00 is not them.
+    assert_int_equal(get(port, "/status.json?token=s3cret-token%00junk", NULL, NULL), 400);
+    assert_int_equal(get(port, "/status.json%00?token=s3cret-token", NULL, NULL), 400);
+    assert_int_equal(get(port, "/status.json%00junk", "Authorization: Bearer s3cret-token\r\n", NULL), 400);
     status_http_stop(h);
+}
+
+// Several tokens (the parameter server's per-peer tokens, issue 29): each one lets a request in,
+// nothing else does, and the page links with the one that came in the query.
+static void test_http_several_tokens(void **state) {
+    (void)state;
+    const char *peers[] = {"peer-zero-token", "peer-one-token"};
+    StatusHttpConfig cfg = {.port = 0, .tokens = peers, .n_tokens = 2};
+    StatusHttp *h = NULL;
+    assert_int_equal(status_http_start(&cfg, status_fixture_fill, NULL, &h), SPES_OK);
+    int port = status_http_port(h);
+    char *reply;
+    assert_int_equal(get(port, "/status.json", NULL, NULL), 401);
+    assert_int_equal(get(port, "/status.json", "Authorization: Bearer peer-zero-token\r\n", NULL), 200);
+    assert_int_equal(get(port, "/status.json", "Authorization: Bearer peer-one-token\r\n", NULL), 200);
+    assert_int_equal(get(port, "/status.json", "Authorization: Bearer peer-two-token\r\n", NULL), 401);
+    assert_int_equal(get(port, "/?token=peer-one-token", NULL, &reply), 200);
+    assert_non_null(strstr(body_of(reply), "href=\"status.json?token=peer-one-token\""));
+    free(reply);
+    status_http_stop(h);
+    const char *empty[] = {"ok", ""};
+    cfg.tokens = empty;
+    assert_int_equal(status_http_start(&cfg, status_fixture_fill, NULL, &h), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "token is empty"));
 }
 
 // The page keeps a token that came in the query on its JSON link, and never shows one that came
@@ -419,6 +447,7 @@ int main(int argc, char **argv) {
         return serve(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_http_serves),     cmocka_unit_test(test_http_hostile),
+        cmocka_unit_test(test_http_several_tokens),
         cmocka_unit_test(test_http_token),      cmocka_unit_test(test_http_token_on_page),
         cmocka_unit_test(test_http_fill_fails), cmocka_unit_test(test_http_default_bind_loopback),
         cmocka_unit_test(test_http_ipv6),

@@ -156,6 +156,37 @@ static void test_chart_scaling(void **state) {
     free(svg);
 }
 
+// Huge finite values (a hostile peer's loss of +-1.7e308, issue 29) printed "-nan"/"inf" into the
+// SVG (the axis range overflowed) and flattened every other curve: they are left out like NaN.
+static void test_chart_huge_values(void **state) {
+    (void)state;
+    double x[3] = {1, 2, 3}, y[3] = {3.0, 2.5, 2.0}, hx[2] = {1, 2}, hy[2] = {1.7e308, -1.7e308};
+    ChartSeries series[2] = {{"sane", "sane", x, y, 3}, {"huge", "huge", hx, hy, 2}};
+    ChartFrame f = {"c", "loss", "step", "loss", 400, 200};
+    TextBuf b;
+    text_buf_init(&b);
+    svg_line_chart(&b, &f, series, 2);
+    double bars[3] = {1.0, 1.7e308, 2.0};
+    int labels[3] = {1, 2, 3};
+    bool partial[3] = {false, false, false};
+    svg_bar_chart(&b, &f, bars, labels, partial, 3, "partial");
+    char *svg = text_buf_take(&b, NULL);
+    assert_non_null(svg);
+    assert_null(strstr(svg, "nan"));
+    assert_null(strstr(svg, "inf"));
+    assert_null(strstr(svg, "e+308"));
+    const char *pts = strstr(strstr(svg, "id=\"sane\""), "points=\"") + 8;
+    double lo = 1e9, hi = -1e9;
+    for (int i = 0; i < 3; i++) {
+        double px, py;
+        assert_int_equal(sscanf(pts, "%lf,%lf", &px, &py), 2);
+        lo = py < lo ? py : lo, hi = py > hi ? py : hi;
+        pts = strchr(pts, ' ') + 1;
+    }
+    assert_true(hi - lo > 50);   // the sane curve spans the plot, not a flat line
+    free(svg);
+}
+
 // 20 series on a 720-pixel chart: the legend wraps into rows inside the frame (which grows by a
 // row each), and series 8 and 16 repeat series 0's colour with their own dash.
 static void test_chart_many_series(void **state) {
@@ -198,6 +229,7 @@ static void test_chart_many_series(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_buf),
+        cmocka_unit_test(test_chart_huge_values),
         cmocka_unit_test(test_page_structure),
         cmocka_unit_test(test_token_link_escaped),
         cmocka_unit_test(test_empty_run),

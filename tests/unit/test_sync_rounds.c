@@ -1,14 +1,18 @@
 // Round bookkeeping without a network: handshake adoption and refusal, a bad upload does not
 // poison the round, retries replace, completion aggregates, late uploads, keep_steps,
 // long-poll timeout, spec inferred from a Hello-less first upload.
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 #include <glob.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -382,6 +386,187 @@ static void test_state_dir_survives_restart(void **state) {
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
+// Reads dir/name whole (malloc'd, NUL-terminated).
+static char *read_state_file(const char *dir, const char *name, size_t *len) {
+    char *path = path_join(dir, name);
+    uint8_t *bytes;
+    assert_int_equal(file_read_all(path, &bytes, len), SPES_OK);
+    free(path);
+    char *text = realloc(bytes, *len + 1);
+    text[*len] = '\0';
+    return text;
+}
+static void write_state_file(const char *dir, const char *name, const void *bytes, size_t len) {
+    char *path = path_join(dir, name);
+    assert_int_equal(file_write_atomic(path, bytes, len), SPES_OK);
+    free(path);
+}
+// A server on dir must refuse to start, saying `says`.
+static void restart_refused(const char *dir, const char *says) {
+    RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4},
+                        .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2, .state_dir = dir};
+    Rounds *r = NULL;
+    if (rounds_create(&cfg, &r) == SPES_OK) {
+        rounds_destroy(r);
+        fail_msg("a damaged state dir was taken (want: %s)", says);
+    }
+    if (!strstr(spes_last_error(), says)) fail_msg("want '%s', got: %s", says, spes_last_error());
+}
+
+// A state dir damaged between two runs (issue 29): an aggregate with one value changed (to NaN)
+// or replaced by an older aggregate's bytes, rounds.json edited to another step, are refused by
+// name instead of served; one junk upload file is set aside with a log line and the server starts.
+static void test_damaged_state_dir_refused(void **state) {
+    (void)state;
+    char dir[] = "/tmp/spes_rounds_damage_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    Rounds *r = make_rounds_in(2, dir);
+    hello(r, 0, 6, ROUNDS_OK);
+    for (int step = 2; step <= 6; step += 2)   // step 6's aggregate differs from step 4's
+        for (int p = 0; p < 2; p++) assert_int_equal(upload(r, p, step, step == 6 ? plus_one : NULL), ROUNDS_OK);
+    rounds_destroy(r);
+    size_t len6, len4, book_len;
+    char *agg6 = read_state_file(dir, "aggregate_s6.safetensors", &len6);
+    char *agg4 = read_state_file(dir, "aggregate_s4.safetensors", &len4);
+    char *book = read_state_file(dir, "rounds.json", &book_len);
+    assert_int_equal(len4, len6);
+    assert_memory_not_equal(agg4, agg6, len6);
+
+    char *nan = malloc(len6);
+    memcpy(nan, agg6, len6);
+    memcpy(nan + len6 - 4, &(float){NAN}, 4);   // the last value of the last tensor
+    write_state_file(dir, "aggregate_s6.safetensors", nan, len6);
+    restart_refused(dir, "aggregate_s6.safetensors does not match rounds.json");
+    write_state_file(dir, "aggregate_s6.safetensors", agg4, len4);   // an older aggregate's bytes
+    restart_refused(dir, "the file is damaged or was replaced");
+    write_state_file(dir, "aggregate_s6.safetensors", agg6, len6);
+
+    // rounds.json edited to another step: back (it would drop step 6) or ahead.
+    char *step = strstr(book, "\"last_completed_step\": 6");
+    assert_non_null(step);
+    const char edits[] = {'4', '8'};
+    for (size_t k = 0; k < sizeof edits; k++) {
+        step[strlen("\"last_completed_step\": ")] = edits[k];
+        write_state_file(dir, "rounds.json", book, book_len);
+        restart_refused(dir, "rounds.json: its check does not match its content");
+    }
+    step[strlen("\"last_completed_step\": ")] = '6';
+    write_state_file(dir, "rounds.json", book, book_len);
+    // The newest aggregate gone: refused by name (not a silent rewind to step 4).
+    char *path6 = path_join(dir, "aggregate_s6.safetensors");
+    assert_int_equal(unlink(path6), 0);
+    restart_refused(dir, "aggregate_s6.safetensors) is missing");
+    write_state_file(dir, "aggregate_s6.safetensors", agg6, len6);
+
+    // A junk upload of the open round: set aside, the server starts and serves what it has.
+    assert_int_equal(state_save_upload(dir, 8, 0, (const uint8_t *)"junk", 4), SPES_OK);
+    r = make_rounds_in(2, dir);
+    RoundsStatus st;
+    rounds_status(r, &st);
+    assert_int_equal(st.last_aggregate_step, 6);
+    assert_int_equal(st.open_step, -1);
+    assert_int_equal(count_files(dir, "u"), 0);
+    char *aside = path_join(dir, "upload_s8_p0.safetensors.damaged");
+    assert_true(file_exists(aside));
+    AggregateBlob *a;
+    assert_int_equal(rounds_get(r, 6, 0, &a), ROUNDS_OK);
+    assert_non_null(a);
+    assert_memory_equal(a->bytes, agg6, len6);
+    rounds_release(r, a);
+    assert_int_equal(upload(r, 0, 8, NULL), ROUNDS_OK);   // the peer's retry is taken
+    rounds_destroy(r);
+    free(aside);
+    free(path6);
+    free(nan);
+    free(agg6);
+    free(agg4);
+    free(book);
+    assert_int_equal(remove_tree(dir), SPES_OK);
+}
+
+// The process's peak resident memory in bytes since the last reset_peak (VmHWM).
+static size_t peak_resident_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+static void reset_peak(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    assert_non_null(f);
+    fputs("5", f);
+    fclose(f);
+}
+
+// A Hello of a few hundred bytes may declare a model of any size (issue 29: a 2.5 GB model's Hello
+// made the server allocate and touch 2.5 GB). Fixing the spec plans the aggregate's layout
+// without materialising it: here a 512 MB model costs the server almost nothing.
+static void test_hello_of_a_huge_model_costs_no_memory(void **state) {
+    (void)state;
+    Rounds *r = make_rounds(2);
+    reset_peak();
+    size_t before = peak_resident_bytes();
+    hello(r, 0, (int64_t)1 << 25, ROUNDS_OK);   // lm_head [2^25, 4]: 512 MB in F32
+    size_t grown = peak_resident_bytes() - before;
+    if (grown > ((size_t)64 << 20)) fail_msg("the Hello cost %zu MB of resident memory", grown >> 20);
+    assert_true(rounds_model_bytes(r) > ((size_t)512 << 20));
+    rounds_destroy(r);
+}
+
+// The state dir stops taking writes (RLIMIT_FSIZE stands in for a full disk: a write past it
+// fails with EFBIG as ENOSPC would, issue 29): the aggregate that cannot be written is not lost
+// and not published; the uploader hears OK, the round keeps its uploads, waiters wait, and once
+// writes work again a waiter's retry writes and publishes it (byte-identical to a calm server's).
+// An upload that cannot be stored is refused ROUNDS_STORAGE (gRPC UNAVAILABLE: peers retry).
+static void test_full_disk_stalls_nothing(void **state) {
+    (void)state;
+    char dir[] = "/tmp/spes_rounds_full_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    Rounds *calm = make_rounds(2), *r = make_rounds_in(2, dir);
+    hello(calm, 0, 6, ROUNDS_OK);
+    hello(r, 0, 6, ROUNDS_OK);
+    assert_int_equal(upload(calm, 0, 2, NULL), ROUNDS_OK);
+    assert_int_equal(upload(calm, 1, 2, plus_one), ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 2, NULL), ROUNDS_OK);
+    struct rlimit was;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &was), 0);
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit tight = {3000, was.rlim_max};   // an upload (2464 bytes) fits, the aggregate (4288) not
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &tight), 0);
+    assert_int_equal(upload(r, 1, 2, plus_one), ROUNDS_OK);
+    RoundsStatus st;
+    rounds_status(r, &st);
+    assert_int_equal(st.last_aggregate_step, -1);
+    assert_int_equal(st.open_step, 2);
+    assert_int_equal(st.num_uploaded, 2);
+    AggregateBlob *a = NULL, *b = NULL;
+    assert_int_equal(rounds_get(r, 2, ROUNDS_PERSIST_RETRY_S + 0.5, &a), ROUNDS_OK);   // retried, still full
+    assert_null(a);
+    tight.rlim_cur = 1000;   // now an upload does not fit either
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &tight), 0);
+    assert_int_equal(upload(r, 0, 4, NULL), ROUNDS_STORAGE);
+    assert_non_null(strstr(spes_last_error(), "the server cannot store it now"));
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &was), 0);   // space is back
+    assert_int_equal(rounds_get(r, 2, 3 * ROUNDS_PERSIST_RETRY_S, &a), ROUNDS_OK);
+    assert_non_null(a);
+    assert_int_equal(rounds_get(calm, 2, 0, &b), ROUNDS_OK);
+    assert_int_equal(a->len, b->len);
+    assert_memory_equal(a->bytes, b->bytes, a->len);
+    rounds_release(r, a);
+    rounds_release(calm, b);
+    rounds_destroy(r);
+    r = make_rounds_in(2, dir);   // and it is durable
+    rounds_status(r, &st);
+    assert_int_equal(st.last_aggregate_step, 2);
+    rounds_destroy(r);
+    rounds_destroy(calm);
+    signal(SIGXFSZ, SIG_DFL);
+    assert_int_equal(remove_tree(dir), SPES_OK);
+}
+
 // Killed during aggregation: every upload of a round is on disk, the aggregate is not. The
 // restarted server completes the round itself, byte-identical to an uninterrupted server.
 static void test_restart_completes_a_full_round(void **state) {
@@ -592,6 +777,9 @@ int main(void) {
         cmocka_unit_test(test_spec_inferred_without_hello),
         cmocka_unit_test(test_state_dir_survives_restart),
         cmocka_unit_test(test_restart_completes_a_full_round),
+        cmocka_unit_test(test_damaged_state_dir_refused),
+        cmocka_unit_test(test_full_disk_stalls_nothing),
+        cmocka_unit_test(test_hello_of_a_huge_model_costs_no_memory),
         cmocka_unit_test(test_deadline_rule),
         cmocka_unit_test(test_round_timeout_closes_partial_round),
         cmocka_unit_test(test_outer_optimizer_steps_the_shared_tensors),

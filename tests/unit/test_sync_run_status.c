@@ -78,19 +78,26 @@ static void test_metrics_validated_and_bounded(void **state) {
     pts[1].loss = NAN;
     pts[2].mfu = 2000;
     pts[3].tokens_per_s = INFINITY;
-    assert_int_equal(peer_watch_metrics(w, 0, pts, 5), 1);   // only step 1 is sound
-    assert_int_equal(peer_watch_metrics(w, 0, pts, 1), 0);   // a resend
-    assert_int_equal(peer_watch_metrics(w, 2, pts, 1), 0);   // no such peer
-    assert_int_equal(peer_watch_metrics(w, -1, pts, 1), 0);
+    assert_int_equal(peer_watch_metrics(w, 0, 100, pts, 5), 1);   // only step 1 is sound
+    assert_int_equal(peer_watch_metrics(w, 0, 100, pts, 1), 0);   // a resend
+    assert_int_equal(peer_watch_metrics(w, 2, 100, pts, 1), 0);   // no such peer
+    assert_int_equal(peer_watch_metrics(w, -1, 100, pts, 1), 0);
+    PeerMetricPoint beyond = point(INT64_MAX);   // past any step the run takes: not kept (issue 29)
+    assert_int_equal(peer_watch_metrics(w, 0, 100, &beyond, 1), 0);
+    PeerMetricPoint huge = point(50);            // a finite but absurd loss (issue 29): not kept
+    huge.loss = -1.7e308;
+    assert_int_equal(peer_watch_metrics(w, 0, 100, &huge, 1), 0);
+    huge.loss = 3, huge.ce = 2e6;
+    assert_int_equal(peer_watch_metrics(w, 0, 100, &huge, 1), 0);
     // One upload carries at most SYNC_MAX_METRIC_POINTS: the newest are kept; the ring holds the
     // newest RUN_STATUS_POINTS.
     int n = SYNC_MAX_METRIC_POINTS + 10;
     PeerMetricPoint *many = calloc((size_t)n, sizeof *many);
     for (int i = 0; i < n; i++) many[i] = point(10 + i);
-    assert_int_equal(peer_watch_metrics(w, 1, many, n), SYNC_MAX_METRIC_POINTS);
+    assert_int_equal(peer_watch_metrics(w, 1, INT32_MAX, many, n), SYNC_MAX_METRIC_POINTS);
     for (int i = 0; i < n; i++) many[i] = point(10000 + i);
-    assert_int_equal(peer_watch_metrics(w, 1, many, SYNC_MAX_METRIC_POINTS), SYNC_MAX_METRIC_POINTS);
-    assert_int_equal(peer_watch_metrics(w, 1, many + SYNC_MAX_METRIC_POINTS, 10), 10);
+    assert_int_equal(peer_watch_metrics(w, 1, INT32_MAX, many, SYNC_MAX_METRIC_POINTS), SYNC_MAX_METRIC_POINTS);
+    assert_int_equal(peer_watch_metrics(w, 1, INT32_MAX, many + SYNC_MAX_METRIC_POINTS, 10), 10);
     free(many);
     RunStatus run;
     fill(w, 2, &run);
@@ -164,7 +171,7 @@ static void test_rounds_run_status(void **state) {
     assert_non_null(blob);
     rounds_release(r, blob);
     PeerMetricPoint pt = point(4);
-    assert_int_equal(peer_watch_metrics(w, 0, &pt, 1), 1);
+    assert_int_equal(peer_watch_metrics(w, 0, 4, &pt, 1), 1);
     assert_int_equal(rounds_run_status(r, &run), SPES_OK);
     assert_int_equal(run.num_peers, 2);
     assert_int_equal(run.rounds.rounds_completed, 2);

@@ -46,6 +46,23 @@ static void as_int32(StWriteTensor *w, float *d, int t) { if (t == 0) w->dtype =
 static void nan_in_router(StWriteTensor *w, float *d, int t) { if (strstr(w->name, "mlp.gate.")) d[5] = NAN; }
 static void inf_in_expert(StWriteTensor *w, float *d, int t) { if (strstr(w->name, "experts.3.up")) d[0] = -INFINITY; }
 
+// Finite values no healthy peer sends (a damaged error feedback made one send 1e30, issue 29).
+static void huge_in_router(StWriteTensor *w, float *d, int t) { if (strstr(w->name, "mlp.gate.")) d[2] = 1e30f; }
+static void negative_huge_in_lm_head(StWriteTensor *w, float *d, int t) {
+    if (!strcmp(w->name, "lm_head.weight")) d[1] = -7e4f;
+}
+static void largest_weight(StWriteTensor *w, float *d, int t) { if (t == 0) d[0] = -SYNC_MAX_WEIGHT; }
+
+static void test_values_beyond_any_weight_refused(void **state) {
+    (void)state;
+    assert_int_equal(check_tweaked(SYNC_MODE_SPES, DTYPE_F32, huge_in_router, NULL), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "mlp.gate.weight' has the value 1e+30 at flat index 2, beyond +-65504"));
+    assert_int_equal(check_tweaked(SYNC_MODE_SPES, DTYPE_BF16, negative_huge_in_lm_head, NULL), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "'lm_head.weight' has the value -7"));
+    assert_int_equal(check_tweaked(SYNC_MODE_SPES, DTYPE_F32, largest_weight, NULL), SPES_OK);
+    assert_int_equal(check_tweaked(SYNC_MODE_FEDAVG, DTYPE_F32, huge_in_router, NULL), SPES_ERR);
+}
+
 static void test_bad_uploads_name_what_is_wrong(void **state) {
     (void)state;
     assert_int_equal(check_tweaked(SYNC_MODE_SPES, DTYPE_F32, rename_first, NULL), SPES_ERR);
@@ -95,6 +112,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_uploads_pass),
         cmocka_unit_test(test_bad_uploads_name_what_is_wrong),
+        cmocka_unit_test(test_values_beyond_any_weight_refused),
         cmocka_unit_test(test_wrong_tensor_set_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
