@@ -293,7 +293,7 @@ static void run_train(const Opts *o, int experts_per_peer, Result *r) {
     model_phase_seconds(&m, r->phase);
     {   // the GEMM work of the expert and LM-head phases, to read their rates beside the times
         const double N = (double)B * T, NK = N * cfg.top_k, H = cfg.d_model, I = cfg.expert_hidden;
-        const double expert_gemm = 2.0 * NK * 3.0 * H * I;   // gate+up [2I,H] and down [H,I] over NK rows
+        const double expert_gemm = 2.0 * NK * 3.0 * H * I * cfg.n_layers;   // gate+up [2I,H], down [H,I]: NK rows a layer
         const double trained = experts_per_peer > 0 ? (double)experts_per_peer / cfg.num_experts : 1.0;
         r->phase_flops[MODEL_PHASE_EXPERTS_FWD] = expert_gemm;
         r->phase_flops[MODEL_PHASE_EXPERTS_BWD] = expert_gemm * (1.0 + trained);   // dX, dW of the trained share
