@@ -111,6 +111,22 @@ int backend_open_for_rank(const char *device, int local_rank, Precision precisio
 #endif
 }
 
+void backend_plan_traits(bool gpu, Precision precision, Backend *out) {
+    memset(out, 0, sizeof *out);
+    out->name = gpu ? "cuda" : "cpu";
+    out->host_memory = !gpu;
+    out->device = -1;
+    out->precision = gpu ? precision : PRECISION_FP32;
+    out->compute = !gpu                              ? NUM_F32
+                   : precision == PRECISION_AMP_BF16 ? NUM_BF16
+                   : precision == PRECISION_AMP_FP16 ? NUM_F16
+                                                     : NUM_F32;
+    // cuda: 256-byte logits rows in bf16/f16, and 1 GiB blocks (a few per micro-batch, so lm_head's
+    // fp32 dW is read and written a few times, not once per 512 rows); cpu: dense 512-row blocks.
+    out->logits_align = gpu ? 128 : 1;
+    out->logits_block_bytes = gpu ? (size_t)1 << 30 : 0;
+}
+
 void backend_close(Backend *be) {
     if (be && be != backend_cpu()) be->ops->close(be);
 }

@@ -232,6 +232,11 @@ int backend_open_for_rank(const char *device, int local_rank, Precision precisio
 #define BACKEND_DEVICE_CPU (-1)
 int backend_parse_device(const char *device, int *cuda_index);
 void backend_close(Backend *be);
+// A backend of this kind as the model's memory plan sees it, without opening one (spes plan
+// lays out a GPU's activations on any machine): name, host_memory, precision, compute type and
+// the logits block's layout; ops, device and impl stay NULL / -1. The cuda backend opens with
+// these same values, and the cpu backend's are these too.
+void backend_plan_traits(bool gpu, Precision precision, Backend *out);
 // The backends compiled in, e.g. "cpu cuda(sm_80,sm_89,sm_90)".
 const char *backend_compiled(void);
 // The process-wide cpu backend (never closed; what code without a device choice uses).

@@ -173,18 +173,13 @@ static const BackendOps cpu_ops = {
     .adamw = cpu_adamw,
 };
 
-static Backend cpu_backend = {
-    .ops = &cpu_ops,
-    .name = "cpu",
-    .host_memory = true,
-    .precision = PRECISION_FP32,
-    .compute = NUM_F32,
-    .device = -1,
-    .logits_align = 1,
-    .logits_block_bytes = 0,
-};
+static Backend cpu_backend;
 
 Backend *backend_cpu(void) {
+    if (!cpu_backend.ops) {
+        backend_plan_traits(false, PRECISION_FP32, &cpu_backend);
+        cpu_backend.ops = &cpu_ops;
+    }
     snprintf(cpu_backend.description, sizeof cpu_backend.description, "cpu (%d threads, fp32, OpenBLAS %s)",
              threads_get(), op_blas_core_name());
     return &cpu_backend;

@@ -406,14 +406,9 @@ extern "C" int cuda_backend_open(int device, Precision precision, Backend **out)
     OPEN_CHECK_BLAS(cublasSetWorkspace(st->blas, st->workspace, st->workspace_bytes), "cublasSetWorkspace");
     st->in_use = st->peak = st->workspace_bytes;
 
+    backend_plan_traits(true, precision, be);   // name, compute type, the logits block's layout
     be->ops = &cuda_ops;
-    be->name = "cuda";
-    be->host_memory = false;
-    be->precision = precision;
-    be->compute = precision == PRECISION_AMP_BF16 ? NUM_BF16 : precision == PRECISION_AMP_FP16 ? NUM_F16 : NUM_F32;
     be->device = device;
-    be->logits_align = 128;                   // 256-byte rows in bf16/f16
-    be->logits_block_bytes = (size_t)1 << 30; // a few blocks per micro-batch: dW's fp32 read-modify-write is per block
     be->impl = impl;
     gib = (double)prop.totalGlobalMem / 1073741824.0;
     snprintf(be->description, sizeof be->description, "cuda:%d %.100s (sm_%d%d, %.0f GiB, %s)", device, prop.name,
