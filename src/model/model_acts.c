@@ -122,6 +122,19 @@ static int alloc_host_side(const ModelConfig *cfg, ModelActivations *a) {
     return a->offsets_host && a->stats_host ? SPES_OK : SPES_ERR;
 }
 
+size_t model_acts_bytes(const ModelConfig *cfg, NumType compute, int B, int T, ActKeep keep, int *logit_rows) {
+    // The same layout() model_acts_plan allocates from, carved with a measuring Carver over a
+    // scratch descriptor: the arena's bytes without the arena (src/train/plan.c reads them).
+    ModelActivations probe = {.B = B, .T = T};
+    LayerActs *layers = spes_calloc((size_t)cfg->n_layers, sizeof *layers);
+    if (!layers) return 0;
+    Carver measure = {0};
+    layout(cfg, compute, keep, &probe, layers, &measure);
+    free(layers);
+    if (logit_rows) *logit_rows = probe.logit_rows;
+    return measure.overflow ? 0 : measure.used;
+}
+
 int model_acts_plan(Model *m, int B, int T, ActKeep keep) {
     ModelActivations *a = m->acts;
     if (a && a->B == B && a->T == T && a->keep == keep) return SPES_OK;

@@ -108,6 +108,10 @@ void phase_end(Model *m, ModelPhase phase, double t0);
 // Plans activation memory for (B, T) and what layers keep, reusing the current plan when it fits.
 int model_acts_plan(Model *m, int B, int T, ActKeep keep);
 void model_acts_free(Model *m);
+// The bytes model_acts_plan's arena takes for (B, T, keep) in compute type `compute`, measured
+// with the same layout and nothing allocated; 0 when they overflow size_t or the host is out of
+// memory. *logit_rows (when not NULL): the rows of the LM head's logits block.
+size_t model_acts_bytes(const ModelConfig *cfg, NumType compute, int B, int T, ActKeep keep, int *logit_rows);
 
 // Where attention reads and writes keys and values: NULL in training (this layer's k/v
 // activations), a KV cache in incremental decoding.

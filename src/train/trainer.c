@@ -74,16 +74,25 @@ struct Trainer {
     int n_micro_losses;
 };
 
-int trainer_setup_trainable(Model *m, const TrainConfig *cfg) {
-    int experts = m->cfg.num_experts;
+int trainer_own_experts(const TrainConfig *cfg, int experts, int *first, int *last) {
     // Plain training and the fedavg baseline (using_dilico) train every expert.
-    if (!cfg->using_spes || cfg->using_dilico) return model_set_trainable_experts(m, 0, experts - 1);
-    int per = cfg->num_train_experts_per_node, first = cfg->peer_id * per;
-    if (per <= 0 || first < 0 || first + per > experts)
+    if (!cfg->using_spes || cfg->using_dilico) {
+        *first = 0, *last = experts - 1;
+        return SPES_OK;
+    }
+    int per = cfg->num_train_experts_per_node;
+    *first = cfg->peer_id * per, *last = *first + per - 1;
+    if (per <= 0 || *first < 0 || *first + per > experts)
         return spes_fail("spes_config: peer %d with %d experts per node owns experts [%d, %d), outside the model's "
                          "%d experts; check peer_id and num_train_experts_per_node",
-                         cfg->peer_id, per, first, first + per, experts);
-    return model_set_trainable_experts(m, first, first + per - 1);
+                         cfg->peer_id, per, *first, *first + per, experts);
+    return SPES_OK;
+}
+
+int trainer_setup_trainable(Model *m, const TrainConfig *cfg) {
+    int first, last;
+    SPES_TRY(trainer_own_experts(cfg, m->cfg.num_experts, &first, &last));
+    return model_set_trainable_experts(m, first, last);
 }
 
 // sgemm throughput on this machine with the current thread count: the ceiling MFU is
