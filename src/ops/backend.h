@@ -224,6 +224,9 @@ int backend_open_for_rank(const char *device, int local_rank, Precision precisio
 #define BACKEND_DEVICE_CPU (-1)
 int backend_parse_device(const char *device, int *cuda_index);
 void backend_close(Backend *be);
+// The memory the backend can still allocate and its total, in bytes: the GPU's free and total
+// memory on cuda, the host's MemAvailable and MemTotal (/proc/meminfo) on cpu.
+int backend_device_memory(Backend *be, size_t *free_bytes, size_t *total_bytes);
 // The backends compiled in, e.g. "cpu cuda(sm_80,sm_89,sm_90)".
 const char *backend_compiled(void);
 // The process-wide cpu backend (never closed; what code without a device choice uses).

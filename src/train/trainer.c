@@ -25,6 +25,7 @@
 #include "train/checkpoint.h"
 #include "train/loss_scale.h"
 #include "train/optimizer.h"
+#include "train/plan_check.h"
 #include "train/schedule.h"
 
 // An lm evaluator reads token files; a downstream one (cfg->requests) scores a multiple-choice
@@ -72,6 +73,7 @@ struct Trainer {
     bool z3_on;
     double *micro_losses;       // [6 * micro-batches] per-micro-batch losses, summed over ranks
     int n_micro_losses;
+    size_t planned_peak;        // the plan's peak of backend memory on this rank (train/plan_check.h)
 };
 
 int trainer_own_experts(const TrainConfig *cfg, int experts, int *first, int *last) {
@@ -311,6 +313,8 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     Precision precision;
     if (precision_from_name(cfg->precision, &precision) != SPES_OK) goto fail;
     if (backend_open_for_rank(cfg->device, comm_local_rank(t->comm), precision, &t->be) != SPES_OK) goto fail;
+    // Before anything big is allocated: a run whose plan cannot fit stops here, with the plan.
+    if (plan_check_device(cfg, t->be, comm_size(t->comm), t->rank0, &t->planned_peak) != SPES_OK) goto fail;
     if (loader_open_train(cfg, &t->train_ds, &t->train_dl) != SPES_OK) goto fail;
     if (config_max_steps(cfg, token_dataset_len(t->train_ds), &t->max_steps) != SPES_OK) goto fail;
     if (schedule_validate(&cfg->schedule, cfg->learning_rate, t->max_steps) != SPES_OK) goto fail;
@@ -835,5 +839,11 @@ int trainer_run(Trainer *t) {
     bool completed = t->state.step >= t->max_steps;
     if (completed && t->n_evals > 0 && t->last_eval_step != t->state.step) SPES_TRY(trainer_evaluate(t));
     bool resharded;   // the model holds its full parameters after a run
-    return unshard(t, &resharded);
+    SPES_TRY(unshard(t, &resharded));
+    size_t in_use = 0, peak = 0;   // the plan's peak beside the measured one (tests/integration/plan_memory.sh)
+    t->be->ops->memory(t->be, &in_use, &peak);
+    if (t->rank0 && peak > 0)
+        log_info("memory: backend peak %zu bytes on this rank, planned %zu (%.4f)", peak, t->planned_peak,
+                 (double)t->planned_peak / (double)peak);
+    return SPES_OK;
 }
