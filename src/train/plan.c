@@ -205,8 +205,11 @@ static int plan_memory(const ModelConfig *mc, const ParamTable *t, const PlanTar
     // state (adamw_create on the cpu backend: the backend's memory on cpu, host memory on a GPU).
     size_t eval_acts = g->eval_batch > 0 ? model_acts_bytes(mc, g->compute, g->eval_batch, g->seq_len, ACT_KEEP_INPUTS, NULL) : 0;
     size_t arena = eval_acts > m->acts ? eval_acts : m->acts;
-    size_t full_state = sharded_state && T ? 2 * T * f4 : 0;
-    m->boundary_extra = (arena - m->acts) + (z3 ? params_bytes : 0) + (!g->gpu ? full_state : 0);
+    // That state is an AdamW on the cpu backend with the run's settings: with cpu_offload its
+    // moments and staging are host_alloc'd (4 arrays, never the backend's), else backend buffers.
+    size_t full_state = sharded_state && T ? (g->cpu_offload ? 4 : 2) * T * f4 : 0;
+    bool full_on_backend = !g->gpu && !g->cpu_offload;
+    m->boundary_extra = (arena - m->acts) + (z3 ? params_bytes : 0) + (full_on_backend ? full_state : 0);
     m->peak_boundary = step.now + m->boundary_extra;
     m->peak = m->peak_setup;
     if (m->peak_step > m->peak) m->peak = m->peak_step;
@@ -216,7 +219,7 @@ static int plan_memory(const ModelConfig *mc, const ParamTable *t, const PlanTar
     if (g->gpu) m->host += P * f4;                                   // the page-locked host copy
     if (state_n && g->cpu_offload) m->host += 4 * state_n * f4;      // m, v and the staging of g and p
     else if (state_n && g->gpu) m->host += 2 * state_n * f4;         // the moments' host copies
-    if (g->gpu) m->host += full_state;
+    if (!full_on_backend) m->host += full_state;                      // a sharded checkpoint's full state
     return SPES_OK;
 }
 
