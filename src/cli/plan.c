@@ -183,7 +183,7 @@ static int run(const Opts *o, TrainConfig *cfg) {
         if (gpu) printf(", \"step_seconds\": %.6g, \"mfu\": %g, \"peak_tflops\": %g", step_s, o->mfu, o->peak_tflops);
         if (spes) {
             printf(", \"sync\": {\"sync_steps\": %lld, \"peers\": %d, \"rounds\": %d", (long long)cfg->sync_steps,
-                   cfg->num_peers, rounds);
+                   sync[0].peers, rounds);
             for (int d = 0; d < 4; d++)
                 printf(", \"%s\": {\"up_first\": %zu, \"down_first\": %zu, \"up\": %zu, \"down\": %zu, \"egress_first\": "
                        "%zu, \"egress\": %zu, \"upper_bound\": %s, \"run_bytes_in\": %zu, \"run_bytes_out\": %zu}",
@@ -235,8 +235,11 @@ static int run(const Opts *o, TrainConfig *cfg) {
                spes && cfg->sync_steps > 0 ? "" : "");
     if (!spes) return SPES_OK;
     const double round_s = step_s * (double)cfg->sync_steps;
-    printf("sync every %lld steps with %d peers; bytes per round for peer %d (server egress: every peer's download)%s:\n",
-           (long long)cfg->sync_steps, cfg->num_peers, cfg->peer_id, gpu ? "" : "");
+    printf("sync every %lld steps with %d peers; bytes per round for peer %d (server egress: every peer's download):\n",
+           (long long)cfg->sync_steps, sync[0].peers, cfg->peer_id);
+    if (sync[0].peers < cfg->num_peers)
+        printf("  (num_peers %d, but only %d peers' experts exist: %d experts, %d per peer)\n", cfg->num_peers,
+               sync[0].peers, cfg->model.num_experts, cfg->num_train_experts_per_node);
     printf("  %-5s %11s %11s %11s %11s %13s %13s %10s %s\n", "dtype", "up", "down", "up 1st", "down 1st", "egress",
            "egress 1st", "link s", gpu ? "GB/hour up+down" : "");
     for (int d = 0; d < 4; d++) {

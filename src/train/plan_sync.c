@@ -1,6 +1,7 @@
 // The bytes of a SPES run's sync rounds, planned. See plan_sync.h.
 #include "train/plan_sync.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,7 +22,7 @@ const char *plan_payload_name(PayloadDtype d) {
 typedef struct {
     ParamTable table;
     bool **mask;            // [peers][table.count]: each peer's trainable tensors
-    int peers;
+    int peers;              // the peers whose experts exist (see tables_build)
 } Tables;
 
 static void tables_free(Tables *t) {
@@ -42,6 +43,12 @@ static int tables_build(const TrainConfig *cfg, Tables *t) {
     for (int p = 0; p < t->peers; p++) {
         int first, last;
         peer.peer_id = p;
+        // A config whose peers do not partition the experts (config_load warns) has peers past
+        // the last expert: they could not train, so the rounds have the ones before them.
+        if (p > 0 && trainer_own_experts(&peer, mc.num_experts, &first, &last) != SPES_OK) {
+            t->peers = p;
+            break;
+        }
         SPES_TRY(trainer_own_experts(&peer, mc.num_experts, &first, &last));
         if (!(t->mask[p] = spes_calloc((size_t)t->table.count, sizeof(bool)))) return SPES_ERR;
         param_table_expert_mask(&t->table, first, last, t->mask[p]);
@@ -132,6 +139,7 @@ int plan_sync(const TrainConfig *cfg, PayloadDtype dtype, int base_step, PlanSyn
     out->upper_bound = dtype == PAYLOAD_INT4;
     Tables t;
     int rc = tables_build(cfg, &t);
+    out->peers = t.peers;
     for (int p = 0; rc == SPES_OK && p < t.peers; p++) {
         size_t up1, down1, up, down;
         rc = peer_round(cfg, &t, p, dtype, true, 0, &up1, &down1);
@@ -149,12 +157,25 @@ int plan_sync_run(const TrainConfig *cfg, PayloadDtype dtype, int rounds, size_t
     *bytes_in = *bytes_out = 0;
     Tables t;
     int rc = tables_build(cfg, &t);
-    for (int r = 1; rc == SPES_OK && r <= rounds; r++)
+    // A later round's bytes depend on its base step only through the digits the delta's
+    // metadata spells it with: each count of digits is sized once.
+    size_t in_by_digits[24] = {0}, out_by_digits[24] = {0};
+    for (int r = 1; rc == SPES_OK && r <= rounds; r++) {
+        int base = (int)((r - 1) * cfg->sync_steps), digits = snprintf(NULL, 0, "%d", base);
+        size_t *in = r == 1 ? NULL : &in_by_digits[digits], *out = r == 1 ? NULL : &out_by_digits[digits];
+        if (in && *in) {
+            *bytes_in += *in, *bytes_out += *out;
+            continue;
+        }
+        size_t round_in = 0, round_out = 0;
         for (int p = 0; rc == SPES_OK && p < t.peers; p++) {
             size_t up, down;
-            rc = peer_round(cfg, &t, p, dtype, r == 1, (int)((r - 1) * cfg->sync_steps), &up, &down);
-            *bytes_in += up, *bytes_out += down;
+            rc = peer_round(cfg, &t, p, dtype, r == 1, base, &up, &down);
+            round_in += up, round_out += down;
         }
+        if (in) *in = round_in, *out = round_out;
+        *bytes_in += round_in, *bytes_out += round_out;
+    }
     tables_free(&t);
     return rc;
 }

@@ -28,6 +28,8 @@ typedef struct {
     size_t egress_first, egress;   // the server: every peer's download of such a round
     size_t ingress_first, ingress; // the server: every peer's upload
     bool upper_bound;              // int4: the zstd frames at their worst case (real ones are smaller)
+    int peers;                     // peers counted: num_peers, or those whose experts exist when
+                                   // num_peers x num_train_experts_per_node exceeds the experts
 } PlanSync;
 
 const char *plan_payload_name(PayloadDtype d);   // "f32", "bf16", "int8", "int4"
