@@ -66,6 +66,7 @@ typedef struct {
     const char *config;
     int gpus, rounds;
     size_t device_memory;    // 0: not given
+    const char *device_memory_text;   // as given
     double link_gbps, mfu, peak_tflops;
     bool json;
 } Opts;
@@ -76,13 +77,16 @@ typedef struct {
     bool fits;
 } Option;
 
-// What to change when micro-batch 1 does not fit: each change alone, and all of them.
+// What to change when micro-batch 1 does not fit: each change alone and together, and ZeRO-3
+// over the fewest ranks (up to 64) where it fits. Under ZeRO-3 every rank still holds the frozen
+// tensors and, at checkpoints and SPES syncs, the full parameters (plan.h's boundary), so more
+// ranks stop helping once those dominate.
 static int options_when_nothing_fits(const TrainConfig *cfg, const PlanTarget *base, size_t budget, Option *opts,
                                      int *n) {
     *n = 0;
     PlanTarget t;
     Plan p;
-    static char zero3_text[96], all_text[160];
+    static char zero3_text[96], zero3_all_text[160];
 #define TRY(text, setup)                                                                 \
     do {                                                                                 \
         t = *base;                                                                       \
@@ -91,10 +95,10 @@ static int options_when_nothing_fits(const TrainConfig *cfg, const PlanTarget *b
         SPES_TRY(plan_compute(cfg, &t, &p));                                             \
         opts[(*n)++] = (Option){(text), p.mem.peak, p.mem.peak <= budget};                \
     } while (0)
-    TRY("device_train_microbatch_size: 1", (void)0);
-    TRY("activation_checkpointing: whole_layer", t.checkpointing = 2);
-    TRY("optimizer.cpu_offload: true", t.cpu_offload = true);
-    // ZeRO-3 over the fewest ranks (up to 64) where it fits, else over 64.
+    if (base->micro_batch > 1) TRY("device_train_microbatch_size: 1", (void)0);
+    if (base->checkpointing != 2) TRY("activation_checkpointing: whole_layer", t.checkpointing = 2);
+    if (!base->cpu_offload) TRY("optimizer.cpu_offload: true", t.cpu_offload = true);
+    TRY("activation_checkpointing: whole_layer + optimizer.cpu_offload: true", (t.checkpointing = 2, t.cpu_offload = true));
     int k = base->ranks > 1 ? base->ranks : 2;
     for (; k < 64; k *= 2) {
         t = *base;
@@ -104,8 +108,8 @@ static int options_when_nothing_fits(const TrainConfig *cfg, const PlanTarget *b
     }
     snprintf(zero3_text, sizeof zero3_text, "fsdp.sharding_strategy: FULL_SHARD over %d GPUs (--gpus %d)", k, k);
     TRY(zero3_text, (t.strategy = PLAN_ZERO3, t.ranks = k));
-    snprintf(all_text, sizeof all_text, "all three: whole_layer, cpu_offload, FULL_SHARD over %d GPUs", k);
-    TRY(all_text, (t.checkpointing = 2, t.cpu_offload = true, t.strategy = PLAN_ZERO3, t.ranks = k));
+    snprintf(zero3_all_text, sizeof zero3_all_text, "FULL_SHARD over %d GPUs + whole_layer + cpu_offload", k);
+    TRY(zero3_all_text, (t.checkpointing = 2, t.cpu_offload = true, t.strategy = PLAN_ZERO3, t.ranks = k));
 #undef TRY
     return SPES_OK;
 }
@@ -126,7 +130,7 @@ static int run(const Opts *o, TrainConfig *cfg) {
     SPES_TRY(plan_compute(cfg, &target, &plan));
     // The largest micro-batch by checkpointing mode, when a memory size is given.
     int best[3] = {0, 0, 0};
-    Option opts[8];
+    Option opts[8];   // options_when_nothing_fits: 6 at most
     int n_opts = 0;
     if (o->device_memory) {
         for (int k = 0; k < 3; k++) {
@@ -213,9 +217,8 @@ static int run(const Opts *o, TrainConfig *cfg) {
            cfg->global_train_batch_size, target.micro_batch, target.seq_len);
     plan_print_memory(stdout, cfg, &plan);
     if (o->device_memory) {
-        double dm = o->device_memory / 1e9;
-        printf("fits %.1f GB: %s (peak %.2f GiB = %.2f GB)", dm, plan.mem.peak <= o->device_memory ? "YES" : "NO",
-               gib(plan.mem.peak), plan.mem.peak / 1e9);
+        printf("fits %s (%.2f GiB): %s (peak %.2f GiB = %.2f GB)", o->device_memory_text, gib(o->device_memory),
+               plan.mem.peak <= o->device_memory ? "YES" : "NO", gib(plan.mem.peak), plan.mem.peak / 1e9);
         printf("; largest micro-batch that fits: %d (none), %d (fine_grained), %d (whole_layer)\n", best[0], best[1],
                best[2]);
         if (n_opts) {
@@ -293,6 +296,7 @@ int cmd_plan(int argc, char **argv) {
             rc = cli_int("gpus", v, 1, 4096, &o.gpus);
         } else if (f == 1) {
             rc = parse_size(v, &o.device_memory);
+            o.device_memory_text = v;
         } else if (f >= 2 && f <= 4) {
             float x;
             rc = cli_float(flags[f], v, 1e-9, 1e9, &x);

@@ -20,10 +20,10 @@ for row in "single x1 \*" "ddp x2" "zero1 x2" "zero2 x2" "zero3 x2"; do
   grep -q "^  $row " "$tmp/out" || fail "no row '$row'"
 done
 grep -q "activations (GiB) by activation_checkpointing: none" "$tmp/out" || fail "no activations line"
-grep -q "fits 48.0 GB: YES" "$tmp/out" || fail "the 1B peer should fit 48 GB"
+grep -q "fits 48GB (44.70 GiB): YES" "$tmp/out" || fail "the 1B peer should fit 48 GB"
 grep -q "^  int8 " "$tmp/out" && grep -q "^  int4 " "$tmp/out" || fail "no sync rows"
 "$SPES_BIN" plan "$ref/spes_moe_1b_4nodes_node_0.yaml" --device_memory 4GB >"$tmp/out" 2>/dev/null || fail "plan 4GB"
-grep -q "fits 4.0 GB: NO" "$tmp/out" && grep -q "what to change" "$tmp/out" && grep -q "FULL_SHARD over" "$tmp/out" ||
+grep -q "fits 4GB (3.73 GiB): NO" "$tmp/out" && grep -q "what to change" "$tmp/out" && grep -q "FULL_SHARD over" "$tmp/out" ||
   fail "4 GB: expected NO and what to change"
 "$SPES_BIN" plan "$ref/spes_moe_3b_9b_4nodes_norm_router.yaml" --gpus 8 --device_memory 80GiB --json >"$tmp/out" 2>/dev/null ||
   fail "plan 3B --json"
