@@ -54,11 +54,14 @@ void plan_print_memory(FILE *out, const TrainConfig *cfg, const Plan *plan) {
                 m->work / u, m->boundary_extra / u, m->peak / u, m->peak_setup / u, m->peak_step / u, m->host / u);
     }
     const PlanMemory *m = &plan->mem;
-    fprintf(out, "  * the config's strategy. master: fp32 parameters (zero3: its shard); compute: the %s copy GEMMs read;\n"
+    char compute[64];
+    if (g->compute == NUM_F32) snprintf(compute, sizeof compute, "none in fp32 (GEMMs read the master)");
+    else snprintf(compute, sizeof compute, "the %s copy GEMMs read", num_type_name(g->compute));
+    fprintf(out, "  * the config's strategy. master: fp32 parameters (zero3: its shard); compute: %s;\n"
                  "    frozen: zero3's store of frozen tensors; work: zero3 gather slots, zero2/3 gradient buffers, zero1/2\n"
                  "    all-gather bucket; boundary: added at checkpoints, evaluations and syncs; host: host memory (page-locked\n"
                  "    copies%s); moments %s.\n",
-            num_type_name(g->compute), g->cpu_offload ? ", offloaded moments and staging" : "",
+            compute, g->cpu_offload ? ", offloaded moments and staging" : "",
             g->cpu_offload ? "in host memory (optimizer.cpu_offload)" : "on the device");
     fprintf(out, "  activations (%s) by activation_checkpointing: none %.2f, fine_grained %.2f, whole_layer %.2f; "
                  "logits block %.2f\n",
