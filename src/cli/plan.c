@@ -98,7 +98,8 @@ static int options_when_nothing_fits(const TrainConfig *cfg, const PlanTarget *b
     if (base->micro_batch > 1) TRY("device_train_microbatch_size: 1", (void)0);
     if (base->checkpointing != 2) TRY("activation_checkpointing: whole_layer", t.checkpointing = 2);
     if (!base->cpu_offload) TRY("optimizer.cpu_offload: true", t.cpu_offload = true);
-    TRY("activation_checkpointing: whole_layer + optimizer.cpu_offload: true", (t.checkpointing = 2, t.cpu_offload = true));
+    TRY("activation_checkpointing: whole_layer + optimizer.cpu_offload: true",
+        (t.checkpointing = 2, t.cpu_offload = true));
     int k = base->ranks > 1 ? base->ranks : 2;
     for (; k < 64; k *= 2) {
         t = *base;
@@ -233,9 +234,8 @@ static int run(const Opts *o, TrainConfig *cfg) {
     printf("compute: %.3f GFLOP per token (training: forward + backward, dW for trainable tensors only)\n",
            plan.flops_per_token / 1e9);
     if (gpu)
-        printf("  at MFU %.3f of %.0f TFLOP/s: %.3f s per step (%d x %d tokens per rank)%s\n", o->mfu, o->peak_tflops,
-               step_s, cfg->global_train_batch_size / target.ranks, target.seq_len,
-               spes && cfg->sync_steps > 0 ? "" : "");
+        printf("  at MFU %.3f of %.0f TFLOP/s: %.3f s per step (%d x %d tokens per rank)\n", o->mfu, o->peak_tflops,
+               step_s, cfg->global_train_batch_size / target.ranks, target.seq_len);
     if (!spes) return SPES_OK;
     const double round_s = step_s * (double)cfg->sync_steps;
     printf("sync every %lld steps with %d peers; bytes per round for peer %d (server egress: every peer's download):\n",
@@ -250,14 +250,16 @@ static int run(const Opts *o, TrainConfig *cfg) {
         printf("  %-5s %9.2fMB %9.2fMB %9.2fMB %9.2fMB %11.2fMB %11.2fMB %10.2f", plan_payload_name((PayloadDtype)d),
                s->up / 1e6, s->down / 1e6, s->up_first / 1e6, s->down_first / 1e6, s->egress / 1e6,
                s->egress_first / 1e6, (double)(s->up + s->down) / link);
-        if (gpu && round_s > 0) printf(" %10.2f", (double)(s->up + s->down) * 3600.0 / (round_s + (s->up + s->down) / link) / 1e9);
+        const double bytes = (double)(s->up + s->down);   // a round: its steps, then up + down on the link
+        if (gpu && round_s > 0) printf(" %10.2f", bytes * 3600.0 / (round_s + bytes / link) / 1e9);
         printf("%s\n", s->upper_bound ? "  (int4: at most; zstd took ~24% off in docs/communication.md's runs)" : "");
     }
     printf("  link s: up + down at %.3g Gbit/s%s", o->link_gbps,
            gpu && round_s > 0 ? "; GB/hour: per peer, rounds of sync_steps steps at the MFU above plus the transfer\n" : "\n");
     if (rounds > 0) {
         printf("  server counters after %d rounds (bytes in / out):", rounds);
-        for (int d = 0; d < 4; d++) printf(" %s %zu / %zu%s", plan_payload_name((PayloadDtype)d), run_in[d], run_out[d], d < 3 ? ";" : "\n");
+        for (int d = 0; d < 4; d++)
+            printf(" %s %zu / %zu%s", plan_payload_name((PayloadDtype)d), run_in[d], run_out[d], d < 3 ? ";" : "\n");
     }
     return SPES_OK;
 }
@@ -280,7 +282,8 @@ int cmd_plan(int argc, char **argv) {
             o.json = true;
             continue;
         }
-        static const char *const flags[] = {"--gpus", "--device_memory", "--link_gbps", "--mfu", "--peak_tflops", "--rounds"};
+        static const char *const flags[] = {"--gpus", "--device_memory", "--link_gbps",
+                                            "--mfu",  "--peak_tflops",   "--rounds"};
         int f = -1;
         const char *v = NULL;
         for (int k = 0; k < 6 && f < 0; k++) {
