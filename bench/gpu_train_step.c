@@ -53,7 +53,9 @@
 #include "base/timer.h"
 #include "model/model.h"
 #include "model/model_internal.h"   // the activation arena's size, for the memory prediction
+#include "config/config.h"
 #include "train/optimizer.h"
+#include "train/plan.h"
 
 enum { MAX_STEPS = 256 };
 enum { RES_OK = 0, RES_FAIL = 1, RES_OOM = 3, RES_SKIP = 77 };
@@ -363,12 +365,40 @@ static void measure(const Opts *o, Job job, Result *r) {
     }
 }
 
+// The plan's peak (src/train/plan.h, what `spes plan` prints) of this job: the same model,
+// micro-batch, compute type and trainable set on one rank, no checkpointing. The plan follows
+// the trainer's allocations; this bench allocates the same buffers (its setup differs: every
+// gradient first, then the peer's), and the step's peak is the same.
+static double plan_bytes(const Opts *o, int experts_per_peer, NumType compute) {
+    TrainConfig cfg;
+    config_defaults(&cfg);
+    PlanTarget target;
+    Plan plan;
+    double peak = 0;
+    if (bench_config(o->preset, &cfg.model) == SPES_OK) {
+        cfg.using_spes = experts_per_peer > 0;
+        cfg.num_train_experts_per_node = experts_per_peer;
+        cfg.num_peers = experts_per_peer > 0 ? cfg.model.num_experts / experts_per_peer : 1;
+        cfg.peer_id = 0;
+        cfg.device_train_microbatch_size = o->B;
+        if (plan_target_from_config(&cfg, 1, strcmp(o->device, "cpu") != 0, &target) == SPES_OK) {
+            target.compute = target.layout.compute = compute;   // the backend's, as it opened
+            target.seq_len = o->T;
+            target.micro_batch = o->B;
+            if (plan_compute(&cfg, &target, &plan) == SPES_OK) peak = (double)plan.mem.peak_step;
+        }
+    }
+    config_free(&cfg);
+    return peak;
+}
+
 static double predicted_bytes(const Result *r) {
     return 4.0 * (double)r->params + (r->compute_copy ? 2.0 * (double)r->params : 0.0) + 12.0 * (double)r->trainable +
            (double)r->arena_bytes;
 }
 
-static void print_train(const char *name, const Result *r, const Opts *o, double gemm_tflops, bool async) {
+static void print_train(const char *name, const Result *r, const Opts *o, double gemm_tflops, bool async,
+                        int experts_per_peer) {
     if (r->status == RES_OOM) {
         printf("%s: DOES NOT FIT in GPU memory at micro-batch %d x %d (%s); try --batch %d\n", name, o->B, o->T,
                r->message, o->B > 1 ? o->B / 2 : 1);
@@ -395,6 +425,11 @@ static void print_train(const char *name, const Result *r, const Opts *o, double
                name, gb(r->peak_bytes), pred / 1e9, 4.0 * r->params / 1e9, r->compute_copy ? 2.0 * r->params / 1e9 : 0.0,
                4.0 * r->trainable / 1e9, 8.0 * r->trainable / 1e9, r->arena_bytes / 1e9,
                ((double)r->peak_bytes - pred) / 1e9, gb(r->static_bytes));
+        double planned = plan_bytes(o, experts_per_peer, r->compute_copy ? NUM_BF16 : NUM_F32);
+        if (planned > 0)
+            printf("%s: memory peak %.2f GB measured, %.2f GB planned by spes plan's ledger (%.4f; the rest: the "
+                   "backend's scratch)\n",
+                   name, gb(r->peak_bytes), planned / 1e9, planned / (double)r->peak_bytes);
     } else {
         printf("%s: memory: this backend does not track its allocations; predicted %.2f GB\n", name,
                predicted_bytes(r) / 1e9);
@@ -470,9 +505,9 @@ int main(int argc, char **argv) {
     else
         printf("gemm: FAILED: %s\n", gemm.message);
     measure(&o, JOB_PEER, &peer);
-    print_train("peer", &peer, &o, gemm.gemm_tflops, async);
+    print_train("peer", &peer, &o, gemm.gemm_tflops, async, o.experts_per_peer);
     measure(&o, JOB_ALL, &all);
-    print_train("all-trainable", &all, &o, gemm.gemm_tflops, async);
+    print_train("all-trainable", &all, &o, gemm.gemm_tflops, async, 0);
 
     // Machine-readable lines; NA where a measurement is missing.
     char buf[64];

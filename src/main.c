@@ -10,6 +10,7 @@ static const Command commands[] = {
     {"tokenize", cmd_tokenize, "text files (jsonl/json/gz/zst/parquet/txt) -> token shards, like SPES tokenize_data.py"},
     {"debug-step", cmd_debug_step, "one forward+backward on an HF model dir; writes logits, losses, grads"},
     {"train", cmd_train, "train from a SPES/OLMo YAML config (checkpoints, resume, metrics.jsonl)"},
+    {"plan", cmd_plan, "what a config needs before it trains: memory per GPU, sync bytes per round, time"},
     {"list-files", cmd_list_files, "write the manifest (file_list.txt) of the token files under a directory"},
     {"export", cmd_export, "checkpoint -> Hugging Face OLMoE / Qwen3-MoE directory (sharded, f32/bf16)"},
     {"upcycle", cmd_upcycle, "dense Qwen3 HF model -> MoE with every expert a copy of the dense MLP"},

@@ -13,6 +13,7 @@ typedef struct {
 int cmd_debug_step(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 int cmd_list_files(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_upcycle(int argc, char **argv);

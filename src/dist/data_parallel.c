@@ -57,6 +57,27 @@ void dp_range_counts(const size_t *lo, int size, size_t b0, size_t b1, int *coun
     for (int r = 0; r < size; r++) counts[r] = (int)dp_shard_overlap(lo, r, b0, b1, &start);
 }
 
+size_t dp_bucket_values(double bucket_mb) {
+    // A bucket is one MPI/NCCL call: at least 1024 values, at most what an MPI count holds.
+    double bucket = bucket_mb * 1e6 / sizeof(float);
+    return bucket < 1024 ? 1024 : bucket > (double)(1 << 30) ? (size_t)1 << 30 : (size_t)bucket;
+}
+
+void dp_shard_bounds(size_t n, int size, size_t *lo) {
+    // Equal shards, the first n % size one value longer.
+    size_t base = n / (size_t)size, extra = n % (size_t)size;
+    lo[0] = 0;
+    for (int r = 0; r < size; r++) lo[r + 1] = lo[r] + base + ((size_t)r < extra);
+}
+
+size_t dp_scratch_values(DpStage stage, const ParamTable *table, size_t bucket) {
+    // The parameter all-gather of ZeRO-1/2 goes through one bucket of scratch unless the
+    // trainable tensors are the front of the parameter buffer (then it runs in place).
+    size_t n = table->trainable_numel;
+    if ((stage != DP_ZERO1 && stage != DP_ZERO2) || dp_layout_is_contiguous(table)) return 0;
+    return bucket < n ? bucket : n;
+}
+
 int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const ParamTable *table, int n_layers,
               double bucket_mb) {
     memset(dp, 0, sizeof *dp);
@@ -68,9 +89,7 @@ int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const Pa
     dp->size = comm_size(comm);
     dp->stage = stage;
     dp->n = table->trainable_numel;
-    // A bucket is one MPI/NCCL call: at least 1024 values, at most what an MPI count holds.
-    double bucket = bucket_mb * 1e6 / sizeof(float);
-    dp->bucket = bucket < 1024 ? 1024 : bucket > (double)(1 << 30) ? (size_t)1 << 30 : (size_t)bucket;
+    dp->bucket = dp_bucket_values(bucket_mb);
     dp->n_buckets = (dp->n + dp->bucket - 1) / dp->bucket;
     dp->hooks = (ModelHooks){.fn = dp_on_model_event, .ctx = dp};
     if (!(dp->lo = spes_calloc((size_t)dp->size + 1, sizeof *dp->lo)) ||
@@ -79,9 +98,8 @@ int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const Pa
         dp_free(dp);
         return SPES_ERR;
     }
-    // Equal shards, the first n % size one value longer.
-    size_t base = dp->n / (size_t)dp->size, extra = dp->n % (size_t)dp->size;
-    for (int r = 0; r < dp->size; r++) dp->lo[r + 1] = dp->lo[r] + base + ((size_t)r < extra);
+    dp_shard_bounds(dp->n, dp->size, dp->lo);
+    size_t base = dp->n / (size_t)dp->size;
     if (stage != DP_DDP && base + 1 > (size_t)INT_MAX) {
         dp_free(dp);
         return spes_fail("dist: a shard of %zu values is more than MPI/NCCL counts hold; use more ranks", base + 1);
@@ -90,8 +108,7 @@ int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const Pa
     // the trainable tensors are the front of the parameter buffer in table order (every tensor
     // trainable: no frozen experts), when the all-gather runs in place on the parameters.
     dp->contiguous = dp_layout_is_contiguous(table);
-    size_t scratch = 0;
-    if ((stage == DP_ZERO1 || stage == DP_ZERO2) && !dp->contiguous) scratch = min_sz(dp->bucket, dp->n);
+    size_t scratch = dp_scratch_values(stage, table, dp->bucket);
     dp->scratch_n = scratch;
     int rc = SPES_OK;
     if (scratch) rc = backend_alloc(be, scratch * sizeof(float), (void **)&dp->scratch);

@@ -81,6 +81,13 @@ const char *dp_stage_name(DpStage s);   // "ddp", "zero1", "zero2", "zero3"
 // True when the stage keeps gradient shards only (ZeRO-2 and ZeRO-3: dist/sharded_grads.h).
 bool dp_shards_grads(DpStage s);
 
+// Values per gradient bucket for ddp.bucket_cap_mb (at least 1024, at most 2^30).
+size_t dp_bucket_values(double bucket_mb);
+// lo[size + 1]: the shard boundaries of n values over `size` ranks (equal, the first n % size
+// one value longer).
+void dp_shard_bounds(size_t n, int size, size_t *lo);
+// Values of the collective scratch dp_create allocates (ZeRO-1/2 with frozen tensors: one bucket).
+size_t dp_scratch_values(DpStage stage, const ParamTable *table, size_t bucket);
 // `table` (of a model of n_layers layers) must outlive dp; dp must not be moved afterwards
 // (dp->hooks points at it).
 int dp_create(DataParallel *dp, Comm *comm, Backend *be, DpStage stage, const ParamTable *table, int n_layers,

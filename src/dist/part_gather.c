@@ -29,6 +29,17 @@ static bool all_trainable(const PartGather *g, int part) {
     return ghi - glo == numel;
 }
 
+size_t part_gather_staging_values(const ParamTable *table, int n_layers) {
+    PartGather g = {.table = table, .n_layers = n_layers};
+    size_t staged = 0;
+    for (int p = 0; p <= n_layers + 1; p++) {
+        size_t glo, ghi;
+        part_grad_range(&g, p, &glo, &ghi);
+        if (!all_trainable(&g, p)) staged = max_sz(staged, ghi - glo);   // a part with frozen tensors
+    }
+    return staged;
+}
+
 int part_gather_create(PartGather *g, Comm *comm, Backend *be, const ParamTable *table, int n_layers,
                        const size_t *lo, int slots) {
     memset(g, 0, sizeof *g);
@@ -46,8 +57,8 @@ int part_gather_create(PartGather *g, Comm *comm, Backend *be, const ParamTable 
         size_t glo, ghi;
         part_grad_range(g, p, &glo, &ghi);
         largest = max_sz(largest, ghi - glo);
-        if (!all_trainable(g, p)) g->gathered_n = max_sz(g->gathered_n, ghi - glo);   // staged
     }
+    g->gathered_n = part_gather_staging_values(table, n_layers);
     if (largest > INT_MAX) return spes_fail("part_gather: a part of %zu trainable values exceeds one collective's count", largest);
     for (int s = 0; s < slots; s++) {
         if (g->gathered_n && backend_alloc(be, g->gathered_n * sizeof(float), (void **)&g->gathered[s]) != SPES_OK)

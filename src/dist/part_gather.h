@@ -33,6 +33,9 @@ typedef struct {
     int *counts[2];          // [slots][size] each slot's blocks (read until its gather completes)
 } PartGather;
 
+// Values of one slot's staging (gathered_n): the largest trainable range of a part that also
+// holds frozen tensors; 0 when every part gathers in place.
+size_t part_gather_staging_values(const ParamTable *table, int n_layers);
 // lo: the shard boundaries (DataParallel.lo); table (of a model of n_layers layers) and lo must
 // outlive g. `slots`: 2 to keep a second gather in flight (its own staging and counts), else 1.
 int part_gather_create(PartGather *g, Comm *comm, Backend *be, const ParamTable *table, int n_layers,

@@ -156,15 +156,20 @@ int model_move_to(Model *m, Backend *be) {
     return SPES_OK;
 }
 
-int model_set_activation_checkpointing(Model *m, const char *mode) {
+int model_checkpointing_mode(const char *mode, int *out) {
     if (!mode || !strcmp(mode, "none") || !strcmp(mode, "null") || !strcmp(mode, "false"))
-        m->checkpointing = ACT_KEEP_ALL;
+        *out = ACT_KEEP_ALL;
     else if (!strcmp(mode, "fine_grained"))
-        m->checkpointing = ACT_KEEP_NO_EXPERTS;
+        *out = ACT_KEEP_NO_EXPERTS;
     else if (!strcmp(mode, "whole_layer"))
-        m->checkpointing = ACT_KEEP_INPUTS;
+        *out = ACT_KEEP_INPUTS;
     else
         return spes_fail("activation_checkpointing '%s': supported are whole_layer, fine_grained and none", mode);
+    return SPES_OK;
+}
+
+int model_set_activation_checkpointing(Model *m, const char *mode) {
+    SPES_TRY(model_checkpointing_mode(mode, &m->checkpointing));
     model_acts_free(m);   // planned anew at the next call
     return SPES_OK;
 }
@@ -214,10 +219,7 @@ int model_set_trainable(Model *m, const bool *mask) {
 int model_set_trainable_experts(Model *m, int first, int last) {
     bool *mask = spes_calloc((size_t)m->table.count, sizeof(bool));
     if (!mask) return SPES_ERR;
-    for (int i = 0; i < m->table.count; i++) {
-        int e = m->table.entries[i].expert;
-        mask[i] = e < 0 || (e >= first && e <= last);
-    }
+    param_table_expert_mask(&m->table, first, last, mask);
     int rc = model_set_trainable(m, mask);
     free(mask);
     return rc;

@@ -89,6 +89,8 @@ int model_move_to(Model *m, Backend *be);
 // input and recomputes the layer's forward right before its backward (one extra forward).
 // Gradients are bit-identical either way (the recomputation runs the same deterministic ops).
 int model_set_activation_checkpointing(Model *m, const char *mode);
+// The mode's number as Model.checkpointing holds it (0 none, 1 fine_grained, 2 whole_layer).
+int model_checkpointing_mode(const char *mode, int *out);
 void model_free(Model *m);
 // OLMo init: every matrix ~ truncated normal(0, init_std, +-cutoff*std); norm weights 1.
 // Deterministic for a seed, independent of thread count.

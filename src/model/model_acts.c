@@ -122,6 +122,7 @@ static void layout(const ModelConfig *cfg, const Backend *be, ActKeep keep, Mode
     a->dv = CARVE_C(c, N * kd, ct);
     a->datt = CARVE_C(c, N * qd, ct);
     a->qkv = CARVE_C(c, N * (qd + 2 * kd), ct);
+    const size_t logits_at = c->used;
     a->logit_ld = logits_row_stride((int)V, be->logits_align);
     a->logit_rows = logits_block_rows(N, a->logit_ld, ct, be->logits_block_bytes);
     a->logits = CARVE_C(c, (size_t)a->logit_rows * a->logit_ld, ct);
@@ -135,6 +136,7 @@ static void layout(const ModelConfig *cfg, const Backend *be, ActKeep keep, Mode
     a->logit_stage_rows = a->logit_rows < LOGIT_STAGE_ROWS ? a->logit_rows : LOGIT_STAGE_ROWS;
     const bool staged = ct != NUM_F32 || a->logit_ld != (int)V;
     a->logits_f32 = staged ? CARVE_F(c, (size_t)a->logit_stage_rows * V) : NULL;
+    a->logits_bytes = c->used - logits_at;
     a->row_ce = CARVE_F(c, N);
     a->row_lse = CARVE_F(c, N);
     a->stats = CARVE_D(c, (size_t)cfg->n_layers * STATS_PER_LAYER(E) + 2);
@@ -146,6 +148,20 @@ static int alloc_host_side(const ModelConfig *cfg, ModelActivations *a) {
     a->offsets_host = spes_calloc(L * (E + 1), sizeof(int32_t));
     a->stats_host = spes_calloc(L * STATS_PER_LAYER(E) + 2, sizeof(double));
     return a->offsets_host && a->stats_host ? SPES_OK : SPES_ERR;
+}
+
+size_t model_acts_bytes(const ModelConfig *cfg, const Backend *traits, int B, int T, ActKeep keep,
+                        size_t *logits_bytes) {
+    // The same layout() model_acts_plan allocates from, carved with a measuring Carver over a
+    // scratch descriptor: the arena's bytes without the arena (src/train/plan.c reads them).
+    ModelActivations probe = {.B = B, .T = T};
+    LayerActs *layers = spes_calloc((size_t)cfg->n_layers, sizeof *layers);
+    if (!layers) return 0;
+    Carver measure = {0};
+    layout(cfg, traits, keep, &probe, layers, &measure);
+    free(layers);
+    if (logits_bytes) *logits_bytes = probe.logits_bytes;
+    return measure.overflow ? 0 : measure.used;
 }
 
 int model_acts_plan(Model *m, int B, int T, ActKeep keep) {

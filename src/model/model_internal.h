@@ -98,6 +98,7 @@ struct ModelActivations {
     int logit_rows;          // R
     int logit_ld;            // >= V: V rounded up to the backend's logits_align
     int logit_stage_rows;    // S <= R
+    size_t logits_bytes;     // the arena bytes of the LM head's buffers (logits, staging, padded head)
     // When logit_ld > V: lm_head [logit_ld, H] with zero rows past V (copied in per pass) and
     // an fp32 dW of that shape, so every dimension of the head's GEMMs is logit_ld, never V.
     Buf lm_head_padded;
@@ -119,6 +120,12 @@ int logits_block_rows(size_t N, int ld, NumType ct, size_t block_bytes);
 // Plans activation memory for (B, T) and what layers keep, reusing the current plan when it fits.
 int model_acts_plan(Model *m, int B, int T, ActKeep keep);
 void model_acts_free(Model *m);
+// The bytes model_acts_plan's arena takes for (B, T, keep) on a backend like `traits` (its
+// compute type and logits layout: backend_plan_traits, or an open backend), measured with the
+// same layout and nothing allocated; 0 when they overflow size_t or the host is out of memory.
+// *logits_bytes (when not NULL): the LM head's share (logits block, host staging, padded head).
+size_t model_acts_bytes(const ModelConfig *cfg, const Backend *traits, int B, int T, ActKeep keep,
+                        size_t *logits_bytes);
 
 // Where attention reads and writes keys and values: NULL in training (this layer's k/v
 // activations), a KV cache in incremental decoding.

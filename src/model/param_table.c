@@ -125,6 +125,13 @@ void param_table_set_trainable(ParamTable *table, const bool *mask) {
     table->trainable_numel = offset;
 }
 
+void param_table_expert_mask(const ParamTable *table, int first, int last, bool *mask) {
+    for (int i = 0; i < table->count; i++) {
+        int e = table->entries[i].expert;
+        mask[i] = e < 0 || (e >= first && e <= last);
+    }
+}
+
 bool param_kind_is_norm(ParamKind kind) {
     return kind == PARAM_ATTN_NORM || kind == PARAM_Q_NORM || kind == PARAM_K_NORM || kind == PARAM_MLP_NORM ||
            kind == PARAM_FINAL_NORM;

@@ -67,5 +67,8 @@ void param_part_grad_span(const ParamTable *table, int part, int n_layers, size_
 int param_table_index(const ParamTable *table, ParamKind kind, int layer, int expert);
 // Marks tensors trainable from a per-entry mask and recomputes grad offsets.
 void param_table_set_trainable(ParamTable *table, const bool *mask);
+// mask[table->count]: shared tensors (no expert) true, experts true only in [first, last]
+// (inclusive): the trainable set of a SPES peer (model_set_trainable_experts, src/train/plan.c).
+void param_table_expert_mask(const ParamTable *table, int first, int last, bool *mask);
 // True for norm weights (RMSNorm/QK-norm gains): OLMo's "norm and bias" decay group.
 bool param_kind_is_norm(ParamKind kind);

@@ -131,6 +131,23 @@ void backend_close(Backend *be) {
     if (be && be != backend_cpu()) be->ops->close(be);
 }
 
+int backend_device_memory(Backend *be, size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+#ifdef SPES_WITH_CUDA
+    if (!be->host_memory) return cuda_device_memory(be->device, free_bytes, total_bytes);
+#endif
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return spes_fail("cannot read /proc/meminfo for the host's free memory");
+    char line[256];
+    size_t kb;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) *free_bytes = kb * 1024;
+        if (sscanf(line, "MemTotal: %zu kB", &kb) == 1) *total_bytes = kb * 1024;
+    }
+    fclose(f);
+    return *total_bytes ? SPES_OK : spes_fail("/proc/meminfo has no MemTotal line");
+}
+
 int backend_alloc(Backend *be, size_t bytes, void **out) { return be->ops->alloc(be, bytes, out); }
 void backend_free(Backend *be, void *p) {
     if (p) be->ops->free(be, p);

@@ -237,6 +237,9 @@ void backend_close(Backend *be);
 // the logits block's layout; ops, device and impl stay NULL / -1. The cuda backend opens with
 // these same values, and the cpu backend's are these too.
 void backend_plan_traits(bool gpu, Precision precision, Backend *out);
+// The memory the backend can still allocate and its total, in bytes: the GPU's free and total
+// memory on cuda, the host's MemAvailable and MemTotal (/proc/meminfo) on cpu.
+int backend_device_memory(Backend *be, size_t *free_bytes, size_t *total_bytes);
 // The backends compiled in, e.g. "cpu cuda(sm_80,sm_89,sm_90)".
 const char *backend_compiled(void);
 // The process-wide cpu backend (never closed; what code without a device choice uses).

@@ -69,6 +69,52 @@ static int decompress_codes(const uint8_t *frame, size_t frame_len, uint8_t *out
     return SPES_OK;
 }
 
+int delta_payload_bytes(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, const bool *keep,
+                        const char *view, size_t *len) {
+    // The tensor list delta_payload_serialize writes (codes, then `name.scale`), headers only:
+    // int4's frames at ZSTD_compressBound of their packed codes, the most a frame can take.
+    *len = 0;
+    StWriteTensor *w = spes_calloc(2 * (size_t)n + 1, sizeof *w);
+    char **names = spes_calloc((size_t)n + 1, sizeof *names);
+    int rc = w && names ? SPES_OK : SPES_ERR, kept = 0;
+    for (int i = 0; rc == SPES_OK && i < n; i++) {
+        const DeltaTensor *t = &tensors[i];
+        if (keep && !keep[i]) continue;
+        StWriteTensor *codes = &w[kept++];
+        *codes = (StWriteTensor){.name = t->name, .dtype = DTYPE_I8, .ndim = t->ndim};
+        memcpy(codes->shape, t->shape, sizeof t->shape);
+        if (c->bits == 4) {
+            size_t packed = code_bytes(c, t->numel);
+            *codes = (StWriteTensor){.name = t->name, .dtype = DTYPE_U8, .ndim = 1};
+            codes->shape[0] = (int64_t)(c->zstd ? ZSTD_compressBound(packed) : packed);
+        }
+        size_t name_len = strlen(t->name) + sizeof DELTA_SCALE_SUFFIX;
+        if (!(names[i] = spes_malloc(name_len))) {
+            rc = SPES_ERR;
+            break;
+        }
+        snprintf(names[i], name_len, "%s%s", t->name, DELTA_SCALE_SUFFIX);
+        w[kept++] = (StWriteTensor){.name = names[i], .dtype = c->scale_dtype, .ndim = 1,
+                                    .shape = {(int64_t)delta_blocks(t->numel)}};
+    }
+    char base[24], block[24];
+    snprintf(base, sizeof base, "%d", base_step);
+    snprintf(block, sizeof block, "%d", DELTA_BLOCK);
+    // A view's metadata: the payload's, then "spes_view" (aggregate_view_build).
+    const char *keys[] = {"spes_encoding", "spes_base_step", "spes_block", "spes_view"};
+    const char *values[] = {c->encoding, base, block, view};
+    char *header = NULL;
+    size_t header_len = 0, data_len = 0;
+    if (rc == SPES_OK)
+        rc = safetensors_build_header(w, kept, keys, values, view ? 4 : 3, &header, &header_len, &data_len);
+    if (rc == SPES_OK) *len = header_len + data_len;
+    free(header);
+    for (int i = 0; names && i < n; i++) free(names[i]);
+    free(names);
+    free(w);
+    return rc;
+}
+
 int delta_payload_serialize(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, uint8_t **bytes,
                            size_t *len) {
     StWriteTensor *w = spes_calloc(2 * (size_t)n + 1, sizeof *w);

@@ -34,6 +34,14 @@ typedef struct {
 int delta_payload_serialize(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, uint8_t **bytes,
                            size_t *len);
 
+// The bytes delta_payload_serialize writes for `tensors` (their codes and scales are not read:
+// nothing is encoded), or, with keep, of the aggregate view of such a payload holding only the
+// tensors keep[i] (with their scales) and "spes_view" = view in its metadata (aggregate_view.h).
+// int8 sizes are exact; int4's are upper bounds: each zstd frame at ZSTD_compressBound of its
+// packed codes (real codes compress: docs/communication.md measured 0.76x).
+int delta_payload_bytes(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, const bool *keep,
+                        const char *view, size_t *len);
+
 // Whether a parsed payload is a delta (by its metadata: *codec, NULL when it is not one), and
 // against which step. A payload that names an unknown encoding, or a delta with a missing or bad
 // base step or block size, is an error naming `what`.

@@ -25,6 +25,7 @@
 #include "train/checkpoint.h"
 #include "train/loss_scale.h"
 #include "train/optimizer.h"
+#include "train/plan_check.h"
 #include "train/schedule.h"
 
 // An lm evaluator reads token files; a downstream one (cfg->requests) scores a multiple-choice
@@ -72,18 +73,28 @@ struct Trainer {
     bool z3_on;
     double *micro_losses;       // [6 * micro-batches] per-micro-batch losses, summed over ranks
     int n_micro_losses;
+    size_t planned_peak;        // the plan's peak of backend memory on this rank (train/plan_check.h)
 };
 
-int trainer_setup_trainable(Model *m, const TrainConfig *cfg) {
-    int experts = m->cfg.num_experts;
+int trainer_own_experts(const TrainConfig *cfg, int experts, int *first, int *last) {
     // Plain training and the fedavg baseline (using_dilico) train every expert.
-    if (!cfg->using_spes || cfg->using_dilico) return model_set_trainable_experts(m, 0, experts - 1);
-    int per = cfg->num_train_experts_per_node, first = cfg->peer_id * per;
-    if (per <= 0 || first < 0 || first + per > experts)
+    if (!cfg->using_spes || cfg->using_dilico) {
+        *first = 0, *last = experts - 1;
+        return SPES_OK;
+    }
+    int per = cfg->num_train_experts_per_node;
+    *first = cfg->peer_id * per, *last = *first + per - 1;
+    if (per <= 0 || *first < 0 || *first + per > experts)
         return spes_fail("spes_config: peer %d with %d experts per node owns experts [%d, %d), outside the model's "
                          "%d experts; check peer_id and num_train_experts_per_node",
-                         cfg->peer_id, per, first, first + per, experts);
-    return model_set_trainable_experts(m, first, first + per - 1);
+                         cfg->peer_id, per, *first, *first + per, experts);
+    return SPES_OK;
+}
+
+int trainer_setup_trainable(Model *m, const TrainConfig *cfg) {
+    int first, last;
+    SPES_TRY(trainer_own_experts(cfg, m->cfg.num_experts, &first, &last));
+    return model_set_trainable_experts(m, first, last);
 }
 
 // sgemm throughput on this machine with the current thread count: the ceiling MFU is
@@ -302,6 +313,8 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     Precision precision;
     if (precision_from_name(cfg->precision, &precision) != SPES_OK) goto fail;
     if (backend_open_for_rank(cfg->device, comm_local_rank(t->comm), precision, &t->be) != SPES_OK) goto fail;
+    // Before anything big is allocated: a run whose plan cannot fit stops here, with the plan.
+    if (plan_check_device(cfg, t->be, comm_size(t->comm), t->rank0, &t->planned_peak) != SPES_OK) goto fail;
     if (loader_open_train(cfg, &t->train_ds, &t->train_dl) != SPES_OK) goto fail;
     if (config_max_steps(cfg, token_dataset_len(t->train_ds), &t->max_steps) != SPES_OK) goto fail;
     if (schedule_validate(&cfg->schedule, cfg->learning_rate, t->max_steps) != SPES_OK) goto fail;
@@ -826,5 +839,11 @@ int trainer_run(Trainer *t) {
     bool completed = t->state.step >= t->max_steps;
     if (completed && t->n_evals > 0 && t->last_eval_step != t->state.step) SPES_TRY(trainer_evaluate(t));
     bool resharded;   // the model holds its full parameters after a run
-    return unshard(t, &resharded);
+    SPES_TRY(unshard(t, &resharded));
+    size_t in_use = 0, peak = 0;   // the plan's peak beside the measured one (tests/integration/plan_memory.sh)
+    t->be->ops->memory(t->be, &in_use, &peak);
+    if (t->rank0 && peak > 0)
+        log_info("memory: backend peak %zu bytes on this rank, planned %zu (%.4f)", peak, t->planned_peak,
+                 (double)t->planned_peak / (double)peak);
+    return SPES_OK;
 }

@@ -84,3 +84,5 @@ TrainState *trainer_state(Trainer *t);
 // plus the peer's own experts [peer_id*m, (peer_id+1)*m) of every layer
 // (m = num_train_experts_per_node). Reallocates the model's gradient buffer.
 int trainer_setup_trainable(Model *m, const TrainConfig *cfg);
+// The experts [first, last] this config trains (the rule above), or an error naming the bad keys.
+int trainer_own_experts(const TrainConfig *cfg, int experts, int *first, int *last);

@@ -1,6 +1,7 @@
 // The cpu backend: the kernels of cpu_ops.h behind the table of ops/backend.h. Memory is
 // plain (64-byte aligned) host memory, every Buf is fp32, and ops run synchronously, so
 // upload/download are memcpy (nothing when source and destination are the same pointer).
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -22,11 +23,36 @@ static float *f32(Buf b) {
     return (float *)b.p;
 }
 
+// Backend memory is counted (in use, peak since the process started: the cpu backend is never
+// closed), as the cuda backend counts its own, so a plan's peak (src/train/plan.h) can be checked
+// against the allocations on any machine. Each block carries its size in a 64-byte header (the
+// blocks stay 64-byte aligned). host_alloc is host staging, not counted, as on cuda.
+#define TRACK_HEADER 64
+static _Atomic size_t mem_in_use, mem_peak;
+
 static int cpu_alloc(Backend *be, size_t bytes, void **out) {
+    size_t counted = bytes ? bytes : 1;
+    char *base = counted + TRACK_HEADER > counted ? spes_alloc_aligned(counted + TRACK_HEADER) : NULL;
+    *out = NULL;
+    if (!base) return spes_fail_context("%zu bytes of host memory", bytes);
+    *(size_t *)base = counted;
+    size_t now = (mem_in_use += counted), peak = mem_peak;
+    while (now > peak && !atomic_compare_exchange_weak(&mem_peak, &peak, now)) {
+    }
+    *out = base + TRACK_HEADER;
+    return SPES_OK;
+}
+static void cpu_free(Backend *be, void *p) {
+    if (!p) return;
+    char *base = (char *)p - TRACK_HEADER;
+    mem_in_use -= *(size_t *)base;
+    spes_free_aligned(base);
+}
+static int cpu_host_alloc(Backend *be, size_t bytes, void **out) {
     *out = spes_alloc_aligned(bytes ? bytes : 1);
     return *out ? SPES_OK : spes_fail_context("%zu bytes of host memory", bytes);
 }
-static void cpu_free(Backend *be, void *p) { spes_free_aligned(p); }
+static void cpu_host_free(Backend *be, void *p) { spes_free_aligned(p); }
 static int cpu_upload(Backend *be, void *dst, const void *src, size_t bytes) {
     if (dst != src && bytes) memcpy(dst, src, bytes);
     return SPES_OK;
@@ -48,7 +74,10 @@ static int cpu_sync(Backend *be) {
     failure[0] = '\0';
     return rc;
 }
-static void cpu_memory(Backend *be, size_t *in_use, size_t *peak) { *in_use = *peak = 0; }
+static void cpu_memory(Backend *be, size_t *in_use, size_t *peak) {
+    if (in_use) *in_use = mem_in_use;
+    if (peak) *peak = mem_peak;
+}
 static void cpu_close(Backend *be) {}
 
 static void cpu_gemm(Backend *be, bool ta, bool tb, int M, int N, int K, float alpha, Buf A, int lda, Buf B, int ldb,
@@ -134,8 +163,8 @@ static void cpu_adamw(Backend *be, const AdamWTensor *t, int count, const AdamWS
 static const BackendOps cpu_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
-    .host_alloc = cpu_alloc,   // host memory either way
-    .host_free = cpu_free,
+    .host_alloc = cpu_host_alloc,   // host memory either way; not counted as the backend's
+    .host_free = cpu_host_free,
     .upload = cpu_upload,
     .download = cpu_upload,   // same memory: a copy either way
     .copy = cpu_copy,

@@ -54,6 +54,16 @@ extern "C" int cuda_device_count(void) {
 
 extern "C" const char *cuda_archs(void) { return SPES_CUDA_ARCHS; }
 
+extern "C" int cuda_device_memory(int device, size_t *free_bytes, size_t *total_bytes) {
+    cudaError_t err = cudaSetDevice(device);
+    if (err == cudaSuccess) err = cudaMemGetInfo(free_bytes, total_bytes);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return spes_fail("cuda:%d: cannot read the free GPU memory (%s)", device, cudaGetErrorString(err));
+    }
+    return SPES_OK;
+}
+
 // ---- failures ---------------------------------------------------------------------------------
 void cuda_record_failure(Backend *be, const char *what, const char *detail, const char *file, int line) {
     CudaState *st = cuda_state(be);

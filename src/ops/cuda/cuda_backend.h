@@ -14,6 +14,8 @@ int cuda_device_count(void);
 int cuda_backend_open(int device, Precision precision, Backend **out);
 // The architectures compiled in, e.g. "sm_80,sm_89,sm_90".
 const char *cuda_archs(void);
+// Free and total memory of GPU `device` (cudaMemGetInfo), in bytes.
+int cuda_device_memory(int device, size_t *free_bytes, size_t *total_bytes);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,181 @@
+// The bytes of a SPES run's sync rounds, planned. See plan_sync.h.
+#include "train/plan_sync.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "io/safetensors.h"
+#include "model/param_table.h"
+#include "sync/delta_payload.h"
+#include "sync/rounds.h"
+#include "train/trainer.h"
+
+const char *plan_payload_name(PayloadDtype d) {
+    static const char *const names[] = {"f32", "bf16", "int8", "int4"};
+    return (unsigned)d < 4 ? names[d] : "?";
+}
+
+// The parameter table with peer `peer`'s trainable mask (cfg's topology).
+typedef struct {
+    ParamTable table;
+    bool **mask;            // [peers][table.count]: each peer's trainable tensors
+    int peers;              // the peers whose experts exist (see tables_build)
+} Tables;
+
+static void tables_free(Tables *t) {
+    for (int p = 0; t->mask && p < t->peers; p++) free(t->mask[p]);
+    free(t->mask);
+    param_table_free(&t->table);
+}
+
+static int tables_build(const TrainConfig *cfg, Tables *t) {
+    memset(t, 0, sizeof *t);
+    ModelConfig mc = cfg->model;
+    SPES_TRY(model_config_validate(&mc));
+    SPES_TRY(param_table_build(&mc, &t->table));
+    t->peers = cfg->using_spes || cfg->using_dilico ? cfg->num_peers : 1;
+    if (t->peers < 1) t->peers = 1;
+    if (!(t->mask = spes_calloc((size_t)t->peers, sizeof *t->mask))) return SPES_ERR;
+    TrainConfig peer = *cfg;   // read only: its peer_id changed
+    for (int p = 0; p < t->peers; p++) {
+        int first, last;
+        peer.peer_id = p;
+        // A config whose peers do not partition the experts (config_load warns) has peers past
+        // the last expert: they could not train, so the rounds have the ones before them.
+        if (p > 0 && trainer_own_experts(&peer, mc.num_experts, &first, &last) != SPES_OK) {
+            t->peers = p;
+            break;
+        }
+        SPES_TRY(trainer_own_experts(&peer, mc.num_experts, &first, &last));
+        if (!(t->mask[p] = spes_calloc((size_t)t->table.count, sizeof(bool)))) return SPES_ERR;
+        param_table_expert_mask(&t->table, first, last, t->mask[p]);
+    }
+    return SPES_OK;
+}
+
+// Bytes of a safetensors image of the tensors with select[i] (all when NULL) in dtype, with
+// metadata "spes_view" = view when not NULL: what safetensors_serialize writes (an upload), or
+// aggregate_view_build serves (a view of the aggregate, whose image has no metadata).
+static int plain_bytes(const ParamTable *t, const bool *select, DType dtype, const char *view, size_t *len) {
+    StWriteTensor *w = spes_calloc((size_t)t->count + 1, sizeof *w);
+    if (!w) return SPES_ERR;
+    int n = 0;
+    for (int i = 0; i < t->count; i++) {
+        const ParamInfo *pi = &t->entries[i];
+        if (select && !select[i]) continue;
+        w[n] = (StWriteTensor){.name = pi->name, .dtype = dtype, .ndim = pi->ndim};
+        for (int d = 0; d < pi->ndim; d++) w[n].shape[d] = pi->shape[d];
+        n++;
+    }
+    const char *keys[] = {"spes_view"}, *values[] = {view};
+    char *header = NULL;
+    size_t header_len = 0, data_len = 0;
+    int rc = safetensors_build_header(w, n, keys, values, view ? 1 : 0, &header, &header_len, &data_len);
+    *len = header_len + data_len;
+    free(header);
+    free(w);
+    return rc;
+}
+
+// Bytes of a delta payload of the tensors with select[i] (all when NULL), against base_step; as
+// a view without the tensors keep[i] false when keep (view name `view`).
+static int delta_bytes(const ParamTable *t, const DeltaCodec *c, const bool *select, int base_step, const bool *keep,
+                       const char *view, size_t *len) {
+    DeltaTensor *w = spes_calloc((size_t)t->count + 1, sizeof *w);
+    bool *kept = keep ? spes_calloc((size_t)t->count + 1, sizeof(bool)) : NULL;
+    if (!w || (keep && !kept)) {
+        free(w);
+        free(kept);
+        return SPES_ERR;
+    }
+    int n = 0;
+    for (int i = 0; i < t->count; i++) {
+        const ParamInfo *pi = &t->entries[i];
+        if (select && !select[i]) continue;
+        w[n] = (DeltaTensor){.name = pi->name, .ndim = pi->ndim, .numel = pi->numel};
+        for (int d = 0; d < pi->ndim; d++) w[n].shape[d] = pi->shape[d];
+        if (kept) kept[n] = keep[i];
+        n++;
+    }
+    int rc = delta_payload_bytes(c, w, n, base_step, kept, view, len);
+    free(w);
+    free(kept);
+    return rc;
+}
+
+// One round's bytes for peer p: first (no aggregate yet) or a later one against base_step.
+static int peer_round(const TrainConfig *cfg, const Tables *t, int p, PayloadDtype dtype, bool first, int base_step,
+                      size_t *up, size_t *down) {
+    const ParamTable *tab = &t->table;
+    const bool *mine = t->mask[p];
+    // The aggregate's view for p leaves out p's own experts (SPES; fedavg sends every tensor down).
+    bool spes = cfg->using_spes && !cfg->using_dilico;
+    bool *keep = spes_calloc((size_t)tab->count + 1, sizeof(bool));
+    if (!keep) return SPES_ERR;
+    for (int i = 0; i < tab->count; i++) keep[i] = !(spes && tab->entries[i].expert >= 0 && mine[i]);
+    int rc = SPES_OK;
+    if (dtype == PAYLOAD_F32 || dtype == PAYLOAD_BF16) {
+        DType d = dtype == PAYLOAD_F32 ? DTYPE_F32 : DTYPE_BF16;
+        rc = plain_bytes(tab, mine, d, NULL, up);
+        if (rc == SPES_OK) rc = plain_bytes(tab, spes ? keep : NULL, d, spes ? ROUNDS_VIEW_OMIT_OWN : NULL, down);
+    } else if (first) {   // no base: F32 both ways, the aggregate whole
+        rc = plain_bytes(tab, mine, DTYPE_F32, NULL, up);
+        if (rc == SPES_OK) rc = plain_bytes(tab, NULL, DTYPE_F32, NULL, down);
+    } else {
+        const DeltaCodec *c = dtype == PAYLOAD_INT8 ? &DELTA_INT8 : &DELTA_INT4;
+        rc = delta_bytes(tab, c, mine, base_step, NULL, NULL, up);
+        if (rc == SPES_OK) rc = delta_bytes(tab, c, NULL, base_step, spes ? keep : NULL, spes ? c->view_omit_own : NULL, down);
+    }
+    free(keep);
+    return rc;
+}
+
+int plan_sync(const TrainConfig *cfg, PayloadDtype dtype, int base_step, PlanSync *out) {
+    memset(out, 0, sizeof *out);
+    out->dtype = dtype;
+    out->upper_bound = dtype == PAYLOAD_INT4;
+    Tables t;
+    int rc = tables_build(cfg, &t);
+    out->peers = t.peers;
+    for (int p = 0; rc == SPES_OK && p < t.peers; p++) {
+        size_t up1, down1, up, down;
+        rc = peer_round(cfg, &t, p, dtype, true, 0, &up1, &down1);
+        if (rc == SPES_OK) rc = peer_round(cfg, &t, p, dtype, false, base_step, &up, &down);
+        if (rc != SPES_OK) break;
+        out->ingress_first += up1, out->egress_first += down1, out->ingress += up, out->egress += down;
+        if (p == (cfg->peer_id < t.peers ? cfg->peer_id : 0))
+            out->up_first = up1, out->down_first = down1, out->up = up, out->down = down;
+    }
+    tables_free(&t);
+    return rc;
+}
+
+int plan_sync_run(const TrainConfig *cfg, PayloadDtype dtype, int rounds, size_t *bytes_in, size_t *bytes_out) {
+    *bytes_in = *bytes_out = 0;
+    Tables t;
+    int rc = tables_build(cfg, &t);
+    // A later round's bytes depend on its base step only through the digits the delta's
+    // metadata spells it with: each count of digits is sized once.
+    size_t in_by_digits[24] = {0}, out_by_digits[24] = {0};
+    for (int r = 1; rc == SPES_OK && r <= rounds; r++) {
+        int base = (int)((r - 1) * cfg->sync_steps), digits = snprintf(NULL, 0, "%d", base);
+        size_t *in = r == 1 ? NULL : &in_by_digits[digits], *out = r == 1 ? NULL : &out_by_digits[digits];
+        if (in && *in) {
+            *bytes_in += *in, *bytes_out += *out;
+            continue;
+        }
+        size_t round_in = 0, round_out = 0;
+        for (int p = 0; rc == SPES_OK && p < t.peers; p++) {
+            size_t up, down;
+            rc = peer_round(cfg, &t, p, dtype, r == 1, base, &up, &down);
+            round_in += up, round_out += down;
+        }
+        if (in) *in = round_in, *out = round_out;
+        *bytes_in += round_in, *bytes_out += round_out;
+    }
+    tables_free(&t);
+    return rc;
+}
