@@ -589,6 +589,8 @@ int trainer_step(Trainer *t, StepMetrics *out) {
                          step, mean.total, mean.ce);
 
     double lr = schedule_lr(&cfg->schedule, cfg->learning_rate, step, t->max_steps);
+    // spes_config.lr_scale: a peer's rate against the centralised run's of the same config (1: as is).
+    if ((cfg->using_spes || cfg->using_dilico) && cfg->lr_scale != 1.0) lr *= cfg->lr_scale;
     double norm = 0.0;
     bool apply = true;
     if (t->scaler.enabled) {
