@@ -61,6 +61,8 @@ typedef struct {
     int train_docs, val_docs, questions;
     int baseline;               // also train centralised
     float outer_lr, outer_momentum;   // the server's outer optimizer (written to demo.yaml; 1 and 0: off)
+    int sync_warmup_steps, sync_warmup_every;   // the peers' synchronous warm-up (demo.yaml; 0: none)
+    float lr_scale;             // the peers' learning rate against the centralised run's (demo.yaml)
     const char *out;
 } DemoOptions;
 
@@ -68,6 +70,7 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: spes demo [--peers N] [--experts_per_peer M] [--steps S] [--sync_steps K] [--batch B]\n"
             "                 [--train_docs D] [--threads_per_peer T] [--outer_lr X] [--outer_momentum Y]\n"
+            "                 [--sync_warmup_steps W] [--sync_warmup_every E] [--lr_scale S]\n"
             "                 [--no_baseline] [--out DIR]\n"
             "\n"
             "Trains a small MoE with SPES on 127.0.0.1: a parameter server and N peers (default 4), each\n"
@@ -76,6 +79,9 @@ static void usage(FILE *out) {
             "N*B sequences per step) and a comparison: validation loss and question accuracy.\n"
             "--outer_lr/--outer_momentum: the server's outer optimizer (DiLoCo Nesterov on the shared tensors,\n"
             "docs/sync.md), written to demo.yaml as spes_config.outer_lr/outer_momentum (default 1 and 0: off).\n"
+            "--sync_warmup_steps/--sync_warmup_every: sync every E steps for the first W steps, then widen to K\n"
+            "(spes_config.sync_warmup_*; W 0: no warm-up). --lr_scale: the peers' learning rate is S times the\n"
+            "centralised run's (spes_config.lr_scale). docs/quality.md has the measurements behind the defaults.\n"
             "Defaults: 1000 steps, batch 8 sequences of 128 bytes per peer, %s.\n",
             "out output/demo");
 }
@@ -83,7 +89,8 @@ static void usage(FILE *out) {
 static int parse_options(int argc, char **argv, DemoOptions *o) {
     *o = (DemoOptions){.peers = 4, .experts_per_peer = 2, .steps = 1000, .sync_steps = 25, .batch = 8,
                        .train_docs = 20000, .val_docs = 500, .questions = 48, .baseline = 1, .out = "output/demo",
-                       .outer_lr = 1.0f, .outer_momentum = 0.0f};
+                       .outer_lr = 1.0f, .outer_momentum = 0.0f, .sync_warmup_steps = 0, .sync_warmup_every = 1,
+                       .lr_scale = 1.0f};
     static const struct option longopts[] = {
         {"peers", required_argument, 0, 'p'},        {"experts_per_peer", required_argument, 0, 'm'},
         {"steps", required_argument, 0, 's'},        {"sync_steps", required_argument, 0, 'k'},
@@ -91,6 +98,8 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
         {"threads_per_peer", required_argument, 0, 't'}, {"no_baseline", no_argument, 0, 'n'},
         {"out", required_argument, 0, 'o'},          {"help", no_argument, 0, 'h'},
         {"outer_lr", required_argument, 0, 'L'},     {"outer_momentum", required_argument, 0, 'M'},
+        {"sync_warmup_steps", required_argument, 0, 'W'}, {"sync_warmup_every", required_argument, 0, 'E'},
+        {"lr_scale", required_argument, 0, 'S'},
         {0, 0, 0, 0}};
     optind = 1;
     int c;
@@ -108,12 +117,21 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
         case 'o': o->out = optarg; break;
         case 'L': rc = cli_float("outer_lr", optarg, 1e-6, 10, &o->outer_lr); break;
         case 'M': rc = cli_float("outer_momentum", optarg, 0, 0.999999, &o->outer_momentum); break;
+        case 'W': rc = cli_int("sync_warmup_steps", optarg, 0, 1000000, &o->sync_warmup_steps); break;
+        case 'E': rc = cli_int("sync_warmup_every", optarg, 1, 1000000, &o->sync_warmup_every); break;
+        case 'S': rc = cli_float("lr_scale", optarg, 1e-3, 100, &o->lr_scale); break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return spes_fail("demo: bad command line");
         }
         SPES_TRY(rc);
     }
     if (optind < argc) return spes_fail("demo: unexpected argument '%s'", argv[optind]);
+    // The peers' config check (spes_config.sync_warmup_*), said here before anything is written.
+    if (o->sync_warmup_every > o->sync_steps)
+        return spes_fail("demo: --sync_warmup_every %d is above --sync_steps %d", o->sync_warmup_every, o->sync_steps);
+    if (o->sync_warmup_steps % o->sync_steps || o->sync_warmup_steps % o->sync_warmup_every)
+        return spes_fail("demo: --sync_warmup_steps %d must be a multiple of --sync_steps %d and --sync_warmup_every %d",
+                         o->sync_warmup_steps, o->sync_steps, o->sync_warmup_every);
     // 4 peers on 2 cores: one thread each (they still share the cores; more would thrash).
     if (o->threads_per_peer == 0) {
         o->threads_per_peer = omp_get_num_procs() / o->peers;
@@ -306,8 +324,12 @@ static int open_run(const DemoOptions *o, DemoRun *run) {
     if (!realpath(o->out, run->dir)) return spes_fail("demo: cannot resolve %s", o->out);
     if (!(run->exe = process_self_exe())) return SPES_ERR;
     snprintf(run->cfg_path, sizeof run->cfg_path, "%s/demo.yaml", run->dir);
-    printf("SPES demo: %d peers x %d experts, %d steps, sync every %d steps, %d thread(s) per peer\n", o->peers,
-           o->experts_per_peer, o->steps, o->sync_steps, o->threads_per_peer);
+    printf("SPES demo: %d peers x %d experts, %d steps, sync every %d steps", o->peers, o->experts_per_peer, o->steps,
+           o->sync_steps);
+    if (o->sync_warmup_steps > 0)
+        printf(" (every %d for the first %d)", o->sync_warmup_every, o->sync_warmup_steps);
+    if (o->lr_scale != 1.0f) printf(", peer learning rate x%g", (double)o->lr_scale);
+    printf(", %d thread(s) per peer\n", o->threads_per_peer);
     printf("writing the built-in corpus (%d training documents) and questions to %s\n", o->train_docs, run->dir);
     return tokenizer_load("bytes", &run->tok);
 }
@@ -326,7 +348,9 @@ static int write_inputs(DemoRun *run) {
     SPES_TRY(demo_questions_write(DEMO_WORLD_SEED, DEMO_TASK_ARITHMETIC, o->questions, path));
     DemoRunShape shape = {.peers = o->peers, .experts_per_peer = o->experts_per_peer, .steps = o->steps,
                           .sync_steps = o->sync_steps, .batch = o->batch, .threads_per_peer = o->threads_per_peer,
-                          .outer_lr = o->outer_lr, .outer_momentum = o->outer_momentum};
+                          .outer_lr = o->outer_lr, .outer_momentum = o->outer_momentum,
+                          .sync_warmup_steps = o->sync_warmup_steps, .sync_warmup_every = o->sync_warmup_every,
+                          .lr_scale = o->lr_scale};
     SPES_TRY(demo_config_write(&shape, run->dir, run->cfg_path));
     printf("corpus ready (%.0fs)\n", now_seconds() - run->t0);
     return SPES_OK;
