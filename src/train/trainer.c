@@ -787,6 +787,9 @@ static int after_step(Trainer *t, int64_t step) {
     if (o->after_step_touches_model) SPES_TRY(o->after_step_touches_model(o->after_step_ctx, step, &touches));
     if (touches) SPES_TRY(unshard(t, &resharded));
     if (o->after_step(o->after_step_ctx, &t->model, step) != SPES_OK) return spes_fail_context("after step %" PRId64, step);
+    // A round replaced the weights: spes_config.reset_moments_at_sync starts the moments over from
+    // there (off: each peer keeps the moments of its own gradients, the reference's behaviour).
+    if (touches && o->after_step_touches_model && t->cfg->reset_moments_at_sync) SPES_TRY(adamw_reset(&t->adamw));
     return resharded ? sharded_params_shard(&t->z3) : SPES_OK;
 }
 

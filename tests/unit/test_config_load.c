@@ -436,6 +436,7 @@ static void test_quality_keys(void **state) {
     TrainConfig plain, keys, dump;
     assert_int_equal(config_load_string("", "plain.yaml", 0, NULL, &plain), SPES_OK);
     assert_true(plain.sync_warmup_steps == 0 && plain.sync_warmup_every == 1 && plain.lr_scale == 1.0);
+    assert_false(plain.reset_moments_at_sync);
     char *text = NULL;
     size_t len = 0;
     FILE *fp = open_memstream(&text, &len);
@@ -443,6 +444,7 @@ static void test_quality_keys(void **state) {
     fclose(fp);
     assert_null(strstr(text, "sync_warmup"));   // off: not in what the hash reads
     assert_null(strstr(text, "lr_scale"));
+    assert_null(strstr(text, "reset_moments"));
     free(text);
     // Setting a key to its default is the same config.
     assert_int_equal(config_load_string("spes_config:\n  sync_warmup_steps: 0\n  sync_warmup_every: 1\n  lr_scale: 1\n",
@@ -466,6 +468,11 @@ static void test_quality_keys(void **state) {
     config_free(&keys);
     // Each key alone changes the hash.
     assert_int_equal(config_load_string("spes_config:\n  lr_scale: 1.5\n", "s.yaml", 0, NULL, &keys), SPES_OK);
+    assert_true(config_hash(&keys) != config_hash(&plain));
+    config_free(&keys);
+    assert_int_equal(config_load_string("spes_config:\n  reset_moments_at_sync: true\n", "r.yaml", 0, NULL, &keys),
+                     SPES_OK);
+    assert_true(keys.reset_moments_at_sync);
     assert_true(config_hash(&keys) != config_hash(&plain));
     config_free(&keys);
     config_free(&plain);
