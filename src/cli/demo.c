@@ -313,6 +313,8 @@ typedef struct {
     Runner runners[MAX_PEERS + 1];   // the peers, then the centralised run
     double spes_seconds, central_seconds;
     DemoScores spes_scores, central_scores;
+    double sync_mb_per_peer;         // upload + download of one peer over the run, mean of the peers
+    int sync_rounds;                 // rounds peer 0 took part in
 } DemoRun;
 
 // The output folder, the binary to spawn and the tokenizer; says what the demo will do.
@@ -448,6 +450,27 @@ static int train_centralised(DemoRun *run) {
     return rc;
 }
 
+// The sync traffic of the run, from the peers' logs ("sync step N: ... up A MB, down B MB" per
+// round): what a setting costs on the wire, printed beside what it buys.
+static void count_sync_traffic(DemoRun *run) {
+    const DemoOptions *o = run->o;
+    double total = 0;
+    for (int p = 0; p < o->peers; p++) {
+        uint8_t *text = NULL;
+        size_t len = 0;
+        if (file_read_all(run->runners[p].log_path, &text, &len) != SPES_OK) continue;
+        int rounds = 0;
+        for (char *at = strstr((char *)text, "sync step "); at; at = strstr(at + 1, "sync step ")) {
+            char *eol = strchr(at, '\n'), *up = strstr(at, ", up ");
+            double u = 0, d = 0;
+            if (up && (!eol || up < eol) && sscanf(up, ", up %lf MB, down %lf MB", &u, &d) == 2) total += u + d, rounds++;
+        }
+        if (p == 0) run->sync_rounds = rounds;
+        free(text);
+    }
+    run->sync_mb_per_peer = total / o->peers;
+}
+
 // Scores the synced model (every peer holds it after the last sync; peer 0's copy) and the
 // baseline's final checkpoint.
 static int evaluate_models(DemoRun *run) {
@@ -475,6 +498,8 @@ static void print_comparison(const DemoRun *run) {
     if (o->baseline) printf(" %13.1f%%", 100 * c->recall_acc);
     printf("\n%-28s %13.1f%%", "held-out sums (acc)", 100 * s->arithmetic_acc);
     if (o->baseline) printf(" %13.1f%%", 100 * c->arithmetic_acc);
+    printf("\n%-28s %11.0f MB", "sync traffic per peer", run->sync_mb_per_peer);
+    printf("\n%-28s %14d", "sync rounds", run->sync_rounds);
     printf("\n%-28s %13.0fs", "training wall time", run->spes_seconds);
     if (o->baseline) printf(" %13.0fs", run->central_seconds);
     printf("\n(chance is 25%% on both question sets: 4 choices each)\n");
@@ -497,6 +522,7 @@ static int run_demo(const DemoOptions *o) {
     int rc = open_run(o, &run);
     if (rc == SPES_OK) rc = write_inputs(&run);
     if (rc == SPES_OK) rc = train_spes(&run);
+    if (rc == SPES_OK) count_sync_traffic(&run);
     if (rc == SPES_OK && o->baseline) rc = train_centralised(&run);
     if (rc == SPES_OK) rc = evaluate_models(&run);
     if (rc == SPES_OK) print_comparison(&run);
