@@ -88,8 +88,8 @@ def table(meta, runs, corpus):
     if has_q:
         head += " recall questions acc | held-out sums acc |"
         sep += "---|---|"
-    head += " train s |"
-    sep += "---|"
+    head += " sync MB per peer (rounds) | train s |"
+    sep += "---|---|"
     rows += [head, sep]
     summary = {}
     for method, variant in keys:
@@ -105,6 +105,8 @@ def table(meta, runs, corpus):
             for q in ("recall_acc", "arithmetic_acc"):
                 vals = [r[q] for r in g if q in r]
                 line += f" {fmt_stats(stats(vals), 100, 1, '%')} |" if vals else " |"
+        sent = [r["bytes_per_peer"] for r in g if "bytes_per_peer" in r]
+        line += f" {statistics.fmean(sent) / 1e6:.0f} ({max(r['rounds'] for r in g)}) |" if sent else " |"
         line += f" {statistics.fmean(r['train_seconds'] for r in g):.0f} |"
         rows.append(line)
         summary[(method, variant)] = {"val": vl, "ratio": rt, "n": len(g)}
