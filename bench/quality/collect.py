@@ -29,6 +29,9 @@ def main():
                     else:
                         runs.append(r)
             break
+    # One run per (corpus, method, variant, seed): a folder rerun for other seeds may still hold
+    # an earlier copy of one; the last read wins.
+    runs = list({(r["corpus"], r["method"], r["variant"], r["seed"]): r for r in runs}.values())
     with open(out, "w") as f:
         f.write(json.dumps(meta) + "\n")
         for r in runs:

@@ -330,10 +330,11 @@ def run_one(spes, a, shape, corpus, curve_val, method, variant, sync_steps, merg
     if method == "centralised":
         save = train_central(spes, shape, corpus["config"], ov + peer_extra, rundir, seed)
     else:
-        server_flags = list(extra_server)
+        server_flags = []
         if method == "spes" and merge:
             server_flags += ["--merge_interval", str(2 * sync_steps), "--merge_alpha_start", str(MERGE_ALPHA),
                              "--merge_decay_steps", str(max(shape.steps // 2, 1)), "--merge_topk", str(MERGE_TOPK)]
+        server_flags += extra_server   # after the merge flags: a variant may change them (the last one counts)
         peer_flags = [f"--spes_config.using_decayed_aux_loss={'true' if decayed else 'false'}"]
         # The peers state the outer optimizer they expect in Hello; the server refuses other values.
         for flag, key in (("--outer_lr", "outer_lr"), ("--outer_momentum", "outer_momentum")):
@@ -371,7 +372,7 @@ def main():
     ap.add_argument("--seeds", type=int, default=3, help="seeds of the main comparison")
     ap.add_argument("--ablation_seeds", type=int, default=2,
                     help="seeds of each ablation (the first ones of the main runs, paired with them)")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=1000, help="the demo's length (docs/quality.md keeps the 300-step table)")
     ap.add_argument("--batch", type=int, default=8, help="sequences per step on one peer")
     ap.add_argument("--peers", type=int, default=4)
     ap.add_argument("--sync_steps", type=int, default=25)

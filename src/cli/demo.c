@@ -63,6 +63,7 @@ typedef struct {
     float outer_lr, outer_momentum;   // the server's outer optimizer (written to demo.yaml; 1 and 0: off)
     int sync_warmup_steps, sync_warmup_every;   // the peers' synchronous warm-up (demo.yaml; 0: none)
     float lr_scale;             // the peers' learning rate against the centralised run's (demo.yaml)
+    const char *payload;        // the sync payload: f32, bf16, int8 or int4 (demo.yaml)
     const char *out;
 } DemoOptions;
 
@@ -70,7 +71,7 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: spes demo [--peers N] [--experts_per_peer M] [--steps S] [--sync_steps K] [--batch B]\n"
             "                 [--train_docs D] [--threads_per_peer T] [--outer_lr X] [--outer_momentum Y]\n"
-            "                 [--sync_warmup_steps W] [--sync_warmup_every E] [--lr_scale S]\n"
+            "                 [--sync_warmup_steps W] [--sync_warmup_every E] [--lr_scale S] [--payload P]\n"
             "                 [--no_baseline] [--out DIR]\n"
             "\n"
             "Trains a small MoE with SPES on 127.0.0.1: a parameter server and N peers (default 4), each\n"
@@ -81,7 +82,9 @@ static void usage(FILE *out) {
             "docs/sync.md), written to demo.yaml as spes_config.outer_lr/outer_momentum (default 1 and 0: off).\n"
             "--sync_warmup_steps/--sync_warmup_every: sync every E steps for the first W steps, then widen to K\n"
             "(spes_config.sync_warmup_*; W 0: no warm-up). --lr_scale: the peers' learning rate is S times the\n"
-            "centralised run's (spes_config.lr_scale). docs/quality.md has the measurements behind the defaults.\n"
+            "centralised run's (spes_config.lr_scale). --payload f32|bf16|int8|int4: what a round sends\n"
+            "(spes_config.payload_dtype; int8/int4: deltas with error feedback, docs/communication.md).\n"
+            "docs/quality.md has the measurements behind the defaults.\n"
             "Defaults: 1000 steps, batch 8 sequences of 128 bytes per peer, %s.\n",
             "out output/demo");
 }
@@ -90,7 +93,7 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
     *o = (DemoOptions){.peers = 4, .experts_per_peer = 2, .steps = 1000, .sync_steps = 25, .batch = 8,
                        .train_docs = 20000, .val_docs = 500, .questions = 48, .baseline = 1, .out = "output/demo",
                        .outer_lr = 1.0f, .outer_momentum = 0.0f, .sync_warmup_steps = 0, .sync_warmup_every = 1,
-                       .lr_scale = 1.0f};
+                       .lr_scale = 1.0f, .payload = "f32"};
     static const struct option longopts[] = {
         {"peers", required_argument, 0, 'p'},        {"experts_per_peer", required_argument, 0, 'm'},
         {"steps", required_argument, 0, 's'},        {"sync_steps", required_argument, 0, 'k'},
@@ -99,7 +102,7 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
         {"out", required_argument, 0, 'o'},          {"help", no_argument, 0, 'h'},
         {"outer_lr", required_argument, 0, 'L'},     {"outer_momentum", required_argument, 0, 'M'},
         {"sync_warmup_steps", required_argument, 0, 'W'}, {"sync_warmup_every", required_argument, 0, 'E'},
-        {"lr_scale", required_argument, 0, 'S'},
+        {"lr_scale", required_argument, 0, 'S'},     {"payload", required_argument, 0, 'P'},
         {0, 0, 0, 0}};
     optind = 1;
     int c;
@@ -120,6 +123,11 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
         case 'W': rc = cli_int("sync_warmup_steps", optarg, 0, 1000000, &o->sync_warmup_steps); break;
         case 'E': rc = cli_int("sync_warmup_every", optarg, 1, 1000000, &o->sync_warmup_every); break;
         case 'S': rc = cli_float("lr_scale", optarg, 1e-3, 100, &o->lr_scale); break;
+        case 'P':
+            o->payload = optarg;
+            if (strcmp(optarg, "f32") && strcmp(optarg, "bf16") && strcmp(optarg, "int8") && strcmp(optarg, "int4"))
+                rc = spes_fail("demo: --payload must be f32, bf16, int8 or int4, got '%s'", optarg);
+            break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return spes_fail("demo: bad command line");
         }
@@ -352,7 +360,7 @@ static int write_inputs(DemoRun *run) {
                           .sync_steps = o->sync_steps, .batch = o->batch, .threads_per_peer = o->threads_per_peer,
                           .outer_lr = o->outer_lr, .outer_momentum = o->outer_momentum,
                           .sync_warmup_steps = o->sync_warmup_steps, .sync_warmup_every = o->sync_warmup_every,
-                          .lr_scale = o->lr_scale};
+                          .lr_scale = o->lr_scale, .payload = o->payload};
     SPES_TRY(demo_config_write(&shape, run->dir, run->cfg_path));
     printf("corpus ready (%.0fs)\n", now_seconds() - run->t0);
     return SPES_OK;

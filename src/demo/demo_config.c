@@ -173,6 +173,7 @@ int demo_config_write(const DemoRunShape *s, const char *dir, const char *path) 
         INT("spes_config.sync_warmup_every", s->sync_warmup_every > 0 ? s->sync_warmup_every : 1),
         // Peers only: the centralised baseline reads the same file with using_spes=false.
         YAML("spes_config.lr_scale", lr_scale),
+        YAML("spes_config.payload_dtype", s->payload ? s->payload : "f32"),
     };
     char *text = NULL;
     size_t len = 0;

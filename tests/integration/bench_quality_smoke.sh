@@ -55,6 +55,12 @@ for r in runs:
             assert 0 <= r[q] <= 1, r
     else:
         assert "recall_acc" not in r, r
+    # Every run with peers counted its sync traffic from their logs: the rounds its schedule has.
+    if r["method"] == "centralised":
+        assert "bytes_per_peer" not in r, r
+    else:
+        k = r["sync_steps"]
+        assert r["rounds"] == meta["steps"] // k and r["bytes_per_peer"] > 0, r
     # The main runs logged a validation curve ending at the full budget.
     if r["variant"] == "main":
         assert len(r["curve"]) >= 2 and r["curve"][-1][0] == budget, r["curve"]
