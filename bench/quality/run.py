@@ -311,7 +311,19 @@ def variants(a, server_has_outer):
         if server_has_outer:
             out.append(("spes", "outer_nesterov", base, True, True,
                         ["--outer_lr", str(a.outer_lr), "--outer_momentum", str(a.outer_momentum)]))
+        # The peers' learning rate as the centralised run's, and the demo as it was before issue #28
+        # (sync every 25 steps, f32 payloads, that learning rate): what the new defaults gained.
+        out.append(("spes", "lr_scale1", base, True, True, [], ["--spes_config.lr_scale=1"]))
+        out.append(("spes", "before28", a.before_sync, True, True, [],
+                    ["--spes_config.lr_scale=1", "--spes_config.payload_dtype=f32"]))
     return out
+
+
+def merge_interval(steps, sync_steps):
+    """The demo's (src/cli/demo.c demo_merge_interval): every second round, but at most 20 merges
+    over the run, as a multiple of sync_steps."""
+    rounds = -(-(steps // 20) // sync_steps)
+    return max(2 * sync_steps, rounds * sync_steps)
 
 
 def run_one(spes, a, shape, corpus, curve_val, method, variant, sync_steps, merge, decayed, extra_server, seed,
@@ -332,7 +344,7 @@ def run_one(spes, a, shape, corpus, curve_val, method, variant, sync_steps, merg
     else:
         server_flags = []
         if method == "spes" and merge:
-            server_flags += ["--merge_interval", str(2 * sync_steps), "--merge_alpha_start", str(MERGE_ALPHA),
+            server_flags += ["--merge_interval", str(merge_interval(shape.steps, sync_steps)), "--merge_alpha_start", str(MERGE_ALPHA),
                              "--merge_decay_steps", str(max(shape.steps // 2, 1)), "--merge_topk", str(MERGE_TOPK)]
         server_flags += extra_server   # after the merge flags: a variant may change them (the last one counts)
         peer_flags = [f"--spes_config.using_decayed_aux_loss={'true' if decayed else 'false'}"]
@@ -351,6 +363,10 @@ def run_one(spes, a, shape, corpus, curve_val, method, variant, sync_steps, merg
          "curve": curve(os.path.join(save, "metrics.jsonl"), tokens_per_step)}
     if peer_extra:
         r["peer_flags"] = peer_extra
+    if method == "spes" and merge:
+        r["merge_interval"] = merge_interval(shape.steps, sync_steps)
+        if "--merge_interval" in extra_server:
+            r["merge_interval"] = int(extra_server[extra_server.index("--merge_interval") + 1])
     if method != "centralised":
         r.update(bytes_per_peer(rundir, shape.peers))
     r.update(score(spes, os.path.join(save, f"step{shape.steps}"), corpus, shape.threads, rundir))
@@ -375,8 +391,9 @@ def main():
     ap.add_argument("--steps", type=int, default=1000, help="the demo's length (docs/quality.md keeps the 300-step table)")
     ap.add_argument("--batch", type=int, default=8, help="sequences per step on one peer")
     ap.add_argument("--peers", type=int, default=4)
-    ap.add_argument("--sync_steps", type=int, default=25)
-    ap.add_argument("--sync_ablation", default="10,25,100")
+    ap.add_argument("--sync_steps", type=int, default=5, help="the demo's (spes demo --sync_steps)")
+    ap.add_argument("--sync_ablation", default="25")
+    ap.add_argument("--before_sync", type=int, default=25, help="sync_steps of the 'before28' row (the old demo)")
     ap.add_argument("--threads", type=int, default=2, help="threads of the centralised run and of eval")
     ap.add_argument("--train_docs", type=int, default=20000)
     ap.add_argument("--curve_points", type=int, default=6)
@@ -399,7 +416,7 @@ def main():
     a = ap.parse_args()
     a.sync_ablation = [int(k) for k in a.sync_ablation.split(",") if k]
     a.methods = [m for m in a.methods.split(",") if m]
-    for k in [a.sync_steps] + a.sync_ablation:
+    for k in [a.sync_steps, a.before_sync] + a.sync_ablation + ([a.variant_sync] if a.variant_sync else []):
         if k <= 0 or a.steps % k:
             sys.exit(f"bench-quality: sync_steps {k} must divide steps {a.steps} (the final model is a synced one)")
     os.makedirs(a.out, exist_ok=True)

@@ -21,7 +21,7 @@ OUT=${QUALITY_OUT:-output/bench-quality}
 args=()
 if [ "${1:-}" = "--smoke" ]; then
   shift
-  args=(--seeds 2 --ablation_seeds 1 --steps 6 --batch 2 --sync_steps 3 --sync_ablation 2,3,6 --train_docs 300 --curve_points 2
+  args=(--seeds 2 --ablation_seeds 1 --steps 6 --batch 2 --sync_steps 3 --sync_ablation 2,3,6 --before_sync 6 --train_docs 300 --curve_points 2
         --curve_val_tokens 2048)
 fi
 python3 bench/quality/run.py --spes "$SPES" --data "$DATA" --out "$OUT" "${args[@]}" "$@"
