@@ -5,7 +5,7 @@ one line per (method, variant): seeds, validation loss, ratio to the same seed's
 run, held-out sums, recall, sync MB per peer and rounds. Runs still in progress count from
 their results.jsonl.tmp. Python standard library only.
 
-usage: collect.py OUT.jsonl DIR [DIR...]
+usage: collect.py OUT.jsonl DIR [DIR...]   (--md: the lines as markdown table rows)
 """
 import json
 import os
@@ -14,7 +14,10 @@ import sys
 
 
 def main():
-    out, dirs = sys.argv[1], sys.argv[2:]
+    args = sys.argv[1:]
+    md = "--md" in args
+    args = [x for x in args if x != "--md"]
+    out, dirs = args[0], args[1:]
     meta, runs = None, []
     for d in dirs:
         for name in ("results.jsonl", "results.jsonl.tmp"):
@@ -48,6 +51,16 @@ def main():
         ratios = [r["val_loss"] / central[(corpus, r["seed"])]["val_loss"] for r in g if (corpus, r["seed"]) in central]
         sums = [100 * r["arithmetic_acc"] for r in g if "arithmetic_acc" in r]
         mb = [r["bytes_per_peer"] / 1e6 for r in g if "bytes_per_peer" in r]
+        if md:
+            flags = " ".join(g[0].get("peer_flags", []) + g[0].get("server_flags", []))
+            flags = flags.replace("--spes_config.", "").replace("--optimizer.", "")
+            print(f"| {method} {variant} | {g[0].get('sync_steps') or ''} | {g[0].get('merge_interval', '')} | "
+                  f"{flags} | {','.join(str(r['seed']) for r in g)} | "
+                  f"{statistics.fmean(r['val_loss'] for r in g):.4f} | "
+                  f"{statistics.fmean(ratios) if ratios else float('nan'):.4f} | "
+                  f"{statistics.fmean(sums) if sums else float('nan'):.1f}% | "
+                  f"{statistics.fmean(mb) if mb else 0:.0f} ({max((r.get('rounds', 0) for r in g), default=0)}) |")
+            continue
         print(f"{corpus} {method:11s} {variant:22s} seeds {','.join(str(r['seed']) for r in g):6s} "
               f"loss {statistics.fmean(r['val_loss'] for r in g):.4f} "
               f"ratio {statistics.fmean(ratios) if ratios else float('nan'):.4f} "
