@@ -241,8 +241,9 @@ def main():
           f"{meta['batch']} sequences x {meta['seq']} bytes (centralised: {meta['peers'] * meta['batch']} sequences "
           f"per step). {meta['seeds']} seeds ({meta.get('ablation_seeds', meta['seeds'])} for each ablation, "
           f"paired with the same seeds of the main runs). SPES: sync every {meta['sync_steps']} steps, expert merging "
-          f"alpha {meta['merge']['alpha']} top-{meta['merge']['topk']} every 2 syncs in the first half, decayed "
-          f"load-balancing loss on (the demo's settings). Validation loss and accuracies: the `spes demo` "
+          f"alpha {meta['merge']['alpha']} top-{meta['merge']['topk']} every second round but at most 20 times a run, "
+          f"in the first half, decayed load-balancing loss on, payload and peer learning rate as demo.yaml says "
+          f"(the demo's settings). Validation loss and accuracies: the `spes demo` "
           f"evaluation of the final model (up to 100k held-out tokens; 48 + 48 questions, chance 25%).", ""]
     if not meta.get("outer_measured"):
         md += ["The outer optimizer (src/sync/outer_optimizer.h) is not wired into `spes server` yet: "
