@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -239,6 +240,27 @@ def train_peers(spes, shape, base, overrides, rundir, seed, mode, sync_steps, se
     return os.path.join(rundir, "peer0")
 
 
+SYNC_LINE = re.compile(r"sync step (\d+): .*? up ([\d.]+) MB, down ([\d.]+) MB")
+
+
+def bytes_per_peer(rundir, peers):
+    """Sync traffic of one peer over the run, mean over the peers: the sum of every round's
+    upload and download as its log states them ("sync step N: ... up A MB, down B MB", 10 kB
+    resolution per round), and the number of rounds. What a better setting costs on the wire."""
+    totals, rounds = [], []
+    for p in range(peers):
+        up = down = 0.0
+        n = 0
+        with open(os.path.join(rundir, f"peer{p}.log"), errors="replace") as f:
+            for m in SYNC_LINE.finditer(f.read()):
+                up += float(m.group(2))
+                down += float(m.group(3))
+                n += 1
+        totals.append((up + down) * 1e6)
+        rounds.append(n)
+    return {"bytes_per_peer": round(sum(totals) / peers), "rounds": max(rounds)}
+
+
 def curve(metrics_path, tokens_per_step):
     """(tokens, validation ce) of every evaluation the trainer logged."""
     points = []
@@ -271,12 +293,17 @@ def score(spes, ckpt, corpus, threads, rundir):
 # What runs: the three methods, then the ablations (SPES with one setting changed).
 
 def variants(a, server_has_outer):
-    """(method, variant, sync_steps, merge on, decayed aux loss on, extra server flags).
-    The main comparison uses the demo's settings; each ablation changes one of them."""
+    """(method, variant, sync_steps, merge on, decayed aux loss on, extra server flags[, extra peer
+    flags]). The main comparison uses the demo's settings; each ablation changes one of them;
+    --variant adds one more SPES row with any peer and server flags (an experiment)."""
     base = a.sync_steps
     out = [("centralised", "main", base, False, False, []),
            ("spes", "main", base, True, True, []),
            ("fedavg", "main", base, False, False, [])]
+    out = [v for v in out if v[0] in a.methods]
+    if a.variant:
+        out.append((a.variant_method, a.variant, a.variant_sync or base, a.variant_method == "spes" and a.variant_merge,
+                    a.variant_method == "spes", shlex.split(a.variant_server_flags), shlex.split(a.variant_peer_flags)))
     if a.ablations:
         out += [("spes", "no_merge", base, False, True, []),
                 ("spes", "no_decayed_aux", base, True, False, [])]
@@ -284,10 +311,24 @@ def variants(a, server_has_outer):
         if server_has_outer:
             out.append(("spes", "outer_nesterov", base, True, True,
                         ["--outer_lr", str(a.outer_lr), "--outer_momentum", str(a.outer_momentum)]))
+        # The peers' learning rate as the centralised run's, and the demo as it was before issue #28
+        # (sync every 25 steps, f32 payloads, that learning rate): what the new defaults gained.
+        out.append(("spes", "lr_scale1", base, True, True, [], ["--spes_config.lr_scale=1"]))
+        out.append(("spes", "before28", a.before_sync, True, True, [],
+                    ["--spes_config.lr_scale=1", "--spes_config.payload_dtype=f32"]))
     return out
 
 
-def run_one(spes, a, shape, corpus, curve_val, method, variant, sync_steps, merge, decayed, extra_server, seed):
+def merge_interval(steps, sync_steps):
+    """The demo's (src/cli/demo.c demo_merge_interval): every second round, but at most 20 merges
+    over the run, as a multiple of sync_steps."""
+    rounds = -(-(steps // 20) // sync_steps)
+    return max(2 * sync_steps, rounds * sync_steps)
+
+
+def run_one(spes, a, shape, corpus, curve_val, method, variant, sync_steps, merge, decayed, extra_server, seed,
+            peer_extra=()):
+    peer_extra = list(peer_extra)
     rundir = os.path.join(a.out, "runs", f"{corpus['name']}_{method}_{variant}_s{seed}")
     shutil.rmtree(rundir, ignore_errors=True)
     os.makedirs(rundir)
@@ -299,17 +340,19 @@ def run_one(spes, a, shape, corpus, curve_val, method, variant, sync_steps, merg
     ov = common_overrides(shape, corpus, curve_val, every, seed)
     t0 = time.monotonic()
     if method == "centralised":
-        save = train_central(spes, shape, corpus["config"], ov, rundir, seed)
+        save = train_central(spes, shape, corpus["config"], ov + peer_extra, rundir, seed)
     else:
-        server_flags = list(extra_server)
+        server_flags = []
         if method == "spes" and merge:
-            server_flags += ["--merge_interval", str(2 * sync_steps), "--merge_alpha_start", str(MERGE_ALPHA),
+            server_flags += ["--merge_interval", str(merge_interval(shape.steps, sync_steps)), "--merge_alpha_start", str(MERGE_ALPHA),
                              "--merge_decay_steps", str(max(shape.steps // 2, 1)), "--merge_topk", str(MERGE_TOPK)]
+        server_flags += extra_server   # after the merge flags: a variant may change them (the last one counts)
         peer_flags = [f"--spes_config.using_decayed_aux_loss={'true' if decayed else 'false'}"]
         # The peers state the outer optimizer they expect in Hello; the server refuses other values.
         for flag, key in (("--outer_lr", "outer_lr"), ("--outer_momentum", "outer_momentum")):
             if flag in extra_server:
                 peer_flags.append(f"--spes_config.{key}={extra_server[extra_server.index(flag) + 1]}")
+        peer_flags += peer_extra
         save = train_peers(spes, shape, corpus["config"], ov, rundir, seed, "spes" if method == "spes" else "fedavg",
                            sync_steps, server_flags, peer_flags)
     train_s = time.monotonic() - t0
@@ -318,6 +361,14 @@ def run_one(spes, a, shape, corpus, curve_val, method, variant, sync_steps, merg
          "sync_steps": sync_steps if method != "centralised" else None, "merge": merge, "decayed_aux": decayed,
          "server_flags": extra_server, "tokens": shape.steps * tokens_per_step, "train_seconds": round(train_s, 1),
          "curve": curve(os.path.join(save, "metrics.jsonl"), tokens_per_step)}
+    if peer_extra:
+        r["peer_flags"] = peer_extra
+    if method == "spes" and merge:
+        r["merge_interval"] = merge_interval(shape.steps, sync_steps)
+        if "--merge_interval" in extra_server:
+            r["merge_interval"] = int(extra_server[extra_server.index("--merge_interval") + 1])
+    if method != "centralised":
+        r.update(bytes_per_peer(rundir, shape.peers))
     r.update(score(spes, os.path.join(save, f"step{shape.steps}"), corpus, shape.threads, rundir))
     # Checkpoints are large next to what the report needs; logs and metrics stay.
     for root, dirs, _ in os.walk(rundir):
@@ -337,11 +388,12 @@ def main():
     ap.add_argument("--seeds", type=int, default=3, help="seeds of the main comparison")
     ap.add_argument("--ablation_seeds", type=int, default=2,
                     help="seeds of each ablation (the first ones of the main runs, paired with them)")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=1000, help="the demo's length (docs/quality.md keeps the 300-step table)")
     ap.add_argument("--batch", type=int, default=8, help="sequences per step on one peer")
     ap.add_argument("--peers", type=int, default=4)
-    ap.add_argument("--sync_steps", type=int, default=25)
-    ap.add_argument("--sync_ablation", default="10,25,100")
+    ap.add_argument("--sync_steps", type=int, default=5, help="the demo's (spes demo --sync_steps)")
+    ap.add_argument("--sync_ablation", default="25")
+    ap.add_argument("--before_sync", type=int, default=25, help="sync_steps of the 'before28' row (the old demo)")
     ap.add_argument("--threads", type=int, default=2, help="threads of the centralised run and of eval")
     ap.add_argument("--train_docs", type=int, default=20000)
     ap.add_argument("--curve_points", type=int, default=6)
@@ -349,11 +401,22 @@ def main():
     ap.add_argument("--no-ablations", dest="ablations", action="store_false")
     ap.add_argument("--only", default="",
                     help="comma list of variants to run (e.g. 'main,outer_nesterov'); default: every one")
+    ap.add_argument("--methods", default="centralised,spes,fedavg",
+                    help="which of the main comparison's methods run (an experiment may reuse another run's baseline)")
+    ap.add_argument("--first_seed", type=int, default=0, help="skip the seeds below this one")
+    ap.add_argument("--variant", default="", help="name of one more run (an experiment), with the flags below")
+    ap.add_argument("--variant_method", default="spes", choices=("spes", "fedavg", "centralised"))
+    ap.add_argument("--variant_sync", type=int, default=0, help="its sync_steps (default --sync_steps)")
+    ap.add_argument("--variant_peer_flags", default="", help="config overrides for its trainers, e.g. "
+                    "'--optimizer.learning_rate=6e-3'")
+    ap.add_argument("--variant_server_flags", default="", help="flags for its server, e.g. '--outer_lr 1.5'")
+    ap.add_argument("--variant_no_merge", dest="variant_merge", action="store_false")
     ap.add_argument("--outer_lr", type=float, default=0.7)
     ap.add_argument("--outer_momentum", type=float, default=0.9)
     a = ap.parse_args()
     a.sync_ablation = [int(k) for k in a.sync_ablation.split(",") if k]
-    for k in [a.sync_steps] + a.sync_ablation:
+    a.methods = [m for m in a.methods.split(",") if m]
+    for k in [a.sync_steps, a.before_sync] + a.sync_ablation + ([a.variant_sync] if a.variant_sync else []):
         if k <= 0 or a.steps % k:
             sys.exit(f"bench-quality: sync_steps {k} must divide steps {a.steps} (the final model is a synced one)")
     os.makedirs(a.out, exist_ok=True)
@@ -381,7 +444,7 @@ def main():
         unknown = [w for w in wanted if w not in {v[1] for v in plan}]
         if unknown:
             sys.exit(f"bench-quality: --only: unknown variant(s) {','.join(unknown)}")
-        plan = [v for v in plan if v[1] in wanted]
+        plan = [v for v in plan if v[1] in wanted or v[1] == a.variant]
     tokens = a.steps * a.peers * a.batch * SEQ
     mains = sum(v[1] == "main" for v in plan)
     log(f"bench-quality: {len(corpora)} corpora x {a.seeds} seeds x {mains} methods, ablations {len(plan) - mains} x "
@@ -400,13 +463,18 @@ def main():
         for corpus in corpora:
             cv = curve_val_file(corpus, data_dir, a.curve_val_tokens)
             for seed in range(a.seeds):
-                for method, variant, k, merge, decayed, extra in plan:
-                    if variant != "main" and seed >= a.ablation_seeds:
+                for method, variant, k, merge, decayed, extra, *peer_extra in plan:
+                    if variant != "main" and variant != a.variant and seed >= a.ablation_seeds:
                         continue
-                    r = run_one(a.spes, a, shape, corpus, cv, method, variant, k, merge, decayed, extra, seed)
+                    if seed < a.first_seed:
+                        continue
+                    r = run_one(a.spes, a, shape, corpus, cv, method, variant, k, merge, decayed, extra, seed,
+                                peer_extra[0] if peer_extra else ())
                     res.write(json.dumps(r) + "\n")
                     res.flush()
                     accs = " ".join(f"{n}={r[n]:.3f}" for n in ("recall_acc", "arithmetic_acc") if n in r)
+                    if "bytes_per_peer" in r:
+                        accs += f" bytes/peer={r['bytes_per_peer'] / 1e6:.1f}MB rounds={r['rounds']}"
                     log(f"  {corpus['name']:11s} {method:11s} {variant:15s} seed {seed}: val_loss={r['val_loss']:.4f} "
                         f"{accs} ({r['train_seconds']:.0f}s, total {time.monotonic() - t_all:.0f}s)")
     os.replace(results_path + ".tmp", results_path)

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # `make bench-quality`: training quality at an equal token budget (docs/quality.md).
 #   bash bench/quality/run.sh [BUILD_DIR] [--smoke] [bench/quality/run.py options...]
-# SPES (4 peers), centralised training and the fedavg baseline, 3 seeds each, on the demo corpus
-# (written by `spes demo`) and Tiny Shakespeare ($SPES_TEST_DATA/tinyshakespeare.txt, default
-# ../shared/data), then the ablations (expert merging off, decayed load-balancing off,
-# sync_steps 10 and 100). Writes $QUALITY_OUT (default output/bench-quality): results.jsonl,
-# quality.md (the tables), quality.svg (validation loss against tokens), runs/ (logs, metrics).
-# Last line: "bench-quality: <corpus>_spes_ratio=... <corpus>_fedavg_ratio=... goal=1.02 met=yes|no".
+# SPES (4 peers, `spes demo`'s settings: sync every 5 steps, int8 payloads, lr_scale 0.7),
+# centralised training and the fedavg baseline, 3 seeds each, 1000 steps (the demo's length), on
+# the demo corpus (written by `spes demo`) and Tiny Shakespeare ($SPES_TEST_DATA/tinyshakespeare.txt,
+# default ../shared/data), then the ablations (expert merging off, decayed load-balancing off,
+# sync_steps 25, the outer optimizer, the peers at the centralised learning rate, the demo before
+# issue #28). Writes $QUALITY_OUT (default output/bench-quality): results.jsonl (with each run's
+# sync traffic per peer), quality.md (the tables), quality.svg (validation loss against tokens),
+# runs/ (logs, metrics).
+# Last line: "bench-quality: <corpus>_spes_ratio=... <corpus>_fedavg_ratio=... demo_spes_sums=...
+# demo_central_sums=... goal=1.02 met=yes|no".
 # --smoke: the same runs at toy size (6 steps, 2 seeds, ablations 1 seed), for tests/integration/bench_quality_smoke.sh.
-# ~20 minutes on an idle 2-core machine for the full run (peers 1 thread each, centralised 2).
+# ~2.5 hours on an idle 2-core machine for the full run (peers 1 thread each, centralised 2);
+# --steps 300 gives the shorter table docs/quality.md keeps for history.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=build
@@ -21,7 +26,7 @@ OUT=${QUALITY_OUT:-output/bench-quality}
 args=()
 if [ "${1:-}" = "--smoke" ]; then
   shift
-  args=(--seeds 2 --ablation_seeds 1 --steps 6 --batch 2 --sync_steps 3 --sync_ablation 2,3,6 --train_docs 300 --curve_points 2
+  args=(--seeds 2 --ablation_seeds 1 --steps 6 --batch 2 --sync_steps 3 --sync_ablation 2,3,6 --before_sync 6 --train_docs 300 --curve_points 2
         --curve_val_tokens 2048)
 fi
 python3 bench/quality/run.py --spes "$SPES" --data "$DATA" --out "$OUT" "${args[@]}" "$@"

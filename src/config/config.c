@@ -298,6 +298,14 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
           "fsdp.sharding_strategy", "expected NO_SHARD, SHARD_OPTIM, SHARD_GRAD_OP or FULL_SHARD, got '%s' (hybrid "
           "sharding across nodes is what the SPES server does)", ss ? ss : "null");
     CHECK(cfg->sync_steps > 0, "spes_config.sync_steps", "must be > 0");
+    CHECK(cfg->sync_warmup_every > 0 && cfg->sync_warmup_every <= cfg->sync_steps, "spes_config.sync_warmup_every",
+          "must be in [1, sync_steps = %" PRId64 "], got %" PRId64, cfg->sync_steps, cfg->sync_warmup_every);
+    // A warm-up ending on the regular schedule's grid and on its own: spes_sync_due's ramp starts there.
+    CHECK(cfg->sync_warmup_steps == 0 || (cfg->sync_warmup_steps % cfg->sync_steps == 0 &&
+                                          cfg->sync_warmup_steps % cfg->sync_warmup_every == 0),
+          "spes_config.sync_warmup_steps", "must be a multiple of sync_steps (%" PRId64 ") and of sync_warmup_every (%" PRId64
+          "), got %" PRId64, cfg->sync_steps, cfg->sync_warmup_every, cfg->sync_warmup_steps);
+    CHECK(cfg->lr_scale > 0 && cfg->lr_scale <= 100, "spes_config.lr_scale", "must be in (0, 100], got %g", cfg->lr_scale);
     CHECK(cfg->decayed_factor_update_steps > 0, "spes_config.decayed_factor_update_steps", "must be > 0");
     // The ranges `spes server --outer_lr / --outer_momentum` accept (src/cli/server.c).
     CHECK(cfg->outer_lr >= 1e-6f && cfg->outer_lr <= 10.0f, "spes_config.outer_lr", "must be in [1e-6, 10], got %g",

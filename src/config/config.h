@@ -137,6 +137,13 @@ typedef struct {
     double retry_timeout_s;           // spes_config.retry_timeout_s: retry an unreachable server this long (60)
     float outer_lr;                   // spes_config.outer_lr: the server's outer optimizer this peer expects (1)
     float outer_momentum;             // spes_config.outer_momentum: its Nesterov momentum (0); stated in Hello
+    int64_t sync_warmup_steps;        // spes_config.sync_warmup_steps: sync every sync_warmup_every steps up to
+                                      // this step, then widen to sync_steps (0: off; spes_sync_due)
+    int64_t sync_warmup_every;        // spes_config.sync_warmup_every: the warm-up's interval (1)
+    bool reset_moments_at_sync;       // spes_config.reset_moments_at_sync: fresh AdamW moments after every
+                                      // round (false: a peer keeps its own, the reference)
+    double lr_scale;                  // spes_config.lr_scale: a peer's learning rate is this times the
+                                      // schedule's (1; only with using_spes or using_dilico)
 
     // Where the config came from (for messages and the checkpoint copy).
     char *source_path;

@@ -110,6 +110,8 @@ int demo_config_write(const DemoRunShape *s, const char *dir, const char *path) 
     char outer_lr[32], outer_momentum[32];
     snprintf(outer_lr, sizeof outer_lr, "%.9g", s->outer_lr != 0.0f ? (double)s->outer_lr : 1.0);
     snprintf(outer_momentum, sizeof outer_momentum, "%.9g", (double)s->outer_momentum);
+    char lr_scale[32];
+    snprintf(lr_scale, sizeof lr_scale, "%.17g", s->lr_scale > 0 ? s->lr_scale : 1.0);
     const Row rows[] = {
         YAML("run_name", "spes-demo"),
         YAML("seed", "6198"),
@@ -167,6 +169,11 @@ int demo_config_write(const DemoRunShape *s, const char *dir, const char *path) 
         YAML("spes_config.using_decayed_aux_loss", "true"),
         YAML("spes_config.outer_lr", outer_lr),
         YAML("spes_config.outer_momentum", outer_momentum),
+        INT("spes_config.sync_warmup_steps", s->sync_warmup_steps),
+        INT("spes_config.sync_warmup_every", s->sync_warmup_every > 0 ? s->sync_warmup_every : 1),
+        // Peers only: the centralised baseline reads the same file with using_spes=false.
+        YAML("spes_config.lr_scale", lr_scale),
+        YAML("spes_config.payload_dtype", s->payload ? s->payload : "f32"),
     };
     char *text = NULL;
     size_t len = 0;

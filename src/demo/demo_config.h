@@ -13,6 +13,10 @@ typedef struct {
     int threads_per_peer;   // threads
     float outer_lr;         // spes_config.outer_lr, the server's outer optimizer (0: the default 1)
     float outer_momentum;   // spes_config.outer_momentum (default 0)
+    int sync_warmup_steps;  // spes_config.sync_warmup_steps (0: no synchronous warm-up)
+    int sync_warmup_every;  // spes_config.sync_warmup_every (0: the default 1)
+    double lr_scale;        // spes_config.lr_scale, the peers' learning rate against the centralised run's (0: 1)
+    const char *payload;    // spes_config.payload_dtype: f32, bf16, int8 or int4 (NULL: f32)
 } DemoRunShape;
 
 // Writes the config to `path` (atomically) for a run whose files live in `dir`: train.bin and

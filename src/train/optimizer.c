@@ -80,6 +80,15 @@ int adamw_state_to_device(AdamW *opt) {
     return be->ops->upload(be, opt->dv, opt->v, opt->numel * sizeof(float));
 }
 
+int adamw_reset(AdamW *opt) {
+    if (opt->numel) {
+        memset(opt->m, 0, opt->numel * sizeof(float));
+        memset(opt->v, 0, opt->numel * sizeof(float));
+    }
+    opt->step = 0;
+    return adamw_state_to_device(opt);
+}
+
 int adamw_state_to_host(AdamW *opt) {
     Backend *be = opt->be;
     if (be->host_memory || opt->offload || opt->numel == 0) return SPES_OK;

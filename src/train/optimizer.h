@@ -48,6 +48,10 @@ void adamw_free(AdamW *opt);
 int adamw_state_to_device(AdamW *opt);
 int adamw_state_to_host(AdamW *opt);
 
+// Zeroes the moments and the update count (bias correction starts over, as for a fresh
+// optimizer) in host and backend memory: spes_config.reset_moments_at_sync.
+int adamw_reset(AdamW *opt);
+
 // OLMo's get_param_groups: Linear weights (attention, router, experts, lm_head) always
 // decay; norm weights only with decay_norm_and_bias; the embedding only with decay_embeddings.
 bool adamw_param_decays(const AdamWConfig *cfg, ParamKind kind);

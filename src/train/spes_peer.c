@@ -208,6 +208,7 @@ static int take_over(SpesPeer *p, Model *m) {
 }
 
 static int sync_round(SpesPeer *p, Model *m, int64_t step);
+static bool is_sync_step(const SpesPeer *p, int64_t step);
 
 #define SYNC_STATE_FILE "spes_sync_state.safetensors"
 
@@ -349,7 +350,7 @@ int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_s
              p->cfg->peer_id, p->cfg->num_peers, p->cfg->server_addr, p->n_upload, p->cfg->sync_steps,
              p->cfg->using_dilico ? "fedavg" : "spes");
     if (p->cfg->take_over_peer_id >= 0 && start_step == 0) return take_over(p, m);
-    if (unsynced && p->cfg->sync_steps > 0 && start_step % p->cfg->sync_steps == 0 && start_step <= INT32_MAX) {
+    if (unsynced && is_sync_step(p, start_step) && start_step <= INT32_MAX) {
         // The checkpoint holds the local weights of a round that never completed (its sync failed
         // or was interrupted). Redo that round: the server still waiting for our upload gets it;
         // a round that already has it answers ALREADY_EXISTS and we download its aggregate; one
@@ -784,8 +785,21 @@ static int begin_overlapped(SpesPeer *p, Model *m, int64_t step) {
     return begin_round(p, m, step, p->snapshot, &p->pending);
 }
 
+bool spes_sync_due(int64_t step, int64_t sync_steps, int64_t warmup_steps, int64_t warmup_every) {
+    if (sync_steps <= 0) return false;
+    if (warmup_every < 1) warmup_every = 1;   // validated; never a division by zero or an endless ramp
+    if (warmup_steps <= 0 || step > warmup_steps + sync_steps) return step % sync_steps == 0;
+    if (step <= warmup_steps) return step % warmup_every == 0;
+    int64_t offset = step - warmup_steps;   // in (0, K]: the ramp, ending on the grid at W + K
+    if (offset == sync_steps) return true;
+    for (int64_t part = sync_steps / 2; part > 0 && part >= warmup_every; part /= 2)
+        if (offset == part) return true;
+    return false;
+}
+
 static bool is_sync_step(const SpesPeer *p, int64_t step) {
-    return p->cfg->sync_steps > 0 && step % p->cfg->sync_steps == 0;
+    const TrainConfig *c = p->cfg;
+    return spes_sync_due(step, c->sync_steps, c->sync_warmup_steps, c->sync_warmup_every);
 }
 
 // Whether the end of `step` applies the round in flight; decided once per step (the round may

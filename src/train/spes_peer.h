@@ -56,6 +56,15 @@ int spes_peer_save_state(SpesPeer *p, const char *dir);
 
 // c(t) = 0.7 + 0.3 * t / (0.2 * T) for t < 0.2 * T, then 1 (DESIGN.md).
 float spes_decayed_factor(int64_t step, int64_t total_steps);
+
+// Whether a peer syncs at the end of `step` (K = sync_steps). Without a warm-up
+// (spes_config.sync_warmup_steps 0, the reference): every K steps. With a warm-up W (a multiple
+// of K and of the warm-up's interval e): every e steps up to W; then, inside (W, W + K), at
+// W + floor(K / 2^j) for j = J..1 (J the largest with floor(K / 2^J) >= e; a value only once),
+// so each gap is at most about twice the one before it; from W + K on every K steps again. The
+// ramp is there because the server takes an upload at most 4 round gaps ahead of its newest
+// round (sync/rounds.h): a jump from gaps of 1 step to K = 25 would be refused.
+bool spes_sync_due(int64_t step, int64_t sync_steps, int64_t warmup_steps, int64_t warmup_every);
 // Loads every tensor of an aggregate (safetensors bytes, F32 or BF16) into the model's
 // parameters; an aggregate that lacks a model tensor or has a wrong shape is an error.
 int spes_load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char *what);

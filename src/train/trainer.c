@@ -602,6 +602,8 @@ int trainer_step(Trainer *t, StepMetrics *out) {
                          step, mean.total, mean.ce);
 
     double lr = schedule_lr(&cfg->schedule, cfg->learning_rate, step, t->max_steps);
+    // spes_config.lr_scale: a peer's rate against the centralised run's of the same config (1: as is).
+    if ((cfg->using_spes || cfg->using_dilico) && cfg->lr_scale != 1.0) lr *= cfg->lr_scale;
     double norm = 0.0;
     bool apply = true;
     if (t->scaler.enabled) {
@@ -798,6 +800,9 @@ static int after_step(Trainer *t, int64_t step) {
     if (o->after_step_touches_model) SPES_TRY(o->after_step_touches_model(o->after_step_ctx, step, &touches));
     if (touches) SPES_TRY(unshard(t, &resharded));
     if (o->after_step(o->after_step_ctx, &t->model, step) != SPES_OK) return spes_fail_context("after step %" PRId64, step);
+    // A round replaced the weights: spes_config.reset_moments_at_sync starts the moments over from
+    // there (off: each peer keeps the moments of its own gradients, the reference's behaviour).
+    if (touches && o->after_step_touches_model && t->cfg->reset_moments_at_sync) SPES_TRY(adamw_reset(&t->adamw));
     return resharded ? sharded_params_shard(&t->z3) : SPES_OK;
 }
 

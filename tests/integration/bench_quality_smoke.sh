@@ -39,7 +39,8 @@ runs = lines[1:]
 budget = meta["steps"] * meta["peers"] * meta["batch"] * meta["seq"]
 assert meta["tokens"] == budget == 6 * 4 * 2 * 128, meta
 main = {("centralised", "main"), ("spes", "main"), ("fedavg", "main")}
-ablations = {("spes", "no_merge"), ("spes", "no_decayed_aux"), ("spes", "sync2"), ("spes", "sync6")}
+ablations = {("spes", "no_merge"), ("spes", "no_decayed_aux"), ("spes", "sync2"), ("spes", "sync6"),
+             ("spes", "lr_scale1"), ("spes", "before28")}
 if meta["outer_measured"]:                                   # spes server takes --outer_lr
     ablations.add(("spes", "outer_nesterov"))
 for corpus in ("demo", "shakespeare"):
@@ -55,6 +56,12 @@ for r in runs:
             assert 0 <= r[q] <= 1, r
     else:
         assert "recall_acc" not in r, r
+    # Every run with peers counted its sync traffic from their logs: the rounds its schedule has.
+    if r["method"] == "centralised":
+        assert "bytes_per_peer" not in r, r
+    else:
+        k = r["sync_steps"]
+        assert r["rounds"] == meta["steps"] // k and r["bytes_per_peer"] > 0, r
     # The main runs logged a validation curve ending at the full budget.
     if r["variant"] == "main":
         assert len(r["curve"]) >= 2 and r["curve"][-1][0] == budget, r["curve"]

@@ -11,6 +11,9 @@ cat "$out/demo.txt" | tail -20
 grep -Eq "^validation loss \(nats/byte\) +[0-9.]+ +[0-9.]+$" "$out/demo.txt"
 grep -Eq "^recall questions \(acc\) +[0-9.]+% +[0-9.]+%$" "$out/demo.txt"
 grep -Eq "^held-out sums \(acc\) +[0-9.]+% +[0-9.]+%$" "$out/demo.txt"
+# The sync traffic from the peers' logs: 2 rounds (steps 3 and 6), a positive size.
+grep -Eq "^sync rounds +2$" "$out/demo.txt"
+grep -Eq "^sync traffic per peer +[1-9][0-9]* MB$" "$out/demo.txt"
 # Both peers ended on a sync step: they hold the same model.
 cmp "$out/demo/peer0/step6/model.safetensors" "$out/demo/peer1/step6/model.safetensors"
 [ -f "$out/demo/central/step6/model.safetensors" ]

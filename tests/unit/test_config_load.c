@@ -462,6 +462,56 @@ static void test_int4_payload_and_outer_keys(void **state) {
     config_free(&plain);
 }
 
+// The quality keys (sync warm-up, peer learning-rate scale): off by default and then out of the
+// hash (every config written before them keeps its hash and its checkpoints resume); set, read,
+// hashed, and the YAML dump reloads them to the same hash.
+static void test_quality_keys(void **state) {
+    (void)state;
+    TrainConfig plain, keys, dump;
+    assert_int_equal(config_load_string("", "plain.yaml", 0, NULL, &plain), SPES_OK);
+    assert_true(plain.sync_warmup_steps == 0 && plain.sync_warmup_every == 1 && plain.lr_scale == 1.0);
+    assert_false(plain.reset_moments_at_sync);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&text, &len);
+    config_write_values(&plain, fp, true);
+    fclose(fp);
+    assert_null(strstr(text, "sync_warmup"));   // off: not in what the hash reads
+    assert_null(strstr(text, "lr_scale"));
+    assert_null(strstr(text, "reset_moments"));
+    free(text);
+    // Setting a key to its default is the same config.
+    assert_int_equal(config_load_string("spes_config:\n  sync_warmup_steps: 0\n  sync_warmup_every: 1\n  lr_scale: 1\n",
+                                        "same.yaml", 0, NULL, &keys),
+                     SPES_OK);
+    assert_true(config_hash(&keys) == config_hash(&plain));
+    config_free(&keys);
+    const char *yaml = "spes_config:\n  sync_steps: 25\n  sync_warmup_steps: 100\n  sync_warmup_every: 5\n  lr_scale: 2.0\n";
+    assert_int_equal(config_load_string(yaml, "warm.yaml", 0, NULL, &keys), SPES_OK);
+    assert_true(keys.sync_warmup_steps == 100 && keys.sync_warmup_every == 5 && keys.lr_scale == 2.0);
+    assert_true(config_hash(&keys) != config_hash(&plain));
+    text = NULL;
+    fp = open_memstream(&text, &len);
+    config_write_yaml(&keys, fp);
+    fclose(fp);
+    assert_int_equal(config_load_string(text, "dump.yaml", 0, NULL, &dump), SPES_OK);
+    free(text);
+    assert_true(dump.sync_warmup_steps == 100 && dump.sync_warmup_every == 5 && dump.lr_scale == 2.0);
+    assert_true(config_hash(&dump) == config_hash(&keys));
+    config_free(&dump);
+    config_free(&keys);
+    // Each key alone changes the hash.
+    assert_int_equal(config_load_string("spes_config:\n  lr_scale: 1.5\n", "s.yaml", 0, NULL, &keys), SPES_OK);
+    assert_true(config_hash(&keys) != config_hash(&plain));
+    config_free(&keys);
+    assert_int_equal(config_load_string("spes_config:\n  reset_moments_at_sync: true\n", "r.yaml", 0, NULL, &keys),
+                     SPES_OK);
+    assert_true(keys.reset_moments_at_sync);
+    assert_true(config_hash(&keys) != config_hash(&plain));
+    config_free(&keys);
+    config_free(&plain);
+}
+
 // Loading never opens data files: the seeds' paths do not exist here.
 static void test_loading_does_not_touch_data(void **state) {
     (void)state;
@@ -487,6 +537,7 @@ int main(void) {
         cmocka_unit_test(test_evaluators),
         cmocka_unit_test(test_max_duration_forms),
         cmocka_unit_test(test_hash_and_round_trip),
+        cmocka_unit_test(test_quality_keys),
         cmocka_unit_test(test_instance_filter),
         cmocka_unit_test(test_changes_since_saved),
         cmocka_unit_test(test_job_lines),

@@ -114,6 +114,16 @@ static void check_config(const TrainConfig *cfg, const DemoRunShape *s, const ch
     assert_int_equal(cfg->sync_steps, s->sync_steps);
     assert_string_equal(cfg->server_addr, "127.0.0.1:50051");
     assert_true(cfg->using_decayed_aux_loss);
+    assert_float_equal(cfg->outer_lr, s->outer_lr > 0 ? s->outer_lr : 1.0f, 0.0f);
+    assert_float_equal(cfg->outer_momentum, s->outer_momentum, 0.0f);
+    assert_int_equal(cfg->sync_warmup_steps, s->sync_warmup_steps);
+    assert_int_equal(cfg->sync_warmup_every, s->sync_warmup_every > 0 ? s->sync_warmup_every : 1);
+    assert_float_equal(cfg->lr_scale, s->lr_scale > 0 ? s->lr_scale : 1.0, 0.0);
+    const char *payload = s->payload ? s->payload : "f32";
+    assert_int_equal(cfg->payload_dtype, !strcmp(payload, "int8")   ? PAYLOAD_INT8
+                                         : !strcmp(payload, "int4") ? PAYLOAD_INT4
+                                         : !strcmp(payload, "bf16") ? PAYLOAD_BF16
+                                                                    : PAYLOAD_F32);
 }
 
 static void write_and_check(const DemoRunShape *s, const char *dir) {
@@ -137,7 +147,8 @@ static void write_and_check(const DemoRunShape *s, const char *dir) {
 static void test_every_value_loads_back(void **state) {
     (void)state;
     DemoRunShape s = {.peers = 3, .experts_per_peer = 5, .steps = 70, .sync_steps = 9, .batch = 6,
-                      .threads_per_peer = 2};
+                      .threads_per_peer = 2, .outer_lr = 1.25f, .outer_momentum = 0.5f, .sync_warmup_steps = 18,
+                      .sync_warmup_every = 3, .lr_scale = 1.7, .payload = "int8"};
     write_and_check(&s, root);
 }
 

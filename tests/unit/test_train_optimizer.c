@@ -126,6 +126,35 @@ static void test_step_by_formula(void **state) {
     free(t.entries);
 }
 
+// adamw_reset (spes_config.reset_moments_at_sync): after it the next step is exactly a fresh
+// optimizer's first step from the same weights, and a step without it is not.
+static void test_reset_is_a_fresh_start(void **state) {
+    (void)state;
+    FlatTensor specs[] = {{"model.layers.0.self_attn.q_proj.weight", PARAM_Q, 4, true}};
+    ParamTable t = flat_table(specs, 1);
+    AdamWConfig c = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    float g1[4] = {0.3f, -0.2f, 0.1f, 0.5f}, g2[4] = {-0.1f, 0.4f, 0.2f, -0.3f};
+    float used[4] = {0.5f, -1, 2, 0.3f}, fresh[4], kept[4];
+    AdamW a, b, k;
+    assert_int_equal(adamw_create(&a, &t, &c), SPES_OK);
+    assert_int_equal(adamw_create(&b, &t, &c), SPES_OK);
+    assert_int_equal(adamw_create(&k, &t, &c), SPES_OK);
+    adamw_step(&a, &t, used, g1, (Buf){0}, 1e-2);
+    adamw_step(&k, &t, memcpy(kept, (float[4]){0.5f, -1, 2, 0.3f}, sizeof kept), g1, (Buf){0}, 1e-2);
+    memcpy(fresh, used, sizeof fresh);
+    assert_int_equal(adamw_reset(&a), SPES_OK);
+    assert_int_equal(a.step, 0);
+    for (int i = 0; i < 4; i++) assert_true(a.m[i] == 0.0f && a.v[i] == 0.0f);
+    adamw_step(&a, &t, used, g2, (Buf){0}, 1e-2);
+    adamw_step(&b, &t, fresh, g2, (Buf){0}, 1e-2);
+    adamw_step(&k, &t, kept, g2, (Buf){0}, 1e-2);
+    assert_memory_equal(used, fresh, sizeof used);
+    assert_memory_equal(a.m, b.m, 4 * sizeof(float));
+    assert_true(memcmp(kept, used, sizeof used) != 0);   // keeping the moments is a different step
+    adamw_free(&a), adamw_free(&b), adamw_free(&k);
+    free(t.entries);
+}
+
 static ParamKind kind_of(const char *k) {
     if (!strcmp(k, "embed")) return PARAM_EMBED;
     if (!strcmp(k, "norm")) return PARAM_FINAL_NORM;
@@ -237,6 +266,7 @@ int main(void) {
         cmocka_unit_test(test_global_norm),
         cmocka_unit_test(test_clip),
         cmocka_unit_test(test_step_by_formula),
+        cmocka_unit_test(test_reset_is_a_fresh_start),
     };
     // The reference comparison runs when its file is given (tests/integration/train_optimizer_ref.sh).
     if (getenv("SPES_ADAMW_REF")) {
