@@ -57,6 +57,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/timer.h"
 #include "gpu/gpu_test.h"
 #include "ops/cuda/cuda_attention.h"
 #include "ops/cuda/cudnn_attention.h"
@@ -528,12 +529,6 @@ static void test_unsupported_head_dim(void **state) {
     gt_free(be, q), gt_free(be, k), gt_free(be, v), gt_free(be, out), backend_free(be, lse);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 // Not a check: prints the speed of the tensor-core kernels at the 1B model's shape (hd 64,
 // 12 heads, T 2048) and at hd 128, for the first runs on a GPU. Causal FLOPs: forward
 // 2 matmuls of B*nh*T*T/2*hd multiply-adds each = 2*B*nh*T*T*hd; backward 5 matmuls (2.5x).
@@ -567,16 +562,16 @@ static void test_bf16_speed(void **state) {
             double t_fwd = 0, t_bwd = 0;
             for (int pass = 0; pass < 2; pass++) {   // pass 0 warms up (and builds cuDNN's plans)
                 gt_sync_ok(be);
-                double t0 = now_s();
+                double t0 = now_seconds();
                 for (int it = 0; it < iters; it++)
                     be->ops->attention_forward(be, out, lse, q, k, v, s.B, s.Tq, s.Tk, s.nh, s.nkv, s.hd);
                 gt_sync_ok(be);
-                double t1 = now_s();
+                double t1 = now_seconds();
                 for (int it = 0; it < iters; it++)
                     be->ops->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, s.B, s.Tq, s.nh, s.nkv,
                                                 s.hd);
                 gt_sync_ok(be);
-                t_fwd = (t1 - t0) / iters, t_bwd = (now_s() - t1) / iters;
+                t_fwd = (t1 - t0) / iters, t_bwd = (now_seconds() - t1) / iters;
             }
             const char *fi = cuda_attention_last_impl(false), *bi = cuda_attention_last_impl(true);
             // Repeatability at this size (where atomics would show): one more backward into

@@ -46,6 +46,7 @@
 
 #include <cmocka.h>
 
+#include "base/timer.h"
 #include "gpu/gpu_test.h"
 #include "model/model.h"
 
@@ -380,12 +381,6 @@ static void test_experts_deterministic(void **state) {
 // frozen (dX only: the difference is the dW GEMMs), each through cuBLAS's grouped GEMM and the
 // per-expert cuBLASLt loop, and one dense GEMM of the forward's first projection's size as the
 // ceiling. FLOPs: forward 2*NK*3*H*I; backward dX the same, dW the same again.
-static double seconds_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void test_experts_speed(void **state) {
     (void)state;
     if (getenv("SPES_GPU_MEMCHECK_PASS")) skip();   // minutes under the sanitizer, and time means nothing there
@@ -416,24 +411,24 @@ static void test_experts_speed(void **state) {
             ExpertsArgs frozen = a;
             frozen.dgate_up = frozen.dgate = frozen.dup = frozen.ddown = none;
             gt_sync_ok(be);
-            double t0 = seconds_now();
+            double t0 = now_seconds();
             for (int it = 0; it < ITERS; it++) be->ops->experts_forward(be, &a);
             gt_sync_ok(be);
-            double t1 = seconds_now();
+            double t1 = now_seconds();
             for (int it = 0; it < ITERS; it++) {   // the backward overwrites gu and dy: refresh them
                 be->ops->experts_forward(be, &a);
                 be->ops->copy(be, dy.p, xe.p, (size_t)NK * H * num_type_size(ct));
                 be->ops->experts_backward(be, &a);
             }
             gt_sync_ok(be);
-            double t2 = seconds_now();
+            double t2 = now_seconds();
             for (int it = 0; it < ITERS; it++) {
                 be->ops->experts_forward(be, &frozen);
                 be->ops->copy(be, dy.p, xe.p, (size_t)NK * H * num_type_size(ct));
                 be->ops->experts_backward(be, &frozen);
             }
             gt_sync_ok(be);
-            double t3 = seconds_now();
+            double t3 = now_seconds();
             t_fwd = (t1 - t0) / ITERS;
             t_bwd = (t2 - t1) / ITERS - t_fwd;   // less the forward that refreshed its inputs
             t_bwd_frozen = (t3 - t2) / ITERS - t_fwd;
@@ -449,10 +444,10 @@ static void test_experts_speed(void **state) {
     double t_dense = 0;
     for (int pass = 0; pass < 2; pass++) {
         gt_sync_ok(be);
-        double t0 = seconds_now();
+        double t0 = now_seconds();
         for (int it = 0; it < ITERS; it++) linear_forward(be, gu, xe, gate_up[0], NK, H, 2 * I, false);
         gt_sync_ok(be);
-        t_dense = (seconds_now() - t0) / ITERS;
+        t_dense = (now_seconds() - t0) / ITERS;
     }
     printf("  dense GEMM [%d x %d] @ [%d x %d]^T: %.3f ms (%.0f TFLOP/s)\n", NK, H, 2 * I, H, 1e3 * t_dense,
            2.0 * NK * H * 2 * I / t_dense * 1e-12);
@@ -475,10 +470,10 @@ static void time_gemm(Backend *be, const char *what, bool ta, bool tb, int M, in
     double t = 0;
     for (int pass = 0; pass < 2; pass++) {   // pass 0 warms up
         gt_sync_ok(be);
-        double t0 = seconds_now();
+        double t0 = now_seconds();
         for (int it = 0; it < ITERS; it++) be->ops->gemm(be, ta, tb, M, N, K, 1.0f, A, lda, Bm, ldb, beta, C, ldc);
         gt_sync_ok(be);
-        t = (seconds_now() - t0) / ITERS;
+        t = (now_seconds() - t0) / ITERS;
     }
     printf("  %-44s M=%d N=%d K=%d: %.3f ms (%.0f TFLOP/s)\n", what, M, N, K, 1e3 * t, 2.0 * M * N * K / t * 1e-12);
 }
@@ -506,10 +501,10 @@ static void test_lm_head_speed(void **state) {
     for (int pass = 0; pass < 2; pass++) {
         be->ops->gemm(be, false, true, R, LD, H, 1.0f, h, H, W, H, 0.0f, logits, LD);   // fresh logits
         gt_sync_ok(be);
-        double t0 = seconds_now();
+        double t0 = now_seconds();
         be->ops->cross_entropy_rows(be, logits, LD, ce, lse, tg, R, V, 1e-4f, 1e-9f, true);
         gt_sync_ok(be);
-        t = seconds_now() - t0;
+        t = now_seconds() - t0;
     }
     printf("  cross-entropy + gradient, R=%d V=%d ld=%d: %.3f ms (%.0f GB/s of logits read twice, written once)\n", R,
            V, LD, 1e3 * t, 3.0 * R * V * 2 / t * 1e-9);
