@@ -190,6 +190,10 @@ static void test_reference_1b(void **state) {
     (void)state;
     const char *ref = "../shared/reference/configs/spes_moe_1b_4nodes_node_0.yaml";
     if (!file_exists(ref)) skip();
+    if (getenv("SPES_ASAN")) {   // ~11 GB of buffers plus ASan's shadow: minutes, and most of the machine
+        printf("  reference 1B: skipped under AddressSanitizer\n");
+        skip();
+    }
     if (available_bytes() < (size_t)14 << 30) {
         printf("  reference 1B: skipped (%.1f GiB available, 14 needed)\n", available_bytes() / 1073741824.0);
         skip();
