@@ -51,6 +51,7 @@
 // ---- plan cache -------------------------------------------------------------------------------
 struct GemmKey {
     int ta, tb, m, n, k, lda, ldb, ldc;
+    int bucketed;                   // a bucket's plan (its layouts resized at every call), never an exact one
     int type_a, type_b, type_c;     // NumType of cuBLASLt's A (our B), B (our A), C
     int align_a, align_b, align_c;  // pointer alignment in bytes (1..256)
     bool operator==(const GemmKey &o) const { return memcmp(this, &o, sizeof *this) == 0; }
@@ -96,6 +97,15 @@ static int pointer_alignment(const void *p) {
     return align;
 }
 
+// The stored (column-major) shapes of cuBLASLt's A [m x k] and B [k x n] before their
+// transposes: rows are the contiguous dimension, at most the leading dimension.
+struct LayoutDims {
+    uint64_t a_rows, a_cols, b_rows, b_cols;
+};
+static LayoutDims layout_dims(int ta, int tb, int m, int n, int k) {
+    return {(uint64_t)(ta ? k : m), (uint64_t)(ta ? m : k), (uint64_t)(tb ? n : k), (uint64_t)(tb ? k : n)};
+}
+
 // Builds the plan for `key` (descriptors + heuristic). false: a failure was recorded; true
 // with plan->ok false: no algorithm for these shapes/alignments (not recorded: the caller
 // repacks the operands and tries again).
@@ -108,9 +118,7 @@ static bool plan_build(Backend *be, const GemmKey &key, GemmPlan *plan) {
     cublasOperation_t ta = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     uint64_t ws = st->workspace_bytes;
     uint32_t aa = (uint32_t)key.align_a, ab = (uint32_t)key.align_b, ac = (uint32_t)key.align_c;
-    // stored (column-major) shapes of lt.A [m x k] / lt.B [k x n] before their transposes
-    uint64_t a_rows = key.ta ? key.k : key.m, a_cols = key.ta ? key.m : key.k;
-    uint64_t b_rows = key.tb ? key.n : key.k, b_cols = key.tb ? key.k : key.n;
+    const LayoutDims d = layout_dims(key.ta, key.tb, key.m, key.n, key.k);
     cublasStatus_t s;
 #define LT(call)                                                                                      \
     do {                                                                                              \
@@ -123,8 +131,8 @@ static bool plan_build(Backend *be, const GemmKey &key, GemmPlan *plan) {
     LT(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     LT(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    LT(cublasLtMatrixLayoutCreate(&plan->a, cuda_data_type((NumType)key.type_a), a_rows, a_cols, key.lda));
-    LT(cublasLtMatrixLayoutCreate(&plan->b, cuda_data_type((NumType)key.type_b), b_rows, b_cols, key.ldb));
+    LT(cublasLtMatrixLayoutCreate(&plan->a, cuda_data_type((NumType)key.type_a), d.a_rows, d.a_cols, key.lda));
+    LT(cublasLtMatrixLayoutCreate(&plan->b, cuda_data_type((NumType)key.type_b), d.b_rows, d.b_cols, key.ldb));
     LT(cublasLtMatrixLayoutCreate(&plan->c, cuda_data_type((NumType)key.type_c), key.m, key.n, key.ldc));
     LT(cublasLtMatmulPreferenceCreate(&pref));
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
@@ -196,13 +204,11 @@ static int gemm_bucket(int x) {
 
 // Sets a plan's layouts to the actual sizes (a bucketed plan was built for its bucket's).
 static bool plan_resize(Backend *be, const GemmPlan *plan, const GemmKey &key, int m, int n, int k) {
-    uint64_t a_rows = key.ta ? k : m, a_cols = key.ta ? m : k;
-    uint64_t b_rows = key.tb ? n : k, b_cols = key.tb ? k : n;
-    uint64_t c_rows = m, c_cols = n;
+    const LayoutDims d = layout_dims(key.ta, key.tb, m, n, k);
     const struct {
         cublasLtMatrixLayout_t l;
         uint64_t rows, cols;
-    } set[3] = {{plan->a, a_rows, a_cols}, {plan->b, b_rows, b_cols}, {plan->c, c_rows, c_cols}};
+    } set[3] = {{plan->a, d.a_rows, d.a_cols}, {plan->b, d.b_rows, d.b_cols}, {plan->c, (uint64_t)m, (uint64_t)n}};
     for (int i = 0; i < 3; i++) {
         cublasStatus_t s = cublasLtMatrixLayoutSetAttribute(set[i].l, CUBLASLT_MATRIX_LAYOUT_ROWS, &set[i].rows,
                                                             sizeof set[i].rows);
@@ -230,9 +236,13 @@ static int lt_matmul(Backend *be, bool trans_a, bool trans_b, int M, int N, int 
     key.m = bucketed ? gemm_bucket(N) : N;
     key.n = bucketed ? gemm_bucket(M) : M;
     key.k = bucketed ? gemm_bucket(K) : K;
-    // A bucket may not outgrow a leading dimension (the stored rows of each column-major layout)
-    if (bucketed && ((trans_b ? key.k : key.m) > ldb || (trans_a ? key.n : key.k) > lda || key.m > ldc))
-        return lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, op_type, beta, C, c_type, ldc, false);
+    key.bucketed = bucketed;
+    if (bucketed) {   // a bucket may not outgrow a leading dimension (the stored rows of a layout)
+        const LayoutDims d = layout_dims(key.ta, key.tb, key.m, key.n, key.k);
+        if (d.a_rows > (uint64_t)ldb || d.b_rows > (uint64_t)lda || (uint64_t)key.m > (uint64_t)ldc)
+            return lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, op_type, beta, C, c_type, ldc,
+                             false);
+    }
     key.lda = ldb;
     key.ldb = lda;
     key.ldc = ldc;
