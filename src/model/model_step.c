@@ -54,14 +54,12 @@ static int lm_head_and_loss(Model *m, int first, bool with_targets, float ce_sca
     ModelActivations *a = m->acts;
     const ModelBinding *b = m->bind;
     const int N = a->B * a->T, H = c->d_model, V = c->embedding_size, ld = a->logit_ld;
-    Buf W = b->lm_head;   // [ld, H]
-    float *dW = b->d_lm_head;
-    if (ld != V) {
+    const bool padded = ld != V;
+    const Buf W = padded ? a->lm_head_padded : b->lm_head;   // [ld, H]
+    if (padded) {
         be->ops->copy_2d(be, a->lm_head_padded, H, b->lm_head, H, V, H);
         be->ops->zero(be, buf_at(a->lm_head_padded, (size_t)V * H).p,
                       (size_t)(ld - V) * H * num_type_size(a->lm_head_padded.t));
-        W = a->lm_head_padded;
-        dW = b->d_lm_head ? a->d_lm_head_padded : NULL;
     }
     for (int r0 = first; r0 < N; r0 += a->logit_rows) {
         int R = N - r0 < a->logit_rows ? N - r0 : a->logit_rows;
@@ -76,16 +74,15 @@ static int lm_head_and_loss(Model *m, int first, bool with_targets, float ce_sca
             // dh[R, H] = dlogits[R, ld] @ W[ld, H];  dW[ld, H] (+)= dlogits^T @ h
             be->ops->gemm(be, false, false, R, H, ld, 1.0f, a->logits, ld, W, H, 0.0f,
                           buf_at(a->dh, (size_t)r0 * H), H);
-            const bool first_block = r0 == first;
-            if (dW && dW != b->d_lm_head)
-                be->ops->gemm(be, true, false, ld, H, R, 1.0f, a->logits, ld, h, H, first_block ? 0.0f : 1.0f,
-                              buf_f32(dW), H);
-            else if (dW)
-                linear_backward_weight(be, dW, a->logits, ld, h, R, H, V);
+            if (b->d_lm_head && padded)   // the first block writes the padded copy, later ones add
+                be->ops->gemm(be, true, false, ld, H, R, 1.0f, a->logits, ld, h, H, r0 == first ? 0.0f : 1.0f,
+                              buf_f32(a->d_lm_head_padded), H);
+            else if (b->d_lm_head)
+                linear_backward_weight(be, b->d_lm_head, a->logits, ld, h, R, H, V);
         }
     }
-    if (grad && dW && dW != b->d_lm_head)
-        be->ops->add_inplace(be, buf_f32(b->d_lm_head), buf_f32(dW), (size_t)V * H);
+    if (grad && b->d_lm_head && padded)
+        be->ops->add_inplace(be, buf_f32(b->d_lm_head), buf_f32(a->d_lm_head_padded), (size_t)V * H);
     return SPES_OK;
 }
 
