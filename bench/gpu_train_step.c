@@ -253,10 +253,10 @@ static void run_train(const Opts *o, int experts_per_peer, Result *r) {
         if (model_forward_backward(&m, inputs, targets, B, T, &w, 1.0f, &v, NULL) != SPES_OK) goto fail;
         if (backend_sync(be) != SPES_OK) goto fail;
         double t1 = now_seconds();
-        r->grad_norm = grad_clip_global_norm(be, m.grads, n_grad, 1.0);   // reads the norm back: synced
-        if (backend_sync(be) != SPES_OK) goto fail;
+        // The trainer's clipping: the norm read back (synced), its factor applied inside AdamW.
+        r->grad_norm = grad_global_norm(be, m.grads, n_grad);
         double t2 = now_seconds();
-        adamw_step(&opt, &m.table, m.dparams, m.grads, compute, 5e-4);
+        adamw_step(&opt, &m.table, m.dparams, m.grads, grad_clip_coef(r->grad_norm, 1.0), compute, 5e-4);
         if (backend_sync(be) != SPES_OK) goto fail;
         double t3 = now_seconds();
         if (!isfinite(v.total)) {

@@ -87,7 +87,7 @@ static int run_variant(int experts_per_peer, VariantResult *r) {
     LossWeights w = {.lm_z_mult = 1e-4f, .lb_weight = 0.01f, .router_z_weight = 0.001f};
     LossValues loss;
     SPES_TRY(model_forward_backward(&m, inputs, targets, BATCH, SEQ, &w, 1.0f, &loss, NULL));
-    adamw_step(&opt, &m.table, m.params, m.grads, (Buf){0}, 4e-4);
+    adamw_step(&opt, &m.table, m.params, m.grads, 1.0f, (Buf){0}, 4e-4);
     r->peak_mb = max_rss_mb();
     r->params = m.table.total_numel;
     r->trainable = m.table.trainable_numel;

@@ -211,11 +211,6 @@ int dp_shard_grad_norm(DataParallel *dp, const float *shard, double *norm) {
     return rc;
 }
 
-void dp_shard_grad_scale(DataParallel *dp, float *shard, float s) {
-    size_t mine = dp->lo[dp->rank + 1] - dp->lo[dp->rank];
-    if (mine) dp->be->ops->scale(dp->be, shard, mine, s);
-}
-
 
 // fn(dp, param offset, gradient-layout offset, length) for every piece of a trainable tensor
 // inside [r0, r1) of the gradient layout that is inside this rank's shard (own) or outside it.

@@ -123,9 +123,8 @@ int dp_on_model_event(void *ctx, ModelHookEvent event, int part);
 float *dp_step_grads(DataParallel *dp, float *grads);
 // ZeRO-2/3: the L2 norm of the whole gradient from the ranks' gradient shards
 // ([lo[rank+1] - lo[rank]] values each; a collective that every rank enters, also one whose
-// own sum failed: its NaN reaches the others), and a shard multiplied by s.
+// own sum failed: its NaN reaches the others). Clipping is AdamW's grad_scale.
 int dp_shard_grad_norm(DataParallel *dp, const float *shard, double *norm);
-void dp_shard_grad_scale(DataParallel *dp, float *shard, float s);
 // ZeRO-1/2: every rank's updated shard of the trainable parameters (fp32 master `dparams`,
 // and the compute copy when there is one) reaches every rank. No-op under DDP; an error under
 // ZeRO-3 (its parameters stay sharded).

@@ -82,7 +82,7 @@ typedef struct {
 // ---- AdamW -------------------------------------------------------------------------------
 // One trainable tensor of a multi-tensor AdamW step (torch's single-tensor AdamW arithmetic,
 // every scalar in float, see src/train/optimizer.c):
-//   p *= decay_mul; m = m + w1*(g - m); v = v*beta2 + w2*g*g;
+//   g *= grad_scale; p *= decay_mul; m = m + w1*(g - m); v = v*beta2 + w2*g*g;
 //   p += neg_step_size * m / (sqrt(v)/bc2_sqrt + eps); compute = (compute type) p
 typedef struct {
     float *p;                  // fp32 master
@@ -95,6 +95,10 @@ typedef struct {
 
 typedef struct {
     float w1, beta2, w2, bc2_sqrt, eps, neg_step_size;
+    // The gradient clipping (and fp16 loss unscaling) factor, applied as the gradient is read:
+    // the same float product a separate scaling pass would store, without that pass over the
+    // gradients (a read and a write of 4 bytes a parameter). 1 when there is none.
+    float grad_scale;
 } AdamWScalars;
 
 // ---- the table ---------------------------------------------------------------------------
@@ -192,10 +196,11 @@ typedef struct {
     void (*sum)(Backend *be, double *out, const float *x, size_t n, bool squares);
     // out[e] = (sum_n x[n,e]) / N, n in order, in double (router: mean probability per expert).
     void (*column_means)(Backend *be, double *out, const float *x, int N, int E);
-    // out[0] = sum_i x[i]^2 over a (large) gradient buffer, in fixed blocks, in double.
-    void (*grad_sum_squares)(Backend *be, double *out, const float *x, size_t n);
-    // x[i] *= s
-    void (*scale)(Backend *be, float *x, size_t n, float s);
+    // *host_out = sum_i x[i]^2 over a (large) gradient buffer, in fixed blocks, in double, read
+    // back to the host (waits for the queued work). No allocation per call (a cudaMalloc a step
+    // on a GPU): cuda keeps the sum in its reduction scratch. SPES_ERR with a message when the
+    // backend failed (on cuda: any op queued before it).
+    int (*grad_sum_squares)(Backend *be, const float *x, size_t n, double *host_out);
     // One AdamW update of `count` tensors (one launch / one parallel region).
     void (*adamw)(Backend *be, const AdamWTensor *t, int count, const AdamWScalars *s);
 } BackendOps;

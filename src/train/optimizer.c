@@ -140,8 +140,8 @@ static int move_params(AdamW *opt, const ParamTable *table, float *params, bool 
 }
 
 // torch's _single_tensor_adamw scalars, each rounded to float as the CPU kernels do.
-static int step(AdamW *opt, const ParamTable *table, float *params, bool packed, const float *grads, Buf compute,
-                double lr) {
+static int step(AdamW *opt, const ParamTable *table, float *params, bool packed, const float *grads,
+                float grad_scale, Buf compute, double lr) {
     const AdamWConfig *c = &opt->cfg;
     opt->step++;
     double t = (double)opt->step;
@@ -152,7 +152,8 @@ static int step(AdamW *opt, const ParamTable *table, float *params, bool packed,
                             .w2 = (float)(1.0 - c->beta2),
                             .bc2_sqrt = (float)sqrt(bc2),
                             .eps = (float)c->eps,
-                            .neg_step_size = (float)(-(lr / bc1))};
+                            .neg_step_size = (float)(-(lr / bc1)),
+                            .grad_scale = grad_scale};
     float decay_mul = (float)(1.0 - lr * c->weight_decay);
     if (opt->numel == 0) return SPES_OK;
     // Offloaded, the update reads and writes the host staging instead of backend memory.
@@ -189,23 +190,19 @@ static int step(AdamW *opt, const ParamTable *table, float *params, bool packed,
     return move_params(opt, table, params, packed, compute, true);
 }
 
-int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, Buf compute, double lr) {
-    return step(opt, table, params, false, grads, compute, lr);
+int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, float grad_scale, Buf compute,
+               double lr) {
+    return step(opt, table, params, false, grads, grad_scale, compute, lr);
 }
 
-int adamw_step_packed(AdamW *opt, const ParamTable *table, float *packed, const float *grads, double lr) {
-    return step(opt, table, packed, true, grads, (Buf){NULL, NUM_F32}, lr);
+int adamw_step_packed(AdamW *opt, const ParamTable *table, float *packed, const float *grads, float grad_scale,
+                      double lr) {
+    return step(opt, table, packed, true, grads, grad_scale, (Buf){NULL, NUM_F32}, lr);
 }
 
 int grad_sum_of_squares(Backend *be, const float *grads, size_t n, double *out) {
     *out = 0.0;
-    if (n == 0) return SPES_OK;
-    double *sum;
-    SPES_TRY(backend_alloc(be, sizeof(double), (void **)&sum));
-    be->ops->grad_sum_squares(be, sum, grads, n);
-    int rc = be->ops->download(be, out, sum, sizeof(double));
-    backend_free(be, sum);
-    return rc;
+    return n == 0 ? SPES_OK : be->ops->grad_sum_squares(be, grads, n, out);
 }
 
 double grad_global_norm(Backend *be, const float *grads, size_t n) {
@@ -218,11 +215,4 @@ float grad_clip_coef(double norm, double max_norm) {
     // torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1, multiplied always.
     float coef = (float)max_norm / ((float)norm + 1e-6f);
     return coef >= 1.0f ? 1.0f : coef;
-}
-
-double grad_clip_global_norm(Backend *be, float *grads, size_t n, double max_norm) {
-    double norm = grad_global_norm(be, grads, n);
-    float coef = grad_clip_coef(norm, max_norm);
-    if (coef != 1.0f) be->ops->scale(be, grads, n, coef);
-    return norm;
 }

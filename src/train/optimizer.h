@@ -57,7 +57,9 @@ int adamw_reset(AdamW *opt);
 bool adamw_param_decays(const AdamWConfig *cfg, ParamKind kind);
 
 // One AdamW update of every trainable tensor at learning rate lr (params, grads: backend
-// fp32 buffers laid out by the table). compute: the parameters' low-precision copy, updated
+// fp32 buffers laid out by the table), on the gradient times grad_scale (grad_clip_coef's
+// factor, times 1/loss scale in fp16; 1 for none): the same bits as scaling the gradient
+// buffer first, without that pass; the buffer itself is left as it was. compute: the parameters' low-precision copy, updated
 // by the same kernel (.p NULL when there is none). Same float32 operation order as torch's
 // single-tensor AdamW, so results agree to rounding. A shard's state updates the values of
 // its range only, tensor pieces element by element as the whole tensor would be; `grads`
@@ -68,12 +70,15 @@ bool adamw_param_decays(const AdamWConfig *cfg, ParamKind kind);
 // parameters are downloaded, the cpu backend's AdamW kernel updates them, and the parameters
 // go back up (their compute copy converted on the device). On the cpu backend the copies are
 // plain memcpy and the result is the same bits as without offload. SPES_ERR when a copy fails.
-int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, Buf compute, double lr);
+int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, float grad_scale, Buf compute,
+               double lr);
 // The same update on fp32 parameters packed like the state's range: value i of the gradient
 // layout at packed[i - lo] (ZeRO-3's shard, dist/sharded_params.h); no compute copy.
-int adamw_step_packed(AdamW *opt, const ParamTable *table, float *packed, const float *grads, double lr);
+int adamw_step_packed(AdamW *opt, const ParamTable *table, float *packed, const float *grads, float grad_scale,
+                      double lr);
 
-// Sum of squares of n gradient values (backend memory), read back to the host. Summed in
+// Sum of squares of n gradient values (backend memory), read back to the host; allocates
+// nothing (grad_sum_squares in backend.h). Summed in
 // double over fixed-size blocks, so the result is the same for every thread count (bit-exact
 // resume depends on it). SPES_ERR with a message when the backend fails (on cuda the
 // read-back reports any failed op before it). A shard's part of a global norm.
@@ -82,8 +87,6 @@ int grad_sum_of_squares(Backend *be, const float *grads, size_t n, double *out);
 double grad_global_norm(Backend *be, const float *grads, size_t n);
 // torch.nn.utils.clip_grad_norm_'s factor for a gradient of this norm: max_norm / (norm + 1e-6)
 // in float, or exactly 1 when max_norm <= 0 or the factor is >= 1 (multiplying changes
-// nothing). A NaN norm gives NaN, which torch multiplies by too.
+// nothing). A NaN norm gives NaN, which torch multiplies by too. adamw_step applies it
+// (grad_scale) as it reads the gradient.
 float grad_clip_coef(double norm, double max_norm);
-// Scales grads by min(1, max_norm / (total_norm + 1e-6)) as torch.nn.utils.clip_grad_norm_.
-// Returns the norm before clipping. max_norm <= 0: no clipping, norm still returned.
-double grad_clip_global_norm(Backend *be, float *grads, size_t n, double max_norm);

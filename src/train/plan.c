@@ -189,8 +189,6 @@ static int plan_memory(const ModelConfig *mc, const ParamTable *t, const PlanTar
     m->compute_copy = z3 ? 0 : P * cs;
     Ledger step = {.now = l.now, .peak = l.now};
     take(&step, m->acts);
-    take(&step, sizeof(double));   // the gradient norm's read-back
-    give(&step, sizeof(double));
     m->peak_step = step.peak;
 
     // Boundaries: an evaluation may grow the arena for good (model_acts_plan reuses a larger

@@ -487,11 +487,6 @@ static int step_grad_norm(Trainer *t, double *norm) {
     return SPES_OK;
 }
 
-static void step_grad_scale(Trainer *t, float coef) {
-    if (t->zgrads_on) dp_shard_grad_scale(&t->dp, t->zgrads.shard, coef);
-    else t->be->ops->scale(t->be, t->model.grads, t->model.table.trainable_numel, coef);
-}
-
 // The hooks of a pass: ZeRO-3's (gather parts, reduce their gradients), ZeRO-2's (reduce),
 // else the buckets' on the last pass when overlapped.
 static const ModelHooks *pass_hooks(Trainer *t, bool last_overlapped) {
@@ -606,6 +601,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     if ((cfg->using_spes || cfg->using_dilico) && cfg->lr_scale != 1.0) lr *= cfg->lr_scale;
     double norm = 0.0;
     bool apply = true;
+    float grad_scale = 1.0f;   // clipping (and unscaling), applied by AdamW as it reads the gradient
     if (t->scaler.enabled) {
         // Gradients are scaled by the loss scale: a non-finite norm is an overflow (skip the
         // step, halve the scale); otherwise unscale and clip in one multiply.
@@ -617,8 +613,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
             log_warn("step %" PRId64 ": gradient overflow in fp16; step skipped, loss scale now %g", step,
                      t->scaler.scale);
         } else if (n_grad) {
-            float coef = (float)(1.0 / t->scaler.scale * grad_clip_coef(norm, cfg->max_grad_norm));
-            if (coef != 1.0f) step_grad_scale(t, coef);
+            grad_scale = (float)(1.0 / t->scaler.scale * grad_clip_coef(norm, cfg->max_grad_norm));
         }
     } else if (n_grad) {
         // grad_clip_global_norm, over the reduced gradient (whole or sharded). A non-finite
@@ -629,16 +624,15 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         if (!isfinite(norm))
             return spes_fail("step %" PRId64 ": the gradient norm is %g with a finite loss (%g): an overflow in the "
                              "backward; lower optimizer.learning_rate; the last checkpoint is unaffected", step, norm, mean.total);
-        float coef = grad_clip_coef(norm, cfg->max_grad_norm);
-        if (coef != 1.0f) step_grad_scale(t, coef);
+        grad_scale = grad_clip_coef(norm, cfg->max_grad_norm);
     }
     const Buf compute = {m->cparams, t->be->compute};
     if (n_grad && apply && t->z3_on) {   // the shard in place; nothing to all-gather
-        SPES_TRY(adamw_step_packed(&t->adamw, &m->table, t->z3.shard, t->zgrads.shard, lr));
+        SPES_TRY(adamw_step_packed(&t->adamw, &m->table, t->z3.shard, t->zgrads.shard, grad_scale, lr));
         SPES_TRY(sharded_params_updated(&t->z3));
     } else if (n_grad && apply) {
         float *grads = t->zgrads_on ? t->zgrads.shard : t->dist ? dp_step_grads(&t->dp, m->grads) : m->grads;
-        SPES_TRY(adamw_step(&t->adamw, &m->table, m->dparams, grads, compute, lr));
+        SPES_TRY(adamw_step(&t->adamw, &m->table, m->dparams, grads, grad_scale, compute, lr));
         if (t->dist) SPES_TRY(dp_gather_params(&t->dp, &m->table, m->dparams, compute));
     }
     SPES_TRY(backend_sync(t->be));

@@ -118,8 +118,8 @@ static void run(Precision precision, bool offload) {
     assert_int_equal(adamw_create_on(&oref, &ref.table, &ac, be), SPES_OK);
     assert_int_equal(adamw_create_shard(&oz, &z.table, &ac, be, dp.lo[0], dp.lo[1]), SPES_OK);
     const Buf compute = {ref.cparams, be->compute};
-    assert_int_equal(adamw_step(&oref, &ref.table, ref.dparams, ref.grads, compute, 1e-3), SPES_OK);
-    assert_int_equal(adamw_step_packed(&oz, &z.table, sp.shard, sg.shard, 1e-3), SPES_OK);
+    assert_int_equal(adamw_step(&oref, &ref.table, ref.dparams, ref.grads, 1.0f, compute, 1e-3), SPES_OK);
+    assert_int_equal(adamw_step_packed(&oz, &z.table, sp.shard, sg.shard, 1.0f, 1e-3), SPES_OK);
     assert_int_equal(sharded_params_updated(&sp), SPES_OK);
 
     // A pass on the updated shard, then the full model back.

@@ -60,10 +60,10 @@ static void shards_vs_whole(bool offload) {
     assert_true(shard[1].offload == offload && (shard[1].hp != NULL) == offload);
     for (int step = 1; step <= 3; step++) {
         fill(g, t.trainable_numel, 100 + (uint64_t)step, 1.0f);
-        assert_int_equal(adamw_step(&whole, &t, p_whole, g, (Buf){0}, 1e-2), SPES_OK);
+        assert_int_equal(adamw_step(&whole, &t, p_whole, g, 1.0f, (Buf){0}, 1e-2), SPES_OK);
         for (int s = 0; s < 3; s++) {
-            assert_int_equal(adamw_step(&shard[s], &t, p_shard, g + cut[s], (Buf){0}, 1e-2), SPES_OK);
-            assert_int_equal(adamw_step_packed(&packed_opt[s], &t, packed[s], g + cut[s], 1e-2), SPES_OK);
+            assert_int_equal(adamw_step(&shard[s], &t, p_shard, g + cut[s], 1.0f, (Buf){0}, 1e-2), SPES_OK);
+            assert_int_equal(adamw_step_packed(&packed_opt[s], &t, packed[s], g + cut[s], 1.0f, 1e-2), SPES_OK);
         }
     }
     assert_memory_equal(p_whole, p_shard, t.total_numel * sizeof(float));

@@ -63,16 +63,45 @@ static void test_global_norm(void **state) {
 
 static void test_clip(void **state) {
     (void)state;
-    float g[2] = {3, 4};
-    assert_float_equal(grad_clip_global_norm(backend_cpu(), g, 2, 10.0), 5.0, 1e-12);   // below max: untouched
-    assert_true(g[0] == 3.0f && g[1] == 4.0f);
-    assert_float_equal(grad_clip_global_norm(backend_cpu(), g, 2, 0.0), 5.0, 1e-12);    // 0: clipping off
-    assert_true(g[0] == 3.0f && g[1] == 4.0f);
-    assert_float_equal(grad_clip_global_norm(backend_cpu(), g, 2, 1.0), 5.0, 1e-12);
-    float coef = 1.0f / (5.0f + 1e-6f);
-    assert_float_equal(g[0], 3.0f * coef, 1e-7);
-    assert_float_equal(g[1], 4.0f * coef, 1e-7);
-    assert_float_equal(grad_global_norm(backend_cpu(), g, 2), 1.0, 1e-6);
+    assert_true(grad_clip_coef(5.0, 10.0) == 1.0f);   // below max: untouched
+    assert_true(grad_clip_coef(5.0, 0.0) == 1.0f);    // 0: clipping off
+    assert_true(grad_clip_coef(5.0, 1.0) == 1.0f / (5.0f + 1e-6f));
+    assert_true(isnan(grad_clip_coef(NAN, 1.0)));
+}
+
+// AdamW's grad_scale is the clipping pass folded into the update: the same bits for p, m and
+// v as multiplying the gradient buffer first (the trainer did that until the fold), and the
+// gradient buffer left as it was.
+static void test_grad_scale_is_a_prior_multiply(void **state) {
+    (void)state;
+    FlatTensor specs[] = {{NULL, PARAM_Q, 1000, true}, {NULL, PARAM_MLP_NORM, 37, true}, {NULL, PARAM_EMBED, 5, false}};
+    ParamTable t = flat_table(specs, 3);
+    AdamWConfig c = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    const float scales[] = {0.37f, 1.0f / (7.3f + 1e-6f), 3.0f};
+    for (size_t k = 0; k < sizeof scales / sizeof scales[0]; k++) {
+        AdamW folded, prior;
+        assert_int_equal(adamw_create(&folded, &t, &c), SPES_OK);
+        assert_int_equal(adamw_create(&prior, &t, &c), SPES_OK);
+        float *p1 = malloc(t.total_numel * sizeof(float)), *p2 = malloc(t.total_numel * sizeof(float));
+        float *g = malloc(t.trainable_numel * sizeof(float)), *gs = malloc(t.trainable_numel * sizeof(float));
+        for (size_t i = 0; i < t.total_numel; i++) p1[i] = p2[i] = (float)sin(0.1 * (double)i);
+        for (int s = 0; s < 3; s++) {
+            for (size_t i = 0; i < t.trainable_numel; i++) {
+                g[i] = (float)cos(0.37 * (double)(i + 1000 * s)) * (float)(1 + i % 5);
+                gs[i] = g[i] * scales[k];
+            }
+            float kept = g[17];
+            assert_int_equal(adamw_step(&folded, &t, p1, g, scales[k], (Buf){0}, 1e-2), SPES_OK);
+            assert_int_equal(adamw_step(&prior, &t, p2, gs, 1.0f, (Buf){0}, 1e-2), SPES_OK);
+            assert_true(g[17] == kept);
+        }
+        assert_memory_equal(p1, p2, t.total_numel * sizeof(float));
+        assert_memory_equal(folded.m, prior.m, t.trainable_numel * sizeof(float));
+        assert_memory_equal(folded.v, prior.v, t.trainable_numel * sizeof(float));
+        adamw_free(&folded), adamw_free(&prior);
+        free(p1), free(p2), free(g), free(gs);
+    }
+    free(t.entries);
 }
 
 // One step by the textbook formula in double, against adamw_step, plus frozen and
@@ -97,7 +126,7 @@ static void test_step_by_formula(void **state) {
     for (int i = 0; i < 11; i++) p[i] = orig[i];
     const double lrs[3] = {1e-2, 2e-2, 5e-3};
     for (int s = 1; s <= 3; s++) {
-        adamw_step(&opt, &t, params, grads, (Buf){0}, lrs[s - 1]);
+        adamw_step(&opt, &t, params, grads, 1.0f, (Buf){0}, lrs[s - 1]);
         double lr = lrs[s - 1];
         for (int e = 0; e < 4; e++) {
             const ParamInfo *pi = &t.entries[e];
@@ -139,15 +168,15 @@ static void test_reset_is_a_fresh_start(void **state) {
     assert_int_equal(adamw_create(&a, &t, &c), SPES_OK);
     assert_int_equal(adamw_create(&b, &t, &c), SPES_OK);
     assert_int_equal(adamw_create(&k, &t, &c), SPES_OK);
-    adamw_step(&a, &t, used, g1, (Buf){0}, 1e-2);
-    adamw_step(&k, &t, memcpy(kept, (float[4]){0.5f, -1, 2, 0.3f}, sizeof kept), g1, (Buf){0}, 1e-2);
+    adamw_step(&a, &t, used, g1, 1.0f, (Buf){0}, 1e-2);
+    adamw_step(&k, &t, memcpy(kept, (float[4]){0.5f, -1, 2, 0.3f}, sizeof kept), g1, 1.0f, (Buf){0}, 1e-2);
     memcpy(fresh, used, sizeof fresh);
     assert_int_equal(adamw_reset(&a), SPES_OK);
     assert_int_equal(a.step, 0);
     for (int i = 0; i < 4; i++) assert_true(a.m[i] == 0.0f && a.v[i] == 0.0f);
-    adamw_step(&a, &t, used, g2, (Buf){0}, 1e-2);
-    adamw_step(&b, &t, fresh, g2, (Buf){0}, 1e-2);
-    adamw_step(&k, &t, kept, g2, (Buf){0}, 1e-2);
+    adamw_step(&a, &t, used, g2, 1.0f, (Buf){0}, 1e-2);
+    adamw_step(&b, &t, fresh, g2, 1.0f, (Buf){0}, 1e-2);
+    adamw_step(&k, &t, kept, g2, 1.0f, (Buf){0}, 1e-2);
     assert_memory_equal(used, fresh, sizeof used);
     assert_memory_equal(a.m, b.m, 4 * sizeof(float));
     assert_true(memcmp(kept, used, sizeof used) != 0);   // keeping the moments is a different step
@@ -219,10 +248,12 @@ static void test_matches_torch(void **state) {
             if (specs[i].trainable)
                 memcpy(grads + t.entries[i].grad_offset, tensor_f32(&st, prefix, specs[i].name),
                        t.entries[i].numel * 4);
-        double norm = grad_clip_global_norm(backend_cpu(), grads, t.trainable_numel, max_norm);
+        // The trainer's clipping: the norm, then its factor applied by AdamW as it reads g.
+        double norm = grad_global_norm(backend_cpu(), grads, t.trainable_numel);
         double ref_norm = json_real_value(json_array_get(norms, (size_t)s));
         assert_float_equal(norm, ref_norm, 1e-6 * ref_norm);
-        adamw_step(&opt, &t, params, grads, (Buf){0}, json_real_value(json_array_get(lrs, (size_t)s)));
+        adamw_step(&opt, &t, params, grads, grad_clip_coef(norm, max_norm), (Buf){0},
+                   json_real_value(json_array_get(lrs, (size_t)s)));
     }
     // Differences are measured relative to each tensor's largest magnitude: an element that
     // is a near-cancelling sum carries the tensor's rounding, not its own.
@@ -265,6 +296,7 @@ int main(void) {
         cmocka_unit_test(test_decay_groups),
         cmocka_unit_test(test_global_norm),
         cmocka_unit_test(test_clip),
+        cmocka_unit_test(test_grad_scale_is_a_prior_multiply),
         cmocka_unit_test(test_step_by_formula),
         cmocka_unit_test(test_reset_is_a_fresh_start),
     };

@@ -156,8 +156,11 @@ static void cpu_cross_entropy_rows(Backend *be, Buf logits, int ld, float *ce, f
 }
 static void cpu_sum(Backend *be, double *out, const float *x, size_t n, bool squares) { op_sum(out, x, n, squares); }
 static void cpu_column_means(Backend *be, double *out, const float *x, int N, int E) { op_column_means(out, x, N, E); }
-static void cpu_grad_sum_squares(Backend *be, double *out, const float *x, size_t n) { op_grad_sum_squares(out, x, n); }
-static void cpu_scale(Backend *be, float *x, size_t n, float s) { op_scale(x, n, s); }
+static int cpu_grad_sum_squares(Backend *be, const float *x, size_t n, double *host_out) {
+    (void)be;
+    op_grad_sum_squares(host_out, x, n);
+    return SPES_OK;
+}
 static void cpu_adamw(Backend *be, const AdamWTensor *t, int count, const AdamWScalars *s) { op_adamw(t, count, s); }
 
 static const BackendOps cpu_ops = {
@@ -198,7 +201,6 @@ static const BackendOps cpu_ops = {
     .sum = cpu_sum,
     .column_means = cpu_column_means,
     .grad_sum_squares = cpu_grad_sum_squares,
-    .scale = cpu_scale,
     .adamw = cpu_adamw,
 };
 

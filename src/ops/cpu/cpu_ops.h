@@ -141,7 +141,6 @@ void op_sum(double *out, const float *x, size_t n, bool squares);
 void op_column_means(double *out, const float *x, int N, int E);
 // *out = sum_i x[i]^2 in double over fixed blocks summed in order: the same for every thread count.
 void op_grad_sum_squares(double *out, const float *x, size_t n);
-void op_scale(float *x, size_t n, float s);
 // AdamW over `count` tensors in one parallel region (torch's single-tensor arithmetic).
 void op_adamw(const AdamWTensor *t, int count, const AdamWScalars *s);
 

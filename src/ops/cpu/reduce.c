@@ -39,8 +39,3 @@ void op_grad_sum_squares(double *out, const float *x, size_t n) {
     }
     *out = total;
 }
-
-void op_scale(float *x, size_t n, float s) {
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) x[i] *= s;
-}

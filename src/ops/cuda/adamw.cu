@@ -5,6 +5,7 @@
 // operation a separately rounded float op (__fmul_rn & co. forbid nvcc's FMA contraction; the
 // cpu build is ISO C, which does not contract either; sqrt and division are IEEE-rounded
 // without fast-math). So the GPU and the cpu give the same bits for p, m and v:
+//   g  = g * grad_scale                 (clipping / unscaling; the gradient buffer is not written)
 //   p  = p * decay_mul
 //   m  = m + w1 * (g - m)
 //   v  = v * beta2;  v = v + (w2 * g) * g
@@ -47,7 +48,7 @@ __global__ void adamw_kernel(const AdamWDesc *__restrict__ desc, int count, Adam
     size_t start = (b - d.first_block) * ADAMW_CHUNK, end = start + ADAMW_CHUNK;
     if (end > d.n) end = d.n;
     for (size_t i = start + threadIdx.x; i < end; i += ADAMW_THREADS) {
-        float g = d.g[i], m = d.m[i], v = d.v[i];
+        float g = __fmul_rn(d.g[i], s.grad_scale), m = d.m[i], v = d.v[i];
         float p = __fmul_rn(d.p[i], d.decay_mul);
         m = __fadd_rn(m, __fmul_rn(s.w1, __fsub_rn(g, m)));
         v = __fmul_rn(v, s.beta2);

@@ -121,6 +121,51 @@ void *cuda_scratch_slot(Backend *be, int slot, size_t bytes) {
     return p;
 }
 
+// ---- side streams -----------------------------------------------------------------------------
+int cuda_side_fork(Backend *be, int count) {
+    CudaState *st = cuda_state(be);
+    if (count > CUDA_SIDE_STREAMS) count = CUDA_SIDE_STREAMS;
+    if (!st->fork && cudaEventCreateWithFlags(&st->fork, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        st->fork = NULL;
+        cuda_record_failure(be, "cuda_side_fork", "cannot create an event", __FILE__, __LINE__);
+        return 0;
+    }
+    for (; st->sides < count; st->sides++) {
+        int i = st->sides;
+        cudaError_t err = cudaStreamCreateWithFlags(&st->side[i], cudaStreamNonBlocking);
+        if (err == cudaSuccess) err = cudaEventCreateWithFlags(&st->side_done[i], cudaEventDisableTiming);
+        if (err == cudaSuccess) err = cudaMalloc(&st->side_workspace[i], st->workspace_bytes);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            cuda_record_failure(be, "cuda_side_fork", cudaGetErrorString(err), __FILE__, __LINE__);
+            break;   // side i is released at close (its fields are set or NULL)
+        }
+        st->in_use += st->workspace_bytes;
+        if (st->in_use > st->peak) st->peak = st->in_use;
+    }
+    if (count > st->sides) count = st->sides;
+    CUDA_CHECK(be, cudaEventRecord(st->fork, st->stream));
+    for (int i = 0; i < count; i++) CUDA_CHECK(be, cudaStreamWaitEvent(st->side[i], st->fork, 0));
+    return count;
+}
+
+void cuda_side_select(Backend *be, int i) {
+    CudaState *st = cuda_state(be);
+    st->stream = st->side[i];
+    st->workspace = st->side_workspace[i];
+}
+
+void cuda_side_join(Backend *be, int count) {
+    CudaState *st = cuda_state(be);
+    st->stream = st->main_stream;
+    st->workspace = st->main_workspace;
+    for (int i = 0; i < count; i++) {
+        CUDA_CHECK(be, cudaEventRecord(st->side_done[i], st->side[i]));
+        CUDA_CHECK(be, cudaStreamWaitEvent(st->stream, st->side_done[i], 0));
+    }
+}
+
 // ---- memory -----------------------------------------------------------------------------------
 static int cuda_alloc(Backend *be, size_t bytes, void **out) {
     CudaImpl *impl = cuda_impl(be);
@@ -284,6 +329,12 @@ static void cuda_release(CudaImpl *impl) {
     if (st->gemm_cache) cuda_gemm_cache_free(st->gemm_cache);
     if (st->cudnn) cuda_cudnn_free(st->cudnn);
     if (st->workspace) (void)cudaFree(st->workspace);
+    for (int i = 0; i < CUDA_SIDE_STREAMS; i++) {
+        if (st->side[i]) (void)cudaStreamDestroy(st->side[i]);
+        if (st->side_done[i]) (void)cudaEventDestroy(st->side_done[i]);
+        if (st->side_workspace[i]) (void)cudaFree(st->side_workspace[i]);
+    }
+    if (st->fork) (void)cudaEventDestroy(st->fork);
     if (st->blas) (void)cublasDestroy(st->blas);
     if (st->lt) (void)cublasLtDestroy(st->lt);
     if (st->stream) (void)cudaStreamDestroy(st->stream);
@@ -341,7 +392,6 @@ static const BackendOps cuda_ops = {
     cuda_sum,
     cuda_column_means,
     cuda_grad_sum_squares,
-    cuda_scale,
     cuda_adamw,
 };
 
@@ -415,6 +465,8 @@ extern "C" int cuda_backend_open(int device, Precision precision, Backend **out)
     // cuBLAS (grouped GEMMs) shares the workspace with cuBLASLt: both run on the one stream.
     OPEN_CHECK_BLAS(cublasSetWorkspace(st->blas, st->workspace, st->workspace_bytes), "cublasSetWorkspace");
     st->in_use = st->peak = st->workspace_bytes;
+    st->main_stream = st->stream;
+    st->main_workspace = st->workspace;
 
     backend_plan_traits(true, precision, be);   // name, compute type, the logits block's layout
     be->ops = &cuda_ops;

@@ -30,6 +30,10 @@ typedef struct {
     size_t bytes;
 } CudaScratch;
 
+// Side streams for independent GEMMs (the experts' per-expert GEMMs run side by side: one of
+// them alone does not fill the GPU). At most this many; see cuda_side_fork below.
+#define CUDA_SIDE_STREAMS 4
+
 typedef struct CudaGemmCache CudaGemmCache;   // gemm.cu: matmul descriptors per shape
 typedef struct CudaCudnn CudaCudnn;           // cudnn_attention.cu: cuDNN handle, attention plans
 
@@ -49,6 +53,15 @@ typedef struct {
     CudaGemmCache *gemm_cache;  // owned by gemm.cu (cuda_gemm_cache_free at close)
     CudaCudnn *cudnn;           // owned by cudnn_attention.cu (cuda_cudnn_free at close); NULL until used
     int debug_sync;             // SPES_CUDA_DEBUG_SYNC=1: sync after every launch (finds the faulting op)
+    // Side streams, created on first use, each with its own cuBLASLt workspace (two GEMMs in
+    // flight must not share one); `stream` and `workspace` point at one of them between
+    // cuda_side_select and the next select / join, at the main ones otherwise.
+    int sides;                                  // side streams created so far
+    cudaStream_t side[CUDA_SIDE_STREAMS];
+    void *side_workspace[CUDA_SIDE_STREAMS];
+    cudaEvent_t side_done[CUDA_SIDE_STREAMS], fork;
+    cudaStream_t main_stream;                   // the stream every other op runs on
+    void *main_workspace;
 } CudaState;
 
 static inline CudaState *cuda_state(Backend *be) { return (CudaState *)be->impl; }
@@ -68,6 +81,15 @@ void cuda_record_failure(Backend *be, const char *what, const char *detail, cons
 // Returns NULL (a failure recorded) when the allocation fails: the caller returns without
 // launching. cuda_backend.cu.
 void *cuda_scratch_slot(Backend *be, int slot, size_t bytes);
+// Side streams (cuda_backend.cu). cuda_side_fork: up to `count` side streams wait for the work
+// queued so far on the main stream; returns how many there are (0 when they could not be
+// made: a failure is recorded, the caller runs on the main stream). cuda_side_select(be, i)
+// queues what follows on side i (with its workspace); cuda_side_join(be, n) returns to the
+// main stream, which waits for sides 0..n-1. Only for work that needs no scratch slot (two
+// sides would share it): cuBLASLt GEMMs whose operands need no conversion or repacking.
+int cuda_side_fork(Backend *be, int count);
+void cuda_side_select(Backend *be, int i);
+void cuda_side_join(Backend *be, int count);
 static inline void *cuda_scratch(Backend *be, size_t bytes) { return cuda_scratch_slot(be, CUDA_SCRATCH_OP, bytes); }
 static inline void *cuda_scratch2(Backend *be, size_t bytes) { return cuda_scratch_slot(be, CUDA_SCRATCH_OP2, bytes); }
 

@@ -27,8 +27,7 @@ void cuda_experts_backward(Backend *be, const ExpertsArgs *a);
 // reduce.cu
 void cuda_sum(Backend *be, double *out, const float *x, size_t n, bool squares);
 void cuda_column_means(Backend *be, double *out, const float *x, int N, int E);
-void cuda_grad_sum_squares(Backend *be, double *out, const float *x, size_t n);
-void cuda_scale(Backend *be, float *x, size_t n, float s);
+int cuda_grad_sum_squares(Backend *be, const float *x, size_t n, double *host_out);
 
 // adamw.cu
 void cuda_adamw(Backend *be, const AdamWTensor *t, int count, const AdamWScalars *s);

@@ -141,6 +141,28 @@ static bool grouped_enabled(void) {
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+// Side streams for the per-expert loop: SPES_CUDA_EXPERT_STREAMS (1 = all on the main stream;
+// default 4, at most CUDA_SIDE_STREAMS). The results are the same bits either way: each GEMM
+// writes its own output with the plan its sizes pick, whichever stream runs it.
+static int expert_streams(void) {
+    const char *v = getenv("SPES_CUDA_EXPERT_STREAMS");
+    int n = v && *v ? atoi(v) : 4;
+    return n < 1 ? 1 : n > CUDA_SIDE_STREAMS ? CUDA_SIDE_STREAMS : n;
+}
+
+// Every operand as cuBLASLt takes it directly (16-byte aligned rows, one operand type, C
+// written in one rounding), so gemm.cu neither converts nor repacks through its scratch
+// slot, which GEMMs on two streams would share.
+static bool all_direct(NumType at, NumType bt, NumType ct, float beta, const std::vector<Problem> &probs) {
+    if (at != bt || !(ct == NUM_F32 || (ct == at && beta == 0.0f))) return false;
+    const size_t es = num_type_size(at), ec = num_type_size(ct);
+    for (const Problem &p : probs)
+        if (!aligned16(p.A) || !aligned16(p.B) || !aligned16(p.C) || (p.lda * es) % 16 || (p.ldb * es) % 16 ||
+            (p.ldc * ec) % 16)
+            return false;
+    return true;
+}
+
 static void gemm_many(Backend *be, bool ta, bool tb, float alpha, float beta, NumType at, NumType bt, NumType ct,
                       const std::vector<Problem> &probs) {
     if (probs.empty() || cuda_failed(be)) return;
@@ -152,9 +174,17 @@ static void gemm_many(Backend *be, bool ta, bool tb, float alpha, float beta, Nu
                   (p.ldb * es) % 16 == 0 && (p.ldc * es) % 16 == 0;
     }
     if (!grouped) {
-        for (const Problem &p : probs)
+        // One GEMM per expert, round-robin over the side streams when they may run side by side.
+        int want = expert_streams(), sides = 0;
+        if (want > 1 && probs.size() > 1 && all_direct(at, bt, ct, beta, probs))
+            sides = cuda_side_fork(be, want < (int)probs.size() ? want : (int)probs.size());
+        for (size_t i = 0; i < probs.size(); i++) {
+            const Problem &p = probs[i];
+            if (sides > 1) cuda_side_select(be, (int)(i % (size_t)sides));
             cuda_gemm_varying(be, ta, tb, p.M, p.N, p.K, alpha, buf_of((void *)p.A, at), p.lda, buf_of((void *)p.B, bt),
                               p.ldb, beta, buf_of(p.C, ct), p.ldc);
+        }
+        if (sides > 0) cuda_side_join(be, sides);
         return;
     }
     // Column-major view (see gemm.cu): cuBLAS's A = our B, B = our A, m = N, n = M.

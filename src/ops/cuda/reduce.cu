@@ -48,15 +48,20 @@ __global__ void sum_final_kernel(double *out, const double *partial, int count) 
     if (threadIdx.x == 0) out[0] = total;
 }
 
+// Pass 1's block count for n values (its partials live in the reduction scratch).
+static int sum_blocks(size_t n) {
+    size_t want = (n + (size_t)REDUCE_THREADS * REDUCE_ITEMS_PER_THREAD - 1) /
+                  ((size_t)REDUCE_THREADS * REDUCE_ITEMS_PER_THREAD);
+    return (int)(want < 1 ? 1 : want > REDUCE_MAX_BLOCKS ? REDUCE_MAX_BLOCKS : want);
+}
+
 static void sum_any(Backend *be, double *out, const float *x, size_t n, bool squares) {
     cudaStream_t stream = cuda_state(be)->stream;
     if (n == 0) {
         CUDA_CHECK(be, cudaMemsetAsync(out, 0, sizeof(double), stream));   // +0.0
         return;
     }
-    size_t want = (n + (size_t)REDUCE_THREADS * REDUCE_ITEMS_PER_THREAD - 1) /
-                  ((size_t)REDUCE_THREADS * REDUCE_ITEMS_PER_THREAD);
-    int blocks = (int)(want < 1 ? 1 : want > REDUCE_MAX_BLOCKS ? REDUCE_MAX_BLOCKS : want);
+    int blocks = sum_blocks(n);
     double *partial = (double *)cuda_scratch_slot(be, CUDA_SCRATCH_REDUCE, (size_t)blocks * sizeof(double));
     if (!partial) return;
     if (squares) sum_partials_kernel<true><<<blocks, REDUCE_THREADS, 0, stream>>>(partial, x, n);
@@ -71,9 +76,13 @@ extern "C" void cuda_sum(Backend *be, double *out, const float *x, size_t n, boo
 }
 
 // The same fixed blocking for any n (the cpu's 16384-element blocks are its own partition;
-// the result agrees with it to double rounding).
-extern "C" void cuda_grad_sum_squares(Backend *be, double *out, const float *x, size_t n) {
-    sum_any(be, out, x, n, true);
+// the result agrees with it to double rounding). The sum lands in the reduction scratch, one
+// double past the partials, so a step's norm allocates nothing.
+extern "C" int cuda_grad_sum_squares(Backend *be, const float *x, size_t n, double *host_out) {
+    size_t blocks = (size_t)sum_blocks(n);
+    double *slot = (double *)cuda_scratch_slot(be, CUDA_SCRATCH_REDUCE, (blocks + 1) * sizeof(double));
+    if (slot) sum_any(be, slot + blocks, x, n, true);
+    return be->ops->download(be, host_out, slot ? slot + blocks : NULL, slot ? sizeof(double) : 0);
 }
 
 // out[e] = (sum_n x[n, e]) / N: one block per column, threads over rows (fixed tree).
@@ -99,18 +108,5 @@ extern "C" void cuda_column_means(Backend *be, double *out, const float *x, int 
         return;
     }
     column_means_kernel<<<E, REDUCE_THREADS, 0, cuda_state(be)->stream>>>(out, x, N, E);
-    CUDA_LAUNCHED(be);
-}
-
-__global__ void scale_kernel(float *x, size_t n, float s) {
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] *= s;
-}
-
-extern "C" void cuda_scale(Backend *be, float *x, size_t n, float s) {
-    if (n == 0) return;
-    unsigned blocks = cuda_blocks(n, 256);
-    if (blocks > 65535u * 8u) blocks = 65535u * 8u;
-    scale_kernel<<<blocks, 256, 0, cuda_state(be)->stream>>>(x, n, s);
     CUDA_LAUNCHED(be);
 }
