@@ -141,12 +141,14 @@ static bool grouped_enabled(void) {
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-// Side streams for the per-expert loop: SPES_CUDA_EXPERT_STREAMS (1 = all on the main stream;
-// default 4, at most CUDA_SIDE_STREAMS). The results are the same bits either way: each GEMM
-// writes its own output with the plan its sizes pick, whichever stream runs it.
+// Side streams for the per-expert loop: SPES_CUDA_EXPERT_STREAMS=N runs the GEMMs round-robin
+// on N (at most CUDA_SIDE_STREAMS) side streams; unset or 1, all on the main stream. The
+// results are the same bits either way: each GEMM writes its own output with the plan its
+// sizes pick, whichever stream runs it. One stream stays the default until a GPU run has
+// measured the side streams (docs/gpu_perf_notes.md, change 5).
 static int expert_streams(void) {
     const char *v = getenv("SPES_CUDA_EXPERT_STREAMS");
-    int n = v && *v ? atoi(v) : 4;
+    int n = v && *v ? atoi(v) : 1;
     return n < 1 ? 1 : n > CUDA_SIDE_STREAMS ? CUDA_SIDE_STREAMS : n;
 }
 
