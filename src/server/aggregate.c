@@ -1,7 +1,7 @@
 // Aggregation maths (see aggregate.h). Memory-bound: every tensor is processed in chunks of
 // CHUNK values that stay in L1, in one pass over the uploads, OpenMP over the chunks of a
 // tensor; the result is written straight to its final place (the download payload).
-#include "sync/aggregate.h"
+#include "server/aggregate.h"
 
 #include <math.h>
 #include <stdlib.h>

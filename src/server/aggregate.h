@@ -16,7 +16,7 @@
 
 #include "io/safetensors.h"
 #include "sync/model_spec.h"
-#include "sync/outer_optimizer.h"
+#include "server/outer_optimizer.h"
 
 typedef struct {
     SyncMode mode;

@@ -1,5 +1,5 @@
 // Views of aggregate images (see aggregate_view.h).
-#include "sync/aggregate_view.h"
+#include "server/aggregate_view.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 // DiLoCo-style outer optimizer: the maths of outer_optimizer.h, and its state as bytes.
-#include "sync/outer_optimizer.h"
+#include "server/outer_optimizer.h"
 
 #include <math.h>
 #include <stdlib.h>

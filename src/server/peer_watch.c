@@ -1,5 +1,5 @@
 // Peers' last calls, reported metrics and the round history (see peer_watch.h).
-#include "sync/peer_watch.h"
+#include "server/peer_watch.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -1,4 +1,4 @@
-#include "sync/round_deadline.h"
+#include "server/round_deadline.h"
 
 #include <string.h>
 

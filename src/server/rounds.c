@@ -2,7 +2,7 @@
 // open rounds, rounds closed when complete or past their deadline (round_deadline.h), the kept
 // aggregates and the views peers download. Aggregating a closed round: rounds_aggregate.c;
 // reloading a state dir at start: rounds_restore.c; what they share: rounds_internal.h.
-#include "sync/rounds.h"
+#include "server/rounds.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -18,11 +18,11 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "base/timer.h"
-#include "sync/peer_watch.h"
-#include "sync/rounds_internal.h"
-#include "sync/rounds_run_status.h"
-#include "sync/server_state.h"
-#include "sync/upload_check.h"
+#include "server/peer_watch.h"
+#include "server/rounds_internal.h"
+#include "server/rounds_run_status.h"
+#include "server/server_state.h"
+#include "server/upload_check.h"
 
 
 

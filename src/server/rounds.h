@@ -15,13 +15,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sync/aggregate.h"
-#include "sync/aggregate_view.h"
+#include "server/aggregate.h"
+#include "server/aggregate_view.h"
 #include "sync/model_spec.h"
 #include "sync/delta_codec.h"
-#include "sync/outer_optimizer.h"
-#include "sync/round_deadline.h"
-#include "sync/server_state.h"
+#include "server/outer_optimizer.h"
+#include "server/round_deadline.h"
+#include "server/server_state.h"
 
 
 // What a round operation came to. The state machine knows nothing of the transport: the
@@ -77,7 +77,7 @@ typedef struct {
 #define ROUNDS_AHEAD 4
 #define ROUNDS_DEFAULT_SPACING 1000
 
-// Stragglers (--round_timeout): sync/round_deadline.h.
+// Stragglers (--round_timeout): server/round_deadline.h.
 
 // A round whose aggregate could not be written to the state dir (a full disk) keeps its uploads
 // and is written again by a waiting peer's call every this many seconds.
@@ -232,8 +232,8 @@ void rounds_count_sent(Rounds *r, int step, size_t bytes);
 void rounds_count_rejected(Rounds *r);
 void rounds_status(Rounds *r, RoundsStatus *out);
 int rounds_last_completed_step(Rounds *r);
-// The peers' last calls, their reported metrics and the round history (sync/peer_watch.h; the
-// transport tells it who called); rounds_run_status (sync/rounds_run_status.h) reads it out.
+// The peers' last calls, their reported metrics and the round history (server/peer_watch.h; the
+// transport tells it who called); rounds_run_status (server/rounds_run_status.h) reads it out.
 // Liveness, in short (exactly: peer_watch.h): late = the open round has waited on the peer
 // longer than 3 x the usual full round (at least 2 s); missing = silent for longer than 3 x the
 // round spacing, the deadline and 30 s, or left out of the newest (partial) round and silent

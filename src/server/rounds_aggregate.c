@@ -16,9 +16,9 @@
 #include "base/timer.h"
 #include "sync/delta_codec.h"
 #include "sync/delta_payload.h"
-#include "sync/rounds_internal.h"
-#include "sync/server_state.h"
-#include "sync/upload_check.h"
+#include "server/rounds_internal.h"
+#include "server/server_state.h"
+#include "server/upload_check.h"
 
 // *dst := a copy of src, through its serialised bytes (*bytes, *len keep them for the state dir).
 static int outer_state_copy(const Rounds *r, const OuterOptState *src, OuterOptState *dst, uint8_t **bytes, size_t *len) {

@@ -6,8 +6,8 @@
 
 #include "base/file.h"
 #include "io/safetensors.h"
-#include "sync/peer_watch.h"
-#include "sync/rounds.h"
+#include "server/peer_watch.h"
+#include "server/rounds.h"
 
 typedef struct {
     int step;                   // -1: free slot

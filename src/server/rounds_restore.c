@@ -11,8 +11,8 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "sync/delta_payload.h"
-#include "sync/rounds_internal.h"
-#include "sync/server_state.h"
+#include "server/rounds_internal.h"
+#include "server/server_state.h"
 
 // Loads one upload file of an open round into it (aggregating when it completes the round);
 // *taken false when its bytes were bad and it was set aside.

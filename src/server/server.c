@@ -1,6 +1,6 @@
 // gRPC transport of the parameter server (see server.h): accept loop, one thread per call,
 // one handler per RPC.
-#include "sync/server.h"
+#include "server/server.h"
 
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
@@ -15,8 +15,8 @@
 #include "base/log.h"
 #include "sync/auth.h"
 #include "sync/call_status.h"
-#include "sync/peer_watch.h"
-#include "sync/rounds_run_status.h"
+#include "server/peer_watch.h"
+#include "server/rounds_run_status.h"
 #include "sync/wire.h"
 
 // The one place where the round state machine's results (rounds.h) become gRPC statuses.

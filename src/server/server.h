@@ -6,7 +6,7 @@
 #pragma once
 #include <stddef.h>
 
-#include "sync/rounds.h"
+#include "server/rounds.h"
 
 // Largest Hello request (its tensor list; a 50k-tensor model needs ~3 MiB), largest other
 // unary request, most tensors a Hello may declare.

@@ -1,5 +1,5 @@
 // Durable parameter-server state (see server_state.h).
-#include "sync/server_state.h"
+#include "server/server_state.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -21,10 +21,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sync/aggregate.h"
+#include "server/aggregate.h"
 #include "sync/delta_codec.h"
 #include "sync/model_spec.h"
-#include "sync/outer_optimizer.h"
+#include "server/outer_optimizer.h"
 
 // What rounds.json records of a kept aggregate, so that a restart serves only the bytes it
 // wrote: a damaged file, or another step's aggregate copied over it, no longer matches.

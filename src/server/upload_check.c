@@ -1,5 +1,5 @@
 // Upload validation (see upload_check.h).
-#include "sync/upload_check.h"
+#include "server/upload_check.h"
 
 #include <math.h>
 #include <stdint.h>

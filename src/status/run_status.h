@@ -1,6 +1,6 @@
 // A SPES run as an operator sees it: what `spes server --status_port` serves as /status.json
 // and draws as its page (status_json.h, status_page.h, status_http.h). The server fills one
-// on demand from its round state (sync/rounds.h: rounds_run_status) and hands it to the
+// on demand from its round state (server/rounds.h: rounds_run_status) and hands it to the
 // renderers, which only read it; nothing here knows about gRPC or HTTP.
 //
 // Peers report metrics with their uploads (proto PeerMetrics); the server keeps the newest
@@ -9,13 +9,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "sync/rounds.h"
+#include "server/rounds.h"
 
 #define RUN_STATUS_POINTS 512
 #define RUN_STATUS_ROUNDS 256
 
 // alive: seen recently and keeping up; late: the open round has waited on it longer than
-// usual; missing: not seen for much longer than a round takes (sync/rounds.h says exactly when);
+// usual; missing: not seen for much longer than a round takes (server/rounds.h says exactly when);
 // unseen: never connected.
 typedef enum { PEER_UNSEEN, PEER_ALIVE, PEER_LATE, PEER_MISSING } PeerLiveness;
 const char *peer_liveness_name(PeerLiveness l);   // "unseen", "alive", "late", "missing"

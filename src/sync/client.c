@@ -17,7 +17,7 @@
 #include "base/rng.h"
 #include "base/timer.h"
 #include "sync/call_status.h"
-#include "sync/peer_watch.h"
+#include "server/peer_watch.h"
 #include "sync/wire.h"
 
 struct SyncClient {

@@ -10,7 +10,7 @@
 #include "io/safetensors.h"
 #include "model/param_table.h"
 #include "sync/delta_payload.h"
-#include "sync/rounds.h"
+#include "server/rounds.h"
 #include "train/trainer.h"
 
 const char *plan_payload_name(PayloadDtype d) {

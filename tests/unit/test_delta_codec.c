@@ -18,7 +18,7 @@
 #include "sync/delta_codec.h"
 #include "sync/delta_payload.h"
 #include "sync/delta_peer.h"
-#include "sync/rounds.h"
+#include "server/rounds.h"
 #include "sync_test_model.h"
 
 static float wire_scale(const DeltaCodec *c, float s) {

@@ -15,7 +15,7 @@
 #include "base/file.h"
 #include "sync/auth.h"
 #include "sync/client.h"
-#include "sync/server.h"
+#include "server/server.h"
 #include "sync_test_model.h"
 
 static char dir[] = "/tmp/spes_security_XXXXXX";

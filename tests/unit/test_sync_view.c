@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "sync/rounds.h"
+#include "server/rounds.h"
 #include "sync_test_model.h"
 
 static Rounds *make_rounds(int merge_interval, double round_timeout_s) {
