@@ -11,7 +11,7 @@ WARN      = -Wall -Wextra $(WERROR) -Wno-unused-parameter
 BLAS_INC  = /usr/include/x86_64-linux-gnu/openblas-openmp
 BLAS_LIB  = /usr/lib/x86_64-linux-gnu/openblas-openmp
 CFLAGS   ?= $(OPT) -g $(ARCH)
-# Ranks inside a node (src/dist/): OpenMPI from Debian (libopenmpi-dev), found through pkg-config.
+# Ranks inside a node (src/parallel/): OpenMPI from Debian (libopenmpi-dev), found through pkg-config.
 MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null || echo -I/usr/lib/x86_64-linux-gnu/openmpi/include)
 MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null || echo -lmpi)
 ALL_CFLAGS = $(CSTD) $(WARN) $(CFLAGS) -fopenmp -Isrc -I$(BUILD)/gen -I$(BLAS_INC) $(MPI_CFLAGS) -MMD -MP $(CUDA_CFLAGS) $(EXTRA_CFLAGS)
@@ -54,12 +54,12 @@ ALL_NVCCFLAGS = -std=c++17 $(NVCCFLAGS) $(CUDA_GENCODE) -Isrc -I$(BUILD)/gen -MM
                -DSPES_WITH_CUDA -DSPES_CUDA_ARCHS='"$(CUDA_ARCH_NAMES)"' -DSPES_CUDA_LIB='"$(CUDA_LIB)"'
 CU_SRCS    = $(sort $(wildcard src/ops/cuda/*.cu))
 OBJS      += $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
-# src/dist/nccl.c includes cuda_runtime.h and nccl.h (both in the CUDA toolkit here).
+# src/parallel/nccl.c includes cuda_runtime.h and nccl.h (both in the CUDA toolkit here).
 CUDA_CFLAGS = -DSPES_WITH_CUDA -I$(CUDA_HOME)/include
 # cudart statically (it finds the driver with dlopen); cuBLAS/cuBLASLt are dlopen'ed when a
 # CUDA backend opens (src/ops/cuda/cublas_loader.cu), found through this rpath: a CUDA build
 # starts as fast as a CPU one and runs, falling back to cpu, where no CUDA is installed.
-# NCCL (device collectives of src/dist/) is linked directly: libnccl.so sits next to cudart.
+# NCCL (device collectives of src/parallel/) is linked directly: libnccl.so sits next to cudart.
 CUDA_LDLIBS = -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lnccl -lcudart_static -ldl -lrt -lpthread -lstdc++
 endif
 # Objects whose meaning depends on the CUDA choice are rebuilt when it changes (switching

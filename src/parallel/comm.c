@@ -1,5 +1,5 @@
 // MPI host collectives and the dispatch to NCCL for device buffers. See comm.h.
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 #include <inttypes.h>
 #include <limits.h>
@@ -9,7 +9,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "dist/rendezvous.h"
+#include "parallel/rendezvous.h"
 
 // What a queued MPI collective needs once it completes, or until then: an in-place MPI
 // reduce-scatter leaves this rank's sum at the front of its buffer, moved to the block's own

@@ -2,7 +2,7 @@
 //
 //   host buffers (cpu backend, checkpoint gathers, small values): MPI (OpenMPI)
 //   device buffers (cuda backend): NCCL, bootstrapped over MPI (rank 0's ncclUniqueId is
-//   broadcast with MPI_Bcast), compiled only in CUDA builds (src/dist/nccl.c)
+//   broadcast with MPI_Bcast), compiled only in CUDA builds (src/parallel/nccl.c)
 //
 // Which one a call uses follows the buffer's backend: `be->host_memory` -> MPI, otherwise
 // NCCL. No collective algorithm is written here: MPI and NCCL do the reductions.
@@ -27,7 +27,7 @@ typedef struct Comm Comm;
 
 // The job this process belongs to, from the launcher's environment: OpenMPI's mpirun
 // (OMPI_COMM_WORLD_*), torchrun-style variables without mpirun (RANK, WORLD_SIZE, LOCAL_RANK,
-// MASTER_ADDR, MASTER_PORT: the ranks join through dist/rendezvous.h), or a single rank.
+// MASTER_ADDR, MASTER_PORT: the ranks join through parallel/rendezvous.h), or a single rank.
 // Initialises MPI only for a job of more than one rank. `*out` is never NULL on success.
 int comm_init(Comm **out);
 // MPI_Finalize (multi-rank) and frees. NULL is fine.

@@ -1,5 +1,5 @@
 // Gradient reduction, sharded optimizer state and parameter all-gather. See data_parallel.h.
-#include "dist/data_parallel.h"
+#include "parallel/data_parallel.h"
 
 #include <limits.h>
 #include <math.h>

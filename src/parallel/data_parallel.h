@@ -16,7 +16,7 @@
 // DDP and ZeRO-1 keep the full-size gradient buffer the backward accumulates into (every
 // micro-batch adds into it) and reduce it once per step, in buckets (below). ZeRO-2 and ZeRO-3
 // have no full-size gradient buffer and no buckets: each micro-batch's gradients are
-// reduce-scattered part by part into the ranks' gradient shards (dist/sharded_grads.h).
+// reduce-scattered part by part into the ranks' gradient shards (parallel/sharded_grads.h).
 //
 // Buckets and overlap (DDP, ZeRO-1). The gradient layout is cut into buckets of `bucket`
 // values; each is one non-blocking all-reduce, in place. During the last micro-batch's
@@ -43,7 +43,7 @@
 #include <stddef.h>
 
 #include "config/config.h"
-#include "dist/comm.h"
+#include "parallel/comm.h"
 #include "model/model.h"
 #include "model/param_table.h"
 #include "ops/backend.h"
@@ -78,7 +78,7 @@ typedef struct {
 // rank is an error).
 int dp_stage_from_config(const TrainConfig *cfg, int world_size, DpStage *out);
 const char *dp_stage_name(DpStage s);   // "ddp", "zero1", "zero2", "zero3"
-// True when the stage keeps gradient shards only (ZeRO-2 and ZeRO-3: dist/sharded_grads.h).
+// True when the stage keeps gradient shards only (ZeRO-2 and ZeRO-3: parallel/sharded_grads.h).
 bool dp_shards_grads(DpStage s);
 
 // Values per gradient bucket for ddp.bucket_cap_mb (at least 1024, at most 2^30).

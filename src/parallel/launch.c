@@ -1,5 +1,5 @@
 // --nproc_per_node: exec mpirun. See launch.h.
-#include "dist/launch.h"
+#include "parallel/launch.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -11,8 +11,8 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "config/config.h"
-#include "dist/comm.h"
-#include "dist/rendezvous.h"
+#include "parallel/comm.h"
+#include "parallel/rendezvous.h"
 
 // A non-negative int from the environment: 0 when unset, -1 when not a number.
 static int env_int(const char *name) {

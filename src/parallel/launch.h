@@ -6,7 +6,7 @@
 #include <stdbool.h>
 
 #include "config/config.h"
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 // True when this process was started by a launcher as one rank of several.
 bool dist_launched(void);

@@ -1,4 +1,4 @@
-// The NCCL half of src/dist/comm.h: collectives over device buffers of the cuda backend.
+// The NCCL half of src/parallel/comm.h: collectives over device buffers of the cuda backend.
 // Compiled for real only in CUDA builds (SPES_WITH_CUDA); a CPU-only build answers every
 // device collective with a message (a CPU-only build has no device buffers to begin with).
 //
@@ -12,7 +12,7 @@
 // The NCCL that scripts/gpu_bundle.sh builds (for lent one-GPU machines) holds only the
 // collectives called here and what NCCL turns them into (its ONLY_FUNCS list): a new call
 // here goes into that list too, or that NCCL runs it as a no-op.
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 #include "base/error.h"
 

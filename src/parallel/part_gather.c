@@ -1,7 +1,7 @@
 // ZeRO-3's part gather (part_gather.h): one all-gather of the part's range of the gradient
 // layout, straight into the working buffer when the part has no frozen tensor (the range is
 // then laid out as the part's span), else into a staging buffer and a copy per tensor.
-#include "dist/part_gather.h"
+#include "parallel/part_gather.h"
 
 #include <limits.h>
 #include <stdbool.h>
@@ -10,7 +10,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "dist/data_parallel.h"
+#include "parallel/data_parallel.h"
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 

@@ -14,7 +14,7 @@
 #pragma once
 #include <stddef.h>
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 #include "model/param_table.h"
 #include "ops/backend.h"
 

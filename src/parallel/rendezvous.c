@@ -1,5 +1,5 @@
 // torchrun-style ranks joined over an ompi-server and a local-socket rendezvous. See rendezvous.h.
-#include "dist/rendezvous.h"
+#include "parallel/rendezvous.h"
 
 #include <errno.h>
 #include <fcntl.h>

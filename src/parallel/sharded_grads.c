@@ -1,5 +1,5 @@
 // ZeRO-2/3's sharded gradients. See sharded_grads.h.
-#include "dist/sharded_grads.h"
+#include "parallel/sharded_grads.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -37,7 +37,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "dist/data_parallel.h"
+#include "parallel/data_parallel.h"
 #include "model/model.h"
 
 typedef struct {

@@ -1,5 +1,5 @@
 // ZeRO-3's sharded parameters. See sharded_params.h.
-#include "dist/sharded_params.h"
+#include "parallel/sharded_params.h"
 
 #include <string.h>
 

@@ -47,9 +47,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "dist/data_parallel.h"
-#include "dist/part_gather.h"
-#include "dist/sharded_grads.h"
+#include "parallel/data_parallel.h"
+#include "parallel/part_gather.h"
+#include "parallel/sharded_grads.h"
 #include "model/model.h"
 
 typedef struct {
