@@ -17,7 +17,6 @@ int outer_opt_config_check(const OuterOptConfig *cfg) {
     return SPES_OK;
 }
 
-bool outer_opt_is_off(const OuterOptConfig *cfg) { return cfg->lr == 1.0f && cfg->momentum == 0.0f; }
 
 int outer_opt_state_init(OuterOptState *s, int num_tensors, const int64_t *numel) {
     memset(s, 0, sizeof *s);

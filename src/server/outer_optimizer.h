@@ -24,18 +24,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct {
-    float lr;         // outer_lr, > 0 (DiLoCo: 0.7); 1 with momentum 0 is the plain mean
-    float momentum;   // outer_momentum mu in [0, 1) (DiLoCo: 0.9)
-} OuterOptConfig;
+#include "sync/model_spec.h"
 
-// The reference behaviour: lr 1, momentum 0.
-#define OUTER_OPT_OFF ((OuterOptConfig){.lr = 1.0f, .momentum = 0.0f})
+// OuterOptConfig, OUTER_OPT_OFF and outer_opt_is_off: sync/model_spec.h (a peer states the
+// settings it expects in its Hello).
 
 // Checks the ranges; names the bad value ("outer_lr", "outer_momentum").
 int outer_opt_config_check(const OuterOptConfig *cfg);
-// lr == 1 and momentum == 0: the step returns the mean, so a caller may skip it altogether.
-bool outer_opt_is_off(const OuterOptConfig *cfg);
 
 typedef struct {
     int num_tensors;      // slots, one per model-spec tensor

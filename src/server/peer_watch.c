@@ -1,15 +1,15 @@
 // Peers' last calls, reported metrics and the round history (see peer_watch.h).
 #include "server/peer_watch.h"
 
-#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "base/timer.h"
+#include "server/round_deadline.h"
 
 typedef struct {
     double last_seen_unix;
@@ -51,12 +51,6 @@ void peer_liveness_thresholds(const double *recent, int n, const double *starts,
     *missing_after_s = missing > PEER_MISSING_MIN_S ? missing : PEER_MISSING_MIN_S;
 }
 
-double peer_watch_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int peer_watch_create(int num_peers, PeerWatch **out) {
     *out = NULL;
     PeerWatch *w = spes_calloc(1, sizeof *w);
@@ -94,7 +88,7 @@ void peer_watch_free(PeerWatch *w) {
 
 void peer_watch_seen(PeerWatch *w, int peer) {
     if (peer < 0 || peer >= w->num_peers) return;
-    double now = peer_watch_now();
+    double now = unix_seconds();
     pthread_mutex_lock(&w->mu);
     w->peers[peer].last_seen_unix = now;
     pthread_mutex_unlock(&w->mu);
@@ -105,24 +99,6 @@ void peer_watch_uploaded(PeerWatch *w, int peer, int step) {
     pthread_mutex_lock(&w->mu);
     if (step > w->peers[peer].last_upload_step) w->peers[peer].last_upload_step = step;
     pthread_mutex_unlock(&w->mu);
-}
-
-const char *peer_metric_point_problem(const PeerMetricPoint *pt, int64_t max_step) {
-    const double values[] = {pt->loss, pt->ce, pt->lb, pt->tokens_per_s, pt->mfu, pt->device_mem_mb, pt->route_min, pt->route_max};
-    for (size_t i = 0; i < sizeof values / sizeof *values; i++)
-        if (!isfinite(values[i])) return "a value that is not finite";
-    if (pt->step < 0) return "a negative step";
-    // Beyond any step the run takes uploads for: bogus, and kept it would make every real point
-    // after it look like a resend (a frozen curve).
-    if (pt->step > max_step) return "a step beyond the run's";
-    if (pt->tokens_per_s < 0 || pt->device_mem_mb < 0 || pt->route_min < 0 || pt->route_max < 0)
-        return "a negative throughput, memory or routing ratio";
-    if (pt->mfu < 0 || pt->mfu > 1e3) return "an mfu outside [0, 1000]";
-    // Losses are a few units (ln of the vocabulary at start): 1e6 is no training's; a hostile
-    // +-1.7e308 would squash every other peer's curve on the page.
-    if (fabs(pt->loss) > PEER_MAX_LOSS || fabs(pt->ce) > PEER_MAX_LOSS || fabs(pt->lb) > PEER_MAX_LOSS)
-        return "a loss beyond +-1e6";
-    return NULL;
 }
 
 static int64_t newest_step(const WatchedPeer *wp) {

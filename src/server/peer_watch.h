@@ -24,8 +24,6 @@
 
 #define PEER_LATE_MIN_S 2.0
 #define PEER_MISSING_MIN_S 30.0
-// Metric points one upload may carry (proto UploadChunkRequest.metrics); more: the newest kept.
-#define SYNC_MAX_METRIC_POINTS 256
 
 typedef struct {
     double now_unix;
@@ -49,9 +47,6 @@ typedef struct PeerWatch PeerWatch;
 int peer_watch_create(int num_peers, PeerWatch **out);
 void peer_watch_free(PeerWatch *w);
 
-// Wall-clock now in Unix seconds.
-double peer_watch_now(void);
-
 // peer called now (peer outside [0, P): ignored).
 void peer_watch_seen(PeerWatch *w, int peer);
 // peer's upload for step was accepted.
@@ -64,10 +59,6 @@ void peer_watch_uploaded(PeerWatch *w, int peer, int step);
 // routing ratios, mfu outside [0, 1e3], a loss beyond +-PEER_MAX_LOSS) are ignored with one log line per call; more than
 // SYNC_MAX_METRIC_POINTS: the newest kept. Returns the number of points taken.
 int peer_watch_metrics(PeerWatch *w, int peer, int64_t max_step, const PeerMetricPoint *points, int n);
-// The largest loss magnitude (loss, ce, lb) a metric point may carry.
-#define PEER_MAX_LOSS 1e6
-// Why a metric point cannot be kept or shown (the rules of peer_watch_metrics), or NULL when it can.
-const char *peer_metric_point_problem(const PeerMetricPoint *pt, int64_t max_step);
 
 // A round was aggregated (rounds_completed grows): its record goes into the history (the oldest
 // dropped when full). included[P] the peers in it (NULL: every peer).

@@ -436,7 +436,7 @@ static OpenRound *open_round(Rounds *r, int step) {
     }
     free_slot->step = step;
     free_slot->opened_at = now_seconds();
-    free_slot->opened_unix = peer_watch_now();
+    free_slot->opened_unix = unix_seconds();
     return free_slot;
 }
 
@@ -909,7 +909,7 @@ RoundsResult rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsV
     // In a delta run a peer completes its own experts from the previous aggregate and what it
     // uploaded (docs/communication.md): only a peer holding that aggregate (asking for the delta) can.
     omit = omit && (!r->delta_run || delta);
-    *name = delta ? (omit ? r->delta->view_omit_own : r->delta->encoding) : omit ? ROUNDS_VIEW_OMIT_OWN : "";
+    *name = delta ? (omit ? r->delta->view_omit_own : r->delta->encoding) : omit ? SYNC_VIEW_OMIT_OWN : "";
     int slot = (delta ? P + 1 : 0) + (omit ? peer : P);
     RoundsResult code = ROUNDS_OK;
     pthread_mutex_lock(&r->mu);
@@ -991,7 +991,7 @@ int rounds_run_status(Rounds *r, RunStatus *out) {
         run_status_free(out);
         return SPES_ERR;
     }
-    out->now_unix = peer_watch_now();
+    out->now_unix = unix_seconds();
     rounds_status(r, &out->rounds);
     pthread_mutex_lock(&r->mu);
     const OpenRound *lowest = NULL;

@@ -22,6 +22,7 @@
 #include "server/outer_optimizer.h"
 #include "server/round_deadline.h"
 #include "server/server_state.h"
+#include "status/run_status.h"
 
 
 // What a round operation came to. The state machine knows nothing of the transport: the
@@ -98,21 +99,6 @@ typedef struct {
     int delta_base;
     uint32_t crc32c, delta_crc32c;   // state_checksum of bytes and delta, recorded in rounds.json
 } AggregateBlob;
-
-typedef struct {
-    int64_t rounds_completed;
-    int open_step;              // lowest step with uploads but no aggregate, -1 if none
-    int num_uploaded;           // peers that uploaded for open_step
-    int peers_uploaded[1024];   // their ids (first num_uploaded; capped at 1024)
-    int last_aggregate_step;    // -1 if none
-    int64_t bytes_received, bytes_sent, uploads_rejected;
-    uint64_t fingerprint;       // 0 until the spec is known
-    double last_aggregate_seconds;
-    int64_t rounds_partial;     // rounds closed by the round timeout without every peer
-    int last_round_peers;       // peers in the latest aggregate
-    int total_peers;            // the run's peer count
-    SyncMode mode;
-} RoundsStatus;
 
 typedef struct Rounds Rounds;
 
@@ -213,15 +199,13 @@ void rounds_release(Rounds *r, AggregateBlob *blob);
 // that step); with a delta base, the delta (the run's codec) against the aggregate of that step
 // where the server has one (rounds of a delta run). The view actually served is named in *name:
 // "", "omit-own-experts", "int8-delta" or "int8-delta+omit-own-experts" (int4 runs: "int4-delta"
-// ...; also in the view's __metadata__ "spes_view"). The view lives as long as blob.
+// ...; also in the view's __metadata__ "spes_view"; the names: sync/model_spec.h SYNC_VIEW_*).
+// The view lives as long as blob.
 typedef struct {
     bool omit_own_experts;
     bool has_delta_base;
     int delta_base_step;
 } RoundsViewRequest;
-#define ROUNDS_VIEW_OMIT_OWN "omit-own-experts"
-#define ROUNDS_VIEW_INT8 "int8-delta"
-#define ROUNDS_VIEW_INT4 "int4-delta"   // DELTA_INT4.encoding
 RoundsResult rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsViewRequest *req,
                              const AggregateView **view, const char **name);
 

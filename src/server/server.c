@@ -579,7 +579,7 @@ static void handle_hello(Call *c) {
         log_refusal("hello");
     }
     // The download views this server serves (proto HelloRequest.encodings, docs/communication.md).
-    static char *encodings[] = {ROUNDS_VIEW_OMIT_OWN, ROUNDS_VIEW_INT8, ROUNDS_VIEW_INT4};
+    static char *encodings[] = {SYNC_VIEW_OMIT_OWN, SYNC_VIEW_INT8, SYNC_VIEW_INT4};
     resp.n_encodings = sizeof encodings / sizeof *encodings;
     resp.encodings = encodings;
     resp.chunk_size = (int64_t)c->srv->cfg.chunk_size;

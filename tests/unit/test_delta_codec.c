@@ -222,7 +222,7 @@ static const char *peer_download(Rounds *r, TestPeer *tp, int peer, int step) {
     SafeTensors st;
     assert_int_equal(safetensors_parse(bytes, v->len, "download", &st), SPES_OK);
     if (strncmp(name, tp->deltas.codec->encoding, strlen(tp->deltas.codec->encoding)) == 0) {
-        bool omitted = strstr(name, ROUNDS_VIEW_OMIT_OWN) != NULL;
+        bool omitted = strstr(name, SYNC_VIEW_OMIT_OWN) != NULL;
         assert_int_equal(delta_peer_apply_delta(&tp->deltas, &st, omitted, step, tp->params, "download"), SPES_OK);
     } else {
         assert_string_equal(name, "");
