@@ -14,7 +14,6 @@
 #include "config/config.h"
 #include "status/status_http.h"
 #include "sync/auth.h"
-#include "server/rounds_run_status.h"
 #include "server/server.h"
 #include "sync/wire.h"
 

@@ -20,7 +20,6 @@
 #include "base/timer.h"
 #include "server/peer_watch.h"
 #include "server/rounds_internal.h"
-#include "server/rounds_run_status.h"
 #include "server/server_state.h"
 #include "server/upload_check.h"
 

@@ -217,10 +217,16 @@ void rounds_count_rejected(Rounds *r);
 void rounds_status(Rounds *r, RoundsStatus *out);
 int rounds_last_completed_step(Rounds *r);
 // The peers' last calls, their reported metrics and the round history (server/peer_watch.h; the
-// transport tells it who called); rounds_run_status (server/rounds_run_status.h) reads it out.
+// transport tells it who called); rounds_run_status (below) reads it out.
 // Liveness, in short (exactly: peer_watch.h): late = the open round has waited on the peer
 // longer than 3 x the usual full round (at least 2 s); missing = silent for longer than 3 x the
 // round spacing, the deadline and 30 s, or left out of the newest (partial) round and silent
 // since it closed.
 typedef struct PeerWatch PeerWatch;
 PeerWatch *rounds_watch(Rounds *r);
+// The run as an operator sees it (status/run_status.h), filled from the round state: what the
+// gRPC Status call returns, each peer's liveness (rule: server/peer_watch.h), last call, last
+// upload step and reported metrics, and the newest rounds. Allocates *out (run_status_alloc with
+// the run's peer count) and fills it; the caller frees it with run_status_free. SPES_ERR
+// (nothing to free) when out of memory.
+int rounds_run_status(Rounds *r, RunStatus *out);

@@ -16,7 +16,6 @@
 #include "sync/auth.h"
 #include "sync/call_status.h"
 #include "server/peer_watch.h"
-#include "server/rounds_run_status.h"
 #include "sync/wire.h"
 
 // The one place where the round state machine's results (rounds.h) become gRPC statuses.

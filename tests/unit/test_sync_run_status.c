@@ -1,4 +1,4 @@
-// The server's view of a run for operators (server/peer_watch.h, server/rounds_run_status.h): the
+// The server's view of a run for operators (server/peer_watch.h, server/rounds.h: rounds_run_status): the
 // liveness rule and its thresholds, metric points validated and bounded, the round history
 // with partial rounds and bytes, and the same over the wire (peers report metrics with their
 // uploads; Status lists every peer).
@@ -15,7 +15,6 @@
 #include "base/timer.h"
 #include "sync/client.h"
 #include "server/peer_watch.h"
-#include "server/rounds_run_status.h"
 #include "server/server.h"
 #include "sync_test_model.h"
 
