@@ -388,9 +388,9 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
             book_record_kept(r, blob, book);
             pthread_mutex_unlock(&r->mu);
         }
-        if (!book || (outer_bytes && state_save_outer(dir, step, outer_bytes, outer_len) != SPES_OK) ||
+        if (!book || (outer_bytes && state_save_blob(dir, STATE_BLOB_OUTER, step, outer_bytes, outer_len) != SPES_OK) ||
             (blob->included && state_save_included(dir, step, blob->included, P) != SPES_OK) ||
-            (blob->delta && state_save_delta(dir, step, blob->delta, blob->delta_len) != SPES_OK) ||
+            (blob->delta && state_save_blob(dir, STATE_BLOB_DELTA, step, blob->delta, blob->delta_len) != SPES_OK) ||
             state_save_aggregate(dir, step, blob->bytes, blob->len) != SPES_OK || state_save_book(dir, book) != SPES_OK) {
             free(book);
             pthread_mutex_unlock(&r->persist_mu);

@@ -47,7 +47,7 @@ static int restore_upload(Rounds *r, const StateFile *f, bool *taken) {
 // The delta kept beside an aggregate, in the run's codec (none: peers take that aggregate whole).
 // sum: what rounds.json recorded of it (NULL: a version 1 book, unverified).
 static int restore_delta(Rounds *r, AggregateBlob *blob, int step, const StateKept *sum) {
-    SPES_TRY(state_load_delta(r->cfg.state_dir, step, &blob->delta, &blob->delta_len));
+    SPES_TRY(state_load_blob(r->cfg.state_dir, STATE_BLOB_DELTA, step, &blob->delta, &blob->delta_len));
     if (!blob->delta) return SPES_OK;
     char what[96];
     snprintf(what, sizeof what, "server state %s: %s delta of step %d", r->cfg.state_dir, r->delta->name, step);
@@ -96,7 +96,7 @@ static int restore_outer(Rounds *r) {
     if (newest < 0) return SPES_OK;   // adopt_spec made a fresh state
     uint8_t *bytes;
     size_t len;
-    SPES_TRY(state_load_outer(r->cfg.state_dir, newest, &bytes, &len));
+    SPES_TRY(state_load_blob(r->cfg.state_dir, STATE_BLOB_OUTER, newest, &bytes, &len));
     char what[96];
     snprintf(what, sizeof what, "server state %s: outer_s%d.bin", r->cfg.state_dir, newest);
     int64_t *numel = rounds_outer_numel(r);

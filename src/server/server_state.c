@@ -415,51 +415,40 @@ static char *included_name(int step) {
     return name;
 }
 
-static char *delta_path(const char *dir, int step) {
+// The files kept beside an aggregate (server_state.h: StateBlob): the name of each from its step,
+// and what a missing one is.
+static const struct {
+    const char *name;           // printf pattern of the step
+    const char *what;           // NULL: a missing file reads as none; else what it holds, to name it
+} BLOBS[] = {
+    [STATE_BLOB_DELTA] = {"aggregate_s%d.int8.safetensors", NULL},
+    [STATE_BLOB_OUTER] = {"outer_s%d.bin", "the outer optimizer's state"},
+};
+
+static char *blob_path(const char *dir, StateBlob blob, int step) {
     char name[64];
-    snprintf(name, sizeof name, "aggregate_s%d.int8.safetensors", step);
+    snprintf(name, sizeof name, BLOBS[blob].name, step);
     return path_join(dir, name);
 }
 
-int state_save_delta(const char *dir, int step, const uint8_t *bytes, size_t len) {
-    char *path = delta_path(dir, step);
+int state_save_blob(const char *dir, StateBlob blob, int step, const uint8_t *bytes, size_t len) {
+    char *path = blob_path(dir, blob, step);
     int rc = path ? file_write_atomic(path, bytes, len) : SPES_ERR;
     free(path);
     return rc;
 }
 
-int state_load_delta(const char *dir, int step, uint8_t **bytes, size_t *len) {
+int state_load_blob(const char *dir, StateBlob blob, int step, uint8_t **bytes, size_t *len) {
     *bytes = NULL;
     *len = 0;
-    char *path = delta_path(dir, step);
-    if (!path) return SPES_ERR;
-    int rc = file_exists(path) ? file_read_all(path, bytes, len) : SPES_OK;
-    free(path);
-    return rc;
-}
-
-static char *outer_path(const char *dir, int step) {
-    char name[64];
-    snprintf(name, sizeof name, "outer_s%d.bin", step);
-    return path_join(dir, name);
-}
-
-int state_save_outer(const char *dir, int step, const uint8_t *bytes, size_t len) {
-    char *path = outer_path(dir, step);
-    int rc = path ? file_write_atomic(path, bytes, len) : SPES_ERR;
-    free(path);
-    return rc;
-}
-
-int state_load_outer(const char *dir, int step, uint8_t **bytes, size_t *len) {
-    *bytes = NULL;
-    *len = 0;
-    char *path = outer_path(dir, step);
+    char *path = blob_path(dir, blob, step);
     if (!path) return SPES_ERR;
     int rc = file_exists(path) ? file_read_all(path, bytes, len)
-                               : spes_fail("server state: %s is missing (the outer optimizer's state after step %d, the "
-                                           "newest aggregate; a damaged state directory?)",
-                                           path, step);
+             : !BLOBS[blob].what
+                 ? SPES_OK
+                 : spes_fail("server state: %s is missing (%s after step %d, the newest aggregate; a damaged state "
+                             "directory?)",
+                             path, BLOBS[blob].what, step);
     free(path);
     return rc;
 }
@@ -470,12 +459,11 @@ void state_remove_aggregate(const char *dir, int step) {
     if (path && unlink(path) != 0 && errno != ENOENT) log_warn("server state: cannot remove %s: %s", path, strerror(errno));
     free(path);
     free(name);
-    path = delta_path(dir, step);
-    if (path && unlink(path) != 0 && errno != ENOENT) log_warn("server state: cannot remove %s: %s", path, strerror(errno));
-    free(path);
-    path = outer_path(dir, step);
-    if (path && unlink(path) != 0 && errno != ENOENT) log_warn("server state: cannot remove %s: %s", path, strerror(errno));
-    free(path);
+    for (size_t b = 0; b < sizeof BLOBS / sizeof *BLOBS; b++) {
+        path = blob_path(dir, (StateBlob)b, step);
+        if (path && unlink(path) != 0 && errno != ENOENT) log_warn("server state: cannot remove %s: %s", path, strerror(errno));
+        free(path);
+    }
 }
 
 int state_save_included(const char *dir, int step, const bool *included, int num_peers) {

@@ -102,16 +102,18 @@ void state_remove_partial(const char *dir);
 // peer) when there is no such file.
 int state_save_included(const char *dir, int step, const bool *included, int num_peers);
 int state_load_included(const char *dir, int step, int num_peers, bool **included);
-// int8 runs: the int8 delta an aggregate goes down as, "aggregate_s<step>.int8.safetensors",
-// kept and removed with its aggregate, so that a restarted server serves the same bytes (a peer
-// downloading across a restart must get the view it started). state_load_delta sets *bytes
-// NULL when there is none.
-int state_save_delta(const char *dir, int step, const uint8_t *bytes, size_t len);
-int state_load_delta(const char *dir, int step, uint8_t **bytes, size_t *len);
-// The outer optimizer's state after the round of step (outer_opt_state_serialise bytes),
-// removed with that step's aggregate. state_load_outer: a missing file is an error naming it.
-int state_save_outer(const char *dir, int step, const uint8_t *bytes, size_t len);
-int state_load_outer(const char *dir, int step, uint8_t **bytes, size_t *len);
+// The files kept beside the aggregate of a step, and removed with it; each is bytes written whole
+// (atomically) and read back whole:
+//   STATE_BLOB_DELTA  delta runs: the delta the aggregate goes down as,
+//                     "aggregate_s<step>.int8.safetensors", so that a restarted server serves the
+//                     same bytes (a peer downloading across a restart must get the view it started);
+//                     state_load_blob sets *bytes NULL when there is none;
+//   STATE_BLOB_OUTER  the outer optimizer's state after the round of step
+//                     (outer_opt_state_serialise bytes), "outer_s<step>.bin"; state_load_blob: a
+//                     missing file is an error naming it.
+typedef enum { STATE_BLOB_DELTA, STATE_BLOB_OUTER } StateBlob;
+int state_save_blob(const char *dir, StateBlob blob, int step, const uint8_t *bytes, size_t len);
+int state_load_blob(const char *dir, StateBlob blob, int step, uint8_t **bytes, size_t *len);
 // Renames a damaged upload file aside ("<name>.damaged", which state_list ignores), logging why:
 // one bad file must not keep the server from starting.
 void state_quarantine_upload(const char *dir, int step, int peer, const char *why);
