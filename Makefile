@@ -71,15 +71,23 @@ endif
 CUDA_DEPENDENT = $(patsubst %.c,$(BUILD)/obj/%.o,$(shell grep -l SPES_WITH_CUDA $(SRCS) src/main.c))
 TEST_SRCS = $(sort $(wildcard tests/unit/test_*.c))
 TESTS     = $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+# The unit test programs this build defines, one name a line: tests/run_all.sh runs these and no
+# other file in $(BUILD)/tests (one left there by a moved or deleted test is stale). Rewritten
+# only when the list changes.
+TEST_LIST = $(BUILD)/tests.list
 BENCH_SRCS = $(sort $(wildcard bench/*.c))
 BENCHES   = $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 # GPU tests (tests/gpu/test_*.c): built with the CUDA backend, run only by `make test-gpu`.
 GPU_TEST_SRCS = $(sort $(wildcard tests/gpu/test_*.c))
 GPU_TESTS = $(if $(filter 1,$(CUDA)),$(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests-gpu/%) $(BUILD)/tests-gpu/gpu_count)
 
-.PHONY: all build deps test test-asan test-gpu bench bench-gpu bench-quality demo clean fuzz venv
+.PHONY: all build deps test test-asan test-gpu bench bench-gpu bench-quality demo clean fuzz venv FORCE
 all: build
-build: $(BUILD)/spes $(TESTS) $(BENCHES) $(GPU_TESTS)
+build: $(BUILD)/spes $(TESTS) $(TEST_LIST) $(BENCHES) $(GPU_TESTS)
+
+$(TEST_LIST): FORCE
+	@mkdir -p $(dir $@)
+	@printf '%s\n' $(notdir $(TESTS)) | cmp -s - $@ || printf '%s\n' $(notdir $(TESTS)) > $@
 
 deps:
 	@bash scripts/install-deps.sh
