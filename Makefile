@@ -81,7 +81,7 @@ BENCHES   = $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 GPU_TEST_SRCS = $(sort $(wildcard tests/gpu/test_*.c))
 GPU_TESTS = $(if $(filter 1,$(CUDA)),$(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests-gpu/%) $(BUILD)/tests-gpu/gpu_count)
 
-.PHONY: all build deps test test-asan test-gpu bench bench-gpu bench-quality demo clean fuzz venv FORCE
+.PHONY: all build deps test test-asan test-gpu bench bench-dist-memory bench-gpu bench-quality demo clean fuzz venv FORCE
 all: build
 build: $(BUILD)/spes $(TESTS) $(TEST_LIST) $(BENCHES) $(GPU_TESTS)
 
@@ -165,6 +165,13 @@ bench: deps
 	@$(MAKE) --no-print-directory build
 	@bash tests/setup_venv.sh
 	@bash bench/run_all.sh $(BUILD)
+
+# Data parallelism's per-rank memory against ZeRO's theory for 1, 2, 4 ranks and the tokens/s of
+# the gradient reduction overlapped or not (bench/dist_memory.sh, docs/distributed.md): 30 runs,
+# ~8 min on an idle 2-core machine, so a target of its own rather than a `make bench` section.
+bench-dist-memory: deps
+	@$(MAKE) --no-print-directory build
+	@BENCH_ONLY=dist_memory bash bench/run_all.sh $(BUILD)
 
 # Training quality (bench/quality/run.sh, docs/quality.md): SPES vs centralised vs fedavg at an
 # equal token budget, 3 seeds, two corpora, plus ablations; ~20 min on an idle 2-core machine.
