@@ -97,7 +97,7 @@ typedef struct {
     uint8_t *delta;
     size_t delta_len;
     int delta_base;
-    uint32_t crc32c, delta_crc32c;   // state_checksum of bytes and delta, recorded in rounds.json
+    uint32_t crc32c, delta_crc32c;   // crc32c (base/crc32c.h) of bytes and delta, recorded in rounds.json
 } AggregateBlob;
 
 typedef struct Rounds Rounds;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/crc32c.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/timer.h"
@@ -377,8 +378,8 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
     int step = blob->step, P = r->cfg.agg.num_peers;
     pthread_mutex_lock(&r->persist_mu);
     if (dir) {
-        blob->crc32c = state_checksum(blob->bytes, blob->len);
-        if (blob->delta) blob->delta_crc32c = state_checksum(blob->delta, blob->delta_len);
+        blob->crc32c = crc32c(blob->bytes, blob->len);
+        if (blob->delta) blob->delta_crc32c = crc32c(blob->delta, blob->delta_len);
         StateBook *book = spes_calloc(1, sizeof *book);   // large (STATE_MAX_KEPT entries): not on a call's stack
         if (book) {
             pthread_mutex_lock(&r->mu);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/crc32c.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "sync/delta_payload.h"
@@ -54,7 +55,7 @@ static int restore_delta(Rounds *r, AggregateBlob *blob, int step, const StateKe
     SafeTensors st;
     const DeltaCodec *codec = NULL;
     int base = -1;
-    blob->delta_crc32c = state_checksum(blob->delta, blob->delta_len);
+    blob->delta_crc32c = crc32c(blob->delta, blob->delta_len);
     int rc = sum && (!sum->has_delta || sum->delta_bytes != blob->delta_len || sum->delta_crc32c != blob->delta_crc32c)
                  ? spes_fail("%s: does not match its checksum in rounds.json", what)
                  : SPES_OK;
@@ -79,7 +80,7 @@ static int restore_delta(Rounds *r, AggregateBlob *blob, int step, const StateKe
 // a version 1 book, unverified), so that a damaged file, or an older aggregate's bytes copied over
 // it, is never served (with the outer optimizer, its NaN would flow into every later round).
 static int check_aggregate(const char *dir, int step, AggregateBlob *blob, const StateKept *sum) {
-    blob->crc32c = state_checksum(blob->bytes, blob->len);
+    blob->crc32c = crc32c(blob->bytes, blob->len);
     if (!sum || (sum->bytes == blob->len && sum->crc32c == blob->crc32c)) return SPES_OK;
     return spes_fail("server state %s: aggregate_s%d.safetensors does not match rounds.json (%zu bytes, crc32c %08x; "
                      "recorded: %llu bytes, crc32c %08x): the file is damaged or was replaced; restore it, or move the "

@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <inttypes.h>
-#include <isa-l/crc.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/crc32c.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "base/log.h"
@@ -171,18 +171,6 @@ int state_load_spec(const char *dir, const AggregateConfig *agg, const OuterOptC
     return rc;
 }
 
-uint32_t state_checksum(const uint8_t *bytes, size_t len) {
-    // crc32_iscsi is the reflected CRC-32C update without the initial and final inversions, and
-    // takes an int length: fed in 1 GiB pieces.
-    uint32_t crc = 0xffffffffu;
-    for (size_t at = 0; at < len;) {
-        size_t n = len - at < ((size_t)1 << 30) ? len - at : (size_t)1 << 30;
-        crc = crc32_iscsi((unsigned char *)bytes + at, (int)n, crc);
-        at += n;
-    }
-    return ~crc;
-}
-
 const StateKept *state_book_find(const StateBook *book, int step) {
     for (int i = 0; i < book->n_kept; i++)
         if (book->kept[i].step == step) return &book->kept[i];
@@ -201,7 +189,7 @@ static uint32_t book_check(const StateBook *book) {
         at += snprintf(text + at, cap - (size_t)at, " %d:%" PRIu64 ":%08x:%d:%" PRIu64 ":%08x", k->step, k->bytes,
                        k->crc32c, k->has_delta, k->delta_bytes, k->delta_crc32c);
     }
-    uint32_t crc = state_checksum((const uint8_t *)text, (size_t)at < cap ? (size_t)at : cap);
+    uint32_t crc = crc32c(text, (size_t)at < cap ? (size_t)at : cap);
     free(text);
     return crc;
 }

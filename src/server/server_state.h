@@ -31,7 +31,7 @@
 typedef struct {
     int step;
     uint64_t bytes;
-    uint32_t crc32c;                // state_checksum of the aggregate's bytes
+    uint32_t crc32c;                // base/crc32c.h: crc32c of the aggregate's bytes
     bool has_delta;                 // delta runs: its aggregate_s<step>.int8.safetensors
     uint64_t delta_bytes;
     uint32_t delta_crc32c;
@@ -50,8 +50,6 @@ typedef struct {
     bool verified;
 } StateBook;
 
-// CRC-32C (ISA-L) of bytes: the checksum rounds.json keeps of each aggregate.
-uint32_t state_checksum(const uint8_t *bytes, size_t len);
 // The entry of step in book, or NULL.
 const StateKept *state_book_find(const StateBook *book, int step);
 
