@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/env.h"
 #include "base/error.h"
 #include "parallel/rendezvous.h"
 
@@ -35,21 +36,13 @@ struct Comm {
     bool nccl_queued;
 };
 
-static int env_int(const char *name, int fallback) {
-    const char *v = getenv(name);
-    if (!v || !*v) return fallback;
-    char *end;
-    long x = strtol(v, &end, 10);
-    return *end == '\0' && x >= 0 && x <= INT_MAX ? (int)x : fallback;
-}
-
 int comm_init(Comm **out) {
     *out = NULL;
     Comm *c = spes_calloc(1, sizeof *c);
     if (!c) return SPES_ERR;
     c->size = 1;
     // OpenMPI's launcher (mpirun, or `spes train --nproc_per_node N`, which execs it).
-    int world = env_int("OMPI_COMM_WORLD_SIZE", 1);
+    int world = env_int("OMPI_COMM_WORLD_SIZE", 1, 1);
     if (world > 1) {
         int provided = 0;
         // FUNNELED: only the training thread calls MPI (OpenMP workers never do).
@@ -62,7 +55,7 @@ int comm_init(Comm **out) {
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
         MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
         MPI_Comm_size(MPI_COMM_WORLD, &c->size);
-        c->local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", c->rank);
+        c->local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", c->rank, c->rank);
     } else if (rdv_wanted()) {   // torchrun-style: RANK, WORLD_SIZE, MASTER_ADDR/PORT, no mpirun
         if (rdv_join(&c->rdv, &c->world, &c->rank, &c->size, &c->local_rank) != SPES_OK) {
             free(c);

@@ -9,26 +9,21 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/env.h"
 #include "base/error.h"
 #include "config/config.h"
 #include "parallel/comm.h"
 #include "parallel/rendezvous.h"
 
-// A non-negative int from the environment: 0 when unset, -1 when not a number.
-static int env_int(const char *name) {
-    const char *v = getenv(name);
-    if (!v || !*v) return 0;
-    char *end;
-    long x = strtol(v, &end, 10);
-    return *end == '\0' && x >= 0 && x <= INT_MAX ? (int)x : -1;
-}
+// A launcher's count: 0 when unset, -1 when not a number.
+static int env_count(const char *name) { return env_int(name, 0, -1); }
 
-bool dist_launched(void) { return env_int("OMPI_COMM_WORLD_SIZE") > 1 || rdv_wanted(); }
+bool dist_launched(void) { return env_count("OMPI_COMM_WORLD_SIZE") > 1 || rdv_wanted(); }
 
 int dist_check_env(void) {
     if (getenv("OMPI_COMM_WORLD_SIZE")) return SPES_OK;   // mpirun's rank: its variables win
     const char *ws_text = getenv("WORLD_SIZE"), *lws_text = getenv("LOCAL_WORLD_SIZE");
-    int ws = env_int("WORLD_SIZE"), lws = env_int("LOCAL_WORLD_SIZE");
+    int ws = env_count("WORLD_SIZE"), lws = env_count("LOCAL_WORLD_SIZE");
     if (ws_text && *ws_text && ws < 1) return spes_fail("WORLD_SIZE=%s is not a number of ranks >= 1", ws_text);
     if (lws_text && *lws_text && lws < 1)
         return spes_fail("LOCAL_WORLD_SIZE=%s is not a number of ranks >= 1", lws_text);
@@ -77,8 +72,8 @@ static int share_lines(Comm *comm, int root, const char *mine, char **text) {
 }
 
 int dist_check_config(Comm *comm, const TrainConfig *cfg, const char *flags) {
-    int ws = env_int("WORLD_SIZE");
-    if (!comm_is_multi(comm) && !getenv("OMPI_COMM_WORLD_SIZE") && ws > 1 && env_int("LOCAL_WORLD_SIZE") == 1 &&
+    int ws = env_count("WORLD_SIZE");
+    if (!comm_is_multi(comm) && !getenv("OMPI_COMM_WORLD_SIZE") && ws > 1 && env_count("LOCAL_WORLD_SIZE") == 1 &&
         !cfg->using_spes && !cfg->using_dilico)
         return spes_fail("LOCAL_WORLD_SIZE=1 with WORLD_SIZE=%d: one process per node, each node its own job. That "
                          "is how SPES peers run (scripts/run_cluster.sh: nodes sync through the parameter server), "

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/env.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/timer.h"
@@ -46,13 +47,7 @@ struct Rendezvous {
 #define MAX_PENDING 64
 
 // A non-negative int from the environment; -1 when unset, -2 when not a number.
-static int env_num(const char *name) {
-    const char *v = getenv(name);
-    if (!v || !*v) return -1;
-    char *end;
-    long x = strtol(v, &end, 10);
-    return *end == '\0' && x >= 0 && x <= INT_MAX ? (int)x : -2;
-}
+static int env_num(const char *name) { return env_int(name, -1, -2); }
 
 bool rdv_wanted(void) {
     if (getenv("OMPI_COMM_WORLD_SIZE")) return false;
