@@ -11,7 +11,7 @@ WARN      = -Wall -Wextra $(WERROR) -Wno-unused-parameter
 BLAS_INC  = /usr/include/x86_64-linux-gnu/openblas-openmp
 BLAS_LIB  = /usr/lib/x86_64-linux-gnu/openblas-openmp
 CFLAGS   ?= $(OPT) -g $(ARCH)
-# Ranks inside a node (src/dist/): OpenMPI from Debian (libopenmpi-dev), found through pkg-config.
+# Ranks inside a node (src/parallel/): OpenMPI from Debian (libopenmpi-dev), found through pkg-config.
 MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null || echo -I/usr/lib/x86_64-linux-gnu/openmpi/include)
 MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null || echo -lmpi)
 ALL_CFLAGS = $(CSTD) $(WARN) $(CFLAGS) -fopenmp -Isrc -I$(BUILD)/gen -I$(BLAS_INC) $(MPI_CFLAGS) -MMD -MP $(CUDA_CFLAGS) $(EXTRA_CFLAGS)
@@ -54,12 +54,12 @@ ALL_NVCCFLAGS = -std=c++17 $(NVCCFLAGS) $(CUDA_GENCODE) -Isrc -I$(BUILD)/gen -MM
                -DSPES_WITH_CUDA -DSPES_CUDA_ARCHS='"$(CUDA_ARCH_NAMES)"' -DSPES_CUDA_LIB='"$(CUDA_LIB)"'
 CU_SRCS    = $(sort $(wildcard src/ops/cuda/*.cu))
 OBJS      += $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
-# src/dist/nccl.c includes cuda_runtime.h and nccl.h (both in the CUDA toolkit here).
+# src/parallel/nccl.c includes cuda_runtime.h and nccl.h (both in the CUDA toolkit here).
 CUDA_CFLAGS = -DSPES_WITH_CUDA -I$(CUDA_HOME)/include
 # cudart statically (it finds the driver with dlopen); cuBLAS/cuBLASLt are dlopen'ed when a
 # CUDA backend opens (src/ops/cuda/cublas_loader.cu), found through this rpath: a CUDA build
 # starts as fast as a CPU one and runs, falling back to cpu, where no CUDA is installed.
-# NCCL (device collectives of src/dist/) is linked directly: libnccl.so sits next to cudart.
+# NCCL (device collectives of src/parallel/) is linked directly: libnccl.so sits next to cudart.
 CUDA_LDLIBS = -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lnccl -lcudart_static -ldl -lrt -lpthread -lstdc++
 endif
 # Objects whose meaning depends on the CUDA choice are rebuilt when it changes (switching
@@ -71,15 +71,23 @@ endif
 CUDA_DEPENDENT = $(patsubst %.c,$(BUILD)/obj/%.o,$(shell grep -l SPES_WITH_CUDA $(SRCS) src/main.c))
 TEST_SRCS = $(sort $(wildcard tests/unit/test_*.c))
 TESTS     = $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+# The unit test programs this build defines, one name a line: tests/run_all.sh runs these and no
+# other file in $(BUILD)/tests (one left there by a moved or deleted test is stale). Rewritten
+# only when the list changes.
+TEST_LIST = $(BUILD)/tests.list
 BENCH_SRCS = $(sort $(wildcard bench/*.c))
 BENCHES   = $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 # GPU tests (tests/gpu/test_*.c): built with the CUDA backend, run only by `make test-gpu`.
 GPU_TEST_SRCS = $(sort $(wildcard tests/gpu/test_*.c))
 GPU_TESTS = $(if $(filter 1,$(CUDA)),$(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests-gpu/%) $(BUILD)/tests-gpu/gpu_count)
 
-.PHONY: all build deps test test-asan test-gpu bench bench-gpu bench-quality demo clean fuzz venv
+.PHONY: all build deps test test-asan test-gpu bench bench-dist-memory bench-gpu bench-quality demo clean fuzz venv FORCE
 all: build
-build: $(BUILD)/spes $(TESTS) $(BENCHES) $(GPU_TESTS)
+build: $(BUILD)/spes $(TESTS) $(TEST_LIST) $(BENCHES) $(GPU_TESTS)
+
+$(TEST_LIST): FORCE
+	@mkdir -p $(dir $@)
+	@printf '%s\n' $(notdir $(TESTS)) | cmp -s - $@ || printf '%s\n' $(notdir $(TESTS)) > $@
 
 deps:
 	@bash scripts/install-deps.sh
@@ -157,6 +165,13 @@ bench: deps
 	@$(MAKE) --no-print-directory build
 	@bash tests/setup_venv.sh
 	@bash bench/run_all.sh $(BUILD)
+
+# Data parallelism's per-rank memory against ZeRO's theory for 1, 2, 4 ranks and the tokens/s of
+# the gradient reduction overlapped or not (bench/dist_memory.sh, docs/distributed.md): 30 runs,
+# ~8 min on an idle 2-core machine, so a target of its own rather than a `make bench` section.
+bench-dist-memory: deps
+	@$(MAKE) --no-print-directory build
+	@BENCH_ONLY=dist_memory bash bench/run_all.sh $(BUILD)
 
 # Training quality (bench/quality/run.sh, docs/quality.md): SPES vs centralised vs fedavg at an
 # equal token budget, 3 seeds, two corpora, plus ablations; ~20 min on an idle 2-core machine.

@@ -18,8 +18,8 @@
 #include "base/threads.h"
 #include "base/timer.h"
 #include "model/param_table.h"
-#include "sync/aggregate.h"
-#include "sync/upload_check.h"
+#include "server/aggregate.h"
+#include "server/upload_check.h"
 
 #define PEERS 4
 #define M 4

@@ -22,7 +22,7 @@
 
 #include "base/error.h"
 #include "sync/client.h"
-#include "sync/server.h"
+#include "server/server.h"
 
 enum { EXPERTS = 16, LAYERS = 2, HIDDEN = 512, EXPERT_HIDDEN = 256, VOCAB = 4096 };
 

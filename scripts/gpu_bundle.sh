@@ -16,7 +16,7 @@
 #           MPI, and the multi-rank tests start their ranks with mpirun
 #   nccl/   with NCCL_SRC only: libnccl.so.2 built from that source (NCCL >= 2.30 lets two
 #           ranks share one GPU, which the machines' own NCCL 2.28 refuses), for CUDA_ARCHS and
-#           only the collectives src/dist/nccl.c calls (the full library is ~200 MiB compressed,
+#           only the collectives src/parallel/nccl.c calls (the full library is ~200 MiB compressed,
 #           over the 64 MiB a call can carry). env.sh does not put it on LD_LIBRARY_PATH:
 #           scripts/gpu_check.sh runs the 2-rank test with it, everything else with the
 #           machine's own NCCL.
@@ -100,7 +100,7 @@ if [ -n "${NCCL_SRC:-}" ]; then
   for f in "$cuda_home"/include/*; do
     case $(basename "$f") in nccl*) ;; *) ln -s "$f" "$cuda_inc/" ;; esac
   done
-  # The collectives src/dist/nccl.c calls: all-reduce sums (f32, f64, i64 = u64, bytes),
+  # The collectives src/parallel/nccl.c calls: all-reduce sums (f32, f64, i64 = u64, bytes),
   # reduce sum f32 (the reduce-scatter), broadcast (the all-gather, bytes), and what NCCL turns
   # them into: grouped broadcasts run as AllGatherV (NCCL_ALLGATHERV_ENABLE, on by default). A
   # function left out is built as a no-op, silently: keep this list in step with nccl.c.

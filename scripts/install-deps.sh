@@ -12,7 +12,7 @@ PACKAGES=(
   libzstd-dev zlib1g-dev libsnappy-dev                # compressed inputs (.gz, .zst, parquet pages)
   libpcre2-dev libutf8proc-dev                        # tokenizer regexes (Unicode properties), NFC
   libcmocka-dev                                       # unit tests
-  libopenmpi-dev openmpi-bin                          # ranks inside a node (src/dist/): MPI collectives, mpirun
+  libopenmpi-dev openmpi-bin                          # ranks inside a node (src/parallel/): MPI collectives, mpirun
   python3-venv python3-grpcio python3-protobuf        # test-only: reference virtualenv, interop client
   clang libclang-rt-14-dev                            # sanitizers and libFuzzer
   iproute2

@@ -29,6 +29,14 @@ skip_test() {
   echo "skip $1: $2"
 }
 
+# fail_test NAME REASON: counts a test that could not be run at all as failed (when selected).
+fail_test() {
+  selected "$1" || return 0
+  matched=$((matched + 1)) failed=$((failed + 1))
+  failed_names+=("$1")
+  echo "FAIL $1: $2"
+}
+
 # kill_session SIGNAL PID: every process of the session PID leads (setsid), wherever it moved
 # inside it: a test's own `timeout` puts its command in a process group of its own, which a
 # signal to the test's group would miss. (setsid forks when it cannot lead: its child, then.)

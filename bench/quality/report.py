@@ -246,7 +246,7 @@ def main():
           f"(the demo's settings). Validation loss and accuracies: the `spes demo` "
           f"evaluation of the final model (up to 100k held-out tokens; 48 + 48 questions, chance 25%).", ""]
     if not meta.get("outer_measured"):
-        md += ["The outer optimizer (src/sync/outer_optimizer.h) is not wired into `spes server` yet: "
+        md += ["The outer optimizer (src/server/outer_optimizer.h) is not wired into `spes server` yet: "
                "no row for it.", ""]
     final = ["bench-quality:"]
     met = True

@@ -55,22 +55,17 @@ def tail(path, n=25):
 # Data: the demo corpus through `spes demo` itself, Tiny Shakespeare through `spes tokenize`.
 
 def prepare_demo(spes, out, peers, train_docs):
-    """`spes demo` writes train.bin, val.bin, the question files and demo.yaml before it trains;
-    a 2-step run of one peer-set is the cheapest way to have it write them (its own corpus writer
-    and question writer, no copy of them here)."""
+    """`spes demo --inputs_only` writes train.bin, val.bin, the question files and demo.yaml and
+    stops before training (its own corpus writer and question writer, no copy of them here)."""
     d = os.path.join(out, "demo")
     if not os.path.exists(os.path.join(d, "demo.yaml")):
         logf = os.path.join(out, "demo_inputs.log")
         with open(logf, "w") as f:
             rc = subprocess.call([spes, "demo", "--peers", str(peers), "--experts_per_peer", "2", "--steps", "2",
-                                  "--sync_steps", "2", "--batch", "1", "--threads_per_peer", "1", "--no_baseline",
+                                  "--sync_steps", "2", "--batch", "1", "--threads_per_peer", "1", "--inputs_only",
                                   "--train_docs", str(train_docs), "--out", d], stdout=f, stderr=subprocess.STDOUT)
         if rc != 0:
             raise RunFailed(f"spes demo (writing the corpus) failed:\n{tail(logf)}")
-        for junk in os.listdir(d):     # the 2-step run's own outputs are not inputs
-            if junk.startswith("peer") or junk in ("server.log", "central"):
-                p = os.path.join(d, junk)
-                shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
     # spes eval names a task after its directory: one directory per question set.
     tasks = []
     for name in ("recall", "arithmetic"):

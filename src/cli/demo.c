@@ -60,6 +60,7 @@ typedef struct {
     int peers, experts_per_peer, steps, sync_steps, batch, threads_per_peer;
     int train_docs, val_docs, questions;
     int baseline;               // also train centralised
+    int inputs_only;            // write the corpus, questions and demo.yaml, then stop (no training)
     float outer_lr, outer_momentum;   // the server's outer optimizer (written to demo.yaml; 1 and 0: off)
     int sync_warmup_steps, sync_warmup_every;   // the peers' synchronous warm-up (demo.yaml; 0: none)
     float lr_scale;             // the peers' learning rate against the centralised run's (demo.yaml)
@@ -72,7 +73,7 @@ static void usage(FILE *out) {
             "usage: spes demo [--peers N] [--experts_per_peer M] [--steps S] [--sync_steps K] [--batch B]\n"
             "                 [--train_docs D] [--threads_per_peer T] [--outer_lr X] [--outer_momentum Y]\n"
             "                 [--sync_warmup_steps W] [--sync_warmup_every E] [--lr_scale S] [--payload P]\n"
-            "                 [--no_baseline] [--out DIR]\n"
+            "                 [--no_baseline] [--inputs_only] [--out DIR]\n"
             "\n"
             "Trains a small MoE with SPES on 127.0.0.1: a parameter server and N peers (default 4), each\n"
             "owning M experts per layer (default 2, so 8 experts), syncing every K steps (default 5; int8\n"
@@ -85,6 +86,8 @@ static void usage(FILE *out) {
             "(spes_config.sync_warmup_*; W 0: no warm-up). --lr_scale: the peers' learning rate is S times the\n"
             "centralised run's (spes_config.lr_scale). --payload f32|bf16|int8|int4: what a round sends\n"
             "(spes_config.payload_dtype; int8/int4: deltas with error feedback, docs/communication.md).\n"
+            "--inputs_only: write the inputs (train.bin, val.bin, recall.jsonl, arithmetic.jsonl, demo.yaml\n"
+            "for these settings) and stop, without training (bench/quality uses them).\n"
             "docs/quality.md has the measurements behind the defaults.\n"
             "Defaults: 1000 steps, batch 8 sequences of 128 bytes per peer, %s.\n",
             "out output/demo");
@@ -107,7 +110,7 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
         {"outer_lr", required_argument, 0, 'L'},     {"outer_momentum", required_argument, 0, 'M'},
         {"sync_warmup_steps", required_argument, 0, 'W'}, {"sync_warmup_every", required_argument, 0, 'E'},
         {"lr_scale", required_argument, 0, 'S'},     {"payload", required_argument, 0, 'P'},
-        {0, 0, 0, 0}};
+        {"inputs_only", no_argument, 0, 'I'},        {0, 0, 0, 0}};
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -121,6 +124,7 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
         case 'd': rc = cli_int("train_docs", optarg, 100, 100000000, &o->train_docs); break;
         case 't': rc = cli_int("threads_per_peer", optarg, 1, 1024, &o->threads_per_peer); break;
         case 'n': o->baseline = 0; break;
+        case 'I': o->inputs_only = 1; break;
         case 'o': o->out = optarg; break;
         case 'L': rc = cli_float("outer_lr", optarg, 1e-6, 10, &o->outer_lr); break;
         case 'M': rc = cli_float("outer_momentum", optarg, 0, 0.999999, &o->outer_momentum); break;
@@ -544,6 +548,10 @@ static int run_demo(const DemoOptions *o) {
     DemoRun run;
     int rc = open_run(o, &run);
     if (rc == SPES_OK) rc = write_inputs(&run);
+    if (rc == SPES_OK && o->inputs_only) {
+        close_run(&run);
+        return SPES_OK;
+    }
     if (rc == SPES_OK) rc = train_spes(&run);
     if (rc == SPES_OK) count_sync_traffic(&run);
     if (rc == SPES_OK && o->baseline) rc = train_centralised(&run);

@@ -14,8 +14,7 @@
 #include "config/config.h"
 #include "status/status_http.h"
 #include "sync/auth.h"
-#include "sync/rounds_run_status.h"
-#include "sync/server.h"
+#include "server/server.h"
 #include "sync/wire.h"
 
 static void usage(FILE *out) {

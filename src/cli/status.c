@@ -15,7 +15,7 @@
 #include "cli/commands.h"
 #include "sync/auth.h"
 #include "sync/client.h"
-#include "sync/peer_watch.h"
+#include "server/peer_watch.h"
 
 static void usage(FILE *out) {
     fprintf(out,

@@ -9,8 +9,8 @@
 #include "base/log.h"
 #include "cli/commands.h"
 #include "config/config.h"
-#include "dist/comm.h"
-#include "dist/launch.h"
+#include "parallel/comm.h"
+#include "parallel/launch.h"
 #include "train/spes_ranks.h"
 #include "train/trainer.h"
 

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
-#include "dist/comm.h"
+#include "parallel/comm.h"
 #include "ops/backend.h"
 
 #ifndef SPES_VERSION

@@ -111,7 +111,7 @@ typedef struct {
     char *precision;                  // fp32 | amp_bf16 | amp_fp16 (default fp32: OLMo's)
     char *activation_checkpointing;   // NULL (none) | fine_grained | whole_layer
 
-    // ranks inside a node (src/dist/; used when the job has more than one rank)
+    // ranks inside a node (src/parallel/; used when the job has more than one rank)
     char *distributed_strategy;       // single | ddp | fsdp (default fsdp, OLMo's)
     char *fsdp_sharding_strategy;     // fsdp.sharding_strategy: NO_SHARD | SHARD_OPTIM (ours: ZeRO-1) |
                                       // SHARD_GRAD_OP | FULL_SHARD (default FULL_SHARD, OLMo's)

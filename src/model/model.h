@@ -18,7 +18,7 @@ typedef struct ModelActivations ModelActivations;   // private to src/model
 typedef struct ModelBinding ModelBinding;           // private: tensors resolved per layer
 
 // Hooks: the model tells one listener where a training or eval pass is, part by part, so
-// data parallelism (src/dist/) can start a gradient bucket's reduction while the backward goes
+// data parallelism (src/parallel/) can start a gradient bucket's reduction while the backward goes
 // on, and a sharded-parameter strategy can fetch a part's parameters right before it runs and
 // release them after. Parts are param_part()'s (param_table.h): 0 the embedding, 1 + l layer l,
 // n_layers + 1 the head (final norm and lm_head). Per call of model_forward_backward, every
@@ -66,7 +66,7 @@ int model_create_frozen_on(Model *m, const ModelConfig *cfg, Backend *be);
 int model_params_to_device(Model *m);
 int model_params_to_host(Model *m);
 
-// Sharded parameters (ZeRO-3, src/dist/sharded_params.h): release frees the backend's parameter
+// Sharded parameters (ZeRO-3, src/parallel/sharded_params.h): release frees the backend's parameter
 // buffers (master and compute copy; on cpu the master is the host copy) and leaves every part
 // unbound, so a pass runs only with each part bound to a working buffer first (model_bind_part
 // from the hooks); restore allocates them again (zeroed) and binds every part to them. A device
@@ -122,7 +122,7 @@ int model_forward_backward(Model *m, const int32_t *inputs, const int32_t *targe
 
 // The hook events a pass would send (forward only, or forward and backward), in the same order,
 // to `hooks`, computing nothing: a rank without a micro-batch of its own still takes part in
-// the collectives a sharded-parameter strategy runs from the hooks (dist/sharded_params.h).
+// the collectives a sharded-parameter strategy runs from the hooks (parallel/sharded_params.h).
 int model_hook_replay(const Model *m, bool backward, const ModelHooks *hooks);
 
 // Forward only (eval): losses when targets != NULL, logits when logits_out != NULL.

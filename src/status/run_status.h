@@ -1,6 +1,6 @@
 // A SPES run as an operator sees it: what `spes server --status_port` serves as /status.json
 // and draws as its page (status_json.h, status_page.h, status_http.h). The server fills one
-// on demand from its round state (sync/rounds.h: rounds_run_status) and hands it to the
+// on demand from its round state (server/rounds.h: rounds_run_status) and hands it to the
 // renderers, which only read it; nothing here knows about gRPC or HTTP.
 //
 // Peers report metrics with their uploads (proto PeerMetrics); the server keeps the newest
@@ -9,13 +9,30 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "sync/rounds.h"
+#include "sync/model_spec.h"
 
 #define RUN_STATUS_POINTS 512
 #define RUN_STATUS_ROUNDS 256
 
+// The round counters: everything the gRPC Status call returns (server/rounds.h: rounds_status
+// fills it on the server, sync/client.h: sync_client_status on a peer).
+typedef struct {
+    int64_t rounds_completed;
+    int open_step;              // lowest step with uploads but no aggregate, -1 if none
+    int num_uploaded;           // peers that uploaded for open_step
+    int peers_uploaded[1024];   // their ids (first num_uploaded; capped at 1024)
+    int last_aggregate_step;    // -1 if none
+    int64_t bytes_received, bytes_sent, uploads_rejected;
+    uint64_t fingerprint;       // 0 until the spec is known
+    double last_aggregate_seconds;
+    int64_t rounds_partial;     // rounds closed by the round timeout without every peer
+    int last_round_peers;       // peers in the latest aggregate
+    int total_peers;            // the run's peer count
+    SyncMode mode;
+} RoundsStatus;
+
 // alive: seen recently and keeping up; late: the open round has waited on it longer than
-// usual; missing: not seen for much longer than a round takes (sync/rounds.h says exactly when);
+// usual; missing: not seen for much longer than a round takes (server/rounds.h says exactly when);
 // unseen: never connected.
 typedef enum { PEER_UNSEEN, PEER_ALIVE, PEER_LATE, PEER_MISSING } PeerLiveness;
 const char *peer_liveness_name(PeerLiveness l);   // "unseen", "alive", "late", "missing"
@@ -28,6 +45,14 @@ typedef struct {
     double device_mem_mb;         // GPU memory in use, else the process's peak RSS
     double route_min, route_max;  // least / most loaded expert as a multiple of the even share
 } PeerMetricPoint;
+
+// Metric points one upload may carry (proto UploadChunkRequest.metrics); more: the newest kept.
+#define SYNC_MAX_METRIC_POINTS 256
+// The largest loss magnitude (loss, ce, lb) a metric point may carry.
+#define PEER_MAX_LOSS 1e6
+// Why a metric point cannot be kept or shown (the rules of server/peer_watch.h: peer_watch_metrics,
+// and of what a peer shows of a server's Status), or NULL when it can.
+const char *peer_metric_point_problem(const PeerMetricPoint *pt, int64_t max_step);
 
 typedef struct {
     int peer;

@@ -17,7 +17,6 @@
 #include "base/rng.h"
 #include "base/timer.h"
 #include "sync/call_status.h"
-#include "sync/peer_watch.h"
 #include "sync/wire.h"
 
 struct SyncClient {
@@ -346,7 +345,7 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     req.tensors = ptrs;
     char *encodings[2];
     req.encodings = encodings;
-    if (c->cfg.omit_own_experts) encodings[req.n_encodings++] = ROUNDS_VIEW_OMIT_OWN;
+    if (c->cfg.omit_own_experts) encodings[req.n_encodings++] = SYNC_VIEW_OMIT_OWN;
     if (delta) encodings[req.n_encodings++] = (char *)delta->encoding;
     HelloResponse *resp = NULL;
     grpc_status_code code = unary(c, "/FederatedServer/Hello", &req.base, &hello_response__descriptor,
@@ -667,16 +666,16 @@ int sync_client_wait_and_download(SyncClient *c, int step, uint8_t **bytes, size
 
 int sync_client_wait_and_download_view(SyncClient *c, int step, int delta_base_step, uint8_t **bytes, size_t *len,
                                        SyncDownload *got) {
-    ViewAsk ask = {.omit_own_experts = c->cfg.omit_own_experts && sync_client_server_speaks(c, ROUNDS_VIEW_OMIT_OWN)};
+    ViewAsk ask = {.omit_own_experts = c->cfg.omit_own_experts && sync_client_server_speaks(c, SYNC_VIEW_OMIT_OWN)};
     const DeltaCodec *delta = delta_codec_of(c);
     ask.has_delta_base = delta && delta_base_step >= 0;
     ask.delta_base_step = ask.has_delta_base ? delta_base_step : 0;
     memset(got, 0, sizeof *got);
     SPES_TRY(wait_and_download(c, step, &ask, bytes, len, got->view, sizeof got->view));
     // A view is taken only when it is one of the four names and holds nothing this peer did not ask for.
-    got->own_experts_omitted = strstr(got->view, ROUNDS_VIEW_OMIT_OWN) != NULL;
+    got->own_experts_omitted = strstr(got->view, SYNC_VIEW_OMIT_OWN) != NULL;
     got->is_delta = delta && strncmp(got->view, delta->encoding, strlen(delta->encoding)) == 0;
-    const char *known[] = {"", ROUNDS_VIEW_OMIT_OWN, delta ? delta->encoding : "", delta ? delta->view_omit_own : ""};
+    const char *known[] = {"", SYNC_VIEW_OMIT_OWN, delta ? delta->encoding : "", delta ? delta->view_omit_own : ""};
     bool asked = (!got->own_experts_omitted || ask.omit_own_experts) && (!got->is_delta || ask.has_delta_base), is_known = false;
     for (size_t i = 0; i < sizeof known / sizeof *known; i++) is_known |= strcmp(got->view, known[i]) == 0;
     asked = asked && is_known;
@@ -786,7 +785,7 @@ int sync_client_run_status(SyncClient *c, RunStatus *out) {
         status_response__free_unpacked(resp, NULL);
         return spes_fail("status: out of memory for %d peers", P);
     }
-    out->now_unix = peer_watch_now();
+    out->now_unix = unix_seconds();
     rounds_from_status(resp, &out->rounds);
     for (size_t i = 0; i < resp->n_peers; i++) {
         const PeerState *st = resp->peers[i];

@@ -20,9 +20,9 @@
 #include <stdint.h>
 
 #include "io/safetensors.h"
+#include "sync/delta_codec.h"
 #include "sync/model_spec.h"
 #include "status/run_status.h"
-#include "sync/rounds.h"
 
 typedef struct {
     const char *server_addr;        // "host:port"
@@ -102,7 +102,7 @@ int sync_client_status(SyncClient *c, RoundsStatus *out);
 int sync_client_run_status(SyncClient *c, RunStatus *out);
 // A training step's numbers to report to the server with the next upload (proto
 // UploadChunkRequest.metrics); kept until an upload carrying them is answered, the newest
-// SYNC_MAX_METRIC_POINTS (sync/peer_watch.h). Any thread, also while an upload is in flight.
+// SYNC_MAX_METRIC_POINTS (status/run_status.h). Any thread, also while an upload is in flight.
 void sync_client_note_metrics(SyncClient *c, const PeerMetricPoint *point);
 // The newest aggregate (its step from Status): what a peer loads after its upload was answered
 // ABORTED (its round closed without it, see rounds.h) or when it rejoins a run.

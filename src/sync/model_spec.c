@@ -17,6 +17,8 @@ int sync_mode_parse(const char *name, SyncMode *out) {
     return SPES_OK;
 }
 
+bool outer_opt_is_off(const OuterOptConfig *cfg) { return cfg->lr == 1.0f && cfg->momentum == 0.0f; }
+
 void model_spec_init(ModelSpec *spec) { memset(spec, 0, sizeof *spec); }
 
 void model_spec_free(ModelSpec *spec) {

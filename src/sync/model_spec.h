@@ -1,7 +1,8 @@
 // The model as the parameter server sees it: an ordered list of named tensors (HF names,
 // shapes, dtypes), which of them are experts (parsed from the name
 // `model.layers.{l}.mlp.experts.{e}.{gate,up,down}_proj.weight`), who owns each expert, and a
-// fingerprint so a peer training a different model is refused at the handshake.
+// fingerprint so a peer training a different model is refused at the handshake; and the run
+// settings both sides state at the handshake (sync mode, download views, outer optimizer).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -18,6 +19,26 @@
 typedef enum { SYNC_MODE_SPES = 0, SYNC_MODE_FEDAVG } SyncMode;
 const char *sync_mode_name(SyncMode mode);            // "spes" | "fedavg"
 int sync_mode_parse(const char *name, SyncMode *out);
+
+// The download views besides the whole aggregate: a peer lists those it reads in its Hello
+// (proto HelloRequest.encodings), the server those it serves, and a view served is named so in
+// its __metadata__ "spes_view" (server/rounds.h: rounds_view). A peer's own experts left out
+// where the round took them unchanged, and the int8 / int4 deltas (DeltaCodec.encoding).
+#define SYNC_VIEW_OMIT_OWN "omit-own-experts"
+#define SYNC_VIEW_INT8 "int8-delta"
+#define SYNC_VIEW_INT4 "int4-delta"
+
+// The server's outer optimizer (server/outer_optimizer.h), which a peer states as it expects it in
+// its Hello (proto HelloRequest.outer_lr / outer_momentum) and the server checks.
+typedef struct {
+    float lr;         // outer_lr, > 0 (DiLoCo: 0.7); 1 with momentum 0 is the plain mean
+    float momentum;   // outer_momentum mu in [0, 1) (DiLoCo: 0.9)
+} OuterOptConfig;
+
+// The reference behaviour: lr 1, momentum 0.
+#define OUTER_OPT_OFF ((OuterOptConfig){.lr = 1.0f, .momentum = 0.0f})
+// lr == 1 and momentum == 0: the step returns the mean, so a caller may skip it altogether.
+bool outer_opt_is_off(const OuterOptConfig *cfg);
 
 typedef enum { EXPERT_PROJ_GATE = 0, EXPERT_PROJ_UP, EXPERT_PROJ_DOWN, EXPERT_PROJ_COUNT } ExpertProj;
 

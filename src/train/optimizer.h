@@ -27,7 +27,7 @@ typedef struct {
     Backend *be;
     size_t numel;               // values of state held here: hi - lo
     size_t lo, hi;              // the range of the gradient layout this state covers: [0, trainable_numel)
-                                // unsharded; a rank's shard under ZeRO-1/2 (src/dist/data_parallel.h)
+                                // unsharded; a rank's shard under ZeRO-1/2 (src/parallel/data_parallel.h)
     float *m;                   // host [numel] exp_avg (checkpoints read and write these)
     float *v;                   // host [numel] exp_avg_sq
     float *dm, *dv;             // the moments the update reads (== m, v on cpu and when offloaded)
@@ -73,7 +73,7 @@ bool adamw_param_decays(const AdamWConfig *cfg, ParamKind kind);
 int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, float grad_scale, Buf compute,
                double lr);
 // The same update on fp32 parameters packed like the state's range: value i of the gradient
-// layout at packed[i - lo] (ZeRO-3's shard, dist/sharded_params.h); no compute copy.
+// layout at packed[i - lo] (ZeRO-3's shard, parallel/sharded_params.h); no compute copy.
 int adamw_step_packed(AdamW *opt, const ParamTable *table, float *packed, const float *grads, float grad_scale,
                       double lr);
 

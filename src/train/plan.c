@@ -6,8 +6,8 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "dist/data_parallel.h"
-#include "dist/part_gather.h"
+#include "parallel/data_parallel.h"
+#include "parallel/part_gather.h"
 #include "model/model_internal.h"   // model_acts_bytes: the arena's layout, measured
 #include "model/param_table.h"
 #include "train/trainer.h"

@@ -26,7 +26,7 @@
 #include "config/config.h"
 #include "ops/backend.h"
 
-// The strategies of one node's ranks, as the trainer picks them (dist/data_parallel.h's DpStage,
+// The strategies of one node's ranks, as the trainer picks them (parallel/data_parallel.h's DpStage,
 // plus one rank without any).
 typedef enum { PLAN_SINGLE = 0, PLAN_DDP, PLAN_ZERO1, PLAN_ZERO2, PLAN_ZERO3, PLAN_STRATEGY_COUNT } PlanStrategy;
 const char *plan_strategy_name(PlanStrategy s);   // "single", "ddp", "zero1", "zero2", "zero3"

@@ -10,7 +10,7 @@
 #include "io/safetensors.h"
 #include "model/param_table.h"
 #include "sync/delta_payload.h"
-#include "sync/rounds.h"
+#include "sync/model_spec.h"
 #include "train/trainer.h"
 
 const char *plan_payload_name(PayloadDtype d) {
@@ -120,7 +120,7 @@ static int peer_round(const TrainConfig *cfg, const Tables *t, int p, PayloadDty
     if (dtype == PAYLOAD_F32 || dtype == PAYLOAD_BF16) {
         DType d = dtype == PAYLOAD_F32 ? DTYPE_F32 : DTYPE_BF16;
         rc = plain_bytes(tab, mine, d, NULL, up);
-        if (rc == SPES_OK) rc = plain_bytes(tab, spes ? keep : NULL, d, spes ? ROUNDS_VIEW_OMIT_OWN : NULL, down);
+        if (rc == SPES_OK) rc = plain_bytes(tab, spes ? keep : NULL, d, spes ? SYNC_VIEW_OMIT_OWN : NULL, down);
     } else if (first) {   // no base: F32 both ways, the aggregate whole
         rc = plain_bytes(tab, mine, DTYPE_F32, NULL, up);
         if (rc == SPES_OK) rc = plain_bytes(tab, NULL, DTYPE_F32, NULL, down);

@@ -5,7 +5,7 @@
 // header safetensors_serialize writes) over the tensors each side sends, and delta_payload_bytes
 // (delta_payload.h) for int8/int4 deltas; the tensors are the parameter table's, with each
 // peer's trainable mask (trainer_own_experts). What goes over the wire, round by round (the
-// peer's sync, src/train/spes_peer.c, and the server's views, rounds_view in src/sync/rounds.c):
+// peer's sync, src/train/spes_peer.c, and the server's views, rounds_view in src/server/rounds.c):
 //   f32 / bf16: up, the peer's trainable tensors in that dtype; down, the aggregate (every tensor)
 //               without the peer's own experts (view "omit-own-experts").
 //   int8/int4:  round 1 (no aggregate to be a delta against yet): up, the trainable tensors in

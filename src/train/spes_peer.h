@@ -63,7 +63,7 @@ float spes_decayed_factor(int64_t step, int64_t total_steps);
 // W + floor(K / 2^j) for j = J..1 (J the largest with floor(K / 2^J) >= e; a value only once),
 // so each gap is at most about twice the one before it; from W + K on every K steps again. The
 // ramp is there because the server takes an upload at most 4 round gaps ahead of its newest
-// round (sync/rounds.h): a jump from gaps of 1 step to K = 25 would be refused.
+// round (server/rounds.h): a jump from gaps of 1 step to K = 25 would be refused.
 bool spes_sync_due(int64_t step, int64_t sync_steps, int64_t warmup_steps, int64_t warmup_every);
 // Loads every tensor of an aggregate (safetensors bytes, F32 or BF16) into the model's
 // parameters; an aggregate that lacks a model tensor or has a wrong shape is an error.

@@ -1,9 +1,9 @@
-// A SPES peer whose node trains with several ranks (dist/): rank 0 alone talks to the
+// A SPES peer whose node trains with several ranks (parallel/): rank 0 alone talks to the
 // parameter server (handshake, uploads, downloads); what it learns reaches every rank by
 // broadcast: the aggregated parameters after each sync round (and after the handshake, which
 // may load an aggregate when rejoining), the load-balancing count factors, and whether the
 // round worked. Under ZeRO-1/2 every rank holds the full parameters after each step (the
-// all-gather of dist/data_parallel.h), so rank 0's upload is already whole; under ZeRO-3 the
+// all-gather of parallel/data_parallel.h), so rank 0's upload is already whole; under ZeRO-3 the
 // trainer gathers them for the steps spes_ranks_step_touches_model names.
 //
 // With one rank this is exactly the SpesPeer: every call goes straight through.
@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "config/config.h"
-#include "dist/comm.h"
+#include "parallel/comm.h"
 #include "model/model.h"
 #include "train/metrics.h"
 

@@ -5,8 +5,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <isa-l/crc.h>
-#include <limits.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -16,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/crc32c.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "base/log.h"
@@ -25,22 +24,8 @@
 
 // ---- framing ----
 
-// Intel ISA-L's crc32_iscsi is the reflected CRC-32C update without the initial and final
-// inversions: the standard CRC is ~crc32_iscsi(data, len, ~0).
-uint32_t tfrecord_crc32c(const void *data, size_t len) {
-    uint32_t crc = 0xffffffffu;
-    const unsigned char *p = data;
-    while (len > 0) {   // its length is an int
-        int n = len > INT_MAX ? INT_MAX : (int)len;
-        crc = crc32_iscsi((unsigned char *)p, n, crc);
-        p += n;
-        len -= (size_t)n;
-    }
-    return ~crc;
-}
-
 uint32_t tfrecord_masked_crc(const void *data, size_t len) {
-    uint32_t crc = tfrecord_crc32c(data, len);
+    uint32_t crc = crc32c(data, len);
     return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
 }
 

@@ -40,8 +40,7 @@ double tfevents_wall_clock(void);
 // ---- TFRecord framing (shared by the writer, the resume trim and the tests) ----
 
 #define TFRECORD_OVERHEAD 16    // 8 length + 4 length crc + 4 payload crc
-// CRC-32C (Castagnoli), the standard one: crc32c("123456789") = 0xe3069283.
-uint32_t tfrecord_crc32c(const void *data, size_t len);
+// The masked CRC-32C of the framing above (base/crc32c.h).
 uint32_t tfrecord_masked_crc(const void *data, size_t len);
 // Writes the record of payload into out (len + TFRECORD_OVERHEAD bytes).
 void tfrecord_frame(const uint8_t *payload, size_t len, uint8_t *out);

@@ -16,10 +16,10 @@
 #include "base/threads.h"
 #include "base/timer.h"
 #include "data/loader.h"
-#include "dist/comm.h"
-#include "dist/data_parallel.h"
-#include "dist/sharded_grads.h"
-#include "dist/sharded_params.h"
+#include "parallel/comm.h"
+#include "parallel/data_parallel.h"
+#include "parallel/sharded_grads.h"
+#include "parallel/sharded_params.h"
 #include "eval/mc_score.h"
 #include "model/hf_import.h"
 #include "train/checkpoint.h"
@@ -63,7 +63,7 @@ struct Trainer {
     double timed_seconds;       // wall time of the steps after the first (for the ETA)
     int64_t timed_steps;
     int64_t steps_this_run;
-    // ranks inside the node (dist/): dist false with one rank, and nothing below is used
+    // ranks inside the node (parallel/): dist false with one rank, and nothing below is used
     Comm *comm;
     bool dist, rank0;
     DataParallel dp;

@@ -6,12 +6,12 @@
 // step's gradient is that of the mean of the micro-batch means. The schedule is evaluated
 // at the 1-based number of the step being taken (OLMo increments global_step first).
 //
-// One trainer runs one model on one rank. With several ranks (opt.comm, src/dist/) every rank
+// One trainer runs one model on one rank. With several ranks (opt.comm, src/parallel/) every rank
 // builds the same trainer: the loader hands every rank the same global batch and each rank
 // computes a contiguous share of its micro-batches (rank r: micro-batches [r*M/N, (r+1)*M/N)
 // of M), so every micro-batch holds exactly the instances it holds on one rank and the step's
 // losses are bit-identical to one rank's; gradients are then summed over ranks as
-// dist/data_parallel.h says (ZeRO-3: dist/sharded_params.h; the model's parameter buffers are
+// parallel/data_parallel.h says (ZeRO-3: parallel/sharded_params.h; the model's parameter buffers are
 // released during trainer_run and hold the full parameters before and after it). Rank 0
 // alone writes checkpoints, metrics and runs evaluations;
 // the others log warnings and errors only. SPES hooks in through `after_step` (called after
@@ -53,7 +53,7 @@ typedef struct {
     void *on_metrics_ctx;
     const float *lb_count_factor;   // [L*E] load-balancing count factors (SPES decayed aux loss), NULL = 1;
                                     // read every step: the owner may update it in place
-    Comm *comm;                     // the ranks of this node (dist/comm.h); NULL or one rank: no collectives.
+    Comm *comm;                     // the ranks of this node (parallel/comm.h); NULL or one rank: no collectives.
                                     // after_step is called on every rank (it decides what rank 0 does alone)
 } TrainerOptions;
 

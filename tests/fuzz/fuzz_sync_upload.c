@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "sync/rounds.h"
+#include "server/rounds.h"
 
 #include "tiny_spec.h"
 

@@ -16,7 +16,7 @@
 
 #include "base/log.h"
 #include "sync/delta_peer.h"
-#include "sync/rounds.h"
+#include "server/rounds.h"
 
 #include "tiny_spec.h"
 

@@ -1,4 +1,4 @@
-// The NCCL half of src/dist/comm.h on one GPU with one rank: a communicator of size 1 over
+// The NCCL half of src/parallel/comm.h on one GPU with one rank: a communicator of size 1 over
 // the cuda backend, and each device collective (all-reduce, the non-blocking all-reduce,
 // in-place reduce-scatter and all-gather of the gradient reductions and ZeRO-3's prefetch,
 // all-gather, broadcast) leaves the right values in device memory. Skipped (cmocka skip) without
@@ -6,7 +6,7 @@
 // reductions; those are tests/gpu/dist_ranks_gpu.sh's (two ranks on one GPU, NCCL >= 2.30).
 #include "gpu_test.h"
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 static void test_nccl_one_rank(void **state) {
     (void)state;

@@ -1,4 +1,4 @@
-// ZeRO-2's sharded gradients and ZeRO-3's sharded parameters (src/dist/sharded_grads.h,
+// ZeRO-2's sharded gradients and ZeRO-3's sharded parameters (src/parallel/sharded_grads.h,
 // sharded_params.h) on the cuda backend, one rank (two ranks on one GPU need NCCL >= 2.30:
 // tests/gpu/dist_ranks_gpu.sh). For fp32 and amp_bf16, with the optimizer state on the device
 // and offloaded, on the tiny MoE with frozen experts (SPES: a peer trains experts 1..2),
@@ -21,10 +21,10 @@
 // tests/unit/test_dist_part_gather.c and tests/integration/dist_train_parity.sh.
 #include "gpu_test.h"
 
-#include "dist/comm.h"
-#include "dist/data_parallel.h"
-#include "dist/sharded_grads.h"
-#include "dist/sharded_params.h"
+#include "parallel/comm.h"
+#include "parallel/data_parallel.h"
+#include "parallel/sharded_grads.h"
+#include "parallel/sharded_params.h"
 #include "model/model.h"
 #include "train/optimizer.h"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ZeRO-3's part gather and ZeRO-2/3's sharded gradients (src/dist/) across ranks: the unit test
+# ZeRO-3's part gather and ZeRO-2/3's sharded gradients (src/parallel/) across ranks: the unit test
 # tests/unit/test_dist_part_gather.c (which runs as one rank on its own) under mpirun with 2
 # and 3 ranks, where the ZeRO-2 shards cut through the parts' tensors: every part gathered
 # from the shards and the frozen store equals the full parameters bit for bit, and a training
@@ -15,7 +15,7 @@ if [ ! -x "$BIN" ]; then
   echo "SKIPPED: $BIN not found (build first)"
   exit 77
 fi
-# As `spes --nproc_per_node` does (src/dist/launch.c): CI runs as root in a container.
+# As `spes --nproc_per_node` does (src/parallel/launch.c): CI runs as root in a container.
 export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The torchrun-style rendezvous (src/dist/rendezvous.c) against processes that are not ranks,
+# The torchrun-style rendezvous (src/parallel/rendezvous.c) against processes that are not ranks,
 # ranks that disagree, and half a torchrun environment (issue 29, items 4-6):
 #   - a process of another user claiming RANK=1 first is refused; the real rank 1 joins, the job
 #     trains (needs root and setpriv to be another user; skipped otherwise);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ranks started torchrun-style, without mpirun (src/dist/rendezvous.h): separate processes
+# Ranks started torchrun-style, without mpirun (src/parallel/rendezvous.h): separate processes
 # with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_WORLD_SIZE) set.
 #   - 2 ranks (ZeRO-2) and 3 ranks (DDP) train what mpirun's ranks train: the same bits (the same
 #     MPI collectives on a communicator of the same size), and 1 rank's within tolerance; also

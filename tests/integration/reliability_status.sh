@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the server says about a troubled run, checked while it runs: a real `spes server
 # --round_timeout 8 --min_peers 2` and 4 `spes train` peers (tiny config, sync every 2 steps),
-# watched with `spes status` (the gRPC Status the status page is filled from, sync/peer_watch.h):
+# watched with `spes status` (the gRPC Status the status page is filled from, server/peer_watch.h):
 #  - after the first round peer 2 is frozen (SIGSTOP): while the open round waits on it past the
 #    usual round time it shows as late, the others alive;
 #  - the round closes without it (partial, counted as such), and it shows as missing;

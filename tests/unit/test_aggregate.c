@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "base/error.h"
-#include "sync/aggregate.h"
+#include "server/aggregate.h"
 
 // A tiny MoE: embed [6,4]; per layer (2 layers) router [E,4] and E experts with
 // gate [3,4], up [3,4], down [4,3]; lm_head [6,4].

@@ -42,7 +42,7 @@ static void test_table_content(void **state) {
     size_t len;
     char *gen = generated_markdown(&len);
     assert_non_null(strstr(gen, "| `compile` |  | ignored |"));
-    // data parallelism inside a node (src/dist/, docs/distributed.md)
+    // data parallelism inside a node (src/parallel/, docs/distributed.md)
     assert_non_null(strstr(gen, "| `distributed_strategy` | `\"fsdp\"` | supported |"));
     assert_non_null(strstr(gen, "| `fsdp.sharding_strategy` | `\"FULL_SHARD\"` | supported |"));
     assert_non_null(strstr(gen, "| `ddp.bucket_cap_mb` | `25` | supported |"));

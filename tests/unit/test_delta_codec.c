@@ -18,7 +18,7 @@
 #include "sync/delta_codec.h"
 #include "sync/delta_payload.h"
 #include "sync/delta_peer.h"
-#include "sync/rounds.h"
+#include "server/rounds.h"
 #include "sync_test_model.h"
 
 static float wire_scale(const DeltaCodec *c, float s) {
@@ -222,7 +222,7 @@ static const char *peer_download(Rounds *r, TestPeer *tp, int peer, int step) {
     SafeTensors st;
     assert_int_equal(safetensors_parse(bytes, v->len, "download", &st), SPES_OK);
     if (strncmp(name, tp->deltas.codec->encoding, strlen(tp->deltas.codec->encoding)) == 0) {
-        bool omitted = strstr(name, ROUNDS_VIEW_OMIT_OWN) != NULL;
+        bool omitted = strstr(name, SYNC_VIEW_OMIT_OWN) != NULL;
         assert_int_equal(delta_peer_apply_delta(&tp->deltas, &st, omitted, step, tp->params, "download"), SPES_OK);
     } else {
         assert_string_equal(name, "");

@@ -1,11 +1,11 @@
-// ZeRO-3's part gather (dist/part_gather.h) on the tiny MoE with frozen experts (SPES: a peer
+// ZeRO-3's part gather (parallel/part_gather.h) on the tiny MoE with frozen experts (SPES: a peer
 // trains experts 1..2 only), with the ranks' shards of ZeRO-2 (dp_create's boundaries):
 //   - every part gathered from the shards and the frozen store equals its span of the full
 //     parameters, bit for bit, also two at once in the two slots (ZeRO-3's prefetch);
 //   - a training pass whose parts are gathered by the model's hooks into one working buffer
 //     (model_bind_part) while the model's own parameters are NaN gives the plain pass's loss
 //     and gradients, bit for bit.
-// And ZeRO-2's sharded gradients (dist/sharded_grads.h): the model's gradient buffer is
+// And ZeRO-2's sharded gradients (parallel/sharded_grads.h): the model's gradient buffer is
 // released; a pass through sharded_grads_hooks (every rank the same micro-batch) leaves each
 // rank's gradient shard equal to N times the plain pass's gradient over its range, bit for bit
 // (N equal addends: the first sum is exact, so every order rounds the same); a replayed idle
@@ -26,10 +26,10 @@
 
 #include "base/error.h"
 #include "base/threads.h"
-#include "dist/comm.h"
-#include "dist/data_parallel.h"
-#include "dist/part_gather.h"
-#include "dist/sharded_grads.h"
+#include "parallel/comm.h"
+#include "parallel/data_parallel.h"
+#include "parallel/part_gather.h"
+#include "parallel/sharded_grads.h"
 #include "model/model.h"
 
 enum { B = 2, T = 8 };

@@ -1,4 +1,4 @@
-// The single-process parts of data parallelism (src/dist/): sharded AdamW (also offloaded to
+// The single-process parts of data parallelism (src/parallel/): sharded AdamW (also offloaded to
 // the host) equals the whole update bit for bit, the contiguity test of the gradient layout,
 // the shard boundaries, and a job of one rank whose collectives are identities. The
 // multi-rank behaviour is tested by tests/integration/dist_*.sh under mpirun.
@@ -13,8 +13,8 @@
 
 #include "base/error.h"
 #include "base/rng.h"
-#include "dist/comm.h"
-#include "dist/data_parallel.h"
+#include "parallel/comm.h"
+#include "parallel/data_parallel.h"
 #include "train/optimizer.h"
 #include "flat_table.h"
 

@@ -1,4 +1,4 @@
-// The outer optimizer (src/sync/outer_optimizer.h): the Nesterov update against the textbook
+// The outer optimizer (src/server/outer_optimizer.h): the Nesterov update against the textbook
 // formula written out here in double, momentum carried across rounds (hand-computed values),
 // lr 1 / momentum 0 giving the plain mean bit for bit, determinism, and a serialise/restore
 // round trip that continues bit for bit; bad configs and bad state bytes refused by name.
@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "base/error.h"
-#include "sync/outer_optimizer.h"
+#include "server/outer_optimizer.h"
 
 // Two covered slots of different sizes and one uncovered (an expert in spes mode).
 #define SLOTS 3

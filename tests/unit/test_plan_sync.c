@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "base/error.h"
-#include "sync/aggregate_view.h"
+#include "server/aggregate_view.h"
 #include "sync/delta_payload.h"
 
 enum { N_TENSORS = 3 };

@@ -25,7 +25,7 @@
 #include "base/error.h"
 #include "base/file.h"
 #include "sync/client.h"
-#include "sync/server.h"
+#include "server/server.h"
 
 #define PEERS 4
 #define EXPERTS 8

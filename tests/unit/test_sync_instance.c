@@ -14,8 +14,8 @@
 
 #include "base/error.h"
 #include "sync/client.h"
-#include "sync/server.h"
-#include "sync_test_model.h"
+#include "server/server.h"
+#include "sync_test_client.h"
 
 #define PEERS 2
 #define M 2
@@ -40,15 +40,7 @@ static SyncClient *peer0(SyncServer *srv, char *addr, size_t cap) {
 }
 
 static int upload(SyncClient *c, int step) {
-    ModelSpec spec;
-    assert_int_equal(sync_test_spec(&spec, PEERS * M, 6), SPES_OK);
-    uint8_t *bytes;
-    size_t len;
-    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, M, 0, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
-    model_spec_free(&spec);
-    int rc = sync_client_upload_bytes(c, step, bytes, len);
-    free(bytes);
-    return rc;
+    return sync_test_client_upload(c, PEERS * M, M, 0, step, NULL);
 }
 
 static void expect_superseded(SyncClient *c, int rc) {

@@ -14,7 +14,7 @@
 
 #include "base/error.h"
 #include "sync/client.h"
-#include "sync/server.h"
+#include "server/server.h"
 #include "sync_test_model.h"
 
 #define PEERS 2

@@ -1,11 +1,11 @@
-// The straggler policy (src/sync/round_deadline.c) as the pure function it is: the adaptive
+// The straggler policy (src/server/round_deadline.c) as the pure function it is: the adaptive
 // deadline, and when an open round keeps waiting, waits for a quorum, or closes partial.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
 
-#include "sync/round_deadline.h"
+#include "server/round_deadline.h"
 
 static void test_deadline_adapts_to_the_run(void **state) {
     (void)state;

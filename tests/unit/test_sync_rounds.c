@@ -18,8 +18,8 @@
 
 #include "base/timer.h"
 #include "base/file.h"
-#include "sync/rounds.h"
-#include "sync/server_state.h"
+#include "server/rounds.h"
+#include "server/server_state.h"
 #include "sync_test_model.h"
 
 static Rounds *make_rounds_in(int keep_steps, const char *state_dir) {

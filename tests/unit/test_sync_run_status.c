@@ -1,4 +1,4 @@
-// The server's view of a run for operators (sync/peer_watch.h, sync/rounds_run_status.h): the
+// The server's view of a run for operators (server/peer_watch.h, server/rounds.h: rounds_run_status): the
 // liveness rule and its thresholds, metric points validated and bounded, the round history
 // with partial rounds and bytes, and the same over the wire (peers report metrics with their
 // uploads; Status lists every peer).
@@ -14,9 +14,8 @@
 
 #include "base/timer.h"
 #include "sync/client.h"
-#include "sync/peer_watch.h"
-#include "sync/rounds_run_status.h"
-#include "sync/server.h"
+#include "server/peer_watch.h"
+#include "server/server.h"
 #include "sync_test_model.h"
 
 static void test_liveness_rule(void **state) {
@@ -66,7 +65,7 @@ static PeerMetricPoint point(int64_t step) {
 
 static void fill(PeerWatch *w, int P, RunStatus *run) {
     assert_int_equal(run_status_alloc(run, P), 0);
-    run->now_unix = peer_watch_now();
+    run->now_unix = unix_seconds();
     peer_watch_fill(w, NULL, 0, NULL, 0, 0, run);
 }
 
@@ -156,7 +155,7 @@ static void test_rounds_run_status(void **state) {
     PeerWatch *w = rounds_watch(r);
     peer_watch_seen(w, 0);
     peer_watch_seen(w, 1);
-    double t0 = peer_watch_now();
+    double t0 = unix_seconds();
     assert_int_equal(upload(r, 0, 2), ROUNDS_OK);
     assert_int_equal(upload(r, 1, 2), ROUNDS_OK);
     rounds_count_sent(r, 2, 1234);

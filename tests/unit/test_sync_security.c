@@ -15,8 +15,8 @@
 #include "base/file.h"
 #include "sync/auth.h"
 #include "sync/client.h"
-#include "sync/server.h"
-#include "sync_test_model.h"
+#include "server/server.h"
+#include "sync_test_client.h"
 
 static char dir[] = "/tmp/spes_security_XXXXXX";
 
@@ -79,15 +79,7 @@ static SyncClient *client(SyncServer *srv, int peer, const char *token, const ch
 }
 
 static int upload(SyncClient *c, int as_peer, int step) {
-    ModelSpec spec;
-    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
-    uint8_t *bytes;
-    size_t len;
-    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, as_peer, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
-    model_spec_free(&spec);
-    int rc = sync_client_upload_bytes(c, step, bytes, len);
-    free(bytes);
-    return rc;
+    return sync_test_client_upload(c, 4, 2, as_peer, step, NULL);
 }
 
 static int hello(SyncClient *c) {

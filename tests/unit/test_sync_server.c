@@ -15,7 +15,7 @@
 
 #include "base/timer.h"
 #include "sync/client.h"
-#include "sync/server.h"
+#include "server/server.h"
 #include "sync/wire.h"
 #include "sync_test_model.h"
 

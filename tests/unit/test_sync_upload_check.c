@@ -7,7 +7,7 @@
 
 #include <cmocka.h>
 
-#include "sync/upload_check.h"
+#include "server/upload_check.h"
 #include "sync_test_model.h"
 
 // Checks peer 1's (of 2, m = 2) upload after `tweak`; returns upload_check's result.

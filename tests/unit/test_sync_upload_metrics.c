@@ -13,8 +13,8 @@
 
 #include "base/error.h"
 #include "sync/client.h"
-#include "sync/server.h"
-#include "sync_test_model.h"
+#include "server/server.h"
+#include "sync_test_client.h"
 
 #define PEERS 2
 #define M 2
@@ -27,15 +27,7 @@ static PeerMetricPoint point(int64_t step, double loss) {
 static void nan_first(StWriteTensor *w, float *d, int t) { if (t == 0) d[0] = 0.0f / 0.0f; }
 
 static int upload(SyncClient *c, int step, SyncTestTweak tweak) {
-    ModelSpec spec;
-    assert_int_equal(sync_test_spec(&spec, PEERS * M, 6), SPES_OK);
-    uint8_t *bytes;
-    size_t len;
-    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, M, 0, DTYPE_F32, tweak, &bytes, &len), SPES_OK);
-    model_spec_free(&spec);
-    int rc = sync_client_upload_bytes(c, step, bytes, len);
-    free(bytes);
-    return rc;
+    return sync_test_client_upload(c, PEERS * M, M, 0, step, tweak);
 }
 
 // Peer 0's newest point as the server's Status reports it (step -1: none).

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "sync/rounds.h"
+#include "server/rounds.h"
 #include "sync_test_model.h"
 
 static Rounds *make_rounds(int merge_interval, double round_timeout_s) {
@@ -59,7 +59,7 @@ static void check_view(Rounds *r, AggregateBlob *blob, int peer, bool omitted) {
     const AggregateView *v;
     const char *name;
     assert_int_equal(rounds_view(r, blob, peer, &q, &v, &name), ROUNDS_OK);
-    assert_string_equal(name, omitted ? ROUNDS_VIEW_OMIT_OWN : "");
+    assert_string_equal(name, omitted ? SYNC_VIEW_OMIT_OWN : "");
     uint8_t *bytes = view_bytes(v);
     if (!omitted) {
         assert_int_equal(v->len, blob->len);
@@ -70,7 +70,7 @@ static void check_view(Rounds *r, AggregateBlob *blob, int peer, bool omitted) {
     SafeTensors got, all;
     assert_int_equal(safetensors_parse(bytes, v->len, "view", &got), SPES_OK);
     assert_int_equal(safetensors_parse(blob->bytes, blob->len, "aggregate", &all), SPES_OK);
-    assert_string_equal(safetensors_meta(&got, "spes_view"), ROUNDS_VIEW_OMIT_OWN);
+    assert_string_equal(safetensors_meta(&got, "spes_view"), SYNC_VIEW_OMIT_OWN);
     int expected = 0;
     for (int i = 0; i < all.count; i++) {
         const char *n = all.tensors[i].name;

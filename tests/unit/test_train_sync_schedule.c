@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "sync/rounds.h"
+#include "server/rounds.h"
 #include "train/spes_peer.h"
 
 // Without a warm-up: exactly the multiples of sync_steps (step 0 included, as the resume check
@@ -44,7 +44,7 @@ static void test_warmup_every_five(void **state) {
 }
 
 // Every schedule: the gap to each round is at most ROUNDS_AHEAD times the gap before it (the
-// server refuses uploads further ahead; sync/rounds.h), from W + K on it is the plain schedule,
+// server refuses uploads further ahead; server/rounds.h), from W + K on it is the plain schedule,
 // and the last step of a run whose length is a multiple of K is a sync.
 static void test_schedules_fit_the_server(void **state) {
     (void)state;

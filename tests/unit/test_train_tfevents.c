@@ -13,14 +13,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/crc32c.h"
 #include "base/file.h"
 #include "tfevents.pb-c.h"
 #include "train/tfevents.h"
 
 static void test_crc32c(void **state) {
     (void)state;
-    assert_int_equal(tfrecord_crc32c("123456789", 9), 0xe3069283u);   // the CRC-32C check value
-    assert_int_equal(tfrecord_crc32c("", 0), 0);
+    assert_int_equal(crc32c("123456789", 9), 0xe3069283u);   // the CRC-32C check value
+    assert_int_equal(crc32c("", 0), 0);
     // TensorFlow's mask of it: rotate right by 15, add 0xa282ead8.
     uint32_t c = 0xe3069283u;
     assert_int_equal(tfrecord_masked_crc("123456789", 9), ((c >> 15) | (c << 17)) + 0xa282ead8u);

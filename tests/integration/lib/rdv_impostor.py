@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A process that is not a spes rank, at a torchrun-style rendezvous (src/dist/rendezvous.c).
+"""A process that is not a spes rank, at a torchrun-style rendezvous (src/parallel/rendezvous.c).
 
     rdv_impostor.py ADDR PORT silent          connect and say nothing
     rdv_impostor.py ADDR PORT claim RANK WS   say RANK and WORLD_SIZE as a rank does, read what rank 0

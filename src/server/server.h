@@ -1,0 +1,56 @@
+// The parameter server's transport: gRPC C core around rounds.h. One accept thread takes new
+// calls from the server's completion queue and gives each call a thread of its own with its
+// own completion queue, so a slow or silent peer only ever holds up its own call (and is
+// cancelled after idle_timeout). Aggregation runs in the thread of the upload that completes
+// a round. RPCs: see proto/federated.proto and docs/sync.md.
+#pragma once
+#include <stddef.h>
+
+#include "server/rounds.h"
+
+// Largest Hello request (its tensor list; a 50k-tensor model needs ~3 MiB), largest other
+// unary request, most tensors a Hello may declare.
+#define SYNC_MAX_HELLO_BYTES ((size_t)16 << 20)
+#define SYNC_MAX_SMALL_REQUEST ((size_t)64 << 10)
+#define SYNC_MAX_TENSORS (1 << 20)
+// Largest upload before the model is known (a Hello-less seeds client's first upload defines
+// it): also the default upload budget until then.
+#define SYNC_PRESPEC_UPLOAD_CAP ((size_t)4 << 30)
+
+typedef struct {
+    const char *host;               // address to bind, e.g. "0.0.0.0" or "127.0.0.1"
+    int port;                       // 0: any free port (see sync_server_port)
+    size_t chunk_size;              // download chunk payload bytes
+    size_t max_message_size;        // largest message accepted or sent
+    double max_wait_seconds;        // longest single WaitAggregate long poll
+    double idle_timeout_seconds;    // a call making no progress this long is cancelled
+    int max_calls;                  // concurrent calls, more are refused RESOURCE_EXHAUSTED "server
+                                    // busy" (clients retry); <= 0: sync_server_max_calls(P)
+    size_t max_buffered_bytes;      // memory all upload calls together may hold (each 3 chunks: uploads
+                                    // go to disk chunk by chunk); 0: a quarter of the
+                                    // model's F32 size, at least 2 calls' worth (8 before the model is known)
+    const char *auth_token_file;    // shared token (auth.h); NULL: none
+    const char *peer_tokens_file;   // "peer_id token" lines (auth.h); NULL: none
+    const char *tls_cert, *tls_key; // PEM files: serve TLS (both or neither)
+    const char *tls_ca;             // PEM: with TLS, require client certificates signed by it
+    RoundsConfig rounds;
+} SyncServerConfig;
+
+// Defaults for everything but rounds.agg (mode, peers, merge settings).
+void sync_server_config_defaults(SyncServerConfig *cfg);
+
+// The default call limit for P peers: 4 P + 64 (an upload or long poll, or 4 download chunks
+// in flight, per peer, and room for Status calls), at most SYNC_MAX_CALLS_CEILING. Each call
+// in progress is a thread blocked on its own queue (a long poll: a condition variable), so a
+// waiting peer costs a thread's stack, not CPU.
+#define SYNC_MAX_CALLS_CEILING 16384
+int sync_server_max_calls(int num_peers);
+
+typedef struct SyncServer SyncServer;
+
+// Binds, starts serving in background threads, returns.
+int sync_server_start(const SyncServerConfig *cfg, SyncServer **out);
+int sync_server_port(const SyncServer *s);
+Rounds *sync_server_rounds(SyncServer *s);
+// Refuses new calls, cancels those in progress, waits for their threads, frees everything.
+void sync_server_stop(SyncServer *s);
