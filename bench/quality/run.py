@@ -56,23 +56,23 @@ def tail(path, n=25):
 
 def prepare_demo(spes, out, peers, train_docs):
     """`spes demo --inputs_only` writes train.bin, val.bin, the question files and demo.yaml and
-    stops before training (its own corpus writer and question writer, no copy of them here)."""
+    stops before training (its own corpus writer and question writer, no copy of them here).
+    Written afresh by every invocation (a few seconds): an output folder reused with a newer
+    binary would otherwise keep an older demo.yaml, whose settings every run here inherits."""
     d = os.path.join(out, "demo")
-    if not os.path.exists(os.path.join(d, "demo.yaml")):
-        logf = os.path.join(out, "demo_inputs.log")
-        with open(logf, "w") as f:
-            rc = subprocess.call([spes, "demo", "--peers", str(peers), "--experts_per_peer", "2", "--steps", "2",
-                                  "--sync_steps", "2", "--batch", "1", "--threads_per_peer", "1", "--inputs_only",
-                                  "--train_docs", str(train_docs), "--out", d], stdout=f, stderr=subprocess.STDOUT)
-        if rc != 0:
-            raise RunFailed(f"spes demo (writing the corpus) failed:\n{tail(logf)}")
+    logf = os.path.join(out, "demo_inputs.log")
+    with open(logf, "w") as f:
+        rc = subprocess.call([spes, "demo", "--peers", str(peers), "--experts_per_peer", "2", "--steps", "2",
+                              "--sync_steps", "2", "--batch", "1", "--threads_per_peer", "1", "--inputs_only",
+                              "--train_docs", str(train_docs), "--out", d], stdout=f, stderr=subprocess.STDOUT)
+    if rc != 0:
+        raise RunFailed(f"spes demo (writing the corpus) failed:\n{tail(logf)}")
     # spes eval names a task after its directory: one directory per question set.
     tasks = []
     for name in ("recall", "arithmetic"):
         os.makedirs(os.path.join(d, "tasks", name), exist_ok=True)
         dst = os.path.join(d, "tasks", name, name + ".jsonl")
-        if not os.path.exists(dst):
-            shutil.copyfile(os.path.join(d, name + ".jsonl"), dst)
+        shutil.copyfile(os.path.join(d, name + ".jsonl"), dst)
         tasks.append(dst)
     return {"name": "demo", "config": os.path.join(d, "demo.yaml"), "train": os.path.join(d, "train.bin"),
             "val": os.path.join(d, "val.bin"), "tasks": tasks}
@@ -112,12 +112,11 @@ def curve_val_file(corpus, out, tokens):
     """The first `tokens` validation tokens (uint16), for the trainers' periodic evaluation:
     the curve needs a cheap figure every few rounds, the final score uses the full eval."""
     path = os.path.join(out, corpus["name"], "curve_val.bin")
-    if not os.path.exists(path):
-        with open(corpus["val"], "rb") as f:
-            data = f.read(2 * tokens)
-        with open(path + ".tmp", "wb") as f:
-            f.write(data)
-        os.replace(path + ".tmp", path)
+    with open(corpus["val"], "rb") as f:     # from this invocation's val file, as the corpus
+        data = f.read(2 * tokens)
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)
     return path
 
 

@@ -40,13 +40,20 @@ int cli_u64(const char *flag, const char *text, uint64_t *out) {
     return SPES_OK;
 }
 
-int cli_float(const char *flag, const char *text, double min, double max, float *out) {
+int cli_double(const char *flag, const char *text, double min, double max, double *out) {
     flag = bare(flag);
     char *end;
     errno = 0;
     double v = strtod(text, &end);
     if (errno || end == text || *end || !isfinite(v) || v < min || v > max)
         return spes_fail("--%s: '%s' is not a number in [%g, %g]", flag, text, min, max);
+    *out = v;
+    return SPES_OK;
+}
+
+int cli_float(const char *flag, const char *text, double min, double max, float *out) {
+    double v = 0;
+    SPES_TRY(cli_double(flag, text, min, max, &v));
     *out = (float)v;
     return SPES_OK;
 }

@@ -8,6 +8,8 @@
 int cli_int(const char *flag, const char *text, long min, long max, int *out);
 int cli_u64(const char *flag, const char *text, uint64_t *out);
 int cli_float(const char *flag, const char *text, double min, double max, float *out);
+// The same, kept as the double the text spells (what a config key of type double reads from it).
+int cli_double(const char *flag, const char *text, double min, double max, double *out);
 // The --tokenizer default for a model directory: the directory itself when it holds a
 // tokenizer.json (exports made with --tokenizer do), else NULL.
 const char *cli_default_tokenizer(const char *model_dir);

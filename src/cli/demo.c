@@ -63,7 +63,8 @@ typedef struct {
     int inputs_only;            // write the corpus, questions and demo.yaml, then stop (no training)
     float outer_lr, outer_momentum;   // the server's outer optimizer (written to demo.yaml; 1 and 0: off)
     int sync_warmup_steps, sync_warmup_every;   // the peers' synchronous warm-up (demo.yaml; 0: none)
-    float lr_scale;             // the peers' learning rate against the centralised run's (demo.yaml)
+    double lr_scale;            // the peers' learning rate against the centralised run's (demo.yaml; a double,
+                                // as the config key: --lr_scale 0.7 is the 0.7 --spes_config.lr_scale=0.7 gives)
     const char *payload;        // the sync payload: f32, bf16, int8 or int4 (demo.yaml)
     const char *out;
 } DemoOptions;
@@ -100,7 +101,7 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
     *o = (DemoOptions){.peers = 4, .experts_per_peer = 2, .steps = 1000, .sync_steps = 5, .batch = 8,
                        .train_docs = 20000, .val_docs = 500, .questions = 48, .baseline = 1, .out = "output/demo",
                        .outer_lr = 1.0f, .outer_momentum = 0.0f, .sync_warmup_steps = 0, .sync_warmup_every = 1,
-                       .lr_scale = 0.7f, .payload = "int8"};
+                       .lr_scale = 0.7, .payload = "int8"};
     static const struct option longopts[] = {
         {"peers", required_argument, 0, 'p'},        {"experts_per_peer", required_argument, 0, 'm'},
         {"steps", required_argument, 0, 's'},        {"sync_steps", required_argument, 0, 'k'},
@@ -130,7 +131,7 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
         case 'M': rc = cli_float("outer_momentum", optarg, 0, 0.999999, &o->outer_momentum); break;
         case 'W': rc = cli_int("sync_warmup_steps", optarg, 0, 1000000, &o->sync_warmup_steps); break;
         case 'E': rc = cli_int("sync_warmup_every", optarg, 1, 1000000, &o->sync_warmup_every); break;
-        case 'S': rc = cli_float("lr_scale", optarg, 1e-3, 100, &o->lr_scale); break;
+        case 'S': rc = cli_double("lr_scale", optarg, 1e-3, 100, &o->lr_scale); break;
         case 'P':
             o->payload = optarg;
             if (strcmp(optarg, "f32") && strcmp(optarg, "bf16") && strcmp(optarg, "int8") && strcmp(optarg, "int4"))
@@ -347,7 +348,7 @@ static int open_run(const DemoOptions *o, DemoRun *run) {
     if (o->sync_warmup_steps > 0)
         printf(" (every %d for the first %d)", o->sync_warmup_every, o->sync_warmup_steps);
     if (strcmp(o->payload, "f32") != 0) printf(", %s payloads", o->payload);
-    if (o->lr_scale != 1.0f) printf(", peer learning rate x%g", (double)o->lr_scale);
+    if (o->lr_scale != 1.0) printf(", peer learning rate x%g", o->lr_scale);
     printf(", %d thread(s) per peer\n", o->threads_per_peer);
     printf("writing the built-in corpus (%d training documents) and questions to %s\n", o->train_docs, run->dir);
     return tokenizer_load("bytes", &run->tok);
@@ -461,11 +462,15 @@ static int train_centralised(DemoRun *run) {
     const DemoOptions *o = run->o;
     Runner *r = &run->runners[o->peers];
     SPES_TRY(runner_init(r, run->dir, "central", "centralised"));
-    char batch[64], save[4200], threads[32];
+    // One micro-batch of all N*B sequences (as bench-quality's centralised run): with demo.yaml's
+    // micro-batch of B it would take N accumulation steps, whose load-balancing loss (per
+    // micro-batch) and sums differ, so the demo's baseline was not the benchmark's seed 0.
+    char batch[64], micro[64], save[4200], threads[32];
     snprintf(batch, sizeof batch, "--global_train_batch_size=%d", o->peers * o->batch);
+    snprintf(micro, sizeof micro, "--device_train_microbatch_size=%d", o->peers * o->batch);
     snprintf(save, sizeof save, "--save_folder=%s/central", run->dir);
     snprintf(threads, sizeof threads, "--threads=%d", o->threads_per_peer * o->peers);
-    char *argv[] = {run->exe, "train", run->cfg_path, "--using_spes=false", batch, save, threads, NULL};
+    char *argv[] = {run->exe, "train", run->cfg_path, "--using_spes=false", batch, micro, save, threads, NULL};
     printf("\nsame budget centralised (1 process, all %d experts, %d sequences per step)\n",
            o->peers * o->experts_per_peer, o->peers * o->batch);
     double start = now_seconds();

@@ -2,6 +2,7 @@
 // the writer opens a YAML mapping for each new section, so rows of one section stay together.
 #include "demo/demo_config.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,15 +104,28 @@ static int write_rows(FILE *fp, const Row *rows, int n) {
     return SPES_OK;
 }
 
+// The shortest decimal text that reads back as exactly `v` (as a double, or as a float when
+// `as_float`): 0.7 is written "0.7", not "0.69999998807907104" (the float 0.7f printed as a
+// double), which a config key of type double reads as another number than the
+// `--spes_config.lr_scale=0.7` a user or bench-quality types; that difference of 1.7e-8 made
+// the demo and the benchmark's seed 0 two different runs (docs/quality.md).
+static void exact_number(char *buf, size_t size, double v, bool as_float) {
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(buf, size, "%.*g", digits, v);
+        double back = strtod(buf, NULL);
+        if (as_float ? (float)back == (float)v : back == v) return;
+    }
+}
+
 int demo_config_write(const DemoRunShape *s, const char *dir, const char *path) {
     char *train = path_join(dir, "train.bin"), *val = path_join(dir, "val.bin"),
          *save = path_join(dir, "peer${spes_config.peer_id}");
-    // %.9g: the float reads back as the same float (the server gets it from this file: --config).
+    // Each reads back as the value the demo holds (the server gets the outer pair from this file: --config).
     char outer_lr[32], outer_momentum[32];
-    snprintf(outer_lr, sizeof outer_lr, "%.9g", s->outer_lr != 0.0f ? (double)s->outer_lr : 1.0);
-    snprintf(outer_momentum, sizeof outer_momentum, "%.9g", (double)s->outer_momentum);
+    exact_number(outer_lr, sizeof outer_lr, s->outer_lr != 0.0f ? (double)s->outer_lr : 1.0, true);
+    exact_number(outer_momentum, sizeof outer_momentum, (double)s->outer_momentum, true);
     char lr_scale[32];
-    snprintf(lr_scale, sizeof lr_scale, "%.17g", s->lr_scale > 0 ? s->lr_scale : 1.0);
+    exact_number(lr_scale, sizeof lr_scale, s->lr_scale > 0 ? s->lr_scale : 1.0, false);
     const Row rows[] = {
         YAML("run_name", "spes-demo"),
         YAML("seed", "6198"),

@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "base/file.h"
+#include "cli/cli_parse.h"
 #include "config/config.h"
 #include "demo/demo_config.h"
 
@@ -164,6 +165,43 @@ static void test_demo_defaults_and_short_run(void **state) {
     write_and_check(&tiny, root);
 }
 
+// The demo's numbers are written as the shortest text that reads back exactly: lr_scale 0.7 is the
+// double 0.7 (what `--spes_config.lr_scale=0.7` or `--lr_scale 0.7` gives), not the float 0.7f
+// widened (0.69999998807907104), which made `spes demo` and bench-quality rows that pass
+// --spes_config.lr_scale=0.7 two different runs; the outer pair reads back as the same floats.
+static void test_numbers_read_back_exactly(void **state) {
+    (void)state;
+    double lr_scale = 0;
+    assert_int_equal(cli_double("--lr_scale", "0.7", 1e-3, 100, &lr_scale), SPES_OK);
+    assert_true(lr_scale == 0.7);
+    assert_int_equal(cli_double("--lr_scale", "0.7x", 1e-3, 100, &lr_scale), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "--lr_scale: '0.7x' is not a number"));
+    assert_int_equal(cli_double("--lr_scale", "1000", 1e-3, 100, &lr_scale), SPES_ERR);
+    DemoRunShape s = {.peers = 4, .experts_per_peer = 2, .steps = 1000, .sync_steps = 5, .batch = 8,
+                      .threads_per_peer = 1, .outer_lr = 0.7f, .outer_momentum = 0.9f, .lr_scale = 0.7,
+                      .payload = "int8"};
+    write_and_check(&s, root);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/demo.yaml", root);
+    uint8_t *text = NULL;
+    size_t len = 0;
+    assert_int_equal(file_read_all(path, &text, &len), SPES_OK);
+    text = realloc(text, len + 1);
+    text[len] = 0;
+    assert_non_null(strstr((char *)text, "  lr_scale: 0.7\n"));
+    assert_non_null(strstr((char *)text, "  outer_lr: 0.7\n"));
+    assert_non_null(strstr((char *)text, "  outer_momentum: 0.9\n"));
+    free(text);
+    TrainConfig from_file, overridden;
+    load(path, NULL, &from_file);
+    load(path, "--spes_config.lr_scale=0.7", &overridden);
+    assert_true(from_file.lr_scale == 0.7);
+    assert_true(from_file.lr_scale == overridden.lr_scale);
+    assert_true(from_file.outer_lr == 0.7f && from_file.outer_momentum == 0.9f);
+    config_free(&from_file);
+    config_free(&overridden);
+}
+
 // An output folder whose name YAML would misread unquoted (space, ': ', '#', quotes, '[').
 static void test_awkward_folder_name(void **state) {
     (void)state;
@@ -180,6 +218,7 @@ int main(void) {
         cmocka_unit_test(test_every_value_loads_back),
         cmocka_unit_test(test_demo_defaults_and_short_run),
         cmocka_unit_test(test_awkward_folder_name),
+        cmocka_unit_test(test_numbers_read_back_exactly),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
