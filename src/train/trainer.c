@@ -616,7 +616,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
             grad_scale = (float)(1.0 / t->scaler.scale * grad_clip_coef(norm, cfg->max_grad_norm));
         }
     } else if (n_grad) {
-        // grad_clip_global_norm, over the reduced gradient (whole or sharded). A non-finite
+        // clip_grad_norm_ over the reduced gradient (whole or sharded), its factor applied by AdamW. A non-finite
         // norm with a finite loss would make every weight NaN: stop before the update (every
         // rank has the same norm), so no checkpoint holds such weights.
         SPES_TRY(step_grad_norm(t, &norm));
