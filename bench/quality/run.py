@@ -197,10 +197,12 @@ def data_seed(peer, seed):
     return 6198 + 1000 * peer + 17 * seed
 
 
-def train_central(spes, shape, base, overrides, rundir, seed):
+def train_central(spes, shape, base, overrides, rundir, seed, batch=None):
+    """One `spes train` on all experts; batch: sequences per step (default peers x batch)."""
     save = os.path.join(rundir, "central")
-    cmd = [spes, "train", base, "--using_spes=false", f"--global_train_batch_size={shape.peers * shape.batch}",
-           f"--device_train_microbatch_size={shape.peers * shape.batch}", f"--save_folder={save}",
+    batch = batch or shape.peers * shape.batch
+    cmd = [spes, "train", base, "--using_spes=false", f"--global_train_batch_size={batch}",
+           f"--device_train_microbatch_size={batch}", f"--save_folder={save}",
            f"--threads={shape.threads}", f"--data.seed={data_seed(0, seed)}"] + overrides
     logf = os.path.join(rundir, "central.log")
     wait_all([start(cmd, logf)], [logf], time.monotonic() + RUN_TIMEOUT_S)
@@ -333,8 +335,11 @@ def run_one(spes, a, shape, corpus, curve_val, method, variant, sync_steps, merg
         every = shape.steps
     ov = common_overrides(shape, corpus, curve_val, every, seed)
     t0 = time.monotonic()
+    # --variant_central_batch: the variant's centralised run takes this many sequences a step (e.g. one
+    # peer's 8: one peer training alone), so it sees that many tokens, not the others' P x B.
+    central_batch = a.variant_central_batch if (variant == a.variant and method == "centralised") else None
     if method == "centralised":
-        save = train_central(spes, shape, corpus["config"], ov + peer_extra, rundir, seed)
+        save = train_central(spes, shape, corpus["config"], ov + peer_extra, rundir, seed, central_batch)
     else:
         server_flags = []
         if method == "spes" and merge:
@@ -350,8 +355,9 @@ def run_one(spes, a, shape, corpus, curve_val, method, variant, sync_steps, merg
         save = train_peers(spes, shape, corpus["config"], ov, rundir, seed, "spes" if method == "spes" else "fedavg",
                            sync_steps, server_flags, peer_flags)
     train_s = time.monotonic() - t0
-    tokens_per_step = shape.peers * shape.batch * SEQ   # every method, all peers together
+    tokens_per_step = (central_batch or shape.peers * shape.batch) * SEQ   # every method, all peers together
     r = {"corpus": corpus["name"], "method": method, "variant": variant, "seed": seed, "steps": shape.steps,
+         **({"batch": central_batch} if central_batch else {}),
          "sync_steps": sync_steps if method != "centralised" else None, "merge": merge, "decayed_aux": decayed,
          "server_flags": extra_server, "tokens": shape.steps * tokens_per_step, "train_seconds": round(train_s, 1),
          "curve": curve(os.path.join(save, "metrics.jsonl"), tokens_per_step)}
@@ -404,6 +410,9 @@ def main():
     ap.add_argument("--variant_peer_flags", default="", help="config overrides for its trainers, e.g. "
                     "'--optimizer.learning_rate=6e-3'")
     ap.add_argument("--variant_server_flags", default="", help="flags for its server, e.g. '--outer_lr 1.5'")
+    ap.add_argument("--variant_central_batch", type=int, default=0,
+                    help="with --variant_method centralised: its sequences per step (default peers x batch); "
+                    "e.g. --batch: one peer training alone")
     ap.add_argument("--variant_no_merge", dest="variant_merge", action="store_false")
     ap.add_argument("--outer_lr", type=float, default=0.7)
     ap.add_argument("--outer_momentum", type=float, default=0.9)

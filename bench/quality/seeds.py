@@ -50,7 +50,8 @@ def main():
     runs = [json.loads(line) for line in open(path)]
     runs = [r for r in runs if "meta" not in r and r["corpus"] == corpus]
     central = {r["seed"]: r for r in runs if r["method"] == "centralised" and r["variant"] == "main"}
-    row = {r["seed"]: r for r in runs if r["variant"] == variant and r["method"] != "centralised"}
+    # a variant may itself be a centralised run (e.g. solo_lr0.7: one peer training alone)
+    row = {r["seed"]: r for r in runs if r["variant"] == variant and not (r["method"] == "centralised" and variant == "main")}
     seeds = sorted(s for s in row if s in central)
     if len(seeds) < 2:
         sys.exit(f"seeds.py: {variant}: {len(seeds)} seed(s) with a centralised run, need 2")
