@@ -17,6 +17,9 @@ def main():
     args = sys.argv[1:]
     md = "--md" in args
     args = [x for x in args if x != "--md"]
+    # An option or a missing folder is a usage error, not a file name to write the results to.
+    if len(args) < 2 or any(x.startswith("-") for x in args):
+        sys.exit(__doc__.strip().splitlines()[-1])
     out, dirs = args[0], args[1:]
     meta, runs = None, []
     for d in dirs:
