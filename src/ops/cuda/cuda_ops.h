@@ -44,4 +44,7 @@ void cuda_gemm_cache_free(struct CudaGemmCache *cache);
 // per size bucket, not per exact size (gemm.cu's header).
 void cuda_gemm_varying(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda,
                        Buf B, int ldb, float beta, Buf C, int ldc);
+// Whether cuBLASLt writes C itself (C f32, or of the operands' type and not read): otherwise
+// gemm.cu passes C through an fp32 copy in its scratch.
+bool cuda_gemm_c_direct(NumType c_type, NumType op_type, float beta);
 #endif

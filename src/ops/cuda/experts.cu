@@ -152,12 +152,9 @@ static int expert_streams(void) {
     return n < 1 ? 1 : n > CUDA_SIDE_STREAMS ? CUDA_SIDE_STREAMS : n;
 }
 
-// Every operand as cuBLASLt takes it directly (16-byte aligned rows, one operand type, C
-// written in one rounding), so gemm.cu neither converts nor repacks through its scratch
-// slot, which GEMMs on two streams would share.
-static bool all_direct(NumType at, NumType bt, NumType ct, float beta, const std::vector<Problem> &probs) {
-    if (at != bt || !(ct == NUM_F32 || (ct == at && beta == 0.0f))) return false;
-    const size_t es = num_type_size(at), ec = num_type_size(ct);
+// Every operand 16-byte aligned with rows a multiple of 16 bytes (es: A's and B's element
+// size, ec: C's), as cuBLAS's grouped GEMM and cuBLASLt's fast kernels want them.
+static bool rows_aligned16(const std::vector<Problem> &probs, size_t es, size_t ec) {
     for (const Problem &p : probs)
         if (!aligned16(p.A) || !aligned16(p.B) || !aligned16(p.C) || (p.lda * es) % 16 || (p.ldb * es) % 16 ||
             (p.ldc * ec) % 16)
@@ -165,16 +162,18 @@ static bool all_direct(NumType at, NumType bt, NumType ct, float beta, const std
     return true;
 }
 
+// Every operand as cuBLASLt takes it directly (aligned rows, one operand type, C written in
+// one rounding), so gemm.cu neither converts nor repacks through its scratch slot, which
+// GEMMs on two streams would share.
+static bool all_direct(NumType at, NumType bt, NumType ct, float beta, const std::vector<Problem> &probs) {
+    return at == bt && cuda_gemm_c_direct(ct, at, beta) && rows_aligned16(probs, num_type_size(at), num_type_size(ct));
+}
+
 static void gemm_many(Backend *be, bool ta, bool tb, float alpha, float beta, NumType at, NumType bt, NumType ct,
                       const std::vector<Problem> &probs) {
     if (probs.empty() || cuda_failed(be)) return;
-    bool grouped = grouped_enabled() && at == bt && bt == ct;
-    for (size_t i = 0; grouped && i < probs.size(); i++) {
-        const Problem &p = probs[i];
-        size_t es = num_type_size(at);
-        grouped = aligned16(p.A) && aligned16(p.B) && aligned16(p.C) && (p.lda * es) % 16 == 0 &&
-                  (p.ldb * es) % 16 == 0 && (p.ldc * es) % 16 == 0;
-    }
+    const bool grouped = grouped_enabled() && at == bt && bt == ct &&
+                         rows_aligned16(probs, num_type_size(at), num_type_size(at));
     if (!grouped) {
         // One GEMM per expert, round-robin over the side streams when they may run side by side.
         int want = expert_streams(), sides = 0;

@@ -313,7 +313,7 @@ static int padded_ld(int cols, size_t es) {
 
 // cuBLASLt writes C itself when C is f32, or of the operands' type and not read (beta == 0);
 // otherwise C goes through an fp32 copy (the header says why).
-static bool c_written_directly(NumType c_type, NumType op_type, float beta) {
+bool cuda_gemm_c_direct(NumType c_type, NumType op_type, float beta) {
     return c_type == NUM_F32 || (c_type == op_type && beta == 0.0f);
 }
 
@@ -324,7 +324,7 @@ static void gemm_repacked(Backend *be, bool trans_a, bool trans_b, int M, int N,
     int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
     size_t es = num_type_size(op_type);
     // C's copy: f32 unless C already has a type cuBLASLt writes in one rounding (then it keeps it).
-    NumType c_type = c_written_directly(C.t, op_type, beta) ? C.t : NUM_F32;
+    NumType c_type = cuda_gemm_c_direct(C.t, op_type, beta) ? C.t : NUM_F32;
     int lda2 = padded_ld(a_cols, es), ldb2 = padded_ld(b_cols, es), ldc2 = padded_ld(N, num_type_size(c_type));
     size_t a_bytes = pack_a ? align_up((size_t)a_rows * lda2 * es, 256) : 0;
     size_t b_bytes = pack_b ? align_up((size_t)b_rows * ldb2 * es, 256) : 0;
@@ -395,7 +395,7 @@ static void gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, f
         if (A.t == NUM_F32) op_type = B.t, conv_a = true;
         else op_type = A.t, conv_b = true;   // B is f32, or (bf16 vs f16) B follows A
     }
-    bool c_via_copy = !c_written_directly(C.t, op_type, beta);
+    bool c_via_copy = !cuda_gemm_c_direct(C.t, op_type, beta);
     if (!conv_a && !conv_b && !c_via_copy) {
         int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A.p, lda, B.p, ldb, op_type, beta, C.p, C.t, ldc,
                           bucketed);
