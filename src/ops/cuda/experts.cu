@@ -90,12 +90,12 @@ static void swiglu_forward(Backend *be, Buf act, Buf gu, size_t rows, int I) {
     cudaStream_t st = cuda_state(be)->stream;
     with_num_type(act.t, [&](auto ta) {
         with_num_type(gu.t, [&](auto tg) {
-            using Ta = decltype(ta);
-            using Tg = decltype(tg);
-            if (vec)
-                swiglu_forward_kernel<PW_VEC><<<grid, PW_THREADS, 0, st>>>((Ta *)act.p, (const Tg *)gu.p, rows, I);
-            else
-                swiglu_forward_kernel<1><<<grid, PW_THREADS, 0, st>>>((Ta *)act.p, (const Tg *)gu.p, rows, I);
+            with_vec_width(vec, [&](auto w) {
+                using Ta = decltype(ta);
+                using Tg = decltype(tg);
+                swiglu_forward_kernel<decltype(w)::value>
+                    <<<grid, PW_THREADS, 0, st>>>((Ta *)act.p, (const Tg *)gu.p, rows, I);
+            });
         });
     });
     CUDA_LAUNCHED(be);
@@ -109,14 +109,12 @@ static void swiglu_backward(Backend *be, Buf gu, Buf da, size_t rows, int I) {
     cudaStream_t st = cuda_state(be)->stream;
     with_num_type(gu.t, [&](auto tg) {
         with_num_type(da.t, [&](auto ta) {
-            using Tg = decltype(tg);
-            using Ta = decltype(ta);
-            if (vec)
-                swiglu_backward_kernel<PW_VEC>
+            with_vec_width(vec, [&](auto w) {
+                using Tg = decltype(tg);
+                using Ta = decltype(ta);
+                swiglu_backward_kernel<decltype(w)::value>
                     <<<grid, PW_THREADS, 0, st>>>((Tg *)gu.p, (const Ta *)da.p, (const Tg *)gu.p, rows, I);
-            else
-                swiglu_backward_kernel<1>
-                    <<<grid, PW_THREADS, 0, st>>>((Tg *)gu.p, (const Ta *)da.p, (const Tg *)gu.p, rows, I);
+            });
         });
     });
     CUDA_LAUNCHED(be);

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include <initializer_list>
+#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 
@@ -90,6 +91,13 @@ template <typename F> static inline void with_num_type(NumType t, F &&f) {
     case NUM_F16: f(__half{}); break;
     default: f(float{}); break;
     }
+}
+
+// f(std::integral_constant<int, W>{}) with W = PW_VEC when vec, else 1: the vector width a kernel
+// template is launched with, as a compile-time value (decltype(w)::value).
+template <typename F> static inline void with_vec_width(bool vec, F &&f) {
+    if (vec) f(std::integral_constant<int, PW_VEC>{});
+    else f(std::integral_constant<int, 1>{});
 }
 
 // ---- launch geometry ----------------------------------------------------------------------
