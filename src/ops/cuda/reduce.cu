@@ -55,20 +55,28 @@ static int sum_blocks(size_t n) {
     return (int)(want < 1 ? 1 : want > REDUCE_MAX_BLOCKS ? REDUCE_MAX_BLOCKS : want);
 }
 
-static void sum_any(Backend *be, double *out, const float *x, size_t n, bool squares) {
+// The sum into out, or with out NULL into the reduction scratch one double past the partials
+// (nothing allocated per call); returns where the sum is, NULL when the scratch failed.
+static double *sum_any(Backend *be, double *out, const float *x, size_t n, bool squares) {
     cudaStream_t stream = cuda_state(be)->stream;
+    const int blocks = sum_blocks(n);
+    double *partial = NULL;
+    if (n > 0 || !out) {
+        size_t slots = (size_t)blocks + (out ? 0 : 1);
+        partial = (double *)cuda_scratch_slot(be, CUDA_SCRATCH_REDUCE, slots * sizeof(double));
+        if (!partial) return NULL;
+        if (!out) out = partial + blocks;
+    }
     if (n == 0) {
         CUDA_CHECK(be, cudaMemsetAsync(out, 0, sizeof(double), stream));   // +0.0
-        return;
+        return out;
     }
-    int blocks = sum_blocks(n);
-    double *partial = (double *)cuda_scratch_slot(be, CUDA_SCRATCH_REDUCE, (size_t)blocks * sizeof(double));
-    if (!partial) return;
     if (squares) sum_partials_kernel<true><<<blocks, REDUCE_THREADS, 0, stream>>>(partial, x, n);
     else sum_partials_kernel<false><<<blocks, REDUCE_THREADS, 0, stream>>>(partial, x, n);
     CUDA_LAUNCHED(be);
     sum_final_kernel<<<1, REDUCE_THREADS, 0, stream>>>(out, partial, blocks);
     CUDA_LAUNCHED(be);
+    return out;
 }
 
 extern "C" void cuda_sum(Backend *be, double *out, const float *x, size_t n, bool squares) {
@@ -79,10 +87,8 @@ extern "C" void cuda_sum(Backend *be, double *out, const float *x, size_t n, boo
 // the result agrees with it to double rounding). The sum lands in the reduction scratch, one
 // double past the partials, so a step's norm allocates nothing.
 extern "C" int cuda_grad_sum_squares(Backend *be, const float *x, size_t n, double *host_out) {
-    size_t blocks = (size_t)sum_blocks(n);
-    double *slot = (double *)cuda_scratch_slot(be, CUDA_SCRATCH_REDUCE, (blocks + 1) * sizeof(double));
-    if (slot) sum_any(be, slot + blocks, x, n, true);
-    return be->ops->download(be, host_out, slot ? slot + blocks : NULL, slot ? sizeof(double) : 0);
+    const double *sum = sum_any(be, NULL, x, n, true);
+    return be->ops->download(be, host_out, sum, sum ? sizeof(double) : 0);
 }
 
 // out[e] = (sum_n x[n, e]) / N: one block per column, threads over rows (fixed tree).
