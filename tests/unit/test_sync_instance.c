@@ -53,13 +53,7 @@ static void expect_superseded(SyncClient *c, int rc) {
 
 static void test_second_process_with_the_same_peer_id(void **state) {
     (void)state;
-    SyncServerConfig cfg;
-    sync_server_config_defaults(&cfg);
-    cfg.host = "127.0.0.1";
-    cfg.port = 0;
-    cfg.rounds.agg = (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = PEERS, .experts_per_node = M, .merge_topk = 4};
-    SyncServer *srv;
-    assert_int_equal(sync_server_start(&cfg, &srv), SPES_OK);
+    SyncServer *srv = sync_test_server_start(PEERS, M, NULL);
     char addr_a[64], addr_b[64];
     SyncClient *a = peer0(srv, addr_a, sizeof addr_a);
     assert_int_equal(upload(a, 2), SPES_OK);

@@ -15,22 +15,12 @@
 #include "base/error.h"
 #include "sync/client.h"
 #include "server/server.h"
-#include "sync_test_model.h"
+#include "sync_test_client.h"
 
 #define PEERS 2
 #define M 2
 
-static SyncServer *start_server(OuterOptConfig outer) {
-    SyncServerConfig cfg;
-    sync_server_config_defaults(&cfg);
-    cfg.host = "127.0.0.1";
-    cfg.port = 0;
-    cfg.rounds.agg = (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = PEERS, .experts_per_node = M, .merge_topk = 4};
-    cfg.rounds.outer = outer;
-    SyncServer *srv;
-    assert_int_equal(sync_server_start(&cfg, &srv), SPES_OK);
-    return srv;
-}
+static SyncServer *start_server(OuterOptConfig outer) { return sync_test_server_start(PEERS, M, &outer); }
 
 // Hello from peer 0 stating `outer` (lr 0: nothing stated). Returns the client's result; the
 // refusal's message is left in spes_last_error().

@@ -42,13 +42,7 @@ static int64_t latest_step(SyncClient *c, double *loss) {
 
 static void test_metrics_only_from_accepted_uploads(void **state) {
     (void)state;
-    SyncServerConfig cfg;
-    sync_server_config_defaults(&cfg);
-    cfg.host = "127.0.0.1";
-    cfg.port = 0;
-    cfg.rounds.agg = (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = PEERS, .experts_per_node = M, .merge_topk = 4};
-    SyncServer *srv;
-    assert_int_equal(sync_server_start(&cfg, &srv), SPES_OK);
+    SyncServer *srv = sync_test_server_start(PEERS, M, NULL);
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", sync_server_port(srv));
     SyncClientConfig ccfg;
