@@ -34,6 +34,8 @@ static void usage(FILE *out) {
             "  --merge_alpha_start A            merge strength at step 0, in [0, 1] (default 0)\n"
             "  --merge_decay_steps N            alpha decays linearly to 0 at step N (default 1000)\n"
             "  --merge_topk K                   merge each expert with its K most similar (default 4)\n"
+            "  --expert_rotation_steps N        every N steps move each layer's experts one peer on, so that every\n"
+            "                                   peer trains every expert in turn (default 0: fixed owners)\n"
             "  --keep_steps N                   aggregates kept for download (default 2)\n"
             "  --chunk_size BYTES               download chunk payload (default %zu)\n"
             "  --max_message_size BYTES         largest gRPC message (default %zu)\n"
@@ -150,6 +152,7 @@ int cmd_server(int argc, char **argv) {
         {"merge_alpha_start", required_argument, NULL, 'a'},
         {"merge_decay_steps", required_argument, NULL, 'd'},
         {"merge_topk", required_argument, NULL, 'k'},
+        {"expert_rotation_steps", required_argument, NULL, 'R'},
         {"keep_steps", required_argument, NULL, 'K'},
         {"chunk_size", required_argument, NULL, 'c'},
         {"max_message_size", required_argument, NULL, 'x'},
@@ -191,6 +194,7 @@ int cmd_server(int argc, char **argv) {
         case 'a': status = cli_float("merge_alpha_start", optarg, 0, 1, &agg->merge_alpha_start); break;
         case 'd': status = cli_int("merge_decay_steps", optarg, 0, 1 << 30, &agg->merge_decay_steps); break;
         case 'k': status = cli_int("merge_topk", optarg, 1, 100000, &agg->merge_topk); break;
+        case 'R': status = cli_int("expert_rotation_steps", optarg, 0, 1 << 30, &agg->rotation_steps); break;
         case 'K': status = cli_int("keep_steps", optarg, 1, 1000, &cfg.rounds.keep_steps); break;
         case 'c': status = parse_size("chunk_size", optarg, &cfg.chunk_size); break;
         case 'x': status = parse_size("max_message_size", optarg, &cfg.max_message_size); break;

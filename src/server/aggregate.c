@@ -12,6 +12,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "server/expert_rotation.h"
 
 #define CHUNK 1024               // values per work item: 4 KiB of fp32, four buffers fit in L1
 #define COSINE_BLOCKS 64         // fixed split of the gate vectors, so sums do not depend on threads
@@ -27,6 +28,12 @@ int aggregate_config_check(const AggregateConfig *cfg, const ModelSpec *spec) {
                 "%d * %d = %d; in spes mode every expert needs exactly one owner",
                 spec->num_experts, cfg->num_peers, cfg->experts_per_node, cfg->num_peers * cfg->experts_per_node);
     }
+    if (cfg->rotation_steps < 0)
+        return spes_fail("aggregate: expert_rotation_steps must be >= 0 (got %d)", cfg->rotation_steps);
+    if (cfg->rotation_steps > 0 && cfg->mode != SYNC_MODE_SPES)
+        return spes_fail("aggregate: expert rotation moves experts between their owners; %s mode has none",
+                         sync_mode_name(cfg->mode));
+    if (cfg->rotation_steps > 0 && spec) SPES_TRY(expert_rotation_check(spec, cfg->experts_per_node));
     if (cfg->merge_topk < 1) return spes_fail("aggregate: merge_topk must be >= 1 (got %d)", cfg->merge_topk);
     if (!(cfg->merge_alpha_start >= 0.0f && cfg->merge_alpha_start <= 1.0f))
         return spes_fail("aggregate: merge_alpha_start must be in [0, 1] (got %g)", (double)cfg->merge_alpha_start);
@@ -356,7 +363,8 @@ int aggregate_compute_partial(const ModelSpec *spec, const AggregateConfig *cfg,
     free(first_chunk);
     stream_fence();
     free(nbr_tensor);
-    return SPES_OK;
+    return expert_rotation_due(cfg->rotation_steps, step) ? expert_rotation_apply(spec, cfg->experts_per_node, out, elem)
+                                                          : SPES_OK;
 }
 
 // ---- incremental form (aggregate.h: AggregateAcc) ----
@@ -526,7 +534,8 @@ static int acc_outer_step(AggregateAcc *a) {
     return rc;
 }
 
-int aggregate_acc_finish(AggregateAcc *a, const StTensor *const *previous) {
+// aggregate_acc_finish up to the rotation: the values of every tensor written out.
+static int acc_finish_values(AggregateAcc *a, const StTensor *const *previous) {
     const ModelSpec *spec = a->spec;
     const AggregateConfig *cfg = a->cfg;
     int rc = SPES_OK;
@@ -620,6 +629,12 @@ int aggregate_acc_finish(AggregateAcc *a, const StTensor *const *previous) {
     free(nbr);
     free(nbr_tensors);
     return rc;
+}
+
+int aggregate_acc_finish(AggregateAcc *a, const StTensor *const *previous) {
+    SPES_TRY(acc_finish_values(a, previous));
+    if (!expert_rotation_due(a->cfg->rotation_steps, a->step)) return SPES_OK;
+    return expert_rotation_apply(a->spec, a->cfg->experts_per_node, a->out, dtype_size(a->out_dtype));
 }
 
 void aggregate_acc_free(AggregateAcc *a) {

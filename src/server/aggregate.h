@@ -8,7 +8,9 @@
 //     theta_i + alpha * mean_{j in N_i}(theta_j - theta_i), where N_i are the top-k experts of
 //     the same layer most similar to i by cosine of their flattened gate_proj weights (k =
 //     min(merge_topk, E-1), ties to the lower index), all computed from pre-merge values,
-//     tensors matched by name; alpha = merge_alpha_start * (1 - min(step / merge_decay_steps, 1)).
+//     tensors matched by name; alpha = merge_alpha_start * (1 - min(step / merge_decay_steps, 1));
+//   on rotation steps (spes mode, step % rotation_steps == 0), after merging, each layer's experts
+//     move one peer on, router rows with them (expert_rotation.h).
 // Uploads may be F32 or BF16 (converted to fp32 as they are read); the output is F32 or BF16.
 #pragma once
 #include <stdbool.h>
@@ -26,6 +28,7 @@ typedef struct {
     float merge_alpha_start;
     int merge_decay_steps;      // <= 0: alpha does not decay
     int merge_topk;             // k before clipping to E-1
+    int rotation_steps;         // <= 0: experts never rotate (expert_rotation.h; spes mode only)
 } AggregateConfig;
 
 // Checks the config against the spec (P*m == E in spes mode, ranges). Names what is wrong.

@@ -18,6 +18,7 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "base/timer.h"
+#include "server/expert_rotation.h"
 #include "server/peer_watch.h"
 #include "server/rounds_internal.h"
 #include "server/server_state.h"
@@ -102,6 +103,13 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
         return spes_fail_context("server");
     }
     r->outer_on = !outer_opt_is_off(&r->cfg.outer);
+    if (r->outer_on && r->cfg.agg.rotation_steps > 0) {
+        spes_fail("server: --expert_rotation_steps with an outer optimizer (--outer_lr %g --outer_momentum %g) is not "
+                  "supported: its state of the router rows would stay where the experts left",
+                  (double)r->cfg.outer.lr, (double)r->cfg.outer.momentum);
+        free(r);
+        return SPES_ERR;
+    }
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->persist_mu, NULL);
     pthread_mutex_init(&r->aggregate_mu, NULL);
@@ -903,7 +911,8 @@ RoundsResult rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsV
     int P = r->cfg.agg.num_peers;
     bool omit = req->omit_own_experts && r->cfg.agg.mode == SYNC_MODE_SPES && peer >= 0 && peer < P &&
                 r->spec.num_experts > 0 && (!blob->included || blob->included[peer]) &&
-                aggregate_merge_alpha(&r->cfg.agg, blob->step) == 0.0f;
+                aggregate_merge_alpha(&r->cfg.agg, blob->step) == 0.0f &&
+                !expert_rotation_due(r->cfg.agg.rotation_steps, blob->step);
     bool delta = req->has_delta_base && blob->delta && blob->delta_base == req->delta_base_step;
     // In a delta run a peer completes its own experts from the previous aggregate and what it
     // uploaded (docs/communication.md): only a peer holding that aggregate (asking for the delta) can.

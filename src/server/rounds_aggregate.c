@@ -17,6 +17,7 @@
 #include "base/timer.h"
 #include "sync/delta_codec.h"
 #include "sync/delta_payload.h"
+#include "server/expert_rotation.h"
 #include "server/rounds_internal.h"
 #include "server/server_state.h"
 #include "server/upload_check.h"
@@ -271,7 +272,9 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round, OuterOptSta
         if (!(*next_bytes = spes_malloc(*next_len))) goto fail;
         outer_opt_state_serialise(next, *next_bytes);
     }
-    if (r->delta_run && prev && delta_downlink(r, blob, prev) != SPES_OK) goto fail;
+    // A rotated aggregate goes down whole: as a delta its moved experts would be rounded.
+    bool rotated = expert_rotation_due(r->cfg.agg.rotation_steps, round->step);
+    if (r->delta_run && prev && !rotated && delta_downlink(r, blob, prev) != SPES_OK) goto fail;
     blob->step = round->step;
     blob->len = r->aggregate_len;
     blob->refs = 1;
@@ -443,6 +446,9 @@ RoundsResult rounds_complete_round(Rounds *r, OpenRound *round, int peer) {
                      "(missing:%s; their experts keep the previous aggregate's values)",
                      step, arrived, P, seconds, missing);
         }
+        if (expert_rotation_due(r->cfg.agg.rotation_steps, step))
+            log_info("server: step %d: experts rotated: each layer's expert e is now at e + %d (peer p trains what peer "
+                     "p-1 did)", step, r->cfg.agg.experts_per_node);
         return ROUNDS_OK;
     }
     if (blob) {   // not durable: not published either

@@ -1,5 +1,5 @@
 // Aggregation maths on crafted tensors: means, ownership, fedavg, alpha schedule, cosine
-// neighbours, merge values, bf16 in and out, determinism across thread counts.
+// neighbours, merge values, bf16 in and out, determinism across thread counts, expert rotation.
 #include <math.h>
 #include <omp.h>
 #include <setjmp.h>
@@ -528,6 +528,105 @@ static void test_config_errors_name_the_problem(void **state) {
     model_spec_free(&spec);
 }
 
+// Expert rotation: at a rotation step the aggregate is the unrotated one (merging included) with
+// each layer's expert e and router row e at position (e + m) mod E; other steps are untouched;
+// the incremental form gives the same bytes. E = 6, m = 2 (two cycles of 3) and E = 4, m = 1 (one of 4).
+static void check_rotation(int P, int m, DType out_dtype) {
+    ModelSpec spec;
+    build_spec(&spec, P * m);
+    int E = P * m, step = 20;
+    AggregateConfig plain = base_config(SYNC_MODE_SPES, P, m);
+    plain.merge_interval = 10;   // merging at the same step: the rotation moves merged values
+    plain.merge_alpha_start = 0.3f;
+    AggregateConfig rot = plain;
+    rot.rotation_steps = 10;
+    Uploads u;
+    make_uploads(&u, &spec, &plain, DTYPE_F32, fill_random);
+    size_t elem = dtype_size(out_dtype), total = spec.total_numel * elem;
+    uint8_t *a = calloc(total, 1), *b = calloc(total, 1), *c = calloc(total, 1);
+    uint8_t **oa = calloc((size_t)spec.count, sizeof *oa), **ob = calloc((size_t)spec.count, sizeof *ob),
+            **oc = calloc((size_t)spec.count, sizeof *oc);
+    size_t at = 0;
+    for (int t = 0; t < spec.count; t++) {
+        oa[t] = a + at, ob[t] = b + at, oc[t] = c + at;
+        at += spec.tensors[t].numel * elem;
+    }
+    assert_int_equal(aggregate_compute(&spec, &plain, step, u.rows, oa, out_dtype), SPES_OK);
+    assert_int_equal(aggregate_compute(&spec, &rot, step, u.rows, ob, out_dtype), SPES_OK);
+    AggregateAcc *acc;
+    assert_int_equal(aggregate_acc_begin(&spec, &rot, step, NULL, oc, out_dtype, &acc), SPES_OK);
+    for (int p = 0; p < P; p++) assert_int_equal(aggregate_acc_add(acc, p, u.rows + (size_t)p * spec.count), SPES_OK);
+    assert_int_equal(aggregate_acc_finish(acc, NULL), SPES_OK);
+    aggregate_acc_free(acc);
+    assert_memory_equal(b, c, total);
+    int moved = 0;
+    for (int t = 0; t < spec.count; t++) {
+        const SpecTensor *st = &spec.tensors[t];
+        size_t bytes = st->numel * elem;
+        if (st->expert >= 0) {
+            int slot = 0;
+            while (spec.moe_layers[slot] != st->layer) slot++;
+            int to = model_spec_expert_tensor(&spec, slot, (st->expert + m) % E, st->proj);
+            assert_memory_equal(ob[to], oa[t], bytes);
+            moved++;
+        } else if (strstr(st->name, "mlp.gate.weight")) {
+            size_t row = bytes / (size_t)E;
+            for (int e = 0; e < E; e++) assert_memory_equal(ob[t] + (size_t)((e + m) % E) * row, oa[t] + (size_t)e * row, row);
+            assert_memory_not_equal(ob[t], oa[t], bytes);
+        } else {
+            assert_memory_equal(ob[t], oa[t], bytes);
+        }
+    }
+    assert_int_equal(moved, 2 * E * 3);
+    // A step that is not a multiple of rotation_steps: the plain aggregate.
+    assert_int_equal(aggregate_compute(&spec, &plain, step + 5, u.rows, oa, out_dtype), SPES_OK);
+    assert_int_equal(aggregate_compute(&spec, &rot, step + 5, u.rows, ob, out_dtype), SPES_OK);
+    assert_memory_equal(a, b, total);
+    free(a), free(b), free(c), free(oa), free(ob), free(oc);
+    free_uploads(&u);
+    model_spec_free(&spec);
+}
+
+static void test_rotation_moves_experts_one_peer_on(void **state) {
+    (void)state;
+    check_rotation(3, 2, DTYPE_F32);
+    check_rotation(3, 2, DTYPE_BF16);
+    check_rotation(4, 1, DTYPE_F32);
+}
+
+static void test_rotation_config_errors(void **state) {
+    (void)state;
+    ModelSpec spec;
+    build_spec(&spec, 4);
+    AggregateConfig cfg = base_config(SYNC_MODE_FEDAVG, 2, 2);
+    cfg.rotation_steps = 10;
+    assert_int_equal(aggregate_config_check(&cfg, &spec), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "fedavg mode"));
+    cfg = base_config(SYNC_MODE_SPES, 2, 2);
+    cfg.rotation_steps = -1;
+    assert_int_equal(aggregate_config_check(&cfg, &spec), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "expert_rotation_steps"));
+    model_spec_free(&spec);
+    // A model whose MoE layers have no router to rotate with the experts.
+    model_spec_init(&spec);
+    int64_t gate[2] = {3, 4}, down[2] = {4, 3};
+    for (int e = 0; e < 2; e++) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.gate_proj.weight", e);
+        assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, gate), SPES_OK);
+        snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.up_proj.weight", e);
+        assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, gate), SPES_OK);
+        snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.down_proj.weight", e);
+        assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, down), SPES_OK);
+    }
+    assert_int_equal(model_spec_finish(&spec), SPES_OK);
+    cfg = base_config(SYNC_MODE_SPES, 2, 1);
+    cfg.rotation_steps = 10;
+    assert_int_equal(aggregate_config_check(&cfg, &spec), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "model.layers.0.mlp.gate.weight"));
+    model_spec_free(&spec);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shared_mean_and_owner_experts),
@@ -541,6 +640,8 @@ int main(void) {
         cmocka_unit_test(test_deterministic_across_thread_counts),
         cmocka_unit_test(test_incremental_is_bit_identical),
         cmocka_unit_test(test_config_errors_name_the_problem),
+        cmocka_unit_test(test_rotation_moves_experts_one_peer_on),
+        cmocka_unit_test(test_rotation_config_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,7 @@
 // Download views (rounds_view, aggregate_view.h): a peer's own experts are left out of its
 // download exactly when the round took them unchanged from its upload; the view is a valid
 // safetensors image whose tensors are the aggregate's bytes; otherwise the whole aggregate,
-// byte for byte (the seeds' download).
+// byte for byte (the seeds' download; after a rotation of the experts, every peer's).
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,9 +13,10 @@
 #include "server/rounds.h"
 #include "sync_test_model.h"
 
-static Rounds *make_rounds(int merge_interval, double round_timeout_s) {
+static Rounds *make_rounds_rotating(int merge_interval, double round_timeout_s, int rotation_steps) {
     RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 2,
-                                .merge_interval = merge_interval, .merge_alpha_start = 0.5f},
+                                .merge_interval = merge_interval, .merge_alpha_start = 0.5f,
+                                .rotation_steps = rotation_steps},
                         .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2,
                         .round_timeout_s = round_timeout_s, .min_peers = 1};
     Rounds *r;
@@ -26,6 +27,10 @@ static Rounds *make_rounds(int merge_interval, double round_timeout_s) {
     assert_int_equal(rounds_hello(r, 0, 2, 2, SYNC_MODE_SPES, DTYPE_F32, &spec, &last), ROUNDS_OK);
     model_spec_free(&spec);
     return r;
+}
+
+static Rounds *make_rounds(int merge_interval, double round_timeout_s) {
+    return make_rounds_rotating(merge_interval, round_timeout_s, 0);
 }
 
 static void upload(Rounds *r, int peer, int step) {
@@ -135,10 +140,61 @@ static void test_peer_missing_from_partial_round_gets_everything(void **state) {
     rounds_destroy(r);
 }
 
+// A rotation step: every expert moved, so each peer downloads the whole aggregate, in which
+// peer 0's uploaded experts 0-1 sit at positions 2-3 (peer 1's to train next) and peer 1's at 0-1.
+static void test_rotated_aggregate_goes_down_whole(void **state) {
+    (void)state;
+    Rounds *r = make_rounds_rotating(0, 0, 4);
+    upload(r, 0, 2);
+    upload(r, 1, 2);
+    AggregateBlob *blob;
+    assert_int_equal(rounds_get(r, 2, 0, &blob), ROUNDS_OK);
+    check_view(r, blob, 0, true);   // not a rotation step
+    rounds_release(r, blob);
+    upload(r, 0, 4);
+    upload(r, 1, 4);
+    assert_int_equal(rounds_get(r, 4, 0, &blob), ROUNDS_OK);
+    check_view(r, blob, 0, false);
+    check_view(r, blob, 1, false);
+    SafeTensors all;
+    assert_int_equal(safetensors_parse(blob->bytes, blob->len, "aggregate", &all), SPES_OK);
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    for (int e = 0; e < 4; e++) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.1.mlp.experts.%d.up_proj.weight", e);
+        int t = model_spec_find(&spec, name);   // sync_test_upload's value of t for the peer that trained it
+        snprintf(name, sizeof name, "model.layers.1.mlp.experts.%d.up_proj.weight", (e + 2) % 4);
+        const StTensor *x = safetensors_find(&all, name);
+        assert_non_null(x);
+        float got;
+        memcpy(&got, x->data + 4 * 5, 4);
+        assert_float_equal(got, (float)(e / 2) + 0.5f * (float)t + 0.01f * 5.0f, 0.0f);
+    }
+    model_spec_free(&spec);
+    safetensors_close(&all);
+    rounds_release(r, blob);
+    rounds_destroy(r);
+}
+
+// The outer optimizer's state follows positions, which a rotation would scramble: refused.
+static void test_rotation_with_outer_optimizer_refused(void **state) {
+    (void)state;
+    RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 2,
+                                .rotation_steps = 4},
+                        .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2, .min_peers = 1,
+                        .outer = {.lr = 0.7f, .momentum = 0.9f}};
+    Rounds *r = NULL;
+    assert_int_equal(rounds_create(&cfg, &r), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "--expert_rotation_steps"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_own_experts_left_out_unless_changed),
         cmocka_unit_test(test_peer_missing_from_partial_round_gets_everything),
+        cmocka_unit_test(test_rotated_aggregate_goes_down_whole),
+        cmocka_unit_test(test_rotation_with_outer_optimizer_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
