@@ -310,6 +310,10 @@ def variants(a, server_has_outer):
         # The peers' learning rate as the centralised run's, and the demo as it was before issue #28
         # (sync every 25 steps, f32 payloads, that learning rate): what the new defaults gained.
         out.append(("spes", "lr_scale1", base, True, True, [], ["--spes_config.lr_scale=1"]))
+        # Expert ownership rotating between the peers (spes server --expert_rotation_steps), on
+        # the merge cadence: every 50 steps at the demo's length.
+        out.append(("spes", "rotate_experts", base, True, True,
+                    ["--expert_rotation_steps", str(merge_interval(a.steps, base))]))
         out.append(("spes", "before28", a.before_sync, True, True, [],
                     ["--spes_config.lr_scale=1", "--spes_config.payload_dtype=f32"]))
     return out

@@ -5,8 +5,8 @@
 # centralised training and the fedavg baseline, 3 seeds each, 1000 steps (the demo's length), on
 # the demo corpus (written by `spes demo`) and Tiny Shakespeare ($SPES_TEST_DATA/tinyshakespeare.txt,
 # default ../shared/data), then the ablations (expert merging off, decayed load-balancing off,
-# sync_steps 25, the outer optimizer, the peers at the centralised learning rate, the demo before
-# issue #28). Writes $QUALITY_OUT (default output/bench-quality): results.jsonl (with each run's
+# sync_steps 25, the outer optimizer, the peers at the centralised learning rate, expert rotation
+# every 50 steps, the demo before issue #28). Writes $QUALITY_OUT (default output/bench-quality): results.jsonl (with each run's
 # sync traffic per peer), quality.md (the tables), quality.svg (validation loss against tokens),
 # runs/ (logs, metrics).
 # Last line: "bench-quality: <corpus>_spes_ratio=... <corpus>_fedavg_ratio=... demo_spes_sums=...
