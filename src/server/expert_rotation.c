@@ -72,9 +72,9 @@ int expert_rotation_apply(const ModelSpec *spec, int experts_per_node, uint8_t *
             for (int e = 0; e < E; e++) slot[e] = tensors[model_spec_expert_tensor(spec, s, e, p)];
             rotate_slots(slot, E, shift, numel * elem_size, tmp);
         }
-        const SpecTensor *router = &spec->tensors[router_tensor(spec, spec->moe_layers[s])];
-        size_t row = router->numel / (size_t)E * elem_size;
-        for (int e = 0; e < E; e++) slot[e] = tensors[router_tensor(spec, spec->moe_layers[s])] + (size_t)e * row;
+        int router = router_tensor(spec, spec->moe_layers[s]);
+        size_t row = spec->tensors[router].numel / (size_t)E * elem_size;
+        for (int e = 0; e < E; e++) slot[e] = tensors[router] + (size_t)e * row;
         rotate_slots(slot, E, shift, row, tmp);
     }
     free(tmp);
