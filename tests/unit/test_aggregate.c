@@ -14,6 +14,28 @@
 #include "base/error.h"
 #include "server/aggregate.h"
 
+// Experts 0..E-1 of layer l, each gate and up [gate], down [down], in that order.
+static void add_layer_experts(ModelSpec *spec, int l, int E, const int64_t *gate, const int64_t *down) {
+    static const char *proj[3] = {"gate", "up", "down"};
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++) {
+            char name[128];
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s_proj.weight", l, e, proj[p]);
+            assert_int_equal(model_spec_add(spec, name, DTYPE_F32, 2, p == 2 ? down : gate), SPES_OK);
+        }
+}
+
+// out[t]: where tensor t lies in buf, the spec's tensors laid end to end at elem bytes a value.
+static uint8_t **carve_outputs(const ModelSpec *spec, uint8_t *buf, size_t elem) {
+    uint8_t **out = calloc((unsigned)spec->count, sizeof *out);
+    size_t at = 0;
+    for (int t = 0; t < spec->count; t++) {
+        out[t] = buf + at;
+        at += spec->tensors[t].numel * elem;
+    }
+    return out;
+}
+
 // A tiny MoE: embed [6,4]; per layer (2 layers) router [E,4] and E experts with
 // gate [3,4], up [3,4], down [4,3]; lm_head [6,4].
 static void build_spec(ModelSpec *spec, int E) {
@@ -24,14 +46,7 @@ static void build_spec(ModelSpec *spec, int E) {
         char name[128];
         snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", l);
         assert_int_equal(model_spec_add(spec, name, DTYPE_F32, 2, router), SPES_OK);
-        for (int e = 0; e < E; e++) {
-            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
-            assert_int_equal(model_spec_add(spec, name, DTYPE_F32, 2, gate), SPES_OK);
-            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
-            assert_int_equal(model_spec_add(spec, name, DTYPE_F32, 2, gate), SPES_OK);
-            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
-            assert_int_equal(model_spec_add(spec, name, DTYPE_F32, 2, down), SPES_OK);
-        }
+        add_layer_experts(spec, l, E, gate, down);
     }
     assert_int_equal(model_spec_add(spec, "lm_head.weight", DTYPE_F32, 2, embed), SPES_OK);
     assert_int_equal(model_spec_finish(spec), SPES_OK);
@@ -91,12 +106,7 @@ static void free_uploads(Uploads *u) {
 static float *run_aggregate(const ModelSpec *spec, const AggregateConfig *cfg, int step, const Uploads *u,
                             uint8_t ***outs) {
     float *all = calloc(spec->total_numel, sizeof(float));
-    *outs = calloc((unsigned)spec->count, sizeof(uint8_t *));
-    size_t at = 0;
-    for (int t = 0; t < spec->count; t++) {
-        (*outs)[t] = (uint8_t *)(all + at);
-        at += spec->tensors[t].numel;
-    }
+    *outs = carve_outputs(spec, (uint8_t *)all, sizeof(float));
     assert_int_equal(aggregate_compute(spec, cfg, step, u->rows, *outs, DTYPE_F32), SPES_OK);
     return all;
 }
@@ -185,12 +195,7 @@ static void test_partial_round(void **state) {
             memcpy(prev.data[t] + 4 * i, &v, 4);
         }
     float *all = calloc(spec.total_numel, sizeof(float));
-    uint8_t **outs = calloc((unsigned)spec.count, sizeof(uint8_t *));
-    size_t at = 0;
-    for (int t = 0; t < spec.count; t++) {
-        outs[t] = (uint8_t *)(all + at);
-        at += spec.tensors[t].numel;
-    }
+    uint8_t **outs = carve_outputs(&spec, (uint8_t *)all, sizeof(float));
     bool present[3] = {true, false, true};
     assert_int_equal(aggregate_compute_partial(&spec, &cfg, 10, u.rows, present, prev.rows, outs, DTYPE_F32), SPES_OK);
     for (int t = 0; t < spec.count; t++) {
@@ -369,12 +374,7 @@ static void test_bf16_uploads_and_bf16_output(void **state) {
     }
     // The same aggregate written as BF16 equals the rounded F32 one.
     uint16_t *half = calloc(spec.total_numel, 2);
-    uint8_t **houts = calloc((unsigned)spec.count, sizeof(uint8_t *));
-    size_t at = 0;
-    for (int t = 0; t < spec.count; t++) {
-        houts[t] = (uint8_t *)(half + at);
-        at += spec.tensors[t].numel;
-    }
+    uint8_t **houts = carve_outputs(&spec, (uint8_t *)half, 2);
     assert_int_equal(aggregate_compute(&spec, &cfg, 3, u.rows, houts, DTYPE_BF16), SPES_OK);
     for (size_t i = 0; i < spec.total_numel; i++) assert_int_equal(half[i], f32_to_bf16(all[i]));
     free(half);
@@ -401,15 +401,7 @@ static void test_deterministic_across_thread_counts(void **state) {
     model_spec_init(&spec);
     int64_t shared[2] = {300, 77}, gate[2] = {129, 101}, down[2] = {101, 129};
     assert_int_equal(model_spec_add(&spec, "model.embed_tokens.weight", DTYPE_F32, 2, shared), SPES_OK);
-    for (int e = 0; e < 8; e++) {
-        char name[96];
-        snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.gate_proj.weight", e);
-        assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, gate), SPES_OK);
-        snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.up_proj.weight", e);
-        assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, gate), SPES_OK);
-        snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.down_proj.weight", e);
-        assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, down), SPES_OK);
-    }
+    add_layer_experts(&spec, 0, 8, gate, down);
     assert_int_equal(model_spec_finish(&spec), SPES_OK);
     AggregateConfig cfg = base_config(SYNC_MODE_SPES, 4, 2);
     cfg.merge_interval = 1;
@@ -443,13 +435,7 @@ static void check_incremental(const ModelSpec *spec, const AggregateConfig *cfg,
     fed.mode = SYNC_MODE_FEDAVG;
     make_uploads(&prev_u, spec, &fed, DTYPE_F32, fill_random);
     uint8_t *whole = calloc(total, 1), *steps = calloc(total, 1);
-    uint8_t **o1 = calloc((size_t)spec->count, sizeof *o1), **o2 = calloc((size_t)spec->count, sizeof *o2);
-    size_t at = 0;
-    for (int t = 0; t < spec->count; t++) {
-        o1[t] = whole + at;
-        o2[t] = steps + at;
-        at += spec->tensors[t].numel * elem;
-    }
+    uint8_t **o1 = carve_outputs(spec, whole, elem), **o2 = carve_outputs(spec, steps, elem);
     assert_int_equal(aggregate_compute_partial(spec, cfg, step, u.rows, present, prev_u.rows, o1, out_dtype), SPES_OK);
     AggregateAcc *acc;
     assert_int_equal(aggregate_acc_begin(spec, cfg, step, present, o2, out_dtype, &acc), SPES_OK);
@@ -473,16 +459,7 @@ static void test_incremental_is_bit_identical(void **state) {
     int64_t shared[2] = {300, 77}, gate[2] = {129, 101}, down[2] = {101, 129}, odd[1] = {3};
     assert_int_equal(model_spec_add(&spec, "model.embed_tokens.weight", DTYPE_F32, 2, shared), SPES_OK);
     assert_int_equal(model_spec_add(&spec, "model.norm.weight", DTYPE_F32, 1, odd), SPES_OK);
-    for (int l = 0; l < 2; l++)
-        for (int e = 0; e < 8; e++) {
-            char name[96];
-            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
-            assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, gate), SPES_OK);
-            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
-            assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, gate), SPES_OK);
-            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
-            assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, down), SPES_OK);
-        }
+    for (int l = 0; l < 2; l++) add_layer_experts(&spec, l, 8, gate, down);
     assert_int_equal(model_spec_finish(&spec), SPES_OK);
     bool some[4] = {false, true, true, false};
     for (int merge = 0; merge < 2; merge++) {
@@ -544,13 +521,8 @@ static void check_rotation(int P, int m, DType out_dtype) {
     make_uploads(&u, &spec, &plain, DTYPE_F32, fill_random);
     size_t elem = dtype_size(out_dtype), total = spec.total_numel * elem;
     uint8_t *a = calloc(total, 1), *b = calloc(total, 1), *c = calloc(total, 1);
-    uint8_t **oa = calloc((size_t)spec.count, sizeof *oa), **ob = calloc((size_t)spec.count, sizeof *ob),
-            **oc = calloc((size_t)spec.count, sizeof *oc);
-    size_t at = 0;
-    for (int t = 0; t < spec.count; t++) {
-        oa[t] = a + at, ob[t] = b + at, oc[t] = c + at;
-        at += spec.tensors[t].numel * elem;
-    }
+    uint8_t **oa = carve_outputs(&spec, a, elem), **ob = carve_outputs(&spec, b, elem),
+            **oc = carve_outputs(&spec, c, elem);
     assert_int_equal(aggregate_compute(&spec, &plain, step, u.rows, oa, out_dtype), SPES_OK);
     assert_int_equal(aggregate_compute(&spec, &rot, step, u.rows, ob, out_dtype), SPES_OK);
     AggregateAcc *acc;
@@ -610,15 +582,7 @@ static void test_rotation_config_errors(void **state) {
     // A model whose MoE layers have no router to rotate with the experts.
     model_spec_init(&spec);
     int64_t gate[2] = {3, 4}, down[2] = {4, 3};
-    for (int e = 0; e < 2; e++) {
-        char name[96];
-        snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.gate_proj.weight", e);
-        assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, gate), SPES_OK);
-        snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.up_proj.weight", e);
-        assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, gate), SPES_OK);
-        snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.down_proj.weight", e);
-        assert_int_equal(model_spec_add(&spec, name, DTYPE_F32, 2, down), SPES_OK);
-    }
+    add_layer_experts(&spec, 0, 2, gate, down);
     assert_int_equal(model_spec_finish(&spec), SPES_OK);
     cfg = base_config(SYNC_MODE_SPES, 2, 1);
     cfg.rotation_steps = 10;
