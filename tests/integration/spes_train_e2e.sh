@@ -22,16 +22,7 @@ reliability_data
 
 reliability_server --merge_interval 4 --merge_alpha_start 0.5 --merge_decay_steps 100 --merge_topk 2
 
-mkdir -p "$dir/sync"
-pids=()
-export SPES_SYNC_LOG_DIR="$dir/sync"
-for peer in 0 1 2 3; do
-  reliability_peer $peer "$port" 6 "$dir/peer$peer" "$dir/peer$peer.log" 2   # 6 steps, save every 2
-  pids+=("$last_pid")
-done
-status=0
-for i in 0 1 2 3; do wait "${pids[$i]}" || { echo "peer $i failed:"; tail -20 "$dir/peer$i.log"; status=1; }; done
-[ $status -eq 0 ] || { echo "server log:"; tail -20 "$dir/server.log"; exit 1; }
+reliability_run_peers "$dir" 6 2   # 6 steps, save every 2
 
 peers_match_aggregate "$dir" 4 2 4 6
 grep -q "sync step 6" "$dir/peer0.log" || { echo "peer 0 never reported sync step 6"; exit 1; }

@@ -32,25 +32,12 @@ reliability_data
 reliability_server --state_dir "$dir/state" --keep_steps 10 --merge_interval 4 --merge_alpha_start 0.5 \
   --merge_decay_steps 100 --merge_topk 2 ${SYNC_INT8_SERVER_FLAGS:-}
 
-mkdir -p "$dir/sync"
-pids=()
-export SPES_SYNC_LOG_DIR="$dir/sync"
-for peer in 0 1 2 3; do
-  reliability_peer $peer "$port" 10 "$dir/peer$peer" "$dir/peer$peer.log" 2 --spes_config.payload_dtype=$DELTA
-  pids+=("$last_pid")
-done
-status=0
-for i in 0 1 2 3; do wait "${pids[$i]}" || { echo "peer $i failed:"; tail -20 "$dir/peer$i.log"; status=1; }; done
-[ $status -eq 0 ] || { echo "server log:"; tail -20 "$dir/server.log"; exit 1; }
+reliability_run_peers "$dir" 10 2 --spes_config.payload_dtype=$DELTA
 
 peers_match_aggregate "$dir" 4 2 4 6 8 10
-for step in 2 4 6 8 10; do
-  cmp -s "$dir/state/aggregate_s$step.safetensors" "$dir/sync/down_s${step}_p0.safetensors" ||
-    { echo "step $step: the server's aggregate differs from the one the peers reconstructed"; exit 1; }
-done
-echo "server and peers hold byte-identical aggregates at every step"
+server_matches_peers "$dir" 2 4 6 8 10
 
-view() { sed -n "s/^.*sync step $1: .*MB\(, view \(.*\)\)\{0,1\}$/\2/p" "$dir/peer$2.log"; }
+view() { peer_view "$dir" "$@"; }
 for peer in 0 1 2 3; do
   [ "$(view 2 $peer)" = "" ] || { echo "peer $peer step 2: expected the whole aggregate, got '$(view 2 $peer)'"; exit 1; }
   for step in 4 8; do

@@ -27,19 +27,10 @@ reliability_data
 for payload in f32 int8 int4; do
   echo "== payload $payload"
   dir="$dir0/$payload"
-  mkdir -p "$dir/sync"
+  mkdir -p "$dir"
   cp "$dir0/file_list.txt" "$dir/"
   reliability_server --merge_interval 4 --merge_alpha_start 0.5 --merge_decay_steps 100 --merge_topk 2
-  pids=()
-  export SPES_SYNC_LOG_DIR="$dir/sync"
-  for peer in 0 1 2 3; do
-    reliability_peer $peer "$port" 10 "$dir/peer$peer" "$dir/peer$peer.log" 10 \
-      --spes_config.sync_overlap=true --spes_config.payload_dtype=$payload
-    pids+=("$last_pid")
-  done
-  status=0
-  for i in 0 1 2 3; do wait "${pids[$i]}" || { echo "peer $i failed:"; tail -20 "$dir/peer$i.log"; status=1; }; done
-  [ $status -eq 0 ] || { echo "server log:"; tail -20 "$dir/server.log"; exit 1; }
+  reliability_run_peers "$dir" 10 10 --spes_config.sync_overlap=true --spes_config.payload_dtype=$payload
   kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""
 
   peers_match_aggregate "$dir" 4 10

@@ -25,25 +25,12 @@ reliability_data
 
 reliability_server --state_dir "$dir/state" --keep_steps 10 --expert_rotation_steps 4
 
-mkdir -p "$dir/sync"
-pids=()
-export SPES_SYNC_LOG_DIR="$dir/sync"
-for peer in 0 1 2 3; do
-  reliability_peer $peer "$port" 10 "$dir/peer$peer" "$dir/peer$peer.log" 2 --spes_config.payload_dtype=int8
-  pids+=("$last_pid")
-done
-status=0
-for i in 0 1 2 3; do wait "${pids[$i]}" || { echo "peer $i failed:"; tail -20 "$dir/peer$i.log"; status=1; }; done
-[ $status -eq 0 ] || { echo "server log:"; tail -20 "$dir/server.log"; exit 1; }
+reliability_run_peers "$dir" 10 2 --spes_config.payload_dtype=int8
 
 peers_match_aggregate "$dir" 4 2 4 6 8 10
-for step in 2 4 6 8 10; do
-  cmp -s "$dir/state/aggregate_s$step.safetensors" "$dir/sync/down_s${step}_p0.safetensors" ||
-    { echo "step $step: the server's aggregate differs from the one the peers hold"; exit 1; }
-done
-echo "server and peers hold byte-identical aggregates at every step"
+server_matches_peers "$dir" 2 4 6 8 10
 
-view() { sed -n "s/^.*sync step $1: .*MB\(, view \(.*\)\)\{0,1\}$/\2/p" "$dir/peer$2.log"; }
+view() { peer_view "$dir" "$@"; }
 for peer in 0 1 2 3; do
   for step in 2 4 8; do
     [ "$(view $step $peer)" = "" ] || { echo "peer $peer step $step: expected the whole aggregate, got '$(view $step $peer)'"; exit 1; }

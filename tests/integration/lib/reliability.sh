@@ -36,6 +36,40 @@ reliability_peer() {
   last_pid=$!
 }
 
+# reliability_run_peers DIR STEPS SAVE_EVERY [PEER FLAGS...]: the 4 peers of reliability_peer
+# against the running server ($port), peer i saving to DIR/peer<i> (log DIR/peer<i>.log) with its
+# audit trail in DIR/sync (SPES_SYNC_LOG_DIR); waits for them all and exits 1 with the failed
+# peers' and the server's log tails if any failed.
+reliability_run_peers() {
+  local run=$1 steps=$2 every=$3 peer status=0 pids=()
+  shift 3
+  mkdir -p "$run/sync"
+  export SPES_SYNC_LOG_DIR="$run/sync"
+  for peer in 0 1 2 3; do
+    reliability_peer $peer "$port" "$steps" "$run/peer$peer" "$run/peer$peer.log" "$every" "$@"
+    pids+=("$last_pid")
+  done
+  for peer in 0 1 2 3; do
+    wait "${pids[$peer]}" || { echo "peer $peer failed:"; tail -20 "$run/peer$peer.log"; status=1; }
+  done
+  [ $status -eq 0 ] || { echo "server log:"; tail -20 "$run/server.log"; exit 1; }
+}
+
+# server_matches_peers DIR STEP...: the server's aggregate of each STEP in its state dir
+# (DIR/state) is byte for byte the one peer 0 holds after that sync (DIR/sync). Exits 1 otherwise.
+server_matches_peers() {
+  local run=$1 step
+  shift
+  for step in "$@"; do
+    cmp -s "$run/state/aggregate_s$step.safetensors" "$run/sync/down_s${step}_p0.safetensors" ||
+      { echo "step $step: the server's aggregate differs from the one the peers hold"; exit 1; }
+  done
+  echo "server and peers hold byte-identical aggregates at every step"
+}
+
+# peer_view DIR STEP PEER: the download view peer PEER's log names for sync STEP ("": the whole aggregate).
+peer_view() { sed -n "s/^.*sync step $2: .*MB\(, view \(.*\)\)\{0,1\}$/\2/p" "$1/peer$3.log"; }
+
 # Waits up to 60 s for <pattern> in <file>; prints the file's tail and fails otherwise.
 reliability_wait_log() {
   for _ in $(seq 1 6000); do grep -q "$1" "$2" && return 0; sleep 0.01; done
