@@ -14,7 +14,8 @@
 //               it without the peer's own experts.
 // Not counted: gRPC/HTTP2/TCP framing (docs/communication.md measured ~5% on top), the Hello and
 // status calls, resent uploads, expert-merging rounds (the server's --merge_interval: their
-// download includes the own experts) and rejoining peers (they fetch the whole aggregate).
+// download includes the own experts), expert-rotation rounds (--expert_rotation_steps: the whole
+// aggregate in F32) and rejoining peers (they fetch the whole aggregate).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
