@@ -54,15 +54,17 @@ def tail(path, n=25):
 # ---------------------------------------------------------------------------------------------
 # Data: the demo corpus through `spes demo` itself, Tiny Shakespeare through `spes tokenize`.
 
-def prepare_demo(spes, out, peers, experts_per_peer, train_docs):
+def prepare_demo(spes, out, experts, experts_per_peer, train_docs):
     """`spes demo --inputs_only` writes train.bin, val.bin, the question files and demo.yaml and
     stops before training (its own corpus writer and question writer, no copy of them here).
     Written afresh by every invocation (a few seconds): an output folder reused with a newer
-    binary would otherwise keep an older demo.yaml, whose settings every run here inherits."""
+    binary would otherwise keep an older demo.yaml, whose settings every run here inherits.
+    The model has `experts` experts per layer (written as experts / experts_per_peer demo peers;
+    the runs here state their own topology on the command line)."""
     d = os.path.join(out, "demo")
     logf = os.path.join(out, "demo_inputs.log")
     with open(logf, "w") as f:
-        rc = subprocess.call([spes, "demo", "--peers", str(peers), "--experts_per_peer", str(experts_per_peer), "--steps", "2",
+        rc = subprocess.call([spes, "demo", "--peers", str(experts // experts_per_peer), "--experts_per_peer", str(experts_per_peer), "--steps", "2",
                               "--sync_steps", "2", "--batch", "1", "--threads_per_peer", "1", "--inputs_only",
                               "--train_docs", str(train_docs), "--out", d], stdout=f, stderr=subprocess.STDOUT)
     if rc != 0:
@@ -397,6 +399,9 @@ def main():
     ap.add_argument("--peers", type=int, default=4)
     ap.add_argument("--experts_per_peer", type=int, default=2,
                     help="experts each SPES peer trains; the model has peers x this many per layer")
+    ap.add_argument("--experts", type=int, default=0,
+                    help="experts per layer (default peers x experts_per_peer); fewer makes each expert's owners "
+                         "several peers (replicas, docs/sync.md)")
     ap.add_argument("--sync_steps", type=int, default=5, help="the demo's (spes demo --sync_steps)")
     ap.add_argument("--sync_ablation", default="25")
     ap.add_argument("--before_sync", type=int, default=25, help="sync_steps of the 'before28' row (the old demo)")
@@ -434,7 +439,7 @@ def main():
     shape = Shape(a)
 
     corpora = []
-    demo = prepare_demo(a.spes, data_dir, a.peers, a.experts_per_peer, a.train_docs)
+    demo = prepare_demo(a.spes, data_dir, a.experts or a.peers * a.experts_per_peer, a.experts_per_peer, a.train_docs)
     for name in a.corpora.split(","):
         if name == "demo":
             corpora.append(demo)
@@ -463,7 +468,7 @@ def main():
         log("bench-quality: `spes server` has no --outer_lr: the outer-optimizer ablation is not run")
     results_path = os.path.join(a.out, "results.jsonl")
     with open(results_path + ".tmp", "w") as res:
-        res.write(json.dumps({"meta": {"steps": a.steps, "batch": a.batch, "peers": a.peers, "experts_per_peer": a.experts_per_peer, "seq": SEQ,
+        res.write(json.dumps({"meta": {"steps": a.steps, "batch": a.batch, "peers": a.peers, "experts_per_peer": a.experts_per_peer, "experts": a.experts or a.peers * a.experts_per_peer, "seq": SEQ,
                                        "seeds": a.seeds, "ablation_seeds": min(a.seeds, a.ablation_seeds),
                                        "sync_steps": a.sync_steps, "tokens": tokens,
                                        "threads": a.threads, "outer_measured": has_outer,

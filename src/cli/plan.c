@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "config/config.h"
 #include "train/plan.h"
+#include "train/trainer.h"
 #include "train/plan_print.h"
 #include "train/plan_sync.h"
 
@@ -203,10 +204,7 @@ static int run(const Opts *o, TrainConfig *cfg) {
 
     printf("spes plan: %s\n", o->config);
     int first = 0, last = 0;
-    if (cfg->using_spes && !cfg->using_dilico) {
-        first = cfg->peer_id * cfg->num_train_experts_per_node;
-        last = first + cfg->num_train_experts_per_node - 1;
-    }
+    if (cfg->using_spes && !cfg->using_dilico) SPES_TRY(trainer_own_experts(cfg, cfg->model.num_experts, &first, &last));
     printf("parameters: %.3fB total; %.3fB active per token (top-%d of %d experts); %.3fB trainable on this peer",
            pp->total / 1e9, pp->active / 1e9, cfg->model.top_k, cfg->model.num_experts, pp->trainable / 1e9);
     if (cfg->using_spes && !cfg->using_dilico)

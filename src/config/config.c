@@ -13,6 +13,7 @@
 #include "base/log.h"
 #include "base/text_buf.h"
 #include "config/config_internal.h"
+#include "config/expert_owners.h"
 
 static const char COMMAND_LINE[] = "command line";
 
@@ -266,18 +267,19 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
           "spes_config.num_train_experts_per_node", "must be in [1, moe_num_experts = %d], got %d", m->num_experts,
           cfg->num_train_experts_per_node);
     if (cfg->using_spes && !cfg->using_dilico) {
-        // This peer owns experts [peer_id*m, (peer_id+1)*m): they must exist. A topology where
-        // num_peers*m != E (the seeds' 3B config: 8 peers x 2 of 8 experts) is only warned
-        // about: the server decides what several owners of an expert mean.
-        int64_t m_own = cfg->num_train_experts_per_node, first = (int64_t)cfg->peer_id * m_own;
-        CHECK(first + m_own <= m->num_experts, "spes_config.peer_id",
-              "peer %d would own experts [%" PRId64 ", %" PRId64 ") but model.moe_num_experts is %d "
-              "(num_train_experts_per_node = %" PRId64 ")",
-              cfg->peer_id, first, first + m_own, m->num_experts, m_own);
-        if ((int64_t)cfg->num_peers * m_own != m->num_experts)
-            log_warn("%s: spes_config: num_peers (%d) * num_train_experts_per_node (%" PRId64 ") != moe_num_experts (%d): "
-                     "experts are not partitioned exactly once over the peers",
-                     cfg->source_path ? cfg->source_path : "config", cfg->num_peers, m_own, m->num_experts);
+        // This peer owns the experts of group peer_id mod E/m (config/expert_owners.h). num_peers
+        // a multiple of E/m gives every expert the same number of owners (1: the reference's
+        // partition; more: replicas the server averages). Other topologies (E not a multiple of
+        // m, or num_peers not one of E/m) leave experts with fewer owners or none; the server
+        // refuses them, the peer only warns (its config may be one of several being written).
+        int m_own = cfg->num_train_experts_per_node, E = m->num_experts;
+        if (E % m_own != 0 || cfg->num_peers % (E / m_own) != 0)
+            log_warn("%s: spes_config: num_peers (%d) x num_train_experts_per_node (%d) does not cover the %d experts "
+                     "evenly: a server refuses it (every expert needs the same number of owners)",
+                     cfg->source_path ? cfg->source_path : "config", cfg->num_peers, m_own, E);
+        else if (expert_replicas(cfg->num_peers, m_own, E) > 1)
+            log_info("spes_config: %d peers x %d of %d experts: every expert has %d owners (replicas)", cfg->num_peers,
+                     m_own, E, expert_replicas(cfg->num_peers, m_own, E));
     }
     if (cfg->using_spes || cfg->using_dilico)
         CHECK(cfg->server_addr && cfg->server_addr[0], "spes_config.server_addr", "needs host:port of the parameter server");

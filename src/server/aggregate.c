@@ -12,6 +12,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "config/expert_owners.h"
 #include "server/expert_rotation.h"
 
 #define CHUNK 1024               // values per work item: 4 KiB of fp32, four buffers fit in L1
@@ -22,10 +23,14 @@ int aggregate_config_check(const AggregateConfig *cfg, const ModelSpec *spec) {
     if (cfg->mode == SYNC_MODE_SPES) {
         if (cfg->experts_per_node < 1)
             return spes_fail("aggregate: num_train_experts_per_node must be >= 1 (got %d)", cfg->experts_per_node);
-        if (spec && spec->num_experts != cfg->num_peers * cfg->experts_per_node)
+        // Every expert the same number of owners (config/expert_owners.h): one in the reference's
+        // topology, r when total_peers is r times the groups of experts_per_node.
+        if (spec && (spec->num_experts % cfg->experts_per_node != 0 ||
+                     cfg->num_peers % (spec->num_experts / cfg->experts_per_node) != 0))
             return spes_fail(
                 "aggregate: the model has %d experts per layer but total_peers * num_train_experts_per_node = "
-                "%d * %d = %d; in spes mode every expert needs exactly one owner",
+                "%d * %d = %d; in spes mode every expert needs the same number of owners (total_peers x "
+                "num_train_experts_per_node a multiple of the experts, which num_train_experts_per_node divides)",
                 spec->num_experts, cfg->num_peers, cfg->experts_per_node, cfg->num_peers * cfg->experts_per_node);
     }
     if (cfg->rotation_steps < 0)
@@ -81,38 +86,69 @@ typedef struct {
 
 static bool is_present(const Inputs *in, int p) { return !in->present || in->present[p]; }
 
-// Where expert tensor t comes from in spes mode: its owner's upload, or the latest aggregate
-// when the owner missed this round.
-static const StTensor *expert_source(const Inputs *in, int t) {
-    int owner = in->spec->tensors[t].expert / in->cfg->experts_per_node;
-    if (is_present(in, owner)) return in->uploads[(size_t)owner * in->spec->count + t];
-    return in->previous ? in->previous[t] : NULL;
+// The owners of expert tensor t (spes mode) in this round: peers g, g + G, ... of its group g
+// (config/expert_owners.h), the lowest present one and how many are present.
+typedef struct {
+    int first, count, stride;
+} Owners;
+
+static Owners present_owners(const ModelSpec *spec, const AggregateConfig *cfg, const bool *present, int t) {
+    int G = expert_groups(spec->num_experts, cfg->experts_per_node);
+    Owners o = {-1, 0, G};
+    for (int p = spec->tensors[t].expert / cfg->experts_per_node; p < cfg->num_peers; p += G)
+        if (!present || present[p]) {
+            if (o.first < 0) o.first = p;
+            o.count++;
+        }
+    return o;
 }
 
-// Pre-merge value of tensor t, values [start, start+n), into acc[n]: the owner's upload (or
-// the previous value) for an expert in spes mode, otherwise the mean over the present peers
-// (fp32, peers in order). tmp[n] scratch.
+// The one tensor expert tensor t's pre-merge value is in spes mode: its only present owner's
+// upload, or the latest aggregate when no owner is present; NULL when several owners are
+// present (their mean, premerge_chunk).
+static const StTensor *expert_source(const Inputs *in, int t) {
+    Owners o = present_owners(in->spec, in->cfg, in->present, t);
+    if (o.count == 1) return in->uploads[(size_t)o.first * in->spec->count + t];
+    return o.count == 0 && in->previous ? in->previous[t] : NULL;
+}
+
+// The mean of tensor t's values [start, start+n) over the present peers among first, first +
+// stride, ... (count of them; fp32, peers in order: the first copied, the others added, then one
+// division) into acc[n]. tmp[n] scratch.
+static void mean_chunk(const Inputs *in, int t, int first, int stride, int count, size_t start, size_t n, float *acc,
+                       float *tmp) {
+    int tensors = in->spec->count, P = in->cfg->num_peers;
+    const float *x0 = read_chunk(in->uploads[(size_t)first * tensors + t], start, n, acc);
+    if (x0 != acc) memcpy(acc, x0, n * sizeof(float));
+    for (int p = first + stride; p < P; p += stride) {
+        if (!is_present(in, p)) continue;
+        const float *x = read_chunk(in->uploads[(size_t)p * tensors + t], start, n, tmp);
+        for (size_t i = 0; i < n; i++) acc[i] += x[i];
+    }
+    if (count > 1)
+        for (size_t i = 0; i < n; i++) acc[i] /= (float)count;
+}
+
+// Pre-merge value of tensor t, values [start, start+n), into acc[n]: for an expert in spes mode
+// the mean of its present owners' uploads (one owner: its upload; none: the previous value),
+// otherwise the mean over the present peers. tmp[n] scratch.
 static void premerge_chunk(const Inputs *in, int t, size_t start, size_t n, float *acc, float *tmp) {
     const SpecTensor *st = &in->spec->tensors[t];
-    int count = in->spec->count, P = in->cfg->num_peers;
     if (in->premerged && in->premerged[t]) {   // the same values, computed peer by peer beforehand
         memcpy(acc, in->premerged[t] + start, n * sizeof(float));
         return;
     }
     if (in->cfg->mode == SYNC_MODE_SPES && st->expert >= 0) {
-        const float *x = read_chunk(expert_source(in, t), start, n, acc);
-        if (x != acc) memcpy(acc, x, n * sizeof(float));
+        Owners o = present_owners(in->spec, in->cfg, in->present, t);
+        if (o.count > 0) {
+            mean_chunk(in, t, o.first, o.stride, o.count, start, n, acc, tmp);
+        } else {
+            const float *x = read_chunk(in->previous[t], start, n, acc);
+            if (x != acc) memcpy(acc, x, n * sizeof(float));
+        }
         return;
     }
-    const float *x0 = read_chunk(in->uploads[(size_t)in->first * count + t], start, n, acc);
-    if (x0 != acc) memcpy(acc, x0, n * sizeof(float));
-    for (int p = in->first + 1; p < P; p++) {
-        if (!is_present(in, p)) continue;
-        const float *x = read_chunk(in->uploads[(size_t)p * count + t], start, n, tmp);
-        for (size_t i = 0; i < n; i++) acc[i] += x[i];
-    }
-    if (in->num_present > 1)
-        for (size_t i = 0; i < n; i++) acc[i] /= (float)in->num_present;
+    mean_chunk(in, t, in->first, 1, in->num_present, start, n, acc, tmp);
 }
 
 // theta_i + alpha * mean_{j in nbr}(theta_j - theta_i) for values [start, start+n) of the
@@ -311,7 +347,7 @@ int aggregate_compute_partial(const ModelSpec *spec, const AggregateConfig *cfg,
                 return spes_fail("aggregate: peer %d's '%s' is missing or not a %zu-value F32/BF16 tensor", p,
                                  spec->tensors[t].name, spec->tensors[t].numel);
         if (cfg->mode == SYNC_MODE_SPES && spec->tensors[t].expert >= 0 &&
-            !usable(expert_source(&in, t), &spec->tensors[t]))
+            present_owners(spec, cfg, present, t).count == 0 && !usable(previous ? previous[t] : NULL, &spec->tensors[t]))
             return spes_fail("aggregate: step %d: the owner of '%s' is missing and there is no usable previous value "
                              "(a partial round needs an earlier aggregate)",
                              step, spec->tensors[t].name);
@@ -350,7 +386,7 @@ int aggregate_compute_partial(const ModelSpec *spec, const AggregateConfig *cfg,
         if (!nbr && cfg->mode == SYNC_MODE_SPES && st->expert >= 0) {
             // The common case, an owner's expert kept as uploaded, is a plain copy of its bytes.
             const StTensor *u = expert_source(&in, t);
-            if (u->dtype == out_dtype) {
+            if (u && u->dtype == out_dtype) {
                 stream_bytes(out[t] + start * elem, u->data + start * elem, n * elem);
                 continue;
             }
@@ -462,9 +498,11 @@ int aggregate_acc_add_tensor(AggregateAcc *a, int peer, int t, const StTensor *u
     if (!model_spec_peer_sends(spec, cfg->mode, cfg->experts_per_node, peer, t) || !usable(u, st))
         return spes_fail("aggregate: peer %d's '%s' is not its to send, or not a %zu-value F32/BF16 tensor", peer,
                          st->name, st->numel);
-    // Peers come in increasing order: the running sums are the ones premerge_chunk forms.
-    bool expert = cfg->mode == SYNC_MODE_SPES && st->expert >= 0;   // its owner's values
-    acc_tensor(a->acc[t], u, st->numel, !expert && peer != a->first);
+    // Peers come in increasing order: the running sums are the ones premerge_chunk forms (an
+    // expert's over its present owners).
+    bool expert = cfg->mode == SYNC_MODE_SPES && st->expert >= 0;
+    int first = expert ? present_owners(spec, cfg, a->present, t).first : a->first;
+    acc_tensor(a->acc[t], u, st->numel, peer != first);
     return SPES_OK;
 }
 
@@ -545,17 +583,18 @@ static int acc_finish_values(AggregateAcc *a, const StTensor *const *previous) {
     for (int t = 0; t < spec->count; t++) {
         const SpecTensor *st = &spec->tensors[t];
         size_t n = st->numel;
+        int count = a->num_present;
         if (cfg->mode == SYNC_MODE_SPES && st->expert >= 0) {
-            int owner = st->expert / cfg->experts_per_node;
-            if (a->present[owner]) continue;
+            count = present_owners(spec, cfg, a->present, t).count;
             const StTensor *prev = previous ? previous[t] : NULL;
-            if (!usable(prev, st))
+            if (count == 0 && !usable(prev, st))
                 return spes_fail("aggregate: step %d: the owner of '%s' is missing and there is no usable previous "
                                  "value (a partial round needs an earlier aggregate)",
                                  a->step, st->name);
-            acc_tensor(a->acc[t], prev, n, false);
-        } else if (a->num_present > 1) {
-            float *x = a->acc[t], d = (float)a->num_present;
+            if (count == 0) acc_tensor(a->acc[t], prev, n, false);
+        }
+        if (count > 1) {
+            float *x = a->acc[t], d = (float)count;
 #pragma omp parallel for schedule(static) if (n > 65536)
             for (long i = 0; i < (long)n; i++) x[i] /= d;
         }

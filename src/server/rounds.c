@@ -18,6 +18,7 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "base/timer.h"
+#include "config/expert_owners.h"
 #include "server/expert_rotation.h"
 #include "server/peer_watch.h"
 #include "server/rounds_internal.h"
@@ -903,7 +904,8 @@ static bool own_expert(const Rounds *r, int peer, const char *name) {
         name = base;
     }
     int t = model_spec_find(&r->spec, name);
-    return t >= 0 && r->spec.tensors[t].expert >= 0 && r->spec.tensors[t].expert / r->cfg.agg.experts_per_node == peer;
+    return t >= 0 && r->spec.tensors[t].expert >= 0 &&
+           expert_owned_by(r->spec.tensors[t].expert, peer, r->cfg.agg.experts_per_node, r->spec.num_experts);
 }
 
 RoundsResult rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsViewRequest *req,
@@ -912,7 +914,9 @@ RoundsResult rounds_view(Rounds *r, AggregateBlob *blob, int peer, const RoundsV
     bool omit = req->omit_own_experts && r->cfg.agg.mode == SYNC_MODE_SPES && peer >= 0 && peer < P &&
                 r->spec.num_experts > 0 && (!blob->included || blob->included[peer]) &&
                 aggregate_merge_alpha(&r->cfg.agg, blob->step) == 0.0f &&
-                !expert_rotation_due(r->cfg.agg.rotation_steps, blob->step);
+                !expert_rotation_due(r->cfg.agg.rotation_steps, blob->step) &&
+                // with replicas an expert is its owners' mean, not what this peer sent
+                expert_replicas(P, r->cfg.agg.experts_per_node, r->spec.num_experts) == 1;
     bool delta = req->has_delta_base && blob->delta && blob->delta_base == req->delta_base_step;
     // In a delta run a peer completes its own experts from the previous aggregate and what it
     // uploaded (docs/communication.md): only a peer holding that aggregate (asking for the delta) can.

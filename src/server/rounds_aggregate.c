@@ -443,7 +443,7 @@ RoundsResult rounds_complete_round(Rounds *r, OpenRound *round, int peer) {
             for (int p = 0, at = 0; p < P && at < (int)sizeof missing - 12; p++)
                 if (!blob->included[p]) at += snprintf(missing + at, sizeof missing - (size_t)at, " %d", p);
             log_warn("server: step %d: PARTIAL round: aggregated %d of %d peers after the round timeout in %.3f s "
-                     "(missing:%s; their experts keep the previous aggregate's values)",
+                     "(missing:%s; an expert with no owner present keeps the previous aggregate's values)",
                      step, arrived, P, seconds, missing);
         }
         if (expert_rotation_due(r->cfg.agg.rotation_steps, step))

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "config/expert_owners.h"
 
 // Widened to F32, the bits of value i of t (F32 or BF16).
 static uint32_t value_bits(const StTensor *t, size_t i) {
@@ -73,11 +74,15 @@ static int check(const ModelSpec *spec, SyncMode mode, int experts_per_node, int
         if (t < 0)
             return spes_fail("upload from peer %d: tensor '%s' is not part of the model agreed at the handshake", peer,
                              u->name);
-        if (!model_spec_peer_sends(spec, mode, experts_per_node, peer, t))
+        if (!model_spec_peer_sends(spec, mode, experts_per_node, peer, t)) {
+            int groups = expert_groups(spec->num_experts, experts_per_node), owner = spec->tensors[t].expert / experts_per_node,
+                first = expert_first_owned(peer, experts_per_node, spec->num_experts);
             return spes_fail(
-                "upload from peer %d: tensor '%s' belongs to expert %d, owned by peer %d; a peer uploads only "
-                "the shared tensors and its own experts",
-                peer, u->name, spec->tensors[t].expert, spec->tensors[t].expert / experts_per_node);
+                "upload from peer %d: tensor '%s' belongs to expert %d, owned by peer %d (with replicas also peers "
+                "%d + k x %d); this peer owns experts %d to %d, and a peer uploads only the shared tensors and its "
+                "own experts",
+                peer, u->name, spec->tensors[t].expert, owner, owner, groups, first, first + experts_per_node - 1);
+        }
         if (row[t]) return spes_fail("upload from peer %d: tensor '%s' appears twice", peer, u->name);
         SPES_TRY(check_tensor(spec, u, t, peer));
         if (values) SPES_TRY(upload_check_values(u, 0, peer, u->name));

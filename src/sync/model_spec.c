@@ -7,6 +7,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "config/expert_owners.h"
 
 const char *sync_mode_name(SyncMode mode) { return mode == SYNC_MODE_FEDAVG ? "fedavg" : "spes"; }
 
@@ -225,7 +226,7 @@ int model_spec_finish(ModelSpec *spec) {
 bool model_spec_peer_sends(const ModelSpec *spec, SyncMode mode, int experts_per_node, int peer, int t) {
     if (mode == SYNC_MODE_FEDAVG) return true;
     int e = spec->tensors[t].expert;
-    return e < 0 || e / experts_per_node == peer;
+    return e < 0 || expert_owned_by(e, peer, experts_per_node, spec->num_experts);
 }
 
 void model_spec_describe_difference(const ModelSpec *a, const ModelSpec *b, char *msg, size_t cap) {

@@ -7,6 +7,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "config/expert_owners.h"
 #include "io/safetensors.h"
 #include "model/param_table.h"
 #include "sync/delta_payload.h"
@@ -22,7 +23,7 @@ const char *plan_payload_name(PayloadDtype d) {
 typedef struct {
     ParamTable table;
     bool **mask;            // [peers][table.count]: each peer's trainable tensors
-    int peers;              // the peers whose experts exist (see tables_build)
+    int peers;              // num_peers (1 for a plain run)
 } Tables;
 
 static void tables_free(Tables *t) {
@@ -43,12 +44,6 @@ static int tables_build(const TrainConfig *cfg, Tables *t) {
     for (int p = 0; p < t->peers; p++) {
         int first, last;
         peer.peer_id = p;
-        // A config whose peers do not partition the experts (config_load warns) has peers past
-        // the last expert: they could not train, so the rounds have the ones before them.
-        if (p > 0 && trainer_own_experts(&peer, mc.num_experts, &first, &last) != SPES_OK) {
-            t->peers = p;
-            break;
-        }
         SPES_TRY(trainer_own_experts(&peer, mc.num_experts, &first, &last));
         if (!(t->mask[p] = spes_calloc((size_t)t->table.count, sizeof(bool)))) return SPES_ERR;
         param_table_expert_mask(&t->table, first, last, t->mask[p]);
@@ -111,8 +106,10 @@ static int peer_round(const TrainConfig *cfg, const Tables *t, int p, PayloadDty
                       size_t *up, size_t *down) {
     const ParamTable *tab = &t->table;
     const bool *mine = t->mask[p];
-    // The aggregate's view for p leaves out p's own experts (SPES; fedavg sends every tensor down).
-    bool spes = cfg->using_spes && !cfg->using_dilico;
+    // The aggregate's view for p leaves out p's own experts (SPES with one owner per expert; with
+    // replicas an expert comes down as its owners' mean; fedavg sends every tensor down).
+    bool spes = cfg->using_spes && !cfg->using_dilico &&
+                expert_replicas(cfg->num_peers, cfg->num_train_experts_per_node, cfg->model.num_experts) == 1;
     bool *keep = spes_calloc((size_t)tab->count + 1, sizeof(bool));
     if (!keep) return SPES_ERR;
     for (int i = 0; i < tab->count; i++) keep[i] = !(spes && tab->entries[i].expert >= 0 && mine[i]);

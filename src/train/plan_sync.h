@@ -12,6 +12,7 @@
 //               F32; down, the whole aggregate in F32. Later rounds: up, the trainable tensors'
 //               delta against the previous round's aggregate; down, the aggregate's delta against
 //               it without the peer's own experts.
+//   With expert replicas (num_peers x m a multiple of the experts) the own experts come down too.
 // Not counted: gRPC/HTTP2/TCP framing (docs/communication.md measured ~5% on top), the Hello and
 // status calls, resent uploads, expert-merging rounds (the server's --merge_interval: their
 // download includes the own experts), expert-rotation rounds (--expert_rotation_steps: the whole
@@ -29,8 +30,7 @@ typedef struct {
     size_t egress_first, egress;   // the server: every peer's download of such a round
     size_t ingress_first, ingress; // the server: every peer's upload
     bool upper_bound;              // int4: the zstd frames at their worst case (real ones are smaller)
-    int peers;                     // peers counted: num_peers, or those whose experts exist when
-                                   // num_peers x num_train_experts_per_node exceeds the experts
+    int peers;                     // peers counted: num_peers
 } PlanSync;
 
 const char *plan_payload_name(PayloadDtype d);   // "f32", "bf16", "int8", "int4"

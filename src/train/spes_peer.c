@@ -10,6 +10,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "config/expert_owners.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "base/timer.h"
@@ -62,7 +63,7 @@ float spes_decayed_factor(int64_t step, int64_t total_steps) {
 // Own experts of this peer get c(t); every other expert counts fully.
 static void update_lb_factor(SpesPeer *p, int64_t step) {
     const ModelConfig *mc = &p->cfg->model;
-    int m = p->cfg->num_train_experts_per_node, first = p->cfg->peer_id * m;
+    int m = p->cfg->num_train_experts_per_node, first = expert_first_owned(p->cfg->peer_id, m, mc->num_experts);
     float own = p->cfg->using_decayed_aux_loss && p->cfg->using_spes ? spes_decayed_factor(step, p->total_steps) : 1.0f;
     for (int l = 0; l < mc->n_layers; l++)
         for (int e = 0; e < mc->num_experts; e++)
@@ -302,7 +303,8 @@ static int init_int8(SpesPeer *p, const ParamTable *table) {
         const ParamInfo *e = &table->entries[i];
         x[i] = (DeltaPeerTensor){.name = e->name, .ndim = e->ndim, .numel = e->numel, .offset = e->offset,
                                 .sent = e->trainable,
-                                .own = !p->cfg->using_dilico && e->expert >= 0 && e->expert / m == p->cfg->peer_id};
+                                .own = !p->cfg->using_dilico && e->expert >= 0 &&
+                                       expert_owned_by(e->expert, p->cfg->peer_id, m, p->cfg->model.num_experts)};
         for (int d = 0; d < e->ndim; d++) x[i].shape[d] = e->shape[d];
     }
     delta_peer_free(&p->deltas);
@@ -380,15 +382,17 @@ static int load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char
     int rc = SPES_OK, own = 0;
     // Every tensor is checked before any is written: a bad aggregate leaves the local weights
     // whole, so they can still be saved as the peer's (not synced) state.
+    int E = m->cfg.num_experts;
     for (int i = 0; i < m->table.count; i++)
-        own += own_peer >= 0 && m->table.entries[i].expert >= 0 && m->table.entries[i].expert / experts_per_node == own_peer;
+        own += own_peer >= 0 && m->table.entries[i].expert >= 0 &&
+               expert_owned_by(m->table.entries[i].expert, own_peer, experts_per_node, E);
     if (st.count != m->table.count && st.count != m->table.count - own)
         rc = spes_fail("%s has %d tensors, the model %d%s", what, st.count, m->table.count,
                        own ? " (or without this peer's own experts)" : "");
     for (int i = 0; i < m->table.count && rc == SPES_OK; i++) {
         const ParamInfo *e = &m->table.entries[i];
         const StTensor *t = safetensors_find(&st, e->name);
-        bool is_own = own_peer >= 0 && e->expert >= 0 && e->expert / experts_per_node == own_peer;
+        bool is_own = own_peer >= 0 && e->expert >= 0 && expert_owned_by(e->expert, own_peer, experts_per_node, E);
         if (!t && !is_own) rc = spes_fail("%s lacks tensor %s", what, e->name);
         else if (!t) continue;
         else if (t->numel != e->numel || t->ndim != e->ndim || t->shape[0] != e->shape[0] ||

@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 
 #include "base/alloc.h"
+#include "config/expert_owners.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "base/log.h"
@@ -83,7 +84,7 @@ int trainer_own_experts(const TrainConfig *cfg, int experts, int *first, int *la
         return SPES_OK;
     }
     int per = cfg->num_train_experts_per_node;
-    *first = cfg->peer_id * per, *last = *first + per - 1;
+    *first = expert_first_owned(cfg->peer_id, per, experts), *last = *first + per - 1;
     if (per <= 0 || *first < 0 || *first + per > experts)
         return spes_fail("spes_config: peer %d with %d experts per node owns experts [%d, %d), outside the model's "
                          "%d experts; check peer_id and num_train_experts_per_node",

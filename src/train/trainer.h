@@ -81,8 +81,9 @@ int64_t trainer_max_steps(const Trainer *t);
 TrainState *trainer_state(Trainer *t);
 
 // The trainable mask for this config: every tensor (plain or using_dilico), or with using_spes the shared tensors
-// plus the peer's own experts [peer_id*m, (peer_id+1)*m) of every layer
-// (m = num_train_experts_per_node). Reallocates the model's gradient buffer.
+// plus the peer's own experts of every layer, m = num_train_experts_per_node from expert_first_owned
+// (config/expert_owners.h: [peer_id*m, (peer_id+1)*m) when the peers partition the experts; with
+// replicas peer_id modulo the groups). Reallocates the model's gradient buffer.
 int trainer_setup_trainable(Model *m, const TrainConfig *cfg);
 // The experts [first, last] this config trains (the rule above), or an error naming the bad keys.
 int trainer_own_experts(const TrainConfig *cfg, int experts, int *first, int *last);

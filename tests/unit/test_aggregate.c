@@ -1,5 +1,6 @@
 // Aggregation maths on crafted tensors: means, ownership, fedavg, alpha schedule, cosine
-// neighbours, merge values, bf16 in and out, determinism across thread counts, expert rotation.
+// neighbours, merge values, bf16 in and out, determinism across thread counts, expert rotation,
+// expert replicas (several owners per expert).
 #include <math.h>
 #include <omp.h>
 #include <setjmp.h>
@@ -591,6 +592,83 @@ static void test_rotation_config_errors(void **state) {
     model_spec_free(&spec);
 }
 
+// Expert replicas: E = 4, m = 2, P = 4, so 2 groups and 2 owners per expert (group g: peers g and
+// g + 2). An expert is the mean of its present owners (one present: its upload, bit for bit; none:
+// the previous aggregate), the shared tensors the mean of every present peer; the incremental form
+// gives the same bytes; a topology that leaves experts with unequal owners is refused.
+static void test_replicas_average_their_owners(void **state) {
+    (void)state;
+    ModelSpec spec;
+    build_spec(&spec, 4);
+    AggregateConfig cfg = base_config(SYNC_MODE_SPES, 4, 2);
+    assert_int_equal(aggregate_config_check(&cfg, &spec), SPES_OK);
+    Uploads u, prev;
+    make_uploads(&u, &spec, &cfg, DTYPE_F32, fill_distinct);
+    AggregateConfig one = base_config(SYNC_MODE_FEDAVG, 1, 0);
+    make_uploads(&prev, &spec, &one, DTYPE_F32, fill_distinct);
+    for (int t = 0; t < spec.count; t++)
+        for (size_t i = 0; i < spec.tensors[t].numel; i++) {
+            float v = -fill_distinct(0, t, i) - 1.0f;
+            memcpy(prev.data[t] + 4 * i, &v, 4);
+        }
+    // Peer 2 sends experts 0 and 1 (group 0) like peer 0; peer 3 experts 2 and 3 like peer 1.
+    for (int t = 0; t < spec.count; t++) {
+        int e = spec.tensors[t].expert;
+        for (int p = 0; p < 4; p++)
+            assert_int_equal(model_spec_peer_sends(&spec, cfg.mode, 2, p, t), e < 0 || e / 2 == p % 2);
+    }
+    float *all = calloc(spec.total_numel, sizeof(float));
+    uint8_t **outs = carve_outputs(&spec, (uint8_t *)all, sizeof(float));
+    const bool cases[3][4] = {{true, true, true, true}, {true, true, false, true}, {false, true, false, true}};
+    for (int c = 0; c < 3; c++) {
+        const bool *present = cases[c];
+        assert_int_equal(aggregate_compute_partial(&spec, &cfg, 10, u.rows, present, prev.rows, outs, DTYPE_F32),
+                         SPES_OK);
+        for (int t = 0; t < spec.count; t++) {
+            int e = spec.tensors[t].expert, first = e < 0 ? 0 : e / 2, stride = e < 0 ? 1 : 2, n = 0;
+            for (size_t i = 0; i < spec.tensors[t].numel; i++) {
+                float want = 0.0f;
+                n = 0;
+                for (int p = first; p < 4; p += stride)
+                    if (present[p]) want = n++ ? want + upload_value(&u, p, t, i) : upload_value(&u, p, t, i);
+                if (n > 1) want /= (float)n;
+                if (n == 0) want = upload_value(&prev, 0, t, i);
+                assert_true(((const float *)outs[t])[i] == want);
+            }
+            if (c == 2 && e >= 0) assert_int_equal(n, e / 2 == 0 ? 0 : 2);   // group 0 wholly absent
+        }
+    }
+    free(all);
+    free(outs);
+    free_uploads(&u);
+    free_uploads(&prev);
+    model_spec_free(&spec);
+    // Both forms, merging on and off, F32 and BF16, all present and partial (8 experts, m = 4: two
+    // owners per expert, peers {0, 2} and {1, 3}).
+    model_spec_init(&spec);
+    int64_t shared[2] = {300, 77}, gate[2] = {129, 101}, down[2] = {101, 129};
+    assert_int_equal(model_spec_add(&spec, "model.embed_tokens.weight", DTYPE_F32, 2, shared), SPES_OK);
+    for (int l = 0; l < 2; l++) add_layer_experts(&spec, l, 8, gate, down);
+    assert_int_equal(model_spec_finish(&spec), SPES_OK);
+    bool some[4] = {true, true, false, true}, no_group0[4] = {false, true, false, true};
+    for (int merge = 0; merge < 2; merge++) {
+        AggregateConfig rep = base_config(SYNC_MODE_SPES, 4, 4);
+        rep.merge_interval = merge ? 1 : 0;
+        rep.merge_alpha_start = merge ? 0.3f : 0.0f;
+        check_incremental(&spec, &rep, 4, DTYPE_F32, DTYPE_F32, NULL);
+        check_incremental(&spec, &rep, 4, DTYPE_BF16, DTYPE_BF16, NULL);
+        check_incremental(&spec, &rep, 4, DTYPE_F32, DTYPE_F32, some);
+        check_incremental(&spec, &rep, 4, DTYPE_F32, DTYPE_BF16, no_group0);
+    }
+    // 8 experts, m = 4, 3 peers: group 0 would have two owners and group 1 one.
+    AggregateConfig uneven = base_config(SYNC_MODE_SPES, 3, 4);
+    assert_int_equal(aggregate_config_check(&uneven, &spec), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "same number of owners"));
+    uneven = base_config(SYNC_MODE_SPES, 4, 3);   // 3 does not divide 8
+    assert_int_equal(aggregate_config_check(&uneven, &spec), SPES_ERR);
+    model_spec_free(&spec);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shared_mean_and_owner_experts),
@@ -606,6 +684,7 @@ int main(void) {
         cmocka_unit_test(test_config_errors_name_the_problem),
         cmocka_unit_test(test_rotation_moves_experts_one_peer_on),
         cmocka_unit_test(test_rotation_config_errors),
+        cmocka_unit_test(test_replicas_average_their_owners),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

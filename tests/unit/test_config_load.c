@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "config/config_internal.h"   // config_write_values: what the hash reads
 #include "config/config.h"
+#include "config/expert_owners.h"
 
 // ../shared/reference/configs, found from $SPES_TEST_DATA (default ../shared/data).
 static const char *reference_dir(void) {
@@ -119,6 +120,18 @@ static void test_reference_3b_norm_router(void **state) {
     assert_false(cfg.using_decayed_aux_loss);
     assert_int_equal(cfg.device_train_microbatch_size, 1);
     assert_null(cfg.unknown_keys);
+    // 8 peers x 2 of 8 experts: 4 groups, every expert owned by 2 peers (p and p + 4). Peer 5 loads
+    // (before replicas it was refused: "would own experts [10, 12)") and trains experts 2 and 3.
+    assert_int_equal(expert_replicas(cfg.num_peers, 2, cfg.model.num_experts), 2);
+    for (int p = 0; p < 8; p++) {
+        assert_int_equal(expert_first_owned(p, 2, 8), 2 * (p % 4));
+        for (int e = 0; e < 8; e++) assert_int_equal(expert_owned_by(e, p, 2, 8), e / 2 == p % 4);
+    }
+    config_free(&cfg);
+    char *peer5[] = {"--spes_config.peer_id=5"};
+    if (load_reference("spes_moe_3b_9b_4nodes_norm_router.yaml", 1, peer5, &cfg) == 77) skip();
+    assert_int_equal(cfg.peer_id, 5);
+    assert_int_equal(expert_first_owned(cfg.peer_id, cfg.num_train_experts_per_node, cfg.model.num_experts), 2);
     config_free(&cfg);
 }
 
