@@ -59,12 +59,13 @@ def prepare_demo(spes, out, experts, experts_per_peer, train_docs):
     stops before training (its own corpus writer and question writer, no copy of them here).
     Written afresh by every invocation (a few seconds): an output folder reused with a newer
     binary would otherwise keep an older demo.yaml, whose settings every run here inherits.
-    The model has `experts` experts per layer (written as experts / experts_per_peer demo peers;
-    the runs here state their own topology on the command line)."""
+    The model has `experts` experts per layer (the runs here state their own topology on the
+    command line; the demo's peer count only has to give every expert the same owners)."""
     d = os.path.join(out, "demo")
     logf = os.path.join(out, "demo_inputs.log")
     with open(logf, "w") as f:
-        rc = subprocess.call([spes, "demo", "--peers", str(experts // experts_per_peer), "--experts_per_peer", str(experts_per_peer), "--steps", "2",
+        rc = subprocess.call([spes, "demo", "--peers", str(experts // experts_per_peer), "--experts_per_peer", str(experts_per_peer),
+                              "--experts", str(experts), "--steps", "2",
                               "--sync_steps", "2", "--batch", "1", "--threads_per_peer", "1", "--inputs_only",
                               "--train_docs", str(train_docs), "--out", d], stdout=f, stderr=subprocess.STDOUT)
     if rc != 0:

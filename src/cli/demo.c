@@ -57,7 +57,7 @@ static int check_demo_stop(void) {
 }
 
 typedef struct {
-    int peers, experts_per_peer, steps, sync_steps, batch, threads_per_peer;
+    int peers, experts_per_peer, experts, steps, sync_steps, batch, threads_per_peer;   // experts: per layer
     int train_docs, val_docs, questions;
     int baseline;               // also train centralised
     int inputs_only;            // write the corpus, questions and demo.yaml, then stop (no training)
@@ -71,7 +71,7 @@ typedef struct {
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: spes demo [--peers N] [--experts_per_peer M] [--steps S] [--sync_steps K] [--batch B]\n"
+            "usage: spes demo [--peers N] [--experts_per_peer M] [--experts E] [--steps S] [--sync_steps K] [--batch B]\n"
             "                 [--train_docs D] [--threads_per_peer T] [--outer_lr X] [--outer_momentum Y]\n"
             "                 [--sync_warmup_steps W] [--sync_warmup_every E] [--lr_scale S] [--payload P]\n"
             "                 [--no_baseline] [--inputs_only] [--out DIR]\n"
@@ -87,6 +87,8 @@ static void usage(FILE *out) {
             "(spes_config.sync_warmup_*; W 0: no warm-up). --lr_scale: the peers' learning rate is S times the\n"
             "centralised run's (spes_config.lr_scale). --payload f32|bf16|int8|int4: what a round sends\n"
             "(spes_config.payload_dtype; int8/int4: deltas with error feedback, docs/communication.md).\n"
+            "--experts E: the model's experts per layer (default N*M); fewer gives each expert several owners\n"
+            "(N*M a multiple of E: replicas, averaged by the server; docs/sync.md).\n"
             "--inputs_only: write the inputs (train.bin, val.bin, recall.jsonl, arithmetic.jsonl, demo.yaml\n"
             "for these settings) and stop, without training (bench/quality uses them).\n"
             "docs/quality.md has the measurements behind the defaults.\n"
@@ -104,6 +106,7 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
                        .lr_scale = 0.7, .payload = "int8"};
     static const struct option longopts[] = {
         {"peers", required_argument, 0, 'p'},        {"experts_per_peer", required_argument, 0, 'm'},
+        {"experts", required_argument, 0, 'e'},
         {"steps", required_argument, 0, 's'},        {"sync_steps", required_argument, 0, 'k'},
         {"batch", required_argument, 0, 'b'},        {"train_docs", required_argument, 0, 'd'},
         {"threads_per_peer", required_argument, 0, 't'}, {"no_baseline", no_argument, 0, 'n'},
@@ -119,6 +122,7 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
         switch (c) {
         case 'p': rc = cli_int("peers", optarg, 1, MAX_PEERS, &o->peers); break;
         case 'm': rc = cli_int("experts_per_peer", optarg, 1, 64, &o->experts_per_peer); break;
+        case 'e': rc = cli_int("experts", optarg, 1, 4096, &o->experts); break;
         case 's': rc = cli_int("steps", optarg, 1, 1000000, &o->steps); break;
         case 'k': rc = cli_int("sync_steps", optarg, 1, 1000000, &o->sync_steps); break;
         case 'b': rc = cli_int("batch", optarg, 1, 4096, &o->batch); break;
@@ -143,6 +147,12 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
         SPES_TRY(rc);
     }
     if (optind < argc) return spes_fail("demo: unexpected argument '%s'", argv[optind]);
+    // Every expert the same number of owners (config/expert_owners.h), as the server requires.
+    if (o->experts == 0) o->experts = o->peers * o->experts_per_peer;
+    if (o->experts % o->experts_per_peer != 0 || o->peers % (o->experts / o->experts_per_peer) != 0)
+        return spes_fail("demo: --experts %d with --peers %d x --experts_per_peer %d: every expert needs the same number of "
+                         "owners (E a multiple of M, N a multiple of E / M)",
+                         o->experts, o->peers, o->experts_per_peer);
     // The peers' config check (spes_config.sync_warmup_*), said here before anything is written.
     if (o->sync_warmup_every > o->sync_steps)
         return spes_fail("demo: --sync_warmup_every %d is above --sync_steps %d", o->sync_warmup_every, o->sync_steps);
@@ -343,8 +353,10 @@ static int open_run(const DemoOptions *o, DemoRun *run) {
     if (!realpath(o->out, run->dir)) return spes_fail("demo: cannot resolve %s", o->out);
     if (!(run->exe = process_self_exe())) return SPES_ERR;
     snprintf(run->cfg_path, sizeof run->cfg_path, "%s/demo.yaml", run->dir);
-    printf("SPES demo: %d peers x %d experts, %d steps, sync every %d steps", o->peers, o->experts_per_peer, o->steps,
-           o->sync_steps);
+    printf("SPES demo: %d peers x %d experts", o->peers, o->experts_per_peer);
+    if (o->experts != o->peers * o->experts_per_peer)
+        printf(" of %d (%d owners each)", o->experts, o->peers * o->experts_per_peer / o->experts);
+    printf(", %d steps, sync every %d steps", o->steps, o->sync_steps);
     if (o->sync_warmup_steps > 0)
         printf(" (every %d for the first %d)", o->sync_warmup_every, o->sync_warmup_steps);
     if (strcmp(o->payload, "f32") != 0) printf(", %s payloads", o->payload);
@@ -366,7 +378,8 @@ static int write_inputs(DemoRun *run) {
     SPES_TRY(demo_questions_write(DEMO_WORLD_SEED, DEMO_TASK_RECALL, o->questions, path));
     snprintf(path, sizeof path, "%s/arithmetic.jsonl", run->dir);
     SPES_TRY(demo_questions_write(DEMO_WORLD_SEED, DEMO_TASK_ARITHMETIC, o->questions, path));
-    DemoRunShape shape = {.peers = o->peers, .experts_per_peer = o->experts_per_peer, .steps = o->steps,
+    DemoRunShape shape = {.peers = o->peers, .experts_per_peer = o->experts_per_peer, .experts = o->experts,
+                          .steps = o->steps,
                           .sync_steps = o->sync_steps, .batch = o->batch, .threads_per_peer = o->threads_per_peer,
                           .outer_lr = o->outer_lr, .outer_momentum = o->outer_momentum,
                           .sync_warmup_steps = o->sync_warmup_steps, .sync_warmup_every = o->sync_warmup_every,
@@ -472,7 +485,7 @@ static int train_centralised(DemoRun *run) {
     snprintf(threads, sizeof threads, "--threads=%d", o->threads_per_peer * o->peers);
     char *argv[] = {run->exe, "train", run->cfg_path, "--using_spes=false", batch, micro, save, threads, NULL};
     printf("\nsame budget centralised (1 process, all %d experts, %d sequences per step)\n",
-           o->peers * o->experts_per_peer, o->peers * o->batch);
+           o->experts, o->peers * o->batch);
     double start = now_seconds();
     int rc = check_demo_stop();
     if (rc == SPES_OK) rc = process_spawn(argv, r->log_path, NULL, &r->pid);

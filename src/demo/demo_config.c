@@ -142,7 +142,7 @@ int demo_config_write(const DemoRunShape *s, const char *dir, const char *path) 
         YAML("model.rope_theta", "10000"),
         YAML("model.layer_norm_eps", "1.0e-6"),
         YAML("model.attention_layer_norm", "true"),
-        INT("model.moe_num_experts", (long long)s->peers * s->experts_per_peer),
+        INT("model.moe_num_experts", demo_experts(s)),
         YAML("model.moe_top_k", "2"),
         YAML("model.moe_loss_weight", "0.01"),
         YAML("model.moe_zloss_weight", "0.001"),

@@ -6,7 +6,8 @@
 
 typedef struct {
     int peers;              // spes_config.num_peers
-    int experts_per_peer;   // spes_config.num_train_experts_per_node (moe_num_experts = peers * this)
+    int experts_per_peer;   // spes_config.num_train_experts_per_node
+    int experts;            // model.moe_num_experts (0: peers * experts_per_peer; fewer: replicas, docs/sync.md)
     int steps;              // max_duration, save and eval interval; scheduler.t_warmup = max(steps/10, 1)
     int sync_steps;         // spes_config.sync_steps
     int batch;              // sequences per step on one peer (global = micro-batch)
@@ -18,6 +19,9 @@ typedef struct {
     double lr_scale;        // spes_config.lr_scale, the peers' learning rate against the centralised run's (0: 1)
     const char *payload;    // spes_config.payload_dtype: f32, bf16, int8 or int4 (NULL: f32)
 } DemoRunShape;
+
+// The model's experts per layer for this shape.
+static inline int demo_experts(const DemoRunShape *s) { return s->experts ? s->experts : s->peers * s->experts_per_peer; }
 
 // Writes the config to `path` (atomically) for a run whose files live in `dir`: train.bin and
 // val.bin there, each peer's checkpoints under dir/peer${spes_config.peer_id}.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `spes demo` in miniature: 2 peers x 4 experts, 6 steps, 2 sync rounds, plus the
-# centralised baseline; the comparison table and the files it names must be there; and
-# `spes demo --inputs_only` writes the same inputs without training.
+# centralised baseline; the comparison table and the files it names must be there;
+# `spes demo --inputs_only` writes the same inputs without training; and a demo with expert
+# replicas (2 peers x 2 of 2 experts: both own both) runs and ends with the peers in agreement.
 set -euo pipefail
 SPES=${SPES_BIN:-build/spes}
 out=$(mktemp -d)
@@ -25,4 +26,11 @@ grep -q "sync step 6" "$out/demo/peer1.log"
 for f in train.bin val.bin recall.jsonl arithmetic.jsonl; do cmp "$out/demo/$f" "$out/inputs/$f"; done
 sed "s|$out/inputs|$out/demo|g" "$out/inputs/demo.yaml" | cmp - "$out/demo/demo.yaml"
 [ "$(ls "$out/inputs" | sort | tr '\n' ' ')" = "arithmetic.jsonl demo.yaml recall.jsonl train.bin val.bin " ]
+"$SPES" demo --peers 2 --experts_per_peer 2 --experts 2 --steps 4 --sync_steps 2 --batch 2 --train_docs 300 \
+  --no_baseline --out "$out/replicas" >"$out/replicas.txt" 2>&1 || { tail -30 "$out/replicas.txt"; exit 1; }
+grep -q "^SPES demo: 2 peers x 2 experts of 2 (2 owners each)" "$out/replicas.txt"
+grep -q "moe_num_experts: 2$" "$out/replicas/demo.yaml"
+cmp "$out/replicas/peer0/step4/model.safetensors" "$out/replicas/peer1/step4/model.safetensors"
+"$SPES" demo --peers 3 --experts_per_peer 2 --experts 4 --out "$out/bad" >"$out/bad.txt" 2>&1 && exit 1
+grep -q "every expert needs the same number of owners" "$out/bad.txt"
 echo "demo smoke: ok"

@@ -64,7 +64,7 @@ static void check_config(const TrainConfig *cfg, const DemoRunShape *s, const ch
     assert_float_equal(m->rope_theta, 10000.0f, 0.0f);
     assert_float_equal(m->norm_eps, 1e-6f, 0.0f);
     assert_int_equal(m->qk_norm, QK_NORM_FULL);
-    assert_int_equal(m->num_experts, s->peers * s->experts_per_peer);
+    assert_int_equal(m->num_experts, s->experts ? s->experts : s->peers * s->experts_per_peer);
     assert_int_equal(m->top_k, 2);
     assert_float_equal(cfg->moe_loss_weight, 0.01f, 0.0f);
     assert_float_equal(cfg->moe_zloss_weight, 0.001f, 0.0f);
@@ -163,6 +163,9 @@ static void test_demo_defaults_and_short_run(void **state) {
     DemoRunShape tiny = {.peers = 2, .experts_per_peer = 3, .steps = 4, .sync_steps = 2, .batch = 1,
                          .threads_per_peer = 5};
     write_and_check(&tiny, root);
+    DemoRunShape replicas = {.peers = 4, .experts_per_peer = 4, .experts = 8, .steps = 1000, .sync_steps = 5,
+                             .batch = 8, .threads_per_peer = 1};   // 2 owners per expert
+    write_and_check(&replicas, root);
 }
 
 // The demo's numbers are written as the shortest text that reads back exactly: lr_scale 0.7 is the
