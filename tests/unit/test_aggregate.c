@@ -508,11 +508,12 @@ static void test_config_errors_name_the_problem(void **state) {
 
 // Expert rotation: at a rotation step the aggregate is the unrotated one (merging included) with
 // each layer's expert e and router row e at position (e + m) mod E; other steps are untouched;
-// the incremental form gives the same bytes. E = 6, m = 2 (two cycles of 3) and E = 4, m = 1 (one of 4).
-static void check_rotation(int P, int m, DType out_dtype) {
+// the incremental form gives the same bytes. E = 6, m = 2 (two cycles of 3), E = 4, m = 1 (one of 4)
+// and E = 4, m = 2 with 4 peers (replicas: each position moves one group of owners on).
+static void check_rotation(int P, int m, int E, DType out_dtype) {
     ModelSpec spec;
-    build_spec(&spec, P * m);
-    int E = P * m, step = 20;
+    build_spec(&spec, E);
+    int step = 20;
     AggregateConfig plain = base_config(SYNC_MODE_SPES, P, m);
     plain.merge_interval = 10;   // merging at the same step: the rotation moves merged values
     plain.merge_alpha_start = 0.3f;
@@ -562,9 +563,10 @@ static void check_rotation(int P, int m, DType out_dtype) {
 
 static void test_rotation_moves_experts_one_peer_on(void **state) {
     (void)state;
-    check_rotation(3, 2, DTYPE_F32);
-    check_rotation(3, 2, DTYPE_BF16);
-    check_rotation(4, 1, DTYPE_F32);
+    check_rotation(3, 2, 6, DTYPE_F32);
+    check_rotation(3, 2, 6, DTYPE_BF16);
+    check_rotation(4, 1, 4, DTYPE_F32);
+    check_rotation(4, 2, 4, DTYPE_F32);
 }
 
 static void test_rotation_config_errors(void **state) {
