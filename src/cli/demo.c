@@ -147,7 +147,7 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
         SPES_TRY(rc);
     }
     if (optind < argc) return spes_fail("demo: unexpected argument '%s'", argv[optind]);
-    // Every expert the same number of owners (config/expert_owners.h), as the server requires.
+    // Every expert the same number of owners (sync/expert_owners.h), as the server requires.
     if (o->experts == 0) o->experts = o->peers * o->experts_per_peer;
     if (o->experts % o->experts_per_peer != 0 || o->peers % (o->experts / o->experts_per_peer) != 0)
         return spes_fail("demo: --experts %d with --peers %d x --experts_per_peer %d: every expert needs the same number of "

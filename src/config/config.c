@@ -13,7 +13,7 @@
 #include "base/log.h"
 #include "base/text_buf.h"
 #include "config/config_internal.h"
-#include "config/expert_owners.h"
+#include "sync/expert_owners.h"
 
 static const char COMMAND_LINE[] = "command line";
 
@@ -267,7 +267,7 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
           "spes_config.num_train_experts_per_node", "must be in [1, moe_num_experts = %d], got %d", m->num_experts,
           cfg->num_train_experts_per_node);
     if (cfg->using_spes && !cfg->using_dilico) {
-        // This peer owns the experts of group peer_id mod E/m (config/expert_owners.h). num_peers
+        // This peer owns the experts of group peer_id mod E/m (sync/expert_owners.h). num_peers
         // a multiple of E/m gives every expert the same number of owners (1: the reference's
         // partition; more: replicas the server averages). Other topologies (E not a multiple of
         // m, or num_peers not one of E/m) leave experts with fewer owners or none; the server

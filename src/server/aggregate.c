@@ -12,8 +12,8 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "config/expert_owners.h"
 #include "server/expert_rotation.h"
+#include "sync/expert_owners.h"
 
 #define CHUNK 1024               // values per work item: 4 KiB of fp32, four buffers fit in L1
 #define COSINE_BLOCKS 64         // fixed split of the gate vectors, so sums do not depend on threads
@@ -23,7 +23,7 @@ int aggregate_config_check(const AggregateConfig *cfg, const ModelSpec *spec) {
     if (cfg->mode == SYNC_MODE_SPES) {
         if (cfg->experts_per_node < 1)
             return spes_fail("aggregate: num_train_experts_per_node must be >= 1 (got %d)", cfg->experts_per_node);
-        // Every expert the same number of owners (config/expert_owners.h): one in the reference's
+        // Every expert the same number of owners (sync/expert_owners.h): one in the reference's
         // topology, r when total_peers is r times the groups of experts_per_node.
         if (spec && (spec->num_experts % cfg->experts_per_node != 0 ||
                      cfg->num_peers % (spec->num_experts / cfg->experts_per_node) != 0))
@@ -87,7 +87,7 @@ typedef struct {
 static bool is_present(const Inputs *in, int p) { return !in->present || in->present[p]; }
 
 // The owners of expert tensor t (spes mode) in this round: peers g, g + G, ... of its group g
-// (config/expert_owners.h), the lowest present one and how many are present.
+// (sync/expert_owners.h), the lowest present one and how many are present.
 typedef struct {
     int first, count, stride;
 } Owners;

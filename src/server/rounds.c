@@ -18,12 +18,12 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "base/timer.h"
-#include "config/expert_owners.h"
 #include "server/expert_rotation.h"
 #include "server/peer_watch.h"
 #include "server/rounds_internal.h"
 #include "server/server_state.h"
 #include "server/upload_check.h"
+#include "sync/expert_owners.h"
 
 
 

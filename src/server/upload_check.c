@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "base/error.h"
-#include "config/expert_owners.h"
+#include "sync/expert_owners.h"
 
 // Widened to F32, the bits of value i of t (F32 or BF16).
 static uint32_t value_bits(const StTensor *t, size_t i) {

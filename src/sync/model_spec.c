@@ -7,7 +7,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "config/expert_owners.h"
+#include "sync/expert_owners.h"
 
 const char *sync_mode_name(SyncMode mode) { return mode == SYNC_MODE_FEDAVG ? "fedavg" : "spes"; }
 

@@ -81,7 +81,7 @@ static inline int model_spec_expert_tensor(const ModelSpec *spec, int slot, int 
 }
 
 // Whether peer `peer` uploads tensor t: fedavg every tensor; spes the shared tensors and the
-// experts it owns (config/expert_owners.h: group peer mod E / experts_per_node).
+// experts it owns (sync/expert_owners.h: group peer mod E / experts_per_node).
 bool model_spec_peer_sends(const ModelSpec *spec, SyncMode mode, int experts_per_node, int peer, int t);
 
 // Writes into msg a sentence naming the first difference between a (the server's) and b (a

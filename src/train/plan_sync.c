@@ -7,10 +7,10 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "config/expert_owners.h"
 #include "io/safetensors.h"
 #include "model/param_table.h"
 #include "sync/delta_payload.h"
+#include "sync/expert_owners.h"
 #include "sync/model_spec.h"
 #include "train/trainer.h"
 

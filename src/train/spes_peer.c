@@ -10,7 +10,6 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "config/expert_owners.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "base/timer.h"
@@ -18,6 +17,7 @@
 #include "sync/auth.h"
 #include "sync/client.h"
 #include "sync/delta_peer.h"
+#include "sync/expert_owners.h"
 #include "sync/model_spec.h"
 
 typedef struct RoundJob RoundJob;

@@ -9,7 +9,6 @@
 #include <sys/resource.h>
 
 #include "base/alloc.h"
-#include "config/expert_owners.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "base/log.h"
@@ -23,6 +22,7 @@
 #include "parallel/sharded_params.h"
 #include "eval/mc_score.h"
 #include "model/hf_import.h"
+#include "sync/expert_owners.h"
 #include "train/checkpoint.h"
 #include "train/loss_scale.h"
 #include "train/optimizer.h"

@@ -82,7 +82,7 @@ TrainState *trainer_state(Trainer *t);
 
 // The trainable mask for this config: every tensor (plain or using_dilico), or with using_spes the shared tensors
 // plus the peer's own experts of every layer, m = num_train_experts_per_node from expert_first_owned
-// (config/expert_owners.h: [peer_id*m, (peer_id+1)*m) when the peers partition the experts; with
+// (sync/expert_owners.h: [peer_id*m, (peer_id+1)*m) when the peers partition the experts; with
 // replicas peer_id modulo the groups). Reallocates the model's gradient buffer.
 int trainer_setup_trainable(Model *m, const TrainConfig *cfg);
 // The experts [first, last] this config trains (the rule above), or an error naming the bad keys.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Expert replicas end to end (config/expert_owners.h): a parameter server and 4 `spes train` peers
+# Expert replicas end to end (sync/expert_owners.h): a parameter server and 4 `spes train` peers
 # of a 2-expert model, each peer owning 1 expert, so every expert has 2 owners (expert 0: peers 0
 # and 2; 1: peers 1 and 3); 3 sync rounds (steps 2, 4, 6), once with f32 payloads and once with
 # int8 deltas. Checked:

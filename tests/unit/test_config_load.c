@@ -13,7 +13,7 @@
 #include "base/error.h"
 #include "config/config_internal.h"   // config_write_values: what the hash reads
 #include "config/config.h"
-#include "config/expert_owners.h"
+#include "sync/expert_owners.h"
 
 // ../shared/reference/configs, found from $SPES_TEST_DATA (default ../shared/data).
 static const char *reference_dir(void) {
