@@ -61,8 +61,6 @@ static const BadCase CASES[] = {
      "bad.yaml:1: save_num_unsharded_checkpoints_to_keep", "-1 (keep all)"},
     {"peer_id out of range", "spes_config:\n  num_peers: 4\n  peer_id: 4\n", NULL, "bad.yaml:3: spes_config.peer_id",
      "[0, num_peers = 4)"},
-    {"peer owns missing experts", "using_spes: true\nmodel:\n  moe_num_experts: 8\nspes_config:\n  num_peers: 8\n  peer_id: 5\n  num_train_experts_per_node: 2\n",
-     NULL, "bad.yaml:6: spes_config.peer_id", "experts [10, 12)"},
     {"too many experts per node", "model:\n  moe_num_experts: 8\nspes_config:\n  num_train_experts_per_node: 9\n", NULL,
      "bad.yaml:4: spes_config.num_train_experts_per_node", "[1, moe_num_experts = 8]"},
     {"evaluator without paths", "evaluators:\n  - label: val\n    type: lm\n", NULL, "bad.yaml:2: evaluators[0]", "needs data.paths"},
