@@ -677,8 +677,8 @@ static const ConfigKey KEYS[] = {
 
     {"spes_config", K_SECTION, .meaning = "SPES topology."},
     {"spes_config.num_peers", K_INT, F(num_peers), MIN_POSITIVE, .hashed = true, .meaning = "Training nodes."},
-    {"spes_config.peer_id", K_INT, F(peer_id), MIN_NONNEG, .hashed = true, .meaning = "This node (0-based); owns experts [peer_id*m, (peer_id+1)*m)."},
-    {"spes_config.num_train_experts_per_node", K_INT, F(num_train_experts_per_node), MIN_POSITIVE, .nullable = true, .null_value = 0, .hashed = true, .meaning = "m; with using_spes num_peers*m must equal moe_num_experts (null: E / num_peers)."},
+    {"spes_config.peer_id", K_INT, F(peer_id), MIN_NONNEG, .hashed = true, .meaning = "This node (0-based); owns experts [peer_id*m, (peer_id+1)*m), or with replicas those of group peer_id mod E/m."},
+    {"spes_config.num_train_experts_per_node", K_INT, F(num_train_experts_per_node), MIN_POSITIVE, .nullable = true, .null_value = 0, .hashed = true, .meaning = "m; with using_spes num_peers*m is moe_num_experts, or a multiple of it: every expert then has num_peers*m/E owners (replicas) (null: E / num_peers)."},
     {"spes_config.sync_steps", K_I64, F(sync_steps), MIN_POSITIVE, .hashed = true, .meaning = "Steps between synchronisations."},
     {"spes_config.server_addr", K_STR, F(server_addr), .meaning = "Parameter server host:port."},
     {"spes_config.using_decayed_aux_loss", K_BOOL, F(using_decayed_aux_loss), .hashed = true, .meaning = "Decayed load-balancing counts for own experts (DESIGN.md)."},
@@ -1049,8 +1049,10 @@ void config_write_keys_markdown(FILE *out) {
           "token file a line (blank lines and `#` comments skipped; `spes list-files` writes absolute paths).\n"
           "- `using_spes: true` with `using_dilico: true` (as the seeds' dilico config has it) is the "
           "FedAvg baseline: every expert trainable, `num_train_experts_per_node` is not an ownership. With "
-          "SPES, peer p owns experts [p*m, (p+1)*m), which must exist; `num_peers * m != moe_num_experts` "
-          "is only warned about (the seeds' 3B config has 8 peers x 2 of 8 experts).\n"
+          "SPES, peer p owns experts [p*m, (p+1)*m) when the peers partition the experts; with `num_peers * m` "
+          "a multiple of `moe_num_experts` (the seeds' 3B config: 8 peers x 2 of 8 experts) peer p owns the "
+          "group p mod E/m and every expert has several owners, averaged by the server (replicas, docs/sync.md); "
+          "a topology giving experts unequal owners is warned about here and refused by the server.\n"
           "- Data order is OLMo's: per file floor(tokens / max_sequence_length) instances (the tail is "
           "dropped), files concatenated in order, epoch e shuffled with numpy's "
           "`Generator(PCG64(data.seed + e)).permutation` (reproduced bit for bit). Deviation: a token file "
