@@ -108,23 +108,23 @@ static int peer_round(const TrainConfig *cfg, const Tables *t, int p, PayloadDty
     const bool *mine = t->mask[p];
     // The aggregate's view for p leaves out p's own experts (SPES with one owner per expert; with
     // replicas an expert comes down as its owners' mean; fedavg sends every tensor down).
-    bool spes = cfg->using_spes && !cfg->using_dilico &&
+    bool omit_own = cfg->using_spes && !cfg->using_dilico &&
                 expert_replicas(cfg->num_peers, cfg->num_train_experts_per_node, cfg->model.num_experts) == 1;
     bool *keep = spes_calloc((size_t)tab->count + 1, sizeof(bool));
     if (!keep) return SPES_ERR;
-    for (int i = 0; i < tab->count; i++) keep[i] = !(spes && tab->entries[i].expert >= 0 && mine[i]);
+    for (int i = 0; i < tab->count; i++) keep[i] = !(omit_own && tab->entries[i].expert >= 0 && mine[i]);
     int rc = SPES_OK;
     if (dtype == PAYLOAD_F32 || dtype == PAYLOAD_BF16) {
         DType d = dtype == PAYLOAD_F32 ? DTYPE_F32 : DTYPE_BF16;
         rc = plain_bytes(tab, mine, d, NULL, up);
-        if (rc == SPES_OK) rc = plain_bytes(tab, spes ? keep : NULL, d, spes ? SYNC_VIEW_OMIT_OWN : NULL, down);
+        if (rc == SPES_OK) rc = plain_bytes(tab, omit_own ? keep : NULL, d, omit_own ? SYNC_VIEW_OMIT_OWN : NULL, down);
     } else if (first) {   // no base: F32 both ways, the aggregate whole
         rc = plain_bytes(tab, mine, DTYPE_F32, NULL, up);
         if (rc == SPES_OK) rc = plain_bytes(tab, NULL, DTYPE_F32, NULL, down);
     } else {
         const DeltaCodec *c = dtype == PAYLOAD_INT8 ? &DELTA_INT8 : &DELTA_INT4;
         rc = delta_bytes(tab, c, mine, base_step, NULL, NULL, up);
-        if (rc == SPES_OK) rc = delta_bytes(tab, c, NULL, base_step, spes ? keep : NULL, spes ? c->view_omit_own : NULL, down);
+        if (rc == SPES_OK) rc = delta_bytes(tab, c, NULL, base_step, omit_own ? keep : NULL, omit_own ? c->view_omit_own : NULL, down);
     }
     free(keep);
     return rc;
