@@ -32,6 +32,7 @@
 #include "eval/mc_task.h"
 #include "eval/perplexity.h"
 #include "model/hf_import.h"
+#include "sync/expert_owners.h"
 
 #define MAX_PEERS 16
 // How long stopped peers get to save their checkpoint before SIGKILL.
@@ -149,7 +150,7 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
     if (optind < argc) return spes_fail("demo: unexpected argument '%s'", argv[optind]);
     // Every expert the same number of owners (sync/expert_owners.h), as the server requires.
     if (o->experts == 0) o->experts = o->peers * o->experts_per_peer;
-    if (o->experts % o->experts_per_peer != 0 || o->peers % (o->experts / o->experts_per_peer) != 0)
+    if (!expert_owners_even(o->peers, o->experts_per_peer, o->experts))
         return spes_fail("demo: --experts %d with --peers %d x --experts_per_peer %d: every expert needs the same number of "
                          "owners (E a multiple of M, N a multiple of E / M)",
                          o->experts, o->peers, o->experts_per_peer);

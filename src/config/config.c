@@ -273,7 +273,7 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
         // m, or num_peers not one of E/m) leave experts with fewer owners or none; the server
         // refuses them, the peer only warns (its config may be one of several being written).
         int m_own = cfg->num_train_experts_per_node, E = m->num_experts;
-        if (E % m_own != 0 || cfg->num_peers % (E / m_own) != 0)
+        if (!expert_owners_even(cfg->num_peers, m_own, E))
             log_warn("%s: spes_config: num_peers (%d) x num_train_experts_per_node (%d) does not cover the %d experts "
                      "evenly: a server refuses it (every expert needs the same number of owners)",
                      cfg->source_path ? cfg->source_path : "config", cfg->num_peers, m_own, E);

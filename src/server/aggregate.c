@@ -25,8 +25,7 @@ int aggregate_config_check(const AggregateConfig *cfg, const ModelSpec *spec) {
             return spes_fail("aggregate: num_train_experts_per_node must be >= 1 (got %d)", cfg->experts_per_node);
         // Every expert the same number of owners (sync/expert_owners.h): one in the reference's
         // topology, r when total_peers is r times the groups of experts_per_node.
-        if (spec && (spec->num_experts % cfg->experts_per_node != 0 ||
-                     cfg->num_peers % (spec->num_experts / cfg->experts_per_node) != 0))
+        if (spec && !expert_owners_even(cfg->num_peers, cfg->experts_per_node, spec->num_experts))
             return spes_fail(
                 "aggregate: the model has %d experts per layer but total_peers * num_train_experts_per_node = "
                 "%d * %d = %d; in spes mode every expert needs the same number of owners (total_peers x "
@@ -322,6 +321,15 @@ static bool usable(const StTensor *u, const SpecTensor *t) {
     return u && u->numel == t->numel && (u->dtype == DTYPE_F32 || u->dtype == DTYPE_BF16);
 }
 
+// An expert none of whose owners is in the round keeps the latest aggregate's value `prev`:
+// refused when there is none to keep (both aggregate forms).
+static int check_ownerless_expert(const StTensor *prev, const SpecTensor *st, int step) {
+    if (usable(prev, st)) return SPES_OK;
+    return spes_fail("aggregate: step %d: the owner of '%s' is missing and there is no usable previous value "
+                     "(a partial round needs an earlier aggregate)",
+                     step, st->name);
+}
+
 int aggregate_compute(const ModelSpec *spec, const AggregateConfig *cfg, int step, const StTensor *const *uploads,
                       uint8_t *const *out, DType out_dtype) {
     return aggregate_compute_partial(spec, cfg, step, uploads, NULL, NULL, out, out_dtype);
@@ -346,11 +354,8 @@ int aggregate_compute_partial(const ModelSpec *spec, const AggregateConfig *cfg,
                 !usable(uploads[(size_t)p * spec->count + t], &spec->tensors[t]))
                 return spes_fail("aggregate: peer %d's '%s' is missing or not a %zu-value F32/BF16 tensor", p,
                                  spec->tensors[t].name, spec->tensors[t].numel);
-        if (cfg->mode == SYNC_MODE_SPES && spec->tensors[t].expert >= 0 &&
-            present_owners(spec, cfg, present, t).count == 0 && !usable(previous ? previous[t] : NULL, &spec->tensors[t]))
-            return spes_fail("aggregate: step %d: the owner of '%s' is missing and there is no usable previous value "
-                             "(a partial round needs an earlier aggregate)",
-                             step, spec->tensors[t].name);
+        if (cfg->mode == SYNC_MODE_SPES && spec->tensors[t].expert >= 0 && present_owners(spec, cfg, present, t).count == 0)
+            SPES_TRY(check_ownerless_expert(previous ? previous[t] : NULL, &spec->tensors[t], step));
     }
     float alpha = aggregate_merge_alpha(cfg, step);
     int k = spec->num_experts - 1 < cfg->merge_topk ? spec->num_experts - 1 : cfg->merge_topk;
@@ -586,12 +591,11 @@ static int acc_finish_values(AggregateAcc *a, const StTensor *const *previous) {
         int count = a->num_present;
         if (cfg->mode == SYNC_MODE_SPES && st->expert >= 0) {
             count = present_owners(spec, cfg, a->present, t).count;
-            const StTensor *prev = previous ? previous[t] : NULL;
-            if (count == 0 && !usable(prev, st))
-                return spes_fail("aggregate: step %d: the owner of '%s' is missing and there is no usable previous "
-                                 "value (a partial round needs an earlier aggregate)",
-                                 a->step, st->name);
-            if (count == 0) acc_tensor(a->acc[t], prev, n, false);
+            if (count == 0) {
+                const StTensor *prev = previous ? previous[t] : NULL;
+                SPES_TRY(check_ownerless_expert(prev, st, a->step));
+                acc_tensor(a->acc[t], prev, n, false);
+            }
         }
         if (count > 1) {
             float *x = a->acc[t], d = (float)count;

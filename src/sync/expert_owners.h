@@ -5,8 +5,9 @@
 // consecutive experts; peer p owns group p mod G. With num_peers = G (the reference's topology)
 // every expert has one owner, expert e peer e / m. With num_peers = r x G every expert has r
 // owners, peers g, g + G, ..., g + (r-1) G: expert replicas, whose uploads the server averages
-// like the shared tensors (docs/sync.md). Callers check E % m == 0 (config_validate, the server's
-// aggregate_config_check); below that the rule still names experts inside [0, E).
+// like the shared tensors (docs/sync.md). Callers check expert_owners_even (the server's
+// aggregate_config_check refuses, the peers' config check warns, `spes demo` refuses); where it
+// fails the rule still names experts inside [0, E).
 #pragma once
 #include <stdbool.h>
 
@@ -22,6 +23,13 @@ static inline int expert_first_owned(int peer, int per_node, int num_experts) {
 
 static inline bool expert_owned_by(int expert, int peer, int per_node, int num_experts) {
     return per_node > 0 && expert / per_node == peer % expert_groups(num_experts, per_node);
+}
+
+// Whether every expert has the same number of owners, at least one: m in [1, E], m divides E and
+// num_peers is a multiple of the E / m groups.
+static inline bool expert_owners_even(int num_peers, int per_node, int num_experts) {
+    return per_node >= 1 && per_node <= num_experts && num_experts % per_node == 0 &&
+           num_peers % (num_experts / per_node) == 0;
 }
 
 // Owners per expert when num_peers is a multiple of the groups (1 in the reference's topology).
