@@ -440,7 +440,8 @@ def main():
     shape = Shape(a)
 
     corpora = []
-    demo = prepare_demo(a.spes, data_dir, a.experts or a.peers * a.experts_per_peer, a.experts_per_peer, a.train_docs)
+    experts = a.experts or a.peers * a.experts_per_peer   # per layer
+    demo = prepare_demo(a.spes, data_dir, experts, a.experts_per_peer, a.train_docs)
     for name in a.corpora.split(","):
         if name == "demo":
             corpora.append(demo)
@@ -469,7 +470,7 @@ def main():
         log("bench-quality: `spes server` has no --outer_lr: the outer-optimizer ablation is not run")
     results_path = os.path.join(a.out, "results.jsonl")
     with open(results_path + ".tmp", "w") as res:
-        res.write(json.dumps({"meta": {"steps": a.steps, "batch": a.batch, "peers": a.peers, "experts_per_peer": a.experts_per_peer, "experts": a.experts or a.peers * a.experts_per_peer, "seq": SEQ,
+        res.write(json.dumps({"meta": {"steps": a.steps, "batch": a.batch, "peers": a.peers, "experts_per_peer": a.experts_per_peer, "experts": experts, "seq": SEQ,
                                        "seeds": a.seeds, "ablation_seeds": min(a.seeds, a.ablation_seeds),
                                        "sync_steps": a.sync_steps, "tokens": tokens,
                                        "threads": a.threads, "outer_measured": has_outer,

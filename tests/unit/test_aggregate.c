@@ -453,29 +453,38 @@ static void check_incremental(const ModelSpec *spec, const AggregateConfig *cfg,
     free_uploads(&prev_u);
 }
 
+// A spec for the two aggregate forms: shared tensors of sizes that are not multiples of CHUNK
+// (one of 3 values) and 2 layers of 8 experts of 129 x 101.
+static void build_wide_spec(ModelSpec *spec) {
+    model_spec_init(spec);
+    int64_t shared[2] = {300, 77}, gate[2] = {129, 101}, down[2] = {101, 129}, odd[1] = {3};
+    assert_int_equal(model_spec_add(spec, "model.embed_tokens.weight", DTYPE_F32, 2, shared), SPES_OK);
+    assert_int_equal(model_spec_add(spec, "model.norm.weight", DTYPE_F32, 1, odd), SPES_OK);
+    for (int l = 0; l < 2; l++) add_layer_experts(spec, l, 8, gate, down);
+    assert_int_equal(model_spec_finish(spec), SPES_OK);
+}
+
+// cfg with merging on every step at alpha 0.3 (merge) or off.
+static AggregateConfig with_merge(AggregateConfig cfg, int merge) {
+    cfg.merge_interval = merge ? 1 : 0;
+    cfg.merge_alpha_start = merge ? 0.3f : 0.0f;
+    return cfg;
+}
+
 static void test_incremental_is_bit_identical(void **state) {
     (void)state;
     ModelSpec spec;
-    model_spec_init(&spec);
-    int64_t shared[2] = {300, 77}, gate[2] = {129, 101}, down[2] = {101, 129}, odd[1] = {3};
-    assert_int_equal(model_spec_add(&spec, "model.embed_tokens.weight", DTYPE_F32, 2, shared), SPES_OK);
-    assert_int_equal(model_spec_add(&spec, "model.norm.weight", DTYPE_F32, 1, odd), SPES_OK);
-    for (int l = 0; l < 2; l++) add_layer_experts(&spec, l, 8, gate, down);
-    assert_int_equal(model_spec_finish(&spec), SPES_OK);
+    build_wide_spec(&spec);
     bool some[4] = {false, true, true, false};
     for (int merge = 0; merge < 2; merge++) {
-        AggregateConfig cfg = base_config(SYNC_MODE_SPES, 4, 2);
-        cfg.merge_interval = merge ? 1 : 0;
-        cfg.merge_alpha_start = merge ? 0.3f : 0.0f;
+        AggregateConfig cfg = with_merge(base_config(SYNC_MODE_SPES, 4, 2), merge);
         check_incremental(&spec, &cfg, 4, DTYPE_F32, DTYPE_F32, NULL);
         check_incremental(&spec, &cfg, 4, DTYPE_BF16, DTYPE_F32, NULL);
         check_incremental(&spec, &cfg, 4, DTYPE_F32, DTYPE_BF16, NULL);
         check_incremental(&spec, &cfg, 4, DTYPE_BF16, DTYPE_BF16, NULL);
         check_incremental(&spec, &cfg, 4, DTYPE_F32, DTYPE_F32, some);   // partial: owners 0, 3 missing
         check_incremental(&spec, &cfg, 4, DTYPE_BF16, DTYPE_BF16, some);
-        AggregateConfig fed = base_config(SYNC_MODE_FEDAVG, 3, 0);
-        fed.merge_interval = cfg.merge_interval;
-        fed.merge_alpha_start = cfg.merge_alpha_start;
+        AggregateConfig fed = with_merge(base_config(SYNC_MODE_FEDAVG, 3, 0), merge);
         check_incremental(&spec, &fed, 4, DTYPE_F32, DTYPE_F32, NULL);
         check_incremental(&spec, &fed, 4, DTYPE_F32, DTYPE_BF16, NULL);
     }
@@ -647,16 +656,10 @@ static void test_replicas_average_their_owners(void **state) {
     model_spec_free(&spec);
     // Both forms, merging on and off, F32 and BF16, all present and partial (8 experts, m = 4: two
     // owners per expert, peers {0, 2} and {1, 3}).
-    model_spec_init(&spec);
-    int64_t shared[2] = {300, 77}, gate[2] = {129, 101}, down[2] = {101, 129};
-    assert_int_equal(model_spec_add(&spec, "model.embed_tokens.weight", DTYPE_F32, 2, shared), SPES_OK);
-    for (int l = 0; l < 2; l++) add_layer_experts(&spec, l, 8, gate, down);
-    assert_int_equal(model_spec_finish(&spec), SPES_OK);
+    build_wide_spec(&spec);
     bool some[4] = {true, true, false, true}, no_group0[4] = {false, true, false, true};
     for (int merge = 0; merge < 2; merge++) {
-        AggregateConfig rep = base_config(SYNC_MODE_SPES, 4, 4);
-        rep.merge_interval = merge ? 1 : 0;
-        rep.merge_alpha_start = merge ? 0.3f : 0.0f;
+        AggregateConfig rep = with_merge(base_config(SYNC_MODE_SPES, 4, 4), merge);
         check_incremental(&spec, &rep, 4, DTYPE_F32, DTYPE_F32, NULL);
         check_incremental(&spec, &rep, 4, DTYPE_BF16, DTYPE_BF16, NULL);
         check_incremental(&spec, &rep, 4, DTYPE_F32, DTYPE_F32, some);
