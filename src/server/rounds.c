@@ -476,6 +476,7 @@ static RoundsResult infer_spec(Rounds *r, int peer, const uint8_t *bytes, size_t
     if (safetensors_parse(bytes, len, "first upload (model spec inferred from it)", &st) != SPES_OK)
         return ROUNDS_BAD_REQUEST;
     ModelSpec spec;
+    // The most experts a layer can have (no replicas); the upload's routers say how many it has.
     int E = r->cfg.agg.num_peers * r->cfg.agg.experts_per_node;
     if (model_spec_infer_from_upload(&st, r->cfg.agg.mode, E, &spec) != SPES_OK) {
         safetensors_close(&st);

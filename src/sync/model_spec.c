@@ -265,6 +265,17 @@ void model_spec_describe_difference(const ModelSpec *a, const ModelSpec *b, char
     snprintf(msg, cap, "no difference in the tensor lists");
 }
 
+// A layer's expert count: its router's rows ([E, H], a shared tensor every spes upload carries),
+// else `fallback`. With expert replicas E is less than peers x experts per peer, so the
+// router, not the server's topology, says how many experts a layer has.
+static int layer_experts(const SafeTensors *upload, int layer, int fallback) {
+    char name[96];
+    snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", layer);
+    const StTensor *router = safetensors_find(upload, name);
+    if (!router || router->ndim != 2 || router->shape[0] < 1 || router->shape[0] > fallback) return fallback;
+    return (int)router->shape[0];
+}
+
 int model_spec_infer_from_upload(const SafeTensors *upload, SyncMode mode, int num_experts, ModelSpec *out) {
     model_spec_init(out);
     // Which layers already had their experts emitted.
@@ -298,7 +309,8 @@ int model_spec_infer_from_upload(const SafeTensors *upload, SyncMode mode, int n
                 proj_shape[p2] = &upload->tensors[j];
         }
         static const char *proj_names[] = {"gate", "up", "down"};
-        for (int e = 0; e < num_experts && rc == SPES_OK; e++)
+        int experts = layer_experts(upload, layer, num_experts);
+        for (int e = 0; e < experts && rc == SPES_OK; e++)
             for (int p = 0; p < EXPERT_PROJ_COUNT && rc == SPES_OK; p++) {
                 if (!proj_shape[p]) {
                     rc =

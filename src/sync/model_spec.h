@@ -91,6 +91,8 @@ void model_spec_describe_difference(const ModelSpec *a, const ModelSpec *b, char
 // Infers the whole model from one peer's upload when that peer never said Hello (the seeds'
 // clients): in spes mode the upload holds the shared tensors and the peer's own experts, and
 // every other expert of a layer gets the shape of the uploaded one of the same projection.
-// Tensor order: the upload's, with each MoE layer's experts 0..E-1 placed where the layer's
-// first uploaded expert tensor was. Every tensor's model dtype is F32.
+// A layer has as many experts as its router (mlp.gate.weight) has rows, at most num_experts
+// (peers x experts per peer: the count without replicas, and the count when the upload has no
+// router). Tensor order: the upload's, with each MoE layer's experts 0..E-1 placed where the
+// layer's first uploaded expert tensor was. Every tensor's model dtype is F32.
 int model_spec_infer_from_upload(const SafeTensors *upload, SyncMode mode, int num_experts, ModelSpec *out);

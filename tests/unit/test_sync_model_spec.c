@@ -106,6 +106,16 @@ static void test_spec_inferred_from_a_first_upload(void **state) {
     model_spec_free(&inferred);
     safetensors_close(&st);
     free(bytes);
+    // Replicas: 4 peers x 2 of the same 4 experts (peer 3 owns experts 2, 3). The server's
+    // topology allows 4 x 2 = 8 experts a layer; the routers' 4 rows say there are 4.
+    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, 3, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
+    assert_int_equal(safetensors_parse(bytes, len, "upload", &st), SPES_OK);
+    assert_int_equal(model_spec_infer_from_upload(&st, SYNC_MODE_SPES, 8, &inferred), SPES_OK);
+    assert_int_equal(inferred.num_experts, 4);
+    assert_true(inferred.fingerprint == spec.fingerprint);
+    model_spec_free(&inferred);
+    safetensors_close(&st);
+    free(bytes);
     model_spec_free(&spec);
 }
 
