@@ -13,15 +13,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/integration/lib/require.sh
 require_spes
-SPES=$SPES_BIN
-DATA=${SPES_TEST_DATA:-../shared/data}
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-require_mpirun
-dir=$(mktemp -d)
-server_pid=""
-cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
-trap cleanup EXIT
 . tests/integration/lib/reliability.sh
+reliability_begin
+require_mpirun
+
 reliability_data
 
 # run NAME NPROC0 STRATEGY0 NPROC1 STRATEGY1 [flags for both peers]: a server and 2 peers;

@@ -11,14 +11,9 @@
 # downloads then carry their own experts too), exact as well.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SPES=${SPES_BIN:-build/spes}
-DATA=${SPES_TEST_DATA:-../shared/data}
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-dir=$(mktemp -d)
-server_pid=""
-cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
-trap cleanup EXIT
 . tests/integration/lib/reliability.sh
+reliability_begin
+
 reliability_data
 
 for case in bf16 int8 int4 int8-replicas; do

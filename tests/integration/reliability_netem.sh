@@ -7,24 +7,16 @@
 # skipped (77) where `ip netns add` is not permitted; without netem only the partition runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SPES=${SPES_BIN:-build/spes}
+. tests/integration/lib/reliability.sh
+reliability_begin
 SPES=$(realpath "$SPES")
-DATA=${SPES_TEST_DATA:-../shared/data}
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
 command -v ip >/dev/null && command -v tc >/dev/null || { echo "SKIPPED: needs iproute2 (ip, tc)"; exit 77; }
-source tests/integration/lib/reliability.sh
 
 ns_srv=spes_srv_$$ ns_peer=spes_peer_$$
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+cleanup_extra() {
   ip netns del "$ns_srv" 2>/dev/null || true
   ip netns del "$ns_peer" 2>/dev/null || true
-  rm -rf "$dir"
 }
-trap cleanup EXIT
 ip netns add "$ns_srv" 2>/dev/null || { echo "SKIPPED: ip netns add is not permitted here (needs root / CAP_SYS_ADMIN)"; exit 77; }
 ip netns add "$ns_peer"
 ip link add veth_s$$ type veth peer name veth_p$$

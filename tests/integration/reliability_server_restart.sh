@@ -9,15 +9,8 @@
 # (reliability_server_restart_outer.sh: the outer optimizer, whose state must survive too).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SPES=${SPES_BIN:-build/spes}
-DATA=${SPES_TEST_DATA:-../shared/data}
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-source tests/integration/lib/reliability.sh
-
-dir=$(mktemp -d)
-server_pid=""
-cleanup() { [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
-trap cleanup EXIT
+. tests/integration/lib/reliability.sh
+reliability_begin
 
 reliability_data
 

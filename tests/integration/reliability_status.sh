@@ -14,15 +14,9 @@
 # its screenshot kept in $SPES_BUILD/artifacts/status_page_run.png.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SPES=${SPES_BIN:-build/spes}
-DATA=${SPES_TEST_DATA:-../shared/data}
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-source tests/integration/lib/reliability.sh
+. tests/integration/lib/reliability.sh
+reliability_begin
 
-dir=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
-trap cleanup EXIT
 fail() { echo "FAIL: $*"; [ -f "$dir/st" ] && cat "$dir/st"; exit 1; }
 
 reliability_data

@@ -9,15 +9,8 @@
 #    that arrived, and the lost peer's experts keep their value from the last round it was in.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SPES=${SPES_BIN:-build/spes}
-DATA=${SPES_TEST_DATA:-../shared/data}
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-source tests/integration/lib/reliability.sh
-
-dir=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
-trap cleanup EXIT
+. tests/integration/lib/reliability.sh
+reliability_begin
 
 reliability_data
 

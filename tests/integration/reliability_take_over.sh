@@ -9,15 +9,9 @@
 # of peers 0-2 and the replacement are byte-identical.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SPES=${SPES_BIN:-build/spes}
-DATA=${SPES_TEST_DATA:-../shared/data}
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-source tests/integration/lib/reliability.sh
+. tests/integration/lib/reliability.sh
+reliability_begin
 
-dir=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
-trap cleanup EXIT
 reliability_data
 
 STEPS=16

@@ -7,17 +7,9 @@
 #    merge steps), recomputed with numpy from the peers' audit logs (SPES_SYNC_LOG_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SPES=${SPES_BIN:-build/spes}
-DATA=${SPES_TEST_DATA:-../shared/data}
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-[ -x "${SPES_VENV_PY:-}" ] || { echo "SKIPPED: no test virtualenv (make venv)"; exit 77; }
-
-dir=$(mktemp -d)
-server_pid=""
-cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
-trap cleanup EXIT
-
 . tests/integration/lib/reliability.sh
+reliability_begin --venv
+
 reliability_data
 
 reliability_server --merge_interval 4 --merge_alpha_start 0.5 --merge_decay_steps 100 --merge_topk 2

@@ -15,18 +15,10 @@
 # aggregate is not the plain mean: the numpy recomputation is then left out, the rest holds).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SPES=${SPES_BIN:-build/spes}
-DATA=${SPES_TEST_DATA:-../shared/data}
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-[ -x "${SPES_VENV_PY:-}" ] || { echo "SKIPPED: no test virtualenv (make venv)"; exit 77; }
+. tests/integration/lib/reliability.sh
+reliability_begin --venv
 DELTA=${SYNC_DELTA:-int8}
 
-dir=$(mktemp -d)
-server_pid=""
-cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
-trap cleanup EXIT
-
-. tests/integration/lib/reliability.sh
 reliability_data
 
 reliability_server --state_dir "$dir/state" --keep_steps 10 --merge_interval 4 --merge_alpha_start 0.5 \

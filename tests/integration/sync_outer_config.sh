@@ -10,16 +10,9 @@
 # (An older peer that states nothing, and a default server: tests/unit/test_sync_outer_hello.c.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SPES=${SPES_BIN:-build/spes}
-DATA=${SPES_TEST_DATA:-../shared/data}
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-
-dir=$(mktemp -d)
-server_pid=""
-cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
-trap cleanup EXIT
-
 . tests/integration/lib/reliability.sh
+reliability_begin
+
 reliability_data
 { cat configs/tiny_shakespeare.yaml; printf 'spes_config:\n  outer_lr: 0.7\n  outer_momentum: 0.9\n'; } >"$dir/outer.yaml"
 

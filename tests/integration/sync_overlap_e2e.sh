@@ -10,18 +10,10 @@
 #    equal to the aggregate.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SPES=${SPES_BIN:-build/spes}
-DATA=${SPES_TEST_DATA:-../shared/data}
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-[ -x "${SPES_VENV_PY:-}" ] || { echo "SKIPPED: no test virtualenv (make venv)"; exit 77; }
-
-dir0=$(mktemp -d)
-dir=$dir0
-server_pid=""
-cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir0"; }
-trap cleanup EXIT
-
 . tests/integration/lib/reliability.sh
+reliability_begin --venv
+dir0=$dir
+
 reliability_data
 
 for payload in f32 int8 int4; do

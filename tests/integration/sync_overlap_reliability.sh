@@ -6,16 +6,9 @@
 # overlapped, and the 4 final checkpoints (after the blocking last round) are byte-identical.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SPES=${SPES_BIN:-build/spes}
-DATA=${SPES_TEST_DATA:-../shared/data}
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-source tests/integration/lib/reliability.sh
+. tests/integration/lib/reliability.sh
+reliability_begin
 
-dir=$(mktemp -d)
-server_pid=""
-pids=()
-cleanup() { for p in "${pids[@]}" $server_pid; do kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
-trap cleanup EXIT
 reliability_data
 
 STEPS=12

@@ -11,17 +11,9 @@
 #    and each shared tensor the mean of all four (peer order, float32).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SPES=${SPES_BIN:-build/spes}
-DATA=${SPES_TEST_DATA:-../shared/data}
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-[ -x "${SPES_VENV_PY:-}" ] || { echo "SKIPPED: no test virtualenv (make venv)"; exit 77; }
-
-dir=$(mktemp -d)
-server_pid=""
-cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
-trap cleanup EXIT
-
 . tests/integration/lib/reliability.sh
+reliability_begin --venv
+
 reliability_data
 
 # run_case PAYLOAD: the server and the 4 peers in $dir/PAYLOAD, checks common to both payloads.

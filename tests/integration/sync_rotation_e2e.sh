@@ -10,17 +10,9 @@
 #    router row e+1 the mean router's row e: peer p now trains what peer p-1 did.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SPES=${SPES_BIN:-build/spes}
-DATA=${SPES_TEST_DATA:-../shared/data}
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-[ -x "${SPES_VENV_PY:-}" ] || { echo "SKIPPED: no test virtualenv (make venv)"; exit 77; }
-
-dir=$(mktemp -d)
-server_pid=""
-cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
-trap cleanup EXIT
-
 . tests/integration/lib/reliability.sh
+reliability_begin --venv
+
 reliability_data
 
 reliability_server --state_dir "$dir/state" --keep_steps 10 --expert_rotation_steps 4

@@ -8,14 +8,10 @@
 # peer alive at step 4.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-SPES=${SPES_BIN:-build/spes}
-DATA=${SPES_TEST_DATA:-../shared/data}
+. tests/integration/lib/reliability.sh
+reliability_begin
 [ -x "$SPES" ] || { echo "spes binary not built: $SPES"; exit 1; }
-[ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
-dir=$(mktemp -d)
-server_pid=""
-cleanup() {  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
-trap cleanup EXIT
+cleanup_extra() { kill $(jobs -p) 2>/dev/null; }
 fail() { echo "FAIL: $*"; exit 1; }
 
 "$SPES" status --help >"$dir/help" || fail "--help exits non-zero"

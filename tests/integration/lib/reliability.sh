@@ -1,6 +1,39 @@
-# Shared by tests/integration/reliability_*.sh and spes_train_e2e.sh (sourced, not a test itself): a tokenized tiny
-# corpus, `spes train` peers of the tiny config that sync every 2 steps, log waiting.
-# Needs: $SPES, $DATA, $dir (the test's temp dir).
+# Shared by the integration tests of a server and its peers (sourced, not a test itself): their
+# preamble and exit trap, a tokenized tiny corpus, `spes train` peers of the tiny config that
+# sync every 2 steps, log waiting and the aggregate checks.
+# Needs: $SPES, $DATA, $dir (the test's temp dir): reliability_begin sets them.
+
+# reliability_begin [--venv]: the start of a test of a server and its peers, after `set -euo
+# pipefail` and the cd to the repository: $SPES and $DATA (skipped, exit 77, without the corpus;
+# with --venv also without the test virtualenv), a temp dir $dir, an empty $server_pid and $pids,
+# and an exit trap that kills $server_pid and every pid in $pids (continuing a stopped one first),
+# runs the script's cleanup_extra if it defines one, waits, and removes the temp dir (the one made
+# here, whatever $dir holds by then).
+reliability_begin() {
+  SPES=${SPES_BIN:-build/spes}
+  DATA=${SPES_TEST_DATA:-../shared/data}
+  [ -f "$DATA/tinyshakespeare.txt" ] || { echo "SKIPPED: no $DATA/tinyshakespeare.txt"; exit 77; }
+  if [ "${1:-}" = --venv ] && [ ! -x "${SPES_VENV_PY:-}" ]; then
+    echo "SKIPPED: no test virtualenv (make venv)"
+    exit 77
+  fi
+  dir=$(mktemp -d)
+  reliability_tmp=$dir
+  server_pid=""
+  pids=()
+  trap reliability_cleanup EXIT
+}
+
+reliability_cleanup() {
+  local p
+  for p in "${pids[@]}" $server_pid; do
+    kill -CONT "$p" 2>/dev/null || true
+    kill -9 "$p" 2>/dev/null || true
+  done
+  if declare -F cleanup_extra >/dev/null; then cleanup_extra; fi
+  wait 2>/dev/null || true
+  rm -rf "$reliability_tmp"
+}
 
 # Tokenizes tinyshakespeare with the byte tokenizer into $dir/file_list.txt.
 reliability_data() {
