@@ -46,6 +46,13 @@ def fit_through_origin(xs, ys):
     return b, math.sqrt(ssr / (len(xs) - 1) / sxx)
 
 
+def correlation(xs, ys):
+    """Pearson's r as text, '-' where either side does not vary"""
+    if len(xs) < 2 or statistics.pstdev(xs) == 0 or statistics.pstdev(ys) == 0:
+        return "-"
+    return f"{statistics.correlation(xs, ys):.3f}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results")
@@ -62,7 +69,7 @@ def main():
     slope, se = fit_through_origin(xs, ys)
     settings = sorted({g[0] for g in gaps})
     print(f"{len(gaps)} runs of {len(settings)} settings, each paired with its seed's centralised run ({a.steps} steps)")
-    print(f"sums gap = {slope:.2f} ± {se:.2f} points per 1% of loss gap; correlation {statistics.correlation(xs, ys):.3f}")
+    print(f"sums gap = {slope:.2f} ± {se:.2f} points per 1% of loss gap; correlation {correlation(xs, ys)}")
     resid = collections.defaultdict(list)
     for v, x, y in gaps:
         resid[v].append(y - slope * x)
@@ -72,11 +79,11 @@ def main():
         if len(rs) < a.min_seeds:
             continue
         own = [r for r in kept if r.get("variant") == v]
-        corr = statistics.correlation([r["val_loss"] for r in own], [r["arithmetic_acc"] for r in own])
+        corr = correlation([r["val_loss"] for r in own], [r["arithmetic_acc"] for r in own])
         lg = statistics.fmean(x for w, x, _ in gaps if w == v)
         sg = statistics.fmean(y for w, _, y in gaps if w == v)
-        res = f"{statistics.fmean(rs):+.1f} ± {statistics.stdev(rs) / math.sqrt(len(rs)):.1f}"
-        print(f"{v:24s} {len(rs):4d} {lg:10.2f} {sg:9.1f} {res:>15s} {corr:16.2f}")
+        res = f"{round(statistics.fmean(rs), 1) + 0.0:+.1f} ± {statistics.stdev(rs) / math.sqrt(len(rs)):.1f}"
+        print(f"{v:24s} {len(rs):4d} {lg:10.2f} {sg:9.1f} {res:>15s} {corr:>16s}")
     print(f"the fitted line reaches a sums gap of {a.sums_goal:g} points at a loss gap of {a.sums_goal / slope:.2f}% "
           f"({a.sums_goal / (slope + 2 * se):.2f}-{a.sums_goal / (slope - 2 * se):.2f}% at the slope ± 2 se)")
 

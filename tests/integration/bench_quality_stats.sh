@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The figures docs/quality.md quotes from bench/quality's statistics scripts, on a synthetic
+# results file whose answers are known by construction:
+#  - seeds.py: the per-seed loss ratio's mean, the held-out sums gap, and the goal's verdict;
+#  - sums_vs_loss.py: settings whose sums gap is exactly 10 points per 1% of loss gap give the
+#    slope 10.00 with zero residuals, and a setting 6 points worse than its loss shows +6.0;
+#    too few paired runs are refused.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+# Seeds 0-5. Centralised: loss 0.3, sums 80%. "online" (on the line): loss gap 1, 2, 3, 1, 2, 3 %
+# and a sums gap of 10 points per 1%. "worse": loss gap 2% on every seed, sums gap 26 (+6).
+python3 - "$dir/results.jsonl" <<'PY'
+import json, sys
+rows = [{"meta": {"steps": 1000}}]
+for s in range(6):
+    rows.append({"corpus": "demo", "method": "centralised", "variant": "main", "seed": s, "steps": 1000,
+                 "val_loss": 0.3, "arithmetic_acc": 0.80})
+    g = [1, 2, 3, 1, 2, 3][s]
+    rows.append({"corpus": "demo", "method": "spes", "variant": "online", "seed": s, "steps": 1000,
+                 "val_loss": 0.3 * (1 + g / 100), "arithmetic_acc": 0.80 - 0.10 * g})
+    rows.append({"corpus": "demo", "method": "spes", "variant": "worse", "seed": s, "steps": 1000,
+                 "val_loss": 0.3 * 1.02 + 1e-4 * s, "arithmetic_acc": 0.80 - 0.26 - 0.001 * s})
+with open(sys.argv[1], "w") as f:
+    f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+PY
+
+python3 bench/quality/seeds.py "$dir/results.jsonl" online >"$dir/seeds"
+grep -q "^online / centralised *mean 1.0200 " "$dir/seeds" || { cat "$dir/seeds"; echo "seeds.py: mean ratio not 1.0200"; exit 1; }
+grep -q "^sums gap (centralised - run), pts *mean 20.0 " "$dir/seeds" || { cat "$dir/seeds"; echo "seeds.py: sums gap not 20.0"; exit 1; }
+grep -q "goal sums gap <= 10 points: not met" "$dir/seeds" || { cat "$dir/seeds"; echo "seeds.py: sums verdict"; exit 1; }
+
+# Only the on-the-line setting: slope exactly 10, residual 0, 10 points at a loss gap of 1.00%.
+grep -v '"worse"' "$dir/results.jsonl" >"$dir/online.jsonl"
+python3 bench/quality/sums_vs_loss.py "$dir/online.jsonl" >"$dir/line"
+grep -q "^6 runs of 1 settings" "$dir/line" || { cat "$dir/line"; echo "sums_vs_loss: run count"; exit 1; }
+grep -q "^sums gap = 10.00 ± 0.00 points per 1% of loss gap; correlation 1.000" "$dir/line" ||
+  { cat "$dir/line"; echo "sums_vs_loss: slope not 10"; exit 1; }
+grep -Eq "^online +6 +2.00 +20.0 +\+0.0 ± 0.0 +-1.000" "$dir/line" || { cat "$dir/line"; echo "sums_vs_loss: online row"; exit 1; }
+grep -q "reaches a sums gap of 10 points at a loss gap of 1.00%" "$dir/line" || { cat "$dir/line"; echo "sums_vs_loss: threshold"; exit 1; }
+
+# Both settings: "worse" sits above the fitted line, "online" below it (the fit takes some of
+# worse's excess), by the fit's own arithmetic: slope = sum(xy) / sum(xx).
+python3 bench/quality/sums_vs_loss.py "$dir/results.jsonl" >"$dir/both"
+python3 - "$dir/both" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+xs = [1, 2, 3, 1, 2, 3] + [2.0 + 1e-4 * s / 0.3 * 100 for s in range(6)]
+ys = [10 * x for x in xs[:6]] + [26 + 0.1 * s for s in range(6)]
+slope = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+got = float(re.search(r"sums gap = ([0-9.]+) ±", text).group(1))
+assert abs(got - slope) < 0.006, (got, slope, text)
+worse = float(re.search(r"^worse .* ([+-][0-9.]+) ±", text, re.M).group(1))
+online = float(re.search(r"^online .* ([+-][0-9.]+) ±", text, re.M).group(1))
+assert worse > 2 and online < 0, text
+PY
+
+# Fewer than 3 paired runs: a clear refusal, not a traceback.
+head -3 "$dir/online.jsonl" >"$dir/short.jsonl"
+if python3 bench/quality/sums_vs_loss.py "$dir/short.jsonl" >"$dir/short" 2>&1; then
+  echo "sums_vs_loss accepted 1 paired run"; exit 1
+fi
+grep -q "need 3" "$dir/short" || { cat "$dir/short"; echo "sums_vs_loss: no reason given"; exit 1; }
+echo "bench-quality statistics: seeds.py and sums_vs_loss.py give the constructed answers"
