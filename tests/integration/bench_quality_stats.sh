@@ -4,7 +4,8 @@
 #  - seeds.py: the per-seed loss ratio's mean, the held-out sums gap, and the goal's verdict;
 #  - sums_vs_loss.py: settings whose sums gap is exactly 10 points per 1% of loss gap give the
 #    slope 10.00 with zero residuals, and a setting 6 points worse than its loss shows +6.0;
-#    too few paired runs are refused.
+#    too few paired runs are refused;
+#  - efficiency.py: the centralised tokens to a row's loss, interpolated in log(tokens).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir=$(mktemp -d)
@@ -63,4 +64,23 @@ if python3 bench/quality/sums_vs_loss.py "$dir/short.jsonl" >"$dir/short" 2>&1; 
   echo "sums_vs_loss accepted 1 paired run"; exit 1
 fi
 grep -q "need 3" "$dir/short" || { cat "$dir/short"; echo "sums_vs_loss: no reason given"; exit 1; }
-echo "bench-quality statistics: seeds.py and sums_vs_loss.py give the constructed answers"
+# efficiency.py: centralised runs of 1M, 2M and 4M tokens at losses 0.4, 0.3, 0.2 (0.1 a doubling),
+# so a loss of 0.3 is 2M centralised tokens and 0.25 is 2^1.5 M. Rows: "half" (0.3 at 4M tokens:
+# efficiency 0.5, 2x the tokens), "better" (0.25 at 2M: 1.414), "short" (0.45: below the range).
+python3 - "$dir/eff.jsonl" <<'PY'
+import json, sys
+rows = []
+for s in range(2):
+    for t, l in ((1e6, 0.4), (2e6, 0.3), (4e6, 0.2)):
+        rows.append({"corpus": "demo", "method": "centralised", "variant": "main", "seed": s, "tokens": t, "val_loss": l})
+    rows.append({"corpus": "demo", "method": "spes", "variant": "half", "seed": s, "tokens": 4e6, "val_loss": 0.3})
+    rows.append({"corpus": "demo", "method": "spes", "variant": "better", "seed": s, "tokens": 2e6, "val_loss": 0.25})
+    rows.append({"corpus": "demo", "method": "spes", "variant": "short", "seed": s, "tokens": 1e6, "val_loss": 0.45})
+with open(sys.argv[1], "w") as f:
+    f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+PY
+python3 bench/quality/efficiency.py "$dir/eff.jsonl" >"$dir/eff"
+grep -Eq "^half +spes +4.00M +2 +0.500 ± 0.000 +2.00 " "$dir/eff" || { cat "$dir/eff"; echo "efficiency: half"; exit 1; }
+grep -Eq "^better +spes +2.00M +2 +1.414 ± 0.000 +0.71 " "$dir/eff" || { cat "$dir/eff"; echo "efficiency: better"; exit 1; }
+grep -Eq "^short +spes +1.00M +2 +< \(bounds\)" "$dir/eff" || { cat "$dir/eff"; echo "efficiency: bound"; exit 1; }
+echo "bench-quality statistics: seeds.py, sums_vs_loss.py and efficiency.py give the constructed answers"
