@@ -314,7 +314,7 @@ def variants(a, server_has_outer):
         # (sync every 25 steps, f32 payloads, that learning rate): what the new defaults gained.
         out.append(("spes", "lr_scale1", base, True, True, [], ["--spes_config.lr_scale=1"]))
         # Expert ownership rotating between the peers (spes server --expert_rotation_steps), on
-        # the merge cadence: every 50 steps at the demo's length.
+        # the merge cadence: every 100 steps at the demo's 2000.
         out.append(("spes", "rotate_experts", base, True, True,
                     ["--expert_rotation_steps", str(merge_interval(a.steps, base))]))
         out.append(("spes", "before28", a.before_sync, True, True, [],
@@ -395,7 +395,8 @@ def main():
     ap.add_argument("--seeds", type=int, default=3, help="seeds of the main comparison")
     ap.add_argument("--ablation_seeds", type=int, default=2,
                     help="seeds of each ablation (the first ones of the main runs, paired with them)")
-    ap.add_argument("--steps", type=int, default=1000, help="the demo's length (docs/quality.md keeps the 300-step table)")
+    ap.add_argument("--steps", type=int, default=2000,
+                    help="the demo's length (docs/quality.md keeps the 1000- and 300-step tables)")
     ap.add_argument("--batch", type=int, default=8, help="sequences per step on one peer")
     ap.add_argument("--peers", type=int, default=4)
     ap.add_argument("--experts_per_peer", type=int, default=2,
@@ -403,8 +404,8 @@ def main():
     ap.add_argument("--experts", type=int, default=0,
                     help="experts per layer (default peers x experts_per_peer); fewer makes each expert's owners "
                          "several peers (replicas, docs/sync.md)")
-    ap.add_argument("--sync_steps", type=int, default=5, help="the demo's (spes demo --sync_steps)")
-    ap.add_argument("--sync_ablation", default="25")
+    ap.add_argument("--sync_steps", type=int, default=10, help="the demo's (spes demo --sync_steps)")
+    ap.add_argument("--sync_ablation", default="5,25")
     ap.add_argument("--before_sync", type=int, default=25, help="sync_steps of the 'before28' row (the old demo)")
     ap.add_argument("--threads", type=int, default=2, help="threads of the centralised run and of eval")
     ap.add_argument("--train_docs", type=int, default=20000)

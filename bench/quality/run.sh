@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # `make bench-quality`: training quality at an equal token budget (docs/quality.md).
 #   bash bench/quality/run.sh [BUILD_DIR] [--smoke] [bench/quality/run.py options...]
-# SPES (4 peers, `spes demo`'s settings: sync every 5 steps, int8 payloads, lr_scale 0.7),
-# centralised training and the fedavg baseline, 3 seeds each, 1000 steps (the demo's length), on
+# SPES (4 peers, `spes demo`'s settings: sync every 10 steps, int8 payloads, lr_scale 0.7),
+# centralised training and the fedavg baseline, 3 seeds each, 2000 steps (the demo's length), on
 # the demo corpus (written by `spes demo`) and Tiny Shakespeare ($SPES_TEST_DATA/tinyshakespeare.txt,
 # default ../shared/data), then the ablations (expert merging off, decayed load-balancing off,
-# sync_steps 25, the outer optimizer, the peers at the centralised learning rate, expert rotation
-# every 50 steps, the demo before issue #28). Writes $QUALITY_OUT (default output/bench-quality): results.jsonl (with each run's
+# sync_steps 5 and 25, the outer optimizer, the peers at the centralised learning rate, expert
+# rotation at the merge cadence, the demo before issue #28). Writes $QUALITY_OUT (default output/bench-quality): results.jsonl (with each run's
 # sync traffic per peer), quality.md (the tables), quality.svg (validation loss against tokens),
 # runs/ (logs, metrics).
 # Last line: "bench-quality: <corpus>_spes_ratio=... <corpus>_fedavg_ratio=... demo_spes_sums=...
 # demo_central_sums=... goal=1.02 met=yes|no".
 # --smoke: the same runs at toy size (6 steps, 2 seeds, ablations 1 seed), for tests/integration/bench_quality_smoke.sh.
-# ~2.5 hours on an idle 2-core machine for the full run (peers 1 thread each, centralised 2);
-# --steps 300 gives the shorter table docs/quality.md keeps for history.
+# ~5 hours on an idle 2-core machine for the full run (peers 1 thread each, centralised 2);
+# --steps 1000 --sync_steps 5 and --steps 300 give the shorter tables docs/quality.md keeps.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=build

@@ -153,11 +153,11 @@ static void test_every_value_loads_back(void **state) {
     write_and_check(&s, root);
 }
 
-// The defaults of `spes demo` (4 peers x 2 experts, 1000 steps) and a run so short that the
-// warm-up is held at one step.
+// The defaults of `spes demo` (4 peers x 2 experts, 2000 steps, sync every 10) and a run so short
+// that the warm-up is held at one step.
 static void test_demo_defaults_and_short_run(void **state) {
     (void)state;
-    DemoRunShape d = {.peers = 4, .experts_per_peer = 2, .steps = 1000, .sync_steps = 25, .batch = 8,
+    DemoRunShape d = {.peers = 4, .experts_per_peer = 2, .steps = 2000, .sync_steps = 10, .batch = 8,
                       .threads_per_peer = 1};
     write_and_check(&d, root);
     DemoRunShape tiny = {.peers = 2, .experts_per_peer = 3, .steps = 4, .sync_steps = 2, .batch = 1,
