@@ -62,6 +62,10 @@ def main():
     summary("centralised val loss", [central[s]["val_loss"] for s in seeds], f4)
     summary(f"{variant} val loss", [row[s]["val_loss"] for s in seeds], f4)
     _, _, rlo, rhi = summary(f"{variant} / centralised", ratio, f4)
+    if any(central[s].get("arithmetic_acc") is None or row[s].get("arithmetic_acc") is None for s in seeds):
+        # a corpus without the held-out sums (Tiny Shakespeare): the loss criterion only
+        print(f"goal ratio <= 1.02: {verdict(rlo, rhi, 1.02)} (no held-out sums on this corpus)")
+        return
     summary("centralised held-out sums %", [100 * central[s]["arithmetic_acc"] for s in seeds], f1)
     summary(f"{variant} held-out sums %", [100 * row[s]["arithmetic_acc"] for s in seeds], f1)
     _, _, glo, ghi = summary("sums gap (centralised - run), pts",
