@@ -61,7 +61,7 @@ def main():
     ap.add_argument("--sums_goal", type=float, default=10.0)
     a = ap.parse_args()
     with open(a.results) as f:
-        rows = [json.loads(line) for line in f if line.strip() and '"meta"' not in line[:10]]
+        rows = [json.loads(line) for line in f if line.strip()]   # the meta line has no val_loss: left out
     gaps, kept = paired_gaps(rows, a.steps)
     if len(gaps) < 3:
         raise SystemExit(f"sums_vs_loss: {len(gaps)} paired runs at {a.steps} steps in {a.results}; need 3")
@@ -70,18 +70,19 @@ def main():
     settings = sorted({g[0] for g in gaps})
     print(f"{len(gaps)} runs of {len(settings)} settings, each paired with its seed's centralised run ({a.steps} steps)")
     print(f"sums gap = {slope:.2f} ± {se:.2f} points per 1% of loss gap; correlation {correlation(xs, ys)}")
-    resid = collections.defaultdict(list)
+    by_setting = collections.defaultdict(list)   # setting -> [(loss gap, sums gap)]
     for v, x, y in gaps:
-        resid[v].append(y - slope * x)
+        by_setting[v].append((x, y))
     print(f"{'setting':24s} {'runs':>4s} {'loss gap %':>10s} {'sums gap':>9s} {'residual ± se':>15s} {'corr (own seeds)':>16s}")
-    for v in sorted(resid, key=lambda v: statistics.fmean(x for w, x, _ in gaps if w == v)):
-        rs = resid[v]
-        if len(rs) < a.min_seeds:
+    mean_loss_gap = {v: statistics.fmean(x for x, _ in xy) for v, xy in by_setting.items()}
+    for v in sorted(by_setting, key=mean_loss_gap.get):
+        xy = by_setting[v]
+        if len(xy) < a.min_seeds:
             continue
+        rs = [y - slope * x for x, y in xy]
         own = [r for r in kept if r.get("variant") == v]
         corr = correlation([r["val_loss"] for r in own], [r["arithmetic_acc"] for r in own])
-        lg = statistics.fmean(x for w, x, _ in gaps if w == v)
-        sg = statistics.fmean(y for w, _, y in gaps if w == v)
+        lg, sg = mean_loss_gap[v], statistics.fmean(y for _, y in xy)
         res = f"{round(statistics.fmean(rs), 1) + 0.0:+.1f} ± {statistics.stdev(rs) / math.sqrt(len(rs)):.1f}"
         print(f"{v:24s} {len(rs):4d} {lg:10.2f} {sg:9.1f} {res:>15s} {corr:>16s}")
     print(f"the fitted line reaches a sums gap of {a.sums_goal:g} points at a loss gap of {a.sums_goal / slope:.2f}% "

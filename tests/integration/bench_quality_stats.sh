@@ -3,8 +3,8 @@
 # results file whose answers are known by construction:
 #  - seeds.py: the per-seed loss ratio's mean, the held-out sums gap, and the goal's verdict;
 #  - sums_vs_loss.py: settings whose sums gap is exactly 10 points per 1% of loss gap give the
-#    slope 10.00 with zero residuals, and a setting 6 points worse than its loss shows +6.0;
-#    too few paired runs are refused;
+#    slope 10.00 with zero residuals; beside them a setting 6 points worse than that line sits
+#    above the fitted line and they below it; too few paired runs are refused;
 #  - efficiency.py: the centralised tokens to a row's loss, interpolated in log(tokens).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -90,32 +90,33 @@ static void test_fingerprint_and_differences(void **state) {
     model_spec_free(&c);
 }
 
-static void test_spec_inferred_from_a_first_upload(void **state) {
-    (void)state;
-    ModelSpec spec, inferred;
-    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+// Peer `peer` (2 experts each) uploads; the server infers the model with at most max_experts a
+// layer and must reconstruct `spec` exactly: same names, shapes, order.
+static void check_inferred(const ModelSpec *spec, int peer, int max_experts) {
     uint8_t *bytes;
     size_t len;
-    // Peer 1 of 2 (experts 2, 3) uploads; the server must reconstruct all 4 experts per layer.
-    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, 1, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
     SafeTensors st;
+    ModelSpec inferred;
+    assert_int_equal(sync_test_upload(spec, SYNC_MODE_SPES, 2, peer, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
     assert_int_equal(safetensors_parse(bytes, len, "upload", &st), SPES_OK);
-    assert_int_equal(model_spec_infer_from_upload(&st, SYNC_MODE_SPES, 4, &inferred), SPES_OK);
-    assert_int_equal(inferred.count, spec.count);
-    assert_true(inferred.fingerprint == spec.fingerprint);   // same names, shapes, order
+    assert_int_equal(model_spec_infer_from_upload(&st, SYNC_MODE_SPES, max_experts, &inferred), SPES_OK);
+    assert_int_equal(inferred.count, spec->count);
+    assert_int_equal(inferred.num_experts, spec->num_experts);
+    assert_true(inferred.fingerprint == spec->fingerprint);
     model_spec_free(&inferred);
     safetensors_close(&st);
     free(bytes);
+}
+
+static void test_spec_inferred_from_a_first_upload(void **state) {
+    (void)state;
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    // Peer 1 of 2 (experts 2, 3): the server reconstructs all 4 experts per layer.
+    check_inferred(&spec, 1, 4);
     // Replicas: 4 peers x 2 of the same 4 experts (peer 3 owns experts 2, 3). The server's
     // topology allows 4 x 2 = 8 experts a layer; the routers' 4 rows say there are 4.
-    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, 3, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
-    assert_int_equal(safetensors_parse(bytes, len, "upload", &st), SPES_OK);
-    assert_int_equal(model_spec_infer_from_upload(&st, SYNC_MODE_SPES, 8, &inferred), SPES_OK);
-    assert_int_equal(inferred.num_experts, 4);
-    assert_true(inferred.fingerprint == spec.fingerprint);
-    model_spec_free(&inferred);
-    safetensors_close(&st);
-    free(bytes);
+    check_inferred(&spec, 3, 8);
     model_spec_free(&spec);
 }
 
