@@ -20,10 +20,10 @@
 # said in the detail; no test virtualenv for the PyTorch side).
 # BENCH_GPU_ARGS / BENCH_GPU_TORCH_ARGS add flags to either program (e.g. "--batch 4");
 # BENCH_GPU_TORCH_MODES: "off on" (default: eager and compiled), or one of them.
-# BENCH_GPU_VARIANT="NAME=VALUE ...": ours once more in the same run with those environment
-#   variables (a change behind a switch, e.g. SPES_CUDA_EXPERT_STREAMS=4, measured against the
-#   default on the same card): a detail line with its tokens/s and the ratio to the default;
-#   the final line stays the default's.
+# BENCH_GPU_VARIANT="NAME=VALUE ...[; NAME=VALUE ...]": ours once more in the same run for each
+#   ';'-separated set of environment variables (a change behind a switch, e.g.
+#   SPES_CUDA_EXPERT_STREAMS=4, measured against the default on the same card): a detail line
+#   each with its tokens/s and the ratio to the default; the final line stays the default's.
 set -u
 BUILD=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
@@ -99,18 +99,22 @@ else
 fi
 
 ours=$(value ours_tok_s "$LOG_DIR/ours.log")
-if [ -n "${BENCH_GPU_VARIANT:-}" ]; then
-  echo "== $NAME: ours with $BENCH_GPU_VARIANT"
+# Each variant (';'-separated) once more, in the order given, against the default's figures.
+IFS=';' read -ra variants <<<"${BENCH_GPU_VARIANT:-}"
+for v in "${variants[@]}"; do
+  v=$(echo "$v" | xargs)   # trim the spaces around a ';'
+  [ -n "$v" ] || continue
+  echo "== $NAME: ours with $v"
   # shellcheck disable=SC2086  # a list of NAME=VALUE words, and BENCH_GPU_ARGS a list of flags
-  env $BENCH_GPU_VARIANT "$OURS" ${BENCH_GPU_ARGS:-} > "$LOG_DIR/variant.log" 2>&1
+  env $v "$OURS" ${BENCH_GPU_ARGS:-} > "$LOG_DIR/variant.log" 2>&1
   vrc=$?
   tail -25 "$LOG_DIR/variant.log"
   variant=$(value ours_tok_s "$LOG_DIR/variant.log")
   [ "$vrc" -eq 0 ] || variant=NA
-  echo "== $NAME: variant $BENCH_GPU_VARIANT: ours_tok_s=$variant peer_tok_s=$(value peer_tok_s "$LOG_DIR/variant.log")" \
+  echo "== $NAME: variant $v: ours_tok_s=$variant peer_tok_s=$(value peer_tok_s "$LOG_DIR/variant.log")" \
     "(status $vrc) against the default's ours_tok_s=$ours peer_tok_s=$(value peer_tok_s "$LOG_DIR/ours.log"):" \
     "$(ratio "$variant" "$ours")x"
-fi
+done
 echo "$NAME: ours_tok_s=$ours pytorch_tok_s=$pytorch pytorch_eager_tok_s=${torch_tok_s[off]}" \
   "pytorch_compiled_tok_s=${torch_tok_s[on]} ratio=$(ratio "$ours" "$pytorch")" \
   "mfu=$(value mfu "$LOG_DIR/ours.log") gemm_ceiling_frac=$(value gemm_ceiling_frac "$LOG_DIR/ours.log")" \

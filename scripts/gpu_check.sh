@@ -12,7 +12,7 @@
 #             2 ranks against 1 rank)
 #   bench     make bench-gpu's runner: ours against PyTorch eager and torch.compile on the
 #             reference's 1B config (BENCH_GPU_TORCH_MODES=off leaves the compiled one out:
-#             compiling the 1B model takes minutes of a short lease; BENCH_GPU_VARIANT="NAME=VALUE"
+#             compiling the 1B model takes minutes of a short lease; BENCH_GPU_VARIANT="NAME=VALUE[; ...]"
 #             times ours once more with a switch set, e.g. SPES_CUDA_EXPERT_STREAMS=4)
 #   memcheck  the GPU test programs again under compute-sanitizer memcheck
 # From the repository root:  bash scripts/gpu_check.sh [STAGE...]   (default: all, in this order)
