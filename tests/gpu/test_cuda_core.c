@@ -351,11 +351,12 @@ static void test_experts_fp32(void **state) {
 
 static void test_experts_bf16(void **state) {
     (void)state;
+    // the per-expert GEMMs on side streams (the default; the odd shape's operands need
+    // repacking: one stream), then all on the main stream
     experts_case(PRECISION_AMP_BF16, &aligned_shape, false, NULL, NULL);
     experts_case(PRECISION_AMP_BF16, &odd_shape, false, NULL, NULL);
     experts_case(PRECISION_AMP_BF16, &aligned_shape, true, NULL, NULL);
-    // the per-expert GEMMs on side streams (the odd shape's operands need repacking: one stream)
-    setenv("SPES_CUDA_EXPERT_STREAMS", "4", 1);
+    setenv("SPES_CUDA_EXPERT_STREAMS", "1", 1);
     experts_case(PRECISION_AMP_BF16, &aligned_shape, false, NULL, NULL);
     experts_case(PRECISION_AMP_BF16, &odd_shape, false, NULL, NULL);
     unsetenv("SPES_CUDA_EXPERT_STREAMS");
@@ -367,14 +368,15 @@ static void test_experts_f16(void **state) {
     experts_case(PRECISION_AMP_FP16, &aligned_shape, true, NULL, NULL);
 }
 
-// Run twice: the same bits, once with the per-expert GEMMs all on the main stream (the
-// default) and once round-robin on 4 side streams (SPES_CUDA_EXPERT_STREAMS=4).
+// Run twice: the same bits, once with the per-expert GEMMs all on the main stream
+// (SPES_CUDA_EXPERT_STREAMS=1) and once round-robin on 4 side streams (the default).
 static void test_experts_deterministic(void **state) {
     (void)state;
     const int counts[] = {300, 0, 517, 64, 1, 129};
     const ExpertsShape big = {128, 96, 6, counts};
     float *r1, *r2;
     size_t n1, n2;
+    setenv("SPES_CUDA_EXPERT_STREAMS", "1", 1);
     experts_case(PRECISION_AMP_BF16, &big, false, &r1, &n1);
     setenv("SPES_CUDA_EXPERT_STREAMS", "4", 1);
     experts_case(PRECISION_AMP_BF16, &big, false, &r2, &n2);
@@ -415,8 +417,8 @@ static void test_experts_speed(void **state) {
     static const char *const variants[] = {"per-expert cuBLASLt loop, one stream",
                                            "per-expert cuBLASLt loop, 4 side streams", "cuBLAS grouped GEMM"};
     for (int variant = 0; variant < 3; variant++) {
-        if (variant == 1) setenv("SPES_CUDA_EXPERT_STREAMS", "4", 1);
-        if (variant == 2) unsetenv("SPES_CUDA_EXPERT_STREAMS"), setenv("SPES_CUDA_GROUPED", "1", 1);
+        setenv("SPES_CUDA_EXPERT_STREAMS", variant == 1 ? "4" : "1", 1);
+        if (variant == 2) setenv("SPES_CUDA_GROUPED", "1", 1);
         double t_fwd = 0, t_bwd = 0, t_bwd_frozen = 0;
         for (int pass = 0; pass < 2; pass++) {   // pass 0 warms up (plans, heuristics)
             ExpertsArgs a = {E, H, I, off, gate_up, down, xe, gu, act, y, dy, da, dgate_up, none, none, ddown};

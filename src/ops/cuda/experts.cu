@@ -139,14 +139,15 @@ static bool grouped_enabled(void) {
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-// Side streams for the per-expert loop: SPES_CUDA_EXPERT_STREAMS=N runs the GEMMs round-robin
-// on N (at most CUDA_SIDE_STREAMS) side streams; unset or 1, all on the main stream. The
-// results are the same bits either way: each GEMM writes its own output with the plan its
-// sizes pick, whichever stream runs it. One stream stays the default until a GPU run has
-// measured the side streams (docs/gpu_perf_notes.md, change 5).
+// Side streams for the per-expert loop: the GEMMs run round-robin on N (at most
+// CUDA_SIDE_STREAMS) side streams, SPES_CUDA_EXPERT_STREAMS=N; 1 keeps them all on the main
+// stream. The results are the same bits either way: each GEMM writes its own output with the
+// plan its sizes pick, whichever stream runs it. 4 by default: on an H200 the 1B step ran 1.02-1.03x
+// faster with 2, 4 or 8 than with 1 (docs/gpu_perf_notes.md, change 5).
+#define EXPERT_STREAMS_DEFAULT 4
 static int expert_streams(void) {
     const char *v = getenv("SPES_CUDA_EXPERT_STREAMS");
-    int n = v && *v ? atoi(v) : 1;
+    int n = v && *v ? atoi(v) : EXPERT_STREAMS_DEFAULT;
     return n < 1 ? 1 : n > CUDA_SIDE_STREAMS ? CUDA_SIDE_STREAMS : n;
 }
 
