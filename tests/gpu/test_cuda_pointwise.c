@@ -35,6 +35,7 @@
 
 #include <cmocka.h>
 
+#include "base/timer.h"
 #include "gpu/gpu_test.h"
 #include "model/model_config.h"
 #ifdef SPES_WITH_CUDA
@@ -722,6 +723,89 @@ static void test_cross_entropy(void **state) {
     check_cross_entropy(NUM_BF16, 5, 1001, 1024, false);
 }
 
+// ---- speed (not a check) ----------------------------------------------------------------------
+// Prints the device time of the row-wise ops at the 1B model's shape (8 x 2048 tokens, H 768,
+// 12 heads of 64, bf16 activations, fp32 residual) and the bandwidth of the bytes each must
+// move, for the GPU speed work (docs/gpu_perf_notes.md: the bench's `norms` phase against its
+// floor). Each op runs back to back ITERS times between two syncs, as in a step.
+enum { SP_N = 8 * 2048, SP_H = 768, SP_B = 8, SP_T = 2048, SP_NH = 12, SP_HD = 64, SP_QKV = 3 * SP_H };
+typedef struct {
+    Buf resid, resid2, dresid, act, act2, dact, qkv;
+    float *w, *dw, *rstd, *cos_t, *sin_t;
+} SpeedBufs;
+typedef enum {
+    SP_NORM_FWD, SP_QKNORM_FWD, SP_NORM_BWD, SP_QKNORM_BWD, SP_ROPE_FWD, SP_ROPE_BWD, SP_QKV_SPLIT, SP_RESID_COPY, SP_OPS
+} SpeedOp;
+static const struct {
+    const char *name;
+    double bytes_per_elem;   // bytes that must move per element of the [N, H] tensor
+} speed_ops[SP_OPS] = {
+    [SP_NORM_FWD] = {"rmsnorm fwd, fp32 residual -> bf16", 4 + 2},
+    [SP_QKNORM_FWD] = {"rmsnorm fwd, QK-norm bf16 -> bf16", 2 + 2},
+    [SP_NORM_BWD] = {"rmsnorm bwd + dw, into the fp32 dresid", 2 + 4 + 4 + 4},
+    [SP_QKNORM_BWD] = {"rmsnorm bwd + dw, QK-norm bf16 in place", 2 + 2 + 2},
+    [SP_ROPE_FWD] = {"rope fwd, q bf16 in place", 2 + 2},
+    [SP_ROPE_BWD] = {"rope bwd, dq bf16 in place", 2 + 2},
+    [SP_QKV_SPLIT] = {"copy_2d, q out of the joined qkv (bf16)", 2 + 2},
+    [SP_RESID_COPY] = {"copy, the fp32 residual", 4 + 4},
+};
+
+static void speed_run(Backend *be, const SpeedBufs *s, SpeedOp op) {
+    const BackendOps *o = be->ops;
+    switch (op) {
+    case SP_NORM_FWD: o->rmsnorm_forward(be, s->act, s->rstd, s->resid, s->w, SP_N, SP_H, 1e-5f); break;
+    case SP_QKNORM_FWD: o->rmsnorm_forward(be, s->act2, s->rstd, s->act, s->w, SP_N, SP_H, 1e-5f); break;
+    case SP_NORM_BWD:
+        o->rmsnorm_backward(be, s->dresid, s->dw, s->dact, s->resid, s->w, s->rstd, SP_N, SP_H, true);
+        break;
+    case SP_QKNORM_BWD:
+        o->rmsnorm_backward(be, s->dact, s->dw, s->dact, s->act, s->w, s->rstd, SP_N, SP_H, false);
+        break;
+    case SP_ROPE_FWD: o->rope_forward(be, s->act, s->cos_t, s->sin_t, SP_B, SP_T, SP_NH, SP_HD); break;
+    case SP_ROPE_BWD: o->rope_backward(be, s->dact, s->cos_t, s->sin_t, SP_B, SP_T, SP_NH, SP_HD); break;
+    case SP_QKV_SPLIT: o->copy_2d(be, s->act2, SP_H, s->qkv, SP_QKV, SP_N, SP_H); break;
+    case SP_RESID_COPY: o->copy(be, s->resid2.p, s->resid.p, (size_t)SP_N * SP_H * sizeof(float)); break;
+    case SP_OPS: break;
+    }
+}
+
+static void test_rowwise_speed(void **state) {
+    (void)state;
+    if (getenv("SPES_GPU_MEMCHECK_PASS")) skip();   // time means nothing under the sanitizer
+    enum { ITERS = 20 };
+    Backend *be = backend_for(NUM_BF16);
+    const size_t n = (size_t)SP_N * SP_H;
+    float *x = gt_random((size_t)SP_N * SP_QKV, 5, 1.0), *tab = gt_random_uniform((size_t)SP_T * SP_HD, 6, -1, 1);
+    for (size_t i = 0; i < (size_t)SP_H; i++) x[i] = 1.0f + 0.1f * x[i];   // the weight: near 1
+    SpeedBufs s = {
+        .resid = gt_upload(be, x, n, NUM_F32), .resid2 = gt_alloc(be, n, NUM_F32), .dresid = gt_upload(be, x, n, NUM_F32),
+        .act = gt_upload(be, x, n, NUM_BF16), .act2 = gt_alloc(be, n, NUM_BF16), .dact = gt_upload(be, x, n, NUM_BF16),
+        .qkv = gt_upload(be, x, (size_t)SP_N * SP_QKV, NUM_BF16),
+        .w = gt_upload(be, x, SP_H, NUM_F32).p, .dw = gt_upload(be, x, SP_H, NUM_F32).p,
+        .rstd = gt_alloc(be, SP_N, NUM_F32).p,
+        .cos_t = gt_upload(be, tab, (size_t)SP_T * SP_HD / 2, NUM_F32).p,
+        .sin_t = gt_upload(be, tab + (size_t)SP_T * SP_HD / 2, (size_t)SP_T * SP_HD / 2, NUM_F32).p,
+    };
+    speed_run(be, &s, SP_NORM_FWD);   // rstd for the backward
+    for (int op = 0; op < SP_OPS; op++) {
+        double t = 0;
+        for (int pass = 0; pass < 2; pass++) {   // pass 0 warms up
+            gt_sync_ok(be);
+            double t0 = now_seconds();
+            for (int it = 0; it < ITERS; it++) speed_run(be, &s, (SpeedOp)op);
+            gt_sync_ok(be);
+            t = (now_seconds() - t0) / ITERS;
+        }
+        printf("  N=%d H=%d %-42s %.4f ms (%.0f GB/s of %.0f MB)\n", SP_N, SP_H, speed_ops[op].name, 1e3 * t,
+               speed_ops[op].bytes_per_elem * n / t * 1e-9, speed_ops[op].bytes_per_elem * n * 1e-6);
+    }
+    free(x), free(tab);
+    gt_free(be, s.resid), gt_free(be, s.resid2), gt_free(be, s.dresid), gt_free(be, s.act), gt_free(be, s.act2);
+    gt_free(be, s.dact), gt_free(be, s.qkv);
+    backend_free(be, s.w), backend_free(be, s.dw), backend_free(be, s.rstd);
+    backend_free(be, s.cos_t), backend_free(be, s.sin_t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_entries),  cmocka_unit_test(test_add_inplace),
@@ -731,6 +815,7 @@ int main(void) {
         cmocka_unit_test(test_router),         cmocka_unit_test(test_moe_plan),
         cmocka_unit_test(test_gather_rows),    cmocka_unit_test(test_combine),
         cmocka_unit_test(test_combine_backward), cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_rowwise_speed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
