@@ -168,7 +168,9 @@ static void check_copy_2d(NumType td, NumType ts, int rows, int cols, int dst_st
 
 static void test_copy_2d(void **state) {
     (void)state;
-    check_copy_2d(NUM_F32, NUM_F32, 37, 100, 129, 101);     // same type: cudaMemcpy2DAsync
+    check_copy_2d(NUM_F32, NUM_F32, 37, 100, 129, 101);     // same type, rows not 16-byte aligned: cudaMemcpy2DAsync
+    check_copy_2d(NUM_BF16, NUM_BF16, 37, 64, 72, 192);     // same type, 16-byte rows (a q slice of qkv)
+    check_copy_2d(NUM_F32, NUM_F32, 300, 12, 16, 12);       // same type, 16-byte rows, one 16-byte gap
     check_copy_2d(NUM_BF16, NUM_F32, 37, 64, 72, 128);      // converting, vector path
     check_copy_2d(NUM_F32, NUM_BF16, 5, 64, 64 + 8, 64);
     check_copy_2d(NUM_BF16, NUM_F32, 9, 30, 33, 31);        // converting, scalar path

@@ -11,6 +11,9 @@
 //      the block then adds its NW warp rows in warp order into partial[block, :] (scratch);
 //   2. a column kernel adds partial[0..nblocks) in block order (in 8 fixed segments summed in
 //      order) and adds the total to dw.
+// A warp's shared row keeps column c at dw_slot(c), a permutation inside each aligned group of
+// 8 columns, so that both the lanes' W-element groups (step 1) and 32 consecutive columns (the
+// block's sum) fall in 32 different banks; the sums and their order are the same.
 #include "ops/cuda/cuda_pointwise.h"
 #include "ops/cuda/pointwise_common.cuh"
 
@@ -65,18 +68,24 @@ void cuda_rmsnorm_forward(Backend *be, Buf y, float *rstd, Buf x, const float *w
 }
 
 // ---- backward -------------------------------------------------------------------------------
+// Shared-memory slot of column c: its low 3 bits XOR bits 5..7. Lane l's element j of a
+// W = 8 group (c = 256k + 8l + j) lands in bank 8(l % 4) + (j ^ l / 4): 32 banks for 32 lanes;
+// 32 consecutive columns keep their 32 banks. A warp's row holds round_up(C, 8) slots.
+__device__ __forceinline__ int dw_slot(int c) { return c ^ ((c >> 5) & 7); }
+__host__ __device__ static inline int dw_row_len(int C) { return (C + 7) / 8 * 8; }
+
 // dx = rstd*dy*w - x * (rstd^3/C * sum(dy*w*x)), as the cpu's rmsnorm_backward_row.
 // Block b handles rows [b*rpb, min((b+1)*rpb, R)). With dw_partial != NULL, dynamic shared
 // memory holds NW rows of C floats (one per warp) and partial[b, :] is written.
 template <typename Tdx, typename Tdy, typename Tx, int W>
 __global__ void rmsnorm_backward_kernel(Tdx *dx, float *dw_partial, const Tdy *dy, const Tx *x, const float *w,
                                         const float *rstd, int R, int C, int rpb, bool accumulate) {
-    extern __shared__ float warp_dw[];                   // [NW][C] when dw_partial
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
+    extern __shared__ float warp_dw[];                   // [NW][Cs] when dw_partial, column c at dw_slot(c)
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5, Cs = dw_row_len(C);
     const int r0 = blockIdx.x * rpb, r1 = min(r0 + rpb, R);
-    float *mine = dw_partial ? warp_dw + (size_t)warp * C : nullptr;
+    float *mine = dw_partial ? warp_dw + (size_t)warp * Cs : nullptr;
     if (mine)
-        for (int c = lane; c < C; c += 32) mine[c] = 0.0f;   // __syncwarp below orders it before use
+        for (int c = lane; c < Cs; c += 32) mine[c] = 0.0f;   // __syncwarp below orders it before use
     __syncwarp();
     for (int r = r0 + warp; r < r1; r += NW) {
         const Tdy *dyr = dy + (size_t)r * C;
@@ -101,7 +110,7 @@ __global__ void rmsnorm_backward_kernel(Tdx *dx, float *dw_partial, const Tdy *d
             load_vec<W>(xr + c, b);
             if (mine)
 #pragma unroll
-                for (int j = 0; j < W; j++) mine[c + j] += a[j] * b[j] * s;   // lane-private columns
+                for (int j = 0; j < W; j++) mine[dw_slot(c + j)] += a[j] * b[j] * s;   // lane-private columns
             if (accumulate) load_vec<W>(dxr + c, o);
 #pragma unroll
             for (int j = 0; j < W; j++) {
@@ -114,22 +123,32 @@ __global__ void rmsnorm_backward_kernel(Tdx *dx, float *dw_partial, const Tdy *d
     if (!dw_partial) return;
     __syncthreads();
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float t = warp_dw[c];
-        for (int v = 1; v < NW; v++) t += warp_dw[(size_t)v * C + c];
+        const int slot = dw_slot(c);
+        float t = warp_dw[slot];
+        for (int v = 1; v < NW; v++) t += warp_dw[(size_t)v * Cs + slot];
         dw_partial[(size_t)blockIdx.x * C + c] = t;
     }
 }
 
 // dw[c] += sum_b partial[b, c], b = 0..nb-1: thread (tx, ty) sums segment ty of the blocks in
-// order, then ty = 0 adds the 8 segment sums in order.
+// order, then ty = 0 adds the 8 segment sums in order. Few threads (C/32 blocks): each loads
+// COLSUM_AHEAD values before adding them in order, so the loads overlap.
 #define COLSUM_SEGS 8
+#define COLSUM_AHEAD 8
 __global__ void column_sum_add_kernel(float *dw, const float *partial, int nb, int C) {
     __shared__ float seg_sum[COLSUM_SEGS][32];
     const int tx = threadIdx.x, ty = threadIdx.y, c = blockIdx.x * 32 + tx;
     const int per = (nb + COLSUM_SEGS - 1) / COLSUM_SEGS;
     float s = 0.0f;
     if (c < C)
-        for (int b = ty * per, e = min(b + per, nb); b < e; b++) s += partial[(size_t)b * C + c];
+        for (int b = ty * per, e = min(b + per, nb); b < e; b += COLSUM_AHEAD) {
+            float v[COLSUM_AHEAD];
+#pragma unroll
+            for (int u = 0; u < COLSUM_AHEAD; u++) v[u] = b + u < e ? partial[(size_t)(b + u) * C + c] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < COLSUM_AHEAD; u++)
+                if (b + u < e) s += v[u];
+        }
     seg_sum[ty][tx] = s;
     __syncthreads();
     if (ty == 0 && c < C) {
@@ -157,8 +176,8 @@ void cuda_rmsnorm_backward(Backend *be, Buf dx, float *dw, Buf dy, Buf x, const 
     if (dw) {
         rpb = rmsnorm_rows_per_block(R);
         nb = (R + rpb - 1) / rpb;
-        // one shared row of C floats per warp: as many warps (<= 8) as fit in 48 KiB, at least one
-        size_t row_bytes = (size_t)C * sizeof(float);
+        // one shared row of dw_row_len(C) floats per warp: as many warps (<= 8) as fit in 48 KiB, at least one
+        size_t row_bytes = (size_t)dw_row_len(C) * sizeof(float);
         nw = (int)(48 * 1024 / row_bytes);
         nw = nw < 1 ? 1 : nw > RMS_WARPS ? RMS_WARPS : nw;
         smem = (size_t)nw * row_bytes;
