@@ -14,15 +14,18 @@
 //
 // Work split: tensor i gets ceil(n_i / ADAMW_CHUNK) blocks; a block finds its tensor by
 // binary search over the blocks' prefix (first_block) in a device array of descriptors,
-// uploaded per call into scratch (the per-tensor decay_mul follows the lr schedule).
-#include "ops/cuda/cuda_common.cuh"
+// uploaded per call into scratch (the per-tensor decay_mul follows the lr schedule). A tensor
+// whose buffers are all 16-byte aligned is read and written PW_VEC elements a thread with
+// 16-byte accesses (the scalar loop ran at ~3.5 TB/s on an H200), the last n % PW_VEC one at a
+// time; the arithmetic per element is the same either way.
+#include "ops/cuda/pointwise_common.cuh"
 
 #include <vector>
 
 #include "ops/cuda/cuda_ops.h"
 
 #define ADAMW_THREADS 256
-#define ADAMW_CHUNK (ADAMW_THREADS * 8)
+#define ADAMW_CHUNK (ADAMW_THREADS * PW_VEC)
 
 struct AdamWDesc {
     float *p;
@@ -33,7 +36,29 @@ struct AdamWDesc {
     size_t first_block;     // blocks before this tensor's
     float decay_mul;
     int c_type;             // NumType of c
+    int vec;                // p, g, m, v (and c) 16-byte aligned: PW_VEC elements a thread
 };
+
+// One element's update, in the order the header gives.
+__device__ __forceinline__ void adamw_element(float &p, float &m, float &v, float g_raw, float decay_mul,
+                                              const AdamWScalars &s) {
+    float g = __fmul_rn(g_raw, s.grad_scale);
+    p = __fmul_rn(p, decay_mul);
+    m = __fadd_rn(m, __fmul_rn(s.w1, __fsub_rn(g, m)));
+    v = __fmul_rn(v, s.beta2);
+    v = __fadd_rn(v, __fmul_rn(__fmul_rn(s.w2, g), g));
+    float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bc2_sqrt), s.eps);
+    p = __fadd_rn(p, __fmul_rn(s.neg_step_size, __fdiv_rn(m, denom)));
+}
+
+// c[i..i+PW_VEC) = p[0..PW_VEC) in c's type (16-byte aligned).
+__device__ __forceinline__ void store_compute_vec(void *c, NumType t, size_t i, const float *p) {
+    switch (t) {
+    case NUM_BF16: store_vec<PW_VEC>((__nv_bfloat16 *)c + i, p); break;
+    case NUM_F16: store_vec<PW_VEC>((__half *)c + i, p); break;
+    default: store_vec<PW_VEC>((float *)c + i, p); break;
+    }
+}
 
 __global__ void adamw_kernel(const AdamWDesc *__restrict__ desc, int count, AdamWScalars s) {
     size_t b = blockIdx.x;
@@ -47,14 +72,26 @@ __global__ void adamw_kernel(const AdamWDesc *__restrict__ desc, int count, Adam
     const AdamWDesc d = desc[lo];
     size_t start = (b - d.first_block) * ADAMW_CHUNK, end = start + ADAMW_CHUNK;
     if (end > d.n) end = d.n;
-    for (size_t i = start + threadIdx.x; i < end; i += ADAMW_THREADS) {
-        float g = __fmul_rn(d.g[i], s.grad_scale), m = d.m[i], v = d.v[i];
-        float p = __fmul_rn(d.p[i], d.decay_mul);
-        m = __fadd_rn(m, __fmul_rn(s.w1, __fsub_rn(g, m)));
-        v = __fmul_rn(v, s.beta2);
-        v = __fadd_rn(v, __fmul_rn(__fmul_rn(s.w2, g), g));
-        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bc2_sqrt), s.eps);
-        p = __fadd_rn(p, __fmul_rn(s.neg_step_size, __fdiv_rn(m, denom)));
+    size_t vec_end = start;   // [start, vec_end): PW_VEC elements a thread
+    if (d.vec) {
+        vec_end = start + (end - start) / PW_VEC * PW_VEC;
+        for (size_t i = start + (size_t)PW_VEC * threadIdx.x; i < vec_end; i += (size_t)PW_VEC * ADAMW_THREADS) {
+            float p[PW_VEC], g[PW_VEC], m[PW_VEC], v[PW_VEC];
+            load_vec<PW_VEC>(d.p + i, p);
+            load_vec<PW_VEC>(d.g + i, g);
+            load_vec<PW_VEC>(d.m + i, m);
+            load_vec<PW_VEC>(d.v + i, v);
+#pragma unroll
+            for (int j = 0; j < PW_VEC; j++) adamw_element(p[j], m[j], v[j], g[j], d.decay_mul, s);
+            store_vec<PW_VEC>(d.p + i, p);
+            store_vec<PW_VEC>(d.m + i, m);
+            store_vec<PW_VEC>(d.v + i, v);
+            if (d.c) store_compute_vec(d.c, (NumType)d.c_type, i, p);
+        }
+    }
+    for (size_t i = vec_end + threadIdx.x; i < end; i += ADAMW_THREADS) {
+        float p = d.p[i], m = d.m[i], v = d.v[i];
+        adamw_element(p, m, v, d.g[i], d.decay_mul, s);
         d.p[i] = p;
         d.m[i] = m;
         d.v[i] = v;
@@ -78,6 +115,7 @@ extern "C" void cuda_adamw(Backend *be, const AdamWTensor *t, int count, const A
         d.n = t[i].n;
         d.first_block = blocks;
         d.decay_mul = t[i].decay_mul;
+        d.vec = pw_aligned(d.p) && pw_aligned(d.g) && pw_aligned(d.m) && pw_aligned(d.v) && pw_aligned(d.c);
         blocks += (t[i].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
         desc.push_back(d);
     }
