@@ -607,12 +607,15 @@ static void check_sum_double(const char *what, double got, double ref, double su
 static void test_reductions(void **state) {
     (void)state;
     Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
-    const size_t sizes[] = {0, 1, 1000, (1u << 20) + 3, 5000011};
+    // sums start at the buffer (16-byte aligned: groups of 4 floats, then the n % 4 left) or
+    // one float into it (the scalar loop)
+    const size_t sizes[] = {0, 1, 1000, (1u << 20) + 3, 5000011, 1000, 5000011};
+    const size_t shift[] = {0, 0, 0, 0, 0, 1, 1};
     double *d_out = gt_alloc_bytes(be, 2 * sizeof(double));
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         size_t n = sizes[si];
-        float *x = gt_random(n, 4000 + si, 1.0);
-        Buf dx = gt_upload(be, x, n, NUM_F32);
+        float *x0 = gt_random(n + shift[si], 4000 + si, 1.0), *x = x0 + shift[si];
+        Buf dx0 = gt_upload(be, x0, n + shift[si], NUM_F32), dx = buf_at(dx0, shift[si]);
         double sum_abs = 0.0, sum_sq = 0.0;
         for (size_t i = 0; i < n; i++) sum_abs += fabs((double)x[i]), sum_sq += (double)x[i] * x[i];
         for (int sq = 0; sq < 2; sq++) {
@@ -623,7 +626,7 @@ static void test_reductions(void **state) {
             double *h = gt_download_bytes(be, d_out, 2 * sizeof(double));
             memcpy(got, h, sizeof got), free(h);
             char what[64];
-            snprintf(what, sizeof what, "sum%s n=%zu", sq ? " of squares" : "", n);
+            snprintf(what, sizeof what, "sum%s n=%zu%s", sq ? " of squares" : "", n, shift[si] ? " unaligned" : "");
             check_sum_double(what, got[0], ref, sq ? sum_sq : sum_abs, n);
             gt_check_same_host_bits("sum run twice", &got[0], &got[1], sizeof(double));
         }
@@ -633,10 +636,10 @@ static void test_reductions(void **state) {
         assert_int_equal(be->ops->grad_sum_squares(be, dx.p, n, &got[0]), SPES_OK);
         assert_int_equal(be->ops->grad_sum_squares(be, dx.p, n, &got[1]), SPES_OK);
         char what[64];
-        snprintf(what, sizeof what, "grad_sum_squares n=%zu", n);
+        snprintf(what, sizeof what, "grad_sum_squares n=%zu%s", n, shift[si] ? " unaligned" : "");
         check_sum_double(what, got[0], ref, sum_sq, n);
         gt_check_same_host_bits("grad_sum_squares run twice", &got[0], &got[1], sizeof(double));
-        gt_free(be, dx), free(x);
+        gt_free(be, dx0), free(x0);
     }
     backend_free(be, d_out);
 
