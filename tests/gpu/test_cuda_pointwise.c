@@ -726,33 +726,48 @@ static void test_cross_entropy(void **state) {
 }
 
 // ---- speed (not a check) ----------------------------------------------------------------------
-// Prints the device time of the row-wise ops at the 1B model's shape (8 x 2048 tokens, H 768,
-// 12 heads of 64, bf16 activations, fp32 residual) and the bandwidth of the bytes each must
-// move, for the GPU speed work (docs/gpu_perf_notes.md: the bench's `norms` phase against its
-// floor). Each op runs back to back ITERS times between two syncs, as in a step.
+// Prints the device time of the row-wise and dispatch ops at the 1B model's shape (8 x 2048
+// tokens, H 768, 12 heads of 64, 16 experts top-2, bf16 activations, fp32 residual) and the
+// bandwidth of the bytes each must move, for the GPU speed work (docs/gpu_perf_notes.md: the
+// bench's norms, attention, router and dispatch phases against their floors). Each op runs back
+// to back ITERS times between two syncs, as in a step.
 enum { SP_N = 8 * 2048, SP_H = 768, SP_B = 8, SP_T = 2048, SP_NH = 12, SP_HD = 64, SP_QKV = 3 * SP_H };
+enum { SP_E = 16, SP_K = 2, SP_NK = SP_N * SP_K };
 typedef struct {
-    Buf resid, resid2, dresid, act, act2, dact, qkv;
+    Buf resid, resid2, dresid, act, act2, dact, qkv, xe, y, dxe;
     float *w, *dw, *rstd, *cos_t, *sin_t;
+    float *logits, *dlogits, *probs, *lse, *topk_w, *dtopk_w;
+    int32_t *idx, *idx_out, *row_token, *row_of_slot, *plan_off, *plan_token, *plan_slot;
+    float dprob[SP_E];
 } SpeedBufs;
 typedef enum {
-    SP_NORM_FWD, SP_QKNORM_FWD, SP_NORM_BWD, SP_QKNORM_BWD, SP_ROPE_FWD, SP_ROPE_BWD, SP_QKV_SPLIT, SP_RESID_COPY, SP_OPS
+    SP_NORM_FWD, SP_QKNORM_FWD, SP_NORM_BWD, SP_QKNORM_BWD, SP_ROPE_FWD, SP_ROPE_BWD, SP_QKV_SPLIT, SP_RESID_COPY,
+    SP_ROUTER_FWD, SP_ROUTER_BWD, SP_MOE_PLAN, SP_GATHER, SP_COMBINE, SP_COMBINE_BWD, SP_UNCOMBINE, SP_OPS
 } SpeedOp;
+#define SP_NH_BYTES(b) ((double)(b) * SP_N * SP_H)   // b bytes per element of an [N, H] tensor
 static const struct {
     const char *name;
-    double bytes_per_elem;   // bytes that must move per element of the [N, H] tensor
+    double bytes;   // that must move
 } speed_ops[SP_OPS] = {
-    [SP_NORM_FWD] = {"rmsnorm fwd, fp32 residual -> bf16", 4 + 2},
-    [SP_QKNORM_FWD] = {"rmsnorm fwd, QK-norm bf16 -> bf16", 2 + 2},
-    [SP_NORM_BWD] = {"rmsnorm bwd + dw, into the fp32 dresid", 2 + 4 + 4 + 4},
-    [SP_QKNORM_BWD] = {"rmsnorm bwd + dw, QK-norm bf16 in place", 2 + 2 + 2},
-    [SP_ROPE_FWD] = {"rope fwd, q bf16 in place", 2 + 2},
-    [SP_ROPE_BWD] = {"rope bwd, dq bf16 in place", 2 + 2},
-    [SP_QKV_SPLIT] = {"copy_2d, q out of the joined qkv (bf16)", 2 + 2},
-    [SP_RESID_COPY] = {"copy, the fp32 residual", 4 + 4},
+    [SP_NORM_FWD] = {"rmsnorm fwd, fp32 residual -> bf16", SP_NH_BYTES(4 + 2)},
+    [SP_QKNORM_FWD] = {"rmsnorm fwd, QK-norm bf16 -> bf16", SP_NH_BYTES(2 + 2)},
+    [SP_NORM_BWD] = {"rmsnorm bwd + dw, into the fp32 dresid", SP_NH_BYTES(2 + 4 + 4 + 4)},
+    [SP_QKNORM_BWD] = {"rmsnorm bwd + dw, QK-norm bf16 in place", SP_NH_BYTES(2 + 2 + 2)},
+    [SP_ROPE_FWD] = {"rope fwd, q bf16 in place", SP_NH_BYTES(2 + 2)},
+    [SP_ROPE_BWD] = {"rope bwd, dq bf16 in place", SP_NH_BYTES(2 + 2)},
+    [SP_QKV_SPLIT] = {"copy_2d, q out of the joined qkv (bf16)", SP_NH_BYTES(2 + 2)},
+    [SP_RESID_COPY] = {"copy, the fp32 residual", SP_NH_BYTES(4 + 4)},
+    // logits and probs [N, E] fp32, lse [N], top-k index and weight [N, k]
+    [SP_ROUTER_FWD] = {"router fwd (softmax, top-2 of 16)", 4.0 * SP_N * (2 * SP_E + 1 + 2 * SP_K)},
+    [SP_ROUTER_BWD] = {"router bwd", 4.0 * SP_N * (2 * SP_E + 1 + 3 * SP_K)},
+    [SP_MOE_PLAN] = {"moe_plan (group the 2N slots by expert)", 4.0 * SP_NK * 3},
+    [SP_GATHER] = {"gather_rows, bf16 [2N, H]", SP_NH_BYTES(2 * SP_K + 2 * SP_K)},
+    [SP_COMBINE] = {"moe_combine into the fp32 residual", SP_NH_BYTES(2 * SP_K + 4 + 4)},
+    [SP_COMBINE_BWD] = {"moe_combine_backward (dy bf16, dw)", SP_NH_BYTES(4 + 2 * SP_K + 2 * SP_K)},
+    [SP_UNCOMBINE] = {"moe_uncombine_add into bf16 dh", SP_NH_BYTES(2 * SP_K + 2 + 2)},
 };
 
-static void speed_run(Backend *be, const SpeedBufs *s, SpeedOp op) {
+static void speed_run(Backend *be, SpeedBufs *s, SpeedOp op) {
     const BackendOps *o = be->ops;
     switch (op) {
     case SP_NORM_FWD: o->rmsnorm_forward(be, s->act, s->rstd, s->resid, s->w, SP_N, SP_H, 1e-5f); break;
@@ -767,6 +782,20 @@ static void speed_run(Backend *be, const SpeedBufs *s, SpeedOp op) {
     case SP_ROPE_BWD: o->rope_backward(be, s->dact, s->cos_t, s->sin_t, SP_B, SP_T, SP_NH, SP_HD); break;
     case SP_QKV_SPLIT: o->copy_2d(be, s->act2, SP_H, s->qkv, SP_QKV, SP_N, SP_H); break;
     case SP_RESID_COPY: o->copy(be, s->resid2.p, s->resid.p, (size_t)SP_N * SP_H * sizeof(float)); break;
+    case SP_ROUTER_FWD:
+        o->router_forward(be, s->probs, s->lse, s->idx_out, s->topk_w, s->logits, SP_N, SP_E, SP_K, false);
+        break;
+    case SP_ROUTER_BWD:
+        o->router_backward(be, s->dlogits, s->dtopk_w, s->probs, s->lse, s->idx, s->topk_w, s->dprob, 1e-3f, SP_N,
+                           SP_E, SP_K, false);
+        break;
+    case SP_MOE_PLAN: o->moe_plan(be, s->plan_off, s->plan_token, s->plan_slot, s->idx, SP_N, SP_E, SP_K); break;
+    case SP_GATHER: o->gather_rows(be, s->xe, s->act, s->row_token, SP_NK, SP_H); break;
+    case SP_COMBINE: o->moe_combine(be, s->resid2, s->y, s->topk_w, s->row_of_slot, SP_N, SP_K, SP_H); break;
+    case SP_COMBINE_BWD:
+        o->moe_combine_backward(be, s->dxe, s->dtopk_w, s->dresid, s->y, s->topk_w, s->row_of_slot, SP_N, SP_K, SP_H);
+        break;
+    case SP_UNCOMBINE: o->moe_uncombine_add(be, s->dact, s->dxe, s->row_of_slot, SP_N, SP_K, SP_H); break;
     case SP_OPS: break;
     }
 }
@@ -776,19 +805,31 @@ static void test_rowwise_speed(void **state) {
     if (getenv("SPES_GPU_MEMCHECK_PASS")) skip();   // time means nothing under the sanitizer
     enum { ITERS = 20 };
     Backend *be = backend_for(NUM_BF16);
-    const size_t n = (size_t)SP_N * SP_H;
-    float *x = gt_random((size_t)SP_N * SP_QKV, 5, 1.0), *tab = gt_random_uniform((size_t)SP_T * SP_HD, 6, -1, 1);
+    const size_t n = (size_t)SP_N * SP_H, nk = (size_t)SP_NK * SP_H, ne = (size_t)SP_N * SP_E;
+    float *x = gt_random((size_t)SP_NK * SP_H, 5, 1.0), *tab = gt_random_uniform((size_t)SP_T * SP_HD, 6, -1, 1);
+    float *wk = gt_random_uniform((size_t)SP_NK, 7, 0.0, 1.0);
     for (size_t i = 0; i < (size_t)SP_H; i++) x[i] = 1.0f + 0.1f * x[i];   // the weight: near 1
+    Plan plan = make_plan(SP_N, SP_E, SP_K);
     SpeedBufs s = {
         .resid = gt_upload(be, x, n, NUM_F32), .resid2 = gt_alloc(be, n, NUM_F32), .dresid = gt_upload(be, x, n, NUM_F32),
         .act = gt_upload(be, x, n, NUM_BF16), .act2 = gt_alloc(be, n, NUM_BF16), .dact = gt_upload(be, x, n, NUM_BF16),
         .qkv = gt_upload(be, x, (size_t)SP_N * SP_QKV, NUM_BF16),
+        .xe = gt_alloc(be, nk, NUM_BF16), .y = gt_upload(be, x, nk, NUM_BF16), .dxe = gt_alloc(be, nk, NUM_BF16),
         .w = gt_upload(be, x, SP_H, NUM_F32).p, .dw = gt_upload(be, x, SP_H, NUM_F32).p,
         .rstd = gt_alloc(be, SP_N, NUM_F32).p,
         .cos_t = gt_upload(be, tab, (size_t)SP_T * SP_HD / 2, NUM_F32).p,
         .sin_t = gt_upload(be, tab + (size_t)SP_T * SP_HD / 2, (size_t)SP_T * SP_HD / 2, NUM_F32).p,
+        .logits = gt_upload(be, x, ne, NUM_F32).p, .dlogits = gt_alloc(be, ne, NUM_F32).p,
+        .probs = gt_alloc(be, ne, NUM_F32).p, .lse = gt_alloc(be, SP_N, NUM_F32).p,
+        .topk_w = gt_upload(be, wk, SP_NK, NUM_F32).p, .dtopk_w = gt_upload(be, wk, SP_NK, NUM_F32).p,
+        .idx = upload_ints(be, plan.idx, SP_NK), .idx_out = gt_alloc_bytes(be, SP_NK * sizeof(int32_t)),
+        .row_token = upload_ints(be, plan.row_token, SP_NK), .row_of_slot = upload_ints(be, plan.row_of_slot, SP_NK),
+        .plan_off = gt_alloc_bytes(be, (SP_E + 1) * sizeof(int32_t)),
+        .plan_token = gt_alloc_bytes(be, SP_NK * sizeof(int32_t)), .plan_slot = gt_alloc_bytes(be, SP_NK * sizeof(int32_t)),
     };
-    speed_run(be, &s, SP_NORM_FWD);   // rstd for the backward
+    for (int e = 0; e < SP_E; e++) s.dprob[e] = 1e-3f * (float)e;
+    speed_run(be, &s, SP_NORM_FWD);     // rstd for the backward
+    speed_run(be, &s, SP_ROUTER_FWD);   // probs and lse for the router's backward
     for (int op = 0; op < SP_OPS; op++) {
         double t = 0;
         for (int pass = 0; pass < 2; pass++) {   // pass 0 warms up
@@ -798,14 +839,16 @@ static void test_rowwise_speed(void **state) {
             gt_sync_ok(be);
             t = (now_seconds() - t0) / ITERS;
         }
-        printf("  N=%d H=%d %-42s %.4f ms (%.0f GB/s of %.0f MB)\n", SP_N, SP_H, speed_ops[op].name, 1e3 * t,
-               speed_ops[op].bytes_per_elem * n / t * 1e-9, speed_ops[op].bytes_per_elem * n * 1e-6);
+        printf("  N=%d H=%d %-42s %.4f ms (%.0f GB/s of %.1f MB)\n", SP_N, SP_H, speed_ops[op].name, 1e3 * t,
+               speed_ops[op].bytes / t * 1e-9, speed_ops[op].bytes * 1e-6);
     }
-    free(x), free(tab);
-    gt_free(be, s.resid), gt_free(be, s.resid2), gt_free(be, s.dresid), gt_free(be, s.act), gt_free(be, s.act2);
-    gt_free(be, s.dact), gt_free(be, s.qkv);
-    backend_free(be, s.w), backend_free(be, s.dw), backend_free(be, s.rstd);
-    backend_free(be, s.cos_t), backend_free(be, s.sin_t);
+    free(x), free(tab), free(wk), free_plan(&plan);
+    Buf bufs[] = {s.resid, s.resid2, s.dresid, s.act, s.act2, s.dact, s.qkv, s.xe, s.y, s.dxe};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gt_free(be, bufs[i]);
+    void *ptrs[] = {s.w,       s.dw,      s.rstd,      s.cos_t,     s.sin_t,    s.logits,
+                    s.dlogits, s.probs,   s.lse,       s.topk_w,    s.dtopk_w,  s.idx,
+                    s.idx_out, s.row_token, s.row_of_slot, s.plan_off, s.plan_token, s.plan_slot};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) backend_free(be, ptrs[i]);
 }
 
 int main(void) {
