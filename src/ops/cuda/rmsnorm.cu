@@ -76,7 +76,7 @@ __host__ __device__ static inline int dw_row_len(int C) { return (C + 7) / 8 * 8
 
 // dx = rstd*dy*w - x * (rstd^3/C * sum(dy*w*x)), as the cpu's rmsnorm_backward_row.
 // Block b handles rows [b*rpb, min((b+1)*rpb, R)). With dw_partial != NULL, dynamic shared
-// memory holds NW rows of C floats (one per warp) and partial[b, :] is written.
+// memory holds NW rows of dw_row_len(C) floats (one per warp) and partial[b, :] is written.
 template <typename Tdx, typename Tdy, typename Tx, int W>
 __global__ void rmsnorm_backward_kernel(Tdx *dx, float *dw_partial, const Tdy *dy, const Tx *x, const float *w,
                                         const float *rstd, int R, int C, int rpb, bool accumulate) {
