@@ -17,24 +17,19 @@ usage: efficiency.py RESULTS.jsonl [MORE.jsonl ...] [--variants a,b,...] [--corp
 """
 import argparse
 import collections
-import json
 import math
 import statistics
+import sys
 
-
-def load(paths, corpus):
-    rows = []
-    for p in paths:
-        with open(p) as f:
-            rows += [json.loads(line) for line in f if line.strip()]
-    return [r for r in rows if "meta" not in r and r.get("corpus") == corpus and "val_loss" in r]
+sys.dont_write_bytecode = True   # no __pycache__ beside the scripts
+import results  # noqa: E402  (results.py beside this script: its folder is first on sys.path)
 
 
 def central_curves(rows):
     """seed -> [(tokens, loss)] of the centralised main runs (the full batch), by tokens"""
     curves = collections.defaultdict(dict)
     for r in rows:
-        if r["method"] == "centralised" and r["variant"] == "main" and r.get("batch") is None:
+        if results.is_central(r) and r.get("batch") is None:
             curves[r["seed"]][r["tokens"]] = r["val_loss"]
     return {s: sorted(c.items()) for s, c in curves.items()}
 
@@ -60,12 +55,12 @@ def main():
     ap.add_argument("--variants", default="", help="comma list (default: every row that is not centralised main)")
     ap.add_argument("--corpus", default="demo")
     a = ap.parse_args()
-    rows = load(a.results, a.corpus)
+    rows = [r for r in results.read(a.results) if r.get("corpus") == a.corpus]
     curves = central_curves(rows)
     want = set(v for v in a.variants.split(",") if v)
     groups = collections.defaultdict(list)
     for r in rows:
-        if r["method"] == "centralised" and r["variant"] == "main":
+        if results.is_central(r):
             continue
         if want and r["variant"] not in want:
             continue

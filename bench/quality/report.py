@@ -18,6 +18,7 @@ from html import escape
 sys.dont_write_bytecode = True   # no __pycache__ in scripts/
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
 from plot_loss import nice_ticks  # noqa: E402  (the axis ticks of the README's loss plot)
+import results  # noqa: E402  (results.py beside this script)
 
 METHODS = ("centralised", "spes", "fedavg")
 SUMS_POINTS = 10           # issue #28: SPES's held-out sums accuracy within this many points of centralised
@@ -65,8 +66,8 @@ def group(runs, corpus, method, variant):
 
 def paired_ratio(runs, corpus, group_runs, method="centralised"):
     """Mean over seeds of (run's val loss / the same seed's val loss of `method`'s main run)."""
-    base = {r["seed"]: r["val_loss"] for r in group(runs, corpus, method, "main")}
-    ratios = [r["val_loss"] / base[r["seed"]] for r in group_runs if r["seed"] in base]
+    base = results.central([r for r in runs if r["corpus"] == corpus], method)
+    ratios = [r["val_loss"] / base[r["seed"]]["val_loss"] for r in group_runs if r["seed"] in base]
     return stats(ratios) if ratios else None
 
 

@@ -9,10 +9,12 @@ goal), not met (the whole interval outside) or not decidable. Python standard li
 
 usage: seeds.py RESULTS.jsonl [VARIANT (default final)] [--corpus demo]
 """
-import json
 import math
 import statistics
 import sys
+
+sys.dont_write_bytecode = True   # no __pycache__ beside the scripts
+import results  # noqa: E402  (results.py beside this script: its folder is first on sys.path)
 
 # two-sided 95% Student t quantiles, by degrees of freedom
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
@@ -47,11 +49,10 @@ def main():
         del args[i:i + 2]
     path = args[0]
     variant = args[1] if len(args) > 1 else "final"
-    runs = [json.loads(line) for line in open(path)]
-    runs = [r for r in runs if "meta" not in r and r["corpus"] == corpus]
-    central = {r["seed"]: r for r in runs if r["method"] == "centralised" and r["variant"] == "main"}
+    runs = [r for r in results.read(path, with_loss=False) if r["corpus"] == corpus]
+    central = results.central(runs)
     # a variant may itself be a centralised run (e.g. solo_lr0.7: one peer training alone)
-    row = {r["seed"]: r for r in runs if r["variant"] == variant and not (r["method"] == "centralised" and variant == "main")}
+    row = {r["seed"]: r for r in runs if r["variant"] == variant and not results.is_central(r)}
     seeds = sorted(s for s in row if s in central)
     if len(seeds) < 2:
         sys.exit(f"seeds.py: {variant}: {len(seeds)} seed(s) with a centralised run, need 2")

@@ -8,10 +8,12 @@ solo) for the sums. Mean, standard error (sd / sqrt(n)) over seeds. Python stand
 
 usage: solo.py RESULTS.jsonl SOLO_VARIANT [SPES_VARIANT (default final)]
 """
-import json
 import math
 import statistics
 import sys
+
+sys.dont_write_bytecode = True   # no __pycache__ beside the scripts
+import results  # noqa: E402  (results.py beside this script: its folder is first on sys.path)
 
 
 def ms(xs):
@@ -22,9 +24,8 @@ def ms(xs):
 def main():
     path, solo_v = sys.argv[1], sys.argv[2]
     spes_v = sys.argv[3] if len(sys.argv) > 3 else "final"
-    runs = [json.loads(l) for l in open(path)]
-    runs = [r for r in runs if "meta" not in r and r["corpus"] == "demo"]
-    central = {r["seed"]: r for r in runs if r["method"] == "centralised" and r["variant"] == "main"}
+    runs = [r for r in results.read(path, with_loss=False) if r["corpus"] == "demo"]
+    central = results.central(runs)
     spes = {r["seed"]: r for r in runs if r["method"] == "spes" and r["variant"] == spes_v}
     solo = {r["seed"]: r for r in runs if r["variant"] == solo_v}
     seeds = sorted(set(central) & set(spes) & set(solo))

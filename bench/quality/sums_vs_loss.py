@@ -17,17 +17,20 @@ usage: sums_vs_loss.py RESULTS.jsonl [--steps 1000] [--min_seeds 5] [--sums_goal
 """
 import argparse
 import collections
-import json
 import math
 import statistics
+import sys
+
+sys.dont_write_bytecode = True   # no __pycache__ beside the scripts
+import results  # noqa: E402  (results.py beside this script: its folder is first on sys.path)
 
 
 def paired_gaps(rows, steps):
     """(variant, loss gap %, sums gap points) for every non-centralised-main run with a main run
     of its seed; the main runs' own seeds."""
-    rows = [r for r in rows if "val_loss" in r and r.get("corpus", "demo") == "demo"
+    rows = [r for r in rows if r.get("corpus", "demo") == "demo"
             and r.get("steps") == steps and r.get("batch") is None and r.get("arithmetic_acc") is not None]
-    main = {r["seed"]: r for r in rows if r.get("variant") == "main" and r.get("method") == "centralised"}
+    main = results.central(rows)
     out = []
     for r in rows:
         if r.get("variant") == "main" or r["seed"] not in main:
@@ -60,9 +63,7 @@ def main():
     ap.add_argument("--min_seeds", type=int, default=5)
     ap.add_argument("--sums_goal", type=float, default=10.0)
     a = ap.parse_args()
-    with open(a.results) as f:
-        rows = [json.loads(line) for line in f if line.strip()]   # the meta line has no val_loss: left out
-    gaps, kept = paired_gaps(rows, a.steps)
+    gaps, kept = paired_gaps(results.read(a.results), a.steps)
     if len(gaps) < 3:
         raise SystemExit(f"sums_vs_loss: {len(gaps)} paired runs at {a.steps} steps in {a.results}; need 3")
     xs, ys = [g[1] for g in gaps], [g[2] for g in gaps]

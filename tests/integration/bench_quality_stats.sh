@@ -5,7 +5,9 @@
 #  - sums_vs_loss.py: settings whose sums gap is exactly 10 points per 1% of loss gap give the
 #    slope 10.00 with zero residuals; beside them a setting 6 points worse than that line sits
 #    above the fitted line and they below it; too few paired runs are refused;
-#  - efficiency.py: the centralised tokens to a row's loss, interpolated in log(tokens).
+#  - efficiency.py: the centralised tokens to a row's loss, interpolated in log(tokens);
+#  - results.py, through which they read the files and pair a row with its seed's centralised
+#    `main` run: also on its own, for what the files above do not hold.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir=$(mktemp -d)
@@ -94,4 +96,25 @@ python3 bench/quality/efficiency.py "$dir/eff.jsonl" >"$dir/eff"
 grep -Eq "^half +spes +4.00M +2 +0.500 ± 0.000 +2.00 " "$dir/eff" || { cat "$dir/eff"; echo "efficiency: half"; exit 1; }
 grep -Eq "^better +spes +2.00M +2 +1.414 ± 0.000 +0.71 " "$dir/eff" || { cat "$dir/eff"; echo "efficiency: better"; exit 1; }
 grep -Eq "^short +spes +1.00M +2 +< \(bounds\)" "$dir/eff" || { cat "$dir/eff"; echo "efficiency: bound"; exit 1; }
-echo "bench-quality statistics: seeds.py, sums_vs_loss.py and efficiency.py give the constructed answers"
+
+# results.py: the meta line, a blank line and a row without a loss left out (that row kept with
+# with_loss=False), several files read one after the other, and of a seed's two centralised
+# main runs the last one read.
+printf '%s\n' '{"meta": {"steps": 1000}}' \
+  '{"corpus": "demo", "method": "centralised", "variant": "main", "seed": 0, "val_loss": 0.5}' '' \
+  '{"corpus": "demo", "method": "spes", "variant": "main", "seed": 0, "val_loss": 0.6}' \
+  '{"corpus": "demo", "method": "spes", "variant": "failed", "seed": 0}' \
+  '{"corpus": "demo", "method": "centralised", "variant": "main", "seed": 0, "val_loss": 0.4}' >"$dir/dup.jsonl"
+python3 - "$dir/dup.jsonl" <<'PY'
+import sys
+sys.dont_write_bytecode = True
+sys.path.insert(0, "bench/quality")
+import results
+p = sys.argv[1]
+rows = results.read(p)
+assert [r["val_loss"] for r in rows] == [0.5, 0.6, 0.4], rows
+assert len(results.read([p, p])) == 6 and len(results.read(p, with_loss=False)) == 4
+assert results.central(rows)[0]["val_loss"] == 0.4 and results.central(rows, "spes")[0]["val_loss"] == 0.6
+assert [results.is_central(r) for r in rows] == [True, False, True]
+PY
+echo "bench-quality statistics: seeds.py, sums_vs_loss.py, efficiency.py and results.py give the constructed answers"
