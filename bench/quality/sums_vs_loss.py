@@ -33,10 +33,11 @@ def paired_gaps(rows, steps):
     main = results.central(rows)
     out = []
     for r in rows:
-        if r.get("variant") == "main" or r["seed"] not in main:
+        if results.is_central(r) or r["seed"] not in main:
             continue
         c = main[r["seed"]]
-        out.append((r["variant"], (r["val_loss"] / c["val_loss"] - 1) * 100,
+        setting = r["variant"] if r["variant"] != "main" else r["method"] + "_main"   # spes_main, fedavg_main
+        out.append((setting, (r["val_loss"] / c["val_loss"] - 1) * 100,
                     (c["arithmetic_acc"] - r["arithmetic_acc"]) * 100))
     return out, rows
 
