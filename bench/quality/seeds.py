@@ -47,6 +47,8 @@ def main():
         i = args.index("--corpus")
         corpus = args[i + 1]
         del args[i:i + 2]
+    if not args or args[0].startswith("-"):
+        sys.exit(__doc__.split("usage: ")[1].strip())
     path = args[0]
     variant = args[1] if len(args) > 1 else "final"
     runs = [r for r in results.read(path, with_loss=False) if r["corpus"] == corpus]
