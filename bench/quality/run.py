@@ -473,7 +473,7 @@ def main():
     with open(results_path + ".tmp", "w") as res:
         res.write(json.dumps({"meta": {"steps": a.steps, "batch": a.batch, "peers": a.peers, "experts_per_peer": a.experts_per_peer, "experts": experts, "seq": SEQ,
                                        "seeds": a.seeds, "ablation_seeds": min(a.seeds, a.ablation_seeds),
-                                       "sync_steps": a.sync_steps, "tokens": tokens,
+                                       "sync_steps": a.sync_steps, "tokens": tokens, "train_docs": a.train_docs,
                                        "threads": a.threads, "outer_measured": has_outer,
                                        "merge": {"alpha": MERGE_ALPHA, "topk": MERGE_TOPK}}}) + "\n")
         t_all = time.monotonic()
