@@ -25,6 +25,11 @@ sys.dont_write_bytecode = True   # no __pycache__ beside the scripts
 import results  # noqa: E402  (results.py beside this script: its folder is first on sys.path)
 
 
+def setting(r):
+    """A run's setting: its variant; a main run of SPES or fedavg as spes_main / fedavg_main."""
+    return r["variant"] if r["variant"] != "main" else r["method"] + "_main"
+
+
 def paired_gaps(rows, steps):
     """(variant, loss gap %, sums gap points) for every non-centralised-main run with a main run
     of its seed; the main runs' own seeds."""
@@ -36,8 +41,7 @@ def paired_gaps(rows, steps):
         if results.is_central(r) or r["seed"] not in main:
             continue
         c = main[r["seed"]]
-        setting = r["variant"] if r["variant"] != "main" else r["method"] + "_main"   # spes_main, fedavg_main
-        out.append((setting, (r["val_loss"] / c["val_loss"] - 1) * 100,
+        out.append((setting(r), (r["val_loss"] / c["val_loss"] - 1) * 100,
                     (c["arithmetic_acc"] - r["arithmetic_acc"]) * 100))
     return out, rows
 
@@ -82,7 +86,7 @@ def main():
         if len(xy) < a.min_seeds:
             continue
         rs = [y - slope * x for x, y in xy]
-        own = [r for r in kept if r.get("variant") == v]
+        own = [r for r in kept if not results.is_central(r) and setting(r) == v]
         corr = correlation([r["val_loss"] for r in own], [r["arithmetic_acc"] for r in own])
         lg, sg = mean_loss_gap[v], statistics.fmean(y for _, y in xy)
         res = f"{round(statistics.fmean(rs), 1) + 0.0:+.1f} ± {statistics.stdev(rs) / math.sqrt(len(rs)):.1f}"
