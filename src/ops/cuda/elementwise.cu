@@ -59,13 +59,12 @@ __global__ void copy_2d_kernel(Td *dst, int dst_stride, const Ts *src, int src_s
     }
 }
 
-// Strides and row length in 16-byte units; I the index type (32-bit divisions where they fit).
-template <typename I>
-__global__ void copy_2d_16b_kernel(uint4 *dst, size_t dst_stride, const uint4 *src, size_t src_stride, I rows,
-                                   I per_row) {
-    const I items = per_row * rows;
-    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < items; i += (I)gridDim.x * blockDim.x) {
-        const I r = i / per_row, c = i % per_row;
+// Strides and row length in 16-byte units.
+__global__ void copy_2d_16b_kernel(uint4 *dst, size_t dst_stride, const uint4 *src, size_t src_stride, int rows,
+                                   size_t per_row) {
+    const size_t items = per_row * rows;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < items; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / per_row, c = i % per_row;
         dst[r * dst_stride + c] = src[r * src_stride + c];
     }
 }
@@ -77,15 +76,9 @@ void cuda_copy_2d(Backend *be, Buf dst, int dst_stride, Buf src, int src_stride,
         const size_t es = num_type_size(dst.t), row = (size_t)cols * es;
         const size_t dpitch = (size_t)dst_stride * es, spitch = (size_t)src_stride * es;
         if (((uintptr_t)dst.p | (uintptr_t)src.p | row | dpitch | spitch) % 16 == 0) {
-            const size_t per_row = row / 16, items = per_row * rows;
-            const unsigned grid = pw_grid(be, items, PW_THREADS);
-            // the grid-stride loop's last index stays below items + grid * PW_THREADS
-            if (items + (size_t)grid * PW_THREADS <= UINT32_MAX)
-                copy_2d_16b_kernel<uint32_t><<<grid, PW_THREADS, 0, st>>>((uint4 *)dst.p, dpitch / 16, (const uint4 *)src.p,
-                                                                          spitch / 16, (uint32_t)rows, (uint32_t)per_row);
-            else
-                copy_2d_16b_kernel<size_t><<<grid, PW_THREADS, 0, st>>>((uint4 *)dst.p, dpitch / 16, (const uint4 *)src.p,
-                                                                        spitch / 16, (size_t)rows, per_row);
+            const size_t per_row = row / 16;
+            copy_2d_16b_kernel<<<pw_grid(be, per_row * rows, PW_THREADS), PW_THREADS, 0, st>>>(
+                (uint4 *)dst.p, dpitch / 16, (const uint4 *)src.p, spitch / 16, rows, per_row);
             CUDA_LAUNCHED(be);
         } else {
             CUDA_CHECK(be, cudaMemcpy2DAsync(dst.p, dpitch, src.p, spitch, row, (size_t)rows, cudaMemcpyDeviceToDevice, st));
