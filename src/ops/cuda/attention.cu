@@ -647,8 +647,6 @@ bool attn_args_ok(Backend *be, const char *what, int B, int Tq, int Tk, int nh, 
     return false;
 }
 
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 // The tensor-core path: every buffer bf16 (or every one f16), 16-byte aligned, hd 64/128,
 // and enough shared memory on this device.
 bool fa_usable(Backend *be, const Buf *bufs, int nbufs, int hd, int rows, size_t smem_bytes) {
@@ -656,7 +654,7 @@ bool fa_usable(Backend *be, const Buf *bufs, int nbufs, int hd, int rows, size_t
     const NumType t = bufs[0].t;
     if (t != NUM_BF16 && t != NUM_F16) return false;
     for (int i = 0; i < nbufs; i++)
-        if (bufs[i].t != t || !aligned16(bufs[i].p)) return false;
+        if (bufs[i].t != t || !cuda_aligned16(bufs[i].p)) return false;
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cuda_state(be)->device) != cudaSuccess)
         return false;

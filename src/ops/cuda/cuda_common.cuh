@@ -2,6 +2,8 @@
 // for the number types a Buf can hold. Kernels read and write through load_num/store_num so
 // one kernel serves fp32, bf16 and fp16 buffers; arithmetic is always fp32.
 #pragma once
+#include <stdint.h>
+
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -118,6 +120,10 @@ static inline bool cuda_failed(Backend *be) { return cuda_state(be)->failed != 0
         CUDA_CHECK((be), cudaGetLastError());                                                  \
         if (cuda_state(be)->debug_sync) CUDA_CHECK((be), cudaStreamSynchronize(cuda_state(be)->stream)); \
     } while (0)
+
+// True when p is 16-byte aligned (NULL counts as aligned: an absent buffer): what vector
+// loads, cuDNN and the tensor-core paths need.
+static inline bool cuda_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 // Blocks of `threads` covering n items (at least one block).
 static inline unsigned cuda_blocks(size_t n, unsigned threads) {

@@ -707,8 +707,6 @@ CudaCudnn *cudnn_state(Backend *be, bool backward) {
     return c;
 }
 
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 constexpr size_t kMaxPlans = 48;
 
 // The cached plan for this call, built on first use; NULL (fallback recorded) when cuDNN
@@ -845,9 +843,9 @@ bool usable_call(Backend *be, const Buf *bufs, int nbufs, const void *lse, int B
     if (t != NUM_BF16 && t != NUM_F16) return fall_back(backward, false, false, "%s buffers", num_type_name(t));
     for (int i = 0; i < nbufs; i++) {
         if (bufs[i].t != t) return fall_back(backward, false, false, "mixed buffer types");
-        if (!aligned16(bufs[i].p)) return fall_back(backward, false, false, "a buffer not 16-byte aligned");
+        if (!cuda_aligned16(bufs[i].p)) return fall_back(backward, false, false, "a buffer not 16-byte aligned");
     }
-    if (!aligned16(lse)) return fall_back(backward, false, false, "lse not 16-byte aligned");
+    if (!cuda_aligned16(lse)) return fall_back(backward, false, false, "lse not 16-byte aligned");
     if (hd != 64 && hd != 128) return fall_back(backward, false, false, "head dim %d (cuDNN path: 64, 128)", hd);
     if (T < 2 || B < 1 || nkv < 1 || nh % nkv != 0) return fall_back(backward, false, false, "shape");
     s->B = B, s->T = T, s->nh = nh, s->nkv = nkv, s->hd = hd;

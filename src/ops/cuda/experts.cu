@@ -137,8 +137,6 @@ static bool grouped_enabled(void) {
     return v && strcmp(v, "1") == 0;
 }
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 // Side streams for the per-expert loop: the GEMMs run round-robin on N (at most
 // CUDA_SIDE_STREAMS) side streams, SPES_CUDA_EXPERT_STREAMS=N; 1 keeps them all on the main
 // stream. The results are the same bits either way: each GEMM writes its own output with the
@@ -155,7 +153,7 @@ static int expert_streams(void) {
 // size, ec: C's), as cuBLAS's grouped GEMM and cuBLASLt's fast kernels want them.
 static bool rows_aligned16(const std::vector<Problem> &probs, size_t es, size_t ec) {
     for (const Problem &p : probs)
-        if (!aligned16(p.A) || !aligned16(p.B) || !aligned16(p.C) || (p.lda * es) % 16 || (p.ldb * es) % 16 ||
+        if (!cuda_aligned16(p.A) || !cuda_aligned16(p.B) || !cuda_aligned16(p.C) || (p.lda * es) % 16 || (p.ldb * es) % 16 ||
             (p.ldc * ec) % 16)
             return false;
     return true;

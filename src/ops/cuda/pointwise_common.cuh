@@ -71,13 +71,10 @@ template <int W, typename T> __device__ __forceinline__ void store_vec(T *p, con
     }
 }
 
-// Host: true when p is 16-byte aligned (NULL counts as aligned: an absent buffer).
-static inline bool pw_aligned(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 // Host: every length / stride in lens[] is a multiple of PW_VEC and every pointer aligned.
 static inline bool pw_vec_ok(std::initializer_list<const void *> ptrs, std::initializer_list<long long> lens) {
     for (const void *p : ptrs)
-        if (!pw_aligned(p)) return false;
+        if (!cuda_aligned16(p)) return false;
     for (long long n : lens)
         if (n % PW_VEC != 0) return false;
     return true;
