@@ -51,12 +51,32 @@ __device__ __forceinline__ void adamw_element(float &p, float &m, float &v, floa
     p = __fadd_rn(p, __fmul_rn(s.neg_step_size, __fdiv_rn(m, denom)));
 }
 
+// The vector path's stores: p[0..8) = f[0..8) as explicit 16-byte global stores. Through the
+// descriptor's pointers nvcc 13.0 split the packed stores of load_vec's partner store_vec (the
+// bf16 compute copy into eight 2-byte stores, a float pack in part into 4-byte ones: read in
+// the PTX), which the kernels with pointer parameters do not see.
+__device__ __forceinline__ uint32_t bits_of(__nv_bfloat162 h) { return *reinterpret_cast<uint32_t *>(&h); }
+__device__ __forceinline__ uint32_t bits_of(__half2 h) { return *reinterpret_cast<uint32_t *>(&h); }
+__device__ __forceinline__ __nv_bfloat162 round2(float a, float b, __nv_bfloat16) { return __floats2bfloat162_rn(a, b); }
+__device__ __forceinline__ __half2 round2(float a, float b, __half) { return __floats2half2_rn(a, b); }
+
+__device__ __forceinline__ void store8(float *p, const float *f) {
+    __stwb(reinterpret_cast<float4 *>(p), make_float4(f[0], f[1], f[2], f[3]));
+    __stwb(reinterpret_cast<float4 *>(p) + 1, make_float4(f[4], f[5], f[6], f[7]));
+}
+template <typename T> __device__ __forceinline__ void store8(T *p, const float *f) {   // bf16 / f16
+    const T tag{};
+    __stwb(reinterpret_cast<uint4 *>(p),
+           make_uint4(bits_of(round2(f[0], f[1], tag)), bits_of(round2(f[2], f[3], tag)),
+                      bits_of(round2(f[4], f[5], tag)), bits_of(round2(f[6], f[7], tag))));
+}
+
 // c[i..i+PW_VEC) = p[0..PW_VEC) in c's type (16-byte aligned).
 __device__ __forceinline__ void store_compute_vec(void *c, NumType t, size_t i, const float *p) {
     switch (t) {
-    case NUM_BF16: store_vec<PW_VEC>((__nv_bfloat16 *)c + i, p); break;
-    case NUM_F16: store_vec<PW_VEC>((__half *)c + i, p); break;
-    default: store_vec<PW_VEC>((float *)c + i, p); break;
+    case NUM_BF16: store8((__nv_bfloat16 *)c + i, p); break;
+    case NUM_F16: store8((__half *)c + i, p); break;
+    default: store8((float *)c + i, p); break;
     }
 }
 
@@ -83,9 +103,9 @@ __global__ void adamw_kernel(const AdamWDesc *__restrict__ desc, int count, Adam
             load_vec<PW_VEC>(d.v + i, v);
 #pragma unroll
             for (int j = 0; j < PW_VEC; j++) adamw_element(p[j], m[j], v[j], g[j], d.decay_mul, s);
-            store_vec<PW_VEC>(d.p + i, p);
-            store_vec<PW_VEC>(d.m + i, m);
-            store_vec<PW_VEC>(d.v + i, v);
+            store8(d.p + i, p);
+            store8(d.m + i, m);
+            store8(d.v + i, v);
             if (d.c) store_compute_vec(d.c, (NumType)d.c_type, i, p);
         }
     }
@@ -115,7 +135,7 @@ extern "C" void cuda_adamw(Backend *be, const AdamWTensor *t, int count, const A
         d.n = t[i].n;
         d.first_block = blocks;
         d.decay_mul = t[i].decay_mul;
-        d.vec = pw_aligned(d.p) && pw_aligned(d.g) && pw_aligned(d.m) && pw_aligned(d.v) && pw_aligned(d.c);
+        d.vec = cuda_aligned16(d.p) && cuda_aligned16(d.g) && cuda_aligned16(d.m) && cuda_aligned16(d.v) && cuda_aligned16(d.c);
         blocks += (t[i].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
         desc.push_back(d);
     }
