@@ -29,7 +29,10 @@
 //
 // usage: gpu_train_step [--device cuda|cuda:N|cpu] [--batch B] [--seq T] [--warmup W]
 //                       [--steps S] [--experts-per-peer M] [--gemm-n N] [--peak-tflops X]
-//                       [--preset 1b|tiny|bench-small]
+//                       [--preset 1b|tiny|bench-small] [--profile-step]
+// --profile-step: only the all-trainable run, in this process (no child), and after its timed
+// steps one more full step between cudaProfilerStart and cudaProfilerStop, for a profiler
+// started with profiling off (scripts/gpu_check.sh profile: ncu, one line per kernel of it).
 // (--device cpu with --preset tiny exercises the code path on a machine without a GPU.)
 //
 // Exit status: 0 measured (out-of-memory of a variant is reported as such, values NA),
@@ -57,6 +60,10 @@
 #include "train/optimizer.h"
 #include "train/plan.h"
 
+#ifdef SPES_WITH_CUDA
+#include <cuda_profiler_api.h>   // cudaProfilerStart/Stop: what `ncu --profile-from-start off` profiles
+#endif
+
 enum { MAX_STEPS = 256 };
 enum { RES_OK = 0, RES_FAIL = 1, RES_OOM = 3, RES_SKIP = 77 };
 
@@ -65,6 +72,7 @@ typedef struct {
     const char *preset;
     int B, T, warmup, steps, experts_per_peer, gemm_n;
     double peak_tflops;
+    bool profile_step;          // --profile-step: all-trainable only, in this process, one more step profiled
 } Opts;
 
 // What a child sends back through its pipe (fixed size, no pointers).
@@ -190,6 +198,42 @@ done:
 // ---- child: training steps -----------------------------------------------------------------
 
 // experts_per_peer > 0: experts 0..M-1 trainable (a SPES peer); 0: every tensor trainable.
+// One training step as the trainer runs it: zero grads, forward+backward, the global norm read
+// back (the clip factor), AdamW; synced after each part, whose seconds go to sec[0..2].
+static int train_step(Model *m, AdamW *opt, const int32_t *inputs, const int32_t *targets, int B, int T,
+                      const LossWeights *w, Buf compute, LossValues *v, double *grad_norm, double sec[3]) {
+    double t0 = now_seconds();
+    model_zero_grad(m);
+    SPES_TRY(model_forward_backward(m, inputs, targets, B, T, w, 1.0f, v, NULL));
+    SPES_TRY(backend_sync(m->be));
+    double t1 = now_seconds();
+    *grad_norm = grad_global_norm(m->be, m->grads, m->table.trainable_numel);
+    double t2 = now_seconds();
+    SPES_TRY(adamw_step(opt, &m->table, m->dparams, m->grads, grad_clip_coef(*grad_norm, 1.0), compute, 5e-4));
+    SPES_TRY(backend_sync(m->be));
+    sec[0] = t1 - t0, sec[1] = t2 - t1, sec[2] = now_seconds() - t2;
+    if (!isfinite(v->total)) return spes_fail("the loss is %g", v->total);
+    return SPES_OK;
+}
+
+// The step a profiler sees (scripts/gpu_check.sh's profile stage: ncu --profile-from-start off).
+static int profiled_train_step(Model *m, AdamW *opt, const int32_t *inputs, const int32_t *targets, int B, int T,
+                               const LossWeights *w, Buf compute) {
+    LossValues v;
+    double norm, sec[3];
+#ifdef SPES_WITH_CUDA
+    if (strncmp(m->be->name, "cuda", 4) == 0) (void)cudaProfilerStart();
+#endif
+    int rc = train_step(m, opt, inputs, targets, B, T, w, compute, &v, &norm, sec);
+#ifdef SPES_WITH_CUDA
+    if (strncmp(m->be->name, "cuda", 4) == 0) (void)cudaProfilerStop();
+#endif
+    if (rc == SPES_OK)
+        printf("profile-step: one more step, between cudaProfilerStart and Stop: %.1f ms (forward+backward %.1f, clip %.1f, "
+               "AdamW %.1f)\n", 1e3 * (sec[0] + sec[1] + sec[2]), 1e3 * sec[0], 1e3 * sec[1], 1e3 * sec[2]);
+    return rc;
+}
+
 static void run_train(const Opts *o, int experts_per_peer, Result *r) {
     Backend *be = NULL;
     Model m;
@@ -241,36 +285,24 @@ static void run_train(const Opts *o, int experts_per_peer, Result *r) {
     r->static_bytes = in_use;
 
     const LossWeights w = {.lm_z_mult = 1e-5f, .lb_weight = 0.01f, .router_z_weight = 0.001f};
-    const size_t n_grad = m.table.trainable_numel;
     const Buf compute = {m.cparams, be->compute};
     double total = 0.0, best = INFINITY;
     LossValues v = {0};
     for (int s = -o->warmup; s < o->steps; s++) {
         if (s == 0) model_phase_reset(&m);
         stage = s < 0 ? "warm-up step" : "timed step";
-        double t0 = now_seconds();
-        model_zero_grad(&m);
-        if (model_forward_backward(&m, inputs, targets, B, T, &w, 1.0f, &v, NULL) != SPES_OK) goto fail;
-        if (backend_sync(be) != SPES_OK) goto fail;
-        double t1 = now_seconds();
-        // The trainer's clipping: the norm read back (synced), its factor applied inside AdamW.
-        r->grad_norm = grad_global_norm(be, m.grads, n_grad);
-        double t2 = now_seconds();
-        adamw_step(&opt, &m.table, m.dparams, m.grads, grad_clip_coef(r->grad_norm, 1.0), compute, 5e-4);
-        if (backend_sync(be) != SPES_OK) goto fail;
-        double t3 = now_seconds();
-        if (!isfinite(v.total)) {
-            spes_fail("the loss is %g", v.total);
-            goto fail;
-        }
+        double sec[3];
+        if (train_step(&m, &opt, inputs, targets, B, T, &w, compute, &v, &r->grad_norm, sec) != SPES_OK) goto fail;
         if (s >= 0) {
-            total += t3 - t0;
-            best = fmin(best, t3 - t0);
-            r->fb_s += t1 - t0;
-            r->clip_s += t2 - t1;
-            r->adam_s += t3 - t2;
+            total += sec[0] + sec[1] + sec[2];
+            best = fmin(best, sec[0] + sec[1] + sec[2]);
+            r->fb_s += sec[0];
+            r->clip_s += sec[1];
+            r->adam_s += sec[2];
         }
     }
+    stage = "profiled step";
+    if (o->profile_step && profiled_train_step(&m, &opt, inputs, targets, B, T, &w, compute) != SPES_OK) goto fail;
     be->ops->memory(be, &in_use, &peak);
     r->peak_bytes = peak;
     r->B = B, r->T = T, r->steps = o->steps;
@@ -283,8 +315,8 @@ static void run_train(const Opts *o, int experts_per_peer, Result *r) {
     r->trainable = m.table.trainable_numel;
     r->arena_bytes = m.acts ? m.acts->arena_bytes : 0;
     r->compute_copy = m.cparams != NULL;
-    // The profile: one more forward+backward, synced at every phase boundary.
-    stage = "profiled step";
+    // The phases: one more forward+backward, synced at every phase boundary.
+    stage = "phase step";
     model_phase_reset(&m);
     m.phase_sync = true;
     model_zero_grad(&m);
@@ -451,7 +483,8 @@ static void print_train(const char *name, const Result *r, const Opts *o, double
 
 static void usage(FILE *out) {
     fprintf(out, "usage: gpu_train_step [--device cuda|cuda:N|cpu] [--batch B] [--seq T] [--warmup W] [--steps S]\n"
-                 "                      [--experts-per-peer M] [--gemm-n N] [--peak-tflops X] [--preset 1b|tiny|bench-small]\n");
+                 "                      [--experts-per-peer M] [--gemm-n N] [--peak-tflops X] [--preset 1b|tiny|bench-small]\n"
+                 "                      [--profile-step]\n");
 }
 
 int main(int argc, char **argv) {
@@ -462,6 +495,10 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--profile-step")) {
+            o.profile_step = true;
+            continue;
         }
         if (!v) {
             usage(stderr);
@@ -490,6 +527,18 @@ int main(int argc, char **argv) {
     }
     threads_set(0);   // host work (weight init, token generation): every core
 
+    if (o.profile_step) {   // in this process, so that a profiler started on it sees the kernels
+        Result all;
+        memset(&all, 0, sizeof all);
+        all.status = RES_FAIL;
+        run_train(&o, 0, &all);
+        if (all.status == RES_SKIP) {
+            printf("gpu_train_step: skipped (%s)\n", all.message);
+            return 77;
+        }
+        print_train("all-trainable", &all, &o, 0.0, strcmp(o.device, "cpu") != 0, 0);
+        return all.status == RES_OK ? 0 : 1;
+    }
     Result gemm, peer, all;
     measure(&o, JOB_GEMM, &gemm);
     if (gemm.status == RES_SKIP) {

@@ -15,6 +15,11 @@
 #             compiling the 1B model takes minutes of a short lease; BENCH_GPU_VARIANT="NAME=VALUE[; ...]"
 #             times ours once more with a switch set, e.g. SPES_CUDA_EXPERT_STREAMS=4)
 #   memcheck  the GPU test programs again under compute-sanitizer memcheck
+#   profile   one all-trainable step of the bench's 1B model under Nsight Compute (ncu, which
+#             reads a Firecracker machine's counters, not a gVisor one's: KINDS.md): every
+#             kernel's device time, run one at a time, grouped by bench/gpu_kernel_table.py
+#             (profile.log; the raw CSV in the logs as profile/ncu.csv). Not in the default list:
+#             ncu serialises and replays ~2,000 kernels (minutes); name it.
 # From the repository root:  bash scripts/gpu_check.sh [STAGE...]   (default: all, in this order)
 # The device tool's call: command "bash scripts/gpu_check.sh", carry [".gpu-bundle"].
 #   SPES_GPU_CHECK_BUDGET  seconds for the whole call (default 420, inside the device call's
@@ -30,7 +35,7 @@ cd "$(dirname "$0")/.." || exit 1
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(facts unit e2e ranks bench memcheck)
 for stage in "${stages[@]}"; do
-  case $stage in facts | unit | e2e | ranks | bench | memcheck) ;; *) echo "gpu_check: no stage '$stage'"; exit 2 ;; esac
+  case $stage in facts | unit | e2e | ranks | bench | memcheck | profile) ;; *) echo "gpu_check: no stage '$stage'"; exit 2 ;; esac
 done
 start=$(date +%s)
 export SPES_TEST_DEADLINE=$((start + ${SPES_GPU_CHECK_BUDGET:-420}))
@@ -104,6 +109,27 @@ stage_bench() {
   esac
 }
 stage_memcheck() { gpu_tests '^memcheck ' 1; }
+stage_profile() {
+  local left=$((SPES_TEST_DEADLINE - $(date +%s))) rc=0 ncu
+  [ "$left" -gt 30 ] || { echo "profile: skipped (out of time)"; return 0; }
+  ncu=$(command -v ncu || ls -d /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1 || true)
+  [ -n "$ncu" ] || { echo "profile: skipped (no ncu here)"; return 0; }
+  # The clocks and caches as a real step finds them (METHOD.md: leave the clocks alone); the
+  # bench's one profiled step between cudaProfilerStart and Stop; base units (nanoseconds).
+  # shellcheck disable=SC2086  # BENCH_GPU_ARGS is a list of flags
+  timeout -k 5 "$left" "$ncu" --clock-control none --cache-control none --profile-from-start off \
+    --metrics gpu__time_duration.sum --csv --print-units base --log-file "$logs/profile/ncu.csv" \
+    "$SPES_BUILD/bench/gpu_train_step" --profile-step --warmup 1 --steps 1 ${BENCH_GPU_ARGS:-} \
+    >"$logs/profile/bench.log" 2>&1 || rc=$?
+  grep -E "^(profile-step|all-trainable): " "$logs/profile/bench.log" | head -3
+  case $rc in
+    0) ;;
+    124 | 137) echo "profile: skipped (killed at the deadline: out of time)"; return 0 ;;
+    *) tail -5 "$logs/profile/bench.log" "$logs/profile/ncu.csv"; echo "profile: failed (ncu status $rc)"; return 1 ;;
+  esac
+  python3 bench/gpu_kernel_table.py --top 40 "$logs/profile/ncu.csv" || { echo "profile: failed (no table)"; return 1; }
+  echo "profile: one step's kernels above"
+}
 
 table=()
 status=0
