@@ -29,10 +29,13 @@
 //
 // usage: gpu_train_step [--device cuda|cuda:N|cpu] [--batch B] [--seq T] [--warmup W]
 //                       [--steps S] [--experts-per-peer M] [--gemm-n N] [--peak-tflops X]
-//                       [--preset 1b|tiny|bench-small] [--profile-step]
+//                       [--preset 1b|tiny|bench-small] [--profile-step] [--overlap-adamw]
 // --profile-step: only the all-trainable run, in this process (no child), and after its timed
 // steps one more full step between cudaProfilerStart and cudaProfilerStop, for a profiler
 // started with profiling off (scripts/gpu_check.sh profile: ncu, one line per kernel of it).
+// --overlap-adamw: after the timed steps, as many again with each step's AdamW on the backend's
+// aux queue under the next step's forward (src/train/overlap_step.h), timed from a synced start
+// to a synced end: "AdamW under the next forward" lines and ours_tok_s_overlap=.
 // (--device cpu with --preset tiny exercises the code path on a machine without a GPU.)
 //
 // Exit status: 0 measured (out-of-memory of a variant is reported as such, values NA),
@@ -58,6 +61,7 @@
 #include "model/model_internal.h"   // the activation arena's size, for the memory prediction
 #include "config/config.h"
 #include "train/optimizer.h"
+#include "train/overlap_step.h"
 #include "train/plan.h"
 
 #ifdef SPES_WITH_CUDA
@@ -73,6 +77,7 @@ typedef struct {
     int B, T, warmup, steps, experts_per_peer, gemm_n;
     double peak_tflops;
     bool profile_step;          // --profile-step: all-trainable only, in this process, one more step profiled
+    bool overlap_adamw;         // --overlap-adamw: the steps again with AdamW under the next forward
 } Opts;
 
 // What a child sends back through its pipe (fixed size, no pointers).
@@ -89,6 +94,7 @@ typedef struct {
     size_t static_bytes;        // backend bytes in use after setup (before the first step)
     size_t peak_bytes;          // backend peak since open
     double mean_s, best_s, fb_s, clip_s, adam_s, loss, grad_norm, flops;
+    double overlap_s;           // --overlap-adamw: mean step with AdamW under the next forward (0: not run)
     double phase[MODEL_PHASE_COUNT];
     double phase_flops[MODEL_PHASE_COUNT];   // GEMM FLOPs of the phases that are mostly GEMMs, else 0
 } Result;
@@ -234,6 +240,25 @@ static int profiled_train_step(Model *m, AdamW *opt, const int32_t *inputs, cons
     return rc;
 }
 
+// The same steps with AdamW on the aux queue under the next forward (src/train/overlap_step.h):
+// one step to warm up, then `steps` timed from a synced start to a synced end (the last update
+// included). Mean seconds a step.
+static int overlapped_steps(Model *m, AdamW *opt, const int32_t *inputs, const int32_t *targets, int B, int T,
+                            const LossWeights *w, int steps, double *mean_s) {
+    OverlapStep os;
+    LossValues v;
+    double norm;
+    SPES_TRY(overlap_step_begin(&os, m, opt));
+    int rc = overlap_step(&os, inputs, targets, B, T, w, 5e-4, 1.0, &v, &norm);
+    if (rc == SPES_OK) rc = backend_sync(m->be);
+    double t0 = now_seconds();
+    for (int s = 0; s < steps && rc == SPES_OK; s++) rc = overlap_step(&os, inputs, targets, B, T, w, 5e-4, 1.0, &v, &norm);
+    int end = overlap_step_end(&os);   // waits for the last update
+    *mean_s = (now_seconds() - t0) / steps;
+    if (rc == SPES_OK && !isfinite(v.total)) rc = spes_fail("the loss is %g", v.total);
+    return rc != SPES_OK ? rc : end;
+}
+
 static void run_train(const Opts *o, int experts_per_peer, Result *r) {
     Backend *be = NULL;
     Model m;
@@ -303,6 +328,9 @@ static void run_train(const Opts *o, int experts_per_peer, Result *r) {
     }
     stage = "profiled step";
     if (o->profile_step && profiled_train_step(&m, &opt, inputs, targets, B, T, &w, compute) != SPES_OK) goto fail;
+    stage = "overlapped steps";
+    if (o->overlap_adamw && overlapped_steps(&m, &opt, inputs, targets, B, T, &w, o->steps, &r->overlap_s) != SPES_OK)
+        goto fail;
     be->ops->memory(be, &in_use, &peak);
     r->peak_bytes = peak;
     r->B = B, r->T = T, r->steps = o->steps;
@@ -450,6 +478,9 @@ static void print_train(const char *name, const Result *r, const Opts *o, double
     printf("\n");
     printf("%s: synced split per step: forward+backward %.1f ms, clip %.1f ms, AdamW %.1f ms\n", name, 1e3 * r->fb_s,
            1e3 * r->clip_s, 1e3 * r->adam_s);
+    if (r->overlap_s > 0)
+        printf("%s: AdamW under the next forward (--overlap-adamw): mean %.1f ms a step, %.0f tok/s, %.3fx the plain "
+               "step's\n", name, 1e3 * r->overlap_s, (double)r->B * r->T / r->overlap_s, r->mean_s / r->overlap_s);
     if (r->peak_bytes > 0) {
         double pred = predicted_bytes(r);
         printf("%s: memory peak %.2f GB; predicted %.2f GB = master %.2f + compute copy %.2f + grads %.2f + "
@@ -484,7 +515,7 @@ static void print_train(const char *name, const Result *r, const Opts *o, double
 static void usage(FILE *out) {
     fprintf(out, "usage: gpu_train_step [--device cuda|cuda:N|cpu] [--batch B] [--seq T] [--warmup W] [--steps S]\n"
                  "                      [--experts-per-peer M] [--gemm-n N] [--peak-tflops X] [--preset 1b|tiny|bench-small]\n"
-                 "                      [--profile-step]\n");
+                 "                      [--profile-step] [--overlap-adamw]\n");
 }
 
 int main(int argc, char **argv) {
@@ -498,6 +529,10 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(a, "--profile-step")) {
             o.profile_step = true;
+            continue;
+        }
+        if (!strcmp(a, "--overlap-adamw")) {
+            o.overlap_adamw = true;
             continue;
         }
         if (!v) {
@@ -567,6 +602,7 @@ int main(int argc, char **argv) {
     printf("ours_tok_s=%s\n", NUM("%.1f", a, (double)all.B * all.T / all.mean_s));
     printf("tflops=%s\n", NUM("%.2f", a, a_tflops));
     printf("mfu=%s\n", NUM("%.4f", a, a_tflops / o.peak_tflops));
+    if (o.overlap_adamw) printf("ours_tok_s_overlap=%s\n", NUM("%.1f", a, (double)all.B * all.T / all.overlap_s));
     printf("gemm_tflops=%s\n", NUM("%.1f", g, gemm.gemm_tflops));
     printf("gemm_ceiling_frac=%s\n", NUM("%.4f", a && g, a_tflops / gemm.gemm_tflops));
     printf("peer_tok_s=%s\n", NUM("%.1f", p, (double)peer.B * peer.T / peer.mean_s));

@@ -203,7 +203,22 @@ typedef struct {
     int (*grad_sum_squares)(Backend *be, const float *x, size_t n, double *host_out);
     // One AdamW update of `count` tensors (one launch / one parallel region).
     void (*adamw)(Backend *be, const AdamWTensor *t, int count, const AdamWScalars *s);
+
+    // ---- a second queue, beside the main one ----
+    // For work that may run while the main queue goes on: one step's AdamW, part by part, under
+    // the next step's forward (src/train/overlap_step.h). Between aux_begin and aux_end every op
+    // queues on the aux queue, after everything the main queue held at aux_begin. aux_mark(point)
+    // records a point on it; aux_wait(point) makes the main queue wait for the last mark of that
+    // point (none yet: no wait). Points are 0 .. BACKEND_AUX_POINTS - 1. sync waits for both
+    // queues. Only ops that share no scratch with the main queue's may go there: AdamW (a scratch
+    // slot of its own on cuda) and zero. cpu: one queue, in order, so all four do nothing.
+    void (*aux_begin)(Backend *be);
+    void (*aux_end)(Backend *be);
+    void (*aux_mark)(Backend *be, int point);
+    void (*aux_wait)(Backend *be, int point);
 } BackendOps;
+
+#define BACKEND_AUX_POINTS 1024
 
 struct Backend {
     const BackendOps *ops;

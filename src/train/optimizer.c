@@ -139,36 +139,33 @@ static int move_params(AdamW *opt, const ParamTable *table, float *params, bool 
     return SPES_OK;
 }
 
-// torch's _single_tensor_adamw scalars, each rounded to float as the CPU kernels do.
-static int step(AdamW *opt, const ParamTable *table, float *params, bool packed, const float *grads,
-                float grad_scale, Buf compute, double lr) {
+// One update begins: the step count, and torch's _single_tensor_adamw scalars for it, each
+// rounded to float as the CPU kernels do; *decay_mul is a decaying tensor's factor.
+static AdamWScalars begin_update(AdamW *opt, float grad_scale, double lr, float *decay_mul) {
     const AdamWConfig *c = &opt->cfg;
     opt->step++;
     double t = (double)opt->step;
     double bc1 = 1.0 - pow(c->beta1, t);
     double bc2 = 1.0 - pow(c->beta2, t);
-    const AdamWScalars s = {.w1 = (float)(1.0 - c->beta1),
-                            .beta2 = (float)c->beta2,
-                            .w2 = (float)(1.0 - c->beta2),
-                            .bc2_sqrt = (float)sqrt(bc2),
-                            .eps = (float)c->eps,
-                            .neg_step_size = (float)(-(lr / bc1)),
-                            .grad_scale = grad_scale};
-    float decay_mul = (float)(1.0 - lr * c->weight_decay);
-    if (opt->numel == 0) return SPES_OK;
-    // Offloaded, the update reads and writes the host staging instead of backend memory.
-    const float *g_base = grads;
-    if (opt->offload) {
-        SPES_TRY(backend_sync(opt->be));   // the gradients' kernels are done
-        SPES_TRY(opt->be->ops->download(opt->be, opt->hg, grads, opt->numel * sizeof(float)));
-        SPES_TRY(move_params(opt, table, params, packed, compute, false));
-        g_base = opt->hg;
-    }
+    *decay_mul = (float)(1.0 - lr * c->weight_decay);
+    return (AdamWScalars){.w1 = (float)(1.0 - c->beta1),
+                          .beta2 = (float)c->beta2,
+                          .w2 = (float)(1.0 - c->beta2),
+                          .bc2_sqrt = (float)sqrt(bc2),
+                          .eps = (float)c->eps,
+                          .neg_step_size = (float)(-(lr / bc1)),
+                          .grad_scale = grad_scale};
+}
+
+// Fills opt->tensors with the update's work list: every trainable piece in the state's range,
+// or only those of hook part `part` (model.h; part < 0: all). Returns how many.
+static int work_list(AdamW *opt, const ParamTable *table, float *params, bool packed, const float *g_base,
+                     Buf compute, float decay_mul, int part, int n_layers) {
     int count = 0;
     for (int i = 0; i < table->count; i++) {
         const ParamInfo *pi = &table->entries[i];
         size_t a, b;
-        if (!piece(opt, pi, &a, &b)) continue;
+        if (!piece(opt, pi, &a, &b) || (part >= 0 && param_part(pi, n_layers) != part)) continue;
         size_t at = param_at(opt, pi, a, packed);
         bool on_device = !opt->offload;
         opt->tensors[count++] = (AdamWTensor){
@@ -178,9 +175,26 @@ static int step(AdamW *opt, const ParamTable *table, float *params, bool packed,
             .v = opt->dv + (a - opt->lo),
             .compute = on_device && compute.p ? buf_at(compute, at) : (Buf){NULL, NUM_F32},
             .n = b - a,
-            .decay_mul = adamw_param_decays(c, pi->kind) ? decay_mul : 1.0f,
+            .decay_mul = adamw_param_decays(&opt->cfg, pi->kind) ? decay_mul : 1.0f,
         };
     }
+    return count;
+}
+
+static int step(AdamW *opt, const ParamTable *table, float *params, bool packed, const float *grads,
+                float grad_scale, Buf compute, double lr) {
+    float decay_mul;
+    const AdamWScalars s = begin_update(opt, grad_scale, lr, &decay_mul);
+    if (opt->numel == 0) return SPES_OK;
+    // Offloaded, the update reads and writes the host staging instead of backend memory.
+    const float *g_base = grads;
+    if (opt->offload) {
+        SPES_TRY(backend_sync(opt->be));   // the gradients' kernels are done
+        SPES_TRY(opt->be->ops->download(opt->be, opt->hg, grads, opt->numel * sizeof(float)));
+        SPES_TRY(move_params(opt, table, params, packed, compute, false));
+        g_base = opt->hg;
+    }
+    int count = work_list(opt, table, params, packed, g_base, compute, decay_mul, -1, 0);
     if (!opt->offload) {
         opt->be->ops->adamw(opt->be, opt->tensors, count, &s);
         return SPES_OK;
@@ -198,6 +212,19 @@ int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *
 int adamw_step_packed(AdamW *opt, const ParamTable *table, float *packed, const float *grads, float grad_scale,
                       double lr) {
     return step(opt, table, packed, true, grads, grad_scale, (Buf){NULL, NUM_F32}, lr);
+}
+
+int adamw_step_parts(AdamW *opt, const ParamTable *table, int n_layers, float *params, const float *grads,
+                     float grad_scale, Buf compute, double lr, int (*after_part)(void *ctx, int part), void *ctx) {
+    if (opt->offload) return spes_fail("adamw_step_parts: the offloaded optimizer updates on the host, in one go");
+    float decay_mul;
+    const AdamWScalars s = begin_update(opt, grad_scale, lr, &decay_mul);
+    for (int part = 0; part < n_layers + 2; part++) {
+        int count = opt->numel ? work_list(opt, table, params, false, grads, compute, decay_mul, part, n_layers) : 0;
+        if (count) opt->be->ops->adamw(opt->be, opt->tensors, count, &s);
+        if (after_part) SPES_TRY(after_part(ctx, part));
+    }
+    return SPES_OK;
 }
 
 int grad_sum_of_squares(Backend *be, const float *grads, size_t n, double *out) {

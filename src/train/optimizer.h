@@ -72,6 +72,13 @@ bool adamw_param_decays(const AdamWConfig *cfg, ParamKind kind);
 // plain memcpy and the result is the same bits as without offload. SPES_ERR when a copy fails.
 int adamw_step(AdamW *opt, const ParamTable *table, float *params, const float *grads, float grad_scale, Buf compute,
                double lr);
+// The same update (the same bits) as adamw_step, launched part by part: for each hook part of
+// the model (model.h: 0 the embedding, 1 + l layer l, n_layers + 1 the head), in that order, the
+// part's tensors in one launch, then after_part(ctx, part) (NULL: nothing); an error it returns
+// ends the update there. For queueing each part's update where the next forward can wait for
+// it (src/train/overlap_step.h). Not with an offloaded optimizer (SPES_ERR).
+int adamw_step_parts(AdamW *opt, const ParamTable *table, int n_layers, float *params, const float *grads,
+                     float grad_scale, Buf compute, double lr, int (*after_part)(void *ctx, int part), void *ctx);
 // The same update on fp32 parameters packed like the state's range: value i of the gradient
 // layout at packed[i - lo] (ZeRO-3's shard, parallel/sharded_params.h); no compute copy.
 int adamw_step_packed(AdamW *opt, const ParamTable *table, float *packed, const float *grads, float grad_scale,

@@ -49,6 +49,7 @@
 #include "base/timer.h"
 #include "gpu/gpu_test.h"
 #include "model/model.h"
+#include "unit/overlap_step_check.h"
 
 static const double U32 = 0x1p-24;
 
@@ -776,6 +777,15 @@ static void test_model_created_frozen(void **state) {
     assert_int_equal(used3, used0);
 }
 
+// ---- AdamW on the aux queue under the next forward (src/train/overlap_step.h) -------------------
+// Two queues really overlap here: bit-identical to the plain step, or an update raced the
+// forward that reads its part (a missing wait). bench-small, so each part's update is long
+// enough to overlap the forward of the parts before it.
+static void test_overlap_step(void **state) {
+    (void)state;
+    overlap_step_matches_plain(cuda_test_backend(PRECISION_AMP_BF16), "bench-small", 4, 256);
+}
+
 // ---- device selection (runs with or without a GPU) ---------------------------------------------
 static void test_device_selection(void **state) {
     (void)state;
@@ -820,6 +830,7 @@ int main(void) {
         cmocka_unit_test(test_lm_head_speed),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_reductions),
+        cmocka_unit_test(test_overlap_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -162,6 +162,9 @@ static int cpu_grad_sum_squares(Backend *be, const float *x, size_t n, double *h
     return SPES_OK;
 }
 static void cpu_adamw(Backend *be, const AdamWTensor *t, int count, const AdamWScalars *s) { op_adamw(t, count, s); }
+// One queue: everything runs in the order it was called, so there is nothing to begin or wait for.
+static void cpu_aux_switch(Backend *be) { (void)be; }
+static void cpu_aux_point(Backend *be, int point) { (void)be, (void)point; }
 
 static const BackendOps cpu_ops = {
     .alloc = cpu_alloc,
@@ -202,6 +205,10 @@ static const BackendOps cpu_ops = {
     .column_means = cpu_column_means,
     .grad_sum_squares = cpu_grad_sum_squares,
     .adamw = cpu_adamw,
+    .aux_begin = cpu_aux_switch,
+    .aux_end = cpu_aux_switch,
+    .aux_mark = cpu_aux_point,
+    .aux_wait = cpu_aux_point,
 };
 
 static Backend cpu_backend;

@@ -145,7 +145,7 @@ extern "C" void cuda_adamw(Backend *be, const AdamWTensor *t, int count, const A
         return;
     }
     size_t bytes = desc.size() * sizeof(AdamWDesc);
-    AdamWDesc *dev = (AdamWDesc *)cuda_scratch(be, bytes);
+    AdamWDesc *dev = (AdamWDesc *)cuda_scratch_slot(be, CUDA_SCRATCH_ADAMW, bytes);   // its own: may run on the aux queue
     if (!dev) return;
     cudaStream_t stream = cuda_state(be)->stream;
     // Pageable source: the driver stages it before returning, so `desc` may die after this.

@@ -166,6 +166,63 @@ void cuda_side_join(Backend *be, int count) {
     }
 }
 
+// ---- the aux queue (BackendOps.aux_*) ---------------------------------------------------------
+static void cuda_aux_begin(Backend *be) {
+    CudaState *st = cuda_state(be);
+    if (st->stream != st->main_stream) {
+        cuda_record_failure(be, "aux_begin", "not on the main stream (inside a side or aux section)", __FILE__, __LINE__);
+        return;
+    }
+    if (!st->aux) {
+        cudaError_t err = cudaStreamCreateWithFlags(&st->aux, cudaStreamNonBlocking);
+        if (err == cudaSuccess) err = cudaEventCreateWithFlags(&st->aux_fork, cudaEventDisableTiming);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            cuda_record_failure(be, "aux_begin", cudaGetErrorString(err), __FILE__, __LINE__);
+            return;   // stays on the main stream: in order, only slower
+        }
+    }
+    CUDA_CHECK(be, cudaEventRecord(st->aux_fork, st->main_stream));
+    CUDA_CHECK(be, cudaStreamWaitEvent(st->aux, st->aux_fork, 0));
+    st->stream = st->aux;
+}
+
+static void cuda_aux_end(Backend *be) {
+    CudaState *st = cuda_state(be);
+    st->stream = st->main_stream;
+}
+
+static bool aux_point_ok(Backend *be, int point, const char *what) {
+    if (point >= 0 && point < BACKEND_AUX_POINTS) return true;
+    char detail[64];
+    snprintf(detail, sizeof detail, "point %d outside 0..%d", point, BACKEND_AUX_POINTS - 1);
+    cuda_record_failure(be, what, detail, __FILE__, __LINE__);
+    return false;
+}
+
+static void cuda_aux_mark(Backend *be, int point) {
+    CudaState *st = cuda_state(be);
+    if (!aux_point_ok(be, point, "aux_mark")) return;
+    if (!st->aux) {
+        cuda_record_failure(be, "aux_mark", "no aux_begin before it", __FILE__, __LINE__);
+        return;
+    }
+    cudaEvent_t *ev = &st->aux_point[point];
+    if (!*ev && cudaEventCreateWithFlags(ev, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        *ev = NULL;
+        cuda_record_failure(be, "aux_mark", "cannot create an event", __FILE__, __LINE__);
+        return;
+    }
+    CUDA_CHECK(be, cudaEventRecord(*ev, st->aux));
+}
+
+static void cuda_aux_wait(Backend *be, int point) {
+    CudaState *st = cuda_state(be);
+    if (!aux_point_ok(be, point, "aux_wait") || !st->aux_point[point]) return;   // never marked: nothing to wait for
+    CUDA_CHECK(be, cudaStreamWaitEvent(st->main_stream, st->aux_point[point], 0));
+}
+
 // ---- memory -----------------------------------------------------------------------------------
 static int cuda_alloc(Backend *be, size_t bytes, void **out) {
     CudaImpl *impl = cuda_impl(be);
@@ -307,8 +364,10 @@ extern "C" void cuda_convert(Backend *be, Buf dst, Buf src, size_t n) {
 
 // ---- sync, memory figures, close --------------------------------------------------------------
 static int cuda_sync(Backend *be) {
-    CUDA_CHECK(be, cudaStreamSynchronize(cuda_state(be)->stream));
-    return cuda_state(be)->failed ? cuda_report_failure(be) : SPES_OK;
+    CudaState *st = cuda_state(be);
+    CUDA_CHECK(be, cudaStreamSynchronize(st->main_stream));
+    if (st->aux) CUDA_CHECK(be, cudaStreamSynchronize(st->aux));
+    return st->failed ? cuda_report_failure(be) : SPES_OK;
 }
 
 static void cuda_memory(Backend *be, size_t *in_use, size_t *peak) {
@@ -335,6 +394,11 @@ static void cuda_release(CudaImpl *impl) {
         if (st->side_workspace[i]) (void)cudaFree(st->side_workspace[i]);
     }
     if (st->fork) (void)cudaEventDestroy(st->fork);
+    if (st->aux) (void)cudaStreamSynchronize(st->aux);
+    for (int i = 0; i < BACKEND_AUX_POINTS; i++)
+        if (st->aux_point[i]) (void)cudaEventDestroy(st->aux_point[i]);
+    if (st->aux_fork) (void)cudaEventDestroy(st->aux_fork);
+    if (st->aux) (void)cudaStreamDestroy(st->aux);
     if (st->blas) (void)cublasDestroy(st->blas);
     if (st->lt) (void)cublasLtDestroy(st->lt);
     if (st->stream) (void)cudaStreamDestroy(st->stream);
@@ -393,6 +457,11 @@ static const BackendOps cuda_ops = {
     cuda_column_means,
     cuda_grad_sum_squares,
     cuda_adamw,
+    // the aux queue
+    cuda_aux_begin,
+    cuda_aux_end,
+    cuda_aux_mark,
+    cuda_aux_wait,
 };
 
 // ---- opening ----------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ enum {
     CUDA_SCRATCH_EXPERTS,       // experts.cu: grouped-GEMM pointer arrays, converted operands
     CUDA_SCRATCH_REDUCE,        // reduce.cu: per-block double partials
     CUDA_SCRATCH_CUDNN,         // cudnn_attention.cu: cuDNN's workspace (+ the backward's softmax_sum)
+    CUDA_SCRATCH_ADAMW,         // adamw.cu: the tensors' descriptors (AdamW may run on the aux queue)
     CUDA_SCRATCH_SLOTS
 };
 typedef struct {
@@ -64,6 +65,11 @@ typedef struct {
     cudaEvent_t side_done[CUDA_SIDE_STREAMS], fork;
     cudaStream_t main_stream;                   // the stream every other op runs on
     void *main_workspace;
+    // The aux queue (BackendOps.aux_*): a stream of its own, created on first use, and one event
+    // per point, created when first marked.
+    cudaStream_t aux;
+    cudaEvent_t aux_fork;
+    cudaEvent_t aux_point[BACKEND_AUX_POINTS];
 } CudaState;
 
 static inline CudaState *cuda_state(Backend *be) { return (CudaState *)be->impl; }

@@ -1,0 +1,41 @@
+// A training step whose optimizer update runs under the next step's forward.
+//
+// The plain step is: zero the gradients, forward+backward, read back the global gradient norm
+// (the clip factor), AdamW. On a GPU the last part is memory-bound (~10 ms of the 1B model's
+// ~82 ms step on an H200: 30 bytes a parameter) and the next forward, mostly GEMMs, waits for
+// all of it. Here the update goes to the backend's aux queue (backend.h) part by part
+// (adamw_step_parts: 0 the embedding, 1 + l layer l, the head), each part's gradients zeroed on
+// that queue behind its update and a point marked; the next forward waits, from the model's
+// PRE_FORWARD hook, only for the point of the part it is about to read. So the update of layer
+// l runs while the forward goes through the layers before it, and no pass of its own zeroes
+// the gradients. The arithmetic and its order are the plain step's, so are the bits
+// (test_train_overlap_step on the cpu, test_cuda_core on a GPU); on the cpu backend, with one
+// queue, it is the plain step in another order of calls.
+//
+// For one rank, one micro-batch a step, the optimizer on the device (not offloaded), and a model
+// whose hooks are this step's while it runs (no data parallelism or sharded parameters, which
+// hook the same events). bench/gpu_train_step --overlap-adamw measures it; the trainer does not
+// use it yet.
+#pragma once
+#include <stdint.h>
+
+#include "model/model.h"
+#include "train/optimizer.h"
+
+typedef struct {
+    Model *m;
+    AdamW *opt;
+    ModelHooks hooks;                // the model's while the steps run
+} OverlapStep;
+
+// Zeroes the gradients once and takes the model's hooks. SPES_ERR when the model already has
+// hooks or the optimizer is offloaded.
+int overlap_step_begin(OverlapStep *o, Model *m, AdamW *opt);
+// One step on one micro-batch: forward+backward (waiting for the previous update part by
+// part), the global gradient norm read back into *grad_norm, then AdamW at lr on the gradient
+// clipped to max_norm (<= 0: not clipped), queued on the aux queue. Returns with that update
+// possibly still running; *loss as model_forward_backward's.
+int overlap_step(OverlapStep *o, const int32_t *inputs, const int32_t *targets, int B, int T,
+                 const LossWeights *weights, double lr, double max_norm, LossValues *loss, double *grad_norm);
+// Waits for the last update and takes the hooks off the model.
+int overlap_step_end(OverlapStep *o);
