@@ -10,7 +10,7 @@
 # sync traffic per peer), quality.md (the tables), quality.svg (validation loss against tokens),
 # runs/ (logs, metrics).
 # Last line: "bench-quality: <corpus>_spes_ratio=... <corpus>_fedavg_ratio=... demo_spes_sums=...
-# demo_central_sums=... goal=1.02 met=yes|no".
+# demo_central_sums=... demo_met=yes|no shakespeare_... goal=1.02 met=yes|no" (met: every corpus).
 # --smoke: the same runs at toy size (6 steps, 2 seeds, ablations 1 seed), for tests/integration/bench_quality_smoke.sh.
 # ~5 hours on an idle 2-core machine for the full run (peers 1 thread each, centralised 2);
 # --steps 1000 --sync_steps 5 and --steps 300 give the shorter tables docs/quality.md keeps.

@@ -23,6 +23,11 @@ QUALITY_OUT="$out/q" SPES_BIN="$SPES" SPES_TEST_DATA="$DATA" bash bench/quality/
 echo "bench-quality --smoke took $(( $(date +%s) - start ))s"
 tail -1 "$out/log"
 grep -q "^bench-quality: demo_spes_ratio=" "$out/log" || { echo "no final line"; exit 1; }
+# A verdict per corpus, and met= is yes only when every corpus's is.
+last=$(tail -1 "$out/log")
+[[ $last =~ demo_met=(yes|no).*shakespeare_met=(yes|no).*\ met=(yes|no)$ ]] || { echo "no verdict per corpus: $last"; exit 1; }
+want=$([ "${BASH_REMATCH[1]}${BASH_REMATCH[2]}" = yesyes ] && echo yes || echo no)
+[ "${BASH_REMATCH[3]}" = "$want" ] || { echo "met=${BASH_REMATCH[3]} with demo ${BASH_REMATCH[1]}, shakespeare ${BASH_REMATCH[2]}"; exit 1; }
 # Every peer of a SPES run took part in the last sync; the fedavg server ran in fedavg mode.
 for p in 0 1 2 3; do
   grep -q "sync step 6" "$out/q/runs/demo_spes_main_s0/peer$p.log" || { echo "peer $p never synced step 6"; exit 1; }
