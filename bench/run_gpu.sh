@@ -7,6 +7,7 @@
 # Face OlmoeForCausalLM in PyTorch on the same GPU (bench/gpu_train_step_torch.py).
 # Prints both programs' detail, then exactly one final line:
 #   bench-gpu: ours_tok_s=<x> pytorch_tok_s=<x> pytorch_eager_tok_s=<x> pytorch_compiled_tok_s=<x> ratio=<x> mfu=<x> gemm_ceiling_frac=<x> peak_mem_gb=<x> peak_mem_gb_all_trainable=<x>
+#   [ours_tok_s_overlap=<x> overlap_ratio=<x>: with BENCH_GPU_ARGS=--overlap-adamw, AdamW under the next forward]
 # or "bench-gpu: skipped (<why>)" when there is no GPU backend (this spes was built without
 # CUDA, or no GPU is visible), or "bench-gpu: failed (<why>)" (exit 1).
 #   ours_tok_s, mfu (model FLOP/s / 989 TFLOP/s, H100 SXM bf16 dense), gemm_ceiling_frac
@@ -119,4 +120,6 @@ echo "$NAME: ours_tok_s=$ours pytorch_tok_s=$pytorch pytorch_eager_tok_s=${torch
   "pytorch_compiled_tok_s=${torch_tok_s[on]} ratio=$(ratio "$ours" "$pytorch")" \
   "mfu=$(value mfu "$LOG_DIR/ours.log") gemm_ceiling_frac=$(value gemm_ceiling_frac "$LOG_DIR/ours.log")" \
   "peak_mem_gb=$(value peak_mem_gb "$LOG_DIR/ours.log")" \
-  "peak_mem_gb_all_trainable=$(value peak_mem_gb_all_trainable "$LOG_DIR/ours.log")"
+  "peak_mem_gb_all_trainable=$(value peak_mem_gb_all_trainable "$LOG_DIR/ours.log")" \
+  "$(overlap=$(value ours_tok_s_overlap "$LOG_DIR/ours.log")
+     [ "$overlap" = NA ] || echo "ours_tok_s_overlap=$overlap overlap_ratio=$(ratio "$overlap" "$pytorch")")"
