@@ -203,7 +203,6 @@ done:
 
 // ---- child: training steps -----------------------------------------------------------------
 
-// experts_per_peer > 0: experts 0..M-1 trainable (a SPES peer); 0: every tensor trainable.
 // One training step as the trainer runs it: zero grads, forward+backward, the global norm read
 // back (the clip factor), AdamW; synced after each part, whose seconds go to sec[0..2].
 static int train_step(Model *m, AdamW *opt, const int32_t *inputs, const int32_t *targets, int B, int T,
@@ -259,6 +258,7 @@ static int overlapped_steps(Model *m, AdamW *opt, const int32_t *inputs, const i
     return rc != SPES_OK ? rc : end;
 }
 
+// experts_per_peer > 0: experts 0..M-1 trainable (a SPES peer); 0: every tensor trainable.
 static void run_train(const Opts *o, int experts_per_peer, Result *r) {
     Backend *be = NULL;
     Model m;
@@ -376,6 +376,14 @@ done:
 
 typedef enum { JOB_GEMM, JOB_PEER, JOB_ALL } Job;
 
+// Runs one job here: *r from zero, a failure unless the job says otherwise.
+static void run_job(const Opts *o, Job job, Result *r) {
+    memset(r, 0, sizeof *r);
+    r->status = RES_FAIL;
+    if (job == JOB_GEMM) run_gemm(o, r);
+    else run_train(o, job == JOB_PEER ? o->experts_per_peer : 0, r);
+}
+
 // Runs one job in a forked child; its Result comes back through a pipe. A child that dies
 // (a signal, a crash in the driver) is a failure with that said.
 static void measure(const Opts *o, Job job, Result *r) {
@@ -397,10 +405,7 @@ static void measure(const Opts *o, Job job, Result *r) {
     if (pid == 0) {
         close(fds[0]);
         Result mine;
-        memset(&mine, 0, sizeof mine);
-        mine.status = RES_FAIL;
-        if (job == JOB_GEMM) run_gemm(o, &mine);
-        else run_train(o, job == JOB_PEER ? o->experts_per_peer : 0, &mine);
+        run_job(o, job, &mine);
         ssize_t n = write(fds[1], &mine, sizeof mine);
         _exit(n == (ssize_t)sizeof mine ? 0 : 1);
     }
@@ -562,16 +567,15 @@ int main(int argc, char **argv) {
     }
     threads_set(0);   // host work (weight init, token generation): every core
 
+    const bool async = strcmp(o.device, "cpu") != 0;
     if (o.profile_step) {   // in this process, so that a profiler started on it sees the kernels
         Result all;
-        memset(&all, 0, sizeof all);
-        all.status = RES_FAIL;
-        run_train(&o, 0, &all);
+        run_job(&o, JOB_ALL, &all);
         if (all.status == RES_SKIP) {
             printf("gpu_train_step: skipped (%s)\n", all.message);
             return 77;
         }
-        print_train("all-trainable", &all, &o, 0.0, strcmp(o.device, "cpu") != 0, 0);
+        print_train("all-trainable", &all, &o, 0.0, async, 0);
         return all.status == RES_OK ? 0 : 1;
     }
     Result gemm, peer, all;
@@ -580,7 +584,6 @@ int main(int argc, char **argv) {
         printf("gpu_train_step: skipped (%s)\n", gemm.message);
         return 77;
     }
-    const bool async = strcmp(o.device, "cpu") != 0;
     printf("device: %s\n", gemm.device[0] ? gemm.device : o.device);
     printf("model: %s, micro-batch %d x %d, amp_bf16, %d warm-up + %d timed steps; SPES peer trains experts 0..%d\n",
            o.preset, o.B, o.T, o.warmup, o.steps, o.experts_per_peer - 1);

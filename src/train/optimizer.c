@@ -220,7 +220,7 @@ int adamw_step_parts(AdamW *opt, const ParamTable *table, int n_layers, float *p
     float decay_mul;
     const AdamWScalars s = begin_update(opt, grad_scale, lr, &decay_mul);
     for (int part = 0; part < n_layers + 2; part++) {
-        int count = opt->numel ? work_list(opt, table, params, false, grads, compute, decay_mul, part, n_layers) : 0;
+        int count = work_list(opt, table, params, false, grads, compute, decay_mul, part, n_layers);
         if (count) opt->be->ops->adamw(opt->be, opt->tensors, count, &s);
         if (after_part) SPES_TRY(after_part(ctx, part));
     }

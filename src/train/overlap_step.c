@@ -27,7 +27,7 @@ int overlap_step_begin(OverlapStep *o, Model *m, AdamW *opt) {
     if (m->hooks) return spes_fail("overlap_step: the model's hooks are taken (data parallelism or sharding)");
     if (opt->offload) return spes_fail("overlap_step: the optimizer is offloaded to the host");
     if (m->cfg.n_layers + 2 > BACKEND_AUX_POINTS)
-        return spes_fail("overlap_step: %d layers, more than the backend's %d queue points", m->cfg.n_layers,
+        return spes_fail("overlap_step: %d layers; the backend's queue points serve at most %d", m->cfg.n_layers,
                          BACKEND_AUX_POINTS - 2);
     *o = (OverlapStep){.m = m, .opt = opt, .hooks = {.fn = wait_for_update, .ctx = o}};
     model_zero_grad(m);
