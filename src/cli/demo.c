@@ -66,6 +66,7 @@ typedef struct {
     int sync_warmup_steps, sync_warmup_every;   // the peers' synchronous warm-up (demo.yaml; 0: none)
     double lr_scale;            // the peers' learning rate against the centralised run's (demo.yaml; a double,
                                 // as the config key: --lr_scale 0.7 is the 0.7 --spes_config.lr_scale=0.7 gives)
+    double peer_beta1;          // the peers' AdamW beta1 (demo.yaml's spes_config.beta1; 0: optimizer.betas')
     const char *payload;        // the sync payload: f32, bf16, int8 or int4 (demo.yaml)
     const char *out;
 } DemoOptions;
@@ -74,8 +75,8 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: spes demo [--peers N] [--experts_per_peer M] [--experts E] [--steps S] [--sync_steps K] [--batch B]\n"
             "                 [--train_docs D] [--threads_per_peer T] [--outer_lr X] [--outer_momentum Y]\n"
-            "                 [--sync_warmup_steps W] [--sync_warmup_every E] [--lr_scale S] [--payload P]\n"
-            "                 [--no_baseline] [--inputs_only] [--out DIR]\n"
+            "                 [--sync_warmup_steps W] [--sync_warmup_every E] [--lr_scale S] [--beta1 B]\n"
+            "                 [--payload P] [--no_baseline] [--inputs_only] [--out DIR]\n"
             "\n"
             "Trains a small MoE with SPES on 127.0.0.1: a parameter server and N peers (default 4), each\n"
             "owning M experts per layer (default 2, so 8 experts), syncing every K steps (default 10; int8\n"
@@ -86,7 +87,8 @@ static void usage(FILE *out) {
             "docs/sync.md), written to demo.yaml as spes_config.outer_lr/outer_momentum (default 1 and 0: off).\n"
             "--sync_warmup_steps/--sync_warmup_every: sync every E steps for the first W steps, then widen to K\n"
             "(spes_config.sync_warmup_*; W 0: no warm-up). --lr_scale: the peers' learning rate is S times the\n"
-            "centralised run's (spes_config.lr_scale). --payload f32|bf16|int8|int4: what a round sends\n"
+            "centralised run's (spes_config.lr_scale). --beta1: the peers' AdamW beta1 (spes_config.beta1;\n"
+            "default: the centralised run's 0.9). --payload f32|bf16|int8|int4: what a round sends\n"
             "(spes_config.payload_dtype; int8/int4: deltas with error feedback, docs/communication.md).\n"
             "--experts E: the model's experts per layer (default N*M); fewer gives each expert several owners\n"
             "(N*M a multiple of E: replicas, averaged by the server; docs/sync.md).\n"
@@ -117,6 +119,7 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
         {"outer_lr", required_argument, 0, 'L'},     {"outer_momentum", required_argument, 0, 'M'},
         {"sync_warmup_steps", required_argument, 0, 'W'}, {"sync_warmup_every", required_argument, 0, 'E'},
         {"lr_scale", required_argument, 0, 'S'},     {"payload", required_argument, 0, 'P'},
+        {"beta1", required_argument, 0, 'B'},
         {"inputs_only", no_argument, 0, 'I'},        {0, 0, 0, 0}};
     optind = 1;
     int c;
@@ -139,6 +142,7 @@ static int parse_options(int argc, char **argv, DemoOptions *o) {
         case 'W': rc = cli_int("sync_warmup_steps", optarg, 0, 1000000, &o->sync_warmup_steps); break;
         case 'E': rc = cli_int("sync_warmup_every", optarg, 1, 1000000, &o->sync_warmup_every); break;
         case 'S': rc = cli_double("lr_scale", optarg, 1e-3, 100, &o->lr_scale); break;
+        case 'B': rc = cli_double("beta1", optarg, 1e-3, 0.999, &o->peer_beta1); break;
         case 'P':
             o->payload = optarg;
             if (strcmp(optarg, "f32") && strcmp(optarg, "bf16") && strcmp(optarg, "int8") && strcmp(optarg, "int4"))
@@ -364,6 +368,7 @@ static int open_run(const DemoOptions *o, DemoRun *run) {
         printf(" (every %d for the first %d)", o->sync_warmup_every, o->sync_warmup_steps);
     if (strcmp(o->payload, "f32") != 0) printf(", %s payloads", o->payload);
     if (o->lr_scale != 1.0) printf(", peer learning rate x%g", o->lr_scale);
+    if (o->peer_beta1 > 0) printf(", peer beta1 %g", o->peer_beta1);
     printf(", %d thread(s) per peer\n", o->threads_per_peer);
     printf("writing the built-in corpus (%d training documents) and questions to %s\n", o->train_docs, run->dir);
     return tokenizer_load("bytes", &run->tok);
@@ -386,7 +391,7 @@ static int write_inputs(DemoRun *run) {
                           .sync_steps = o->sync_steps, .batch = o->batch, .threads_per_peer = o->threads_per_peer,
                           .outer_lr = o->outer_lr, .outer_momentum = o->outer_momentum,
                           .sync_warmup_steps = o->sync_warmup_steps, .sync_warmup_every = o->sync_warmup_every,
-                          .lr_scale = o->lr_scale, .payload = o->payload};
+                          .lr_scale = o->lr_scale, .peer_beta1 = o->peer_beta1, .payload = o->payload};
     SPES_TRY(demo_config_write(&shape, run->dir, run->cfg_path));
     printf("corpus ready (%.0fs)\n", now_seconds() - run->t0);
     return SPES_OK;

@@ -308,6 +308,8 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
           "spes_config.sync_warmup_steps", "must be a multiple of sync_steps (%" PRId64 ") and of sync_warmup_every (%" PRId64
           "), got %" PRId64, cfg->sync_steps, cfg->sync_warmup_every, cfg->sync_warmup_steps);
     CHECK(cfg->lr_scale > 0 && cfg->lr_scale <= 100, "spes_config.lr_scale", "must be in (0, 100], got %g", cfg->lr_scale);
+    CHECK(cfg->peer_beta1 == -1 || (cfg->peer_beta1 >= 0 && cfg->peer_beta1 < 1), "spes_config.beta1",
+          "must be in [0, 1) or null, got %g", cfg->peer_beta1);
     CHECK(cfg->decayed_factor_update_steps > 0, "spes_config.decayed_factor_update_steps", "must be > 0");
     // The ranges `spes server --outer_lr / --outer_momentum` accept (src/cli/server.c).
     CHECK(cfg->outer_lr >= 1e-6f && cfg->outer_lr <= 10.0f, "spes_config.outer_lr", "must be in [1e-6, 10], got %g",

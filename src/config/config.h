@@ -144,6 +144,7 @@ typedef struct {
                                       // round (false: a peer keeps its own, the reference)
     double lr_scale;                  // spes_config.lr_scale: a peer's learning rate is this times the
                                       // schedule's (1; only with using_spes or using_dilico)
+    double peer_beta1;                // spes_config.beta1: a peer's AdamW beta1 (-1, null: optimizer.betas')
 
     // Where the config came from (for messages and the checkpoint copy).
     char *source_path;

@@ -367,6 +367,7 @@ static bool instance_filter_unset(const TrainConfig *cfg) { return !cfg->data.in
 // Keys added after configs were hashed: at their defaults (off) they leave the hash as it was.
 static bool sync_warmup_unset(const TrainConfig *cfg) { return cfg->sync_warmup_steps == 0; }
 static bool lr_scale_unset(const TrainConfig *cfg) { return cfg->lr_scale == 1.0; }
+static bool peer_beta1_unset(const TrainConfig *cfg) { return cfg->peer_beta1 < 0; }
 static bool reset_moments_unset(const TrainConfig *cfg) { return !cfg->reset_moments_at_sync; }
 
 // "50000" steps, "1e9T" / "1000000000T" tokens, "2ep" epochs (OLMo's forms).
@@ -697,6 +698,7 @@ static const ConfigKey KEYS[] = {
     {"spes_config.sync_warmup_steps", K_I64, F(sync_warmup_steps), MIN_NONNEG, .hashed = true, .unset = sync_warmup_unset, .meaning = "Synchronous warm-up: up to this step the peers sync every `sync_warmup_every` steps; over the next sync_steps steps the interval doubles (a few ramp rounds, so the server's look-ahead window follows) and from then on it is sync_steps. A multiple of sync_steps and of sync_warmup_every; 0: off (the reference). Costs one round per sync_warmup_every steps of the warm-up (docs/quality.md). Our extension."},
     {"spes_config.sync_warmup_every", K_I64, F(sync_warmup_every), MIN_POSITIVE, .hashed = true, .unset = sync_warmup_unset, .meaning = "The warm-up's sync interval in steps (default 1: every step); at most sync_steps. Our extension."},
     {"spes_config.lr_scale", K_F64, F(lr_scale), MIN_POSITIVE, .hashed = true, .unset = lr_scale_unset, .meaning = "A peer's learning rate is lr_scale times the schedule's (only with using_spes or using_dilico; a centralised run of the same config keeps the schedule's). Averaging P peers' AdamW steps, each on 1/P of the batch, moves the weights about as far as one step at a smaller rate (docs/quality.md); 1: off (the reference). Our extension."},
+    {"spes_config.beta1", K_F64, F(peer_beta1), .nullable = true, .null_value = -1, .hashed = true, .unset = peer_beta1_unset, .meaning = "A peer's AdamW beta1 (only with using_spes or using_dilico; a centralised run of the same config keeps optimizer.betas'). A peer's gradient comes from 1/P of the batch and its momentum is averaged away at every round: a shorter memory (0.8) measured better at the demo's settings (docs/quality.md). null: optimizer.betas' (the reference). Our extension."},
     {"spes_config.reset_moments_at_sync", K_BOOL, F(reset_moments_at_sync), .hashed = true, .unset = reset_moments_unset, .meaning = "Zero a peer's AdamW moments (and its bias-correction count) after every sync round, so it starts each round from the aggregate with no memory of its own earlier gradients; false: each peer keeps its own moments across rounds (the reference). Measured in docs/quality.md. Our extension."},
     {"spes_config.payload_dtype", K_SPECIAL, .hashed = true, .parse = parse_payload_dtype, .format = format_payload_dtype, .meaning = "f32, bf16, int8 or int4 (deltas against the last aggregate with error feedback, docs/communication.md) sync payloads. Our extension."},
 };
@@ -1134,6 +1136,7 @@ void config_defaults(TrainConfig *cfg) {
     cfg->sync_warmup_steps = 0;   // no synchronous warm-up: every round sync_steps apart (the reference)
     cfg->sync_warmup_every = 1;
     cfg->lr_scale = 1.0;          // peers at the configured learning rate (the reference)
+    cfg->peer_beta1 = -1;         // peers with optimizer.betas' beta1 (the reference)
 }
 
 void config_free(TrainConfig *cfg) {

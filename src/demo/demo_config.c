@@ -126,6 +126,8 @@ int demo_config_write(const DemoRunShape *s, const char *dir, const char *path) 
     exact_number(outer_momentum, sizeof outer_momentum, (double)s->outer_momentum, true);
     char lr_scale[32];
     exact_number(lr_scale, sizeof lr_scale, s->lr_scale > 0 ? s->lr_scale : 1.0, false);
+    char peer_beta1[32] = "null";
+    if (s->peer_beta1 > 0) exact_number(peer_beta1, sizeof peer_beta1, s->peer_beta1, false);
     const Row rows[] = {
         YAML("run_name", "spes-demo"),
         YAML("seed", "6198"),
@@ -187,6 +189,7 @@ int demo_config_write(const DemoRunShape *s, const char *dir, const char *path) 
         INT("spes_config.sync_warmup_every", s->sync_warmup_every > 0 ? s->sync_warmup_every : 1),
         // Peers only: the centralised baseline reads the same file with using_spes=false.
         YAML("spes_config.lr_scale", lr_scale),
+        YAML("spes_config.beta1", peer_beta1),
         YAML("spes_config.payload_dtype", s->payload ? s->payload : "f32"),
     };
     char *text = NULL;

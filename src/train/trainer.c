@@ -45,6 +45,7 @@ struct Trainer {
     Backend *be;                // where the model trains (device / precision keys)
     Model model;
     bool model_created;
+    AdamWConfig adamw_cfg;      // optimizer.*, with spes_config.beta1 on a peer (peer_adamw_config)
     AdamW adamw;
     TokenDataset *train_ds;
     DataLoader *train_dl;
@@ -143,6 +144,17 @@ static double peak_rss_mb(void) {
     return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss / 1024.0 : 0;   // ru_maxrss is in KiB
 }
 
+// A peer (using_spes or using_dilico) trains at spes_config.lr_scale times the schedule's rate and
+// with spes_config.beta1 as AdamW's beta1; a centralised run of the same config keeps optimizer.*,
+// so one config file drives both sides of the comparison (docs/quality.md).
+static bool is_peer(const TrainConfig *cfg) { return cfg->using_spes || cfg->using_dilico; }
+
+static AdamWConfig peer_adamw_config(const TrainConfig *cfg) {
+    AdamWConfig c = cfg->adamw;
+    if (is_peer(cfg) && cfg->peer_beta1 >= 0) c.beta1 = cfg->peer_beta1;
+    return c;
+}
+
 // Resume from the newest complete checkpoint in save_folder. *resumed false when none.
 static int resume_latest(Trainer *t, bool *resumed) {
     const TrainConfig *cfg = t->cfg;
@@ -178,7 +190,7 @@ static int resume_latest(Trainer *t, bool *resumed) {
     // size, and keeps its shard.
     bool sharded = t->dist && t->dp.stage != DP_DDP;
     AdamW full = {0};
-    if (rc == SPES_OK && sharded) rc = adamw_create(&full, &t->model.table, &cfg->adamw);
+    if (rc == SPES_OK && sharded) rc = adamw_create(&full, &t->model.table, &t->adamw_cfg);
     if (rc == SPES_OK) rc = checkpoint_load(dir, &t->model, sharded ? &full : &t->adamw, &t->state);
     if (rc == SPES_OK) rc = model_params_to_device(&t->model);
     if (rc == SPES_OK) rc = sharded ? dp_scatter_state(&t->dp, &full, &t->adamw) : adamw_state_to_device(&t->adamw);
@@ -300,6 +312,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     if (!t) return SPES_ERR;
     t->cfg = cfg;
     t->opt = *opt;
+    t->adamw_cfg = peer_adamw_config(cfg);
     t->last_eval_step = -1;
     threads_set(cfg->threads);
     t->comm = opt->comm;
@@ -341,7 +354,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
         }
         size_t lo, hi;
         dp_state_range(&t->dp, &lo, &hi);
-        if (adamw_create_shard(&t->adamw, &t->model.table, &cfg->adamw, t->be, lo, hi) != SPES_OK) goto fail;
+        if (adamw_create_shard(&t->adamw, &t->model.table, &t->adamw_cfg, t->be, lo, hi) != SPES_OK) goto fail;
         if (dp_shards_grads(stage))
             log_info("dist: %d ranks, strategy %s; this rank holds %s and optimizer state for [%zu, %zu) of %zu "
                      "trainable values; each part's gradients are reduce-scattered right after its backward (no "
@@ -356,7 +369,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
                      comm_size(t->comm), dp_stage_name(stage), lo, hi, t->model.table.trainable_numel,
                      t->dp.n_buckets,
                      cfg->ddp_overlap_grad_reduce ? "overlapped with the backward" : "reduced after the backward");
-    } else if (adamw_create_on(&t->adamw, &t->model.table, &cfg->adamw, t->be) != SPES_OK) {
+    } else if (adamw_create_on(&t->adamw, &t->model.table, &t->adamw_cfg, t->be) != SPES_OK) {
         goto fail;
     }
     size_t n_counts = (size_t)cfg->model.n_layers * (size_t)cfg->model.num_experts;
@@ -598,8 +611,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
                          step, mean.total, mean.ce);
 
     double lr = schedule_lr(&cfg->schedule, cfg->learning_rate, step, t->max_steps);
-    // spes_config.lr_scale: a peer's rate against the centralised run's of the same config (1: as is).
-    if ((cfg->using_spes || cfg->using_dilico) && cfg->lr_scale != 1.0) lr *= cfg->lr_scale;
+    if (is_peer(cfg) && cfg->lr_scale != 1.0) lr *= cfg->lr_scale;
     double norm = 0.0;
     bool apply = true;
     float grad_scale = 1.0f;   // clipping (and unscaling), applied by AdamW as it reads the gradient
@@ -755,7 +767,7 @@ static int save_ranks(Trainer *t) {
     AdamW full = {0};
     int rc = adamw_state_to_host(&t->adamw);
     if (sharded) {
-        if (rc == SPES_OK) rc = adamw_create(&full, &t->model.table, &t->cfg->adamw);
+        if (rc == SPES_OK) rc = adamw_create(&full, &t->model.table, &t->adamw_cfg);
         // The gathers need every rank: one that failed alone here would leave the others in them.
         rc = comm_all_ok(t->comm, rc, "bring the optimizer state to the host");
         if (rc == SPES_OK) rc = dp_gather_state(&t->dp, &t->adamw, &full);

@@ -25,6 +25,7 @@ expect --train_docs demo --train_docs 1
 expect --threads_per_peer demo --threads_per_peer 0
 expect --payload demo --payload int3
 expect --lr_scale demo --lr_scale 0
+expect --beta1 demo --beta1 1
 expect --sync_warmup_steps demo --sync_warmup_steps 32
 expect --sync_warmup_every demo --sync_warmup_every 50
 expect --batch debug-step --model x --batch 0

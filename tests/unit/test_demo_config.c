@@ -120,6 +120,7 @@ static void check_config(const TrainConfig *cfg, const DemoRunShape *s, const ch
     assert_int_equal(cfg->sync_warmup_steps, s->sync_warmup_steps);
     assert_int_equal(cfg->sync_warmup_every, s->sync_warmup_every > 0 ? s->sync_warmup_every : 1);
     assert_float_equal(cfg->lr_scale, s->lr_scale > 0 ? s->lr_scale : 1.0, 0.0);
+    assert_true(cfg->peer_beta1 == (s->peer_beta1 > 0 ? s->peer_beta1 : -1));   // -1: null, optimizer.betas'
     const char *payload = s->payload ? s->payload : "f32";
     assert_int_equal(cfg->payload_dtype, !strcmp(payload, "int8")   ? PAYLOAD_INT8
                                          : !strcmp(payload, "int4") ? PAYLOAD_INT4
@@ -149,7 +150,7 @@ static void test_every_value_loads_back(void **state) {
     (void)state;
     DemoRunShape s = {.peers = 3, .experts_per_peer = 5, .steps = 70, .sync_steps = 9, .batch = 6,
                       .threads_per_peer = 2, .outer_lr = 1.25f, .outer_momentum = 0.5f, .sync_warmup_steps = 18,
-                      .sync_warmup_every = 3, .lr_scale = 1.7, .payload = "int8"};
+                      .sync_warmup_every = 3, .lr_scale = 1.7, .peer_beta1 = 0.85, .payload = "int8"};
     write_and_check(&s, root);
 }
 

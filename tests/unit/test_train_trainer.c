@@ -2,7 +2,8 @@
 // SPES trainable mask (frozen experts bit-identical after steps), gradient accumulation
 // normalised like OLMo (2 micro-batches of 4 == 1 of 8; the ce sum over the batch's tokens,
 // masked instances included), learning-rate schedule applied, and a clear error for a
-// save_folder that already holds checkpoints.
+// save_folder that already holds checkpoints; the peer-only optimizer keys (spes_config.beta1,
+// lr_scale) change a peer's training exactly as the optimizer keys would, and a centralised run's not.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -135,6 +136,50 @@ static void test_grad_accumulation_matches_one_batch(void **state) {
     trainer_free(b);
     config_free(&one);
     config_free(&two);
+}
+
+// Three steps of two runs of the tiny config from the same init; true when the weights end
+// bit-identical. `tweak_b` changes b's loaded config (NULL: none).
+static bool same_weights_after_steps(const char *extra_a, const char *extra_b, void (*tweak_b)(TrainConfig *)) {
+    static int runs;
+    char fa[32], fb[32];
+    snprintf(fa, sizeof fa, "same%da", runs);
+    snprintf(fb, sizeof fb, "same%db", runs++);
+    TrainConfig a_cfg, b_cfg;
+    load_config(&a_cfg, fa, extra_a);
+    load_config(&b_cfg, fb, extra_b);
+    if (tweak_b) tweak_b(&b_cfg);
+    Trainer *a = create(&a_cfg), *b = create(&b_cfg);
+    StepMetrics sm;
+    for (int s = 0; s < 3; s++) {
+        assert_int_equal(trainer_step(a, &sm), SPES_OK);
+        assert_int_equal(trainer_step(b, &sm), SPES_OK);
+    }
+    const Model *ma = trainer_model(a), *mb = trainer_model(b);
+    bool same = memcmp(ma->params, mb->params, ma->table.total_numel * sizeof(float)) == 0;
+    trainer_free(a);
+    trainer_free(b);
+    config_free(&a_cfg);
+    config_free(&b_cfg);
+    return same;
+}
+
+static void beta1_08(TrainConfig *cfg) { cfg->adamw.beta1 = 0.8; }
+static void half_lr(TrainConfig *cfg) { cfg->learning_rate *= 0.5; }   // exact: the schedule's steps scale by 2^-1
+
+// spes_config.beta1 is optimizer.betas' beta1 on a peer and nothing on a centralised run; the
+// same for spes_config.lr_scale and the learning rate (so one config file trains both sides).
+static void test_peer_optimizer_keys(void **state) {
+    (void)state;
+#define PEER "using_spes: true\nspes_config: {num_peers: 2, peer_id: 1"
+    assert_true(same_weights_after_steps(PEER ", beta1: 0.8}\n", PEER "}\n", beta1_08));
+    assert_false(same_weights_after_steps(PEER ", beta1: 0.8}\n", PEER "}\n", NULL));   // the key does something
+    assert_true(same_weights_after_steps(PEER ", lr_scale: 0.5}\n", PEER "}\n", half_lr));
+    assert_false(same_weights_after_steps(PEER ", lr_scale: 0.5}\n", PEER "}\n", NULL));
+    assert_true(same_weights_after_steps("using_dilico: true\nspes_config: {beta1: 0.8}\n", "using_dilico: true\n",
+                                         beta1_08));
+#undef PEER
+    assert_true(same_weights_after_steps("spes_config: {beta1: 0.8, lr_scale: 0.5}\n", "", NULL));   // centralised
 }
 
 // The decayed auxiliary loss scales each expert's count in the load-balancing term: with
@@ -275,6 +320,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spes_mask_freezes_other_experts),
         cmocka_unit_test(test_grad_accumulation_matches_one_batch),
+        cmocka_unit_test(test_peer_optimizer_keys),
         cmocka_unit_test(test_lb_count_factor),
         cmocka_unit_test(test_ce_divided_by_batch_tokens),
         cmocka_unit_test(test_masked_micro_batch_weighs_tokens),
