@@ -26,7 +26,8 @@ COLOURS = {"centralised": "#1f77b4", "spes": "#d62728", "fedavg": "#2ca02c"}
 LABELS = {"centralised": "centralised", "spes": "SPES (4 peers)", "fedavg": "fedavg (4 peers)"}
 VARIANT_TEXT = {"main": "", "no_merge": "expert merging off", "no_decayed_aux": "decayed load-balancing off",
                 "outer_nesterov": "outer Nesterov optimizer", "lr_scale1": "peers at the centralised learning rate",
-                "before28": "the demo before issue #28 (sync 25, f32, lr_scale 1)"}
+                "beta1_central": "peers at the centralised AdamW beta1 (0.9)",
+                "before28": "the demo before issue #28 (sync 25, f32, lr_scale 1, beta1 0.9)"}
 
 
 def variant_text(v):

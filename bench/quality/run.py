@@ -310,15 +310,17 @@ def variants(a, server_has_outer):
         if server_has_outer:
             out.append(("spes", "outer_nesterov", base, True, True,
                         ["--outer_lr", str(a.outer_lr), "--outer_momentum", str(a.outer_momentum)]))
-        # The peers' learning rate as the centralised run's, and the demo as it was before issue #28
-        # (sync every 25 steps, f32 payloads, that learning rate): what the new defaults gained.
+        # The peers' learning rate and AdamW beta1 as the centralised run's, and the demo as it was
+        # before issue #28 (sync every 25 steps, f32 payloads, both as centralised): what the new
+        # defaults gained.
         out.append(("spes", "lr_scale1", base, True, True, [], ["--spes_config.lr_scale=1"]))
+        out.append(("spes", "beta1_central", base, True, True, [], ["--spes_config.beta1=null"]))
         # Expert ownership rotating between the peers (spes server --expert_rotation_steps), on
         # the merge cadence: every 100 steps at the demo's 2000.
         out.append(("spes", "rotate_experts", base, True, True,
                     ["--expert_rotation_steps", str(merge_interval(a.steps, base))]))
         out.append(("spes", "before28", a.before_sync, True, True, [],
-                    ["--spes_config.lr_scale=1", "--spes_config.payload_dtype=f32"]))
+                    ["--spes_config.lr_scale=1", "--spes_config.beta1=null", "--spes_config.payload_dtype=f32"]))
     return out
 
 

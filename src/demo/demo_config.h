@@ -17,7 +17,7 @@ typedef struct {
     int sync_warmup_steps;  // spes_config.sync_warmup_steps (0: no synchronous warm-up)
     int sync_warmup_every;  // spes_config.sync_warmup_every (0: the default 1)
     double lr_scale;        // spes_config.lr_scale, the peers' learning rate against the centralised run's (0: 1)
-    double peer_beta1;      // spes_config.beta1, the peers' AdamW beta1 (0: null, optimizer.betas' 0.9)
+    double peer_beta1;      // spes_config.beta1, the peers' AdamW beta1 (0: null, optimizer.betas' 0.9; the demo: 0.8)
     const char *payload;    // spes_config.payload_dtype: f32, bf16, int8 or int4 (NULL: f32)
 } DemoRunShape;
 

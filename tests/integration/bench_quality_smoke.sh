@@ -45,7 +45,7 @@ budget = meta["steps"] * meta["peers"] * meta["batch"] * meta["seq"]
 assert meta["tokens"] == budget == 6 * 4 * 2 * 128, meta
 main = {("centralised", "main"), ("spes", "main"), ("fedavg", "main")}
 ablations = {("spes", "no_merge"), ("spes", "no_decayed_aux"), ("spes", "sync2"), ("spes", "sync6"),
-             ("spes", "lr_scale1"), ("spes", "before28"), ("spes", "rotate_experts")}
+             ("spes", "lr_scale1"), ("spes", "beta1_central"), ("spes", "before28"), ("spes", "rotate_experts")}
 if meta["outer_measured"]:                                   # spes server takes --outer_lr
     ablations.add(("spes", "outer_nesterov"))
 for corpus in ("demo", "shakespeare"):

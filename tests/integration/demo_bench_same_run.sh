@@ -2,7 +2,7 @@
 # `spes demo` and bench-quality's seed 0 are the same runs (docs/quality.md says so and compares
 # them): at one small shape, every peer's and the centralised run's training losses are equal
 # step for step, bit for bit, in the two, and so are a bench row that spells the demo's defaults
-# as flags (--spes_config.lr_scale=0.7 --spes_config.payload_dtype=int8, as docs/quality.md's
+# as flags (--spes_config.lr_scale=0.7 --spes_config.beta1=0.8 --spes_config.payload_dtype=int8, as docs/quality.md's
 # experiment rows do) and the bench's main row. Until issue #28's follow-up they were not: the demo
 # wrote lr_scale as the float 0.7f widened to a double (0.69999998807907104, not the 0.7 the flag
 # gives), and its centralised run took N micro-batches of B where the bench takes one of N*B;
@@ -20,7 +20,7 @@ shape=(--steps 20 --sync_steps 5 --batch 2 --train_docs 300)
 "$SPES" demo "${shape[@]}" --out "$out/demo" >"$out/demo.txt" 2>&1 || { tail -30 "$out/demo.txt"; exit 1; }
 python3 bench/quality/run.py --spes "$SPES" --data "$DATA" --out "$out/bench" --corpora demo --no-ablations \
   --methods centralised,spes --seeds 1 "${shape[@]}" --before_sync 5 --sync_ablation 5 --curve_points 2 --curve_val_tokens 2048 \
-  --variant as_flags --variant_peer_flags="--spes_config.lr_scale=0.7 --spes_config.payload_dtype=int8" \
+  --variant as_flags --variant_peer_flags="--spes_config.lr_scale=0.7 --spes_config.beta1=0.8 --spes_config.payload_dtype=int8" \
   >"$out/bench.txt" 2>&1 || { tail -30 "$out/bench.txt"; exit 1; }
 
 python3 - "$out" <<'EOF'
