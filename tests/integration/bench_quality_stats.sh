@@ -7,7 +7,8 @@
 #    above the fitted line and they below it; too few paired runs are refused;
 #  - efficiency.py: the centralised tokens to a row's loss, interpolated in log(tokens);
 #  - results.py, through which they read the files and pair a row with its seed's centralised
-#    `main` run: also on its own, for what the files above do not hold.
+#    `main` run: also on its own, for what the files above do not hold;
+#  - report.py --main: a stored experiment reported as the SPES row, with its verdict.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir=$(mktemp -d)
@@ -117,4 +118,27 @@ assert len(results.read([p, p])) == 6 and len(results.read(p, with_loss=False)) 
 assert results.central(rows)[0]["val_loss"] == 0.4 and results.central(rows, "spes")[0]["val_loss"] == 0.6
 assert [results.is_central(r) for r in rows] == [True, False, True]
 PY
-echo "bench-quality statistics: seeds.py, sums_vs_loss.py, efficiency.py and results.py give the constructed answers"
+# report.py --main: a stored SPES experiment reported as the SPES row (it became the defaults),
+# the file's SPES main runs as `former_main`. Seeds 0-1: centralised 0.3 and 90% sums, SPES main
+# 1.05x and 70%, "newdef" 1.01x and 85%: the verdict flips from no to yes.
+python3 - "$dir/report.jsonl" <<'PY'
+import json, sys
+rows = [{"meta": {"steps": 10, "tokens": 1000, "peers": 4, "batch": 2, "seq": 8, "seeds": 2, "sync_steps": 5,
+                  "merge": {"alpha": 0.3, "topk": 4}, "outer_measured": True}}]
+for s in range(2):
+    for method, variant, loss, sums in (("centralised", "main", 0.3, 0.9), ("spes", "main", 0.3 * 1.05, 0.7),
+                                        ("spes", "newdef", 0.3 * 1.01, 0.85)):
+        rows.append({"corpus": "demo", "method": method, "variant": variant, "seed": s, "val_loss": loss,
+                     "recall_acc": 1.0, "arithmetic_acc": sums, "curve": [[500, loss + 0.1], [1000, loss]],
+                     "train_seconds": 1.0})
+with open(sys.argv[1], "w") as f:
+    f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+PY
+report() { python3 bench/quality/report.py "$dir/report.jsonl" --md "$dir/r.md" --svg "$dir/r.svg" "$@" | tail -1; }
+[[ $(report) =~ demo_spes_ratio=1.0500\ .*demo_spes_sums=70.0\ .*\ met=no$ ]] || { report; echo "report: main row"; exit 1; }
+[[ $(report --main newdef) =~ demo_spes_ratio=1.0100\ .*demo_spes_sums=85.0\ .*\ met=yes$ ]] ||
+  { report --main newdef; echo "report --main: the variant is not the SPES row"; exit 1; }
+grep -q "^| SPES (4 peers), the defaults these runs were made with" "$dir/r.md" || { cat "$dir/r.md"; echo "report --main: no former_main row"; exit 1; }
+if report --main nosuch >"$dir/nosuch" 2>&1; then echo "report --main accepted a missing variant"; exit 1; fi
+grep -q "no SPES runs of variant 'nosuch'" "$dir/nosuch" || { cat "$dir/nosuch"; echo "report --main: no reason"; exit 1; }
+echo "bench-quality statistics: seeds.py, sums_vs_loss.py, efficiency.py, results.py and report.py --main give the constructed answers"
