@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # `make bench-quality`: training quality at an equal token budget (docs/quality.md).
 #   bash bench/quality/run.sh [BUILD_DIR] [--smoke] [bench/quality/run.py options...]
-# SPES (4 peers, `spes demo`'s settings: sync every 10 steps, int8 payloads, lr_scale 0.7),
+# SPES (4 peers, `spes demo`'s settings: sync every 10 steps, int8 payloads, lr_scale 0.7, beta1 0.8),
 # centralised training and the fedavg baseline, 3 seeds each, 2000 steps (the demo's length), on
 # the demo corpus (written by `spes demo`) and Tiny Shakespeare ($SPES_TEST_DATA/tinyshakespeare.txt,
 # default ../shared/data), then the ablations (expert merging off, decayed load-balancing off,
-# sync_steps 5 and 25, the outer optimizer, the peers at the centralised learning rate, expert
+# sync_steps 5 and 25, the outer optimizer, the peers at the centralised learning rate or beta1, expert
 # rotation at the merge cadence, the demo before issue #28). Writes $QUALITY_OUT (default output/bench-quality): results.jsonl (with each run's
 # sync traffic per peer), quality.md (the tables), quality.svg (validation loss against tokens),
 # runs/ (logs, metrics).

@@ -71,8 +71,7 @@ int moe_block_forward(Model *m, int l) {
     op->experts_forward(be, &ea);
     phase_end(m, MODEL_PHASE_EXPERTS_FWD, t);
     t = phase_begin(m);
-    op->copy(be, x_out, la->x_mid, (size_t)N * H * sizeof(float));
-    op->moe_combine(be, buf_f32(x_out), la->y, la->topk_w, la->row_of_slot, N, k, H);
+    op->moe_combine(be, buf_f32(x_out), buf_f32(la->x_mid), la->y, la->topk_w, la->row_of_slot, N, k, H);
     phase_end(m, MODEL_PHASE_MOE_DISPATCH, t);
     return SPES_OK;
 }

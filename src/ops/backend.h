@@ -177,8 +177,10 @@ typedef struct {
                      int N, int E, int k);
     // dst[n, :] = src[rows[n], :], n < count; rows of width H.
     void (*gather_rows)(Backend *be, Buf dst, Buf src, const int32_t *rows, int count, int H);
-    // out[n] += sum_j w[n,j] * y[row_of_slot[n*k+j]]
-    void (*moe_combine)(Backend *be, Buf out, Buf y, const float *w, const int32_t *row_of_slot, int N, int k, int H);
+    // out[n] = resid[n] + sum_j w[n,j] * y[row_of_slot[n*k+j]]; resid has out's type and may be out
+    // (the MoE block adds its experts to the residual stream without a copy of it first).
+    void (*moe_combine)(Backend *be, Buf out, Buf resid, Buf y, const float *w, const int32_t *row_of_slot, int N,
+                        int k, int H);
     // dy[row_of_slot[n*k+j]] = w[n,j] * dout[n]; dw[n,j] = dot(dout[n], y[row_of_slot[n*k+j]])
     void (*moe_combine_backward)(Backend *be, Buf dy, float *dw, Buf dout, Buf y, const float *w,
                                  const int32_t *row_of_slot, int N, int k, int H);

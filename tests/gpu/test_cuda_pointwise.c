@@ -588,21 +588,27 @@ static void test_gather_rows(void **state) {
     check_gather(NUM_BF16, NUM_BF16, 1, 4, 4, 64);
 }
 
-// out (to) += sum_j w y (ty); with w == NULL the uncombine (dx += sum_j dxe).
-static void check_combine(NumType to, NumType ty, int N, int E, int k, int H, bool weighted) {
-    printf("%s out %s y %s N %d k %d H %d\n", weighted ? "moe_combine" : "moe_uncombine_add", num_type_name(to),
-           num_type_name(ty), N, k, H);
+// out (to) = resid + sum_j w y (ty), resid in place (out's old value) or, `apart`, another buffer
+// (out's old value must then not count); with w == NULL the uncombine (dx += sum_j dxe).
+static void check_combine(NumType to, NumType ty, int N, int E, int k, int H, bool weighted, bool apart) {
+    printf("%s out %s y %s N %d k %d H %d%s\n", weighted ? "moe_combine" : "moe_uncombine_add", num_type_name(to),
+           num_type_name(ty), N, k, H, apart ? ", residual apart" : "");
     Backend *be = backend_for(ty);
     Plan p = make_plan(N, E, k);
     size_t nk = (size_t)N * k, no = (size_t)N * H;
     float *out = gt_random(no, 101, 1.0), *y = gt_random(nk * H, 102, 1.0), *w = gt_random_uniform(nk, 103, 0.0, 1.0);
     gt_round_host(out, no, to), gt_round_host(y, nk * H, ty);
-    Buf dout = gt_upload(be, out, no, to), dy = gt_upload(be, y, nk * H, ty);
+    Buf dout = gt_upload(be, out, no, to), dy = gt_upload(be, y, nk * H, ty), dresid = dout;
+    if (apart) {   // the residual stays in its own buffer; out gets other numbers
+        float *other = gt_random(no, 104, 1.0);
+        dout = gt_upload(be, other, no, to);
+        free(other);
+    }
     float *dw = gt_upload(be, w, nk, NUM_F32).p;
     int32_t *drs = upload_ints(be, p.row_of_slot, nk);
     if (weighted) {
-        be->ops->moe_combine(be, dout, dy, dw, drs, N, k, H);
-        op_moe_combine(out, y, w, p.row_of_slot, N, k, H);
+        be->ops->moe_combine(be, dout, dresid, dy, dw, drs, N, k, H);
+        op_moe_combine(out, out, y, w, p.row_of_slot, N, k, H);
     } else {
         be->ops->moe_uncombine_add(be, dout, dy, drs, N, k, H);
         op_moe_uncombine_add(out, y, p.row_of_slot, N, k, H);
@@ -613,15 +619,17 @@ static void check_combine(NumType to, NumType ty, int N, int E, int k, int H, bo
     gt_check("out", got, out, no, weighted ? stored_tol(to) : 0.0);
     free(got), free(out), free(y), free(w), free_plan(&p);
     gt_free(be, dout), gt_free(be, dy), backend_free(be, dw), backend_free(be, drs);
+    if (apart) gt_free(be, dresid);
 }
 
 static void test_combine(void **state) {
     (void)state;
-    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, true);
-    check_combine(NUM_F32, NUM_F32, 77, 10, 3, 100, true);    // H % 8 != 0
-    check_combine(NUM_BF16, NUM_BF16, 20, 4, 4, 64, true);
-    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, false);
-    check_combine(NUM_F32, NUM_F32, 1, 5, 1, 33, false);
+    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, true, false);
+    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, true, true);   // the MoE block's call: x_out = x_mid + ...
+    check_combine(NUM_F32, NUM_F32, 77, 10, 3, 100, true, true);     // H % 8 != 0
+    check_combine(NUM_BF16, NUM_BF16, 20, 4, 4, 64, true, false);
+    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, false, false);
+    check_combine(NUM_F32, NUM_F32, 1, 5, 1, 33, false, false);
 }
 
 static void check_combine_backward(NumType tdy, NumType td, NumType ty, int N, int E, int k, int H) {
@@ -791,7 +799,7 @@ static void speed_run(Backend *be, SpeedBufs *s, SpeedOp op) {
         break;
     case SP_MOE_PLAN: o->moe_plan(be, s->plan_off, s->plan_token, s->plan_slot, s->idx, SP_N, SP_E, SP_K); break;
     case SP_GATHER: o->gather_rows(be, s->xe, s->act, s->row_token, SP_NK, SP_H); break;
-    case SP_COMBINE: o->moe_combine(be, s->resid2, s->y, s->topk_w, s->row_of_slot, SP_N, SP_K, SP_H); break;
+    case SP_COMBINE: o->moe_combine(be, s->resid2, s->resid, s->y, s->topk_w, s->row_of_slot, SP_N, SP_K, SP_H); break;
     case SP_COMBINE_BWD:
         o->moe_combine_backward(be, s->dxe, s->dtopk_w, s->dresid, s->y, s->topk_w, s->row_of_slot, SP_N, SP_K, SP_H);
         break;

@@ -140,8 +140,9 @@ static void cpu_moe_plan(Backend *be, int32_t *off, int32_t *row_token, int32_t 
 static void cpu_gather_rows(Backend *be, Buf dst, Buf src, const int32_t *rows, int count, int H) {
     op_gather_rows(f32(dst), f32(src), rows, count, H);
 }
-static void cpu_moe_combine(Backend *be, Buf out, Buf y, const float *w, const int32_t *ros, int N, int k, int H) {
-    op_moe_combine(f32(out), f32(y), w, ros, N, k, H);
+static void cpu_moe_combine(Backend *be, Buf out, Buf resid, Buf y, const float *w, const int32_t *ros, int N, int k,
+                            int H) {
+    op_moe_combine(f32(out), f32(resid), f32(y), w, ros, N, k, H);
 }
 static void cpu_moe_combine_backward(Backend *be, Buf dy, float *dw, Buf dout, Buf y, const float *w,
                                      const int32_t *ros, int N, int k, int H) {

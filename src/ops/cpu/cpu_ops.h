@@ -105,8 +105,10 @@ void op_moe_plan(int32_t *expert_offsets, int32_t *row_token, int32_t *row_of_sl
                  int E, int k);
 // dst[n, :] = src[rows[n], :], n < count; rows of width H.
 void op_gather_rows(float *dst, const float *src, const int32_t *rows, int count, int H);
-// out[n] += sum_j w[n,j] * y[row_of_slot[n*k+j]]   (y [N*k, H] in permuted order)
-void op_moe_combine(float *out, const float *y, const float *w, const int32_t *row_of_slot, int N, int k, int H);
+// out[n] = resid[n] + sum_j w[n,j] * y[row_of_slot[n*k+j]]   (y [N*k, H] in permuted order; resid
+// may be out), added j in order onto resid's value
+void op_moe_combine(float *out, const float *resid, const float *y, const float *w, const int32_t *row_of_slot, int N,
+                    int k, int H);
 // dy[row_of_slot[n*k+j]] = w[n,j] * dout[n];  dw[n,j] = dot(dout[n], y[row_of_slot[n*k+j]])
 void op_moe_combine_backward(float *dy, float *dw, const float *dout, const float *y, const float *w,
                              const int32_t *row_of_slot, int N, int k, int H);

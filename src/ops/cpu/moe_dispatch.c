@@ -26,10 +26,12 @@ void op_gather_rows(float *dst, const float *src, const int32_t *rows, int count
     for (int n = 0; n < count; n++) memcpy(dst + (size_t)n * H, src + (size_t)rows[n] * H, (size_t)H * sizeof(float));
 }
 
-void op_moe_combine(float *out, const float *y, const float *w, const int32_t *row_of_slot, int N, int k, int H) {
+void op_moe_combine(float *out, const float *resid, const float *y, const float *w, const int32_t *row_of_slot, int N,
+                    int k, int H) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *o = out + (size_t)n * H;
+        if (resid != out) memcpy(o, resid + (size_t)n * H, (size_t)H * sizeof(float));
         for (int j = 0; j < k; j++) {
             const float *yr = y + (size_t)row_of_slot[(size_t)n * k + j] * H;
             float wj = w[(size_t)n * k + j];

@@ -45,7 +45,8 @@ void cuda_router_backward(Backend *be, float *dlogits, const float *dtopk_w, con
 void cuda_moe_plan(Backend *be, int32_t *offsets, int32_t *row_token, int32_t *row_of_slot, const int32_t *topk_idx,
                    int N, int E, int k);
 void cuda_gather_rows(Backend *be, Buf dst, Buf src, const int32_t *rows, int count, int H);
-void cuda_moe_combine(Backend *be, Buf out, Buf y, const float *w, const int32_t *row_of_slot, int N, int k, int H);
+void cuda_moe_combine(Backend *be, Buf out, Buf resid, Buf y, const float *w, const int32_t *row_of_slot, int N, int k,
+                      int H);
 void cuda_moe_combine_backward(Backend *be, Buf dy, float *dw, Buf dout, Buf y, const float *w,
                                const int32_t *row_of_slot, int N, int k, int H);
 void cuda_moe_uncombine_add(Backend *be, Buf dx, Buf dxe, const int32_t *row_of_slot, int N, int k, int H);

@@ -115,16 +115,17 @@ void cuda_gather_rows(Backend *be, Buf dst, Buf src, const int32_t *rows, int co
 }
 
 // ---- moe_combine / moe_uncombine_add ---------------------------------------------------------
-// out[n, c] += sum_j w[n,j] * y[row_of_slot[n*k+j], c]   (w == NULL: weights 1, the uncombine)
-// Accumulated in fp32 from out's old value, j in order, rounded to out's type once.
+// out[n, c] = resid[n, c] + sum_j w[n,j] * y[row_of_slot[n*k+j], c]   (w == NULL: weights 1, the
+// uncombine, resid == out). Accumulated in fp32 from resid's value, j in order, rounded to out's
+// type once. resid may be out (no __restrict__).
 template <typename To, typename Ty, int W>
-__global__ void combine_kernel(To *out, const Ty *y, const float *w, const int32_t *row_of_slot, int N, int k,
-                               int H) {
+__global__ void combine_kernel(To *out, const To *resid, const Ty *y, const float *w, const int32_t *row_of_slot, int N,
+                               int k, int H) {
     const size_t per_row = (size_t)H / W, items = per_row * N;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < items; i += (size_t)gridDim.x * blockDim.x) {
         size_t n = i / per_row, c = (i % per_row) * W;
         float acc[W];
-        load_vec<W>(out + n * H + c, acc);
+        load_vec<W>(resid + n * H + c, acc);
         for (int j = 0; j < k; j++) {
             float v[W];
             load_vec<W>(y + (size_t)row_of_slot[n * k + j] * H + c, v);
@@ -141,10 +142,18 @@ __global__ void combine_kernel(To *out, const Ty *y, const float *w, const int32
     }
 }
 
-static void combine(Backend *be, Buf out, Buf y, const float *w, const int32_t *row_of_slot, int N, int k, int H) {
+static void combine(Backend *be, Buf out, Buf resid, Buf y, const float *w, const int32_t *row_of_slot, int N, int k,
+                    int H) {
     if (N <= 0 || H <= 0 || k <= 0) return;
+    if (resid.t != out.t) {
+        char detail[96];
+        snprintf(detail, sizeof detail, "the residual is %s, the output %s (they must match)", num_type_name(resid.t),
+                 num_type_name(out.t));
+        cuda_record_failure(be, "moe_combine", detail, __FILE__, __LINE__);
+        return;
+    }
     cudaStream_t st = cuda_state(be)->stream;
-    const bool vec = pw_vec_ok({out.p, y.p}, {H});
+    const bool vec = pw_vec_ok({out.p, resid.p, y.p}, {H});
     const size_t items = (size_t)N * H;
     with_num_type(out.t, [&](auto to) {
         using To = decltype(to);
@@ -152,21 +161,22 @@ static void combine(Backend *be, Buf out, Buf y, const float *w, const int32_t *
             using Ty = decltype(ty);
             if (vec)
                 combine_kernel<To, Ty, PW_VEC><<<pw_grid(be, items / PW_VEC, PW_THREADS), PW_THREADS, 0, st>>>(
-                    (To *)out.p, (const Ty *)y.p, w, row_of_slot, N, k, H);
+                    (To *)out.p, (const To *)resid.p, (const Ty *)y.p, w, row_of_slot, N, k, H);
             else
                 combine_kernel<To, Ty, 1><<<pw_grid(be, items, PW_THREADS), PW_THREADS, 0, st>>>(
-                    (To *)out.p, (const Ty *)y.p, w, row_of_slot, N, k, H);
+                    (To *)out.p, (const To *)resid.p, (const Ty *)y.p, w, row_of_slot, N, k, H);
         });
     });
     CUDA_LAUNCHED(be);
 }
 
-void cuda_moe_combine(Backend *be, Buf out, Buf y, const float *w, const int32_t *row_of_slot, int N, int k, int H) {
-    combine(be, out, y, w, row_of_slot, N, k, H);
+void cuda_moe_combine(Backend *be, Buf out, Buf resid, Buf y, const float *w, const int32_t *row_of_slot, int N, int k,
+                      int H) {
+    combine(be, out, resid, y, w, row_of_slot, N, k, H);
 }
 
 void cuda_moe_uncombine_add(Backend *be, Buf dx, Buf dxe, const int32_t *row_of_slot, int N, int k, int H) {
-    combine(be, dx, dxe, nullptr, row_of_slot, N, k, H);
+    combine(be, dx, dx, dxe, nullptr, row_of_slot, N, k, H);
 }
 
 // ---- moe_combine_backward ---------------------------------------------------------------------
