@@ -45,7 +45,6 @@ struct Trainer {
     Backend *be;                // where the model trains (device / precision keys)
     Model model;
     bool model_created;
-    AdamWConfig adamw_cfg;      // optimizer.*, with spes_config.beta1 on a peer (peer_adamw_config)
     AdamW adamw;
     TokenDataset *train_ds;
     DataLoader *train_dl;
@@ -190,7 +189,7 @@ static int resume_latest(Trainer *t, bool *resumed) {
     // size, and keeps its shard.
     bool sharded = t->dist && t->dp.stage != DP_DDP;
     AdamW full = {0};
-    if (rc == SPES_OK && sharded) rc = adamw_create(&full, &t->model.table, &t->adamw_cfg);
+    if (rc == SPES_OK && sharded) rc = adamw_create(&full, &t->model.table, &t->adamw.cfg);
     if (rc == SPES_OK) rc = checkpoint_load(dir, &t->model, sharded ? &full : &t->adamw, &t->state);
     if (rc == SPES_OK) rc = model_params_to_device(&t->model);
     if (rc == SPES_OK) rc = sharded ? dp_scatter_state(&t->dp, &full, &t->adamw) : adamw_state_to_device(&t->adamw);
@@ -312,7 +311,6 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     if (!t) return SPES_ERR;
     t->cfg = cfg;
     t->opt = *opt;
-    t->adamw_cfg = peer_adamw_config(cfg);
     t->last_eval_step = -1;
     threads_set(cfg->threads);
     t->comm = opt->comm;
@@ -338,6 +336,8 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     t->model_created = true;
     if (trainer_setup_trainable(&t->model, cfg) != SPES_OK) goto fail;
     if (model_set_activation_checkpointing(&t->model, cfg->activation_checkpointing) != SPES_OK) goto fail;
+    // The optimizer's settings from here on: t->adamw.cfg (resume and save build theirs from it).
+    const AdamWConfig adamw_cfg = peer_adamw_config(cfg);
     if (t->dist) {
         DpStage stage;
         if (dp_stage_from_config(cfg, comm_size(t->comm), &stage) != SPES_OK) goto fail;
@@ -354,7 +354,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
         }
         size_t lo, hi;
         dp_state_range(&t->dp, &lo, &hi);
-        if (adamw_create_shard(&t->adamw, &t->model.table, &t->adamw_cfg, t->be, lo, hi) != SPES_OK) goto fail;
+        if (adamw_create_shard(&t->adamw, &t->model.table, &adamw_cfg, t->be, lo, hi) != SPES_OK) goto fail;
         if (dp_shards_grads(stage))
             log_info("dist: %d ranks, strategy %s; this rank holds %s and optimizer state for [%zu, %zu) of %zu "
                      "trainable values; each part's gradients are reduce-scattered right after its backward (no "
@@ -369,7 +369,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
                      comm_size(t->comm), dp_stage_name(stage), lo, hi, t->model.table.trainable_numel,
                      t->dp.n_buckets,
                      cfg->ddp_overlap_grad_reduce ? "overlapped with the backward" : "reduced after the backward");
-    } else if (adamw_create_on(&t->adamw, &t->model.table, &t->adamw_cfg, t->be) != SPES_OK) {
+    } else if (adamw_create_on(&t->adamw, &t->model.table, &adamw_cfg, t->be) != SPES_OK) {
         goto fail;
     }
     size_t n_counts = (size_t)cfg->model.n_layers * (size_t)cfg->model.num_experts;
@@ -767,7 +767,7 @@ static int save_ranks(Trainer *t) {
     AdamW full = {0};
     int rc = adamw_state_to_host(&t->adamw);
     if (sharded) {
-        if (rc == SPES_OK) rc = adamw_create(&full, &t->model.table, &t->adamw_cfg);
+        if (rc == SPES_OK) rc = adamw_create(&full, &t->model.table, &t->adamw.cfg);
         // The gathers need every rank: one that failed alone here would leave the others in them.
         rc = comm_all_ok(t->comm, rc, "bring the optimizer state to the host");
         if (rc == SPES_OK) rc = dp_gather_state(&t->dp, &t->adamw, &full);
