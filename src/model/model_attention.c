@@ -56,8 +56,7 @@ void attention_block_forward(Model *m, int l, const LayerKv *kv) {
                               c->n_kv_heads, hd);
     else
         op->attention_forward(be, la->att, la->att_lse, la->q, la->k, la->v, B, T, T, c->n_heads, c->n_kv_heads, hd);
-    op->copy(be, la->x_mid, la->x_in, (size_t)N * H * sizeof(float));
-    linear_forward(be, buf_f32(la->x_mid), la->att, p->o, N, qd, H, true);
+    linear_forward_residual(be, buf_f32(la->x_mid), buf_f32(la->x_in), la->att, p->o, N, qd, H);
     phase_end(m, MODEL_PHASE_ATTN_FWD, t);
 }
 

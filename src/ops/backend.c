@@ -158,6 +158,10 @@ void linear_forward(Backend *be, Buf y, Buf x, Buf W, int N, int in, int out, bo
     be->ops->gemm(be, false, true, N, out, in, 1.0f, x, in, W, in, accumulate ? 1.0f : 0.0f, y, out);
 }
 
+void linear_forward_residual(Backend *be, Buf y, Buf resid, Buf x, Buf W, int N, int in, int out) {
+    be->ops->gemm_residual(be, false, true, N, out, in, 1.0f, x, in, W, in, resid, y, out);
+}
+
 void linear_backward_input(Backend *be, Buf dx, Buf dy, Buf W, int N, int in, int out, bool accumulate) {
     be->ops->gemm(be, false, false, N, in, out, 1.0f, dy, out, W, in, accumulate ? 1.0f : 0.0f, dx, in);
 }

@@ -129,6 +129,11 @@ typedef struct {
     // type (through its own scratch) before multiplying. C may be fp32 with bf16/f16 A and B.
     void (*gemm)(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda, Buf B,
                  int ldb, float beta, Buf C, int ldc);
+    // D[M,N] = alpha * op(A) @ op(B) + R: a GEMM with beta 1 whose addend R is its own buffer
+    // (same type and row stride as D; R may be D), so a residual stream is not copied into D
+    // first. The same bits as copying R into D and calling gemm with beta 1.
+    void (*gemm_residual)(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda,
+                          Buf B, int ldb, Buf R, Buf D, int ldd);
     // Every expert's SwiGLU MLP on its rows: gu = xe @ gate_up^T; act = silu(gate)*up; y = act @ down^T.
     void (*experts_forward)(Backend *be, const ExpertsArgs *a);
     // From dy: dW of trainable experts (added), dy overwritten with dL/dxe; frozen experts pass dX only.
@@ -273,6 +278,8 @@ void backend_free(Backend *be, void *p);
 int backend_sync(Backend *be);
 // torch.nn.Linear shapes, x [N,in], W [out,in]: y[N,out] = x @ W^T (+ y when accumulate)
 void linear_forward(Backend *be, Buf y, Buf x, Buf W, int N, int in, int out, bool accumulate);
+// y[N,out] = resid[N,out] + x @ W^T (resid may be y)
+void linear_forward_residual(Backend *be, Buf y, Buf resid, Buf x, Buf W, int N, int in, int out);
 // dx[N,in] (+)= dy[N,out] @ W[out,in]
 void linear_backward_input(Backend *be, Buf dx, Buf dy, Buf W, int N, int in, int out, bool accumulate);
 // dW[out,in] += dy[N,out]^T @ x[N,in]; dy rows have stride ldy

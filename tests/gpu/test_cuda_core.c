@@ -197,6 +197,54 @@ static void test_gemm_deterministic(void **state) {
     }
 }
 
+// gemm_residual (D = alpha AB + R) against the in-place gemm on a copy of R, to the bit: R apart
+// (cuBLASLt's own C and D where C goes direct; a copy first on the other paths) and R == D.
+// R must come back unchanged and D's padding columns untouched.
+static void test_gemm_residual(void **state) {
+    (void)state;
+    const GemmCase cases[] = {
+        {false, true, 256, 96, 128, 1.0f, 1.0f, NUM_BF16, NUM_BF16, NUM_F32, 0},   // o_proj's shape, direct
+        {false, true, 65, 33, 129, 1.0f, 1.0f, NUM_BF16, NUM_BF16, NUM_F32, 3},    // 2-byte rows: plan or repack
+        {true, false, 37, 29, 53, 0.5f, 1.0f, NUM_F32, NUM_F32, NUM_F32, 1},
+        {false, true, 37, 29, 53, 1.0f, 1.0f, NUM_BF16, NUM_BF16, NUM_BF16, 0},    // bf16 D: through fp32
+        {false, true, 37, 29, 53, 1.0f, 1.0f, NUM_F32, NUM_BF16, NUM_F32, 0},      // mixed operands
+        {false, true, 9, 11, 0, 1.0f, 1.0f, NUM_BF16, NUM_BF16, NUM_F32, 2},       // K = 0: D = R
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const GemmCase *c = &cases[i];
+        Backend *be = cuda_test_backend(c->at == NUM_F32 && c->bt == NUM_F32 ? PRECISION_FP32 : PRECISION_AMP_BF16);
+        const int M = c->M, N = c->N, K = c->K;
+        const int a_rows = c->ta ? K : M, a_cols = c->ta ? M : K, b_rows = c->tb ? N : K, b_cols = c->tb ? K : N;
+        const int lda = a_cols + c->pad, ldb = b_cols + c->pad, ldd = N + c->pad;
+        const size_t na = (size_t)a_rows * lda, nb = (size_t)b_rows * ldb, nd = (size_t)M * ldd;
+        float *A = gt_random(na ? na : 1, 1300 + i, 1.0), *B = gt_random(nb ? nb : 1, 1400 + i, 1.0);
+        float *R = gt_random(nd, 1500 + i, 1.0);
+        Buf dA = gt_upload(be, A, na, c->at), dB = gt_upload(be, B, nb, c->bt);
+        Buf dR = gt_upload(be, R, nd, c->ct), dC = gt_upload(be, R, nd, c->ct), dD = gt_alloc(be, nd, c->ct);
+        float *r_before = gt_download(be, dR, nd);
+        be->ops->gemm(be, c->ta, c->tb, M, N, K, c->alpha, dA, lda, dB, ldb, 1.0f, dC, ldd);
+        be->ops->gemm_residual(be, c->ta, c->tb, M, N, K, c->alpha, dA, lda, dB, ldb, dR, dD, ldd);
+        float *want = gt_download(be, dC, nd), *got = gt_download(be, dD, nd), *r_after = gt_download(be, dR, nd);
+        char what[120];
+        snprintf(what, sizeof what, "gemm_residual %dx%dx%d %s->%s pad %d, apart", M, N, K, num_type_name(c->at),
+                 num_type_name(c->ct), c->pad);
+        float *want_apart = gt_copy_floats(want, nd);
+        for (int r = 0; r < M; r++)
+            for (int j = N; j < ldd; j++) {   // D's padding untouched (the poison), the sums compared
+                assert_true(isnan(got[(size_t)r * ldd + j]));
+                want_apart[(size_t)r * ldd + j] = got[(size_t)r * ldd + j];
+            }
+        gt_check_same_host_bits(what, got, want_apart, nd * sizeof(float));
+        gt_check_same_host_bits("  the addend unchanged", r_after, r_before, nd * sizeof(float));
+        be->ops->gemm_residual(be, c->ta, c->tb, M, N, K, c->alpha, dA, lda, dB, ldb, dR, dR, ldd);   // in place
+        float *in_place = gt_download(be, dR, nd);
+        gt_check_same_host_bits("  in place", in_place, want, nd * sizeof(float));
+        free(want_apart);
+        gt_free(be, dA), gt_free(be, dB), gt_free(be, dR), gt_free(be, dC), gt_free(be, dD);
+        free(A), free(B), free(R), free(r_before), free(want), free(got), free(r_after), free(in_place);
+    }
+}
+
 // ---- experts ----------------------------------------------------------------------------------
 typedef struct {
     int H, I, E;
@@ -822,6 +870,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_mixed_types),
         cmocka_unit_test(test_gemm_k0),
         cmocka_unit_test(test_gemm_deterministic),
+        cmocka_unit_test(test_gemm_residual),
         cmocka_unit_test(test_experts_fp32),
         cmocka_unit_test(test_experts_bf16),
         cmocka_unit_test(test_experts_f16),

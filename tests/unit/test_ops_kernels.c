@@ -16,6 +16,7 @@
 #include "base/rng.h"
 #include "base/threads.h"
 #include "ops/cpu/vmath.h"
+#include "ops/backend.h"
 #include "ops/cpu/cpu_ops.h"
 
 static float *random_floats(size_t n, uint64_t seed, double scale) {
@@ -147,6 +148,34 @@ static void test_moe_combine_residual_apart(void **state) {
         }
 }
 
+// The table's gemm_residual (D = AB^T + R, R apart or D itself) is the copy of R into D and
+// gemm with beta 1 to the bit; R is left as it was, D's padding columns untouched.
+static void test_gemm_residual(void **state) {
+    (void)state;
+    const int M = 9, N = 6, K = 5, ld = N + 3;
+    Backend *be = backend_cpu();
+    float *A = random_floats((size_t)M * K, 40, 1.0), *B = random_floats((size_t)N * K, 41, 1.0);
+    float *R = random_floats((size_t)M * ld, 42, 1.0), *R0 = malloc((size_t)M * ld * sizeof(float));
+    float *want = malloc((size_t)M * ld * sizeof(float)), *D = malloc((size_t)M * ld * sizeof(float));
+    memcpy(R0, R, (size_t)M * ld * sizeof(float));
+    for (int i = 0; i < M * ld; i++) want[i] = D[i] = 1e30f;
+    op_copy_2d(want, ld, R, ld, M, N);
+    op_gemm(false, true, M, N, K, 0.5f, A, K, B, K, 1.0f, want, ld);
+    be->ops->gemm_residual(be, false, true, M, N, K, 0.5f, buf_f32(A), K, buf_f32(B), K, buf_f32(R), buf_f32(D), ld);
+    assert_memory_equal(D, want, (size_t)M * ld * sizeof(float));
+    assert_memory_equal(R, R0, (size_t)M * ld * sizeof(float));
+    // in place: R is D; the padding columns stay R's
+    for (int r = 0; r < M; r++)
+        for (int c = N; c < ld; c++) want[r * ld + c] = R0[r * ld + c];
+    be->ops->gemm_residual(be, false, true, M, N, K, 0.5f, buf_f32(A), K, buf_f32(B), K, buf_f32(R), buf_f32(R), ld);
+    assert_memory_equal(R, want, (size_t)M * ld * sizeof(float));
+    // and one sum by hand
+    double sum = R0[2 * ld + 3];
+    for (int j = 0; j < K; j++) sum += 0.5 * A[2 * K + j] * B[3 * K + j];
+    assert_float_equal(D[2 * ld + 3], sum, 1e-5);
+    free(A), free(B), free(R), free(R0), free(want), free(D);
+}
+
 // The vectorisable exp against libm in double: within 3 ulp over the whole useful range.
 static void test_vexpf_accuracy(void **state) {
     (void)state;
@@ -203,6 +232,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm_backward_matches_reference),
         cmocka_unit_test(test_router_ties_and_dispatch),
         cmocka_unit_test(test_moe_combine_residual_apart),
+        cmocka_unit_test(test_gemm_residual),
         cmocka_unit_test(test_vexpf_accuracy),
         cmocka_unit_test(test_kernels_independent_of_thread_count),
     };

@@ -84,6 +84,11 @@ static void cpu_gemm(Backend *be, bool ta, bool tb, int M, int N, int K, float a
                      float beta, Buf C, int ldc) {
     op_gemm(ta, tb, M, N, K, alpha, f32(A), lda, f32(B), ldb, beta, f32(C), ldc);
 }
+static void cpu_gemm_residual(Backend *be, bool ta, bool tb, int M, int N, int K, float alpha, Buf A, int lda, Buf B,
+                              int ldb, Buf R, Buf D, int ldd) {
+    if (R.p != D.p) op_copy_2d(f32(D), ldd, f32(R), ldd, M, N);
+    op_gemm(ta, tb, M, N, K, alpha, f32(A), lda, f32(B), ldb, 1.0f, f32(D), ldd);
+}
 static void cpu_experts_forward(Backend *be, const ExpertsArgs *a) { op_experts_forward(a); }
 static void cpu_experts_backward(Backend *be, const ExpertsArgs *a) { op_experts_backward(a); }
 static void cpu_add_inplace(Backend *be, Buf y, Buf x, size_t n) { op_add_inplace(f32(y), f32(x), n); }
@@ -181,6 +186,7 @@ static const BackendOps cpu_ops = {
     .memory = cpu_memory,
     .close = cpu_close,
     .gemm = cpu_gemm,
+    .gemm_residual = cpu_gemm_residual,
     .experts_forward = cpu_experts_forward,
     .experts_backward = cpu_experts_backward,
     .add_inplace = cpu_add_inplace,

@@ -428,6 +428,7 @@ static const BackendOps cuda_ops = {
     cuda_close,
     // GEMMs (gemm.cu, experts.cu)
     cuda_gemm,
+    cuda_gemm_residual,
     cuda_experts_forward,
     cuda_experts_backward,
     // pointwise family (engineer B: cuda_pointwise.h)

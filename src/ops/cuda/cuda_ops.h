@@ -19,6 +19,8 @@ void cuda_convert(Backend *be, Buf dst, Buf src, size_t n);
 // gemm.cu
 void cuda_gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda, Buf B,
                int ldb, float beta, Buf C, int ldc);
+void cuda_gemm_residual(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda,
+                        Buf B, int ldb, Buf R, Buf D, int ldd);
 
 // experts.cu
 void cuda_experts_forward(Backend *be, const ExpertsArgs *a);

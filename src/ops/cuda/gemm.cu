@@ -25,6 +25,9 @@
 //   - no algorithm for the operands' alignment or strides (cuBLASLt is told the actual pointer
 //     alignment): every operand is repacked into aligned, padded scratch and the call retried.
 // beta == 0 never reads C (cuBLASLt does not read C then, so NaN in C is harmless).
+// gemm_residual (D = alpha*AB + R): cuBLASLt reads its C and writes its D through separate
+// pointers, so R is passed as C and D as D (one layout for both) when C goes direct; every
+// other path copies R into D first and runs the in-place GEMM: the same sum in the same order.
 // K == 0: C = beta * C (beta == 0: zeros), as the cpu kernel.
 //
 // Plans (matmul descriptor, layouts, the heuristic's algorithm) are cached per shape, types
@@ -53,7 +56,7 @@ struct GemmKey {
     int ta, tb, m, n, k, lda, ldb, ldc;
     int bucketed;                   // a bucket's plan (its layouts resized at every call), never an exact one
     int type_a, type_b, type_c;     // NumType of cuBLASLt's A (our B), B (our A), C
-    int align_a, align_b, align_c;  // pointer alignment in bytes (1..256)
+    int align_a, align_b, align_c, align_d;   // pointer alignment in bytes (1..256)
     bool operator==(const GemmKey &o) const { return memcmp(this, &o, sizeof *this) == 0; }
 };
 struct GemmKeyHash {
@@ -117,7 +120,8 @@ static bool plan_build(Backend *be, const GemmKey &key, GemmPlan *plan) {
     int found = 0;
     cublasOperation_t ta = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     uint64_t ws = st->workspace_bytes;
-    uint32_t aa = (uint32_t)key.align_a, ab = (uint32_t)key.align_b, ac = (uint32_t)key.align_c;
+    uint32_t aa = (uint32_t)key.align_a, ab = (uint32_t)key.align_b, ac = (uint32_t)key.align_c,
+             ad = (uint32_t)key.align_d;
     const LayoutDims d = layout_dims(key.ta, key.tb, key.m, key.n, key.k);
     cublasStatus_t s;
 #define LT(call)                                                                                      \
@@ -139,7 +143,7 @@ static bool plan_build(Backend *be, const GemmKey &key, GemmPlan *plan) {
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad));
     if (key.type_c != NUM_F32) {
         // fp32 accumulation (the contract): a split-K algorithm may add its partial sums in
         // fp32 only, not in the bf16/fp16 output (the INPLACE and OUTPUT_TYPE schemes).
@@ -223,11 +227,12 @@ static bool plan_resize(Backend *be, const GemmPlan *plan, const GemmKey &key, i
     return true;
 }
 
-// Row-major arguments, as cuda_gemm's; A and B of one type; C of that type or f32. With
-// `bucketed`, the plan is the one of the sizes' bucket (the header says why).
+// Row-major arguments, as cuda_gemm's; A and B of one type; C of that type or f32. The sum
+// is read from C_in and written to C (C_in == C: in place; C_in is read only when beta != 0).
+// With `bucketed`, the plan is the one of the sizes' bucket (the header says why).
 static int lt_matmul(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
-                     int lda, const void *B, int ldb, NumType op_type, float beta, void *C, NumType c_type, int ldc,
-                     bool bucketed) {
+                     int lda, const void *B, int ldb, NumType op_type, float beta, const void *C_in, void *C,
+                     NumType c_type, int ldc, bool bucketed) {
     CudaState *st = cuda_state(be);
     GemmKey key;
     memset(&key, 0, sizeof key);   // padding too: the key is hashed and compared bytewise
@@ -240,8 +245,8 @@ static int lt_matmul(Backend *be, bool trans_a, bool trans_b, int M, int N, int 
     if (bucketed) {   // a bucket may not outgrow a leading dimension (the stored rows of a layout)
         const LayoutDims d = layout_dims(key.ta, key.tb, key.m, key.n, key.k);
         if (d.a_rows > (uint64_t)ldb || d.b_rows > (uint64_t)lda || (uint64_t)key.m > (uint64_t)ldc)
-            return lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, op_type, beta, C, c_type, ldc,
-                             false);
+            return lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, op_type, beta, C_in, C, c_type,
+                             ldc, false);
     }
     key.lda = ldb;
     key.ldb = lda;
@@ -251,19 +256,21 @@ static int lt_matmul(Backend *be, bool trans_a, bool trans_b, int M, int N, int 
     key.type_c = c_type;
     key.align_a = pointer_alignment(B);
     key.align_b = pointer_alignment(A);
-    key.align_c = pointer_alignment(C);
+    key.align_c = pointer_alignment(C_in);
+    key.align_d = pointer_alignment(C);
     const GemmPlan *plan = plan_get(be, key);
     if (!plan) return LT_FAILED;
     if (!plan->ok) {   // no algorithm for the bucket's sizes: perhaps for the actual ones
-        return bucketed ? lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, op_type, beta, C, c_type,
-                                    ldc, false)
+        return bucketed ? lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, op_type, beta, C_in, C,
+                                    c_type, ldc, false)
                         : LT_NO_ALGO;
     }
     if (bucketed && !plan_resize(be, plan, key, N, M, K)) return LT_FAILED;
-    cublasStatus_t s = cublasLtMatmul(st->lt, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c,
-                                      &plan->algo, st->workspace, st->workspace_bytes, st->stream);
+    cublasStatus_t s = cublasLtMatmul(st->lt, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C_in, plan->c, C,
+                                      plan->c, &plan->algo, st->workspace, st->workspace_bytes, st->stream);
     if (bucketed && s == CUBLAS_STATUS_NOT_SUPPORTED)   // the bucket's algorithm refuses these sizes
-        return lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, op_type, beta, C, c_type, ldc, false);
+        return lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, op_type, beta, C_in, C, c_type, ldc,
+                         false);
     if (s != CUBLAS_STATUS_SUCCESS) {
         cuda_record_failure(be, "cublasLtMatmul", cublasGetStatusString(s), __FILE__, __LINE__);
         return LT_FAILED;
@@ -350,8 +357,8 @@ static void gemm_repacked(Backend *be, bool trans_a, bool trans_b, int M, int N,
         c_ld = ldc2;
         if (beta != 0.0f) convert_2d(be, c_ptr, c_type, ldc2, C.p, C.t, ldc, M, N);
     }
-    int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, a_ptr, a_ld, b_ptr, b_ld, op_type, beta, c_ptr, c_type,
-                      c_ld, false);
+    int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, a_ptr, a_ld, b_ptr, b_ld, op_type, beta, c_ptr, c_ptr,
+                      c_type, c_ld, false);
     if (r == LT_NO_ALGO && !(pack_a && pack_b && pack_c)) {   // a mixed-type call packed one operand only
         gemm_repacked(be, trans_a, trans_b, M, N, K, alpha, A, lda, true, B, ldb, true, op_type, beta, C, ldc, true);
         return;
@@ -367,20 +374,25 @@ static void gemm_repacked(Backend *be, bool trans_a, bool trans_b, int M, int N,
 }
 
 // ---- the op -----------------------------------------------------------------------------------
+// C = alpha*AB + beta*R, R of C's type and stride: R == C (in place, every GEMM but
+// gemm_residual's) or its own buffer, which goes to cuBLASLt as its C beside C as its D when it
+// can, and is copied into C first otherwise.
 static void gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda, Buf B,
-                 int ldb, float beta, Buf C, int ldc, bool bucketed) {
+                 int ldb, float beta, Buf R, Buf C, int ldc, bool bucketed) {
     if (M <= 0 || N <= 0) return;
     // Row-major stored shapes: A is [M,K] ([K,M] when trans_a), B is [K,N] ([N,K] when trans_b).
     int a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
-    if (K < 0 || ldc < N || (K > 0 && (lda < a_cols || ldb < b_cols))) {
+    if (K < 0 || ldc < N || (K > 0 && (lda < a_cols || ldb < b_cols)) || R.t != C.t) {
         char detail[160];
-        snprintf(detail, sizeof detail, "bad shape M=%d N=%d K=%d lda=%d ldb=%d ldc=%d ta=%d tb=%d", M, N, K, lda,
-                 ldb, ldc, trans_a, trans_b);
+        snprintf(detail, sizeof detail, "bad shape M=%d N=%d K=%d lda=%d ldb=%d ldc=%d ta=%d tb=%d (or addend type)",
+                 M, N, K, lda, ldb, ldc, trans_a, trans_b);
         cuda_record_failure(be, "cuda_gemm", detail, __FILE__, __LINE__);
         return;
     }
     CudaState *st = cuda_state(be);
-    if (K == 0) {   // an empty sum: C = beta * C
+    const bool apart = R.p != C.p && beta != 0.0f;
+    if (K == 0) {   // an empty sum: C = beta * R
+        if (apart) convert_2d(be, C.p, C.t, ldc, R.p, R.t, ldc, M, N);
         unsigned blocks = cuda_blocks((size_t)M * N, 256);
         if (blocks > 65535u * 8u) blocks = 65535u * 8u;
         scale_matrix_kernel<<<blocks, 256, 0, st->stream>>>(C.p, C.t, ldc, M, N, beta);
@@ -397,22 +409,28 @@ static void gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, f
     }
     bool c_via_copy = !cuda_gemm_c_direct(C.t, op_type, beta);
     if (!conv_a && !conv_b && !c_via_copy) {
-        int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A.p, lda, B.p, ldb, op_type, beta, C.p, C.t, ldc,
-                          bucketed);
+        int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A.p, lda, B.p, ldb, op_type, beta,
+                          apart ? R.p : C.p, C.p, C.t, ldc, bucketed);
         if (r != LT_NO_ALGO) return;
         // No algorithm for these alignments / strides: repack everything below.
         conv_a = conv_b = c_via_copy = true;
     }
+    if (apart) convert_2d(be, C.p, C.t, ldc, R.p, R.t, ldc, M, N);
     gemm_repacked(be, trans_a, trans_b, M, N, K, alpha, A, lda, conv_a, B, ldb, conv_b, op_type, beta, C, ldc,
                   c_via_copy);
 }
 
 extern "C" void cuda_gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda,
                           Buf B, int ldb, float beta, Buf C, int ldc) {
-    gemm(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, false);
+    gemm(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, C, ldc, false);
+}
+
+extern "C" void cuda_gemm_residual(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A,
+                                   int lda, Buf B, int ldb, Buf R, Buf D, int ldd) {
+    gemm(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 1.0f, R, D, ldd, false);
 }
 
 void cuda_gemm_varying(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, Buf A, int lda,
                        Buf B, int ldb, float beta, Buf C, int ldc) {
-    gemm(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+    gemm(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, C, ldc, true);
 }
