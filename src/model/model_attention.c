@@ -1,16 +1,11 @@
 // Attention block: x_mid = x_in + o_proj(attn(rope(qk_norm(q, k)), v)) on input_layernorm(x_in).
 // q_proj, k_proj, v_proj are adjacent in the parameter buffer ([q; k; v] = [qd+2kd, H]), so
-// the three projections run as one GEMM (and one for each gradient), split by cheap copies.
+// the three projections run as one GEMM (and one for each gradient). q and k leave the
+// joined output through their QK-norm + RoPE op (which reads it in place), v by a copy; the
+// backward writes dq, dk (through the same op's backward) and dv into one joined gradient.
 // With a KV cache (incremental decoding) the new keys/values land in the cache and the
 // queries attend to everything cached; the same code otherwise.
 #include "model/model_internal.h"
-
-// QK-norm geometry: full = one row of n*hd per token; head = one row of hd per head.
-static void qk_norm_shape(const ModelConfig *c, int N, int n_heads, int *rows, int *width) {
-    bool per_head = c->qk_norm == QK_NORM_HEAD;
-    *rows = per_head ? N * n_heads : N;
-    *width = per_head ? c->head_dim : n_heads * c->head_dim;
-}
 
 void attention_block_forward(Model *m, int l, const LayerKv *kv) {
     const ModelConfig *c = &m->cfg;
@@ -21,7 +16,7 @@ void attention_block_forward(Model *m, int l, const LayerKv *kv) {
     const LayerParams *p = &m->bind->layers[l];
     const int B = a->B, T = a->T, N = B * T, H = c->d_model, hd = c->head_dim;
     const int qd = c->n_heads * hd, kd = c->n_kv_heads * hd;
-    const bool qk = c->qk_norm != QK_NORM_NONE;
+    const bool qk = c->qk_norm != QK_NORM_NONE, per_head = c->qk_norm == QK_NORM_HEAD;
     // Keys/values of this chunk: the layer's activations, or the cache at position `past`.
     const int past = kv ? kv->past : 0;
     Buf k_out = kv ? buf_at(kv->k, (size_t)past * kd) : la->k, v_out = kv ? buf_at(kv->v, (size_t)past * kd) : la->v;
@@ -32,25 +27,22 @@ void attention_block_forward(Model *m, int l, const LayerKv *kv) {
     op->rmsnorm_forward(be, la->h1, la->rstd1, buf_f32(la->x_in), p->attn_norm, N, H, c->norm_eps);
     phase_end(m, MODEL_PHASE_NORMS, t);
     t = phase_begin(m);
-    // q/k go to q_raw/k_raw when QK-norm follows, straight into q/k otherwise.
+    // qkv [N, S] = h1 [q; k; v]^T, then q and k taken out of it with their QK-norm and RoPE
+    // (the raw q/k kept for the backward), or copied out and rotated; v copied out.
     const int S = qd + 2 * kd;
     linear_forward(be, a->qkv, la->h1, p->qkv, N, H, S, false);
-    op->copy_2d(be, qk ? la->q_raw : la->q, qd, a->qkv, S, N, qd);
-    op->copy_2d(be, qk ? la->k_raw : k_out, kd, buf_at(a->qkv, qd), S, N, kd);
-    op->copy_2d(be, v_out, kd, buf_at(a->qkv, qd + kd), S, N, kd);
-    phase_end(m, MODEL_PHASE_ATTN_FWD, t);
     if (qk) {
-        t = phase_begin(m);
-        int rows, width;
-        qk_norm_shape(c, N, c->n_heads, &rows, &width);
-        op->rmsnorm_forward(be, la->q, la->q_rstd, la->q_raw, p->q_norm, rows, width, c->norm_eps);
-        qk_norm_shape(c, N, c->n_kv_heads, &rows, &width);
-        op->rmsnorm_forward(be, k_out, la->k_rstd, la->k_raw, p->k_norm, rows, width, c->norm_eps);
-        phase_end(m, MODEL_PHASE_NORMS, t);
+        op->qk_norm_rope_forward(be, la->q, la->q_raw, la->q_rstd, a->qkv, S, p->q_norm, cos_t, sin_t, B, T,
+                                 c->n_heads, hd, per_head, c->norm_eps);
+        op->qk_norm_rope_forward(be, k_out, la->k_raw, la->k_rstd, buf_at(a->qkv, qd), S, p->k_norm, cos_t, sin_t, B,
+                                 T, c->n_kv_heads, hd, per_head, c->norm_eps);
+    } else {
+        op->copy_2d(be, la->q, qd, a->qkv, S, N, qd);
+        op->copy_2d(be, k_out, kd, buf_at(a->qkv, qd), S, N, kd);
+        op->rope_forward(be, la->q, cos_t, sin_t, B, T, c->n_heads, hd);
+        op->rope_forward(be, k_out, cos_t, sin_t, B, T, c->n_kv_heads, hd);
     }
-    t = phase_begin(m);
-    op->rope_forward(be, la->q, cos_t, sin_t, B, T, c->n_heads, hd);
-    op->rope_forward(be, k_out, cos_t, sin_t, B, T, c->n_kv_heads, hd);
+    op->copy_2d(be, v_out, kd, buf_at(a->qkv, qd + kd), S, N, kd);
     if (kv)
         op->attention_forward(be, la->att, la->att_lse, la->q, kv->k, kv->v, B, T, past + T, c->n_heads,
                               c->n_kv_heads, hd);
@@ -82,24 +74,23 @@ void attention_block_backward(Model *m, int l) {
     weight_grad(be, p->d_o, dresid, H, la->att, N, qd, H);
     op->attention_backward(be, a->dq, a->dk, a->dv, a->datt, la->att, la->att_lse, la->q, la->k, la->v, B, T,
                            c->n_heads, c->n_kv_heads, hd);
-    op->rope_backward(be, a->dq, a->rope_cos, a->rope_sin, B, T, c->n_heads, hd);
-    op->rope_backward(be, a->dk, a->rope_cos, a->rope_sin, B, T, c->n_kv_heads, hd);
-    phase_end(m, MODEL_PHASE_ATTN_BWD, t);
-    if (c->qk_norm != QK_NORM_NONE) {
-        t = phase_begin(m);
-        int rows, width;
-        qk_norm_shape(c, N, c->n_heads, &rows, &width);
-        op->rmsnorm_backward(be, a->dq, p->d_q_norm, a->dq, la->q_raw, p->q_norm, la->q_rstd, rows, width, false);
-        qk_norm_shape(c, N, c->n_kv_heads, &rows, &width);
-        op->rmsnorm_backward(be, a->dk, p->d_k_norm, a->dk, la->k_raw, p->k_norm, la->k_rstd, rows, width, false);
-        phase_end(m, MODEL_PHASE_NORMS, t);
-    }
-    // q/k/v projections: dh1 = [dq dk dv] [Wq; Wk; Wv], one GEMM on the joined gradient
-    t = phase_begin(m);
+    // into the joined gradient [N, S] (the forward's qkv buffer): dq and dk through RoPE and
+    // QK-norm (or RoPE alone), dv as it is
     const int S = qd + 2 * kd;
-    op->copy_2d(be, a->qkv, S, a->dq, qd, N, qd);
-    op->copy_2d(be, buf_at(a->qkv, qd), S, a->dk, kd, N, kd);
+    if (c->qk_norm != QK_NORM_NONE) {
+        const bool per_head = c->qk_norm == QK_NORM_HEAD;
+        op->qk_norm_rope_backward(be, a->qkv, S, p->d_q_norm, a->dq, la->q_raw, p->q_norm, la->q_rstd, a->rope_cos,
+                                  a->rope_sin, B, T, c->n_heads, hd, per_head);
+        op->qk_norm_rope_backward(be, buf_at(a->qkv, qd), S, p->d_k_norm, a->dk, la->k_raw, p->k_norm, la->k_rstd,
+                                  a->rope_cos, a->rope_sin, B, T, c->n_kv_heads, hd, per_head);
+    } else {
+        op->rope_backward(be, a->dq, a->rope_cos, a->rope_sin, B, T, c->n_heads, hd);
+        op->rope_backward(be, a->dk, a->rope_cos, a->rope_sin, B, T, c->n_kv_heads, hd);
+        op->copy_2d(be, a->qkv, S, a->dq, qd, N, qd);
+        op->copy_2d(be, buf_at(a->qkv, qd), S, a->dk, kd, N, kd);
+    }
     op->copy_2d(be, buf_at(a->qkv, qd + kd), S, a->dv, kd, N, kd);
+    // q/k/v projections: dh1 = [dq dk dv] [Wq; Wk; Wv], one GEMM on the joined gradient
     linear_backward_input(be, a->dh, a->qkv, p->qkv, N, H, S, false);
     if (p->d_q && p->d_k == p->d_q + (size_t)qd * H && p->d_v == p->d_k + (size_t)kd * H) {
         linear_backward_weight(be, p->d_q, a->qkv, S, la->h1, N, H, S);   // adjacent gradients: one GEMM

@@ -158,6 +158,20 @@ typedef struct {
     // x[B,T,nh,hd] in place, rotate-half; cos/sin rows 0..T-1 (pass tables offset by the first position).
     void (*rope_forward)(Backend *be, Buf x, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd);
     void (*rope_backward)(Backend *be, Buf dx, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd);
+    // QK-norm and RoPE of q (or k) in one op, read straight out of the joined q|k|v projection:
+    // x holds B*T tokens of nh*hd values, ldx apart. x_copy [B*T, nh*hd] (dense) keeps x for the
+    // backward; y [B*T, nh*hd] = rope(rmsnorm(x) * w). per_head: a norm row per head (rstd
+    // [B*T*nh], w [hd]), else per token (rstd [B*T], w [nh*hd]). The same bits as copy_2d into
+    // x_copy, rmsnorm_forward from it into y and rope_forward on y (which the cpu runs).
+    void (*qk_norm_rope_forward)(Backend *be, Buf y, Buf x_copy, float *rstd, Buf x, int ldx, const float *w,
+                                 const float *cos_t, const float *sin_t, int B, int T, int nh, int hd, bool per_head,
+                                 float eps);
+    // Its backward: dy [B*T, nh*hd] (the gradient of y; clobbered) -> dx, tokens lddx apart (into
+    // the joined gradient), dw += (NULL: frozen); x is forward's x_copy. The same bits as
+    // rope_backward on dy, rmsnorm_backward in place and copy_2d into dx.
+    void (*qk_norm_rope_backward)(Backend *be, Buf dx, int lddx, float *dw, Buf dy, Buf x, const float *w,
+                                  const float *rstd, const float *cos_t, const float *sin_t, int B, int T, int nh,
+                                  int hd, bool per_head);
     // Causal GQA attention. q[B,Tq,nh,hd]; k,v[B,Tk,nkv,hd] with Tq <= Tk: query i sits at
     // position Tk-Tq+i and sees keys 0..Tk-Tq+i (Tq == Tk in training; Tq < Tk reads a KV
     // cache). out[B,Tq,nh,hd], lse[B,nh,Tq] (logsumexp of the scaled scores, for the backward).

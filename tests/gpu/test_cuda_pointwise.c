@@ -97,6 +97,8 @@ static void test_table_entries(void **state) {
     assert_ptr_equal(o->rope_tables, cuda_rope_tables);
     assert_ptr_equal(o->rope_forward, cuda_rope_forward);
     assert_ptr_equal(o->rope_backward, cuda_rope_backward);
+    assert_ptr_equal(o->qk_norm_rope_forward, cuda_qk_norm_rope_forward);
+    assert_ptr_equal(o->qk_norm_rope_backward, cuda_qk_norm_rope_backward);
     assert_ptr_equal(o->router_forward, cuda_router_forward);
     assert_ptr_equal(o->router_backward, cuda_router_backward);
     assert_ptr_equal(o->moe_plan, cuda_moe_plan);
@@ -378,6 +380,98 @@ static void test_rope(void **state) {
     check_rope(NUM_BF16, 2, 33, 4, 128, 0);
     check_rope(NUM_F32, 1, 3, 2, 20, 0);      // half = 10: scalar path
     check_rope(NUM_BF16, 1, 1, 16, 64, 17);   // decode: one position, tables offset
+}
+
+// ---- QK-norm with RoPE ---------------------------------------------------------------------------
+// qk_norm_rope_forward/backward (fused where the rotation folds: hd 16..256 a power of two,
+// aligned rows) against the separate GPU ops on the same inputs, to the bit (y, the kept copy
+// of x, rstd; dx in its strided rows, every other column of the joined buffer untouched; dw),
+// and in fp32 against the cpu. x is read out of a joined buffer (tokens ld apart, at column
+// `col` of it); tables offset by pos0 (a KV-cache chunk). ld odd or x one element off: the
+// separate ops (the fallback), checked the same way.
+static void check_qk_norm_rope(NumType t, int B, int T, int nh, int hd, bool per_head, int ld, int col, int pos0) {
+    printf("qk_norm_rope %s B %d T %d nh %d hd %d %s ld %d col %d first position %d\n", num_type_name(t), B, T, nh,
+           hd, per_head ? "per head" : "per token", ld, col, pos0);
+    Backend *be = backend_for(t);
+    const int N = B * T, width = nh * hd, half = hd / 2, R = per_head ? N * nh : N, C = per_head ? hd : width;
+    const size_t nj = (size_t)N * ld, n = (size_t)N * width, nt = (size_t)(pos0 + T) * half;
+    float *joined = gt_random(nj, 71, 1.5), *w = gt_random_uniform((size_t)C, 72, 0.5, 1.5);
+    float *dy = gt_random(n, 73, 1.0), *dw0 = gt_random((size_t)C, 74, 1.0);
+    float *ct = malloc(nt * sizeof(float)), *st = malloc(nt * sizeof(float));
+    gt_round_host(joined, nj, t), gt_round_host(dy, n, t);
+    op_rope_tables(ct, st, pos0 + T, hd, 10000.0f);
+    float *dct = gt_upload(be, ct, nt, NUM_F32).p, *dst = gt_upload(be, st, nt, NUM_F32).p;
+    const float *c0 = dct + (size_t)pos0 * half, *s0 = dst + (size_t)pos0 * half;
+    float *dw_ = gt_upload(be, w, (size_t)C, NUM_F32).p;
+    Buf dj = gt_upload(be, joined, nj, t), x = buf_at(dj, (size_t)col);
+
+    // forward: fused (1) and separate (2)
+    Buf y1 = gt_alloc(be, n, t), y2 = gt_alloc(be, n, t), xc1 = gt_alloc(be, n, t), xc2 = gt_alloc(be, n, t);
+    float *r1 = gt_alloc(be, (size_t)R, NUM_F32).p, *r2 = gt_alloc(be, (size_t)R, NUM_F32).p;
+    be->ops->qk_norm_rope_forward(be, y1, xc1, r1, x, ld, dw_, c0, s0, B, T, nh, hd, per_head, 1e-6f);
+    be->ops->copy_2d(be, xc2, width, x, ld, N, width);
+    be->ops->rmsnorm_forward(be, y2, r2, xc2, dw_, R, C, 1e-6f);
+    be->ops->rope_forward(be, y2, c0, s0, B, T, nh, hd);
+    gt_check_same_bits(be, "y, fused = separate", y1.p, y2.p, n * num_type_size(t));
+    gt_check_same_bits(be, "x kept, fused = separate", xc1.p, xc2.p, n * num_type_size(t));
+    gt_check_same_bits(be, "rstd, fused = separate", r1, r2, (size_t)R * sizeof(float));
+
+    // backward into the joined buffer (its other columns must stay as they are)
+    Buf dy1 = gt_upload(be, dy, n, t), dy2 = gt_upload(be, dy, n, t);
+    Buf dj1 = gt_upload(be, joined, nj, t), dj2 = gt_upload(be, joined, nj, t);
+    float *dw1 = gt_upload(be, dw0, (size_t)C, NUM_F32).p, *dw2 = gt_upload(be, dw0, (size_t)C, NUM_F32).p;
+    be->ops->qk_norm_rope_backward(be, buf_at(dj1, (size_t)col), ld, dw1, dy1, xc1, dw_, r1, c0, s0, B, T, nh, hd,
+                                   per_head);
+    be->ops->rope_backward(be, dy2, c0, s0, B, T, nh, hd);
+    be->ops->rmsnorm_backward(be, dy2, dw2, dy2, xc1, dw_, r1, R, C, false);
+    be->ops->copy_2d(be, buf_at(dj2, (size_t)col), ld, dy2, width, N, width);
+    gt_check_same_bits(be, "dx (joined), fused = separate", dj1.p, dj2.p, nj * num_type_size(t));
+    gt_check_same_bits(be, "dw, fused = separate", dw1, dw2, (size_t)C * sizeof(float));
+    float *gj = gt_download(be, dj1, nj);
+    for (int r = 0; r < N; r++)
+        for (int j = 0; j < ld; j++)
+            if (j < col || j >= col + width)
+                if (gj[(size_t)r * ld + j] != joined[(size_t)r * ld + j])
+                    fail_msg("joined gradient: token %d column %d outside the slice was written", r, j);
+
+    if (t == NUM_F32) {   // the cpu: the same three ops each way
+        float *xr = malloc(n * sizeof(float)), *ry = malloc(n * sizeof(float)), *rr = malloc((size_t)R * sizeof(float));
+        float *rdy = gt_copy_floats(dy, n), *rdw = gt_copy_floats(dw0, (size_t)C);
+        op_copy_2d(xr, width, joined + col, ld, N, width);
+        op_rmsnorm_forward(ry, rr, xr, w, R, C, 1e-6f);
+        op_rope_forward(ry, ct + (size_t)pos0 * half, st + (size_t)pos0 * half, B, T, nh, hd);
+        float *gy = gt_download(be, y1, n);
+        gt_check("y against the cpu", gy, ry, n, FP32_TOL);
+        op_rope_backward(rdy, ct + (size_t)pos0 * half, st + (size_t)pos0 * half, B, T, nh, hd);
+        float *g_rstd = gt_download(be, buf_f32(r1), (size_t)R);   // the GPU's rstd, as the backward used
+        op_rmsnorm_backward(rdy, rdw, rdy, xr, w, g_rstd, R, C, false);
+        float *gdx = malloc(n * sizeof(float));
+        op_copy_2d(gdx, width, gj + col, ld, N, width);
+        gt_check("dx against the cpu", gdx, rdy, n, FP32_TOL);
+        float *gdw = gt_download(be, buf_f32(dw1), (size_t)C);
+        gt_check("dw against the cpu", gdw, rdw, (size_t)C, 1e-4);
+        free(xr), free(ry), free(rr), free(rdy), free(rdw), free(gy), free(g_rstd), free(gdx), free(gdw);
+    }
+    free(joined), free(w), free(dy), free(dw0), free(ct), free(st), free(gj);
+    Buf bufs[] = {dj, y1, y2, xc1, xc2, dy1, dy2, dj1, dj2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gt_free(be, bufs[i]);
+    void *ptrs[] = {dct, dst, dw_, r1, r2, dw1, dw2};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) backend_free(be, ptrs[i]);
+}
+
+static void test_qk_norm_rope(void **state) {
+    (void)state;
+    check_qk_norm_rope(NUM_BF16, 2, 256, 12, 64, false, 3 * 768, 0, 0);     // the 1B model's q
+    check_qk_norm_rope(NUM_BF16, 2, 33, 4, 64, false, 3 * 256, 256, 0);     // k, at column qd
+    check_qk_norm_rope(NUM_BF16, 1, 17, 6, 128, true, 3 * 768, 768, 0);     // per-head norm
+    check_qk_norm_rope(NUM_F32, 2, 5, 3, 32, false, 2 * 96 + 8, 96, 0);     // C 96: lanes past the row
+    check_qk_norm_rope(NUM_F32, 3, 7, 5, 16, false, 80, 0, 0);              // hd 16: pairs on lanes l ^ 1
+    check_qk_norm_rope(NUM_BF16, 1, 9, 2, 256, false, 3 * 512, 512, 0);     // hd 256: lanes l ^ 16
+    check_qk_norm_rope(NUM_F32, 2, 6, 4, 64, true, 3 * 256, 0, 0);          // per head, fp32
+    check_qk_norm_rope(NUM_BF16, 1, 1, 16, 64, false, 3 * 1024, 1024, 17);  // decode: one position, tables offset
+    check_qk_norm_rope(NUM_F32, 2, 4, 2, 48, false, 3 * 96, 96, 0);         // hd 48: the separate ops
+    check_qk_norm_rope(NUM_BF16, 2, 8, 4, 64, false, 3 * 256 + 3, 256, 0);  // ld odd: the separate ops
+    check_qk_norm_rope(NUM_BF16, 2, 8, 4, 64, false, 3 * 256, 1, 0);        // x one element off: the separate ops
 }
 
 // ---- router ------------------------------------------------------------------------------------
@@ -750,6 +844,7 @@ typedef struct {
 } SpeedBufs;
 typedef enum {
     SP_NORM_FWD, SP_QKNORM_FWD, SP_NORM_BWD, SP_QKNORM_BWD, SP_ROPE_FWD, SP_ROPE_BWD, SP_QKV_SPLIT, SP_RESID_COPY,
+    SP_QKNORM_ROPE_FWD, SP_QKNORM_ROPE_BWD,
     SP_ROUTER_FWD, SP_ROUTER_BWD, SP_MOE_PLAN, SP_GATHER, SP_COMBINE, SP_COMBINE_BWD, SP_UNCOMBINE, SP_OPS
 } SpeedOp;
 #define SP_NH_BYTES(b) ((double)(b) * SP_N * SP_H)   // b bytes per element of an [N, H] tensor
@@ -765,6 +860,9 @@ static const struct {
     [SP_ROPE_BWD] = {"rope bwd, dq bf16 in place", SP_NH_BYTES(2 + 2)},
     [SP_QKV_SPLIT] = {"copy_2d, q out of the joined qkv (bf16)", SP_NH_BYTES(2 + 2)},
     [SP_RESID_COPY] = {"copy, the fp32 residual", SP_NH_BYTES(4 + 4)},
+    // read q out of the joined qkv, write its copy and the result; read dy and x, write dx into the joined
+    [SP_QKNORM_ROPE_FWD] = {"qk_norm_rope fwd, q out of the joined qkv", SP_NH_BYTES(2 + 2 + 2)},
+    [SP_QKNORM_ROPE_BWD] = {"qk_norm_rope bwd + dw, dq into the joined", SP_NH_BYTES(2 + 2 + 2)},
     // logits and probs [N, E] fp32, lse [N], top-k index and weight [N, k]
     [SP_ROUTER_FWD] = {"router fwd (softmax, top-2 of 16)", 4.0 * SP_N * (2 * SP_E + 1 + 2 * SP_K)},
     [SP_ROUTER_BWD] = {"router bwd", 4.0 * SP_N * (2 * SP_E + 1 + 3 * SP_K)},
@@ -790,6 +888,14 @@ static void speed_run(Backend *be, SpeedBufs *s, SpeedOp op) {
     case SP_ROPE_BWD: o->rope_backward(be, s->dact, s->cos_t, s->sin_t, SP_B, SP_T, SP_NH, SP_HD); break;
     case SP_QKV_SPLIT: o->copy_2d(be, s->act2, SP_H, s->qkv, SP_QKV, SP_N, SP_H); break;
     case SP_RESID_COPY: o->copy(be, s->resid2.p, s->resid.p, (size_t)SP_N * SP_H * sizeof(float)); break;
+    case SP_QKNORM_ROPE_FWD:
+        o->qk_norm_rope_forward(be, s->act2, s->dact, s->rstd, s->qkv, SP_QKV, s->w, s->cos_t, s->sin_t, SP_B, SP_T,
+                                SP_NH, SP_HD, false, 1e-5f);
+        break;
+    case SP_QKNORM_ROPE_BWD:
+        o->qk_norm_rope_backward(be, s->qkv, SP_QKV, s->dw, s->dact, s->act, s->w, s->rstd, s->cos_t, s->sin_t, SP_B,
+                                 SP_T, SP_NH, SP_HD, false);
+        break;
     case SP_ROUTER_FWD:
         o->router_forward(be, s->probs, s->lse, s->idx_out, s->topk_w, s->logits, SP_N, SP_E, SP_K, false);
         break;
@@ -865,6 +971,7 @@ int main(void) {
         cmocka_unit_test(test_copy_2d),        cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_rmsnorm_forward), cmocka_unit_test(test_rmsnorm_backward),
         cmocka_unit_test(test_rope_tables),    cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_qk_norm_rope),
         cmocka_unit_test(test_router),         cmocka_unit_test(test_moe_plan),
         cmocka_unit_test(test_gather_rows),    cmocka_unit_test(test_combine),
         cmocka_unit_test(test_combine_backward), cmocka_unit_test(test_cross_entropy),

@@ -176,6 +176,46 @@ static void test_gemm_residual(void **state) {
     free(A), free(B), free(R), free(R0), free(want), free(D);
 }
 
+// The table's qk_norm_rope_forward/backward on the cpu: x read out of a joined row (tokens ld
+// apart), dx written back into it (its other columns untouched); the same bits as copy, norm
+// and rotation one after another; per token and per head.
+static void test_qk_norm_rope_joined(void **state) {
+    (void)state;
+    Backend *be = backend_cpu();
+    const int B = 2, T = 5, nh = 3, hd = 8, width = nh * hd, ld = 3 * width + 1, col = width, N = B * T;
+    float cos_t[T * hd / 2], sin_t[T * hd / 2];
+    op_rope_tables(cos_t, sin_t, T, hd, 10000.0f);
+    for (int per_head = 0; per_head < 2; per_head++) {
+        const int R = per_head ? N * nh : N, C = per_head ? hd : width;
+        float *joined = random_floats((size_t)N * ld, 60, 1.0), *w = random_floats((size_t)C, 61, 1.0);
+        float *dy = random_floats((size_t)N * width, 62, 1.0), *dyr = malloc((size_t)N * width * sizeof(float));
+        float y[N * width], xc[N * width], rstd[N * nh], yr[N * width], xr[N * width], rr[N * nh];
+        float dw[hd * nh], dwr[hd * nh], *dj = malloc((size_t)N * ld * sizeof(float));
+        memcpy(dyr, dy, (size_t)N * width * sizeof(float));
+        memcpy(dj, joined, (size_t)N * ld * sizeof(float));
+        be->ops->qk_norm_rope_forward(be, buf_f32(y), buf_f32(xc), rstd, buf_f32(joined + col), ld, w, cos_t, sin_t, B,
+                                      T, nh, hd, per_head, 1e-6f);
+        op_copy_2d(xr, width, joined + col, ld, N, width);
+        op_rmsnorm_forward(yr, rr, xr, w, R, C, 1e-6f);
+        op_rope_forward(yr, cos_t, sin_t, B, T, nh, hd);
+        assert_memory_equal(y, yr, sizeof y);
+        assert_memory_equal(xc, xr, sizeof xc);
+        assert_memory_equal(rstd, rr, (size_t)R * sizeof(float));
+        for (int c = 0; c < C; c++) dw[c] = dwr[c] = 0.25f * (float)c;
+        be->ops->qk_norm_rope_backward(be, buf_f32(dj + col), ld, dw, buf_f32(dy), buf_f32(xc), w, rstd, cos_t, sin_t,
+                                       B, T, nh, hd, per_head);
+        op_rope_backward(dyr, cos_t, sin_t, B, T, nh, hd);
+        op_rmsnorm_backward(dyr, dwr, dyr, xr, w, rr, R, C, false);
+        assert_memory_equal(dw, dwr, (size_t)C * sizeof(float));
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < ld; j++) {
+                float want = j >= col && j < col + width ? dyr[n * width + j - col] : joined[n * ld + j];
+                assert_memory_equal(&dj[n * ld + j], &want, sizeof want);
+            }
+        free(joined), free(w), free(dy), free(dyr), free(dj);
+    }
+}
+
 // The vectorisable exp against libm in double: within 3 ulp over the whole useful range.
 static void test_vexpf_accuracy(void **state) {
     (void)state;
@@ -233,6 +273,7 @@ int main(void) {
         cmocka_unit_test(test_router_ties_and_dispatch),
         cmocka_unit_test(test_moe_combine_residual_apart),
         cmocka_unit_test(test_gemm_residual),
+        cmocka_unit_test(test_qk_norm_rope_joined),
         cmocka_unit_test(test_vexpf_accuracy),
         cmocka_unit_test(test_kernels_independent_of_thread_count),
     };

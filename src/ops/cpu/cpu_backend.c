@@ -117,6 +117,23 @@ static void cpu_rope_forward(Backend *be, Buf x, const float *c, const float *s,
 static void cpu_rope_backward(Backend *be, Buf dx, const float *c, const float *s, int B, int T, int nh, int hd) {
     op_rope_backward(f32(dx), c, s, B, T, nh, hd);
 }
+// The cpu's QK-norm + RoPE is the three ops one after another (the reference of the fused kernels).
+static void cpu_qk_norm_rope_forward(Backend *be, Buf y, Buf x_copy, float *rstd, Buf x, int ldx, const float *w,
+                                     const float *c, const float *s, int B, int T, int nh, int hd, bool per_head,
+                                     float eps) {
+    const int N = B * T, width = nh * hd;
+    op_copy_2d(f32(x_copy), width, f32(x), ldx, N, width);
+    op_rmsnorm_forward(f32(y), rstd, f32(x_copy), w, per_head ? N * nh : N, per_head ? hd : width, eps);
+    op_rope_forward(f32(y), c, s, B, T, nh, hd);
+}
+static void cpu_qk_norm_rope_backward(Backend *be, Buf dx, int lddx, float *dw, Buf dy, Buf x, const float *w,
+                                      const float *rstd, const float *c, const float *s, int B, int T, int nh, int hd,
+                                      bool per_head) {
+    const int N = B * T, width = nh * hd;
+    op_rope_backward(f32(dy), c, s, B, T, nh, hd);
+    op_rmsnorm_backward(f32(dy), dw, f32(dy), f32(x), w, rstd, per_head ? N * nh : N, per_head ? hd : width, false);
+    op_copy_2d(f32(dx), lddx, f32(dy), width, N, width);
+}
 static void cpu_attention_forward(Backend *be, Buf out, float *lse, Buf q, Buf k, Buf v, int B, int Tq, int Tk,
                                   int nh, int nkv, int hd) {
     int rc = Tq == Tk ? op_attention_forward(f32(out), lse, f32(q), f32(k), f32(v), B, Tq, nh, nkv, hd)
@@ -198,6 +215,8 @@ static const BackendOps cpu_ops = {
     .rope_tables = cpu_rope_tables,
     .rope_forward = cpu_rope_forward,
     .rope_backward = cpu_rope_backward,
+    .qk_norm_rope_forward = cpu_qk_norm_rope_forward,
+    .qk_norm_rope_backward = cpu_qk_norm_rope_backward,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
     .router_forward = cpu_router_forward,

@@ -441,6 +441,8 @@ static const BackendOps cuda_ops = {
     cuda_rope_tables,
     cuda_rope_forward,
     cuda_rope_backward,
+    cuda_qk_norm_rope_forward,
+    cuda_qk_norm_rope_backward,
     // attention (engineer C: cuda_attention.h)
     cuda_attention_forward,
     cuda_attention_backward,

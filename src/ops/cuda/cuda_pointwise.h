@@ -34,6 +34,14 @@ void cuda_rope_tables(Backend *be, float *cos_t, float *sin_t, int T, int hd, fl
 void cuda_rope_forward(Backend *be, Buf x, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd);
 void cuda_rope_backward(Backend *be, Buf dx, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd);
 
+// rmsnorm.cu: QK-norm with RoPE (RMSNorm's kernels with the rotation folded in)
+void cuda_qk_norm_rope_forward(Backend *be, Buf y, Buf x_copy, float *rstd, Buf x, int ldx, const float *w,
+                               const float *cos_t, const float *sin_t, int B, int T, int nh, int hd, bool per_head,
+                               float eps);
+void cuda_qk_norm_rope_backward(Backend *be, Buf dx, int lddx, float *dw, Buf dy, Buf x, const float *w,
+                                const float *rstd, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd,
+                                bool per_head);
+
 // router.cu
 void cuda_router_forward(Backend *be, float *probs, float *lse, int32_t *topk_idx, float *topk_w,
                          const float *logits, int N, int E, int k, bool normalize);

@@ -97,6 +97,16 @@ template <typename F> static inline void with_vec_width(bool vec, F &&f) {
     else f(std::integral_constant<int, 1>{});
 }
 
+// ---- RoPE arithmetic ------------------------------------------------------------------------
+// One rotate-half output: own*c - other*s for an element of a head's first half (first), own*c
+// + other*s for one of its second half; s is the signed sine. Each product rounded on its own
+// (no FMA contraction), as the cpu computes it; rope.cu and the QK-norm kernels share it, so a
+// fused rotation gives the bits of the separate one.
+__device__ __forceinline__ float rope_rotate(float own, float other, float c, float s, bool first) {
+    const float a = __fmul_rn(own, c), b = __fmul_rn(other, s);
+    return first ? __fsub_rn(a, b) : __fadd_rn(a, b);
+}
+
 // ---- launch geometry ----------------------------------------------------------------------
 // Blocks for a grid-stride loop over `items` with `threads` per block: enough to fill the GPU
 // (a few waves of blocks per SM), never more than the work needs. Results never depend on it.

@@ -14,18 +14,76 @@
 // A warp's shared row keeps column c at dw_slot(c), a permutation inside each aligned group of
 // 8 columns, so that both the lanes' W-element groups (step 1) and 32 consecutive columns (the
 // block's sum) fall in 32 different banks; the sums and their order are the same.
+//
+// QK-norm with RoPE (qk_norm_rope_forward/backward) runs the same two kernels with the
+// rotation folded in: the forward rotates the normalised row before storing it, the backward
+// rotates the incoming gradient back as it reads it, and the rows are read from (forward) or
+// written into (backward) the joined q|k|v buffers in place (struct Rows). The rotation of a
+// lane's 8 values needs the 8 a half-head away, which another lane holds: the loops over a
+// row run every lane in every round for that shuffle. Each step rounds where the separate ops
+// store (the normalised row, the rotated gradient), so the bits are those of copy_2d, rmsnorm
+// and rope run one after another, which is also the fallback where the fusion does not apply.
 #include "ops/cuda/cuda_pointwise.h"
 #include "ops/cuda/pointwise_common.cuh"
 
 #define RMS_WARPS 8    // rows in flight per block (forward, and backward without dw)
 
+// Where a kernel's strided rows are: row r at (r / rpt) * ld + (r % rpt) * C, rpt rows of C per
+// token, tokens ld apart (rpt 1, ld C: dense rows; a per-head QK-norm: rpt = heads, C = hd).
+struct Rows {
+    int rpt, ld;
+};
+static inline Rows dense_rows(int C) { return Rows{1, C}; }
+__device__ __forceinline__ size_t row_offset(Rows l, int r, int C) {
+    return (size_t)(r / l.rpt) * l.ld + (size_t)(r % l.rpt) * C;
+}
+
+// RoPE folded into a row pass: head vectors of hd along the row, the row's token at position
+// token % T, tables [T, hd/2], sign +1 rotating (forward) or -1 (the transpose). cos_t NULL:
+// none. Needs W = PW_VEC and hd/8 groups a head dividing 32 (rope_foldable): then the group a
+// half-head from lane l's is lane (l ^ hd/16)'s in the same round.
+struct RowRope {
+    const float *cos_t, *sin_t;
+    int T, hd;
+    float sign;
+};
+static bool rope_foldable(int hd) { return hd == 16 || hd == 32 || hd == 64 || hd == 128 || hd == 256; }
+
+// Rotates the W values v of the group at column c (every lane of the warp calls it in the same
+// round; `on` false: no group of the row here, the lane only serves the shuffle).
+template <int W>
+__device__ __forceinline__ void rope_group(float *v, int c, bool on, int token, RowRope rp) {
+    static_assert(W == PW_VEC, "the folded rotation pairs 8-element groups");
+    float other[W];
+#pragma unroll
+    for (int j = 0; j < W; j++) other[j] = __shfl_xor_sync(0xffffffffu, v[j], rp.hd / 16);
+    if (!on) return;
+    const int half = rp.hd / 2, i = c % rp.hd;
+    const bool first = i < half;
+    const size_t at = (size_t)(token % rp.T) * half + (first ? i : i - half);
+    float cs[W], sn[W];
+    load_vec<W>(rp.cos_t + at, cs);
+    load_vec<W>(rp.sin_t + at, sn);
+#pragma unroll
+    for (int j = 0; j < W; j++) v[j] = rope_rotate(v[j], other[j], cs[j], rp.sign * sn[j], first);
+}
+
+// v[0..W) rounded to T and back: the value a separate op would have stored and the next read.
+template <typename T, int W> __device__ __forceinline__ void round_as_stored(float *v) {
+#pragma unroll
+    for (int j = 0; j < W; j++) v[j] = to_f(from_f<T>(v[j]));
+}
+
 // ---- forward --------------------------------------------------------------------------------
-template <typename Ty, typename Tx, int W>
-__global__ void rmsnorm_forward_kernel(Ty *y, float *rstd, const Tx *x, const float *w, int R, int C, float eps) {
+// y (dense) = x * rstd * w, x's rows where xrows says; x_copy (dense, or NULL) gets x as read;
+// with ROPE the normalised row is rotated (as stored in Ty) before it is stored.
+template <typename Ty, typename Tx, int W, bool ROPE>
+__global__ void rmsnorm_forward_kernel(Ty *y, Tx *x_copy, float *rstd, const Tx *x, Rows xrows, const float *w, int R,
+                                       int C, float eps, RowRope rope) {
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= R) return;                                  // whole warps leave together
-    const Tx *xr = x + (size_t)r * C;
+    const Tx *xr = x + row_offset(xrows, r, C);
     Ty *yr = y + (size_t)r * C;
     float ss = 0.0f;
     for (int c = lane * W; c < C; c += 32 * W) {
@@ -37,34 +95,54 @@ __global__ void rmsnorm_forward_kernel(Ty *y, float *rstd, const Tx *x, const fl
     ss = warp_sum(ss);
     const float s = 1.0f / sqrtf(ss / (float)C + eps);
     if (lane == 0) rstd[r] = s;
-    for (int c = lane * W; c < C; c += 32 * W) {
-        float v[W], g[W];
-        load_vec<W>(xr + c, v);
-        load_vec<W>(w + c, g);
+    for (int c0 = 0; c0 < C; c0 += 32 * W) {             // every lane every round (the rotation's shuffle)
+        const int c = c0 + lane * W;
+        const bool on = c < C;
+        float v[W] = {}, g[W];
+        if (on) {
+            load_vec<W>(xr + c, v);
+            if (x_copy) store_vec<W>(x_copy + (size_t)r * C + c, v);
+            load_vec<W>(w + c, g);
 #pragma unroll
-        for (int j = 0; j < W; j++) v[j] = v[j] * s * g[j];
-        store_vec<W>(yr + c, v);
+            for (int j = 0; j < W; j++) v[j] = v[j] * s * g[j];
+        }
+        if constexpr (ROPE) {
+            round_as_stored<Ty, W>(v);
+            rope_group<W>(v, c, on, r / xrows.rpt, rope);
+        }
+        if (on) store_vec<W>(yr + c, v);
     }
 }
 
-void cuda_rmsnorm_forward(Backend *be, Buf y, float *rstd, Buf x, const float *w, int R, int C, float eps) {
+static void rmsnorm_forward_launch(Backend *be, Buf y, Buf x_copy, float *rstd, Buf x, Rows xrows, const float *w,
+                                   int R, int C, float eps, RowRope rope, bool vec) {
     if (R <= 0 || C <= 0) return;
     cudaStream_t st = cuda_state(be)->stream;
-    const bool vec = pw_vec_ok({y.p, x.p, w}, {C});
     const unsigned grid = cuda_blocks((size_t)R, RMS_WARPS);
     with_num_type(y.t, [&](auto ty) {
         using Ty = decltype(ty);
         with_num_type(x.t, [&](auto tx) {
             using Tx = decltype(tx);
-            if (vec)
-                rmsnorm_forward_kernel<Ty, Tx, PW_VEC><<<grid, RMS_WARPS * 32, 0, st>>>((Ty *)y.p, rstd,
-                                                                                        (const Tx *)x.p, w, R, C, eps);
-            else
-                rmsnorm_forward_kernel<Ty, Tx, 1><<<grid, RMS_WARPS * 32, 0, st>>>((Ty *)y.p, rstd, (const Tx *)x.p,
-                                                                                   w, R, C, eps);
+            with_vec_width(vec, [&](auto wv) {
+                constexpr int W = decltype(wv)::value;
+                if constexpr (W == PW_VEC) {
+                    if (rope.cos_t) {
+                        rmsnorm_forward_kernel<Ty, Tx, W, true><<<grid, RMS_WARPS * 32, 0, st>>>(
+                            (Ty *)y.p, (Tx *)x_copy.p, rstd, (const Tx *)x.p, xrows, w, R, C, eps, rope);
+                        return;
+                    }
+                }
+                rmsnorm_forward_kernel<Ty, Tx, W, false><<<grid, RMS_WARPS * 32, 0, st>>>(
+                    (Ty *)y.p, (Tx *)x_copy.p, rstd, (const Tx *)x.p, xrows, w, R, C, eps, rope);
+            });
         });
     });
     CUDA_LAUNCHED(be);
+}
+
+void cuda_rmsnorm_forward(Backend *be, Buf y, float *rstd, Buf x, const float *w, int R, int C, float eps) {
+    rmsnorm_forward_launch(be, y, Buf{nullptr, x.t}, rstd, x, dense_rows(C), w, R, C, eps, RowRope{},
+                           pw_vec_ok({y.p, x.p, w}, {C}));
 }
 
 // ---- backward -------------------------------------------------------------------------------
@@ -74,12 +152,27 @@ void cuda_rmsnorm_forward(Backend *be, Buf y, float *rstd, Buf x, const float *w
 __device__ __forceinline__ int dw_slot(int c) { return c ^ ((c >> 5) & 7); }
 __host__ __device__ static inline int dw_row_len(int C) { return (C + 7) / 8 * 8; }
 
-// dx = rstd*dy*w - x * (rstd^3/C * sum(dy*w*x)), as the cpu's rmsnorm_backward_row.
-// Block b handles rows [b*rpb, min((b+1)*rpb, R)). With dw_partial != NULL, dynamic shared
-// memory holds NW rows of dw_row_len(C) floats (one per warp) and partial[b, :] is written.
-template <typename Tdx, typename Tdy, typename Tx, int W>
-__global__ void rmsnorm_backward_kernel(Tdx *dx, float *dw_partial, const Tdy *dy, const Tx *x, const float *w,
-                                        const float *rstd, int R, int C, int rpb, bool accumulate) {
+// dy's W values at column c as the norm's backward reads them: with ROPE rotated back first
+// (and rounded to Tdy, as rope_backward stores them). Every lane calls it in the same round.
+template <int W, bool ROPE, typename Tdy>
+__device__ __forceinline__ void load_dy(float *a, const Tdy *dyr, int c, bool on, int token, RowRope rope) {
+#pragma unroll
+    for (int j = 0; j < W; j++) a[j] = 0.0f;
+    if (on) load_vec<W>(dyr + c, a);
+    if constexpr (ROPE) {
+        rope_group<W>(a, c, on, token, rope);
+        round_as_stored<Tdy, W>(a);
+    }
+}
+
+// dx = rstd*dy*w - x * (rstd^3/C * sum(dy*w*x)), as the cpu's rmsnorm_backward_row; dy and x
+// dense, dx's rows where dxrows says. Block b handles rows [b*rpb, min((b+1)*rpb, R)). With
+// dw_partial != NULL, dynamic shared memory holds NW rows of dw_row_len(C) floats (one per
+// warp) and partial[b, :] is written.
+template <typename Tdx, typename Tdy, typename Tx, int W, bool ROPE>
+__global__ void rmsnorm_backward_kernel(Tdx *dx, Rows dxrows, float *dw_partial, const Tdy *dy, const Tx *x,
+                                        const float *w, const float *rstd, int R, int C, int rpb, bool accumulate,
+                                        RowRope rope) {
     extern __shared__ float warp_dw[];                   // [NW][Cs] when dw_partial, column c at dw_slot(c)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5, Cs = dw_row_len(C);
     const int r0 = blockIdx.x * rpb, r1 = min(r0 + rpb, R);
@@ -90,12 +183,16 @@ __global__ void rmsnorm_backward_kernel(Tdx *dx, float *dw_partial, const Tdy *d
     for (int r = r0 + warp; r < r1; r += NW) {
         const Tdy *dyr = dy + (size_t)r * C;
         const Tx *xr = x + (size_t)r * C;
-        Tdx *dxr = dx + (size_t)r * C;
+        Tdx *dxr = dx + row_offset(dxrows, r, C);
+        const int token = r / dxrows.rpt;
         const float s = rstd[r];
         float dot = 0.0f;
-        for (int c = lane * W; c < C; c += 32 * W) {
+        for (int c0 = 0; c0 < C; c0 += 32 * W) {         // every lane every round (the rotation's shuffle)
+            const int c = c0 + lane * W;
+            const bool on = c < C;
             float a[W], b[W], g[W];
-            load_vec<W>(dyr + c, a);
+            load_dy<W, ROPE>(a, dyr, c, on, token, rope);
+            if (!on) continue;
             load_vec<W>(w + c, g);
             load_vec<W>(xr + c, b);
 #pragma unroll
@@ -103,9 +200,12 @@ __global__ void rmsnorm_backward_kernel(Tdx *dx, float *dw_partial, const Tdy *d
         }
         dot = warp_sum(dot);
         const float k = s * s * s * dot / (float)C;
-        for (int c = lane * W; c < C; c += 32 * W) {
+        for (int c0 = 0; c0 < C; c0 += 32 * W) {
+            const int c = c0 + lane * W;
+            const bool on = c < C;
             float a[W], b[W], g[W], o[W];
-            load_vec<W>(dyr + c, a);                     // before the dx store: dx may alias dy
+            load_dy<W, ROPE>(a, dyr, c, on, token, rope);   // before the dx store: dx may alias dy
+            if (!on) continue;
             load_vec<W>(w + c, g);
             load_vec<W>(xr + c, b);
             if (mine)
@@ -165,11 +265,10 @@ static int rmsnorm_rows_per_block(int R) {
     return rpb < 16 ? 16 : rpb;
 }
 
-void cuda_rmsnorm_backward(Backend *be, Buf dx, float *dw, Buf dy, Buf x, const float *w, const float *rstd, int R,
-                           int C, bool accumulate) {
+static void rmsnorm_backward_launch(Backend *be, Buf dx, Rows dxrows, float *dw, Buf dy, Buf x, const float *w,
+                                    const float *rstd, int R, int C, bool accumulate, RowRope rope, bool vec) {
     if (R <= 0 || C <= 0) return;
     cudaStream_t st = cuda_state(be)->stream;
-    const bool vec = pw_vec_ok({dx.p, dy.p, x.p, w}, {C});
     int rpb = RMS_WARPS, nw = RMS_WARPS, nb = (int)cuda_blocks((size_t)R, RMS_WARPS);
     size_t smem = 0;
     float *partial = nullptr;
@@ -190,11 +289,17 @@ void cuda_rmsnorm_backward(Backend *be, Buf dx, float *dw, Buf dy, Buf x, const 
             using Tdy = decltype(tdy);
             with_num_type(x.t, [&](auto tx) {
                 using Tx = decltype(tx);
-                auto kernel = vec ? rmsnorm_backward_kernel<Tdx, Tdy, Tx, PW_VEC> : rmsnorm_backward_kernel<Tdx, Tdy, Tx, 1>;
-                if (smem > 48 * 1024)   // C > 12288: opt in to more shared memory (fails if the GPU has too little)
-                    CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-                kernel<<<nb, nw * 32, smem, st>>>((Tdx *)dx.p, partial, (const Tdy *)dy.p, (const Tx *)x.p, w, rstd, R,
-                                                  C, rpb, accumulate);
+                with_vec_width(vec, [&](auto wv) {
+                    constexpr int W = decltype(wv)::value;
+                    auto kernel = rmsnorm_backward_kernel<Tdx, Tdy, Tx, W, false>;
+                    if constexpr (W == PW_VEC)
+                        if (rope.cos_t) kernel = rmsnorm_backward_kernel<Tdx, Tdy, Tx, W, true>;
+                    if (smem > 48 * 1024)   // C > 12288: opt in to more shared memory (fails if the GPU has too little)
+                        CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                            (int)smem));
+                    kernel<<<nb, nw * 32, smem, st>>>((Tdx *)dx.p, dxrows, partial, (const Tdy *)dy.p,
+                                                      (const Tx *)x.p, w, rstd, R, C, rpb, accumulate, rope);
+                });
             });
         });
     });
@@ -203,4 +308,43 @@ void cuda_rmsnorm_backward(Backend *be, Buf dx, float *dw, Buf dy, Buf x, const 
         column_sum_add_kernel<<<cuda_blocks((size_t)C, 32), dim3(32, COLSUM_SEGS), 0, st>>>(dw, partial, nb, C);
         CUDA_LAUNCHED(be);
     }
+}
+
+void cuda_rmsnorm_backward(Backend *be, Buf dx, float *dw, Buf dy, Buf x, const float *w, const float *rstd, int R,
+                           int C, bool accumulate) {
+    rmsnorm_backward_launch(be, dx, dense_rows(C), dw, dy, x, w, rstd, R, C, accumulate, RowRope{},
+                            pw_vec_ok({dx.p, dy.p, x.p, w}, {C}));
+}
+
+// ---- QK-norm with RoPE --------------------------------------------------------------------------
+// The fused kernels where rope_foldable(hd), the buffers are 16-byte aligned and the strides
+// multiples of 8, and the types allow the same roundings; the separate ops otherwise.
+void cuda_qk_norm_rope_forward(Backend *be, Buf y, Buf x_copy, float *rstd, Buf x, int ldx, const float *w,
+                               const float *cos_t, const float *sin_t, int B, int T, int nh, int hd, bool per_head,
+                               float eps) {
+    const int N = B * T, width = nh * hd, R = per_head ? N * nh : N, C = per_head ? hd : width;
+    if (N <= 0 || nh <= 0 || hd < 2) return;
+    if (!rope_foldable(hd) || x_copy.t != x.t || !pw_vec_ok({y.p, x_copy.p, x.p, w, cos_t, sin_t}, {ldx, width})) {
+        cuda_copy_2d(be, x_copy, width, x, ldx, N, width);
+        cuda_rmsnorm_forward(be, y, rstd, x_copy, w, R, C, eps);
+        cuda_rope_forward(be, y, cos_t, sin_t, B, T, nh, hd);
+        return;
+    }
+    rmsnorm_forward_launch(be, y, x_copy, rstd, x, Rows{per_head ? nh : 1, ldx}, w, R, C, eps,
+                           RowRope{cos_t, sin_t, T, hd, 1.0f}, true);
+}
+
+void cuda_qk_norm_rope_backward(Backend *be, Buf dx, int lddx, float *dw, Buf dy, Buf x, const float *w,
+                                const float *rstd, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd,
+                                bool per_head) {
+    const int N = B * T, width = nh * hd, R = per_head ? N * nh : N, C = per_head ? hd : width;
+    if (N <= 0 || nh <= 0 || hd < 2) return;
+    if (!rope_foldable(hd) || dx.t != dy.t || !pw_vec_ok({dx.p, dy.p, x.p, w, cos_t, sin_t}, {lddx, width})) {
+        cuda_rope_backward(be, dy, cos_t, sin_t, B, T, nh, hd);
+        cuda_rmsnorm_backward(be, dy, dw, dy, x, w, rstd, R, C, false);
+        cuda_copy_2d(be, dx, lddx, dy, width, N, width);
+        return;
+    }
+    rmsnorm_backward_launch(be, dx, Rows{per_head ? nh : 1, lddx}, dw, dy, x, w, rstd, R, C, false,
+                            RowRope{cos_t, sin_t, T, hd, -1.0f}, true);
 }

@@ -50,8 +50,8 @@ __global__ void rope_apply_kernel(Tv *x, const float *cos_t, const float *sin_t,
 #pragma unroll
         for (int j = 0; j < W; j++) {
             float si = sign * s[j];
-            o1[j] = x1[j] * c[j] - x2[j] * si;
-            o2[j] = x2[j] * c[j] + x1[j] * si;
+            o1[j] = rope_rotate(x1[j], x2[j], c[j], si, true);
+            o2[j] = rope_rotate(x2[j], x1[j], c[j], si, false);
         }
         store_vec<W>(v + i, o1);
         store_vec<W>(v + i + half, o2);
