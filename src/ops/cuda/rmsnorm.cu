@@ -23,6 +23,8 @@
 // row run every lane in every round for that shuffle. Each step rounds where the separate ops
 // store (the normalised row, the rotated gradient), so the bits are those of copy_2d, rmsnorm
 // and rope run one after another, which is also the fallback where the fusion does not apply.
+#include <type_traits>
+
 #include "ops/cuda/cuda_pointwise.h"
 #include "ops/cuda/pointwise_common.cuh"
 
@@ -125,7 +127,7 @@ static void rmsnorm_forward_launch(Backend *be, Buf y, Buf x_copy, float *rstd, 
             using Tx = decltype(tx);
             with_vec_width(vec, [&](auto wv) {
                 constexpr int W = decltype(wv)::value;
-                if constexpr (W == PW_VEC) {
+                if constexpr (W == PW_VEC && std::is_same_v<Ty, Tx>) {   // the fused cases (fewer to compile)
                     if (rope.cos_t) {
                         rmsnorm_forward_kernel<Ty, Tx, W, true><<<grid, RMS_WARPS * 32, 0, st>>>(
                             (Ty *)y.p, (Tx *)x_copy.p, rstd, (const Tx *)x.p, xrows, w, R, C, eps, rope);
@@ -292,7 +294,7 @@ static void rmsnorm_backward_launch(Backend *be, Buf dx, Rows dxrows, float *dw,
                 with_vec_width(vec, [&](auto wv) {
                     constexpr int W = decltype(wv)::value;
                     auto kernel = rmsnorm_backward_kernel<Tdx, Tdy, Tx, W, false>;
-                    if constexpr (W == PW_VEC)
+                    if constexpr (W == PW_VEC && std::is_same_v<Tdx, Tdy> && std::is_same_v<Tdy, Tx>)
                         if (rope.cos_t) kernel = rmsnorm_backward_kernel<Tdx, Tdy, Tx, W, true>;
                     if (smem > 48 * 1024)   // C > 12288: opt in to more shared memory (fails if the GPU has too little)
                         CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -318,13 +320,15 @@ void cuda_rmsnorm_backward(Backend *be, Buf dx, float *dw, Buf dy, Buf x, const 
 
 // ---- QK-norm with RoPE --------------------------------------------------------------------------
 // The fused kernels where rope_foldable(hd), the buffers are 16-byte aligned and the strides
-// multiples of 8, and the types allow the same roundings; the separate ops otherwise.
+// multiples of 8, and every buffer has one type (the model's: the compute type); the separate
+// ops otherwise.
 void cuda_qk_norm_rope_forward(Backend *be, Buf y, Buf x_copy, float *rstd, Buf x, int ldx, const float *w,
                                const float *cos_t, const float *sin_t, int B, int T, int nh, int hd, bool per_head,
                                float eps) {
     const int N = B * T, width = nh * hd, R = per_head ? N * nh : N, C = per_head ? hd : width;
     if (N <= 0 || nh <= 0 || hd < 2) return;
-    if (!rope_foldable(hd) || x_copy.t != x.t || !pw_vec_ok({y.p, x_copy.p, x.p, w, cos_t, sin_t}, {ldx, width})) {
+    if (!rope_foldable(hd) || x_copy.t != x.t || y.t != x.t ||
+        !pw_vec_ok({y.p, x_copy.p, x.p, w, cos_t, sin_t}, {ldx, width})) {
         cuda_copy_2d(be, x_copy, width, x, ldx, N, width);
         cuda_rmsnorm_forward(be, y, rstd, x_copy, w, R, C, eps);
         cuda_rope_forward(be, y, cos_t, sin_t, B, T, nh, hd);
@@ -339,7 +343,8 @@ void cuda_qk_norm_rope_backward(Backend *be, Buf dx, int lddx, float *dw, Buf dy
                                 bool per_head) {
     const int N = B * T, width = nh * hd, R = per_head ? N * nh : N, C = per_head ? hd : width;
     if (N <= 0 || nh <= 0 || hd < 2) return;
-    if (!rope_foldable(hd) || dx.t != dy.t || !pw_vec_ok({dx.p, dy.p, x.p, w, cos_t, sin_t}, {lddx, width})) {
+    if (!rope_foldable(hd) || dx.t != dy.t || dy.t != x.t ||
+        !pw_vec_ok({dx.p, dy.p, x.p, w, cos_t, sin_t}, {lddx, width})) {
         cuda_rope_backward(be, dy, cos_t, sin_t, B, T, nh, hd);
         cuda_rmsnorm_backward(be, dy, dw, dy, x, w, rstd, R, C, false);
         cuda_copy_2d(be, dx, lddx, dy, width, N, width);
