@@ -472,6 +472,9 @@ static void test_qk_norm_rope(void **state) {
     check_qk_norm_rope(NUM_F32, 2, 4, 2, 48, false, 3 * 96, 96, 0);         // hd 48: the separate ops
     check_qk_norm_rope(NUM_BF16, 2, 8, 4, 64, false, 3 * 256 + 3, 256, 0);  // ld odd: the separate ops
     check_qk_norm_rope(NUM_BF16, 2, 8, 4, 64, false, 3 * 256, 1, 0);        // x one element off: the separate ops
+    setenv("SPES_CUDA_QK_NORM_ROPE", "separate", 1);                         // the switch: the separate ops
+    check_qk_norm_rope(NUM_BF16, 2, 33, 4, 64, false, 3 * 256, 256, 0);
+    unsetenv("SPES_CUDA_QK_NORM_ROPE");
 }
 
 // ---- router ------------------------------------------------------------------------------------

@@ -23,6 +23,9 @@
 // row run every lane in every round for that shuffle. Each step rounds where the separate ops
 // store (the normalised row, the rotated gradient), so the bits are those of copy_2d, rmsnorm
 // and rope run one after another, which is also the fallback where the fusion does not apply.
+#include <stdlib.h>
+#include <string.h>
+
 #include <type_traits>
 
 #include "ops/cuda/cuda_pointwise.h"
@@ -321,13 +324,18 @@ void cuda_rmsnorm_backward(Backend *be, Buf dx, float *dw, Buf dy, Buf x, const 
 // ---- QK-norm with RoPE --------------------------------------------------------------------------
 // The fused kernels where rope_foldable(hd), the buffers are 16-byte aligned and the strides
 // multiples of 8, and every buffer has one type (the model's: the compute type); the separate
-// ops otherwise.
+// ops otherwise, or when SPES_CUDA_QK_NORM_ROPE=separate (the same bits; for measuring the
+// fusion against them in one run: bench/run_gpu.sh's BENCH_GPU_VARIANT).
+static bool qk_norm_rope_fused(int hd) {
+    const char *v = getenv("SPES_CUDA_QK_NORM_ROPE");
+    return rope_foldable(hd) && !(v && strcmp(v, "separate") == 0);
+}
 void cuda_qk_norm_rope_forward(Backend *be, Buf y, Buf x_copy, float *rstd, Buf x, int ldx, const float *w,
                                const float *cos_t, const float *sin_t, int B, int T, int nh, int hd, bool per_head,
                                float eps) {
     const int N = B * T, width = nh * hd, R = per_head ? N * nh : N, C = per_head ? hd : width;
     if (N <= 0 || nh <= 0 || hd < 2) return;
-    if (!rope_foldable(hd) || x_copy.t != x.t || y.t != x.t ||
+    if (!qk_norm_rope_fused(hd) || x_copy.t != x.t || y.t != x.t ||
         !pw_vec_ok({y.p, x_copy.p, x.p, w, cos_t, sin_t}, {ldx, width})) {
         cuda_copy_2d(be, x_copy, width, x, ldx, N, width);
         cuda_rmsnorm_forward(be, y, rstd, x_copy, w, R, C, eps);
@@ -343,7 +351,7 @@ void cuda_qk_norm_rope_backward(Backend *be, Buf dx, int lddx, float *dw, Buf dy
                                 bool per_head) {
     const int N = B * T, width = nh * hd, R = per_head ? N * nh : N, C = per_head ? hd : width;
     if (N <= 0 || nh <= 0 || hd < 2) return;
-    if (!rope_foldable(hd) || dx.t != dy.t || dy.t != x.t ||
+    if (!qk_norm_rope_fused(hd) || dx.t != dy.t || dy.t != x.t ||
         !pw_vec_ok({dx.p, dy.p, x.p, w, cos_t, sin_t}, {lddx, width})) {
         cuda_rope_backward(be, dy, cos_t, sin_t, B, T, nh, hd);
         cuda_rmsnorm_backward(be, dy, dw, dy, x, w, rstd, R, C, false);
