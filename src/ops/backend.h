@@ -101,6 +101,16 @@ typedef struct {
     float grad_scale;
 } AdamWScalars;
 
+// ---- QK-norm rows ----------------------------------------------------------------------------
+// The RMSNorm rows of qk_norm_rope_forward/backward over B*T tokens of nh heads of hd values:
+// a row of nh*hd per token, or (per_head) a row of hd per head.
+typedef struct {
+    int rows, width;
+} QkNormRows;
+static inline QkNormRows qk_norm_rows(int B, int T, int nh, int hd, bool per_head) {
+    return per_head ? (QkNormRows){B * T * nh, hd} : (QkNormRows){B * T, nh * hd};
+}
+
 // ---- the table ---------------------------------------------------------------------------
 typedef struct {
     // memory

@@ -122,16 +122,18 @@ static void cpu_qk_norm_rope_forward(Backend *be, Buf y, Buf x_copy, float *rstd
                                      const float *c, const float *s, int B, int T, int nh, int hd, bool per_head,
                                      float eps) {
     const int N = B * T, width = nh * hd;
+    const QkNormRows r = qk_norm_rows(B, T, nh, hd, per_head);
     op_copy_2d(f32(x_copy), width, f32(x), ldx, N, width);
-    op_rmsnorm_forward(f32(y), rstd, f32(x_copy), w, per_head ? N * nh : N, per_head ? hd : width, eps);
+    op_rmsnorm_forward(f32(y), rstd, f32(x_copy), w, r.rows, r.width, eps);
     op_rope_forward(f32(y), c, s, B, T, nh, hd);
 }
 static void cpu_qk_norm_rope_backward(Backend *be, Buf dx, int lddx, float *dw, Buf dy, Buf x, const float *w,
                                       const float *rstd, const float *c, const float *s, int B, int T, int nh, int hd,
                                       bool per_head) {
     const int N = B * T, width = nh * hd;
+    const QkNormRows r = qk_norm_rows(B, T, nh, hd, per_head);
     op_rope_backward(f32(dy), c, s, B, T, nh, hd);
-    op_rmsnorm_backward(f32(dy), dw, f32(dy), f32(x), w, rstd, per_head ? N * nh : N, per_head ? hd : width, false);
+    op_rmsnorm_backward(f32(dy), dw, f32(dy), f32(x), w, rstd, r.rows, r.width, false);
     op_copy_2d(f32(dx), lddx, f32(dy), width, N, width);
 }
 static void cpu_attention_forward(Backend *be, Buf out, float *lse, Buf q, Buf k, Buf v, int B, int Tq, int Tk,

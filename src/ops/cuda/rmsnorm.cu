@@ -333,31 +333,33 @@ static bool qk_norm_rope_fused(int hd) {
 void cuda_qk_norm_rope_forward(Backend *be, Buf y, Buf x_copy, float *rstd, Buf x, int ldx, const float *w,
                                const float *cos_t, const float *sin_t, int B, int T, int nh, int hd, bool per_head,
                                float eps) {
-    const int N = B * T, width = nh * hd, R = per_head ? N * nh : N, C = per_head ? hd : width;
+    const int N = B * T, width = nh * hd;
+    const QkNormRows q = qk_norm_rows(B, T, nh, hd, per_head);
     if (N <= 0 || nh <= 0 || hd < 2) return;
     if (!qk_norm_rope_fused(hd) || x_copy.t != x.t || y.t != x.t ||
         !pw_vec_ok({y.p, x_copy.p, x.p, w, cos_t, sin_t}, {ldx, width})) {
         cuda_copy_2d(be, x_copy, width, x, ldx, N, width);
-        cuda_rmsnorm_forward(be, y, rstd, x_copy, w, R, C, eps);
+        cuda_rmsnorm_forward(be, y, rstd, x_copy, w, q.rows, q.width, eps);
         cuda_rope_forward(be, y, cos_t, sin_t, B, T, nh, hd);
         return;
     }
-    rmsnorm_forward_launch(be, y, x_copy, rstd, x, Rows{per_head ? nh : 1, ldx}, w, R, C, eps,
+    rmsnorm_forward_launch(be, y, x_copy, rstd, x, Rows{per_head ? nh : 1, ldx}, w, q.rows, q.width, eps,
                            RowRope{cos_t, sin_t, T, hd, 1.0f}, true);
 }
 
 void cuda_qk_norm_rope_backward(Backend *be, Buf dx, int lddx, float *dw, Buf dy, Buf x, const float *w,
                                 const float *rstd, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd,
                                 bool per_head) {
-    const int N = B * T, width = nh * hd, R = per_head ? N * nh : N, C = per_head ? hd : width;
+    const int N = B * T, width = nh * hd;
+    const QkNormRows q = qk_norm_rows(B, T, nh, hd, per_head);
     if (N <= 0 || nh <= 0 || hd < 2) return;
     if (!qk_norm_rope_fused(hd) || dx.t != dy.t || dy.t != x.t ||
         !pw_vec_ok({dx.p, dy.p, x.p, w, cos_t, sin_t}, {lddx, width})) {
         cuda_rope_backward(be, dy, cos_t, sin_t, B, T, nh, hd);
-        cuda_rmsnorm_backward(be, dy, dw, dy, x, w, rstd, R, C, false);
+        cuda_rmsnorm_backward(be, dy, dw, dy, x, w, rstd, q.rows, q.width, false);
         cuda_copy_2d(be, dx, lddx, dy, width, N, width);
         return;
     }
-    rmsnorm_backward_launch(be, dx, Rows{per_head ? nh : 1, lddx}, dw, dy, x, w, rstd, R, C, false,
+    rmsnorm_backward_launch(be, dx, Rows{per_head ? nh : 1, lddx}, dw, dy, x, w, rstd, q.rows, q.width, false,
                             RowRope{cos_t, sin_t, T, hd, -1.0f}, true);
 }
