@@ -13,19 +13,23 @@
 //   compute = (compute type) p          (round to nearest even)
 //
 // Work split: tensor i gets ceil(n_i / ADAMW_CHUNK) blocks; a block finds its tensor by
-// binary search over the blocks' prefix (first_block) in a device array of descriptors,
-// uploaded per call into scratch (the per-tensor decay_mul follows the lr schedule). A tensor
+// binary search over the blocks' prefix (first_block) in the launch's descriptors, which
+// travel by value in the kernel parameters, ADAMW_BATCH tensors a launch (the per-tensor
+// decay_mul follows the lr schedule). No upload: a copy from pageable host memory may wait
+// for the stream, which would hold the host while AdamW runs under the next forward on the
+// aux queue (overlap_step.h) instead of letting it queue that forward. A tensor
 // whose buffers are all 16-byte aligned is read and written PW_VEC elements a thread with
 // 16-byte accesses (the scalar loop ran at ~3.5 TB/s on an H200), the last n % PW_VEC one at a
 // time; the arithmetic per element is the same either way.
 #include "ops/cuda/pointwise_common.cuh"
 
-#include <vector>
+#include <string.h>
 
 #include "ops/cuda/cuda_ops.h"
 
 #define ADAMW_THREADS 256
 #define ADAMW_CHUNK (ADAMW_THREADS * PW_VEC)
+#define ADAMW_BATCH 48   // descriptors a launch: 48 x 64 bytes and the scalars fit the 4 KB of parameters
 
 struct AdamWDesc {
     float *p;
@@ -38,6 +42,12 @@ struct AdamWDesc {
     int c_type;             // NumType of c
     int vec;                // p, g, m, v (and c) 16-byte aligned: PW_VEC elements a thread
 };
+
+struct AdamWBatch {        // one launch's tensors, passed by value
+    AdamWDesc d[ADAMW_BATCH];
+    int count;
+};
+static_assert(sizeof(AdamWBatch) + sizeof(AdamWScalars) <= 4096, "AdamW's kernel parameters exceed 4 KB");
 
 // One element's update, in the order the header gives.
 __device__ __forceinline__ void adamw_element(float &p, float &m, float &v, float g_raw, float decay_mul,
@@ -80,16 +90,16 @@ __device__ __forceinline__ void store_compute_vec(void *c, NumType t, size_t i, 
     }
 }
 
-__global__ void adamw_kernel(const AdamWDesc *__restrict__ desc, int count, AdamWScalars s) {
+__global__ void adamw_kernel(const AdamWBatch batch, AdamWScalars s) {
     size_t b = blockIdx.x;
     // last tensor whose first_block <= b (tensors with n == 0 were left out on the host)
-    int lo = 0, hi = count - 1;
+    int lo = 0, hi = batch.count - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (desc[mid].first_block <= b) lo = mid;
+        if (batch.d[mid].first_block <= b) lo = mid;
         else hi = mid - 1;
     }
-    const AdamWDesc d = desc[lo];
+    const AdamWDesc d = batch.d[lo];
     size_t start = (b - d.first_block) * ADAMW_CHUNK, end = start + ADAMW_CHUNK;
     if (end > d.n) end = d.n;
     size_t vec_end = start;   // [start, vec_end): PW_VEC elements a thread
@@ -119,13 +129,30 @@ __global__ void adamw_kernel(const AdamWDesc *__restrict__ desc, int count, Adam
     }
 }
 
+// Launches the batch's tensors (blocks: their ceil(n / ADAMW_CHUNK) summed) and empties it.
+static void adamw_launch(Backend *be, AdamWBatch *batch, size_t blocks, const AdamWScalars *s) {
+    if (batch->count == 0) return;
+    adamw_kernel<<<(unsigned)blocks, ADAMW_THREADS, 0, cuda_state(be)->stream>>>(*batch, *s);
+    CUDA_LAUNCHED(be);
+    batch->count = 0;
+}
+
 extern "C" void cuda_adamw(Backend *be, const AdamWTensor *t, int count, const AdamWScalars *s) {
-    std::vector<AdamWDesc> desc;
-    desc.reserve(count > 0 ? (size_t)count : 0);
-    size_t blocks = 0;
+    AdamWBatch batch;
+    memset(&batch, 0, sizeof batch);
+    size_t blocks = 0;   // the batch's so far
     for (int i = 0; i < count; i++) {
         if (t[i].n == 0) continue;
-        AdamWDesc d;
+        const size_t tensor_blocks = (t[i].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
+        if (batch.count == ADAMW_BATCH || blocks + tensor_blocks > 0x7fffffffu) {
+            adamw_launch(be, &batch, blocks, s);
+            blocks = 0;
+        }
+        if (tensor_blocks > 0x7fffffffu) {
+            cuda_record_failure(be, "cuda_adamw", "a tensor too large for one launch", __FILE__, __LINE__);
+            return;
+        }
+        AdamWDesc &d = batch.d[batch.count++];
         d.p = t[i].p;
         d.g = t[i].g;
         d.m = t[i].m;
@@ -136,20 +163,7 @@ extern "C" void cuda_adamw(Backend *be, const AdamWTensor *t, int count, const A
         d.first_block = blocks;
         d.decay_mul = t[i].decay_mul;
         d.vec = cuda_aligned16(d.p) && cuda_aligned16(d.g) && cuda_aligned16(d.m) && cuda_aligned16(d.v) && cuda_aligned16(d.c);
-        blocks += (t[i].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
-        desc.push_back(d);
+        blocks += tensor_blocks;
     }
-    if (desc.empty()) return;
-    if (blocks > 0x7fffffffu) {
-        cuda_record_failure(be, "cuda_adamw", "too many elements for one launch", __FILE__, __LINE__);
-        return;
-    }
-    size_t bytes = desc.size() * sizeof(AdamWDesc);
-    AdamWDesc *dev = (AdamWDesc *)cuda_scratch_slot(be, CUDA_SCRATCH_ADAMW, bytes);   // its own: may run on the aux queue
-    if (!dev) return;
-    cudaStream_t stream = cuda_state(be)->stream;
-    // Pageable source: the driver stages it before returning, so `desc` may die after this.
-    CUDA_CHECK(be, cudaMemcpyAsync(dev, desc.data(), bytes, cudaMemcpyHostToDevice, stream));
-    adamw_kernel<<<(unsigned)blocks, ADAMW_THREADS, 0, stream>>>(dev, (int)desc.size(), *s);
-    CUDA_LAUNCHED(be);
+    adamw_launch(be, &batch, blocks, s);
 }

@@ -25,7 +25,6 @@ enum {
     CUDA_SCRATCH_EXPERTS,       // experts.cu: grouped-GEMM pointer arrays, converted operands
     CUDA_SCRATCH_REDUCE,        // reduce.cu: per-block double partials
     CUDA_SCRATCH_CUDNN,         // cudnn_attention.cu: cuDNN's workspace (+ the backward's softmax_sum)
-    CUDA_SCRATCH_ADAMW,         // adamw.cu: the tensors' descriptors (AdamW may run on the aux queue)
     CUDA_SCRATCH_SLOTS
 };
 typedef struct {
