@@ -33,9 +33,10 @@
 // --profile-step: only the all-trainable run, in this process (no child), and after its timed
 // steps one more full step between cudaProfilerStart and cudaProfilerStop, for a profiler
 // started with profiling off (scripts/gpu_check.sh profile: ncu, one line per kernel of it).
-// --overlap-adamw: after the timed steps, as many again with each step's AdamW on the backend's
-// aux queue under the next step's forward (src/train/overlap_step.h), timed from a synced start
-// to a synced end: "AdamW under the next forward" lines and ours_tok_s_overlap=.
+// --overlap-adamw: after the timed steps, as many again back to back without the syncs between
+// a step's parts, then as many with each step's AdamW on the backend's aux queue under the next
+// step's forward (src/train/overlap_step.h), both timed from a synced start to a synced end:
+// "AdamW under the next forward" lines (the two and their ratio) and ours_tok_s_overlap=.
 // (--device cpu with --preset tiny exercises the code path on a machine without a GPU.)
 //
 // Exit status: 0 measured (out-of-memory of a variant is reported as such, values NA),
@@ -95,6 +96,7 @@ typedef struct {
     size_t peak_bytes;          // backend peak since open
     double mean_s, best_s, fb_s, clip_s, adam_s, loss, grad_norm, flops;
     double overlap_s;           // --overlap-adamw: mean step with AdamW under the next forward (0: not run)
+    double plain_b2b_s;         // --overlap-adamw: mean plain step timed as those (back to back, no inner syncs)
     double phase[MODEL_PHASE_COUNT];
     double phase_flops[MODEL_PHASE_COUNT];   // GEMM FLOPs of the phases that are mostly GEMMs, else 0
 } Result;
@@ -239,20 +241,38 @@ static int profiled_train_step(Model *m, AdamW *opt, const int32_t *inputs, cons
     return rc;
 }
 
-// The same steps with AdamW on the aux queue under the next forward (src/train/overlap_step.h):
-// one step to warm up, then `steps` timed from a synced start to a synced end (the last update
-// included). Mean seconds a step.
-static int overlapped_steps(Model *m, AdamW *opt, const int32_t *inputs, const int32_t *targets, int B, int T,
-                            const LossWeights *w, int steps, double *mean_s) {
+// The plain step without train_step's syncs between its parts: the global norm's read-back is
+// its only wait.
+static int plain_step(Model *m, AdamW *opt, const int32_t *inputs, const int32_t *targets, int B, int T,
+                      const LossWeights *w, LossValues *v) {
+    model_zero_grad(m);
+    SPES_TRY(model_forward_backward(m, inputs, targets, B, T, w, 1.0f, v, NULL));
+    double norm = grad_global_norm(m->be, m->grads, m->table.trainable_numel);
+    if (!isfinite(norm)) return backend_sync(m->be) != SPES_OK ? SPES_ERR : spes_fail("the gradient norm is %g", norm);
+    return adamw_step(opt, &m->table, m->dparams, m->grads, grad_clip_coef(norm, 1.0), (Buf){m->cparams, m->be->compute},
+                      5e-4);
+}
+
+// `steps` steps back to back after one untimed, timed from a synced start to a synced end (the
+// last update included): the plain step (plain_step) or, with `overlap`, each step's AdamW on
+// the aux queue under the next forward (src/train/overlap_step.h). Timed alike, so their ratio
+// is the overlap's alone. Mean seconds a step.
+static int back_to_back_steps(Model *m, AdamW *opt, const int32_t *inputs, const int32_t *targets, int B, int T,
+                              const LossWeights *w, int steps, bool overlap, double *mean_s) {
     OverlapStep os;
-    LossValues v;
-    double norm;
-    SPES_TRY(overlap_step_begin(&os, m, opt));
-    int rc = overlap_step(&os, inputs, targets, B, T, w, 5e-4, 1.0, &v, &norm);
-    if (rc == SPES_OK) rc = backend_sync(m->be);
-    double t0 = now_seconds();
-    for (int s = 0; s < steps && rc == SPES_OK; s++) rc = overlap_step(&os, inputs, targets, B, T, w, 5e-4, 1.0, &v, &norm);
-    int end = overlap_step_end(&os);   // waits for the last update
+    LossValues v = {0};
+    double norm, t0 = 0.0;
+    if (overlap) SPES_TRY(overlap_step_begin(&os, m, opt));
+    int rc = SPES_OK;
+    for (int s = -1; s < steps && rc == SPES_OK; s++) {
+        if (s == 0) {
+            if ((rc = backend_sync(m->be)) != SPES_OK) break;
+            t0 = now_seconds();
+        }
+        rc = overlap ? overlap_step(&os, inputs, targets, B, T, w, 5e-4, 1.0, &v, &norm)
+                     : plain_step(m, opt, inputs, targets, B, T, w, &v);
+    }
+    int end = overlap ? overlap_step_end(&os) : backend_sync(m->be);   // waits for the last update
     *mean_s = (now_seconds() - t0) / steps;
     if (rc == SPES_OK && !isfinite(v.total)) rc = spes_fail("the loss is %g", v.total);
     return rc != SPES_OK ? rc : end;
@@ -328,8 +348,12 @@ static void run_train(const Opts *o, int experts_per_peer, Result *r) {
     }
     stage = "profiled step";
     if (o->profile_step && profiled_train_step(&m, &opt, inputs, targets, B, T, &w, compute) != SPES_OK) goto fail;
+    stage = "back-to-back plain steps";
+    if (o->overlap_adamw &&
+        back_to_back_steps(&m, &opt, inputs, targets, B, T, &w, o->steps, false, &r->plain_b2b_s) != SPES_OK)
+        goto fail;
     stage = "overlapped steps";
-    if (o->overlap_adamw && overlapped_steps(&m, &opt, inputs, targets, B, T, &w, o->steps, &r->overlap_s) != SPES_OK)
+    if (o->overlap_adamw && back_to_back_steps(&m, &opt, inputs, targets, B, T, &w, o->steps, true, &r->overlap_s) != SPES_OK)
         goto fail;
     be->ops->memory(be, &in_use, &peak);
     r->peak_bytes = peak;
@@ -484,8 +508,10 @@ static void print_train(const char *name, const Result *r, const Opts *o, double
     printf("%s: synced split per step: forward+backward %.1f ms, clip %.1f ms, AdamW %.1f ms\n", name, 1e3 * r->fb_s,
            1e3 * r->clip_s, 1e3 * r->adam_s);
     if (r->overlap_s > 0)
-        printf("%s: AdamW under the next forward (--overlap-adamw): mean %.1f ms a step, %.0f tok/s, %.3fx the plain "
-               "step's\n", name, 1e3 * r->overlap_s, (double)r->B * r->T / r->overlap_s, r->mean_s / r->overlap_s);
+        printf("%s: AdamW under the next forward (--overlap-adamw): mean %.1f ms a step, %.0f tok/s; the plain step "
+               "timed alike (back to back, no syncs inside) %.1f ms: %.3fx\n",
+               name, 1e3 * r->overlap_s, (double)r->B * r->T / r->overlap_s, 1e3 * r->plain_b2b_s,
+               r->plain_b2b_s / r->overlap_s);
     if (r->peak_bytes > 0) {
         double pred = predicted_bytes(r);
         printf("%s: memory peak %.2f GB; predicted %.2f GB = master %.2f + compute copy %.2f + grads %.2f + "

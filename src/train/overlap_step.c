@@ -26,6 +26,10 @@ static int after_update(void *ctx, int part) {
 int overlap_step_begin(OverlapStep *o, Model *m, AdamW *opt) {
     if (m->hooks) return spes_fail("overlap_step: the model's hooks are taken (data parallelism or sharding)");
     if (opt->offload) return spes_fail("overlap_step: the optimizer is offloaded to the host");
+    // Each part's gradients are zeroed behind its update: the optimizer must update all of them.
+    if (opt->be != m->be || opt->lo != 0 || opt->hi != m->table.trainable_numel)
+        return spes_fail("overlap_step: the optimizer must hold the whole gradient on the model's backend "
+                         "(it holds %zu..%zu of %zu)", opt->lo, opt->hi, m->table.trainable_numel);
     if (m->cfg.n_layers + 2 > BACKEND_AUX_POINTS)
         return spes_fail("overlap_step: %d layers; the backend's queue points serve at most %d", m->cfg.n_layers,
                          BACKEND_AUX_POINTS - 2);
@@ -40,8 +44,12 @@ int overlap_step(OverlapStep *o, const int32_t *inputs, const int32_t *targets, 
     Model *m = o->m;
     Backend *be = m->be;
     SPES_TRY(model_forward_backward(m, inputs, targets, B, T, weights, 1.0f, loss, NULL));
-    *grad_norm = grad_global_norm(be, m->grads, m->table.trainable_numel);   // reads back: the backward is done
-    if (isnan(*grad_norm)) SPES_TRY(backend_sync(be));                       // a failed backend says why
+    double sumsq;   // read back: the backward is done (a failed backend says why here)
+    SPES_TRY(grad_sum_of_squares(be, m->grads, m->table.trainable_numel, &sumsq));
+    *grad_norm = sqrt(sumsq);
+    // A non-finite norm would make every weight NaN (the clip factor is NaN): no update, as the trainer.
+    if (!isfinite(*grad_norm))
+        return spes_fail("overlap_step: the gradient norm is %g (loss %g): no update made", *grad_norm, loss->total);
     const Buf compute = {m->cparams, be->compute};
     be->ops->aux_begin(be);
     int rc = adamw_step_parts(o->opt, &m->table, m->cfg.n_layers, m->dparams, m->grads,

@@ -28,13 +28,17 @@ typedef struct {
     ModelHooks hooks;                // the model's while the steps run
 } OverlapStep;
 
-// Zeroes the gradients once and takes the model's hooks. SPES_ERR when the model already has
-// hooks or the optimizer is offloaded.
+// Zeroes the gradients once and takes the model's hooks (which point into *o: it stays where it
+// is until overlap_step_end). SPES_ERR when the model already has hooks, the optimizer is
+// offloaded, or it holds less than the whole gradient or another backend's state.
 int overlap_step_begin(OverlapStep *o, Model *m, AdamW *opt);
 // One step on one micro-batch: forward+backward (waiting for the previous update part by
 // part), the global gradient norm read back into *grad_norm, then AdamW at lr on the gradient
 // clipped to max_norm (<= 0: not clipped), queued on the aux queue. Returns with that update
-// possibly still running; *loss as model_forward_backward's.
+// possibly still running: before the host reads or writes the parameters, the optimizer state
+// or the gradients (a checkpoint, an eval, a reload), overlap_step_end or backend_sync. *loss
+// as model_forward_backward's. SPES_ERR, with no update queued, when the gradient norm is not
+// finite.
 int overlap_step(OverlapStep *o, const int32_t *inputs, const int32_t *targets, int B, int T,
                  const LossWeights *weights, double lr, double max_norm, LossValues *loss, double *grad_norm);
 // Waits for the last update and takes the hooks off the model.

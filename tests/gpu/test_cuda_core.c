@@ -827,11 +827,18 @@ static void test_model_created_frozen(void **state) {
 
 // ---- AdamW on the aux queue under the next forward (src/train/overlap_step.h) -------------------
 // Two queues really overlap here: bit-identical to the plain step, or an update raced the
-// forward that reads its part (a missing wait). bench-small, so each part's update is long
-// enough to overlap the forward of the parts before it.
+// forward that reads its part (a missing wait). The aux queue is held 20 ms at its start and
+// after each part (SPES_CUDA_AUX_DELAY_US), far longer than a layer's forward of bench-small,
+// so a missing wait reads the old weights for certain: the control skips layer 1's wait and
+// must see other bits.
 static void test_overlap_step(void **state) {
     (void)state;
-    overlap_step_matches_plain(cuda_test_backend(PRECISION_AMP_BF16), "bench-small", 4, 256);
+    Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
+    overlap_step_vs_plain(be, "bench-small", 4, 256, -1);
+    setenv("SPES_CUDA_AUX_DELAY_US", "20000", 1);
+    overlap_step_vs_plain(be, "bench-small", 4, 256, -1);
+    overlap_step_vs_plain(be, "bench-small", 4, 256, 2);   // part 2: layer 1
+    unsetenv("SPES_CUDA_AUX_DELAY_US");
 }
 
 // ---- device selection (runs with or without a GPU) ---------------------------------------------

@@ -5,6 +5,8 @@
 // a GPU, where the two queues really overlap.
 #include "overlap_step_check.h"
 
+#include <math.h>
+
 
 typedef struct {
     int seen[64], count, fail_at;
@@ -60,7 +62,7 @@ static void test_parts_in_order_same_bits(void **state) {
 
 static void test_overlapped_steps_same_bits(void **state) {
     (void)state;
-    overlap_step_matches_plain(backend_cpu(), "tiny", 2, 16);
+    overlap_step_vs_plain(backend_cpu(), "tiny", 2, 16, -1);
 }
 
 static int other_hook(void *ctx, ModelHookEvent e, int part) {
@@ -88,6 +90,42 @@ static void test_refusals(void **state) {
                                       (Buf){NULL, NUM_F32}, 1e-3, NULL, NULL),
                      SPES_ERR);
     r.opt.offload = false;
+    // A shard of the state (ZeRO): the zeroing behind each part would clear gradients no update read.
+    r.opt.hi = r.opt.hi - 1;
+    assert_int_equal(overlap_step_begin(&o, &r.m, &r.opt), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "whole gradient"));
+    r.opt.hi = r.opt.hi + 1;
+    overlap_check_close(&r);
+}
+
+// A gradient norm that is not finite stops the step before any update (it would make every
+// weight NaN), as the trainer does.
+static void test_nonfinite_norm_no_update(void **state) {
+    (void)state;
+    ModelConfig cfg;
+    assert_int_equal(model_config_preset("tiny", &cfg), SPES_OK);
+    OverlapCheckRun r;
+    overlap_check_open(&r, &cfg, backend_cpu());
+    const size_t total = r.m.table.total_numel;
+    r.m.params[total - 1] = NAN;   // in lm_head (the last tensor): every logit row, the loss and the norm NaN
+    assert_int_equal(model_params_to_device(&r.m), SPES_OK);
+    float *before = malloc(total * sizeof(float));
+    memcpy(before, r.m.params, total * sizeof(float));
+    int32_t in[2 * 16], tg[2 * 16];
+    for (int i = 0; i < 2 * 16; i++) in[i] = i % cfg.vocab_size, tg[i] = (i * 7) % cfg.vocab_size;
+    const LossWeights w = {.lm_z_mult = 1e-5f};
+    OverlapStep o;
+    LossValues loss;
+    double norm;
+    assert_int_equal(overlap_step_begin(&o, &r.m, &r.opt), SPES_OK);
+    assert_int_equal(overlap_step(&o, in, tg, 2, 16, &w, 1e-3, 1.0, &loss, &norm), SPES_ERR);
+    assert_false(isfinite(norm));
+    assert_non_null(strstr(spes_last_error(), "no update made"));
+    assert_int_equal(overlap_step_end(&o), SPES_OK);
+    assert_int_equal(model_params_to_host(&r.m), SPES_OK);
+    assert_memory_equal(before, r.m.params, total * sizeof(float));
+    assert_int_equal(r.opt.step, 0);
+    free(before);
     overlap_check_close(&r);
 }
 
@@ -96,6 +134,7 @@ int main(void) {
         cmocka_unit_test(test_parts_in_order_same_bits),
         cmocka_unit_test(test_overlapped_steps_same_bits),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_nonfinite_norm_no_update),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

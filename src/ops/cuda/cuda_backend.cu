@@ -23,6 +23,9 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_pointwise.h"
 #include "ops/cuda/cudnn_attention.h"
+extern "C" {
+#include "base/env.h"
+}
 
 #ifndef SPES_CUDA_ARCHS
 #define SPES_CUDA_ARCHS "?"
@@ -167,29 +170,57 @@ void cuda_side_join(Backend *be, int count) {
 }
 
 // ---- the aux queue (BackendOps.aux_*) ---------------------------------------------------------
+// Test aid: SPES_CUDA_AUX_DELAY_US=N holds the aux queue N microseconds of GPU time at the start
+// of each section and after each marked point, so a forward that skips a wait reads the part's
+// old weights for certain, not by chance (test_cuda_core's test_overlap_step).
+__global__ void aux_delay_kernel(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
+static void aux_delay(Backend *be) {
+    const int us = env_int("SPES_CUDA_AUX_DELAY_US", 0, 0);
+    if (us <= 0) return;
+    aux_delay_kernel<<<1, 1, 0, cuda_state(be)->aux>>>(1000ull * (unsigned long long)us);
+    CUDA_LAUNCHED(be);
+}
+
 static void cuda_aux_begin(Backend *be) {
     CudaState *st = cuda_state(be);
     if (st->stream != st->main_stream) {
         cuda_record_failure(be, "aux_begin", "not on the main stream (inside a side or aux section)", __FILE__, __LINE__);
         return;
     }
+    // Stream and fork event come as a pair; the section switches to the aux stream only once it
+    // waits for the main one. Any failure leaves the work on the main stream: in order, slower.
+    cudaError_t err = cudaSuccess;
     if (!st->aux) {
-        cudaError_t err = cudaStreamCreateWithFlags(&st->aux, cudaStreamNonBlocking);
+        err = cudaStreamCreateWithFlags(&st->aux, cudaStreamNonBlocking);
         if (err == cudaSuccess) err = cudaEventCreateWithFlags(&st->aux_fork, cudaEventDisableTiming);
         if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            cuda_record_failure(be, "aux_begin", cudaGetErrorString(err), __FILE__, __LINE__);
-            return;   // stays on the main stream: in order, only slower
+            if (st->aux) (void)cudaStreamDestroy(st->aux);
+            st->aux = nullptr;
+            st->aux_fork = nullptr;
         }
     }
-    CUDA_CHECK(be, cudaEventRecord(st->aux_fork, st->main_stream));
-    CUDA_CHECK(be, cudaStreamWaitEvent(st->aux, st->aux_fork, 0));
+    if (err == cudaSuccess) err = cudaEventRecord(st->aux_fork, st->main_stream);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(st->aux, st->aux_fork, 0);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        cuda_record_failure(be, "aux_begin", cudaGetErrorString(err), __FILE__, __LINE__);
+        return;
+    }
+    aux_delay(be);
     st->stream = st->aux;
 }
 
 static void cuda_aux_end(Backend *be) {
     CudaState *st = cuda_state(be);
-    st->stream = st->main_stream;
+    if (st->aux && st->stream == st->aux) st->stream = st->main_stream;   // only the section aux_begin opened
 }
 
 static bool aux_point_ok(Backend *be, int point, const char *what) {
@@ -215,6 +246,7 @@ static void cuda_aux_mark(Backend *be, int point) {
         return;
     }
     CUDA_CHECK(be, cudaEventRecord(*ev, st->aux));
+    aux_delay(be);
 }
 
 static void cuda_aux_wait(Backend *be, int point) {
@@ -378,7 +410,8 @@ static void cuda_memory(Backend *be, size_t *in_use, size_t *peak) {
 // Releases everything the backend holds (also after a failed open: every field may be 0).
 static void cuda_release(CudaImpl *impl) {
     CudaState *st = &impl->st;
-    if (st->stream) (void)cudaStreamSynchronize(st->stream);
+    if (st->main_stream) (void)cudaStreamSynchronize(st->main_stream);
+    if (st->aux) (void)cudaStreamSynchronize(st->aux);   // before the buffers it may still write go
     if (impl->sizes) {
         for (auto &kv : *impl->sizes) (void)cudaFree(kv.first);   // buffers the caller did not free
         delete impl->sizes;
@@ -394,7 +427,6 @@ static void cuda_release(CudaImpl *impl) {
         if (st->side_workspace[i]) (void)cudaFree(st->side_workspace[i]);
     }
     if (st->fork) (void)cudaEventDestroy(st->fork);
-    if (st->aux) (void)cudaStreamSynchronize(st->aux);
     for (int i = 0; i < BACKEND_AUX_POINTS; i++)
         if (st->aux_point[i]) (void)cudaEventDestroy(st->aux_point[i]);
     if (st->aux_fork) (void)cudaEventDestroy(st->aux_fork);
