@@ -308,11 +308,13 @@ static void rmsnorm_backward_launch(Backend *be, Buf dx, Rows dxrows, float *dw,
     if (dw) {
         rpb = rmsnorm_rows_per_block(R);
         nb = (R + rpb - 1) / rpb;
-        // one shared row of dw_row_len(C) floats per warp: as many warps (<= 8) as fit in 48 KiB, at least one
-        size_t row_bytes = (size_t)dw_row_len(C) * sizeof(float);
-        nw = (int)(48 * 1024 / row_bytes);
+        // one shared row per warp: as many warps (<= 8) as rows of C floats fit in 48 KiB, at least
+        // one. nw from C itself, not from the row's dw_row_len(C) slots, so the warps (and dw's
+        // summation order) are those of the unpadded rows; the padding (< 8 floats a warp) may take
+        // smem a little over 48 KiB, which the opt-in below allows.
+        nw = (int)(48 * 1024 / ((size_t)C * sizeof(float)));
         nw = nw < 1 ? 1 : nw > RMS_WARPS ? RMS_WARPS : nw;
-        smem = (size_t)nw * row_bytes;
+        smem = (size_t)nw * dw_row_len(C) * sizeof(float);
         partial = (float *)cuda_scratch(be, (size_t)nb * C * sizeof(float));
         if (!partial) return;
     }
@@ -331,7 +333,7 @@ static void rmsnorm_backward_launch(Backend *be, Buf dx, Rows dxrows, float *dw,
                             kernel = rmsnorm_backward_kernel<Tdx, Tdy, Tx, W, true>;
                             fused = true;
                         }
-                    if (smem > 48 * 1024)   // C > 12288: opt in to more shared memory (fails if the GPU has too little)
+                    if (smem > 48 * 1024)   // C > 12288 or so: opt in to more shared memory (fails if the GPU has too little)
                         CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                             (int)smem));
                     kernel<<<nb, nw * 32, smem, st>>>((Tdx *)dx.p, dxrows, partial, (const Tdy *)dy.p,
