@@ -774,24 +774,32 @@ static void test_gather_rows(void **state) {
     check_gather(NUM_BF16, NUM_BF16, 1, 4, 4, 64);
 }
 
-// out (to) = resid + sum_j w y (ty), resid in place (out's old value) or, `apart`, another buffer
-// (out's old value must then not count); with w == NULL the uncombine (dx += sum_j dxe).
-static void check_combine(NumType to, NumType ty, int N, int E, int k, int H, bool weighted, bool apart) {
+// out (to) = resid + sum_j w y (ty), resid in place (out's old value) or in another buffer
+// (RESID_APART: out's old value must then not count, and resid must be left as it was;
+// RESID_APART_OFF: that buffer one element off alignment, the scalar path); with w == NULL the
+// uncombine (dx += sum_j dxe).
+typedef enum { RESID_IN_PLACE, RESID_APART, RESID_APART_OFF } ResidMode;
+static void check_combine(NumType to, NumType ty, int N, int E, int k, int H, bool weighted, ResidMode mode) {
     printf("%s out %s y %s N %d k %d H %d%s\n", weighted ? "moe_combine" : "moe_uncombine_add", num_type_name(to),
-           num_type_name(ty), N, k, H, apart ? ", residual apart" : "");
+           num_type_name(ty), N, k, H,
+           mode == RESID_APART ? ", residual apart" : mode == RESID_APART_OFF ? ", residual apart, misaligned" : "");
     Backend *be = backend_for(ty);
     Plan p = make_plan(N, E, k);
     size_t nk = (size_t)N * k, no = (size_t)N * H;
     float *out = gt_random(no, 101, 1.0), *y = gt_random(nk * H, 102, 1.0), *w = gt_random_uniform(nk, 103, 0.0, 1.0);
     gt_round_host(out, no, to), gt_round_host(y, nk * H, ty);
-    Buf dout = gt_upload(be, out, no, to), dy = gt_upload(be, y, nk * H, ty), dresid = dout;
-    if (apart) {   // the residual stays in its own buffer; out gets other numbers
+    Buf dout = gt_upload(be, out, no, to), dy = gt_upload(be, y, nk * H, ty), dresid = dout, resid_mem = dout;
+    if (mode != RESID_IN_PLACE) {   // the residual stays in its own buffer; out gets other numbers
         float *other = gt_random(no, 104, 1.0);
-        dout = gt_upload(be, other, no, to);
+        gt_upload_into(be, dout, other, no);
         free(other);
+        resid_mem = gt_alloc(be, no + 1, to);
+        dresid = shifted(resid_mem, mode == RESID_APART_OFF);
+        gt_upload_into(be, dresid, out, no);
     }
     float *dw = gt_upload(be, w, nk, NUM_F32).p;
     int32_t *drs = upload_ints(be, p.row_of_slot, nk);
+    float *resid = gt_copy_floats(out, no);
     if (weighted) {
         be->ops->moe_combine(be, dout, dresid, dy, dw, drs, N, k, H);
         op_moe_combine(out, out, y, w, p.row_of_slot, N, k, H);
@@ -803,19 +811,26 @@ static void check_combine(NumType to, NumType ty, int N, int E, int k, int H, bo
     float *got = gt_download(be, dout, no);
     // weighted: FMA contraction on the GPU (1e-5); unweighted: the cpu's fp32 adds in the same order (exact)
     gt_check("out", got, out, no, weighted ? stored_tol(to) : 0.0);
-    free(got), free(out), free(y), free(w), free_plan(&p);
+    if (mode != RESID_IN_PLACE) {
+        float *r = gt_download(be, dresid, no);
+        gt_check("residual unchanged", r, resid, no, 0.0);
+        free(r);
+    }
+    free(got), free(out), free(y), free(w), free(resid), free_plan(&p);
     gt_free(be, dout), gt_free(be, dy), backend_free(be, dw), backend_free(be, drs);
-    if (apart) gt_free(be, dresid);
+    if (mode != RESID_IN_PLACE) gt_free(be, resid_mem);
 }
 
 static void test_combine(void **state) {
     (void)state;
-    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, true, false);
-    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, true, true);   // the MoE block's call: x_out = x_mid + ...
-    check_combine(NUM_F32, NUM_F32, 77, 10, 3, 100, true, true);     // H % 8 != 0
-    check_combine(NUM_BF16, NUM_BF16, 20, 4, 4, 64, true, false);
-    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, false, false);
-    check_combine(NUM_F32, NUM_F32, 1, 5, 1, 33, false, false);
+    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, true, RESID_IN_PLACE);
+    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, true, RESID_APART);      // the MoE block's call: x_out = x_mid + ...
+    check_combine(NUM_F32, NUM_F32, 77, 10, 3, 100, true, RESID_APART);        // H % 8 != 0
+    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, true, RESID_APART_OFF);  // resid misaligned: the scalar path
+    check_combine(NUM_BF16, NUM_BF16, 20, 4, 4, 64, true, RESID_IN_PLACE);
+    check_combine(NUM_BF16, NUM_BF16, 20, 4, 4, 64, true, RESID_APART);        // a bf16 output, resid apart
+    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, false, RESID_IN_PLACE);
+    check_combine(NUM_F32, NUM_F32, 1, 5, 1, 33, false, RESID_IN_PLACE);
 }
 
 static void check_combine_backward(NumType tdy, NumType td, NumType ty, int N, int E, int k, int H) {
