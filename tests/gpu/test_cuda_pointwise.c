@@ -318,6 +318,7 @@ static void test_rmsnorm_backward(void **state) {
     check_rmsnorm_backward(NUM_BF16, NUM_BF16, NUM_BF16, 1000, 128, true, false, true); // QK-norm, in place
     check_rmsnorm_backward(NUM_BF16, NUM_BF16, NUM_F32, 50, 2048, false, false, false); // no dw
     check_rmsnorm_backward(NUM_F32, NUM_F32, NUM_F32, 17, 20000, true, false, false);   // C > 12288: opt-in shared memory
+    check_rmsnorm_backward(NUM_F32, NUM_F32, NUM_F32, 300, 1755, true, false, false);   // 7 warps of 1760 padded floats: opt-in
 }
 
 // ---- RoPE ------------------------------------------------------------------------------------
