@@ -318,6 +318,7 @@ static void test_rmsnorm_backward(void **state) {
     check_rmsnorm_backward(NUM_BF16, NUM_BF16, NUM_BF16, 1000, 128, true, false, true); // QK-norm, in place
     check_rmsnorm_backward(NUM_BF16, NUM_BF16, NUM_F32, 50, 2048, false, false, false); // no dw
     check_rmsnorm_backward(NUM_F32, NUM_F32, NUM_F32, 17, 20000, true, false, false);   // C > 12288: opt-in shared memory
+    check_rmsnorm_backward(NUM_F32, NUM_F32, NUM_F32, 300, 1755, true, false, false);   // 7 warps of 1760 padded floats: opt-in
 }
 
 // ---- RoPE ------------------------------------------------------------------------------------
@@ -384,49 +385,116 @@ static void test_rope(void **state) {
 
 // ---- QK-norm with RoPE ---------------------------------------------------------------------------
 // qk_norm_rope_forward/backward (fused where the rotation folds: hd 16..256 a power of two,
-// aligned rows) against the separate GPU ops on the same inputs, to the bit (y, the kept copy
-// of x, rstd; dx in its strided rows, every other column of the joined buffer untouched; dw),
-// and in fp32 against the cpu. x is read out of a joined buffer (tokens ld apart, at column
-// `col` of it); tables offset by pos0 (a KV-cache chunk). ld odd or x one element off: the
-// separate ops (the fallback), checked the same way.
-static void check_qk_norm_rope(NumType t, int B, int T, int nh, int hd, bool per_head, int ld, int col, int pos0) {
-    printf("qk_norm_rope %s B %d T %d nh %d hd %d %s ld %d col %d first position %d\n", num_type_name(t), B, T, nh,
-           hd, per_head ? "per head" : "per token", ld, col, pos0);
-    Backend *be = backend_for(t);
+// aligned rows, one type) against the separate GPU ops on the same inputs, to the bit (y, the
+// kept copy of x, rstd; dx in its strided rows, every other column of the joined buffer
+// untouched; dw), and in fp32 against the cpu. x is read out of a joined buffer (tokens ld apart,
+// at column `col` of it); tables offset by pos0 (a KV-cache chunk). Which path ran is asserted
+// through the backend's count of fused launches (cuda_qk_norm_rope_fused_calls): without it, a
+// fusion condition failing quietly would compare the separate ops with themselves. The fallback
+// cases (hd not foldable, ld odd, x one element off, mixed types, the SPES_CUDA_QK_NORM_ROPE
+// switch) must take the separate ops, checked the same way. Outputs have a poisoned guard after
+// them that must stay untouched.
+typedef struct {
+    NumType t;          // y, the kept copy of x, dy (and the joined buffer unless `mixed`)
+    int B, T, nh, hd;
+    bool per_head;
+    int ld, col, pos0;
+    bool mixed;         // the joined buffer (x, dx) fp32, the rest t: mixed types
+    bool frozen;        // dw NULL: a frozen norm (the backward's launch without dw partials)
+    bool fuses;         // the fused kernels must run, forward and backward (else the separate ops)
+} QkCase;
+
+enum { GUARD = 64 };   // elements after an output, poisoned, that must stay so
+
+// The GUARD elements after b's first n: still the poison's 0xFF bytes.
+static void check_guard(Backend *be, const char *what, Buf b, size_t n) {
+    const size_t bytes = GUARD * num_type_size(b.t);
+    unsigned char *h = gt_download_bytes(be, buf_at(b, n).p, bytes);
+    for (size_t i = 0; i < bytes; i++)
+        if (h[i] != 0xff) fail_msg("%s: written past its %zu elements (guard byte %zu)", what, n, i);
+    printf("  %-40s untouched\n", what);
+    free(h);
+}
+
+// The backend's fused qk_norm_rope launches so far (forward, backward).
+static void qk_fused_calls(Backend *be, uint64_t *fwd, uint64_t *bwd) {
+#ifdef SPES_WITH_CUDA
+    cuda_qk_norm_rope_fused_calls(be, fwd, bwd);
+#else
+    (void)be;
+    *fwd = *bwd = 0;
+#endif
+}
+
+// Fails unless the op just run took the path `fused` says: `before` is the count before it.
+static void check_path(Backend *be, const char *what, bool backward, uint64_t before, bool fused) {
+    uint64_t f, b;
+    qk_fused_calls(be, &f, &b);
+    const uint64_t ran = (backward ? b : f) - before;
+    printf("  %-40s %s\n", what, ran == 1 ? "fused kernel" : ran == 0 ? "separate ops" : "?");
+    if (ran != (fused ? 1u : 0u))
+        fail_msg("%s: %llu fused launches, expected %d (the %s)", what, (unsigned long long)ran, fused ? 1 : 0,
+                 fused ? "fused kernel" : "separate ops");
+}
+
+// be NULL: the test backend of c.t's precision.
+static void check_qk_norm_rope(Backend *be, QkCase c) {
+    const NumType t = c.t, tj = c.mixed ? NUM_F32 : t;
+    const int B = c.B, T = c.T, nh = c.nh, hd = c.hd, ld = c.ld, col = c.col, pos0 = c.pos0;
+    const bool per_head = c.per_head;
+    printf("qk_norm_rope %s (joined %s) B %d T %d nh %d hd %d %s ld %d col %d first position %d%s: %s\n",
+           num_type_name(t), num_type_name(tj), B, T, nh, hd, per_head ? "per head" : "per token", ld, col, pos0,
+           c.frozen ? ", frozen (no dw)" : "", c.fuses ? "fused" : "separate ops");
+    if (!be) be = backend_for(t);
     const int N = B * T, width = nh * hd, half = hd / 2, R = per_head ? N * nh : N, C = per_head ? hd : width;
     const size_t nj = (size_t)N * ld, n = (size_t)N * width, nt = (size_t)(pos0 + T) * half;
     float *joined = gt_random(nj, 71, 1.5), *w = gt_random_uniform((size_t)C, 72, 0.5, 1.5);
     float *dy = gt_random(n, 73, 1.0), *dw0 = gt_random((size_t)C, 74, 1.0);
     float *ct = malloc(nt * sizeof(float)), *st = malloc(nt * sizeof(float));
-    gt_round_host(joined, nj, t), gt_round_host(dy, n, t);
+    gt_round_host(joined, nj, tj), gt_round_host(dy, n, t);
     op_rope_tables(ct, st, pos0 + T, hd, 10000.0f);
     float *dct = gt_upload(be, ct, nt, NUM_F32).p, *dst = gt_upload(be, st, nt, NUM_F32).p;
     const float *c0 = dct + (size_t)pos0 * half, *s0 = dst + (size_t)pos0 * half;
     float *dw_ = gt_upload(be, w, (size_t)C, NUM_F32).p;
-    Buf dj = gt_upload(be, joined, nj, t), x = buf_at(dj, (size_t)col);
+    Buf dj = gt_upload(be, joined, nj, tj), x = buf_at(dj, (size_t)col);
+    uint64_t fwd0, bwd0;
+    qk_fused_calls(be, &fwd0, &bwd0);
 
-    // forward: fused (1) and separate (2)
-    Buf y1 = gt_alloc(be, n, t), y2 = gt_alloc(be, n, t), xc1 = gt_alloc(be, n, t), xc2 = gt_alloc(be, n, t);
-    float *r1 = gt_alloc(be, (size_t)R, NUM_F32).p, *r2 = gt_alloc(be, (size_t)R, NUM_F32).p;
+    // forward: the op (1) and the separate ops (2); outputs with a guard after them
+    Buf y1 = gt_alloc(be, n + GUARD, t), y2 = gt_alloc(be, n, t), xc1 = gt_alloc(be, n + GUARD, t),
+        xc2 = gt_alloc(be, n, t);
+    float *r1 = gt_alloc(be, (size_t)R + GUARD, NUM_F32).p, *r2 = gt_alloc(be, (size_t)R, NUM_F32).p;
     be->ops->qk_norm_rope_forward(be, y1, xc1, r1, x, ld, dw_, c0, s0, B, T, nh, hd, per_head, 1e-6f);
+    check_path(be, "forward ran", false, fwd0, c.fuses);
     be->ops->copy_2d(be, xc2, width, x, ld, N, width);
     be->ops->rmsnorm_forward(be, y2, r2, xc2, dw_, R, C, 1e-6f);
     be->ops->rope_forward(be, y2, c0, s0, B, T, nh, hd);
-    gt_check_same_bits(be, "y, fused = separate", y1.p, y2.p, n * num_type_size(t));
-    gt_check_same_bits(be, "x kept, fused = separate", xc1.p, xc2.p, n * num_type_size(t));
-    gt_check_same_bits(be, "rstd, fused = separate", r1, r2, (size_t)R * sizeof(float));
+    gt_check_same_bits(be, "y, op = separate ops", y1.p, y2.p, n * num_type_size(t));
+    gt_check_same_bits(be, "x kept, op = separate ops", xc1.p, xc2.p, n * num_type_size(t));
+    gt_check_same_bits(be, "rstd, op = separate ops", r1, r2, (size_t)R * sizeof(float));
+    check_guard(be, "guard after y", y1, n);
+    check_guard(be, "guard after x kept", xc1, n);
+    check_guard(be, "guard after rstd", buf_f32(r1), (size_t)R);
 
     // backward into the joined buffer (its other columns must stay as they are)
     Buf dy1 = gt_upload(be, dy, n, t), dy2 = gt_upload(be, dy, n, t);
-    Buf dj1 = gt_upload(be, joined, nj, t), dj2 = gt_upload(be, joined, nj, t);
+    Buf dj1 = gt_alloc(be, nj + GUARD, tj), dj2 = gt_upload(be, joined, nj, tj);
+    gt_upload_into(be, dj1, joined, nj);
     float *dw1 = gt_upload(be, dw0, (size_t)C, NUM_F32).p, *dw2 = gt_upload(be, dw0, (size_t)C, NUM_F32).p;
-    be->ops->qk_norm_rope_backward(be, buf_at(dj1, (size_t)col), ld, dw1, dy1, xc1, dw_, r1, c0, s0, B, T, nh, hd,
-                                   per_head);
+    be->ops->qk_norm_rope_backward(be, buf_at(dj1, (size_t)col), ld, c.frozen ? NULL : dw1, dy1, xc1, dw_, r1, c0, s0,
+                                   B, T, nh, hd, per_head);
+    check_path(be, "backward ran", true, bwd0, c.fuses);
     be->ops->rope_backward(be, dy2, c0, s0, B, T, nh, hd);
-    be->ops->rmsnorm_backward(be, dy2, dw2, dy2, xc1, dw_, r1, R, C, false);
+    be->ops->rmsnorm_backward(be, dy2, c.frozen ? NULL : dw2, dy2, xc1, dw_, r1, R, C, false);
     be->ops->copy_2d(be, buf_at(dj2, (size_t)col), ld, dy2, width, N, width);
-    gt_check_same_bits(be, "dx (joined), fused = separate", dj1.p, dj2.p, nj * num_type_size(t));
-    gt_check_same_bits(be, "dw, fused = separate", dw1, dw2, (size_t)C * sizeof(float));
+    gt_check_same_bits(be, "dx (joined), op = separate ops", dj1.p, dj2.p, nj * num_type_size(tj));
+    gt_check_same_bits(be, "dw, op = separate ops", dw1, dw2, (size_t)C * sizeof(float));
+    if (c.frozen) {   // dw1 was not passed: still dw0
+        float *g = gt_download(be, buf_f32(dw1), (size_t)C);
+        gt_check("dw untouched (frozen)", g, dw0, (size_t)C, 0.0);
+        free(g);
+    }
+    check_guard(be, "guard after the joined gradient", dj1, nj);
     float *gj = gt_download(be, dj1, nj);
     for (int r = 0; r < N; r++)
         for (int j = 0; j < ld; j++)
@@ -434,7 +502,7 @@ static void check_qk_norm_rope(NumType t, int B, int T, int nh, int hd, bool per
                 if (gj[(size_t)r * ld + j] != joined[(size_t)r * ld + j])
                     fail_msg("joined gradient: token %d column %d outside the slice was written", r, j);
 
-    if (t == NUM_F32) {   // the cpu: the same three ops each way
+    if (t == NUM_F32 && tj == NUM_F32) {   // the cpu: the same three ops each way
         float *xr = malloc(n * sizeof(float)), *ry = malloc(n * sizeof(float)), *rr = malloc((size_t)R * sizeof(float));
         float *rdy = gt_copy_floats(dy, n), *rdw = gt_copy_floats(dw0, (size_t)C);
         op_copy_2d(xr, width, joined + col, ld, N, width);
@@ -444,7 +512,7 @@ static void check_qk_norm_rope(NumType t, int B, int T, int nh, int hd, bool per
         gt_check("y against the cpu", gy, ry, n, FP32_TOL);
         op_rope_backward(rdy, ct + (size_t)pos0 * half, st + (size_t)pos0 * half, B, T, nh, hd);
         float *g_rstd = gt_download(be, buf_f32(r1), (size_t)R);   // the GPU's rstd, as the backward used
-        op_rmsnorm_backward(rdy, rdw, rdy, xr, w, g_rstd, R, C, false);
+        op_rmsnorm_backward(rdy, c.frozen ? NULL : rdw, rdy, xr, w, g_rstd, R, C, false);
         float *gdx = malloc(n * sizeof(float));
         op_copy_2d(gdx, width, gj + col, ld, N, width);
         gt_check("dx against the cpu", gdx, rdy, n, FP32_TOL);
@@ -461,20 +529,42 @@ static void check_qk_norm_rope(NumType t, int B, int T, int nh, int hd, bool per
 
 static void test_qk_norm_rope(void **state) {
     (void)state;
-    check_qk_norm_rope(NUM_BF16, 2, 256, 12, 64, false, 3 * 768, 0, 0);     // the 1B model's q
-    check_qk_norm_rope(NUM_BF16, 2, 33, 4, 64, false, 3 * 256, 256, 0);     // k, at column qd
-    check_qk_norm_rope(NUM_BF16, 1, 17, 6, 128, true, 3 * 768, 768, 0);     // per-head norm
-    check_qk_norm_rope(NUM_F32, 2, 5, 3, 32, false, 2 * 96 + 8, 96, 0);     // C 96: lanes past the row
-    check_qk_norm_rope(NUM_F32, 3, 7, 5, 16, false, 80, 0, 0);              // hd 16: pairs on lanes l ^ 1
-    check_qk_norm_rope(NUM_BF16, 1, 9, 2, 256, false, 3 * 512, 512, 0);     // hd 256: lanes l ^ 16
-    check_qk_norm_rope(NUM_F32, 2, 6, 4, 64, true, 3 * 256, 0, 0);          // per head, fp32
-    check_qk_norm_rope(NUM_BF16, 1, 1, 16, 64, false, 3 * 1024, 1024, 17);  // decode: one position, tables offset
-    check_qk_norm_rope(NUM_F32, 2, 4, 2, 48, false, 3 * 96, 96, 0);         // hd 48: the separate ops
-    check_qk_norm_rope(NUM_BF16, 2, 8, 4, 64, false, 3 * 256 + 3, 256, 0);  // ld odd: the separate ops
-    check_qk_norm_rope(NUM_BF16, 2, 8, 4, 64, false, 3 * 256, 1, 0);        // x one element off: the separate ops
-    setenv("SPES_CUDA_QK_NORM_ROPE", "separate", 1);                         // the switch: the separate ops
-    check_qk_norm_rope(NUM_BF16, 2, 33, 4, 64, false, 3 * 256, 256, 0);
+    const NumType BF = NUM_BF16, F32 = NUM_F32, F16 = NUM_F16;
+    const QkCase cases[] = {
+        {BF, 2, 256, 12, 64, false, 3 * 768, 0, 0, .fuses = true},       // the 1B model's q
+        {BF, 2, 33, 4, 64, false, 3 * 256, 256, 0, .fuses = true},       // k, at column qd
+        {BF, 1, 17, 6, 128, true, 3 * 768, 768, 0, .fuses = true},       // per-head norm
+        {BF, 2, 9, 8, 16, true, 3 * 128, 128, 0, .fuses = true},         // per head, hd 16: rows of two lanes
+        {BF, 1, 5, 4, 256, true, 3 * 1024, 0, 0, .fuses = true},         // per head, hd 256: lanes l ^ 16
+        {F32, 2, 5, 3, 32, false, 2 * 96 + 8, 96, 0, .fuses = true},     // C 96: lanes past the row
+        {F32, 3, 7, 5, 16, false, 80, 0, 0, .fuses = true},              // hd 16: pairs on lanes l ^ 1
+        {BF, 1, 9, 2, 256, false, 3 * 512, 512, 0, .fuses = true},       // hd 256: lanes l ^ 16
+        {F32, 2, 6, 4, 64, true, 3 * 256, 0, 0, .fuses = true},          // per head, fp32
+        {BF, 1, 1, 16, 64, false, 3 * 1024, 1024, 17, .fuses = true},    // decode: one position, tables offset
+        {F16, 2, 16, 8, 128, false, 3 * 1024, 1024, 0, .fuses = true},   // fp16 (the fp16 AMP model)
+        {F16, 2, 7, 4, 64, true, 3 * 256, 256, 0, .fuses = true},        // fp16, per head
+        {BF, 2, 8, 4, 64, true, 3 * 256, 256, 0, .frozen = true, .fuses = true},     // frozen norm: no dw
+        {F32, 2, 5, 6, 32, false, 3 * 192, 0, 0, .frozen = true, .fuses = true},     // frozen, fp32 (the cpu too)
+        {F32, 2, 4, 2, 48, false, 3 * 96, 96, 0, .fuses = false},        // hd 48: the separate ops
+        {BF, 2, 8, 4, 64, false, 3 * 256 + 3, 256, 0, .fuses = false},   // ld odd: the separate ops
+        {BF, 2, 8, 4, 64, false, 3 * 256, 1, 0, .fuses = false},         // x one element off: the separate ops
+        {BF, 2, 8, 4, 64, false, 3 * 256, 256, 0, .mixed = true, .fuses = false},    // fp32 joined, bf16 rest
+        {F32, 2, 4, 2, 48, false, 3 * 96, 96, 0, .frozen = true, .fuses = false},    // frozen, separate ops
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_qk_norm_rope(NULL, cases[i]);
+
+    // The switch, read when a backend opens: one opened with it takes the separate ops.
+    (void)backend_for(NUM_BF16);   // skips without a GPU
+    Backend *sep = NULL;
+    setenv("SPES_CUDA_QK_NORM_ROPE", "separate", 1);
+    int rc = backend_open("cuda", PRECISION_AMP_BF16, &sep);
     unsetenv("SPES_CUDA_QK_NORM_ROPE");
+    if (rc != SPES_OK) fail_msg("backend_open(cuda): %s", spes_last_error());
+    check_qk_norm_rope(sep, (QkCase){BF, 2, 33, 4, 64, false, 3 * 256, 256, 0, .fuses = false});
+    check_qk_norm_rope(sep, (QkCase){BF, 2, 8, 4, 64, true, 3 * 256, 256, 0, .frozen = true, .fuses = false});
+    backend_close(sep);
+    // the switch is that backend's own: the test's backend (opened without it) still fuses
+    check_qk_norm_rope(NULL, (QkCase){BF, 2, 33, 4, 64, false, 3 * 256, 256, 0, .fuses = true});
 }
 
 // ---- router ------------------------------------------------------------------------------------
@@ -685,24 +775,32 @@ static void test_gather_rows(void **state) {
     check_gather(NUM_BF16, NUM_BF16, 1, 4, 4, 64);
 }
 
-// out (to) = resid + sum_j w y (ty), resid in place (out's old value) or, `apart`, another buffer
-// (out's old value must then not count); with w == NULL the uncombine (dx += sum_j dxe).
-static void check_combine(NumType to, NumType ty, int N, int E, int k, int H, bool weighted, bool apart) {
+// out (to) = resid + sum_j w y (ty), resid in place (out's old value) or in another buffer
+// (RESID_APART: out's old value must then not count, and resid must be left as it was;
+// RESID_APART_OFF: that buffer one element off alignment, the scalar path); with w == NULL the
+// uncombine (dx += sum_j dxe).
+typedef enum { RESID_IN_PLACE, RESID_APART, RESID_APART_OFF } ResidMode;
+static void check_combine(NumType to, NumType ty, int N, int E, int k, int H, bool weighted, ResidMode mode) {
     printf("%s out %s y %s N %d k %d H %d%s\n", weighted ? "moe_combine" : "moe_uncombine_add", num_type_name(to),
-           num_type_name(ty), N, k, H, apart ? ", residual apart" : "");
+           num_type_name(ty), N, k, H,
+           mode == RESID_APART ? ", residual apart" : mode == RESID_APART_OFF ? ", residual apart, misaligned" : "");
     Backend *be = backend_for(ty);
     Plan p = make_plan(N, E, k);
     size_t nk = (size_t)N * k, no = (size_t)N * H;
     float *out = gt_random(no, 101, 1.0), *y = gt_random(nk * H, 102, 1.0), *w = gt_random_uniform(nk, 103, 0.0, 1.0);
     gt_round_host(out, no, to), gt_round_host(y, nk * H, ty);
-    Buf dout = gt_upload(be, out, no, to), dy = gt_upload(be, y, nk * H, ty), dresid = dout;
-    if (apart) {   // the residual stays in its own buffer; out gets other numbers
+    Buf dout = gt_upload(be, out, no, to), dy = gt_upload(be, y, nk * H, ty), dresid = dout, resid_mem = dout;
+    if (mode != RESID_IN_PLACE) {   // the residual stays in its own buffer; out gets other numbers
         float *other = gt_random(no, 104, 1.0);
-        dout = gt_upload(be, other, no, to);
+        gt_upload_into(be, dout, other, no);
         free(other);
+        resid_mem = gt_alloc(be, no + 1, to);
+        dresid = shifted(resid_mem, mode == RESID_APART_OFF);
+        gt_upload_into(be, dresid, out, no);
     }
     float *dw = gt_upload(be, w, nk, NUM_F32).p;
     int32_t *drs = upload_ints(be, p.row_of_slot, nk);
+    float *resid = gt_copy_floats(out, no);
     if (weighted) {
         be->ops->moe_combine(be, dout, dresid, dy, dw, drs, N, k, H);
         op_moe_combine(out, out, y, w, p.row_of_slot, N, k, H);
@@ -714,19 +812,26 @@ static void check_combine(NumType to, NumType ty, int N, int E, int k, int H, bo
     float *got = gt_download(be, dout, no);
     // weighted: FMA contraction on the GPU (1e-5); unweighted: the cpu's fp32 adds in the same order (exact)
     gt_check("out", got, out, no, weighted ? stored_tol(to) : 0.0);
-    free(got), free(out), free(y), free(w), free_plan(&p);
+    if (mode != RESID_IN_PLACE) {
+        float *r = gt_download(be, dresid, no);
+        gt_check("residual unchanged", r, resid, no, 0.0);
+        free(r);
+    }
+    free(got), free(out), free(y), free(w), free(resid), free_plan(&p);
     gt_free(be, dout), gt_free(be, dy), backend_free(be, dw), backend_free(be, drs);
-    if (apart) gt_free(be, dresid);
+    if (mode != RESID_IN_PLACE) gt_free(be, resid_mem);
 }
 
 static void test_combine(void **state) {
     (void)state;
-    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, true, false);
-    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, true, true);   // the MoE block's call: x_out = x_mid + ...
-    check_combine(NUM_F32, NUM_F32, 77, 10, 3, 100, true, true);     // H % 8 != 0
-    check_combine(NUM_BF16, NUM_BF16, 20, 4, 4, 64, true, false);
-    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, false, false);
-    check_combine(NUM_F32, NUM_F32, 1, 5, 1, 33, false, false);
+    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, true, RESID_IN_PLACE);
+    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, true, RESID_APART);      // the MoE block's call: x_out = x_mid + ...
+    check_combine(NUM_F32, NUM_F32, 77, 10, 3, 100, true, RESID_APART);        // H % 8 != 0
+    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, true, RESID_APART_OFF);  // resid misaligned: the scalar path
+    check_combine(NUM_BF16, NUM_BF16, 20, 4, 4, 64, true, RESID_IN_PLACE);
+    check_combine(NUM_BF16, NUM_BF16, 20, 4, 4, 64, true, RESID_APART);        // a bf16 output, resid apart
+    check_combine(NUM_F32, NUM_BF16, 300, 64, 8, 256, false, RESID_IN_PLACE);
+    check_combine(NUM_F32, NUM_F32, 1, 5, 1, 33, false, RESID_IN_PLACE);
 }
 
 static void check_combine_backward(NumType tdy, NumType td, NumType ty, int N, int E, int k, int H) {
@@ -949,6 +1054,8 @@ static void test_rowwise_speed(void **state) {
     speed_run(be, &s, SP_ROUTER_FWD);   // probs and lse for the router's backward
     for (int op = 0; op < SP_OPS; op++) {
         double t = 0;
+        uint64_t fused0[2], fused1[2];
+        qk_fused_calls(be, &fused0[0], &fused0[1]);
         for (int pass = 0; pass < 2; pass++) {   // pass 0 warms up
             gt_sync_ok(be);
             double t0 = now_seconds();
@@ -958,6 +1065,13 @@ static void test_rowwise_speed(void **state) {
         }
         printf("  N=%d H=%d %-42s %.4f ms (%.0f GB/s of %.1f MB)\n", SP_N, SP_H, speed_ops[op].name, 1e3 * t,
                speed_ops[op].bytes / t * 1e-9, speed_ops[op].bytes * 1e-6);
+        // the qk_norm_rope rows time the fused kernels, never the separate ops under their name
+        qk_fused_calls(be, &fused1[0], &fused1[1]);
+        const int fwd = op == SP_QKNORM_ROPE_FWD, bwd = op == SP_QKNORM_ROPE_BWD;
+        if (fused1[0] - fused0[0] != (uint64_t)(2 * ITERS * fwd) || fused1[1] - fused0[1] != (uint64_t)(2 * ITERS * bwd))
+            fail_msg("%s: %llu fused forward and %llu fused backward launches in %d calls", speed_ops[op].name,
+                     (unsigned long long)(fused1[0] - fused0[0]), (unsigned long long)(fused1[1] - fused0[1]),
+                     2 * ITERS);
     }
     free(x), free(tab), free(wk), free_plan(&plan);
     Buf bufs[] = {s.resid, s.resid2, s.dresid, s.act, s.act2, s.dact, s.qkv, s.xe, s.y, s.dxe};
@@ -969,6 +1083,9 @@ static void test_rowwise_speed(void **state) {
 }
 
 int main(void) {
+    // Each test picks the QK-norm path itself (test_qk_norm_rope opens a backend with the switch):
+    // the backends shared by the tests open without it, whatever the caller's environment.
+    unsetenv("SPES_CUDA_QK_NORM_ROPE");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_entries),  cmocka_unit_test(test_add_inplace),
         cmocka_unit_test(test_copy_2d),        cmocka_unit_test(test_embedding),

@@ -530,7 +530,7 @@ extern "C" int cuda_backend_open(int device, Precision precision, Backend **out)
     CudaState *st = NULL;
     cudaDeviceProp prop;
     double gib = 0.0;
-    const char *debug = NULL;
+    const char *debug = NULL, *qk = NULL;
 
     OPEN_CHECK(cudaSetDevice(device), "selecting the GPU");
     OPEN_CHECK(cudaGetDeviceProperties(&prop, device), "reading the GPU's properties");
@@ -552,6 +552,8 @@ extern "C" int cuda_backend_open(int device, Precision precision, Backend **out)
     st->num_sms = prop.multiProcessorCount;
     debug = getenv("SPES_CUDA_DEBUG_SYNC");
     st->debug_sync = debug && debug[0] && strcmp(debug, "0") != 0;
+    qk = getenv("SPES_CUDA_QK_NORM_ROPE");   // read once, here (rmsnorm.cu)
+    st->qk_norm_rope_separate = qk && strcmp(qk, "separate") == 0;
 
     if (const char *why = cuda_blas_load()) {
         spes_fail("cuda:%d: %s", device, why);

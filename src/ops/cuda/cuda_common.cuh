@@ -55,6 +55,11 @@ typedef struct {
     CudaGemmCache *gemm_cache;  // owned by gemm.cu (cuda_gemm_cache_free at close)
     CudaCudnn *cudnn;           // owned by cudnn_attention.cu (cuda_cudnn_free at close); NULL until used
     int debug_sync;             // SPES_CUDA_DEBUG_SYNC=1: sync after every launch (finds the faulting op)
+    // rmsnorm.cu's QK-norm with RoPE: SPES_CUDA_QK_NORM_ROPE=separate at open (the separate ops
+    // always), and the fused launches so far [forward, backward] (cuda_qk_norm_rope_fused_calls;
+    // plain counters: a backend's ops are queued by one host thread at a time).
+    int qk_norm_rope_separate;
+    uint64_t qk_norm_rope_fused[2];
     // Side streams, created on first use, each with its own cuBLASLt workspace (two GEMMs in
     // flight must not share one); `stream` and `workspace` point at one of them between
     // cuda_side_select and the next select / join, at the main ones otherwise.

@@ -41,6 +41,11 @@ void cuda_qk_norm_rope_forward(Backend *be, Buf y, Buf x_copy, float *rstd, Buf 
 void cuda_qk_norm_rope_backward(Backend *be, Buf dx, int lddx, float *dw, Buf dy, Buf x, const float *w,
                                 const float *rstd, const float *cos_t, const float *sin_t, int B, int T, int nh, int hd,
                                 bool per_head);
+// How many of this backend's qk_norm_rope_forward / _backward calls ran the fused kernels (the
+// others took the separate ops: a shape or layout the fusion does not take, or the backend was
+// opened with SPES_CUDA_QK_NORM_ROPE=separate), so tests and benches can assert which path ran.
+// Either pointer may be NULL.
+void cuda_qk_norm_rope_fused_calls(Backend *be, uint64_t *forward, uint64_t *backward);
 
 // router.cu
 void cuda_router_forward(Backend *be, float *probs, float *lse, int32_t *topk_idx, float *topk_w,

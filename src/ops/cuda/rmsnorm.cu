@@ -23,8 +23,7 @@
 // row run every lane in every round for that shuffle. Each step rounds where the separate ops
 // store (the normalised row, the rotated gradient), so the bits are those of copy_2d, rmsnorm
 // and rope run one after another, which is also the fallback where the fusion does not apply.
-#include <stdlib.h>
-#include <string.h>
+#include <stdio.h>
 
 #include <type_traits>
 
@@ -46,13 +45,20 @@ __device__ __forceinline__ size_t row_offset(Rows l, int r, int C) {
 // RoPE folded into a row pass: head vectors of hd along the row, the row's token at position
 // token % T, tables [T, hd/2], sign +1 rotating (forward) or -1 (the transpose). cos_t NULL:
 // none. Needs W = PW_VEC and hd/8 groups a head dividing 32 (rope_foldable): then the group a
-// half-head from lane l's is lane (l ^ hd/16)'s in the same round.
+// half-head from lane l's is lane (l ^ hd/16)'s in the same round. hd at most 32 groups of 8
+// (ROPE_FOLD_MAX_HD = 256): hd 512 would give the lane mask 32, outside a warp, and
+// __shfl_xor_sync would return the lane's own values (a wrong rotation, no error); the launchers
+// check rope_foldable before running a ROPE kernel and record a failure otherwise.
 struct RowRope {
     const float *cos_t, *sin_t;
     int T, hd;
     float sign;
 };
-static bool rope_foldable(int hd) { return hd == 16 || hd == 32 || hd == 64 || hd == 128 || hd == 256; }
+#define ROPE_FOLD_MAX_HD (32 * PW_VEC)
+static_assert(ROPE_FOLD_MAX_HD / 16 < 32, "the pairing lane mask hd/16 must stay inside a warp");
+static bool rope_foldable(int hd) {
+    return hd >= 2 * PW_VEC && hd <= ROPE_FOLD_MAX_HD && (hd & (hd - 1)) == 0;   // 16, 32, 64, 128, 256
+}
 
 // Rotates the W values v of the group at column c (every lane of the warp calls it in the same
 // round; `on` false: no group of the row here, the lane only serves the shuffle).
@@ -60,8 +66,9 @@ template <int W>
 __device__ __forceinline__ void rope_group(float *v, int c, bool on, int token, RowRope rp) {
     static_assert(W == PW_VEC, "the folded rotation pairs 8-element groups");
     float other[W];
+    const int mask = rp.hd / 16;   // < 32: hd <= ROPE_FOLD_MAX_HD, checked by the launchers (rope_fold_checked)
 #pragma unroll
-    for (int j = 0; j < W; j++) other[j] = __shfl_xor_sync(0xffffffffu, v[j], rp.hd / 16);
+    for (int j = 0; j < W; j++) other[j] = __shfl_xor_sync(0xffffffffu, v[j], mask);
     if (!on) return;
     const int half = rp.hd / 2, i = c % rp.hd;
     const bool first = i < half;
@@ -78,6 +85,22 @@ template <typename T, int W> __device__ __forceinline__ void round_as_stored(flo
 #pragma unroll
     for (int j = 0; j < W; j++) v[j] = to_f(from_f<T>(v[j]));
 }
+
+// Host, before a launch: with a rotation (rope.cos_t set), whether the ROPE kernel can run (the
+// vector width, one element type, rope_foldable(hd)); if not, a failure is recorded, so a
+// rotation is never dropped silently (the qk_norm_rope entry points choose the separate ops
+// before that could happen). Without a rotation: true.
+static bool rope_fold_checked(Backend *be, const char *what, const RowRope &rope, bool vec, bool same_types) {
+    if (!rope.cos_t || (vec && same_types && rope_foldable(rope.hd))) return true;
+    char detail[160];
+    snprintf(detail, sizeof detail, "the folded RoPE cannot run here (hd %d, %s, %s); the separate ops must be used",
+             rope.hd, vec ? "vector width 8" : "no vector access", same_types ? "one type" : "mixed types");
+    cuda_record_failure(be, what, detail, __FILE__, __LINE__);
+    return false;
+}
+
+// Fused QK-norm + RoPE launches on this backend (forward, backward): cuda_qk_norm_rope_fused_calls.
+static void count_fused(Backend *be, int backward) { cuda_state(be)->qk_norm_rope_fused[backward]++; }
 
 // ---- forward --------------------------------------------------------------------------------
 // y (dense) = x * rstd * w, x's rows where xrows says; x_copy (dense, or NULL) gets x as read;
@@ -122,6 +145,9 @@ __global__ void rmsnorm_forward_kernel(Ty *y, Tx *x_copy, float *rstd, const Tx 
 static void rmsnorm_forward_launch(Backend *be, Buf y, Buf x_copy, float *rstd, Buf x, Rows xrows, const float *w,
                                    int R, int C, float eps, RowRope rope, bool vec) {
     if (R <= 0 || C <= 0) return;
+    if (!rope_fold_checked(be, "rmsnorm forward (QK-norm with RoPE)", rope, vec,
+                           y.t == x.t && (!x_copy.p || x_copy.t == x.t)))
+        return;
     cudaStream_t st = cuda_state(be)->stream;
     const unsigned grid = cuda_blocks((size_t)R, RMS_WARPS);
     with_num_type(y.t, [&](auto ty) {
@@ -134,9 +160,10 @@ static void rmsnorm_forward_launch(Backend *be, Buf y, Buf x_copy, float *rstd, 
                     if (rope.cos_t) {
                         rmsnorm_forward_kernel<Ty, Tx, W, true><<<grid, RMS_WARPS * 32, 0, st>>>(
                             (Ty *)y.p, (Tx *)x_copy.p, rstd, (const Tx *)x.p, xrows, w, R, C, eps, rope);
+                        count_fused(be, 0);
                         return;
                     }
-                }
+                }   // with a rotation, rope_fold_checked has returned before any other case
                 rmsnorm_forward_kernel<Ty, Tx, W, false><<<grid, RMS_WARPS * 32, 0, st>>>(
                     (Ty *)y.p, (Tx *)x_copy.p, rstd, (const Tx *)x.p, xrows, w, R, C, eps, rope);
             });
@@ -273,6 +300,7 @@ static int rmsnorm_rows_per_block(int R) {
 static void rmsnorm_backward_launch(Backend *be, Buf dx, Rows dxrows, float *dw, Buf dy, Buf x, const float *w,
                                     const float *rstd, int R, int C, bool accumulate, RowRope rope, bool vec) {
     if (R <= 0 || C <= 0) return;
+    if (!rope_fold_checked(be, "rmsnorm backward (QK-norm with RoPE)", rope, vec, dx.t == dy.t && dy.t == x.t)) return;
     cudaStream_t st = cuda_state(be)->stream;
     int rpb = RMS_WARPS, nw = RMS_WARPS, nb = (int)cuda_blocks((size_t)R, RMS_WARPS);
     size_t smem = 0;
@@ -280,11 +308,13 @@ static void rmsnorm_backward_launch(Backend *be, Buf dx, Rows dxrows, float *dw,
     if (dw) {
         rpb = rmsnorm_rows_per_block(R);
         nb = (R + rpb - 1) / rpb;
-        // one shared row of dw_row_len(C) floats per warp: as many warps (<= 8) as fit in 48 KiB, at least one
-        size_t row_bytes = (size_t)dw_row_len(C) * sizeof(float);
-        nw = (int)(48 * 1024 / row_bytes);
+        // one shared row per warp: as many warps (<= 8) as rows of C floats fit in 48 KiB, at least
+        // one. nw from C itself, not from the row's dw_row_len(C) slots, so the warps (and dw's
+        // summation order) are those of the unpadded rows; the padding (< 8 floats a warp) may take
+        // smem a little over 48 KiB, which the opt-in below allows.
+        nw = (int)(48 * 1024 / ((size_t)C * sizeof(float)));
         nw = nw < 1 ? 1 : nw > RMS_WARPS ? RMS_WARPS : nw;
-        smem = (size_t)nw * row_bytes;
+        smem = (size_t)nw * dw_row_len(C) * sizeof(float);
         partial = (float *)cuda_scratch(be, (size_t)nb * C * sizeof(float));
         if (!partial) return;
     }
@@ -297,13 +327,18 @@ static void rmsnorm_backward_launch(Backend *be, Buf dx, Rows dxrows, float *dw,
                 with_vec_width(vec, [&](auto wv) {
                     constexpr int W = decltype(wv)::value;
                     auto kernel = rmsnorm_backward_kernel<Tdx, Tdy, Tx, W, false>;
+                    bool fused = false;   // with a rotation, rope_fold_checked has returned unless this case applies
                     if constexpr (W == PW_VEC && std::is_same_v<Tdx, Tdy> && std::is_same_v<Tdy, Tx>)
-                        if (rope.cos_t) kernel = rmsnorm_backward_kernel<Tdx, Tdy, Tx, W, true>;
-                    if (smem > 48 * 1024)   // C > 12288: opt in to more shared memory (fails if the GPU has too little)
+                        if (rope.cos_t) {
+                            kernel = rmsnorm_backward_kernel<Tdx, Tdy, Tx, W, true>;
+                            fused = true;
+                        }
+                    if (smem > 48 * 1024)   // C > 12288 or so: opt in to more shared memory (fails if the GPU has too little)
                         CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                             (int)smem));
                     kernel<<<nb, nw * 32, smem, st>>>((Tdx *)dx.p, dxrows, partial, (const Tdy *)dy.p,
                                                       (const Tx *)x.p, w, rstd, R, C, rpb, accumulate, rope);
+                    if (fused) count_fused(be, 1);
                 });
             });
         });
@@ -324,11 +359,16 @@ void cuda_rmsnorm_backward(Backend *be, Buf dx, float *dw, Buf dy, Buf x, const 
 // ---- QK-norm with RoPE --------------------------------------------------------------------------
 // The fused kernels where rope_foldable(hd), the buffers are 16-byte aligned and the strides
 // multiples of 8, and every buffer has one type (the model's: the compute type); the separate
-// ops otherwise, or when SPES_CUDA_QK_NORM_ROPE=separate (the same bits; for measuring the
-// fusion against them in one run: bench/run_gpu.sh's BENCH_GPU_VARIANT).
-static bool qk_norm_rope_fused(int hd) {
-    const char *v = getenv("SPES_CUDA_QK_NORM_ROPE");
-    return rope_foldable(hd) && !(v && strcmp(v, "separate") == 0);
+// ops otherwise, or when the backend was opened with SPES_CUDA_QK_NORM_ROPE=separate (the same
+// bits; for measuring the fusion against them in one run: bench/run_gpu.sh's BENCH_GPU_VARIANT).
+// Each fused launch is counted (cuda_qk_norm_rope_fused_calls), so a test can tell which ran.
+static bool qk_norm_rope_fused(Backend *be, int hd) {
+    return rope_foldable(hd) && !cuda_state(be)->qk_norm_rope_separate;
+}
+
+void cuda_qk_norm_rope_fused_calls(Backend *be, uint64_t *forward, uint64_t *backward) {
+    if (forward) *forward = cuda_state(be)->qk_norm_rope_fused[0];
+    if (backward) *backward = cuda_state(be)->qk_norm_rope_fused[1];
 }
 void cuda_qk_norm_rope_forward(Backend *be, Buf y, Buf x_copy, float *rstd, Buf x, int ldx, const float *w,
                                const float *cos_t, const float *sin_t, int B, int T, int nh, int hd, bool per_head,
@@ -336,7 +376,7 @@ void cuda_qk_norm_rope_forward(Backend *be, Buf y, Buf x_copy, float *rstd, Buf 
     const int N = B * T, width = nh * hd;
     const QkNormRows q = qk_norm_rows(B, T, nh, hd, per_head);
     if (N <= 0 || nh <= 0 || hd < 2) return;
-    if (!qk_norm_rope_fused(hd) || x_copy.t != x.t || y.t != x.t ||
+    if (!qk_norm_rope_fused(be, hd) || x_copy.t != x.t || y.t != x.t ||
         !pw_vec_ok({y.p, x_copy.p, x.p, w, cos_t, sin_t}, {ldx, width})) {
         cuda_copy_2d(be, x_copy, width, x, ldx, N, width);
         cuda_rmsnorm_forward(be, y, rstd, x_copy, w, q.rows, q.width, eps);
@@ -353,7 +393,7 @@ void cuda_qk_norm_rope_backward(Backend *be, Buf dx, int lddx, float *dw, Buf dy
     const int N = B * T, width = nh * hd;
     const QkNormRows q = qk_norm_rows(B, T, nh, hd, per_head);
     if (N <= 0 || nh <= 0 || hd < 2) return;
-    if (!qk_norm_rope_fused(hd) || dx.t != dy.t || dy.t != x.t ||
+    if (!qk_norm_rope_fused(be, hd) || dx.t != dy.t || dy.t != x.t ||
         !pw_vec_ok({dx.p, dy.p, x.p, w, cos_t, sin_t}, {lddx, width})) {
         cuda_rope_backward(be, dy, cos_t, sin_t, B, T, nh, hd);
         cuda_rmsnorm_backward(be, dy, dw, dy, x, w, rstd, q.rows, q.width, false);
