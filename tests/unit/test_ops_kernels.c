@@ -37,24 +37,37 @@ static double rel_err(const float *a, const float *b, size_t n) {
     return diff / mag;
 }
 
+// M = 1 takes sgemv (a decode step's shape): the same contract, beta 0 included (C not read:
+// NaN there must not reach the result; the padding after N untouched).
 static void test_gemm_matches_reference(void **state) {
     (void)state;
-    const int M = 37, N = 29, K = 53, pad = 3;
-    for (int ta = 0; ta < 2; ta++)
-        for (int tb = 0; tb < 2; tb++) {
-            int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
-            float *A = random_floats((size_t)(ta ? K : M) * lda, 1, 1.0);
-            float *Bm = random_floats((size_t)(tb ? N : K) * ldb, 2, 1.0);
-            float *C1 = random_floats((size_t)M * ldc, 3, 1.0);
-            float *C2 = malloc((size_t)M * ldc * sizeof(float));
-            memcpy(C2, C1, (size_t)M * ldc * sizeof(float));
-            op_gemm(ta, tb, M, N, K, 0.7f, A, lda, Bm, ldb, 0.5f, C1, ldc);
-            op_gemm_ref(ta, tb, M, N, K, 0.7f, A, lda, Bm, ldb, 0.5f, C2, ldc);
-            double e = rel_err(C1, C2, (size_t)M * ldc);
-            printf("gemm ta=%d tb=%d rel err %.2e\n", ta, tb, e);
-            assert_true(e < 1e-5);
-            free(A), free(Bm), free(C1), free(C2);
-        }
+    const int N = 29, K = 53, pad = 3, Ms[] = {37, 1};
+    for (int mi = 0; mi < 2; mi++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                const int M = Ms[mi];
+                int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+                float *A = random_floats((size_t)(ta ? K : M) * lda, 1, 1.0);
+                float *Bm = random_floats((size_t)(tb ? N : K) * ldb, 2, 1.0);
+                float *C1 = random_floats((size_t)M * ldc, 3, 1.0);
+                float *C2 = malloc((size_t)M * ldc * sizeof(float));
+                memcpy(C2, C1, (size_t)M * ldc * sizeof(float));
+                op_gemm(ta, tb, M, N, K, 0.7f, A, lda, Bm, ldb, 0.5f, C1, ldc);
+                op_gemm_ref(ta, tb, M, N, K, 0.7f, A, lda, Bm, ldb, 0.5f, C2, ldc);
+                double e = rel_err(C1, C2, (size_t)M * ldc);
+                for (size_t i = 0; i < (size_t)M * ldc; i++) C1[i] = (i % ldc) < (size_t)N ? NAN : -7.0f;
+                op_gemm(ta, tb, M, N, K, 0.7f, A, lda, Bm, ldb, 0.0f, C1, ldc);
+                op_gemm_ref(ta, tb, M, N, K, 0.7f, A, lda, Bm, ldb, 0.0f, C2, ldc);
+                for (int i = 0; i < M; i++)
+                    for (int j = N; j < ldc; j++) assert_true(C1[(size_t)i * ldc + j] == -7.0f);
+                for (int i = 0; i < M; i++)
+                    for (int j = N; j < ldc; j++) C1[(size_t)i * ldc + j] = C2[(size_t)i * ldc + j];
+                double e0 = rel_err(C1, C2, (size_t)M * ldc);
+                printf("gemm M=%d ta=%d tb=%d rel err %.2e, beta 0 over NaN %.2e\n", M, ta, tb, e, e0);
+                assert_true(e < 1e-5);
+                assert_true(e0 < 1e-5);
+                free(A), free(Bm), free(C1), free(C2);
+            }
 }
 
 static void check_attention(int B, int T, int nh, int nkv, int hd) {

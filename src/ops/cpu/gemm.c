@@ -1,5 +1,6 @@
 // GEMM: OpenBLAS sgemm (OpenMP build: one thread inside our parallel regions, all outside),
-// the triple loop as reference, and torch.nn.Linear-shaped helpers.
+// sgemv for a single row (M == 1: a decode step, an expert with one token), the triple loop as
+// reference, and torch.nn.Linear-shaped helpers.
 #include <cblas.h>
 
 #include "ops/cpu/cpu_ops.h"
@@ -10,6 +11,19 @@ void op_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const
     if (K <= 0) {   // empty sum: C = beta*C (sgemm would also do this, but keep beta==0 exact)
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+        return;
+    }
+    if (M == 1) {
+        // One row: y = alpha op(B)^T x + beta y. OpenBLAS's sgemm (0.3.21) packs all of B first,
+        // ~5x the time of sgemv's one pass at bench-small's shapes (a decode step's weights).
+        // x is A's row (or column, transposed); beta 0 must not read C (it may hold NaN).
+        if (beta == 0.0f)
+            for (int j = 0; j < N; j++) C[j] = 0.0f;
+        const int incx = trans_a ? lda : 1;
+        if (trans_b)   // B is [N, K]
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, alpha, B, ldb, A, incx, beta, C, 1);
+        else           // B is [K, N]
+            cblas_sgemv(CblasRowMajor, CblasTrans, K, N, alpha, B, ldb, A, incx, beta, C, 1);
         return;
     }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
