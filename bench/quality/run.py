@@ -409,7 +409,9 @@ def main():
     ap.add_argument("--sync_steps", type=int, default=10, help="the demo's (spes demo --sync_steps)")
     ap.add_argument("--sync_ablation", default="5,25")
     ap.add_argument("--before_sync", type=int, default=25, help="sync_steps of the 'before28' row (the old demo)")
-    ap.add_argument("--threads", type=int, default=2, help="threads of the centralised run and of eval")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads of the centralised run and of eval (default: spes demo's baseline's, "
+                         "peers x max(1, cores / peers))")
     ap.add_argument("--train_docs", type=int, default=20000)
     ap.add_argument("--curve_points", type=int, default=6)
     ap.add_argument("--curve_val_tokens", type=int, default=16384)
@@ -432,6 +434,12 @@ def main():
     ap.add_argument("--outer_lr", type=float, default=0.7)
     ap.add_argument("--outer_momentum", type=float, default=0.9)
     a = ap.parse_args()
+    if a.threads <= 0:
+        # spes demo's rule (src/cli/demo.c): the baseline gets the peers' threads together. The
+        # same count, not only the same settings: OpenBLAS's sgemm can change its last bits with
+        # the thread count (seen at 2 against 4 threads on an AMD EPYC), and then the demo's
+        # baseline and this one are no longer the same run.
+        a.threads = a.peers * max(1, len(os.sched_getaffinity(0)) // a.peers)
     a.sync_ablation = [int(k) for k in a.sync_ablation.split(",") if k]
     a.methods = [m for m in a.methods.split(",") if m]
     for k in [a.sync_steps, a.before_sync] + a.sync_ablation + ([a.variant_sync] if a.variant_sync else []):

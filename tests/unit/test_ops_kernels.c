@@ -278,8 +278,30 @@ static void test_kernels_independent_of_thread_count(void **state) {
     }
 }
 
+// A one-row GEMM (our product, not OpenBLAS's sgemv, whose bits follow the threads' split):
+// the same bits on 1, 2 and 3 threads, at a size that runs threaded, outputs not a multiple of
+// the block, both layouts of B.
+static void test_one_row_gemm_independent_of_thread_count(void **state) {
+    (void)state;
+    const int N = 700, K = 333;
+    float *x = random_floats(K, 40, 1.0), *Bm = random_floats((size_t)N * K, 41, 1.0);
+    float *c1 = malloc(N * sizeof(float)), *c2 = malloc(N * sizeof(float));
+    const int saved = threads_get();
+    for (int tb = 0; tb < 2; tb++)
+        for (int threads = 2; threads <= 3; threads++) {
+            threads_set(1);
+            op_gemm(false, tb, 1, N, K, 0.9f, x, K, Bm, tb ? K : N, 0.0f, c1, N);
+            threads_set(threads);
+            op_gemm(false, tb, 1, N, K, 0.9f, x, K, Bm, tb ? K : N, 0.0f, c2, N);
+            assert_memory_equal(c1, c2, N * sizeof(float));
+        }
+    threads_set(saved);
+    free(x), free(Bm), free(c1), free(c2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_one_row_gemm_independent_of_thread_count),
         cmocka_unit_test(test_gemm_matches_reference),
         cmocka_unit_test(test_attention_matches_reference),
         cmocka_unit_test(test_rmsnorm_backward_matches_reference),
