@@ -28,7 +28,7 @@
 // gemm_residual (D = alpha*AB + R): cuBLASLt reads its C and writes its D through separate
 // pointers, so R is passed as C and D as D (one layout for both) when C goes direct; every
 // other path copies R into D first and runs the in-place GEMM: the same sum in the same order.
-// K == 0: C = beta * C (beta == 0: zeros), as the cpu kernel.
+// K == 0: C = beta * R, R first copied into C when apart (beta == 0: zeros), as the cpu kernel.
 //
 // Plans (matmul descriptor, layouts, the heuristic's algorithm) are cached per shape, types
 // and pointer alignment: the heuristic query costs tens of microseconds, more than a small
