@@ -32,7 +32,9 @@
 //    expert, row, or half of gu) errs by O(1) relative and fails by far.
 //  AdamW: bit-identical p, m, v to op_adamw (same float operations in the same order, no
 //    contraction into FMA on either side), and the compute copy is exactly round(p).
-//  Reductions: double; order differs from the cpu's loop: |err| <= n 2^-52 sum|x_i|.
+//  Reductions: double; order differs from the cpu's loop: |err| <= n 2^-52 sum|x_i|; exactly
+//    the cpu's bits where every partial sum is exact (x = k/1024); the same bits wherever the
+//    buffer starts (aligned or not).
 //  Conversion, scale, copies: exact.
 #include <math.h>
 #include <setjmp.h>
@@ -70,11 +72,25 @@ static float *abs_copy(const float *x, size_t n) {
 
 // Runs one GEMM on the GPU, checks it against op_gemm_ref element by element (padding columns
 // must be unchanged), and returns the result (malloc'd) for determinism checks.
+// A case's row strides (each stored row's elements plus the pad) and element counts.
+typedef struct {
+    int lda, ldb, ldc;
+    size_t na, nb, nc;
+} GemmGeometry;
+
+static GemmGeometry gemm_geometry(const GemmCase *c) {
+    const int a_rows = c->ta ? c->K : c->M, a_cols = c->ta ? c->M : c->K;   // A stored [M,K], or [K,M]
+    const int b_rows = c->tb ? c->N : c->K, b_cols = c->tb ? c->K : c->N;   // B stored [K,N], or [N,K]
+    GemmGeometry g = {a_cols + c->pad, b_cols + c->pad, c->N + c->pad, 0, 0, 0};
+    g.na = (size_t)a_rows * g.lda, g.nb = (size_t)b_rows * g.ldb, g.nc = (size_t)c->M * g.ldc;
+    return g;
+}
+
 static float *check_gemm(Backend *be, const GemmCase *c, uint64_t seed) {
     const int M = c->M, N = c->N, K = c->K;
-    const int a_rows = c->ta ? K : M, a_cols = c->ta ? M : K, b_rows = c->tb ? N : K, b_cols = c->tb ? K : N;
-    const int lda = a_cols + c->pad, ldb = b_cols + c->pad, ldc = N + c->pad;
-    const size_t na = (size_t)a_rows * lda, nb = (size_t)b_rows * ldb, nc = (size_t)M * ldc;
+    const GemmGeometry geo = gemm_geometry(c);
+    const int lda = geo.lda, ldb = geo.ldb, ldc = geo.ldc;
+    const size_t na = geo.na, nb = geo.nb, nc = geo.nc;
     // the type the multiply happens in: mixed operands convert the fp32 one (backend.h)
     const NumType op = c->at == c->bt ? c->at : c->at == NUM_F32 ? c->bt : c->at;
 
@@ -197,51 +213,92 @@ static void test_gemm_deterministic(void **state) {
     }
 }
 
-// gemm_residual (D = alpha AB + R) against the in-place gemm on a copy of R, to the bit: R apart
-// (cuBLASLt's own C and D where C goes direct; a copy first on the other paths) and R == D.
-// R must come back unchanged and D's padding columns untouched.
+// gemm_residual (D = alpha AB + R) against its contract, to the bit: R copied into D and the
+// in-place gemm (beta 1) run there, at D's own address (a GEMM's plan, so its bits, may depend
+// on where its operands start). R apart (cuBLASLt's own C and D where C goes direct; a copy into
+// D first on the other paths), R and D at different alignments (one starting an element past
+// alignment), and R == D. R must come back unchanged and D's padding columns untouched.
+typedef struct {
+    size_t r_shift, d_shift;   // elements past the allocation's start (256-byte aligned)
+    const char *name;
+} ResidualPlacement;
+
+// D = alpha AB + R with R and D placed as `pl` says; checks the result against the in-place gemm
+// at D's address and R unchanged; returns D (malloc'd, nd floats, padding columns NaN).
+static float *check_gemm_residual(Backend *be, const GemmCase *c, const GemmGeometry *geo, Buf dA, Buf dB,
+                                  const float *R, const ResidualPlacement *pl) {
+    const int M = c->M, N = c->N, K = c->K, ldd = geo->ldc;
+    const size_t nd = geo->nc;
+    Buf r_base = gt_alloc(be, nd + pl->r_shift, c->ct), d_base = gt_alloc(be, nd + pl->d_shift, c->ct);
+    Buf dR = buf_at(r_base, pl->r_shift), dD = buf_at(d_base, pl->d_shift);
+    gt_upload_into(be, dR, R, nd);
+    float *r_before = gt_download(be, dR, nd);
+    be->ops->gemm_residual(be, c->ta, c->tb, M, N, K, c->alpha, dA, geo->lda, dB, geo->ldb, dR, dD, ldd);
+    float *got = gt_download(be, dD, nd), *r_after = gt_download(be, dR, nd);
+    gt_upload_into(be, dD, R, nd);   // the contract: R copied into D, then the in-place gemm there
+    be->ops->gemm(be, c->ta, c->tb, M, N, K, c->alpha, dA, geo->lda, dB, geo->ldb, 1.0f, dD, ldd);
+    float *want = gt_download(be, dD, nd);
+    for (int r = 0; r < M; r++)
+        for (int j = N; j < ldd; j++) {   // D's padding untouched (the poison), the sums compared
+            assert_true(isnan(got[(size_t)r * ldd + j]));
+            want[(size_t)r * ldd + j] = got[(size_t)r * ldd + j];
+        }
+    char what[160];
+    snprintf(what, sizeof what, "gemm_residual %c%c %dx%dx%d %s,%s->%s pad %d, %s", c->ta ? 'T' : 'N',
+             c->tb ? 'T' : 'N', M, N, K, num_type_name(c->at), num_type_name(c->bt), num_type_name(c->ct), c->pad,
+             pl->name);
+    gt_check_same_host_bits(what, got, want, nd * sizeof(float));
+    gt_check_same_host_bits("  the addend unchanged", r_after, r_before, nd * sizeof(float));
+    gt_free(be, r_base), gt_free(be, d_base);
+    free(r_before), free(r_after), free(want);
+    return got;
+}
+
 static void test_gemm_residual(void **state) {
     (void)state;
     const GemmCase cases[] = {
         {false, true, 256, 96, 128, 1.0f, 1.0f, NUM_BF16, NUM_BF16, NUM_F32, 0},   // o_proj's shape, direct
-        {false, true, 65, 33, 129, 1.0f, 1.0f, NUM_BF16, NUM_BF16, NUM_F32, 3},    // 2-byte rows: plan or repack
+        {false, true, 65, 33, 129, 1.0f, 1.0f, NUM_BF16, NUM_BF16, NUM_F32, 2},   // ld 131: 2-byte rows: plan or repack
         {true, false, 37, 29, 53, 0.5f, 1.0f, NUM_F32, NUM_F32, NUM_F32, 1},
         {false, true, 37, 29, 53, 1.0f, 1.0f, NUM_BF16, NUM_BF16, NUM_BF16, 0},    // bf16 D: through fp32
         {false, true, 37, 29, 53, 1.0f, 1.0f, NUM_F32, NUM_BF16, NUM_F32, 0},      // mixed operands
         {false, true, 9, 11, 0, 1.0f, 1.0f, NUM_BF16, NUM_BF16, NUM_F32, 2},       // K = 0: D = R
+        // few rows, long K: split-K's shapes, where a reduction out of place could differ
+        {false, true, 1, 64, 8192, 1.0f, 1.0f, NUM_BF16, NUM_BF16, NUM_F32, 0},
+        {false, true, 8, 96, 8192, 1.0f, 1.0f, NUM_BF16, NUM_BF16, NUM_F32, 0},
+        {false, true, 1, 64, 8192, 1.0f, 1.0f, NUM_F32, NUM_F32, NUM_F32, 0},
+        {false, true, 8, 96, 8192, 1.0f, 1.0f, NUM_F32, NUM_F32, NUM_F32, 0},
+    };
+    const ResidualPlacement placements[] = {
+        {0, 0, "apart"},
+        {1, 0, "apart, R one element past alignment"},
+        {0, 1, "apart, D one element past alignment"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const GemmCase *c = &cases[i];
         Backend *be = cuda_test_backend(c->at == NUM_F32 && c->bt == NUM_F32 ? PRECISION_FP32 : PRECISION_AMP_BF16);
-        const int M = c->M, N = c->N, K = c->K;
-        const int a_rows = c->ta ? K : M, a_cols = c->ta ? M : K, b_rows = c->tb ? N : K, b_cols = c->tb ? K : N;
-        const int lda = a_cols + c->pad, ldb = b_cols + c->pad, ldd = N + c->pad;
-        const size_t na = (size_t)a_rows * lda, nb = (size_t)b_rows * ldb, nd = (size_t)M * ldd;
-        float *A = gt_random(na ? na : 1, 1300 + i, 1.0), *B = gt_random(nb ? nb : 1, 1400 + i, 1.0);
+        const GemmGeometry geo = gemm_geometry(c);
+        const size_t nd = geo.nc;
+        float *A = gt_random(geo.na, 1300 + i, 1.0), *B = gt_random(geo.nb, 1400 + i, 1.0);
         float *R = gt_random(nd, 1500 + i, 1.0);
-        Buf dA = gt_upload(be, A, na, c->at), dB = gt_upload(be, B, nb, c->bt);
-        Buf dR = gt_upload(be, R, nd, c->ct), dC = gt_upload(be, R, nd, c->ct), dD = gt_alloc(be, nd, c->ct);
-        float *r_before = gt_download(be, dR, nd);
-        be->ops->gemm(be, c->ta, c->tb, M, N, K, c->alpha, dA, lda, dB, ldb, 1.0f, dC, ldd);
-        be->ops->gemm_residual(be, c->ta, c->tb, M, N, K, c->alpha, dA, lda, dB, ldb, dR, dD, ldd);
-        float *want = gt_download(be, dC, nd), *got = gt_download(be, dD, nd), *r_after = gt_download(be, dR, nd);
-        char what[120];
-        snprintf(what, sizeof what, "gemm_residual %dx%dx%d %s->%s pad %d, apart", M, N, K, num_type_name(c->at),
-                 num_type_name(c->ct), c->pad);
-        float *want_apart = gt_copy_floats(want, nd);
-        for (int r = 0; r < M; r++)
-            for (int j = N; j < ldd; j++) {   // D's padding untouched (the poison), the sums compared
-                assert_true(isnan(got[(size_t)r * ldd + j]));
-                want_apart[(size_t)r * ldd + j] = got[(size_t)r * ldd + j];
-            }
-        gt_check_same_host_bits(what, got, want_apart, nd * sizeof(float));
-        gt_check_same_host_bits("  the addend unchanged", r_after, r_before, nd * sizeof(float));
-        be->ops->gemm_residual(be, c->ta, c->tb, M, N, K, c->alpha, dA, lda, dB, ldb, dR, dR, ldd);   // in place
+        gt_round_host(R, nd, c->ct);   // what D's type holds
+        Buf dA = gt_upload(be, A, geo.na, c->at), dB = gt_upload(be, B, geo.nb, c->bt);
+        float *apart = NULL;
+        for (size_t p = 0; p < sizeof placements / sizeof placements[0]; p++) {
+            float *got = check_gemm_residual(be, c, &geo, dA, dB, R, &placements[p]);
+            if (p == 0) apart = got;
+            else free(got);
+        }
+        // in place (R == D, both aligned): the in-place gemm itself, so the bits of "apart" too
+        Buf dR = gt_upload(be, R, nd, c->ct);
+        be->ops->gemm_residual(be, c->ta, c->tb, c->M, c->N, c->K, c->alpha, dA, geo.lda, dB, geo.ldb, dR, dR,
+                               geo.ldc);
         float *in_place = gt_download(be, dR, nd);
-        gt_check_same_host_bits("  in place", in_place, want, nd * sizeof(float));
-        free(want_apart);
-        gt_free(be, dA), gt_free(be, dB), gt_free(be, dR), gt_free(be, dC), gt_free(be, dD);
-        free(A), free(B), free(R), free(r_before), free(want), free(got), free(r_after), free(in_place);
+        for (int r = 0; r < c->M; r++)
+            for (int j = c->N; j < geo.ldc; j++) in_place[(size_t)r * geo.ldc + j] = apart[(size_t)r * geo.ldc + j];
+        gt_check_same_host_bits("  in place", in_place, apart, nd * sizeof(float));
+        gt_free(be, dA), gt_free(be, dB), gt_free(be, dR);
+        free(A), free(B), free(R), free(apart), free(in_place);
     }
 }
 
@@ -581,15 +638,23 @@ static void test_lm_head_speed(void **state) {
 static void test_adamw(void **state) {
     (void)state;
     Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
-    // Tensors with their own (aligned) buffers run the 16-byte path and its scalar tail; the last
-    // one's master weights start one float past alignment: the scalar path throughout.
-    enum { T = 8 };
-    const size_t n[T] = {1, 2048, 2049, 5000, 0, 300, 70001, 4100};
-    const NumType ctype[T] = {NUM_BF16, NUM_BF16, NUM_F16, NUM_BF16, NUM_BF16, NUM_F32, NUM_BF16, NUM_BF16};
-    const bool has_copy[T] = {true, false, true, true, true, true, true, true};
-    const float decay[T] = {1.0f - 1e-4f, 1.0f, 1.0f - 1e-4f, 1.0f, 1.0f, 1.0f - 3e-5f, 1.0f - 1e-4f, 1.0f - 1e-4f};
+    // Tensors with their own (aligned) buffers run the 16-byte path and its scalar tail; the
+    // others have one buffer placed past alignment, which takes the tensor down the scalar path
+    // throughout: master weights one float past, m two floats past (8 bytes), or only the bf16
+    // compute copy four elements past (8 bytes) with p, g, m, v aligned.
+    enum { T = 10 };
+    const size_t n[T] = {1, 2048, 2049, 5000, 0, 300, 70001, 4100, 4099, 3000};
+    const NumType ctype[T] = {NUM_BF16, NUM_BF16, NUM_F16, NUM_BF16, NUM_BF16,
+                              NUM_F32,  NUM_BF16, NUM_BF16, NUM_BF16, NUM_BF16};
+    const bool has_copy[T] = {true, false, true, true, true, true, true, true, true, true};
+    const float decay[T] = {1.0f - 1e-4f, 1.0f, 1.0f - 1e-4f, 1.0f, 1.0f, 1.0f - 3e-5f, 1.0f - 1e-4f, 1.0f - 1e-4f,
+                            1.0f, 1.0f - 1e-4f};
+    // elements from the start of the allocation (256-byte aligned) to the buffer
+    const size_t p_shift[T] = {0, 0, 0, 0, 0, 0, 0, 1, 0, 0}, m_shift[T] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 2};
+    const size_t c_shift[T] = {0, 0, 0, 0, 0, 0, 0, 0, 4, 0};
     float *hp[T], *hg[T], *hm[T], *hv[T];
     AdamWTensor ht[T], dt[T];
+    void *p_base[T], *m_base[T], *c_base[T];   // what is freed
     for (int i = 0; i < T; i++) {
         size_t k = n[i];
         hp[i] = gt_random(k, 3000 + i, 0.5);
@@ -599,14 +664,15 @@ static void test_adamw(void **state) {
         for (size_t j = 0; j < k; j++) hv[i][j] = hv[i][j] * hv[i][j];   // v >= 0
         if (k > 0) hg[i][0] = 0.0f;                                      // a zero gradient
         ht[i] = (AdamWTensor){hp[i], hg[i], hm[i], hv[i], {NULL, NUM_F32}, k, decay[i]};
-        dt[i] = (AdamWTensor){gt_upload(be, hp[i], k, NUM_F32).p, gt_upload(be, hg[i], k, NUM_F32).p,
-                              gt_upload(be, hm[i], k, NUM_F32).p, gt_upload(be, hv[i], k, NUM_F32).p,
-                              has_copy[i] ? gt_alloc(be, k, ctype[i]) : (Buf){NULL, NUM_F32}, k, decay[i]};
+        Buf p = gt_alloc(be, k + p_shift[i], NUM_F32), m = gt_alloc(be, k + m_shift[i], NUM_F32);
+        Buf c = has_copy[i] ? gt_alloc(be, k + c_shift[i], ctype[i]) : (Buf){NULL, NUM_F32};
+        p_base[i] = p.p, m_base[i] = m.p, c_base[i] = c.p;
+        p = buf_at(p, p_shift[i]), m = buf_at(m, m_shift[i]), c = buf_at(c, c_shift[i]);
+        gt_upload_into(be, p, hp[i], k);
+        gt_upload_into(be, m, hm[i], k);
+        dt[i] = (AdamWTensor){p.p, gt_upload(be, hg[i], k, NUM_F32).p, m.p, gt_upload(be, hv[i], k, NUM_F32).p, c,
+                              k, decay[i]};
     }
-    float *unaligned_base = gt_alloc(be, n[T - 1] + 1, NUM_F32).p;
-    backend_free(be, dt[T - 1].p);
-    dt[T - 1].p = unaligned_base + 1;
-    gt_upload_into(be, buf_f32(dt[T - 1].p), hp[T - 1], n[T - 1]);
     for (int step = 1; step <= 3; step++) {
         const float beta1 = 0.9f, beta2 = 0.95f, lr = 4e-4f;
         float bc1 = 1.0f - powf(beta1, (float)step), bc2 = 1.0f - powf(beta2, (float)step);
@@ -638,10 +704,9 @@ static void test_adamw(void **state) {
             free(p), free(m), free(v);
         }
     }
-    dt[T - 1].p = unaligned_base;
     for (int i = 0; i < T; i++) {
-        backend_free(be, dt[i].p), backend_free(be, (void *)dt[i].g), backend_free(be, dt[i].m);
-        backend_free(be, dt[i].v), backend_free(be, dt[i].compute.p);
+        backend_free(be, p_base[i]), backend_free(be, (void *)dt[i].g), backend_free(be, m_base[i]);
+        backend_free(be, dt[i].v), backend_free(be, c_base[i]);
         free(hp[i]), free(hg[i]), free(hm[i]), free(hv[i]);
     }
 }
@@ -653,42 +718,102 @@ static void check_sum_double(const char *what, double got, double ref, double su
     if (!(fabs(got - ref) <= bound)) fail_msg("%s: got %.17g ref %.17g", what, got, ref);
 }
 
+// The three sums of x[0..n) (sum, sum of squares, the gradient norm's sum of squares).
+typedef struct {
+    double sum, squares, grad_squares;
+} Sums;
+
+static Sums cpu_sums(const float *x, size_t n) {
+    Sums s;
+    op_sum(&s.sum, x, n, false);
+    op_sum(&s.squares, x, n, true);
+    op_grad_sum_squares(&s.grad_squares, x, n);
+    return s;
+}
+
+// The device's sums of dx[0..n), each run twice for the same bits.
+static Sums device_sums(Backend *be, double *d_out, const float *dx, size_t n) {
+    Sums s;
+    for (int sq = 0; sq < 2; sq++) {
+        double got[2];
+        be->ops->sum(be, d_out, dx, n, sq);
+        be->ops->sum(be, d_out + 1, dx, n, sq);
+        double *h = gt_download_bytes(be, d_out, 2 * sizeof(double));
+        memcpy(got, h, sizeof got), free(h);
+        gt_check_same_host_bits(sq ? "sum of squares run twice" : "sum run twice", &got[0], &got[1], sizeof(double));
+        *(sq ? &s.squares : &s.sum) = got[0];
+    }
+    double got[2];
+    // read back by the op itself, from its own slot (no allocation per call)
+    assert_int_equal(be->ops->grad_sum_squares(be, dx, n, &got[0]), SPES_OK);
+    assert_int_equal(be->ops->grad_sum_squares(be, dx, n, &got[1]), SPES_OK);
+    gt_check_same_host_bits("grad_sum_squares run twice", &got[0], &got[1], sizeof(double));
+    s.grad_squares = got[0];
+    return s;
+}
+
+static void check_same_sums(const char *what, const Sums *got, const Sums *want) {
+    const double g[3] = {got->sum, got->squares, got->grad_squares};
+    const double w[3] = {want->sum, want->squares, want->grad_squares};
+    const char *names[3] = {"sum", "sum of squares", "grad_sum_squares"};
+    for (int i = 0; i < 3; i++)
+        if (memcmp(&g[i], &w[i], sizeof(double)) != 0)
+            fail_msg("%s: %s got %.17g, want the same bits as %.17g", what, names[i], g[i], w[i]);
+    printf("  %-40s the same bits (sum %.17g, of squares %.17g)\n", what, g[0], g[1]);
+}
+
 static void test_reductions(void **state) {
     (void)state;
     Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
-    // sums start at the buffer (16-byte aligned: groups of 4 floats, then the n % 4 left) or
-    // one float into it (the scalar loop)
-    const size_t sizes[] = {0, 1, 1000, (1u << 20) + 3, 5000011, 1000, 5000011};
-    const size_t shift[] = {0, 0, 0, 0, 0, 1, 1};
     double *d_out = gt_alloc_bytes(be, 2 * sizeof(double));
+    // Random data: the cpu's order differs, so within the bound; the sums of a buffer starting 1,
+    // 2 or 3 floats past 16-byte alignment (4-byte loads) have the bits of the aligned one's
+    // (16-byte loads): the same groups of 4 in the same order, whatever the loads.
+    const size_t sizes[] = {0, 1, 7, 1000, (1u << 20) + 3, 5000011};
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
-        size_t n = sizes[si];
-        float *x0 = gt_random(n + shift[si], 4000 + si, 1.0), *x = x0 + shift[si];
-        Buf dx0 = gt_upload(be, x0, n + shift[si], NUM_F32), dx = buf_at(dx0, shift[si]);
+        const size_t n = sizes[si];
+        float *x = gt_random(n, 4000 + si, 1.0);
         double sum_abs = 0.0, sum_sq = 0.0;
         for (size_t i = 0; i < n; i++) sum_abs += fabs((double)x[i]), sum_sq += (double)x[i] * x[i];
-        for (int sq = 0; sq < 2; sq++) {
-            double ref, got[2];
-            op_sum(&ref, x, n, sq);
-            be->ops->sum(be, d_out, dx.p, n, sq);
-            be->ops->sum(be, d_out + 1, dx.p, n, sq);
-            double *h = gt_download_bytes(be, d_out, 2 * sizeof(double));
-            memcpy(got, h, sizeof got), free(h);
+        const Sums ref = cpu_sums(x, n);
+        Buf base = gt_alloc(be, n + 3, NUM_F32);
+        Sums aligned = {0, 0, 0};
+        for (size_t shift = 0; shift < 4; shift++) {
+            Buf dx = buf_at(base, shift);
+            gt_upload_into(be, dx, x, n);
+            const Sums got = device_sums(be, d_out, dx.p, n);
             char what[64];
-            snprintf(what, sizeof what, "sum%s n=%zu%s", sq ? " of squares" : "", n, shift[si] ? " unaligned" : "");
-            check_sum_double(what, got[0], ref, sq ? sum_sq : sum_abs, n);
-            gt_check_same_host_bits("sum run twice", &got[0], &got[1], sizeof(double));
+            snprintf(what, sizeof what, "n=%zu, %zu floats past alignment:", n, shift);
+            printf("  %s\n", what);
+            check_sum_double("    sum", got.sum, ref.sum, sum_abs, n);
+            check_sum_double("    sum of squares", got.squares, ref.squares, sum_sq, n);
+            check_sum_double("    grad_sum_squares", got.grad_squares, ref.grad_squares, sum_sq, n);
+            if (shift == 0) aligned = got;
+            else check_same_sums("    as aligned:", &got, &aligned);
         }
-        double ref, got[2];
-        op_grad_sum_squares(&ref, x, n);
-        // read back by the op itself, from its own slot (no allocation per call)
-        assert_int_equal(be->ops->grad_sum_squares(be, dx.p, n, &got[0]), SPES_OK);
-        assert_int_equal(be->ops->grad_sum_squares(be, dx.p, n, &got[1]), SPES_OK);
-        char what[64];
-        snprintf(what, sizeof what, "grad_sum_squares n=%zu%s", n, shift[si] ? " unaligned" : "");
-        check_sum_double(what, got[0], ref, sum_sq, n);
-        gt_check_same_host_bits("grad_sum_squares run twice", &got[0], &got[1], sizeof(double));
-        gt_free(be, dx0), free(x0);
+        gt_free(be, base), free(x);
+    }
+    // Data whose sums are exact in double (x = k / 1024, |k| <= 16: every partial sum, of
+    // values or of squares, is a multiple of 2^-20 far below 2^33), so any order gives the
+    // same bits: the device's equal the cpu's, aligned and one float past.
+    const size_t exact_sizes[] = {1, 3, 4, 5, 7, 1000, 5000011};
+    for (size_t si = 0; si < sizeof exact_sizes / sizeof exact_sizes[0]; si++) {
+        const size_t n = exact_sizes[si];
+        int32_t *k = gt_random_ints(n, 4200 + si, 33);
+        float *x = malloc(n * sizeof(float));
+        assert_non_null(x);
+        for (size_t i = 0; i < n; i++) x[i] = (float)(k[i] - 16) / 1024.0f;
+        const Sums ref = cpu_sums(x, n);
+        Buf base = gt_alloc(be, n + 1, NUM_F32);
+        for (size_t shift = 0; shift < 2; shift++) {
+            Buf dx = buf_at(base, shift);
+            gt_upload_into(be, dx, x, n);
+            const Sums got = device_sums(be, d_out, dx.p, n);
+            char what[64];
+            snprintf(what, sizeof what, "exact n=%zu%s, as the cpu:", n, shift ? " unaligned" : "");
+            check_same_sums(what, &got, &ref);
+        }
+        gt_free(be, base), free(x), free(k);
     }
     backend_free(be, d_out);
 

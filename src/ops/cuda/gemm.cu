@@ -26,9 +26,11 @@
 //     alignment): every operand is repacked into aligned, padded scratch and the call retried.
 // beta == 0 never reads C (cuBLASLt does not read C then, so NaN in C is harmless).
 // gemm_residual (D = alpha*AB + R): cuBLASLt reads its C and writes its D through separate
-// pointers, so R is passed as C and D as D (one layout for both) when C goes direct; every
-// other path copies R into D first and runs the in-place GEMM: the same sum in the same order.
-// K == 0: C = beta * C (beta == 0: zeros), as the cpu kernel.
+// pointers, so R is passed as C and D as D (one layout for both) when C goes direct and R starts
+// at D's alignment (pointer_alignment): then the plan is the one the in-place GEMM on D gets, the
+// same algorithm and so the same bits (backend.h's contract: R copied into D, then gemm). Every
+// other path, an R aligned unlike D included, copies R into D first and runs the in-place GEMM.
+// K == 0: C = beta * R, R first copied into C when apart (beta == 0: zeros), as the cpu kernel.
 //
 // Plans (matmul descriptor, layouts, the heuristic's algorithm) are cached per shape, types
 // and pointer alignment: the heuristic query costs tens of microseconds, more than a small
@@ -390,7 +392,7 @@ static void gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, f
         return;
     }
     CudaState *st = cuda_state(be);
-    const bool apart = R.p != C.p && beta != 0.0f;
+    bool apart = R.p != C.p && beta != 0.0f;   // R still to be read from its own buffer
     if (K == 0) {   // an empty sum: C = beta * R
         if (apart) convert_2d(be, C.p, C.t, ldc, R.p, R.t, ldc, M, N);
         unsigned blocks = cuda_blocks((size_t)M * N, 256);
@@ -408,6 +410,11 @@ static void gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, f
         else op_type = A.t, conv_b = true;   // B is f32, or (bf16 vs f16) B follows A
     }
     bool c_via_copy = !cuda_gemm_c_direct(C.t, op_type, beta);
+    if (apart && pointer_alignment(R.p) != pointer_alignment(C.p)) {
+        // R as cuBLASLt's C would key another plan than the in-place GEMM's on C (the header)
+        convert_2d(be, C.p, C.t, ldc, R.p, R.t, ldc, M, N);
+        apart = false;
+    }
     if (!conv_a && !conv_b && !c_via_copy) {
         int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A.p, lda, B.p, ldb, op_type, beta,
                           apart ? R.p : C.p, C.p, C.t, ldc, bucketed);

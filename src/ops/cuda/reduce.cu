@@ -2,15 +2,23 @@
 // in a fixed order: the same inputs give the same bits on the same GPU (no atomics, and the
 // partition into blocks depends only on n, not on the GPU's SM count).
 //
-//   pass 1: grid of G blocks (G a function of n, at most REDUCE_MAX_BLOCKS); thread t of block b
-//           sums elements b*T + t, b*T + t + G*T, ... (T threads per block) in double, in that
-//           order; the block's threads are combined by a fixed tree; partial[b] is written.
-//           Where x is 16-byte aligned the "elements" are groups of 4 floats (16-byte loads:
-//           the scalar loop read the 1B model's gradient at ~2.5 TB/s on an H200), each summed
-//           in order, and the n % 4 floats after the last group follow as single elements.
+//   pass 1: grid of G blocks (G a function of n, at most REDUCE_MAX_BLOCKS); x is cut into
+//           groups of 4 floats, x[4i..4i+3], i < n / 4; thread t of block b takes groups
+//           b*T + t, b*T + t + G*T, ... (T threads per block) and adds each group's 4 values
+//           in order into its double sum; the n % 4 floats after the last group follow as
+//           single elements (threads 0..2 of block 0); the block's threads are combined by a
+//           fixed tree; partial[b] is written.
 //   pass 2: one block sums partial[0..G) the same way into out[0].
+// Sums of squares add each term as fma(v, v, s) (v = (double)x[i]), spelled out rather than
+// left to the compiler's contraction.
+// Alignment changes the loads only, never the order: where x is 16-byte aligned a group is one
+// 16-byte load (the scalar loop read the 1B model's gradient at ~2.5 TB/s on an H200),
+// elsewhere four 4-byte loads of the same group, so a buffer gives the same bits wherever it
+// starts. Each thread issues REDUCE_UNROLL groups' loads before adding any of them (more loads
+// in flight per thread), then adds them one group after another: the order, and the bits, of
+// one group at a time.
 // The order differs from the cpu's sequential loop, so results agree with it to double
-// rounding (~1e-16 relative), not bit for bit.
+// rounding (~1e-16 relative), not bit for bit (bit for bit where every partial sum is exact).
 #include "ops/cuda/cuda_common.cuh"
 
 #include "ops/cuda/cuda_ops.h"
@@ -30,24 +38,51 @@ __device__ double block_sum(double v, double *sh) {
     return sh[0];
 }
 
-template <bool SQUARES> __device__ __forceinline__ double sum_term(float x) {
-    double v = (double)x;
-    return SQUARES ? v * v : v;
+#define REDUCE_UNROLL 4   // groups whose loads a thread issues before adding them
+
+// s + v*v (one rounding: fma) or s + v, v = (double)x
+template <bool SQUARES> __device__ __forceinline__ double add_term(double s, float x) {
+    const double v = (double)x;
+    return SQUARES ? fma(v, v, s) : s + v;
+}
+
+// Group i, x[4i..4i+3]: one 16-byte load where x is 16-byte aligned, four 4-byte loads elsewhere.
+template <bool ALIGNED> __device__ __forceinline__ float4 load_group(const float *x, size_t i) {
+    if (ALIGNED) return reinterpret_cast<const float4 *>(x)[i];
+    return make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+}
+
+template <bool SQUARES> __device__ __forceinline__ double add_group(double s, float4 q) {
+    s = add_term<SQUARES>(s, q.x);
+    s = add_term<SQUARES>(s, q.y);
+    s = add_term<SQUARES>(s, q.z);
+    return add_term<SQUARES>(s, q.w);
+}
+
+// This thread's sum: groups first, first + stride, ... below n / 4 in that order, then the
+// n % 4 floats after the last group as single elements (the header's order, for both loads).
+template <bool SQUARES, bool ALIGNED>
+__device__ __forceinline__ double thread_sum(const float *x, size_t n, size_t first, size_t stride) {
+    const size_t groups = n / 4;
+    double s = 0.0;
+    size_t i = first;
+    for (; i + (REDUCE_UNROLL - 1) * stride < groups; i += REDUCE_UNROLL * stride) {
+        float4 q[REDUCE_UNROLL];
+#pragma unroll
+        for (int u = 0; u < REDUCE_UNROLL; u++) q[u] = load_group<ALIGNED>(x, i + u * stride);   // all in flight
+#pragma unroll
+        for (int u = 0; u < REDUCE_UNROLL; u++) s = add_group<SQUARES>(s, q[u]);   // then in order
+    }
+    for (; i < groups; i += stride) s = add_group<SQUARES>(s, load_group<ALIGNED>(x, i));
+    for (i = 4 * groups + first; i < n; i += stride) s = add_term<SQUARES>(s, x[i]);
+    return s;
 }
 
 template <bool SQUARES> __global__ void sum_partials_kernel(double *partial, const float *x, size_t n) {
     __shared__ double sh[REDUCE_THREADS];
     const size_t stride = (size_t)gridDim.x * REDUCE_THREADS, first = (size_t)blockIdx.x * REDUCE_THREADS + threadIdx.x;
-    const size_t groups = ((uintptr_t)x & 15u) == 0 ? n / 4 : 0;
-    double s = 0.0;
-    for (size_t i = first; i < groups; i += stride) {
-        const float4 q = reinterpret_cast<const float4 *>(x)[i];
-        s += sum_term<SQUARES>(q.x);
-        s += sum_term<SQUARES>(q.y);
-        s += sum_term<SQUARES>(q.z);
-        s += sum_term<SQUARES>(q.w);
-    }
-    for (size_t i = 4 * groups + first; i < n; i += stride) s += sum_term<SQUARES>(x[i]);
+    const double s = ((uintptr_t)x & 15u) == 0 ? thread_sum<SQUARES, true>(x, n, first, stride)
+                                               : thread_sum<SQUARES, false>(x, n, first, stride);
     double total = block_sum(s, sh);
     if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
