@@ -118,6 +118,7 @@ typedef struct {
     bool fsdp_prefetch;               // fsdp.prefetch: FULL_SHARD gathers the next part while one runs (true)
     double ddp_bucket_cap_mb;         // ddp.bucket_cap_mb: gradient all-reduce / parameter all-gather buckets (25, torch's)
     bool ddp_overlap_grad_reduce;     // ddp.overlap_grad_reduce: reduce gradients during the backward (true)
+    bool optimizer_overlap;           // optimizer.overlap_next_forward: AdamW under the next forward (false)
 
     // SPES
     bool using_spes;                  // train only own experts and sync through the server

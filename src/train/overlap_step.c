@@ -23,8 +23,7 @@ static int after_update(void *ctx, int part) {
     return SPES_OK;
 }
 
-int overlap_step_begin(OverlapStep *o, Model *m, AdamW *opt) {
-    if (m->hooks) return spes_fail("overlap_step: the model's hooks are taken (data parallelism or sharding)");
+int overlap_step_init(OverlapStep *o, Model *m, AdamW *opt) {
     if (opt->offload) return spes_fail("overlap_step: the optimizer is offloaded to the host");
     // Each part's gradients are zeroed behind its update: the optimizer must update all of them.
     if (opt->be != m->be || opt->lo != 0 || opt->hi != m->table.trainable_numel)
@@ -34,9 +33,26 @@ int overlap_step_begin(OverlapStep *o, Model *m, AdamW *opt) {
         return spes_fail("overlap_step: %d layers; the backend's queue points serve at most %d", m->cfg.n_layers,
                          BACKEND_AUX_POINTS - 2);
     *o = (OverlapStep){.m = m, .opt = opt, .hooks = {.fn = wait_for_update, .ctx = o}};
+    return SPES_OK;
+}
+
+int overlap_step_begin(OverlapStep *o, Model *m, AdamW *opt) {
+    if (m->hooks) return spes_fail("overlap_step: the model's hooks are taken (data parallelism or sharding)");
+    SPES_TRY(overlap_step_init(o, m, opt));
     model_zero_grad(m);
     m->hooks = &o->hooks;
     return SPES_OK;
+}
+
+int overlap_queue_update(OverlapStep *o, float grad_scale, double lr) {
+    Model *m = o->m;
+    Backend *be = m->be;
+    const Buf compute = {m->cparams, be->compute};
+    be->ops->aux_begin(be);
+    int rc = adamw_step_parts(o->opt, &m->table, m->cfg.n_layers, m->dparams, m->grads, grad_scale, compute, lr,
+                              after_update, o);
+    be->ops->aux_end(be);
+    return rc;
 }
 
 int overlap_step(OverlapStep *o, const int32_t *inputs, const int32_t *targets, int B, int T,
@@ -50,12 +66,7 @@ int overlap_step(OverlapStep *o, const int32_t *inputs, const int32_t *targets, 
     // A non-finite norm would make every weight NaN (the clip factor is NaN): no update, as the trainer.
     if (!isfinite(*grad_norm))
         return spes_fail("overlap_step: the gradient norm is %g (loss %g): no update made", *grad_norm, loss->total);
-    const Buf compute = {m->cparams, be->compute};
-    be->ops->aux_begin(be);
-    int rc = adamw_step_parts(o->opt, &m->table, m->cfg.n_layers, m->dparams, m->grads,
-                              grad_clip_coef(*grad_norm, max_norm), compute, lr, after_update, o);
-    be->ops->aux_end(be);
-    return rc;
+    return overlap_queue_update(o, grad_clip_coef(*grad_norm, max_norm), lr);
 }
 
 int overlap_step_end(OverlapStep *o) {

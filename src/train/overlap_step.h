@@ -12,10 +12,11 @@
 // (test_train_overlap_step on the cpu, test_cuda_core on a GPU); on the cpu backend, with one
 // queue, it is the plain step in another order of calls.
 //
-// For one rank, one micro-batch a step, the optimizer on the device (not offloaded), and a model
-// whose hooks are this step's while it runs (no data parallelism or sharded parameters, which
-// hook the same events). bench/gpu_train_step --overlap-adamw measures it; the trainer does not
-// use it yet.
+// For one rank, the optimizer on the device (not offloaded), and a model whose hooks are this
+// step's while it runs (no data parallelism or sharded parameters, which hook the same events).
+// overlap_step runs one micro-batch a step (bench/gpu_train_step --overlap-adamw measures it);
+// the trainer, with optimizer.overlap_next_forward, runs its own steps (micro-batches, loss
+// scaling, logging) around overlap_queue_update.
 #pragma once
 #include <stdint.h>
 
@@ -28,10 +29,18 @@ typedef struct {
     ModelHooks hooks;                // the model's while the steps run
 } OverlapStep;
 
-// Zeroes the gradients once and takes the model's hooks (which point into *o: it stays where it
-// is until overlap_step_end). SPES_ERR when the model already has hooks, the optimizer is
-// offloaded, or it holds less than the whole gradient or another backend's state.
+// Fills *o for m and opt; o->hooks (whose context is o itself: it stays where it is while
+// they are used) make the forward wait for each part's update. SPES_ERR when the optimizer is
+// offloaded or holds less than the whole gradient or another backend's state.
+int overlap_step_init(OverlapStep *o, Model *m, AdamW *opt);
+// overlap_step_init, then zeroes the gradients once and puts o->hooks on the model (until
+// overlap_step_end). SPES_ERR as overlap_step_init, or when the model already has hooks.
 int overlap_step_begin(OverlapStep *o, Model *m, AdamW *opt);
+// Queues AdamW at lr on the gradient times grad_scale (the clip factor, and any loss scale's
+// inverse) on the aux queue, part by part, each part's gradients zeroed behind its update; a
+// forward with o->hooks on the model waits for each part before reading it. The trainer's
+// optimizer.overlap_next_forward (trainer.c) and overlap_step below use it.
+int overlap_queue_update(OverlapStep *o, float grad_scale, double lr);
 // One step on one micro-batch: forward+backward (waiting for the previous update part by
 // part), the global gradient norm read back into *grad_norm, then AdamW at lr on the gradient
 // clipped to max_norm (<= 0: not clipped), queued on the aux queue. Returns with that update

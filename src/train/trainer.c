@@ -26,6 +26,7 @@
 #include "train/checkpoint.h"
 #include "train/loss_scale.h"
 #include "train/optimizer.h"
+#include "train/overlap_step.h"
 #include "train/plan_check.h"
 #include "train/schedule.h"
 
@@ -75,6 +76,11 @@ struct Trainer {
     double *micro_losses;       // [6 * micro-batches] per-micro-batch losses, summed over ranks
     int n_micro_losses;
     size_t planned_peak;        // the plan's peak of backend memory on this rank (train/plan_check.h)
+    // optimizer.overlap_next_forward (one rank): each step's AdamW queued under the next forward
+    OverlapStep overlap;
+    bool overlap_on;
+    bool update_queued;         // the last step's update may still run (parameters_at_rest waits)
+    bool grads_zeroed_by_update;   // the queued update zeroes the gradients behind it
 };
 
 int trainer_own_experts(const TrainConfig *cfg, int experts, int *first, int *last) {
@@ -402,6 +408,17 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
         t->scaler.scale = t->state.loss_scale;
         t->scaler.good_steps = t->state.loss_scale_good_steps;
     }
+    if (cfg->optimizer_overlap) {
+        if (t->dist)
+            log_warn("optimizer.overlap_next_forward: ignored with %d ranks (data parallelism and sharding hook "
+                     "the same events of the forward)", comm_size(t->comm));
+        else if (t->adamw.offload)
+            log_warn("optimizer.overlap_next_forward: ignored with optimizer.cpu_offload (the update runs on the host)");
+        else if (overlap_step_init(&t->overlap, &t->model, &t->adamw) != SPES_OK)
+            goto fail;
+        else
+            t->overlap_on = true;
+    }
     const char *force = getenv("SPES_FORCE_GRAD_OVERFLOW_STEP");
     t->force_overflow_step = force && *force ? strtoll(force, NULL, 10) : -1;
     int n_trainable = 0;
@@ -415,6 +432,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
              config_grad_accum_steps(cfg), t->peak_flops / 1e9,
              opt->peak_flops > 0 ? "" : t->be->host_memory ? " (measured sgemm)" : " (measured GEMM)",
              t->scaler.enabled ? "; amp_fp16 dynamic loss scaling" : "");
+    if (t->overlap_on) log_info("optimizer: each step's AdamW runs under the next step's forward (optimizer.overlap_next_forward)");
     const InstanceFilterConfig *f = &cfg->data.instance_filter;
     if (f->enabled)
         log_info("data: instance filter on: the loss of an instance with a pattern of %d..%d tokens repeated %d times "
@@ -429,6 +447,7 @@ fail:
 
 void trainer_free(Trainer *t) {
     if (!t) return;
+    if (t->update_queued) (void)backend_sync(t->be);   // before the buffers it writes go
     metrics_close(&t->log);
     for (int i = 0; i < t->n_evals; i++) {
         loader_free(t->evals[i].dl);
@@ -504,6 +523,7 @@ static int step_grad_norm(Trainer *t, double *norm) {
 // The hooks of a pass: ZeRO-3's (gather parts, reduce their gradients), ZeRO-2's (reduce),
 // else the buckets' on the last pass when overlapped.
 static const ModelHooks *pass_hooks(Trainer *t, bool last_overlapped) {
+    if (t->overlap_on) return &t->overlap.hooks;   // one rank: none of the others
     if (t->z3_on) return sharded_params_hooks(&t->z3);
     if (t->zgrads_on) return sharded_grads_hooks(&t->zgrads);
     return last_overlapped ? &t->dp.hooks : NULL;
@@ -533,7 +553,12 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     int64_t step = t->state.step + 1;
     size_t n_counts = (size_t)m->cfg.n_layers * (size_t)m->cfg.num_experts;
     memset(t->step_counts, 0, n_counts * sizeof *t->step_counts);
-    model_zero_grad(m);
+    // The last step's queued update zeroes each part's gradients behind it (and a zeroing here,
+    // on the main queue, could run under that update, which still reads them).
+    if (!t->grads_zeroed_by_update) model_zero_grad(m);
+    t->grads_zeroed_by_update = false;
+    t->update_queued = false;   // this step's forward waits for that update part by part; a step
+                                // that queues none syncs at its end (both queues)
 
     // Gradient accumulation: grads of sum_i loss_i / n_micro (OLMo's train_batch). With
     // several ranks this rank computes micro-batches [first, last) and the gradient sum
@@ -643,12 +668,15 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     if (n_grad && apply && t->z3_on) {   // the shard in place; nothing to all-gather
         SPES_TRY(adamw_step_packed(&t->adamw, &m->table, t->z3.shard, t->zgrads.shard, grad_scale, lr));
         SPES_TRY(sharded_params_updated(&t->z3));
+    } else if (n_grad && apply && t->overlap_on) {   // under the next forward; the gradients zeroed behind it
+        SPES_TRY(overlap_queue_update(&t->overlap, grad_scale, lr));
+        t->update_queued = t->grads_zeroed_by_update = true;
     } else if (n_grad && apply) {
         float *grads = t->zgrads_on ? t->zgrads.shard : t->dist ? dp_step_grads(&t->dp, m->grads) : m->grads;
         SPES_TRY(adamw_step(&t->adamw, &m->table, m->dparams, grads, grad_scale, compute, lr));
         if (t->dist) SPES_TRY(dp_gather_params(&t->dp, &m->table, m->dparams, compute));
     }
-    SPES_TRY(backend_sync(t->be));
+    if (!t->update_queued) SPES_TRY(backend_sync(t->be));
 
     t->state.step = step;
     t->state.tokens_seen += (int64_t)rows * T;
@@ -743,16 +771,23 @@ static int share_outcome(Trainer *t, int rc, const char *what) {
     return rc;
 }
 
-// ZeRO-3 between steps: the full parameters for what reads or writes them (checkpoint,
-// evaluation, SPES sync); *was tells whether to shard them again after.
-static int unshard(Trainer *t, bool *was) {
+// Between steps, for what reads or writes the parameters or the optimizer state (checkpoint,
+// evaluation, SPES sync, the end of a run): the last step's update finished if it was queued
+// under the next forward (optimizer.overlap_next_forward), and under ZeRO-3 the full
+// parameters; *was tells whether to shard them again after.
+static int parameters_at_rest(Trainer *t, bool *was) {
+    *was = false;
+    if (t->update_queued) {
+        t->update_queued = false;
+        SPES_TRY(backend_sync(t->be));
+    }
     *was = t->z3_on && t->z3.sharded;
     return *was ? sharded_params_unshard(&t->z3) : SPES_OK;
 }
 
 int trainer_evaluate(Trainer *t) {
     bool resharded;
-    SPES_TRY(unshard(t, &resharded));
+    SPES_TRY(parameters_at_rest(t, &resharded));
     int rc = t->rank0 ? evaluate_here(t) : SPES_OK;
     if (t->dist) rc = share_outcome(t, rc, "evaluate");
     if (rc == SPES_OK && resharded) rc = sharded_params_shard(&t->z3);
@@ -782,7 +817,7 @@ static int save_ranks(Trainer *t) {
 int trainer_save(Trainer *t) {
     double t0 = now_seconds();
     bool resharded;
-    SPES_TRY(unshard(t, &resharded));
+    SPES_TRY(parameters_at_rest(t, &resharded));
     SPES_TRY(model_params_to_host(&t->model));
     t->state.loss_scale = t->scaler.enabled ? t->scaler.scale : 0;
     t->state.loss_scale_good_steps = t->scaler.enabled ? t->scaler.good_steps : 0;
@@ -805,7 +840,7 @@ static int after_step(Trainer *t, int64_t step) {
     const TrainerOptions *o = &t->opt;
     bool touches = true, resharded = false;
     if (o->after_step_touches_model) SPES_TRY(o->after_step_touches_model(o->after_step_ctx, step, &touches));
-    if (touches) SPES_TRY(unshard(t, &resharded));
+    if (touches) SPES_TRY(parameters_at_rest(t, &resharded));
     if (o->after_step(o->after_step_ctx, &t->model, step) != SPES_OK) return spes_fail_context("after step %" PRId64, step);
     // A round replaced the weights: spes_config.reset_moments_at_sync starts the moments over from
     // there (off: each peer keeps the moments of its own gradients, the reference's behaviour).
@@ -851,7 +886,7 @@ int trainer_run(Trainer *t) {
     bool completed = t->state.step >= t->max_steps;
     if (completed && t->n_evals > 0 && t->last_eval_step != t->state.step) SPES_TRY(trainer_evaluate(t));
     bool resharded;   // the model holds its full parameters after a run
-    SPES_TRY(unshard(t, &resharded));
+    SPES_TRY(parameters_at_rest(t, &resharded));
     size_t in_use = 0, peak = 0;   // the plan's peak beside the measured one (tests/integration/plan_memory.sh)
     t->be->ops->memory(t->be, &in_use, &peak);
     if (t->rank0 && peak > 0)

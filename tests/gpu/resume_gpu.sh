@@ -4,6 +4,8 @@
 #  1. bit-exact on the GPU, in fp32 and in amp_bf16: 6 steps straight vs 3 steps (stop_at)
 #     + --resume + 3 steps: the step-6 weights, both AdamW moments, the train state and the
 #     loss log are equal byte for byte (the backend's reductions run in a fixed order);
+#  1b. amp_bf16 with optimizer.overlap_next_forward (AdamW on a second stream under the next
+#     forward): the same bytes as the straight run;
 #  2. a CPU checkpoint (step 3, fp32) resumed on the GPU (amp_bf16), and a GPU checkpoint
 #     (step 3, amp_bf16) resumed on the cpu: each resumes from step 3, runs to step 6, and its
 #     losses continue sensibly: every loss finite, steps 4-6 within 5% of the straight run
@@ -51,6 +53,21 @@ for precision in fp32 amp_bf16; do
   cmp "$tmp/a.jsonl" "$tmp/b.jsonl" || { echo "$precision: loss logs differ"; diff "$tmp/a.jsonl" "$tmp/b.jsonl"; exit 1; }
   echo "GPU $precision: 6 straight == 3 + resume + 3, byte for byte (weights, moments, train state, loss log)"
 done
+
+# 1b. optimizer.overlap_next_forward: each step's AdamW on a second stream under the next
+# forward, which waits per layer; the aux stream held 20 ms at its start and after each layer's
+# update (SPES_CUDA_AUX_DELAY_US), so a missing wait would read stale weights for certain. The
+# same bytes as the straight run (the save after every step waits for the update first).
+SPES_CUDA_AUX_DELAY_US=20000 train overlap_amp_bf16 "$GPU_DEVICE" amp_bf16 --optimizer.overlap_next_forward=true
+grep -q "AdamW runs under the next step's forward" "$tmp/overlap_amp_bf16.1.log" || { echo "overlap not on"; cat "$tmp/overlap_amp_bf16.1.log"; exit 1; }
+for f in model.safetensors train_state.safetensors train_state.json; do
+  cmp "$tmp/straight_amp_bf16/step6/$f" "$tmp/overlap_amp_bf16/step6/$f" ||
+    { echo "amp_bf16: step6/$f differs with optimizer.overlap_next_forward"; exit 1; }
+done
+strip_perf "$tmp/straight_amp_bf16/metrics.jsonl" > "$tmp/a.jsonl"
+strip_perf "$tmp/overlap_amp_bf16/metrics.jsonl" > "$tmp/b.jsonl"
+cmp "$tmp/a.jsonl" "$tmp/b.jsonl" || { echo "amp_bf16: loss logs differ with the overlap"; diff "$tmp/a.jsonl" "$tmp/b.jsonl"; exit 1; }
+echo "GPU amp_bf16: optimizer.overlap_next_forward gives the same bytes (weights, moments, train state, loss log)"
 
 # 2. across devices
 train straight_cpu cpu fp32
