@@ -33,6 +33,18 @@ train() {
   grep -q "device: $device" "$tmp/$name.$n.log" || { echo "$name: not on $device:"; cat "$tmp/$name.$n.log"; exit 1; }
 }
 strip_perf() { sed 's/,"perf":{[^}]*}//' "$1"; }
+# same_bytes A B WHAT: runs A and B left the same step-6 weights, moments and train state and
+# the same loss log (6 steps), byte for byte.
+same_bytes() {
+  local a=$1 b=$2 what=$3 f
+  for f in model.safetensors train_state.safetensors train_state.json; do
+    cmp "$tmp/$a/step6/$f" "$tmp/$b/step6/$f" || { echo "$what: step6/$f differs"; exit 1; }
+  done
+  strip_perf "$tmp/$a/metrics.jsonl" > "$tmp/a.jsonl"
+  strip_perf "$tmp/$b/metrics.jsonl" > "$tmp/b.jsonl"
+  [ "$(wc -l < "$tmp/a.jsonl")" -eq 6 ] || { echo "expected 6 step lines"; cat "$tmp/a.jsonl"; exit 1; }
+  cmp "$tmp/a.jsonl" "$tmp/b.jsonl" || { echo "$what: loss logs differ"; diff "$tmp/a.jsonl" "$tmp/b.jsonl"; exit 1; }
+}
 
 # 1. bit-exact resume on the GPU
 for precision in fp32 amp_bf16; do
@@ -43,14 +55,7 @@ for precision in fp32 amp_bf16; do
   fi
   train "split_$precision" "$GPU_DEVICE" "$precision" --resume
   grep -q "resumed from .*step3" "$tmp/split_$precision.2.log" || { echo "did not resume from step3"; cat "$tmp/split_$precision.2.log"; exit 1; }
-  for f in model.safetensors train_state.safetensors train_state.json; do
-    cmp "$tmp/straight_$precision/step6/$f" "$tmp/split_$precision/step6/$f" ||
-      { echo "$precision: step6/$f differs between the straight and the resumed GPU run"; exit 1; }
-  done
-  strip_perf "$tmp/straight_$precision/metrics.jsonl" > "$tmp/a.jsonl"
-  strip_perf "$tmp/split_$precision/metrics.jsonl" > "$tmp/b.jsonl"
-  [ "$(wc -l < "$tmp/a.jsonl")" -eq 6 ] || { echo "expected 6 step lines"; cat "$tmp/a.jsonl"; exit 1; }
-  cmp "$tmp/a.jsonl" "$tmp/b.jsonl" || { echo "$precision: loss logs differ"; diff "$tmp/a.jsonl" "$tmp/b.jsonl"; exit 1; }
+  same_bytes "straight_$precision" "split_$precision" "$precision, the straight and the resumed GPU run"
   echo "GPU $precision: 6 straight == 3 + resume + 3, byte for byte (weights, moments, train state, loss log)"
 done
 
@@ -60,13 +65,7 @@ done
 # same bytes as the straight run (the save after every step waits for the update first).
 SPES_CUDA_AUX_DELAY_US=20000 train overlap_amp_bf16 "$GPU_DEVICE" amp_bf16 --optimizer.overlap_next_forward=true
 grep -q "AdamW runs under the next step's forward" "$tmp/overlap_amp_bf16.1.log" || { echo "overlap not on"; cat "$tmp/overlap_amp_bf16.1.log"; exit 1; }
-for f in model.safetensors train_state.safetensors train_state.json; do
-  cmp "$tmp/straight_amp_bf16/step6/$f" "$tmp/overlap_amp_bf16/step6/$f" ||
-    { echo "amp_bf16: step6/$f differs with optimizer.overlap_next_forward"; exit 1; }
-done
-strip_perf "$tmp/straight_amp_bf16/metrics.jsonl" > "$tmp/a.jsonl"
-strip_perf "$tmp/overlap_amp_bf16/metrics.jsonl" > "$tmp/b.jsonl"
-cmp "$tmp/a.jsonl" "$tmp/b.jsonl" || { echo "amp_bf16: loss logs differ with the overlap"; diff "$tmp/a.jsonl" "$tmp/b.jsonl"; exit 1; }
+same_bytes straight_amp_bf16 overlap_amp_bf16 "amp_bf16 with optimizer.overlap_next_forward"
 echo "GPU amp_bf16: optimizer.overlap_next_forward gives the same bytes (weights, moments, train state, loss log)"
 
 # 2. across devices

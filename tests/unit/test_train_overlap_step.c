@@ -70,12 +70,17 @@ static int other_hook(void *ctx, ModelHookEvent e, int part) {
     return SPES_OK;
 }
 
+// The tiny preset's model and optimizer on the cpu backend.
+static void open_tiny(OverlapCheckRun *r, ModelConfig *cfg) {
+    assert_int_equal(model_config_preset("tiny", cfg), SPES_OK);
+    overlap_check_open(r, cfg, backend_cpu());
+}
+
 static void test_refusals(void **state) {
     (void)state;
     ModelConfig cfg;
-    assert_int_equal(model_config_preset("tiny", &cfg), SPES_OK);
     OverlapCheckRun r;
-    overlap_check_open(&r, &cfg, backend_cpu());
+    open_tiny(&r, &cfg);
     OverlapStep o;
     const ModelHooks taken = {.fn = other_hook};
     r.m.hooks = &taken;
@@ -103,9 +108,8 @@ static void test_refusals(void **state) {
 static void test_nonfinite_norm_no_update(void **state) {
     (void)state;
     ModelConfig cfg;
-    assert_int_equal(model_config_preset("tiny", &cfg), SPES_OK);
     OverlapCheckRun r;
-    overlap_check_open(&r, &cfg, backend_cpu());
+    open_tiny(&r, &cfg);
     const size_t total = r.m.table.total_numel;
     r.m.params[total - 1] = NAN;   // in lm_head (the last tensor): every logit row, the loss and the norm NaN
     assert_int_equal(model_params_to_device(&r.m), SPES_OK);
