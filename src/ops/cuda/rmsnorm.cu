@@ -23,6 +23,10 @@
 // row run every lane in every round for that shuffle. Each step rounds where the separate ops
 // store (the normalised row, the rotated gradient), so the bits are those of copy_2d, rmsnorm
 // and rope run one after another, which is also the fallback where the fusion does not apply.
+// The row arithmetic is spelled in rounded intrinsics (__fmul_rn, __fmaf_rn, ...): plain float
+// expressions leave ptxas free to contract a product and a sum into an FMA, and it might do so
+// in one instantiation of a kernel (with the rotation) and not in the other; dx is evaluated as
+// the cpu's ISO C evaluates it ((s*dy)*w - x*k, each product rounded).
 #include <stdio.h>
 
 #include <type_traits>
@@ -118,7 +122,7 @@ __global__ void rmsnorm_forward_kernel(Ty *y, Tx *x_copy, float *rstd, const Tx 
         float v[W];
         load_vec<W>(xr + c, v);
 #pragma unroll
-        for (int j = 0; j < W; j++) ss += v[j] * v[j];
+        for (int j = 0; j < W; j++) ss = __fmaf_rn(v[j], v[j], ss);
     }
     ss = warp_sum(ss);
     const float s = 1.0f / sqrtf(ss / (float)C + eps);
@@ -228,7 +232,7 @@ __global__ void rmsnorm_backward_kernel(Tdx *dx, Rows dxrows, float *dw_partial,
             load_vec<W>(w + c, g);
             load_vec<W>(xr + c, b);
 #pragma unroll
-            for (int j = 0; j < W; j++) dot += a[j] * g[j] * b[j];
+            for (int j = 0; j < W; j++) dot = __fmaf_rn(__fmul_rn(a[j], g[j]), b[j], dot);
         }
         dot = warp_sum(dot);
         const float k = s * s * s * dot / (float)C;
@@ -242,12 +246,13 @@ __global__ void rmsnorm_backward_kernel(Tdx *dx, Rows dxrows, float *dw_partial,
             load_vec<W>(xr + c, b);
             if (mine)
 #pragma unroll
-                for (int j = 0; j < W; j++) mine[dw_slot(c + j)] += a[j] * b[j] * s;   // lane-private columns
+                for (int j = 0; j < W; j++)   // lane-private columns
+                    mine[dw_slot(c + j)] = __fmaf_rn(__fmul_rn(a[j], b[j]), s, mine[dw_slot(c + j)]);
             if (accumulate) load_vec<W>(dxr + c, o);
 #pragma unroll
             for (int j = 0; j < W; j++) {
-                float v = s * a[j] * g[j] - b[j] * k;
-                o[j] = accumulate ? o[j] + v : v;
+                const float v = __fsub_rn(__fmul_rn(__fmul_rn(s, a[j]), g[j]), __fmul_rn(b[j], k));
+                o[j] = accumulate ? __fadd_rn(o[j], v) : v;
             }
             store_vec<W>(dxr + c, o);
         }
