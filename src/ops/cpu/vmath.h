@@ -17,6 +17,7 @@ static inline float vexpf(float x) {
     const float hi = 88.7228393f, lo = -86.5f;
     float xc = x > hi ? hi : x;
     xc = xc < lo ? lo : xc;
+    xc = xc != xc ? 0.0f : xc;   // NaN: any finite stand-in (NaN to int below is undefined); NaN is returned
     // n = round(x / ln2) by the 1.5*2^23 trick: floorf is a libm call GCC will not inline
     // (so it would block vectorisation) without -ffast-math.
     float n = (xc * 1.44269504088896341f + 0x1.8p23f) - 0x1.8p23f;
