@@ -5,9 +5,10 @@ the demo corpus and on Tiny Shakespeare (byte tokenizer), plus ablations.
 
 Every run starts from the config `spes demo` writes (its model, optimizer, schedule), changed
 only by command-line overrides, so the benchmark trains the model the demo trains:
-  centralised  one `spes train`, all experts, P*B sequences per step, T threads;
+  centralised  one `spes train`, all experts, P*B sequences per step, P*t threads;
   spes         `spes server` (expert merging as the demo sets it) + P `spes train` peers,
-               B sequences per step each, 1 thread each, syncing every K steps;
+               B sequences per step each, t threads each (the demo's: cores / P, at least 1),
+               syncing every K steps;
   fedavg       `spes server --mode fedavg` + P peers with using_dilico (every tensor trainable,
                every tensor averaged), B sequences per step each.
 So the three see the same number of tokens: steps * P * B * seq_len.
@@ -130,6 +131,7 @@ def curve_val_file(corpus, out, tokens):
 class Shape:
     def __init__(self, a):
         self.steps, self.batch, self.peers, self.threads = a.steps, a.batch, a.peers, a.threads
+        self.threads_per_peer, self.eval_threads = a.threads_per_peer, a.eval_threads
         self.experts_per_peer = a.experts_per_peer
 
 
@@ -228,7 +230,7 @@ def train_peers(spes, shape, base, overrides, rundir, seed, mode, sync_steps, se
                    f"--spes_config.server_addr=127.0.0.1:{port}", f"--spes_config.sync_steps={sync_steps}",
                    f"--data.seed={data_seed(p, seed)}",
                    f"--global_train_batch_size={shape.batch}", f"--device_train_microbatch_size={shape.batch}",
-                   f"--save_folder={os.path.join(rundir, f'peer{p}')}", "--threads=1"]
+                   f"--save_folder={os.path.join(rundir, f'peer{p}')}", f"--threads={shape.threads_per_peer}"]
             if mode == "fedavg":
                 cmd.append("--using_dilico=true")
             logs.append(os.path.join(rundir, f"peer{p}.log"))
@@ -378,7 +380,7 @@ def run_one(spes, a, shape, corpus, curve_val, method, variant, sync_steps, merg
             r["merge_interval"] = int(extra_server[extra_server.index("--merge_interval") + 1])
     if method != "centralised":
         r.update(bytes_per_peer(rundir, shape.peers))
-    r.update(score(spes, os.path.join(save, f"step{shape.steps}"), corpus, shape.threads, rundir))
+    r.update(score(spes, os.path.join(save, f"step{shape.steps}"), corpus, shape.eval_threads, rundir))
     # Checkpoints are large next to what the report needs; logs and metrics stay.
     for root, dirs, _ in os.walk(rundir):
         for d in list(dirs):
@@ -409,9 +411,10 @@ def main():
     ap.add_argument("--sync_steps", type=int, default=10, help="the demo's (spes demo --sync_steps)")
     ap.add_argument("--sync_ablation", default="5,25")
     ap.add_argument("--before_sync", type=int, default=25, help="sync_steps of the 'before28' row (the old demo)")
+    ap.add_argument("--threads_per_peer", type=int, default=0,
+                    help="threads of each peer (default: spes demo's, max(1, cores / peers))")
     ap.add_argument("--threads", type=int, default=0,
-                    help="threads of the centralised run and of eval (default: spes demo's baseline's, "
-                         "peers x max(1, cores / peers))")
+                    help="threads of the centralised run (default: spes demo's baseline's, peers x threads_per_peer)")
     ap.add_argument("--train_docs", type=int, default=20000)
     ap.add_argument("--curve_points", type=int, default=6)
     ap.add_argument("--curve_val_tokens", type=int, default=16384)
@@ -434,12 +437,17 @@ def main():
     ap.add_argument("--outer_lr", type=float, default=0.7)
     ap.add_argument("--outer_momentum", type=float, default=0.9)
     a = ap.parse_args()
+    # spes demo's thread counts (src/cli/demo.c): each peer cores / peers (at least 1), the
+    # baseline the peers' together, the evaluation every core (the demo's own process). The same
+    # counts, not only the same settings: OpenBLAS's sgemm can change its last bits with the
+    # thread count (seen at 2 against 4 threads on an AMD EPYC), and then the demo's runs and
+    # these are no longer the same runs.
+    cores = len(os.sched_getaffinity(0))
+    if a.threads_per_peer <= 0:
+        a.threads_per_peer = max(1, cores // a.peers)
     if a.threads <= 0:
-        # spes demo's rule (src/cli/demo.c): the baseline gets the peers' threads together. The
-        # same count, not only the same settings: OpenBLAS's sgemm can change its last bits with
-        # the thread count (seen at 2 against 4 threads on an AMD EPYC), and then the demo's
-        # baseline and this one are no longer the same run.
-        a.threads = a.peers * max(1, len(os.sched_getaffinity(0)) // a.peers)
+        a.threads = a.peers * a.threads_per_peer
+    a.eval_threads = cores
     a.sync_ablation = [int(k) for k in a.sync_ablation.split(",") if k]
     a.methods = [m for m in a.methods.split(",") if m]
     for k in [a.sync_steps, a.before_sync] + a.sync_ablation + ([a.variant_sync] if a.variant_sync else []):
@@ -484,7 +492,8 @@ def main():
         res.write(json.dumps({"meta": {"steps": a.steps, "batch": a.batch, "peers": a.peers, "experts_per_peer": a.experts_per_peer, "experts": experts, "seq": SEQ,
                                        "seeds": a.seeds, "ablation_seeds": min(a.seeds, a.ablation_seeds),
                                        "sync_steps": a.sync_steps, "tokens": tokens, "train_docs": a.train_docs,
-                                       "threads": a.threads, "outer_measured": has_outer,
+                                       "threads": a.threads, "threads_per_peer": a.threads_per_peer,
+                                       "outer_measured": has_outer,
                                        "merge": {"alpha": MERGE_ALPHA, "topk": MERGE_TOPK}}}) + "\n")
         t_all = time.monotonic()
         for corpus in corpora:

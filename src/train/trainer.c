@@ -415,7 +415,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
         else if (t->adamw.offload)
             log_warn("optimizer.overlap_next_forward: ignored with optimizer.cpu_offload (the update runs on the host)");
         else if (overlap_step_init(&t->overlap, &t->model, &t->adamw) != SPES_OK)
-            goto fail;
+            log_warn("optimizer.overlap_next_forward: ignored: %s", spes_last_error());
         else
             t->overlap_on = true;
     }
@@ -557,8 +557,6 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     // on the main queue, could run under that update, which still reads them).
     if (!t->grads_zeroed_by_update) model_zero_grad(m);
     t->grads_zeroed_by_update = false;
-    t->update_queued = false;   // this step's forward waits for that update part by part; a step
-                                // that queues none syncs at its end (both queues)
 
     // Gradient accumulation: grads of sum_i loss_i / n_micro (OLMo's train_batch). With
     // several ranks this rank computes micro-batches [first, last) and the gradient sum
@@ -665,18 +663,22 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         grad_scale = grad_clip_coef(norm, cfg->max_grad_norm);
     }
     const Buf compute = {m->cparams, t->be->compute};
+    bool queued = false;   // this step's update left running under the next forward
     if (n_grad && apply && t->z3_on) {   // the shard in place; nothing to all-gather
         SPES_TRY(adamw_step_packed(&t->adamw, &m->table, t->z3.shard, t->zgrads.shard, grad_scale, lr));
         SPES_TRY(sharded_params_updated(&t->z3));
     } else if (n_grad && apply && t->overlap_on) {   // under the next forward; the gradients zeroed behind it
         SPES_TRY(overlap_queue_update(&t->overlap, grad_scale, lr));
-        t->update_queued = t->grads_zeroed_by_update = true;
+        queued = t->grads_zeroed_by_update = true;
     } else if (n_grad && apply) {
         float *grads = t->zgrads_on ? t->zgrads.shard : t->dist ? dp_step_grads(&t->dp, m->grads) : m->grads;
         SPES_TRY(adamw_step(&t->adamw, &m->table, m->dparams, grads, grad_scale, compute, lr));
         if (t->dist) SPES_TRY(dp_gather_params(&t->dp, &m->table, m->dparams, compute));
     }
-    if (!t->update_queued) SPES_TRY(backend_sync(t->be));
+    // The last step's update stays "queued" until something waited for both queues: this step's
+    // end, unless it queued one of its own (a step that fails before here leaves it set).
+    if (!queued) SPES_TRY(backend_sync(t->be));
+    t->update_queued = queued;
 
     t->state.step = step;
     t->state.tokens_seen += (int64_t)rows * T;
