@@ -647,16 +647,19 @@ static void test_adamw(void **state) {
     // others have one buffer placed past alignment, which takes the tensor down the scalar path
     // throughout: master weights one float past, m two floats past (8 bytes), or only the bf16
     // compute copy four elements past (8 bytes) with p, g, m, v aligned.
-    enum { T = 10 };
-    const size_t n[T] = {1, 2048, 2049, 5000, 0, 300, 70001, 4100, 4099, 3000};
-    const NumType ctype[T] = {NUM_BF16, NUM_BF16, NUM_F16, NUM_BF16, NUM_BF16,
-                              NUM_F32,  NUM_BF16, NUM_BF16, NUM_BF16, NUM_BF16};
-    const bool has_copy[T] = {true, false, true, true, true, true, true, true, true, true};
-    const float decay[T] = {1.0f - 1e-4f, 1.0f, 1.0f - 1e-4f, 1.0f, 1.0f, 1.0f - 3e-5f, 1.0f - 1e-4f, 1.0f - 1e-4f,
-                            1.0f, 1.0f - 1e-4f};
+    // After the 10 listed, 100 tensors of 0-3 elements: one call spans three launches of
+    // ADAMW_BATCH (48) descriptors, and the batch boundaries fall among them.
+    enum { T_LISTED = 10, T = T_LISTED + 100 };
+    size_t n[T] = {1, 2048, 2049, 5000, 0, 300, 70001, 4100, 4099, 3000};
+    NumType ctype[T] = {NUM_BF16, NUM_BF16, NUM_F16, NUM_BF16, NUM_BF16, NUM_F32, NUM_BF16, NUM_BF16, NUM_BF16, NUM_BF16};
+    bool has_copy[T] = {true, false, true, true, true, true, true, true, true, true};
+    float decay[T] = {1.0f - 1e-4f, 1.0f, 1.0f - 1e-4f, 1.0f, 1.0f, 1.0f - 3e-5f, 1.0f - 1e-4f, 1.0f - 1e-4f,
+                      1.0f, 1.0f - 1e-4f};
     // elements from the start of the allocation (256-byte aligned) to the buffer
-    const size_t p_shift[T] = {0, 0, 0, 0, 0, 0, 0, 1, 0, 0}, m_shift[T] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 2};
-    const size_t c_shift[T] = {0, 0, 0, 0, 0, 0, 0, 0, 4, 0};
+    size_t p_shift[T] = {0, 0, 0, 0, 0, 0, 0, 1, 0, 0}, m_shift[T] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 2};
+    size_t c_shift[T] = {0, 0, 0, 0, 0, 0, 0, 0, 4, 0};
+    for (int i = T_LISTED; i < T; i++)
+        n[i] = (size_t)(i % 4), ctype[i] = NUM_BF16, has_copy[i] = true, decay[i] = 1.0f - 1e-4f;
     float *hp[T], *hg[T], *hm[T], *hv[T];
     AdamWTensor ht[T], dt[T];
     void *p_base[T], *m_base[T], *c_base[T];   // what is freed
@@ -961,11 +964,16 @@ static void test_model_created_frozen(void **state) {
 // after each part (SPES_CUDA_AUX_DELAY_US), far longer than a layer's forward of bench-small,
 // so a missing wait reads the old weights for certain: the control skips layer 1's wait and
 // must see other bits.
+static int unset_aux_delay(void **state) {
+    (void)state;
+    unsetenv("SPES_CUDA_AUX_DELAY_US");
+    return 0;
+}
 static void test_overlap_step(void **state) {
     (void)state;
     Backend *be = cuda_test_backend(PRECISION_AMP_BF16);
     overlap_step_vs_plain(be, "bench-small", 4, 256, -1);
-    setenv("SPES_CUDA_AUX_DELAY_US", "20000", 1);
+    setenv("SPES_CUDA_AUX_DELAY_US", "20000", 1);   // also cleared by the teardown if a check fails
     overlap_step_vs_plain(be, "bench-small", 4, 256, -1);
     overlap_step_vs_plain(be, "bench-small", 4, 256, 2);   // part 2: layer 1
     unsetenv("SPES_CUDA_AUX_DELAY_US");
@@ -1016,7 +1024,7 @@ int main(void) {
         cmocka_unit_test(test_lm_head_speed),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_reductions),
-        cmocka_unit_test(test_overlap_step),
+        cmocka_unit_test_teardown(test_overlap_step, unset_aux_delay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

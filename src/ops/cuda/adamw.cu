@@ -29,7 +29,7 @@
 
 #define ADAMW_THREADS 256
 #define ADAMW_CHUNK (ADAMW_THREADS * PW_VEC)
-#define ADAMW_BATCH 48   // descriptors a launch: 48 x 64 bytes and the scalars fit the 4 KB of parameters
+#define ADAMW_BATCH 48   // descriptors a launch: 48 x 72 bytes and the scalars (3492 bytes) fit the 4 KB of parameters
 
 struct AdamWDesc {
     float *p;
