@@ -393,8 +393,12 @@ static void gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, f
     }
     CudaState *st = cuda_state(be);
     bool apart = R.p != C.p && beta != 0.0f;   // R still to be read from its own buffer
-    if (K == 0) {   // an empty sum: C = beta * R
+    auto take_r = [&] {                         // R copied into C: the in-place GEMM from here on
         if (apart) convert_2d(be, C.p, C.t, ldc, R.p, R.t, ldc, M, N);
+        apart = false;
+    };
+    if (K == 0) {   // an empty sum: C = beta * R
+        take_r();
         unsigned blocks = cuda_blocks((size_t)M * N, 256);
         if (blocks > 65535u * 8u) blocks = 65535u * 8u;
         scale_matrix_kernel<<<blocks, 256, 0, st->stream>>>(C.p, C.t, ldc, M, N, beta);
@@ -410,11 +414,8 @@ static void gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, f
         else op_type = A.t, conv_b = true;   // B is f32, or (bf16 vs f16) B follows A
     }
     bool c_via_copy = !cuda_gemm_c_direct(C.t, op_type, beta);
-    if (apart && pointer_alignment(R.p) != pointer_alignment(C.p)) {
-        // R as cuBLASLt's C would key another plan than the in-place GEMM's on C (the header)
-        convert_2d(be, C.p, C.t, ldc, R.p, R.t, ldc, M, N);
-        apart = false;
-    }
+    // R as cuBLASLt's C, aligned unlike C, would key another plan than the in-place GEMM's (the header)
+    if (pointer_alignment(R.p) != pointer_alignment(C.p)) take_r();
     if (!conv_a && !conv_b && !c_via_copy) {
         int r = lt_matmul(be, trans_a, trans_b, M, N, K, alpha, A.p, lda, B.p, ldb, op_type, beta,
                           apart ? R.p : C.p, C.p, C.t, ldc, bucketed);
@@ -422,7 +423,7 @@ static void gemm(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, f
         // No algorithm for these alignments / strides: repack everything below.
         conv_a = conv_b = c_via_copy = true;
     }
-    if (apart) convert_2d(be, C.p, C.t, ldc, R.p, R.t, ldc, M, N);
+    take_r();
     gemm_repacked(be, trans_a, trans_b, M, N, K, alpha, A, lda, conv_a, B, ldb, conv_b, op_type, beta, C, ldc,
                   c_via_copy);
 }
