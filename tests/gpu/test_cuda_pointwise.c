@@ -269,6 +269,46 @@ static void check_dw(const char *what, const float *got, const float *ref, const
     printf("  %-40s within bound (worst %.2f of it)\n", what, worst);
 }
 
+// dw in the order rmsnorm.cu's two kernels sum it (its header): blocks of rpb rows
+// (rmsnorm_rows_per_block), NW warps (as many rows of C floats as fit in 48 KiB, 1 to 8), warp w
+// taking rows w, w + NW, ... of its block into its own sum, fma(dy*x, rstd, acc) row by row;
+// the block adds its warps' sums in warp order; the blocks' sums go in 8 segments of
+// ceil(nb/8) blocks, each summed in block order from 0, the segments in order, the total added
+// to dw. That order decides the bits of every run, so it is spelled out here and compared bit
+// for bit (check_dw only bounds the error, and cannot see a change of order).
+static float *rmsnorm_dw_in_kernel_order(const float *dw0, const float *dy, const float *x, const float *rstd, int R,
+                                         int C) {
+    int rpb = (R + 1023) / 1024, nw = (int)(48 * 1024 / ((size_t)C * sizeof(float)));
+    rpb = rpb < 16 ? 16 : rpb;
+    nw = nw < 1 ? 1 : nw > 8 ? 8 : nw;
+    const int nb = (R + rpb - 1) / rpb, per = (nb + 7) / 8;
+    float *dw = malloc((size_t)C * sizeof(float)), *partial = malloc((size_t)nb * sizeof(float));
+    for (int c = 0; c < C; c++) {
+        for (int b = 0; b < nb; b++) {
+            const int r0 = b * rpb, r1 = r0 + rpb < R ? r0 + rpb : R;
+            float t = 0.0f;
+            for (int w = 0; w < nw; w++) {
+                float acc = 0.0f;
+                for (int r = r0 + w; r < r1; r += nw) {
+                    const float p = dy[(size_t)r * C + c] * x[(size_t)r * C + c];   // rounded, as __fmul_rn
+                    acc = fmaf(p, rstd[r], acc);
+                }
+                t = w == 0 ? acc : t + acc;
+            }
+            partial[b] = t;
+        }
+        float total = 0.0f;
+        for (int s = 0; s < 8; s++) {
+            float seg = 0.0f;
+            for (int b = s * per; b < nb && b < (s + 1) * per; b++) seg += partial[b];
+            total = s == 0 ? seg : total + seg;
+        }
+        dw[c] = dw0[c] + total;
+    }
+    free(partial);
+    return dw;
+}
+
 // dx (tdx), dy (tdy), x (tx); dw when with_dw (starting from random values: it accumulates);
 // accumulate: dx += ...; alias: dx is dy's buffer (only without accumulate, same types).
 static void check_rmsnorm_backward(NumType tdx, NumType tdy, NumType tx, int R, int C, bool with_dw, bool accumulate,
@@ -300,6 +340,13 @@ static void check_rmsnorm_backward(NumType tdx, NumType tdy, NumType tx, int R, 
     float *gdw = gt_download(be, buf_f32(ddw), (size_t)C);
     if (with_dw) {
         check_dw("dw", gdw, rdw, dw0, dy, x, rstd, R, C);
+        float *odw = rmsnorm_dw_in_kernel_order(dw0, dy, x, rstd, R, C);
+        for (int c = 0; c < C; c++)
+            if (memcmp(&gdw[c], &odw[c], sizeof(float)) != 0)
+                fail_msg("dw [%d]: %.9g, the order of rmsnorm.cu's header gives %.9g (the kernels' summation "
+                         "order changed, or this test's copy of it is wrong)", c, gdw[c], odw[c]);
+        printf("  %-40s the same bits as rmsnorm.cu's order\n", "dw");
+        free(odw);
         gt_check_same_bits(be, "dw, run twice", ddw, ddw2, (size_t)C * sizeof(float));
     }
     free(x), free(dy), free(dx0), free(w), free(dw0), free(rstd), free(ytmp), free(rdx), free(rdw), free(gdx), free(gdw);
