@@ -13,6 +13,16 @@
 #include "base/alloc.h"
 #include "base/error.h"
 
+// " (a directory)" and the like, for messages about a path that is not a regular file.
+static const char *file_kind_note(mode_t mode) {
+    return S_ISDIR(mode)    ? " (a directory)"
+           : S_ISFIFO(mode) ? " (a FIFO)"
+           : S_ISCHR(mode)  ? " (a character device)"
+           : S_ISBLK(mode)  ? " (a block device)"
+           : S_ISSOCK(mode) ? " (a socket)"
+                            : "";
+}
+
 // open() of a FIFO blocks until a writer appears; O_NONBLOCK returns at once so that the type
 // check below can refuse it (for a regular file the flag changes nothing).
 static int open_regular(const char *path) {
@@ -23,8 +33,7 @@ static int open_regular(const char *path) {
     if (!ok || !S_ISREG(st.st_mode)) {
         close(fd);
         if (!ok) return spes_fail("cannot stat %s: %s", path, strerror(errno)), -1;
-        return spes_fail("%s is not a regular file%s", path,
-                         S_ISDIR(st.st_mode) ? " (a directory)" : S_ISFIFO(st.st_mode) ? " (a FIFO)" : ""), -1;
+        return spes_fail("%s is not a regular file%s", path, file_kind_note(st.st_mode)), -1;
     }
     return fd;
 }
@@ -89,9 +98,35 @@ void file_unmap(MappedFile *mf) {
     memset(mf, 0, sizeof *mf);
 }
 
+// What the commit's rename replaces. Nothing there, or a regular file: the path itself. A
+// symbolic link to a regular file: its target (the link stays a link). Anything else is
+// refused: the rename would put a regular file in place of a device, FIFO or socket (as root,
+// `--out /dev/null` would have deleted /dev/null) or fail late on a directory.
+static char *atomic_target(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT) return spes_strdup(path);
+        spes_fail("cannot write %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        spes_fail("cannot write %s: it exists and is not a regular file%s", path, file_kind_note(st.st_mode));
+        return NULL;
+    }
+    struct stat lst;
+    if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+        char *target = realpath(path, NULL);
+        if (!target) spes_fail("cannot resolve the link %s: %s", path, strerror(errno));
+        return target;
+    }
+    return spes_strdup(path);
+}
+
 int atomic_file_open(AtomicFile *af, const char *path) {
     memset(af, 0, sizeof *af);
-    af->final_path = spes_strdup(path);
+    af->final_path = atomic_target(path);
+    if (!af->final_path) return SPES_ERR;
+    path = af->final_path;
     size_t n = strlen(path) + 32;
     af->temp_path = spes_malloc(n);
     if (!af->final_path || !af->temp_path) {

@@ -19,7 +19,9 @@ void file_unmap(MappedFile *mf);
 
 // Atomic write: everything goes to "<path>.tmp.<pid>" and only atomic_file_commit makes
 // it visible under <path> (fflush + fsync + rename + fsync of the directory). A crash at
-// any point leaves either the old file or the new one, never a torn one.
+// any point leaves either the old file or the new one, never a torn one. A <path> that exists
+// must be a regular file, or a symbolic link to one (its target is replaced, the link kept);
+// a directory, device, FIFO or socket there is refused by atomic_file_open.
 typedef struct {
     FILE *fp;
     char *final_path;

@@ -62,6 +62,39 @@ static void test_atomic_file(void **state) {
     free(path);
 }
 
+// An atomic write never replaces what is not a regular file (the rename would have put a file in
+// place of a FIFO here, of /dev/full or /dev/stdout for a root user's --out), and writes
+// through a symbolic link to its target, leaving the link a link.
+static void test_atomic_file_target_kinds(void **state) {
+    (void)state;
+    char dir[] = "/tmp/spes_base_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char *fifo = path_join(dir, "fifo"), *sub = path_join(dir, "sub"), *file = path_join(dir, "file");
+    char *link = path_join(dir, "link");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(mkdir(sub, 0755), 0);
+    assert_int_equal(file_write_atomic(fifo, "x", 1), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "not a regular file (a FIFO)"));
+    assert_int_equal(file_write_atomic(sub, "x", 1), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "(a directory)"));
+    struct stat st;
+    assert_int_equal(lstat(fifo, &st), 0);
+    assert_true(S_ISFIFO(st.st_mode));
+    assert_int_equal(file_write_atomic(file, "old", 3), SPES_OK);
+    assert_int_equal(symlink("file", link), 0);
+    assert_int_equal(file_write_atomic(link, "new!", 4), SPES_OK);
+    assert_int_equal(lstat(link, &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+    uint8_t *data;
+    size_t len;
+    assert_int_equal(file_read_all(file, &data, &len), SPES_OK);
+    assert_int_equal(len, 4);
+    assert_memory_equal(data, "new!", 4);
+    free(data);
+    assert_int_equal(remove_tree(dir), SPES_OK);
+    free(fifo), free(sub), free(file), free(link);
+}
+
 static void test_rng_deterministic_and_truncated(void **state) {
     (void)state;
     Rng a, b;
@@ -97,7 +130,8 @@ static void test_format_duration(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_context), cmocka_unit_test(test_alloc_overflow_is_an_error),
-        cmocka_unit_test(test_atomic_file), cmocka_unit_test(test_rng_deterministic_and_truncated),
+        cmocka_unit_test(test_atomic_file), cmocka_unit_test(test_atomic_file_target_kinds),
+        cmocka_unit_test(test_rng_deterministic_and_truncated),
         cmocka_unit_test(test_format_duration),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
