@@ -117,7 +117,12 @@ int cmd_generate(int argc, char **argv) {
     }
     if (status != SPES_OK) return cli_report_error();
     if (!tok_path) tok_path = cli_default_tokenizer(model_dir);
-    if (!model_dir || !tok_path || (!prompt == !prompt_file) || optind < argc) {
+    if (model_dir && !tok_path) {
+        fprintf(stderr, "spes: generate: %s holds no tokenizer.json; name one with --tokenizer (a file, a directory "
+                        "holding one, or 'bytes')\n", model_dir);
+        return 2;
+    }
+    if (!model_dir || (!prompt == !prompt_file) || optind < argc) {
         usage(stderr);
         return 2;
     }

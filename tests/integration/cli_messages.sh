@@ -35,6 +35,15 @@ expect --threads debug-step --model x --threads 0
 expect --batch eval --model x --tokens y --batch 0
 expect --top_k generate --model x --prompt a --top_k -1
 expect --temperature generate --model x --prompt a --temperature -1
+# A model directory without a tokenizer.json: the first line says so (it was the bare usage).
+nodir=$(mktemp -d)
+err=$("$SPES_BIN" generate --model "$nodir" --prompt a 2>&1 >/dev/null)
+if head -1 <<<"$err" | grep -qF "$nodir holds no tokenizer.json"; then
+  echo "ok   spes generate without a tokenizer: $(head -1 <<<"$err" | cut -c1-110)"
+else
+  echo "FAIL spes generate without a tokenizer: $(head -1 <<<"$err")"; fail=1
+fi
+rmdir "$nodir"
 expect --num_experts upcycle --dense a --out b --num_experts 0 --top_k 1
 expect --max_shard_size export --checkpoint a --out b --max_shard_size 0
 expect --processes tokenize --file_glob a --tokenizer_name_or_path bytes --output_prefix o --processes 0
