@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -350,6 +351,35 @@ static int64_t parse_step_name(const char *name, const char *suffix) {
     return digits > 0 && !strcmp(p, suffix) ? step : -1;
 }
 
+// Whether the entry save_folder/stepN is a complete checkpoint (it holds train_state.json):
+// 1 yes, 0 no (an interrupted or foreign directory), -1 with an error naming it when that cannot
+// be told: an entry that is not a directory (a file, a dangling symlink) or cannot be read.
+// Skipping those would resume from an older step, and the next save of stepN would fail after
+// training (or replace what is there).
+static int step_dir_complete(const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        int err = errno;
+        bool link = lstat(dir, &st) == 0 && S_ISLNK(st.st_mode);
+        spes_fail("%s is not a checkpoint directory (%s: %s); move it out of the save_folder", dir,
+                  link ? "a symbolic link to nothing" : "it cannot be read", strerror(err));
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        spes_fail("%s is not a checkpoint directory but a file; move it out of the save_folder", dir);
+        return -1;
+    }
+    char *json = path_join(dir, "train_state.json");
+    if (!json) return -1;
+    int rc = stat(json, &st) == 0 ? 1 : errno == ENOENT ? 0 : -1;
+    if (rc < 0) {
+        int err = errno;
+        spes_fail("cannot tell whether %s is a complete checkpoint: %s: %s", dir, json, strerror(err));
+    }
+    free(json);
+    return rc;
+}
+
 // Steps of the complete checkpoints in save_folder, ascending. A missing folder has none.
 static int list_steps(const char *save_folder, int64_t **steps, int *count) {
     *steps = NULL;
@@ -362,11 +392,12 @@ static int list_steps(const char *save_folder, int64_t **steps, int *count) {
         int64_t step = parse_step_name(e->d_name, "");
         if (step < 0) continue;
         char *dir = path_join(save_folder, e->d_name);
-        char *json = dir ? path_join(dir, "train_state.json") : NULL;
-        bool complete = json && file_exists(json);
-        if (!json) rc = SPES_ERR;
+        int complete = dir ? step_dir_complete(dir) : -1;
         free(dir);
-        free(json);
+        if (complete < 0) {
+            rc = SPES_ERR;
+            break;
+        }
         if (!complete) continue;
         if (*count == cap) {
             cap = cap ? 2 * cap : 16;

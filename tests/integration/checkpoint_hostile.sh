@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Everything that reads a checkpoint or a model directory, given damaged or inconsistent input:
+# `spes train --resume` on a save_folder whose newest stepN/ is damaged, and `spes eval` /
+# `spes export` / load_path on Hugging Face directories whose files disagree. Each case must
+# end in an error naming what and where (path, tensor, key), never a crash, a silent wrong
+# result or a resume from the wrong place, and no checkpoint may be changed or removed.
+# (train_resume.sh covers the good paths and the config-hash check; test_train_checkpoint the
+# damaged train_state.json keys; export_hf.sh missing and mis-shaped tensors.)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/integration/lib/require.sh
+require_spes
+tmp=$(mktemp -d)
+chmod 755 "$tmp"   # the unreadable-checkpoint case runs as another user
+trap 'chmod -R u+rwX "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
+export SPES_NUM_THREADS=1
+
+source tests/integration/lib/tiny_model.sh
+tiny_tokens "$tmp"
+tiny_config "$tmp" hostile
+cat >> "$tmp/tiny.yaml" <<EOF
+max_duration: 4
+global_train_batch_size: 8
+device_train_microbatch_size: 8
+save_interval_unsharded: 2
+save_num_unsharded_checkpoints_to_keep: 3
+console_log_interval: 2
+EOF
+"$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/base" > "$tmp/base.log" 2>&1 || { cat "$tmp/base.log"; exit 1; }
+
+fail=0
+bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
+
+# The save_folder's files, with their checksums: a failed resume must leave them all as they were.
+snapshot() { (cd "$1" && find . -path ./metrics.jsonl -prune -o -name 'events.out.*' -prune -o -print | sort |
+  while read -r f; do if [ -f "$f" ]; then echo "$f $(md5sum < "$f")"; else echo "$f"; fi; done); }
+
+# damaged NAME SETUP: a copy of the base run, SETUP run inside it (its newest is step4).
+damaged() { rm -rf "${tmp:?}/$1"; cp -a "$tmp/base" "$tmp/$1"; (cd "$tmp/$1" && eval "$2"); }
+
+# resume_refused NAME PATTERN [AS...]: --resume must exit non-zero, say PATTERN (an ERE) in its
+# last line, resume nothing, and leave every checkpoint file as it was.
+resume_refused() {
+  local name=$1 pattern=$2
+  shift 2
+  local before was=$fail
+  before=$(snapshot "$tmp/$name")
+  if "$@" "$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/$name" --resume --max_duration=6 > "$tmp/$name.log" 2>&1; then
+    bad "$name: resume succeeded"; tail -3 "$tmp/$name.log"; return
+  fi
+  local last
+  last=$(tail -1 "$tmp/$name.log")
+  grep -q "resumed from" "$tmp/$name.log" && bad "$name: resumed before failing: $(grep 'resumed from' "$tmp/$name.log")"
+  echo "$last" | grep -Eq "$pattern" || bad "$name: unclear error (want /$pattern/): $last"
+  [ "$(snapshot "$tmp/$name")" = "$before" ] || bad "$name: the save_folder changed: $(diff <(echo "$before") <(snapshot "$tmp/$name") | head -5)"
+  [ "$fail" != "$was" ] || echo "ok $name: $last"
+}
+
+# --- A stepN that is not a checkpoint directory. Skipped, the run resumed from step2, trained
+# to step 4 and only then failed to save (the work since step2 lost); an unreadable step4 was
+# skipped the same way and the save then swapped it to step4.tmp, which the next prune deletes.
+damaged file_step 'rm -r step4 && echo x > step4'
+resume_refused file_step "step4 is not a checkpoint directory"
+damaged dangling_step 'rm -r step4 && ln -s /nonexistent step4'
+resume_refused dangling_step "step4 is not a checkpoint directory.*symbolic link"
+if [ "$(id -u)" = 0 ] && command -v setpriv > /dev/null; then
+  damaged unreadable_step 'chmod -R a+rwX . && chmod 000 step4'
+  chmod a+rwx "$tmp/unreadable_step"
+  resume_refused unreadable_step "step4.*Permission denied" setpriv --reuid=65534 --regid=65534 --clear-groups
+elif [ "$(id -u)" != 0 ]; then
+  damaged unreadable_step 'chmod 000 step4'
+  resume_refused unreadable_step "step4.*Permission denied"
+else
+  echo "(root without setpriv: the unreadable step directory is not checked)"
+fi
+
+[ "$fail" = 0 ] || exit 1
+echo "checkpoint_hostile: all cases refused clearly, no checkpoint changed"
