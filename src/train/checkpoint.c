@@ -151,12 +151,41 @@ static int json_get_hex(json_t *obj, const char *key, const char *path, uint64_t
     return SPES_OK;
 }
 
-// Parses train_state.json; also returns the optimizer step and the trainable summary.
-static int read_state_json(const char *path, TrainState *s, int64_t *opt_step, int64_t *n_trainable,
+// Step number of a directory entry named exactly "step<digits>" (+ suffix); -1 otherwise.
+static int64_t parse_step_name(const char *name, const char *suffix) {
+    if (strncmp(name, "step", 4) != 0) return -1;
+    const char *p = name + 4;
+    int64_t step = 0;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9' && digits < 18; p++, digits++) step = step * 10 + (*p - '0');
+    return digits > 0 && !strcmp(p, suffix) ? step : -1;
+}
+
+// The step a directory's name gives ("<...>/step12" or "step12/"); -1 for any other name.
+static int64_t step_of_dir_name(const char *dir) {
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/') len--;
+    size_t start = len;
+    while (start > 0 && dir[start - 1] != '/') start--;
+    char name[64];
+    if (len - start >= sizeof name) return -1;
+    memcpy(name, dir + start, len - start);
+    name[len - start] = '\0';
+    return parse_step_name(name, "");
+}
+
+// Parses dir/train_state.json; also returns the optimizer step and the trainable summary.
+static int read_state_json(const char *dir, TrainState *s, int64_t *opt_step, int64_t *n_trainable,
                            int64_t *trainable_values, uint64_t *names_hash) {
+    char *path = path_join(dir, "train_state.json");
+    if (!path) return SPES_ERR;
     json_error_t err;
     json_t *root = json_load_file(path, 0, &err);
-    if (!root) return spes_fail("%s:%d: not valid JSON: %s", path, err.line, err.text);
+    if (!root) {
+        spes_fail("%s:%d: not valid JSON: %s", path, err.line, err.text);
+        free(path);
+        return SPES_ERR;
+    }
     int64_t version = 0, seed = 0;
     json_t *data = json_object_get(root, "data"), *tr = json_object_get(root, "trainable");
     int rc = SPES_ERR;
@@ -177,6 +206,22 @@ static int read_state_json(const char *path, TrainState *s, int64_t *opt_step, i
         goto done;
     if (s->step < 0 || s->tokens_seen < 0 || *opt_step < 0 || s->data.epoch < 0 || s->data.index < 0) {
         spes_fail("%s: negative step, token count or data position", path);
+        goto done;
+    }
+    // A stepN directory holds step N: resuming another step from it would carry on with N's
+    // weights under the wrong step (and re-save, replacing, the checkpoint it came from).
+    int64_t named = step_of_dir_name(dir);
+    if (named >= 0 && s->step != named) {
+        spes_fail("%s: \"step\" is %" PRId64 " but the directory is step%" PRId64
+                  " (the file was edited or copied from another checkpoint)",
+                  path, s->step, named);
+        goto done;
+    }
+    // Every optimizer update is a step (an amp_fp16 overflow skips the update, not the step).
+    if (*opt_step > s->step) {
+        spes_fail("%s: \"optimizer_step\" %" PRId64 " exceeds \"step\" %" PRId64
+                  ": AdamW's bias correction would be wrong",
+                  path, *opt_step, s->step);
         goto done;
     }
     s->data_seed = (uint64_t)seed;
@@ -201,17 +246,14 @@ static int read_state_json(const char *path, TrainState *s, int64_t *opt_step, i
     rc = SPES_OK;
 done:
     json_decref(root);
+    free(path);
     return rc;
 }
 
 int checkpoint_read_state(const char *dir, TrainState *state) {
-    char *path = path_join(dir, "train_state.json");
-    if (!path) return SPES_ERR;
     int64_t opt_step, n_trainable, values;
     uint64_t names_hash;
-    int rc = read_state_json(path, state, &opt_step, &n_trainable, &values, &names_hash);
-    free(path);
-    return rc;
+    return read_state_json(dir, state, &opt_step, &n_trainable, &values, &names_hash);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -316,7 +358,7 @@ int checkpoint_load(const char *dir, Model *m, AdamW *opt, TrainState *state) {
     if (!weights || !moments || !json) goto done;
     int64_t opt_step, n_trainable, values;
     uint64_t names_hash;
-    if (read_state_json(json, state, &opt_step, &n_trainable, &values, &names_hash) != SPES_OK) goto done;
+    if (read_state_json(dir, state, &opt_step, &n_trainable, &values, &names_hash) != SPES_OK) goto done;
     int mine;
     uint64_t my_hash = trainable_names_hash(&m->table, &mine);
     if (n_trainable != mine || (size_t)values != m->table.trainable_numel || names_hash != my_hash) {
@@ -339,16 +381,6 @@ done:
     free(moments);
     free(json);
     return rc;
-}
-
-// Step number of a directory entry named exactly "step<digits>" (+ suffix); -1 otherwise.
-static int64_t parse_step_name(const char *name, const char *suffix) {
-    if (strncmp(name, "step", 4) != 0) return -1;
-    const char *p = name + 4;
-    int64_t step = 0;
-    int digits = 0;
-    for (; *p >= '0' && *p <= '9' && digits < 18; p++, digits++) step = step * 10 + (*p - '0');
-    return digits > 0 && !strcmp(p, suffix) ? step : -1;
 }
 
 // Whether the entry save_folder/stepN is a complete checkpoint (it holds train_state.json):

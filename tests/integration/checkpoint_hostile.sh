@@ -74,5 +74,18 @@ else
   echo "(root without setpriv: the unreadable step directory is not checked)"
 fi
 
+# --- train_state.json disagreeing with its directory. "step": 2 in step4 resumed step4's
+# weights at step 2, trimmed the loss log to step 2 and re-saved (replaced) step4; "step": 999
+# exited 0 without training; "optimizer_step" above "step" turned AdamW's bias correction off.
+state_edit() { python3 -c '
+import json, sys
+p = "step4/train_state.json"; d = json.load(open(p)); exec(sys.argv[1]); open(p, "w").write(json.dumps(d, indent=2))' "$1"; }
+damaged state_step_back "state_edit 'd[\"step\"] = 2'"
+resume_refused state_step_back 'step4/train_state.json: "step" is 2 but the directory is step4'
+damaged state_step_ahead "state_edit 'd[\"step\"] = 999'"
+resume_refused state_step_ahead '"step" is 999 but the directory is step4'
+damaged state_opt_step "state_edit 'd[\"optimizer_step\"] = 10**15'"
+resume_refused state_opt_step 'train_state.json: "optimizer_step" 1000000000000000 exceeds "step" 4'
+
 [ "$fail" = 0 ] || exit 1
 echo "checkpoint_hostile: all cases refused clearly, no checkpoint changed"
