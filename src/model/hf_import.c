@@ -12,15 +12,16 @@
 #include "base/log.h"
 #include "model/hf_config.h"
 
-// Shard file names from the index's weight_map, each once, in order of first appearance.
-static int shard_names_from_index(const char *index_path, char ***names, int *count) {
+// Shard file names from the index's weight_map, each once, in order of first appearance; *root
+// keeps the parsed index for index_matches_shards (the caller frees it).
+static int shard_names_from_index(const char *index_path, char ***names, int *count, json_t **index_root) {
     json_error_t jerr;
-    json_t *root = json_load_file(index_path, 0, &jerr);
-    json_t *map = root ? json_object_get(root, "weight_map") : NULL;
+    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) return spes_fail("%s: not valid JSON (line %d: %s)", index_path, jerr.line, jerr.text);
+    json_t *map = json_object_get(root, "weight_map");
     if (!json_is_object(map)) {
         json_decref(root);
-        return spes_fail("%s: not a safetensors index (needs a \"weight_map\" object)%s%s", index_path,
-                         root ? "" : ": ", root ? "" : jerr.text);
+        return spes_fail("%s: not a safetensors index (needs a \"weight_map\" object)", index_path);
     }
     size_t n = json_object_size(map);
     char **out = spes_calloc(n + 1, sizeof(char *));
@@ -38,16 +39,62 @@ static int shard_names_from_index(const char *index_path, char ***names, int *co
         for (int i = 0; i < found && !seen; i++) seen = !strcmp(out[i], file);
         if (!seen && !(out[found++] = spes_strdup(file))) status = SPES_ERR;
     }
-    json_decref(root);
     if (status == SPES_OK && found == 0) status = spes_fail("%s: the weight_map is empty", index_path);
     if (status != SPES_OK) {
+        json_decref(root);
         for (int i = 0; out && i < found; i++) free(out[i]);
         free(out);
         return SPES_ERR;
     }
     *names = out;
     *count = found;
+    *index_root = root;
     return SPES_OK;
+}
+
+typedef struct {
+    const char *name;
+    int shard;
+} NameInShard;
+
+static int cmp_name_in_shard(const void *a, const void *b) {
+    return strcmp(((const NameInShard *)a)->name, ((const NameInShard *)b)->name);
+}
+
+// The shards must hold what the index says: every weight_map entry in the shard it names, and no
+// tensor in two shards (which copy a lookup finds would depend on the shards' order: a silently
+// different model from the one the index describes).
+static int index_matches_shards(const char *index_path, json_t *index_root, const HfTensorSet *set) {
+    json_t *map = json_object_get(index_root, "weight_map");
+    const char *key;
+    json_t *value;
+    json_object_foreach(map, key, value) {
+        const char *file = json_string_value(value);
+        int s = 0;
+        for (; s < set->count; s++) {
+            const char *slash = strrchr(set->shard_paths[s], '/');
+            if (!strcmp(slash ? slash + 1 : set->shard_paths[s], file)) break;
+        }
+        if (s == set->count || !safetensors_find(&set->shards[s], key))
+            return spes_fail("%s: weight_map puts tensor %s in %s, but %s does not hold it", index_path, key, file,
+                             s < set->count ? set->shard_paths[s] : file);
+    }
+    size_t total = 0;
+    for (int s = 0; s < set->count; s++) total += (size_t)set->shards[s].count;
+    NameInShard *all = spes_calloc(total ? total : 1, sizeof *all);
+    if (!all) return SPES_ERR;
+    size_t n = 0;
+    for (int s = 0; s < set->count; s++)
+        for (int i = 0; i < set->shards[s].count; i++) all[n++] = (NameInShard){set->shards[s].tensors[i].name, s};
+    qsort(all, n, sizeof *all, cmp_name_in_shard);
+    int status = SPES_OK;
+    for (size_t i = 1; i < n && status == SPES_OK; i++)
+        if (!strcmp(all[i - 1].name, all[i].name))
+            status = spes_fail("tensor %s is in both %s and %s (%s names one of them): which copy is the model's is "
+                               "unclear", all[i].name, set->shard_paths[all[i - 1].shard],
+                               set->shard_paths[all[i].shard], index_path);
+    free(all);
+    return status;
 }
 
 int hf_tensors_open(const char *dir, HfTensorSet *out) {
@@ -55,9 +102,10 @@ int hf_tensors_open(const char *dir, HfTensorSet *out) {
     char *index = path_join(dir, "model.safetensors.index.json");
     char *single = path_join(dir, "model.safetensors");
     char **names = NULL;
+    json_t *index_root = NULL;
     int count = 0, status = index && single ? SPES_OK : SPES_ERR;
     if (status == SPES_OK && file_exists(index)) {
-        status = shard_names_from_index(index, &names, &count);
+        status = shard_names_from_index(index, &names, &count, &index_root);
     } else if (status == SPES_OK && file_exists(single)) {
         names = spes_calloc(1, sizeof(char *));
         if (names && (names[0] = spes_strdup("model.safetensors"))) count = 1;
@@ -66,7 +114,6 @@ int hf_tensors_open(const char *dir, HfTensorSet *out) {
         status = spes_fail("%s holds neither model.safetensors nor model.safetensors.index.json: not a Hugging Face "
                            "model directory (or a checkpoint written without weights)", dir);
     }
-    free(index);
     free(single);
     if (status == SPES_OK) {
         out->shards = spes_calloc((size_t)count, sizeof(SafeTensors));
@@ -78,6 +125,9 @@ int hf_tensors_open(const char *dir, HfTensorSet *out) {
         if (!out->shard_paths[i]) status = SPES_ERR;
         else if ((status = safetensors_open(out->shard_paths[i], &out->shards[i])) == SPES_OK) out->count++;
     }
+    if (status == SPES_OK && index_root) status = index_matches_shards(index, index_root, out);
+    json_decref(index_root);
+    free(index);
     for (int i = 0; i < count; i++) free(names[i]);
     free(names);
     if (status != SPES_OK) {

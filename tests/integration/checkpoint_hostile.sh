@@ -87,5 +87,52 @@ resume_refused state_step_ahead '"step" is 999 but the directory is step4'
 damaged state_opt_step "state_edit 'd[\"optimizer_step\"] = 10**15'"
 resume_refused state_opt_step 'train_state.json: "optimizer_step" 1000000000000000 exceeds "step" 4'
 
+# --- Sharded Hugging Face directories whose index and shards disagree (spes eval, spes export,
+# load_path read them through one function). A tensor held by two shards was taken from
+# whichever shard came first (eval's loss changed, export wrote that copy, exit 0); an index
+# entry naming a shard without the tensor, and duplicate index keys, passed unnoticed.
+"$SPES_BIN" export --checkpoint "$tmp/base/step4" --out "$tmp/hf" --max_shard_size 20KB > "$tmp/export.log" 2>&1 ||
+  { cat "$tmp/export.log"; exit 1; }
+index_edit() { python3 -c '
+import json, sys
+p = sys.argv[1] + "/model.safetensors.index.json"; d = json.load(open(p)); w = d["weight_map"]; exec(sys.argv[2])
+open(p, "w").write(json.dumps(d, indent=2))' "$@"; }
+# st_add DIR SHARD NAME ROWS COLS VALUE: SHARD gains a tensor NAME [ROWS, COLS] of VALUE.
+st_add() { python3 - "$@" <<'PYEOF'
+import json, struct, sys
+d, shard, name, rows, cols, value = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
+p = f"{d}/{shard}"
+b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); data = b[8 + n:]
+h[name] = {"dtype": "F32", "shape": [rows, cols], "data_offsets": [len(data), len(data) + 4 * rows * cols]}
+data += struct.pack(f"<{rows * cols}f", *([value] * (rows * cols)))
+hj = json.dumps(h).encode(); hj += b" " * (-len(hj) % 8)
+open(p, "wb").write(struct.pack("<Q", len(hj)) + hj + data)
+PYEOF
+}
+hf_case() { rm -rf "${tmp:?}/$1"; cp -a "$tmp/hf" "$tmp/$1"; }
+# model_refused NAME PATTERN: eval, export and load_path must each fail naming PATTERN.
+model_refused() {
+  local name=$1 pattern=$2 was=$fail out
+  out=$("$SPES_BIN" eval --model "$tmp/$name" --tokens "$tmp/tokens.npy" --threads 1 --no_progress 2>&1) && bad "$name: eval succeeded: $(echo "$out" | tail -1)"
+  echo "$out" | tail -1 | grep -Eq "$pattern" || bad "$name: eval: unclear error (want /$pattern/): $(echo "$out" | tail -1)"
+  out=$("$SPES_BIN" export --checkpoint "$tmp/$name" --out "$tmp/$name.out" 2>&1) && bad "$name: export succeeded"
+  echo "$out" | tail -1 | grep -Eq "$pattern" || bad "$name: export: unclear error: $(echo "$out" | tail -1)"
+  out=$("$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/$name.run" --load_path="$tmp/$name" 2>&1) && bad "$name: load_path succeeded"
+  echo "$out" | tail -1 | grep -Eq "$pattern" || bad "$name: load_path: unclear error: $(echo "$out" | tail -1)"
+  [ "$fail" != "$was" ] || echo "ok $name: $(echo "$out" | tail -1)"
+}
+embed_shard=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["weight_map"]["model.embed_tokens.weight"])' "$tmp/hf/model.safetensors.index.json")
+lm_shard=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["weight_map"]["lm_head.weight"])' "$tmp/hf/model.safetensors.index.json")
+[ "$embed_shard" != "$lm_shard" ] || { echo "the export put embed_tokens and lm_head in one shard"; exit 1; }
+hf_case hf_two_copies
+st_add "$tmp/hf_two_copies" "$lm_shard" model.embed_tokens.weight 64 32 0.5   # lm_head's shard is read first
+model_refused hf_two_copies "tensor model.embed_tokens.weight is in both .*model-.* and .*model-"
+hf_case hf_wrong_shard
+index_edit "$tmp/hf_wrong_shard" "w['model.norm.weight'] = '$embed_shard'"
+model_refused hf_wrong_shard "weight_map puts tensor model.norm.weight in $embed_shard, but .*$embed_shard does not hold it"
+hf_case hf_dup_key
+sed -i "s/\"weight_map\": {/\"weight_map\": {\n    \"model.norm.weight\": \"$embed_shard\",/" "$tmp/hf_dup_key/model.safetensors.index.json"
+model_refused hf_dup_key "model.safetensors.index.json: not valid JSON .*duplicate object key"
+
 [ "$fail" = 0 ] || exit 1
 echo "checkpoint_hostile: all cases refused clearly, no checkpoint changed"
