@@ -201,8 +201,7 @@ static void list_add(NameList *l, const char *item) {
         l->at += snprintf(l->text + l->at, sizeof l->text - (size_t)l->at, "%s%s", l->count > 1 ? ", " : "", item);
 }
 
-// Values of x[0..n) that are NaN or +-Inf.
-static size_t count_nonfinite(const float *x, size_t n) {
+size_t count_nonfinite(const float *x, size_t n) {
     size_t bad = 0;
 #pragma omp parallel for reduction(+ : bad) if (n > ((size_t)1 << 20))
     for (size_t i = 0; i < n; i++) bad += !isfinite(x[i]);

@@ -25,6 +25,8 @@ int hf_tensor_read(const HfTensorSet *set, const char *name, int64_t rows, int64
 // non-float dtypes, up to a dozen of each named. lm_head.weight may be absent when
 // tie_lm_head is set (tied embeddings): it is then a copy of the embedding.
 int hf_tensors_load_model(const HfTensorSet *set, Model *m, bool tie_lm_head);
+// Values of x[0..n) that are NaN or +-Inf (no trained model or optimizer state holds one).
+size_t count_nonfinite(const float *x, size_t n);
 
 // model_create with every tensor frozen (no gradient memory): for eval, generate, export.
 int model_create_frozen(Model *m, const ModelConfig *cfg);

@@ -20,6 +20,7 @@
 #include "io/safetensors.h"
 #include "model/export.h"
 #include "model/hf_config.h"
+#include "model/hf_import.h"
 
 // ---------------------------------------------------------------------------------------
 // Tensors of a parameter table <-> safetensors
@@ -58,6 +59,13 @@ done:
     return rc;
 }
 
+static void format_shape(int ndim, const int64_t *shape, char *buf, size_t size) {
+    int at = snprintf(buf, size, "[");
+    for (int d = 0; d < ndim && at < (int)size; d++)
+        at += snprintf(buf + at, size - (size_t)at, d ? ", %" PRId64 : "%" PRId64, shape[d]);
+    if (at < (int)size) snprintf(buf + at, size - (size_t)at, "]");
+}
+
 int checkpoint_read_table(const char *path, const ParamTable *table, bool grad_layout, int n_bufs,
                           float *const *bufs, const char *const *prefixes) {
     SafeTensors st;
@@ -79,12 +87,19 @@ int checkpoint_read_table(const char *path, const ParamTable *table, bool grad_l
             bool same = t->ndim == p->ndim;
             for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
             if (!same) {
-                rc = spes_fail("tensor %s has %d dims [%" PRId64 ", ...], the model expects %d dims [%" PRId64
-                               ", ...]",
-                               name, t->ndim, t->shape[0], p->ndim, p->shape[0]);
+                char got[96], want[96];
+                format_shape(t->ndim, t->shape, got, sizeof got);
+                format_shape(p->ndim, p->shape, want, sizeof want);
+                rc = spes_fail("tensor %s is %s, the model expects %s", name, got, want);
                 break;
             }
             rc = safetensors_to_f32(t, bufs[b] + off);
+            // A NaN or Inf here would only show steps later as a NaN loss blamed on the
+            // learning rate; the trainer never saves one.
+            size_t n_bad = rc == SPES_OK ? count_nonfinite(bufs[b] + off, p->numel) : 0;
+            if (n_bad)
+                rc = spes_fail("tensor %s holds %zu NaN or Inf values of %zu: the file is damaged", name, n_bad,
+                               (size_t)p->numel);
         }
     if (rc != SPES_OK) spes_fail_context("loading %s", path);
     safetensors_close(&st);
@@ -373,6 +388,17 @@ int checkpoint_load(const char *dir, Model *m, AdamW *opt, TrainState *state) {
     if (checkpoint_read_table(weights, &m->table, false, 1, wbuf, no_prefix) != SPES_OK) goto done;
     float *mbuf[2] = {opt->m, opt->v};
     if (checkpoint_read_table(moments, &m->table, true, 2, mbuf, moment_prefixes) != SPES_OK) goto done;
+    // Second moments are means of squares: a negative one makes AdamW's sqrt NaN at the next step.
+    for (int i = 0; i < m->table.count; i++) {
+        const ParamInfo *p = &m->table.entries[i];
+        if (!p->trainable || p->grad_offset < 0) continue;
+        for (size_t j = 0; j < p->numel; j++)
+            if (opt->v[(size_t)p->grad_offset + j] < 0) {
+                spes_fail("%s: tensor %s%s holds a negative value (%g at %zu): the file is damaged", moments,
+                          moment_prefixes[1], p->name, (double)opt->v[(size_t)p->grad_offset + j], j);
+                goto done;
+            }
+    }
     opt->step = opt_step;
     rc = SPES_OK;
 done:

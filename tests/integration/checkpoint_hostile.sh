@@ -87,6 +87,42 @@ resume_refused state_step_ahead '"step" is 999 but the directory is step4'
 damaged state_opt_step "state_edit 'd[\"optimizer_step\"] = 10**15'"
 resume_refused state_opt_step 'train_state.json: "optimizer_step" 1000000000000000 exceeds "step" 4'
 
+# --- Tensor contents. A weight or moment of NaN, or a negative second moment, resumed and
+# failed steps later as "the loss is nan ... lower optimizer.learning_rate"; a shape differing in
+# its second dim was reported as "[64, ...], the model expects [64, ...]".
+# st_set FILE NAME PYEXPR: tensor NAME of FILE (in step4/) gets the bytes PYEXPR (same length).
+st_set() { python3 - "$@" <<'PYEOF'
+import json, struct, sys
+p, name, expr = "step4/" + sys.argv[1], sys.argv[2], sys.argv[3]
+b = bytearray(open(p, "rb").read()); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+lo, hi = h[name]["data_offsets"]; new = eval(expr); assert len(new) == hi - lo
+b[8 + n + lo:8 + n + hi] = new; open(p, "wb").write(b)
+PYEOF
+}
+damaged nan_weight "st_set model.safetensors model.norm.weight 'struct.pack(\"<32f\", *[float(\"nan\")] * 32)'"
+resume_refused nan_weight "model.safetensors: tensor model.norm.weight holds 32 NaN or Inf values"
+damaged nan_moment "st_set train_state.safetensors exp_avg.model.norm.weight 'struct.pack(\"<32f\", *[float(\"inf\")] * 32)'"
+resume_refused nan_moment "train_state.safetensors: tensor exp_avg.model.norm.weight holds 32 NaN or Inf values"
+damaged negative_moment "st_set train_state.safetensors exp_avg_sq.model.norm.weight 'struct.pack(\"<32f\", *[-1.0] * 32)'"
+resume_refused negative_moment "train_state.safetensors: tensor exp_avg_sq.model.norm.weight holds a negative value"
+# st_narrow: step4/model.safetensors with model.embed_tokens.weight [64, 16] (its first half).
+st_narrow() { python3 - <<'PYEOF'
+import json, struct
+p = "step4/model.safetensors"
+b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); data = b[8 + n:]
+out, blob = {}, b""
+for k, v in h.items():
+    if k == "__metadata__": out[k] = v; continue
+    t = data[v["data_offsets"][0]:v["data_offsets"][1]]
+    if k == "model.embed_tokens.weight": v["shape"], t = [64, 16], t[:len(t) // 2]
+    out[k] = {"dtype": v["dtype"], "shape": v["shape"], "data_offsets": [len(blob), len(blob) + len(t)]}; blob += t
+hj = json.dumps(out).encode(); hj += b" " * (-len(hj) % 8)
+open(p, "wb").write(struct.pack("<Q", len(hj)) + hj + blob)
+PYEOF
+}
+damaged narrow_embed st_narrow
+resume_refused narrow_embed "tensor model.embed_tokens.weight is \[64, 16\], the model expects \[64, 32\]"
+
 # --- Sharded Hugging Face directories whose index and shards disagree (spes eval, spes export,
 # load_path read them through one function). A tensor held by two shards was taken from
 # whichever shard came first (eval's loss changed, export wrote that copy, exit 0); an index
