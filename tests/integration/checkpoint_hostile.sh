@@ -61,7 +61,7 @@ resume_refused() {
 # skipped the same way and the save then swapped it to step4.tmp, which the next prune deletes.
 damaged file_step 'rm -r step4 && echo x > step4'
 resume_refused file_step "step4 is not a checkpoint directory"
-damaged dangling_step 'rm -r step4 && ln -s /nonexistent step4'
+damaged dangling_step 'rm -r step4 && ln -s ../never_created step4'
 resume_refused dangling_step "step4 is not a checkpoint directory.*symbolic link"
 if [ "$(id -u)" = 0 ] && command -v setpriv > /dev/null; then
   damaged unreadable_step 'chmod -R a+rwX . && chmod 000 step4'
