@@ -1,5 +1,4 @@
 // `spes export`: a checkpoint (or any model directory we load) -> a Hugging Face directory.
-#include <dirent.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +11,7 @@
 #include "cli/commands.h"
 #include "model/export.h"
 #include "model/hf_import.h"
+#include "train/checkpoint.h"
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -31,38 +31,26 @@ static void usage(FILE *out) {
             "  --max_shard_size S    shard above this size (default 5GB; e.g. 500MB, 20KB)\n");
 }
 
-// A directory with config.json is used as is; otherwise its highest stepN/ that has one.
+// A directory with config.json is used as is; otherwise (a save_folder) its latest complete
+// checkpoint, found as --resume finds it.
 static char *resolve_checkpoint(const char *dir) {
     char *config = path_join(dir, "config.json");
     bool direct = config && file_exists(config);
     free(config);
     if (direct) return strdup(dir);
-    DIR *d = opendir(dir);
-    if (!d) {
+    if (!dir_exists(dir)) {
         spes_fail("checkpoint directory %s cannot be opened", dir);
         return NULL;
     }
-    long best = -1;
-    struct dirent *ent;
-    while ((ent = readdir(d))) {
-        char *end;
-        if (strncmp(ent->d_name, "step", 4) != 0) continue;
-        long step = strtol(ent->d_name + 4, &end, 10);
-        if (end == ent->d_name + 4 || *end || step <= best) continue;
-        char *sub = path_join(dir, ent->d_name), *cfg = sub ? path_join(sub, "config.json") : NULL;
-        if (cfg && file_exists(cfg)) best = step;
-        free(cfg);
-        free(sub);
-    }
-    closedir(d);
-    if (best < 0) {
-        spes_fail("%s has no config.json and no stepN/ checkpoint with one", dir);
+    char *latest;
+    int64_t step;
+    if (checkpoint_find_latest(dir, &latest, &step) != SPES_OK) return NULL;
+    if (!latest) {
+        spes_fail("%s has no config.json and no stepN/ checkpoint", dir);
         return NULL;
     }
-    char name[32];
-    snprintf(name, sizeof name, "step%ld", best);
-    log_info("export: using the latest checkpoint %s/%s", dir, name);
-    return path_join(dir, name);
+    log_info("export: using the latest checkpoint %s", latest);
+    return latest;
 }
 
 int cmd_export(int argc, char **argv) {

@@ -170,5 +170,18 @@ hf_case hf_dup_key
 sed -i "s/\"weight_map\": {/\"weight_map\": {\n    \"model.norm.weight\": \"$embed_shard\",/" "$tmp/hf_dup_key/model.safetensors.index.json"
 model_refused hf_dup_key "model.safetensors.index.json: not valid JSON .*duplicate object key"
 
+# --- spes export --checkpoint SAVE_FOLDER finds the latest checkpoint as --resume does. Its own
+# search read "step+99" as step 99 (strtol) and then failed on step99/, which does not exist.
+damaged export_plus_name 'cp -a step4 step+99'
+out=$("$SPES_BIN" export --checkpoint "$tmp/export_plus_name" --out "$tmp/export_plus_name.out" 2>&1) ||
+  bad "export_plus_name: export failed: $(echo "$out" | tail -1)"
+echo "$out" | grep -q "using the latest checkpoint $tmp/export_plus_name/step4" ||
+  bad "export_plus_name: not step4: $(echo "$out" | grep -m1 'using' || echo "$out" | tail -1)"
+damaged export_file_step 'echo x > step6'
+out=$("$SPES_BIN" export --checkpoint "$tmp/export_file_step" --out "$tmp/export_file_step.out" 2>&1) &&
+  bad "export_file_step: export succeeded"
+echo "$out" | tail -1 | grep -q "step6 is not a checkpoint directory" ||
+  bad "export_file_step: unclear error: $(echo "$out" | tail -1)"
+
 [ "$fail" = 0 ] || exit 1
 echo "checkpoint_hostile: all cases refused clearly, no checkpoint changed"
