@@ -208,6 +208,16 @@ size_t count_nonfinite(const float *x, size_t n) {
     return bad;
 }
 
+// Whether a tensor name is of a layer (model.layers.N.) or an expert (mlp.experts.E.) that the
+// config has not got.
+static bool beyond_config(const char *name, const ModelConfig *c) {
+    int layer = 0, expert = 0, n = 0;
+    if (sscanf(name, "model.layers.%d.%n", &layer, &n) != 1 || n == 0) return false;
+    if (layer >= c->n_layers) return true;
+    const char *e = strstr(name + n, "mlp.experts.");
+    return e && sscanf(e, "mlp.experts.%d.", &expert) == 1 && expert >= c->num_experts;
+}
+
 int hf_tensors_load_model(const HfTensorSet *set, Model *m, bool tie_lm_head) {
     NameList missing = {0}, bad = {0}, nonfinite = {0};
     int embed = -1, lm_head = -1;
@@ -254,13 +264,25 @@ int hf_tensors_load_model(const HfTensorSet *set, Model *m, bool tie_lm_head) {
     if (lm_head >= 0 && embed >= 0)
         memcpy(m->params + m->table.entries[lm_head].offset, m->params + m->table.entries[embed].offset,
                m->table.entries[embed].numel * sizeof(float));
-    // Tensors we do not know: most likely a different architecture; name a few.
+    // Tensors we do not know. A layer or an expert past the config's counts means the config
+    // (config.json, or load_path's training config) describes a smaller model than the weights
+    // (eval would score that smaller model and exit 0): refused. Anything else (a buffer such as a rotary inv_freq, another architecture's
+    // extra) is named in a warning.
+    NameList beyond = {0};
     int unknown = 0;
     for (int s = 0; s < set->count; s++)
-        for (int i = 0; i < set->shards[s].count; i++)
-            if (param_table_find(&m->table, set->shards[s].tensors[i].name) < 0 && unknown++ < 3)
-                log_warn("ignoring tensor %s (not part of this model)", set->shards[s].tensors[i].name);
+        for (int i = 0; i < set->shards[s].count; i++) {
+            const char *name = set->shards[s].tensors[i].name;
+            if (param_table_find(&m->table, name) >= 0) continue;
+            if (beyond_config(name, &m->cfg)) list_add(&beyond, name);
+            else if (unknown++ < 3) log_warn("ignoring tensor %s (not part of this model)", name);
+        }
     if (unknown > 3) log_warn("ignoring %d more unknown tensors", unknown - 3);
+    if (beyond.count)
+        return spes_fail("the config describes %d layers of %d experts, but the weights also hold %d tensor%s of "
+                         "layers or experts past those (%s%s): the config does not match the weights",
+                         m->cfg.n_layers, m->cfg.num_experts, beyond.count, beyond.count == 1 ? "" : "s", beyond.text,
+                         beyond.count > MAX_LISTED ? ", ..." : "");
     return SPES_OK;
 }
 

@@ -170,6 +170,28 @@ hf_case hf_dup_key
 sed -i "s/\"weight_map\": {/\"weight_map\": {\n    \"model.norm.weight\": \"$embed_shard\",/" "$tmp/hf_dup_key/model.safetensors.index.json"
 model_refused hf_dup_key "model.safetensors.index.json: not valid JSON .*duplicate object key"
 
+# --- Weights of a bigger model than the config describes: config.json with one layer fewer
+# loaded the first layer and ignored the second with a warning (eval exited 0 with the
+# one-layer model's loss), and so did load_path into a training config of one layer. A tensor
+# that is of no layer or expert (a buffer) is still only warned about.
+hf_case hf_fewer_layers
+python3 -c 'import json, sys; p = sys.argv[1] + "/config.json"; d = json.load(open(p)); d["num_hidden_layers"] = 1
+open(p, "w").write(json.dumps(d, indent=2))' "$tmp/hf_fewer_layers"
+beyond="config describes 1 layers of .* experts, but the weights also hold .* model.layers.1."
+out=$("$SPES_BIN" eval --model "$tmp/hf_fewer_layers" --tokens "$tmp/tokens.npy" --threads 1 --no_progress 2>&1) &&
+  bad "hf_fewer_layers: eval succeeded: $(echo "$out" | tail -1)"
+echo "$out" | tail -1 | grep -Eq "$beyond" || bad "hf_fewer_layers: eval: unclear error: $(echo "$out" | tail -1)"
+out=$("$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/fewer.run" --load_path="$tmp/hf" --model.n_layers=1 2>&1) &&
+  bad "hf_fewer_layers: load_path into one layer succeeded"
+echo "$out" | tail -1 | grep -Eq "$beyond" || bad "hf_fewer_layers: load_path: unclear error: $(echo "$out" | tail -1)"
+hf_case hf_extra_buffer
+st_add "$tmp/hf_extra_buffer" "$lm_shard" model.layers.0.self_attn.rotary_emb.inv_freq 1 8 1.0
+out=$("$SPES_BIN" eval --model "$tmp/hf_extra_buffer" --tokens "$tmp/tokens.npy" --threads 1 --no_progress 2>&1) ||
+  bad "hf_extra_buffer: eval failed: $(echo "$out" | tail -1)"
+echo "$out" | grep -q "ignoring tensor model.layers.0.self_attn.rotary_emb.inv_freq" ||
+  bad "hf_extra_buffer: no warning naming the buffer"
+[ "$fail" != 0 ] || echo "ok hf_fewer_layers, hf_extra_buffer"
+
 # --- spes export --checkpoint SAVE_FOLDER finds the latest checkpoint as --resume does. Its own
 # search read "step+99" as step 99 (strtol) and then failed on step99/, which does not exist.
 damaged export_plus_name 'cp -a step4 step+99'
