@@ -409,7 +409,7 @@ int config_max_steps(const TrainConfig *cfg, int64_t dataset_instances, int64_t 
     case DURATION_STEPS: *steps = cfg->max_duration; return SPES_OK;
     case DURATION_TOKENS: {
         int64_t per_step = (int64_t)cfg->global_train_batch_size * cfg->model.max_seq_len;
-        *steps = (cfg->max_duration + per_step - 1) / per_step;
+        *steps = cfg->max_duration / per_step + (cfg->max_duration % per_step != 0);   // ceil, no overflow
         return SPES_OK;
     }
     case DURATION_EPOCHS: {
@@ -418,6 +418,9 @@ int config_max_steps(const TrainConfig *cfg, int64_t dataset_instances, int64_t 
         if (per_epoch == 0)
             return spes_fail("max_duration: %" PRId64 "ep: the dataset (%" PRId64 " instances) holds less than one "
                              "global batch (%d)", cfg->max_duration, dataset_instances, cfg->global_train_batch_size);
+        if (cfg->max_duration > INT64_MAX / per_epoch)   // the product would wrap (to a negative or small count)
+            return spes_fail("max_duration: %" PRId64 "ep of %" PRId64 " steps each is more steps than a 64-bit count "
+                             "holds", cfg->max_duration, per_epoch);
         *steps = cfg->max_duration * per_epoch;
         return SPES_OK;
     }

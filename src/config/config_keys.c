@@ -384,6 +384,13 @@ static int parse_max_duration(ParseCtx *c, const YNode *n, const char *key, Trai
     num[len] = '\0';
     char *end;
     errno = 0;
+    long long whole = strtoll(num, &end, 10);   // exact (a double keeps 53 bits); "1e9" takes the strtod path
+    if (*end == '\0' && errno == 0 && whole > 0) {
+        cfg->max_duration = whole;
+        cfg->max_duration_unit = unit;
+        return SPES_OK;
+    }
+    errno = 0;
     double v = strtod(num, &end);
     if (*end != '\0' || !isfinite(v) || v != floor(v) || v <= 0 || v > 9.0e18)
         return key_fail(n, key, "expected a positive whole number of steps, <N>T tokens or <N>ep epochs, got '%s'", s);

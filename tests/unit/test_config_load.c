@@ -305,6 +305,20 @@ static void test_max_duration_forms(void **state) {
     assert_int_equal(steps, 3 * (10 / 4));
     assert_int_equal(config_max_steps(&cfg, -1, &steps), SPES_ERR);
     config_free(&cfg);
+    // Epochs x steps per epoch past int64: an error naming max_duration, not a wrapped count (this
+    // one wrapped to 4 steps and trained them; a larger one showed as "the decay ends at step -8e18").
+    yaml = "max_duration: 1844674407370955162ep\nglobal_train_batch_size: 4\ndevice_train_microbatch_size: 2\n";
+    assert_int_equal(config_load_string(yaml, "d.yaml", 0, NULL, &cfg), SPES_OK);
+    assert_int_equal(config_max_steps(&cfg, 40, &steps), SPES_ERR);
+    if (!strstr(spes_last_error(), "max_duration: 1844674407370955162ep")) fail_msg("message: %s", spes_last_error());
+    config_free(&cfg);
+    // Tokens near the top of int64: rounded up without overflowing.
+    yaml = "max_duration: 9000000000000000000T\nglobal_train_batch_size: 2147483647\ndevice_train_microbatch_size: 1\n"
+           "model:\n  max_sequence_length: 2147483647\n";
+    assert_int_equal(config_load_string(yaml, "d.yaml", 0, NULL, &cfg), SPES_OK);
+    assert_int_equal(config_max_steps(&cfg, -1, &steps), SPES_OK);
+    assert_int_equal(steps, 2);   // 9e18 / (2^31-1)^2 = 1.95...
+    config_free(&cfg);
 }
 
 // The hash covers the semantics, not the run control; the YAML dump reloads to the same hash.

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# `spes train` on hostile inputs other than checkpoints: config values that parse but make no
+# sense (or overflow), odd YAML, broken token files. Each must end in one clear error naming
+# what and where (file:line or the --key, the data file) with exit 1, never a crash, a hang, a
+# wrapped number or a run that trains on something else than asked. The tiny MoE of
+# lib/tiny_model.sh (40 instances of 32 ids, vocab 64), a few steps at most.
+set -u
+cd "$(dirname "$0")/../.."
+. tests/integration/lib/require.sh
+require_spes
+. tests/integration/lib/tiny_model.sh
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+tiny_tokens "$tmp"
+tiny_config "$tmp" hostile
+sed -i 's/t_warmup: 2/t_warmup: 1/' "$tmp/tiny.yaml"   # so that a 2-step run has a decay
+cat >>"$tmp/tiny.yaml" <<EOF
+max_duration: 2
+global_train_batch_size: 4
+device_train_microbatch_size: 2
+save_folder: $tmp/out
+threads: 1
+EOF
+fail=0
+
+# run CONFIG ARGS...: spes train with a fresh save folder; sets rc and err (stderr + stdout).
+run() {
+  rm -rf "$tmp/out"
+  err=$(timeout 120 "$SPES_BIN" train "$@" 2>&1)
+  rc=$?
+}
+
+# refused WHAT EXPECT CONFIG ARGS...: exit 1 and the output holds EXPECT (a fixed string).
+refused() {
+  local what=$1 expect=$2
+  shift 2
+  run "$@"
+  if [ $rc -ne 1 ] || ! grep -qF -- "$expect" <<<"$err"; then
+    echo "FAIL $what: exit $rc, expected exit 1 and '$expect'; got: $(grep -a 'spes:' <<<"$err" | tail -2 | cut -c1-300)"
+    fail=1
+  else
+    echo "ok   $what: $(grep -a '^spes:' <<<"$err" | tail -1 | cut -c1-160)"
+  fi
+}
+
+# trains WHAT CONFIG ARGS...: exit 0.
+trains() {
+  local what=$1
+  shift
+  run "$@"
+  if [ $rc -ne 0 ]; then
+    echo "FAIL $what: exit $rc: $(tail -2 <<<"$err" | cut -c1-300)"
+    fail=1
+  else
+    echo "ok   $what: trained"
+  fi
+}
+
+cfg=$tmp/tiny.yaml
+trains "the base config" "$cfg"
+
+# max_duration in epochs times steps per epoch past int64 wrapped: 1844674407370955162ep of 10
+# steps is 2^64 + 4, so the run trained 4 steps; larger ones said "the decay ends at step -8e18".
+refused "epochs overflowing the step count" "max_duration: 1844674407370955162ep of 10 steps each" \
+  "$cfg" --max_duration=1844674407370955162ep
+
+exit $fail
