@@ -197,6 +197,7 @@ struct ConfigKey {
     bool per_rank;          // may differ between the ranks of one job (config_job_lines leaves it out)
     bool (*unset)(const TrainConfig *);   // hashed keys added later: left out of the hash while
                                           // unset, so configs without them keep their hash
+    bool fp32;              // K_F64 read into a double but computed with as a float (as K_F32 is)
     const char *fixed;      // K_FIXED: the accepted value
     int (*parse)(ParseCtx *, const YNode *, const char *key, TrainConfig *);
     void (*format)(const TrainConfig *, FILE *);   // K_SPECIAL; NULL: not printed
@@ -653,7 +654,7 @@ static const ConfigKey KEYS[] = {
     {"optimizer.name", K_FIXED, .fixed = "adamw", .meaning = "Only AdamW is implemented (OLMo's default is lionw)."},
     {"optimizer.learning_rate", K_F64, F(learning_rate), MIN_NONNEG, .hashed = true, .meaning = "Peak learning rate."},
     {"optimizer.betas", K_SPECIAL, .hashed = true, .parse = parse_betas, .format = format_betas, .meaning = "[beta1, beta2]."},
-    {"optimizer.eps", K_F64, F(adamw.eps), MIN_POSITIVE, .hashed = true, .meaning = "AdamW epsilon."},
+    {"optimizer.eps", K_F64, F(adamw.eps), MIN_POSITIVE, .hashed = true, .fp32 = true, .meaning = "AdamW epsilon."},
     {"optimizer.weight_decay", K_F64, F(adamw.weight_decay), MIN_NONNEG, .hashed = true, .meaning = "Decoupled weight decay."},
     {"optimizer.decay_norm_and_bias", K_BOOL, F(adamw.decay_norm_and_bias), .hashed = true, .meaning = "Norm gains decay too."},
     {"optimizer.decay_embeddings", K_BOOL, F(adamw.decay_embeddings), .hashed = true, .meaning = "The input embedding decays too."},
@@ -795,8 +796,14 @@ static int apply_key(ParseCtx *c, const ConfigKey *k, const YNode *n, const char
         double v = 0;
         SPES_TRY(parse_f64(n, path, &v));
         SPES_TRY(check_min(k, n, path, v));
-        if (k->kind == K_F32) {
+        if (k->kind == K_F32 || k->fp32) {
             if (fabs(v) > 3.0e38) return key_fail(n, path, "%s is out of float range", n->value);
+            // 1e-50 passes "must be > 0" and is 0 once a float: an eps of 0 divides by zero
+            if (v != 0 && (float)v == 0)
+                return key_fail(n, path, "%s is too small for the 32-bit float it is computed in (it would be 0; "
+                                "the smallest is 1.4e-45)", n->value);
+        }
+        if (k->kind == K_F32) {
             *(float *)field = (float)v;
         } else {
             *(double *)field = v;

@@ -64,4 +64,10 @@ trains "the base config" "$cfg"
 refused "epochs overflowing the step count" "max_duration: 1844674407370955162ep of 10 steps each" \
   "$cfg" --max_duration=1844674407370955162ep
 
+# optimizer.eps 1e-50 is > 0 as written but 0 as the float AdamW computes with: the first
+# update divided 0 by 0 and step 2 stopped on "the loss is -nan; lower optimizer.learning_rate".
+refused "eps that is 0 in fp32" "command line --optimizer.eps: 1e-50 is too small for the 32-bit float" \
+  "$cfg" --optimizer.eps=1e-50
+trains "eps 1e-40 (a float subnormal, not 0)" "$cfg" --optimizer.eps=1e-40
+
 exit $fail

@@ -84,6 +84,12 @@ static const BadCase CASES[] = {
     {"override bad YAML", "", "--data.paths=[a,", "command line --data.paths: '[a,' is not a valid YAML value", "YAML syntax error"},
     {"override into a scalar", "", "--seed.x=1", "command line --seed.x", "unknown config key"},
     {"override validation", "", "--spes_config.peer_id=7", "spes_config.peer_id", "[0, num_peers = 1)"},
+    // Positive in the file, 0 as the float the kernels use: eps 0 made the first AdamW step NaN
+    // (reported as "lower optimizer.learning_rate"); the model's float keys failed without a line.
+    {"eps below float range", "optimizer:\n  eps: 1e-50\n", NULL, "bad.yaml:2: optimizer.eps", "too small for the 32-bit float"},
+    {"norm eps below float range", "model:\n  layer_norm_eps: 1e-50\n", NULL, "bad.yaml:2: model.layer_norm_eps",
+     "it would be 0"},
+    {"init_std below float range", "", "--model.init_std=1e-46", "command line --model.init_std", "it would be 0"},
     {"outer_lr out of range", "spes_config:\n  outer_lr: 20\n", NULL, "bad.yaml:2: spes_config.outer_lr", "[1e-6, 10], got 20"},
     {"outer_lr zero", "spes_config:\n  outer_lr: 0\n", NULL, "bad.yaml:2: spes_config.outer_lr", "> 0"},
     {"sync_warmup_steps not on the grid", "spes_config:\n  sync_steps: 25\n  sync_warmup_steps: 110\n", NULL,
