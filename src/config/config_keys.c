@@ -516,6 +516,15 @@ static int parse_evaluators(ParseCtx *c, const YNode *n, const char *key, TrainC
             evaluator_free(&ev);
             return SPES_ERR;
         }
+        // metrics.jsonl and the console tell evaluators apart by label only
+        for (int j = 0; keep && j < cfg->n_evaluators; j++)
+            if (strcmp(cfg->evaluators[j].label, ev.label) == 0) {
+                char where[64];
+                snprintf(where, sizeof where, "%s[%d]", key, i);
+                evaluator_free(&ev);
+                return key_fail(n->items[i], where, "label '%.100s' is taken by an earlier evaluator: their results "
+                                "would be indistinguishable in metrics.jsonl", cfg->evaluators[j].label);
+            }
         if (keep) cfg->evaluators[cfg->n_evaluators++] = ev;
     }
     return SPES_OK;

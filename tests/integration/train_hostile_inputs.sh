@@ -70,4 +70,18 @@ refused "eps that is 0 in fp32" "command line --optimizer.eps: 1e-50 is too smal
   "$cfg" --optimizer.eps=1e-50
 trains "eps 1e-40 (a float subnormal, not 0)" "$cfg" --optimizer.eps=1e-40
 
+# Two evaluators with one label trained and wrote two {"eval":"val",...} lines per evaluation
+# to metrics.jsonl, from different data, with nothing to tell them apart.
+cp "$cfg" "$tmp/evals.yaml"
+cat >>"$tmp/evals.yaml" <<EOF
+evaluators:
+  - label: val
+    data: {paths: [$tmp/tokens.npy]}
+  - label: val
+    data: {paths: [$tmp/tokens.npy]}
+EOF
+line=$(grep -n "label: val" "$tmp/evals.yaml" | tail -1 | cut -d: -f1)
+refused "evaluators sharing a label" "evals.yaml:$line: evaluators[1]: label 'val' is taken by an earlier evaluator" \
+  "$tmp/evals.yaml"
+
 exit $fail

@@ -64,6 +64,9 @@ static const BadCase CASES[] = {
     {"too many experts per node", "model:\n  moe_num_experts: 8\nspes_config:\n  num_train_experts_per_node: 9\n", NULL,
      "bad.yaml:4: spes_config.num_train_experts_per_node", "[1, moe_num_experts = 8]"},
     {"evaluator without paths", "evaluators:\n  - label: val\n    type: lm\n", NULL, "bad.yaml:2: evaluators[0]", "needs data.paths"},
+    // two lines {"eval":"val",...} per evaluation in metrics.jsonl, which no reader can tell apart
+    {"evaluator labels repeat", "evaluators:\n  - label: val\n    data: {paths: [a.npy]}\n  - label: val\n"
+     "    data: {paths: [b.npy]}\n", NULL, "bad.yaml:4: evaluators[1]", "label 'val' is taken by an earlier evaluator"},
     {"evaluator bad type", "evaluators:\n  - label: val\n    type: weird\n", NULL, "bad.yaml:3: evaluators[0]", "lm or downstream"},
     {"unknown interpolation", "save_folder: out/${nope}\n", NULL, "bad.yaml:1: save_folder", "unknown interpolation ${nope}"},
     {"interpolation cycle", "run_name: ${save_folder}\nsave_folder: ${run_name}\n", NULL, "bad.yaml:", "cycle"},
