@@ -43,11 +43,14 @@ char *strlist_join(const StrList *l, const char *sep) {
     for (int i = 0; i < l->n; i++) len += strlen(l->items[i]) + strlen(sep);
     char *s = spes_malloc(len);
     if (!s) return NULL;
-    s[0] = '\0';
+    size_t at = 0, sep_len = strlen(sep);   // appended at an offset: strcat from the start is quadratic
     for (int i = 0; i < l->n; i++) {
-        if (i) strcat(s, sep);
-        strcat(s, l->items[i]);
+        if (i) memcpy(s + at, sep, sep_len), at += sep_len;
+        size_t n = strlen(l->items[i]);
+        memcpy(s + at, l->items[i], n);
+        at += n;
     }
+    s[at] = '\0';
     return s;
 }
 

@@ -130,6 +130,14 @@ static int parse_node(Reader *r, yaml_event_t *ev, int depth, YNode **out) {
                     spes_fail("%s:%d: mapping keys must be plain words", r->origin, key_line);
                     goto fail;
                 }
+                // Every key is checked against the earlier ones (duplicates are errors): bounded, so
+                // that a hostile file of a million keys is refused at once instead of taking hours.
+                if (n->n >= YTREE_MAX_MAP_KEYS) {
+                    yaml_event_delete(&e);
+                    spes_fail("%s:%d: the mapping opened at line %d has more than %d keys; a config has a few "
+                              "hundred at most", r->origin, key_line, line, YTREE_MAX_MAP_KEYS);
+                    goto fail;
+                }
                 key = spes_strdup((const char *)e.data.scalar.value);
                 yaml_event_delete(&e);
                 if (!key) goto fail;

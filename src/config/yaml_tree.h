@@ -18,6 +18,9 @@ typedef struct YNode {
     int n, cap;
 } YNode;
 
+// Keys one mapping may have (a config's largest, OLMo's model section, has about 60).
+#define YTREE_MAX_MAP_KEYS 10000
+
 // Parses YAML text. An empty document gives an empty map. Errors: "origin:line: ...".
 int ytree_parse(const char *text, size_t len, const char *origin, int line_offset, YNode **root);
 void ytree_free(YNode *node);
