@@ -6,6 +6,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -378,9 +379,18 @@ int config_load_string(const char *yaml_text, const char *name, int n_overrides,
     return load_string(yaml_text, name, n_overrides, overrides, cfg, true);
 }
 
+// A config is read whole; a token file or an image given by mistake could be gigabytes.
+#define CONFIG_MAX_BYTES (64u << 20)
+
 static int load_file(const char *path, int n_overrides, char **overrides, TrainConfig *cfg, bool report) {
     uint8_t *text = NULL;
     size_t len = 0;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > (off_t)CONFIG_MAX_BYTES) {
+        *cfg = (TrainConfig){0};
+        return spes_fail("config: %s is %lld bytes, more than a YAML config can be (%u MiB); is it a token or "
+                         "checkpoint file?", path, (long long)st.st_size, CONFIG_MAX_BYTES >> 20);
+    }
     if (file_read_all(path, &text, &len) != SPES_OK) {
         *cfg = (TrainConfig){0};
         return spes_fail_context("config");

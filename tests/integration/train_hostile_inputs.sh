@@ -89,4 +89,10 @@ refused "evaluators sharing a label" "evals.yaml:$line: evaluators[1]: label 'va
 { cat "$cfg"; seq 1 200000 | sed 's/^/k/; s/$/: 1/'; } >"$tmp/keys.yaml"
 LIMIT=20 refused "a mapping of 200000 keys" "has more than 10000 keys" "$tmp/keys.yaml"
 
+# A config over 64 MiB (a token file given by mistake) was read whole into memory first (4 GB
+# of RSS for a 4 GB file) to be told "NUL byte in the config file"; refused by its size now.
+truncate -s 200M "$tmp/huge.yaml"
+refused "a 200 MiB config" "huge.yaml is 209715200 bytes, more than a YAML config can be" "$tmp/huge.yaml"
+rm -f "$tmp/huge.yaml"
+
 exit $fail

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "config/config.h"
@@ -155,6 +156,23 @@ static void test_missing_file(void **state) {
     assert_non_null(strstr(spes_last_error(), "/nonexistent/dir/run.yaml"));
 }
 
+// A config is read whole: a file over 64 MiB (a token file given by mistake) is refused before
+// it is read, not read into memory first (a 4 GB file took 4 GB of RSS to be told it has a NUL).
+static void test_huge_file(void **state) {
+    (void)state;
+    char path[] = "/tmp/spes_test_huge_config_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)1 << 36), 0);   // 64 GiB, sparse
+    close(fd);
+    TrainConfig cfg;
+    assert_int_equal(config_load(path, 0, NULL, &cfg), SPES_ERR);
+    const char *msg = spes_last_error();
+    bool ok = strstr(msg, path) && strstr(msg, "68719476736 bytes, more than a YAML config can be");
+    unlink(path);
+    if (!ok) fail_msg("message: %s", msg);
+}
+
 // Fixed keys accept their value and null; values are case-exact like OLMo's enums.
 static void test_fixed_keys_accept_value_and_null(void **state) {
     (void)state;
@@ -229,6 +247,7 @@ int main(void) {
         cmocka_unit_test(test_interpolation_blowup),
         cmocka_unit_test(test_fixed_keys_accept_value_and_null),
         cmocka_unit_test(test_too_many_keys),
+        cmocka_unit_test(test_huge_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
