@@ -271,8 +271,7 @@ static int open_evaluators(Trainer *t) {
         e->cfg = &t->cfg->evaluators[i];
         t->n_evals++;
         if (!e->cfg->requests) {
-            if (loader_open_eval(t->cfg, e->cfg, &e->ds, &e->dl) != SPES_OK)
-                return spes_fail_context("evaluator '%s'", e->cfg->label);
+            if (loader_open_eval(t->cfg, e->cfg, &e->ds, &e->dl) != SPES_OK) return SPES_ERR;   // names the evaluator
             continue;
         }
         // downstream: the tokenizer (once) and the task, checked now rather than at the first evaluation

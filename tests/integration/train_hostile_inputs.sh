@@ -95,4 +95,14 @@ truncate -s 200M "$tmp/huge.yaml"
 refused "a 200 MiB config" "huge.yaml is 209715200 bytes, more than a YAML config can be" "$tmp/huge.yaml"
 rm -f "$tmp/huge.yaml"
 
+# An evaluator's missing file was reported as "evaluator 'val': evaluator 'val': data file: ..."
+# (the loader and the trainer each added the label).
+run "$cfg" "--evaluators=[{label: val, data: {paths: [$tmp/missing.npy]}}]"
+if [ $rc -ne 1 ] || ! grep -qF "spes: evaluator 'val': data file: cannot open $tmp/missing.npy" <<<"$err" ||
+   grep -qF "evaluator 'val': evaluator" <<<"$err"; then
+  echo "FAIL an evaluator's missing file: exit $rc: $(tail -1 <<<"$err")"; fail=1
+else
+  echo "ok   an evaluator's missing file: $(tail -1 <<<"$err")"
+fi
+
 exit $fail
