@@ -138,6 +138,15 @@ static int parse_node(Reader *r, yaml_event_t *ev, int depth, YNode **out) {
                               "hundred at most", r->origin, key_line, line, YTREE_MAX_MAP_KEYS);
                     goto fail;
                 }
+                // YAML 1.1's merge key: PyYAML (OmegaConf, OLMo) merges the mapping it names into
+                // this one; read as an ordinary key it would be ignored as unknown, and the run
+                // would train without the values it was meant to bring.
+                if (e.data.scalar.style == YAML_PLAIN_SCALAR_STYLE && strcmp((const char *)e.data.scalar.value, "<<") == 0) {
+                    yaml_event_delete(&e);
+                    spes_fail("%s:%d: YAML merge keys (<<) are not supported in configs; write the keys out",
+                              r->origin, key_line);
+                    goto fail;
+                }
                 key = spes_strdup((const char *)e.data.scalar.value);
                 yaml_event_delete(&e);
                 if (!key) goto fail;

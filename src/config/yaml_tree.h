@@ -1,6 +1,6 @@
 // A YAML document as a small tree (maps, sequences, scalars) in which every node keeps the
 // file and line it came from, so config errors can point at the line. Parsed with libyaml's
-// event API. Anchors/aliases and multi-document files are rejected (no config needs them).
+// event API. Aliases, merge keys (<<) and multi-document files are rejected (no config needs them).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>

@@ -105,4 +105,9 @@ else
   echo "ok   an evaluator's missing file: $(tail -1 <<<"$err")"
 fi
 
+# A YAML merge key: OmegaConf merges the mapping; here "<<" was an unknown key, warned about and
+# ignored, and the run trained with the default seed and warm-up instead.
+{ echo "<<: {seed: 3}"; cat "$cfg"; } >"$tmp/merge.yaml"
+refused "a YAML merge key" "merge.yaml:1: YAML merge keys (<<) are not supported" "$tmp/merge.yaml"
+
 exit $fail

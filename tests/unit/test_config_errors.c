@@ -77,6 +77,9 @@ static const BadCase CASES[] = {
     {"YAML tab indentation", "model:\n\td_model: 4\n", NULL, "bad.yaml:2:", "YAML syntax error"},
     {"duplicate key", "seed: 1\nseed: 2\n", NULL, "bad.yaml:2:", "'seed' appears twice"},
     {"alias", "a: &x 1\nseed: *x\n", NULL, "bad.yaml:2:", "aliases"},
+    // OmegaConf merges {seed: 3} into the top level; read as a key, "<<" was warned about as
+    // unknown and ignored, so the run trained with seed 6198.
+    {"merge key", "model:\n  d_model: 64\n<<: {seed: 3}\n", NULL, "bad.yaml:3:", "merge keys (<<) are not supported"},
     {"two documents", "seed: 1\n---\nseed: 2\n", NULL, "bad.yaml:", "more than one YAML document"},
     {"top level list", "- a\n- b\n", NULL, "bad.yaml:1:", "mapping of keys"},
     {"override type error", "", "--optimizer.learning_rate=abc", "command line --optimizer.learning_rate",
