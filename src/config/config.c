@@ -230,6 +230,19 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
     CHECK(m->expert_hidden > 0, "model.mlp_hidden_size", "expert hidden size must be > 0");
     CHECK(m->max_seq_len >= 2, "model.max_sequence_length", "must be >= 2 (an instance predicts positions 1..T-1), got %d",
           m->max_seq_len);
+    // model_config_validate's bounds (the trainer checks them again, without a line)
+    CHECK(m->d_model <= MODEL_MAX_WIDTH, "model.d_model", "%d is larger than the %lld the model code handles", m->d_model,
+          MODEL_MAX_WIDTH);
+    CHECK(m->embedding_size <= MODEL_MAX_WIDTH, m->embedding_size == m->vocab_size ? "model.vocab_size" : "model.embedding_size",
+          "%d rows is more than the %lld the model code handles", m->embedding_size, MODEL_MAX_WIDTH);
+    CHECK(m->expert_hidden <= MODEL_MAX_WIDTH, "model.mlp_hidden_size", "expert hidden size %d is larger than the %lld the "
+          "model code handles", m->expert_hidden, MODEL_MAX_WIDTH);
+    CHECK((long long)m->n_heads * m->head_dim <= MODEL_MAX_WIDTH, "model.n_heads", "n_heads x head_dim = %lld is larger "
+          "than the %lld the model code handles", (long long)m->n_heads * m->head_dim, MODEL_MAX_WIDTH);
+    CHECK(m->num_experts <= MODEL_MAX_EXPERTS, "model.moe_num_experts", "%d is more than the %d the model code handles",
+          m->num_experts, MODEL_MAX_EXPERTS);
+    CHECK(m->n_layers <= MODEL_MAX_LAYERS, "model.n_layers", "%d is more than the %d the model code handles", m->n_layers,
+          MODEL_MAX_LAYERS);
     CHECK(m->eos_token_id < m->embedding_size, "model.eos_token_id", "%d is outside the embedding (%d rows)",
           m->eos_token_id, m->embedding_size);
     CHECK(m->pad_token_id < m->embedding_size, "model.pad_token_id", "%d is outside the embedding (%d rows)",

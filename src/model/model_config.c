@@ -51,9 +51,10 @@ int model_config_validate(ModelConfig *cfg) {
     if (!isfinite(cfg->init_cutoff_factor))
         return spes_fail("model config: init_cutoff_factor must be finite");
     // Very large dimensions would overflow the int64 shapes / int indices used below.
-    const long long limit = 1LL << 24;
+    const long long limit = MODEL_MAX_WIDTH;
     if (cfg->d_model > limit || cfg->embedding_size > limit || cfg->expert_hidden > limit ||
-        (long long)cfg->n_heads * cfg->head_dim > limit || cfg->num_experts > 65536 || cfg->n_layers > 65536)
+        (long long)cfg->n_heads * cfg->head_dim > limit || cfg->num_experts > MODEL_MAX_EXPERTS ||
+        cfg->n_layers > MODEL_MAX_LAYERS)
         return spes_fail("model config: dimensions are implausibly large (d_model %d, embedding_size %d, "
                          "expert_hidden %d, heads*head_dim %lld, experts %d, layers %d)",
                          cfg->d_model, cfg->embedding_size, cfg->expert_hidden,

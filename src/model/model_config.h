@@ -55,6 +55,12 @@ typedef struct {
 
 #define IGNORE_INDEX (-100)
 
+// Largest dimensions model_config_validate accepts: beyond them the int64 shapes and int indices
+// of the model code could overflow. (The config loader checks them too, to name file:line.)
+#define MODEL_MAX_WIDTH (1LL << 24)   // d_model, embedding_size, expert_hidden, n_heads * head_dim
+#define MODEL_MAX_EXPERTS 65536
+#define MODEL_MAX_LAYERS 65536
+
 // Fills derived fields (head_dim, embedding_size) and checks consistency. Error names the field.
 int model_config_validate(ModelConfig *cfg);
 // The tiny/bench presets used by tests and benchmarks ("tiny", "bench-small").

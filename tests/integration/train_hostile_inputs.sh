@@ -110,4 +110,11 @@ fi
 { echo "<<: {seed: 3}"; cat "$cfg"; } >"$tmp/merge.yaml"
 refused "a YAML merge key" "merge.yaml:1: YAML merge keys (<<) are not supported" "$tmp/merge.yaml"
 
+# Dimensions past what the model code handles were refused only by the trainer, as "model
+# config: dimensions are implausibly large (...)", with neither the key nor where it was set.
+refused "n_layers past the model's bound" "command line --model.n_layers: 2147483647 is more than the 65536" \
+  "$cfg" --model.n_layers=2147483647
+refused "vocab past the model's bound" "command line --model.vocab_size: 20000000 rows is more than" \
+  "$cfg" --model.vocab_size=20000000 --model.embedding_size=20000000
+
 exit $fail

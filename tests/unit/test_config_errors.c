@@ -53,6 +53,15 @@ static const BadCase CASES[] = {
      "bad.yaml:3: model.embedding_size", "must be >= vocab_size (300)"},
     {"heads do not divide", "model:\n  d_model: 100\n  n_heads: 3\n", NULL, "bad.yaml:3: model.n_heads", "divisible"},
     {"kv heads", "model:\n  n_heads: 12\n  n_kv_heads: 5\n", NULL, "bad.yaml:3: model.n_kv_heads", "multiple of n_kv_heads"},
+    // Beyond model_config_validate's bounds: the trainer said "model config: dimensions are
+    // implausibly large (...)", naming neither the key nor the line.
+    {"d_model too large", "model:\n  d_model: 2147483640\n  mlp_hidden_size: 64\n", NULL, "bad.yaml:2: model.d_model", "larger than the 16777216"},
+    {"vocab too large", "model:\n  vocab_size: 2147483647\n", NULL, "bad.yaml:2: model.vocab_size", "more than the 16777216"},
+    {"layers too many", "", "--model.n_layers=2147483647", "command line --model.n_layers", "more than the 65536"},
+    {"experts too many", "model:\n  moe_num_experts: 100000\n  moe_top_k: 2\n", NULL, "bad.yaml:2: model.moe_num_experts",
+     "more than the 65536"},
+    {"heads too wide", "model:\n  n_heads: 65536\n  head_dim: 65536\n", NULL, "bad.yaml:2: model.n_heads",
+     "n_heads x head_dim = 4294967296"},
     {"top_k > experts", "model:\n  moe_num_experts: 4\n  moe_top_k: 5\n", NULL, "bad.yaml:3: model.moe_top_k", "<= moe_num_experts"},
     {"over_head without qk norm", "model:\n  attention_layer_norm_over_head: true\n", NULL,
      "bad.yaml:2: model.attention_layer_norm_over_head", "attention_layer_norm: true"},
