@@ -32,6 +32,10 @@ int schedule_validate(const ScheduleConfig *s, double initial_lr, int64_t max_st
     if (!(s->alpha_f >= 0 && s->alpha_f <= 1))
         return spes_fail("scheduler.alpha_f is %g; it must be in [0, 1]", s->alpha_f);
     double min_lr = s->warmup_min_lr >= 0 ? s->warmup_min_lr : 0.1 * initial_lr;
+    if (s->t_warmup > 0 && !(initial_lr > 0))
+        return spes_fail("optimizer.learning_rate is %g: a warm-up (scheduler.t_warmup %lld) needs a rate above 0 to "
+                         "rise to",
+                         initial_lr, (long long)s->t_warmup);
     if (s->t_warmup > 0 && !(min_lr < initial_lr))
         return spes_fail("scheduler.warmup_min_lr %g must be below optimizer.learning_rate %g", min_lr, initial_lr);
     if (effective_t_max(s, max_steps) <= s->t_warmup)

@@ -62,6 +62,11 @@ static void test_names_and_validation(void **state) {
     s.warmup_min_lr = 2e-3;
     assert_int_equal(schedule_validate(&s, 1e-3, 100), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "warmup_min_lr"));
+    // A rate of 0 with the default warmup_min_lr (0.1 x 0) is the rate's fault, not the key the
+    // user never set.
+    s.warmup_min_lr = -1;
+    assert_int_equal(schedule_validate(&s, 0.0, 100), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "optimizer.learning_rate is 0"));
 }
 
 static void test_matches_python(void **state) {
