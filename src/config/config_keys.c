@@ -89,10 +89,22 @@ static int scalar_of(const YNode *n, const char *key, const char *expected, cons
     return SPES_OK;
 }
 
+// "040", "-007": YAML 1.1 (PyYAML, so OmegaConf and the reference) reads a leading 0 as octal
+// (040 is 32; 08 is a string), strtoll as decimal. Refused, naming both readings, rather
+// than silently training with another value than the reference would.
+static int refuse_leading_zero(const YNode *n, const char *key, const char *s) {
+    const char *d = s + (*s == '-' || *s == '+');
+    if (d[0] != '0' || d[1] == '\0' || strspn(d, "0123456789") != strlen(d)) return SPES_OK;
+    return key_fail(n, key, "'%s' has a leading 0, which YAML 1.1 (OmegaConf, as the reference reads its configs) "
+                            "takes for octal; write the number without it",
+                    s);
+}
+
 // Whole-string integer (decimal, optional sign; "1_000" is not accepted).
 static int parse_i64(const YNode *n, const char *key, int64_t *out) {
     const char *s = NULL;
     SPES_TRY(scalar_of(n, key, "an integer", &s));
+    SPES_TRY(refuse_leading_zero(n, key, s));
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
@@ -113,6 +125,7 @@ static int parse_i64(const YNode *n, const char *key, int64_t *out) {
 static int parse_f64(const YNode *n, const char *key, double *out) {
     const char *s = NULL;
     SPES_TRY(scalar_of(n, key, "a number", &s));
+    SPES_TRY(refuse_leading_zero(n, key, s));
     char *end;
     errno = 0;
     double v = strtod(s, &end);

@@ -26,6 +26,10 @@ static const BadCase CASES[] = {
      "bad.yaml:2: optimizer.learning_rate: expected a number, got 'abc'", NULL},
     {"not an integer", "seed: 1\nglobal_train_batch_size: 1.5\n", NULL, "bad.yaml:2: global_train_batch_size",
      "expected an integer"},
+    // YAML 1.1 (OmegaConf) reads 040 as octal 32; strtoll read 40: the run differed silently.
+    {"leading zero integer", "seed: 040\n", NULL, "bad.yaml:1: seed", "'040' has a leading 0"},
+    {"leading zero number", "", "--optimizer.learning_rate=-01", "command line --optimizer.learning_rate",
+     "leading 0"},
     {"not a bool", "using_spes: maybe\n", NULL, "bad.yaml:1: using_spes", "expected true or false"},
     {"negative size", "model:\n  d_model: -4\n", NULL, "bad.yaml:2: model.d_model", "must be > 0"},
     {"zero experts", "model:\n  moe_num_experts: 0\n", NULL, "bad.yaml:2: model.moe_num_experts", "must be > 0"},
