@@ -44,7 +44,8 @@
 // line "gpu_train_step: skipped (<why>)", 1 a real failure.
 // Machine-readable lines (bench/run_gpu.sh assembles the final line): ours_tok_s= and mfu=,
 // gemm_ceiling_frac= for the all-trainable run (the same work as the PyTorch peer),
-// peer_tok_s=, peer_mfu= for the SPES peer, gemm_tflops=, peak_mem_gb= (peer),
+// peer_tok_s=, peer_mfu= for the SPES peer, gemm_tflops=, copy_gbs= (the ceilings),
+// peak_mem_gb= (peer),
 // peak_mem_gb_all_trainable=, mem_ratio_measured=, mem_ratio_predicted=.
 #include <math.h>
 #include <stdio.h>
@@ -86,8 +87,9 @@ typedef struct {
     int status;                 // RES_*
     char message[512];          // the error, when status != RES_OK
     char device[160];           // be->description
-    // GEMM child
+    // GEMM child: the ceilings
     double gemm_tflops;
+    double copy_gbs;            // device-to-device copy, bytes read + written per second
     // training children
     int B, T, steps;
     size_t params, trainable, arena_bytes;
@@ -156,6 +158,32 @@ static Precision bench_precision(const Opts *o) {
     return strcmp(o->device, "cpu") == 0 ? PRECISION_FP32 : PRECISION_AMP_BF16;   // cpu: fp32 only (no warning)
 }
 
+// The memory ceiling: the backend's copy of 1 GiB (64 MiB in host memory), counting the bytes
+// read and written, best of 3 batches of 10 after 3 warm-ups. The memory-bound phases' floors
+// (AdamW's below) are bytes over this rate.
+static int measure_copy(Backend *be, double *gbs) {
+    const size_t bytes = be->host_memory ? (size_t)64 << 20 : (size_t)1 << 30;
+    void *src = NULL, *dst = NULL;
+    int rc = SPES_ERR;
+    if (backend_alloc(be, bytes, &src) != SPES_OK || backend_alloc(be, bytes, &dst) != SPES_OK) goto done;
+    be->ops->zero(be, src, bytes);
+    for (int i = 0; i < 3; i++) be->ops->copy(be, dst, src, bytes);
+    if (backend_sync(be) != SPES_OK) goto done;
+    *gbs = 0.0;
+    for (int batch = 0; batch < 3; batch++) {
+        const int reps = 10;
+        double t0 = now_seconds();
+        for (int i = 0; i < reps; i++) be->ops->copy(be, dst, src, bytes);
+        if (backend_sync(be) != SPES_OK) goto done;
+        double rate = 2.0 * (double)bytes * reps / (now_seconds() - t0) / 1e9;
+        if (rate > *gbs) *gbs = rate;
+    }
+    rc = SPES_OK;
+done:
+    backend_free(be, src), backend_free(be, dst);
+    return rc;
+}
+
 static void run_gemm(const Opts *o, Result *r) {
     Backend *be = NULL;
     void *tmp = NULL, *a = NULL, *b = NULL, *c = NULL;
@@ -191,6 +219,7 @@ static void run_gemm(const Opts *o, Result *r) {
         if (tflops > best) best = tflops;
     }
     r->gemm_tflops = best;
+    if (measure_copy(be, &r->copy_gbs) != SPES_OK) goto fail;
     r->status = RES_OK;
     goto done;
 fail:
@@ -486,8 +515,10 @@ static double predicted_bytes(const Result *r) {
            (double)r->arena_bytes;
 }
 
-static void print_train(const char *name, const Result *r, const Opts *o, double gemm_tflops, bool async,
+// ceilings: the GEMM child's result (NULL: not measured).
+static void print_train(const char *name, const Result *r, const Opts *o, const Result *ceilings, bool async,
                         int experts_per_peer) {
+    const double gemm_tflops = ceilings ? ceilings->gemm_tflops : 0.0, copy_gbs = ceilings ? ceilings->copy_gbs : 0.0;
     if (r->status == RES_OOM) {
         printf("%s: DOES NOT FIT in GPU memory at micro-batch %d x %d (%s); try --batch %d\n", name, o->B, o->T,
                r->message, o->B > 1 ? o->B / 2 : 1);
@@ -507,6 +538,14 @@ static void print_train(const char *name, const Result *r, const Opts *o, double
     printf("\n");
     printf("%s: synced split per step: forward+backward %.1f ms, clip %.1f ms, AdamW %.1f ms\n", name, 1e3 * r->fb_s,
            1e3 * r->clip_s, 1e3 * r->adam_s);
+    if (copy_gbs > 0) {
+        // AdamW's bytes per trainable parameter: fp32 gradient, weight and both moments read, the
+        // last three written, and the compute copy written when there is one.
+        const double per_param = 28.0 + (r->compute_copy ? 2.0 : 0.0), floor_s = per_param * r->trainable / copy_gbs / 1e9;
+        printf("%s: AdamW's floor at the measured copy rate (%.0f bytes a trainable parameter at %.0f GB/s): %.1f ms; "
+               "measured %.2fx it\n",
+               name, per_param, copy_gbs, 1e3 * floor_s, r->adam_s / floor_s);
+    }
     if (r->overlap_s > 0)
         printf("%s: AdamW under the next forward (--overlap-adamw): mean %.1f ms a step, %.0f tok/s; the plain step "
                "timed alike (back to back, no syncs inside) %.1f ms: %.3fx\n",
@@ -601,7 +640,7 @@ int main(int argc, char **argv) {
             printf("gpu_train_step: skipped (%s)\n", all.message);
             return 77;
         }
-        print_train("all-trainable", &all, &o, 0.0, async, 0);
+        print_train("all-trainable", &all, &o, NULL, async, 0);
         return all.status == RES_OK ? 0 : 1;
     }
     Result gemm, peer, all;
@@ -614,13 +653,14 @@ int main(int argc, char **argv) {
     printf("model: %s, micro-batch %d x %d, amp_bf16, %d warm-up + %d timed steps; SPES peer trains experts 0..%d\n",
            o.preset, o.B, o.T, o.warmup, o.steps, o.experts_per_peer - 1);
     if (gemm.status == RES_OK)
-        printf("gemm: %d^3 in the compute type: %.2f TFLOP/s\n", o.gemm_n, gemm.gemm_tflops);
+        printf("gemm: %d^3 in the compute type: %.2f TFLOP/s; copy: %.0f GB/s (bytes read + written)\n", o.gemm_n,
+               gemm.gemm_tflops, gemm.copy_gbs);
     else
         printf("gemm: FAILED: %s\n", gemm.message);
     measure(&o, JOB_PEER, &peer);
-    print_train("peer", &peer, &o, gemm.gemm_tflops, async, o.experts_per_peer);
+    print_train("peer", &peer, &o, &gemm, async, o.experts_per_peer);
     measure(&o, JOB_ALL, &all);
-    print_train("all-trainable", &all, &o, gemm.gemm_tflops, async, 0);
+    print_train("all-trainable", &all, &o, &gemm, async, 0);
 
     // Machine-readable lines; NA where a measurement is missing.
     char buf[64];
@@ -634,6 +674,7 @@ int main(int argc, char **argv) {
     if (o.overlap_adamw) printf("ours_tok_s_overlap=%s\n", NUM("%.1f", a, (double)all.B * all.T / all.overlap_s));
     printf("gemm_tflops=%s\n", NUM("%.1f", g, gemm.gemm_tflops));
     printf("gemm_ceiling_frac=%s\n", NUM("%.4f", a && g, a_tflops / gemm.gemm_tflops));
+    printf("copy_gbs=%s\n", NUM("%.0f", g && gemm.copy_gbs > 0, gemm.copy_gbs));
     printf("peer_tok_s=%s\n", NUM("%.1f", p, (double)peer.B * peer.T / peer.mean_s));
     printf("peer_tflops=%s\n", NUM("%.2f", p, p_tflops));
     printf("peer_mfu=%s\n", NUM("%.4f", p, p_tflops / o.peak_tflops));

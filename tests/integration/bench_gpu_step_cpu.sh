@@ -17,7 +17,8 @@ trap 'rm -rf "$tmp"' EXIT
 args=(--device cpu --preset tiny --batch 2 --seq 32 --warmup 1 --steps 2 --experts-per-peer 1 --gemm-n 64)
 
 "$bench" "${args[@]}" >"$tmp/default" 2>&1 || { cat "$tmp/default"; echo "default run failed"; exit 1; }
-for line in "^peer: .* tok/s" "^all-trainable: .* tok/s" "^ours_tok_s=[0-9]" "^peer_tok_s=[0-9]" "^gemm_tflops=[0-9]"; do
+for line in "^peer: .* tok/s" "^all-trainable: .* tok/s" "^ours_tok_s=[0-9]" "^peer_tok_s=[0-9]" "^gemm_tflops=[0-9]" \
+            "^copy_gbs=[0-9]" "^all-trainable: AdamW.s floor at the measured copy rate .* measured [0-9.]+x it"; do
   grep -Eq "$line" "$tmp/default" || { cat "$tmp/default"; echo "default run: no line matching $line"; exit 1; }
 done
 ! grep -q "profile-step" "$tmp/default" || { cat "$tmp/default"; echo "default run profiled a step"; exit 1; }
