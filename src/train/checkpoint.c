@@ -376,6 +376,12 @@ int checkpoint_load(const char *dir, Model *m, AdamW *opt, TrainState *state) {
     if (read_state_json(dir, state, &opt_step, &n_trainable, &values, &names_hash) != SPES_OK) goto done;
     int mine;
     uint64_t my_hash = trainable_names_hash(&m->table, &mine);
+    if (n_trainable == mine && names_hash == my_hash && (size_t)values != m->table.trainable_numel) {
+        spes_fail("%s was written with the same trainable tensors holding %lld values, this run's hold %zu: the "
+                  "model's dimensions (the model: keys) differ from the checkpoint's",
+                  json, (long long)values, m->table.trainable_numel);
+        goto done;
+    }
     if (n_trainable != mine || (size_t)values != m->table.trainable_numel || names_hash != my_hash) {
         spes_fail("%s was written with %lld trainable tensors (%lld values), this run trains %d (%zu values) or "
                   "different ones; resume with the same trainable experts (spes_config.peer_id, "

@@ -123,6 +123,14 @@ PYEOF
 damaged narrow_embed st_narrow
 resume_refused narrow_embed "tensor model.embed_tokens.weight is \[64, 16\], the model expects \[64, 32\]"
 
+# --- --force-resume into other model dimensions: the message sent the user to the trainable
+# experts (spes_config.peer_id), which had not changed.
+damaged force_wider ':'
+if "$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/force_wider" --resume --force-resume --model.d_model=48 \
+  --max_duration=6 > "$tmp/force_wider2.log" 2>&1; then bad "force_wider: resumed into d_model 48"; fi
+tail -1 "$tmp/force_wider2.log" | grep -q "the model's dimensions (the model: keys) differ" ||
+  bad "force_wider: unclear error: $(tail -1 "$tmp/force_wider2.log")"
+
 # --- Sharded Hugging Face directories whose index and shards disagree (spes eval, spes export,
 # load_path read them through one function). A tensor held by two shards was taken from
 # whichever shard came first (eval's loss changed, export wrote that copy, exit 0); an index
