@@ -31,31 +31,36 @@ static void test_alloc_overflow_is_an_error(void **state) {
     assert_non_null(strstr(spes_last_error(), "overflow"));
 }
 
+// The file at path holds exactly the len bytes of want.
+static void assert_file_holds(const char *path, const char *want, size_t len) {
+    uint8_t *data;
+    size_t got;
+    assert_int_equal(file_read_all(path, &data, &got), SPES_OK);
+    assert_int_equal(got, len);
+    assert_memory_equal(data, want, len);
+    free(data);
+}
+
 static void test_atomic_file(void **state) {
     (void)state;
     char dir[] = "/tmp/spes_base_XXXXXX";
     assert_non_null(mkdtemp(dir));
     char *path = path_join(dir, "f.txt");
     assert_int_equal(file_write_atomic(path, "hello", 5), SPES_OK);
-    uint8_t *data;
-    size_t len;
-    assert_int_equal(file_read_all(path, &data, &len), SPES_OK);
-    assert_int_equal(len, 5);
-    assert_memory_equal(data, "hello", 5);
-    free(data);
+    assert_file_holds(path, "hello", 5);
     // An aborted write leaves the old content and no temp file behind.
     AtomicFile af;
     assert_int_equal(atomic_file_open(&af, path), SPES_OK);
     assert_int_equal(atomic_file_write(&af, "garbage", 7), SPES_OK);
     atomic_file_abort(&af);
-    assert_int_equal(file_read_all(path, &data, &len), SPES_OK);
-    assert_memory_equal(data, "hello", 5);
-    free(data);
+    assert_file_holds(path, "hello", 5);
     char *sub = path_join(dir, "a/b/c");
     assert_int_equal(mkdir_p(sub), SPES_OK);
     assert_true(dir_exists(sub));
     assert_int_equal(remove_tree(dir), SPES_OK);
     assert_false(dir_exists(dir));
+    uint8_t *data;
+    size_t len;
     assert_int_equal(file_read_all(path, &data, &len), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), path));
     free(sub);
@@ -85,12 +90,7 @@ static void test_atomic_file_target_kinds(void **state) {
     assert_int_equal(file_write_atomic(link, "new!", 4), SPES_OK);
     assert_int_equal(lstat(link, &st), 0);
     assert_true(S_ISLNK(st.st_mode));
-    uint8_t *data;
-    size_t len;
-    assert_int_equal(file_read_all(file, &data, &len), SPES_OK);
-    assert_int_equal(len, 4);
-    assert_memory_equal(data, "new!", 4);
-    free(data);
+    assert_file_holds(file, "new!", 4);
     assert_int_equal(remove_tree(dir), SPES_OK);
     free(fifo), free(sub), free(file), free(link);
 }
