@@ -159,6 +159,21 @@ int rounds_restore_state(Rounds *r) {
     StateFile *files;
     int n;
     SPES_TRY(state_list(dir, &files, &n));
+    // Without rounds.json no round was ever recorded: an aggregate is then a crash's leftover of a
+    // round written just before its bookkeeping, whose uploads stay until rounds.json records it.
+    // One without uploads means rounds.json was lost: removing it (as a leftover) would silently
+    // drop the run's aggregates and restart the rounds from nothing.
+    for (int i = 0; !found && i < n; i++) {
+        bool uploads = false;
+        for (int j = 0; files[i].kind == 'a' && j < n; j++) uploads |= files[j].kind == 'u' && files[j].step == files[i].step;
+        if (files[i].kind != 'a' || uploads) continue;
+        int step = files[i].step;
+        free(files);
+        return spes_fail("server state %s: aggregate_s%d.safetensors but no rounds.json (and no upload of step %d: not "
+                         "a round cut short by a crash); a damaged state directory: restore rounds.json, or move the "
+                         "directory away to start afresh",
+                         dir, step, step);
+    }
     // Each round writes its aggregate before rounds.json: the newest step it names must be there.
     bool newest_found = book.last_completed_step < 0;
     for (int i = 0; i < n; i++) newest_found |= files[i].kind == 'a' && files[i].step == book.last_completed_step;
