@@ -228,6 +228,35 @@ static bool load_kept(json_t *e, StateKept *k) {
     return true;
 }
 
+// What every rounds.json a server wrote satisfies, whatever its check says (a file rewritten with a
+// matching check, or a version 1 one, has none to trust): the counters and steps agree with each
+// other, and no kept aggregate lies past the last completed step (the restart would delete it).
+static int check_book(const char *dir, const StateBook *book) {
+    const char *bad = book->last_completed_step < -1                                 ? "last_completed_step is below -1"
+                      : book->rounds_completed < 0 || book->rounds_partial < 0       ? "a round count is negative"
+                      : book->rounds_partial > book->rounds_completed                ? "more partial rounds than rounds"
+                      : (book->last_completed_step >= 0) != (book->rounds_completed > 0)
+                          ? "last_completed_step and rounds_completed disagree (one says no round completed)"
+                          : NULL;
+    for (int i = 0; !bad && i < book->n_kept; i++) {
+        if (book->kept[i].step > book->last_completed_step)
+            return spes_fail("server state %s/rounds.json: aggregates entry %d (step %d) is past last_completed_step "
+                             "%d: the file was edited or is damaged (restore it, or move the state dir away to start "
+                             "afresh)",
+                             dir, i, book->kept[i].step, book->last_completed_step);
+        for (int j = 0; j < i; j++)
+            if (book->kept[j].step == book->kept[i].step)
+                return spes_fail("server state %s/rounds.json: aggregates entries %d and %d both name step %d: the "
+                                 "file was edited or is damaged (restore it, or move the state dir away to start afresh)",
+                                 dir, j, i, book->kept[i].step);
+    }
+    if (!bad) return SPES_OK;
+    return spes_fail("server state %s/rounds.json: %s (last_completed_step %d, rounds_completed %lld, rounds_partial "
+                     "%lld): the file was edited or is damaged (restore it, or move the state dir away to start afresh)",
+                     dir, bad, book->last_completed_step, (long long)book->rounds_completed,
+                     (long long)book->rounds_partial);
+}
+
 int state_load_book(const char *dir, StateBook *book, bool *found) {
     json_t *j;
     memset(book, 0, sizeof *book);
@@ -269,6 +298,7 @@ int state_load_book(const char *dir, StateBook *book, bool *found) {
     } else if (rc == SPES_OK) {
         rc = spes_fail("server state %s/rounds.json: unknown version %d", dir, version);
     }
+    if (rc == SPES_OK) rc = check_book(dir, book);
     json_decref(j);
     return rc;
 }
