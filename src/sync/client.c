@@ -14,6 +14,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/file.h"
+#include "base/log.h"
 #include "base/rng.h"
 #include "base/timer.h"
 #include "sync/call_status.h"
@@ -524,17 +525,57 @@ int sync_client_upload(SyncClient *c, int step, const StWriteTensor *tensors, in
     return rc;
 }
 
+// A wait for an aggregate says why it lasts, first after SYNC_WAIT_NOTE_S, then at doubling
+// intervals up to SYNC_WAIT_NOTE_MAX_S: without it a peer waiting on a missing one (no
+// --round_timeout, no wait_timeout_s) or on a server that cannot write its state dir waited for
+// ever without a line.
+#define SYNC_WAIT_NOTE_S 10.0
+#define SYNC_WAIT_NOTE_MAX_S 300.0
+
+// Logs that step's aggregate is still awaited after `waited` s, with what the server's Status says
+// of the round (the peers it still waits for), or without it when Status fails.
+static void note_waiting(SyncClient *c, int step, double waited) {
+    RoundsStatus *st = spes_calloc(1, sizeof *st);   // large (1024 peer ids): not on the stack
+    char why[512] = "";
+    if (st && sync_client_status(c, st) == SPES_OK && st->open_step == step && st->total_peers > 0) {
+        bool in[1024] = {false};
+        for (int i = 0; i < st->num_uploaded && i < 1024; i++)
+            if (st->peers_uploaded[i] >= 0 && st->peers_uploaded[i] < 1024) in[st->peers_uploaded[i]] = true;
+        int at = snprintf(why, sizeof why, "; the server has the uploads of %d of %d peers", st->num_uploaded,
+                          st->total_peers);
+        if (st->num_uploaded >= st->total_peers) {
+            snprintf(why + at, sizeof why - (size_t)at, " but has not published the aggregate (see the server's log)");
+        } else {
+            at += snprintf(why + at, sizeof why - (size_t)at, ", waiting for peer");
+            for (int p = 0, shown = 0; p < st->total_peers && p < 1024 && (size_t)at < sizeof why - 16; p++)
+                if (!in[p]) at += snprintf(why + at, sizeof why - (size_t)at, "%s%d", shown++ ? ", " : " ", p);
+        }
+    } else if (st && st->total_peers > 0) {
+        snprintf(why, sizeof why, "; the server's open round is step %d, its newest aggregate step %d", st->open_step,
+                 st->last_aggregate_step);
+    }
+    free(st);
+    log_warn("sync step %d: still waiting for the aggregate after %.0f s%s (`spes status %s` shows the run)", step,
+             waited, why, c->addr);
+}
+
 // Long-polls until step's aggregate is ready; fills the size and chunk count of the view asked
 // for and the name of the view served.
 static int wait_ready(SyncClient *c, int step, const ViewAsk *ask, int64_t *total_bytes, int *total_chunks,
                       char *view, size_t view_cap) {
-    double start = now_seconds();
+    double start = now_seconds(), note_after = SYNC_WAIT_NOTE_S;
     for (;;) {
-        double left = c->cfg.wait_timeout_s > 0 ? c->cfg.wait_timeout_s - (now_seconds() - start) : 1e9;
+        double waited = now_seconds() - start;
+        double left = c->cfg.wait_timeout_s > 0 ? c->cfg.wait_timeout_s - waited : 1e9;
         if (left <= 0)
             return spes_fail(
                 "server %s: the aggregate of step %d was not ready after %.0f s (a peer missing? see `Status`)",
                 c->addr, step, c->cfg.wait_timeout_s);
+        if (waited >= note_after) {
+            note_waiting(c, step, waited);
+            note_after = note_after * 2 < SYNC_WAIT_NOTE_MAX_S ? note_after * 2 : note_after + SYNC_WAIT_NOTE_MAX_S;
+        }
+        if (left > note_after - waited) left = note_after - waited + 0.05;   // wake up for the next note
         WaitAggregateRequest req = WAIT_AGGREGATE_REQUEST__INIT;
         req.instance_id = c->instance_id;
         req.peer_id = c->cfg.peer_id;

@@ -125,4 +125,24 @@ if [ "$(id -u)" = 0 ] && mkdir -p "$dir/ro" && mount -t tmpfs -o size=16m tmpfs 
   refused "read-only state dir" "cannot open $dir/s/lock: Read-only file system"
   umount "$dir/ro"; ro_mount=""; rm -f "$dir/s"
 fi
+# Peers resumed against the restarted server while peer 3 never comes back (no --round_timeout):
+# they wait, and each says so with the peer it waits for, instead of waiting without a line.
+copy
+start_server "$dir/wait.log" "$dir/s" || fail "intact state dir refused: $(cat "$dir/wait.log")"
+cp -a "$dir/run" "$dir/wait"
+waiters=()
+for peer in 0 1 2; do
+  reliability_peer $peer "$port" 8 "$dir/wait/peer$peer" "$dir/wait/peer$peer.resumed.log" 2 --resume
+  waiters+=("$last_pid")
+  pids+=("$last_pid")
+done
+for peer in 0 1 2; do
+  reliability_wait_log "sync step 8: still waiting for the aggregate after 1[0-9] s; the server has the uploads of 3 of 4 peers, waiting for peer 3" \
+    "$dir/wait/peer$peer.resumed.log" || fail "peer $peer waited without saying why"
+done
+kill -TERM "${waiters[@]}"
+for p in "${waiters[@]}"; do wait "$p" || true; done
+stop_server
+grep -q '"synced": false' "$dir/wait/peer0/step8/train_state.json" || fail "peer 0 stopped while waiting saved no unsynced step 8"
+echo "ok: peers waiting on a missing peer say so: $(grep -m1 'still waiting' "$dir/wait/peer0.resumed.log" | cut -c1-160)"
 echo "server state hostile: ok"
