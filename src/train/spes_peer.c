@@ -268,11 +268,27 @@ static int load_sync_state(SpesPeer *p, int64_t start_step, int *base_step) {
 }
 
 // Fetches the server's aggregate of step whole as the delta base, leaving the model's weights as
-// they are. A step the server no longer keeps leaves the peer without a base (its next upload
-// is a full payload).
+// they are. A step the server no longer keeps, or has never aggregated (it lost its state dir, or
+// restarted on an older copy of it), leaves the peer without a base (its next upload is a full
+// payload): the base is an aggregate the server already made, never one to wait for (a wait for
+// it waited for ever, as no round of that step would come again).
 static int fetch_base(SpesPeer *p, Model *m, int step) {
     uint8_t *bytes = NULL;
     size_t len = 0;
+    RoundsStatus st;
+    if (sync_client_status(p->client, &st) != SPES_OK) {
+        log_warn("spes peer %d: cannot ask the server for the aggregate of step %d as the %s base (%s); the next upload "
+                 "is a full payload",
+                 p->cfg->peer_id, step, delta_name(p), spes_last_error());
+        return SPES_OK;
+    }
+    if (st.last_aggregate_step < step) {
+        log_warn("spes peer %d: the server has no aggregate of step %d, the %s base this peer's checkpoint was saved "
+                 "against (its newest aggregate is step %d: it lost its state dir or runs on an older one); the next "
+                 "upload is a full payload",
+                 p->cfg->peer_id, step, delta_name(p), st.last_aggregate_step);
+        return SPES_OK;
+    }
     if (sync_client_wait_and_download(p->client, step, &bytes, &len) != SPES_OK) {
         log_warn("spes peer %d: cannot fetch the aggregate of step %d as the %s base (%s); the next upload is a "
                  "full payload",

@@ -145,4 +145,35 @@ for p in "${waiters[@]}"; do wait "$p" || true; done
 stop_server
 grep -q '"synced": false' "$dir/wait/peer0/step8/train_state.json" || fail "peer 0 stopped while waiting saved no unsynced step 8"
 echo "ok: peers waiting on a missing peer say so: $(grep -m1 'still waiting' "$dir/wait/peer0.resumed.log" | cut -c1-160)"
+# An int8 run whose server lost its state dir: the peers resume from checkpoints saved against the
+# aggregate of step 6, which the new server never made. They used to wait for ever for it as their
+# delta base; now they send step 8 whole and the run goes on.
+mkdir -p "$dir/int8"
+start_server "$dir/int8/server.log" "$dir/int8/state" || fail "int8 server: $(cat "$dir/int8/server.log")"
+RELIABILITY_PEER_ARGS=--spes_config.payload_dtype=int8 reliability_run_peers "$dir/int8" 6 2
+stop_server
+rm -rf "$dir/int8/state"
+start_server "$dir/int8/server.lost.log" "$dir/int8/state" || fail "int8 server: $(cat "$dir/int8/server.lost.log")"
+resumed=()
+for peer in 0 1 2 3; do
+  RELIABILITY_PEER_ARGS=--spes_config.payload_dtype=int8 \
+    reliability_peer $peer "$port" 8 "$dir/int8/peer$peer" "$dir/int8/peer$peer.resumed.log" 2 --resume
+  resumed+=("$last_pid")
+  pids+=("$last_pid")
+done
+for _ in $(seq 3000); do   # 30 s
+  alive=0
+  for p in "${resumed[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+  [ $alive = 0 ] && break
+  sleep 0.01
+done
+[ $alive = 0 ] || fail "int8 peers resumed against a server that lost its state hang: $(tail -2 "$dir/int8/peer0.resumed.log")"
+for peer in 0 1 2 3; do
+  wait "${resumed[$peer]}" || fail "int8 peer $peer failed: $(tail -3 "$dir/int8/peer$peer.resumed.log")"
+done
+stop_server
+grep -q "the server has no aggregate of step 6, the int8 base" "$dir/int8/peer0.resumed.log" ||
+  fail "no line on the missing int8 base: $(cat "$dir/int8/peer0.resumed.log")"
+grep -q "step 8: aggregated 4 peers" "$dir/int8/server.lost.log" || fail "the int8 round of step 8 never completed"
+echo "ok: int8 peers resumed against a server that lost its state sent step 8 whole"
 echo "server state hostile: ok"
