@@ -6,6 +6,7 @@
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -251,6 +252,33 @@ int remove_tree(const char *path) {
         return SPES_OK;
     }
     if (unlink(path) != 0) return spes_fail("cannot remove %s: %s", path, strerror(errno));
+    return SPES_OK;
+}
+
+int dir_lock(const char *dir, const char *name, const char *what, const char *holder, const char *hint,
+             int *lock_fd) {
+    *lock_fd = -1;
+    if (mkdir_p(dir) != SPES_OK) return spes_fail_context("%s", what);
+    char *path = path_join(dir, name);
+    if (!path) return SPES_ERR;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int rc = spes_fail("%s: cannot open %s: %s", what, path, strerror(errno));
+        free(path);
+        return rc;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        close(fd);
+        int rc = err == EWOULDBLOCK
+                     ? spes_fail("%s is in use by another %s (it holds the lock on %s)%s%s", what, holder, path,
+                                 hint ? "; " : "", hint ? hint : "")
+                     : spes_fail("%s: cannot lock %s: %s", what, path, strerror(err));
+        free(path);
+        return rc;
+    }
+    free(path);
+    *lock_fd = fd;
     return SPES_OK;
 }
 

@@ -40,6 +40,14 @@ int mkdir_p(const char *path);             // like `mkdir -p`
 int remove_tree(const char *path);         // like `rm -rf`; missing path is fine
 // fsync a directory so a rename inside it is durable.
 int fsync_dir(const char *dir);
+// Creates dir if needed and takes an exclusive lock on dir/name (flock), held while *lock_fd is
+// open: one process a directory (a server's state dir, a training run's save_folder). The
+// kernel drops the lock when the process ends, even on SIGKILL, so a crash leaves nothing to
+// clean up. Refused when another process holds it: "<what> is in use by another <holder> (it
+// holds the lock on <dir/name>); <hint>" (hint may be NULL). Closing *lock_fd releases it.
+int dir_lock(const char *dir, const char *name, const char *what, const char *holder, const char *hint,
+             int *lock_fd);
+
 // Renames a directory atomically (used for checkpoint dirs: write stepN.tmp, rename to stepN).
 int rename_durable(const char *from, const char *to);
 

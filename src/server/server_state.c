@@ -4,7 +4,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -19,33 +18,10 @@
 #include "base/log.h"
 
 int state_open(const char *dir, int *lock_fd) {
-    *lock_fd = -1;
-    if (mkdir_p(dir) != SPES_OK) return spes_fail_context("server --state_dir %s", dir);
-    // Two servers writing one state dir would interleave rounds and corrupt each other: the
-    // first one holds an exclusive lock on DIR/lock until it exits (the kernel drops it even on
-    // SIGKILL, so a crash leaves nothing to clean up).
-    char *path = path_join(dir, "lock");
-    if (!path) return SPES_ERR;
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int rc = spes_fail("server --state_dir %s: cannot open %s: %s", dir, path, strerror(errno));
-        free(path);
-        return rc;
-    }
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        int err = errno;
-        close(fd);
-        int rc = err == EWOULDBLOCK
-                     ? spes_fail("server --state_dir %s is in use by another spes server (it holds the lock on %s); "
-                                 "give each server its own state dir",
-                                 dir, path)
-                     : spes_fail("server --state_dir %s: cannot lock %s: %s", dir, path, strerror(err));
-        free(path);
-        return rc;
-    }
-    free(path);
-    *lock_fd = fd;
-    return SPES_OK;
+    // Two servers writing one state dir would interleave rounds and corrupt each other.
+    char what[4200];
+    snprintf(what, sizeof what, "server --state_dir %s", dir);
+    return dir_lock(dir, "lock", what, "spes server", "give each server its own state dir", lock_fd);
 }
 
 void state_close(int lock_fd) {

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -68,6 +69,7 @@ struct Trainer {
     // ranks inside the node (parallel/): dist false with one rank, and nothing below is used
     Comm *comm;
     bool dist, rank0;
+    int save_lock_fd;           // rank 0: the lock on save_folder/train.lock (-1: none)
     DataParallel dp;
     ShardedGrads zgrads;        // fsdp SHARD_GRAD_OP and FULL_SHARD (ZeRO-2/3): the gradients, sharded
     bool zgrads_on;
@@ -321,6 +323,19 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     t->comm = opt->comm;
     t->dist = comm_is_multi(opt->comm);
     t->rank0 = comm_rank(opt->comm) == 0;
+    t->save_lock_fd = -1;
+    // One run a save_folder, held from before anything is read from it: two runs in one (two
+    // SPES peers given the same folder, a --resume started while the first still trains) would
+    // resume from each other's steps, replace and prune them.
+    if (t->rank0) {
+        char what[4200];
+        snprintf(what, sizeof what, "save_folder %s", cfg->save_folder);
+        if (dir_lock(cfg->save_folder, "train.lock", what, "spes train",
+                     "give each run (each SPES peer) its own save_folder", &t->save_lock_fd) != SPES_OK) {
+            free(t);
+            return SPES_ERR;
+        }
+    }
     t->weights = (LossWeights){.lm_z_mult = cfg->softmax_auxiliary_loss ? cfg->auxiliary_loss_multiplier : 0.0f,
                                .lb_weight = cfg->moe_loss_weight,
                                .router_z_weight = cfg->moe_zloss_weight,
@@ -466,6 +481,7 @@ void trainer_free(Trainer *t) {
     backend_close(t->be);
     loader_free(t->train_dl);
     token_dataset_close(t->train_ds);
+    if (t->save_lock_fd >= 0) close(t->save_lock_fd);   // releases the save_folder
     free(t);
 }
 

@@ -131,6 +131,19 @@ if "$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/force_wider" --resume 
 tail -1 "$tmp/force_wider2.log" | grep -q "the model's dimensions (the model: keys) differ" ||
   bad "force_wider: unclear error: $(tail -1 "$tmp/force_wider2.log")"
 
+# --- Two runs on one save_folder: a --resume started while the first still trained (or a second
+# peer given the same folder) resumed from its steps and then replaced and pruned them; the
+# folder's lock refuses it before anything is read, and it is free again once the first ends.
+damaged two_runs ':'
+"$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/two_runs" --resume --max_duration=100000 \
+  --save_interval_unsharded=1000000 > "$tmp/two_runs_first.log" 2>&1 &
+first=$!
+for _ in $(seq 100); do grep -q "resumed from" "$tmp/two_runs_first.log" && break; sleep 0.1; done
+resume_refused two_runs "save_folder .*two_runs is in use by another spes train \(it holds the lock on .*train.lock\)"
+kill -TERM "$first"; wait "$first" || true
+"$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/two_runs" --resume --max_duration=3 \
+  > "$tmp/two_runs_after.log" 2>&1 || bad "two_runs: the folder stayed locked after the first run ended: $(tail -1 "$tmp/two_runs_after.log")"
+
 # --- Sharded Hugging Face directories whose index and shards disagree (spes eval, spes export,
 # load_path read them through one function). A tensor held by two shards was taken from
 # whichever shard came first (eval's loss changed, export wrote that copy, exit 0); an index
