@@ -173,6 +173,10 @@ static int load_vocab(BpeModel *m, const json_t *vocab) {
     json_object_foreach((json_t *)vocab, key, val) {
         if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= UINT32_MAX - 1)
             return spes_fail("tokenizer.json: vocab entry \"%s\" has no valid id", key);
+        // Tables here are dense over ids (33 bytes per id): an id of 2^31 would cost 70 GB.
+        if (json_integer_value(val) > BPE_MAX_ID)
+            return spes_fail("tokenizer.json: vocab entry \"%s\" has id %lld; ids above %u are not supported", key,
+                             (long long)json_integer_value(val), BPE_MAX_ID);
         if ((uint64_t)json_integer_value(val) > max_id) max_id = (uint64_t)json_integer_value(val);
         blob_len += strlen(key) + 1;
     }

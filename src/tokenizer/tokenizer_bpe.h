@@ -13,6 +13,9 @@
 
 #include "tokenizer/tokenizer.h"
 
+// Largest model id accepted (ids index dense tables; real vocabularies stay far below it).
+#define BPE_MAX_ID ((1u << 24) - 1)
+
 typedef struct BpeModel BpeModel;
 typedef struct BpeCache BpeCache;
 
