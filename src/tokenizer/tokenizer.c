@@ -172,7 +172,8 @@ static int load_parts(Tokenizer *t, const json_t *root) {
     SPES_TRY(normalizer_parse(json_object_get(root, "normalizer"), &t->normalizer));
     SPES_TRY(pretok_parse(json_object_get(root, "pre_tokenizer"), &t->pretok));
     SPES_TRY(bpe_model_load(json_object_get(root, "model"), &t->model));
-    SPES_TRY(added_vocab_parse(json_object_get(root, "added_tokens"), &t->normalizer, &t->added));
+    SPES_TRY(added_vocab_parse(json_object_get(root, "added_tokens"),
+                               json_object_get(json_object_get(root, "model"), "vocab"), &t->normalizer, &t->added));
     SPES_TRY(check_decoder(json_object_get(root, "decoder")));
     t->vocab_size = bpe_model_vocab_size(t->model);
     for (int i = 0; i < t->added.num_all; i++)

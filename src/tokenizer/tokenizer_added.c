@@ -82,7 +82,31 @@ static int parse_token(const json_t *j, size_t index, const Normalizer *normaliz
     return SPES_OK;
 }
 
-int added_vocab_parse(const json_t *j, const Normalizer *normalizer, AddedVocab *out) {
+// HF does not take an added token's "id" from the file: each token, in file order, gets the id
+// its content already has (an earlier added token's, else the model vocab's), else the next one
+// after the model vocab (its entry count) and the added ids so far; it then encodes with that id
+// and only logs a warning. A file whose ids disagree would silently give other ids here, so the
+// token is refused by name. seen: content -> id of the tokens before, max_added: their largest
+// id (-1 for none).
+static int check_hf_id(const json_t *token, size_t index, const json_t *model_vocab, json_t *seen, int64_t *max_added) {
+    const json_t *content = json_object_get(token, "content");
+    const char *text = json_string_value(content);
+    size_t len = json_string_length(content);
+    int64_t vocab_size = (int64_t)json_object_size(model_vocab), want;
+    const json_t *known = json_object_getn(seen, text, len);
+    if (!known) known = json_object_getn(model_vocab, text, len);
+    if (json_is_integer(known)) want = json_integer_value(known);
+    else want = *max_added < 0 ? vocab_size : (*max_added >= vocab_size || vocab_size == 0) ? *max_added + 1 : vocab_size;
+    if (json_integer_value(json_object_get(token, "id")) != want)
+        return spes_fail("tokenizer.json: added_tokens[%zu] \"%s\" has id %lld, but Hugging Face tokenizers gives it id "
+                         "%lld (%s) and encodes with that; fix the id in the file", index, text,
+                         (long long)json_integer_value(json_object_get(token, "id")), (long long)want,
+                         known ? "the id its content already has" : "the next id after the vocab and earlier added tokens");
+    if (want > *max_added) *max_added = want;
+    return json_object_setn_new(seen, text, len, json_integer(want)) ? spes_fail("out of memory") : SPES_OK;
+}
+
+int added_vocab_parse(const json_t *j, const json_t *model_vocab, const Normalizer *normalizer, AddedVocab *out) {
     memset(out, 0, sizeof *out);
     if (!j || json_is_null(j)) j = NULL;
     else if (!json_is_array(j)) return spes_fail("tokenizer.json: added_tokens is not a list");
@@ -90,11 +114,15 @@ int added_vocab_parse(const json_t *j, const Normalizer *normalizer, AddedVocab 
     out->all = spes_calloc((size_t)(n ? n : 1), sizeof(AddedToken));
     int *normalized = spes_calloc((size_t)(n ? n : 1), sizeof(int));
     NormalizeScratch scratch = {0};
-    int rc = (out->all && normalized) ? SPES_OK : SPES_ERR;
+    json_t *seen = json_object();
+    int64_t max_added = -1;
+    int rc = (out->all && normalized && seen) ? SPES_OK : SPES_ERR;
     for (int i = 0; rc == SPES_OK && i < n; i++) {
         rc = parse_token(json_array_get(j, (size_t)i), (size_t)i, normalizer, &scratch, &out->all[i], &normalized[i]);
         if (rc == SPES_OK) out->num_all++;
+        if (rc == SPES_OK) rc = check_hf_id(json_array_get(j, (size_t)i), (size_t)i, model_vocab, seen, &max_added);
     }
+    json_decref(seen);
     if (rc == SPES_OK) rc = matcher_build(&out->raw, out->all, normalized, n, 0);
     if (rc == SPES_OK) rc = matcher_build(&out->normalized, out->all, normalized, n, 1);
     normalize_scratch_free(&scratch);

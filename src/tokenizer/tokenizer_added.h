@@ -36,8 +36,9 @@ typedef struct {
     int num_all;
 } AddedVocab;
 
-// j: the "added_tokens" list (may be NULL). normalizer: applied to normalized=true contents.
-int added_vocab_parse(const json_t *j, const Normalizer *normalizer, AddedVocab *out);
+// j: the "added_tokens" list (may be NULL). model_vocab: the BPE "vocab" object; each token's
+// "id" must be the one HF gives it (see check_hf_id). normalizer: applied to normalized=true contents.
+int added_vocab_parse(const json_t *j, const json_t *model_vocab, const Normalizer *normalizer, AddedVocab *out);
 void added_vocab_free(AddedVocab *v);
 // Leftmost-longest match in text[from..len): 1 with *start/*len/*id, or 0.
 int added_match(const AddedMatcher *m, const char *text, size_t len, size_t from, size_t *start, size_t *mlen,

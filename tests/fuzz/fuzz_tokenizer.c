@@ -15,8 +15,8 @@ static const char FIXED[] =
     "  {\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\s+(?!\\\\S)|\\\\p{L}+|[^\\\\s\\\\p{L}]+\"}, \"behavior\": \"MergedWithNext\", \"invert\": false},"
     "  {\"type\": \"Digits\", \"individual_digits\": true},"
     "  {\"type\": \"ByteLevel\", \"add_prefix_space\": true, \"use_regex\": true}]},"
-    " \"added_tokens\": [{\"id\": 259, \"content\": \"<|x|>\", \"normalized\": false, \"special\": true},"
-    "                  {\"id\": 260, \"content\": \"  \", \"normalized\": true, \"special\": false}],"
+    " \"added_tokens\": [{\"id\": 258, \"content\": \"<|x|>\", \"normalized\": false, \"special\": true},"
+    "                  {\"id\": 259, \"content\": \"  \", \"normalized\": true, \"special\": false}],"
     " \"decoder\": {\"type\": \"ByteLevel\"},"
     " \"model\": {\"type\": \"BPE\", \"merges\": [\"a b\", \"ab c\"], \"vocab\": {VOCAB}}}";
 

@@ -124,17 +124,18 @@ static void test_bpe_merge_order(void **state) {
 static void test_added_tokens(void **state) {
     (void)state;
     json_t *added = json_array();
-    json_array_append_new(added, added_token("<|endoftext|>", 300, 1, 0));
-    json_array_append_new(added, added_token("<|a|>", 301, 1, 0));
-    json_array_append_new(added, added_token("<|a|>b", 302, 0, 0));   // longer, same start
-    json_array_append_new(added, added_token("   ", 303, 0, 1));      // normalized: matched after NFC
+    // Ids as HF assigns them: the next ones after the 256-entry vocab.
+    json_array_append_new(added, added_token("<|endoftext|>", 256, 1, 0));
+    json_array_append_new(added, added_token("<|a|>", 257, 1, 0));
+    json_array_append_new(added, added_token("<|a|>b", 258, 0, 0));   // longer, same start
+    json_array_append_new(added, added_token("   ", 259, 0, 1));      // normalized: matched after NFC
     Tokenizer *tok;
     assert_int_equal(load(make_tokenizer(NULL, NULL, added, NULL, NULL), &tok), SPES_OK);
-    expect_ids(tok, "x<|endoftext|>y", (uint32_t[]){'x', 300, 'y', END});
-    expect_ids(tok, "<|a|>bc<|a|>", (uint32_t[]){302, 'c', 301, END});   // leftmost-longest
-    expect_ids(tok, "a     b", (uint32_t[]){'a', 303, ' ', ' ', 'b', END});
-    assert_int_equal(tokenizer_eos_id(tok), 300);
-    assert_int_equal(tokenizer_vocab_size(tok), 304);
+    expect_ids(tok, "x<|endoftext|>y", (uint32_t[]){'x', 256, 'y', END});
+    expect_ids(tok, "<|a|>bc<|a|>", (uint32_t[]){258, 'c', 257, END});   // leftmost-longest
+    expect_ids(tok, "a     b", (uint32_t[]){'a', 259, ' ', ' ', 'b', END});
+    assert_int_equal(tokenizer_eos_id(tok), 256);
+    assert_int_equal(tokenizer_vocab_size(tok), 260);
     tokenizer_free(tok);
 }
 
@@ -205,6 +206,43 @@ static void test_unsupported_features(void **state) {
     Tokenizer *tok;
     assert_int_equal(tokenizer_load_json("{", 1, NULL, "broken.json", &tok), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "broken.json"));
+}
+
+// tokenizer.json files that HF loads but encodes with other ids than they write: HF replaces an
+// added token's "id" by its own (the content's vocab id, else the next free one) and only logs
+// a warning. Refused by name; the consistent file loads.
+static void test_inconsistent_ids_refused(void **state) {
+    (void)state;
+    json_t *added = json_array();
+    json_array_append_new(added, added_token("<|endoftext|>", 300, 1, 0));   // HF: 256
+    expect_refusal(make_tokenizer(NULL, NULL, added, NULL, NULL), "added_tokens[0] \"<|endoftext|>\" has id 300, but "
+                                                                  "Hugging Face tokenizers gives it id 256");
+    const char *extra[] = {"ab", NULL};
+    added = json_array();
+    json_array_append_new(added, added_token("<s>", 257, 1, 0));
+    json_array_append_new(added, added_token("ab", 258, 0, 1));   // in the vocab: HF uses 256
+    expect_refusal(make_tokenizer(extra, NULL, added, NULL, NULL), "added_tokens[1] \"ab\" has id 258");
+    added = json_array();
+    json_array_append_new(added, added_token("<s>", 257, 1, 0));
+    json_array_append_new(added, added_token("<s>", 258, 1, 0));   // a duplicate keeps the first id
+    expect_refusal(make_tokenizer(extra, NULL, added, NULL, NULL), "added_tokens[1] \"<s>\" has id 258");
+    added = json_array();
+    json_array_append_new(added, added_token("ab", 256, 0, 1));
+    json_array_append_new(added, added_token("<s>", 257, 1, 0));
+    json_array_append_new(added, added_token("<s>", 257, 1, 0));
+    Tokenizer *tok;
+    assert_int_equal(load(make_tokenizer(extra, NULL, added, NULL, NULL), &tok), SPES_OK);
+    expect_ids(tok, "x<s>ab", (uint32_t[]){'x', 257, 256, END});
+    tokenizer_free(tok);
+}
+
+// A vocab id far beyond the vocab (HF accepts any u32) is refused by name: the id tables are
+// dense, and 2^31 cost 24 GB of memory and 16 s before anything was encoded.
+static void test_far_vocab_id_refused(void **state) {
+    (void)state;
+    json_t *j = make_tokenizer(NULL, NULL, NULL, NULL, NULL);
+    json_object_set_new(json_object_get(json_object_get(j, "model"), "vocab"), "far", json_integer(2147483653LL));
+    expect_refusal(j, "vocab entry \"far\" has id 2147483653; ids above 16777215 are not supported");
 }
 
 static void test_bytes_tokenizer_and_invalid_utf8(void **state) {
@@ -371,6 +409,8 @@ static void test_uint16_refused_for_big_vocab(void **state) {
     json_t *added = json_array();
     json_array_append_new(added, added_token("<|endoftext|>", 70000, 1, 0));
     json_t *j = make_tokenizer(NULL, NULL, added, NULL, NULL);
+    // HF keeps an added token's id only where the vocab has it: put EOS at 70000 there too.
+    json_object_set_new(json_object_get(json_object_get(j, "model"), "vocab"), "<|endoftext|>", json_integer(70000));
     char tok_path[600], in_path[600], prefix[600], glob[600];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
     snprintf(in_path, sizeof in_path, "%s/in.txt", dir);
@@ -471,7 +511,7 @@ static void test_concurrent_encoders(void **state) {
     const char *extra[] = {"ab", "bc", "abc", NULL};
     const char *merges[] = {"a b", "b c", "ab c", NULL};
     json_t *added = json_array();
-    json_array_append_new(added, added_token("<|endoftext|>", 300, 1, 0));
+    json_array_append_new(added, added_token("<|endoftext|>", 259, 1, 0));
     Tokenizer *tok;
     assert_int_equal(load(make_tokenizer(extra, merges, added, json_pack("{s:s}", "type", "NFC"), NULL), &tok), SPES_OK);
     const char *text = "abc abcab e\xcc\x81 <|endoftext|>bcab 12345 abcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabc";
@@ -495,6 +535,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bpe_merge_order),
         cmocka_unit_test(test_added_tokens),
+        cmocka_unit_test(test_inconsistent_ids_refused),
+        cmocka_unit_test(test_far_vocab_id_refused),
         cmocka_unit_test(test_nfc),
         cmocka_unit_test(test_byte_level_alphabet),
         cmocka_unit_test(test_unsupported_features),
