@@ -106,7 +106,35 @@ void param_part_grad_span(const ParamTable *table, int part, int n_layers, size_
     part_span(table, part, n_layers, true, offset, numel);
 }
 
+// Where param_table_build puts (kind, layer, expert): embed, then per layer the attention
+// entries (q/k norms when present), the MLP norm, the router and 3 per expert, then the final
+// norm and lm_head. -1 when the table does not have that shape.
+static int64_t layout_index(const ParamTable *t, ParamKind kind, int layer, int expert) {
+    if (layer < 0) return kind == PARAM_EMBED ? 0 : kind == PARAM_FINAL_NORM ? t->count - 2 : t->count - 1;
+    if (t->count < 4 || t->entries[t->count - 3].layer < 0) return -1;
+    int64_t per_layer = (t->count - 3) / (t->entries[t->count - 3].layer + 1), first = 1 + (int64_t)layer * per_layer;
+    if (first + 5 >= t->count) return -1;
+    int64_t router = first + (t->entries[first + 5].kind == PARAM_Q_NORM ? 8 : 6);
+    switch (kind) {
+    case PARAM_Q_NORM: return first + 5;
+    case PARAM_K_NORM: return first + 6;
+    case PARAM_MLP_NORM: return router - 1;
+    case PARAM_ROUTER: return router;
+    case PARAM_EXPERT_GATE:
+    case PARAM_EXPERT_UP:
+    case PARAM_EXPERT_DOWN: return router + 1 + 3 * (int64_t)expert + (kind - PARAM_EXPERT_GATE);
+    default: return first + (kind - PARAM_ATTN_NORM);
+    }
+}
+
+// The layout's index when it holds the entry (always, for a built table), else a scan: model
+// binding looks up every expert, and a scan each made 65536 experts a quadratic hang.
 int param_table_index(const ParamTable *table, ParamKind kind, int layer, int expert) {
+    int64_t guess = layout_index(table, kind, layer, expert);
+    if (guess >= 0 && guess < table->count) {
+        const ParamInfo *p = &table->entries[guess];
+        if (p->kind == kind && p->layer == layer && p->expert == expert) return (int)guess;
+    }
     for (int i = 0; i < table->count; i++) {
         const ParamInfo *p = &table->entries[i];
         if (p->kind == kind && p->layer == layer && p->expert == expert) return i;

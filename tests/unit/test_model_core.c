@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -100,6 +101,40 @@ static void test_param_table(void **state) {
     assert_int_equal(param_table_build(&c, &t), SPES_OK);
     i = param_table_find(&t, "model.layers.0.self_attn.q_norm.weight");
     assert_int_equal(t.entries[i].shape[0], c.head_dim);
+    param_table_free(&t);
+}
+
+// param_table_index finds every entry, with and without QK-norm, and stays fast with the most
+// experts the model code accepts: model binding looks up each expert, and a linear scan per
+// lookup made `spes upcycle --num_experts 65536` (and any such model) hang for hours.
+static void test_param_table_index_many_experts(void **state) {
+    (void)state;
+    const QkNormMode modes[] = {QK_NORM_NONE, QK_NORM_FULL, QK_NORM_HEAD};
+    for (int m = 0; m < 3; m++) {
+        ModelConfig c = tiny();
+        c.qk_norm = modes[m];
+        ParamTable t;
+        assert_int_equal(param_table_build(&c, &t), SPES_OK);
+        for (int i = 0; i < t.count; i++)
+            assert_int_equal(param_table_index(&t, t.entries[i].kind, t.entries[i].layer, t.entries[i].expert), i);
+        assert_int_equal(param_table_index(&t, PARAM_EXPERT_UP, 0, c.num_experts), -1);
+        assert_int_equal(param_table_index(&t, PARAM_Q, c.n_layers, -1), -1);
+        if (modes[m] == QK_NORM_NONE) assert_int_equal(param_table_index(&t, PARAM_Q_NORM, 0, -1), -1);
+        param_table_free(&t);
+    }
+    ModelConfig c = tiny();
+    c.num_experts = MODEL_MAX_EXPERTS;
+    c.n_layers = 2;
+    ParamTable t;
+    assert_int_equal(param_table_build(&c, &t), SPES_OK);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < t.count; i++)
+        assert_int_equal(param_table_index(&t, t.entries[i].kind, t.entries[i].layer, t.entries[i].expert), i);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    if (seconds > 2.0) fprintf(stderr, "%d lookups took %.1f s\n", t.count, seconds);
+    assert_true(seconds < 2.0);
     param_table_free(&t);
 }
 
@@ -414,6 +449,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_validation),
         cmocka_unit_test(test_param_table),
+        cmocka_unit_test(test_param_table_index_many_experts),
         cmocka_unit_test(test_init_statistics_and_reproducibility),
         cmocka_unit_test(test_frozen_experts_bitwise),
         cmocka_unit_test(test_frozen_shared_tensor),
