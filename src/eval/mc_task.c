@@ -124,6 +124,14 @@ static int parse_request_line(const char *line, size_t len, const char *path, in
     json_t *label = json_object_get(root, "label");
     json_t *doc = json_object_get(root, "doc");
     json_t *doc_gold = json_is_object(doc) ? json_object_get(doc, "gold") : NULL;
+    // A label of another type (true, 0.0, "1") is an error here, not a missing label.
+    const char *bad_label = label && !json_is_null(label) && !json_is_integer(label)             ? "label"
+                            : doc_gold && !json_is_null(doc_gold) && !json_is_integer(doc_gold) ? "doc.gold"
+                                                                                                 : NULL;
+    if (bad_label) {
+        json_decref(root);
+        return spes_fail("%s:%d: %s must be an integer (the gold choice's idx)", path, lineno, bad_label);
+    }
     json_t *gold_value = json_is_integer(label) ? label : json_is_integer(doc_gold) ? doc_gold : NULL;
     if (gold_value) {
         json_int_t g = json_integer_value(gold_value);
@@ -208,6 +216,10 @@ static int group_documents(McTask *task, const int *gold_of_request, int64_t unc
         if (docs[d].doc_id >= uncond_offset) task->uncond_docs[task->num_uncond_docs++] = docs[d];
         else task->docs[task->num_docs++] = docs[d];
     }
+    // Every unconditional document must have its document: one without (e.g. real doc ids at or
+    // above the offset) was silently dropped, down to a task scored over 0 documents.
+    bool *paired = status == SPES_OK ? spes_calloc((size_t)task->num_uncond_docs + 1, sizeof(bool)) : NULL;
+    if (status == SPES_OK && !paired) status = SPES_ERR;
     for (int d = 0; d < task->num_docs && status == SPES_OK; d++) {
         McDoc *doc = &task->docs[d];
         if (doc->gold < 0 || doc->gold >= doc->num_choices)
@@ -221,8 +233,16 @@ static int group_documents(McTask *task, const int *gold_of_request, int64_t unc
                                    (long long)ud->doc_id, ud->num_choices, (long long)doc->doc_id, doc->num_choices);
             doc->uncond = u;
             ud->gold = doc->gold;
+            paired[u] = true;
         }
     }
+    for (int u = 0; u < task->num_uncond_docs && status == SPES_OK; u++)
+        if (!paired[u])
+            status = spes_fail("%s: doc_id %lld is at or above the unconditional doc_id offset %lld, but its document "
+                               "(doc_id %lld) is not in the file; set task_config.metric_kwargs.uncond_docid_offset in "
+                               "config.json if the doc ids are that large", path, (long long)task->uncond_docs[u].doc_id,
+                               (long long)uncond_offset, (long long)(task->uncond_docs[u].doc_id - uncond_offset));
+    free(paired);
     free(docs);
     free(doc_of_request);
     return status;

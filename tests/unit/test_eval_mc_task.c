@@ -131,6 +131,19 @@ static void test_bad_files(void **state) {
     expect_load_error("\n\n", "no requests");
     expect_load_error("{\"request\":{\"context\":\"c\",\"continuation\":\"x\"},\"idx\":0,\"doc_id\":0,\"label\":4294967296}\n",
                       "gold label 4294967296 out of range");   // was silently read as label 0
+    // A label of the wrong type is named (it read as "no label": gold label -1).
+    expect_load_error("{\"request\":{\"context\":\"c\",\"continuation\":\"x\"},\"idx\":0,\"doc_id\":0,\"label\":true}\n",
+                      "bad.jsonl:1: label must be an integer");
+    expect_load_error("{\"request\":{\"context\":\"c\",\"continuation\":\"x\"},\"idx\":0,\"doc_id\":0,\"doc\":{\"gold\":1.0}}\n",
+                      "bad.jsonl:1: doc.gold must be an integer");
+    // Doc ids at or above the unconditional offset with no document of their own were dropped
+    // silently: this file scored 0 documents, and a stray one vanished.
+    expect_load_error("{\"request\":{\"context\":\"c\",\"continuation\":\"x\"},\"idx\":0,\"doc_id\":2000000,\"label\":0}\n",
+                      "doc_id 2000000 is at or above the unconditional doc_id offset 1000000, but its document "
+                      "(doc_id 1000000) is not in the file");
+    expect_load_error("{\"request\":{\"context\":\"c\",\"continuation\":\"x\"},\"idx\":0,\"doc_id\":0,\"label\":0}\n"
+                      "{\"request\":{\"context\":\"\",\"continuation\":\"x\"},\"idx\":0,\"doc_id\":1000001,\"label\":0}\n",
+                      "doc_id 1000001 is at or above");
     // A negative uncond_docid_offset made doc_id - offset overflow (found by fuzz_mc_task).
     char *sub = path_join(tmpdir, "negative_offset");
     assert_int_equal(mkdir_p(sub), SPES_OK);
