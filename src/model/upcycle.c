@@ -55,6 +55,10 @@ static int dense_config_read(const char *dir, const UpcycleOptions *opt, ModelCo
         status = spes_fail("%s: \"mlp_bias\" true is not supported", path);
     else if (json_object_get(root, "num_experts") || json_object_get(root, "num_local_experts"))
         status = spes_fail("%s: the model already has experts; upcycling takes a dense model", path);
+    else if (json_object_get(root, "tie_word_embeddings") && !json_is_boolean(json_object_get(root, "tie_word_embeddings")) &&
+             !json_is_null(json_object_get(root, "tie_word_embeddings")))
+        // transformers ties on any truthy value ("yes", 1); reading those as untied took lm_head.weight instead
+        status = spes_fail("%s: \"tie_word_embeddings\" must be true or false", path);
     char tmp[] = "/tmp/spes_upcycle_config_XXXXXX";
     int fd = status == SPES_OK ? mkstemp(tmp) : -1;
     if (status == SPES_OK && fd < 0) status = spes_fail("cannot create a temporary file in /tmp");
