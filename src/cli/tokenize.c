@@ -274,7 +274,8 @@ static int find_files(const char *pattern, glob_t *g) {
 }
 
 // The script's chunk_list(files, n): n contiguous chunks, the first len % n one longer. Or
-// groups of files_per_process. Fills start[]/count[] and returns the number of chunks.
+// groups of files_per_process. Fills start[]/count[] and returns the number of chunks. Chunks
+// past the files would be empty and start no worker, so there are at most nfiles chunks.
 static int make_chunks(int nfiles, const TokenizeArgs *a, int *start, int *count) {
     if (a->files_per_process) {
         int n = 0;
@@ -284,12 +285,13 @@ static int make_chunks(int nfiles, const TokenizeArgs *a, int *start, int *count
         }
         return n;
     }
-    int k = nfiles / a->processes, m = nfiles % a->processes;
-    for (int i = 0; i < a->processes; i++) {
+    int n = a->processes < nfiles ? a->processes : nfiles;
+    int k = nfiles / n, m = nfiles % n;
+    for (int i = 0; i < n; i++) {
         start[i] = i * k + (i < m ? i : m);
         count[i] = k + (i < m ? 1 : 0);
     }
-    return a->processes;
+    return n;
 }
 
 static void totals(const WorkerStats *ws, int n, WorkerStats *sum) {
@@ -356,7 +358,7 @@ static int run_all(const TokenizeArgs *a, const Tokenizer *tok, int64_t eos) {
         }
         total_bytes += size;
     }
-    int max_chunks = nfiles > a->processes ? nfiles : a->processes;
+    int max_chunks = nfiles;   // make_chunks never makes more (--processes 1000000 mapped 1 GB here)
     int *start = calloc((size_t)max_chunks, sizeof(int)), *count = calloc((size_t)max_chunks, sizeof(int));
     pid_t *pids = calloc((size_t)max_chunks, sizeof(pid_t));
     size_t stats_size = sizeof(WorkerStats) * (size_t)max_chunks;
