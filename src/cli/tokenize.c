@@ -7,6 +7,8 @@
 // special tokens, and followed by EOS unless --no_eos. Unlike the script, documents keep their
 // input order (the script shuffles each batch with an unseeded RNG, so no run of it is
 // reproducible) and a shard never exceeds --max_shard_bytes unless one document alone does.
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <glob.h>
 #include <inttypes.h>
@@ -61,7 +63,8 @@ static void usage(FILE *out) {
             "--batch_size is accepted for command-line compatibility with the script and has no effect (documents\n"
             "stream one at a time, in input order; the script shuffles each batch with an unseeded RNG).\n"
             "Inputs: .jsonl .json .jsonl.gz .json.gz .jsonl.zst .parquet .txt. Output: {prefix}{proc:03d}_{shard:06d}.npy,\n"
-            "raw little-endian token ids without header (SPES tokenize_data.py format). EOS per document: the\n"
+            "raw little-endian token ids without header (SPES tokenize_data.py format); a prefix that already has\n"
+            "such shards is refused (a rerun would leave stale ones among the new). EOS per document: the\n"
             "tokenizer's eos_token (tokenizer_config.json, else <|endoftext|>, </s>, ...); built-in 'bytes' uses 256.\n"
             "--max_doc_bytes bounds memory per document (a worker holds about 5x it): a longer JSON line or entry,\n"
             "parquet value or .txt file is skipped with a warning naming file:line, and counted (at most 256 MiB).\n");
@@ -329,6 +332,40 @@ static pid_t start_worker(const TokenizeArgs *a, const Tokenizer *tok, int64_t e
     return pid;
 }
 
+// 1 when name is one of our shard names for the prefix's file part: {base}{proc:03d}_{shard:06d}.npy.
+static int is_shard_name(const char *name, const char *base) {
+    size_t n = strlen(base);
+    if (strncmp(name, base, n)) return 0;
+    const char *p = name + n, *q = p;
+    while (isdigit((unsigned char)*q)) q++;
+    if (q - p < 3 || *q != '_') return 0;
+    p = ++q;
+    while (isdigit((unsigned char)*q)) q++;
+    return q - p >= 6 && !strcmp(q, ".npy");
+}
+
+// Shards of an earlier run under the same prefix are refused before any work: this run would
+// overwrite some and leave the rest (more shards or more workers than now) to be trained on
+// together with the new ones, silently.
+static int check_no_earlier_shards(const char *prefix) {
+    const char *slash = strrchr(prefix, '/');
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - prefix) : 1, slash ? (slash == prefix ? "/" : prefix) : ".");
+    const char *base = slash ? slash + 1 : prefix;
+    DIR *d = opendir(dir);
+    if (!d) return SPES_OK;   // not there yet (or unreadable: creating the shards will say so)
+    char first[512] = "";
+    int count = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (is_shard_name(e->d_name, base) && count++ == 0) snprintf(first, sizeof first, "%s", e->d_name);
+    closedir(d);
+    if (!count) return SPES_OK;
+    return spes_fail("--output_prefix %s: %s/%s%s is already there, from an earlier run; a new run would leave its "
+                     "shards mixed with this one's: remove them or choose another prefix",
+                     prefix, dir, first, count > 1 ? " (and more shards)" : "");
+}
+
 // A glob can match a directory, a broken symlink, a FIFO or a socket: refuse each by name before
 // any worker starts (a FIFO would block a worker forever, a directory fail mid-way).
 static int check_input(const char *path, uint64_t *size) {
@@ -457,6 +494,7 @@ int cmd_tokenize(int argc, char **argv) {
             rc = spes_fail("--dtype uint16 cannot hold the ids of %s (vocab size %u > 65536); use --dtype uint32",
                            a.tokenizer, tokenizer_vocab_size(tok));
         if (rc == SPES_OK) rc = pick_eos(&a, tok, &eos);
+        if (rc == SPES_OK) rc = check_no_earlier_shards(a.output_prefix);
         if (rc == SPES_OK) rc = run_all(&a, tok, eos);
     }
     tokenizer_free(tok);

@@ -3,7 +3,8 @@
 # JSON / valid flags but odd; each once crashed, hung, took gigabytes or gave a silently wrong
 # result. Each must now be refused with a message naming what and where (exit 1), or work:
 #   tokenize: a vocab id of 2^31 (24 GB, 16 s), added tokens whose ids HF replaces (other ids
-#             than HF, silently), --processes 1000000 with one file (1 GB of worker slots);
+#             than HF, silently), --processes 1000000 with one file (1 GB of worker slots),
+#             an output prefix holding an earlier run's shards (stale ones left mixed in);
 #   upcycle:  tie_word_embeddings "yes" (read as untied), --num_experts 65536 (a quadratic hang);
 #   eval:     doc ids at or above the unconditional offset (0 documents scored, exit 0).
 # Only python3's standard library is needed (the dense model is written by hand).
@@ -85,6 +86,15 @@ out=$(bash -c "ulimit -v 400000; timeout 30 '$SPES_BIN' tokenize --file_glob '$d
 if [ $? -eq 0 ] && [ "$(ls "$dir/out")" = "p_000_000001.npy" ] && [ "$(wc -c <"$dir/out/p_000_000001.npy")" -eq 24 ]; then
   ok "--processes 1000000 with one file"
 else bad "--processes 1000000 with one file" "$out"; fi
+
+# A second run into the prefix of an earlier one: it overwrote shard 000 and left shard 001
+# of the earlier run, which a training glob then mixed in; refused before any work now.
+printf '{"text": "world"}\n' >"$dir/two.jsonl"
+timeout 30 "$SPES_BIN" tokenize --file_glob "$dir/*.jsonl" --tokenizer_name_or_path bytes --output_prefix "$dir/runs/r_" \
+  --processes 2 >/dev/null 2>&1 || bad "first run into runs/r_"
+expect_refusal "output prefix holding an earlier run's shards" "runs/r_000_000001.npy" \
+  timeout 30 "$SPES_BIN" tokenize --file_glob "$dir/two.jsonl" --tokenizer_name_or_path bytes --output_prefix "$dir/runs/r_"
+[ "$(ls "$dir/runs" | tr '\n' ' ')" = "r_000_000001.npy r_001_000001.npy " ] || bad "earlier shards changed: $(ls "$dir/runs")"
 
 # --- upcycle ---------------------------------------------------------------------------------
 # dense <dir> <json of config overrides>: a tiny dense Qwen3 (vocab 300, hidden 8, 2 layers).
