@@ -231,9 +231,17 @@ int tokenizer_load(const char *path, Tokenizer **out) {
     if (rc == SPES_OK && dir_exists(path)) {
         // AutoTokenizer's EOS comes from tokenizer_config.json, else special_tokens_map.json.
         const char *names[] = {"tokenizer_config.json", "special_tokens_map.json"};
-        for (int i = 0; i < 2 && !config; i++) {
+        for (int i = 0; i < 2 && !config && rc == SPES_OK; i++) {
             char *p = path_join(path, names[i]);
             if (p && file_exists(p) && file_read_all(p, &config, &config_len) != SPES_OK) rc = SPES_ERR;
+            // AutoTokenizer refuses a broken file; reading it as "no eos_token" picked an EOS by
+            // convention (<|endoftext|> where the file said <|im_end|>), silently.
+            json_error_t jerr;
+            json_t *cfg = config ? json_loadb((const char *)config, config_len, 0, &jerr) : NULL;
+            if (config && !json_is_object(cfg))
+                rc = cfg ? spes_fail("%s is not a JSON object", p)
+                         : spes_fail("%s: invalid JSON at line %d column %d: %s", p, jerr.line, jerr.column, jerr.text);
+            json_decref(cfg);
             free(p);
         }
     }

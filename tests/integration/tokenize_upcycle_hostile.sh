@@ -4,7 +4,8 @@
 # result. Each must now be refused with a message naming what and where (exit 1), or work:
 #   tokenize: a vocab id of 2^31 (24 GB, 16 s), added tokens whose ids HF replaces (other ids
 #             than HF, silently), --processes 1000000 with one file (1 GB of worker slots),
-#             an output prefix holding an earlier run's shards (stale ones left mixed in);
+#             an output prefix holding an earlier run's shards (stale ones left mixed in), a
+#             broken tokenizer_config.json (EOS silently taken by convention instead);
 #   upcycle:  tie_word_embeddings "yes" (read as untied), --num_experts 65536 (a quadratic hang);
 #   eval:     doc ids at or above the unconditional offset (0 documents scored, exit 0).
 # Only python3's standard library is needed (the dense model is written by hand).
@@ -77,6 +78,18 @@ print(' '.join(map(str, Tokenizer.from_file(sys.argv[1]).encode(open(sys.argv[2]
     "$dir/good.json" "$dir/text.txt")
 fi
 if [ "$ids" = "$want" ]; then ok "consistent added token: ids $ids"; else bad "consistent added token: got '$ids' want '$want'"; fi
+
+# A tokenizer directory whose tokenizer_config.json is broken: its eos_token (<|im_end|>) was
+# read as absent and EOS taken by convention (<|endoftext|>), silently; AutoTokenizer refuses it.
+mkdir -p "$dir/tokdir"
+tokenizer 't["added_tokens"] = [added("<|endoftext|>", 257), added("<|im_end|>", 258)]' >"$dir/tokdir/tokenizer.json"
+printf '{"eos_token": "<|im_end|>",\n' >"$dir/tokdir/tokenizer_config.json"
+expect_refusal "broken tokenizer_config.json" "tokdir/tokenizer_config.json: invalid JSON at line 2" \
+  timeout 20 "$SPES_BIN" tokenize --file_glob "$dir/text.txt" --tokenizer_name_or_path "$dir/tokdir" --output_prefix "$dir/eos/e_"
+printf '{"eos_token": "<|im_end|>"}\n' >"$dir/tokdir/tokenizer_config.json"
+timeout 20 "$SPES_BIN" tokenize --file_glob "$dir/text.txt" --tokenizer_name_or_path "$dir/tokdir" --output_prefix "$dir/eos/e_" \
+  >/dev/null 2>&1 && [ "$(od -An -tu4 "$dir/eos/e_000_000001.npy" | tr -s ' \n' ' ' | awk '{print $NF}')" = 258 ] &&
+  ok "tokenizer_config.json eos_token <|im_end|> = 258 ends the document" || bad "EOS from tokenizer_config.json"
 
 # --processes far above the file count: one worker slot per file, not per process (the
 # 1000000 slots were a 1 GB shared mapping, refused under this 400 MB limit).
