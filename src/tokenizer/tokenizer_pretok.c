@@ -17,7 +17,10 @@ static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+|
 // UCP differs (it lacks U+0085 and includes U+180E), so \s and \S are rewritten as explicit
 // classes of White_Space (inside a class, \s becomes the list itself; \S inside a class
 // cannot be rewritten and is refused).
+// Likewise \h / \H (Oniguruma: hex digit / not one) and \v (the vertical tab); \V has no PCRE2
+// equivalent and is refused.
 #define WHITE_SPACE "\\t\\n\\x{0b}\\f\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
+#define HEX_DIGIT "0-9a-fA-F"
 static int onig_to_pcre2(const char *pat, size_t len, char **out) {
     char *o = spes_malloc(len * (sizeof WHITE_SPACE + 3) + 1);
     if (!o) return SPES_ERR;
@@ -28,12 +31,17 @@ static int onig_to_pcre2(const char *pat, size_t len, char **out) {
         if (c == '\\' && i + 1 < len) {
             char e = pat[++i];
             const char *rep = NULL;
+            // Oniguruma's \h is a hex digit and \v the vertical tab alone, where PCRE2 means
+            // horizontal / vertical white space: translated, or split silently elsewhere.
             if (e == 's') rep = in_class ? WHITE_SPACE : "[" WHITE_SPACE "]";
             else if (e == 'S' && !in_class) rep = "[^" WHITE_SPACE "]";
-            else if (e == 'S') {
+            else if (e == 'h') rep = in_class ? HEX_DIGIT : "[" HEX_DIGIT "]";
+            else if (e == 'H' && !in_class) rep = "[^" HEX_DIGIT "]";
+            else if (e == 'v') rep = "\\x{0b}";
+            else if (e == 'S' || e == 'H' || e == 'V') {
                 free(o);
-                return spes_fail("tokenizer.json: regex uses \\S inside a character class, which cannot be matched "
-                                 "exactly like Oniguruma; pattern: %.*s", (int)len, pat);
+                return spes_fail("tokenizer.json: regex uses \\%c%s, which cannot be matched exactly like Oniguruma; "
+                                 "pattern: %.*s", e, e == 'V' ? "" : " inside a character class", (int)len, pat);
             }
             if (rep) {
                 size_t n = strlen(rep);

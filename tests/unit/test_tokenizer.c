@@ -245,6 +245,37 @@ static void test_far_vocab_id_refused(void **state) {
     expect_refusal(j, "vocab entry \"far\" has id 2147483653; ids above 16777215 are not supported");
 }
 
+// Oniguruma escapes PCRE2 reads otherwise: \h is a hex digit there (PCRE2: horizontal white
+// space) and \v the vertical tab. "ab" split at each hex digit stays two symbols; read as
+// PCRE2's \h it was one piece and merged (256), silently unlike HF. \V is refused by name.
+static json_t *split_then_bytelevel(const char *regex) {
+    return json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, {s:s, s:b, s:b}]}", "type", "Sequence", "pretokenizers", "type",
+                     "Split", "pattern", "Regex", regex, "behavior", "Isolated", "invert", 0, "type", "ByteLevel",
+                     "add_prefix_space", 0, "use_regex", 0);
+}
+
+static void test_oniguruma_escapes(void **state) {
+    (void)state;
+    const char *extra[] = {"ab", "xy", NULL};
+    const char *merges[] = {"a b", "x y", NULL};
+    Tokenizer *tok;
+    assert_int_equal(load(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("\\h")), &tok), SPES_OK);
+    expect_ids(tok, "ab xy", (uint32_t[]){'a', 'b', ' ', 257, END});
+    tokenizer_free(tok);
+    assert_int_equal(load(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("[\\hx]")), &tok), SPES_OK);
+    expect_ids(tok, "ab xy", (uint32_t[]){'a', 'b', ' ', 'x', 'y', END});
+    tokenizer_free(tok);
+    assert_int_equal(load(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("\\H+")), &tok), SPES_OK);
+    expect_ids(tok, "ab xy", (uint32_t[]){256, ' ', 257, END});   // " xy" is the non-hex run
+    tokenizer_free(tok);
+    // \v is only U+000B: "x\ny" is one piece with the newline (no merge applies across it).
+    assert_int_equal(load(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("\\v")), &tok), SPES_OK);
+    expect_ids(tok, "ab\vxy", (uint32_t[]){256, 11, 257, END});
+    tokenizer_free(tok);
+    expect_refusal(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("\\V")), "regex uses \\V");
+    expect_refusal(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("[\\H]")), "regex uses \\H inside");
+}
+
 static void test_bytes_tokenizer_and_invalid_utf8(void **state) {
     (void)state;
     Tokenizer *tok;
@@ -537,6 +568,7 @@ int main(void) {
         cmocka_unit_test(test_added_tokens),
         cmocka_unit_test(test_inconsistent_ids_refused),
         cmocka_unit_test(test_far_vocab_id_refused),
+        cmocka_unit_test(test_oniguruma_escapes),
         cmocka_unit_test(test_nfc),
         cmocka_unit_test(test_byte_level_alphabet),
         cmocka_unit_test(test_unsupported_features),
