@@ -18,7 +18,7 @@ static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+|
 // classes of White_Space (inside a class, \s becomes the list itself; \S inside a class
 // cannot be rewritten and is refused).
 // Likewise \h / \H (Oniguruma: hex digit / not one) and \v (the vertical tab); \V has no PCRE2
-// equivalent and is refused.
+// equivalent and is refused. The option letter m (Ruby: dot matches newline) becomes s.
 #define WHITE_SPACE "\\t\\n\\x{0b}\\f\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
 #define HEX_DIGIT "0-9a-fA-F"
 static int onig_to_pcre2(const char *pat, size_t len, char **out) {
@@ -53,6 +53,14 @@ static int onig_to_pcre2(const char *pat, size_t len, char **out) {
             }
             continue;
         }
+        // Ruby-syntax option groups: (?m) is dot-matches-newline there, PCRE2's (?s).
+        if (!in_class && c == '(' && i + 2 < len && pat[i + 1] == '?' && strchr("imx-", pat[i + 2])) {
+            o[k++] = '(';
+            o[k++] = '?';
+            for (i += 2; i < len && strchr("imx-", pat[i]); i++) o[k++] = pat[i] == 'm' ? 's' : pat[i];
+            i--;
+            continue;
+        }
         if (!in_class && c == '[') {
             in_class = 1;
             o[k++] = c;
@@ -82,9 +90,17 @@ static int compile_step_regex(PreTokStep *step, const char *pattern, size_t len,
     if (!literal) SPES_TRY(onig_to_pcre2(pattern, len, &translated));
     int err;
     PCRE2_SIZE err_off;
-    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);   // LITERAL refuses UCP
+    // Ruby syntax (Oniguruma's default, HF's) makes ^ and $ line anchors, lines ending at LF only.
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_MULTILINE);   // LITERAL refuses UCP
+    pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
+    if (!cc || pcre2_set_newline(cc, PCRE2_NEWLINE_LF) != 0) {
+        pcre2_compile_context_free(cc);
+        free(translated);
+        return spes_fail("out of memory compiling a split pattern");
+    }
     step->re = pcre2_compile((PCRE2_SPTR)(literal ? pattern : translated), literal ? len : PCRE2_ZERO_TERMINATED, opts,
-                             &err, &err_off, NULL);
+                             &err, &err_off, cc);
+    pcre2_compile_context_free(cc);
     free(translated);
     if (!step->re) {
         PCRE2_UCHAR msg[256];

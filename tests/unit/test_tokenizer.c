@@ -272,6 +272,15 @@ static void test_oniguruma_escapes(void **state) {
     assert_int_equal(load(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("\\v")), &tok), SPES_OK);
     expect_ids(tok, "ab\vxy", (uint32_t[]){256, 11, 257, END});
     tokenizer_free(tok);
+    // Ruby syntax: ^ and $ are line anchors (lines end at LF), and (?m) lets . match a newline.
+    // "^a" isolates the a of each line, so no "ab" merge on either; PCRE2's defaults (string
+    // anchors, (?m) = multiline) merged the second line's "ab" (256), unlike HF.
+    assert_int_equal(load(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("^a")), &tok), SPES_OK);
+    expect_ids(tok, "ab\nab\r\nab", (uint32_t[]){'a', 'b', '\n', 'a', 'b', '\r', '\n', 'a', 'b', END});
+    tokenizer_free(tok);
+    assert_int_equal(load(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("(?m)b.+x")), &tok), SPES_OK);
+    expect_ids(tok, "ab\nxy", (uint32_t[]){'a', 'b', '\n', 'x', 'y', END});
+    tokenizer_free(tok);
     expect_refusal(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("\\V")), "regex uses \\V");
     expect_refusal(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("[\\H]")), "regex uses \\H inside");
 }
