@@ -54,12 +54,29 @@ static int onig_to_pcre2(const char *pat, size_t len, char **out) {
             continue;
         }
         // Ruby-syntax option groups: (?m) is dot-matches-newline there, PCRE2's (?s).
-        if (!in_class && c == '(' && i + 2 < len && pat[i + 1] == '?' && strchr("imx-", pat[i + 2])) {
+        if (!in_class && c == '(' && i + 2 < len && pat[i + 1] == '?' && pat[i + 2] && strchr("imx-", pat[i + 2])) {
             o[k++] = '(';
             o[k++] = '?';
-            for (i += 2; i < len && strchr("imx-", pat[i]); i++) o[k++] = pat[i] == 'm' ? 's' : pat[i];
+            for (i += 2; i < len && pat[i] && strchr("imx-", pat[i]); i++) o[k++] = pat[i] == 'm' ? 's' : pat[i];
             i--;
             continue;
+        }
+        // {,n} is {0,n} in Oniguruma; older PCRE2 reads it as literal text.
+        if (!in_class && c == '{' && i + 1 < len && pat[i + 1] == ',') {
+            size_t j = i + 2;
+            while (j < len && pat[j] >= '0' && pat[j] <= '9') j++;
+            if (j > i + 2 && j < len && pat[j] == '}') {
+                o[k++] = '{';
+                o[k++] = '0';
+                continue;
+            }
+        }
+        // Oniguruma's class set operations (a nested [...] is a union, && an intersection): PCRE2
+        // would read the brackets and ampersands as literal members, silently.
+        if (in_class && ((c == '[' && !(i + 1 < len && pat[i + 1] == ':')) || (c == '&' && i + 1 < len && pat[i + 1] == '&'))) {
+            free(o);
+            return spes_fail("tokenizer.json: regex uses a character class %s (Oniguruma set operations), which is not "
+                             "supported; pattern: %.*s", c == '[' ? "nested in a class" : "intersection &&", (int)len, pat);
         }
         if (!in_class && c == '[') {
             in_class = 1;

@@ -281,6 +281,13 @@ static void test_oniguruma_escapes(void **state) {
     assert_int_equal(load(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("(?m)b.+x")), &tok), SPES_OK);
     expect_ids(tok, "ab\nxy", (uint32_t[]){'a', 'b', '\n', 'x', 'y', END});
     tokenizer_free(tok);
+    // {,n} is {0,n} (older PCRE2: literal text, no split at all, so "ab" merged).
+    assert_int_equal(load(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("a{,1}")), &tok), SPES_OK);
+    expect_ids(tok, "ab", (uint32_t[]){'a', 'b', END});
+    tokenizer_free(tok);
+    // Class set operations PCRE2 would read as literal members: refused.
+    expect_refusal(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("[a[xy]]")), "nested in a class");
+    expect_refusal(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("[a-z&&[^b]]")), "intersection &&");
     expect_refusal(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("\\V")), "regex uses \\V");
     expect_refusal(make_tokenizer(extra, merges, NULL, NULL, split_then_bytelevel("[\\H]")), "regex uses \\H inside");
 }
