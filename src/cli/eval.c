@@ -11,6 +11,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/file.h"
+#include "base/log.h"
 #include "base/threads.h"
 #include "base/timer.h"
 #include "cli/cli_parse.h"
@@ -151,6 +152,8 @@ static int run_task(Model *m, const Tokenizer *tok, const char *path, int limit,
             json_object_set_new(t, "primary_metric", json_string(task.primary_metric));
             json_t *pv = json_object_get(t, task.primary_metric);
             if (pv) json_object_set(t, "primary_score", pv);
+            else log_warn("task %s: primary_metric \"%s\" (config.json) is not a metric spes eval computes: the results "
+                          "have no primary_score", task.name, task.primary_metric);
         }
         json_object_set_new(t, "seconds", json_real(seconds));
         printf(" (%.1f s)\n", seconds);

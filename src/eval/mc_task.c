@@ -67,7 +67,23 @@ static int read_task_config(const char *dir, McTask *task, int64_t *uncond_offse
         free(path);
         return SPES_ERR;
     }
-    json_t *name = json_object_get(root, "task_name");
+    // A key that is there with another type was silently ignored (an uncond_docid_offset of
+    // "2000000" left the default 1000000): refused by name.
+    json_t *name = json_object_get(root, "task_name"), *tc_check = json_object_get(root, "task_config");
+    json_t *pm_check = json_object_get(tc_check, "primary_metric"), *mk_check = json_object_get(tc_check, "metric_kwargs");
+    json_t *off_check = json_object_get(mk_check, "uncond_docid_offset");
+    const char *wrong = name && !json_is_string(name)                 ? "task_name must be a string"
+                        : tc_check && !json_is_object(tc_check)       ? "task_config must be an object"
+                        : pm_check && !json_is_string(pm_check)       ? "task_config.primary_metric must be a string"
+                        : mk_check && !json_is_object(mk_check)       ? "task_config.metric_kwargs must be an object"
+                        : off_check && !json_is_integer(off_check)    ? "task_config.metric_kwargs.uncond_docid_offset must be an integer"
+                                                                      : NULL;
+    if (wrong) {
+        spes_fail("%s: %s", path, wrong);
+        json_decref(root);
+        free(path);
+        return SPES_ERR;
+    }
     if (json_is_string(name)) {
         free(task->name);
         task->name = spes_strdup(json_string_value(name));

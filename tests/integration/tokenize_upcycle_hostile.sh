@@ -7,7 +7,8 @@
 #             an output prefix holding an earlier run's shards (stale ones left mixed in), a
 #             broken tokenizer_config.json (EOS silently taken by convention instead);
 #   upcycle:  tie_word_embeddings "yes" (read as untied), --num_experts 65536 (a quadratic hang);
-#   eval:     doc ids at or above the unconditional offset (0 documents scored, exit 0).
+#   eval:     doc ids at or above the unconditional offset (0 documents scored, exit 0), a
+#             primary_metric we do not compute (no primary_score, no word).
 # Only python3's standard library is needed (the dense model is written by hand).
 set -u
 cd "$(dirname "$0")/../.."
@@ -163,5 +164,14 @@ expect_refusal "doc ids above the unconditional offset" \
 { req 0 0 yes; req 0 1 no; } >"$dir/fine.jsonl"
 out=$(timeout 60 "$SPES_BIN" eval --model "$dir/moe" --tokenizer bytes --task "$dir/fine.jsonl" --no_progress 2>&1)
 if [ $? -eq 0 ] && grep -q "docs=1 " <<<"$out"; then ok "a well-formed task scores its document"; else bad "well-formed task" "$out"; fi
+
+# A primary_metric spes eval does not compute is named in a warning (the results have no
+# primary_score for it).
+mkdir -p "$dir/task_pm"
+cp "$dir/fine.jsonl" "$dir/task_pm/requests.jsonl"
+echo '{"task_name": "pm", "task_config": {"primary_metric": "acc_bogus"}}' >"$dir/task_pm/config.json"
+out=$(timeout 60 "$SPES_BIN" eval --model "$dir/moe" --tokenizer bytes --task "$dir/task_pm" --no_progress 2>&1)
+if [ $? -eq 0 ] && grep -qF 'primary_metric "acc_bogus" (config.json) is not a metric spes eval computes' <<<"$out"; then
+  ok "unknown primary_metric named"; else bad "unknown primary_metric" "$out"; fi
 
 exit $fail

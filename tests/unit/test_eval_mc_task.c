@@ -156,6 +156,20 @@ static void test_bad_files(void **state) {
     McTask task;
     assert_int_equal(mc_task_load(sub, 0, &task), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "uncond_docid_offset must be positive"));
+    // config.json keys of the wrong type were ignored (an offset "2000000" left 1000000).
+    const char *typed[][2] = {
+        {"{\"task_config\": {\"metric_kwargs\": {\"uncond_docid_offset\": \"2000000\"}}}", "uncond_docid_offset must be an integer"},
+        {"{\"task_name\": 5}", "task_name must be a string"},
+        {"{\"task_config\": {\"primary_metric\": [\"acc_raw\"]}}", "primary_metric must be a string"},
+        {"{\"task_config\": []}", "task_config must be an object"},
+    };
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(file_write_atomic(config, typed[i][0], strlen(typed[i][0])), SPES_OK);
+        assert_int_equal(mc_task_load(sub, 0, &task), SPES_ERR);
+        if (!strstr(spes_last_error(), typed[i][1])) fprintf(stderr, "'%s' lacks '%s'\n", spes_last_error(), typed[i][1]);
+        assert_non_null(strstr(spes_last_error(), typed[i][1]));
+        assert_non_null(strstr(spes_last_error(), "config.json"));
+    }
     free(requests);
     free(config);
     free(sub);
