@@ -170,6 +170,11 @@ static int parse_config(const JsonDoc *d, ModelConfig *cfg) {
     return SPES_OK;
 }
 
+int hf_config_from_json(json_t *root, const char *path, ModelConfig *cfg) {
+    JsonDoc d = {root, path};
+    return parse_config(&d, cfg);
+}
+
 int hf_config_read(const char *dir_or_file, ModelConfig *cfg) {
     struct stat st;
     char *path = NULL;
@@ -187,8 +192,7 @@ int hf_config_read(const char *dir_or_file, ModelConfig *cfg) {
     if (!root) {
         rc = spes_fail("%s: cannot read JSON (line %d: %s)", p, err.line, err.text);
     } else {
-        JsonDoc d = {root, p};
-        rc = parse_config(&d, cfg);
+        rc = hf_config_from_json(root, p, cfg);
         json_decref(root);
     }
     free(path);

@@ -10,12 +10,16 @@
 // HF's vocab_size is our embedding_size (the padded row count); our tokenizer vocab size,
 // when smaller, travels in the extra key "spes_vocab_size".
 #pragma once
+#include <jansson.h>
+
 #include "model/model_config.h"
 
 // Reads <dir_or_file>/config.json (or the file itself) into *cfg (validated). Features we
 // do not implement (biases, clip_qkv, tied embeddings, dense layers, sliding windows,
 // another activation) are an error naming the key.
 int hf_config_read(const char *dir_or_file, ModelConfig *cfg);
+// The same checks on a config already parsed; errors name `path`.
+int hf_config_from_json(json_t *root, const char *path, ModelConfig *cfg);
 // Writes config.json atomically. format: "olmoe" | "qwen3_moe"; torch_dtype: "float32" |
 // "bfloat16" (the dtype the weights are stored in).
 int hf_config_write(const ModelConfig *cfg, const char *format, const char *torch_dtype, const char *path);

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -27,7 +26,7 @@ int router_init_parse(const char *name, RouterInit *out) {
 
 // The dense config.json rewritten as the MoE config it becomes (model_type qwen3_moe,
 // moe_intermediate_size = the dense intermediate_size, E experts, top-k, norm_topk_prob),
-// then read by hf_config_read so every check of an MoE config applies to it as well.
+// then read by hf_config_from_json so every check of an MoE config applies to it as well.
 // *tied: the dense model ties lm_head to the embedding. Llama has no QK-norm: the config
 // is read as qwen3_moe and qk_norm set to none afterwards.
 static int dense_config_read(const char *dir, const UpcycleOptions *opt, ModelConfig *cfg, bool *tied) {
@@ -59,9 +58,6 @@ static int dense_config_read(const char *dir, const UpcycleOptions *opt, ModelCo
              !json_is_null(json_object_get(root, "tie_word_embeddings")))
         // transformers ties on any truthy value ("yes", 1); reading those as untied took lm_head.weight instead
         status = spes_fail("%s: \"tie_word_embeddings\" must be true or false", path);
-    char tmp[] = "/tmp/spes_upcycle_config_XXXXXX";
-    int fd = status == SPES_OK ? mkstemp(tmp) : -1;
-    if (status == SPES_OK && fd < 0) status = spes_fail("cannot create a temporary file in /tmp");
     if (status == SPES_OK) {
         *tied = json_is_true(json_object_get(root, "tie_word_embeddings"));
         json_object_del(root, "tie_word_embeddings");
@@ -72,13 +68,9 @@ static int dense_config_read(const char *dir, const UpcycleOptions *opt, ModelCo
         json_object_set_new(root, "norm_topk_prob", json_true());
         json_object_set_new(root, "decoder_sparse_step", json_integer(1));
         json_object_set_new(root, "mlp_only_layers", json_array());
-        if (json_dumpfd(root, fd, JSON_INDENT(1)) != 0) status = spes_fail("cannot write %s", tmp);
-    }
-    if (fd >= 0) {
-        close(fd);
-        if (status == SPES_OK) status = hf_config_read(tmp, cfg);
-        unlink(tmp);
-        if (status != SPES_OK) spes_fail_context("%s (read as the upcycled MoE config)", path);
+        // Errors name the dense config.json (a temporary copy's name used to stand there).
+        status = hf_config_from_json(root, path, cfg);
+        if (status != SPES_OK) spes_fail_context("upcycle (moe_intermediate_size = the dense intermediate_size)");
     }
     if (status == SPES_OK && llama) cfg->qk_norm = QK_NORM_NONE;
     json_decref(root);

@@ -6,7 +6,8 @@
 #             than HF, silently), --processes 1000000 with one file (1 GB of worker slots),
 #             an output prefix holding an earlier run's shards (stale ones left mixed in), a
 #             broken tokenizer_config.json (EOS silently taken by convention instead);
-#   upcycle:  tie_word_embeddings "yes" (read as untied), --num_experts 65536 (a quadratic hang);
+#   upcycle:  tie_word_embeddings "yes" (read as untied), --num_experts 65536 (a quadratic hang),
+#             a config error naming a deleted temporary file instead of the dense config.json;
 #   eval:     doc ids at or above the unconditional offset (0 documents scored, exit 0), a
 #             primary_metric we do not compute (no primary_score, no word).
 # Only python3's standard library is needed (the dense model is written by hand).
@@ -146,6 +147,13 @@ EOF
 dense "$dir/tied_yes" '{"tie_word_embeddings": "yes"}'
 expect_refusal "tie_word_embeddings \"yes\"" 'tied_yes/config.json: "tie_word_embeddings" must be true or false' \
   timeout 20 "$SPES_BIN" upcycle --dense "$dir/tied_yes" --out "$dir/tied_moe" --num_experts 2 --top_k 1
+
+# A bad dense key is named in the dense config.json (it named a deleted /tmp copy).
+dense "$dir/gqa" '{"num_attention_heads": 2, "num_key_value_heads": 3}'
+out=$(timeout 20 "$SPES_BIN" upcycle --dense "$dir/gqa" --out "$dir/gqa_moe" --num_experts 2 --top_k 1 2>&1)
+if [ $? -eq 1 ] && grep -qF "gqa/config.json: model config: n_heads (2) must be a multiple of n_kv_heads (3)" <<<"$out" &&
+   ! grep -q "/tmp/spes_upcycle_config" <<<"$out"; then ok "GQA heads that do not divide: $(tail -1 <<<"$out" | cut -c1-150)"
+else bad "GQA heads that do not divide" "$out"; fi
 
 dense "$dir/dense" '{}'
 out=$(timeout 60 "$SPES_BIN" upcycle --dense "$dir/dense" --out "$dir/moe_max" --num_experts 65536 --top_k 1 2>&1)
