@@ -166,6 +166,32 @@ static int parse_request_line(const char *line, size_t len, const char *path, in
     return SPES_OK;
 }
 
+// doc_id -> index into the grouping's documents, open addressing (a scan back per request
+// made a million-document file hours of work).
+typedef struct {
+    int64_t *keys;
+    int *vals;    // -1: free slot
+    size_t mask;
+} DocIds;
+
+static int doc_ids_init(DocIds *m, int n) {
+    size_t size = 16;
+    while (size < 2 * (size_t)n) size <<= 1;
+    m->keys = spes_malloc(size * sizeof(int64_t));
+    m->vals = spes_malloc(size * sizeof(int));
+    m->mask = size - 1;
+    if (!m->keys || !m->vals) return SPES_ERR;
+    for (size_t i = 0; i < size; i++) m->vals[i] = -1;
+    return SPES_OK;
+}
+
+// The slot holding key, or the free slot where it belongs.
+static size_t doc_ids_slot(const DocIds *m, int64_t key) {
+    size_t i = (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & m->mask;
+    while (m->vals[i] >= 0 && m->keys[i] != key) i = (i + 1) & m->mask;
+    return i;
+}
+
 // Groups requests by doc_id (in order of first appearance) into conditional / unconditional
 // documents, checks every document has choices 0..n-1 exactly once and a gold index in range.
 static int group_documents(McTask *task, const int *gold_of_request, int64_t uncond_offset, const char *path) {
@@ -178,15 +204,17 @@ static int group_documents(McTask *task, const int *gold_of_request, int64_t unc
         return SPES_ERR;
     }
     int num_docs = 0;
-    // Requests of a document are usually adjacent; a linear scan back is fine for the few
-    // thousand documents of a task, and a hash is not worth its code here.
+    DocIds ids = {0};
+    if (doc_ids_init(&ids, n) != SPES_OK) {
+        free(ids.keys), free(ids.vals), free(docs), free(doc_of_request);
+        return SPES_ERR;
+    }
     for (int i = 0; i < n; i++) {
-        int d = -1;
-        if (num_docs > 0 && docs[num_docs - 1].doc_id == task->requests[i].doc_id) d = num_docs - 1;
-        for (int j = num_docs - 1; d < 0 && j >= 0; j--)
-            if (docs[j].doc_id == task->requests[i].doc_id) d = j;
+        size_t slot = doc_ids_slot(&ids, task->requests[i].doc_id);
+        int d = ids.vals[slot];
         if (d < 0) {
-            d = num_docs++;
+            d = ids.vals[slot] = num_docs++;
+            ids.keys[slot] = task->requests[i].doc_id;
             docs[d].doc_id = task->requests[i].doc_id;
             docs[d].gold = gold_of_request[i];
             docs[d].uncond = -1;
@@ -224,41 +252,43 @@ static int group_documents(McTask *task, const int *gold_of_request, int64_t unc
     task->docs = spes_calloc((size_t)num_cond + 1, sizeof(McDoc));
     task->uncond_docs = spes_calloc((size_t)num_uncond + 1, sizeof(McDoc));
     if (!task->docs || !task->uncond_docs) status = SPES_ERR;
+    // doc_of_request is reused as the index of each document in its new array.
+    int *split_index = doc_of_request;
     for (int d = 0; d < num_docs; d++) {
         if (status != SPES_OK) {
             free(docs[d].request_of_choice);
             continue;
         }
-        if (docs[d].doc_id >= uncond_offset) task->uncond_docs[task->num_uncond_docs++] = docs[d];
-        else task->docs[task->num_docs++] = docs[d];
+        if (docs[d].doc_id >= uncond_offset) task->uncond_docs[split_index[d] = task->num_uncond_docs++] = docs[d];
+        else task->docs[split_index[d] = task->num_docs++] = docs[d];
     }
-    // Every unconditional document must have its document: one without (e.g. real doc ids at or
-    // above the offset) was silently dropped, down to a task scored over 0 documents.
-    bool *paired = status == SPES_OK ? spes_calloc((size_t)task->num_uncond_docs + 1, sizeof(bool)) : NULL;
-    if (status == SPES_OK && !paired) status = SPES_ERR;
     for (int d = 0; d < task->num_docs && status == SPES_OK; d++) {
         McDoc *doc = &task->docs[d];
         if (doc->gold < 0 || doc->gold >= doc->num_choices)
             status = spes_fail("%s: doc_id %lld: gold label %d is not one of its %d choices (need \"label\" or "
                                "\"doc\": {\"gold\"})", path, (long long)doc->doc_id, doc->gold, doc->num_choices);
-        for (int u = 0; u < task->num_uncond_docs && status == SPES_OK; u++) {
-            McDoc *ud = &task->uncond_docs[u];
-            if (ud->doc_id - uncond_offset != doc->doc_id) continue;
-            if (ud->num_choices != doc->num_choices)
-                status = spes_fail("%s: unconditional doc_id %lld has %d choices, its document %lld has %d", path,
-                                   (long long)ud->doc_id, ud->num_choices, (long long)doc->doc_id, doc->num_choices);
-            doc->uncond = u;
-            ud->gold = doc->gold;
-            paired[u] = true;
-        }
     }
-    for (int u = 0; u < task->num_uncond_docs && status == SPES_OK; u++)
-        if (!paired[u])
+    // Every unconditional document must have its document: one without (e.g. real doc ids at or
+    // above the offset) was silently dropped, down to a task scored over 0 documents.
+    for (int u = 0; u < task->num_uncond_docs && status == SPES_OK; u++) {
+        McDoc *ud = &task->uncond_docs[u];
+        int j = ids.vals[doc_ids_slot(&ids, ud->doc_id - uncond_offset)];   // >= 0: no overflow
+        if (j < 0 || docs[j].doc_id >= uncond_offset) {
             status = spes_fail("%s: doc_id %lld is at or above the unconditional doc_id offset %lld, but its document "
                                "(doc_id %lld) is not in the file; set task_config.metric_kwargs.uncond_docid_offset in "
-                               "config.json if the doc ids are that large", path, (long long)task->uncond_docs[u].doc_id,
-                               (long long)uncond_offset, (long long)(task->uncond_docs[u].doc_id - uncond_offset));
-    free(paired);
+                               "config.json if the doc ids are that large", path, (long long)ud->doc_id,
+                               (long long)uncond_offset, (long long)(ud->doc_id - uncond_offset));
+            break;
+        }
+        McDoc *doc = &task->docs[split_index[j]];
+        if (ud->num_choices != doc->num_choices)
+            status = spes_fail("%s: unconditional doc_id %lld has %d choices, its document %lld has %d", path,
+                               (long long)ud->doc_id, ud->num_choices, (long long)doc->doc_id, doc->num_choices);
+        doc->uncond = u;
+        ud->gold = doc->gold;
+    }
+    free(ids.keys);
+    free(ids.vals);
     free(docs);
     free(doc_of_request);
     return status;

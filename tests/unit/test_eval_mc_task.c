@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -176,6 +177,39 @@ static void test_bad_files(void **state) {
     assert_int_equal(mc_task_load("/nonexistent/requests.jsonl.gz", 0, &task), SPES_ERR);
 }
 
+// Many documents: grouping scanned every earlier document for each new doc_id (and each
+// document's unconditional partner among all of them): these 600000 took over 200 s, a
+// million more hours. A hash makes it linear (1 s); every partner is still found.
+static void test_many_documents(void **state) {
+    (void)state;
+    const int n = 300000;
+    size_t cap = (size_t)n * 2 * 112 + 1, len = 0;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    for (int d = 0; d < n; d++)   // documents in reverse, each followed later by its partner
+        len += (size_t)snprintf(text + len, cap - len,
+                                "{\"request\":{\"context\":\"c\",\"continuation\":\"x\"},\"idx\":0,\"doc_id\":%d,\"label\":0}\n", n - 1 - d);
+    for (int d = 0; d < n; d++)
+        len += (size_t)snprintf(text + len, cap - len,
+                                "{\"request\":{\"context\":\"\",\"continuation\":\"x\"},\"idx\":0,\"doc_id\":%d,\"label\":0}\n", 1000000 + d);
+    char *path = write_text("many.jsonl", text, 0);
+    free(text);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    McTask task;
+    assert_int_equal(mc_task_load(path, 0, &task), SPES_OK);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    assert_int_equal(task.num_docs, n);
+    assert_int_equal(task.num_uncond_docs, n);
+    for (int d = 0; d < n; d++)
+        assert_int_equal(task.uncond_docs[task.docs[d].uncond].doc_id, task.docs[d].doc_id + 1000000);
+    mc_task_free(&task);
+    free(path);
+    if (seconds > 8.0) fprintf(stderr, "loading %d documents took %.1f s\n", 2 * n, seconds);
+    assert_true(seconds < 8.0);
+}
+
 // The real request files, when the test data is there: every document parses and has a gold.
 static void test_shared_request_files(void **state) {
     (void)state;
@@ -201,6 +235,7 @@ int main(void) {
         cmocka_unit_test(test_parse_and_group),
         cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_many_documents),
         cmocka_unit_test(test_shared_request_files),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
