@@ -350,7 +350,9 @@ static int is_shard_name(const char *name, const char *base) {
 static int check_no_earlier_shards(const char *prefix) {
     const char *slash = strrchr(prefix, '/');
     char dir[4096];
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - prefix) : 1, slash ? (slash == prefix ? "/" : prefix) : ".");
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == prefix) snprintf(dir, sizeof dir, "/");   // "/name_": the root, not ""
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - prefix), prefix);
     const char *base = slash ? slash + 1 : prefix;
     DIR *d = opendir(dir);
     if (!d) return SPES_OK;   // not there yet (or unreadable: creating the shards will say so)
