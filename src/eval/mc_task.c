@@ -69,15 +69,15 @@ static int read_task_config(const char *dir, McTask *task, int64_t *uncond_offse
     }
     // A key that is there with another type was silently ignored (an uncond_docid_offset of
     // "2000000" left the default 1000000): refused by name.
-    json_t *name = json_object_get(root, "task_name"), *tc_check = json_object_get(root, "task_config");
-    json_t *pm_check = json_object_get(tc_check, "primary_metric"), *mk_check = json_object_get(tc_check, "metric_kwargs");
-    json_t *off_check = json_object_get(mk_check, "uncond_docid_offset");
-    const char *wrong = name && !json_is_string(name)                 ? "task_name must be a string"
-                        : tc_check && !json_is_object(tc_check)       ? "task_config must be an object"
-                        : pm_check && !json_is_string(pm_check)       ? "task_config.primary_metric must be a string"
-                        : mk_check && !json_is_object(mk_check)       ? "task_config.metric_kwargs must be an object"
-                        : off_check && !json_is_integer(off_check)    ? "task_config.metric_kwargs.uncond_docid_offset must be an integer"
-                                                                      : NULL;
+    json_t *name = json_object_get(root, "task_name"), *tc = json_object_get(root, "task_config");
+    json_t *pm = json_object_get(tc, "primary_metric"), *mk = json_object_get(tc, "metric_kwargs");
+    json_t *off = json_object_get(mk, "uncond_docid_offset");
+    const char *wrong = name && !json_is_string(name) ? "task_name must be a string"
+                        : tc && !json_is_object(tc)   ? "task_config must be an object"
+                        : pm && !json_is_string(pm)   ? "task_config.primary_metric must be a string"
+                        : mk && !json_is_object(mk)   ? "task_config.metric_kwargs must be an object"
+                        : off && !json_is_integer(off) ? "task_config.metric_kwargs.uncond_docid_offset must be an integer"
+                                                       : NULL;
     if (wrong) {
         spes_fail("%s: %s", path, wrong);
         json_decref(root);
@@ -88,13 +88,9 @@ static int read_task_config(const char *dir, McTask *task, int64_t *uncond_offse
         free(task->name);
         task->name = spes_strdup(json_string_value(name));
     }
-    json_t *tc = json_object_get(root, "task_config");
-    json_t *pm = tc ? json_object_get(tc, "primary_metric") : NULL;
-    if (json_is_string(pm)) task->primary_metric = spes_strdup(json_string_value(pm));
-    json_t *mk = tc ? json_object_get(tc, "metric_kwargs") : NULL;
-    json_t *off = mk ? json_object_get(mk, "uncond_docid_offset") : NULL;
+    if (pm) task->primary_metric = spes_strdup(json_string_value(pm));
     int status = SPES_OK;
-    if (json_is_integer(off)) *uncond_offset = json_integer_value(off);
+    if (off) *uncond_offset = json_integer_value(off);
     // doc_id - offset pairs unconditional requests with their documents: a positive offset
     // keeps that difference in range.
     if (*uncond_offset <= 0)

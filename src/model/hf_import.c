@@ -266,8 +266,8 @@ int hf_tensors_load_model(const HfTensorSet *set, Model *m, bool tie_lm_head) {
                m->table.entries[embed].numel * sizeof(float));
     // Tensors we do not know. A layer or an expert past the config's counts means the config
     // (config.json, or load_path's training config) describes a smaller model than the weights
-    // (eval would score that smaller model and exit 0): refused. Anything else (a buffer such as a rotary inv_freq, another architecture's
-    // extra) is named in a warning.
+    // (eval would score that smaller model and exit 0): refused. Anything else (a buffer such as
+    // a rotary inv_freq, another architecture's extra) is named in a warning.
     NameList beyond = {0};
     int unknown = 0;
     for (int s = 0; s < set->count; s++)

@@ -164,9 +164,10 @@ int rounds_restore_state(Rounds *r) {
     // One without uploads means rounds.json was lost: removing it (as a leftover) would silently
     // drop the run's aggregates and restart the rounds from nothing.
     for (int i = 0; !found && i < n; i++) {
+        if (files[i].kind != 'a') continue;
         bool uploads = false;
-        for (int j = 0; files[i].kind == 'a' && j < n; j++) uploads |= files[j].kind == 'u' && files[j].step == files[i].step;
-        if (files[i].kind != 'a' || uploads) continue;
+        for (int j = 0; j < n; j++) uploads |= files[j].kind == 'u' && files[j].step == files[i].step;
+        if (uploads) continue;
         int step = files[i].step;
         free(files);
         return spes_fail("server state %s: aggregate_s%d.safetensors but no rounds.json (and no upload of step %d: not "

@@ -207,6 +207,7 @@ static bool load_kept(json_t *e, StateKept *k) {
 // What every rounds.json a server wrote satisfies, whatever its check says (a file rewritten with a
 // matching check, or a version 1 one, has none to trust): the counters and steps agree with each
 // other, and no kept aggregate lies past the last completed step (the restart would delete it).
+#define BOOK_DAMAGED "the file was edited or is damaged (restore it, or move the state dir away to start afresh)"
 static int check_book(const char *dir, const StateBook *book) {
     const char *bad = book->last_completed_step < -1                                 ? "last_completed_step is below -1"
                       : book->rounds_completed < 0 || book->rounds_partial < 0       ? "a round count is negative"
@@ -217,21 +218,20 @@ static int check_book(const char *dir, const StateBook *book) {
     for (int i = 0; !bad && i < book->n_kept; i++) {
         if (book->kept[i].step > book->last_completed_step)
             return spes_fail("server state %s/rounds.json: aggregates entry %d (step %d) is past last_completed_step "
-                             "%d: the file was edited or is damaged (restore it, or move the state dir away to start "
-                             "afresh)",
+                             "%d: " BOOK_DAMAGED,
                              dir, i, book->kept[i].step, book->last_completed_step);
         for (int j = 0; j < i; j++)
             if (book->kept[j].step == book->kept[i].step)
-                return spes_fail("server state %s/rounds.json: aggregates entries %d and %d both name step %d: the "
-                                 "file was edited or is damaged (restore it, or move the state dir away to start afresh)",
-                                 dir, j, i, book->kept[i].step);
+                return spes_fail("server state %s/rounds.json: aggregates entries %d and %d both name step %d: "
+                                 BOOK_DAMAGED, dir, j, i, book->kept[i].step);
     }
     if (!bad) return SPES_OK;
     return spes_fail("server state %s/rounds.json: %s (last_completed_step %d, rounds_completed %lld, rounds_partial "
-                     "%lld): the file was edited or is damaged (restore it, or move the state dir away to start afresh)",
+                     "%lld): " BOOK_DAMAGED,
                      dir, bad, book->last_completed_step, (long long)book->rounds_completed,
                      (long long)book->rounds_partial);
 }
+#undef BOOK_DAMAGED
 
 int state_load_book(const char *dir, StateBook *book, bool *found) {
     json_t *j;
