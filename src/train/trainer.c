@@ -226,6 +226,25 @@ static int load_initial_weights(Model *m, const char *dir) {
 }
 
 // A fresh run must not mix its checkpoints with an older run's (OLMo refuses too).
+// The step's micro-batches are split over the ranks in contiguous shares (step()); when they
+// do not divide, some ranks compute one more than others (or none at all) and every step
+// waits for the busiest. OLMo refuses such a batch; it trains the same here, only slower.
+static void warn_uneven_shares(const TrainConfig *cfg, int ranks) {
+    int n_micro = config_grad_accum_steps(cfg);
+    if (ranks <= 1 || n_micro % ranks == 0) return;
+    int busier = n_micro % ranks, share = n_micro / ranks;
+    char others[64];
+    const char *verb = ranks - busier == 1 ? "computes" : "compute";
+    if (share) snprintf(others, sizeof others, "%d %s %d", ranks - busier, verb, share);
+    else snprintf(others, sizeof others, "%d %s none (idle)", ranks - busier, verb);
+    log_warn("dist: the step's %d micro-batches (global_train_batch_size %d / device_train_microbatch_size %d) do "
+             "not divide over %d ranks: %d %s %d, %s, and each step waits for the busiest; a "
+             "global_train_batch_size that is a multiple of %d (ranks x micro-batch) uses every rank fully",
+             n_micro, cfg->global_train_batch_size, cfg->device_train_microbatch_size, ranks, busier,
+             busier == 1 ? "computes" : "compute", share + 1,
+             others, ranks * cfg->device_train_microbatch_size);
+}
+
 static int claim_save_folder(const TrainConfig *cfg, bool rank0) {
     if (!rank0) return SPES_OK;   // rank 0 decides and removes; the others wait at a barrier
     char *dir;
@@ -446,6 +465,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
              config_grad_accum_steps(cfg), t->peak_flops / 1e9,
              opt->peak_flops > 0 ? "" : t->be->host_memory ? " (measured sgemm)" : " (measured GEMM)",
              t->scaler.enabled ? "; amp_fp16 dynamic loss scaling" : "");
+    if (t->rank0) warn_uneven_shares(cfg, comm_size(t->comm));
     if (t->overlap_on) log_info("optimizer: each step's AdamW runs under the next step's forward (optimizer.overlap_next_forward)");
     const InstanceFilterConfig *f = &cfg->data.instance_filter;
     if (f->enabled)
@@ -610,7 +630,6 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     LossWeights weights = t->weights;
     weights.ce_tokens = (double)rows * T / n_micro;
     LossValues mean = {0};
-    double flops = 0;
     for (int i = first; i < last; i++) {
         int r0 = i * micro, nb = rows - r0 < micro ? rows - r0 : micro;
         LossValues lv;
@@ -627,8 +646,12 @@ int trainer_step(Trainer *t, StepMetrics *out) {
             add_micro_batch(&mean, &lv, n_micro);
         }
         for (size_t k = 0; k < n_counts; k++) t->step_counts[k] += m->expert_counts[k];
-        flops += model_train_flops(m, nb, T);
     }
+    // MFU is the node's: every rank's micro-batches over every rank's peak (with uneven shares
+    // rank 0's own work, which it logs, would say nothing of the others').
+    double flops = 0;
+    for (int r0 = 0; r0 < rows; r0 += micro) flops += model_train_flops(m, rows - r0 < micro ? rows - r0 : micro, T);
+    if (t->dist) flops /= comm_size(t->comm);
     // Every rank starts the remaining buckets and waits, before any other collective (MPI wants
     // collectives in the same order on every rank, and a rank may have had no micro-batch).
     if (reduce) {
@@ -907,7 +930,8 @@ int trainer_run(Trainer *t) {
     size_t in_use = 0, peak = 0;   // the plan's peak beside the measured one (tests/integration/plan_memory.sh)
     t->be->ops->memory(t->be, &in_use, &peak);
     if (t->rank0 && peak > 0)
-        log_info("memory: backend peak %zu bytes on this rank, planned %zu (%.4f)", peak, t->planned_peak,
-                 (double)t->planned_peak / (double)peak);
+        log_info("memory: backend peak %zu bytes on this rank, planned %zu (%.4f)%s", peak, t->planned_peak,
+                 (double)t->planned_peak / (double)peak,
+                 config_grad_accum_steps(cfg) < comm_size(t->comm) ? " (rank 0 computes no micro-batch)" : "");
     return SPES_OK;
 }

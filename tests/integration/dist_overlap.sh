@@ -8,7 +8,8 @@
 #   - both agree with 1 rank within fp32 reduction order, step 1's losses bit for bit.
 # And a job where a rank computes no micro-batch (global batch 4 = 2 micro-batches over 3
 # ranks: rank 0 has none) starts its buckets in the same order as the others, so it neither
-# hangs nor mismatches collectives: it equals 1 rank within tolerance. ZeRO-2 and ZeRO-3 have
+# hangs nor mismatches collectives: it equals 1 rank within tolerance (and the start says it;
+# the MFU is the node's, not idle rank 0's 0). ZeRO-2 and ZeRO-3 have
 # no buckets (each part's gradients are reduce-scattered right after its backward; with the
 # flag, while the part below runs its backward into a second buffer): the same bits with the
 # flag on and off and as each other; ZeRO-3 the same bits with its next-part prefetch
@@ -76,4 +77,14 @@ dist_train idle_3_z3 3 --global_train_batch_size=4 --fsdp.sharding_strategy=FULL
 dist_check idle_3 idle_3_z3 5 --tol 0 --exact-steps 5
 dist_train idle_3_ddp 3 --global_train_batch_size=4 --distributed_strategy=ddp $small
 dist_check one_b4 idle_3_ddp 5 --tol 1e-5 --exact-steps 1
+# The idle rank is said at the start (micro-batches that divide over the ranks say nothing),
+# and the MFU rank 0 logs is the node's: it was rank 0's own, 0 while it computed nothing.
+grep -q "warn\] dist: the step's 2 micro-batches .* do not divide over 3 ranks: 2 compute 1, 1 computes none (idle)" \
+  "$tmp/idle_3.log" || { echo "FAIL: no uneven-shares warning"; cat "$tmp/idle_3.log"; exit 1; }
+! grep -q "do not divide" "$tmp/on_NO_SHARD_3.log" "$tmp/on_NO_SHARD_2.log" || { echo "FAIL: warned of even shares"; exit 1; }
+python3 - "$tmp/idle_3/metrics.jsonl" <<'PY' || { echo "FAIL: MFU of the idle-rank-0 run"; exit 1; }
+import json, sys
+mfu = [json.loads(l)["perf"]["mfu"] for l in open(sys.argv[1]) if '"perf"' in l]
+assert len(mfu) == 5 and all(x > 0 for x in mfu), mfu
+PY
 echo "dist_overlap: OK"
