@@ -35,7 +35,7 @@ static void usage(FILE *out) {
 
 typedef struct {
     const Tokenizer *tok;
-    int eos;
+    const ModelConfig *cfg;   // its eos ids are not printed
     bool print_ids;
 } Stream;
 
@@ -48,7 +48,7 @@ static int stream_token(void *user, int32_t token) {
         fflush(stdout);
         return SPES_OK;
     }
-    if (token == s->eos) return SPES_OK;
+    if (model_config_is_eos(s->cfg, token)) return SPES_OK;
     char *text = NULL;
     size_t len = 0;
     uint32_t id = (uint32_t)token;
@@ -161,7 +161,7 @@ int cmd_generate(int argc, char **argv) {
                                "tokenizer this model was trained with?", i, ids.ids[i], m.cfg.vocab_size, tok_path);
     if (status == SPES_OK) {
         for (size_t i = 0; i < ids.len; i++) prompt_ids[i] = (int32_t)ids.ids[i];
-        Stream stream = {.tok = tok, .eos = m.cfg.eos_token_id, .print_ids = print_ids};
+        Stream stream = {.tok = tok, .cfg = &m.cfg, .print_ids = print_ids};
         if (!print_ids) {
             echo_prompt(prompt, prompt_len);
             fflush(stdout);

@@ -55,7 +55,7 @@ int generate_tokens(Model *m, const int32_t *prompt, int n_prompt, const Generat
                 break;
             }
         }
-        if (opt->stop_at_eos && c->eos_token_id >= 0 && token == c->eos_token_id) break;
+        if (opt->stop_at_eos && model_config_is_eos(c, token)) break;
         if (step + 1 == budget) break;   // the last token needs no logits after it
         if (opt->use_cache) {
             status = kv_forward(&cache, &token, 1, logits, 1);

@@ -17,7 +17,7 @@ typedef struct {
     int max_new_tokens;
     SamplingParams sampling;
     uint64_t seed;
-    bool stop_at_eos;       // stop after emitting the model's eos_token_id (when >= 0)
+    bool stop_at_eos;       // stop after emitting an eos id of the model (model_config_is_eos)
     bool use_cache;         // false: full forward per step (slow reference)
 } GenerateOptions;
 

@@ -186,16 +186,13 @@ static int write_json_file(const char *dir, const char *name, json_t *obj) {
     return status;
 }
 
-// Special token ids exactly as configured: a negative id means "none" and is written as null.
-static json_t *token_id_or_null(int id) { return id >= 0 ? json_integer(id) : json_null(); }
-
+// The special token ids of config.json, as GenerationConfig.from_model_config takes them.
 static int write_generation_config(const ModelConfig *cfg, const char *out_dir) {
     json_t *gen = json_object();
+    if (!gen) return spes_fail("cannot build %s/generation_config.json (out of memory)", out_dir);
     json_object_set_new(gen, "_from_model_config", json_true());
-    json_object_set_new(gen, "bos_token_id", json_null());
-    json_object_set_new(gen, "eos_token_id", token_id_or_null(cfg->eos_token_id));
-    json_object_set_new(gen, "pad_token_id", token_id_or_null(cfg->pad_token_id));
-    int status = write_json_file(out_dir, "generation_config.json", gen);
+    int status = hf_config_put_token_ids(cfg, gen, true);
+    if (status == SPES_OK) status = write_json_file(out_dir, "generation_config.json", gen);
     json_decref(gen);
     return status;
 }

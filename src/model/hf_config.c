@@ -73,15 +73,45 @@ static int require_false(const JsonDoc *d, const char *key) {
     return SPES_OK;
 }
 
-// eos_token_id may be an int or a list of ints (HF); we keep the first.
-static int get_token_id(const JsonDoc *d, const char *key, int *out) {
-    json_t *v = json_object_get(d->root, key);
-    if (json_is_array(v) && json_array_size(v) > 0) v = json_array_get(v, 0);
-    if (!v || json_is_null(v)) return SPES_OK;
-    if (!json_is_integer(v)) return spes_fail("%s: \"%s\" must be an integer or a list of integers", d->path, key);
+// One special token id: an integer row of the embedding (one outside it would index past it or
+// never match). `name` is the key as messages show it ("eos_token_id", "eos_token_id[1]").
+static int token_id_value(const JsonDoc *d, json_t *v, const char *name, int embedding_size, int *out) {
+    if (!json_is_integer(v)) return spes_fail("%s: \"%s\" must be an integer", d->path, name);
     json_int_t x = json_integer_value(v);   // range-checked before the cast, which would wrap
-    if (x < -1 || x > 2147483647LL) return spes_fail("%s: \"%s\" = %lld is out of range", d->path, key, (long long)x);
+    if (x < 0 || x >= embedding_size)
+        return spes_fail("%s: \"%s\" %lld is outside the vocabulary [0, %d)", d->path, name, (long long)x,
+                         embedding_size);
     *out = (int)x;
+    return SPES_OK;
+}
+
+// bos_token_id / pad_token_id: an id, or absent / null for none (-1). transformers reads the same
+// (None; OlmoeConfig alone defaults an absent pad to 1 and eos to 50279, OLMoE-1B-7B's ids, which
+// we do not assume of every model) and refuses a list.
+static int get_token_id(const JsonDoc *d, const char *key, int embedding_size, int *out) {
+    json_t *v = json_object_get(d->root, key);
+    *out = -1;
+    if (!v || json_is_null(v)) return SPES_OK;
+    if (json_is_array(v)) return spes_fail("%s: \"%s\" must be an integer or null, not a list", d->path, key);
+    return token_id_value(d, v, key, embedding_size, out);
+}
+
+// eos_token_id: an id, or a list of them (transformers' generate stops at each), kept as read so
+// an export writes the same; absent, null or [] is none (eos_token_id -1).
+static int get_eos_ids(const JsonDoc *d, ModelConfig *cfg) {
+    json_t *v = json_object_get(d->root, "eos_token_id");
+    if (!json_is_array(v)) return get_token_id(d, "eos_token_id", cfg->embedding_size, &cfg->eos_token_id);
+    size_t n = json_array_size(v);
+    if (n > MODEL_MAX_EOS_IDS)
+        return spes_fail("%s: \"eos_token_id\" lists %zu ids, more than the %d we keep", d->path, n, MODEL_MAX_EOS_IDS);
+    cfg->eos_token_id = -1;
+    for (size_t i = 0; i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "eos_token_id[%zu]", i);
+        SPES_TRY(token_id_value(d, json_array_get(v, i), name, cfg->embedding_size, &cfg->eos_token_ids[i]));
+    }
+    cfg->num_eos_token_ids = (int)n;
+    if (n > 0) cfg->eos_token_id = cfg->eos_token_ids[0];
     return SPES_OK;
 }
 
@@ -101,8 +131,6 @@ static int parse_config(const JsonDoc *d, ModelConfig *cfg) {
     cfg->max_seq_len = 4096;
     cfg->init_std = 0.02f;
     cfg->init_cutoff_factor = 3.0f;
-    cfg->eos_token_id = 0;
-    cfg->pad_token_id = 1;
     SPES_TRY(get_dim(d, "hidden_size", true, &cfg->d_model));
     SPES_TRY(get_dim(d, "num_attention_heads", true, &cfg->n_heads));
     SPES_TRY(get_dim(d, "num_key_value_heads", false, &cfg->n_kv_heads));
@@ -139,15 +167,10 @@ static int parse_config(const JsonDoc *d, ModelConfig *cfg) {
     SPES_TRY(get_float(d, d->root, "rms_norm_eps", "rms_norm_eps", &cfg->norm_eps));
     SPES_TRY(get_float(d, d->root, "initializer_range", "initializer_range", &cfg->init_std));
     SPES_TRY(get_bool(d, "norm_topk_prob", &cfg->normalize_expert_weights));
-    SPES_TRY(get_token_id(d, "eos_token_id", &cfg->eos_token_id));
-    SPES_TRY(get_token_id(d, "pad_token_id", &cfg->pad_token_id));
-    // A token id outside the embedding would index past it (pad) or never match (eos).
-    if (cfg->eos_token_id < 0 || cfg->eos_token_id >= cfg->embedding_size)
-        return spes_fail("%s: \"eos_token_id\" %d is outside the vocabulary [0, %d)", d->path, cfg->eos_token_id,
-                         cfg->embedding_size);
-    if (cfg->pad_token_id < 0 || cfg->pad_token_id >= cfg->embedding_size)
-        return spes_fail("%s: \"pad_token_id\" %d is outside the vocabulary [0, %d)", d->path, cfg->pad_token_id,
-                         cfg->embedding_size);
+    SPES_TRY(get_eos_ids(d, cfg));
+    SPES_TRY(get_token_id(d, "pad_token_id", cfg->embedding_size, &cfg->pad_token_id));
+    SPES_TRY(get_token_id(d, "bos_token_id", cfg->embedding_size, &cfg->bos_token_id));
+    cfg->has_bos_token_id = cfg->bos_token_id >= 0;
 
     SPES_TRY(require_false(d, "attention_bias"));
     SPES_TRY(require_false(d, "tie_word_embeddings"));
@@ -201,8 +224,24 @@ int hf_config_read(const char *dir_or_file, ModelConfig *cfg) {
 
 static int set_new(json_t *obj, const char *key, json_t *value) {
     if (!value || json_object_set_new(obj, key, value) != 0)
-        return spes_fail("config.json: cannot set \"%s\" (out of memory)", key);
+        return spes_fail("cannot set the JSON key \"%s\" (out of memory)", key);
     return SPES_OK;
+}
+
+// An id, or null for none (what save_pretrained writes for None).
+static json_t *token_id_or_null(int id) { return id >= 0 ? json_integer(id) : json_null(); }
+
+int hf_config_put_token_ids(const ModelConfig *cfg, json_t *obj, bool bos_null) {
+    if (cfg->has_bos_token_id || bos_null)
+        SPES_TRY(set_new(obj, "bos_token_id", token_id_or_null(cfg->has_bos_token_id ? cfg->bos_token_id : -1)));
+    json_t *eos = cfg->num_eos_token_ids > 0 ? json_array() : token_id_or_null(cfg->eos_token_id);
+    for (int i = 0; eos && i < cfg->num_eos_token_ids; i++)
+        if (json_array_append_new(eos, json_integer(cfg->eos_token_ids[i])) != 0) {
+            json_decref(eos);
+            eos = NULL;
+        }
+    SPES_TRY(set_new(obj, "eos_token_id", eos));
+    return set_new(obj, "pad_token_id", token_id_or_null(cfg->pad_token_id));
 }
 
 // The double a reader should see for a float field: the shortest decimal that rounds back to
@@ -250,8 +289,7 @@ static int build_config(const ModelConfig *cfg, bool qwen, const char *torch_dty
     SPES_TRY(set_new(o, "attention_bias", json_false()));
     SPES_TRY(set_new(o, "attention_dropout", json_real(0.0)));
     SPES_TRY(set_new(o, "tie_word_embeddings", json_false()));
-    SPES_TRY(set_new(o, "eos_token_id", json_integer(cfg->eos_token_id)));
-    SPES_TRY(set_new(o, "pad_token_id", json_integer(cfg->pad_token_id)));
+    SPES_TRY(hf_config_put_token_ids(cfg, o, false));
     SPES_TRY(set_new(o, "output_router_logits", json_false()));
     SPES_TRY(set_new(o, "use_cache", json_true()));
     SPES_TRY(set_new(o, "dtype", json_string(torch_dtype)));

@@ -62,6 +62,14 @@ int model_config_validate(ModelConfig *cfg) {
     return SPES_OK;
 }
 
+bool model_config_is_eos(const ModelConfig *cfg, int token) {
+    if (token < 0) return false;   // -1 is "no eos", never a token
+    if (token == cfg->eos_token_id) return true;
+    for (int i = 0; i < cfg->num_eos_token_ids; i++)
+        if (token == cfg->eos_token_ids[i]) return true;
+    return false;
+}
+
 // Values every preset shares (OLMoE defaults).
 static ModelConfig preset_defaults(void) {
     ModelConfig cfg;

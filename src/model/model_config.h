@@ -9,6 +9,8 @@ typedef enum {
     QK_NORM_HEAD,   // Qwen3 / attention_layer_norm_over_head: q_norm, k_norm over [head_dim], per head
 } QkNormMode;
 
+#define MODEL_MAX_EOS_IDS 16   // the longest eos_token_id list a config.json may give
+
 typedef struct {
     int d_model;            // H
     int n_heads;            // attention heads
@@ -27,8 +29,14 @@ typedef struct {
     bool normalize_expert_weights;   // renormalise top-k probabilities (norm_topk_prob)
     float init_std;
     float init_cutoff_factor;        // truncation at +-cutoff*std; <= 0: no truncation
-    int eos_token_id;
-    int pad_token_id;
+    int eos_token_id;   // end of sequence (of a list, the first); -1: none known
+    int pad_token_id;   // -1: none known
+    // Hugging Face config.json ids beyond those two, kept so an export writes back what it read.
+    // Zero, as in a config built from YAML: no bos, and eos_token_id is one id, not a list.
+    bool has_bos_token_id;
+    int bos_token_id;
+    int num_eos_token_ids;   // > 0: "eos_token_id" was this list; eos_token_ids[0] == eos_token_id
+    int eos_token_ids[MODEL_MAX_EOS_IDS];
 } ModelConfig;
 
 // Weights of the four loss terms (DESIGN.md "Losses"). Total =
@@ -63,5 +71,8 @@ typedef struct {
 
 // Fills derived fields (head_dim, embedding_size) and checks consistency. Error names the field.
 int model_config_validate(ModelConfig *cfg);
+// Whether `token` ends a sequence: eos_token_id, or any id of the eos_token_id list
+// (transformers' generate stops at each of them).
+bool model_config_is_eos(const ModelConfig *cfg, int token);
 // The tiny/bench presets used by tests and benchmarks ("tiny", "bench-small").
 int model_config_preset(const char *name, ModelConfig *cfg);

@@ -26,7 +26,10 @@ static int same_config(const ModelConfig *a, const ModelConfig *b) {
            a->expert_hidden == b->expert_hidden && a->max_seq_len == b->max_seq_len &&
            a->rope_theta == b->rope_theta && a->norm_eps == b->norm_eps && a->qk_norm == b->qk_norm &&
            a->normalize_expert_weights == b->normalize_expert_weights && a->init_std == b->init_std &&
-           a->eos_token_id == b->eos_token_id && a->pad_token_id == b->pad_token_id;
+           a->eos_token_id == b->eos_token_id && a->pad_token_id == b->pad_token_id &&
+           a->has_bos_token_id == b->has_bos_token_id && a->bos_token_id == b->bos_token_id &&
+           a->num_eos_token_ids == b->num_eos_token_ids &&
+           !memcmp(a->eos_token_ids, b->eos_token_ids, (size_t)a->num_eos_token_ids * sizeof(int));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

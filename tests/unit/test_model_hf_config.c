@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "base/error.h"
 #include "base/file.h"
@@ -126,6 +127,66 @@ static void test_impossible_values(void **state) {
     free(path);
 }
 
+// Reads `json` (olmoe, BASE sizes), writes it back, and returns the written config.json parsed.
+static json_t *read_and_write(const char *json, ModelConfig *c) {
+    char *in = path_join(dir, "ids.json"), *out = path_join(dir, "config.json");
+    assert_int_equal(file_write_atomic(in, json, strlen(json)), SPES_OK);
+    assert_int_equal(hf_config_read(in, c), SPES_OK);
+    assert_int_equal(hf_config_write(c, "olmoe", "float32", out), SPES_OK);
+    json_t *written = json_load_file(out, 0, NULL);
+    assert_non_null(written);
+    free(in);
+    free(out);
+    return written;
+}
+
+// bos / eos / pad are carried as the file gives them (issue: absent ids were written back as eos
+// 0 and pad 1, an eos list as its first id, bos dropped), and absent ones stay absent: transformers
+// reads a missing or null id as None and save_pretrained writes None as null.
+static void test_special_token_ids(void **state) {
+    (void)state;
+    ModelConfig c;
+    json_t *w = read_and_write("{\"model_type\": \"olmoe\", " BASE "}", &c);
+    assert_int_equal(c.eos_token_id, -1);
+    assert_int_equal(c.pad_token_id, -1);
+    assert_false(c.has_bos_token_id);
+    assert_true(json_is_null(json_object_get(w, "eos_token_id")));
+    assert_true(json_is_null(json_object_get(w, "pad_token_id")));
+    assert_null(json_object_get(w, "bos_token_id"));
+    assert_false(model_config_is_eos(&c, 0));
+    assert_false(model_config_is_eos(&c, -1));
+    json_decref(w);
+
+    w = read_and_write("{\"model_type\": \"olmoe\", " BASE ", \"bos_token_id\": 2, \"eos_token_id\": [63, 1], "
+                       "\"pad_token_id\": 5}",
+                       &c);
+    assert_int_equal(c.eos_token_id, 63);
+    assert_int_equal(c.num_eos_token_ids, 2);
+    assert_true(model_config_is_eos(&c, 63) && model_config_is_eos(&c, 1) && !model_config_is_eos(&c, 2));
+    assert_int_equal(c.bos_token_id, 2);
+    char *ids = json_dumps(w, JSON_COMPACT);
+    assert_non_null(strstr(ids, "\"bos_token_id\":2,\"eos_token_id\":[63,1],\"pad_token_id\":5"));
+    free(ids);
+    json_decref(w);
+
+    w = read_and_write("{\"model_type\": \"olmoe\", " BASE ", \"eos_token_id\": 7, \"pad_token_id\": null}", &c);
+    assert_int_equal(c.num_eos_token_ids, 0);   // an id stays an id, not a list of one
+    assert_int_equal(json_integer_value(json_object_get(w, "eos_token_id")), 7);
+    assert_true(json_is_null(json_object_get(w, "pad_token_id")));
+    json_decref(w);
+
+    // transformers refuses a pad or bos list too; each id of a list is checked.
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"pad_token_id\": [1, 2]}",
+                 "\"pad_token_id\" must be an integer or null");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"bos_token_id\": 64}", "\"bos_token_id\" 64 is outside");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"eos_token_id\": [1, 64]}",
+                 "\"eos_token_id[1]\" 64 is outside the vocabulary [0, 64)");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"eos_token_id\": [1, \"x\"]}",
+                 "\"eos_token_id[1]\" must be an integer");
+    expect_error("{\"model_type\": \"olmoe\", " BASE ", \"eos_token_id\": [0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]}",
+                 "lists 17 ids");
+}
+
 static int setup(void **state) {
     (void)state;
     return mkdtemp(dir) ? 0 : -1;
@@ -141,6 +202,7 @@ int main(void) {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_impossible_values),
+        cmocka_unit_test(test_special_token_ids),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
