@@ -134,27 +134,19 @@ static int build_decode_table(Tokenizer *t) {
     return SPES_OK;
 }
 
-// eos_token in tokenizer_config.json / special_tokens_map.json: a string or {"content": ...}.
-// Returns 1 when the file names one (id in *id, -1 when it names null), 0 when it says nothing.
-static int eos_from_config(const Tokenizer *t, const char *config_json, int64_t *id) {
-    json_error_t jerr;
-    json_t *cfg = json_loads(config_json, 0, &jerr);
-    if (!cfg) return 0;
-    json_t *eos = json_object_get(cfg, "eos_token");
-    int found = eos != NULL;
+// The id of the token an eos_token value names (tokenizer_config.json / special_tokens_map.json):
+// a string or {"content": ...}; -1 for null or a token the vocabulary does not hold.
+static int64_t eos_named(const Tokenizer *t, const json_t *eos) {
     if (json_is_object(eos)) eos = json_object_get(eos, "content");
-    *id = -1;
-    if (json_is_string(eos)) {
-        const char *name = json_string_value(eos);
-        *id = added_vocab_find(&t->added, name);
-        for (uint32_t i = 0; *id < 0 && i < bpe_model_vocab_size(t->model); i++) {
-            size_t len;
-            const char *s = bpe_model_token(t->model, i, &len);
-            if (s && !strcmp(s, name)) *id = i;
-        }
+    if (!json_is_string(eos)) return -1;
+    const char *name = json_string_value(eos);
+    int64_t id = added_vocab_find(&t->added, name);
+    for (uint32_t i = 0; id < 0 && i < bpe_model_vocab_size(t->model); i++) {
+        size_t len;
+        const char *s = bpe_model_token(t->model, i, &len);
+        if (s && !strcmp(s, name)) id = i;
     }
-    json_decref(cfg);
-    return found;
+    return id;
 }
 
 static int64_t eos_by_convention(const Tokenizer *t) {
@@ -185,7 +177,9 @@ static int load_parts(Tokenizer *t, const json_t *root) {
     return build_decode_table(t);
 }
 
-int tokenizer_load_json(const char *json, size_t len, const char *config_json, const char *origin, Tokenizer **out) {
+// tokenizer.json text -> *out. eos_token: the value the tokenizer's config files give that key,
+// NULL when they give none (the EOS is then picked by convention).
+static int load_tokenizer(const char *json, size_t len, const json_t *eos_token, const char *origin, Tokenizer **out) {
     *out = NULL;
     json_error_t jerr;
     json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &jerr);
@@ -201,10 +195,43 @@ int tokenizer_load_json(const char *json, size_t len, const char *config_json, c
         tokenizer_free(t);
         return spes_fail_context("%s", origin);
     }
-    int64_t id;
-    t->eos_id = (config_json && eos_from_config(t, config_json, &id)) ? id : eos_by_convention(t);
+    t->eos_id = eos_token ? eos_named(t, eos_token) : eos_by_convention(t);
     *out = t;
     return SPES_OK;
+}
+
+int tokenizer_load_json(const char *json, size_t len, const char *config_json, const char *origin, Tokenizer **out) {
+    // A config that is not JSON names no EOS here (tokenizer_load refuses such a file).
+    json_t *config = config_json ? json_loads(config_json, 0, NULL) : NULL;
+    int rc = load_tokenizer(json, len, json_object_get(config, "eos_token"), origin, out);
+    json_decref(config);
+    return rc;
+}
+
+// <dir>/<name> parsed into *out (NULL when the file does not exist). AutoTokenizer refuses a
+// broken file; reading it as "no eos_token" picked an EOS by convention (<|endoftext|> where
+// the file said <|im_end|>), silently.
+static int read_config_file(const char *dir, const char *name, json_t **out) {
+    *out = NULL;
+    char *p = path_join(dir, name);
+    if (!p) return SPES_ERR;
+    uint8_t *text = NULL;
+    size_t len;
+    int rc = file_exists(p) ? file_read_all(p, &text, &len) : SPES_OK;
+    if (rc == SPES_OK && text) {
+        json_error_t jerr;
+        *out = json_loadb((const char *)text, len, 0, &jerr);
+        if (!json_is_object(*out))
+            rc = *out ? spes_fail("%s is not a JSON object", p)
+                      : spes_fail("%s: invalid JSON at line %d column %d: %s", p, jerr.line, jerr.column, jerr.text);
+    }
+    if (rc != SPES_OK) {
+        json_decref(*out);
+        *out = NULL;
+    }
+    free(text);
+    free(p);
+    return rc;
 }
 
 int tokenizer_load(const char *path, Tokenizer **out) {
@@ -224,30 +251,19 @@ int tokenizer_load(const char *path, Tokenizer **out) {
                          "Hugging Face model), or 'bytes'; Hub names are not downloaded", path);
     char *json_path = dir_exists(path) ? path_join(path, "tokenizer.json") : spes_strdup(path);
     if (!json_path) return SPES_ERR;
-    uint8_t *json = NULL, *config = NULL;
-    size_t len, config_len;
+    uint8_t *json = NULL;
+    size_t len;
     int rc = file_read_all(json_path, &json, &len);
     if (rc != SPES_OK && dir_exists(path)) spes_fail_context("tokenizer directory %s has no readable tokenizer.json", path);
+    json_t *config = NULL;
     if (rc == SPES_OK && dir_exists(path)) {
         // AutoTokenizer's EOS comes from tokenizer_config.json, else special_tokens_map.json.
-        const char *names[] = {"tokenizer_config.json", "special_tokens_map.json"};
-        for (int i = 0; i < 2 && !config && rc == SPES_OK; i++) {
-            char *p = path_join(path, names[i]);
-            if (p && file_exists(p) && file_read_all(p, &config, &config_len) != SPES_OK) rc = SPES_ERR;
-            // AutoTokenizer refuses a broken file; reading it as "no eos_token" picked an EOS by
-            // convention (<|endoftext|> where the file said <|im_end|>), silently.
-            json_error_t jerr;
-            json_t *cfg = config ? json_loadb((const char *)config, config_len, 0, &jerr) : NULL;
-            if (config && !json_is_object(cfg))
-                rc = cfg ? spes_fail("%s is not a JSON object", p)
-                         : spes_fail("%s: invalid JSON at line %d column %d: %s", p, jerr.line, jerr.column, jerr.text);
-            json_decref(cfg);
-            free(p);
-        }
+        rc = read_config_file(path, "tokenizer_config.json", &config);
+        if (rc == SPES_OK && !config) rc = read_config_file(path, "special_tokens_map.json", &config);
     }
-    if (rc == SPES_OK) rc = tokenizer_load_json((const char *)json, len, (const char *)config, json_path, out);
+    if (rc == SPES_OK) rc = load_tokenizer((const char *)json, len, json_object_get(config, "eos_token"), json_path, out);
+    json_decref(config);
     free(json);
-    free(config);
     free(json_path);
     return rc;
 }
