@@ -255,14 +255,20 @@ int tokenizer_load(const char *path, Tokenizer **out) {
     size_t len;
     int rc = file_read_all(json_path, &json, &len);
     if (rc != SPES_OK && dir_exists(path)) spes_fail_context("tokenizer directory %s has no readable tokenizer.json", path);
-    json_t *config = NULL;
+    json_t *config = NULL, *map = NULL;
     if (rc == SPES_OK && dir_exists(path)) {
-        // AutoTokenizer's EOS comes from tokenizer_config.json, else special_tokens_map.json.
+        // AutoTokenizer (transformers 5.23, as 4.x) takes tokenizer_config.json's keys; a legacy
+        // config, one without "added_tokens_decoder" (or none), has them overridden by those
+        // of special_tokens_map.json, which is not even read otherwise.
         rc = read_config_file(path, "tokenizer_config.json", &config);
-        if (rc == SPES_OK && !config) rc = read_config_file(path, "special_tokens_map.json", &config);
+        if (rc == SPES_OK && !json_object_get(config, "added_tokens_decoder"))
+            rc = read_config_file(path, "special_tokens_map.json", &map);
     }
-    if (rc == SPES_OK) rc = load_tokenizer((const char *)json, len, json_object_get(config, "eos_token"), json_path, out);
+    json_t *eos = json_object_get(map, "eos_token");   // null there too wins: transformers has no EOS then
+    if (!eos) eos = json_object_get(config, "eos_token");
+    if (rc == SPES_OK) rc = load_tokenizer((const char *)json, len, eos, json_path, out);
     json_decref(config);
+    json_decref(map);
     free(json);
     free(json_path);
     return rc;

@@ -1,7 +1,7 @@
 // Text -> token ids, byte-identical to Hugging Face `tokenizers` for byte-level BPE models.
 //
-// Loads a tokenizer.json (or a directory holding one, plus tokenizer_config.json when present
-// for the EOS token). The pipeline is HF's:
+// Loads a tokenizer.json (or a directory holding one, plus tokenizer_config.json and
+// special_tokens_map.json when present, for the EOS token). The pipeline is HF's:
 //   1. added tokens with normalized=false are matched on the raw text (leftmost-longest);
 //   2. the pieces between them are normalized (NFC, Sequence);
 //   3. added tokens with normalized=true are matched on the normalized pieces;
@@ -41,8 +41,11 @@ void tokenizer_free(Tokenizer *tok);
 
 // Largest id + 1 (model vocab and added tokens together).
 uint32_t tokenizer_vocab_size(const Tokenizer *tok);
-// The EOS id as HF AutoTokenizer picks it: tokenizer_config.json's eos_token when present;
-// otherwise the first added special token among <|endoftext|>, </s>, <eos>, <|im_end|>.
+// The EOS id as HF AutoTokenizer picks it: the eos_token of special_tokens_map.json when
+// tokenizer_config.json has no "added_tokens_decoder" (a legacy one, or none) and that file has
+// the key, else tokenizer_config.json's eos_token; when neither file names one (AutoTokenizer
+// then has none), the first added special token among <|endoftext|>, </s>, <eos>,
+// <|end_of_text|>, <|im_end|>.
 // Returns -1 when none is known (callers then need an explicit --eos_id).
 int64_t tokenizer_eos_id(const Tokenizer *tok);
 // A short description ("BPE vocab 100278, 100000 merges, 22 added tokens, NFC, ...") for logs.

@@ -1,6 +1,7 @@
 // A tokenizer directory's config files (tokenizer_config.json, special_tokens_map.json), on a
 // temporary directory holding ../shared/data's gpt-neox-olmo.json as tokenizer.json: each is
-// parsed once per load, and the EOS is the one Hugging Face's AutoTokenizer picks.
+// parsed once per load, and the EOS is the one Hugging Face's AutoTokenizer picks
+// (tests/integration/tokenizer_eos_files.sh checks the same against transformers itself).
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE   // memmem, RTLD_NEXT
 #endif
@@ -98,6 +99,42 @@ static void test_config_parsed_once(void **state) {
     free(path);
 }
 
+// What transformers 5.23's AutoTokenizer gives for each pair of files (checked with the .venv;
+// 4.x reads them the same way): a tokenizer_config.json without "added_tokens_decoder" (legacy)
+// has its keys overridden by special_tokens_map.json's, null included; one with it makes
+// AutoTokenizer ignore that file, even a broken one. The EOS used to come from
+// tokenizer_config.json alone whenever it existed.
+#define ATD "\"added_tokens_decoder\": {\"1\": {\"content\": \"<|padding|>\", \"special\": true}}"
+static void test_eos_precedence(void **state) {
+    (void)state;
+    if (!have_data) skip();
+    // special_tokens_map.json alone, or beside a legacy config without eos_token (was: by convention)
+    assert_int_equal(eos_with(NULL, "{\"eos_token\": \"<|padding|>\"}"), PADDING);
+    assert_int_equal(eos_with("{\"model_max_length\": 8}", "{\"eos_token\": \"<|padding|>\"}"), PADDING);
+    // both name one: special_tokens_map.json wins over a legacy config (was: tokenizer_config.json's)
+    assert_int_equal(eos_with("{\"eos_token\": \"<|endoftext|>\"}", "{\"eos_token\": {\"content\": \"<|padding|>\"}}"),
+                     PADDING);
+    assert_int_equal(eos_with("{\"eos_token\": null}", "{\"eos_token\": \"<|padding|>\"}"), PADDING);
+    assert_int_equal(eos_with("{\"eos_token\": \"<|padding|>\"}", "{\"eos_token\": null}"), -1);
+    // ... and loses to one with added_tokens_decoder (as before), whose special_tokens_map.json is not read
+    assert_int_equal(eos_with("{\"eos_token\": \"<|padding|>\", " ATD "}", "{\"eos_token\": \"<|endoftext|>\"}"), PADDING);
+    assert_int_equal(eos_with("{\"eos_token\": \"<|padding|>\", " ATD "}", "{\"eos_token\": "), PADDING);
+    assert_int_equal(eos_with("{\"eos_token\": \"<|endoftext|>\", \"added_tokens_decoder\": {}}",
+                              "{\"eos_token\": \"<|padding|>\"}"),
+                     ENDOFTEXT);
+    // A file AutoTokenizer reads is refused when broken, naming it.
+    put("tokenizer_config.json", "{\"eos_token\": \"<|padding|>\"}");
+    put("special_tokens_map.json", "{\"eos_token\": ");
+    Tokenizer *tok;
+    assert_int_equal(tokenizer_load(dir, &tok), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "special_tokens_map.json: invalid JSON at line 1"));
+    put("special_tokens_map.json", "[1]");
+    assert_int_equal(tokenizer_load(dir, &tok), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "special_tokens_map.json is not a JSON object"));
+    // Neither names one: by convention (AutoTokenizer has none), <|endoftext|> here.
+    assert_int_equal(eos_with("{\"model_max_length\": 8}", "{\"bos_token\": \"<|padding|>\"}"), ENDOFTEXT);
+}
+
 static int setup(void **state) {
     (void)state;
     if (!mkdtemp(dir)) return -1;
@@ -121,6 +158,7 @@ static int teardown(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_parsed_once),
+        cmocka_unit_test(test_eos_precedence),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,84 @@
+"""The EOS `spes tokenize` appends against the one transformers' AutoTokenizer picks, for tokenizer
+directories (../shared/data's gpt-neox-olmo.json as tokenizer.json) whose tokenizer_config.json and
+special_tokens_map.json disagree, are missing, or are broken.
+
+Usage: tokenizer_eos_files.py SPES_BIN WORK_DIR TOKENIZER_JSON     (exit 0 = pass, 1 = fail)
+
+Per case: transformers' eos_token_id (or its error) and ours (the last id of the one document, or
+a refusal): the same id; None <-> refused for naming no EOS; an error <-> refused naming the file.
+Where neither file names an EOS, transformers has none and we pick one by convention: not a case here.
+"""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+from transformers import AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+A, B = "<|padding|>", "<|endoftext|>"
+ATD = {"1": {"content": A, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}}
+CASES = {   # name: (tokenizer_config.json, special_tokens_map.json); None = no file, str = raw text
+    "config only": ({"eos_token": A}, None),
+    "map only": (None, {"eos_token": A}),
+    "legacy config without eos_token, map": ({"model_max_length": 8}, {"eos_token": A}),
+    "legacy config and map both": ({"eos_token": B}, {"eos_token": {"content": A, "special": True}}),
+    "legacy config, map null": ({"eos_token": A}, {"eos_token": None}),
+    "config with added_tokens_decoder and map": ({"eos_token": A, "added_tokens_decoder": ATD}, {"eos_token": B}),
+    "config with added_tokens_decoder, map broken": ({"eos_token": A, "added_tokens_decoder": ATD}, '{"eos_token": '),
+    "legacy config, map broken": ({"eos_token": A}, '{"eos_token": '),
+    "config broken": ('{"eos_token": ', {"eos_token": A}),
+}
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def write(path, value):
+    if value is not None:
+        with open(path, "w") as f:
+            f.write(value if isinstance(value, str) else json.dumps(value))
+
+
+def main():
+    spes, work, tokenizer_json = sys.argv[1], sys.argv[2], sys.argv[3]
+    hf_logging.set_verbosity_error()
+    text = os.path.join(work, "doc.txt")
+    with open(text, "w") as f:
+        f.write("hello world")
+    for i, (name, (config, special_map)) in enumerate(CASES.items()):
+        d = os.path.join(work, f"tok{i}")
+        os.makedirs(d)
+        shutil.copy(tokenizer_json, os.path.join(d, "tokenizer.json"))
+        write(os.path.join(d, "tokenizer_config.json"), config)
+        write(os.path.join(d, "special_tokens_map.json"), special_map)
+        try:
+            theirs = AutoTokenizer.from_pretrained(d).eos_token_id
+        except Exception as e:   # noqa: BLE001 (any refusal)
+            theirs = "error"
+        prefix = os.path.join(work, f"out{i}_")
+        res = subprocess.run([spes, "tokenize", "--file_glob", text, "--tokenizer_name_or_path", d, "--output_prefix",
+                              prefix], capture_output=True, text=True)
+        log = (res.stdout + res.stderr).strip()
+        if res.returncode == 0:
+            ours = int(np.fromfile(sorted(glob.glob(prefix + "*.npy"))[-1], dtype="<u4")[-1])
+        elif "names no EOS" in log:
+            ours = None
+        elif "invalid JSON" in log:
+            ours = "error"
+        else:
+            ours = "unexpected: " + log.splitlines()[-1]
+        check(ours == theirs, f"{name}: ours {ours}, transformers {theirs}")
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
