@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,78 @@ static int load_json(const char *dir, const char *name, json_t **out, bool *foun
     return rc;
 }
 
+// The `spes server` flags of AggregateConfig that decide what every aggregate holds, recorded in
+// spec.json under their flag names so that a restart cannot change them silently:
+//   merge_interval, merge_alpha_start, merge_decay_steps, merge_topk: the expert merge of each
+//     aggregate (aggregate.h); its strength is a function of the step, so other values at a
+//     restart make the rest of the run one no single run makes, not the run the dir holds;
+//   expert_rotation_steps: which position holds which expert after each rotation; another
+//     period moves experts to other owners than the peers' checkpoints were trained as.
+// They are compared exactly, even where merging is off and the other merge flags are inert:
+// "the same flags" is the rule a restart is documented by, and the simplest one to check.
+// Mode, peers and experts per node are checked above; the outer optimizer below. Every other
+// flag (keep_steps, round_timeout, min_peers, timeouts, sizes, binds, tokens, TLS, the status
+// page) decides how and when rounds are served, never what an aggregate of given uploads holds,
+// and may change at a restart. (A partial round's peers already depend on timing, not flags.)
+static const struct {
+    const char *flag;           // the server flag, and its key in spec.json
+    size_t offset;              // of its int (or float) in AggregateConfig
+    bool is_float;
+    double old_default;         // what `spes server` ran without the flag
+} RUN_FLAGS[] = {
+    {"merge_interval", offsetof(AggregateConfig, merge_interval), false, 0},
+    {"merge_alpha_start", offsetof(AggregateConfig, merge_alpha_start), true, 0},
+    {"merge_decay_steps", offsetof(AggregateConfig, merge_decay_steps), false, 1000},
+    {"merge_topk", offsetof(AggregateConfig, merge_topk), false, 4},
+    {"expert_rotation_steps", offsetof(AggregateConfig, rotation_steps), false, 0},
+};
+#define N_RUN_FLAGS (sizeof RUN_FLAGS / sizeof *RUN_FLAGS)
+
+// RUN_FLAGS[i]'s value in agg (a float or an int: exact as a double either way).
+static double run_flag(const AggregateConfig *agg, size_t i) {
+    const char *at = (const char *)agg + RUN_FLAGS[i].offset;
+    return RUN_FLAGS[i].is_float ? (double)*(const float *)at : (double)*(const int *)at;
+}
+
+// Appends " --flag value" for RUN_FLAGS[i] to text[cap] at *at.
+static void append_run_flag(char *text, size_t cap, size_t *at, size_t i, double value) {
+    if (*at >= cap) return;
+    int n = RUN_FLAGS[i].is_float ? snprintf(text + *at, cap - *at, " --%s %g", RUN_FLAGS[i].flag, value)
+                                  : snprintf(text + *at, cap - *at, " --%s %.0f", RUN_FLAGS[i].flag, value);
+    *at += n > 0 ? (size_t)n : 0;
+}
+
+// Refuses a spec.json whose recorded RUN_FLAGS differ from agg's, naming the saved and the new
+// values of those that differ. A key that is absent was not recorded: spec.json of a server
+// older than RUN_FLAGS, which ran the same values or not (it wrote none whatever they were). Such
+// a dir still loads (refusing it would strand every run started before), with a warning when
+// this server's value is not the old default, the one case where a silent change is possible.
+static int check_run_flags(const char *dir, json_t *j, const AggregateConfig *agg) {
+    char saved[512], now[512], unrecorded[512];
+    size_t at_saved = 0, at_now = 0, at_unrecorded = 0;
+    saved[0] = now[0] = unrecorded[0] = '\0';
+    for (size_t i = 0; i < N_RUN_FLAGS; i++) {
+        json_t *v = json_object_get(j, RUN_FLAGS[i].flag);
+        double value = run_flag(agg, i);
+        if (v && !json_is_number(v))
+            return spes_fail("server state %s/spec.json: '%s' is not a number (a damaged state directory; restore "
+                             "it, or move the directory away to start afresh)",
+                             dir, RUN_FLAGS[i].flag);
+        if (!v && value != RUN_FLAGS[i].old_default) append_run_flag(unrecorded, sizeof unrecorded, &at_unrecorded, i, value);
+        if (!v || json_number_value(v) == value) continue;
+        append_run_flag(saved, sizeof saved, &at_saved, i, json_number_value(v));
+        append_run_flag(now, sizeof now, &at_now, i, value);
+    }
+    if (at_unrecorded)
+        log_warn("server state %s/spec.json: written by an older server, which did not record the expert merging and "
+                 "rotation flags; this server runs%s and cannot check that the run did (restart with the run's flags)",
+                 dir, unrecorded);
+    if (!at_saved) return SPES_OK;
+    return spes_fail("server state %s was written by a run with%s; this server runs%s (expert merging and rotation "
+                     "cannot change mid-run: use the same values, or another --state_dir)",
+                     dir, saved, now);
+}
+
 int state_save_spec(const char *dir, const AggregateConfig *agg, const OuterOptConfig *outer, const ModelSpec *spec,
                     const char *payload_name) {
     json_t *tensors = json_array();
@@ -78,6 +151,10 @@ int state_save_spec(const char *dir, const AggregateConfig *agg, const OuterOptC
     if (j && !outer_opt_is_off(outer)) {
         json_object_set_new(j, "outer_lr", json_real(outer->lr));
         json_object_set_new(j, "outer_momentum", json_real(outer->momentum));
+    }
+    for (size_t i = 0; j && i < N_RUN_FLAGS; i++) {
+        double v = run_flag(agg, i);
+        json_object_set_new(j, RUN_FLAGS[i].flag, RUN_FLAGS[i].is_float ? json_real(v) : json_integer((json_int_t)v));
     }
     return save_json(dir, "spec.json", j);
 }
@@ -113,6 +190,7 @@ int state_load_spec(const char *dir, const AggregateConfig *agg, const OuterOptC
                        "--outer_lr %g --outer_momentum %g (the outer optimizer cannot change mid-run: use the same "
                        "values, or another --state_dir)",
                        dir, (double)saved_lr, (double)saved_mu, (double)outer->lr, (double)outer->momentum);
+    if (rc == SPES_OK) rc = check_run_flags(dir, j, agg);
     *delta = rc == SPES_OK ? delta_codec_by_wire(dtype) : NULL;   // "I8", "I4": a delta run
     if (rc == SPES_OK && *delta) *payload_dtype = DTYPE_I8;
     else if (rc == SPES_OK) rc = dtype_from_name(dtype, payload_dtype);

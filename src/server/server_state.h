@@ -3,7 +3,8 @@
 // rename + fsync of the directory), so a crash leaves the old file or the new one.
 //
 //   DIR/lock                             flock'd by the server using the dir (one server per dir)
-//   DIR/spec.json                        model spec + run settings, written once at the handshake
+//   DIR/spec.json                        model spec + run settings (the flags a restart must keep), written
+//                                        once at the handshake
 //   DIR/rounds.json                      bookkeeping: last completed step, rounds completed, partial rounds
 //   DIR/upload_s<step>_p<peer>.safetensors   each accepted upload of a round not yet aggregated
 //   DIR/aggregate_s<step>.safetensors    each kept aggregate
@@ -62,6 +63,8 @@ void state_close(int lock_fd);
 // a file from a run with other settings (peers, experts per node, mode) is an error naming both.
 // The outer optimizer settings are stored only when it is on (spec.json of a run without it
 // keeps its old bytes); a file whose settings differ from `outer` is refused, naming both.
+// So are the expert merging and rotation flags of agg (always stored; server_state.c:
+// RUN_FLAGS says which and why); a file of an older server, without them, loads.
 // The payload is stored by its Hello name ("F32", "BF16", "I8", "I4"); a delta run's reads back
 // as DTYPE_I8 with its codec (*delta; NULL otherwise).
 int state_save_spec(const char *dir, const AggregateConfig *agg, const OuterOptConfig *outer, const ModelSpec *spec,

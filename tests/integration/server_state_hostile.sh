@@ -64,6 +64,20 @@ start_server "$dir/ok.log" "$dir/s" || fail "intact state dir refused: $(cat "$d
 stop_server
 grep -q "resumed from state dir .*(last step 6), 2 aggregates kept" "$dir/ok.log" || fail "no resume line: $(cat "$dir/ok.log")"
 
+# The flags that shape every aggregate are recorded in spec.json: a restart with other values is
+# refused naming both (they used to change silently); operational flags may change.
+copy
+refused "expert rotation changed" \
+  "written by a run with --expert_rotation_steps 0; this server runs --expert_rotation_steps 2 (.*another --state_dir)" \
+  --expert_rotation_steps 2
+refused "expert merging changed" \
+  "with --merge_interval 0 --merge_alpha_start 0; this server runs --merge_interval 2 --merge_alpha_start 0.5 (" \
+  --merge_interval 2 --merge_alpha_start 0.5
+start_server "$dir/ok.log" "$dir/s" --keep_steps 3 --round_timeout 30 --min_peers 2 --max_wait_seconds 5 ||
+  fail "operational flags changed at a restart refused: $(cat "$dir/ok.log")"
+stop_server
+grep -q '"expert_rotation_steps": 0' "$dir/s/spec.json" || fail "spec.json records no rotation: $(cat "$dir/s/spec.json")"
+
 copy; truncate -s 100 "$dir/s/rounds.json"
 refused "rounds.json truncated" "rounds.json: line"
 copy; truncate -s 1000 "$dir/s/aggregate_s6.safetensors"

@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 #include <glob.h>
+#include <jansson.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -413,6 +414,69 @@ static void restart_refused(const char *dir, const char *says) {
     if (!strstr(spes_last_error(), says)) fail_msg("want '%s', got: %s", says, spes_last_error());
 }
 
+// The expert merging and rotation flags shape every aggregate, so spec.json records them and a
+// restart with other values is refused naming both; they used to change silently. Operational
+// settings (keep_steps, round_timeout, min_peers) stay free, and a spec.json of an older server,
+// which recorded none, still loads.
+static int restart_with(const char *dir, AggregateConfig agg, int keep_steps) {
+    RoundsConfig cfg = {.agg = agg, .keep_steps = keep_steps, .max_upload_bytes = 1 << 20, .max_open_rounds = 2,
+                        .state_dir = dir, .round_timeout_s = 5, .min_peers = 1};
+    Rounds *r = NULL;
+    int rc = rounds_create(&cfg, &r);
+    if (rc == SPES_OK) rounds_destroy(r);
+    return rc;
+}
+static void test_run_flags_fixed_by_state_dir(void **state) {
+    (void)state;
+    char dir[] = "/tmp/spes_rounds_flags_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    const AggregateConfig run = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_interval = 2,
+                                 .merge_alpha_start = 0.5f, .merge_decay_steps = 100, .merge_topk = 4,
+                                 .rotation_steps = 4};
+    RoundsConfig cfg = {.agg = run, .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2,
+                        .state_dir = dir};
+    Rounds *r;
+    assert_int_equal(rounds_create(&cfg, &r), SPES_OK);
+    hello(r, 0, 6, ROUNDS_OK);   // writes spec.json
+    rounds_destroy(r);
+
+    AggregateConfig other = run;
+    other.rotation_steps = 0;
+    assert_int_equal(restart_with(dir, other, 2), SPES_ERR);
+    const char *e = spes_last_error();
+    if (!strstr(e, "written by a run with --expert_rotation_steps 4; this server runs --expert_rotation_steps 0") ||
+        !strstr(e, "use the same values, or another --state_dir") || strstr(e, "merge"))
+        fail_msg("rotation change: %s", e);
+    other = run;
+    other.merge_alpha_start = 0.25f;
+    other.merge_topk = 1;
+    assert_int_equal(restart_with(dir, other, 2), SPES_ERR);
+    e = spes_last_error();
+    if (!strstr(e, "with --merge_alpha_start 0.5 --merge_topk 4; this server runs --merge_alpha_start 0.25 --merge_topk 1"))
+        fail_msg("merge change: %s", e);
+    other = run;
+    other.merge_interval = 3;
+    other.merge_decay_steps = 1000;
+    assert_int_equal(restart_with(dir, other, 2), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "--merge_interval 2 --merge_decay_steps 100;"));
+    assert_int_equal(restart_with(dir, run, 3), SPES_OK);   // keep_steps, round_timeout, min_peers: free
+
+    // spec.json of an older server: none of the keys; loads whatever the flags.
+    char *path = path_join(dir, "spec.json");
+    json_error_t err;
+    json_t *j = json_load_file(path, 0, &err);
+    assert_non_null(j);
+    const char *keys[] = {"merge_interval", "merge_alpha_start", "merge_decay_steps", "merge_topk", "expert_rotation_steps"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) assert_int_equal(json_object_del(j, keys[i]), 0);
+    assert_int_equal(json_dump_file(j, path, 0), 0);
+    json_decref(j);
+    free(path);
+    other = run;
+    other.rotation_steps = 0;
+    assert_int_equal(restart_with(dir, other, 2), SPES_OK);
+    assert_int_equal(remove_tree(dir), SPES_OK);
+}
+
 // A state dir damaged between two runs (issue 29): an aggregate with one value changed (to NaN)
 // or replaced by an older aggregate's bytes, rounds.json edited to another step, are refused by
 // name instead of served; one junk upload file is set aside with a log line and the server starts.
@@ -782,6 +846,7 @@ int main(void) {
         cmocka_unit_test(test_state_dir_survives_restart),
         cmocka_unit_test(test_restart_completes_a_full_round),
         cmocka_unit_test(test_damaged_state_dir_refused),
+        cmocka_unit_test(test_run_flags_fixed_by_state_dir),
         cmocka_unit_test(test_full_disk_stalls_nothing),
         cmocka_unit_test(test_hello_of_a_huge_model_costs_no_memory),
         cmocka_unit_test(test_deadline_rule),
