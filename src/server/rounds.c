@@ -398,7 +398,9 @@ static int64_t step_limit(const Rounds *r, int step) {
 // Frees an open round that can never complete and removes its uploads from the state dir.
 // Under r->mu.
 static void drop_round(Rounds *r, OpenRound *round, const char *why) {
-    log_warn("server: step %d: dropping the open round (%d uploads): %s", round->step, round->num_uploaded, why);
+    log_warn("server: step %d: dropping the open round (%d uploads; their files %s/upload_s%d_p*.safetensors are "
+             "removed): %s",
+             round->step, round->num_uploaded, r->upload_dir, round->step, why);
     for (int p = 0; p < r->cfg.agg.num_peers; p++)
         if (round->uploaded[p]) state_remove_upload(r->upload_dir, round->step, p);
     rounds_free_round(r, round);

@@ -16,7 +16,10 @@
 #include "server/server_state.h"
 
 // Loads one upload file of an open round into it (aggregating when it completes the round);
-// *taken false when its bytes were bad and it was set aside.
+// *taken false when it was set aside: its bytes were bad, or its step is beyond the run's window
+// (a bogus step, or a far-ahead peer's upload kept by a crash before the round that would have
+// dropped it). The running server drops such a round (rounds_sweep_rounds); refusing to start
+// instead would keep the whole run down for one file. Every other failure names the file.
 static int restore_upload(Rounds *r, const StateFile *f, bool *taken) {
     *taken = false;
     uint8_t *bytes;
@@ -30,15 +33,27 @@ static int restore_upload(Rounds *r, const StateFile *f, bool *taken) {
     if (code == ROUNDS_OK) safetensors_close(&st);
     free(row);
     free(bytes);   // the file stays: the round reads it back when it aggregates
-    if (code == ROUNDS_BAD_REQUEST) {   // its bytes are bad: set aside, the server starts without it
-        state_quarantine_upload(r->cfg.state_dir, f->step, f->peer, spes_last_error());
-        return SPES_OK;
-    }
     OpenRound *round = NULL;
     bool complete = false;
     if (code == ROUNDS_OK) code = rounds_store_upload(r, f->peer, f->step, len, &round, &complete);
+    char why[1024];
+    if (code == ROUNDS_BAD_REQUEST) {
+        snprintf(why, sizeof why, "is damaged (%s): peer %d must upload step %d again", spes_last_error(), f->peer,
+                 f->step);
+        state_set_aside_upload(r->cfg.state_dir, f->step, f->peer, "damaged", why);
+        return SPES_OK;
+    }
+    if (code == ROUNDS_TOO_FAR_AHEAD) {
+        snprintf(why, sizeof why, "is beyond the run's window (%s); the running server drops such a round",
+                 spes_last_error());
+        state_set_aside_upload(r->cfg.state_dir, f->step, f->peer, "far-ahead", why);
+        return SPES_OK;
+    }
     if (code != ROUNDS_OK) {
-        return spes_fail_context("server state %s: upload of peer %d for step %d", r->cfg.state_dir, f->peer, f->step);
+        char *path = state_file_path(r->cfg.state_dir, f);
+        int rc = spes_fail_context("server state: %s (peer %d, step %d)", path ? path : r->cfg.state_dir, f->peer, f->step);
+        free(path);
+        return rc;
     }
     *taken = true;
     if (complete && rounds_complete_round(r, round, f->peer) != ROUNDS_OK) return SPES_ERR;

@@ -357,7 +357,7 @@ int state_load_book(const char *dir, StateBook *book, bool *found) {
     return rc;
 }
 
-static char *file_path(const char *dir, const StateFile *f) {
+char *state_file_path(const char *dir, const StateFile *f) {
     char name[64];
     if (f->kind == 'u') snprintf(name, sizeof name, "upload_s%d_p%d.safetensors", f->step, f->peer);
     else snprintf(name, sizeof name, "aggregate_s%d.safetensors", f->step);
@@ -365,14 +365,14 @@ static char *file_path(const char *dir, const StateFile *f) {
 }
 
 static int save_file(const char *dir, const StateFile *f, const uint8_t *bytes, size_t len) {
-    char *path = file_path(dir, f);
+    char *path = state_file_path(dir, f);
     int rc = path ? file_write_atomic(path, bytes, len) : SPES_ERR;
     free(path);
     return rc;
 }
 
 static void remove_file(const char *dir, const StateFile *f) {
-    char *path = file_path(dir, f);
+    char *path = state_file_path(dir, f);
     if (path && unlink(path) != 0 && errno != ENOENT) log_warn("server state: cannot remove %s: %s", path, strerror(errno));
     free(path);
 }
@@ -422,7 +422,7 @@ int state_upload_append(StateUpload *up, const void *data, size_t len) {
 }
 
 int state_upload_commit(StateUpload *up) {
-    char *final = file_path(up->dir, &(StateFile){'u', up->step, up->peer});
+    char *final = state_file_path(up->dir, &(StateFile){'u', up->step, up->peer});
     int rc = final ? SPES_OK : SPES_ERR;
     if (rc == SPES_OK && fsync(up->fd) != 0) rc = spes_fail("server: cannot flush %s: %s", up->temp_path, strerror(errno));
     if (close(up->fd) != 0 && rc == SPES_OK) rc = spes_fail("server: cannot close %s: %s", up->temp_path, strerror(errno));
@@ -468,16 +468,15 @@ void state_remove_partial(const char *dir) {
 
 void state_remove_upload(const char *dir, int step, int peer) { remove_file(dir, &(StateFile){'u', step, peer}); }
 
-void state_quarantine_upload(const char *dir, int step, int peer, const char *why) {
-    char *path = file_path(dir, &(StateFile){'u', step, peer});
-    size_t n = path ? strlen(path) + 16 : 0;
+void state_set_aside_upload(const char *dir, int step, int peer, const char *suffix, const char *why) {
+    char *path = state_file_path(dir, &(StateFile){'u', step, peer});
+    size_t n = path ? strlen(path) + strlen(suffix) + 2 : 0;
     char *aside = path ? spes_malloc(n) : NULL;
-    if (aside) snprintf(aside, n, "%s.damaged", path);
+    if (aside) snprintf(aside, n, "%s.%s", path, suffix);
     if (aside && rename(path, aside) == 0)
-        log_warn("server state: %s is damaged (%s); moved aside to %s: peer %d must upload step %d again", path, why,
-                 aside, peer, step);
+        log_warn("server state: %s %s; moved aside to %s", path, why, aside);
     else if (path)
-        log_warn("server state: %s is damaged (%s) and cannot be moved aside: %s; ignored", path, why, strerror(errno));
+        log_warn("server state: %s %s and cannot be moved aside: %s; ignored", path, why, strerror(errno));
     free(aside);
     free(path);
 }
@@ -623,7 +622,7 @@ int state_list(const char *dir, StateFile **out, int *count) {
 }
 
 int state_read(const char *dir, const StateFile *f, uint8_t **bytes, size_t *len) {
-    char *path = file_path(dir, f);
+    char *path = state_file_path(dir, f);
     int rc = path ? file_read_all(path, bytes, len) : SPES_ERR;
     free(path);
     return rc;

@@ -115,9 +115,10 @@ int state_load_included(const char *dir, int step, int num_peers, bool **include
 typedef enum { STATE_BLOB_DELTA, STATE_BLOB_OUTER } StateBlob;
 int state_save_blob(const char *dir, StateBlob blob, int step, const uint8_t *bytes, size_t len);
 int state_load_blob(const char *dir, StateBlob blob, int step, uint8_t **bytes, size_t *len);
-// Renames a damaged upload file aside ("<name>.damaged", which state_list ignores), logging why:
-// one bad file must not keep the server from starting.
-void state_quarantine_upload(const char *dir, int step, int peer, const char *why);
+// Renames an upload file a restart cannot take aside ("<name>.<suffix>", which state_list
+// ignores), logging "<path> <why>; moved aside to <path>.<suffix>": one bad file must not keep the
+// server from starting.
+void state_set_aside_upload(const char *dir, int step, int peer, const char *suffix, const char *why);
 // Removing is best effort (a leftover is cleaned up at the next start); failures are logged.
 void state_remove_upload(const char *dir, int step, int peer);
 void state_remove_aggregate(const char *dir, int step);   // and its .peers.json, .int8 delta, outer state
@@ -130,5 +131,7 @@ typedef struct {
 } StateFile;
 // Lists the upload and aggregate files of dir, sorted by (kind, step, peer); *out malloc'd.
 int state_list(const char *dir, StateFile **out, int *count);
+// Its path in dir (malloc'd).
+char *state_file_path(const char *dir, const StateFile *f);
 // Reads one of them (malloc'd bytes).
 int state_read(const char *dir, const StateFile *f, uint8_t **bytes, size_t *len);

@@ -477,6 +477,71 @@ static void test_run_flags_fixed_by_state_dir(void **state) {
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
+// An upload file beyond the run's window at a restart: a bogus step accepted before the first
+// round, then the run's real first upload, committed just before a crash (the running server
+// would have dropped the bogus round when it stored the real one), or a file copied in by hand.
+// The server used to refuse to start ("server state DIR: upload of peer 0 for step N: ... too far
+// ahead", no file named); it now sets the file aside, naming it, and starts. Any other upload it
+// cannot take names the file.
+static void save_valid_upload(const char *dir, int step, int peer) {
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    uint8_t *bytes;
+    size_t len;
+    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, peer, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
+    model_spec_free(&spec);
+    assert_int_equal(state_save_upload(dir, step, peer, bytes, len), SPES_OK);
+    free(bytes);
+}
+static bool state_file_exists(const char *dir, const char *name) {
+    char *path = path_join(dir, name);
+    bool there = file_exists(path);
+    free(path);
+    return there;
+}
+static void test_far_ahead_upload_file_at_restart(void **state) {
+    (void)state;
+    char dir[] = "/tmp/spes_rounds_ahead_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    Rounds *r = make_rounds_in(2, dir);
+    hello(r, 0, 6, ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 2147483647, NULL), ROUNDS_OK);   // before any round: taken
+    rounds_destroy(r);
+    save_valid_upload(dir, 10, 1);   // the real first round, committed, then the crash
+    r = make_rounds_in(2, dir);
+    RoundsStatus st;
+    rounds_status(r, &st);
+    assert_int_equal(st.open_step, 10);
+    assert_int_equal(st.num_uploaded, 1);
+    assert_false(state_file_exists(dir, "upload_s2147483647_p0.safetensors"));
+    assert_true(state_file_exists(dir, "upload_s2147483647_p0.safetensors.far-ahead"));
+    assert_int_equal(upload(r, 0, 10, NULL), ROUNDS_OK);   // completes the reloaded round
+    complete(r, 12);   // spacing 2: steps up to 12 + 4 x 2 = 20 are taken
+    rounds_destroy(r);
+
+    // After rounds completed: a file more than 4 rounds ahead is set aside the same way.
+    save_valid_upload(dir, 100, 0);
+    save_valid_upload(dir, 14, 0);
+    r = make_rounds_in(2, dir);
+    rounds_status(r, &st);
+    assert_int_equal(st.last_aggregate_step, 12);
+    assert_int_equal(st.open_step, 14);
+    assert_true(state_file_exists(dir, "upload_s100_p0.safetensors.far-ahead"));
+    assert_true(state_file_exists(dir, "upload_s14_p0.safetensors"));
+    rounds_destroy(r);
+
+    // More open steps on disk than open-round slots (2): refused, naming the file.
+    save_valid_upload(dir, 16, 0);
+    save_valid_upload(dir, 18, 0);
+    RoundsConfig cfg = {.agg = {.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4},
+                        .keep_steps = 2, .max_upload_bytes = 1 << 20, .max_open_rounds = 2, .state_dir = dir};
+    assert_int_equal(rounds_create(&cfg, &r), SPES_ERR);
+    char want[128];
+    snprintf(want, sizeof want, "server state: %s/upload_s18_p0.safetensors (peer 0, step 18): ", dir);
+    if (!strstr(spes_last_error(), want)) fail_msg("want '%s', got: %s", want, spes_last_error());
+    assert_int_equal(remove_tree(dir), SPES_OK);
+}
+
 // A state dir damaged between two runs (issue 29): an aggregate with one value changed (to NaN)
 // or replaced by an older aggregate's bytes, rounds.json edited to another step, are refused by
 // name instead of served; one junk upload file is set aside with a log line and the server starts.
@@ -847,6 +912,7 @@ int main(void) {
         cmocka_unit_test(test_restart_completes_a_full_round),
         cmocka_unit_test(test_damaged_state_dir_refused),
         cmocka_unit_test(test_run_flags_fixed_by_state_dir),
+        cmocka_unit_test(test_far_ahead_upload_file_at_restart),
         cmocka_unit_test(test_full_disk_stalls_nothing),
         cmocka_unit_test(test_hello_of_a_huge_model_costs_no_memory),
         cmocka_unit_test(test_deadline_rule),
