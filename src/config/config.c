@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "base/text_buf.h"
 #include "config/config_internal.h"
+#include "data/instance_filter.h"
 #include "sync/expert_owners.h"
 
 static const char COMMAND_LINE[] = "command line";
@@ -335,6 +336,26 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
 
 int config_validate(TrainConfig *cfg) { return validate_at(cfg, NULL); }
 
+// An instance filter that can never mask anything: no instance of model.max_sequence_length
+// tokens holds enough repeats of a pattern of repetition_min_period tokens or more. A warning,
+// not an error: OLMo takes such a config (its InstanceFilterConfig checks nothing, and its
+// _validate_instance just never finds a long enough repetition), so the run trains every
+// instance exactly as OLMo's would; refusing it would refuse configs OLMo runs.
+static void warn_inert_instance_filter(const TrainConfig *cfg, const YNode *root) {
+    const InstanceFilterConfig *f = &cfg->data.instance_filter;
+    int64_t need = instance_filter_min_tokens(f);
+    if (!f->enabled || need <= cfg->model.max_seq_len) return;
+    char filter[600], seq[600];
+    key_where(where(root, "data.instance_filter"), "data.instance_filter", filter, sizeof filter);
+    key_where(where(root, "model.max_sequence_length"), "model.max_sequence_length", seq, sizeof seq);
+    log_warn("%s: never masks an instance: a pattern of repetition_min_period %d token%s repeated "
+             "repetition_max_count %d time%s (3 at least) takes %" PRId64 " tokens, and an instance has %d (%s); OLMo "
+             "takes such a config and masks nothing, and so does this run (lower repetition_min_period or "
+             "repetition_max_count, or set data.instance_filter: null)",
+             filter, f->min_period, f->min_period == 1 ? "" : "s", f->max_count, f->max_count == 1 ? "" : "s", need,
+             cfg->model.max_seq_len, seq);
+}
+
 // ---------------------------------------------------------------------------------------
 // Loading
 
@@ -378,6 +399,7 @@ static int load_string(const char *yaml_text, const char *name, int n_overrides,
     if (ctx.unknown.n && !(cfg->unknown_keys = strlist_join(&ctx.unknown, ", "))) goto out;
     if (validate_at(cfg, root) != SPES_OK) goto out;
     if (report) report_keys(cfg, &ctx);
+    if (report) warn_inert_instance_filter(cfg, root);
     rc = SPES_OK;
 out:
     ytree_free(root);

@@ -1,5 +1,6 @@
 // Private to src/config: the key table and the state of one load.
 #pragma once
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -30,6 +31,10 @@ typedef struct {
 
 // "origin:line: key: message" (or "command line --key: message") as the error; SPES_ERR.
 int key_fail(const YNode *n, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int key_vfail(const YNode *n, const char *key, const char *fmt, va_list ap);
+// Where key's value came from (n: its node, NULL for a default), as messages start:
+// "origin:line: key", "command line --key" or "key".
+void key_where(const YNode *n, const char *key, char *out, size_t cap);
 
 // Fills cfg from the tree (after overrides and interpolation), collecting unknown/ignored keys.
 int config_apply_tree(ParseCtx *ctx, const YNode *root, TrainConfig *cfg);

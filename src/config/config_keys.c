@@ -68,15 +68,25 @@ static char *str_printf(const char *fmt, ...) {
     return s;
 }
 
+void key_where(const YNode *n, const char *key, char *out, size_t cap) {
+    if (!n) snprintf(out, cap, "%s", key);   // a default or derived value
+    else if (n->line > 0) snprintf(out, cap, "%s:%d: %s", n->origin, n->line, key);
+    else snprintf(out, cap, "command line --%s", key);
+}
+
+int key_vfail(const YNode *n, const char *key, const char *fmt, va_list ap) {
+    char msg[512], where[600];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    key_where(n, key, where, sizeof where);
+    return spes_fail("%s: %s", where, msg);
+}
+
 int key_fail(const YNode *n, const char *key, const char *fmt, ...) {
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int rc = key_vfail(n, key, fmt, ap);
     va_end(ap);
-    if (!n) return spes_fail("%s: %s", key, msg);   // a default or derived value
-    if (n->line > 0) return spes_fail("%s:%d: %s: %s", n->origin, n->line, key, msg);
-    return spes_fail("command line --%s: %s", key, msg);
+    return rc;
 }
 
 static const char *kind_word(const YNode *n) {

@@ -256,6 +256,56 @@ static void test_too_many_keys(void **state) {
     free(yaml);
 }
 
+// What loading yaml (and override, if any) writes to stderr (malloc'd), the load succeeding.
+static char *load_warnings(const char *yaml, const char *override) {
+    char path[] = "/tmp/spes_config_log_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    TrainConfig cfg;
+    char *over[1] = {(char *)override};
+    int rc = config_load_string(yaml, "run.yaml", override ? 1 : 0, over, &cfg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    if (rc != SPES_OK) fail_msg("load failed: %s", spes_last_error());
+    config_free(&cfg);
+    char *text = calloc(1, 8192);
+    assert_non_null(text);
+    assert_true(pread(fd, text, 8191, 0) >= 0);
+    close(fd);
+    unlink(path);
+    return text;
+}
+
+// An instance filter that no instance of the run's length can trigger used to load silently.
+// OLMo takes such a config (it masks nothing), so it is a warning naming the keys, where they
+// were set, and the sequence length; the run loads.
+static void test_inert_instance_filter_warns(void **state) {
+    (void)state;
+    const char *yaml = "model:\n  max_sequence_length: 64\ndata:\n  instance_filter:\n    repetition_min_period: 4\n"
+                       "    repetition_max_count: 16\n";   // 16 x 4 = 64 tokens: can fire
+    char *text = load_warnings(yaml, NULL);
+    if (strstr(text, "instance_filter")) fail_msg("a filter that can fire warned: %s", text);
+    free(text);
+    text = load_warnings(yaml, "--model.max_sequence_length=63");
+    if (!strstr(text, "run.yaml:5: data.instance_filter: never masks an instance: a pattern of repetition_min_period 4 "
+                      "tokens repeated repetition_max_count 16 times (3 at least) takes 64 tokens, and an instance has "
+                      "63 (command line --model.max_sequence_length)") ||
+        !strstr(text, "set data.instance_filter: null"))
+        fail_msg("no warning naming the keys: %s", text);
+    free(text);
+    // Fewer than 3 repeats still need 3 (the fewest OLMo reports); the default length (1024).
+    text = load_warnings("data:\n  instance_filter: {repetition_min_period: 400, repetition_max_count: 2, "
+                         "repetition_max_period: 500}\n", NULL);
+    if (!strstr(text, "run.yaml:2: data.instance_filter: never masks") ||
+        !strstr(text, "takes 1200 tokens, and an instance has 1024 (model.max_sequence_length)"))
+        fail_msg("no warning for 3 x 400 > 1024: %s", text);
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_configs),
@@ -264,6 +314,7 @@ int main(void) {
         cmocka_unit_test(test_fixed_keys_accept_value_and_null),
         cmocka_unit_test(test_too_many_keys),
         cmocka_unit_test(test_huge_file),
+        cmocka_unit_test(test_inert_instance_filter_warns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,6 +99,25 @@ static void test_decision(void **state) {
     assert_true(instance_filter_keeps(&f, ids, N));
 }
 
+// instance_filter_min_tokens is exact: a pattern of min_period distinct tokens repeated over that
+// many tokens is masked, one token fewer is not (and can hold no repetition that masks).
+static void test_min_tokens(void **state) {
+    (void)state;
+    const int counts[] = {1, 2, 3, 4, 32}, periods[] = {1, 2, 5};
+    for (size_t c = 0; c < sizeof counts / sizeof *counts; c++)
+        for (size_t p = 0; p < sizeof periods / sizeof *periods; p++) {
+            InstanceFilterConfig f = {.enabled = true, .max_period = 13, .min_period = periods[p], .max_count = counts[c]};
+            int n = (int)instance_filter_min_tokens(&f);
+            assert_int_equal(n, (counts[c] > 3 ? counts[c] : 3) * periods[p]);
+            int32_t *ids = malloc((size_t)n * sizeof *ids);
+            assert_non_null(ids);
+            for (int i = 0; i < n; i++) ids[i] = i % periods[p];
+            assert_false(instance_filter_keeps(&f, ids, n));
+            assert_true(instance_filter_keeps(&f, ids, n - 1));
+            free(ids);
+        }
+}
+
 // Every case of tests/ref/instance_filter_ref.py: the same repetitions in the same order, and
 // the same decision.
 static void test_matches_olmo(void **state) {
@@ -146,6 +165,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hand_worked),
         cmocka_unit_test(test_decision),
+        cmocka_unit_test(test_min_tokens),
     };
     // The reference comparison runs when its file is given (tests/integration/data_instance_filter_ref.sh).
     if (getenv("SPES_INSTANCE_FILTER_REF")) {
