@@ -4,6 +4,7 @@
 #include "ops/backend.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -336,6 +337,22 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
 
 int config_validate(TrainConfig *cfg) { return validate_at(cfg, NULL); }
 
+int config_key_fail(const TrainConfig *cfg, const char *key, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = key_vfail(where(cfg->tree, key), key, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+static int schedule_fail_at_key(void *cfg, const char *key, const char *msg) {
+    return config_key_fail(cfg, key, "%s", msg);
+}
+
+int config_schedule_validate(const TrainConfig *cfg, int64_t max_steps) {
+    return schedule_validate(&cfg->schedule, cfg->learning_rate, max_steps, schedule_fail_at_key, (void *)cfg);
+}
+
 // An instance filter that can never mask anything: no instance of model.max_sequence_length
 // tokens holds enough repeats of a pattern of repetition_min_period tokens or more. A warning,
 // not an error: OLMo takes such a config (its InstanceFilterConfig checks nothing, and its
@@ -400,6 +417,8 @@ static int load_string(const char *yaml_text, const char *name, int n_overrides,
     if (validate_at(cfg, root) != SPES_OK) goto out;
     if (report) report_keys(cfg, &ctx);
     if (report) warn_inert_instance_filter(cfg, root);
+    cfg->tree = root;   // config_free frees it
+    root = NULL;
     rc = SPES_OK;
 out:
     ytree_free(root);

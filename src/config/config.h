@@ -149,6 +149,9 @@ typedef struct {
 
     // Where the config came from (for messages and the checkpoint copy).
     char *source_path;
+    // The loaded YAML (after overrides and interpolation), kept so that checks after the load
+    // name a key's file:line (config_key_fail); NULL for a config built in code.
+    struct YNode *tree;
     // Keys found in the file that no table entry knows ("a.b (line 3), ..."; NULL when
     // none). config_load already warned once; kept so tests and tools can inspect them.
     char *unknown_keys;
@@ -168,6 +171,13 @@ int config_load_string(const char *yaml_text, const char *name, int n_overrides,
 
 // Cross-field checks (called by config_load; public for configs built in code).
 int config_validate(TrainConfig *cfg);
+
+// For checks after the load, of values known only then (the run's max_steps): raises the
+// message about `key` as the loader's own errors read, at the line that set it
+// ("run.yaml:57: key: msg", "command line --key: msg", or "key: msg" for a default). SPES_ERR.
+int config_key_fail(const TrainConfig *cfg, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+// schedule_validate of cfg's schedule and learning rate over max_steps, its errors so located.
+int config_schedule_validate(const TrainConfig *cfg, int64_t max_steps);
 
 // Optimizer steps max_duration means: steps as given, tokens / (global batch * seq len)
 // rounded up, epochs * (dataset_instances / global batch) (dataset_instances only needed for

@@ -1208,5 +1208,6 @@ void config_free(TrainConfig *cfg) {
     free(cfg->tokenizer_identifier);
     free(cfg->source_path);
     free(cfg->unknown_keys);
+    ytree_free(cfg->tree);
     *cfg = (TrainConfig){0};
 }

@@ -2,6 +2,8 @@
 #include "train/schedule.h"
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/error.h"
@@ -26,22 +28,37 @@ static int64_t effective_t_max(const ScheduleConfig *s, int64_t max_steps) {
     return s->t_max > 0 ? s->t_max : max_steps;
 }
 
-int schedule_validate(const ScheduleConfig *s, double initial_lr, int64_t max_steps) {
+// Raises msg about key through fail (NULL: "key: msg"); SPES_ERR.
+static int fail_key(ScheduleFailFn fail, void *ctx, const char *key, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return fail ? fail(ctx, key, msg) : spes_fail("%s: %s", key, msg);
+}
+
+int schedule_validate(const ScheduleConfig *s, double initial_lr, int64_t max_steps, ScheduleFailFn fail, void *ctx) {
     if (s->kind == SCHEDULE_CONSTANT) return SPES_OK;
-    if (s->t_warmup < 0) return spes_fail("scheduler.t_warmup is %lld; it must be >= 0", (long long)s->t_warmup);
+    if (s->t_warmup < 0)
+        return fail_key(fail, ctx, "scheduler.t_warmup", "must be >= 0, got %lld", (long long)s->t_warmup);
     if (!(s->alpha_f >= 0 && s->alpha_f <= 1))
-        return spes_fail("scheduler.alpha_f is %g; it must be in [0, 1]", s->alpha_f);
+        return fail_key(fail, ctx, "scheduler.alpha_f", "must be in [0, 1], got %g", s->alpha_f);
     double min_lr = s->warmup_min_lr >= 0 ? s->warmup_min_lr : 0.1 * initial_lr;
     if (s->t_warmup > 0 && !(initial_lr > 0))
-        return spes_fail("optimizer.learning_rate is %g: a warm-up (scheduler.t_warmup %lld) needs a rate above 0 to "
-                         "rise to",
-                         initial_lr, (long long)s->t_warmup);
+        return fail_key(fail, ctx, "optimizer.learning_rate",
+                        "must be above 0 for the warm-up (scheduler.t_warmup %lld) to rise to it, got %g",
+                        (long long)s->t_warmup, initial_lr);
     if (s->t_warmup > 0 && !(min_lr < initial_lr))
-        return spes_fail("scheduler.warmup_min_lr %g must be below optimizer.learning_rate %g", min_lr, initial_lr);
-    if (effective_t_max(s, max_steps) <= s->t_warmup)
-        return spes_fail("scheduler: the decay ends at step %lld (t_max or max_duration), not after the warm-up "
-                         "(t_warmup %lld); raise t_max/max_duration or lower t_warmup",
-                         (long long)effective_t_max(s, max_steps), (long long)s->t_warmup);
+        return fail_key(fail, ctx, "scheduler.warmup_min_lr", "must be below optimizer.learning_rate (%g), got %g",
+                        initial_lr, min_lr);
+    if (effective_t_max(s, max_steps) <= s->t_warmup) {
+        // The end of the decay is t_max when set, else the run's length (max_duration).
+        const char *end = s->t_max > 0 ? "scheduler.t_max" : "max_duration";
+        return fail_key(fail, ctx, end, "the decay ends at step %lld, not after the warm-up (scheduler.t_warmup %lld): "
+                        "raise %s or lower scheduler.t_warmup",
+                        (long long)effective_t_max(s, max_steps), (long long)s->t_warmup, end);
+    }
     return SPES_OK;
 }
 

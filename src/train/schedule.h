@@ -21,6 +21,10 @@ typedef struct {
 // "constant" / "cosine_with_warmup" / "linear_with_warmup" -> kind; error names the value.
 int schedule_kind_from_name(const char *name, ScheduleKind *out);
 const char *schedule_kind_name(ScheduleKind kind);
-// Checks t_warmup >= 0, alpha_f in [0, 1], warmup_min_lr < initial_lr, t_max > t_warmup.
-int schedule_validate(const ScheduleConfig *s, double initial_lr, int64_t max_steps);
+// How schedule_validate reports a bad value: raises msg about config key `key` (as the config
+// loader does, at the line that set it: config_schedule_validate) and returns SPES_ERR.
+typedef int (*ScheduleFailFn)(void *ctx, const char *key, const char *msg);
+// Checks t_warmup >= 0, alpha_f in [0, 1], warmup_min_lr < initial_lr, the decay's end (t_max,
+// else max_steps) > t_warmup. A failure names the key through fail(ctx, ...) (NULL: "key: msg").
+int schedule_validate(const ScheduleConfig *s, double initial_lr, int64_t max_steps, ScheduleFailFn fail, void *ctx);
 double schedule_lr(const ScheduleConfig *s, double initial_lr, int64_t step, int64_t max_steps);

@@ -368,7 +368,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     if (plan_check_device(cfg, t->be, comm_size(t->comm), t->rank0, &t->planned_peak) != SPES_OK) goto fail;
     if (loader_open_train(cfg, &t->train_ds, &t->train_dl) != SPES_OK) goto fail;
     if (config_max_steps(cfg, token_dataset_len(t->train_ds), &t->max_steps) != SPES_OK) goto fail;
-    if (schedule_validate(&cfg->schedule, cfg->learning_rate, t->max_steps) != SPES_OK) goto fail;
+    if (config_schedule_validate(cfg, t->max_steps) != SPES_OK) goto fail;
     if (open_evaluators(t) != SPES_OK) goto fail;
     // Frozen first: trainer_setup_trainable allocates the gradients of what this run trains only.
     if (model_create_frozen_on(&t->model, &cfg->model, t->be) != SPES_OK) goto fail;

@@ -64,6 +64,16 @@ trains "the base config" "$cfg"
 refused "epochs overflowing the step count" "max_duration: 1844674407370955162ep of 10 steps each" \
   "$cfg" --max_duration=1844674407370955162ep
 
+# The schedule is checked once the data gives the step count: its errors said "scheduler: the
+# decay ends at step 2 (t_max or max_duration), ..." with no file:line; they name the key where
+# it was set, as the loader's own errors do.
+refused "a warm-up longer than the run" \
+  "$(basename "$cfg"):$(grep -n '^max_duration:' "$cfg" | cut -d: -f1): max_duration: the decay ends at step 2, not after the warm-up (scheduler.t_warmup 5)" \
+  "$cfg" --scheduler.t_warmup=5
+refused "a warm-up longer than the run in epochs" \
+  "command line --max_duration: the decay ends at step 10, not after the warm-up (scheduler.t_warmup 20)" \
+  "$cfg" --max_duration=1ep --scheduler.t_warmup=20
+
 # optimizer.eps 1e-50 is > 0 as written but 0 as the float AdamW computes with: the first
 # update divided 0 by 0 and step 2 stopped on "the loss is -nan; lower optimizer.learning_rate".
 refused "eps that is 0 in fp32" "command line --optimizer.eps: 1e-50 is too small for the 32-bit float" \

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "config/config.h"
 #include "train/schedule.h"
 
 static void test_cosine_boundaries(void **state) {
@@ -52,21 +53,47 @@ static void test_names_and_validation(void **state) {
     assert_int_equal(schedule_kind_from_name("inverse_sqrt_with_warmup", &k), SPES_ERR);
     assert_non_null(strstr(spes_last_error(), "inverse_sqrt_with_warmup"));
     ScheduleConfig s = {.kind = SCHEDULE_COSINE_WITH_WARMUP, .t_warmup = 10, .alpha_f = 0.1, .warmup_min_lr = -1};
-    assert_int_equal(schedule_validate(&s, 1e-3, 100), SPES_OK);
-    assert_int_equal(schedule_validate(&s, 1e-3, 10), SPES_ERR);   // decay would end inside the warm-up
-    assert_non_null(strstr(spes_last_error(), "t_warmup"));
+    assert_int_equal(schedule_validate(&s, 1e-3, 100, NULL, NULL), SPES_OK);
+    assert_int_equal(schedule_validate(&s, 1e-3, 10, NULL, NULL), SPES_ERR);   // decay would end inside the warm-up
+    assert_non_null(strstr(spes_last_error(), "max_duration: the decay ends at step 10, not after the warm-up "
+                                              "(scheduler.t_warmup 10)"));
     s.alpha_f = 1.5;
-    assert_int_equal(schedule_validate(&s, 1e-3, 100), SPES_ERR);
-    assert_non_null(strstr(spes_last_error(), "alpha_f"));
+    assert_int_equal(schedule_validate(&s, 1e-3, 100, NULL, NULL), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "scheduler.alpha_f: must be in [0, 1], got 1.5"));
     s.alpha_f = 0.1;
     s.warmup_min_lr = 2e-3;
-    assert_int_equal(schedule_validate(&s, 1e-3, 100), SPES_ERR);
-    assert_non_null(strstr(spes_last_error(), "warmup_min_lr"));
+    assert_int_equal(schedule_validate(&s, 1e-3, 100, NULL, NULL), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "scheduler.warmup_min_lr: must be below optimizer.learning_rate"));
     // A rate of 0 with the default warmup_min_lr (0.1 x 0) is the rate's fault, not the key the
     // user never set.
     s.warmup_min_lr = -1;
-    assert_int_equal(schedule_validate(&s, 0.0, 100), SPES_ERR);
-    assert_non_null(strstr(spes_last_error(), "optimizer.learning_rate is 0"));
+    assert_int_equal(schedule_validate(&s, 0.0, 100, NULL, NULL), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "optimizer.learning_rate: must be above 0 for the warm-up"));
+}
+
+// Checked after the load (max_steps needs the data), a loaded config's schedule errors name the
+// key at the line that set it, as the loader's own errors do; they used to carry no file:line
+// ("scheduler: the decay ends at step 40 (t_max or max_duration), ...").
+static void expect_located(const char *yaml, const char *override, int64_t max_steps, const char *want) {
+    TrainConfig cfg;
+    char *over[1] = {(char *)override};
+    assert_int_equal(config_load_string(yaml, "run.yaml", override ? 1 : 0, over, &cfg), SPES_OK);
+    int rc = config_schedule_validate(&cfg, max_steps);
+    config_free(&cfg);
+    if (rc != SPES_ERR || !strstr(spes_last_error(), want))
+        fail_msg("rc %d, message \"%s\" (want \"%s\")", rc, rc == SPES_ERR ? spes_last_error() : "", want);
+}
+static void test_errors_name_the_line(void **state) {
+    (void)state;
+    expect_located("seed: 1\nmax_duration: 40\nscheduler:\n  name: linear_with_warmup\n  t_warmup: 50\n", NULL, 40,
+                   "run.yaml:2: max_duration: the decay ends at step 40, not after the warm-up (scheduler.t_warmup 50): "
+                   "raise max_duration or lower scheduler.t_warmup");
+    expect_located("scheduler:\n  t_warmup: 10\n", "--optimizer.learning_rate=0", 100,
+                   "command line --optimizer.learning_rate: must be above 0 for the warm-up (scheduler.t_warmup 10) to "
+                   "rise to it, got 0");
+    expect_located("optimizer:\n  learning_rate: 0.001\nscheduler:\n  t_warmup: 10\n  warmup_min_lr: 0.001\n", NULL,
+                   100, "run.yaml:5: scheduler.warmup_min_lr: must be below optimizer.learning_rate (0.001), got 0.001");
+    // (A negative t_warmup or alpha_f is refused by the loader itself, at its line.)
 }
 
 static void test_matches_python(void **state) {
@@ -99,6 +126,7 @@ int main(void) {
         cmocka_unit_test(test_cosine_boundaries),
         cmocka_unit_test(test_linear_and_constant),
         cmocka_unit_test(test_names_and_validation),
+        cmocka_unit_test(test_errors_name_the_line),
     };
     // The reference comparison runs when its file is given (tests/integration/train_optimizer_ref.sh).
     if (getenv("SPES_SCHEDULE_REF")) {
