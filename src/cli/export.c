@@ -19,7 +19,9 @@ static void usage(FILE *out) {
             "\n"
             "Writes a Hugging Face model directory (config.json, model.safetensors or shards +\n"
             "model.safetensors.index.json, generation_config.json, tokenizer files) that\n"
-            "transformers loads with AutoModelForCausalLM.from_pretrained.\n"
+            "transformers loads with AutoModelForCausalLM.from_pretrained. generation_config.json\n"
+            "is the checkpoint's own when it has one (copied from the run's load_path), unchanged;\n"
+            "otherwise it is built from config.json's special token ids.\n"
             "\n"
             "  --checkpoint DIR      a checkpoint step directory (model.safetensors + config.json),\n"
             "                        or a save_folder: its highest stepN/ is used\n"
@@ -92,9 +94,13 @@ int cmd_export(int argc, char **argv) {
     }
     Model m;
     status = model_load_hf_dir(dir, &m);
-    free(dir);
-    if (status != SPES_OK) return cli_report_error();
+    if (status != SPES_OK) {
+        free(dir);
+        return cli_report_error();
+    }
+    opt.generation_config_dir = dir;   // a checkpoint's copy of its load_path's, or an HF dir's own
     status = model_export_hf(&m, out_dir, &opt);
+    free(dir);
     model_free(&m);
     if (status != SPES_OK) return cli_report_error();
     log_info("export: wrote %s", out_dir);

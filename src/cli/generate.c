@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "tokenizer/tokenizer.h"
 #include "eval/generate.h"
+#include "model/hf_config.h"
 #include "model/hf_import.h"
 
 static void usage(FILE *out) {
@@ -27,7 +28,8 @@ static void usage(FILE *out) {
             "  --top_k K              keep the K most likely tokens (0 = all; default 50)\n"
             "  --top_p P              nucleus sampling mass (1 = off; default 0.95)\n"
             "  --seed N               sampling seed (default 0)\n"
-            "  --no_stop              keep going after the EOS token\n"
+            "  --no_stop              keep going after an EOS token (generation_config.json's eos_token_id\n"
+            "                         when the model directory has that file, else config.json's)\n"
             "  --no_cache             recompute the whole sequence per token (slow; for comparison)\n"
             "  --print_ids            print token ids (one line) instead of text\n"
             "  --threads N            CPU threads (default: all cores)\n" CLI_DEVICE_HELP);
@@ -144,6 +146,8 @@ int cmd_generate(int argc, char **argv) {
     if (status == SPES_OK && ids.len == 0) status = spes_fail("the prompt encodes to no tokens");
     if (status == SPES_OK) status = cli_load_model(model_dir, device, precision, &m);
     model_loaded = status == SPES_OK;
+    // transformers' generate stops at generation_config.json's eos ids when the file exists.
+    if (status == SPES_OK) status = hf_generation_config_read(model_dir, &m.cfg, NULL, NULL);
     if (status == SPES_OK) {
         prompt_ids = spes_malloc(ids.len * sizeof(int32_t));
         out = spes_malloc((size_t)opt.max_new_tokens * sizeof(int32_t));

@@ -26,7 +26,10 @@ static void usage(FILE *out) {
             "  --seed N              noise / router seed (default 0)\n"
             "  --dtype D             f32 (default) | bf16\n"
             "  --max_shard_size S    shard above this size (default 5GB)\n"
-            "  --tokenizer PATH      tokenizer files to copy (e.g. the dense model's directory)\n");
+            "  --tokenizer PATH      tokenizer files to copy (e.g. the dense model's directory)\n"
+            "\n"
+            "The dense model's generation_config.json (eos ids, sampling settings) is carried\n"
+            "unchanged; without one it is built from config.json's special token ids.\n");
 }
 
 int cmd_upcycle(int argc, char **argv) {
@@ -69,6 +72,7 @@ int cmd_upcycle(int argc, char **argv) {
         return 2;
     }
     if (cli_check_model_out_dir(out_dir, dense, "--dense") != SPES_OK) return cli_report_error();
+    ex.generation_config_dir = dense;   // its eos list and sampling settings hold for the MoE
     Model m;
     if (model_upcycle_dense(dense, &up, &m) != SPES_OK) return cli_report_error();
     status = model_export_hf(&m, out_dir, &ex);

@@ -186,8 +186,17 @@ static int write_json_file(const char *dir, const char *name, json_t *obj) {
     return status;
 }
 
-// The special token ids of config.json, as GenerationConfig.from_model_config takes them.
-static int write_generation_config(const ModelConfig *cfg, const char *out_dir) {
+// generation_config.json: the source's, byte for byte, when it has one (text: a dense model's
+// eos list and sampling settings: nothing in it describes the MLP that upcycling replaced, and
+// a checkpoint keeps the one its run started from); else config.json's special token ids, as
+// GenerationConfig.from_model_config takes them.
+static int write_generation_config(const ModelConfig *cfg, const char *text, size_t len, const char *out_dir) {
+    if (text) {
+        char *path = path_join(out_dir, "generation_config.json");
+        int status = path ? file_write_atomic(path, text, len) : SPES_ERR;
+        free(path);
+        return status;
+    }
     json_t *gen = json_object();
     if (!gen) return spes_fail("cannot build %s/generation_config.json (out of memory)", out_dir);
     json_object_set_new(gen, "_from_model_config", json_true());
@@ -240,14 +249,23 @@ static int copy_tokenizer(const char *tokenizer, const char *out_dir) {
 int model_export_hf(const Model *m, const char *out_dir, const HfExportOptions *opt) {
     HfFormat format;
     SPES_TRY(hf_format_for_model(&m->cfg, opt->format, &format));
-    if (mkdir_p(out_dir) != SPES_OK) return spes_fail_context("export to %s", out_dir);
-    SPES_TRY(hf_write_tensors(m, out_dir, opt->dtype, opt->max_shard_bytes));
+    // The source's generation_config.json is read and checked before anything is written.
+    char *gen_text = NULL;
+    size_t gen_len = 0;
+    ModelConfig checked = m->cfg;   // its eos ids are checked against the vocabulary, then dropped
+    if (opt->generation_config_dir &&
+        hf_generation_config_read(opt->generation_config_dir, &checked, &gen_text, &gen_len) != SPES_OK)
+        return spes_fail_context("export to %s", out_dir);
+    int status = mkdir_p(out_dir);
+    if (status == SPES_OK) status = hf_write_tensors(m, out_dir, opt->dtype, opt->max_shard_bytes);
     char *config_path = path_join(out_dir, "config.json");
-    int status = config_path ? hf_config_write(&m->cfg, format == HF_FORMAT_OLMOE ? "olmoe" : "qwen3_moe",
+    if (status == SPES_OK)
+        status = config_path ? hf_config_write(&m->cfg, format == HF_FORMAT_OLMOE ? "olmoe" : "qwen3_moe",
                                                opt->dtype == DTYPE_BF16 ? "bfloat16" : "float32", config_path)
                              : SPES_ERR;
     free(config_path);
-    if (status == SPES_OK) status = write_generation_config(&m->cfg, out_dir);
+    if (status == SPES_OK) status = write_generation_config(&m->cfg, gen_text, gen_len, out_dir);
+    free(gen_text);
     if (status == SPES_OK && opt->tokenizer) status = copy_tokenizer(opt->tokenizer, out_dir);
     if (status != SPES_OK) return spes_fail_context("export to %s", out_dir);
     return SPES_OK;

@@ -4,7 +4,8 @@
 //   config.json                     every field from our ModelConfig (hf_config_write)
 //   model.safetensors               or model-0000i-of-0000N.safetensors shards plus
 //   model.safetensors.index.json    when the tensors exceed max_shard_bytes
-//   generation_config.json          bos/eos/pad ids as configured (none forced)
+//   generation_config.json          the source's, unchanged, when it has one; else
+//                                   config.json's bos/eos/pad ids (none forced)
 //   tokenizer files                 copied when a tokenizer is given
 // Every file is written atomically; stale shards of an earlier export in the same
 // directory are removed first so the index never mixes two exports.
@@ -21,6 +22,9 @@ typedef struct {
     DType dtype;                // DTYPE_F32 or DTYPE_BF16
     const char *tokenizer;      // tokenizer.json or a directory with tokenizer files; NULL: none
     uint64_t max_shard_bytes;   // 0: 5 GB (HF's default)
+    // A directory whose generation_config.json, when it has one, is written unchanged (its
+    // eos ids checked against the vocabulary); NULL: built from the model's special token ids.
+    const char *generation_config_dir;
 } HfExportOptions;
 
 #define HF_DEFAULT_MAX_SHARD_BYTES (5ull * 1000 * 1000 * 1000)

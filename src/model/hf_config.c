@@ -100,6 +100,7 @@ static int get_token_id(const JsonDoc *d, const char *key, int embedding_size, i
 // an export writes the same; absent, null or [] is none (eos_token_id -1).
 static int get_eos_ids(const JsonDoc *d, ModelConfig *cfg) {
     json_t *v = json_object_get(d->root, "eos_token_id");
+    cfg->num_eos_token_ids = 0;   // a list read before (config.json's) is replaced, not kept
     if (!json_is_array(v)) return get_token_id(d, "eos_token_id", cfg->embedding_size, &cfg->eos_token_id);
     size_t n = json_array_size(v);
     if (n > MODEL_MAX_EOS_IDS)
@@ -219,6 +220,35 @@ int hf_config_read(const char *dir_or_file, ModelConfig *cfg) {
         json_decref(root);
     }
     free(path);
+    return rc;
+}
+
+int hf_generation_config_read(const char *dir, ModelConfig *cfg, char **text, size_t *len) {
+    if (text) *text = NULL;
+    char *path = path_join(dir, "generation_config.json");
+    if (!path) return SPES_ERR;
+    if (!file_exists(path)) {
+        free(path);
+        return SPES_OK;
+    }
+    uint8_t *data = NULL;
+    size_t n = 0;
+    int rc = file_read_all(path, &data, &n);
+    json_error_t err;
+    json_t *root = rc == SPES_OK ? json_loadb((const char *)data, n, JSON_REJECT_DUPLICATES, &err) : NULL;
+    if (rc == SPES_OK && !json_is_object(root))
+        rc = root ? spes_fail("%s: expected a JSON object", path)
+                  : spes_fail("%s: cannot read JSON (line %d: %s)", path, err.line, err.text);
+    JsonDoc d = {root, path};
+    if (rc == SPES_OK) rc = get_eos_ids(&d, cfg);
+    json_decref(root);
+    free(path);
+    if (rc == SPES_OK && text) {
+        *text = (char *)data;
+        *len = n;
+    } else {
+        free(data);
+    }
     return rc;
 }
 

@@ -21,10 +21,18 @@
 int hf_config_read(const char *dir_or_file, ModelConfig *cfg);
 // The same checks on a config already parsed; errors name `path`.
 int hf_config_from_json(json_t *root, const char *path, ModelConfig *cfg);
-// Writes config.json atomically. format: "olmoe" | "qwen3_moe"; torch_dtype: "float32" |
-// "bfloat16" (the dtype the weights are stored in).
 // Puts bos_token_id (when known, or null when bos_null), eos_token_id (an id, or the list it
 // was read as) and pad_token_id into obj, null where none is known: the same in config.json
 // and generation_config.json.
 int hf_config_put_token_ids(const ModelConfig *cfg, json_t *obj, bool bos_null);
+// Writes config.json atomically. format: "olmoe" | "qwen3_moe"; torch_dtype: "float32" |
+// "bfloat16" (the dtype the weights are stored in).
 int hf_config_write(const ModelConfig *cfg, const char *format, const char *torch_dtype, const char *path);
+
+// <dir>/generation_config.json, transformers' GenerationConfig file, when the directory has
+// one (else nothing is changed and *text is NULL). It must be a JSON object; its eos_token_id
+// (an id or a list, each inside cfg's vocabulary; absent or null: none) replaces cfg's eos ids,
+// because transformers' generate then stops at the file's ids alone, not config.json's
+// (transformers 5.23). *text (when text is not NULL): the file's bytes, malloc'd, to carry it
+// unchanged.
+int hf_generation_config_read(const char *dir, ModelConfig *cfg, char **text, size_t *len);

@@ -2,6 +2,8 @@
 //   model.safetensors        every parameter, F32, Hugging Face names   } loadable by HF
 //   config.json              HF OlmoeForCausalLM / Qwen3MoeForCausalLM  } transformers
 //   config.yaml              the resolved training config (for humans and reruns)
+//   generation_config.json   only when load_path had one: a copy (of the newest checkpoint's when
+//                            load_path's is gone), which `spes export` writes unchanged
 //   train_state.safetensors  AdamW moments of the trainable tensors: exp_avg.<name>, exp_avg_sq.<name>
 //   train_state.json         step, tokens seen, optimizer step, data-loader position and
 //                            seed, config hash, trainable-set summary, schema version, and

@@ -187,6 +187,65 @@ static void test_special_token_ids(void **state) {
                  "lists 17 ids");
 }
 
+// dir/generation_config.json holding `json` (NULL: no such file) read over a config whose
+// eos_token_id is the list [3, 4]: *c has the eos ids transformers' generate stops at.
+static int read_generation_config(const char *json, ModelConfig *c, char **text) {
+    char *sub = path_join(dir, "gen"), *path = path_join(sub, "generation_config.json");
+    assert_int_equal(mkdir_p(sub), SPES_OK);
+    remove(path);
+    if (json) assert_int_equal(file_write_atomic(path, json, strlen(json)), SPES_OK);
+    json_t *root = json_loads("{\"model_type\": \"olmoe\", " BASE ", \"eos_token_id\": [3, 4]}", 0, NULL);
+    assert_int_equal(hf_config_from_json(root, "config.json", c), SPES_OK);
+    json_decref(root);
+    size_t len = 0;
+    int rc = hf_generation_config_read(sub, c, text, text ? &len : NULL);
+    if (rc == SPES_OK && text && *text) assert_int_equal(len, strlen(json));
+    free(sub);
+    free(path);
+    return rc;
+}
+
+static void test_generation_config(void **state) {
+    (void)state;
+    ModelConfig c;
+    char *text = NULL;
+    // No file: config.json's ids stay, nothing to carry.
+    assert_int_equal(read_generation_config(NULL, &c, &text), SPES_OK);
+    assert_null(text);
+    assert_true(model_config_is_eos(&c, 3) && model_config_is_eos(&c, 4));
+    // A list: its ids; the text comes back byte for byte (0.6 stays "0.6").
+    const char *qwen = "{\"eos_token_id\": [5, 6], \"temperature\": 0.6}";
+    assert_int_equal(read_generation_config(qwen, &c, &text), SPES_OK);
+    assert_string_equal(text, qwen);
+    free(text);
+    assert_true(model_config_is_eos(&c, 5) && model_config_is_eos(&c, 6));
+    assert_false(model_config_is_eos(&c, 3) || model_config_is_eos(&c, 4));
+    // One id replaces the whole list (config.json's second id no longer stops).
+    assert_int_equal(read_generation_config("{\"eos_token_id\": 3}", &c, NULL), SPES_OK);
+    assert_true(model_config_is_eos(&c, 3));
+    assert_false(model_config_is_eos(&c, 4));
+    // Absent or null: none, as transformers' generate has none then.
+    assert_int_equal(read_generation_config("{\"do_sample\": false}", &c, NULL), SPES_OK);
+    assert_false(model_config_is_eos(&c, 3) || model_config_is_eos(&c, 4));
+    assert_int_equal(c.eos_token_id, -1);
+    assert_int_equal(read_generation_config("{\"eos_token_id\": null}", &c, NULL), SPES_OK);
+    assert_int_equal(c.eos_token_id, -1);
+    // Refused, naming the file: not an object, broken JSON, an id outside the vocabulary.
+    static const struct {
+        const char *json, *needle;
+    } bad[] = {{"[1, 2]", "generation_config.json: expected a JSON object"},
+               {"{\"eos_token_id\": ", "generation_config.json: cannot read JSON"},
+               {"{\"eos_token_id\": [1, 64]}", "generation_config.json: \"eos_token_id[1]\" 64 is outside"},
+               {"{\"eos_token_id\": \"</s>\"}", "generation_config.json: \"eos_token_id\" must be an integer"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        text = NULL;
+        assert_int_equal(read_generation_config(bad[i].json, &c, &text), SPES_ERR);
+        assert_null(text);
+        if (!strstr(spes_last_error(), bad[i].needle))
+            fail_msg("error '%s' does not mention '%s'", spes_last_error(), bad[i].needle);
+    }
+}
+
 static int setup(void **state) {
     (void)state;
     return mkdtemp(dir) ? 0 : -1;
@@ -203,6 +262,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_impossible_values),
         cmocka_unit_test(test_special_token_ids),
+        cmocka_unit_test(test_generation_config),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
