@@ -33,7 +33,7 @@ typedef struct {
     int ctx_len, cont_len, cap;
 } PairEncoding;
 
-static int encode_pair(TokenEncoder *enc, const McRequest *r, int eos_id, PairEncoding *pe) {
+static int encode_pair(TokenEncoder *enc, const McRequest *r, int64_t prefix_id, PairEncoding *pe) {
     size_t ctx_len = strlen(r->context), cont_len = strlen(r->continuation);
     size_t spaces = 0;
     while (spaces < ctx_len && strchr(" \t\n\r\f\v", r->context[ctx_len - 1 - spaces])) spaces++;
@@ -46,13 +46,17 @@ static int encode_pair(TokenEncoder *enc, const McRequest *r, int eos_id, PairEn
     if (status == SPES_OK) status = encode(enc, joined, ctx_len + cont_len, &pe->whole);
     free(joined);
     SPES_TRY(status);
-    // An empty context becomes EOS; the continuation is then the whole encoding.
+    // An empty context becomes lm-eval's prefix token; the continuation is then the whole
+    // encoding, less its first token when that is the prefix token (lm-eval: it is the context).
     size_t from = kept == 0 ? 0 : pe->context.len;
     if (pe->context.len == 0) {
-        if (eos_id < 0)
-            return spes_fail("doc_id %lld: empty context and the model has no eos_token_id to stand in for it",
+        if (prefix_id < 0)
+            return spes_fail("doc_id %lld: empty context, and the tokenizer names no BOS or EOS token to stand in for "
+                             "it (lm-eval's prefix token: give a tokenizer directory whose tokenizer_config.json or "
+                             "special_tokens_map.json names one)",
                              (long long)r->doc_id);
-        SPES_TRY(id_buffer_push(&pe->context, (uint32_t)eos_id));
+        SPES_TRY(id_buffer_push(&pe->context, (uint32_t)prefix_id));
+        if (pe->whole.len > 0 && pe->whole.ids[0] == (uint32_t)prefix_id) from = 1;
     }
     if (pe->whole.len <= from)
         return spes_fail("doc_id %lld idx %d: the continuation '%.40s' encodes to no tokens", (long long)r->doc_id,
@@ -123,11 +127,11 @@ static int score_request(KvCache *cache, const PairEncoding *pe, int window, int
 }
 
 // Scores every choice of one document; returns how many continuations were cut to fit.
-static int score_document(Model *m, TokenEncoder *enc, KvCache *cache, const McTask *task, const McDoc *doc,
-                          int window, ScoreState *st, PairEncoding *pe, McScore *scores, int *cut) {
+static int score_document(Model *m, TokenEncoder *enc, int64_t prefix_id, KvCache *cache, const McTask *task,
+                          const McDoc *doc, int window, ScoreState *st, PairEncoding *pe, McScore *scores, int *cut) {
     for (int c = 0; c < doc->num_choices; c++) {
         int r = doc->request_of_choice[c];
-        SPES_TRY(encode_pair(enc, &task->requests[r], m->cfg.eos_token_id, pe));
+        SPES_TRY(encode_pair(enc, &task->requests[r], prefix_id, pe));
         SPES_TRY(score_request(cache, pe, window, m->cfg.embedding_size, st, &scores[r]));
         *cut += scores[r].num_tokens < pe->cont_len;
     }
@@ -142,6 +146,8 @@ int mc_task_score(Model *m, const Tokenizer *tok, const McTask *task, const McSc
     KvCache cache;
     PairEncoding pe;
     memset(&pe, 0, sizeof pe);
+    // lm-eval's prefix token (HFLM.prefix_token_id): the tokenizer's BOS, else its EOS.
+    int64_t prefix_id = tokenizer_bos_id(tok) >= 0 ? tokenizer_bos_id(tok) : tokenizer_eos_id(tok);
     SPES_TRY(tokenizer_encoder_new(tok, &enc));
     if (kv_cache_create(&cache, m, window) != SPES_OK) {
         tokenizer_encoder_free(enc);
@@ -157,10 +163,10 @@ int mc_task_score(Model *m, const Tokenizer *tok, const McTask *task, const McSc
     int done = 0, cut = 0;
     for (int d = 0; d < task->num_docs && status == SPES_OK; d++) {
         const McDoc *doc = &task->docs[d];
-        status = score_document(m, enc, &cache, task, doc, window, &st, &pe, scores, &cut);
+        status = score_document(m, enc, prefix_id, &cache, task, doc, window, &st, &pe, scores, &cut);
         if (status == SPES_OK && doc->uncond >= 0)
-            status = score_document(m, enc, &cache, task, &task->uncond_docs[doc->uncond], window, &st, &pe, scores,
-                                    &cut);
+            status = score_document(m, enc, prefix_id, &cache, task, &task->uncond_docs[doc->uncond], window, &st, &pe,
+                                    scores, &cut);
         done += 1 + (doc->uncond >= 0);
         if (opt->show_progress) progress_update(&progress, (uint64_t)done, NULL);
     }

@@ -3,7 +3,8 @@
 //   - trailing whitespace of the context moves to the front of the continuation;
 //   - context_enc = encode(context), whole = encode(context + continuation),
 //     continuation_enc = whole[len(context_enc):];
-//   - an empty context becomes the EOS token (lm-eval's prefix token);
+//   - an empty context becomes lm-eval's prefix token: the tokenizer's BOS, else its EOS (not
+//     the model's eos_token_id); a continuation starting with that token has it as context;
 //   - the model sees at most `window` tokens: (context + continuation)[-(window + 1):],
 //     scoring the continuation tokens inside it (all, unless the continuation alone is
 //     longer than the window: then its first tokens are dropped, with a warning).

@@ -26,6 +26,7 @@ struct Tokenizer {
     AddedVocab added;
     uint32_t vocab_size;
     int64_t eos_id;
+    int64_t bos_id;           // -1: none (AutoTokenizer's bos_token is None)
     // decode table: bytes of id i are decoded[decoded_off[i] .. decoded_off[i+1]); a gap (no
     // token with that id) has decoded_ok[i] = 0.
     uint8_t *decoded;
@@ -134,12 +135,13 @@ static int build_decode_table(Tokenizer *t) {
     return SPES_OK;
 }
 
-// The id of the token an eos_token value names (tokenizer_config.json / special_tokens_map.json):
-// a string or {"content": ...}; -1 for null or a token the vocabulary does not hold.
-static int64_t eos_named(const Tokenizer *t, const json_t *eos) {
-    if (json_is_object(eos)) eos = json_object_get(eos, "content");
-    if (!json_is_string(eos)) return -1;
-    const char *name = json_string_value(eos);
+// The id of the token an eos_token / bos_token value names (tokenizer_config.json /
+// special_tokens_map.json): a string or {"content": ...}; -1 for null or a token the vocabulary
+// does not hold.
+static int64_t token_named(const Tokenizer *t, const json_t *value) {
+    if (json_is_object(value)) value = json_object_get(value, "content");
+    if (!json_is_string(value)) return -1;
+    const char *name = json_string_value(value);
     int64_t id = added_vocab_find(&t->added, name);
     for (uint32_t i = 0; id < 0 && i < bpe_model_vocab_size(t->model); i++) {
         size_t len;
@@ -177,9 +179,10 @@ static int load_parts(Tokenizer *t, const json_t *root) {
     return build_decode_table(t);
 }
 
-// tokenizer.json text -> *out. eos_token: the value the tokenizer's config files give that key,
-// NULL when they give none (the EOS is then picked by convention).
-static int load_tokenizer(const char *json, size_t len, const json_t *eos_token, const char *origin, Tokenizer **out) {
+// tokenizer.json text -> *out. eos_token, bos_token: the values the tokenizer's config files give
+// those keys, NULL when they give none (the EOS is then picked by convention; there is no BOS).
+static int load_tokenizer(const char *json, size_t len, const json_t *eos_token, const json_t *bos_token,
+                          const char *origin, Tokenizer **out) {
     *out = NULL;
     json_error_t jerr;
     json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &jerr);
@@ -195,7 +198,8 @@ static int load_tokenizer(const char *json, size_t len, const json_t *eos_token,
         tokenizer_free(t);
         return spes_fail_context("%s", origin);
     }
-    t->eos_id = eos_token ? eos_named(t, eos_token) : eos_by_convention(t);
+    t->eos_id = eos_token ? token_named(t, eos_token) : eos_by_convention(t);
+    t->bos_id = token_named(t, bos_token);
     *out = t;
     return SPES_OK;
 }
@@ -203,7 +207,8 @@ static int load_tokenizer(const char *json, size_t len, const json_t *eos_token,
 int tokenizer_load_json(const char *json, size_t len, const char *config_json, const char *origin, Tokenizer **out) {
     // A config that is not JSON names no EOS here (tokenizer_load refuses such a file).
     json_t *config = config_json ? json_loads(config_json, 0, NULL) : NULL;
-    int rc = load_tokenizer(json, len, json_object_get(config, "eos_token"), origin, out);
+    int rc = load_tokenizer(json, len, json_object_get(config, "eos_token"), json_object_get(config, "bos_token"),
+                            origin, out);
     json_decref(config);
     return rc;
 }
@@ -234,6 +239,13 @@ static int read_config_file(const char *dir, const char *name, json_t **out) {
     return rc;
 }
 
+// special_tokens_map.json's value of `key` (null there too wins: transformers has no such token
+// then), else tokenizer_config.json's; NULL when neither file gives the key.
+static const json_t *special_token(const json_t *map, const json_t *config, const char *key) {
+    const json_t *v = json_object_get(map, key);
+    return v ? v : json_object_get(config, key);
+}
+
 int tokenizer_load(const char *path, Tokenizer **out) {
     *out = NULL;
     if (!strcmp(path, "bytes")) {
@@ -242,6 +254,7 @@ int tokenizer_load(const char *path, Tokenizer **out) {
         t->is_bytes = 1;
         t->vocab_size = BYTES_VOCAB;
         t->eos_id = BYTES_EOS;
+        t->bos_id = -1;
         snprintf(t->description, sizeof t->description, "built-in bytes tokenizer (ids 0-255 = bytes, EOS = 256, vocab 257)");
         *out = t;
         return SPES_OK;
@@ -264,9 +277,9 @@ int tokenizer_load(const char *path, Tokenizer **out) {
         if (rc == SPES_OK && !json_object_get(config, "added_tokens_decoder"))
             rc = read_config_file(path, "special_tokens_map.json", &map);
     }
-    json_t *eos = json_object_get(map, "eos_token");   // null there too wins: transformers has no EOS then
-    if (!eos) eos = json_object_get(config, "eos_token");
-    if (rc == SPES_OK) rc = load_tokenizer((const char *)json, len, eos, json_path, out);
+    if (rc == SPES_OK)
+        rc = load_tokenizer((const char *)json, len, special_token(map, config, "eos_token"),
+                            special_token(map, config, "bos_token"), json_path, out);
     json_decref(config);
     json_decref(map);
     free(json);
@@ -287,6 +300,7 @@ void tokenizer_free(Tokenizer *t) {
 
 uint32_t tokenizer_vocab_size(const Tokenizer *t) { return t->vocab_size; }
 int64_t tokenizer_eos_id(const Tokenizer *t) { return t->eos_id; }
+int64_t tokenizer_bos_id(const Tokenizer *t) { return t->bos_id; }
 const char *tokenizer_describe(const Tokenizer *t) { return t->description; }
 
 // ---------------------------------------------------------------------------------------------

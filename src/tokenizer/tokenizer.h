@@ -1,7 +1,7 @@
 // Text -> token ids, byte-identical to Hugging Face `tokenizers` for byte-level BPE models.
 //
 // Loads a tokenizer.json (or a directory holding one, plus tokenizer_config.json and
-// special_tokens_map.json when present, for the EOS token). The pipeline is HF's:
+// special_tokens_map.json when present, for the EOS and BOS tokens). The pipeline is HF's:
 //   1. added tokens with normalized=false are matched on the raw text (leftmost-longest);
 //   2. the pieces between them are normalized (NFC, Sequence);
 //   3. added tokens with normalized=true are matched on the normalized pieces;
@@ -35,7 +35,7 @@ void id_buffer_free(IdBuffer *b);
 // path: "bytes", a tokenizer.json file, or a directory with tokenizer.json in it.
 int tokenizer_load(const char *path, Tokenizer **out);
 // Same, from JSON text already in memory (tests build tokenizers this way). config_json (the
-// content of a tokenizer_config.json, may be NULL) names the EOS token.
+// content of a tokenizer_config.json, may be NULL) names the EOS and BOS tokens.
 int tokenizer_load_json(const char *json, size_t len, const char *config_json, const char *origin, Tokenizer **out);
 void tokenizer_free(Tokenizer *tok);
 
@@ -48,6 +48,9 @@ uint32_t tokenizer_vocab_size(const Tokenizer *tok);
 // <|end_of_text|>, <|im_end|>.
 // Returns -1 when none is known (callers then need an explicit --eos_id).
 int64_t tokenizer_eos_id(const Tokenizer *tok);
+// The BOS id as AutoTokenizer picks it: the bos_token of the same files, in the same order;
+// -1 when they name none (no convention: AutoTokenizer then has none; "bytes" has none).
+int64_t tokenizer_bos_id(const Tokenizer *tok);
 // A short description ("BPE vocab 100278, 100000 merges, 22 added tokens, NFC, ...") for logs.
 const char *tokenizer_describe(const Tokenizer *tok);
 

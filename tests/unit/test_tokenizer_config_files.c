@@ -56,15 +56,19 @@ static void put(const char *name, const char *text) {
     free(path);
 }
 
-// The EOS id of the directory with these config files (NULL: no such file).
-static int64_t eos_with(const char *tokenizer_config, const char *special_tokens_map) {
+// The EOS (or BOS) id of the directory with these config files (NULL: no such file).
+static int64_t id_with(int64_t (*which)(const Tokenizer *), const char *tokenizer_config, const char *special_tokens_map) {
     put("tokenizer_config.json", tokenizer_config);
     put("special_tokens_map.json", special_tokens_map);
     Tokenizer *tok;
     if (tokenizer_load(dir, &tok) != SPES_OK) fail_msg("tokenizer_load: %s", spes_last_error());
-    int64_t id = tokenizer_eos_id(tok);
+    int64_t id = which(tok);
     tokenizer_free(tok);
     return id;
+}
+
+static int64_t eos_with(const char *tokenizer_config, const char *special_tokens_map) {
+    return id_with(tokenizer_eos_id, tokenizer_config, special_tokens_map);
 }
 
 // tokenizer_config.json was parsed twice per load: once to refuse a broken file, once for its
@@ -135,6 +139,26 @@ static void test_eos_precedence(void **state) {
     assert_int_equal(eos_with("{\"model_max_length\": 8}", "{\"bos_token\": \"<|padding|>\"}"), ENDOFTEXT);
 }
 
+// The BOS (lm-eval's prefix token for an empty context when there is one) from the same files
+// in the same order; none by convention, as AutoTokenizer has none then.
+static void test_bos_precedence(void **state) {
+    (void)state;
+    if (!have_data) skip();
+    assert_int_equal(id_with(tokenizer_bos_id, NULL, NULL), -1);
+    assert_int_equal(id_with(tokenizer_bos_id, "{\"eos_token\": \"<|endoftext|>\"}", NULL), -1);
+    assert_int_equal(id_with(tokenizer_bos_id, "{\"bos_token\": \"<|padding|>\"}", NULL), PADDING);
+    assert_int_equal(id_with(tokenizer_bos_id, NULL, "{\"bos_token\": {\"content\": \"<|endoftext|>\"}}"), ENDOFTEXT);
+    assert_int_equal(id_with(tokenizer_bos_id, "{\"bos_token\": \"<|padding|>\"}", "{\"bos_token\": \"<|endoftext|>\"}"),
+                     ENDOFTEXT);
+    assert_int_equal(id_with(tokenizer_bos_id, "{\"bos_token\": \"<|padding|>\"}", "{\"bos_token\": null}"), -1);
+    assert_int_equal(id_with(tokenizer_bos_id, "{\"bos_token\": \"<|padding|>\", " ATD "}", "{\"bos_token\": null}"),
+                     PADDING);
+    Tokenizer *tok;
+    assert_int_equal(tokenizer_load("bytes", &tok), SPES_OK);
+    assert_int_equal(tokenizer_bos_id(tok), -1);
+    tokenizer_free(tok);
+}
+
 static int setup(void **state) {
     (void)state;
     if (!mkdtemp(dir)) return -1;
@@ -159,6 +183,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_parsed_once),
         cmocka_unit_test(test_eos_precedence),
+        cmocka_unit_test(test_bos_precedence),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
