@@ -65,7 +65,8 @@ static void usage(FILE *out) {
             "Inputs: .jsonl .json .jsonl.gz .json.gz .jsonl.zst .parquet .txt. Output: {prefix}{proc:03d}_{shard:06d}.npy,\n"
             "raw little-endian token ids without header (SPES tokenize_data.py format); a prefix that already has\n"
             "such shards is refused (a rerun would leave stale ones among the new). EOS per document: the\n"
-            "tokenizer's eos_token (tokenizer_config.json, else <|endoftext|>, </s>, ...); built-in 'bytes' uses 256.\n"
+            "tokenizer's eos_token as AutoTokenizer reads it (special_tokens_map.json or tokenizer_config.json;\n"
+            "where neither gives the key, <|endoftext|>, </s>, ...); built-in 'bytes' uses 256.\n"
             "--max_doc_bytes bounds memory per document (a worker holds about 5x it): a longer JSON line or entry,\n"
             "parquet value or .txt file is skipped with a warning naming file:line, and counted (at most 256 MiB).\n");
 }
@@ -471,8 +472,11 @@ static int pick_eos(const TokenizeArgs *a, const Tokenizer *tok, int64_t *eos) {
     if (a->no_eos) return SPES_OK;
     *eos = a->eos_id >= 0 ? a->eos_id : tokenizer_eos_id(tok);
     if (*eos < 0)
-        return spes_fail("%s names no EOS token (no tokenizer_config.json eos_token, no <|endoftext|> or </s>); "
-                         "pass --eos_id N or --no_eos", a->tokenizer);
+        return spes_fail("%s names no EOS token (its special_tokens_map.json / tokenizer_config.json give no "
+                         "eos_token the vocabulary holds, or set it null; where neither gives the key, no "
+                         "<|endoftext|>, </s>, <eos>, <|end_of_text|> or <|im_end|> is an added token); pass "
+                         "--eos_id N or --no_eos",
+                         a->tokenizer);
     if ((uint64_t)*eos >= tokenizer_vocab_size(tok))
         return spes_fail("--eos_id %" PRId64 " is outside the vocabulary (size %u)", *eos, tokenizer_vocab_size(tok));
     return SPES_OK;

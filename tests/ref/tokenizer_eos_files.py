@@ -5,7 +5,8 @@ special_tokens_map.json disagree, are missing, or are broken.
 Usage: tokenizer_eos_files.py SPES_BIN WORK_DIR TOKENIZER_JSON     (exit 0 = pass, 1 = fail)
 
 Per case: transformers' eos_token_id (or its error) and ours (the last id of the one document, or
-a refusal): the same id; None <-> refused for naming no EOS; an error <-> refused naming the file.
+a refusal): the same id; None <-> refused for naming no EOS (the message naming both files); an
+error <-> refused naming the file. `spes tokenize --help` names both files too.
 Where neither file names an EOS, transformers has none and we pick one by convention: not a case here.
 """
 import glob
@@ -71,11 +72,17 @@ def main():
             ours = int(np.fromfile(sorted(glob.glob(prefix + "*.npy"))[-1], dtype="<u4")[-1])
         elif "names no EOS" in log:
             ours = None
+            # The refusal names both files that can give the EOS (it named tokenizer_config.json alone).
+            check("special_tokens_map.json" in log and "tokenizer_config.json" in log,
+                  f"{name}: the refusal names both files: {log.splitlines()[-1]}")
         elif "invalid JSON" in log:
             ours = "error"
         else:
             ours = "unexpected: " + log.splitlines()[-1]
         check(ours == theirs, f"{name}: ours {ours}, transformers {theirs}")
+    res = subprocess.run([spes, "tokenize", "--help"], capture_output=True, text=True)
+    check("special_tokens_map.json" in res.stdout and "tokenizer_config.json" in res.stdout,
+          "spes tokenize --help names both files the EOS comes from")
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
 
