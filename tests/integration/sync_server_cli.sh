@@ -12,6 +12,9 @@ trap 'rm -rf "$out"' EXIT
 
 "$SPES_BIN" server --help >"$out/help" 2>&1 || fail "--help exits non-zero"
 grep -q -- "--merge_topk" "$out/help" || fail "--help does not list --merge_topk"
+# Which flags a --state_dir fixes (a restart with others is refused) was said nowhere in --help.
+tr -s ' \n' ' ' <"$out/help" | grep -q -- "Fixed for a DIR (a restart with others is refused): --total_peers, .*--merge_\*, --expert_rotation_steps, --outer_lr/--outer_momentum and the peers' payload dtype; the other flags may change at a restart" ||
+  fail "--help does not say which flags a --state_dir fixes"
 "$SPES_BIN" server >"$out/none" 2>&1; [ $? -eq 2 ] || fail "no flags: exit code not 2"
 grep -q -- "--total_peers is required" "$out/none" || fail "no flags: message does not name --total_peers"
 "$SPES_BIN" server --total_peers 4 >"$out/nom" 2>&1; [ $? -eq 2 ] || fail "spes mode without M: exit code not 2"
