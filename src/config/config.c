@@ -477,19 +477,21 @@ int config_max_steps(const TrainConfig *cfg, int64_t dataset_instances, int64_t 
         return SPES_OK;
     }
     case DURATION_EPOCHS: {
-        if (dataset_instances < 0) return spes_fail("max_duration: %" PRId64 "ep needs the dataset size", cfg->max_duration);
+        if (dataset_instances < 0)
+            return config_key_fail(cfg, "max_duration", "%" PRId64 "ep needs the dataset size", cfg->max_duration);
         int64_t per_epoch = dataset_instances / cfg->global_train_batch_size;   // OLMo: floor
         if (per_epoch == 0)
-            return spes_fail("max_duration: %" PRId64 "ep: the dataset (%" PRId64 " instances) holds less than one "
-                             "global batch (%d)", cfg->max_duration, dataset_instances, cfg->global_train_batch_size);
+            return config_key_fail(cfg, "max_duration", "%" PRId64 "ep: the dataset (%" PRId64 " instances) holds less "
+                                   "than one global batch (%d)", cfg->max_duration, dataset_instances,
+                                   cfg->global_train_batch_size);
         if (cfg->max_duration > INT64_MAX / per_epoch)   // the product would wrap (to a negative or small count)
-            return spes_fail("max_duration: %" PRId64 "ep of %" PRId64 " steps each is more steps than a 64-bit count "
-                             "holds", cfg->max_duration, per_epoch);
+            return config_key_fail(cfg, "max_duration", "%" PRId64 "ep of %" PRId64 " steps each is more steps than a "
+                                   "64-bit count holds", cfg->max_duration, per_epoch);
         *steps = cfg->max_duration * per_epoch;
         return SPES_OK;
     }
     }
-    return spes_fail("max_duration: unknown unit");
+    return config_key_fail(cfg, "max_duration", "unknown unit");
 }
 
 // The "key=value" lines of `which` keys (config_write_values), as one string (caller frees).

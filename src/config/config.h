@@ -181,7 +181,8 @@ int config_schedule_validate(const TrainConfig *cfg, int64_t max_steps);
 
 // Optimizer steps max_duration means: steps as given, tokens / (global batch * seq len)
 // rounded up, epochs * (dataset_instances / global batch) (dataset_instances only needed for
-// epochs; pass -1 when unknown: then an epoch duration is an error).
+// epochs; pass -1 when unknown: then an epoch duration is an error). Errors name max_duration
+// at the line that set it (config_key_fail).
 int config_max_steps(const TrainConfig *cfg, int64_t dataset_instances, int64_t *steps);
 // Micro-batches per optimizer step (global / micro; validated to divide exactly).
 int config_grad_accum_steps(const TrainConfig *cfg);

@@ -107,7 +107,7 @@ int spes_peer_create(const TrainConfig *cfg, SpesPeer **out) {
     char *token = NULL;
     if (cfg->auth_token_file && auth_read_token_file(cfg->auth_token_file, &token) != SPES_OK) {
         spes_peer_free(p);
-        return spes_fail_context("spes_config.auth_token_file");
+        return config_key_fail(cfg, "spes_config.auth_token_file", "%s", spes_last_error());
     }
     cc.auth_token = token;
     int rc = sync_client_create(&cc, &p->client);

@@ -277,7 +277,7 @@ static int open_tokenizer(Trainer *t, const char *label) {
 #undef NEED_TOKENIZER
     uint32_t vocab = tokenizer_vocab_size(t->tokenizer);
     if ((int64_t)vocab > t->cfg->model.embedding_size)
-        return spes_fail("evaluator '%s' (downstream): tokenizer.identifier %s has %u ids, more than the model's "
+        return config_key_fail(t->cfg, "tokenizer.identifier", "evaluator '%s' (downstream): %s has %u ids, more than the model's "
                          "embedding (model.embedding_size %d)",
                          label, path, vocab, t->cfg->model.embedding_size);
     return SPES_OK;

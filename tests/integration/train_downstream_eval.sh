@@ -73,7 +73,9 @@ grep -q "evaluator 'arc_easy' (downstream) tokenises .*bytes: .*/nonexistent/tok
 if "$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/run4" > "$tmp/bad3.log" 2>&1; then   # vocab 64 < 257 byte ids
   echo "FAIL: a tokenizer with more ids than the embedding trained"; exit 1
 fi
-grep -q "evaluator 'arc_easy' (downstream): tokenizer.identifier bytes has 257 ids, more than the model's embedding" "$tmp/bad3.log" ||
+# named at the line that set tokenizer.identifier, as the loader's errors read (it had no file:line)
+id_line=$(grep -n '^  identifier: bytes' "$tmp/tiny.yaml" | cut -d: -f1)
+grep -qF "tiny.yaml:$id_line: tokenizer.identifier: evaluator 'arc_easy' (downstream): bytes has 257 ids, more than the model's embedding" "$tmp/bad3.log" ||
   { echo "FAIL: unclear error for a vocab mismatch"; cat "$tmp/bad3.log"; exit 1; }
 [ ! -d "$tmp/run4/step1" ] || { echo "FAIL: the mismatch was found after training began"; exit 1; }
 echo PASS

@@ -61,8 +61,14 @@ trains "the base config" "$cfg"
 
 # max_duration in epochs times steps per epoch past int64 wrapped: 1844674407370955162ep of 10
 # steps is 2^64 + 4, so the run trained 4 steps; larger ones said "the decay ends at step -8e18".
-refused "epochs overflowing the step count" "max_duration: 1844674407370955162ep of 10 steps each" \
+refused "epochs overflowing the step count" "command line --max_duration: 1844674407370955162ep of 10 steps each" \
   "$cfg" --max_duration=1844674407370955162ep
+
+# A SPES peer's token file is read after the load: its error named the key with no file:line.
+: >"$tmp/empty_token"
+refused "an empty peer token file" \
+  "command line --spes_config.auth_token_file: token file $tmp/empty_token is empty" \
+  "$cfg" --using_spes=true --spes_config.server_addr=127.0.0.1:1 --spes_config.auth_token_file="$tmp/empty_token"
 
 # The schedule is checked once the data gives the step count: its errors said "scheduler: the
 # decay ends at step 2 (t_max or max_duration), ..." with no file:line; they name the key where

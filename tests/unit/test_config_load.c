@@ -310,7 +310,16 @@ static void test_max_duration_forms(void **state) {
     yaml = "max_duration: 1844674407370955162ep\nglobal_train_batch_size: 4\ndevice_train_microbatch_size: 2\n";
     assert_int_equal(config_load_string(yaml, "d.yaml", 0, NULL, &cfg), SPES_OK);
     assert_int_equal(config_max_steps(&cfg, 40, &steps), SPES_ERR);
-    if (!strstr(spes_last_error(), "max_duration: 1844674407370955162ep")) fail_msg("message: %s", spes_last_error());
+    // ... at the line that set it, as the loader's errors read (it used to carry no file:line).
+    if (!strstr(spes_last_error(), "d.yaml:1: max_duration: 1844674407370955162ep of 10 steps each is more steps"))
+        fail_msg("message: %s", spes_last_error());
+    config_free(&cfg);
+    char *over[1] = {"--max_duration=2ep"};
+    assert_int_equal(config_load_string(yaml, "d.yaml", 1, over, &cfg), SPES_OK);
+    assert_int_equal(config_max_steps(&cfg, 3, &steps), SPES_ERR);
+    if (!strstr(spes_last_error(), "command line --max_duration: 2ep: the dataset (3 instances) holds less than one "
+                                   "global batch (4)"))
+        fail_msg("message: %s", spes_last_error());
     config_free(&cfg);
     // Tokens near the top of int64: rounded up without overflowing.
     yaml = "max_duration: 9000000000000000000T\nglobal_train_batch_size: 2147483647\ndevice_train_microbatch_size: 1\n"
