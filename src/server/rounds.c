@@ -719,6 +719,20 @@ static RoundsResult check_upload_file(Rounds *r, int peer, int step, const Mappe
     return code;
 }
 
+// Removes peer's committed upload file of step after its refusal, unless an open round records
+// that upload (a retry's file replaced the accepted one; the round reads it). Refused after the
+// commit (the round completed, closed without the peer, or found no slot in the meantime), the
+// file is in no round: left, a restart would take it as accepted, or refuse to start on it.
+// Takes r->mu, so that no upload of the same file is recorded meanwhile.
+static void drop_unrecorded_upload(Rounds *r, int peer, int step) {
+    pthread_mutex_lock(&r->mu);
+    bool recorded = false;
+    for (int i = 0; i < r->cfg.max_open_rounds; i++)
+        recorded |= r->open[i].step == step && r->open[i].uploaded[peer];
+    if (!recorded) state_remove_upload(r->upload_dir, step, peer);
+    pthread_mutex_unlock(&r->mu);
+}
+
 static RoundsResult reject_upload(Rounds *r, RoundsResult code, RoundsUpload *up) {
     rounds_upload_abort(up);
     return reject(r, code, NULL);
@@ -754,16 +768,21 @@ RoundsResult rounds_upload_finish(Rounds *r, RoundsUpload *up) {
     if (code != ROUNDS_OK) return reject_upload(r, code, up);
 
     // On disk (durably in a state dir) before the peer hears OK; the round reads it back when it
-    // aggregates. A file that loses a race with the round's completion below is a leftover of a
-    // completed step, removed at the next start (or with the spool).
-    if (!round_accepts(r, peer, step, &code) || state_upload_commit(&up->file) != SPES_OK) {
-        if (code == ROUNDS_OK) code = storage_failed(peer, step);
+    // aggregates. Outside the lock (a large fsync), so the round can change before the upload is
+    // recorded: a refusal then removes the file again (drop_unrecorded_upload).
+    if (!round_accepts(r, peer, step, &code)) return reject_upload(r, code, up);
+    if (state_upload_commit(&up->file) != SPES_OK) {
+        code = storage_failed(peer, step);
+        drop_unrecorded_upload(r, peer, step);   // renamed, then the directory's fsync failed
         return reject_upload(r, code, up);
     }
     OpenRound *round;
     bool complete;
     code = rounds_store_upload(r, peer, step, len, &round, &complete);
-    if (code != ROUNDS_OK) return reject(r, code, NULL);
+    if (code != ROUNDS_OK) {
+        drop_unrecorded_upload(r, peer, step);
+        return reject(r, code, NULL);
+    }
     log_info("server: step %d: upload from peer %d accepted (%zu bytes)", step, peer, len);
     peer_watch_uploaded(r->watch, peer, step);
     return complete ? rounds_complete_round(r, round, peer) : ROUNDS_OK;

@@ -542,6 +542,37 @@ static void test_far_ahead_upload_file_at_restart(void **state) {
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
+// An upload refused after its file was committed to the state dir (here: both open-round slots
+// hold lower steps, which round_accepts does not check; a round completing or closing in the
+// meantime is the same path) left that file behind, in no round: the restarted server then
+// refused to start on it ("upload_s6_p0.safetensors (peer 0, step 6): ... 2 rounds are already
+// open"), or would have taken as accepted an upload its peer heard refused. The refusal now
+// removes it.
+static void test_refused_upload_leaves_no_file(void **state) {
+    (void)state;
+    char dir[] = "/tmp/spes_rounds_refused_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    Rounds *r = make_rounds_in(2, dir);   // max_open_rounds 2
+    hello(r, 0, 6, ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 2, NULL), ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 4, NULL), ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 6, NULL), ROUNDS_NO_ROOM);
+    assert_non_null(strstr(spes_last_error(), "2 rounds are already open"));
+    assert_false(state_file_exists(dir, "upload_s6_p0.safetensors"));
+    assert_int_equal(count_files(dir, "upload_s"), 2);
+    rounds_destroy(r);
+    r = make_rounds_in(2, dir);   // the restart takes what the book says
+    RoundsStatus st;
+    rounds_status(r, &st);
+    assert_int_equal(st.open_step, 2);
+    complete(r, 2);
+    assert_int_equal(upload(r, 1, 4, NULL), ROUNDS_OK);
+    assert_int_equal(rounds_last_completed_step(r), 4);
+    rounds_destroy(r);
+    assert_int_equal(count_files(dir, "upload_s"), 0);
+    assert_int_equal(remove_tree(dir), SPES_OK);
+}
+
 // A state dir damaged between two runs (issue 29): an aggregate with one value changed (to NaN)
 // or replaced by an older aggregate's bytes, rounds.json edited to another step, are refused by
 // name instead of served; one junk upload file is set aside with a log line and the server starts.
@@ -913,6 +944,7 @@ int main(void) {
         cmocka_unit_test(test_damaged_state_dir_refused),
         cmocka_unit_test(test_run_flags_fixed_by_state_dir),
         cmocka_unit_test(test_far_ahead_upload_file_at_restart),
+        cmocka_unit_test(test_refused_upload_leaves_no_file),
         cmocka_unit_test(test_full_disk_stalls_nothing),
         cmocka_unit_test(test_hello_of_a_huge_model_costs_no_memory),
         cmocka_unit_test(test_deadline_rule),
