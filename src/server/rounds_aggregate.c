@@ -393,7 +393,8 @@ static int persist_and_publish(Rounds *r, OpenRound *round, AggregateBlob *blob,
             pthread_mutex_unlock(&r->mu);
         }
         if (!book || (outer_bytes && state_save_blob(dir, STATE_BLOB_OUTER, step, outer_bytes, outer_len) != SPES_OK) ||
-            (blob->included && state_save_included(dir, step, blob->included, P) != SPES_OK) ||
+            (blob->included ? state_save_included(dir, step, blob->included, P)
+                            : state_remove_included(dir, step)) != SPES_OK ||
             (blob->delta && state_save_blob(dir, STATE_BLOB_DELTA, step, blob->delta, blob->delta_len) != SPES_OK) ||
             state_save_aggregate(dir, step, blob->bytes, blob->len) != SPES_OK || state_save_book(dir, book) != SPES_OK) {
             free(book);

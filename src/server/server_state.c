@@ -102,12 +102,22 @@ static void append_run_flag(char *text, size_t cap, size_t *at, size_t i, double
     *at += n > 0 ? (size_t)n : 0;
 }
 
+// Sets agg's RUN_FLAGS in spec.json's object j.
+static void set_run_flags(json_t *j, const AggregateConfig *agg) {
+    for (size_t i = 0; j && i < N_RUN_FLAGS; i++) {
+        double v = run_flag(agg, i);
+        json_object_set_new(j, RUN_FLAGS[i].flag, RUN_FLAGS[i].is_float ? json_real(v) : json_integer((json_int_t)v));
+    }
+}
+
 // Refuses a spec.json whose recorded RUN_FLAGS differ from agg's, naming the saved and the new
-// values of those that differ. A key that is absent was not recorded: spec.json of a server
-// older than RUN_FLAGS, which ran the same values or not (it wrote none whatever they were). Such
-// a dir still loads (refusing it would strand every run started before), with a warning when
-// this server's value is not the old default, the one case where a silent change is possible.
-static int check_run_flags(const char *dir, json_t *j, const AggregateConfig *agg) {
+// values of those that differ. A key that is absent was not recorded (*unrecorded_any): spec.json
+// of a server older than RUN_FLAGS, which ran the same values or not (it wrote none whatever they
+// were). Such a dir still loads (refusing it would strand every run started before), with a
+// warning when this server's value is not the old default, the one case where a silent change
+// is possible.
+static int check_run_flags(const char *dir, json_t *j, const AggregateConfig *agg, bool *unrecorded_any) {
+    *unrecorded_any = false;
     char saved[512], now[512], unrecorded[512];
     size_t at_saved = 0, at_now = 0, at_unrecorded = 0;
     saved[0] = now[0] = unrecorded[0] = '\0';
@@ -118,6 +128,7 @@ static int check_run_flags(const char *dir, json_t *j, const AggregateConfig *ag
             return spes_fail("server state %s/spec.json: '%s' is not a number (a damaged state directory; restore "
                              "it, or move the directory away to start afresh)",
                              dir, RUN_FLAGS[i].flag);
+        *unrecorded_any |= !v;
         if (!v && value != RUN_FLAGS[i].old_default) append_run_flag(unrecorded, sizeof unrecorded, &at_unrecorded, i, value);
         if (!v || json_number_value(v) == value) continue;
         append_run_flag(saved, sizeof saved, &at_saved, i, json_number_value(v));
@@ -152,10 +163,7 @@ int state_save_spec(const char *dir, const AggregateConfig *agg, const OuterOptC
         json_object_set_new(j, "outer_lr", json_real(outer->lr));
         json_object_set_new(j, "outer_momentum", json_real(outer->momentum));
     }
-    for (size_t i = 0; j && i < N_RUN_FLAGS; i++) {
-        double v = run_flag(agg, i);
-        json_object_set_new(j, RUN_FLAGS[i].flag, RUN_FLAGS[i].is_float ? json_real(v) : json_integer((json_int_t)v));
-    }
+    set_run_flags(j, agg);
     return save_json(dir, "spec.json", j);
 }
 
@@ -190,7 +198,8 @@ int state_load_spec(const char *dir, const AggregateConfig *agg, const OuterOptC
                        "--outer_lr %g --outer_momentum %g (the outer optimizer cannot change mid-run: use the same "
                        "values, or another --state_dir)",
                        dir, (double)saved_lr, (double)saved_mu, (double)outer->lr, (double)outer->momentum);
-    if (rc == SPES_OK) rc = check_run_flags(dir, j, agg);
+    bool unrecorded = false;
+    if (rc == SPES_OK) rc = check_run_flags(dir, j, agg, &unrecorded);
     *delta = rc == SPES_OK ? delta_codec_by_wire(dtype) : NULL;   // "I8", "I4": a delta run
     if (rc == SPES_OK && *delta) *payload_dtype = DTYPE_I8;
     else if (rc == SPES_OK) rc = dtype_from_name(dtype, payload_dtype);
@@ -217,6 +226,15 @@ int state_load_spec(const char *dir, const AggregateConfig *agg, const OuterOptC
     if (rc == SPES_OK && strcmp(expected, fingerprint) != 0)
         rc = spes_fail("server state %s/spec.json: fingerprint %s does not match its tensors (%s)", dir, fingerprint,
                        expected);
+    // An older server's spec.json gets this server's flags, so that from this restart on a change is
+    // refused instead of passing with a warning at every restart.
+    if (rc == SPES_OK && unrecorded) {
+        set_run_flags(j, agg);
+        rc = save_json(dir, "spec.json", json_incref(j));
+        if (rc == SPES_OK)
+            log_info("server state %s/spec.json: recorded this server's expert merging and rotation flags; later "
+                     "restarts must keep them", dir);
+    }
     json_decref(j);
     if (rc != SPES_OK) {
         model_spec_free(spec);
@@ -526,15 +544,22 @@ int state_load_blob(const char *dir, StateBlob blob, int step, uint8_t **bytes, 
 
 void state_remove_aggregate(const char *dir, int step) {
     remove_file(dir, &(StateFile){'a', step, -1});
-    char *name = included_name(step), *path = name ? path_join(dir, name) : NULL;
-    if (path && unlink(path) != 0 && errno != ENOENT) log_warn("server state: cannot remove %s: %s", path, strerror(errno));
-    free(path);
-    free(name);
+    if (state_remove_included(dir, step) != SPES_OK) log_warn("%s", spes_last_error());
     for (size_t b = 0; b < sizeof BLOBS / sizeof *BLOBS; b++) {
-        path = blob_path(dir, (StateBlob)b, step);
+        char *path = blob_path(dir, (StateBlob)b, step);
         if (path && unlink(path) != 0 && errno != ENOENT) log_warn("server state: cannot remove %s: %s", path, strerror(errno));
         free(path);
     }
+}
+
+int state_remove_included(const char *dir, int step) {
+    char *name = included_name(step), *path = name ? path_join(dir, name) : NULL;
+    int rc = !path ? SPES_ERR
+             : unlink(path) != 0 && errno != ENOENT ? spes_fail("server state: cannot remove %s: %s", path, strerror(errno))
+                                                    : SPES_OK;
+    free(path);
+    free(name);
+    return rc;
 }
 
 int state_save_included(const char *dir, int step, const bool *included, int num_peers) {

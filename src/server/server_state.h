@@ -64,7 +64,8 @@ void state_close(int lock_fd);
 // The outer optimizer settings are stored only when it is on (spec.json of a run without it
 // keeps its old bytes); a file whose settings differ from `outer` is refused, naming both.
 // So are the expert merging and rotation flags of agg (always stored; server_state.c:
-// RUN_FLAGS says which and why); a file of an older server, without them, loads.
+// RUN_FLAGS says which and why); a file of an older server, without them, loads, and is
+// rewritten with agg's so that later restarts are checked.
 // The payload is stored by its Hello name ("F32", "BF16", "I8", "I4"); a delta run's reads back
 // as DTYPE_I8 with its codec (*delta; NULL otherwise).
 int state_save_spec(const char *dir, const AggregateConfig *agg, const OuterOptConfig *outer, const ModelSpec *spec,
@@ -103,6 +104,9 @@ void state_remove_partial(const char *dir);
 // peer) when there is no such file.
 int state_save_included(const char *dir, int step, const bool *included, int num_peers);
 int state_load_included(const char *dir, int step, int num_peers, bool **included);
+// Removes a step's .peers.json (none is fine): a full round's aggregate must not find one a
+// crash left from the partial close of the same round before it.
+int state_remove_included(const char *dir, int step);
 // The files kept beside the aggregate of a step, and removed with it; each is bytes written whole
 // (atomically) and read back whole:
 //   STATE_BLOB_DELTA  delta runs: the delta the aggregate goes down as,

@@ -474,6 +474,12 @@ static void test_run_flags_fixed_by_state_dir(void **state) {
     other = run;
     other.rotation_steps = 0;
     assert_int_equal(restart_with(dir, other, 2), SPES_OK);
+    // ... and from then on records this server's flags: a later change is refused, not passed with
+    // a warning at every restart (the old spec.json stayed without them for good).
+    assert_int_equal(restart_with(dir, run, 2), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "written by a run with --expert_rotation_steps 0; this server runs "
+                                              "--expert_rotation_steps 4"));
+    assert_int_equal(restart_with(dir, other, 2), SPES_OK);
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
@@ -570,6 +576,34 @@ static void test_refused_upload_leaves_no_file(void **state) {
     assert_int_equal(rounds_last_completed_step(r), 4);
     rounds_destroy(r);
     assert_int_equal(count_files(dir, "upload_s"), 0);
+    assert_int_equal(remove_tree(dir), SPES_OK);
+}
+
+// A crash between a partial round's peers.json and its aggregate leaves the peers.json; the
+// restarted round then completed with every peer, and its full aggregate was read back at the
+// next restart as partial, with the stale peer list: the peer it left out heard "closed without
+// it" for an upload the aggregate holds. A full round's aggregate removes such a file first.
+static void test_full_round_drops_a_stale_peer_list(void **state) {
+    (void)state;
+    char dir[] = "/tmp/spes_rounds_peers_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    Rounds *r = make_rounds_in(2, dir);
+    hello(r, 0, 6, ROUNDS_OK);
+    assert_int_equal(upload(r, 0, 2, NULL), ROUNDS_OK);
+    rounds_destroy(r);
+    const char *stale = "{\"step\": 2, \"peers\": [0]}";
+    write_state_file(dir, "aggregate_s2.peers.json", stale, strlen(stale));
+    r = make_rounds_in(2, dir);
+    assert_int_equal(upload(r, 1, 2, NULL), ROUNDS_OK);   // the round completes with both peers
+    assert_int_equal(rounds_last_completed_step(r), 2);
+    rounds_destroy(r);
+    assert_false(state_file_exists(dir, "aggregate_s2.peers.json"));
+    r = make_rounds_in(2, dir);
+    assert_int_equal(upload(r, 1, 2, NULL), ROUNDS_ALREADY_AGGREGATED);
+    RoundsStatus st;
+    rounds_status(r, &st);
+    assert_int_equal(st.last_round_peers, 2);   // the status page's "peers in the latest aggregate"
+    rounds_destroy(r);
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
@@ -945,6 +979,7 @@ int main(void) {
         cmocka_unit_test(test_run_flags_fixed_by_state_dir),
         cmocka_unit_test(test_far_ahead_upload_file_at_restart),
         cmocka_unit_test(test_refused_upload_leaves_no_file),
+        cmocka_unit_test(test_full_round_drops_a_stale_peer_list),
         cmocka_unit_test(test_full_disk_stalls_nothing),
         cmocka_unit_test(test_hello_of_a_huge_model_costs_no_memory),
         cmocka_unit_test(test_deadline_rule),
