@@ -1,5 +1,6 @@
 // `spes generate`: sample text from a model, streaming each token to stdout as it comes.
 #include <getopt.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,11 @@ static void usage(FILE *out) {
             "  --temperature T        0 = greedy; default 0.8\n"
             "  --top_k K              keep the K most likely tokens (0 = all; default 50)\n"
             "  --top_p P              nucleus sampling mass (1 = off; default 0.95)\n"
+            "                         A model directory with a generation_config.json gives, as for\n"
+            "                         transformers' generate, every one of these four not given here:\n"
+            "                         greedy unless its do_sample is true, then its temperature, top_k\n"
+            "                         and top_p (absent: 1, 50, 1), and its max_new_tokens (or\n"
+            "                         max_length less the prompt; absent: 128). stderr says which.\n"
             "  --seed N               sampling seed (default 0)\n"
             "  --no_stop              keep going after an EOS token (generation_config.json's eos_token_id\n"
             "                         when the model directory has that file, else config.json's)\n"
@@ -58,6 +64,84 @@ static int stream_token(void *user, int32_t token) {
     fwrite(text, 1, len, stdout);
     fflush(stdout);
     free(text);
+    return SPES_OK;
+}
+
+// Which of the settings a generation_config.json may give the command line gave: those win.
+typedef struct {
+    bool temperature, top_k, top_p, max_new_tokens;
+} GivenFlags;
+
+// Appends one item to the comma-separated note of the settings taken from the file.
+static void note_add(char *note, size_t cap, const char *fmt, ...) {
+    size_t n = strlen(note);
+    if (n > 0 && n + 2 < cap) {
+        memcpy(note + n, ", ", 3);
+        n += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(note + n, cap - n, fmt, ap);
+    va_end(ap);
+}
+
+// transformers' generate takes every setting it is not given from the model directory's
+// generation_config.json, and those the file lacks from GenerationConfig's global defaults
+// (do_sample false, temperature 1, top_k 50, top_p 1), so a file without do_sample (our
+// export's, built from config.json, or OLMoE's own) means greedy. We do the same, so that a
+// directory gives the same text here as in transformers; without the file our own sampling
+// defaults stay (a checkpoint of `spes train` has none unless its load_path had one).
+// transformers' max_length default (20) is not taken: it warns that this is no model's setting.
+static int apply_generation_config(const char *model_dir, const HfGenerationSettings *s, GivenFlags given,
+                                   int n_prompt, GenerateOptions *opt) {
+    if (!s->found) return SPES_OK;
+    SamplingParams *sp = &opt->sampling;
+    const char *unset = " (transformers' default; not in the file)";
+    char note[512] = "";
+    bool greedy_from_file = false;
+    if (!given.temperature && s->do_sample == 1) {
+        sp->temperature = s->temperature >= 0 ? (float)s->temperature : 1.0f;
+        if (sp->temperature == 0)
+            return spes_fail("%s/generation_config.json: \"temperature\" 0 with \"do_sample\" true: transformers "
+                             "refuses it too (greedy is do_sample false); give --temperature", model_dir);
+        note_add(note, sizeof note, "do_sample true, temperature %g%s", (double)sp->temperature,
+                 s->temperature >= 0 ? "" : unset);
+    } else if (!given.temperature) {
+        sp->temperature = 0;
+        greedy_from_file = true;
+        note_add(note, sizeof note, "greedy (do_sample %s)",
+                 s->do_sample == 0 ? "false" : "absent: transformers' default is false");
+    }
+    if (sp->temperature > 0 && !given.top_k) {
+        sp->top_k = s->top_k >= 0 ? s->top_k : 50;
+        note_add(note, sizeof note, "top_k %d%s", sp->top_k, s->top_k >= 0 ? "" : unset);
+    }
+    if (sp->temperature > 0 && !given.top_p) {
+        sp->top_p = s->top_p >= 0 ? (float)s->top_p : 1.0f;
+        note_add(note, sizeof note, "top_p %g%s", (double)sp->top_p, s->top_p >= 0 ? "" : unset);
+        // transformers' top_p 0 keeps the most likely token alone; our sampler reads 0 as no cut.
+        if (s->top_p == 0) {
+            sp->top_p = 1.0f;
+            sp->top_k = 1;
+            note_add(note, sizeof note, "that is top_k 1, the most likely token alone, as transformers keeps it");
+        }
+    }
+    if (greedy_from_file && (given.top_k || given.top_p))
+        note_add(note, sizeof note, "--top_k and --top_p unused (give --temperature to sample)");
+    if (!given.max_new_tokens && s->max_new_tokens > 0) {
+        opt->max_new_tokens = s->max_new_tokens;
+        note_add(note, sizeof note, "max_new_tokens %d", opt->max_new_tokens);
+    } else if (!given.max_new_tokens && s->max_length > 0) {
+        // max_length counts the prompt; transformers refuses a prompt that fills it.
+        if (s->max_length <= n_prompt)
+            return spes_fail("%s/generation_config.json: \"max_length\" %d leaves no room after the prompt's %d "
+                             "tokens (transformers refuses it too); give --max_new_tokens", model_dir, s->max_length,
+                             n_prompt);
+        opt->max_new_tokens = s->max_length - n_prompt;
+        note_add(note, sizeof note, "max_new_tokens %d (max_length %d less the prompt's %d tokens)",
+                 opt->max_new_tokens, s->max_length, n_prompt);
+    }
+    if (note[0]) fprintf(stderr, "generate: from %s/generation_config.json: %s\n", model_dir, note);
     return SPES_OK;
 }
 
@@ -93,6 +177,7 @@ int cmd_generate(int argc, char **argv) {
                            .seed = 0,
                            .stop_at_eos = true,
                            .use_cache = true};
+    GivenFlags given = {0};
     bool print_ids = false;
     int threads = 0, c, status = SPES_OK;
     optind = 1;
@@ -102,10 +187,22 @@ int cmd_generate(int argc, char **argv) {
         case 't': tok_path = optarg; break;
         case 'p': prompt = optarg; break;
         case 'P': prompt_file = optarg; break;
-        case 'n': status = cli_int("max_new_tokens", optarg, 1, 1 << 24, &opt.max_new_tokens); break;
-        case 'T': status = cli_float("temperature", optarg, 0.0, 100.0, &opt.sampling.temperature); break;
-        case 'k': status = cli_int("top_k", optarg, 0, 1 << 30, &opt.sampling.top_k); break;
-        case 'q': status = cli_float("top_p", optarg, 0.0, 1.0, &opt.sampling.top_p); break;
+        case 'n':
+            status = cli_int("max_new_tokens", optarg, 1, 1 << 24, &opt.max_new_tokens);
+            given.max_new_tokens = true;
+            break;
+        case 'T':
+            status = cli_float("temperature", optarg, 0.0, 100.0, &opt.sampling.temperature);
+            given.temperature = true;
+            break;
+        case 'k':
+            status = cli_int("top_k", optarg, 0, 1 << 30, &opt.sampling.top_k);
+            given.top_k = true;
+            break;
+        case 'q':
+            status = cli_float("top_p", optarg, 0.0, 1.0, &opt.sampling.top_p);
+            given.top_p = true;
+            break;
         case 's': status = cli_u64("seed", optarg, &opt.seed); break;
         case 'S': opt.stop_at_eos = false; break;
         case 'C': opt.use_cache = false; break;
@@ -146,11 +243,16 @@ int cmd_generate(int argc, char **argv) {
     if (status == SPES_OK && ids.len == 0) status = spes_fail("the prompt encodes to no tokens");
     if (status == SPES_OK) status = cli_load_model(model_dir, device, precision, &m);
     model_loaded = status == SPES_OK;
-    // transformers' generate stops at generation_config.json's eos ids when the file exists.
-    if (status == SPES_OK) status = hf_generation_config_read(model_dir, &m.cfg, NULL, NULL);
+    // transformers' generate stops at generation_config.json's eos ids when the file exists, and
+    // takes the settings it is not given from it.
+    HfGenerationSettings settings;
+    if (status == SPES_OK) status = hf_generation_config_read(model_dir, &m.cfg, &settings, NULL, NULL);
+    if (status == SPES_OK) status = apply_generation_config(model_dir, &settings, given, (int)ids.len, &opt);
     if (status == SPES_OK) {
         prompt_ids = spes_malloc(ids.len * sizeof(int32_t));
-        out = spes_malloc((size_t)opt.max_new_tokens * sizeof(int32_t));
+        // No more than max_seq_len tokens are ever produced (a file's max_new_tokens may be 2^31).
+        int out_cap = opt.max_new_tokens < m.cfg.max_seq_len ? opt.max_new_tokens : m.cfg.max_seq_len;
+        out = spes_malloc((size_t)out_cap * sizeof(int32_t));
         if (!prompt_ids || !out) status = SPES_ERR;
     }
     int n_out = 0;

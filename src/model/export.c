@@ -254,7 +254,7 @@ int model_export_hf(const Model *m, const char *out_dir, const HfExportOptions *
     size_t gen_len = 0;
     ModelConfig checked = m->cfg;   // its eos ids are checked against the vocabulary, then dropped
     if (opt->generation_config_dir &&
-        hf_generation_config_read(opt->generation_config_dir, &checked, &gen_text, &gen_len) != SPES_OK)
+        hf_generation_config_read(opt->generation_config_dir, &checked, NULL, &gen_text, &gen_len) != SPES_OK)
         return spes_fail_context("export to %s", out_dir);
     int status = mkdir_p(out_dir);
     if (status == SPES_OK) status = hf_write_tensors(m, out_dir, opt->dtype, opt->max_shard_bytes);

@@ -223,8 +223,48 @@ int hf_config_read(const char *dir_or_file, ModelConfig *cfg) {
     return rc;
 }
 
-int hf_generation_config_read(const char *dir, ModelConfig *cfg, char **text, size_t *len) {
+static bool has_value(const JsonDoc *d, const char *key) {
+    json_t *v = json_object_get(d->root, key);
+    return v && !json_is_null(v);
+}
+
+// A number key of generation_config.json, >= min and (when max is finite) <= max; absent or
+// null leaves *out.
+static int get_setting(const JsonDoc *d, const char *key, double min, double max, double *out) {
+    if (!has_value(d, key)) return SPES_OK;
+    json_t *v = json_object_get(d->root, key);
+    if (!json_is_number(v)) return spes_fail("%s: \"%s\" must be a number", d->path, key);
+    double x = json_number_value(v);
+    if (isinf(max) && !(x >= min)) return spes_fail("%s: \"%s\" must be %g or more, got %g", d->path, key, min, x);
+    if (!(x >= min && x <= max)) return spes_fail("%s: \"%s\" must be in [%g, %g], got %g", d->path, key, min, max, x);
+    *out = x;
+    return SPES_OK;
+}
+
+// The decoding settings, within transformers' own limits (TemperatureLogitsWarper,
+// TopKLogitsWarper, TopPLogitsWarper and GenerationConfig.validate refuse values outside them).
+static int get_generation_settings(const JsonDoc *d, HfGenerationSettings *s) {
+    *s = (HfGenerationSettings){.found = true, .do_sample = -1, .temperature = -1, .top_k = -1, .top_p = -1,
+                                .max_new_tokens = -1, .max_length = -1};
+    if (has_value(d, "do_sample")) {
+        bool b = false;
+        SPES_TRY(get_bool(d, "do_sample", &b));
+        s->do_sample = b;
+    }
+    SPES_TRY(get_setting(d, "temperature", 0.0, INFINITY, &s->temperature));
+    SPES_TRY(get_setting(d, "top_p", 0.0, 1.0, &s->top_p));
+    if (has_value(d, "top_k")) {
+        SPES_TRY(get_int(d, "top_k", true, &s->top_k));
+        if (s->top_k < 0) return spes_fail("%s: \"top_k\" must be 0 (no cut) or more, got %d", d->path, s->top_k);
+    }
+    SPES_TRY(get_dim(d, "max_new_tokens", false, &s->max_new_tokens));
+    return get_dim(d, "max_length", false, &s->max_length);
+}
+
+int hf_generation_config_read(const char *dir, ModelConfig *cfg, HfGenerationSettings *settings, char **text,
+                              size_t *len) {
     if (text) *text = NULL;
+    if (settings) *settings = (HfGenerationSettings){.found = false};
     char *path = path_join(dir, "generation_config.json");
     if (!path) return SPES_ERR;
     if (!file_exists(path)) {
@@ -241,6 +281,7 @@ int hf_generation_config_read(const char *dir, ModelConfig *cfg, char **text, si
                   : spes_fail("%s: cannot read JSON (line %d: %s)", path, err.line, err.text);
     JsonDoc d = {root, path};
     if (rc == SPES_OK) rc = get_eos_ids(&d, cfg);
+    if (rc == SPES_OK && settings) rc = get_generation_settings(&d, settings);
     json_decref(root);
     free(path);
     if (rc == SPES_OK && text) {

@@ -29,10 +29,25 @@ int hf_config_put_token_ids(const ModelConfig *cfg, json_t *obj, bool bos_null);
 // "bfloat16" (the dtype the weights are stored in).
 int hf_config_write(const ModelConfig *cfg, const char *format, const char *torch_dtype, const char *path);
 
+// The decoding settings of a generation_config.json that `spes generate` can follow. Each is
+// -1 where the file lacks the key or has it null: transformers' generate then takes its own
+// global default (do_sample false, temperature 1, top_k 50, top_p 1).
+typedef struct {
+    bool found;            // the directory has generation_config.json
+    int do_sample;         // 0 / 1
+    double temperature;    // >= 0
+    int top_k;             // >= 0 (0: no cut)
+    double top_p;          // in [0, 1]
+    int max_new_tokens;    // >= 1
+    int max_length;        // >= 1: prompt and new tokens together
+} HfGenerationSettings;
+
 // <dir>/generation_config.json, transformers' GenerationConfig file, when the directory has
 // one (else nothing is changed and *text is NULL). It must be a JSON object; its eos_token_id
 // (an id or a list, each inside cfg's vocabulary; absent or null: none) replaces cfg's eos ids,
 // because transformers' generate then stops at the file's ids alone, not config.json's
-// (transformers 5.23). *text (when text is not NULL): the file's bytes, malloc'd, to carry it
-// unchanged.
-int hf_generation_config_read(const char *dir, ModelConfig *cfg, char **text, size_t *len);
+// (transformers 5.23). settings (when not NULL): the file's decoding settings, type- and
+// range-checked (an export, passing NULL, carries the file without judging them). *text (when
+// text is not NULL): the file's bytes, malloc'd, to carry it unchanged.
+int hf_generation_config_read(const char *dir, ModelConfig *cfg, HfGenerationSettings *settings, char **text,
+                              size_t *len);

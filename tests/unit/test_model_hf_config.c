@@ -187,6 +187,9 @@ static void test_special_token_ids(void **state) {
                  "lists 17 ids");
 }
 
+// The decoding settings of the last read_generation_config.
+static HfGenerationSettings settings;
+
 // dir/generation_config.json holding `json` (NULL: no such file) read over a config whose
 // eos_token_id is the list [3, 4]: *c has the eos ids transformers' generate stops at.
 static int read_generation_config(const char *json, ModelConfig *c, char **text) {
@@ -198,7 +201,7 @@ static int read_generation_config(const char *json, ModelConfig *c, char **text)
     assert_int_equal(hf_config_from_json(root, "config.json", c), SPES_OK);
     json_decref(root);
     size_t len = 0;
-    int rc = hf_generation_config_read(sub, c, text, text ? &len : NULL);
+    int rc = hf_generation_config_read(sub, c, &settings, text, text ? &len : NULL);
     if (rc == SPES_OK && text && *text) assert_int_equal(len, strlen(json));
     free(sub);
     free(path);
@@ -246,6 +249,53 @@ static void test_generation_config(void **state) {
     }
 }
 
+// Decoding settings for `spes generate`: read where given, -1 where absent or null (transformers'
+// defaults then), and refused outside transformers' own limits, naming the file and the key.
+static void test_generation_settings(void **state) {
+    (void)state;
+    ModelConfig c;
+    assert_int_equal(read_generation_config(NULL, &c, NULL), SPES_OK);
+    assert_false(settings.found);
+    assert_int_equal(read_generation_config("{\"eos_token_id\": 3}", &c, NULL), SPES_OK);
+    assert_true(settings.found);
+    assert_int_equal(settings.do_sample, -1);
+    assert_true(settings.temperature < 0 && settings.top_p < 0);
+    assert_int_equal(settings.top_k, -1);
+    assert_int_equal(settings.max_new_tokens, -1);
+    assert_int_equal(settings.max_length, -1);
+    const char *qwen = "{\"do_sample\": true, \"temperature\": 0.6, \"top_k\": 20, \"top_p\": 0.95, "
+                       "\"max_new_tokens\": 7, \"max_length\": 9}";
+    assert_int_equal(read_generation_config(qwen, &c, NULL), SPES_OK);
+    assert_int_equal(settings.do_sample, 1);
+    assert_float_equal(settings.temperature, 0.6, 1e-12);
+    assert_int_equal(settings.top_k, 20);
+    assert_float_equal(settings.top_p, 0.95, 1e-12);
+    assert_int_equal(settings.max_new_tokens, 7);
+    assert_int_equal(settings.max_length, 9);
+    assert_int_equal(read_generation_config("{\"do_sample\": false, \"temperature\": null, \"top_k\": 0, "
+                                            "\"top_p\": 0}", &c, NULL),
+                     SPES_OK);
+    assert_int_equal(settings.do_sample, 0);
+    assert_true(settings.temperature < 0);
+    assert_int_equal(settings.top_k, 0);
+    assert_float_equal(settings.top_p, 0.0, 0.0);
+    static const struct {
+        const char *json, *needle;
+    } bad[] = {{"{\"do_sample\": \"yes\"}", "generation_config.json: \"do_sample\" must be true or false"},
+               {"{\"temperature\": -0.5}", "generation_config.json: \"temperature\" must be 0 or more, got -0.5"},
+               {"{\"temperature\": \"hot\"}", "generation_config.json: \"temperature\" must be a number"},
+               {"{\"top_p\": 1.5}", "generation_config.json: \"top_p\" must be in [0, 1], got 1.5"},
+               {"{\"top_k\": -1}", "generation_config.json: \"top_k\" must be 0 (no cut) or more, got -1"},
+               {"{\"top_k\": 2.5}", "generation_config.json: \"top_k\" must be an integer"},
+               {"{\"max_new_tokens\": 0}", "generation_config.json: \"max_new_tokens\" must be a positive integer"},
+               {"{\"max_length\": -3}", "generation_config.json: \"max_length\" must be a positive integer"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(read_generation_config(bad[i].json, &c, NULL), SPES_ERR);
+        if (!strstr(spes_last_error(), bad[i].needle))
+            fail_msg("error '%s' does not mention '%s'", spes_last_error(), bad[i].needle);
+    }
+}
+
 static int setup(void **state) {
     (void)state;
     return mkdtemp(dir) ? 0 : -1;
@@ -263,6 +313,7 @@ int main(void) {
         cmocka_unit_test(test_impossible_values),
         cmocka_unit_test(test_special_token_ids),
         cmocka_unit_test(test_generation_config),
+        cmocka_unit_test(test_generation_settings),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
