@@ -7,8 +7,10 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "base/printable.h"
 #include "base/progress.h"
 #include "eval/kv_forward.h"
+#include "tokenizer/tokenizer_utf8.h"
 
 // log softmax(logits[V])[target], in double for the sum.
 static double log_prob(const float *logits, int V, int target) {
@@ -25,6 +27,26 @@ static int encode(TokenEncoder *enc, const char *text, size_t len, IdBuffer *out
     return tokenizer_encode(enc, text, len, out);
 }
 
+// Python's str.isspace() (3.11), what lm-eval's context.rstrip() removes: ASCII whitespace and
+// also U+001C..U+001F, U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F,
+// U+3000 (a context ending in a no-break space has it moved to the continuation there).
+static bool python_space(uint32_t cp) {
+    return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+           cp == 0x3000;
+}
+
+// The bytes of text[0..len) (valid UTF-8: a JSON string) that Python's rstrip() keeps.
+static size_t rstrip_len(const char *text, size_t len) {
+    while (len > 0) {
+        size_t start = len - 1, cp_len = 0;
+        while (start > 0 && ((unsigned char)text[start] & 0xC0) == 0x80) start--;
+        if (!python_space(utf8_decode((const uint8_t *)text + start, &cp_len))) break;
+        len = start;
+    }
+    return len;
+}
+
 // One request as model input: seq = context ids followed by continuation ids (lm-eval's
 // _encode_pair).
 typedef struct {
@@ -35,9 +57,7 @@ typedef struct {
 
 static int encode_pair(TokenEncoder *enc, const McRequest *r, int64_t prefix_id, PairEncoding *pe) {
     size_t ctx_len = strlen(r->context), cont_len = strlen(r->continuation);
-    size_t spaces = 0;
-    while (spaces < ctx_len && strchr(" \t\n\r\f\v", r->context[ctx_len - 1 - spaces])) spaces++;
-    size_t kept = ctx_len - spaces;
+    size_t kept = rstrip_len(r->context, ctx_len);
     char *joined = spes_malloc(ctx_len + cont_len + 1);
     if (!joined) return SPES_ERR;
     memcpy(joined, r->context, ctx_len);
@@ -46,10 +66,22 @@ static int encode_pair(TokenEncoder *enc, const McRequest *r, int64_t prefix_id,
     if (status == SPES_OK) status = encode(enc, joined, ctx_len + cont_len, &pe->whole);
     free(joined);
     SPES_TRY(status);
-    // An empty context becomes lm-eval's prefix token; the continuation is then the whole
-    // encoding, less its first token when that is the prefix token (lm-eval: it is the context).
-    size_t from = kept == 0 ? 0 : pe->context.len;
-    if (pe->context.len == 0) {
+    // Only a context that is exactly "" becomes lm-eval's prefix token; the continuation is then
+    // the whole encoding, less its first token when that is the prefix token (lm-eval: it is the
+    // context). A whitespace-only one has moved to the continuation and left no context token
+    // (as one that encodes to nothing would): lm-eval 0.4.13 stops on it
+    // (HFLM._loglikelihood_tokens: assert len(context_enc) > 0).
+    size_t from = pe->context.len;
+    if (ctx_len > 0 && pe->context.len == 0) {
+        char shown[64];
+        return spes_fail("doc_id %lld idx %d: the context \"%s\" leaves no context token (%s), and lm-eval 0.4.13 "
+                         "fails on such a request (assert len(context_enc) > 0); only an empty context is "
+                         "conditioned on the prefix token",
+                         (long long)r->doc_id, r->idx, escape_printable(r->context, ctx_len, shown, sizeof shown),
+                         kept == 0 ? "whitespace only: lm-eval's _encode_pair moves it to the continuation"
+                                   : "it encodes to no tokens");
+    }
+    if (ctx_len == 0) {
         if (prefix_id < 0)
             return spes_fail("doc_id %lld: empty context, and the tokenizer names no BOS or EOS token to stand in for "
                              "it (lm-eval's prefix token: give a tokenizer directory whose tokenizer_config.json or "

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `spes eval` requests with an empty context vs lm-evaluation-harness (HF backend): the context
 # becomes the tokenizer's BOS, else its EOS (lm_eval's prefix token), not config.json's
-# eos_token_id; a tokenizer naming neither is refused. See tests/ref/lm_eval_empty_context.py.
+# eos_token_id; a tokenizer naming neither is refused; a context of whitespace alone is refused,
+# as lm_eval fails on it; trailing whitespace beyond ASCII's moves to the continuation as
+# Python's rstrip() moves it. See tests/ref/lm_eval_empty_context.py.
 # Exit 0 = pass, 77 = skipped (reason on the last line), other = failure.
 set -u
 cd "$(dirname "$0")/../.."

@@ -10,9 +10,17 @@ random OLMoE of lm_eval_check.py has eos_token_id 0 in config.json; its tokenize
   - eos_token <|endoftext|> (50279) alone: the prefix is 50279;
   - bos_token <|padding|> (1) too: the prefix is 1.
 Requests: empty contexts with ordinary continuations, empty contexts with a continuation that
-starts with <|endoftext|>, and an ordinary context. Every choice's log-likelihood: ours vs
-lm_eval's HFLM.loglikelihood within 1e-6 relative, and the tokens each side saw agree (ours
-used config.json's eos 0 whatever the tokenizer said). A tokenizer naming neither is refused.
+starts with <|endoftext|>, an ordinary context, and contexts ending in whitespace beyond ASCII's
+(a no-break space, an em space then a newline), which Python's rstrip() moves to the
+continuation as it does a space (ours moved ASCII whitespace alone). Every choice's
+log-likelihood: ours vs lm_eval's HFLM.loglikelihood within 1e-6 relative, and the tokens each
+side saw agree (ours used config.json's eos 0 whatever the tokenizer said). A tokenizer naming
+neither is refused.
+
+A context of whitespace alone (" ", "\n", "  ") is not "": lm_eval's _encode_pair moves it all to
+the continuation, leaving no context token, and _loglikelihood_tokens then fails (assert
+len(context_enc) > 0). Ours refuses such a request, naming it (it used to condition it on the
+prefix token, as an empty context, scoring what lm_eval never scores).
 """
 import json
 import os
@@ -28,7 +36,10 @@ from lm_eval_check import build_model   # noqa: E402  (the same tiny OLMoE, eos_
 
 DOCS = [("", [" the cat sat", " a dog ran"]),
         ("", ["<|endoftext|> yes", "<|endoftext|> no, never"]),
-        ("Question: which is larger, 2 or 3?\nAnswer:", [" 2", " 3"])]
+        ("Question: which is larger, 2 or 3?\nAnswer:", [" 2", " 3"]),
+        ("Question: is it?\nAnswer:\u00a0", ["yes", "no"]),
+        ("Question: is it?\nAnswer:\u2003\n", ["yes", "no"])]
+WHITESPACE_ONLY = [" ", "\n", "  "]
 failures = []
 
 
@@ -43,9 +54,9 @@ def run(cmd):
     return res.returncode, res.stdout + res.stderr
 
 
-def write_requests(path):
+def write_requests(path, docs):
     with open(path, "w") as f:
-        for doc_id, (context, choices) in enumerate(DOCS):
+        for doc_id, (context, choices) in enumerate(docs):
             for idx, cont in enumerate(choices):
                 f.write(json.dumps({"doc_id": doc_id, "idx": idx, "label": 0,
                                     "request": {"context": context, "continuation": cont}}) + "\n")
@@ -60,17 +71,20 @@ def ours(spes, model_dir, requests, work):
     return {(s["doc_id"], s["idx"]): s["sum_logprob"] for s in map(json.loads, open(scores))}, log
 
 
-def theirs(model_dir):
-    from lm_eval.api.instance import Instance
+def lm_eval_model(model_dir):
     from lm_eval.models.huggingface import HFLM
-    lm = HFLM(pretrained=model_dir, dtype="float32", device="cpu", batch_size=4)
+    return HFLM(pretrained=model_dir, dtype="float32", device="cpu", batch_size=4)
+
+
+def theirs(lm, docs):
+    from lm_eval.api.instance import Instance
     keys, instances = [], []
-    for doc_id, (context, choices) in enumerate(DOCS):
+    for doc_id, (context, choices) in enumerate(docs):
         for idx, cont in enumerate(choices):
             keys.append((doc_id, idx))
             instances.append(Instance(request_type="loglikelihood", doc={}, arguments=(context, cont), idx=idx))
     scores = lm.loglikelihood(instances, disable_tqdm=True)
-    return dict(zip(keys, (float(s[0]) for s in scores))), lm.prefix_token_id
+    return dict(zip(keys, (float(s[0]) for s in scores)))
 
 
 def main():
@@ -81,7 +95,7 @@ def main():
     vocab = max(json.load(open(tokenizer_json))["model"]["vocab"].values()) + 1
     src = build_model((vocab + 63) // 64 * 64, work)
     requests = os.path.join(work, "requests.jsonl")
-    write_requests(requests)
+    write_requests(requests, DOCS)
 
     cases = [("eos only", {"eos_token": "<|endoftext|>"}, 50279),
              ("bos and eos", {"bos_token": "<|padding|>", "eos_token": "<|endoftext|>"}, 1)]
@@ -101,8 +115,9 @@ def main():
         if mine is None:
             check(False, f"{name}: spes eval: {log}")
             continue
-        lm, lm_prefix = theirs(model_dir)
-        check(lm_prefix == prefix, f"{name}: lm_eval's prefix token is {prefix}: {lm_prefix}")
+        lm_model = lm_eval_model(model_dir)
+        lm = theirs(lm_model, DOCS)
+        check(lm_model.prefix_token_id == prefix, f"{name}: lm_eval's prefix token is {prefix}: {lm_model.prefix_token_id}")
         check(set(mine) == set(lm), f"{name}: same {len(lm)} requests scored by both")
         for key in sorted(lm):
             if key not in mine:
@@ -110,6 +125,24 @@ def main():
             rel = abs(mine[key] - lm[key]) / max(1.0, abs(lm[key]))
             check(rel <= 1e-6, f"{name}: doc {key[0]} choice {key[1]} (context {DOCS[key[0]][0][:12]!r}): "
                   f"ours {mine[key]:.6f}, lm_eval {lm[key]:.6f}")
+
+    # A context of whitespace alone: lm_eval fails on it, ours refuses it, naming the request.
+    lm_model = lm_eval_model(os.path.join(work, "model_eos_only"))
+    for context in WHITESPACE_ONLY:
+        docs = [(context, [" the cat sat", " a dog ran"])]
+        try:
+            theirs(lm_model, docs)
+            fails = False
+        except AssertionError:
+            fails = True
+        check(fails, f"context {context!r}: lm_eval fails (assert len(context_enc) > 0)")
+        one = os.path.join(work, "whitespace.jsonl")
+        write_requests(one, docs)
+        code, log = run([spes, "eval", "--model", os.path.join(work, "model_eos_only"), "--tokenizer",
+                         os.path.join(work, "model_eos_only"), "--task", one, "--no_progress"])
+        last = (log.strip().splitlines() or ["(no output)"])[-1]
+        check(code != 0 and "doc_id 0 idx 0: the context" in log and "whitespace only" in log,
+              f"context {context!r}: spes eval refuses it: {last}")
 
     # Neither named (a tokenizer_config.json with "eos_token": null): refused, naming the request.
     tok_dir = os.path.join(work, "tok_none")
