@@ -15,7 +15,4 @@ if [ ! -f "$SPES_TEST_DATA/tokenizers/gpt-neox-olmo.json" ]; then
   exit 77
 fi
 require_spes
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} \
-  "$SPES_VENV_PY" tests/ref/lm_eval_empty_context.py "$SPES_BIN" "$work" "$SPES_TEST_DATA/tokenizers/gpt-neox-olmo.json"
+run_ref_check lm_eval_empty_context.py "$SPES_TEST_DATA/tokenizers/gpt-neox-olmo.json"

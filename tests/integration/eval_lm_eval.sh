@@ -13,7 +13,4 @@ if [ ! -f "$SPES_TEST_DATA/eval/arc_easy_rc_0shot/requests.jsonl.gz" ] || [ ! -f
   exit 77
 fi
 require_spes
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_DATASETS_CACHE="$work/hf_datasets" OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} \
-  "$SPES_VENV_PY" tests/ref/lm_eval_check.py "$SPES_BIN" "$work" "$SPES_TEST_DATA/eval" "$SPES_TEST_DATA/tokenizers/gpt-neox-olmo.json"
+run_ref_check lm_eval_check.py "$SPES_TEST_DATA/eval" "$SPES_TEST_DATA/tokenizers/gpt-neox-olmo.json"

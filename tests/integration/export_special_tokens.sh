@@ -9,6 +9,4 @@ cd "$(dirname "$0")/../.."
 . tests/integration/lib/require.sh
 require_venv torch transformers safetensors
 require_spes
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$SPES_VENV_PY" tests/ref/special_tokens_check.py "$SPES_BIN" "$work"
+run_ref_check special_tokens_check.py

@@ -12,6 +12,4 @@ if [ ! -f "$tokenizer" ]; then
   echo "SKIPPED: $tokenizer not found (SPES_TEST_DATA)"
   exit 77
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-HF_HUB_OFFLINE=1 "$SPES_VENV_PY" tests/ref/tokenizer_eos_files.py "$SPES_BIN" "$work" "$tokenizer"
+run_ref_check tokenizer_eos_files.py "$tokenizer"

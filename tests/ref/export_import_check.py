@@ -25,7 +25,6 @@ For each format:
 import copy
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -37,6 +36,7 @@ from transformers.utils import logging as hf_logging
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model_vs_hf import USED_TOKENS, build_model  # noqa: E402
+from ref_checks import check, run, summary  # noqa: E402
 
 FORMATS = [
     ("olmoe", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
@@ -46,20 +46,6 @@ FORMATS = [
                        decoder_sparse_step=1, mlp_only_layers=[])),
 ]
 SEQ = 16
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-def run(cmd):
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    return res.returncode, res.stdout + res.stderr
-
-
 def hf_logits(model_dir_or_model, tokens):
     model = model_dir_or_model
     if isinstance(model, str):
@@ -205,8 +191,7 @@ def main():
           and "model.layers.0.self_attn.k_proj.weight is [32, 63], expected [32, 64]" in log,
           "broken directory refused, naming the missing and the mis-shaped tensor: " + log.strip().splitlines()[-1])
 
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

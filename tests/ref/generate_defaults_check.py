@@ -30,18 +30,11 @@ import torch
 from transformers import AutoModelForCausalLM, OlmoeConfig, OlmoeForCausalLM
 from transformers.utils import logging as hf_logging
 
+from ref_checks import check, summary  # noqa: E402
+
 VOCAB = 96
 PROMPT = "AB"   # bytes 65, 66 with --tokenizer bytes
 NEW = 16
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
 def run(cmd):
     res = subprocess.run(cmd, capture_output=True, text=True)
     return res.returncode, res.stdout, res.stderr
@@ -191,8 +184,7 @@ def main():
         check(hf_refuses, f"{name}: transformers refuses it")
         check(code != 0 and "model/generation_config.json" in err and needle in err, f"{name}: refused: {last}")
 
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

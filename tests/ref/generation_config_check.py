@@ -21,36 +21,17 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
 
+from ref_checks import check, run, must, summary  # noqa: E402
+
 VOCAB = 96
 PROMPT = "AB"   # bytes 65, 66: ids inside the vocabulary with --tokenizer bytes
 NEW = 12
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-def run(cmd):
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    return res.returncode, res.stdout + res.stderr
-
-
-def must(cmd, what):
-    code, log = run(cmd)
-    check(code == 0, what + " exits 0" + ("" if code == 0 else ": " + log[-2000:]))
-    return log
-
-
 def dense_model(path, eos):
     cfg = Qwen3Config(hidden_size=48, intermediate_size=40, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                       num_hidden_layers=2, vocab_size=VOCAB, max_position_embeddings=64, tie_word_embeddings=False,
@@ -207,8 +188,7 @@ def main():
           f"an eos id outside the vocabulary is refused: {last}")
     check(not os.path.exists(bad), "and nothing is written")
 
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

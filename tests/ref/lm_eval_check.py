@@ -17,29 +17,16 @@ which is our acc_per_char. Checked:
 import gzip
 import json
 import os
-import subprocess
 import sys
 
 import torch
 from transformers import OlmoeConfig, OlmoeForCausalLM
 from transformers.utils import logging as hf_logging
 
+from ref_checks import check, run, summary  # noqa: E402
+
 DOCS_PER_TASK = 12
 TASKS = ("arc_easy_rc_0shot", "piqa_rc_0shot")
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-def run(cmd):
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    return res.returncode, res.stdout + res.stderr
-
-
 def build_model(vocab, work):
     cfg = OlmoeConfig(hidden_size=32, intermediate_size=16, num_attention_heads=4, num_key_value_heads=2,
                       num_hidden_layers=2, vocab_size=vocab, num_experts=4, num_experts_per_tok=2,
@@ -139,8 +126,7 @@ def main():
     for metric, ours_metric in (("acc", "acc_raw"), ("acc_norm", "acc_per_char")):
         mine, lm = ours_task[ours_metric], correct[metric] / n_docs
         check(abs(mine - lm) < 1e-12, f"{metric}: lm_eval {lm:.4f} = ours {ours_metric} {mine:.4f}")
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

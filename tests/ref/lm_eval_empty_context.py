@@ -25,7 +25,6 @@ prefix token, as an empty context, scoring what lm_eval never scores).
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import torch
@@ -33,6 +32,7 @@ from transformers.utils import logging as hf_logging
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lm_eval_check import build_model   # noqa: E402  (the same tiny OLMoE, eos_token_id 0)
+from ref_checks import check, run, summary  # noqa: E402
 
 DOCS = [("", [" the cat sat", " a dog ran"]),
         ("", ["<|endoftext|> yes", "<|endoftext|> no, never"]),
@@ -40,20 +40,6 @@ DOCS = [("", [" the cat sat", " a dog ran"]),
         ("Question: is it?\nAnswer:\u00a0", ["yes", "no"]),
         ("Question: is it?\nAnswer:\u2003\n", ["yes", "no"])]
 WHITESPACE_ONLY = [" ", "\n", "  "]
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-def run(cmd):
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    return res.returncode, res.stdout + res.stderr
-
-
 def write_requests(path, docs):
     with open(path, "w") as f:
         for doc_id, (context, choices) in enumerate(docs):
@@ -154,8 +140,7 @@ def main():
     check(code != 0 and "doc_id 0: empty context" in log and "no BOS or EOS" in log,
           "a tokenizer naming no BOS or EOS is refused: " + (log.strip().splitlines() or ["(no output)"])[-1])
 
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

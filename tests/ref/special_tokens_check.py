@@ -13,30 +13,17 @@ Usage: special_tokens_check.py SPES_BIN WORK_DIR     (exit 0 = pass, 1 = fail)
 """
 import json
 import os
-import subprocess
 import sys
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
 
+from ref_checks import check, run, summary  # noqa: E402
+
 VOCAB = 96
 PROMPT = "AB"   # bytes 65, 66: ids inside the vocabulary with --tokenizer bytes
 NEW = 12
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-def run(cmd):
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    return res.returncode, res.stdout + res.stderr
-
-
 def ids_of(config):
     return {k: config.get(k, "absent") for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
@@ -137,8 +124,7 @@ def main():
     check(ours == theirs, f"spes generate stops there too: {ours}")
     check(spes_generate(spes, ex, stop=False) == free_run, "--no_stop: the full run again")
 
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import numpy as np
 from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from ref_checks import check, summary  # noqa: E402
+
 A, B = "<|padding|>", "<|endoftext|>"
 ATD = {"1": {"content": A, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}}
 CASES = {   # name: (tokenizer_config.json, special_tokens_map.json); None = no file, str = raw text
@@ -33,15 +35,6 @@ CASES = {   # name: (tokenizer_config.json, special_tokens_map.json); None = no 
     "legacy config, map broken": ({"eos_token": A}, '{"eos_token": '),
     "config broken": ('{"eos_token": ', {"eos_token": A}),
 }
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
 def write(path, value):
     if value is not None:
         with open(path, "w") as f:
@@ -83,8 +76,7 @@ def main():
     res = subprocess.run([spes, "tokenize", "--help"], capture_output=True, text=True)
     check("special_tokens_map.json" in res.stdout and "tokenizer_config.json" in res.stdout,
           "spes tokenize --help names both files the EOS comes from")
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ with a clear message. And: mlp_based routers are the mean of E disjoint gate_pro
 """
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -25,22 +24,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
 
+from ref_checks import check, run, summary  # noqa: E402
+
 SEQ = 12
 E, K = 4, 2
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-def run(cmd):
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    return res.returncode, res.stdout + res.stderr
-
-
 def randomize(model, seed):
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -156,8 +143,7 @@ def main():
                      "--top_k", "3"])
     check(code != 0 and "top_k" in log, "top_k > num_experts refused")
 
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -33,3 +33,16 @@ require_mpirun() {
   fi
   if [ -n "${SPES_ASAN:-}" ]; then export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"; fi
 }
+
+# run_ref_check SCRIPT [ARGS...]: runs tests/ref/SCRIPT $SPES_BIN WORK [ARGS...] with the
+# virtualenv's python (require_venv and require_spes first), WORK a temporary directory removed
+# at exit; offline (no hub, no datasets download; the datasets cache in WORK) and one OpenMP
+# thread unless OMP_NUM_THREADS is set. Its status is the caller's last command's.
+run_ref_check() {
+  local script=$1
+  shift
+  REF_WORK=$(mktemp -d)
+  trap 'rm -rf "$REF_WORK"' EXIT
+  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_DATASETS_CACHE="$REF_WORK/hf_datasets" \
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$SPES_VENV_PY" "tests/ref/$script" "$SPES_BIN" "$REF_WORK" "$@"
+}
