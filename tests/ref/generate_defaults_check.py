@@ -27,9 +27,10 @@ import subprocess
 import sys
 
 import torch
-from transformers import AutoModelForCausalLM, OlmoeConfig, OlmoeForCausalLM
+from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
+from lm_eval_check import tiny_olmoe  # noqa: E402  (the tiny OLMoE of the eval checks)
 from ref_checks import check, summary  # noqa: E402
 
 VOCAB = 96
@@ -41,20 +42,7 @@ def run(cmd):
 
 
 def build_model(path):
-    cfg = OlmoeConfig(hidden_size=32, intermediate_size=16, num_attention_heads=4, num_key_value_heads=2,
-                      num_hidden_layers=2, vocab_size=VOCAB, num_experts=4, num_experts_per_tok=2,
-                      max_position_embeddings=64, norm_topk_prob=False, eos_token_id=0, pad_token_id=1,
-                      tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = OlmoeForCausalLM._from_config(cfg, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
-    model.save_pretrained(path)
+    tiny_olmoe(VOCAB, 64, 5).save_pretrained(path)
 
 
 def set_gen(model_dir, gen):

@@ -27,7 +27,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
 
-from ref_checks import check, run, must, summary  # noqa: E402
+from ref_checks import check, run, must, summary, stop_and_unused  # noqa: E402
 
 VOCAB = 96
 PROMPT = "AB"   # bytes 65, 66: ids inside the vocabulary with --tokenizer bytes
@@ -110,12 +110,11 @@ def main():
     probe = dense_model(os.path.join(work, "probe"), (0, 1))
     probe.generation_config.eos_token_id = None
     free_run = greedy(probe)
-    k = next((i for i in range(2, NEW) if free_run[i] not in free_run[:i]), None)
-    unused = [i for i in range(VOCAB) if i not in free_run]
-    if k is None or not unused:
+    tokens = stop_and_unused(free_run, VOCAB)
+    if tokens is None:
         check(False, f"greedy run {free_run} has no new token after step 2 (pick another seed)")
         return 1
-    t, x = free_run[k], unused[0]
+    t, x = tokens
 
     dense = os.path.join(work, "dense")
     dense_model(dense, (x, t))
@@ -167,7 +166,7 @@ def main():
     with open(os.path.join(gen_dir, "generation_config.json"), "w") as f:
         f.write(gen_text)
     theirs = greedy(gen_dir)
-    check(theirs == free_run[:k + 1], f"transformers stops after {t} (generation_config.json's): {theirs}")
+    check(theirs == free_run[:free_run.index(t) + 1], f"transformers stops after {t} (generation_config.json's): {theirs}")
     ours = spes_generate(spes, gen_dir)
     check(ours == theirs, f"spes generate stops there too: {ours}")
     config = json.load(open(os.path.join(gen_dir, "config.json")))

@@ -27,22 +27,28 @@ from ref_checks import check, run, summary  # noqa: E402
 
 DOCS_PER_TASK = 12
 TASKS = ("arc_easy_rc_0shot", "piqa_rc_0shot")
-def build_model(vocab, work):
+def tiny_olmoe(vocab, max_positions, seed):
+    """A tiny OLMoE (eos 0, pad 1) with weights drawn from `seed`: norms near 1, the rest of
+    unit scale per input, so its logits are far from uniform."""
     cfg = OlmoeConfig(hidden_size=32, intermediate_size=16, num_attention_heads=4, num_key_value_heads=2,
                       num_hidden_layers=2, vocab_size=vocab, num_experts=4, num_experts_per_tok=2,
-                      max_position_embeddings=512, norm_topk_prob=False, eos_token_id=0, pad_token_id=1,
+                      max_position_embeddings=max_positions, norm_topk_prob=False, eos_token_id=0, pad_token_id=1,
                       tie_word_embeddings=False)
     torch.manual_seed(0)
     model = OlmoeForCausalLM._from_config(cfg, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+    return model
+
+
+def build_model(vocab, work):
     src = os.path.join(work, "src")
-    model.save_pretrained(src)
+    tiny_olmoe(vocab, 512, 0).save_pretrained(src)
     return src
 
 

@@ -28,3 +28,12 @@ def summary():
     """Prints the failure count; the script's exit code."""
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
+
+
+def stop_and_unused(free_run, vocab):
+    """From a greedy run that did not stop: (t, x), t a token it first makes after its second
+    step (an eos it would stop at there), x one it never makes (an eos it never reaches); None
+    when the run has no such t or x."""
+    k = next((i for i in range(2, len(free_run)) if free_run[i] not in free_run[:i]), None)
+    unused = [i for i in range(vocab) if i not in free_run]
+    return None if k is None or not unused else (free_run[k], unused[0])

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
 
-from ref_checks import check, run, summary  # noqa: E402
+from ref_checks import check, run, summary, stop_and_unused  # noqa: E402
 
 VOCAB = 96
 PROMPT = "AB"   # bytes 65, 66: ids inside the vocabulary with --tokenizer bytes
@@ -100,12 +100,11 @@ def main():
     check(len(free_run) == NEW, f"no eos: spes generate runs the {NEW} tokens: {free_run}")
 
     # 2. bos, an eos list and pad. t: a token greedy decoding reaches after a few steps; x: one it never makes.
-    k = next((i for i in range(2, NEW) if free_run[i] not in free_run[:i]), None)
-    unused = [i for i in range(VOCAB) if i not in free_run]
-    if k is None or not unused:
+    tokens = stop_and_unused(free_run, VOCAB)
+    if tokens is None:
         check(False, f"greedy run {free_run} has no new token after step 2 (pick another seed)")
         return 1
-    t, x = free_run[k], unused[0]
+    t, x = tokens
     ids = {"bos_token_id": 5, "eos_token_id": [x, t], "pad_token_id": 7}
     dense = dense_model(work, "list", **ids)
     up, ex = upcycle_and_export(spes, work, dense, "list")
@@ -120,7 +119,7 @@ def main():
               f"{base}: transformers reads them back")
     theirs = hf_generate(ex)
     ours = spes_generate(spes, ex, stop=True)
-    check(theirs == free_run[:k + 1], f"transformers stops after eos {t} (the list's second id): {theirs}")
+    check(theirs == free_run[:free_run.index(t) + 1], f"transformers stops after eos {t} (the list's second id): {theirs}")
     check(ours == theirs, f"spes generate stops there too: {ours}")
     check(spes_generate(spes, ex, stop=False) == free_run, "--no_stop: the full run again")
 

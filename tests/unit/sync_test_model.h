@@ -59,3 +59,12 @@ static inline int sync_test_upload(const ModelSpec *spec, SyncMode mode, int m, 
     free(w);
     return rc;
 }
+
+// The upload most tests need: peer's SPES upload (2 experts a peer) of sync_test_spec(4, 6), f32.
+static inline int sync_test_small_upload(int peer, uint8_t **bytes, size_t *len) {
+    ModelSpec spec;
+    SPES_TRY(sync_test_spec(&spec, 4, 6));
+    int rc = sync_test_upload(&spec, SYNC_MODE_SPES, 2, peer, DTYPE_F32, NULL, bytes, len);
+    model_spec_free(&spec);
+    return rc;
+}

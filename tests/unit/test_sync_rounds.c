@@ -490,12 +490,9 @@ static void test_run_flags_fixed_by_state_dir(void **state) {
 // ahead", no file named); it now sets the file aside, naming it, and starts. Any other upload it
 // cannot take names the file.
 static void save_valid_upload(const char *dir, int step, int peer) {
-    ModelSpec spec;
-    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     uint8_t *bytes;
     size_t len;
-    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, peer, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
-    model_spec_free(&spec);
+    assert_int_equal(sync_test_small_upload(peer, &bytes, &len), SPES_OK);
     assert_int_equal(state_save_upload(dir, step, peer, bytes, len), SPES_OK);
     free(bytes);
 }

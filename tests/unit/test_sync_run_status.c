@@ -133,12 +133,9 @@ static void test_round_history_ring(void **state) {
 }
 
 static RoundsResult upload(Rounds *r, int peer, int step) {
-    ModelSpec spec;
-    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     uint8_t *bytes;
     size_t len;
-    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, peer, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
-    model_spec_free(&spec);
+    assert_int_equal(sync_test_small_upload(peer, &bytes, &len), SPES_OK);
     return rounds_upload(r, peer, step, bytes, len);
 }
 

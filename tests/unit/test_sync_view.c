@@ -34,12 +34,9 @@ static Rounds *make_rounds(int merge_interval, double round_timeout_s) {
 }
 
 static void upload(Rounds *r, int peer, int step) {
-    ModelSpec spec;
-    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
     uint8_t *bytes;
     size_t len;
-    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, peer, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
-    model_spec_free(&spec);
+    assert_int_equal(sync_test_small_upload(peer, &bytes, &len), SPES_OK);
     assert_int_equal(rounds_upload(r, peer, step, bytes, len), ROUNDS_OK);
 }
 
