@@ -84,6 +84,11 @@ static int apply_overrides(YNode *root, int n, char **args) {
             snprintf(why, sizeof why, "%s", syntax ? syntax : spes_last_error());
             return spes_fail("command line --%s: '%s' is not a valid YAML value (%s)", key, value, why);
         }
+        // OmegaConf keeps the last of a key given twice; so do we, but not without a word (a
+        // launch script's override and a user's one for the same key look alike on the line).
+        const YNode *earlier = ytree_get_path(root, key);
+        if (earlier && earlier->origin == COMMAND_LINE)
+            log_warn("command line --%s: given more than once; the last value, '%s', is used", key, value);
         mark_command_line(node);
         SPES_TRY(ytree_set_path(root, key, node));
     }

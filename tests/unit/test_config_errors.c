@@ -256,8 +256,8 @@ static void test_too_many_keys(void **state) {
     free(yaml);
 }
 
-// What loading yaml (and override, if any) writes to stderr (malloc'd), the load succeeding.
-static char *load_warnings(const char *yaml, const char *override) {
+// What loading yaml with the n overrides writes to stderr (malloc'd), the load succeeding.
+static char *load_warnings(const char *yaml, int n, char **over) {
     char path[] = "/tmp/spes_config_log_XXXXXX";
     int fd = mkstemp(path);
     assert_true(fd >= 0);
@@ -265,8 +265,7 @@ static char *load_warnings(const char *yaml, const char *override) {
     int saved = dup(2);
     dup2(fd, 2);
     TrainConfig cfg;
-    char *over[1] = {(char *)override};
-    int rc = config_load_string(yaml, "run.yaml", override ? 1 : 0, over, &cfg);
+    int rc = config_load_string(yaml, "run.yaml", n, over, &cfg);
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
@@ -287,10 +286,10 @@ static void test_inert_instance_filter_warns(void **state) {
     (void)state;
     const char *yaml = "model:\n  max_sequence_length: 64\ndata:\n  instance_filter:\n    repetition_min_period: 4\n"
                        "    repetition_max_count: 16\n";   // 16 x 4 = 64 tokens: can fire
-    char *text = load_warnings(yaml, NULL);
+    char *text = load_warnings(yaml, 0, NULL);
     if (strstr(text, "instance_filter")) fail_msg("a filter that can fire warned: %s", text);
     free(text);
-    text = load_warnings(yaml, "--model.max_sequence_length=63");
+    text = load_warnings(yaml, 1, (char *[]){"--model.max_sequence_length=63"});
     if (!strstr(text, "run.yaml:5: data.instance_filter: never masks an instance: a pattern of repetition_min_period 4 "
                       "tokens repeated repetition_max_count 16 times (3 at least) takes 64 tokens, and an instance has "
                       "63 (command line --model.max_sequence_length)") ||
@@ -299,10 +298,23 @@ static void test_inert_instance_filter_warns(void **state) {
     free(text);
     // Fewer than 3 repeats still need 3 (the fewest OLMo reports); the default length (1024).
     text = load_warnings("data:\n  instance_filter: {repetition_min_period: 400, repetition_max_count: 2, "
-                         "repetition_max_period: 500}\n", NULL);
+                         "repetition_max_period: 500}\n", 0, NULL);
     if (!strstr(text, "run.yaml:2: data.instance_filter: never masks") ||
         !strstr(text, "takes 1200 tokens, and an instance has 1024 (model.max_sequence_length)"))
         fail_msg("no warning for 3 x 400 > 1024: %s", text);
+    free(text);
+}
+
+// A key given twice on the command line: the last value wins, as in OmegaConf, and it is said
+// (it used to be silent); a key given once, or in the file and once on the line, says nothing.
+static void test_override_given_twice_warns(void **state) {
+    (void)state;
+    char *text = load_warnings("seed: 1\n", 2, (char *[]){"--seed=2", "--optimizer.learning_rate=1e-3"});
+    if (strstr(text, "more than once")) fail_msg("a key given once warned: %s", text);
+    free(text);
+    text = load_warnings("seed: 1\n", 3, (char *[]){"--seed=2", "--optimizer.learning_rate=1e-3", "--seed=3"});
+    if (!strstr(text, "command line --seed: given more than once; the last value, '3', is used"))
+        fail_msg("no warning for --seed given twice: %s", text);
     free(text);
 }
 
@@ -315,6 +327,7 @@ int main(void) {
         cmocka_unit_test(test_too_many_keys),
         cmocka_unit_test(test_huge_file),
         cmocka_unit_test(test_inert_instance_filter_warns),
+        cmocka_unit_test(test_override_given_twice_warns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
