@@ -157,12 +157,17 @@ void spes_peer_set_stop_flag(SpesPeer *p, volatile sig_atomic_t *stop) { p->stop
 int64_t spes_peer_unsynced_step(const SpesPeer *p) { return p->unsynced_step; }
 
 // Downloads the server's newest aggregate into the model's weights; *newest: its step.
+// What a download is called in errors: the aggregate, its step (and `extra`) and the server.
+static void aggregate_what(const SpesPeer *p, int64_t step, const char *extra, char *out, size_t cap) {
+    snprintf(out, cap, "aggregate of step %" PRId64 "%s from server %s", step, extra, p->cfg->server_addr);
+}
+
 static int load_newest(SpesPeer *p, Model *m, int *newest) {
     uint8_t *bytes = NULL;
     size_t len = 0;
     SPES_TRY(sync_client_download_latest(p->client, newest, &bytes, &len));
-    char what[64];
-    snprintf(what, sizeof what, "aggregate of step %d", *newest);
+    char what[320];
+    aggregate_what(p, *newest, "", what, sizeof what);
     int rc = spes_load_aggregate(m, bytes, len, what);
     free(bytes);
     if (rc == SPES_OK && p->delta_run) rc = delta_peer_set_base(&p->deltas, m->params, *newest);
@@ -297,8 +302,9 @@ static int fetch_base(SpesPeer *p, Model *m, int step) {
     }
     float *own = spes_malloc(m->table.total_numel * sizeof(float) + 1);
     int rc = own ? SPES_OK : SPES_ERR;
-    char what[64];
-    snprintf(what, sizeof what, "aggregate of step %d (%s base)", step, delta_name(p));
+    char what[320], extra[32];
+    snprintf(extra, sizeof extra, " (%s base)", delta_name(p));
+    aggregate_what(p, step, extra, what, sizeof what);
     if (rc == SPES_OK) memcpy(own, m->params, m->table.total_numel * sizeof(float));
     if (rc == SPES_OK) rc = spes_load_aggregate(m, bytes, len, what);
     if (rc == SPES_OK) rc = delta_peer_set_base(&p->deltas, m->params, step);
@@ -391,6 +397,18 @@ int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_s
 // peer's own experts (the round took them unchanged from its upload, see rounds_view); they keep
 // the values uploaded, which are the model's own (no step ran since the upload), rounded to the
 // payload dtype as the server's aggregate holds them (round_bf16).
+// A value no server aggregates from uploads it checked (NaN, infinite, beyond +-SYNC_MAX_WEIGHT):
+// damage or a hostile server; loaded, it would poison the weights and every checkpoint after.
+static int check_values(const StTensor *t, const char *name, float *scratch, const char *what) {
+    SPES_TRY(safetensors_to_f32(t, scratch));
+    for (size_t k = 0; k < t->numel; k++)
+        if (!(fabsf(scratch[k]) <= SYNC_MAX_WEIGHT))   // also NaN
+            return spes_fail("%s: tensor %s is %g at flat index %zu, not within +-%g (the largest weight a sync "
+                             "payload may carry; no healthy server sends it)",
+                             what, name, (double)scratch[k], k, (double)SYNC_MAX_WEIGHT);
+    return SPES_OK;
+}
+
 static int load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char *what, int own_peer,
                           int experts_per_node, bool round_bf16) {
     SafeTensors st;
@@ -399,10 +417,15 @@ static int load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char
     // Every tensor is checked before any is written: a bad aggregate leaves the local weights
     // whole, so they can still be saved as the peer's (not synced) state.
     int E = m->cfg.num_experts;
-    for (int i = 0; i < m->table.count; i++)
+    size_t largest = 1;
+    for (int i = 0; i < m->table.count; i++) {
+        if (m->table.entries[i].numel > largest) largest = m->table.entries[i].numel;
         own += own_peer >= 0 && m->table.entries[i].expert >= 0 &&
                expert_owned_by(m->table.entries[i].expert, own_peer, experts_per_node, E);
-    if (st.count != m->table.count && st.count != m->table.count - own)
+    }
+    float *scratch = spes_malloc(largest * sizeof(float));
+    if (!scratch) rc = SPES_ERR;
+    if (rc == SPES_OK && st.count != m->table.count && st.count != m->table.count - own)
         rc = spes_fail("%s has %d tensors, the model %d%s", what, st.count, m->table.count,
                        own ? " (or without this peer's own experts)" : "");
     for (int i = 0; i < m->table.count && rc == SPES_OK; i++) {
@@ -416,7 +439,10 @@ static int load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char
             rc = spes_fail("%s: tensor %s has the wrong shape", what, e->name);
         else if (t->dtype != DTYPE_F32 && t->dtype != DTYPE_BF16 && t->dtype != DTYPE_F16 && t->dtype != DTYPE_F64)
             rc = spes_fail("%s: tensor %s has dtype %s, expected a float type", what, e->name, dtype_name(t->dtype));
+        else
+            rc = check_values(t, e->name, scratch, what);
     }
+    free(scratch);
     for (int i = 0; i < m->table.count && rc == SPES_OK; i++) {
         const ParamInfo *e = &m->table.entries[i];
         const StTensor *t = safetensors_find(&st, e->name);
@@ -656,8 +682,8 @@ static int end_round(SpesPeer *p, Model *m, Round *r, const float *src, RoundRes
 // Loads what came down for the round: a whole aggregate, one without our own experts, or in an
 // int8 run an int8 delta against our base. In an int8 run the result becomes the new base.
 static int load_download(SpesPeer *p, Model *m, const RoundResult *res) {
-    char what[64];
-    snprintf(what, sizeof what, "aggregate of step %" PRId64, res->loaded);
+    char what[320];
+    aggregate_what(p, res->loaded, "", what, sizeof what);
     if (res->got.is_delta) {
         SafeTensors st;
         SPES_TRY(safetensors_parse(res->bytes, res->len, what, &st));
