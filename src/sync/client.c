@@ -32,6 +32,8 @@ struct SyncClient {
     uint64_t instance_id;           // this process's random id, sent with every call (proto HelloRequest)
     grpc_metadata auth;             // authorization: Bearer <token>
     size_t n_metadata;              // 1 with a token, else 0
+    size_t download_chunk;          // HelloResponse.chunk_size: bytes per download chunk (0: not known)
+    size_t download_max;            // the largest download the model can make (0: no Hello yet)
     char **server_encodings;        // from HelloResponse.encodings
     size_t n_server_encodings;
     pthread_mutex_t metrics_mu;     // the trainer notes metrics while an upload may be in flight
@@ -313,6 +315,19 @@ static const DeltaCodec *delta_codec_of(const SyncClient *c) {
     return c->cfg.delta ? c->cfg.delta : &DELTA_INT8;
 }
 
+// The largest download a server can send for the model: every tensor in F32 (the widest dtype of
+// an aggregate; an int8 or int4 delta is about a quarter of it) plus room for the safetensors
+// header (two entries a tensor in a delta: the codes and `name.scale`) and the view's metadata.
+// A WaitAggregate announcing more is not believed: the buffer is allocated from it.
+static size_t download_max_bytes(const ModelSpec *spec) {
+    size_t bytes = 64 * 1024;
+    for (int t = 0; t < spec->count; t++) bytes += spec->tensors[t].numel * 4 + 2 * strlen(spec->tensors[t].name) + 512;
+    return bytes;
+}
+
+// Download chunks of `total` bytes at `chunk` bytes each (the server's rule: at least one).
+static size_t chunk_count(size_t total, size_t chunk) { return total == 0 ? 1 : (total + chunk - 1) / chunk; }
+
 int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     HelloRequest req = HELLO_REQUEST__INIT;
     req.instance_id = c->instance_id;
@@ -355,6 +370,8 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     free(ptrs);
     if (code != GRPC_STATUS_OK) return SPES_ERR;
     if (!c->cfg.chunk_size && resp->chunk_size > 0) c->chunk_size = (size_t)resp->chunk_size;
+    c->download_chunk = resp->chunk_size > 0 ? (size_t)resp->chunk_size : 0;
+    c->download_max = download_max_bytes(spec);
     bool delta_ok = false;
     for (size_t i = 0; delta && i < resp->n_encodings; i++) delta_ok |= strcmp(resp->encodings[i], delta->encoding) == 0;
     if (delta && !delta_ok) {
@@ -599,6 +616,18 @@ static int wait_ready(SyncClient *c, int step, const ViewAsk *ask, int64_t *tota
     if (*total_bytes < 0 || *total_chunks < 1)
         return spes_fail("server %s: step %d's aggregate has %lld bytes in %d chunks?", c->addr, step,
                          (long long)*total_bytes, *total_chunks);
+    // The buffer and the number of chunk calls follow these two numbers: they must fit the model
+    // (once its Hello said what it is) and the chunk size the server stated.
+    if (c->download_max && (uint64_t)*total_bytes > c->download_max)
+        return spes_fail("server %s: WaitAggregate for step %d announces total_bytes %lld, more than this model's "
+                         "aggregate can take (%zu: every tensor in F32 plus header room)",
+                         c->addr, step, (long long)*total_bytes, c->download_max);
+    size_t want = c->download_chunk ? chunk_count((size_t)*total_bytes, c->download_chunk)
+                                    : chunk_count((size_t)*total_bytes, 1);
+    if (c->download_chunk ? (size_t)*total_chunks != want : (size_t)*total_chunks > want)
+        return spes_fail("server %s: WaitAggregate for step %d announces total_chunks %d for %lld bytes; %s %zu", c->addr,
+                         step, *total_chunks, (long long)*total_bytes,
+                         c->download_chunk ? "the chunk_size its Hello stated makes" : "at most", want);
     return SPES_OK;
 }
 

@@ -108,6 +108,8 @@ wrong_shape       2  tensor model\.embed_tokens\.weight has the wrong shape
 wrong_dtype       2  tensor model\.embed_tokens\.weight has dtype I32
 missing_tensor    2  has [0-9]+ tensors, the model [0-9]+
 extra_tensor      2  has [0-9]+ tensors, the model [0-9]+
+huge_total        2  total_bytes 1099511627776
+many_chunks       2  total_chunks 2147483647
 overrun           2  chunk [0-9]+ of step 2's aggregate is inconsistent
 truncated         2  came to [0-9]+ bytes, [0-9]+ announced
 error_hello       0  Hello failed \(INTERNAL\)
