@@ -369,6 +369,14 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     free(infos);
     free(ptrs);
     if (code != GRPC_STATUS_OK) return SPES_ERR;
+    // A server that states another model's fingerprint would serve aggregates of that model (0: not stated).
+    if (resp->fingerprint != 0 && resp->fingerprint != spec->fingerprint) {
+        unsigned long long theirs = resp->fingerprint;
+        hello_response__free_unpacked(resp, NULL);
+        return spes_fail("server %s: its Hello answers model fingerprint %016llx, but this peer's model is %016llx (a "
+                         "server of another model, or a broken one)",
+                         c->addr, theirs, (unsigned long long)spec->fingerprint);
+    }
     if (!c->cfg.chunk_size && resp->chunk_size > 0) c->chunk_size = (size_t)resp->chunk_size;
     c->download_chunk = resp->chunk_size > 0 ? (size_t)resp->chunk_size : 0;
     c->download_max = download_max_bytes(spec);

@@ -112,6 +112,7 @@ huge_total        2  total_bytes 1099511627776
 many_chunks       2  total_chunks 2147483647
 overrun           2  chunk [0-9]+ of step 2's aggregate is inconsistent
 truncated         2  came to [0-9]+ bytes, [0-9]+ announced
+hello_fingerprint 0  Hello answers model fingerprint [0-9a-f]+, but this peer's model is
 error_hello       0  Hello failed \(INTERNAL\)
 error_upload      2  UploadChunk failed \(INTERNAL\)
 error_wait        2  WaitAggregate failed \(INTERNAL\)
