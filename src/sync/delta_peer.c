@@ -127,6 +127,18 @@ int delta_peer_apply_delta(DeltaPeer *p, const SafeTensors *st, bool own_omitted
     float *scratch = spes_malloc(largest * sizeof(float)), *scales = spes_malloc(delta_blocks(largest) * sizeof(float));
     int8_t *q = spes_malloc(largest);
     int rc = scratch && scales && q ? SPES_OK : SPES_ERR;
+    // The delta must be of this run's codec and against the base this peer holds: decoded against
+    // another aggregate it would load wrong weights without a sign.
+    const DeltaCodec *codec = NULL;
+    int base_step = -1;
+    if (rc == SPES_OK) rc = delta_payload_kind(st, what, &codec, &base_step);
+    if (rc == SPES_OK && codec != p->codec)
+        rc = spes_fail("%s: came as a %s delta, but is %s (its spes_encoding '%s')", what, p->codec->name,
+                       codec ? codec->name : "none", codec ? codec->encoding : "");
+    if (rc == SPES_OK && base_step != p->base_step)
+        rc = spes_fail("%s: the %s delta is against base step %d (its spes_base_step), but this peer holds the "
+                       "aggregate of step %d as its base",
+                       what, p->codec->name, base_step, p->base_step);
     if (rc == SPES_OK && st->count != expected)
         rc = spes_fail("%s: %d tensors in the %s delta, expected %d", what, st->count, p->codec->name, expected);
     // Decoded into the base in place: a failure part way drops the base (the next round sends a

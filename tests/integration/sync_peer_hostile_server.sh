@@ -128,4 +128,5 @@ done <<'EOF'
 int8_nan_scale    scale is NaN
 int8_huge_scale   reconstruction .* not within
 int8_wrong_len    must be I8 with the model's shape
+int8_wrong_base   delta is against base step 10[0-9] .*, but this peer holds the aggregate of step 2
 EOF
