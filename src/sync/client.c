@@ -328,6 +328,16 @@ static size_t download_max_bytes(const ModelSpec *spec) {
 // Download chunks of `total` bytes at `chunk` bytes each (the server's rule: at least one).
 static size_t chunk_count(size_t total, size_t chunk) { return total == 0 ? 1 : (total + chunk - 1) / chunk; }
 
+// Uploads go in chunks of the size the server's Hello states, kept within [SYNC_MIN_UPLOAD_CHUNK,
+// what one message holds]: a server stating 1 byte had the peer send a message per byte (the
+// server takes any chunk size up to its message limit).
+#define SYNC_MIN_UPLOAD_CHUNK ((size_t)64 * 1024)
+static size_t upload_chunk_from_server(const SyncClient *c, int64_t stated) {
+    size_t most = c->cfg.max_message_size > 2 * SYNC_MIN_UPLOAD_CHUNK ? c->cfg.max_message_size - 1024 : SYNC_MIN_UPLOAD_CHUNK;
+    size_t chunk = (uint64_t)stated > most ? most : (size_t)stated;
+    return chunk < SYNC_MIN_UPLOAD_CHUNK ? SYNC_MIN_UPLOAD_CHUNK : chunk;
+}
+
 int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
     HelloRequest req = HELLO_REQUEST__INIT;
     req.instance_id = c->instance_id;
@@ -377,7 +387,7 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec) {
                          "server of another model, or a broken one)",
                          c->addr, theirs, (unsigned long long)spec->fingerprint);
     }
-    if (!c->cfg.chunk_size && resp->chunk_size > 0) c->chunk_size = (size_t)resp->chunk_size;
+    if (!c->cfg.chunk_size && resp->chunk_size > 0) c->chunk_size = upload_chunk_from_server(c, resp->chunk_size);
     c->download_chunk = resp->chunk_size > 0 ? (size_t)resp->chunk_size : 0;
     c->download_max = download_max_bytes(spec);
     bool delta_ok = false;

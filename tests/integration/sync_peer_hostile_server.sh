@@ -63,7 +63,7 @@ for k, v in load_file(f"{d}/model.safetensors").items():
 PY
 }
 
-# refused CASE STEPS WANT [flags...]: the peer against `hostile CASE` exits 1 within 60 s, its
+# refused CASE STEPS WANT [flags...]: the peer against `hostile CASE` exits 1 within 40 s, its
 # log names the server and WANT (an extended regex), and it saved step STEPS not synced (STEPS 0:
 # refused at the handshake, before training: 2 steps asked, nothing saved).
 refused() {
@@ -75,7 +75,7 @@ refused() {
   peer "$dir/$case" "$dir/$case.log" "$([ "$steps" = 0 ] && echo 2 || echo "$steps")" "$@"
   local took=$(( $(date +%s) - start ))
   [ $rc -eq 1 ] || fail "$case: exit $rc, want 1: $(tail -5 "$dir/$case.log")"
-  [ $took -lt 60 ] || fail "$case: took ${took}s"
+  [ $took -lt 40 ] || fail "$case: took ${took}s"
   grep -q "server 127.0.0.1:$port" "$dir/$case.log" || fail "$case: the server is not named: $(tail -4 "$dir/$case.log")"
   grep -Eq "$want" "$dir/$case.log" || fail "$case: no '$want' in the log: $(tail -3 "$dir/$case.log")"
   if [ "$steps" = 0 ]; then
@@ -112,6 +112,7 @@ huge_total        2  total_bytes 1099511627776
 many_chunks       2  total_chunks 2147483647
 overrun           2  chunk [0-9]+ of step 2's aggregate is inconsistent
 truncated         2  came to [0-9]+ bytes, [0-9]+ announced
+hello_chunk_tiny  2  total_chunks 37 for [0-9]+ bytes; the chunk_size its Hello stated makes [0-9]+
 hello_fingerprint 0  Hello answers model fingerprint [0-9a-f]+, but this peer's model is
 error_hello       0  Hello failed \(INTERNAL\)
 error_upload      2  UploadChunk failed \(INTERNAL\)
