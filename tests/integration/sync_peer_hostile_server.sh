@@ -114,6 +114,7 @@ overrun           2  chunk [0-9]+ of step 2's aggregate is inconsistent
 truncated         2  came to [0-9]+ bytes, [0-9]+ announced
 hello_chunk_tiny  2  total_chunks 37 for [0-9]+ bytes; the chunk_size its Hello stated makes [0-9]+
 hello_fingerprint 0  Hello answers model fingerprint [0-9a-f]+, but this peer's model is
+silent            0  Hello failed \(UNAVAILABLE\)
 error_hello       0  Hello failed \(INTERNAL\)
 error_upload      2  UploadChunk failed \(INTERNAL\)
 error_wait        2  WaitAggregate failed \(INTERNAL\)
@@ -131,3 +132,14 @@ int8_huge_scale   reconstruction .* not within
 int8_wrong_len    must be I8 with the model's shape
 int8_wrong_base   delta is against base step 10[0-9] .*, but this peer holds the aggregate of step 2
 EOF
+
+# What a refused aggregate left is resumable: the peer refused the NaN one resumes against an
+# honest server, redoes the sync of step 2 and trains on, synced.
+if selected nan; then
+  hostile honest
+  peer "$dir/nan" "$dir/nan.resume.log" 4 --resume
+  [ $rc -eq 0 ] || fail "resume after nan: exit $rc: $(tail -5 "$dir/nan.resume.log")"
+  grep -q "redoing the sync of step 2" "$dir/nan.resume.log" || fail "resume after nan: step 2 not redone"
+  ! grep -q '"synced": *false' "$dir/nan/step4/train_state.json" || fail "resume after nan: step 4 not synced"
+  echo "ok   nan: resumed against an honest server, step 2 synced again, step 4 synced"
+fi
