@@ -20,6 +20,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 # hostile MODE: (re)starts the hostile server; sets $port and $server_pid.
 hostile() {
   [ -n "$server_pid" ] && { kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null || true; }
+  rm -f "$dir/server.out"   # the previous server's "listening on" must not be read as this one's
   /usr/bin/python3 tests/integration/lib/hostile_sync_server.py "$dir/federated.desc" "$1" >"$dir/server.out" 2>&1 &
   server_pid=$!
   port=""
