@@ -19,6 +19,7 @@ protoc-c --proto_path=proto --descriptor_set_out="$tmp/federated.desc" proto/fed
 # hostile MODE: starts the fake server, sets port.
 hostile() {
   [ -n "$server_pid" ] && { kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; }
+  rm -f "$tmp/server.out"   # the redirection below happens in the child: the previous server's port could be read
   /usr/bin/python3 tests/integration/lib/hostile_status_server.py "$tmp/federated.desc" "$1" >"$tmp/server.out" 2>&1 &
   server_pid=$!
   port=""
