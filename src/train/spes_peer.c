@@ -156,12 +156,12 @@ void spes_peer_set_stop_flag(SpesPeer *p, volatile sig_atomic_t *stop) { p->stop
 
 int64_t spes_peer_unsynced_step(const SpesPeer *p) { return p->unsynced_step; }
 
-// Downloads the server's newest aggregate into the model's weights; *newest: its step.
 // What a download is called in errors: the aggregate, its step (and `extra`) and the server.
 static void aggregate_what(const SpesPeer *p, int64_t step, const char *extra, char *out, size_t cap) {
     snprintf(out, cap, "aggregate of step %" PRId64 "%s from server %s", step, extra, p->cfg->server_addr);
 }
 
+// Downloads the server's newest aggregate into the model's weights; *newest: its step.
 static int load_newest(SpesPeer *p, Model *m, int *newest) {
     uint8_t *bytes = NULL;
     size_t len = 0;
@@ -393,10 +393,6 @@ int spes_peer_connect(SpesPeer *p, Model *m, int64_t start_step, int64_t total_s
     return SPES_OK;
 }
 
-// Loads an aggregate into the model's parameters. own_peer >= 0: the download left out that
-// peer's own experts (the round took them unchanged from its upload, see rounds_view); they keep
-// the values uploaded, which are the model's own (no step ran since the upload), rounded to the
-// payload dtype as the server's aggregate holds them (round_bf16).
 // A value no server aggregates from uploads it checked (NaN, infinite, beyond +-SYNC_MAX_WEIGHT):
 // damage or a hostile server; loaded, it would poison the weights and every checkpoint after.
 static int check_values(const StTensor *t, const char *name, float *scratch, const char *what) {
@@ -409,6 +405,10 @@ static int check_values(const StTensor *t, const char *name, float *scratch, con
     return SPES_OK;
 }
 
+// Loads an aggregate into the model's parameters. own_peer >= 0: the download left out that
+// peer's own experts (the round took them unchanged from its upload, see rounds_view); they keep
+// the values uploaded, which are the model's own (no step ran since the upload), rounded to the
+// payload dtype as the server's aggregate holds them (round_bf16).
 static int load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char *what, int own_peer,
                           int experts_per_node, bool round_bf16) {
     SafeTensors st;
