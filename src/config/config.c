@@ -15,7 +15,6 @@
 #include "base/log.h"
 #include "base/text_buf.h"
 #include "config/config_internal.h"
-#include "data/instance_filter.h"
 #include "sync/expert_owners.h"
 
 static const char COMMAND_LINE[] = "command line";
@@ -341,6 +340,11 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
 }
 
 int config_validate(TrainConfig *cfg) { return validate_at(cfg, NULL); }
+
+int64_t instance_filter_min_tokens(const InstanceFilterConfig *f) {
+    int64_t times = f->max_count > 3 ? f->max_count : 3;
+    return times * (f->min_period > 1 ? f->min_period : 1);
+}
 
 int config_key_fail(const TrainConfig *cfg, const char *key, const char *fmt, ...) {
     va_list ap;

@@ -52,6 +52,12 @@ typedef struct {
     int max_count;              // repetition_max_count, default 32
 } InstanceFilterConfig;
 
+// The fewest tokens an instance needs for f to mask it: max_count periods (at least the 3 a
+// repetition covers, find_periodic_sequences) of min_period tokens; a longer period needs more.
+// A shorter instance is never masked, whatever its tokens. (Here, beside the type, so the
+// config's load can warn of a filter that cannot fire without reaching up into src/data.)
+int64_t instance_filter_min_tokens(const InstanceFilterConfig *f);
+
 typedef struct {
     char **paths;               // token files; an entry ending in .txt is a manifest (one path a line)
     int n_paths;

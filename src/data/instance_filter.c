@@ -36,8 +36,3 @@ bool instance_filter_keeps(const InstanceFilterConfig *f, const int32_t *ids, in
     find_periodic_sequences(ids, n, f->min_period, f->max_period, stop_at_too_many, &s);
     return !s.found;
 }
-
-int64_t instance_filter_min_tokens(const InstanceFilterConfig *f) {
-    int64_t times = f->max_count > 3 ? f->max_count : 3;
-    return times * (f->min_period > 1 ? f->min_period : 1);
-}

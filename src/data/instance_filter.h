@@ -31,7 +31,3 @@ void find_periodic_sequences(const int32_t *ids, int n, int min_period, int max_
 // more. Always true when the filter is off.
 bool instance_filter_keeps(const InstanceFilterConfig *f, const int32_t *ids, int n);
 
-// The fewest tokens an instance needs for f to mask it: max_count periods (at least the 3 a
-// repetition covers) of min_period tokens; a longer period needs more. A shorter instance is
-// never masked, whatever its tokens.
-int64_t instance_filter_min_tokens(const InstanceFilterConfig *f);
