@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "base/rng.h"
 #include "base/timer.h"
+#include "sync/call_deadline.h"
 #include "sync/call_status.h"
 #include "sync/wire.h"
 
@@ -167,6 +168,23 @@ static grpc_status_code call_failed(SyncClient *c, const char *method, grpc_stat
     spes_fail("server %s: %s failed (%s): %s", c->addr, method, wire_status_name(code), text);
     gpr_free(text);
     return c->last_status = code;
+}
+
+// A call that ran past the deadline it was given for its size (call_deadline.h): the error
+// names the server, the call and the rule, so a stalled server is told from a slow link.
+static void explain_deadline(SyncClient *c, grpc_status_code code, const char *method, size_t bytes, int sharing,
+                             double deadline_s) {
+    if (code != GRPC_STATUS_DEADLINE_EXCEEDED) return;
+    char rule[160];
+    if (deadline_s < sync_call_deadline(bytes, sharing, 0))
+        snprintf(rule, sizeof rule, "call_timeout_s, the cap of %.0f s + bytes at %.0f KiB/s", SYNC_CALL_FLOOR_S,
+                 SYNC_MIN_RATE / 1024);
+    else
+        snprintf(rule, sizeof rule, "%.0f s + %zu bytes x %d at %.0f KiB/s", SYNC_CALL_FLOOR_S, bytes, sharing,
+                 SYNC_MIN_RATE / 1024);
+    spes_fail("server %s: %s failed (DEADLINE_EXCEEDED): no answer within its deadline of %.0f s (%s): the server "
+              "stalled, or the link is slower than %.0f KiB/s",
+              c->addr, method, deadline_s, rule, SYNC_MIN_RATE / 1024);
 }
 
 static grpc_call *start_call(SyncClient *c, const char *method, double timeout_s) {
@@ -462,7 +480,15 @@ static grpc_status_code upload_once(SyncClient *c, int step, const uint8_t *byte
     size_t n_chunks = len == 0 ? 1 : (len + c->chunk_size - 1) / c->chunk_size;
     if (n_chunks > 0x7fffffff)
         return status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload of %zu bytes needs too many chunks", len);
-    grpc_call *call = start_call(c, method, c->cfg.call_timeout_s);
+    // The whole stream gets the deadline of its bytes, and each message one of its own that
+    // restarts as it is sent: a server that stops reading mid-stream is given up after about
+    // what that message needs, even where the stream's deadline is the cap. Two messages' bytes:
+    // gRPC may finish sending one only once the one before it has left too.
+    double deadline = sync_call_deadline(len, 1, c->cfg.call_timeout_s);
+    size_t message_bytes = c->chunk_size < len ? c->chunk_size : len;
+    double message_deadline = sync_call_deadline(message_bytes, 2, c->cfg.call_timeout_s);
+    bool message_stalled = false;
+    grpc_call *call = start_call(c, method, deadline);
     grpc_op op;
     memset(&op, 0, sizeof op);
     send_metadata(c, &op);
@@ -489,7 +515,10 @@ static grpc_status_code upload_once(SyncClient *c, int step, const uint8_t *byte
         memset(&op, 0, sizeof op);
         op.op = GRPC_OP_SEND_MESSAGE;
         op.data.send_message.send_message = bb;
-        sending = wire_run_batch(call, c->cq, &op, 1, 0);   // fails once the server has answered early
+        // Fails once the server has answered early, or when the message is not taken in time.
+        double sent_at = now_seconds();
+        sending = wire_run_batch(call, c->cq, &op, 1, message_deadline);
+        message_stalled = !sending && now_seconds() - sent_at >= message_deadline;
         grpc_byte_buffer_destroy(bb);
     }
     memset(&op, 0, sizeof op);
@@ -497,6 +526,11 @@ static grpc_status_code upload_once(SyncClient *c, int step, const uint8_t *byte
     wire_run_batch(call, c->cq, &op, 1, 0);
     grpc_status_code code = finish_stream(c, call, method);
     grpc_call_unref(call);
+    if (message_stalled)
+        explain_deadline(c, code, "/FederatedServer/UploadChunk (one message of the stream)", message_bytes, 2,
+                         message_deadline);
+    else
+        explain_deadline(c, code, method, len, 1, deadline);
     // Answered by the server (accepted, or refused after reading the first message): it has the
     // points. A transport failure keeps them for the retry or the next upload.
     if (n_points > 0 && !transient(code)) drop_reported_metrics(c, points[n_points - 1].step);
@@ -664,9 +698,9 @@ static DownloadChunkRequest chunk_request(const SyncClient *c, int step, int chu
     return req;
 }
 
-static void start_chunk(SyncClient *c, UnaryCall *u, int step, int chunk, const ViewAsk *ask) {
+static void start_chunk(SyncClient *c, UnaryCall *u, int step, int chunk, const ViewAsk *ask, double deadline_s) {
     DownloadChunkRequest req = chunk_request(c, step, chunk, ask);
-    unary_start(c, u, "/FederatedServer/DownloadChunk", &req.base, c->cfg.call_timeout_s);
+    unary_start(c, u, "/FederatedServer/DownloadChunk", &req.base, deadline_s);
 }
 
 // Downloads chunks [0, chunks) of step's aggregate into buf[total], DOWNLOAD_WINDOW at a
@@ -676,7 +710,12 @@ static int download_chunks(SyncClient *c, int step, const ViewAsk *ask, int chun
     UnaryCall window[DOWNLOAD_WINDOW];
     int started = 0, finished = 0, rc = SPES_OK;
     size_t have = 0;
-    for (; started < chunks && started < DOWNLOAD_WINDOW; started++) start_chunk(c, &window[started], step, started, ask);
+    // Each chunk call's deadline follows its bytes, the calls in flight sharing the link.
+    size_t chunk_bytes = sync_download_chunk_bytes(total, chunks, c->download_chunk);
+    int sharing = chunks < DOWNLOAD_WINDOW ? chunks : DOWNLOAD_WINDOW;
+    double deadline = sync_call_deadline(chunk_bytes, sharing, c->cfg.call_timeout_s);
+    for (; started < chunks && started < DOWNLOAD_WINDOW; started++)
+        start_chunk(c, &window[started], step, started, ask, deadline);
     for (int i = 0; i < chunks; i++) {
         DownloadChunkResponse *resp = NULL;
         grpc_status_code code = unary_finish(c, &window[i % DOWNLOAD_WINDOW], &download_chunk_response__descriptor,
@@ -685,9 +724,10 @@ static int download_chunks(SyncClient *c, int step, const ViewAsk *ask, int chun
         if (transient(code)) {
             DownloadChunkRequest req = chunk_request(c, step, i, ask);
             code = unary(c, "/FederatedServer/DownloadChunk", &req.base, &download_chunk_response__descriptor,
-                         (ProtobufCMessage **)&resp, c->cfg.call_timeout_s);
+                         (ProtobufCMessage **)&resp, deadline);
         }
         if (code != GRPC_STATUS_OK) {
+            explain_deadline(c, code, "/FederatedServer/DownloadChunk", chunk_bytes, sharing, deadline);
             rc = SPES_ERR;
             break;
         }
@@ -701,7 +741,7 @@ static int download_chunks(SyncClient *c, int step, const ViewAsk *ask, int chun
                            c->addr, i, step);
             break;
         }
-        if (started < chunks) start_chunk(c, &window[i % DOWNLOAD_WINDOW], step, started++, ask);
+        if (started < chunks) start_chunk(c, &window[i % DOWNLOAD_WINDOW], step, started++, ask, deadline);
     }
     // After a failure, let the calls still in flight end without touching the error message.
     char message[1024];

@@ -38,7 +38,8 @@ typedef struct {
     size_t chunk_size;              // upload chunk payload bytes (0: the server's, from Hello)
     size_t max_message_size;
     double connect_timeout_s;       // how long to retry an unreachable server
-    double call_timeout_s;          // deadline of one upload / download call
+    double call_timeout_s;          // the cap on the deadline of one upload / download call, which
+                                    // follows its bytes (sync/call_deadline.h); 0: no cap
     double wait_timeout_s;          // longest wait for one aggregate (0: forever)
     const char *auth_token;         // sent as `authorization: Bearer <token>` (NULL: none)
     const char *tls_ca;             // PEM file: connect with TLS, trusting this CA (NULL: insecure)
