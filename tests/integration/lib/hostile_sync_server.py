@@ -21,15 +21,14 @@ It answers Hello / UploadChunk / WaitAggregate / DownloadChunk / Status; MODE br
 """
 import json
 import math
-import socket
 import struct
 import sys
 import threading
 import time
-from concurrent import futures
 
 import grpc
-from google.protobuf import descriptor_pb2, message_factory
+
+from fake_server import messages, serve, silent
 
 BIG = 1 << 40
 
@@ -105,24 +104,11 @@ def corrupt(mode, payload):
     return payload
 
 
-def silent():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(16)
-    print("listening on %d" % s.getsockname()[1], flush=True)
-    held = []
-    while True:
-        conn, _ = s.accept()
-        held.append(conn)   # accepted, never read from, never answered
-
-
 def main():
     desc, mode = sys.argv[1], sys.argv[2]
     if mode == "silent":
         silent()
-    fds = descriptor_pb2.FileDescriptorSet()
-    fds.ParseFromString(open(desc, "rb").read())
-    M = message_factory.GetMessages(fds.file)
+    M = messages(desc)
     lock = threading.Lock()
     state = {"chunk": 1 << 16, "uploads": {}, "agg": {}, "last": -1, "int8": False}
 
@@ -228,15 +214,7 @@ def main():
             upload, request_deserializer=M["UploadChunkRequest"].FromString,
             response_serializer=M["UploadChunkResponse"].SerializeToString),
     })
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16),
-                         options=[("grpc.max_receive_message_length", 64 << 20),
-                                  ("grpc.max_send_message_length", 64 << 20)])
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    print("listening on %d" % port, flush=True)
-    while True:
-        time.sleep(3600)
+    serve(handler, 16, [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)])
 
 
 if __name__ == "__main__":
