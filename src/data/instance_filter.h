@@ -30,4 +30,3 @@ void find_periodic_sequences(const int32_t *ids, int n, int min_period, int max_
 // Whether OLMo trains on this instance: false when a repetition covers f->max_count periods or
 // more. Always true when the filter is off.
 bool instance_filter_keeps(const InstanceFilterConfig *f, const int32_t *ids, int n);
-

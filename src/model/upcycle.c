@@ -43,7 +43,7 @@ static int dense_config_read(const char *dir, const UpcycleOptions *opt, ModelCo
     const char *type = json_string_value(json_object_get(root, "model_type"));
     bool qwen3 = type && !strcmp(type, "qwen3"), llama = type && !strcmp(type, "llama");
     json_t *inter = json_object_get(root, "intermediate_size");
-    json_t *mlp_bias = json_object_get(root, "mlp_bias");
+    json_t *mlp_bias = json_object_get(root, "mlp_bias"), *tie = json_object_get(root, "tie_word_embeddings");
     int status = SPES_OK;
     if (!qwen3 && !llama)
         status = spes_fail("%s: model_type \"%s\" is not a dense model we upcycle (qwen3 or llama)", path,
@@ -54,13 +54,12 @@ static int dense_config_read(const char *dir, const UpcycleOptions *opt, ModelCo
         status = spes_fail("%s: \"mlp_bias\" true is not supported", path);
     else if (json_object_get(root, "num_experts") || json_object_get(root, "num_local_experts"))
         status = spes_fail("%s: the model already has experts; upcycling takes a dense model", path);
-    else if (json_object_get(root, "tie_word_embeddings") && !json_is_boolean(json_object_get(root, "tie_word_embeddings")) &&
-             !json_is_null(json_object_get(root, "tie_word_embeddings")))
+    else if (tie && !json_is_boolean(tie) && !json_is_null(tie))
         // transformers ties on any truthy value ("yes", 1); reading those as untied took lm_head.weight instead
         status = spes_fail("%s: \"tie_word_embeddings\" must be true or false", path);
     if (status == SPES_OK) {
-        *tied = json_is_true(json_object_get(root, "tie_word_embeddings"));
-        json_object_del(root, "tie_word_embeddings");
+        *tied = json_is_true(tie);
+        json_object_del(root, "tie_word_embeddings");   // frees what tie points at
         json_object_set_new(root, "model_type", json_string("qwen3_moe"));
         json_object_set_new(root, "moe_intermediate_size", json_integer(json_integer_value(inter)));
         json_object_set_new(root, "num_experts", json_integer(opt->num_experts));

@@ -674,8 +674,7 @@ static int wait_ready(SyncClient *c, int step, const ViewAsk *ask, int64_t *tota
         return spes_fail("server %s: WaitAggregate for step %d announces total_bytes %lld, more than this model's "
                          "aggregate can take (%zu: every tensor in F32 plus header room)",
                          c->addr, step, (long long)*total_bytes, c->download_max);
-    size_t want = c->download_chunk ? chunk_count((size_t)*total_bytes, c->download_chunk)
-                                    : chunk_count((size_t)*total_bytes, 1);
+    size_t want = chunk_count((size_t)*total_bytes, c->download_chunk ? c->download_chunk : 1);
     if (c->download_chunk ? (size_t)*total_chunks != want : (size_t)*total_chunks > want)
         return spes_fail("server %s: WaitAggregate for step %d announces total_chunks %d for %lld bytes; %s %zu", c->addr,
                          step, *total_chunks, (long long)*total_bytes,

@@ -225,26 +225,26 @@ static int load_initial_weights(Model *m, const char *dir) {
     return SPES_OK;
 }
 
-// A fresh run must not mix its checkpoints with an older run's (OLMo refuses too).
 // The step's micro-batches are split over the ranks in contiguous shares (step()); when they
 // do not divide, some ranks compute one more than others (or none at all) and every step
 // waits for the busiest. OLMo refuses such a batch; it trains the same here, only slower.
+static const char *computes(int ranks) { return ranks == 1 ? "computes" : "compute"; }
+
 static void warn_uneven_shares(const TrainConfig *cfg, int ranks) {
     int n_micro = config_grad_accum_steps(cfg);
     if (ranks <= 1 || n_micro % ranks == 0) return;
     int busier = n_micro % ranks, share = n_micro / ranks;
     char others[64];
-    const char *verb = ranks - busier == 1 ? "computes" : "compute";
-    if (share) snprintf(others, sizeof others, "%d %s %d", ranks - busier, verb, share);
-    else snprintf(others, sizeof others, "%d %s none (idle)", ranks - busier, verb);
+    if (share) snprintf(others, sizeof others, "%d %s %d", ranks - busier, computes(ranks - busier), share);
+    else snprintf(others, sizeof others, "%d %s none (idle)", ranks - busier, computes(ranks - busier));
     log_warn("dist: the step's %d micro-batches (global_train_batch_size %d / device_train_microbatch_size %d) do "
              "not divide over %d ranks: %d %s %d, %s, and each step waits for the busiest; a "
              "global_train_batch_size that is a multiple of %d (ranks x micro-batch) uses every rank fully",
              n_micro, cfg->global_train_batch_size, cfg->device_train_microbatch_size, ranks, busier,
-             busier == 1 ? "computes" : "compute", share + 1,
-             others, ranks * cfg->device_train_microbatch_size);
+             computes(busier), share + 1, others, ranks * cfg->device_train_microbatch_size);
 }
 
+// A fresh run must not mix its checkpoints with an older run's (OLMo refuses too).
 static int claim_save_folder(const TrainConfig *cfg, bool rank0) {
     if (!rank0) return SPES_OK;   // rank 0 decides and removes; the others wait at a barrier
     char *dir;
@@ -647,10 +647,9 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         }
         for (size_t k = 0; k < n_counts; k++) t->step_counts[k] += m->expert_counts[k];
     }
-    // MFU is the node's: every rank's micro-batches over every rank's peak (with uneven shares
-    // rank 0's own work, which it logs, would say nothing of the others').
-    double flops = 0;
-    for (int r0 = 0; r0 < rows; r0 += micro) flops += model_train_flops(m, rows - r0 < micro ? rows - r0 : micro, T);
+    // MFU is the node's: the whole batch's FLOPs (linear in its rows) over every rank's peak
+    // (with uneven shares rank 0's own work, which it logs, would say nothing of the others').
+    double flops = model_train_flops(m, rows, T);
     if (t->dist) flops /= comm_size(t->comm);
     // Every rank starts the remaining buckets and waits, before any other collective (MPI wants
     // collectives in the same order on every rank, and a rank may have had no micro-batch).
