@@ -168,7 +168,11 @@ int cmd_train(int argc, char **argv) {
     opt.comm = comm;
 
     TrainConfig cfg;
+    // Every rank loads the same config (dist_check_config compares them), so its warnings are
+    // rank 0's to say; the other ranks still fail with their error.
+    if (rank > 0) log_set_level(LOG_ERROR);
     int loaded = config_load(config_path, n_overrides, overrides, &cfg);
+    if (rank > 0) log_set_level(LOG_WARN);
     free(overrides);
     // Options outside the config that ranks must share: one resuming alone would start at
     // another step than the others (mismatched collectives).

@@ -9,7 +9,7 @@
 # And a job where a rank computes no micro-batch (global batch 4 = 2 micro-batches over 3
 # ranks: rank 0 has none) starts its buckets in the same order as the others, so it neither
 # hangs nor mismatches collectives: it equals 1 rank within tolerance (and the start says it;
-# the MFU is the node's, not idle rank 0's 0). ZeRO-2 and ZeRO-3 have
+# the MFU is the node's, not idle rank 0's 0). A config warning is printed once, not per rank. ZeRO-2 and ZeRO-3 have
 # no buckets (each part's gradients are reduce-scattered right after its backward; with the
 # flag, while the part below runs its backward into a second buffer): the same bits with the
 # flag on and off and as each other; ZeRO-3 the same bits with its next-part prefetch
@@ -75,8 +75,11 @@ dist_train idle_3 3 --global_train_batch_size=4 --fsdp.sharding_strategy=SHARD_G
 dist_check one_b4 idle_3 5 --tol 1e-5 --exact-steps 1
 dist_train idle_3_z3 3 --global_train_batch_size=4 --fsdp.sharding_strategy=FULL_SHARD $small
 dist_check idle_3 idle_3_z3 5 --tol 0 --exact-steps 5
-dist_train idle_3_ddp 3 --global_train_batch_size=4 --distributed_strategy=ddp $small
+dist_train idle_3_ddp 3 --global_train_batch_size=4 --distributed_strategy=ddp $small $small
 dist_check one_b4 idle_3_ddp 5 --tol 1e-5 --exact-steps 1
+# A config warning (here: a key given twice on the command line) is rank 0's to say, once.
+warned=$(grep -c "command line --ddp.bucket_cap_mb: given more than once" "$tmp/idle_3_ddp.log" || true)
+[ "$warned" = 1 ] || { echo "FAIL: the config warning printed $warned times by 3 ranks"; cat "$tmp/idle_3_ddp.log"; exit 1; }
 # The idle rank is said at the start (micro-batches that divide over the ranks say nothing),
 # and the MFU rank 0 logs is the node's: it was rank 0's own, 0 while it computed nothing.
 grep -q "warn\] dist: the step's 2 micro-batches .* do not divide over 3 ranks: 2 compute 1, 1 computes none (idle)" \
