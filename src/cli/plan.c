@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/bytes_text.h"
 #include "base/error.h"
 #include "cli/cli_parse.h"
 #include "cli/commands.h"
@@ -13,6 +14,7 @@
 #include "train/plan.h"
 #include "train/trainer.h"
 #include "train/plan_print.h"
+#include "train/save_space.h"
 #include "train/plan_sync.h"
 
 // The README's bench-gpu figures (1B SPES config, 8 x 2048, amp_bf16, on an H200, 2026-11-28): MFU 0.322
@@ -124,6 +126,41 @@ static double step_seconds(const TrainConfig *cfg, const Plan *p, const Opts *o)
     return p->flops_per_token * tokens / (o->mfu * o->peak_tflops * 1e12);
 }
 
+// Steps the run trains when max_duration counts steps (stop_at when it comes first); -1 when
+// the length depends on the data (tokens or epochs).
+static int64_t run_length_steps(const TrainConfig *cfg) {
+    if (cfg->max_duration_unit != DURATION_STEPS) return -1;
+    return cfg->stop_at >= 0 && cfg->stop_at < cfg->max_duration ? cfg->stop_at : cfg->max_duration;
+}
+
+// The checkpoints' line: one's bytes on disk, and over a run of known length the saves and the
+// most the save_folder holds at once (train/save_space.h: what `spes train` checks at start).
+static void print_checkpoints(const TrainConfig *cfg, const Plan *plan, int64_t run_steps, int64_t saves,
+                              size_t folder_bytes) {
+    int keep = cfg->save_num_unsharded_checkpoints_to_keep;
+    bool sync_state = (cfg->using_spes || cfg->using_dilico) &&
+                      (cfg->payload_dtype == PAYLOAD_INT8 || cfg->payload_dtype == PAYLOAD_INT4);
+    char each[24], most[24];
+    printf("checkpoints: %s each on disk (model, AdamW moments%s)", bytes_text(plan->checkpoint_bytes, each, sizeof each),
+           sync_state ? ", sync state" : "");
+    if (saves < 0) {   // keeping k: k + 1 while a save runs
+        if (keep > 0)
+            printf("; keeping %d: save_folder holds up to %s\n", keep,
+                   bytes_text((size_t)(keep + 1) * plan->checkpoint_bytes, most, sizeof most));
+        else
+            printf("; keeping all (how many the run saves depends on its data)\n");
+        return;
+    }
+    if (cfg->save_interval_unsharded > 0)
+        printf("; %lld saves in %lld steps (every %lld steps and at the end)", (long long)saves, (long long)run_steps,
+               (long long)cfg->save_interval_unsharded);
+    else
+        printf("; the final save alone");
+    if (keep > 0) printf(", keeping %d", keep);
+    else printf(", keeping all");
+    printf(": save_folder holds up to %s\n", bytes_text(folder_bytes, most, sizeof most));
+}
+
 static int run(const Opts *o, TrainConfig *cfg) {
     const bool gpu = strcmp(cfg->device, "cpu") != 0;
     PlanTarget target;
@@ -147,17 +184,20 @@ static int run(const Opts *o, TrainConfig *cfg) {
     PlanSync sync[4];
     size_t run_in[4] = {0}, run_out[4] = {0};
     int rounds = o->rounds;
-    int64_t steps = 0;
-    if (rounds < 0 && cfg->max_duration_unit == DURATION_STEPS && cfg->sync_steps > 0) {
-        steps = cfg->stop_at >= 0 && cfg->stop_at < cfg->max_duration ? cfg->stop_at : cfg->max_duration;
-        rounds = (int)(steps / cfg->sync_steps);
-    }
+    if (rounds < 0 && run_length_steps(cfg) > 0 && cfg->sync_steps > 0)
+        rounds = (int)(run_length_steps(cfg) / cfg->sync_steps);
     for (int d = 0; spes && d < 4; d++) {
         SPES_TRY(plan_sync(cfg, (PayloadDtype)d, (int)cfg->sync_steps, &sync[d]));
         if (rounds > 0) SPES_TRY(plan_sync_run(cfg, (PayloadDtype)d, rounds, &run_in[d], &run_out[d]));
     }
     const double step_s = gpu ? step_seconds(cfg, &plan, o) : 0, link = o->link_gbps * 1e9 / 8;
     const PlanParams *pp = &plan.params;
+    // Checkpoints on disk over a fresh run (the length known when max_duration is in steps).
+    int64_t run_steps = run_length_steps(cfg);
+    int64_t saves = run_steps > 0 ? save_space_saves_left(0, run_steps, cfg->save_interval_unsharded) : -1;
+    size_t folder_bytes = saves > 0 ? save_space_needed(plan.checkpoint_bytes, cfg->save_num_unsharded_checkpoints_to_keep,
+                                                        0, saves)
+                                    : 0;
 
     if (o->json) {
         printf("{\"config\": \"%s\", \"params\": {\"total\": %zu, \"active\": %zu, \"trainable\": %zu, \"frozen\": %zu}, ",
@@ -185,7 +225,9 @@ static int run(const Opts *o, TrainConfig *cfg) {
             printf(", \"fits\": {\"device_memory\": %zu, \"fits\": %s, \"max_micro_batch\": {\"none\": %d, "
                    "\"fine_grained\": %d, \"whole_layer\": %d}}",
                    o->device_memory, plan.mem.peak <= o->device_memory ? "true" : "false", best[0], best[1], best[2]);
-        printf(", \"flops_per_token\": %.6g", plan.flops_per_token);
+        printf(", \"checkpoint\": {\"bytes\": %zu", plan.checkpoint_bytes);
+        if (saves >= 0) printf(", \"saves\": %lld, \"save_folder_bytes\": %zu", (long long)saves, folder_bytes);
+        printf("}, \"flops_per_token\": %.6g", plan.flops_per_token);
         if (gpu) printf(", \"step_seconds\": %.6g, \"mfu\": %g, \"peak_tflops\": %g", step_s, o->mfu, o->peak_tflops);
         if (spes) {
             printf(", \"sync\": {\"sync_steps\": %lld, \"peers\": %d, \"rounds\": %d", (long long)cfg->sync_steps,
@@ -234,6 +276,7 @@ static int run(const Opts *o, TrainConfig *cfg) {
     if (gpu)
         printf("  at MFU %.3f of %.0f TFLOP/s: %.3f s per step (%d x %d tokens per rank)\n", o->mfu, o->peak_tflops,
                step_s, cfg->global_train_batch_size / target.ranks, target.seq_len);
+    print_checkpoints(cfg, &plan, run_steps, saves, folder_bytes);
     if (!spes) return SPES_OK;
     const double round_s = step_s * (double)cfg->sync_steps;
     printf("sync every %lld steps with %d peers; bytes per round for peer %d (server egress: every peer's download):\n",

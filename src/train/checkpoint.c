@@ -31,13 +31,16 @@ static size_t table_slice(const ParamInfo *p, bool grad_layout, bool *present) {
     return grad_layout ? (size_t)(p->grad_offset < 0 ? 0 : p->grad_offset) : p->offset;
 }
 
-int checkpoint_write_table(const char *path, const ParamTable *table, bool grad_layout, int n_bufs,
-                           const float *const *bufs, const char *const *prefixes) {
+// The tensors of one checkpoint file: bufs[b]'s slice of each entry the layout holds, named
+// prefixes[b] + the entry's name (bufs NULL: the names and shapes alone, for sizing). *ts and
+// *names are malloc'd, *n entries used; free with free_table_tensors.
+static int table_tensors(const ParamTable *table, bool grad_layout, int n_bufs, const float *const *bufs,
+                         const char *const *prefixes, StWriteTensor **ts, char ***names, int *n) {
     size_t cap = (size_t)table->count * (size_t)n_bufs;
-    StWriteTensor *ts = spes_calloc(cap ? cap : 1, sizeof *ts);
-    char **names = spes_calloc(cap ? cap : 1, sizeof *names);
-    int n = 0, rc = SPES_ERR;
-    if (!ts || !names) goto done;
+    *ts = spes_calloc(cap ? cap : 1, sizeof **ts);
+    *names = spes_calloc(cap ? cap : 1, sizeof **names);
+    *n = 0;
+    if (!*ts || !*names) return SPES_ERR;
     for (int b = 0; b < n_bufs; b++)
         for (int i = 0; i < table->count; i++) {
             const ParamInfo *p = &table->entries[i];
@@ -45,17 +48,47 @@ int checkpoint_write_table(const char *path, const ParamTable *table, bool grad_
             size_t off = table_slice(p, grad_layout, &present);
             if (!present) continue;
             size_t len = strlen(prefixes[b]) + strlen(p->name) + 1;
-            if (!(names[n] = spes_malloc(len))) goto done;
-            snprintf(names[n], len, "%s%s", prefixes[b], p->name);
-            ts[n] = (StWriteTensor){.name = names[n], .dtype = DTYPE_F32, .ndim = p->ndim, .data = bufs[b] + off};
-            for (int d = 0; d < p->ndim; d++) ts[n].shape[d] = p->shape[d];
-            n++;
+            char *name = spes_malloc(len);
+            if (!name) return SPES_ERR;
+            snprintf(name, len, "%s%s", prefixes[b], p->name);
+            (*names)[*n] = name;
+            StWriteTensor *t = &(*ts)[(*n)++];
+            *t = (StWriteTensor){.name = name, .dtype = DTYPE_F32, .ndim = p->ndim, .data = bufs ? bufs[b] + off : NULL};
+            for (int d = 0; d < p->ndim; d++) t->shape[d] = p->shape[d];
         }
-    rc = safetensors_write_file(path, ts, n, NULL, NULL, 0);
-done:
-    for (int i = 0; i < n; i++) free(names[i]);
+    return SPES_OK;
+}
+
+static void free_table_tensors(StWriteTensor *ts, char **names, int n) {
+    for (int i = 0; names && i < n; i++) free(names[i]);
     free(names);
     free(ts);
+}
+
+int checkpoint_write_table(const char *path, const ParamTable *table, bool grad_layout, int n_bufs,
+                           const float *const *bufs, const char *const *prefixes) {
+    StWriteTensor *ts;
+    char **names;
+    int n;
+    int rc = table_tensors(table, grad_layout, n_bufs, bufs, prefixes, &ts, &names, &n);
+    if (rc == SPES_OK) rc = safetensors_write_file(path, ts, n, NULL, NULL, 0);
+    free_table_tensors(ts, names, n);
+    return rc;
+}
+
+// Bytes of the file checkpoint_write_table writes for these arguments (header and data).
+static int table_file_bytes(const ParamTable *table, bool grad_layout, int n_bufs, const char *const *prefixes,
+                            size_t *bytes) {
+    StWriteTensor *ts;
+    char **names;
+    char *header = NULL;
+    int n;
+    size_t header_len = 0, data_len = 0;
+    int rc = table_tensors(table, grad_layout, n_bufs, NULL, prefixes, &ts, &names, &n);
+    if (rc == SPES_OK) rc = safetensors_build_header(ts, n, NULL, NULL, 0, &header, &header_len, &data_len);
+    free(header);
+    free_table_tensors(ts, names, n);
+    *bytes = header_len + data_len;
     return rc;
 }
 
@@ -403,6 +436,16 @@ done:
     return rc;
 }
 
+int checkpoint_disk_bytes(const ParamTable *table, size_t extra, size_t *bytes) {
+    static const char *const no_prefix[1] = {""};
+    size_t model_bytes, state_bytes;
+    *bytes = 0;
+    SPES_TRY(table_file_bytes(table, false, 1, no_prefix, &model_bytes));
+    SPES_TRY(table_file_bytes(table, true, 2, moment_prefixes, &state_bytes));
+    *bytes = model_bytes + state_bytes + extra + CHECKPOINT_SMALL_FILES_BYTES;
+    return SPES_OK;
+}
+
 int checkpoint_load(const char *dir, Model *m, AdamW *opt, TrainState *state) {
     char *weights = path_join(dir, "model.safetensors"), *moments = path_join(dir, "train_state.safetensors");
     char *json = path_join(dir, "train_state.json");
@@ -533,6 +576,13 @@ int checkpoint_find_latest(const char *save_folder, char **dir, int64_t *step) {
     }
     free(steps);
     return count > 0 && !*dir ? SPES_ERR : SPES_OK;
+}
+
+int checkpoint_count(const char *save_folder, int *count) {
+    int64_t *steps;
+    SPES_TRY(list_steps(save_folder, &steps, count));
+    free(steps);
+    return SPES_OK;
 }
 
 int checkpoint_prune(const char *save_folder, int keep) {

@@ -45,6 +45,14 @@ typedef struct {
 int checkpoint_save(const char *save_folder, const Model *m, const AdamW *opt, const TrainState *state,
                     const TrainConfig *cfg);
 
+// Room for a checkpoint's small files (config.json, config.yaml, train_state.json, a
+// generation_config.json): an allowance, not their measure; the .safetensors are exact.
+#define CHECKPOINT_SMALL_FILES_BYTES ((size_t)64 << 10)
+// Bytes one checkpoint of `table` takes on disk: model.safetensors and train_state.safetensors
+// as checkpoint_save writes them (headers included), the small files' allowance, and `extra`
+// (what save_extra adds: a SPES peer's sync state, spes_peer_state_bytes).
+int checkpoint_disk_bytes(const ParamTable *table, size_t extra, size_t *bytes);
+
 // Restores parameters, AdamW moments + step and the train state from a step directory. The
 // model's trainable set must be the one the checkpoint was written with (checked by name).
 int checkpoint_load(const char *dir, Model *m, AdamW *opt, TrainState *state);
@@ -53,6 +61,8 @@ int checkpoint_read_state(const char *dir, TrainState *state);
 
 // Newest complete save_folder/stepN (has train_state.json). *dir = NULL, *step = -1 when none.
 int checkpoint_find_latest(const char *save_folder, char **dir, int64_t *step);
+// How many complete step directories save_folder holds (a missing folder: 0).
+int checkpoint_count(const char *save_folder, int *count);
 // Removes the oldest complete step directories until `keep` remain (keep <= 0: keep all),
 // and any leftover stepN.tmp directory from an interrupted save.
 int checkpoint_prune(const char *save_folder, int keep);

@@ -10,6 +10,8 @@
 #include "parallel/part_gather.h"
 #include "model/model_internal.h"   // model_acts_bytes: the arena's layout, measured
 #include "model/param_table.h"
+#include "train/checkpoint.h"
+#include "train/spes_peer.h"
 #include "train/trainer.h"
 
 const char *plan_strategy_name(PlanStrategy s) {
@@ -225,6 +227,9 @@ int plan_compute(const TrainConfig *cfg, const PlanTarget *target, Plan *out) {
     count_params(&m.cfg, &m.table, &out->params);
     int rc = plan_memory(&m.cfg, &m.table, target, &out->mem);
     out->flops_per_token = model_train_flops(&m, 1, target->seq_len) / target->seq_len;
+    size_t sync_state = 0;
+    if (rc == SPES_OK) rc = spes_peer_state_bytes(cfg, out->params.trainable, &sync_state);
+    if (rc == SPES_OK) rc = checkpoint_disk_bytes(&m.table, sync_state, &out->checkpoint_bytes);
     param_table_free(&m.table);
     return rc;
 }

@@ -89,6 +89,7 @@ typedef struct {
     PlanParams params;
     PlanMemory mem;
     double flops_per_token;     // training (forward + backward) FLOPs per token (model_train_flops)
+    size_t checkpoint_bytes;    // one checkpoint on disk (checkpoint_disk_bytes, a delta peer's sync state included)
 } Plan;
 
 // The plan of cfg's model on `target`.

@@ -218,17 +218,40 @@ static bool is_sync_step(const SpesPeer *p, int64_t step);
 
 #define SYNC_STATE_FILE "spes_sync_state.safetensors"
 
+// The sync state file's one tensor (the error-feedback residual of the sent values) and its
+// metadata value (the base step, as text in base[24]).
+static StWriteTensor sync_state_tensor(const float *residual, size_t sent, int base_step, char base[24]) {
+    StWriteTensor w = {.name = "error_feedback", .dtype = DTYPE_F32, .ndim = 1, .data = residual};
+    w.shape[0] = (int64_t)sent;
+    snprintf(base, 24, "%d", base_step);
+    return w;
+}
+static const char *const sync_state_keys[] = {"base_step"};
+
 int spes_peer_save_state(SpesPeer *p, const char *dir) {
     if (!p->delta_run || !p->deltas.residual) return SPES_OK;
     char *path = path_join(dir, SYNC_STATE_FILE);
     if (!path) return SPES_ERR;
-    StWriteTensor w = {.name = "error_feedback", .dtype = DTYPE_F32, .ndim = 1, .data = p->deltas.residual};
-    w.shape[0] = (int64_t)p->deltas.sent_total;
     char base[24];
-    snprintf(base, sizeof base, "%d", p->deltas.base_step);
-    const char *keys[] = {"base_step"}, *values[] = {base};
-    int rc = safetensors_write_file(path, &w, 1, keys, values, 1);
+    StWriteTensor w = sync_state_tensor(p->deltas.residual, p->deltas.sent_total, p->deltas.base_step, base);
+    const char *values[] = {base};
+    int rc = safetensors_write_file(path, &w, 1, sync_state_keys, values, 1);
     free(path);
+    return rc;
+}
+
+int spes_peer_state_bytes(const TrainConfig *cfg, size_t sent, size_t *bytes) {
+    *bytes = 0;
+    if (!(cfg->using_spes || cfg->using_dilico) ||
+        !(cfg->payload_dtype == PAYLOAD_INT8 || cfg->payload_dtype == PAYLOAD_INT4))
+        return SPES_OK;   // only a delta run saves one (spes_peer_save_state)
+    char base[24], *header = NULL;
+    StWriteTensor w = sync_state_tensor(NULL, sent, INT32_MAX, base);   // the longest base step
+    const char *values[] = {base};
+    size_t header_len = 0, data_len = 0;
+    int rc = safetensors_build_header(&w, 1, sync_state_keys, values, 1, &header, &header_len, &data_len);
+    free(header);
+    *bytes = header_len + data_len;
     return rc;
 }
 

@@ -53,6 +53,9 @@ int64_t spes_peer_unsynced_step(const SpesPeer *p);
 // and fetches that aggregate from the server as its base, so that a resumed run sends the same
 // bytes as an uninterrupted one. Other runs: nothing written.
 int spes_peer_save_state(SpesPeer *p, const char *dir);
+// The bytes spes_peer_save_state writes for a run of cfg uploading `sent` values (its
+// trainable ones): 0 when the run saves no sync state; the base step taken at its longest.
+int spes_peer_state_bytes(const TrainConfig *cfg, size_t sent, size_t *bytes);
 
 // c(t) = 0.7 + 0.3 * t / (0.2 * T) for t < 0.2 * T, then 1 (DESIGN.md).
 float spes_decayed_factor(int64_t step, int64_t total_steps);

@@ -29,7 +29,9 @@
 #include "train/optimizer.h"
 #include "train/overlap_step.h"
 #include "train/plan_check.h"
+#include "train/save_space.h"
 #include "train/schedule.h"
+#include "train/spes_peer.h"
 
 // An lm evaluator reads token files; a downstream one (cfg->requests) scores a multiple-choice
 // task read once at start, with the trainer's tokenizer.
@@ -264,6 +266,16 @@ static int claim_save_folder(const TrainConfig *cfg, bool rank0) {
     return rc;
 }
 
+// Warns at start when the save_folder's disk cannot take the run's checkpoints (save_space.h).
+static int check_save_space(const Trainer *t) {
+    size_t sync_state, each;
+    SPES_TRY(spes_peer_state_bytes(t->cfg, t->model.table.trainable_numel, &sync_state));
+    SPES_TRY(checkpoint_disk_bytes(&t->model.table, sync_state, &each));
+    int64_t end = t->cfg->stop_at >= 0 && t->cfg->stop_at < t->max_steps ? t->cfg->stop_at : t->max_steps;
+    save_space_check(t->cfg, each, t->state.step, end);
+    return SPES_OK;
+}
+
 // tokenizer.identifier for the downstream evaluator `label`, loaded once; its ids must fit the
 // model's embedding (else the first evaluation would stop the run).
 static int open_tokenizer(Trainer *t, const char *label) {
@@ -427,6 +439,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     t->last_saved_step = resumed ? t->state.step : -1;
     if (mkdir_p(cfg->save_folder) != SPES_OK) goto fail;
     if (t->rank0 && metrics_open(&t->log, cfg->save_folder, t->state.step) != SPES_OK) goto fail;
+    if (t->rank0 && check_save_space(t) != SPES_OK) goto fail;
 
     if (opt->peak_flops > 0)
         t->peak_flops = opt->peak_flops;

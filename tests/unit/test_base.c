@@ -1,4 +1,5 @@
-// Base library: error messages and context, atomic files, directories, RNG determinism.
+// Base library: error messages and context, atomic files, directories, RNG determinism, the
+// duration and byte-count texts.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/bytes_text.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "base/progress.h"
@@ -127,12 +129,24 @@ static void test_format_duration(void **state) {
     assert_string_equal(buf, "1h02m");
 }
 
+static void test_bytes_text(void **state) {
+    (void)state;
+    char buf[32];
+    assert_string_equal(bytes_text(12, buf, sizeof buf), "12 B");
+    assert_string_equal(bytes_text(999, buf, sizeof buf), "999 B");
+    assert_string_equal(bytes_text(1000, buf, sizeof buf), "1 kB");
+    assert_string_equal(bytes_text(529392, buf, sizeof buf), "529 kB");
+    assert_string_equal(bytes_text(999600, buf, sizeof buf), "1 MB");   // rounds up into the next unit
+    assert_string_equal(bytes_text(8573479248u, buf, sizeof buf), "8.57 GB");
+    assert_string_equal(bytes_text(51440875488u, buf, sizeof buf), "51.4 GB");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_context), cmocka_unit_test(test_alloc_overflow_is_an_error),
         cmocka_unit_test(test_atomic_file), cmocka_unit_test(test_atomic_file_target_kinds),
         cmocka_unit_test(test_rng_deterministic_and_truncated),
-        cmocka_unit_test(test_format_duration),
+        cmocka_unit_test(test_format_duration), cmocka_unit_test(test_bytes_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

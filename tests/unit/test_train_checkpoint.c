@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -126,6 +127,45 @@ static void test_layout_and_round_trip(void **state) {
     free(ts_path);
     free(step_dir);
     free(tmp_dir);
+}
+
+// checkpoint_disk_bytes is what the save writes: the two .safetensors to the byte, the small
+// files inside their allowance; the checkpoint count follows saves and prunes.
+static void test_disk_bytes(void **state) {
+    Fixture *f = *state;
+    TrainState st = sample_state(10);
+    int count = -1;
+    assert_int_equal(checkpoint_count(f->dir, &count), SPES_OK);
+    assert_int_equal(count, 0);
+    assert_int_equal(checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg), SPES_OK);
+    char *step_dir = join(f->dir, "step10");
+    const char *files[] = {"model.safetensors", "train_state.safetensors", "config.json", "config.yaml",
+                           "train_state.json"};
+    size_t tensors = 0, small = 0;
+    for (int i = 0; i < 5; i++) {
+        char *p = join(step_dir, files[i]);
+        struct stat sb;
+        assert_int_equal(stat(p, &sb), 0);
+        *(i < 2 ? &tensors : &small) += (size_t)sb.st_size;
+        free(p);
+    }
+    size_t planned;
+    assert_int_equal(checkpoint_disk_bytes(&f->model.table, 0, &planned), SPES_OK);
+    assert_true(small <= CHECKPOINT_SMALL_FILES_BYTES);
+    assert_int_equal(planned, tensors + CHECKPOINT_SMALL_FILES_BYTES);
+    assert_int_equal(checkpoint_disk_bytes(&f->model.table, 1000, &planned), SPES_OK);
+    assert_int_equal(planned, tensors + CHECKPOINT_SMALL_FILES_BYTES + 1000);
+    // Only the trainable tensors have moments: more trainable experts, a bigger train_state.
+    size_t more;
+    assert_int_equal(model_set_trainable_experts(&f->model, 0, 3), SPES_OK);
+    assert_int_equal(checkpoint_disk_bytes(&f->model.table, 0, &more), SPES_OK);
+    assert_true(more > tensors + CHECKPOINT_SMALL_FILES_BYTES);
+    st.step = 20;
+    assert_int_equal(model_set_trainable_experts(&f->model, 2, 3), SPES_OK);
+    assert_int_equal(checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg), SPES_OK);
+    assert_int_equal(checkpoint_count(f->dir, &count), SPES_OK);
+    assert_int_equal(count, 2);
+    free(step_dir);
 }
 
 static void test_latest_and_prune(void **state) {
@@ -292,6 +332,7 @@ static void test_failed_save_cleans_up(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_layout_and_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_disk_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_latest_and_prune, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsynced_marker_and_resave, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_state, setup, teardown),
