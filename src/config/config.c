@@ -215,6 +215,37 @@ static const YNode *where(const YNode *root, const char *path) { return root ? y
         if (!(cond)) return key_fail(where(root, key), key, __VA_ARGS__); \
     } while (0)
 
+// OLMo writes two kinds of checkpoint, sharded every save_interval and unsharded every
+// save_interval_unsharded; ours are one kind that serves both (resumable, HF-loadable). The
+// reference's 3B config sets only save_interval: taken alone it would leave a run with one save,
+// at its end. So save_interval (and its keep count) stands in when save_interval_unsharded is
+// unset, and a save_interval shorter than a set save_interval_unsharded is warned about.
+static int resolve_save_interval(TrainConfig *cfg, const YNode *root) {
+    const char *src = cfg->source_path ? cfg->source_path : "config";
+    if (cfg->save_interval_sharded <= 0) return SPES_OK;
+    if (cfg->save_interval_unsharded > 0) {
+        if (cfg->save_interval_sharded < cfg->save_interval_unsharded)
+            log_warn("%s: save_interval %" PRId64 " (OLMo's sharded checkpoints) is shorter than "
+                     "save_interval_unsharded %" PRId64 ", and checkpoints here are one kind, saved every "
+                     "save_interval_unsharded steps: set save_interval_unsharded to %" PRId64 " to save as often",
+                     src, cfg->save_interval_sharded, cfg->save_interval_unsharded, cfg->save_interval_sharded);
+        return SPES_OK;
+    }
+    CHECK(cfg->save_num_sharded_checkpoints_to_keep == -1 || cfg->save_num_sharded_checkpoints_to_keep >= 1,
+          "save_num_checkpoints_to_keep", "must be -1 (keep all) or >= 1, got %d (it keeps the checkpoints "
+          "save_interval makes)", cfg->save_num_sharded_checkpoints_to_keep);
+    cfg->save_interval_unsharded = cfg->save_interval_sharded;
+    if (cfg->save_num_unsharded_checkpoints_to_keep == -1)
+        cfg->save_num_unsharded_checkpoints_to_keep = cfg->save_num_sharded_checkpoints_to_keep;
+    char kept[32] = "all";
+    if (cfg->save_num_unsharded_checkpoints_to_keep > 0)
+        snprintf(kept, sizeof kept, "the newest %d", cfg->save_num_unsharded_checkpoints_to_keep);
+    log_info("%s: save_interval_unsharded is not set: checkpoints every save_interval = %" PRId64
+             " steps (OLMo's sharded interval; checkpoints here are one kind), keeping %s",
+             src, cfg->save_interval_unsharded, kept);
+    return SPES_OK;
+}
+
 static int validate_at(TrainConfig *cfg, const YNode *root) {
     ModelConfig *m = &cfg->model;
     // model: fill what OLMo derives, then check shapes
@@ -271,6 +302,7 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
 
     // checkpoints
     CHECK(cfg->save_folder && cfg->save_folder[0], "save_folder", "must be a directory path");
+    SPES_TRY(resolve_save_interval(cfg, root));
     CHECK(cfg->save_num_unsharded_checkpoints_to_keep == -1 || cfg->save_num_unsharded_checkpoints_to_keep >= 1,
           "save_num_unsharded_checkpoints_to_keep", "must be -1 (keep all) or >= 1, got %d",
           cfg->save_num_unsharded_checkpoints_to_keep);

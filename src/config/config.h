@@ -105,6 +105,9 @@ typedef struct {
     char *save_folder;                // default "./"
     int64_t save_interval_unsharded;  // steps; <= 0: only the final save (null)
     int save_num_unsharded_checkpoints_to_keep;   // < 0: keep all, default -1
+    int64_t save_interval_sharded;    // OLMo's save_interval (sharded); <= 0: unset. Taken as the
+                                      // checkpoints' interval when save_interval_unsharded is unset
+    int save_num_sharded_checkpoints_to_keep;     // OLMo's save_num_checkpoints_to_keep, default -1
     bool save_overwrite;              // default false
     char *load_path;                  // NULL: none. Initial weights only (HF dir or checkpoint)
     bool try_load_latest_save;        // resume from the newest complete save_folder/stepN

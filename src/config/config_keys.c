@@ -622,9 +622,9 @@ static const ConfigKey KEYS[] = {
     {"max_grad_norm_ratio", K_FIXED, .fixed = "null", .meaning = "Adaptive clipping is not implemented."},
     {"save_folder", K_STR, F(save_folder), .meaning = "Checkpoints (`stepN/`) and metrics.jsonl go here."},
     {"save_overwrite", K_BOOL, F(save_overwrite), .meaning = "Allow writing into a save_folder that already holds checkpoints of another run."},
-    {"save_interval", K_IGNORED, .meaning = "Sharded (FSDP) checkpoints are not written; use save_interval_unsharded."},
+    {"save_interval", K_I64, F(save_interval_sharded), MIN_NONNEG, .nullable = true, .null_value = 0, .meaning = "OLMo's sharded (FSDP) checkpoint interval. Checkpoints here are of one kind (`stepN/`, resumable and HF-loadable): when save_interval_unsharded is null they are saved every save_interval steps instead, keeping save_num_checkpoints_to_keep (a config line says so); when both are set, every save_interval_unsharded steps, with a warning if save_interval is the shorter."},
     {"save_interval_ephemeral", K_IGNORED, .meaning = "Sharded (FSDP) checkpoints are not written."},
-    {"save_num_checkpoints_to_keep", K_IGNORED, .meaning = "Sharded (FSDP) checkpoints are not written."},
+    {"save_num_checkpoints_to_keep", K_INT, F(save_num_sharded_checkpoints_to_keep), .meaning = "Newest checkpoints kept when save_interval sets the interval (see save_interval; -1: all)."},
     {"sharded_checkpointer", K_IGNORED, .meaning = "Sharded (FSDP) checkpoints are not written."},
     {"save_interval_unsharded", K_I64, F(save_interval_unsharded), MIN_NONNEG, .nullable = true, .null_value = 0, .meaning = "Save `save_folder/stepN/` every N steps (null: only at the end)."},
     {"save_num_unsharded_checkpoints_to_keep", K_INT, F(save_num_unsharded_checkpoints_to_keep), .meaning = "Newest checkpoints kept (-1: all)."},
@@ -1167,6 +1167,7 @@ void config_defaults(TrainConfig *cfg) {
     cfg->device_train_microbatch_size = 16;
     cfg->save_folder = spes_strdup("./");
     cfg->save_num_unsharded_checkpoints_to_keep = -1;
+    cfg->save_num_sharded_checkpoints_to_keep = -1;
     cfg->console_log_interval = 1;
     cfg->num_peers = 1;
     cfg->sync_steps = 100;

@@ -135,6 +135,37 @@ static void test_reference_3b_norm_router(void **state) {
     config_free(&cfg);
 }
 
+// OLMo's sharded save_interval stands in for save_interval_unsharded when that is unset (the 3B
+// config sets only save_interval: one save at the end otherwise), with its keep count.
+static void test_save_interval_stands_in(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    if (load_reference("spes_moe_3b_9b_4nodes_norm_router.yaml", 0, NULL, &cfg) == 77) skip();
+    assert_int_equal(cfg.save_interval_unsharded, 1000);
+    assert_int_equal(cfg.save_num_unsharded_checkpoints_to_keep, 2);
+    config_free(&cfg);
+    // The 1B config sets both: its save_interval_unsharded (5000, keep 5) stays.
+    if (load_reference("spes_moe_1b_4nodes_node_0.yaml", 0, NULL, &cfg) == 77) skip();
+    assert_int_equal(cfg.save_interval_unsharded, 5000);
+    assert_int_equal(cfg.save_num_unsharded_checkpoints_to_keep, 5);
+    config_free(&cfg);
+    // A keep count given for the unsharded checkpoints wins over the sharded one.
+    assert_int_equal(config_load_string("save_interval: 20\nsave_num_checkpoints_to_keep: 3\n"
+                                        "save_num_unsharded_checkpoints_to_keep: 7\n", "k.yaml", 0, NULL, &cfg), SPES_OK);
+    assert_int_equal(cfg.save_interval_unsharded, 20);
+    assert_int_equal(cfg.save_num_unsharded_checkpoints_to_keep, 7);
+    config_free(&cfg);
+    // Neither: the final save alone, as before.
+    assert_int_equal(config_load_string("", "none.yaml", 0, NULL, &cfg), SPES_OK);
+    assert_true(cfg.save_interval_unsharded <= 0);
+    config_free(&cfg);
+    // The sharded keep count must be one the checkpoints can have when it is used.
+    assert_int_equal(config_load_string("save_interval: 20\nsave_num_checkpoints_to_keep: 0\n", "zero.yaml", 0, NULL, &cfg),
+                     SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "zero.yaml:2"));
+    assert_non_null(strstr(spes_last_error(), "save_num_checkpoints_to_keep"));
+}
+
 static void test_reference_dilico(void **state) {
     (void)state;
     TrainConfig cfg;
@@ -204,8 +235,9 @@ static void test_override_reaches_interpolation(void **state) {
 static void test_override_with_null(void **state) {
     (void)state;
     TrainConfig cfg;
-    char *over[] = {"--save_interval_unsharded=null", "--stop_at", "~", "--load_path=NULL"};
-    assert_int_equal(config_load("configs/spes_moe_1b_trimmed.yaml", 4, over, &cfg), SPES_OK);
+    // (save_interval too: alone, it would stand in for save_interval_unsharded)
+    char *over[] = {"--save_interval_unsharded=null", "--stop_at", "~", "--load_path=NULL", "--save_interval=null"};
+    assert_int_equal(config_load("configs/spes_moe_1b_trimmed.yaml", 5, over, &cfg), SPES_OK);
     assert_true(cfg.save_interval_unsharded <= 0);
     assert_true(cfg.stop_at < 0);
     assert_null(cfg.load_path);
@@ -563,6 +595,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_spes_1b),
         cmocka_unit_test(test_reference_3b_norm_router),
+        cmocka_unit_test(test_save_interval_stands_in),
         cmocka_unit_test(test_reference_dilico),
         cmocka_unit_test(test_trimmed_copy_matches_reference),
         cmocka_unit_test(test_tiny_config),
