@@ -26,6 +26,8 @@ static void usage(FILE *out) {
             "  --peak_gflops=X   peak GFLOP/s for the MFU column (default: measured sgemm throughput)\n"
             "  --nproc_per_node N  N ranks on this node (data parallel: distributed_strategy, fsdp.*; started\n"
             "                    through mpirun; `mpirun -np N spes train ...` works too). docs/distributed.md\n"
+            "SIGUSR1: save a checkpoint after the current step and train on (a scheduler's warning before a\n"
+            "time limit, or a checkpoint on demand; with several ranks rank 0's counts: mpirun passes it on).\n"
             "Ctrl-C (SIGINT) or SIGTERM: finish the current step, save a checkpoint, exit 0. A SPES peer\n"
             "whose sync round fails or is interrupted saves its local state marked not synced and exits 1;\n"
             "--resume redoes that round.\n"
@@ -42,6 +44,16 @@ static void on_signal(int sig) {
     (void)ignored;
 }
 
+static volatile sig_atomic_t save_requested = 0;
+
+static void on_save_signal(int sig) {
+    (void)sig;
+    save_requested = 1;
+    static const char msg[] = "\nspes train: saving a checkpoint after this step (SIGUSR1), then training on\n";
+    ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)ignored;
+}
+
 static void install_handlers(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -50,6 +62,12 @@ static void install_handlers(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    // SIGUSR1's default action ends the process without a save: a scheduler's warning before its
+    // time limit (SLURM's --signal=USR1@120) would lose what was trained since the last checkpoint.
+    // It may come many times, so the handler stays, and system calls resume after it.
+    sa.sa_handler = on_save_signal;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
 }
 
 // Handshake, then catch up with the run. A checkpoint marked not synced holds the local weights
@@ -88,7 +106,7 @@ static void save_unsynced(Trainer *trainer) {
 
 int cmd_train(int argc, char **argv) {
     const char *config_path = NULL;
-    TrainerOptions opt = {.stop = &stop_requested};
+    TrainerOptions opt = {.stop = &stop_requested, .save_now = &save_requested};
     int nproc = 1;
     char **overrides = calloc((size_t)argc, sizeof *overrides);
     int n_overrides = 0;

@@ -921,12 +921,19 @@ int trainer_run(Trainer *t) {
         if (t->rank0 && t->opt.on_metrics) t->opt.on_metrics(t->opt.on_metrics_ctx, &sm);
         if (t->opt.after_step) SPES_TRY(after_step(t, step));
         bool interrupted = t->opt.stop && *t->opt.stop;
-        if (t->dist) {   // a signal seen by any rank stops them all at the same step
-            int64_t any = interrupted;
-            SPES_TRY(comm_allreduce_sum(t->comm, NULL, &any, 1, COMM_I64));
-            interrupted = any > 0;
+        bool save_now = t->opt.save_now && *t->opt.save_now;
+        if (save_now) *t->opt.save_now = 0;   // taken: a later signal asks for a later save
+        // A stop seen by any rank stops them all at the same step; a save on request is rank 0's
+        // to ask (mpirun passes the signal to every rank, and each may see it at another step).
+        if (t->dist) {
+            int64_t any[2] = {interrupted, t->rank0 && save_now};
+            SPES_TRY(comm_allreduce_sum(t->comm, NULL, any, 2, COMM_I64));
+            interrupted = any[0] > 0;
+            save_now = any[1] > 0;
         }
-        if (cfg->save_interval_unsharded > 0 && step % cfg->save_interval_unsharded == 0) SPES_TRY(trainer_save(t));
+        bool on_interval = cfg->save_interval_unsharded > 0 && step % cfg->save_interval_unsharded == 0;
+        if (on_interval || save_now) SPES_TRY(trainer_save(t));
+        if (save_now && !interrupted && t->rank0) log_info("saved step %" PRId64 " as asked (SIGUSR1); training on", step);
         if (interrupted) {
             log_info("interrupted: finishing at step %" PRId64, step);
             break;

@@ -46,6 +46,7 @@ typedef struct {
     bool ignore_config_hash;        // resume although the configuration changed
     double peak_flops;              // FLOP/s that MFU is relative to; <= 0: measured (sgemm) at start
     volatile sig_atomic_t *stop;    // set asynchronously (SIGINT): finish the step, save, return
+    volatile sig_atomic_t *save_now;   // set asynchronously (SIGUSR1): save after the step, go on; cleared
     TrainerAfterStep after_step;
     TrainerStepTouchesModel after_step_touches_model;   // NULL: every step touches it
     void *after_step_ctx;
@@ -63,7 +64,8 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
 void trainer_free(Trainer *t);
 
 // Steps until max_duration or stop_at, or until *opt.stop is set; saves every
-// save_interval_unsharded steps and at the end; evaluates every eval_interval steps.
+// save_interval_unsharded steps, after a step during which rank 0's *opt.save_now was set, and at
+// the end; evaluates every eval_interval steps.
 int trainer_run(Trainer *t);
 // One optimizer step on the next global batch; fills *out (wall-clock fields too).
 int trainer_step(Trainer *t, StepMetrics *out);
