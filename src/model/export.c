@@ -188,8 +188,9 @@ static int write_json_file(const char *dir, const char *name, json_t *obj) {
 
 // generation_config.json: the source's, byte for byte, when it has one (text: a dense model's
 // eos list and sampling settings: nothing in it describes the MLP that upcycling replaced, and
-// a checkpoint keeps the one its run started from); else config.json's special token ids, as
-// GenerationConfig.from_model_config takes them.
+// a checkpoint keeps the one its run started from); else config.json's special token ids as its
+// keys give them (absent: null, not the config class's default), which is what transformers'
+// generate reads from a directory without generation_config.json.
 static int write_generation_config(const ModelConfig *cfg, const char *text, size_t len, const char *out_dir) {
     if (text) {
         char *path = path_join(out_dir, "generation_config.json");
@@ -200,7 +201,7 @@ static int write_generation_config(const ModelConfig *cfg, const char *text, siz
     json_t *gen = json_object();
     if (!gen) return spes_fail("cannot build %s/generation_config.json (out of memory)", out_dir);
     json_object_set_new(gen, "_from_model_config", json_true());
-    int status = hf_config_put_token_ids(cfg, gen, true);
+    int status = hf_config_put_token_ids(cfg, gen, HF_IDS_GENERATION_CONFIG_JSON);
     if (status == SPES_OK) status = write_json_file(out_dir, "generation_config.json", gen);
     json_decref(gen);
     return status;

@@ -85,11 +85,14 @@ static int token_id_value(const JsonDoc *d, json_t *v, const char *name, int emb
     return SPES_OK;
 }
 
-// bos_token_id / pad_token_id: an id, or absent / null for none (-1). transformers reads the same
-// (None; OlmoeConfig alone defaults an absent pad to 1 and eos to 50279, OLMoE-1B-7B's ids, which
-// we do not assume of every model) and refuses a list.
-static int get_token_id(const JsonDoc *d, const char *key, int embedding_size, int *out) {
+// bos_token_id / pad_token_id: an id, or absent / null for none (-1); transformers refuses a list.
+// *absent: the key is missing. transformers' config class then fills in its own default
+// (OlmoeConfig: pad 1, eos 50279), where its generate, without a generation_config.json, reads
+// config.json's keys as they are (none); a config.json we write leaves the key out again so both
+// read the source's ids.
+static int get_token_id(const JsonDoc *d, const char *key, int embedding_size, int *out, bool *absent) {
     json_t *v = json_object_get(d->root, key);
+    *absent = !v;
     *out = -1;
     if (!v || json_is_null(v)) return SPES_OK;
     if (json_is_array(v)) return spes_fail("%s: \"%s\" must be an integer or null, not a list", d->path, key);
@@ -98,10 +101,11 @@ static int get_token_id(const JsonDoc *d, const char *key, int embedding_size, i
 
 // eos_token_id: an id, or a list of them (transformers' generate stops at each), kept as read so
 // an export writes the same; absent, null or [] is none (eos_token_id -1).
-static int get_eos_ids(const JsonDoc *d, ModelConfig *cfg) {
+static int get_eos_ids(const JsonDoc *d, ModelConfig *cfg, bool *absent) {
     json_t *v = json_object_get(d->root, "eos_token_id");
     cfg->num_eos_token_ids = 0;   // a list read before (config.json's) is replaced, not kept
-    if (!json_is_array(v)) return get_token_id(d, "eos_token_id", cfg->embedding_size, &cfg->eos_token_id);
+    if (!json_is_array(v)) return get_token_id(d, "eos_token_id", cfg->embedding_size, &cfg->eos_token_id, absent);
+    *absent = false;
     size_t n = json_array_size(v);
     if (n > MODEL_MAX_EOS_IDS)
         return spes_fail("%s: \"eos_token_id\" lists %zu ids, more than the %d we keep", d->path, n, MODEL_MAX_EOS_IDS);
@@ -113,6 +117,14 @@ static int get_eos_ids(const JsonDoc *d, ModelConfig *cfg) {
     }
     cfg->num_eos_token_ids = (int)n;
     if (n > 0) cfg->eos_token_id = cfg->eos_token_ids[0];
+    return SPES_OK;
+}
+
+static int get_special_token_ids(const JsonDoc *d, ModelConfig *cfg) {
+    SPES_TRY(get_eos_ids(d, cfg, &cfg->eos_key_absent));
+    SPES_TRY(get_token_id(d, "pad_token_id", cfg->embedding_size, &cfg->pad_token_id, &cfg->pad_key_absent));
+    SPES_TRY(get_token_id(d, "bos_token_id", cfg->embedding_size, &cfg->bos_token_id, &cfg->bos_key_absent));
+    cfg->has_bos_token_id = cfg->bos_token_id >= 0;
     return SPES_OK;
 }
 
@@ -168,10 +180,7 @@ static int parse_config(const JsonDoc *d, ModelConfig *cfg) {
     SPES_TRY(get_float(d, d->root, "rms_norm_eps", "rms_norm_eps", &cfg->norm_eps));
     SPES_TRY(get_float(d, d->root, "initializer_range", "initializer_range", &cfg->init_std));
     SPES_TRY(get_bool(d, "norm_topk_prob", &cfg->normalize_expert_weights));
-    SPES_TRY(get_eos_ids(d, cfg));
-    SPES_TRY(get_token_id(d, "pad_token_id", cfg->embedding_size, &cfg->pad_token_id));
-    SPES_TRY(get_token_id(d, "bos_token_id", cfg->embedding_size, &cfg->bos_token_id));
-    cfg->has_bos_token_id = cfg->bos_token_id >= 0;
+    SPES_TRY(get_special_token_ids(d, cfg));
 
     SPES_TRY(require_false(d, "attention_bias"));
     SPES_TRY(require_false(d, "tie_word_embeddings"));
@@ -280,7 +289,8 @@ int hf_generation_config_read(const char *dir, ModelConfig *cfg, HfGenerationSet
         rc = root ? spes_fail("%s: expected a JSON object", path)
                   : spes_fail("%s: cannot read JSON (line %d: %s)", path, err.line, err.text);
     JsonDoc d = {root, path};
-    if (rc == SPES_OK) rc = get_eos_ids(&d, cfg);
+    bool absent;   // of generation_config.json: not the config.json key's
+    if (rc == SPES_OK) rc = get_eos_ids(&d, cfg, &absent);
     if (rc == SPES_OK && settings) rc = get_generation_settings(&d, settings);
     json_decref(root);
     free(path);
@@ -302,16 +312,20 @@ static int set_new(json_t *obj, const char *key, json_t *value) {
 // An id, or null for none (what save_pretrained writes for None).
 static json_t *token_id_or_null(int id) { return id >= 0 ? json_integer(id) : json_null(); }
 
-int hf_config_put_token_ids(const ModelConfig *cfg, json_t *obj, bool bos_null) {
-    if (cfg->has_bos_token_id || bos_null)
+int hf_config_put_token_ids(const ModelConfig *cfg, json_t *obj, HfIdsFile file) {
+    bool config = file == HF_IDS_CONFIG_JSON;   // there an absent key stays absent
+    if (!(config && cfg->bos_key_absent))
         SPES_TRY(set_new(obj, "bos_token_id", token_id_or_null(cfg->has_bos_token_id ? cfg->bos_token_id : -1)));
-    json_t *eos = cfg->num_eos_token_ids > 0 ? json_array() : token_id_or_null(cfg->eos_token_id);
-    for (int i = 0; eos && i < cfg->num_eos_token_ids; i++)
-        if (json_array_append_new(eos, json_integer(cfg->eos_token_ids[i])) != 0) {
-            json_decref(eos);
-            eos = NULL;
-        }
-    SPES_TRY(set_new(obj, "eos_token_id", eos));
+    if (!(config && cfg->eos_key_absent)) {
+        json_t *eos = cfg->num_eos_token_ids > 0 ? json_array() : token_id_or_null(cfg->eos_token_id);
+        for (int i = 0; eos && i < cfg->num_eos_token_ids; i++)
+            if (json_array_append_new(eos, json_integer(cfg->eos_token_ids[i])) != 0) {
+                json_decref(eos);
+                eos = NULL;
+            }
+        SPES_TRY(set_new(obj, "eos_token_id", eos));
+    }
+    if (config && cfg->pad_key_absent) return SPES_OK;
     return set_new(obj, "pad_token_id", token_id_or_null(cfg->pad_token_id));
 }
 
@@ -360,7 +374,7 @@ static int build_config(const ModelConfig *cfg, bool qwen, const char *torch_dty
     SPES_TRY(set_new(o, "attention_bias", json_false()));
     SPES_TRY(set_new(o, "attention_dropout", json_real(0.0)));
     SPES_TRY(set_new(o, "tie_word_embeddings", json_false()));
-    SPES_TRY(hf_config_put_token_ids(cfg, o, false));
+    SPES_TRY(hf_config_put_token_ids(cfg, o, HF_IDS_CONFIG_JSON));
     SPES_TRY(set_new(o, "output_router_logits", json_false()));
     SPES_TRY(set_new(o, "use_cache", json_true()));
     SPES_TRY(set_new(o, "dtype", json_string(torch_dtype)));

@@ -7,7 +7,9 @@
 // num_experts_per_tok, intermediate_size (olmoe) / moe_intermediate_size (qwen3_moe),
 // rope_theta (or rope_parameters.rope_theta), rms_norm_eps, norm_topk_prob,
 // max_position_embeddings, initializer_range, bos_token_id, eos_token_id (an id or a list),
-// pad_token_id (absent or null: none, kept as none and written back as null).
+// pad_token_id (absent or null: none, as transformers' generate reads them without a
+// generation_config.json; an absent key is written back absent, since transformers' config
+// class then fills in its default: OlmoeConfig's eos 50279 and pad 1).
 // HF's vocab_size is our embedding_size (the padded row count); our tokenizer vocab size,
 // when smaller, travels in the extra key "spes_vocab_size".
 #pragma once
@@ -21,10 +23,14 @@
 int hf_config_read(const char *dir_or_file, ModelConfig *cfg);
 // The same checks on a config already parsed; errors name `path`.
 int hf_config_from_json(json_t *root, const char *path, ModelConfig *cfg);
-// Puts bos_token_id (when known, or null when bos_null), eos_token_id (an id, or the list it
-// was read as) and pad_token_id into obj, null where none is known: the same in config.json
-// and generation_config.json.
-int hf_config_put_token_ids(const ModelConfig *cfg, json_t *obj, bool bos_null);
+
+typedef enum {
+    HF_IDS_CONFIG_JSON,             // a key the source config.json lacked is left out again
+    HF_IDS_GENERATION_CONFIG_JSON,  // every key, null where none (the source's keys as they are)
+} HfIdsFile;
+// Puts bos_token_id, eos_token_id (an id, or the list it was read as) and pad_token_id into obj,
+// null where none is known.
+int hf_config_put_token_ids(const ModelConfig *cfg, json_t *obj, HfIdsFile file);
 // Writes config.json atomically. format: "olmoe" | "qwen3_moe"; torch_dtype: "float32" |
 // "bfloat16" (the dtype the weights are stored in).
 int hf_config_write(const ModelConfig *cfg, const char *format, const char *torch_dtype, const char *path);

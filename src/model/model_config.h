@@ -37,6 +37,10 @@ typedef struct {
     int bos_token_id;
     int num_eos_token_ids;   // > 0: "eos_token_id" was this list; eos_token_ids[0] == eos_token_id
     int eos_token_ids[MODEL_MAX_EOS_IDS];
+    // Keys config.json lacked (the ids above are none then). transformers' config class fills in
+    // its default there (OlmoeConfig: eos 50279, pad 1), so a config.json we write leaves the key
+    // out again rather than writing null, which it reads as None. False in a config from YAML.
+    bool bos_key_absent, eos_key_absent, pad_key_absent;
 } ModelConfig;
 
 // Weights of the four loss terms (DESIGN.md "Losses"). Total =

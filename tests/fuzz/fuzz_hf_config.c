@@ -28,7 +28,8 @@ static int same_config(const ModelConfig *a, const ModelConfig *b) {
            a->normalize_expert_weights == b->normalize_expert_weights && a->init_std == b->init_std &&
            a->eos_token_id == b->eos_token_id && a->pad_token_id == b->pad_token_id &&
            a->has_bos_token_id == b->has_bos_token_id && a->bos_token_id == b->bos_token_id &&
-           a->num_eos_token_ids == b->num_eos_token_ids &&
+           a->num_eos_token_ids == b->num_eos_token_ids && a->bos_key_absent == b->bos_key_absent &&
+           a->eos_key_absent == b->eos_key_absent && a->pad_key_absent == b->pad_key_absent &&
            !memcmp(a->eos_token_ids, b->eos_token_ids, (size_t)a->num_eos_token_ids * sizeof(int));
 }
 

@@ -141,8 +141,10 @@ static json_t *read_and_write(const char *json, ModelConfig *c) {
 }
 
 // bos / eos / pad are carried as the file gives them (issue: absent ids were written back as eos
-// 0 and pad 1, an eos list as its first id, bos dropped), and absent ones stay absent: transformers
-// reads a missing or null id as None and save_pretrained writes None as null.
+// 0 and pad 1, an eos list as its first id, bos dropped). Absent and null both read as none (as
+// transformers' generate reads config.json without a generation_config.json), but are written
+// back as they were: transformers' OlmoeConfig fills an absent eos with 50279 and pad with 1 and
+// reads null as None (an absent id used to be written null: the export then read as None there).
 static void test_special_token_ids(void **state) {
     (void)state;
     ModelConfig c;
@@ -150,11 +152,22 @@ static void test_special_token_ids(void **state) {
     assert_int_equal(c.eos_token_id, -1);
     assert_int_equal(c.pad_token_id, -1);
     assert_false(c.has_bos_token_id);
-    assert_true(json_is_null(json_object_get(w, "eos_token_id")));
-    assert_true(json_is_null(json_object_get(w, "pad_token_id")));
+    assert_true(c.eos_key_absent && c.pad_key_absent && c.bos_key_absent);
+    assert_null(json_object_get(w, "eos_token_id"));
+    assert_null(json_object_get(w, "pad_token_id"));
     assert_null(json_object_get(w, "bos_token_id"));
     assert_false(model_config_is_eos(&c, 0));
     assert_false(model_config_is_eos(&c, -1));
+    json_decref(w);
+
+    w = read_and_write("{\"model_type\": \"olmoe\", " BASE ", \"bos_token_id\": null, \"eos_token_id\": null, "
+                       "\"pad_token_id\": null}",
+                       &c);
+    assert_true(c.eos_token_id == -1 && c.pad_token_id == -1 && !c.has_bos_token_id);
+    assert_false(c.eos_key_absent || c.pad_key_absent || c.bos_key_absent);
+    assert_true(json_is_null(json_object_get(w, "eos_token_id")));
+    assert_true(json_is_null(json_object_get(w, "pad_token_id")));
+    assert_true(json_is_null(json_object_get(w, "bos_token_id")));
     json_decref(w);
 
     w = read_and_write("{\"model_type\": \"olmoe\", " BASE ", \"bos_token_id\": 2, \"eos_token_id\": [63, 1], "
