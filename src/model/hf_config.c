@@ -232,6 +232,20 @@ int hf_config_read(const char *dir_or_file, ModelConfig *cfg) {
     return rc;
 }
 
+int hf_config_read_token_ids(const char *dir, ModelConfig *ids) {
+    char *path = path_join(dir, "config.json");
+    if (!path) return SPES_ERR;
+    json_error_t err;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    JsonDoc d = {root, path};
+    int rc = !root                   ? spes_fail("%s: cannot read JSON (line %d: %s)", path, err.line, err.text)
+             : !json_is_object(root) ? spes_fail("%s: expected a JSON object", path)
+                                     : get_special_token_ids(&d, ids);
+    json_decref(root);
+    free(path);
+    return rc;
+}
+
 static bool has_value(const JsonDoc *d, const char *key) {
     json_t *v = json_object_get(d->root, key);
     return v && !json_is_null(v);

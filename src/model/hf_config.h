@@ -24,6 +24,10 @@ int hf_config_read(const char *dir_or_file, ModelConfig *cfg);
 // The same checks on a config already parsed; errors name `path`.
 int hf_config_from_json(json_t *root, const char *path, ModelConfig *cfg);
 
+// Only the special token ids of <dir>/config.json (bos, eos or its list, pad, which keys are
+// absent) into *ids, each checked against ids->embedding_size; its other fields are unchanged.
+int hf_config_read_token_ids(const char *dir, ModelConfig *ids);
+
 typedef enum {
     HF_IDS_CONFIG_JSON,             // a key the source config.json lacked is left out again
     HF_IDS_GENERATION_CONFIG_JSON,  // every key, null where none (the source's keys as they are)

@@ -2,6 +2,7 @@
 #include "model/model_config.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/error.h"
@@ -68,6 +69,30 @@ bool model_config_is_eos(const ModelConfig *cfg, int token) {
     for (int i = 0; i < cfg->num_eos_token_ids; i++)
         if (token == cfg->eos_token_ids[i]) return true;
     return false;
+}
+
+void model_config_copy_token_ids(ModelConfig *to, const ModelConfig *from) {
+    to->eos_token_id = from->eos_token_id;
+    to->num_eos_token_ids = from->num_eos_token_ids;
+    memcpy(to->eos_token_ids, from->eos_token_ids, sizeof to->eos_token_ids);
+    to->pad_token_id = from->pad_token_id;
+    to->has_bos_token_id = from->has_bos_token_id;
+    to->bos_token_id = from->bos_token_id;
+    to->bos_key_absent = from->bos_key_absent;
+    to->eos_key_absent = from->eos_key_absent;
+    to->pad_key_absent = from->pad_key_absent;
+}
+
+void model_config_describe_eos(const ModelConfig *cfg, char *out, size_t cap) {
+    if (cfg->num_eos_token_ids == 0) {
+        if (cfg->eos_token_id >= 0) snprintf(out, cap, "%d", cfg->eos_token_id);
+        else snprintf(out, cap, "none");
+        return;
+    }
+    size_t n = (size_t)snprintf(out, cap, "[");
+    for (int i = 0; i < cfg->num_eos_token_ids && n < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, "%s%d", i ? ", " : "", cfg->eos_token_ids[i]);
+    if (n < cap) snprintf(out + n, cap - n, "]");
 }
 
 // Values every preset shares (OLMoE defaults).

@@ -1,6 +1,7 @@
 // Model hyper-parameters (OLMoE architecture, see DESIGN.md) and loss weights.
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum {
@@ -78,5 +79,9 @@ int model_config_validate(ModelConfig *cfg);
 // Whether `token` ends a sequence: eos_token_id, or any id of the eos_token_id list
 // (transformers' generate stops at each of them).
 bool model_config_is_eos(const ModelConfig *cfg, int token);
+// Copies the special token id fields (bos, eos and its list, pad, the absent-key flags).
+void model_config_copy_token_ids(ModelConfig *to, const ModelConfig *from);
+// The eos ids as a reader should see them: "5", "[5, 6]" or "none".
+void model_config_describe_eos(const ModelConfig *cfg, char *out, size_t cap);
 // The tiny/bench presets used by tests and benchmarks ("tiny", "bench-small").
 int model_config_preset(const char *name, ModelConfig *cfg);
