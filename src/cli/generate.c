@@ -28,11 +28,15 @@ static void usage(FILE *out) {
             "  --temperature T        0 = greedy; default 0.8\n"
             "  --top_k K              keep the K most likely tokens (0 = all; default 50)\n"
             "  --top_p P              nucleus sampling mass (1 = off; default 0.95)\n"
+            "  --min_p P              keep tokens at least P times as likely as the top one (0 = off, default)\n"
+            "  --repetition_penalty R divide the logit of every token of the prompt and output so far by R\n"
+            "                         (multiply where negative), greedy too (1 = off, default)\n"
             "                         A model directory with a generation_config.json gives, as for\n"
-            "                         transformers' generate, every one of these four not given here:\n"
-            "                         greedy unless its do_sample is true, then its temperature, top_k\n"
-            "                         and top_p (absent: 1, 50, 1), and its max_new_tokens (or\n"
-            "                         max_length less the prompt; absent: 128). stderr says which.\n"
+            "                         transformers' generate, every one of these not given here:\n"
+            "                         greedy unless its do_sample is true, then its temperature, top_k,\n"
+            "                         top_p and min_p (absent: 1, 50, 1, none), its repetition_penalty,\n"
+            "                         and its max_new_tokens (or max_length less the prompt; absent: 128).\n"
+            "                         stderr says which, and which keys of the file we do not follow.\n"
             "  --seed N               sampling seed (default 0)\n"
             "  --no_stop              keep going after an EOS token (generation_config.json's eos_token_id\n"
             "                         when the model directory has that file, else config.json's)\n"
@@ -69,7 +73,7 @@ static int stream_token(void *user, int32_t token) {
 
 // Which of the settings a generation_config.json may give the command line gave: those win.
 typedef struct {
-    bool temperature, top_k, top_p, max_new_tokens;
+    bool temperature, top_k, top_p, min_p, repetition_penalty, max_new_tokens;
 } GivenFlags;
 
 // Appends one item to the comma-separated note of the settings taken from the file.
@@ -126,8 +130,17 @@ static int apply_generation_config(const char *model_dir, const HfGenerationSett
             note_add(note, sizeof note, "that is top_k 1, the most likely token alone, as transformers keeps it");
         }
     }
-    if (greedy_from_file && (given.top_k || given.top_p))
-        note_add(note, sizeof note, "--top_k and --top_p unused (give --temperature to sample)");
+    if (sp->temperature > 0 && !given.min_p && s->min_p >= 0) {
+        sp->min_p = (float)s->min_p;
+        note_add(note, sizeof note, "min_p %g", (double)sp->min_p);
+    }
+    // A logits processor in transformers, not a warper: greedy decoding takes it too.
+    if (!given.repetition_penalty && s->repetition_penalty >= 0) {
+        sp->repetition_penalty = (float)s->repetition_penalty;
+        note_add(note, sizeof note, "repetition_penalty %g", (double)sp->repetition_penalty);
+    }
+    if (greedy_from_file && (given.top_k || given.top_p || given.min_p))
+        note_add(note, sizeof note, "--top_k, --top_p and --min_p unused (give --temperature to sample)");
     if (!given.max_new_tokens && s->max_new_tokens > 0) {
         opt->max_new_tokens = s->max_new_tokens;
         note_add(note, sizeof note, "max_new_tokens %d", opt->max_new_tokens);
@@ -142,6 +155,13 @@ static int apply_generation_config(const char *model_dir, const HfGenerationSett
                  opt->max_new_tokens, s->max_length, n_prompt);
     }
     if (note[0]) fprintf(stderr, "generate: from %s/generation_config.json: %s\n", model_dir, note);
+    // Keys that would make transformers decode otherwise: said, not refused (the text is still the
+    // model's, decoded as the note above says; a Hub model's num_beams should not make it unusable).
+    bool sampled_keys = sp->temperature > 0 && s->not_followed_sampling[0];
+    if (s->not_followed[0] || sampled_keys)
+        fprintf(stderr, "generate: %s/generation_config.json: not implemented here, so transformers' generate would "
+                "decode otherwise: %s%s%s\n", model_dir, s->not_followed, s->not_followed[0] && sampled_keys ? ", " : "",
+                sampled_keys ? s->not_followed_sampling : "");
     return SPES_OK;
 }
 
@@ -165,6 +185,7 @@ int cmd_generate(int argc, char **argv) {
         {"prompt", required_argument, 0, 'p'},         {"prompt_file", required_argument, 0, 'P'},
         {"max_new_tokens", required_argument, 0, 'n'}, {"temperature", required_argument, 0, 'T'},
         {"top_k", required_argument, 0, 'k'},          {"top_p", required_argument, 0, 'q'},
+        {"min_p", required_argument, 0, 'M'},          {"repetition_penalty", required_argument, 0, 'R'},
         {"seed", required_argument, 0, 's'},           {"no_stop", no_argument, 0, 'S'},
         {"no_cache", no_argument, 0, 'C'},             {"print_ids", no_argument, 0, 'I'},
         {"threads", required_argument, 0, 'j'},        {"help", no_argument, 0, 'h'},
@@ -173,7 +194,8 @@ int cmd_generate(int argc, char **argv) {
     const char *model_dir = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL;
     const char *device = NULL, *precision = NULL;
     GenerateOptions opt = {.max_new_tokens = 128,
-                           .sampling = {.temperature = 0.8f, .top_k = 50, .top_p = 0.95f},
+                           .sampling = {.temperature = 0.8f, .top_k = 50, .top_p = 0.95f, .min_p = 0.0f,
+                                        .repetition_penalty = 1.0f},
                            .seed = 0,
                            .stop_at_eos = true,
                            .use_cache = true};
@@ -202,6 +224,15 @@ int cmd_generate(int argc, char **argv) {
         case 'q':
             status = cli_float("top_p", optarg, 0.0, 1.0, &opt.sampling.top_p);
             given.top_p = true;
+            break;
+        case 'M':
+            status = cli_float("min_p", optarg, 0.0, 1.0, &opt.sampling.min_p);
+            given.min_p = true;
+            break;
+        case 'R':
+            // transformers refuses 0 (RepetitionPenaltyLogitsProcessor: strictly positive)
+            status = cli_float("repetition_penalty", optarg, 1e-6, 1e6, &opt.sampling.repetition_penalty);
+            given.repetition_penalty = true;
             break;
         case 's': status = cli_u64("seed", optarg, &opt.seed); break;
         case 'S': opt.stop_at_eos = false; break;

@@ -32,21 +32,24 @@ int generate_tokens(Model *m, const int32_t *prompt, int n_prompt, const Generat
     float *logits = spes_malloc((size_t)V * sizeof(float));
     float *probs = spes_malloc((size_t)V * sizeof(float));
     int *index = spes_malloc((size_t)V * sizeof(int));
-    // No-cache mode: the growing sequence and room for its full logits.
-    int32_t *seq = opt->use_cache ? NULL : spes_malloc((size_t)c->max_seq_len * sizeof(int32_t));
+    // The prompt and the tokens so far (what the repetition penalty and the no-cache forward see),
+    // and in no-cache mode room for the full logits.
+    int32_t *seq = spes_malloc((size_t)(n_prompt + budget) * sizeof(int32_t));
     float *all_logits = opt->use_cache ? NULL : spes_malloc((size_t)c->max_seq_len * V * sizeof(float));
     KvCache cache;
     memset(&cache, 0, sizeof cache);
-    int status = logits && probs && index && (opt->use_cache || (seq && all_logits)) ? SPES_OK : SPES_ERR;
+    int status = logits && probs && index && seq && (opt->use_cache || all_logits) ? SPES_OK : SPES_ERR;
+    if (status == SPES_OK) memcpy(seq, prompt, (size_t)n_prompt * sizeof(int32_t));
     if (status == SPES_OK && opt->use_cache) {
         status = kv_cache_create(&cache, m, n_prompt + budget);
         if (status == SPES_OK) status = kv_forward(&cache, prompt, n_prompt, logits, 1);
     } else if (status == SPES_OK) {
-        memcpy(seq, prompt, (size_t)n_prompt * sizeof(int32_t));
         status = full_forward_last_logits(m, seq, n_prompt, all_logits, logits);
     }
     for (int step = 0; step < budget && status == SPES_OK; step++) {
-        int32_t token = (int32_t)sample_token(logits, c->vocab_size, &opt->sampling, &rng, probs, index);
+        int32_t token =
+            (int32_t)sample_token(logits, c->vocab_size, &opt->sampling, seq, n_prompt + step, &rng, probs, index);
+        seq[n_prompt + step] = token;
         out[(*n_out)++] = token;
         if (sink) {
             int rc = sink(user, token);
@@ -57,12 +60,8 @@ int generate_tokens(Model *m, const int32_t *prompt, int n_prompt, const Generat
         }
         if (opt->stop_at_eos && model_config_is_eos(c, token)) break;
         if (step + 1 == budget) break;   // the last token needs no logits after it
-        if (opt->use_cache) {
-            status = kv_forward(&cache, &token, 1, logits, 1);
-        } else {
-            seq[n_prompt + step] = token;
-            status = full_forward_last_logits(m, seq, n_prompt + step + 1, all_logits, logits);
-        }
+        if (opt->use_cache) status = kv_forward(&cache, &token, 1, logits, 1);
+        else status = full_forward_last_logits(m, seq, n_prompt + step + 1, all_logits, logits);
     }
     if (opt->use_cache) kv_cache_free(&cache);
     free(logits);

@@ -264,11 +264,94 @@ static int get_setting(const JsonDoc *d, const char *key, double min, double max
     return SPES_OK;
 }
 
+// Keys of generation_config.json that change what transformers' generate (5.23) decodes and that
+// spes generate does not implement (_get_logits_processor, _get_stopping_criteria,
+// GenerationConfig.get_generation_mode), each with the values at which it does nothing and what
+// we do instead. Keys that change nothing in the chosen tokens (output_scores, use_cache,
+// renormalize_logits, length_penalty without beams, ...) are not listed.
+typedef enum {
+    INERT_NULL,        // acts when not null
+    INERT_AT_MOST_1,   // a number: acts above 1 (num_beams, num_return_sequences)
+    INERT_AT_MOST_0,   // a number: acts above 0 (no_repeat_ngram_size, min_new_tokens, penalty_alpha)
+    INERT_1,           // a number: acts unless 1 (guidance_scale, encoder_repetition_penalty)
+    INERT_OUTSIDE_01,  // a number: acts strictly inside (0, 1) (typical_p 1 and the cutoffs 0 are off)
+} InertWhen;
+
+static const struct {
+    const char *key;
+    InertWhen inert;
+    bool sampling_only;   // a warper: acts only when do_sample
+    const char *instead;
+} unfollowed_keys[] = {
+    {"num_beams", INERT_AT_MOST_1, false, "one sequence, no beam search"},
+    {"num_return_sequences", INERT_AT_MOST_1, false, "one sequence"},
+    {"penalty_alpha", INERT_AT_MOST_0, false, "no contrastive search"},
+    {"constraints", INERT_NULL, false, "unconstrained"},
+    {"force_words_ids", INERT_NULL, false, "unconstrained"},
+    {"no_repeat_ngram_size", INERT_AT_MOST_0, false, "n-grams may repeat"},
+    {"encoder_no_repeat_ngram_size", INERT_AT_MOST_0, false, "prompt n-grams may repeat"},
+    {"encoder_repetition_penalty", INERT_1, false, "not applied"},
+    {"guidance_scale", INERT_1, false, "no classifier-free guidance"},
+    {"sequence_bias", INERT_NULL, false, "not applied"},
+    {"bad_words_ids", INERT_NULL, false, "not banned"},
+    {"suppress_tokens", INERT_NULL, false, "not suppressed"},
+    {"begin_suppress_tokens", INERT_NULL, false, "not suppressed"},
+    {"forced_bos_token_id", INERT_NULL, false, "not forced"},
+    {"forced_eos_token_id", INERT_NULL, false, "not forced"},
+    {"min_length", INERT_AT_MOST_0, false, "eos allowed from the start"},
+    {"min_new_tokens", INERT_AT_MOST_0, false, "eos allowed from the start"},
+    {"exponential_decay_length_penalty", INERT_NULL, false, "not applied"},
+    {"watermarking_config", INERT_NULL, false, "no watermark"},
+    {"stop_strings", INERT_NULL, false, "stops at eos ids only"},
+    {"max_time", INERT_NULL, false, "no time limit"},
+    {"top_h", INERT_NULL, true, "not applied"},
+    {"typical_p", INERT_OUTSIDE_01, true, "not applied"},
+    {"epsilon_cutoff", INERT_OUTSIDE_01, true, "not applied"},
+    {"eta_cutoff", INERT_OUTSIDE_01, true, "not applied"},
+};
+
+static bool key_acts(json_t *v, InertWhen inert) {
+    if (!v || json_is_null(v)) return false;
+    if (inert == INERT_NULL) return true;
+    if (!json_is_number(v)) return true;   // not a number transformers reads as off: it acts or fails there
+    double x = json_number_value(v);
+    switch (inert) {
+    case INERT_AT_MOST_1: return x > 1;
+    case INERT_AT_MOST_0: return x > 0;
+    case INERT_1: return x != 1;
+    case INERT_OUTSIDE_01: return x > 0 && x < 1;
+    default: return true;
+    }
+}
+
+// Appends "key value (instead)" to a comma-separated list.
+static void list_unfollowed(char *list, size_t cap, const char *key, json_t *v, const char *instead) {
+    char *value = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    size_t n = strlen(list);
+    snprintf(list + n, cap - n, "%s%s %.40s (%s)", n ? ", " : "", key, value ? value : "?", instead);
+    free(value);
+}
+
 // The decoding settings, within transformers' own limits (TemperatureLogitsWarper,
-// TopKLogitsWarper, TopPLogitsWarper and GenerationConfig.validate refuse values outside them).
+// TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper, RepetitionPenaltyLogitsProcessor and
+// GenerationConfig.validate refuse values outside them).
 static int get_generation_settings(const JsonDoc *d, HfGenerationSettings *s) {
     *s = (HfGenerationSettings){.found = true, .do_sample = -1, .temperature = -1, .top_k = -1, .top_p = -1,
-                                .max_new_tokens = -1, .max_length = -1};
+                                .min_p = -1, .repetition_penalty = -1, .max_new_tokens = -1, .max_length = -1};
+    for (size_t i = 0; i < sizeof unfollowed_keys / sizeof unfollowed_keys[0]; i++) {
+        json_t *v = json_object_get(d->root, unfollowed_keys[i].key);
+        if (!key_acts(v, unfollowed_keys[i].inert)) continue;
+        if (unfollowed_keys[i].sampling_only)
+            list_unfollowed(s->not_followed_sampling, sizeof s->not_followed_sampling, unfollowed_keys[i].key, v,
+                            unfollowed_keys[i].instead);
+        else
+            list_unfollowed(s->not_followed, sizeof s->not_followed, unfollowed_keys[i].key, v,
+                            unfollowed_keys[i].instead);
+    }
+    SPES_TRY(get_setting(d, "min_p", 0.0, 1.0, &s->min_p));
+    SPES_TRY(get_setting(d, "repetition_penalty", 0.0, INFINITY, &s->repetition_penalty));
+    if (s->repetition_penalty == 0)
+        return spes_fail("%s: \"repetition_penalty\" must be above 0 (1: none), got 0", d->path);
     if (has_value(d, "do_sample")) {
         bool b = false;
         SPES_TRY(get_bool(d, "do_sample", &b));

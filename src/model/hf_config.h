@@ -41,15 +41,23 @@ int hf_config_write(const ModelConfig *cfg, const char *format, const char *torc
 
 // The decoding settings of a generation_config.json that `spes generate` can follow. Each is
 // -1 where the file lacks the key or has it null: transformers' generate then takes its own
-// global default (do_sample false, temperature 1, top_k 50, top_p 1).
+// global default (do_sample false, temperature 1, top_k 50, top_p 1, repetition_penalty 1, no
+// min_p).
 typedef struct {
-    bool found;            // the directory has generation_config.json
-    int do_sample;         // 0 / 1
-    double temperature;    // >= 0
-    int top_k;             // >= 0 (0: no cut)
-    double top_p;          // in [0, 1]
-    int max_new_tokens;    // >= 1
-    int max_length;        // >= 1: prompt and new tokens together
+    bool found;                  // the directory has generation_config.json
+    int do_sample;               // 0 / 1
+    double temperature;          // >= 0
+    int top_k;                   // >= 0 (0: no cut)
+    double top_p;                // in [0, 1]
+    double min_p;                // in [0, 1]
+    double repetition_penalty;   // > 0
+    int max_new_tokens;          // >= 1
+    int max_length;              // >= 1: prompt and new tokens together
+    // Keys with values that make transformers' generate decode otherwise and that we do not
+    // implement ("num_beams 4 (beam search; we decode one sequence), ..."), "" when none; those
+    // acting on sampling alone (typical_p, ...) apart, as they matter only when we sample.
+    char not_followed[512];
+    char not_followed_sampling[256];
 } HfGenerationSettings;
 
 // <dir>/generation_config.json, transformers' GenerationConfig file, when the directory has

@@ -18,7 +18,12 @@ so that nothing stops early). Checked, with no sampling flag given to spes:
   5. explicit flags win (--temperature 0 over do_sample true; --top_k 1 over the file's top_k);
   6. without generation_config.json the old defaults stay (0.8 / 50 / 0.95) and nothing is said;
   7. do_sample true with temperature 0, and a max_length the prompt fills, are refused naming the
-     file, as transformers refuses them.
+     file, as transformers refuses them;
+  8. repetition_penalty (over the prompt and the tokens so far, greedy decoding too) and min_p
+     (after top_k / top_p) from the file or --repetition_penalty / --min_p: greedy with a penalty
+     equals transformers' token for token, min_p 1 samples transformers' (greedy) text (both used
+     to be ignored); keys that would make transformers decode otherwise and that we do not
+     implement (num_beams, no_repeat_ngram_size; typical_p when sampling) are named on stderr.
 """
 import json
 import os
@@ -171,6 +176,39 @@ def main():
         last = err.strip().splitlines()[-1] if err.strip() else "(no output)"
         check(hf_refuses, f"{name}: transformers refuses it")
         check(code != 0 and "model/generation_config.json" in err and needle in err, f"{name}: refused: {last}")
+
+    # 8. repetition_penalty and min_p, from the file and from the flags.
+    for penalty in (2.0, 0.7):
+        set_gen(model, {"do_sample": False, "repetition_penalty": penalty})
+        hf = theirs(model, max_new_tokens=NEW)
+        ids, line, code, err = ours(spes, model, *new)
+        check(hf != greedy, f"repetition_penalty {penalty}: transformers' greedy text changes: {hf}")
+        check(ids == hf, f"repetition_penalty {penalty}: spes generate equals it: {ids}" + ("" if code == 0 else err))
+        check(line is not None and f"repetition_penalty {penalty:g}" in line, f"stderr names it: {line}")
+        flag_ids, _, _, _ = ours(spes, plain, *new, "--temperature", "0", "--repetition_penalty", str(penalty))
+        check(flag_ids == hf, f"--repetition_penalty {penalty} beside no file: the same: {flag_ids}")
+    set_gen(model, {"do_sample": True, "min_p": 1.0})
+    hf = theirs(model, max_new_tokens=NEW)
+    ids, line, _, _ = ours(spes, model, *new, "--seed", "5")
+    check(hf == greedy and ids == hf, f"min_p 1 keeps the most likely token alone, as in transformers: {ids}, {hf}")
+    check(line is not None and "min_p 1" in line, f"stderr names it: {line}")
+    flag_ids, _, _, _ = ours(spes, plain, *new, "--seed", "5", "--temperature", "1", "--min_p", "1")
+    check(flag_ids == greedy, f"--min_p 1: the same: {flag_ids}")
+    set_gen(model, {"do_sample": True, "min_p": 1.0, "top_k": 0, "repetition_penalty": 2.0})
+    hf = theirs(model, max_new_tokens=NEW)
+    ids, _, _, _ = ours(spes, model, *new, "--seed", "5")
+    check(ids == hf, f"the penalty before the cut, as transformers orders them: {ids}, {hf}")
+    set_gen(model, {"do_sample": False, "num_beams": 4, "no_repeat_ngram_size": 3, "typical_p": 0.5,
+                    "length_penalty": 1.0})
+    ids, _, code, err = ours(spes, model, *new)
+    said = [l for l in err.splitlines() if "not implemented here" in l]
+    check(code == 0 and ids == greedy, f"unimplemented keys: still decoded (greedy): {ids}")
+    check(len(said) == 1 and "num_beams 4 (one sequence, no beam search)" in said[0]
+          and "no_repeat_ngram_size 3" in said[0] and "typical_p" not in said[0] and "length_penalty" not in said[0],
+          f"num_beams and no_repeat_ngram_size named once (typical_p acts only when sampling): {said}")
+    ids, _, code, err = ours(spes, model, *new, "--temperature", "1")
+    said = [l for l in err.splitlines() if "not implemented here" in l]
+    check(code == 0 and len(said) == 1 and "typical_p 0.5" in said[0], f"sampling: typical_p named too: {said}")
 
     return summary()
 
