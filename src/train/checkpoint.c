@@ -17,7 +17,6 @@
 #include "base/error.h"
 #include "base/file.h"
 #include "base/log.h"
-#include "config/yaml_tree.h"
 #include "io/safetensors.h"
 #include "model/export.h"
 #include "model/hf_config.h"
@@ -320,110 +319,18 @@ static int write_config_yaml(const char *path, const TrainConfig *cfg) {
     return rc;
 }
 
-// The node of a model key the YAML or the command line sets (not null), else NULL.
-static const YNode *yaml_sets(const TrainConfig *cfg, const char *key) {
-    const YNode *n = cfg->tree ? ytree_get_path(cfg->tree, key) : NULL;
-    return n && !ytree_is_null(n) ? n : NULL;
-}
-
-// "run.yaml:12" or "command line", where a key was set.
-static void yaml_where(const YNode *n, char *out, size_t cap) {
-    if (n->line > 0) snprintf(out, cap, "%s:%d", n->origin, n->line);
-    else snprintf(out, cap, "%s", n->origin);
-}
-
-// The special token ids of the model the run started from: load_path's config.json or, where
-// load_path has none any more (moved away before a resume), the newest checkpoint's, which carries
-// them on. *found false: no load_path, or no such file (a model without QK-norm has none).
-static int source_token_ids(const char *save_folder, const char *load_path, ModelConfig *src, bool *found) {
-    *found = false;
-    if (!load_path) return SPES_OK;
-    char *dir = strdup(load_path), *config = path_join(load_path, "config.json");
-    if (!dir || !config) {
-        free(dir);
-        free(config);
-        return spes_fail("out of memory");
-    }
-    if (!file_exists(config)) {
-        free(dir);
-        dir = NULL;
-        int64_t step;
-        if (checkpoint_find_latest(save_folder, &dir, &step) != SPES_OK) spes_clear_error();
-        free(config);
-        config = dir ? path_join(dir, "config.json") : NULL;
-    }
-    int rc = SPES_OK;
-    if (config && file_exists(config)) {
-        rc = hf_config_read_token_ids(dir, src);
-        *found = rc == SPES_OK;
-    }
-    free(dir);
-    free(config);
-    return rc;
-}
-
-// The YAML's model.eos_token_id / model.pad_token_id against the source's. Set and different:
-// the YAML's wins (it is what the user said) and *conflict says so, naming both; an eos among a
-// source's list keeps the list, which holds it. Not set: the source's (its defaults, 50256, are
-// GPT-2's ids, no model's of load_path).
-static void take_source_token_ids(const TrainConfig *cfg, const ModelConfig *src, ModelConfig *out, char *conflict,
-                                  size_t cap) {
-    const ModelConfig yaml = *out;
-    model_config_copy_token_ids(out, src);
-    const YNode *eos = yaml_sets(cfg, "model.eos_token_id"), *pad = yaml_sets(cfg, "model.pad_token_id");
-    char where[256];
-    if (eos && !model_config_is_eos(src, yaml.eos_token_id)) {
-        out->eos_token_id = yaml.eos_token_id;
-        out->num_eos_token_ids = 0;
-        out->eos_key_absent = false;
-        if (src->eos_token_id >= 0) {
-            char ids[16 * MODEL_MAX_EOS_IDS];
-            model_config_describe_eos(src, ids, sizeof ids);
-            yaml_where(eos, where, sizeof where);
-            snprintf(conflict, cap, "%s: model.eos_token_id %d, where load_path's config.json has %s", where,
-                     yaml.eos_token_id, ids);
-        }
-    }
-    if (pad && yaml.pad_token_id != src->pad_token_id) {
-        out->pad_token_id = yaml.pad_token_id;
-        out->pad_key_absent = false;
-        if (src->pad_token_id >= 0) {
-            size_t n = strlen(conflict);
-            yaml_where(pad, where, sizeof where);
-            snprintf(conflict + n, cap - n, "%s%s: model.pad_token_id %d, where load_path's config.json has %d",
-                     n ? "; " : "", where, yaml.pad_token_id, src->pad_token_id);
-        }
-    }
-}
-
-// config.json for transformers: the model's, its special token ids those of the model the run
-// started from where the YAML does not set them (take_source_token_ids; a source that cannot be
-// read leaves the YAML's, said once). A model without QK-norm has no HF MoE class: the checkpoint
+// config.json for transformers. A model without QK-norm has no HF MoE class: the checkpoint
 // then lacks config.json (resume does not need it) and says why once.
-static int write_hf_config(const char *path, const ModelConfig *model, const TrainConfig *cfg,
-                           const char *save_folder) {
-    static bool warned_format = false, warned_ids = false;
+static int write_hf_config(const char *path, const ModelConfig *cfg) {
+    static bool warned = false;
     HfFormat format;
-    if (hf_format_for_model(model, HF_FORMAT_AUTO, &format) != SPES_OK) {
-        if (!warned_format) log_warn("checkpoints get no config.json: %s", spes_last_error());
-        warned_format = true;
+    if (hf_format_for_model(cfg, HF_FORMAT_AUTO, &format) != SPES_OK) {
+        if (!warned) log_warn("checkpoints get no config.json: %s", spes_last_error());
+        warned = true;
         spes_clear_error();
         return SPES_OK;
     }
-    ModelConfig written = *model, src = *model;
-    bool found = false;
-    char conflict[1024] = "";
-    if (source_token_ids(save_folder, cfg->load_path, &src, &found) != SPES_OK) {
-        if (!warned_ids) log_warn("checkpoints' config.json get the YAML's special token ids: %s", spes_last_error());
-        warned_ids = true;
-        spes_clear_error();
-    } else if (found) {
-        take_source_token_ids(cfg, &src, &written, conflict, sizeof conflict);
-        if (conflict[0] && !warned_ids)
-            log_warn("checkpoints' config.json take the YAML's special token ids over load_path's: %s", conflict);
-        warned_ids = warned_ids || conflict[0];
-    }
-    return hf_config_write(&written, hf_format_name(format), "float32", path);
+    return hf_config_write(cfg, hf_format_name(format), "float32", path);
 }
 
 // generation_config.json of the model the run started from: load_path's (an upcycled model's is
@@ -500,7 +407,7 @@ int checkpoint_save(const char *save_folder, const Model *m, const AdamW *opt, c
     const float *weights[1] = {m->params};
     const char *no_prefix[1] = {""};
     if (checkpoint_write_table(files[0], &m->table, false, 1, weights, no_prefix) != SPES_OK) goto done;
-    if (write_hf_config(files[1], &m->cfg, cfg, save_folder) != SPES_OK) goto done;
+    if (write_hf_config(files[1], &m->cfg) != SPES_OK) goto done;
     if (write_config_yaml(files[2], cfg) != SPES_OK) goto done;
     if (copy_generation_config(save_folder, cfg->load_path, tmp) != SPES_OK) goto done;
     const float *moments[2] = {opt->m, opt->v};

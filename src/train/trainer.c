@@ -31,6 +31,7 @@
 #include "train/plan_check.h"
 #include "train/save_space.h"
 #include "train/schedule.h"
+#include "train/source_token_ids.h"
 #include "train/spes_peer.h"
 
 // An lm evaluator reads token files; a downstream one (cfg->requests) scores a multiple-choice
@@ -437,6 +438,7 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
         if (model_params_to_device(&t->model) != SPES_OK) goto fail;
     }
     t->last_saved_step = resumed ? t->state.step : -1;
+    source_token_ids_apply(cfg, &t->model.cfg, t->rank0);   // what checkpoints' config.json say
     if (mkdir_p(cfg->save_folder) != SPES_OK) goto fail;
     if (t->rank0 && metrics_open(&t->log, cfg->save_folder, t->state.step) != SPES_OK) goto fail;
     if (t->rank0 && check_save_space(t) != SPES_OK) goto fail;
