@@ -280,6 +280,12 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
           m->num_experts, MODEL_MAX_EXPERTS);
     CHECK(m->n_layers <= MODEL_MAX_LAYERS, "model.n_layers", "%d is more than the %d the model code handles", m->n_layers,
           MODEL_MAX_LAYERS);
+    // OLMo's defaults (50256 for both, GPT-2's ids) are no id of a smaller vocabulary, and training
+    // reads neither id (checkpoints' config.json does; a load_path's ids take their place there,
+    // train/source_token_ids.h): a default outside the embedding means none, where a value the
+    // YAML sets is checked.
+    if (root && !where(root, "model.eos_token_id") && m->eos_token_id >= m->embedding_size) m->eos_token_id = -1;
+    if (root && !where(root, "model.pad_token_id") && m->pad_token_id >= m->embedding_size) m->pad_token_id = -1;
     CHECK(m->eos_token_id < m->embedding_size, "model.eos_token_id", "%d is outside the embedding (%d rows)",
           m->eos_token_id, m->embedding_size);
     CHECK(m->pad_token_id < m->embedding_size, "model.pad_token_id", "%d is outside the embedding (%d rows)",

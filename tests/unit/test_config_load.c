@@ -166,6 +166,28 @@ static void test_save_interval_stands_in(void **state) {
     assert_non_null(strstr(spes_last_error(), "save_num_checkpoints_to_keep"));
 }
 
+// OLMo's default eos/pad (50256) with a smaller vocabulary: none, not an error; set, checked.
+static void test_default_token_ids_small_vocab(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    const char *small = "model:\n  vocab_size: 64\n  embedding_size: 64\n";
+    assert_int_equal(config_load_string(small, "small.yaml", 0, NULL, &cfg), SPES_OK);
+    assert_int_equal(cfg.model.eos_token_id, -1);
+    assert_int_equal(cfg.model.pad_token_id, -1);
+    config_free(&cfg);
+    char *eos[] = {"--model.eos_token_id=63"};
+    assert_int_equal(config_load_string(small, "small.yaml", 1, eos, &cfg), SPES_OK);
+    assert_int_equal(cfg.model.eos_token_id, 63);
+    config_free(&cfg);
+    char *outside[] = {"--model.pad_token_id=64"};
+    assert_int_equal(config_load_string(small, "small.yaml", 1, outside, &cfg), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "model.pad_token_id"));
+    // The defaults stay where the vocabulary holds them.
+    assert_int_equal(config_load_string("", "big.yaml", 0, NULL, &cfg), SPES_OK);
+    assert_int_equal(cfg.model.eos_token_id, 50256);
+    config_free(&cfg);
+}
+
 static void test_reference_dilico(void **state) {
     (void)state;
     TrainConfig cfg;
@@ -596,6 +618,7 @@ int main(void) {
         cmocka_unit_test(test_reference_spes_1b),
         cmocka_unit_test(test_reference_3b_norm_router),
         cmocka_unit_test(test_save_interval_stands_in),
+        cmocka_unit_test(test_default_token_ids_small_vocab),
         cmocka_unit_test(test_reference_dilico),
         cmocka_unit_test(test_trimmed_copy_matches_reference),
         cmocka_unit_test(test_tiny_config),
