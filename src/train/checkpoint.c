@@ -333,39 +333,11 @@ static int write_hf_config(const char *path, const ModelConfig *cfg) {
     return hf_config_write(cfg, hf_format_name(format), "float32", path);
 }
 
-// generation_config.json of the model the run started from: load_path's (an upcycled model's is
-// the dense model's, with its eos list and sampling settings), or, when load_path has none (it
-// was moved away before a resume), the newest checkpoint's copy. `spes export` writes it
-// unchanged. A source that cannot be read costs the checkpoint this file, not the save (export
-// then builds one from config.json); a failed write fails the save, as any other file's.
-static int copy_generation_config(const char *save_folder, const char *load_path, const char *to_dir) {
-    char *from = load_path ? path_join(load_path, "generation_config.json") : NULL;
-    if (!from || !file_exists(from)) {
-        free(from);
-        from = NULL;
-        char *latest = NULL;
-        int64_t step;
-        if (checkpoint_find_latest(save_folder, &latest, &step) != SPES_OK) spes_clear_error();
-        if (latest) from = path_join(latest, "generation_config.json");
-        free(latest);
-    }
-    if (!from || !file_exists(from)) {
-        free(from);
-        return SPES_OK;
-    }
-    uint8_t *text = NULL;
-    size_t len = 0;
-    int rc = SPES_OK;
-    if (file_read_all(from, &text, &len) != SPES_OK) {
-        log_warn("checkpoint without generation_config.json: %s", spes_last_error());
-        spes_clear_error();
-    } else {
-        char *to = path_join(to_dir, "generation_config.json");
-        rc = to ? file_write_atomic(to, text, len) : SPES_ERR;
-        free(to);
-    }
-    free(text);
-    free(from);
+// The source model's generation_config.json, its bytes unchanged (`spes export` writes it on).
+static int write_generation_config(const char *dir, const TrainState *state) {
+    char *to = path_join(dir, "generation_config.json");
+    int rc = to ? file_write_atomic(to, state->generation_config, state->generation_config_len) : SPES_ERR;
+    free(to);
     return rc;
 }
 
@@ -409,7 +381,7 @@ int checkpoint_save(const char *save_folder, const Model *m, const AdamW *opt, c
     if (checkpoint_write_table(files[0], &m->table, false, 1, weights, no_prefix) != SPES_OK) goto done;
     if (write_hf_config(files[1], &m->cfg) != SPES_OK) goto done;
     if (write_config_yaml(files[2], cfg) != SPES_OK) goto done;
-    if (copy_generation_config(save_folder, cfg->load_path, tmp) != SPES_OK) goto done;
+    if (state->generation_config && write_generation_config(tmp, state) != SPES_OK) goto done;
     const float *moments[2] = {opt->m, opt->v};
     if (checkpoint_write_table(files[3], &m->table, true, 2, moments, moment_prefixes) != SPES_OK) goto done;
     if (write_state_json(files[4], state, &m->table, opt->step) != SPES_OK) goto done;

@@ -2,8 +2,9 @@
 //   model.safetensors        every parameter, F32, Hugging Face names   } loadable by HF
 //   config.json              HF OlmoeForCausalLM / Qwen3MoeForCausalLM  } transformers
 //   config.yaml              the resolved training config (for humans and reruns)
-//   generation_config.json   only when load_path had one: a copy (of the newest checkpoint's when
-//                            load_path's is gone), which `spes export` writes unchanged
+//   generation_config.json   only when the run's source model had one (TrainState.generation_config:
+//                            load_path's, or the newest checkpoint's when load_path's is gone),
+//                            which `spes export` writes unchanged
 //   train_state.safetensors  AdamW moments of the trainable tensors: exp_avg.<name>, exp_avg_sq.<name>
 //   train_state.json         step, tokens seen, optimizer step, data-loader position and
 //                            seed, config hash, trainable-set summary, schema version, and
@@ -37,6 +38,10 @@ typedef struct {
     // step directory being written, before it is made durable. NULL: none. Not saved itself.
     int (*save_extra)(void *ctx, const char *dir);
     void *save_extra_ctx;
+    // The run's source model's generation_config.json (train/source_model.h), written unchanged
+    // into every checkpoint; NULL: none. Owned by the trainer. Not saved in train_state.json.
+    const uint8_t *generation_config;
+    size_t generation_config_len;
 } TrainState;
 
 // Writes save_folder/step<state->step>/ atomically (see above). cfg supplies config.yaml.

@@ -31,7 +31,7 @@
 #include "train/plan_check.h"
 #include "train/save_space.h"
 #include "train/schedule.h"
-#include "train/source_token_ids.h"
+#include "train/source_model.h"
 #include "train/spes_peer.h"
 
 // An lm evaluator reads token files; a downstream one (cfg->requests) scores a multiple-choice
@@ -50,6 +50,7 @@ struct Trainer {
     Backend *be;                // where the model trains (device / precision keys)
     Model model;
     bool model_created;
+    uint8_t *generation_config;   // the source model's (rank 0; state.generation_config points here)
     AdamW adamw;
     TokenDataset *train_ds;
     DataLoader *train_dl;
@@ -438,7 +439,10 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
         if (model_params_to_device(&t->model) != SPES_OK) goto fail;
     }
     t->last_saved_step = resumed ? t->state.step : -1;
-    source_token_ids_apply(cfg, &t->model.cfg, t->rank0);   // what checkpoints' config.json say
+    // What checkpoints carry on of the source model: its token ids, its generation_config.json.
+    source_model_token_ids(cfg, &t->model.cfg, t->rank0);
+    if (t->rank0) source_model_generation_config(cfg, &t->generation_config, &t->state.generation_config_len, true);
+    t->state.generation_config = t->generation_config;
     if (mkdir_p(cfg->save_folder) != SPES_OK) goto fail;
     if (t->rank0 && metrics_open(&t->log, cfg->save_folder, t->state.step) != SPES_OK) goto fail;
     if (t->rank0 && check_save_space(t) != SPES_OK) goto fail;
@@ -505,6 +509,7 @@ void trainer_free(Trainer *t) {
         free(t->evals[i].scores);
     }
     free(t->evals);
+    free(t->generation_config);
     tokenizer_free(t->tokenizer);
     free(t->step_counts);
     free(t->micro_losses);

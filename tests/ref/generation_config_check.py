@@ -158,6 +158,18 @@ def main():
     must([spes, "export", "--checkpoint", save, "--out", trained], "spes export of the save_folder")
     same_file(trained, "export of the trained checkpoint")
 
+    # 2b. a source "generation_config.json" that is no file (a directory) is none, as
+    # transformers' from_pretrained takes it (it builds one from config.json): the run goes on and
+    # its checkpoints have none.
+    odd = os.path.join(work, "moe_odd")
+    shutil.copytree(moved, odd)
+    os.remove(os.path.join(odd, "generation_config.json"))
+    os.mkdir(os.path.join(odd, "generation_config.json"))
+    save_odd = os.path.join(work, "run_odd")
+    must([spes, "train", train_yaml(work, tokens, odd), "--save_folder=" + save_odd, "--max_duration=2"],
+         "spes train from a load_path whose generation_config.json is a directory")
+    check(not os.path.exists(os.path.join(save_odd, "step2", "generation_config.json")), "and step2 has none")
+
     # 3. generation stops at generation_config.json's ids, in transformers and in spes (a copy of
     # the export, so that this holds whatever the export wrote); a generation_config.json without
     # eos_token_id stops nowhere, config.json's id notwithstanding, in both.

@@ -1,5 +1,5 @@
-// The special token ids of a run's checkpoints. See source_token_ids.h.
-#include "train/source_token_ids.h"
+// The model a run started from, as its checkpoints carry it on. See source_model.h.
+#include "train/source_model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,30 +25,38 @@ static void yaml_where(const YNode *n, char *out, size_t cap) {
     else snprintf(out, cap, "%s", n->origin);
 }
 
-// The ids of the model the run started from into *src: load_path's config.json, else the newest
-// checkpoint's. *found false when neither has one (or there is no load_path).
+// Whether dir/name exists (a missing dir or an allocation failure: no).
+static bool has_file(const char *dir, const char *name) {
+    char *path = dir ? path_join(dir, name) : NULL;
+    bool yes = path && file_exists(path);
+    free(path);
+    return yes;
+}
+
+// The folder holding the source's file `name`: load_path, else the newest checkpoint (*dir NULL:
+// neither has it, or there is no load_path). *dir is malloc'd.
+static int source_dir(const TrainConfig *cfg, const char *name, char **dir) {
+    *dir = NULL;
+    if (!cfg->load_path) return SPES_OK;
+    if (has_file(cfg->load_path, name)) return (*dir = spes_strdup(cfg->load_path)) ? SPES_OK : SPES_ERR;
+    int64_t step;
+    SPES_TRY(checkpoint_find_latest(cfg->save_folder, dir, &step));
+    if (!has_file(*dir, name)) {
+        free(*dir);
+        *dir = NULL;
+    }
+    return SPES_OK;
+}
+
+// The ids of the source's config.json into *src. *found false when there is none.
 static int read_source(const TrainConfig *cfg, ModelConfig *src, bool *found) {
     *found = false;
-    if (!cfg->load_path) return SPES_OK;
-    char *config = path_join(cfg->load_path, "config.json");
-    if (!config) return SPES_ERR;
-    char *dir = NULL;
-    int rc = SPES_OK;
-    if (file_exists(config)) {
-        dir = spes_strdup(cfg->load_path);
-        if (!dir) rc = SPES_ERR;
-    } else {
-        int64_t step;
-        rc = checkpoint_find_latest(cfg->save_folder, &dir, &step);
-        free(config);
-        config = dir ? path_join(dir, "config.json") : NULL;
-    }
-    if (rc == SPES_OK && config && file_exists(config)) {
-        rc = hf_config_read_token_ids(dir, src);
-        *found = rc == SPES_OK;
-    }
+    char *dir;
+    SPES_TRY(source_dir(cfg, "config.json", &dir));
+    if (!dir) return SPES_OK;
+    int rc = hf_config_read_token_ids(dir, src);
+    *found = rc == SPES_OK;
     free(dir);
-    free(config);
     return rc;
 }
 
@@ -84,7 +92,7 @@ static void merge(const TrainConfig *cfg, const ModelConfig *src, ModelConfig *m
     }
 }
 
-void source_token_ids_apply(const TrainConfig *cfg, ModelConfig *model, bool speak) {
+void source_model_token_ids(const TrainConfig *cfg, ModelConfig *model, bool speak) {
     ModelConfig src = *model;
     bool found = false;
     if (read_source(cfg, &src, &found) != SPES_OK) {
@@ -97,4 +105,24 @@ void source_token_ids_apply(const TrainConfig *cfg, ModelConfig *model, bool spe
     merge(cfg, &src, model, conflict, sizeof conflict);
     if (conflict[0] && speak)
         log_warn("checkpoints' config.json take the YAML's special token ids over load_path's: %s", conflict);
+}
+
+void source_model_generation_config(const TrainConfig *cfg, uint8_t **text, size_t *len, bool speak) {
+    *text = NULL;
+    *len = 0;
+    char *dir = NULL, *from = NULL;
+    int rc = source_dir(cfg, "generation_config.json", &dir);
+    if (rc == SPES_OK && dir) {
+        from = path_join(dir, "generation_config.json");
+        rc = from ? file_read_all(from, text, len) : SPES_ERR;
+    }
+    if (rc != SPES_OK) {
+        if (speak) log_warn("checkpoints get no generation_config.json: %s", spes_last_error());
+        spes_clear_error();
+        free(*text);
+        *text = NULL;
+        *len = 0;
+    }
+    free(dir);
+    free(from);
 }
