@@ -23,6 +23,7 @@
 #include "server/rounds_internal.h"
 #include "server/server_state.h"
 #include "server/upload_check.h"
+#include "sync/aggregate_step.h"
 #include "sync/expert_owners.h"
 
 
@@ -158,7 +159,7 @@ void rounds_blob_unref(Rounds *r, AggregateBlob *blob) {
     for (int i = 0; blob->views && i < 2 * (r->cfg.agg.num_peers + 1); i++) aggregate_view_free(&blob->views[i]);
     free(blob->views);
     free(blob->delta);
-    if (!r->spare && blob->len == r->aggregate_len) r->spare = blob->bytes;
+    if (!r->spare) r->spare = blob->bytes;   // every blob's bytes hold aggregate_cap
     else free(blob->bytes);
     free(blob->included);
     free(blob);
@@ -180,7 +181,6 @@ void rounds_destroy(Rounds *r) {
     free(r->open);
     free(r->kept);
     free(r->instance);
-    free(r->header);
     free(r->tensor_offset);
     model_spec_free(&r->spec);
     outer_opt_state_free(&r->outer);
@@ -195,39 +195,59 @@ void rounds_destroy(Rounds *r) {
     free(r);
 }
 
-// Fixes the aggregate's layout once: serialises a zero-filled aggregate (calloc'd source,
-// so no real memory is read), keeps its header bytes and each tensor's data offset. Every
-// round then writes the header and aggregates straight into the data region.
-static int plan_aggregate_layout(Rounds *r) {
-    // From the header alone: the data follows it, tensors back to back in spec order. A Hello of
-    // a few hundred bytes may declare any size, so nothing model-sized is allocated here (issue 29).
+// The safetensors header of an aggregate stating step_text as its spes_step (aggregate_step.h):
+// every tensor of the spec in spec order, in the payload dtype; *data_len: the bytes they take.
+// From the header alone: a Hello of a few hundred bytes may declare any size, so nothing
+// model-sized is allocated here (issue 29).
+static int build_aggregate_header(const Rounds *r, const char *step_text, char **header, size_t *header_len,
+                                  size_t *data_len) {
     const ModelSpec *spec = &r->spec;
-    size_t elem = dtype_size(r->payload_dtype);
     StWriteTensor *w = spes_calloc((size_t)spec->count + 1, sizeof *w);
-    r->tensor_offset = spes_calloc((size_t)spec->count + 1, sizeof(size_t));
-    int rc = w && r->tensor_offset ? SPES_OK : SPES_ERR;
-    for (int t = 0; rc == SPES_OK && t < spec->count; t++) {
+    if (!w) return SPES_ERR;
+    for (int t = 0; t < spec->count; t++) {
         w[t].name = spec->tensors[t].name;
         w[t].dtype = r->payload_dtype;
         w[t].ndim = spec->tensors[t].ndim;
         memcpy(w[t].shape, spec->tensors[t].shape, sizeof w[t].shape);
     }
+    const char *keys[] = {SYNC_META_STEP}, *values[] = {step_text};
+    int rc = safetensors_build_header(w, spec->count, keys, values, 1, header, header_len, data_len);
+    free(w);
+    return rc;
+}
+
+// Fixes the aggregate's layout once: each tensor's offset in the data, and room for the header
+// of the widest step (10 digits). Every round then writes its header (rounds_aggregate_header)
+// and aggregates straight into the data behind it.
+static int plan_aggregate_layout(Rounds *r) {
     char *header = NULL;
-    size_t header_len = 0, data_len = 0;
-    if (rc == SPES_OK) rc = safetensors_build_header(w, spec->count, NULL, NULL, 0, &header, &header_len, &data_len);
+    size_t header_len = 0, data_len = 0, elem = dtype_size(r->payload_dtype);
+    r->tensor_offset = spes_calloc((size_t)r->spec.count + 1, sizeof(size_t));
+    int rc = r->tensor_offset ? build_aggregate_header(r, "2147483647", &header, &header_len, &data_len) : SPES_ERR;
     if (rc == SPES_OK) {
-        size_t at = header_len;
-        for (int t = 0; t < spec->count; t++) {
+        size_t at = 0;
+        for (int t = 0; t < r->spec.count; t++) {
             r->tensor_offset[t] = at;
-            at += spec->tensors[t].numel * elem;
+            at += r->spec.tensors[t].numel * elem;
         }
-        r->header_len = header_len;
-        r->aggregate_len = header_len + data_len;
-        r->header = (uint8_t *)header;
-        header = NULL;
+        r->header_cap = header_len;
+        r->data_len = data_len;
+        r->aggregate_cap = header_len + data_len;
     }
     free(header);
-    free(w);
+    return rc;
+}
+
+int rounds_aggregate_header(const Rounds *r, int step, uint8_t *out, size_t *header_len) {
+    char step_text[16], *header = NULL;
+    snprintf(step_text, sizeof step_text, "%d", step);
+    size_t data_len = 0;
+    SPES_TRY(build_aggregate_header(r, step_text, &header, header_len, &data_len));
+    int rc = *header_len <= r->header_cap ? SPES_OK   // the widest step's was planned for
+                                          : spes_fail("aggregate of step %d: a header of %zu bytes, room for %zu",
+                                                      step, *header_len, r->header_cap);
+    if (rc == SPES_OK) memcpy(out, header, *header_len);
+    free(header);
     return rc;
 }
 

@@ -98,6 +98,7 @@ typedef struct {
     size_t delta_len;
     int delta_base;
     uint32_t crc32c, delta_crc32c;   // crc32c (base/crc32c.h) of bytes and delta, recorded in rounds.json
+    size_t header_len;          // its tensors follow: the header's length varies with the step it states
 } AggregateBlob;
 
 typedef struct Rounds Rounds;

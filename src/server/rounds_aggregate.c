@@ -44,13 +44,13 @@ static AggregateBlob *latest_before(Rounds *r, int step) {
 }
 
 // The tensors of an aggregate blob in spec order (the layout is fixed: tensor t at
-// tensor_offset[t]), as rows for aggregate_compute_partial's `previous`.
+// rounds_blob_tensor), as rows for aggregate_compute_partial's `previous`.
 static StTensor *blob_tensors(const Rounds *r, const AggregateBlob *blob) {
     StTensor *x = spes_calloc((size_t)r->spec.count, sizeof *x);
     for (int t = 0; x && t < r->spec.count; t++) {
         const SpecTensor *st = &r->spec.tensors[t];
         x[t] = (StTensor){.name = st->name, .dtype = r->payload_dtype, .ndim = st->ndim, .numel = st->numel,
-                          .nbytes = st->numel * dtype_size(r->payload_dtype), .data = blob->bytes + r->tensor_offset[t]};
+                          .nbytes = st->numel * dtype_size(r->payload_dtype), .data = rounds_blob_tensor(r, blob, t)};
         memcpy(x[t].shape, st->shape, sizeof x[t].shape);
     }
     return x;
@@ -105,7 +105,7 @@ RoundsResult rounds_int8_upload_walk(Rounds *r, int peer, int step, const SafeTe
     for (int t = 0; code == ROUNDS_OK && t < spec->count; t++) {
         if (!model_spec_peer_sends(spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer, t)) continue;
         const SpecTensor *x = &spec->tensors[t];
-        const float *b = (const float *)(base->bytes + r->tensor_offset[t]);
+        const float *b = (const float *)rounds_blob_tensor(r, base, t);
         if (delta_payload_decode(r->delta, st, what, x->name, x->ndim, x->shape, x->numel, b, out, scales, codes) !=
             SPES_OK) {
             code = ROUNDS_BAD_REQUEST;
@@ -182,8 +182,8 @@ static int add_upload(Rounds *r, OpenRound *round, int peer, AggregateAcc *acc, 
 // every peer that took part holds. Each tensor's change is encoded (delta_encode_change, the run's
 // codec) and the
 // blob's F32 image is replaced by prev + decoded change, exactly what those peers reconstruct;
-// blob->delta gets the encoded change (delta_payload.h) against prev->step.
-static int delta_downlink(Rounds *r, AggregateBlob *blob, const AggregateBlob *prev) {
+// blob->delta gets the encoded change (delta_payload.h) against prev->step, stating `step`.
+static int delta_downlink(Rounds *r, AggregateBlob *blob, int step, const AggregateBlob *prev) {
     const ModelSpec *spec = &r->spec;
     size_t largest = 1, blocks = 0;
     for (int t = 0; t < spec->count; t++) {
@@ -197,8 +197,8 @@ static int delta_downlink(Rounds *r, AggregateBlob *blob, const AggregateBlob *p
     size_t at = 0, block_at = 0;
     for (int t = 0; rc == SPES_OK && t < spec->count; t++) {
         const SpecTensor *x = &spec->tensors[t];
-        float *a = (float *)(blob->bytes + r->tensor_offset[t]);
-        const float *b = (const float *)(prev->bytes + r->tensor_offset[t]);
+        float *a = (float *)rounds_blob_tensor(r, blob, t);
+        const float *b = (const float *)rounds_blob_tensor(r, prev, t);
         delta_encode_change(r->delta, a, b, x->numel, q + at, scales + block_at, scratch);
         delta_reconstruct(b, q + at, scales + block_at, x->numel, a);
         w[t] = (DeltaTensor){.name = x->name, .ndim = x->ndim, .numel = x->numel, .q = q + at, .scale = scales + block_at};
@@ -206,7 +206,8 @@ static int delta_downlink(Rounds *r, AggregateBlob *blob, const AggregateBlob *p
         at += x->numel;
         block_at += delta_blocks(x->numel);
     }
-    if (rc == SPES_OK) rc = delta_payload_serialize(r->delta, w, spec->count, prev->step, &blob->delta, &blob->delta_len);
+    if (rc == SPES_OK)
+        rc = delta_payload_serialize_aggregate(r->delta, w, spec->count, prev->step, step, &blob->delta, &blob->delta_len);
     if (rc == SPES_OK) blob->delta_base = prev->step;
     free(q);
     free(scales);
@@ -242,7 +243,7 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round, OuterOptSta
     if (blob) blob->bytes = r->spare;
     if (blob) r->spare = NULL;
     pthread_mutex_unlock(&r->mu);
-    if (blob && !blob->bytes) blob->bytes = spes_malloc(r->aggregate_len);
+    if (blob && !blob->bytes) blob->bytes = spes_malloc(r->aggregate_cap);
     if (!blob || !blob->bytes || !out || (partial && !present) || !outer_ok) goto fail;
     if (r->outer_on && (prev ? prev->step : -1) != outer_from) {
         spes_fail("outer optimizer: step %d would step from the aggregate of step %d, but its state is that of step %d "
@@ -257,8 +258,8 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round, OuterOptSta
         for (int t = 0; t < count; t++) prev_rows[t] = &prev_tensors[t];
     }
     for (int p = 0; partial && p < P; p++) present[p] = round->uploaded[p];
-    memcpy(blob->bytes, r->header, r->header_len);
-    for (int t = 0; t < count; t++) out[t] = blob->bytes + r->tensor_offset[t];
+    if (rounds_aggregate_header(r, round->step, blob->bytes, &blob->header_len) != SPES_OK) goto fail;
+    for (int t = 0; t < count; t++) out[t] = rounds_blob_tensor(r, blob, t);
     row = spes_calloc((size_t)count, sizeof *row);
     if (!row || aggregate_acc_begin(&r->spec, &r->cfg.agg, round->step, present, out, r->payload_dtype, &acc) != SPES_OK)
         goto fail;
@@ -274,9 +275,9 @@ static AggregateBlob *compute_aggregate(Rounds *r, OpenRound *round, OuterOptSta
     }
     // A rotated aggregate goes down whole: as a delta its moved experts would be rounded.
     bool rotated = expert_rotation_due(r->cfg.agg.rotation_steps, round->step);
-    if (r->delta_run && prev && !rotated && delta_downlink(r, blob, prev) != SPES_OK) goto fail;
+    if (r->delta_run && prev && !rotated && delta_downlink(r, blob, round->step, prev) != SPES_OK) goto fail;
     blob->step = round->step;
-    blob->len = r->aggregate_len;
+    blob->len = blob->header_len + r->data_len;
     blob->refs = 1;
     blob->included = present;
     present = NULL;

@@ -39,9 +39,11 @@ struct Rounds {
     DType wire_dtype;           // the peers' payload dtype from Hello (I8 in int8 runs)
     bool delta_run;                  // a delta run (wire_dtype I8): int8 or int4 codes, as delta says
     const DeltaCodec *delta;    // the run's delta codec (NULL: an F32 / BF16 run)
-    uint8_t *header;            // safetensors header of every aggregate (same layout each round)
-    size_t header_len, aggregate_len;
-    size_t *tensor_offset;      // [spec.count] byte offset of tensor t in the aggregate
+    // Every aggregate: its header stating its step (rounds_aggregate_header: as long as the step's
+    // digits make it, at most header_cap), then the tensors back to back in spec order.
+    size_t header_cap, data_len;
+    size_t aggregate_cap;       // header_cap + data_len: what the bytes of every blob hold
+    size_t *tensor_offset;      // [spec.count] byte offset of tensor t in the aggregate's data
 
     OpenRound *open;            // [max_open_rounds]
     AggregateBlob **kept;       // [keep_steps], NULL: empty
@@ -62,6 +64,13 @@ struct Rounds {
                                 // after mu where both are held)
 };
 
+// Writes the header of step's aggregate (stating its spes_step, aggregate_step.h) into
+// out[r->header_cap]; *header_len: its length, where the tensors begin.
+int rounds_aggregate_header(const Rounds *r, int step, uint8_t *out, size_t *header_len);
+// Tensor t's bytes in an aggregate blob.
+static inline uint8_t *rounds_blob_tensor(const Rounds *r, const AggregateBlob *blob, int t) {
+    return blob->bytes + blob->header_len + r->tensor_offset[t];
+}
 // The kept aggregate of step, or NULL. Under r->mu.
 AggregateBlob *rounds_find_kept(Rounds *r, int step);
 // Elements per tensor of the outer optimizer's state (0: not covered); malloc'd, NULL: out of memory.

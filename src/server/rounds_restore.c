@@ -11,6 +11,7 @@
 #include "base/crc32c.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "sync/aggregate_step.h"
 #include "sync/delta_payload.h"
 #include "server/rounds_internal.h"
 #include "server/server_state.h"
@@ -101,6 +102,40 @@ static int check_aggregate(const char *dir, int step, AggregateBlob *blob, const
                      "recorded: %llu bytes, crc32c %08x): the file is damaged or was replaced; restore it, or move the "
                      "state dir away to start afresh",
                      dir, step, blob->len, blob->crc32c, (unsigned long long)sum->bytes, sum->crc32c);
+}
+
+// Where a reloaded aggregate's tensors begin (blob->header_len): its header states its step or
+// none (one written before aggregates stated their step: served as it is, peers take it), within
+// the room planned for the widest step, and its tensors are the model's, in spec order and the
+// payload dtype. Its bytes then get room for aggregate_cap, like every blob's (the spare).
+static int reloaded_layout(Rounds *r, int step, AggregateBlob *blob) {
+    char what[160];
+    snprintf(what, sizeof what, "server state %s: aggregate_s%d.safetensors", r->cfg.state_dir, step);
+    SafeTensors st;
+    if (safetensors_parse(blob->bytes, blob->len, what, &st) != SPES_OK)
+        return spes_fail_context("damaged state directory?");
+    int stated = -1, rc = sync_aggregate_stated_step(&st, what, &stated);
+    size_t header_len = blob->len >= r->data_len ? blob->len - r->data_len : 0;
+    const char *bad = rc != SPES_OK                                          ? NULL
+                      : stated >= 0 && stated != step                        ? "it states another step"
+                      : st.count != r->spec.count || header_len < 8 || header_len > r->header_cap ? "another size"
+                                                                                                  : NULL;
+    for (int t = 0; rc == SPES_OK && !bad && t < st.count; t++) {
+        const StTensor *x = &st.tensors[t];   // in file order
+        if (strcmp(x->name, r->spec.tensors[t].name) != 0 || x->dtype != r->payload_dtype ||
+            x->numel != r->spec.tensors[t].numel)
+            bad = "tensors other than the model's, in its order and payload dtype";
+    }
+    safetensors_close(&st);
+    if (rc != SPES_OK) return rc;
+    if (bad)
+        return spes_fail("%s: %s (%zu bytes; the model's aggregate has %zu data bytes): a damaged state directory?",
+                         what, bad, blob->len, r->data_len);
+    uint8_t *bytes = realloc(blob->bytes, r->aggregate_cap);
+    if (!bytes) return spes_fail("%s: out of memory", what);
+    blob->bytes = bytes;
+    blob->header_len = header_len;
+    return SPES_OK;
 }
 
 // The outer optimizer's state after the newest reloaded aggregate (outer_s<step>.bin), or a
@@ -222,10 +257,7 @@ int rounds_restore_state(Rounds *r) {
             if (rc == SPES_OK) rc = check_aggregate(dir, f->step, blob, sum);
             if (rc == SPES_OK) rc = state_load_included(dir, f->step, r->cfg.agg.num_peers, &blob->included);
             if (rc == SPES_OK && r->delta_run) rc = restore_delta(r, blob, f->step, sum);
-            if (rc == SPES_OK && blob->len != r->aggregate_len)
-                rc = spes_fail("server state %s: aggregate of step %d has %zu bytes, the model's aggregate %zu (damaged "
-                               "state directory?)",
-                               dir, f->step, blob->len, r->aggregate_len);
+            if (rc == SPES_OK) rc = reloaded_layout(r, f->step, blob);
             if (rc != SPES_OK) {
                 if (blob) free(blob->bytes);
                 if (blob) free(blob->included);

@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "base/rng.h"
 #include "base/timer.h"
+#include "sync/aggregate_step.h"
 #include "sync/call_deadline.h"
 #include "sync/call_status.h"
 #include "sync/wire.h"
@@ -552,7 +553,9 @@ int sync_client_upload_bytes(SyncClient *c, int step, const uint8_t *bytes, size
     return SPES_OK;
 }
 
-int sync_client_serialize(const SyncClient *c, const StWriteTensor *tensors, int n, uint8_t **bytes, size_t *len) {
+// sync_client_serialize, stating `step` (spes_step) when it is >= 0.
+static int serialize_payload(const SyncClient *c, const StWriteTensor *tensors, int n, int step, uint8_t **bytes,
+                             size_t *len) {
     // Convert to the payload dtype where needed (bf16 halves the traffic).
     StWriteTensor *w = spes_calloc(n > 0 ? (size_t)n : 1, sizeof *w);
     uint16_t **converted = spes_calloc(n > 0 ? (size_t)n : 1, sizeof *converted);
@@ -578,11 +581,23 @@ int sync_client_serialize(const SyncClient *c, const StWriteTensor *tensors, int
         w[i].dtype = DTYPE_BF16;
         w[i].data = converted[i];
     }
-    if (rc == SPES_OK) rc = safetensors_serialize(w, n, NULL, NULL, 0, bytes, len);
+    char step_text[16];
+    snprintf(step_text, sizeof step_text, "%d", step);
+    const char *keys[] = {SYNC_META_STEP}, *values[] = {step_text};
+    if (rc == SPES_OK) rc = safetensors_serialize(w, n, keys, values, step >= 0 ? 1 : 0, bytes, len);
     for (int i = 0; converted && i < n; i++) free(converted[i]);
     free(converted);
     free(w);
     return rc;
+}
+
+int sync_client_serialize(const SyncClient *c, const StWriteTensor *tensors, int n, uint8_t **bytes, size_t *len) {
+    return serialize_payload(c, tensors, n, -1, bytes, len);
+}
+
+int sync_client_serialize_aggregate(const SyncClient *c, const StWriteTensor *tensors, int n, int step, uint8_t **bytes,
+                                    size_t *len) {
+    return serialize_payload(c, tensors, n, step, bytes, len);
 }
 
 int sync_client_upload(SyncClient *c, int step, const StWriteTensor *tensors, int n) {
@@ -764,7 +779,9 @@ static int wait_and_download(SyncClient *c, int step, const ViewAsk *ask, uint8_
     double waited = now_seconds();
     uint8_t *buf = spes_malloc(total ? (size_t)total : 1);
     if (!buf) return SPES_ERR;
-    if (download_chunks(c, step, ask, chunks, buf, (size_t)total) != SPES_OK) {
+    // An aggregate of another round would load without a sign: refused by the step it states.
+    if (download_chunks(c, step, ask, chunks, buf, (size_t)total) != SPES_OK ||
+        sync_aggregate_check_step(buf, (size_t)total, step, c->addr) != SPES_OK) {
         free(buf);
         return SPES_ERR;
     }

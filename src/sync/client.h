@@ -82,6 +82,11 @@ int sync_client_hello(SyncClient *c, const ModelSpec *spec);
 int sync_client_upload(SyncClient *c, int step, const StWriteTensor *tensors, int n);
 // The same in two steps (e.g. to keep an audit copy of the payload): serialise, then upload.
 int sync_client_serialize(const SyncClient *c, const StWriteTensor *tensors, int n, uint8_t **bytes, size_t *len);
+// The same, stating `step` in its metadata (spes_step) as the server's aggregate of that step
+// does (sync/aggregate_step.h): a peer's copy of a whole aggregate it completed itself (a delta
+// or a view without its own experts) is then byte for byte the server's.
+int sync_client_serialize_aggregate(const SyncClient *c, const StWriteTensor *tensors, int n, int step, uint8_t **bytes,
+                                    size_t *len);
 // Uploads ready-made safetensors bytes.
 int sync_client_upload_bytes(SyncClient *c, int step, const uint8_t *bytes, size_t len);
 // Waits for step's aggregate and downloads it whole: *bytes (malloc'd, caller frees) is safetensors.

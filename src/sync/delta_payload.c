@@ -11,6 +11,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "sync/aggregate_step.h"
 #include "sync/model_spec.h"
 
 // zstd level of the int4 codes: level 1 shrinks them as much as 3 or 9 do (measured on the payloads
@@ -115,8 +116,9 @@ int delta_payload_bytes(const DeltaCodec *c, const DeltaTensor *tensors, int n, 
     return rc;
 }
 
-int delta_payload_serialize(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, uint8_t **bytes,
-                           size_t *len) {
+// delta_payload_serialize, stating `step` (spes_step) when it is >= 0.
+static int serialize_payload(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, int step,
+                             uint8_t **bytes, size_t *len) {
     StWriteTensor *w = spes_calloc(2 * (size_t)n + 1, sizeof *w);
     char **names = spes_calloc((size_t)n + 1, sizeof *names);
     // The wire forms of int4 codes (packed, then a zstd frame each) and bf16 scales (int8 writes
@@ -162,12 +164,13 @@ int delta_payload_serialize(const DeltaCodec *c, const DeltaTensor *tensors, int
             block_at += blocks;
         }
     }
-    char base[24], block[24];
+    char base[24], block[24], step_text[24];
     snprintf(base, sizeof base, "%d", base_step);
     snprintf(block, sizeof block, "%d", DELTA_BLOCK);
-    const char *keys[] = {"spes_encoding", "spes_base_step", "spes_block"};
-    const char *values[] = {c->encoding, base, block};
-    if (rc == SPES_OK) rc = safetensors_serialize(w, 2 * n, keys, values, 3, bytes, len);
+    snprintf(step_text, sizeof step_text, "%d", step);
+    const char *keys[] = {"spes_encoding", "spes_base_step", "spes_block", SYNC_META_STEP};
+    const char *values[] = {c->encoding, base, block, step_text};
+    if (rc == SPES_OK) rc = safetensors_serialize(w, 2 * n, keys, values, step >= 0 ? 4 : 3, bytes, len);
     for (int i = 0; names && i < n; i++) free(names[i]);
     free(names);
     free(w);
@@ -175,6 +178,16 @@ int delta_payload_serialize(const DeltaCodec *c, const DeltaTensor *tensors, int
     free(packed);
     free(bf16);
     return rc;
+}
+
+int delta_payload_serialize(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, uint8_t **bytes,
+                           size_t *len) {
+    return serialize_payload(c, tensors, n, base_step, -1, bytes, len);
+}
+
+int delta_payload_serialize_aggregate(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, int step,
+                                      uint8_t **bytes, size_t *len) {
+    return serialize_payload(c, tensors, n, base_step, step, bytes, len);
 }
 
 int delta_payload_kind(const SafeTensors *st, const char *what, const DeltaCodec **codec, int *base_step) {

@@ -33,6 +33,10 @@ typedef struct {
 
 int delta_payload_serialize(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, uint8_t **bytes,
                            size_t *len);
+// The same as the server's delta of the aggregate of `step` (against base_step): its metadata
+// also states the step (spes_step, aggregate_step.h), which the peer checks.
+int delta_payload_serialize_aggregate(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, int step,
+                                      uint8_t **bytes, size_t *len);
 
 // The bytes delta_payload_serialize writes for `tensors` (their codes and scales are not read:
 // nothing is encoded), or, with keep, of the aggregate view of such a payload holding only the

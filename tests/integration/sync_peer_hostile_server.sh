@@ -116,6 +116,7 @@ huge_total        2  total_bytes 1099511627776
 many_chunks       2  total_chunks 2147483647
 overrun           2  chunk [0-9]+ of step 2's aggregate is inconsistent
 truncated         2  came to [0-9]+ bytes, [0-9]+ announced
+other_step        2  asked for the aggregate of step 2, it sent the aggregate of step 12 \(its spes_step\)
 hello_chunk_tiny  2  total_chunks 37 for [0-9]+ bytes; the chunk_size its Hello stated makes [0-9]+
 hello_fingerprint 0  Hello answers model fingerprint [0-9a-f]+, but this peer's model is
 silent            0  Hello failed \(UNAVAILABLE\)

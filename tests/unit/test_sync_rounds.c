@@ -17,10 +17,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/crc32c.h"
 #include "base/timer.h"
 #include "base/file.h"
 #include "server/rounds.h"
 #include "server/server_state.h"
+#include "sync/aggregate_step.h"
 #include "sync_test_model.h"
 
 static Rounds *make_rounds_in(int keep_steps, const char *state_dir) {
@@ -604,6 +606,89 @@ static void test_full_round_drops_a_stale_peer_list(void **state) {
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
+// The step a kept aggregate states (spes_step); -1: none.
+static int stated_step(Rounds *r, int step, size_t *len) {
+    AggregateBlob *a;
+    assert_int_equal(rounds_get(r, step, 0, &a), ROUNDS_OK);
+    assert_non_null(a);
+    SafeTensors st;
+    assert_int_equal(safetensors_parse(a->bytes, a->len, "aggregate", &st), SPES_OK);
+    int stated;
+    assert_int_equal(sync_aggregate_stated_step(&st, "aggregate", &stated), SPES_OK);
+    safetensors_close(&st);
+    *len = a->len;
+    rounds_release(r, a);
+    return stated;
+}
+
+// Rewrites dir's aggregate of step as a server before spes_step wrote it (the same tensors, no
+// __metadata__) and records that file in rounds.json. Returns its bytes.
+static char *make_older_aggregate(const char *dir, int step, size_t *older_len) {
+    char name[64];
+    snprintf(name, sizeof name, "aggregate_s%d.safetensors", step);
+    size_t len;
+    char *bytes = read_state_file(dir, name, &len);
+    SafeTensors st;
+    assert_int_equal(safetensors_parse((const uint8_t *)bytes, len, name, &st), SPES_OK);
+    StWriteTensor w[64];
+    assert_true(st.count <= 64);
+    for (int i = 0; i < st.count; i++) {
+        w[i] = (StWriteTensor){.name = st.tensors[i].name, .dtype = st.tensors[i].dtype, .ndim = st.tensors[i].ndim,
+                               .data = st.tensors[i].data};
+        memcpy(w[i].shape, st.tensors[i].shape, sizeof w[i].shape);
+    }
+    uint8_t *older;
+    assert_int_equal(safetensors_serialize(w, st.count, NULL, NULL, 0, &older, older_len), SPES_OK);
+    safetensors_close(&st);
+    free(bytes);
+    assert_true(*older_len < len);
+    write_state_file(dir, name, older, *older_len);
+    StateBook *book = calloc(1, sizeof *book);
+    bool found;
+    assert_int_equal(state_load_book(dir, book, &found), SPES_OK);
+    for (int i = 0; i < book->n_kept; i++)
+        if (book->kept[i].step == step) book->kept[i].bytes = *older_len, book->kept[i].crc32c = crc32c(older, *older_len);
+    assert_int_equal(state_save_book(dir, book), SPES_OK);
+    free(book);
+    return (char *)older;
+}
+
+// Every aggregate states its step (spes_step, aggregate_step.h), its header as long as the step's
+// digits make it. An aggregate file written before the key (an older server's state dir) is
+// reloaded and served as it is (peers take an aggregate stating no step), next to newer ones.
+static void test_aggregates_state_their_step(void **state) {
+    (void)state;
+    char dir[] = "/tmp/spes_rounds_step_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    Rounds *r = make_rounds_in(2, dir);
+    hello(r, 0, 6, ROUNDS_OK);
+    complete(r, 8);
+    complete(r, 10);
+    size_t len;
+    assert_int_equal(stated_step(r, 8, &len), 8);
+    assert_int_equal(stated_step(r, 10, &len), 10);
+    rounds_destroy(r);
+
+    size_t older_len;
+    char *older = make_older_aggregate(dir, 10, &older_len);
+    r = make_rounds_in(2, dir);
+    assert_int_equal(stated_step(r, 10, &len), -1);
+    AggregateBlob *a;
+    assert_int_equal(rounds_get(r, 10, 0, &a), ROUNDS_OK);
+    assert_int_equal(a->len, older_len);
+    assert_memory_equal(a->bytes, older, older_len);
+    rounds_release(r, a);
+    complete(r, 12);   // aggregated behind the older one; step 8's drops out
+    assert_int_equal(stated_step(r, 12, &len), 12);
+    rounds_destroy(r);
+    r = make_rounds_in(2, dir);
+    assert_int_equal(stated_step(r, 10, &len), -1);
+    assert_int_equal(stated_step(r, 12, &len), 12);
+    rounds_destroy(r);
+    free(older);
+    assert_int_equal(remove_tree(dir), SPES_OK);
+}
+
 // A state dir damaged between two runs (issue 29): an aggregate with one value changed (to NaN)
 // or replaced by an older aggregate's bytes, rounds.json edited to another step, are refused by
 // name instead of served; one junk upload file is set aside with a log line and the server starts.
@@ -973,6 +1058,7 @@ int main(void) {
         cmocka_unit_test(test_state_dir_survives_restart),
         cmocka_unit_test(test_restart_completes_a_full_round),
         cmocka_unit_test(test_damaged_state_dir_refused),
+        cmocka_unit_test(test_aggregates_state_their_step),
         cmocka_unit_test(test_run_flags_fixed_by_state_dir),
         cmocka_unit_test(test_far_ahead_upload_file_at_restart),
         cmocka_unit_test(test_refused_upload_leaves_no_file),

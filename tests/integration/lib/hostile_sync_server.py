@@ -4,7 +4,9 @@ peer uploads every tensor and an honest aggregate is its own upload echoed back)
 Usage: hostile_sync_server.py DESCRIPTOR_SET MODE   (prints "listening on PORT" once it serves)
 
 It answers Hello / UploadChunk / WaitAggregate / DownloadChunk / Status; MODE breaks one thing:
-  honest            the upload echoed back (F32 runs whole; int8 runs the delta against the base)
+  honest            the upload echoed back (F32 runs whole; int8 runs the delta against the base),
+                    stating the step asked for (spes_step, as `spes server` does)
+  other_step        the honest aggregate, stating another step (spes_step = the step asked + 10)
   nan | huge_value  one value of the first tensor NaN | 1e30
   wrong_shape | wrong_dtype | missing_tensor | extra_tensor    the aggregate's tensor list
   huge_total        WaitAggregate announces 2^40 bytes
@@ -64,6 +66,13 @@ def rebuild(header, data, drop=(), add=None):
         out_h[name] = dict(entry, data_offsets=[len(out_d), len(out_d) + len(raw)])
         out_d += raw
     return st_build(out_h, out_d)
+
+
+def stamp(payload, step):
+    """The payload with spes_step = step in its __metadata__ (what `spes server` writes)."""
+    h, d = st_parse(payload)
+    h["__metadata__"] = dict(h.get("__metadata__", {}), spes_step=str(step))
+    return st_build(h, d)
 
 
 def poke_f32(header, data, name, value):
@@ -154,9 +163,10 @@ def main():
         a = state["agg"].get(req.step)
         if a is None:
             return None, ""
-        if req.has_delta_base and a["delta"] is not None:
-            return a["delta"], "int8-delta"
-        return a["whole"], ""
+        data, view = (a["delta"], "int8-delta") if req.has_delta_base and a["delta"] is not None else (a["whole"], "")
+        if mode in ("honest", "other_step"):
+            data = stamp(data, req.step + (10 if mode == "other_step" else 0))
+        return data, view
 
     def wait(req, context):
         fail(context, "wait")
