@@ -130,7 +130,10 @@ EOF
 # A server that takes a call and never answers: the call is given up at the deadline for its size
 # (src/sync/call_deadline.h), not after the 30-minute cap, and not before the 60 s floor either. A
 # DownloadChunk: 60 s + the chunk's 64 KiB x 4 calls in flight at 64 KiB/s = 64 s. An upload
-# stream the server reads whole and never answers: 60 s + its ~2.4 MB at 64 KiB/s (~96 s).
+# stream the server reads whole and never answers: 60 s + its ~2.4 MB at 64 KiB/s (~96 s). An upload
+# stream the server stops reading after its first message (its HTTP/2 window kept small, so the
+# peer cannot hand the rest to the transport): the timer of one message, 60 s + two 64 KiB messages
+# at 64 KiB/s = 62 s, ends it before the stream's 96 s.
 while read -r case want; do
   [ -n "$case" ] && selected "$case" || continue
   refused_min=60 refused_max=110
@@ -139,6 +142,7 @@ while read -r case want; do
 done <<'EOF'
 stall_download  DownloadChunk failed \(DEADLINE_EXCEEDED\): no answer within its deadline of 64 s \(60 s \+ 65536 bytes x 4 at 64 KiB/s\)
 stall_upload    UploadChunk failed \(DEADLINE_EXCEEDED\): no answer within its deadline of [0-9]+ s \(60 s \+ [0-9]+ bytes x 1 at 64 KiB/s\)
+stall_upload_read  UploadChunk \(one message of the stream\) failed \(DEADLINE_EXCEEDED\): no answer within its deadline of 62 s \(60 s \+ 65536 bytes x 2 at 64 KiB/s\)
 EOF
 
 # int8 runs: round 2 goes whole (no base yet), round 4 as an int8 delta against step 2.

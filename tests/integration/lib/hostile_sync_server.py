@@ -17,6 +17,7 @@ It answers Hello / UploadChunk / WaitAggregate / DownloadChunk / Status; MODE br
   hello_chunk_tiny  Hello answers chunk_size 1 (a peer that follows it sends 1-byte messages)
   silent            TCP accepted, never answered
   stall_upload      the upload stream is read and never answered
+  stall_upload_read the upload's first message is read, then nothing more (the stream stalls)
   stall_download    DownloadChunk never answers
   error_<call>      <call> (hello, upload, wait, download) fails INTERNAL
   unavailable_wait  WaitAggregate fails UNAVAILABLE (clients retry, then give up)
@@ -139,6 +140,9 @@ def main():
         return r
 
     def upload(it, context):
+        if mode == "stall_upload_read":
+            next(it)
+            time.sleep(3600)
         parts, step = [], None
         for m in it:
             step = m.step
@@ -224,7 +228,10 @@ def main():
             upload, request_deserializer=M["UploadChunkRequest"].FromString,
             response_serializer=M["UploadChunkResponse"].SerializeToString),
     })
-    serve(handler, 16, [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)])
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    if mode == "stall_upload_read":   # a stream window that stays small: what is not read is not taken
+        options += [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1)]
+    serve(handler, 16, options)
 
 
 if __name__ == "__main__":
