@@ -9,6 +9,7 @@
 // waits for the aggregate to be computed and written). A link slower than SYNC_MIN_RATE is not
 // served; the cap keeps the old limit for the largest calls (a 1 GB upload: 30 min, as before).
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 
 #define SYNC_CALL_FLOOR_S 60.0
@@ -21,3 +22,12 @@ double sync_call_deadline(size_t bytes, int sharing, double cap_s);
 // the server's chunk_size where its Hello stated one (0: not stated; then an even split), never
 // more than the whole download.
 size_t sync_download_chunk_bytes(size_t total, int chunks, size_t chunk_size);
+
+// Who ended a call that failed DEADLINE_EXCEEDED after elapsed_s, its deadline being deadline_s:
+// this peer (its deadline had run out, or its own timer of one upload message stopped the call:
+// own_timer), or the server before that deadline (its --idle_timeout_seconds cancels a call that
+// makes no progress: this peer, or its link, was the slow side). A status within
+// SYNC_DEADLINE_SLACK_S of the deadline counts as the deadline's.
+typedef enum { SYNC_DEADLINE_PEER, SYNC_DEADLINE_SERVER } SyncDeadlineSide;
+#define SYNC_DEADLINE_SLACK_S 1.0
+SyncDeadlineSide sync_deadline_side(double elapsed_s, double deadline_s, bool own_timer);

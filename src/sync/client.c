@@ -30,6 +30,7 @@ struct SyncClient {
     size_t chunk_size;
     SyncStats stats;
     grpc_status_code last_status;
+    char last_details[256];         // what the server said with last_status
     Rng jitter;                     // retry delays: peers restarting together do not retry in lockstep
     uint64_t instance_id;           // this process's random id, sent with every call (proto HelloRequest)
     grpc_metadata auth;             // authorization: Bearer <token>
@@ -166,16 +167,27 @@ int sync_client_last_status(const SyncClient *c) { return c->last_status; }
 // server's details.
 static grpc_status_code call_failed(SyncClient *c, const char *method, grpc_status_code code, grpc_slice details) {
     char *text = grpc_slice_to_c_string(details);
+    snprintf(c->last_details, sizeof c->last_details, "%s", text);
     spes_fail("server %s: %s failed (%s): %s", c->addr, method, wire_status_name(code), text);
     gpr_free(text);
     return c->last_status = code;
 }
 
-// A call that ran past the deadline it was given for its size (call_deadline.h): the error
-// names the server, the call and the rule, so a stalled server is told from a slow link.
+// A call that failed DEADLINE_EXCEEDED after elapsed_s: either it ran past the deadline it was
+// given for its size (call_deadline.h), and the error names the server, the call and the rule, so
+// a stalled server is told from a slow link; or the server ended it before (sync_deadline_side),
+// and the error says that this peer was the slow side, not the server.
 static void explain_deadline(SyncClient *c, grpc_status_code code, const char *method, size_t bytes, int sharing,
-                             double deadline_s) {
+                             double deadline_s, double elapsed_s, bool own_timer) {
     if (code != GRPC_STATUS_DEADLINE_EXCEEDED) return;
+    if (sync_deadline_side(elapsed_s, deadline_s, own_timer) == SYNC_DEADLINE_SERVER) {
+        spes_fail("server %s: %s failed (DEADLINE_EXCEEDED) after %.0f s, before this peer's deadline of %.0f s: the "
+                  "server ended the call (it said: %s), having seen no progress from this peer within its "
+                  "--idle_timeout_seconds: this peer or its link was the slow side (a peer paused, or a link slower "
+                  "than that timeout allows)",
+                  c->addr, method, elapsed_s, deadline_s, c->last_details);
+        return;
+    }
     char rule[160];
     if (deadline_s < sync_call_deadline(bytes, sharing, 0))
         snprintf(rule, sizeof rule, "call_timeout_s, the cap of %.0f s + bytes at %.0f KiB/s", SYNC_CALL_FLOOR_S,
@@ -230,11 +242,13 @@ typedef struct {
     grpc_status_code code;
     grpc_slice details;
     bool started;
+    double started_at;          // now_seconds() when it was started
 } UnaryCall;
 
 static void unary_start(SyncClient *c, UnaryCall *u, const char *method, const ProtobufCMessage *req, double timeout_s) {
     memset(u, 0, sizeof *u);
     u->method = method;
+    u->started_at = now_seconds();
     u->code = GRPC_STATUS_UNKNOWN;
     u->details = grpc_empty_slice();
     grpc_metadata_array_init(&u->initial);
@@ -489,6 +503,7 @@ static grpc_status_code upload_once(SyncClient *c, int step, const uint8_t *byte
     size_t message_bytes = c->chunk_size < len ? c->chunk_size : len;
     double message_deadline = sync_call_deadline(message_bytes, 2, c->cfg.call_timeout_s);
     bool message_stalled = false;
+    double started_at = now_seconds();
     grpc_call *call = start_call(c, method, deadline);
     grpc_op op;
     memset(&op, 0, sizeof op);
@@ -527,11 +542,12 @@ static grpc_status_code upload_once(SyncClient *c, int step, const uint8_t *byte
     wire_run_batch(call, c->cq, &op, 1, 0);
     grpc_status_code code = finish_stream(c, call, method);
     grpc_call_unref(call);
+    double elapsed = now_seconds() - started_at;
     if (message_stalled)
         explain_deadline(c, code, "/FederatedServer/UploadChunk (one message of the stream)", message_bytes, 2,
-                         message_deadline);
+                         message_deadline, elapsed, true);
     else
-        explain_deadline(c, code, method, len, 1, deadline);
+        explain_deadline(c, code, method, len, 1, deadline, elapsed, false);
     // Answered by the server (accepted, or refused after reading the first message): it has the
     // points. A transport failure keeps them for the retry or the next upload.
     if (n_points > 0 && !transient(code)) drop_reported_metrics(c, points[n_points - 1].step);
@@ -732,16 +748,19 @@ static int download_chunks(SyncClient *c, int step, const ViewAsk *ask, int chun
         start_chunk(c, &window[started], step, started, ask, deadline);
     for (int i = 0; i < chunks; i++) {
         DownloadChunkResponse *resp = NULL;
+        double chunk_started = window[i % DOWNLOAD_WINDOW].started_at;
         grpc_status_code code = unary_finish(c, &window[i % DOWNLOAD_WINDOW], &download_chunk_response__descriptor,
                                              (ProtobufCMessage **)&resp);
         finished = i + 1;
         if (transient(code)) {
+            chunk_started = now_seconds();
             DownloadChunkRequest req = chunk_request(c, step, i, ask);
             code = unary(c, "/FederatedServer/DownloadChunk", &req.base, &download_chunk_response__descriptor,
                          (ProtobufCMessage **)&resp, deadline);
         }
         if (code != GRPC_STATUS_OK) {
-            explain_deadline(c, code, "/FederatedServer/DownloadChunk", chunk_bytes, sharing, deadline);
+            explain_deadline(c, code, "/FederatedServer/DownloadChunk", chunk_bytes, sharing, deadline,
+                             now_seconds() - chunk_started, false);
             rc = SPES_ERR;
             break;
         }

@@ -125,6 +125,7 @@ error_upload      2  UploadChunk failed \(INTERNAL\)
 error_wait        2  WaitAggregate failed \(INTERNAL\)
 error_download    2  DownloadChunk failed \(INTERNAL\)
 unavailable_wait  2  WaitAggregate failed \(UNAVAILABLE\)
+deadline_upload   2  UploadChunk failed \(DEADLINE_EXCEEDED\) after 0 s, before this peer's deadline of 96 s: the server ended the call \(it said: no progress within the idle timeout\), having seen no progress from this peer
 EOF
 
 # A server that takes a call and never answers: the call is given up at the deadline for its size

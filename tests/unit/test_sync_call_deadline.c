@@ -36,11 +36,24 @@ static void test_download_chunk_bytes(void **state) {
     assert_int_equal(sync_download_chunk_bytes(0, 1, 0), 0);
 }
 
+// Who ended a call that failed DEADLINE_EXCEEDED: the peer's own deadline (reached, within the
+// slack, or its per-message timer), else the server before it (its idle timeout).
+static void test_deadline_side(void **state) {
+    (void)state;
+    assert_int_equal(sync_deadline_side(64.0, 64.0, false), SYNC_DEADLINE_PEER);     // at the deadline
+    assert_int_equal(sync_deadline_side(63.2, 64.0, false), SYNC_DEADLINE_PEER);     // within the slack
+    assert_int_equal(sync_deadline_side(300.0, 64.0, false), SYNC_DEADLINE_PEER);    // long past (a slow status)
+    assert_int_equal(sync_deadline_side(62.9, 64.0, false), SYNC_DEADLINE_SERVER);   // before it
+    assert_int_equal(sync_deadline_side(0.1, 96.0, false), SYNC_DEADLINE_SERVER);    // a server's idle timeout
+    assert_int_equal(sync_deadline_side(5.0, 96.0, true), SYNC_DEADLINE_PEER);       // the message timer is ours
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_floor_plus_bytes_at_the_min_rate),
         cmocka_unit_test(test_capped_by_call_timeout),
         cmocka_unit_test(test_download_chunk_bytes),
+        cmocka_unit_test(test_deadline_side),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

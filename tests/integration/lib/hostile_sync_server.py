@@ -18,6 +18,8 @@ It answers Hello / UploadChunk / WaitAggregate / DownloadChunk / Status; MODE br
   silent            TCP accepted, never answered
   stall_upload      the upload stream is read and never answered
   stall_upload_read the upload's first message is read, then nothing more (the stream stalls)
+  deadline_upload   the upload fails DEADLINE_EXCEEDED at once, as `spes server` ends a call whose
+                    peer made no progress within its --idle_timeout_seconds
   stall_download    DownloadChunk never answers
   error_<call>      <call> (hello, upload, wait, download) fails INTERNAL
   unavailable_wait  WaitAggregate fails UNAVAILABLE (clients retry, then give up)
@@ -143,6 +145,8 @@ def main():
         if mode == "stall_upload_read":
             next(it)
             time.sleep(3600)
+        if mode == "deadline_upload":
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no progress within the idle timeout")
         parts, step = [], None
         for m in it:
             step = m.step
