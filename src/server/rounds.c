@@ -115,6 +115,7 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->persist_mu, NULL);
     pthread_mutex_init(&r->aggregate_mu, NULL);
+    pthread_mutex_init(&r->commit_mu, NULL);
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -123,7 +124,8 @@ int rounds_create(const RoundsConfig *cfg, Rounds **out) {
     r->open = spes_calloc((size_t)cfg->max_open_rounds, sizeof(OpenRound));
     r->kept = spes_calloc((size_t)cfg->keep_steps, sizeof(AggregateBlob *));
     r->instance = spes_calloc((size_t)cfg->agg.num_peers + 1, sizeof *r->instance);
-    if (!r->open || !r->kept || !r->instance) {
+    r->newest_attempt = spes_calloc((size_t)cfg->agg.num_peers + 1, sizeof *r->newest_attempt);
+    if (!r->open || !r->kept || !r->instance || !r->newest_attempt) {
         rounds_destroy(r);
         return SPES_ERR;
     }
@@ -181,6 +183,7 @@ void rounds_destroy(Rounds *r) {
     free(r->open);
     free(r->kept);
     free(r->instance);
+    free(r->newest_attempt);
     free(r->tensor_offset);
     model_spec_free(&r->spec);
     outer_opt_state_free(&r->outer);
@@ -188,6 +191,7 @@ void rounds_destroy(Rounds *r) {
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->persist_mu);
     pthread_mutex_destroy(&r->aggregate_mu);
+    pthread_mutex_destroy(&r->commit_mu);
     if (r->own_upload_dir) remove_tree(r->upload_dir);
     if (r->own_upload_dir) free(r->upload_dir);
     pthread_cond_destroy(&r->changed);
@@ -687,7 +691,23 @@ RoundsResult rounds_upload_begin(Rounds *r, int peer, int step, RoundsUpload *up
     up->step = step;
     if (state_upload_open(r->upload_dir, step, peer, &up->file) != SPES_OK)
         return storage_failed(peer, step);
+    pthread_mutex_lock(&r->mu);
+    up->attempt = ++r->attempts;
+    if (peer >= 0 && peer < r->cfg.agg.num_peers) r->newest_attempt[peer] = up->attempt;   // else refused at finish
+    pthread_mutex_unlock(&r->mu);
     return ROUNDS_OK;
+}
+
+RoundsResult rounds_upload_current(Rounds *r, const RoundsUpload *up) {
+    if (up->peer < 0 || up->peer >= r->cfg.agg.num_peers) return ROUNDS_OK;   // refused by its peer id
+    pthread_mutex_lock(&r->mu);
+    bool newest = r->newest_attempt[up->peer] == up->attempt;
+    pthread_mutex_unlock(&r->mu);
+    if (newest) return ROUNDS_OK;
+    return rounds_fail(ROUNDS_SUPERSEDED,
+                       "upload from peer %d for step %d superseded: a newer upload of peer %d began while this one was "
+                       "in flight (a retry); the newest one is taken, this one dropped",
+                       up->peer, up->step, up->peer);
 }
 
 RoundsResult rounds_upload_append(RoundsUpload *up, const void *data, size_t len) {
@@ -788,10 +808,18 @@ RoundsResult rounds_upload_finish(Rounds *r, RoundsUpload *up) {
     if (code != ROUNDS_OK) return reject_upload(r, code, up);
 
     // On disk (durably in a state dir) before the peer hears OK; the round reads it back when it
-    // aggregates. Outside the lock (a large fsync), so the round can change before the upload is
-    // recorded: a refusal then removes the file again (drop_unrecorded_upload).
+    // aggregates. Outside r->mu (a large fsync), so the round can change before the upload is
+    // recorded: a refusal then removes the file again (drop_unrecorded_upload). Only the newest
+    // attempt of the peer is renamed into place: checked and renamed under commit_mu, an older
+    // attempt never replaces a newer one's file (RoundsUpload).
     if (!round_accepts(r, peer, step, &code)) return reject_upload(r, code, up);
-    if (state_upload_commit(&up->file) != SPES_OK) {
+    if (state_upload_flush(&up->file) != SPES_OK) return reject_upload(r, storage_failed(peer, step), up);
+    pthread_mutex_lock(&r->commit_mu);
+    code = rounds_upload_current(r, up);
+    int committed = code == ROUNDS_OK ? state_upload_commit(&up->file) : SPES_ERR;
+    pthread_mutex_unlock(&r->commit_mu);
+    if (code != ROUNDS_OK) return reject_upload(r, code, up);
+    if (committed != SPES_OK) {
         code = storage_failed(peer, step);
         drop_unrecorded_upload(r, peer, step);   // renamed, then the directory's fsync failed
         return reject_upload(r, code, up);

@@ -40,6 +40,7 @@ typedef enum {
     ROUNDS_NO_ROOM,             // too many open rounds, or out of memory
     ROUNDS_CLOSING,             // the server is shutting down
     ROUNDS_STORAGE,             // the upload or state dir cannot be written now (a full disk): retry later
+    ROUNDS_SUPERSEDED,          // a newer upload attempt of the same peer began: this older one is dropped
     ROUNDS_INTERNAL,            // the server's own failure (memory, a file it wrote that reads back bad)
 } RoundsResult;
 
@@ -170,12 +171,25 @@ void rounds_retain(Rounds *r, AggregateBlob *blob);
 // rounds_upload_finish validates the complete file (mapped back a window at a time), makes it
 // the peer's upload of the round and, if it completes the round, aggregates, with the statuses
 // of rounds_upload. rounds_upload_abort drops an unfinished one; finish always closes it.
+//
+// Attempts of one peer's upload may overlap: a peer whose side of the call gave up (its deadline,
+// a dropped link) retries while the server still receives or validates the first stream, and both
+// would end under one file name. The newest attempt wins: begun, it supersedes every older one
+// of its peer still in flight, which is refused ROUNDS_SUPERSEDED at its next chunk
+// (rounds_upload_current) or at the latest before its file could replace the newer one's
+// (finish). Refusing the newer one instead would lock a retrying peer out until the server
+// noticed the first stream was dead (its idle timeout); and the older attempt's peer is gone or
+// has moved on. A newer attempt that fails leaves the round without this peer's upload until it
+// retries, as any failed upload does.
 typedef struct {
     StateUpload file;
     int peer, step;
+    uint64_t attempt;           // its number among all attempts (rounds_upload_begin)
 } RoundsUpload;
 RoundsResult rounds_upload_begin(Rounds *r, int peer, int step, RoundsUpload *up);
 RoundsResult rounds_upload_append(RoundsUpload *up, const void *data, size_t len);
+// ROUNDS_OK while up is its peer's newest attempt, else ROUNDS_SUPERSEDED (message set).
+RoundsResult rounds_upload_current(Rounds *r, const RoundsUpload *up);
 RoundsResult rounds_upload_finish(Rounds *r, RoundsUpload *up);
 void rounds_upload_abort(RoundsUpload *up);
 

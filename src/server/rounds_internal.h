@@ -60,6 +60,9 @@ struct Rounds {
     OuterOptState outer;        // its state after the newest published aggregate (under mu;
                                 // replaced under aggregate_mu, so rounds step it in turn)
     uint64_t *instance;         // [P] the process holding each peer_id (HelloRequest.instance_id); 0: none yet
+    uint64_t attempts;          // upload attempts begun so far (RoundsUpload.attempt)
+    uint64_t *newest_attempt;   // [P] each peer's newest one: it wins over older ones in flight
+    pthread_mutex_t commit_mu;  // one upload's check-then-rename into its final name at a time
     PeerWatch *watch;           // peers' last calls and metrics, round history (own lock, taken
                                 // after mu where both are held)
 };

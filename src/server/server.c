@@ -32,6 +32,7 @@ static grpc_status_code grpc_status_of(RoundsResult result) {
     case ROUNDS_NO_ROOM: return GRPC_STATUS_RESOURCE_EXHAUSTED;
     case ROUNDS_CLOSING: return GRPC_STATUS_UNAVAILABLE;
     case ROUNDS_STORAGE: return GRPC_STATUS_UNAVAILABLE;   // clients retry with backoff until space is back
+    case ROUNDS_SUPERSEDED: return GRPC_STATUS_ABORTED;    // a newer attempt of the peer's upload won
     case ROUNDS_INTERNAL: break;
     }
     return GRPC_STATUS_INTERNAL;
@@ -311,6 +312,9 @@ static grpc_status_code take_chunk(Call *c, UploadStream *up, const UploadChunkR
         code = grpc_status_of(rounds_upload_begin(c->srv->rounds, up->peer, up->step, &up->file));
         if (code != GRPC_STATUS_OK) return code;
         up->open = true;
+    } else {   // a newer attempt of this peer began meanwhile: stop taking this one's bytes
+        code = grpc_status_of(rounds_upload_current(c->srv->rounds, &up->file));
+        if (code != GRPC_STATUS_OK) return code;
     }
     code = grpc_status_of(rounds_upload_append(&up->file, m->chunk_data.data, add));
     if (code != GRPC_STATUS_OK) return code;

@@ -439,12 +439,17 @@ int state_upload_append(StateUpload *up, const void *data, size_t len) {
     return SPES_OK;
 }
 
+int state_upload_flush(StateUpload *up) {
+    int rc = fsync(up->fd) == 0 ? SPES_OK : spes_fail("server: cannot flush %s: %s", up->temp_path, strerror(errno));
+    if (close(up->fd) != 0 && rc == SPES_OK) rc = spes_fail("server: cannot close %s: %s", up->temp_path, strerror(errno));
+    up->fd = -1;
+    return rc;
+}
+
 int state_upload_commit(StateUpload *up) {
     char *final = state_file_path(up->dir, &(StateFile){'u', up->step, up->peer});
     int rc = final ? SPES_OK : SPES_ERR;
-    if (rc == SPES_OK && fsync(up->fd) != 0) rc = spes_fail("server: cannot flush %s: %s", up->temp_path, strerror(errno));
-    if (close(up->fd) != 0 && rc == SPES_OK) rc = spes_fail("server: cannot close %s: %s", up->temp_path, strerror(errno));
-    up->fd = -1;
+    if (rc == SPES_OK && up->fd >= 0) rc = spes_fail("server: %s committed before it was flushed", up->temp_path);
     if (rc == SPES_OK && rename(up->temp_path, final) != 0)
         rc = spes_fail("server: cannot rename %s to %s: %s", up->temp_path, final, strerror(errno));
     if (rc == SPES_OK) {

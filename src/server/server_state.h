@@ -84,8 +84,9 @@ int state_save_aggregate(const char *dir, int step, const uint8_t *bytes, size_t
 // An upload written to dir as its chunks arrive, so that an upload in flight costs the server
 // one chunk of memory, not the upload: a private temp file "upload_s<step>_p<peer>.safetensors
 // .part.<pid>.<n>" (ignored by state_list, removed by state_remove_partial at the next start),
-// made visible under the upload's name only by state_upload_commit (fsync, rename, fsync of the
-// directory): a crash leaves the previous file or the complete new one, never a torn one.
+// made visible under the upload's name only by state_upload_flush (fsync) then state_upload_commit
+// (rename, fsync of the directory): a crash leaves the previous file or the complete new one,
+// never a torn one.
 typedef struct {
     int fd;                     // -1: closed
     char *dir, *temp_path;
@@ -94,7 +95,10 @@ typedef struct {
 } StateUpload;
 int state_upload_open(const char *dir, int step, int peer, StateUpload *up);
 int state_upload_append(StateUpload *up, const void *data, size_t len);
-// Durably renames the temp file to the upload's name and closes it.
+// Makes the temp file's bytes durable and closes it (the slow part of a commit).
+int state_upload_flush(StateUpload *up);
+// Renames the flushed temp file to the upload's name (replacing an earlier upload of that peer and
+// step) and makes the rename durable.
 int state_upload_commit(StateUpload *up);
 // Closes and removes the temp file (safe on a zeroed or already committed one).
 void state_upload_abort(StateUpload *up);

@@ -578,6 +578,69 @@ static void test_refused_upload_leaves_no_file(void **state) {
     assert_int_equal(remove_tree(dir), SPES_OK);
 }
 
+// Peer 0's upload of step as one attempt begun (its bytes all arrived, not yet finished).
+static void begin_attempt(Rounds *r, int step, SyncTestTweak tweak, RoundsUpload *up) {
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    uint8_t *bytes;
+    size_t len;
+    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, 0, DTYPE_F32, tweak, &bytes, &len), SPES_OK);
+    model_spec_free(&spec);
+    assert_int_equal(rounds_upload_begin(r, 0, step, up), ROUNDS_OK);
+    assert_int_equal(rounds_upload_append(up, bytes, len), ROUNDS_OK);
+    free(bytes);
+}
+
+// Value 0 of the embedding in step's aggregate.
+static float embed_value(Rounds *r, int step) {
+    AggregateBlob *blob;
+    assert_int_equal(rounds_get(r, step, 0, &blob), ROUNDS_OK);
+    assert_non_null(blob);
+    SafeTensors agg;
+    assert_int_equal(safetensors_parse(blob->bytes, blob->len, "aggregate", &agg), SPES_OK);
+    float v;
+    memcpy(&v, safetensors_find(&agg, "model.embed_tokens.weight")->data, 4);
+    safetensors_close(&agg);
+    rounds_release(r, blob);
+    return v;
+}
+
+// Two attempts of one peer's upload of a step in flight together (the peer retried after its side
+// gave up while the server still received the first): the newest attempt wins, whichever ends
+// first; the older one is refused (ABORTED: superseded) and its bytes never replace the newer's.
+// Today's file name is one per peer and step: the attempt renamed last used to win, both were OK.
+static void test_newest_upload_attempt_wins(void **state) {
+    (void)state;
+    char dir[] = "/tmp/spes_rounds_attempts_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    Rounds *r = make_rounds_in(2, dir);
+    hello(r, 0, 6, ROUNDS_OK);
+    for (int step = 10; step <= 12; step += 2) {
+        RoundsUpload older, newer;
+        begin_attempt(r, step, plus_one, &older);   // the first attempt's bytes differ from the retry's
+        begin_attempt(r, step, NULL, &newer);
+        if (step == 10) {   // the newer one ends first, then the older
+            assert_int_equal(rounds_upload_finish(r, &newer), ROUNDS_OK);
+            assert_int_equal(rounds_upload_finish(r, &older), ROUNDS_SUPERSEDED);
+        } else {            // the older one ends first, then the newer
+            assert_int_equal(rounds_upload_finish(r, &older), ROUNDS_SUPERSEDED);
+            assert_int_equal(rounds_upload_finish(r, &newer), ROUNDS_OK);
+        }
+        assert_non_null(strstr(spes_last_error(), "superseded"));
+        char pattern[64];
+        snprintf(pattern, sizeof pattern, "%s/upload_s%d_p0.*", dir, step);
+        glob_t g;
+        assert_int_equal(glob(pattern, 0, NULL, &g), 0);
+        assert_int_equal(g.gl_pathc, 1);   // the newer upload; no temp file left
+        globfree(&g);
+        assert_int_equal(upload(r, 1, step, NULL), ROUNDS_OK);   // completes the round
+        // embed[0]: mean of peer 0's newer upload (0; the older one's is 1) and peer 1's (1)
+        assert_float_equal(embed_value(r, step), 0.5f, 1e-7);
+    }
+    rounds_destroy(r);
+    assert_int_equal(remove_tree(dir), SPES_OK);
+}
+
 // A crash between a partial round's peers.json and its aggregate leaves the peers.json; the
 // restarted round then completed with every peer, and its full aggregate was read back at the
 // next restart as partial, with the stale peer list: the peer it left out heard "closed without
@@ -1062,6 +1125,7 @@ int main(void) {
         cmocka_unit_test(test_run_flags_fixed_by_state_dir),
         cmocka_unit_test(test_far_ahead_upload_file_at_restart),
         cmocka_unit_test(test_refused_upload_leaves_no_file),
+        cmocka_unit_test(test_newest_upload_attempt_wins),
         cmocka_unit_test(test_full_round_drops_a_stale_peer_list),
         cmocka_unit_test(test_full_disk_stalls_nothing),
         cmocka_unit_test(test_hello_of_a_huge_model_costs_no_memory),

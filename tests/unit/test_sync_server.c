@@ -599,6 +599,33 @@ static void test_bf16_payload_round_trip(void **state) {
     model_spec_free(&spec);
 }
 
+// A peer retrying its upload while the server still takes its first stream (its side gave up):
+// the newer stream is taken, and the older one is refused ABORTED ("superseded") at its next
+// chunk, instead of the server taking its bytes to the end and renaming them over the newer.
+static void test_older_upload_stream_superseded(void **state) {
+    Fixture *f = *state;
+    char details[512];
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    uint8_t *bytes;
+    size_t len;
+    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, 0, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
+    int total = (int)((len + 99) / 100);
+    grpc_call *older = open_call(f, "/FederatedServer/UploadChunk");
+    for (int i = 0; i < 3; i++) assert_true(send_bytes(f, older, chunk(0, 4, i, total, bytes + 100 * i, 100)));
+    grpc_call *newer = open_call(f, "/FederatedServer/UploadChunk");
+    for (int i = 0; i < total; i++) {
+        size_t n = len - 100 * (size_t)i < 100 ? len - 100 * (size_t)i : 100;
+        assert_true(send_bytes(f, newer, chunk(0, 4, i, total, bytes + 100 * i, n)));
+    }
+    assert_int_equal(close_call(f, newer, true, NULL, NULL, details, sizeof details), GRPC_STATUS_OK);
+    send_bytes(f, older, chunk(0, 4, 3, total, bytes + 300, 100));   // may fail: the server answers at once
+    assert_int_equal(close_call(f, older, true, NULL, NULL, details, sizeof details), GRPC_STATUS_ABORTED);
+    assert_non_null(strstr(details, "upload from peer 0 for step 4 superseded: a newer upload of peer 0 began"));
+    free(bytes);
+    model_spec_free(&spec);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stalled_upload_blocks_nobody, setup, teardown),
@@ -610,6 +637,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_upload_refused_at_first_message, setup_small_budget, teardown),
         cmocka_unit_test_setup_teardown(test_downloads_and_long_poll, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bf16_payload_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_older_upload_stream_superseded, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
