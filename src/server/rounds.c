@@ -444,34 +444,51 @@ void rounds_sweep_rounds(Rounds *r, int step) {
     }
 }
 
-// The open round of step, creating it if needed; NULL when all slots are taken. When they are,
-// the round with the highest step gives way to a lower one: the lowest rounds are the ones the
-// run needs next, so a peer uploading ahead can never lock the others out. Under r->mu.
-static OpenRound *open_round(Rounds *r, int step) {
+// Where an upload for step goes: its open round, else a free slot, else (every slot taken) the
+// open round with the highest step, if that is above step (*evict: it gives way; the lowest
+// rounds are the ones the run needs next, so a peer uploading ahead can never lock the others
+// out); NULL when there is no room. Decides only; under r->mu.
+static OpenRound *slot_for(Rounds *r, int step, bool *evict) {
     OpenRound *free_slot = NULL, *highest = NULL;
+    *evict = false;
     for (int i = 0; i < r->cfg.max_open_rounds; i++) {
         if (r->open[i].step == step) return &r->open[i];
         if (r->open[i].step < 0 && !free_slot) free_slot = &r->open[i];
         if (r->open[i].step >= 0 && !r->open[i].aggregating && (!highest || r->open[i].step > highest->step))
             highest = &r->open[i];
     }
-    if (!free_slot && highest && highest->step > step) {
+    if (free_slot) return free_slot;
+    *evict = highest && highest->step > step;
+    return *evict ? highest : NULL;
+}
+
+// The refusal of an upload for which slot_for finds no room.
+static RoundsResult no_room(const Rounds *r, int peer, int step) {
+    return rounds_fail(ROUNDS_NO_ROOM,
+                       "upload from peer %d for step %d: %d rounds are already open (peers far apart in steps?)", peer,
+                       step, r->cfg.max_open_rounds);
+}
+
+// The open round of step, creating it if needed (slot_for); NULL when there is no room. Under r->mu.
+static OpenRound *open_round(Rounds *r, int step) {
+    bool evict;
+    OpenRound *slot = slot_for(r, step, &evict);
+    if (!slot || slot->step == step) return slot;
+    if (evict) {
         char why[96];
         snprintf(why, sizeof why, "every slot is taken and step %d comes first", step);
-        drop_round(r, highest, why);
-        free_slot = highest;
+        drop_round(r, slot, why);
     }
-    if (!free_slot) return NULL;
     int P = r->cfg.agg.num_peers;
-    free_slot->uploaded = spes_calloc((size_t)P, sizeof(bool));
-    if (!free_slot->uploaded) {
-        rounds_free_round(r, free_slot);
+    slot->uploaded = spes_calloc((size_t)P, sizeof(bool));
+    if (!slot->uploaded) {
+        rounds_free_round(r, slot);
         return NULL;
     }
-    free_slot->step = step;
-    free_slot->opened_at = now_seconds();
-    free_slot->opened_unix = unix_seconds();
-    return free_slot;
+    slot->step = step;
+    slot->opened_at = now_seconds();
+    slot->opened_unix = unix_seconds();
+    return slot;
 }
 
 // Parses and validates an upload against the spec into the round's slot for peer.
@@ -582,10 +599,14 @@ RoundsResult rounds_upload_start(Rounds *r, int peer, int step, size_t *cap) {
         return rounds_fail(ROUNDS_BAD_REQUEST, "upload: peer_id %d is outside [0, %d)", peer, P);
     if (step < 0)
         return rounds_fail(ROUNDS_BAD_REQUEST, "upload from peer %d: step %d is negative", peer, step);
+    // A round slot is looked for now too, before the peer sends its (maybe gigabytes of) upload;
+    // the slots may change meanwhile, so storing it looks again (rounds_store_upload).
+    bool evict;
     pthread_mutex_lock(&r->mu);
     RoundsResult code = r->closing                     ? rounds_fail(ROUNDS_CLOSING, "server is shutting down")
                             : step <= r->last_completed_step ? closed_round(r, peer, step)
                             : step > step_limit(r, step)     ? too_far_ahead(r, peer, step)
+                            : !slot_for(r, step, &evict)     ? no_room(r, peer, step)
                                                              : ROUNDS_OK;
     *cap = r->have_spec ? upload_max_bytes(&r->spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, peer)
                         : r->cfg.max_upload_bytes;
@@ -648,9 +669,7 @@ RoundsResult rounds_store_upload(Rounds *r, int peer, int step, size_t len, Open
     } else if (step > step_limit(r, step)) {
         code = too_far_ahead(r, peer, step);
     } else if (!(round = open_round(r, step))) {
-        code = rounds_fail(ROUNDS_NO_ROOM,
-                           "upload from peer %d for step %d: %d rounds are already open (peers far apart in steps?)",
-                           peer, step, r->cfg.max_open_rounds);
+        code = no_room(r, peer, step);
     } else if (round->aggregating && round->uploaded[peer]) {
         code = rounds_fail(ROUNDS_ALREADY_AGGREGATED, "upload from peer %d: the round of step %d is being aggregated",
                            peer, step);

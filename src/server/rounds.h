@@ -154,7 +154,8 @@ RoundsResult rounds_hello_delta(Rounds *r, int peer, int num_peers, int experts_
 
 // What can be decided about an upload from its first message, before its bytes are buffered:
 // peer in range, step not negative, not already aggregated (ROUNDS_ALREADY_AGGREGATED / ROUNDS_CLOSED_WITHOUT_PEER as in
-// rounds_upload), not too far ahead (ROUNDS_TOO_FAR_AHEAD), server not closing. *cap: the largest
+// rounds_upload), not too far ahead (ROUNDS_TOO_FAR_AHEAD), a round slot for it now (ROUNDS_NO_ROOM),
+// server not closing. *cap: the largest
 // upload accepted from peer (its tensors in F32 + header room once the spec is known, else
 // max_upload_bytes), set whatever the status.
 RoundsResult rounds_upload_start(Rounds *r, int peer, int step, size_t *cap);

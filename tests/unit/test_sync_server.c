@@ -626,6 +626,40 @@ static void test_older_upload_stream_superseded(void **state) {
     model_spec_free(&spec);
 }
 
+// Every round slot taken (4 open rounds, steps 1-4, waiting for peer 1): an upload for a later
+// step is refused RESOURCE_EXHAUSTED at its first message, before the peer sends the rest; the
+// server used to read the whole upload, validate and fsync it, and only then find no slot.
+static void test_no_round_slot_refused_at_first_message(void **state) {
+    Fixture *f = *state;
+    char details[512];
+    ModelSpec spec;
+    assert_int_equal(sync_test_spec(&spec, 4, 6), SPES_OK);
+    SyncClientConfig cfg;
+    sync_client_config_defaults(&cfg);
+    cfg.server_addr = f->addr;
+    cfg.num_peers = 2;
+    cfg.experts_per_node = 2;
+    SyncClient *peer;
+    assert_int_equal(sync_client_create(&cfg, &peer), SPES_OK);
+    assert_int_equal(sync_client_hello(peer, &spec), SPES_OK);
+    uint8_t *bytes;
+    size_t len;
+    assert_int_equal(sync_test_upload(&spec, SYNC_MODE_SPES, 2, 0, DTYPE_F32, NULL, &bytes, &len), SPES_OK);
+    for (int step = 1; step <= 4; step++) assert_int_equal(sync_client_upload_bytes(peer, step, bytes, len), SPES_OK);
+    grpc_call *call = open_call(f, "/FederatedServer/UploadChunk");
+    int total = (int)((len + 99) / 100);
+    double start = now_seconds();
+    assert_true(send_bytes(f, call, chunk(0, 5, 0, total, bytes, 100)));   // the first of its chunks only
+    assert_int_equal(close_call(f, call, false, NULL, NULL, details, sizeof details), GRPC_STATUS_RESOURCE_EXHAUSTED);
+    assert_true(now_seconds() - start < 2);   // answered at once, not at the 3 s idle timeout
+    assert_non_null(strstr(details, "upload from peer 0 for step 5: 4 rounds are already open"));
+    // A lower step still takes the highest round's slot (it gives way).
+    assert_int_equal(sync_client_upload_bytes(peer, 0, bytes, len), SPES_OK);
+    free(bytes);
+    sync_client_destroy(peer);
+    model_spec_free(&spec);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stalled_upload_blocks_nobody, setup, teardown),
@@ -638,6 +672,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_downloads_and_long_poll, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bf16_payload_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_older_upload_stream_superseded, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_no_round_slot_refused_at_first_message, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
