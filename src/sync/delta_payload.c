@@ -70,8 +70,9 @@ static int decompress_codes(const uint8_t *frame, size_t frame_len, uint8_t *out
     return SPES_OK;
 }
 
-int delta_payload_bytes(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, const bool *keep,
-                        const char *view, size_t *len) {
+// delta_payload_bytes of a payload stating `step` (spes_step) when it is >= 0.
+static int payload_bytes(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, int step,
+                         const bool *keep, const char *view, size_t *len) {
     // The tensor list delta_payload_serialize writes (codes, then `name.scale`), headers only:
     // int4's frames at ZSTD_compressBound of their packed codes, the most a frame can take.
     *len = 0;
@@ -98,22 +99,35 @@ int delta_payload_bytes(const DeltaCodec *c, const DeltaTensor *tensors, int n, 
         w[kept++] = (StWriteTensor){.name = names[i], .dtype = c->scale_dtype, .ndim = 1,
                                     .shape = {(int64_t)delta_blocks(t->numel)}};
     }
-    char base[24], block[24];
+    char base[24], block[24], step_text[24];
     snprintf(base, sizeof base, "%d", base_step);
     snprintf(block, sizeof block, "%d", DELTA_BLOCK);
+    snprintf(step_text, sizeof step_text, "%d", step);
     // A view's metadata: the payload's, then "spes_view" (aggregate_view_build).
-    const char *keys[] = {"spes_encoding", "spes_base_step", "spes_block", "spes_view"};
-    const char *values[] = {c->encoding, base, block, view};
+    const char *keys[5] = {"spes_encoding", "spes_base_step", "spes_block"};
+    const char *values[5] = {c->encoding, base, block};
+    int n_meta = 3;
+    if (step >= 0) keys[n_meta] = SYNC_META_STEP, values[n_meta++] = step_text;
+    if (view) keys[n_meta] = "spes_view", values[n_meta++] = view;
     char *header = NULL;
     size_t header_len = 0, data_len = 0;
-    if (rc == SPES_OK)
-        rc = safetensors_build_header(w, kept, keys, values, view ? 4 : 3, &header, &header_len, &data_len);
+    if (rc == SPES_OK) rc = safetensors_build_header(w, kept, keys, values, n_meta, &header, &header_len, &data_len);
     if (rc == SPES_OK) *len = header_len + data_len;
     free(header);
     for (int i = 0; names && i < n; i++) free(names[i]);
     free(names);
     free(w);
     return rc;
+}
+
+int delta_payload_bytes(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, const bool *keep,
+                        const char *view, size_t *len) {
+    return payload_bytes(c, tensors, n, base_step, -1, keep, view, len);
+}
+
+int delta_payload_aggregate_bytes(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, int step,
+                                  const bool *keep, const char *view, size_t *len) {
+    return payload_bytes(c, tensors, n, base_step, step, keep, view, len);
 }
 
 // delta_payload_serialize, stating `step` (spes_step) when it is >= 0.

@@ -45,6 +45,9 @@ int delta_payload_serialize_aggregate(const DeltaCodec *c, const DeltaTensor *te
 // packed codes (real codes compress: docs/communication.md measured 0.76x).
 int delta_payload_bytes(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, const bool *keep,
                         const char *view, size_t *len);
+// The same for the server's delta of the aggregate of `step` (delta_payload_serialize_aggregate).
+int delta_payload_aggregate_bytes(const DeltaCodec *c, const DeltaTensor *tensors, int n, int base_step, int step,
+                                  const bool *keep, const char *view, size_t *len);
 
 // Whether a parsed payload is a delta (by its metadata: *codec, NULL when it is not one), and
 // against which step. A payload that names an unknown encoding, or a delta with a missing or bad
