@@ -514,7 +514,8 @@ static int audit_weights(const SpesPeer *p, Model *m, const float *src, const ch
     }
     uint8_t *bytes = NULL;
     size_t len = 0;
-    int rc = sync_client_serialize(p->client, w, table->count, &bytes, &len);
+    int rc = strcmp(kind, "down") == 0 ? sync_client_serialize_aggregate(p->client, w, table->count, (int)step, &bytes, &len)
+                                       : sync_client_serialize(p->client, w, table->count, &bytes, &len);
     if (rc == SPES_OK) rc = audit_log(p, kind, step, bytes, len);
     free(bytes);
     free(w);
