@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/host_memory.h"
 #include "base/log.h"
 #ifdef SPES_WITH_CUDA
 #include "ops/cuda/cuda_backend.h"
@@ -136,16 +137,11 @@ int backend_device_memory(Backend *be, size_t *free_bytes, size_t *total_bytes) 
 #ifdef SPES_WITH_CUDA
     if (!be->host_memory) return cuda_device_memory(be->device, free_bytes, total_bytes);
 #endif
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return spes_fail("cannot read /proc/meminfo for the host's free memory");
-    char line[256];
-    size_t kb;
-    while (fgets(line, sizeof line, f)) {
-        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) *free_bytes = kb * 1024;
-        if (sscanf(line, "MemTotal: %zu kB", &kb) == 1) *total_bytes = kb * 1024;
-    }
-    fclose(f);
-    return *total_bytes ? SPES_OK : spes_fail("/proc/meminfo has no MemTotal line");
+    HostMemory host;
+    SPES_TRY(host_memory_read("/proc", "/sys/fs/cgroup", &host));
+    *free_bytes = host.available;
+    *total_bytes = host.total;
+    return SPES_OK;
 }
 
 int backend_alloc(Backend *be, size_t bytes, void **out) { return be->ops->alloc(be, bytes, out); }

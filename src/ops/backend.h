@@ -289,7 +289,8 @@ void backend_close(Backend *be);
 // these same values, and the cpu backend's are these too.
 void backend_plan_traits(bool gpu, Precision precision, Backend *out);
 // The memory the backend can still allocate and its total, in bytes: the GPU's free and total
-// memory on cuda, the host's MemAvailable and MemTotal (/proc/meminfo) on cpu.
+// memory on cuda; on cpu what this process may still allocate of the host's and its total
+// (base/host_memory.h: MemAvailable, a cgroup's limit, `ulimit -v`, whichever is tightest).
 int backend_device_memory(Backend *be, size_t *free_bytes, size_t *total_bytes);
 // The backends compiled in, e.g. "cpu cuda(sm_80,sm_89,sm_90)".
 const char *backend_compiled(void);

@@ -2,6 +2,7 @@
 #include "train/plan_check.h"
 
 #include "base/error.h"
+#include "base/host_memory.h"
 #include "base/log.h"
 #include "train/plan.h"
 #include "train/plan_print.h"
@@ -20,6 +21,17 @@ int plan_check_device(const TrainConfig *cfg, Backend *be, int ranks, bool speak
     // One host holds every cpu rank of the node, with their host-side buffers.
     size_t need = be->host_memory ? (size_t)ranks * (plan.mem.peak + plan.mem.host) : plan.mem.peak;
     *planned_peak = plan.mem.peak;
+    HostMemory host;
+    SPES_TRY(host_memory_read("/proc", "/sys/fs/cgroup", &host));
+    // A GPU run's host side (page-locked copies, offloaded moments) on the node's host, every rank's.
+    size_t host_need = (size_t)ranks * plan.mem.host;
+    if (!be->host_memory && host_need > host.available)
+        return spes_fail("out of host memory before the first step: the plan needs %.2f GiB of it (%d rank%s x %.2f "
+                         "GiB: page-locked copies%s), and %.2f of %.2f GiB are left (%s)",
+                         host_need / gib, ranks, ranks == 1 ? "" : "s", plan.mem.host / gib,
+                         target.cpu_offload ? ", the offloaded AdamW moments" : "", host.available / gib,
+                         host.total / gib, host.limited_by);
+    const char *limit = be->host_memory ? host.limited_by : "the device's free memory";
     if (need <= free_b) {
         if (speak)
             log_info("memory plan: peak %.3f GiB per rank (%s x%d, micro-batch %d x %d, activation_checkpointing %s); "
@@ -49,6 +61,7 @@ int plan_check_device(const TrainConfig *cfg, Backend *be, int ranks, bool speak
                  need / gib, ranks, ranks == 1 ? "" : "s", plan.mem.peak / gib, plan.mem.host / gib);
     else
         snprintf(need_text, sizeof need_text, "a peak of %.2f GiB on each GPU", need / gib);
-    return spes_fail("out of memory before the first step: the plan needs %s, and %.2f of %.2f GiB are free on %s; %s",
-                     need_text, free_b / gib, total_b / gib, be->description, hint);
+    return spes_fail("out of memory before the first step: the plan needs %s, and %.2f of %.2f GiB are free on %s "
+                     "(%s); %s",
+                     need_text, free_b / gib, total_b / gib, be->description, limit, hint);
 }

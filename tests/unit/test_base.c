@@ -1,5 +1,5 @@
 // Base library: error messages and context, atomic files, directories, RNG determinism, the
-// duration and byte-count texts.
+// duration and byte-count texts, the host memory a process may use.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +15,7 @@
 #include "base/bytes_text.h"
 #include "base/error.h"
 #include "base/file.h"
+#include "base/host_memory.h"
 #include "base/progress.h"
 #include "base/rng.h"
 
@@ -141,12 +142,77 @@ static void test_bytes_text(void **state) {
     assert_string_equal(bytes_text(51440875488u, buf, sizeof buf), "51.4 GB");
 }
 
+// put(root, rel, text): writes root/rel, creating its folders.
+static void put(const char *root, const char *rel, const char *text) {
+    char path[1400];
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    char *slash = strrchr(path, '/');
+    *slash = '\0';
+    assert_int_equal(mkdir_p(path), SPES_OK);
+    *slash = '/';
+    assert_int_equal(file_write_atomic(path, text, strlen(text)), SPES_OK);
+}
+
+// The host memory a process may use: MemAvailable alone, a cgroup v1 limit on an ancestor, a
+// cgroup v2 limit at the root of a namespace ("max" below it), each the tightest that applies.
+static void test_host_memory(void **state) {
+    (void)state;
+    char root[] = "/tmp/spes_host_memory_XXXXXX";
+    assert_non_null(mkdtemp(root));
+    char proc[600], cg[600];
+    snprintf(proc, sizeof proc, "%s/proc", root);
+    snprintf(cg, sizeof cg, "%s/cgroup", root);
+    put(proc, "meminfo", "MemTotal:       16000000 kB\nMemFree:  1000 kB\nMemAvailable:    8000000 kB\n");
+    HostMemory m;
+    // no cgroup file: MemAvailable
+    assert_int_equal(host_memory_read(proc, cg, &m), SPES_OK);
+    assert_int_equal(m.available, (size_t)8000000 * 1024);
+    assert_int_equal(m.total, (size_t)16000000 * 1024);
+    assert_string_equal(m.limited_by, "MemAvailable");
+    // v1: the memory controller's path /a/b; /a/b unlimited, /a 2 GB with 1.5 GB used
+    put(proc, "self/cgroup", "5:cpu,cpuacct:/x\n4:memory:/a/b\n0::/\n");
+    put(cg, "memory/a/b/memory.limit_in_bytes", "9223372036854771712\n");
+    put(cg, "memory/a/b/memory.usage_in_bytes", "100\n");
+    put(cg, "memory/a/memory.limit_in_bytes", "2000000000\n");
+    put(cg, "memory/a/memory.usage_in_bytes", "1500000000\n");
+    assert_int_equal(host_memory_read(proc, cg, &m), SPES_OK);
+    assert_int_equal(m.available, 500000000);
+    assert_int_equal(m.total, 2000000000);
+    assert_string_equal(m.limited_by, "the cgroup's memory limit");
+    // over its limit: nothing left
+    put(cg, "memory/a/memory.usage_in_bytes", "2100000000\n");
+    assert_int_equal(host_memory_read(proc, cg, &m), SPES_OK);
+    assert_int_equal(m.available, 0);
+    // v2 (no v1 memory line): "max" at the process's cgroup, 3 GB with 1 GB used at the root
+    put(proc, "self/cgroup", "0::/c\n");
+    put(cg, "c/memory.max", "max\n");
+    put(cg, "c/memory.current", "5\n");
+    put(cg, "memory.max", "3000000000\n");
+    put(cg, "memory.current", "1000000000\n");
+    assert_int_equal(host_memory_read(proc, cg, &m), SPES_OK);
+    assert_int_equal(m.available, 2000000000);
+    assert_string_equal(m.limited_by, "the cgroup's memory limit");
+    // a limit above what the host has free: MemAvailable still
+    put(cg, "memory.max", "900000000000\n");
+    assert_int_equal(host_memory_read(proc, cg, &m), SPES_OK);
+    assert_int_equal(m.available, (size_t)8000000 * 1024);
+    assert_string_equal(m.limited_by, "MemAvailable");
+    // no meminfo: an error naming it
+    char meminfo[700];
+    snprintf(meminfo, sizeof meminfo, "%s/meminfo", proc);
+    unlink(meminfo);
+    assert_int_equal(host_memory_read(proc, cg, &m), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "meminfo"));
+    remove_tree(root);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_context), cmocka_unit_test(test_alloc_overflow_is_an_error),
         cmocka_unit_test(test_atomic_file), cmocka_unit_test(test_atomic_file_target_kinds),
         cmocka_unit_test(test_rng_deterministic_and_truncated),
         cmocka_unit_test(test_format_duration), cmocka_unit_test(test_bytes_text),
+        cmocka_unit_test(test_host_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
