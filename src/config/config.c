@@ -301,7 +301,9 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
 
     // optimizer and schedule
     CHECK(cfg->schedule.alpha_f <= 1.0, "scheduler.alpha_f", "must be in [0, 1], got %g", cfg->schedule.alpha_f);
-    CHECK(cfg->schedule.t_max <= 0 || cfg->schedule.t_max > cfg->schedule.t_warmup, "scheduler.t_max",
+    // Only the decaying schedulers read t_max (OLMo's others ignore it).
+    CHECK(cfg->schedule.t_max <= 0 || !schedule_kind_decays(cfg->schedule.kind) ||
+              cfg->schedule.t_max > cfg->schedule.t_warmup, "scheduler.t_max",
           "must be > t_warmup (%" PRId64 "), got %" PRId64, cfg->schedule.t_warmup, cfg->schedule.t_max);
     CHECK(cfg->schedule.warmup_min_lr < 0 || cfg->schedule.warmup_min_lr <= cfg->learning_rate, "scheduler.warmup_min_lr",
           "must be <= optimizer.learning_rate (%g), got %g", cfg->learning_rate, cfg->schedule.warmup_min_lr);

@@ -309,7 +309,7 @@ static int parse_scheduler_name(ParseCtx *c, const YNode *n, const char *key, Tr
     const char *s = NULL;
     SPES_TRY(scalar_of(n, key, "a scheduler name", &s));
     if (schedule_kind_from_name(s, &cfg->schedule.kind) != SPES_OK)
-        return key_fail(n, key, "expected cosine_with_warmup, linear_with_warmup or constant, got '%s'", s);
+        return key_fail(n, key, "expected %s, got '%s'", schedule_kind_names(), s);
     return SPES_OK;
 }
 static void format_scheduler_name(const TrainConfig *cfg, FILE *out) { fputs(schedule_kind_name(cfg->schedule.kind), out); }
@@ -698,11 +698,11 @@ static const ConfigKey KEYS[] = {
     {"optimizer.metrics_log_interval", K_IGNORED, .meaning = "Per-parameter optimizer metrics are not logged."},
 
     {"scheduler", K_SECTION, .meaning = "Learning-rate schedule."},
-    {"scheduler.name", K_SPECIAL, .hashed = true, .parse = parse_scheduler_name, .format = format_scheduler_name, .meaning = "cosine_with_warmup, linear_with_warmup or constant."},
+    {"scheduler.name", K_SPECIAL, .hashed = true, .parse = parse_scheduler_name, .format = format_scheduler_name, .meaning = "OLMo's schedulers: cosine_with_warmup, linear_with_warmup, inverse_sqrt_with_warmup (`lr * sqrt(t_warmup / step)` after the warm-up), max_scheduler (the larger of cosine_with_warmup and inverse_sqrt_with_warmup, both from these keys), constant (no warm-up), cosine_linear_envelope (the cosine decay times `1 - progress`) or constant_with_warmup."},
     {"scheduler.units", K_FIXED, .fixed = "steps", .meaning = "Schedules count optimizer steps."},
-    {"scheduler.t_warmup", K_I64, F(schedule.t_warmup), MIN_NONNEG, .hashed = true, .meaning = "Warm-up steps."},
-    {"scheduler.t_max", K_I64, F(schedule.t_max), MIN_POSITIVE, .nullable = true, .null_value = 0, .hashed = true, .meaning = "Step where the decay ends (null: the run's max steps)."},
-    {"scheduler.alpha_f", K_F64, F(schedule.alpha_f), MIN_NONNEG, .hashed = true, .meaning = "Final lr = alpha_f * learning_rate."},
+    {"scheduler.t_warmup", K_I64, F(schedule.t_warmup), MIN_NONNEG, .hashed = true, .meaning = "Warm-up steps: the rate rises linearly from warmup_min_lr to learning_rate (every scheduler but constant)."},
+    {"scheduler.t_max", K_I64, F(schedule.t_max), MIN_POSITIVE, .nullable = true, .null_value = 0, .hashed = true, .meaning = "Step where the decay ends (null: the run's max steps); read by cosine_with_warmup, linear_with_warmup, max_scheduler and cosine_linear_envelope."},
+    {"scheduler.alpha_f", K_F64, F(schedule.alpha_f), MIN_NONNEG, .hashed = true, .meaning = "Final lr = alpha_f * learning_rate; read by the schedulers that read t_max."},
     {"scheduler.warmup_min_lr", K_F64, F(schedule.warmup_min_lr), MIN_NONNEG, .nullable = true, .null_value = -1, .hashed = true, .meaning = "lr at step 0 of the warm-up (null: 0.1 * learning_rate, OLMo)."},
     {"scheduler.grad_clip_warmup_steps", K_FIXED, .fixed = "null", .meaning = "Clipping warm-up is not implemented."},
     {"scheduler.grad_clip_warmup_factor", K_FIXED, .fixed = "null", .meaning = "Clipping warm-up is not implemented."},

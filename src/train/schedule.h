@@ -1,13 +1,21 @@
-// Learning-rate schedules, exactly OLMo's (olmo/optim.py): CosWithWarmup,
-// LinearWithWarmup and ConstantScheduler. OLMo calls get_lr(initial_lr, global_step,
-// max_steps) with global_step counted from 1 for the first update; so do we.
+// Learning-rate schedules, exactly OLMo's (olmo/optim.py,
+// allenai/OLMo at 59a53e3f: Scheduler and its subclasses, build_scheduler). OLMo calls
+// get_lr(initial_lr, global_step, max_steps) with global_step counted from 1 for the first
+// update; so do we.
 #pragma once
 #include <stdint.h>
 
+// scheduler.name; values in OLMo's SchedulerType order (olmo/config.py).
 typedef enum {
-    SCHEDULE_CONSTANT = 0,          // "constant": initial_lr at every step, no warm-up
-    SCHEDULE_COSINE_WITH_WARMUP,    // "cosine_with_warmup"
-    SCHEDULE_LINEAR_WITH_WARMUP,    // "linear_with_warmup"
+    SCHEDULE_COSINE_WITH_WARMUP = 0,    // CosWithWarmup
+    SCHEDULE_LINEAR_WITH_WARMUP,        // LinearWithWarmup
+    SCHEDULE_INVERSE_SQRT_WITH_WARMUP,  // InvSqrtWithWarmup: lr * sqrt(t_warmup / step) after the warm-up
+    SCHEDULE_MAX,                       // "max_scheduler", MaxScheduler: the larger of cosine_with_warmup
+                                        // and inverse_sqrt_with_warmup, both built from this one config
+    SCHEDULE_CONSTANT,                  // ConstantScheduler: initial_lr at every step, no warm-up
+    SCHEDULE_COSINE_LINEAR_ENVELOPE,    // CosLinearEnvelope: the cosine decay times a linear one
+    SCHEDULE_CONSTANT_WITH_WARMUP,      // ConstantWithWarmupScheduler
+    SCHEDULE_KIND_COUNT
 } ScheduleKind;
 
 typedef struct {
@@ -18,13 +26,23 @@ typedef struct {
     double warmup_min_lr;   // scheduler.warmup_min_lr; < 0: 0.1 * initial_lr (OLMo default)
 } ScheduleConfig;
 
-// "constant" / "cosine_with_warmup" / "linear_with_warmup" -> kind; error names the value.
+// OLMo's SchedulerType names -> kind; the error names the value and lists the names.
 int schedule_kind_from_name(const char *name, ScheduleKind *out);
 const char *schedule_kind_name(ScheduleKind kind);
+// "a, b, ... or z": every name, for messages.
+const char *schedule_kind_names(void);
+// Whether the kind decays to alpha_f * lr at t_max (so reads t_max and alpha_f): cosine, linear,
+// max_scheduler (its cosine part), cosine_linear_envelope.
+int schedule_kind_decays(ScheduleKind kind);
+// Whether the kind warms up over t_warmup (every kind but constant).
+int schedule_kind_warms_up(ScheduleKind kind);
+
 // How schedule_validate reports a bad value: raises msg about config key `key` (as the config
 // loader does, at the line that set it: config_schedule_validate) and returns SPES_ERR.
 typedef int (*ScheduleFailFn)(void *ctx, const char *key, const char *msg);
-// Checks t_warmup >= 0, alpha_f in [0, 1], warmup_min_lr < initial_lr, the decay's end (t_max,
-// else max_steps) > t_warmup. A failure names the key through fail(ctx, ...) (NULL: "key: msg").
+// Checks t_warmup >= 0, alpha_f in [0, 1], warmup_min_lr < initial_lr, and for decaying kinds
+// that the decay's end (t_max, else max_steps) is after t_warmup; inverse_sqrt_with_warmup needs
+// t_warmup > 0. A failure names the key through fail(ctx, ...) (NULL: "key: msg").
 int schedule_validate(const ScheduleConfig *s, double initial_lr, int64_t max_steps, ScheduleFailFn fail, void *ctx);
+// OLMo's Scheduler.get_lr for the configured kind.
 double schedule_lr(const ScheduleConfig *s, double initial_lr, int64_t step, int64_t max_steps);

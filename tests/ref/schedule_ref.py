@@ -1,10 +1,13 @@
-"""Reference for src/train/schedule.c: OLMo's learning-rate schedules (olmo/optim.py:
-Scheduler._linear_warmup, CosWithWarmup, LinearWithWarmup, ConstantScheduler), evaluated
-over a grid of settings and steps. Prints one case a line:
+"""Reference for src/train/schedule.c: OLMo's learning-rate schedules, transcribed line by line
+from olmo/optim.py of allenai/OLMo at 59a53e3f68e546330ca5a99ec626e58f9ab96494
+(Scheduler._linear_warmup, CosWithWarmup, LinearWithWarmup, InvSqrtWithWarmup, MaxScheduler,
+ConstantScheduler, CosLinearEnvelope, ConstantWithWarmupScheduler, and build_scheduler, which
+makes max_scheduler's sched1/sched2 a cosine_with_warmup and an inverse_sqrt_with_warmup of the
+same config), evaluated over a grid of settings and steps. Prints one case a line:
   kind t_warmup t_max alpha_f warmup_min_lr initial_lr step max_steps expected_lr
 (t_max 0 = None, warmup_min_lr -1 = None). Usage: schedule_ref.py > cases.txt
 """
-from math import cos, pi
+from math import cos, pi, sqrt
 
 
 def linear_warmup(initial_lr, step, warmup_steps, warmup_min_lr):
@@ -13,32 +16,103 @@ def linear_warmup(initial_lr, step, warmup_steps, warmup_min_lr):
     return warmup_min_lr + (initial_lr - warmup_min_lr) * min(step, warmup_steps) / warmup_steps
 
 
-def get_lr(kind, warmup_steps, t_max, alpha_f, warmup_min_lr, initial_lr, step, max_steps):
-    if kind == "constant":
-        return initial_lr
+def cos_with_warmup(warmup_steps, t_max, alpha_f, warmup_min_lr, initial_lr, step, max_steps):
     max_steps = max_steps if t_max is None else t_max
     eta_min = initial_lr * alpha_f
     if step < warmup_steps:
         return linear_warmup(initial_lr, step, warmup_steps, warmup_min_lr)
     elif step >= max_steps:
         return eta_min
-    step = step - warmup_steps
-    max_steps = max_steps - warmup_steps
-    if kind == "cosine_with_warmup":
+    else:
+        step = step - warmup_steps
+        max_steps = max_steps - warmup_steps
         return eta_min + (initial_lr - eta_min) * (1 + cos(pi * step / max_steps)) / 2
-    return initial_lr - (initial_lr - eta_min) * (step / max_steps)
 
 
-for kind in ("constant", "cosine_with_warmup", "linear_with_warmup"):
-    for t_warmup, t_max, alpha_f, wmin in ((10, None, 0.1, None), (0, None, 0.0, None), (7, 50, 0.25, 1e-5),
-                                           (2000, None, 0.1, None)):
-        for lr, max_steps in ((5e-4, 100), (3e-3, 5000)):
-            if t_warmup >= (t_max or max_steps):
-                continue
-            for step in sorted({0, 1, 2, t_warmup - 1, t_warmup, t_warmup + 1, 33, (t_max or max_steps) - 1,
-                                t_max or max_steps, (t_max or max_steps) + 5, max_steps}):
-                if step < 0:
-                    continue
-                v = get_lr(kind, t_warmup, t_max, alpha_f, wmin, lr, step, max_steps)
-                print(kind, t_warmup, t_max or 0, alpha_f, -1 if wmin is None else wmin, lr, step, max_steps,
-                      repr(v))
+def linear_with_warmup(warmup_steps, t_max, alpha_f, warmup_min_lr, initial_lr, step, max_steps):
+    max_steps = max_steps if t_max is None else t_max
+    eta_min = initial_lr * alpha_f
+    if step < warmup_steps:
+        return linear_warmup(initial_lr, step, warmup_steps, warmup_min_lr)
+    elif step >= max_steps:
+        return eta_min
+    else:
+        step = step - warmup_steps
+        max_steps = max_steps - warmup_steps
+        return initial_lr - (initial_lr - eta_min) * (step / max_steps)
+
+
+def inv_sqrt_with_warmup(warmup_steps, t_max, alpha_f, warmup_min_lr, initial_lr, step, max_steps):
+    if step < warmup_steps:
+        return linear_warmup(initial_lr, step, warmup_steps, warmup_min_lr)
+    del max_steps
+    return initial_lr * sqrt(warmup_steps / max(warmup_steps, step))
+
+
+def max_scheduler(*args):
+    return max(cos_with_warmup(*args), inv_sqrt_with_warmup(*args))
+
+
+def constant(warmup_steps, t_max, alpha_f, warmup_min_lr, initial_lr, step, max_steps):
+    del step, max_steps
+    return initial_lr
+
+
+def cos_linear_envelope(warmup_steps, t_max, alpha_f, warmup_min_lr, initial_lr, step, max_steps):
+    max_steps = max_steps if t_max is None else t_max
+    eta_min = initial_lr * alpha_f
+
+    if step < warmup_steps:
+        return linear_warmup(initial_lr, step, warmup_steps, warmup_min_lr)
+    if step >= max_steps:
+        return eta_min
+    else:
+        step = step - warmup_steps
+        max_steps = max_steps - warmup_steps
+        linear_envelope = 1 - (step / max_steps)
+        cosine_schedule = (initial_lr - eta_min) * (1 + cos(pi * step / max_steps)) / 2
+        return eta_min + linear_envelope * cosine_schedule
+
+
+def constant_with_warmup(warmup_steps, t_max, alpha_f, warmup_min_lr, initial_lr, step, max_steps):
+    if step < warmup_steps:
+        return linear_warmup(initial_lr, step, warmup_steps, warmup_min_lr)
+    del max_steps
+    return initial_lr
+
+
+SCHEDULERS = {
+    "cosine_with_warmup": cos_with_warmup,
+    "linear_with_warmup": linear_with_warmup,
+    "inverse_sqrt_with_warmup": inv_sqrt_with_warmup,
+    "max_scheduler": max_scheduler,
+    "constant": constant,
+    "cosine_linear_envelope": cos_linear_envelope,
+    "constant_with_warmup": constant_with_warmup,
+}
+
+DECAYING = ("cosine_with_warmup", "linear_with_warmup", "max_scheduler", "cosine_linear_envelope")
+
+
+def cases():
+    """(kind, t_warmup, t_max, alpha_f, warmup_min_lr, initial_lr, step, max_steps, expected) over the grid."""
+    for kind, get_lr in SCHEDULERS.items():
+        for t_warmup, t_max, alpha_f, wmin in ((10, None, 0.1, None), (0, None, 0.0, None), (7, 50, 0.25, 1e-5),
+                                               (2000, None, 0.1, None), (5, 200, 0.1, None)):
+            for lr, max_steps in ((5e-4, 100), (3e-3, 5000)):
+                if t_warmup >= (t_max or max_steps) and kind in DECAYING:
+                    continue   # the decay would end inside the warm-up: refused by schedule_validate
+                if t_warmup == 0 and kind == "inverse_sqrt_with_warmup":
+                    continue   # lr 0 at every step: refused by schedule_validate
+                for step in sorted({0, 1, 2, t_warmup - 1, t_warmup, t_warmup + 1, 33, (t_max or max_steps) - 1,
+                                    t_max or max_steps, (t_max or max_steps) + 5, max_steps, 4 * max_steps}):
+                    # OLMo's inverse sqrt divides by zero at step 0 without a warm-up; no update runs at step 0.
+                    if step < 0 or (step == 0 and t_warmup == 0 and kind == "max_scheduler"):
+                        continue
+                    yield kind, t_warmup, t_max, alpha_f, wmin, lr, step, max_steps, get_lr(
+                        t_warmup, t_max, alpha_f, wmin, lr, step, max_steps)
+
+
+if __name__ == "__main__":
+    for kind, t_warmup, t_max, alpha_f, wmin, lr, step, max_steps, v in cases():
+        print(kind, t_warmup, t_max or 0, alpha_f, -1 if wmin is None else wmin, lr, step, max_steps, repr(v))

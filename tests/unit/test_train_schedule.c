@@ -1,4 +1,5 @@
-// Learning-rate schedules (src/train/schedule.c): OLMo's boundary values, validation, and
+// Learning-rate schedules (src/train/schedule.c): OLMo's boundary values, a table of OLMo's values
+// for the later schedulers, validation, config loading, and
 // (when SPES_SCHEDULE_REF names the output of tests/ref/schedule_ref.py, as
 // tests/integration/train_schedule_ref.sh arranges) a grid of values computed in Python.
 #include <setjmp.h>
@@ -50,8 +51,14 @@ static void test_names_and_validation(void **state) {
     assert_int_equal(schedule_kind_from_name("cosine_with_warmup", &k), SPES_OK);
     assert_int_equal(k, SCHEDULE_COSINE_WITH_WARMUP);
     assert_string_equal(schedule_kind_name(SCHEDULE_LINEAR_WITH_WARMUP), "linear_with_warmup");
-    assert_int_equal(schedule_kind_from_name("inverse_sqrt_with_warmup", &k), SPES_ERR);
-    assert_non_null(strstr(spes_last_error(), "inverse_sqrt_with_warmup"));
+    assert_int_equal(schedule_kind_from_name("inverse_sqrt", &k), SPES_ERR);   // not OLMo's name
+    assert_non_null(strstr(spes_last_error(), "'inverse_sqrt' is not supported (use cosine_with_warmup, "
+                                              "linear_with_warmup, inverse_sqrt_with_warmup, max_scheduler, constant, "
+                                              "cosine_linear_envelope or constant_with_warmup)"));
+    for (int i = 0; i < SCHEDULE_KIND_COUNT; i++) {   // every name reads back as its kind
+        assert_int_equal(schedule_kind_from_name(schedule_kind_name((ScheduleKind)i), &k), SPES_OK);
+        assert_int_equal(k, i);
+    }
     ScheduleConfig s = {.kind = SCHEDULE_COSINE_WITH_WARMUP, .t_warmup = 10, .alpha_f = 0.1, .warmup_min_lr = -1};
     assert_int_equal(schedule_validate(&s, 1e-3, 100, NULL, NULL), SPES_OK);
     assert_int_equal(schedule_validate(&s, 1e-3, 10, NULL, NULL), SPES_ERR);   // decay would end inside the warm-up
@@ -96,6 +103,242 @@ static void test_errors_name_the_line(void **state) {
     // (A negative t_warmup or alpha_f is refused by the loader itself, at its line.)
 }
 
+// OLMo's values for the schedulers added after the first three, computed by tests/ref/schedule_ref.py
+// (a line-by-line transcription of olmo/optim.py at allenai/OLMo 59a53e3f: InvSqrtWithWarmup,
+// MaxScheduler as build_scheduler makes it, CosLinearEnvelope, ConstantWithWarmupScheduler) and
+// printed with repr: the warm-up's edges (step 0 and 1, t_warmup 0), warmup_min_lr, alpha_f, a t_max
+// before and one beyond the run's max steps, and steps past both.
+typedef struct {
+    const char *kind;
+    int64_t t_warmup, t_max;   // t_max 0: null
+    double alpha_f, warmup_min_lr, lr;   // warmup_min_lr -1: null
+    int64_t step, max_steps;
+    double want;
+} LrCase;
+static const LrCase OLMO_LR[] = {
+    {"inverse_sqrt_with_warmup", 10, 0, 0.1, -1, 0.0005, 0, 100, 5e-05},
+    {"inverse_sqrt_with_warmup", 10, 0, 0.1, -1, 0.0005, 1, 100, 9.5e-05},
+    {"inverse_sqrt_with_warmup", 10, 0, 0.1, -1, 0.0005, 9, 100, 0.000455},
+    {"inverse_sqrt_with_warmup", 10, 0, 0.1, -1, 0.0005, 10, 100, 0.0005},
+    {"inverse_sqrt_with_warmup", 10, 0, 0.1, -1, 0.0005, 11, 100, 0.0004767312946227962},
+    {"inverse_sqrt_with_warmup", 10, 0, 0.1, -1, 0.0005, 33, 100, 0.00027524094128159016},
+    {"inverse_sqrt_with_warmup", 10, 0, 0.1, -1, 0.0005, 99, 100, 0.00015891043154093204},
+    {"inverse_sqrt_with_warmup", 10, 0, 0.1, -1, 0.0005, 100, 100, 0.00015811388300841897},
+    {"inverse_sqrt_with_warmup", 10, 0, 0.1, -1, 0.0005, 105, 100, 0.00015430334996209192},
+    {"inverse_sqrt_with_warmup", 10, 0, 0.1, -1, 0.0005, 400, 100, 7.905694150420948e-05},
+    {"inverse_sqrt_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 0, 5000, 1e-05},
+    {"inverse_sqrt_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 1, 5000, 0.0004371428571428572},
+    {"inverse_sqrt_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 6, 5000, 0.0025728571428571432},
+    {"inverse_sqrt_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 7, 5000, 0.003},
+    {"inverse_sqrt_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 8, 5000, 0.0028062430400804562},
+    {"inverse_sqrt_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 33, 5000, 0.0013816985594155148},
+    {"inverse_sqrt_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 49, 5000, 0.0011338934190276817},
+    {"inverse_sqrt_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 50, 5000, 0.0011224972160321825},
+    {"inverse_sqrt_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 55, 5000, 0.0010702591020190135},
+    {"inverse_sqrt_with_warmup", 5, 200, 0.1, -1, 0.001, 4, 100, 0.00082},
+    {"inverse_sqrt_with_warmup", 5, 200, 0.1, -1, 0.001, 5, 100, 0.001},
+    {"inverse_sqrt_with_warmup", 5, 200, 0.1, -1, 0.001, 6, 100, 0.000912870929175277},
+    {"inverse_sqrt_with_warmup", 5, 200, 0.1, -1, 0.001, 100, 100, 0.00022360679774997898},
+    {"inverse_sqrt_with_warmup", 5, 200, 0.1, -1, 0.001, 150, 100, 0.00018257418583505537},
+    {"inverse_sqrt_with_warmup", 5, 200, 0.1, -1, 0.001, 199, 100, 0.00015851065623706035},
+    {"inverse_sqrt_with_warmup", 5, 200, 0.1, -1, 0.001, 200, 100, 0.00015811388300841897},
+    {"inverse_sqrt_with_warmup", 5, 200, 0.1, -1, 0.001, 250, 100, 0.0001414213562373095},
+    {"max_scheduler", 10, 0, 0.1, -1, 0.0005, 0, 100, 5e-05},
+    {"max_scheduler", 10, 0, 0.1, -1, 0.0005, 1, 100, 9.5e-05},
+    {"max_scheduler", 10, 0, 0.1, -1, 0.0005, 9, 100, 0.000455},
+    {"max_scheduler", 10, 0, 0.1, -1, 0.0005, 10, 100, 0.0005},
+    {"max_scheduler", 10, 0, 0.1, -1, 0.0005, 11, 100, 0.0004998629360792965},
+    {"max_scheduler", 10, 0, 0.1, -1, 0.0005, 33, 100, 0.0004312981333532744},
+    {"max_scheduler", 10, 0, 0.1, -1, 0.0005, 99, 100, 0.00015891043154093204},
+    {"max_scheduler", 10, 0, 0.1, -1, 0.0005, 100, 100, 0.00015811388300841897},
+    {"max_scheduler", 10, 0, 0.1, -1, 0.0005, 105, 100, 0.00015430334996209192},
+    {"max_scheduler", 10, 0, 0.1, -1, 0.0005, 400, 100, 7.905694150420948e-05},
+    {"max_scheduler", 7, 50, 0.25, 1e-05, 0.003, 0, 5000, 1e-05},
+    {"max_scheduler", 7, 50, 0.25, 1e-05, 0.003, 1, 5000, 0.0004371428571428572},
+    {"max_scheduler", 7, 50, 0.25, 1e-05, 0.003, 6, 5000, 0.0025728571428571432},
+    {"max_scheduler", 7, 50, 0.25, 1e-05, 0.003, 7, 5000, 0.003},
+    {"max_scheduler", 7, 50, 0.25, 1e-05, 0.003, 8, 5000, 0.002996998819121496},
+    {"max_scheduler", 7, 50, 0.25, 1e-05, 0.003, 33, 5000, 0.001511759544632123},
+    {"max_scheduler", 7, 50, 0.25, 1e-05, 0.003, 49, 5000, 0.0011338934190276817},
+    {"max_scheduler", 7, 50, 0.25, 1e-05, 0.003, 50, 5000, 0.0011224972160321825},
+    {"max_scheduler", 7, 50, 0.25, 1e-05, 0.003, 55, 5000, 0.0010702591020190135},
+    {"max_scheduler", 0, 0, 0.0, -1, 0.002, 1, 100, 0.0019995065603657315},
+    {"max_scheduler", 0, 0, 0.0, -1, 0.002, 2, 100, 0.0019980267284282717},
+    {"max_scheduler", 0, 0, 0.0, -1, 0.002, 50, 100, 0.001},
+    {"max_scheduler", 0, 0, 0.0, -1, 0.002, 99, 100, 4.934396342684e-07},
+    {"max_scheduler", 0, 0, 0.0, -1, 0.002, 100, 100, 0.0},
+    {"max_scheduler", 5, 200, 0.1, -1, 0.001, 4, 100, 0.00082},
+    {"max_scheduler", 5, 200, 0.1, -1, 0.001, 5, 100, 0.001},
+    {"max_scheduler", 5, 200, 0.1, -1, 0.001, 6, 100, 0.0009999416012371185},
+    {"max_scheduler", 5, 200, 0.1, -1, 0.001, 100, 100, 0.0005681196730492369},
+    {"max_scheduler", 5, 200, 0.1, -1, 0.001, 150, 100, 0.00023827404092068027},
+    {"max_scheduler", 5, 200, 0.1, -1, 0.001, 199, 100, 0.00015851065623706035},
+    {"max_scheduler", 5, 200, 0.1, -1, 0.001, 200, 100, 0.00015811388300841897},
+    {"max_scheduler", 5, 200, 0.1, -1, 0.001, 250, 100, 0.0001414213562373095},
+    {"cosine_linear_envelope", 10, 0, 0.1, -1, 0.0005, 0, 100, 5e-05},
+    {"cosine_linear_envelope", 10, 0, 0.1, -1, 0.0005, 1, 100, 9.5e-05},
+    {"cosine_linear_envelope", 10, 0, 0.1, -1, 0.0005, 9, 100, 0.000455},
+    {"cosine_linear_envelope", 10, 0, 0.1, -1, 0.0005, 10, 100, 0.0005},
+    {"cosine_linear_envelope", 10, 0, 0.1, -1, 0.0005, 11, 100, 0.0004948644590117489},
+    {"cosine_linear_envelope", 10, 0, 0.1, -1, 0.0005, 33, 100, 0.00033385527705188207},
+    {"cosine_linear_envelope", 10, 0, 0.1, -1, 0.0005, 99, 100, 5.000152293245226e-05},
+    {"cosine_linear_envelope", 10, 0, 0.1, -1, 0.0005, 100, 100, 5e-05},
+    {"cosine_linear_envelope", 10, 0, 0.1, -1, 0.0005, 105, 100, 5e-05},
+    {"cosine_linear_envelope", 10, 0, 0.1, -1, 0.0005, 400, 100, 5e-05},
+    {"cosine_linear_envelope", 7, 50, 0.25, 1e-05, 0.003, 0, 5000, 1e-05},
+    {"cosine_linear_envelope", 7, 50, 0.25, 1e-05, 0.003, 1, 5000, 0.0004371428571428572},
+    {"cosine_linear_envelope", 7, 50, 0.25, 1e-05, 0.003, 6, 5000, 0.0025728571428571432},
+    {"cosine_linear_envelope", 7, 50, 0.25, 1e-05, 0.003, 7, 5000, 0.003},
+    {"cosine_linear_envelope", 7, 50, 0.25, 1e-05, 0.003, 8, 5000, 0.0029447430326302983},
+    {"cosine_linear_envelope", 7, 50, 0.25, 1e-05, 0.003, 33, 5000, 0.0010511607502033974},
+    {"cosine_linear_envelope", 7, 50, 0.25, 1e-05, 0.003, 49, 5000, 0.0007500697949041513},
+    {"cosine_linear_envelope", 7, 50, 0.25, 1e-05, 0.003, 50, 5000, 0.00075},
+    {"cosine_linear_envelope", 7, 50, 0.25, 1e-05, 0.003, 55, 5000, 0.00075},
+    {"cosine_linear_envelope", 0, 0, 0.0, -1, 0.002, 1, 100, 0.0019795114947620744},
+    {"cosine_linear_envelope", 0, 0, 0.0, -1, 0.002, 2, 100, 0.001958066193859706},
+    {"cosine_linear_envelope", 0, 0, 0.0, -1, 0.002, 50, 100, 0.0005},
+    {"cosine_linear_envelope", 0, 0, 0.0, -1, 0.002, 99, 100, 4.934396342684004e-09},
+    {"cosine_linear_envelope", 0, 0, 0.0, -1, 0.002, 100, 100, 0.0},
+    {"cosine_linear_envelope", 5, 200, 0.1, -1, 0.001, 4, 100, 0.00082},
+    {"cosine_linear_envelope", 5, 200, 0.1, -1, 0.001, 5, 100, 0.001},
+    {"cosine_linear_envelope", 5, 200, 0.1, -1, 0.001, 6, 100, 0.0009953265161025693},
+    {"cosine_linear_envelope", 5, 200, 0.1, -1, 0.001, 100, 100, 0.0003400613707944804},
+    {"cosine_linear_envelope", 5, 200, 0.1, -1, 0.001, 150, 100, 0.00013545488228735393},
+    {"cosine_linear_envelope", 5, 200, 0.1, -1, 0.001, 199, 100, 0.00010000029948083529},
+    {"cosine_linear_envelope", 5, 200, 0.1, -1, 0.001, 200, 100, 0.0001},
+    {"cosine_linear_envelope", 5, 200, 0.1, -1, 0.001, 250, 100, 0.0001},
+    {"constant_with_warmup", 10, 0, 0.1, -1, 0.0005, 0, 100, 5e-05},
+    {"constant_with_warmup", 10, 0, 0.1, -1, 0.0005, 1, 100, 9.5e-05},
+    {"constant_with_warmup", 10, 0, 0.1, -1, 0.0005, 9, 100, 0.000455},
+    {"constant_with_warmup", 10, 0, 0.1, -1, 0.0005, 10, 100, 0.0005},
+    {"constant_with_warmup", 10, 0, 0.1, -1, 0.0005, 11, 100, 0.0005},
+    {"constant_with_warmup", 10, 0, 0.1, -1, 0.0005, 33, 100, 0.0005},
+    {"constant_with_warmup", 10, 0, 0.1, -1, 0.0005, 99, 100, 0.0005},
+    {"constant_with_warmup", 10, 0, 0.1, -1, 0.0005, 100, 100, 0.0005},
+    {"constant_with_warmup", 10, 0, 0.1, -1, 0.0005, 105, 100, 0.0005},
+    {"constant_with_warmup", 10, 0, 0.1, -1, 0.0005, 400, 100, 0.0005},
+    {"constant_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 0, 5000, 1e-05},
+    {"constant_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 1, 5000, 0.0004371428571428572},
+    {"constant_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 6, 5000, 0.0025728571428571432},
+    {"constant_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 7, 5000, 0.003},
+    {"constant_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 8, 5000, 0.003},
+    {"constant_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 33, 5000, 0.003},
+    {"constant_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 49, 5000, 0.003},
+    {"constant_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 50, 5000, 0.003},
+    {"constant_with_warmup", 7, 50, 0.25, 1e-05, 0.003, 55, 5000, 0.003},
+    {"constant_with_warmup", 0, 0, 0.0, -1, 0.002, 1, 100, 0.002},
+    {"constant_with_warmup", 0, 0, 0.0, -1, 0.002, 2, 100, 0.002},
+    {"constant_with_warmup", 0, 0, 0.0, -1, 0.002, 50, 100, 0.002},
+    {"constant_with_warmup", 0, 0, 0.0, -1, 0.002, 99, 100, 0.002},
+    {"constant_with_warmup", 0, 0, 0.0, -1, 0.002, 100, 100, 0.002},
+    {"constant_with_warmup", 5, 200, 0.1, -1, 0.001, 4, 100, 0.00082},
+    {"constant_with_warmup", 5, 200, 0.1, -1, 0.001, 5, 100, 0.001},
+    {"constant_with_warmup", 5, 200, 0.1, -1, 0.001, 6, 100, 0.001},
+    {"constant_with_warmup", 5, 200, 0.1, -1, 0.001, 100, 100, 0.001},
+    {"constant_with_warmup", 5, 200, 0.1, -1, 0.001, 150, 100, 0.001},
+    {"constant_with_warmup", 5, 200, 0.1, -1, 0.001, 199, 100, 0.001},
+    {"constant_with_warmup", 5, 200, 0.1, -1, 0.001, 200, 100, 0.001},
+    {"constant_with_warmup", 5, 200, 0.1, -1, 0.001, 250, 100, 0.001},
+};
+
+static void test_olmo_values(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof OLMO_LR / sizeof OLMO_LR[0]; i++) {
+        const LrCase *c = &OLMO_LR[i];
+        ScheduleConfig s = {.t_warmup = c->t_warmup, .t_max = c->t_max, .alpha_f = c->alpha_f,
+                            .warmup_min_lr = c->warmup_min_lr};
+        assert_int_equal(schedule_kind_from_name(c->kind, &s.kind), SPES_OK);
+        assert_int_equal(schedule_validate(&s, c->lr, c->max_steps, NULL, NULL), SPES_OK);
+        double got = schedule_lr(&s, c->lr, c->step, c->max_steps);
+        if (!(fabs(got - c->want) <= 1e-15 * fabs(c->want)))
+            fail_msg("%s t_warmup=%lld t_max=%lld step=%lld: %.17g, OLMo %.17g", c->kind, (long long)c->t_warmup,
+                     (long long)c->t_max, (long long)c->step, got, c->want);
+    }
+}
+
+// The shapes the table's numbers encode, readable: inverse sqrt halves the rate at 4 x t_warmup;
+// max_scheduler is the cosine early and the inverse sqrt once the cosine falls below it; the
+// envelope reaches alpha_f * lr at t_max from below the cosine; constant_with_warmup stays at lr.
+static void test_new_kinds_shapes(void **state) {
+    (void)state;
+    double lr = 1e-3;
+    ScheduleConfig s = {.kind = SCHEDULE_INVERSE_SQRT_WITH_WARMUP, .t_warmup = 100, .alpha_f = 0.1, .warmup_min_lr = 0};
+    assert_float_equal(schedule_lr(&s, lr, 0, 1000), 0.0, 0);
+    assert_float_equal(schedule_lr(&s, lr, 50, 1000), lr / 2, 1e-18);
+    assert_float_equal(schedule_lr(&s, lr, 100, 1000), lr, 0);
+    assert_float_equal(schedule_lr(&s, lr, 400, 1000), lr / 2, 1e-18);
+    assert_float_equal(schedule_lr(&s, lr, 40000, 1000), lr / 20, 1e-18);   // no floor at alpha_f, no end at t_max
+    s.kind = SCHEDULE_MAX;
+    ScheduleConfig cos_s = s, inv_s = s;
+    cos_s.kind = SCHEDULE_COSINE_WITH_WARMUP, inv_s.kind = SCHEDULE_INVERSE_SQRT_WITH_WARMUP;
+    int cos_wins = 0, inv_wins = 0;
+    for (int64_t t = 0; t < 1200; t++) {
+        double c = schedule_lr(&cos_s, lr, t, 1000), v = schedule_lr(&inv_s, lr, t, 1000), m = schedule_lr(&s, lr, t, 1000);
+        assert_true(m == (c > v ? c : v));
+        cos_wins += c > v, inv_wins += v > c;
+    }
+    assert_true(cos_wins > 100 && inv_wins > 100);
+    s.kind = SCHEDULE_COSINE_LINEAR_ENVELOPE;
+    cos_s.alpha_f = s.alpha_f = 0.0;
+    for (int64_t t = 101; t < 1000; t++) assert_true(schedule_lr(&s, lr, t, 1000) < schedule_lr(&cos_s, lr, t, 1000));
+    assert_float_equal(schedule_lr(&s, lr, 550, 1000), lr * 0.5 * 0.5, 1e-18);   // half the envelope of half the cosine
+    assert_float_equal(schedule_lr(&s, lr, 1000, 1000), 0.0, 0);
+    s.kind = SCHEDULE_CONSTANT_WITH_WARMUP;
+    assert_float_equal(schedule_lr(&s, lr, 25, 1000), lr / 4, 1e-18);
+    assert_float_equal(schedule_lr(&s, lr, 100, 1000), lr, 0);
+    assert_float_equal(schedule_lr(&s, lr, 5000, 1000), lr, 0);
+}
+
+// Which keys each kind's validation reads: inverse_sqrt_with_warmup needs a warm-up; the kinds
+// without a decay ignore t_max (OLMo's do), the decaying ones need it after the warm-up.
+static void test_new_kinds_validation(void **state) {
+    (void)state;
+    ScheduleConfig s = {.kind = SCHEDULE_INVERSE_SQRT_WITH_WARMUP, .t_warmup = 0, .alpha_f = 0.1, .warmup_min_lr = -1};
+    assert_int_equal(schedule_validate(&s, 1e-3, 100, NULL, NULL), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "scheduler.t_warmup: must be > 0 for inverse_sqrt_with_warmup"));
+    s.kind = SCHEDULE_MAX;   // its inverse sqrt part is 0 then: the cosine alone
+    assert_int_equal(schedule_validate(&s, 1e-3, 100, NULL, NULL), SPES_OK);
+    s.t_warmup = 200;   // past the run's end
+    for (int k = 0; k < SCHEDULE_KIND_COUNT; k++) {
+        s.kind = (ScheduleKind)k;
+        assert_int_equal(schedule_validate(&s, 1e-3, 100, NULL, NULL), schedule_kind_decays(s.kind) ? SPES_ERR : SPES_OK);
+    }
+    s.kind = SCHEDULE_CONSTANT_WITH_WARMUP;
+    s.warmup_min_lr = 1e-3;
+    assert_int_equal(schedule_validate(&s, 1e-3, 100, NULL, NULL), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "scheduler.warmup_min_lr: must be below optimizer.learning_rate"));
+}
+
+// Each OLMo scheduler name loads from a YAML; a bad one is refused at its line with the names.
+static void test_config_names(void **state) {
+    (void)state;
+    for (int k = 0; k < SCHEDULE_KIND_COUNT; k++) {
+        char yaml[256];
+        snprintf(yaml, sizeof yaml, "scheduler:\n  name: %s\n  t_warmup: 10\n  t_max: 50\n", schedule_kind_name((ScheduleKind)k));
+        TrainConfig cfg;
+        assert_int_equal(config_load_string(yaml, "run.yaml", 0, NULL, &cfg), SPES_OK);
+        assert_int_equal(cfg.schedule.kind, k);
+        assert_int_equal(config_schedule_validate(&cfg, 100), SPES_OK);
+        config_free(&cfg);
+    }
+    TrainConfig cfg;
+    assert_int_equal(config_load_string("seed: 1\nscheduler:\n  name: inverse_sqrt\n", "run.yaml", 0, NULL, &cfg), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "run.yaml:3: scheduler.name: expected cosine_with_warmup, "
+                                              "linear_with_warmup, inverse_sqrt_with_warmup, max_scheduler, constant, "
+                                              "cosine_linear_envelope or constant_with_warmup, got 'inverse_sqrt'"));
+    // t_max before the warm-up's end is refused where a scheduler reads it, taken where none does.
+    const char *late = "scheduler:\n  name: %s\n  t_warmup: 100\n  t_max: 50\n";
+    char yaml[256];
+    snprintf(yaml, sizeof yaml, late, "cosine_linear_envelope");
+    assert_int_equal(config_load_string(yaml, "run.yaml", 0, NULL, &cfg), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "run.yaml:4: scheduler.t_max: must be > t_warmup (100), got 50"));
+    snprintf(yaml, sizeof yaml, late, "constant_with_warmup");
+    assert_int_equal(config_load_string(yaml, "run.yaml", 0, NULL, &cfg), SPES_OK);
+    config_free(&cfg);
+    expect_located("scheduler:\n  name: inverse_sqrt_with_warmup\n  t_warmup: 0\n", NULL, 100,
+                   "run.yaml:3: scheduler.t_warmup: must be > 0 for inverse_sqrt_with_warmup");
+}
+
 static void test_matches_python(void **state) {
     (void)state;
     const char *path = getenv("SPES_SCHEDULE_REF");
@@ -127,6 +370,10 @@ int main(void) {
         cmocka_unit_test(test_linear_and_constant),
         cmocka_unit_test(test_names_and_validation),
         cmocka_unit_test(test_errors_name_the_line),
+        cmocka_unit_test(test_olmo_values),
+        cmocka_unit_test(test_new_kinds_shapes),
+        cmocka_unit_test(test_new_kinds_validation),
+        cmocka_unit_test(test_config_names),
     };
     // The reference comparison runs when its file is given (tests/integration/train_optimizer_ref.sh).
     if (getenv("SPES_SCHEDULE_REF")) {
