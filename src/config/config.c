@@ -422,6 +422,22 @@ static void warn_inert_instance_filter(const TrainConfig *cfg, const YNode *root
              cfg->model.max_seq_len, seq);
 }
 
+// A clipping warm-up that changes nothing: one of its two keys without the other, or no
+// max_grad_norm to multiply. A warning: OLMo takes such a config and clips as without it.
+static void warn_inert_clip_warmup(const TrainConfig *cfg, const YNode *root) {
+    const ScheduleConfig *s = &cfg->schedule;
+    bool steps = s->grad_clip_warmup_steps >= 0, factor = s->grad_clip_warmup_factor > 0;
+    if (!steps && !factor) return;
+    const char *set = steps ? "scheduler.grad_clip_warmup_steps" : "scheduler.grad_clip_warmup_factor";
+    char at[600];
+    key_where(where(root, set), set, at, sizeof at);
+    if (steps != factor)
+        log_warn("%s: set without scheduler.%s, so no clipping warm-up: OLMo needs both, and so does this run", at,
+                 steps ? "grad_clip_warmup_factor" : "grad_clip_warmup_steps");
+    else if (cfg->max_grad_norm <= 0)
+        log_warn("%s: max_grad_norm is null (no clipping), so the clipping warm-up changes nothing", at);
+}
+
 // ---------------------------------------------------------------------------------------
 // Loading
 
@@ -466,6 +482,7 @@ static int load_string(const char *yaml_text, const char *name, int n_overrides,
     if (validate_at(cfg, root) != SPES_OK) goto out;
     if (report) report_keys(cfg, &ctx);
     if (report) warn_inert_instance_filter(cfg, root);
+    if (report) warn_inert_clip_warmup(cfg, root);
     cfg->tree = root;   // config_free frees it
     root = NULL;
     rc = SPES_OK;

@@ -396,6 +396,8 @@ static bool sync_warmup_unset(const TrainConfig *cfg) { return cfg->sync_warmup_
 static bool lr_scale_unset(const TrainConfig *cfg) { return cfg->lr_scale == 1.0; }
 static bool peer_beta1_unset(const TrainConfig *cfg) { return cfg->peer_beta1 < 0; }
 static bool reset_moments_unset(const TrainConfig *cfg) { return !cfg->reset_moments_at_sync; }
+// One clipping warm-up key without the other changes nothing (OLMo's get_max_grad_norm).
+static bool clip_warmup_unset(const TrainConfig *cfg) { return !schedule_clip_warmup_on(&cfg->schedule); }
 
 // "50000" steps, "1e9T" / "1000000000T" tokens, "2ep" epochs (OLMo's forms).
 static int parse_max_duration(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
@@ -704,8 +706,8 @@ static const ConfigKey KEYS[] = {
     {"scheduler.t_max", K_I64, F(schedule.t_max), MIN_POSITIVE, .nullable = true, .null_value = 0, .hashed = true, .meaning = "Step where the decay ends (null: the run's max steps); read by cosine_with_warmup, linear_with_warmup, max_scheduler and cosine_linear_envelope."},
     {"scheduler.alpha_f", K_F64, F(schedule.alpha_f), MIN_NONNEG, .hashed = true, .meaning = "Final lr = alpha_f * learning_rate; read by the schedulers that read t_max."},
     {"scheduler.warmup_min_lr", K_F64, F(schedule.warmup_min_lr), MIN_NONNEG, .nullable = true, .null_value = -1, .hashed = true, .meaning = "lr at step 0 of the warm-up (null: 0.1 * learning_rate, OLMo)."},
-    {"scheduler.grad_clip_warmup_steps", K_FIXED, .fixed = "null", .meaning = "Clipping warm-up is not implemented."},
-    {"scheduler.grad_clip_warmup_factor", K_FIXED, .fixed = "null", .meaning = "Clipping warm-up is not implemented."},
+    {"scheduler.grad_clip_warmup_steps", K_I64, F(schedule.grad_clip_warmup_steps), MIN_NONNEG, .nullable = true, .null_value = -1, .hashed = true, .unset = clip_warmup_unset, .meaning = "Clipping warm-up, with grad_clip_warmup_factor (OLMo's get_max_grad_norm): up to this step the clipping threshold is max_grad_norm * grad_clip_warmup_factor. As OLMo's trainer sets it after clipping, step 1 clips at max_grad_norm and steps 2 to this one + 1 at the product. null (or factor null): off."},
+    {"scheduler.grad_clip_warmup_factor", K_F64, F(schedule.grad_clip_warmup_factor), MIN_POSITIVE, .nullable = true, .null_value = -1, .hashed = true, .unset = clip_warmup_unset, .meaning = "The clipping warm-up's multiplier of max_grad_norm (see grad_clip_warmup_steps). null: off."},
 
     {"data", K_SECTION, .meaning = "Training token files."},
     {"data.paths", K_STRLIST, F(data.paths), .hashed = true, .meaning = "Token files; an entry ending in `.txt` is a manifest (one path a line). Relative paths resolve against the current directory."},
@@ -1153,7 +1155,8 @@ void config_defaults(TrainConfig *cfg) {
     cfg->learning_rate = 1e-4;
     cfg->adamw = (AdamWConfig){.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-5};
     cfg->schedule = (ScheduleConfig){.kind = SCHEDULE_COSINE_WITH_WARMUP, .t_warmup = 100, .t_max = 0,
-                                     .alpha_f = 0.1, .warmup_min_lr = -1};
+                                     .alpha_f = 0.1, .warmup_min_lr = -1, .grad_clip_warmup_steps = -1,
+                                     .grad_clip_warmup_factor = -1};
     cfg->data.memmap_dtype = MEMMAP_UINT16;
     cfg->data.instance_filter = INSTANCE_FILTER_OFF;
     cfg->seed = 6198;

@@ -1,6 +1,6 @@
-// OLMo's learning-rate schedules. See schedule.h. The formulas follow olmo/optim.py of
+// OLMo's learning-rate schedules and clipping warm-up. See schedule.h. The formulas follow olmo/optim.py of
 // allenai/OLMo at commit 59a53e3f68e546330ca5a99ec626e58f9ab96494 (Scheduler._linear_warmup,
-// CosWithWarmup, LinearWithWarmup, InvSqrtWithWarmup, MaxScheduler,
+// _get_max_grad_norm_coeff, CosWithWarmup, LinearWithWarmup, InvSqrtWithWarmup, MaxScheduler,
 // ConstantScheduler, CosLinearEnvelope, ConstantWithWarmupScheduler, build_scheduler), each
 // written in the same order of operations so the values are the same doubles.
 #include "train/schedule.h"
@@ -142,4 +142,19 @@ double schedule_lr(const ScheduleConfig *s, double initial_lr, int64_t step, int
     }
     default: return decaying_lr(s, s->kind, initial_lr, step, max_steps);
     }
+}
+
+int schedule_clip_warmup_on(const ScheduleConfig *s) {
+    return s->grad_clip_warmup_steps >= 0 && s->grad_clip_warmup_factor > 0;
+}
+
+double schedule_max_grad_norm(const ScheduleConfig *s, double max_grad_norm, int64_t step) {
+    if (max_grad_norm <= 0 || !schedule_clip_warmup_on(s) || step > s->grad_clip_warmup_steps) return max_grad_norm;
+    return s->grad_clip_warmup_factor * max_grad_norm;
+}
+
+double schedule_clip_max_norm(const ScheduleConfig *s, double max_grad_norm, int64_t step) {
+    // OLMo's get_param_groups starts the groups at max_grad_norm; train_step(s) clips, then sets
+    // them to get_max_grad_norm(s) for step s + 1.
+    return step <= 1 ? max_grad_norm : schedule_max_grad_norm(s, max_grad_norm, step - 1);
 }

@@ -1,4 +1,4 @@
-// Learning-rate schedules, exactly OLMo's (olmo/optim.py,
+// Learning-rate schedules and the gradient-clipping warm-up, exactly OLMo's (olmo/optim.py,
 // allenai/OLMo at 59a53e3f: Scheduler and its subclasses, build_scheduler). OLMo calls
 // get_lr(initial_lr, global_step, max_steps) with global_step counted from 1 for the first
 // update; so do we.
@@ -24,6 +24,8 @@ typedef struct {
     int64_t t_max;          // scheduler.t_max; <= 0: the run's max steps
     double alpha_f;         // scheduler.alpha_f: final lr = alpha_f * initial_lr
     double warmup_min_lr;   // scheduler.warmup_min_lr; < 0: 0.1 * initial_lr (OLMo default)
+    int64_t grad_clip_warmup_steps;   // scheduler.grad_clip_warmup_steps; < 0: null (no clipping warm-up)
+    double grad_clip_warmup_factor;   // scheduler.grad_clip_warmup_factor; <= 0: null (no clipping warm-up)
 } ScheduleConfig;
 
 // OLMo's SchedulerType names -> kind; the error names the value and lists the names.
@@ -46,3 +48,13 @@ typedef int (*ScheduleFailFn)(void *ctx, const char *key, const char *msg);
 int schedule_validate(const ScheduleConfig *s, double initial_lr, int64_t max_steps, ScheduleFailFn fail, void *ctx);
 // OLMo's Scheduler.get_lr for the configured kind.
 double schedule_lr(const ScheduleConfig *s, double initial_lr, int64_t step, int64_t max_steps);
+// Whether both clipping warm-up keys are set (OLMo ignores one without the other).
+int schedule_clip_warmup_on(const ScheduleConfig *s);
+// OLMo's Scheduler.get_max_grad_norm (_get_max_grad_norm_coeff): max_grad_norm *
+// grad_clip_warmup_factor while step <= grad_clip_warmup_steps (both set), else max_grad_norm.
+// A max_grad_norm <= 0 (null: no clipping) stays as it is.
+double schedule_max_grad_norm(const ScheduleConfig *s, double max_grad_norm, int64_t step);
+// The threshold OLMo's trainer clips step `step`'s gradient with. Its train_step clips before it
+// sets the param groups' max_grad_norm for the step, so step s clips with the value set at step
+// s - 1 (restored with the optimizer state on a resume) and step 1 with max_grad_norm itself.
+double schedule_clip_max_norm(const ScheduleConfig *s, double max_grad_norm, int64_t step);

@@ -691,6 +691,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
                          step, mean.total, mean.ce);
 
     double lr = schedule_lr(&cfg->schedule, cfg->learning_rate, step, t->max_steps);
+    double max_norm = schedule_clip_max_norm(&cfg->schedule, cfg->max_grad_norm, step);   // clipping warm-up
     if (is_peer(cfg) && cfg->lr_scale != 1.0) lr *= cfg->lr_scale;
     double norm = 0.0;
     bool apply = true;
@@ -706,7 +707,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
             log_warn("step %" PRId64 ": gradient overflow in fp16; step skipped, loss scale now %g", step,
                      t->scaler.scale);
         } else if (n_grad) {
-            grad_scale = (float)(1.0 / t->scaler.scale * grad_clip_coef(norm, cfg->max_grad_norm));
+            grad_scale = (float)(1.0 / t->scaler.scale * grad_clip_coef(norm, max_norm));
         }
     } else if (n_grad) {
         // clip_grad_norm_ over the reduced gradient (whole or sharded), its factor applied by AdamW. A non-finite
@@ -717,7 +718,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         if (!isfinite(norm))
             return spes_fail("step %" PRId64 ": the gradient norm is %g with a finite loss (%g): an overflow in the "
                              "backward; lower optimizer.learning_rate; the last checkpoint is unaffected", step, norm, mean.total);
-        grad_scale = grad_clip_coef(norm, cfg->max_grad_norm);
+        grad_scale = grad_clip_coef(norm, max_norm);
     }
     const Buf compute = {m->cparams, t->be->compute};
     bool queued = false;   // this step's update left running under the next forward

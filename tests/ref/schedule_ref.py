@@ -6,6 +6,11 @@ makes max_scheduler's sched1/sched2 a cosine_with_warmup and an inverse_sqrt_wit
 same config), evaluated over a grid of settings and steps. Prints one case a line:
   kind t_warmup t_max alpha_f warmup_min_lr initial_lr step max_steps expected_lr
 (t_max 0 = None, warmup_min_lr -1 = None). Usage: schedule_ref.py > cases.txt
+
+Also the clipping warm-up: Scheduler._get_max_grad_norm_coeff and the order in which olmo/train.py's
+train_step uses it (clip_grads_and_collect_metrics with the param groups' max_grad_norm, then
+group["max_grad_norm"] = scheduler.get_max_grad_norm(cfg.max_grad_norm, global_step, ...)), the
+groups starting at cfg.max_grad_norm (get_param_groups): clip_thresholds().
 """
 from math import cos, pi, sqrt
 
@@ -79,6 +84,30 @@ def constant_with_warmup(warmup_steps, t_max, alpha_f, warmup_min_lr, initial_lr
         return linear_warmup(initial_lr, step, warmup_steps, warmup_min_lr)
     del max_steps
     return initial_lr
+
+
+def max_grad_norm_coeff(grad_clip_warmup_steps, grad_clip_warmup_factor, initial_value, step):
+    if initial_value is None:
+        return None
+    elif (
+        grad_clip_warmup_steps is None
+        or grad_clip_warmup_factor is None
+        or step > grad_clip_warmup_steps
+    ):
+        return initial_value
+    else:
+        return grad_clip_warmup_factor * initial_value
+
+
+def clip_thresholds(grad_clip_warmup_steps, grad_clip_warmup_factor, max_grad_norm, n_steps):
+    """The max_grad_norm each of OLMo's global steps 1..n_steps clips with."""
+    group_max_grad_norm = max_grad_norm   # get_param_groups
+    used = []
+    for global_step in range(1, n_steps + 1):   # fit: global_step += 1, then train_step
+        used.append(group_max_grad_norm)     # optim.clip_grads_and_collect_metrics
+        group_max_grad_norm = max_grad_norm_coeff(grad_clip_warmup_steps, grad_clip_warmup_factor, max_grad_norm,
+                                                  global_step)
+    return used
 
 
 SCHEDULERS = {

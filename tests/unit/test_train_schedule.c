@@ -339,6 +339,71 @@ static void test_config_names(void **state) {
                    "run.yaml:3: scheduler.t_warmup: must be > 0 for inverse_sqrt_with_warmup");
 }
 
+// The clipping warm-up as OLMo's trainer applies it, from tests/ref/schedule_ref.py's
+// clip_thresholds (Scheduler._get_max_grad_norm_coeff, and train_step clipping before it sets the
+// groups' max_grad_norm for the step): the thresholds of steps 1..7. 0: null.
+static void test_clip_warmup(void **state) {
+    (void)state;
+    static const struct {
+        int64_t steps;
+        double factor, max_norm, want[7];
+    } cases[] = {
+        {3, 0.5, 1.0, {1.0, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0}},   // step 1 at max_grad_norm, 2..4 at the product
+        {1, 3.0, 0.5, {0.5, 1.5, 0.5, 0.5, 0.5, 0.5, 0.5}},   // a factor above 1 loosens
+        {0, 0.25, 2.0, {2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0}},  // warm-up ends before any step clips with it
+        {3, -1, 1.0, {1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0}},    // factor null
+        {-1, 0.5, 1.0, {1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0}},  // steps null
+        {2, 0.5, 0.0, {0, 0, 0, 0, 0, 0, 0}},                 // max_grad_norm null: no clipping
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ScheduleConfig s = {.kind = SCHEDULE_COSINE_WITH_WARMUP, .grad_clip_warmup_steps = cases[i].steps,
+                            .grad_clip_warmup_factor = cases[i].factor};
+        for (int64_t step = 1; step <= 7; step++) {
+            double got = schedule_clip_max_norm(&s, cases[i].max_norm, step);
+            if (got != cases[i].want[step - 1])
+                fail_msg("case %zu step %lld: %g, OLMo %g", i, (long long)step, got, cases[i].want[step - 1]);
+        }
+    }
+    // get_max_grad_norm itself: the product up to and including grad_clip_warmup_steps.
+    ScheduleConfig s = {.grad_clip_warmup_steps = 3, .grad_clip_warmup_factor = 0.5};
+    assert_true(schedule_max_grad_norm(&s, 1.0, 0) == 0.5 && schedule_max_grad_norm(&s, 1.0, 3) == 0.5);
+    assert_true(schedule_max_grad_norm(&s, 1.0, 4) == 1.0);
+}
+
+// The keys load, a bad value is refused at its line, and the config hash covers them when they
+// clip differently (and is the old one when they are off, so existing checkpoints resume).
+static uint64_t hash_of(const char *yaml) {
+    TrainConfig cfg;
+    assert_int_equal(config_load_string(yaml, "run.yaml", 0, NULL, &cfg), SPES_OK);
+    uint64_t h = config_hash(&cfg);
+    config_free(&cfg);
+    return h;
+}
+static void test_clip_warmup_config(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    const char *on = "max_grad_norm: 1.0\nscheduler:\n  grad_clip_warmup_steps: 100\n  grad_clip_warmup_factor: 0.2\n";
+    assert_int_equal(config_load_string(on, "run.yaml", 0, NULL, &cfg), SPES_OK);
+    assert_int_equal(cfg.schedule.grad_clip_warmup_steps, 100);
+    assert_true(cfg.schedule.grad_clip_warmup_factor == 0.2);
+    assert_true(schedule_clip_max_norm(&cfg.schedule, cfg.max_grad_norm, 50) == 0.2);
+    config_free(&cfg);
+    assert_int_equal(config_load_string("scheduler:\n  grad_clip_warmup_steps: 10\n  grad_clip_warmup_factor: 0\n",
+                                        "run.yaml", 0, NULL, &cfg), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "run.yaml:3: scheduler.grad_clip_warmup_factor: must be > 0"));
+    assert_int_equal(config_load_string("scheduler:\n  grad_clip_warmup_steps: -5\n", "run.yaml", 0, NULL, &cfg), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "run.yaml:2: scheduler.grad_clip_warmup_steps: must be >= 0"));
+
+    const char *base = "max_grad_norm: 1.0\n";
+    uint64_t h_base = hash_of(base);
+    assert_true(hash_of("max_grad_norm: 1.0\nscheduler:\n  grad_clip_warmup_steps: null\n  grad_clip_warmup_factor: null\n") == h_base);
+    assert_true(hash_of("max_grad_norm: 1.0\nscheduler:\n  grad_clip_warmup_steps: 100\n") == h_base);   // inert alone
+    uint64_t h_on = hash_of(on);
+    assert_true(h_on != h_base);
+    assert_true(hash_of("max_grad_norm: 1.0\nscheduler:\n  grad_clip_warmup_steps: 100\n  grad_clip_warmup_factor: 0.3\n") != h_on);
+    assert_true(hash_of("max_grad_norm: 1.0\nscheduler:\n  grad_clip_warmup_steps: 101\n  grad_clip_warmup_factor: 0.2\n") != h_on);
+}
+
 static void test_matches_python(void **state) {
     (void)state;
     const char *path = getenv("SPES_SCHEDULE_REF");
@@ -374,6 +439,8 @@ int main(void) {
         cmocka_unit_test(test_new_kinds_shapes),
         cmocka_unit_test(test_new_kinds_validation),
         cmocka_unit_test(test_config_names),
+        cmocka_unit_test(test_clip_warmup),
+        cmocka_unit_test(test_clip_warmup_config),
     };
     // The reference comparison runs when its file is given (tests/integration/train_optimizer_ref.sh).
     if (getenv("SPES_SCHEDULE_REF")) {
