@@ -398,8 +398,22 @@ static int schedule_fail_at_key(void *cfg, const char *key, const char *msg) {
     return config_key_fail(cfg, key, "%s", msg);
 }
 
+ScheduleRun config_schedule_run(const TrainConfig *cfg, int64_t max_steps) {
+    ScheduleRun run = {.max_steps = max_steps,
+                       .tokens_per_step = (int64_t)cfg->global_train_batch_size * cfg->model.max_seq_len,
+                       .max_tokens = -1};
+    // olmo/train.py's max_tokens: "<N>T" as given, "<N>ep" epochs x batches_per_epoch x
+    // tokens_per_batch (config_max_steps' steps), steps: derived at each step (schedule_position).
+    if (cfg->max_duration_unit == DURATION_TOKENS) run.max_tokens = cfg->max_duration;
+    else if (cfg->max_duration_unit == DURATION_EPOCHS) run.max_tokens = max_steps * run.tokens_per_step;
+    return run;
+}
+
 int config_schedule_validate(const TrainConfig *cfg, int64_t max_steps) {
-    return schedule_validate(&cfg->schedule, cfg->learning_rate, max_steps, schedule_fail_at_key, (void *)cfg);
+    // The run's length in the schedule's units, as it stands before step 1.
+    const ScheduleRun run = config_schedule_run(cfg, max_steps);
+    int64_t max = schedule_position(&cfg->schedule, &run, 0, 0).max;
+    return schedule_validate(&cfg->schedule, cfg->learning_rate, max, schedule_fail_at_key, (void *)cfg);
 }
 
 // An instance filter that can never mask anything: no instance of model.max_sequence_length

@@ -82,7 +82,7 @@ typedef struct {
     AdamWConfig adamw;                // betas, eps, weight_decay, decay groups
     double max_grad_norm;             // <= 0: no clipping (null), default null
 
-    // scheduler (units: steps). Default cosine_with_warmup, t_warmup 100, t_max null (-> the
+    // scheduler. Default cosine_with_warmup, units steps, t_warmup 100, t_max null (-> the
     // run's max steps), alpha_f 0.1, warmup_min_lr null (-> 0.1 * lr, OLMo).
     ScheduleConfig schedule;
 
@@ -185,8 +185,12 @@ int config_validate(TrainConfig *cfg);
 // message about `key` as the loader's own errors read, at the line that set it
 // ("run.yaml:57: key: msg", "command line --key: msg", or "key: msg" for a default). SPES_ERR.
 int config_key_fail(const TrainConfig *cfg, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-// schedule_validate of cfg's schedule and learning rate over max_steps, its errors so located.
+// schedule_validate of cfg's schedule and learning rate over the run of max_steps steps (in the
+// schedule's units: config_schedule_run), its errors so located.
 int config_schedule_validate(const TrainConfig *cfg, int64_t max_steps);
+// The run the schedule spans (schedule_position): max_steps (config_max_steps), the tokens a
+// step (global_train_batch_size x max_sequence_length) and max_duration's fixed token count.
+ScheduleRun config_schedule_run(const TrainConfig *cfg, int64_t max_steps);
 
 // Optimizer steps max_duration means: steps as given, tokens / (global batch * seq len)
 // rounded up, epochs * (dataset_instances / global batch) (dataset_instances only needed for

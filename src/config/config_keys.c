@@ -314,6 +314,15 @@ static int parse_scheduler_name(ParseCtx *c, const YNode *n, const char *key, Tr
 }
 static void format_scheduler_name(const TrainConfig *cfg, FILE *out) { fputs(schedule_kind_name(cfg->schedule.kind), out); }
 
+static int parse_scheduler_units(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
+    const char *s = NULL;
+    SPES_TRY(scalar_of(n, key, "steps or tokens", &s));
+    if (schedule_units_from_name(s, &cfg->schedule.units) != SPES_OK)
+        return key_fail(n, key, "expected steps or tokens, got '%s'", s);
+    return SPES_OK;
+}
+static void format_scheduler_units(const TrainConfig *cfg, FILE *out) { fputs(schedule_units_name(cfg->schedule.units), out); }
+
 static int parse_memmap_dtype(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
     const char *s = NULL;
     SPES_TRY(scalar_of(n, key, "a dtype name", &s));
@@ -398,6 +407,7 @@ static bool peer_beta1_unset(const TrainConfig *cfg) { return cfg->peer_beta1 < 
 static bool reset_moments_unset(const TrainConfig *cfg) { return !cfg->reset_moments_at_sync; }
 // One clipping warm-up key without the other changes nothing (OLMo's get_max_grad_norm).
 static bool clip_warmup_unset(const TrainConfig *cfg) { return !schedule_clip_warmup_on(&cfg->schedule); }
+static bool scheduler_units_unset(const TrainConfig *cfg) { return cfg->schedule.units == SCHEDULE_UNITS_STEPS; }
 
 // "50000" steps, "1e9T" / "1000000000T" tokens, "2ep" epochs (OLMo's forms).
 static int parse_max_duration(ParseCtx *c, const YNode *n, const char *key, TrainConfig *cfg) {
@@ -701,12 +711,12 @@ static const ConfigKey KEYS[] = {
 
     {"scheduler", K_SECTION, .meaning = "Learning-rate schedule."},
     {"scheduler.name", K_SPECIAL, .hashed = true, .parse = parse_scheduler_name, .format = format_scheduler_name, .meaning = "OLMo's schedulers: cosine_with_warmup, linear_with_warmup, inverse_sqrt_with_warmup (`lr * sqrt(t_warmup / step)` after the warm-up), max_scheduler (the larger of cosine_with_warmup and inverse_sqrt_with_warmup, both from these keys), constant (no warm-up), cosine_linear_envelope (the cosine decay times `1 - progress`) or constant_with_warmup."},
-    {"scheduler.units", K_FIXED, .fixed = "steps", .meaning = "Schedules count optimizer steps."},
-    {"scheduler.t_warmup", K_I64, F(schedule.t_warmup), MIN_NONNEG, .hashed = true, .meaning = "Warm-up steps: the rate rises linearly from warmup_min_lr to learning_rate (every scheduler but constant)."},
-    {"scheduler.t_max", K_I64, F(schedule.t_max), MIN_POSITIVE, .nullable = true, .null_value = 0, .hashed = true, .meaning = "Step where the decay ends (null: the run's max steps); read by cosine_with_warmup, linear_with_warmup, max_scheduler and cosine_linear_envelope."},
+    {"scheduler.units", K_SPECIAL, .hashed = true, .unset = scheduler_units_unset, .parse = parse_scheduler_units, .format = format_scheduler_units, .meaning = "What the schedule counts (OLMo's SchedulerUnits): `steps`, optimizer steps from 1 over the run's max steps; or `tokens`, the tokens seen including the step's batch (global batch x sequence length a step) over the run's max tokens (max_duration in tokens; for one in steps, the tokens seen plus the steps left x tokens a step; for epochs, their steps x tokens a step). t_warmup, t_max and grad_clip_warmup_steps are then in tokens too, as OLMo reads them."},
+    {"scheduler.t_warmup", K_I64, F(schedule.t_warmup), MIN_NONNEG, .hashed = true, .meaning = "Warm-up length in scheduler.units (steps, or tokens): the rate rises linearly from warmup_min_lr to learning_rate (every scheduler but constant)."},
+    {"scheduler.t_max", K_I64, F(schedule.t_max), MIN_POSITIVE, .nullable = true, .null_value = 0, .hashed = true, .meaning = "Where the decay ends, in scheduler.units (null: the run's max steps, or max tokens); read by cosine_with_warmup, linear_with_warmup, max_scheduler and cosine_linear_envelope."},
     {"scheduler.alpha_f", K_F64, F(schedule.alpha_f), MIN_NONNEG, .hashed = true, .meaning = "Final lr = alpha_f * learning_rate; read by the schedulers that read t_max."},
     {"scheduler.warmup_min_lr", K_F64, F(schedule.warmup_min_lr), MIN_NONNEG, .nullable = true, .null_value = -1, .hashed = true, .meaning = "lr at step 0 of the warm-up (null: 0.1 * learning_rate, OLMo)."},
-    {"scheduler.grad_clip_warmup_steps", K_I64, F(schedule.grad_clip_warmup_steps), MIN_NONNEG, .nullable = true, .null_value = -1, .hashed = true, .unset = clip_warmup_unset, .meaning = "Clipping warm-up, with grad_clip_warmup_factor (OLMo's get_max_grad_norm): up to this step the clipping threshold is max_grad_norm * grad_clip_warmup_factor. As OLMo's trainer sets it after clipping, step 1 clips at max_grad_norm and steps 2 to this one + 1 at the product. null (or factor null): off."},
+    {"scheduler.grad_clip_warmup_steps", K_I64, F(schedule.grad_clip_warmup_steps), MIN_NONNEG, .nullable = true, .null_value = -1, .hashed = true, .unset = clip_warmup_unset, .meaning = "Clipping warm-up, with grad_clip_warmup_factor (OLMo's get_max_grad_norm): up to this step the clipping threshold is max_grad_norm * grad_clip_warmup_factor. As OLMo's trainer sets it after clipping, step 1 clips at max_grad_norm and steps 2 to this one + 1 at the product. With scheduler.units tokens it counts tokens seen, as OLMo compares it with scheduler_current: a step after one that ended at or below this many tokens clips at the product. null (or factor null): off."},
     {"scheduler.grad_clip_warmup_factor", K_F64, F(schedule.grad_clip_warmup_factor), MIN_POSITIVE, .nullable = true, .null_value = -1, .hashed = true, .unset = clip_warmup_unset, .meaning = "The clipping warm-up's multiplier of max_grad_norm (see grad_clip_warmup_steps). null: off."},
 
     {"data", K_SECTION, .meaning = "Training token files."},

@@ -47,9 +47,36 @@ int schedule_kind_decays(ScheduleKind kind) {
 
 int schedule_kind_warms_up(ScheduleKind kind) { return kind != SCHEDULE_CONSTANT; }
 
-static int64_t effective_t_max(const ScheduleConfig *s, int64_t max_steps) {
-    return s->t_max > 0 ? s->t_max : max_steps;
+int schedule_units_from_name(const char *name, ScheduleUnits *out) {
+    for (int u = SCHEDULE_UNITS_STEPS; u <= SCHEDULE_UNITS_TOKENS; u++)
+        if (!strcmp(name, schedule_units_name((ScheduleUnits)u))) {
+            *out = (ScheduleUnits)u;
+            return SPES_OK;
+        }
+    return spes_fail("scheduler.units '%s' is not supported (use steps or tokens)", name);
 }
+
+const char *schedule_units_name(ScheduleUnits units) { return units == SCHEDULE_UNITS_TOKENS ? "tokens" : "steps"; }
+
+// The unit of a position, for messages: "step" or "token".
+static const char *unit_word(const ScheduleConfig *s) { return s->units == SCHEDULE_UNITS_TOKENS ? "token" : "step"; }
+
+// olmo/train.py's scheduler_current: global_step or global_train_tokens_seen.
+static int64_t position_now(const ScheduleConfig *s, int64_t step, int64_t tokens_seen) {
+    return s->units == SCHEDULE_UNITS_TOKENS ? tokens_seen : step;
+}
+
+SchedulePos schedule_position(const ScheduleConfig *s, const ScheduleRun *run, int64_t step, int64_t tokens_seen) {
+    SchedulePos pos = {.now = position_now(s, step, tokens_seen), .max = run->max_steps};
+    if (s->units != SCHEDULE_UNITS_TOKENS) return pos;
+    // max_tokens: fixed by a duration in tokens or epochs; for one in steps, the tokens seen
+    // plus max(max_duration - global_step, 0) more batches of tokens_per_batch.
+    int64_t steps_left = run->max_steps > step ? run->max_steps - step : 0;
+    pos.max = run->max_tokens >= 0 ? run->max_tokens : tokens_seen + steps_left * run->tokens_per_step;
+    return pos;
+}
+
+static int64_t effective_t_max(const ScheduleConfig *s, int64_t max) { return s->t_max > 0 ? s->t_max : max; }
 
 // Raises msg about key through fail (NULL: "key: msg"); SPES_ERR.
 static int fail_key(ScheduleFailFn fail, void *ctx, const char *key, const char *fmt, ...) {
@@ -61,7 +88,7 @@ static int fail_key(ScheduleFailFn fail, void *ctx, const char *key, const char 
     return fail ? fail(ctx, key, msg) : spes_fail("%s: %s", key, msg);
 }
 
-int schedule_validate(const ScheduleConfig *s, double initial_lr, int64_t max_steps, ScheduleFailFn fail, void *ctx) {
+int schedule_validate(const ScheduleConfig *s, double initial_lr, int64_t max, ScheduleFailFn fail, void *ctx) {
     if (!schedule_kind_warms_up(s->kind)) return SPES_OK;
     if (s->t_warmup < 0)
         return fail_key(fail, ctx, "scheduler.t_warmup", "must be >= 0, got %lld", (long long)s->t_warmup);
@@ -79,12 +106,12 @@ int schedule_validate(const ScheduleConfig *s, double initial_lr, int64_t max_st
     if (s->t_warmup > 0 && !(min_lr < initial_lr))
         return fail_key(fail, ctx, "scheduler.warmup_min_lr", "must be below optimizer.learning_rate (%g), got %g",
                         initial_lr, min_lr);
-    if (schedule_kind_decays(s->kind) && effective_t_max(s, max_steps) <= s->t_warmup) {
+    if (schedule_kind_decays(s->kind) && effective_t_max(s, max) <= s->t_warmup) {
         // The end of the decay is t_max when set, else the run's length (max_duration).
         const char *end = s->t_max > 0 ? "scheduler.t_max" : "max_duration";
-        return fail_key(fail, ctx, end, "the decay ends at step %lld, not after the warm-up (scheduler.t_warmup %lld): "
+        return fail_key(fail, ctx, end, "the decay ends at %s %lld, not after the warm-up (scheduler.t_warmup %lld): "
                         "raise %s or lower scheduler.t_warmup",
-                        (long long)effective_t_max(s, max_steps), (long long)s->t_warmup, end);
+                        unit_word(s), (long long)effective_t_max(s, max), (long long)s->t_warmup, end);
     }
     return SPES_OK;
 }
@@ -148,13 +175,14 @@ int schedule_clip_warmup_on(const ScheduleConfig *s) {
     return s->grad_clip_warmup_steps >= 0 && s->grad_clip_warmup_factor > 0;
 }
 
-double schedule_max_grad_norm(const ScheduleConfig *s, double max_grad_norm, int64_t step) {
-    if (max_grad_norm <= 0 || !schedule_clip_warmup_on(s) || step > s->grad_clip_warmup_steps) return max_grad_norm;
+double schedule_max_grad_norm(const ScheduleConfig *s, double max_grad_norm, int64_t now) {
+    if (max_grad_norm <= 0 || !schedule_clip_warmup_on(s) || now > s->grad_clip_warmup_steps) return max_grad_norm;
     return s->grad_clip_warmup_factor * max_grad_norm;
 }
 
-double schedule_clip_max_norm(const ScheduleConfig *s, double max_grad_norm, int64_t step) {
+double schedule_clip_max_norm(const ScheduleConfig *s, double max_grad_norm, int64_t step, int64_t tokens_before) {
     // OLMo's get_param_groups starts the groups at max_grad_norm; train_step(s) clips, then sets
-    // them to get_max_grad_norm(s) for step s + 1.
-    return step <= 1 ? max_grad_norm : schedule_max_grad_norm(s, max_grad_norm, step - 1);
+    // them to get_max_grad_norm(scheduler_current of step s) for step s + 1.
+    if (step <= 1) return max_grad_norm;
+    return schedule_max_grad_norm(s, max_grad_norm, position_now(s, step - 1, tokens_before));
 }

@@ -690,8 +690,11 @@ int trainer_step(Trainer *t, StepMetrics *out) {
                          "max_grad_norm; the last checkpoint is unaffected",
                          step, mean.total, mean.ce);
 
-    double lr = schedule_lr(&cfg->schedule, cfg->learning_rate, step, t->max_steps);
-    double max_norm = schedule_clip_max_norm(&cfg->schedule, cfg->max_grad_norm, step);   // clipping warm-up
+    // OLMo's scheduler_current / scheduler_max (steps, or tokens seen counting this step's batch).
+    const ScheduleRun run = config_schedule_run(cfg, t->max_steps);
+    const SchedulePos pos = schedule_position(&cfg->schedule, &run, step, t->state.tokens_seen + (int64_t)rows * T);
+    double lr = schedule_lr(&cfg->schedule, cfg->learning_rate, pos.now, pos.max);
+    double max_norm = schedule_clip_max_norm(&cfg->schedule, cfg->max_grad_norm, step, t->state.tokens_seen);
     if (is_peer(cfg) && cfg->lr_scale != 1.0) lr *= cfg->lr_scale;
     double norm = 0.0;
     bool apply = true;

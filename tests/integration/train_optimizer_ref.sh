@@ -7,8 +7,11 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 python3 tests/ref/schedule_ref.py > "$tmp/schedule_cases.txt"
-SPES_SCHEDULE_REF="$tmp/schedule_cases.txt" "$SPES_BUILD/tests/test_train_schedule" 2>&1 | tee "$tmp/sched.log"
+python3 tests/ref/schedule_ref.py loop > "$tmp/schedule_loop.txt"
+SPES_SCHEDULE_REF="$tmp/schedule_cases.txt" SPES_SCHEDULE_LOOP_REF="$tmp/schedule_loop.txt" \
+  "$SPES_BUILD/tests/test_train_schedule" 2>&1 | tee "$tmp/sched.log"
 grep -q "schedule cases agree with Python" "$tmp/sched.log"
+grep -q "scheduler.units steps agree with Python" "$tmp/sched.log"
 if grep -q "FAILED" "$tmp/sched.log"; then exit 1; fi
 
 if [ ! -x "${SPES_VENV_PY:-}" ]; then

@@ -11,7 +11,17 @@ Also the clipping warm-up: Scheduler._get_max_grad_norm_coeff and the order in w
 train_step uses it (clip_grads_and_collect_metrics with the param groups' max_grad_norm, then
 group["max_grad_norm"] = scheduler.get_max_grad_norm(cfg.max_grad_norm, global_step, ...)), the
 groups starting at cfg.max_grad_norm (get_param_groups): clip_thresholds().
+
+And scheduler.units (SchedulerUnits steps / tokens): olmo/train.py's Trainer.max_steps, max_tokens,
+scheduler_current and scheduler_max, with fit()'s bookkeeping (global_step and
+global_train_tokens_seen advanced before train_step) and train_step's order (clip with the
+groups' max_grad_norm, then set lr and max_grad_norm from scheduler_current / scheduler_max):
+train_loop(). Usage: schedule_ref.py loop > loop_cases.txt prints one step a line:
+  units kind max_duration instances batch seq t_warmup t_max clip_steps clip_factor max_grad_norm
+  step tokens_before lr clip
+(t_max 0 = None, clip_steps / clip_factor -1 = None).
 """
+import sys
 from math import cos, pi, sqrt
 
 
@@ -110,6 +120,103 @@ def clip_thresholds(grad_clip_warmup_steps, grad_clip_warmup_factor, max_grad_no
     return used
 
 
+class OlmoTrainLoop:
+    """olmo/train.py's Trainer, the parts that feed the scheduler (global_step and
+    global_train_tokens_seen counted in fit(); max_steps, max_tokens, scheduler_current and
+    scheduler_max as properties, verbatim)."""
+
+    def __init__(self, units, max_duration, instances, global_train_batch_size, max_sequence_length):
+        self.units = units
+        self.max_duration = max_duration   # int steps, or str "<N>T" / "<N>ep"
+        self.total_size = instances        # dataset.total_size
+        self.global_train_batch_size = global_train_batch_size
+        self.max_sequence_length = max_sequence_length
+        self.global_step = 0
+        self.global_train_tokens_seen = 0
+
+    @property
+    def tokens_per_batch(self):
+        return self.global_train_batch_size * self.max_sequence_length
+
+    @property
+    def batches_per_epoch(self):
+        return self.total_size // self.global_train_batch_size
+
+    @property
+    def max_steps(self):
+        if isinstance(self.max_duration, int):
+            return self.max_duration
+        elif self.max_duration.endswith("T"):
+            max_tokens = int(float(self.max_duration[:-1].strip()))
+            tokens_remaining = max(max_tokens - self.global_train_tokens_seen, 0)
+            steps_remaining = -(-tokens_remaining // self.tokens_per_batch)   # math.ceil of the division
+            return self.global_step + steps_remaining
+        elif self.max_duration.endswith("ep"):
+            max_epochs = int(self.max_duration[:-2].strip())
+            return max_epochs * self.batches_per_epoch
+        else:
+            return int(float(self.max_duration))
+
+    @property
+    def max_tokens(self):
+        if isinstance(self.max_duration, int):
+            return self.global_train_tokens_seen + max(self.max_duration - self.global_step, 0) * self.tokens_per_batch
+        elif self.max_duration.endswith("T"):
+            return int(float(self.max_duration[:-1].strip()))
+        elif self.max_duration.endswith("ep"):
+            max_epochs = int(self.max_duration[:-2].strip())
+            return max_epochs * self.batches_per_epoch * self.tokens_per_batch
+        else:
+            return self.global_train_tokens_seen + max(int(float(self.max_duration)) - self.global_step, 0) * self.tokens_per_batch
+
+    @property
+    def scheduler_current(self):
+        return self.global_step if self.units == "steps" else self.global_train_tokens_seen
+
+    @property
+    def scheduler_max(self):
+        return self.max_steps if self.units == "steps" else self.max_tokens
+
+
+def train_loop(units, kind, max_duration, instances, batch, seq, t_warmup, t_max, clip_steps, clip_factor,
+               max_grad_norm, lr=1e-3):
+    """Per step of the run: (step, tokens seen before it, lr, clip threshold), full batches only
+    (OLMo's fit asserts every batch has device_train_batch_size instances)."""
+    t = OlmoTrainLoop(units, max_duration, instances, batch, seq)
+    get_lr = SCHEDULERS[kind]
+    group_max_grad_norm = max_grad_norm   # get_param_groups
+    rows = []
+    while t.global_step < t.max_steps:
+        tokens_before = t.global_train_tokens_seen
+        t.global_step += 1                                   # fit()
+        t.global_train_tokens_seen += batch * seq
+        clip = group_max_grad_norm                           # clip_grads_and_collect_metrics
+        step_lr = get_lr(t_warmup, t_max, 0.1, None, lr, t.scheduler_current, t.scheduler_max)
+        group_max_grad_norm = max_grad_norm_coeff(clip_steps, clip_factor, max_grad_norm, t.scheduler_current)
+        rows.append((t.global_step, tokens_before, step_lr, clip))
+    return rows
+
+
+# (units, kind, max_duration, instances, batch, seq, t_warmup, t_max, clip_steps, clip_factor, max_grad_norm)
+LOOP_RUNS = (
+    ("steps", "cosine_with_warmup", 12, 1000, 4, 16, 3, None, 2, 0.5, 1.0),
+    ("tokens", "cosine_with_warmup", 12, 1000, 4, 16, 192, None, 128, 0.5, 1.0),   # the same run in tokens
+    ("tokens", "cosine_with_warmup", 12, 1000, 4, 16, 3, None, 2, 0.5, 1.0),       # step counts read as tokens
+    ("tokens", "linear_with_warmup", "700T", 1000, 4, 16, 100, None, 70, 0.25, 2.0),   # a duration in tokens
+    ("tokens", "cosine_linear_envelope", "1ep", 40, 4, 16, 50, 500, -1, None, 1.0),  # epochs; t_max in tokens
+    ("steps", "max_scheduler", "1000T", 1000, 4, 16, 4, None, None, None, 1.0),    # steps of a duration in tokens
+    ("tokens", "constant_with_warmup", 8, 1000, 3, 10, 65, None, 30, 3.0, 0.5),
+)
+
+
+def loop_cases():
+    for units, kind, dur, inst, batch, seq, tw, tm, cs, cf, mgn in LOOP_RUNS:
+        for step, before, lr, clip in train_loop(units, kind, dur, inst, batch, seq, tw, tm,
+                                                 None if cs == -1 else cs, cf, mgn):
+            yield (units, kind, dur, inst, batch, seq, tw, tm or 0, -1 if cs is None or cs == -1 else cs,
+                   -1 if cf is None else cf, mgn, step, before, lr, clip)
+
+
 SCHEDULERS = {
     "cosine_with_warmup": cos_with_warmup,
     "linear_with_warmup": linear_with_warmup,
@@ -142,6 +249,9 @@ def cases():
                         t_warmup, t_max, alpha_f, wmin, lr, step, max_steps)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1:] == ["loop"]:
+    for case in loop_cases():
+        print(*case[:-2], repr(case[-2]), repr(case[-1]))
+elif __name__ == "__main__":
     for kind, t_warmup, t_max, alpha_f, wmin, lr, step, max_steps, v in cases():
         print(kind, t_warmup, t_max or 0, alpha_f, -1 if wmin is None else wmin, lr, step, max_steps, repr(v))

@@ -40,7 +40,7 @@ static const BadCase CASES[] = {
     {"bad dtype", "data:\n  memmap_dtype: float32\n", NULL, "bad.yaml:2: data.memmap_dtype", "uint16 or uint32"},
     {"bad payload dtype", "spes_config:\n  payload_dtype: fp8\n", NULL, "bad.yaml:2: spes_config.payload_dtype", "f32, bf16, int8 or int4"},
     {"bad scheduler", "scheduler:\n  name: inverse_sqrt\n", NULL, "bad.yaml:2: scheduler.name", "cosine_with_warmup"},
-    {"scheduler units", "scheduler:\n  units: tokens\n", NULL, "bad.yaml:2: scheduler.units", "only steps"},
+    {"scheduler units", "scheduler:\n  units: epochs\n", NULL, "bad.yaml:2: scheduler.units", "expected steps or tokens, got 'epochs'"},
     {"optimizer name", "optimizer:\n  name: lionw\n", NULL, "bad.yaml:2: optimizer.name", "only adamw"},
     {"unsupported activation", "model:\n  activation_type: gelu\n", NULL, "bad.yaml:2: model.activation_type", "only swiglu"},
     {"dropout", "model:\n  residual_dropout: 0.1\n", NULL, "bad.yaml:2: model.residual_dropout", "only 0"},

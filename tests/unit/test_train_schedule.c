@@ -1,7 +1,8 @@
 // Learning-rate schedules (src/train/schedule.c): OLMo's boundary values, a table of OLMo's values
 // for the later schedulers, validation, config loading, and
 // (when SPES_SCHEDULE_REF names the output of tests/ref/schedule_ref.py, as
-// tests/integration/train_schedule_ref.sh arranges) a grid of values computed in Python.
+// tests/integration/train_optimizer_ref.sh arranges) a grid of values computed in Python, and
+// (SPES_SCHEDULE_LOOP_REF: schedule_ref.py loop) whole runs of OLMo's trainer in steps and tokens.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -359,7 +360,7 @@ static void test_clip_warmup(void **state) {
         ScheduleConfig s = {.kind = SCHEDULE_COSINE_WITH_WARMUP, .grad_clip_warmup_steps = cases[i].steps,
                             .grad_clip_warmup_factor = cases[i].factor};
         for (int64_t step = 1; step <= 7; step++) {
-            double got = schedule_clip_max_norm(&s, cases[i].max_norm, step);
+            double got = schedule_clip_max_norm(&s, cases[i].max_norm, step, 0);
             if (got != cases[i].want[step - 1])
                 fail_msg("case %zu step %lld: %g, OLMo %g", i, (long long)step, got, cases[i].want[step - 1]);
         }
@@ -386,7 +387,7 @@ static void test_clip_warmup_config(void **state) {
     assert_int_equal(config_load_string(on, "run.yaml", 0, NULL, &cfg), SPES_OK);
     assert_int_equal(cfg.schedule.grad_clip_warmup_steps, 100);
     assert_true(cfg.schedule.grad_clip_warmup_factor == 0.2);
-    assert_true(schedule_clip_max_norm(&cfg.schedule, cfg.max_grad_norm, 50) == 0.2);
+    assert_true(schedule_clip_max_norm(&cfg.schedule, cfg.max_grad_norm, 50, 0) == 0.2);
     config_free(&cfg);
     assert_int_equal(config_load_string("scheduler:\n  grad_clip_warmup_steps: 10\n  grad_clip_warmup_factor: 0\n",
                                         "run.yaml", 0, NULL, &cfg), SPES_ERR);
@@ -402,6 +403,135 @@ static void test_clip_warmup_config(void **state) {
     assert_true(h_on != h_base);
     assert_true(hash_of("max_grad_norm: 1.0\nscheduler:\n  grad_clip_warmup_steps: 100\n  grad_clip_warmup_factor: 0.3\n") != h_on);
     assert_true(hash_of("max_grad_norm: 1.0\nscheduler:\n  grad_clip_warmup_steps: 101\n  grad_clip_warmup_factor: 0.2\n") != h_on);
+}
+
+// A config of the loop cases: scheduler.units, the scheduler and its clipping warm-up, and a run
+// of `duration` in global batches of `batch` sequences of `seq` tokens. NULL where the load fails.
+static TrainConfig *loop_config(TrainConfig *cfg, const char *units, const char *kind, const char *duration, int batch,
+                                int seq, long long t_warmup, long long t_max, long long clip_steps, double clip_factor,
+                                double max_grad_norm) {
+    char yaml[1024], t_max_s[32] = "null", clip_s[32] = "null", factor_s[32] = "null";
+    if (t_max > 0) snprintf(t_max_s, sizeof t_max_s, "%lld", t_max);
+    if (clip_steps >= 0) snprintf(clip_s, sizeof clip_s, "%lld", clip_steps);
+    if (clip_factor > 0) snprintf(factor_s, sizeof factor_s, "%.17g", clip_factor);
+    snprintf(yaml, sizeof yaml,
+             "model:\n  max_sequence_length: %d\nglobal_train_batch_size: %d\ndevice_train_microbatch_size: %d\n"
+             "max_duration: %s\nmax_grad_norm: %.17g\noptimizer:\n  learning_rate: 1.0e-3\n"
+             "scheduler:\n  name: %s\n  units: %s\n  t_warmup: %lld\n  t_max: %s\n  alpha_f: 0.1\n"
+             "  grad_clip_warmup_steps: %s\n  grad_clip_warmup_factor: %s\n",
+             seq, batch, batch, duration, max_grad_norm, kind, units, t_warmup, t_max_s, clip_s, factor_s);
+    return config_load_string(yaml, "loop.yaml", 0, NULL, cfg) == SPES_OK ? cfg : NULL;
+}
+
+// One step of the trainer's schedule: its position (tokens_before: the tokens seen before the
+// step; every batch full), learning rate and clipping threshold, as trainer_step takes them.
+static void loop_step(const TrainConfig *cfg, int64_t max_steps, int64_t step, int64_t tokens_before, double *lr,
+                      double *clip) {
+    const ScheduleRun run = config_schedule_run(cfg, max_steps);
+    int64_t batch_tokens = (int64_t)cfg->global_train_batch_size * cfg->model.max_seq_len;
+    SchedulePos pos = schedule_position(&cfg->schedule, &run, step, tokens_before + batch_tokens);
+    *lr = schedule_lr(&cfg->schedule, cfg->learning_rate, pos.now, pos.max);
+    *clip = schedule_clip_max_norm(&cfg->schedule, cfg->max_grad_norm, step, tokens_before);
+}
+
+// scheduler.units tokens: the schedule reads tokens seen over the run's max tokens, and t_warmup,
+// t_max and grad_clip_warmup_steps count tokens (OLMo's scheduler_current / scheduler_max). A run
+// in tokens with its lengths in tokens is the run in steps; the same numbers read as tokens are not.
+static void test_units_tokens(void **state) {
+    (void)state;
+    TrainConfig steps_cfg, tokens_cfg, literal_cfg;
+    // 64 tokens a step (4 x 16), 12 steps: a warm-up of 3 steps is 192 tokens, a clipping warm-up
+    // of 2 steps 128 tokens.
+    assert_non_null(loop_config(&steps_cfg, "steps", "cosine_with_warmup", "12", 4, 16, 3, 0, 2, 0.5, 1.0));
+    assert_non_null(loop_config(&tokens_cfg, "tokens", "cosine_with_warmup", "12", 4, 16, 192, 0, 128, 0.5, 1.0));
+    assert_non_null(loop_config(&literal_cfg, "tokens", "cosine_with_warmup", "12", 4, 16, 3, 0, 2, 0.5, 1.0));
+    assert_int_equal(tokens_cfg.schedule.units, SCHEDULE_UNITS_TOKENS);
+    assert_int_equal(config_schedule_validate(&tokens_cfg, 12), SPES_OK);
+    for (int64_t step = 1; step <= 12; step++) {
+        double lr_s, clip_s, lr_t, clip_t, lr_l, clip_l;
+        loop_step(&steps_cfg, 12, step, (step - 1) * 64, &lr_s, &clip_s);
+        loop_step(&tokens_cfg, 12, step, (step - 1) * 64, &lr_t, &clip_t);
+        loop_step(&literal_cfg, 12, step, (step - 1) * 64, &lr_l, &clip_l);
+        if (lr_t != lr_s || clip_t != clip_s)
+            fail_msg("step %lld: tokens lr %.17g clip %g, steps lr %.17g clip %g", (long long)step, lr_t, clip_t, lr_s,
+                     clip_s);
+        // 3 tokens of warm-up are over within step 1, the decay spans tokens 3 to 768: another
+        // rate at every step but the last (alpha_f * lr in both).
+        if (step < 12 ? lr_l == lr_s : lr_l != lr_s)
+            fail_msg("step %lld: t_warmup 3 read as tokens gives lr %.17g, as steps %.17g", (long long)step, lr_l, lr_s);
+        assert_true(clip_l == 1.0);   // 2 tokens of clipping warm-up: over at step 1 too
+    }
+    // max_tokens: a duration in tokens as given; for one in steps the tokens seen plus the steps left.
+    ScheduleRun run = config_schedule_run(&tokens_cfg, 12);
+    assert_true(run.tokens_per_step == 64 && run.max_tokens == -1);
+    SchedulePos pos = schedule_position(&tokens_cfg.schedule, &run, 5, 1000);
+    assert_true(pos.now == 1000 && pos.max == 1000 + 7 * 64);
+    pos = schedule_position(&tokens_cfg.schedule, &run, 20, 2000);   // past the end: no steps left
+    assert_true(pos.now == 2000 && pos.max == 2000);
+    pos = schedule_position(&steps_cfg.schedule, &run, 5, 1000);
+    assert_true(pos.now == 5 && pos.max == 12);
+    config_free(&steps_cfg);
+    config_free(&literal_cfg);
+    config_free(&tokens_cfg);
+    assert_non_null(loop_config(&tokens_cfg, "tokens", "linear_with_warmup", "700T", 4, 16, 100, 0, -1, -1, 1.0));
+    run = config_schedule_run(&tokens_cfg, 11);
+    assert_true(run.max_tokens == 700 && schedule_position(&tokens_cfg.schedule, &run, 3, 192).max == 700);
+    // The decay's end is checked in tokens: 700 tokens are not after a warm-up of 800.
+    tokens_cfg.schedule.t_warmup = 800;
+    assert_int_equal(config_schedule_validate(&tokens_cfg, 11), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "max_duration: the decay ends at token 700, not after the warm-up"));
+    config_free(&tokens_cfg);
+    assert_non_null(loop_config(&tokens_cfg, "tokens", "cosine_with_warmup", "2ep", 4, 16, 10, 0, -1, -1, 1.0));
+    run = config_schedule_run(&tokens_cfg, 20);   // 2 epochs of 10 batches
+    assert_true(run.max_tokens == 20 * 64);
+    config_free(&tokens_cfg);
+}
+
+// scheduler.units loads (steps or tokens), is refused otherwise at its line, and enters the config
+// hash only when it is tokens (existing checkpoints keep their hash).
+static void test_units_config(void **state) {
+    (void)state;
+    TrainConfig cfg;
+    assert_int_equal(config_load_string("scheduler:\n  units: steps\n", "run.yaml", 0, NULL, &cfg), SPES_OK);
+    assert_int_equal(cfg.schedule.units, SCHEDULE_UNITS_STEPS);
+    config_free(&cfg);
+    assert_int_equal(config_load_string("seed: 1\nscheduler:\n  units: epochs\n", "run.yaml", 0, NULL, &cfg), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "run.yaml:3: scheduler.units: expected steps or tokens, got 'epochs'"));
+    uint64_t h = hash_of("seed: 1\n");
+    assert_true(hash_of("seed: 1\nscheduler:\n  units: steps\n") == h);
+    assert_true(hash_of("seed: 1\nscheduler:\n  units: tokens\n") != h);
+}
+
+// The trainer's schedule over whole runs against tests/ref/schedule_ref.py's train_loop (olmo/train.py's
+// scheduler_current, scheduler_max, max_steps and max_tokens over fit()'s counters): lr and clipping
+// threshold at every step.
+static void test_loop_matches_python(void **state) {
+    (void)state;
+    FILE *f = fopen(getenv("SPES_SCHEDULE_LOOP_REF"), "r");
+    assert_non_null(f);
+    char units[16], kind[64], duration[64];
+    long long instances, t_warmup, t_max, clip_steps, step, before;
+    int batch, seq, cases = 0;
+    double clip_factor, max_grad_norm, want_lr, want_clip;
+    while (fscanf(f, "%15s %63s %63s %lld %d %d %lld %lld %lld %lf %lf %lld %lld %lf %lf", units, kind, duration,
+                  &instances, &batch, &seq, &t_warmup, &t_max, &clip_steps, &clip_factor, &max_grad_norm, &step,
+                  &before, &want_lr, &want_clip) == 15) {
+        TrainConfig cfg;
+        assert_non_null(loop_config(&cfg, units, kind, duration, batch, seq, t_warmup, t_max, clip_steps, clip_factor,
+                                    max_grad_norm));
+        int64_t max_steps;
+        assert_int_equal(config_max_steps(&cfg, instances, &max_steps), SPES_OK);
+        double lr, clip;
+        loop_step(&cfg, max_steps, step, before, &lr, &clip);
+        if (fabs(lr - want_lr) > 1e-15 * fabs(want_lr) || clip != want_clip)
+            fail_msg("%s %s %s step %lld: lr %.17g clip %g, OLMo %.17g %g", units, kind, duration, step, lr, clip,
+                     want_lr, want_clip);
+        config_free(&cfg);
+        cases++;
+    }
+    fclose(f);
+    printf("%d scheduler.units steps agree with Python\n", cases);
+    assert_true(cases > 50);
 }
 
 static void test_matches_python(void **state) {
@@ -441,11 +571,18 @@ int main(void) {
         cmocka_unit_test(test_config_names),
         cmocka_unit_test(test_clip_warmup),
         cmocka_unit_test(test_clip_warmup_config),
+        cmocka_unit_test(test_units_tokens),
+        cmocka_unit_test(test_units_config),
     };
     // The reference comparison runs when its file is given (tests/integration/train_optimizer_ref.sh).
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (getenv("SPES_SCHEDULE_REF")) {
         const struct CMUnitTest with_reference[] = {cmocka_unit_test(test_matches_python)};
-        return cmocka_run_group_tests(tests, NULL, NULL) | cmocka_run_group_tests(with_reference, NULL, NULL);
+        rc |= cmocka_run_group_tests(with_reference, NULL, NULL);
     }
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    if (getenv("SPES_SCHEDULE_LOOP_REF")) {
+        const struct CMUnitTest with_loop[] = {cmocka_unit_test(test_loop_matches_python)};
+        rc |= cmocka_run_group_tests(with_loop, NULL, NULL);
+    }
+    return rc;
 }
