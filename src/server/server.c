@@ -243,6 +243,15 @@ static grpc_status_code check_bound_peer(const Call *c, const char *what, int pe
                        what, peer, c->bound_peer);
 }
 
+// Whether an upload, wait or download may go on as `peer`: a per-peer token only as its own peer
+// (a call as another would also claim that peer's id for its process, locking the real one out
+// after a server restart), and only from the process holding the peer's id.
+static grpc_status_code peer_call_check(const Call *c, int peer, uint64_t instance, const char *what) {
+    grpc_status_code code = check_bound_peer(c, what, peer);
+    if (code != GRPC_STATUS_OK) return code;
+    return grpc_status_of(rounds_peer_instance(c->srv->rounds, peer, instance, false, what));
+}
+
 // The peer named in a request called (for the status page's "last seen"); a caller whose token
 // belongs to another peer does not count (its call is refused).
 static void note_seen(const Call *c, int peer) {
@@ -272,9 +281,7 @@ static grpc_status_code take_chunk(Call *c, UploadStream *up, const UploadChunkR
     take_metrics(up, m, up->next_chunk == 0);
     if (up->next_chunk == 0) {
         // Everything the first message can tell is decided now, before anything is stored.
-        grpc_status_code code = check_bound_peer(c, "upload", m->peer_id);
-        if (code == GRPC_STATUS_OK)
-            code = grpc_status_of(rounds_peer_instance(c->srv->rounds, m->peer_id, m->instance_id, false, "upload"));
+        grpc_status_code code = peer_call_check(c, m->peer_id, m->instance_id, "upload");
         if (code != GRPC_STATUS_OK) return code;
         note_seen(c, m->peer_id);
         up->peer = m->peer_id;
@@ -484,7 +491,7 @@ static void handle_download(Call *c) {
     if (!req) return;
     note_seen(c, req->peer_id);
     AggregateBlob *blob = NULL;
-    grpc_status_code code = grpc_status_of(rounds_peer_instance(c->srv->rounds, req->peer_id, req->instance_id, false, "download"));
+    grpc_status_code code = peer_call_check(c, req->peer_id, req->instance_id, "download");
     if (code != GRPC_STATUS_OK) log_refusal("download");
     if (code == GRPC_STATUS_OK) code = grpc_status_of(rounds_get(c->srv->rounds, req->step, 0, &blob));
     DownloadChunkResponse resp = DOWNLOAD_CHUNK_RESPONSE__INIT;
@@ -603,7 +610,7 @@ static void handle_wait(Call *c) {
     if (timeout > c->srv->cfg.max_wait_seconds) timeout = c->srv->cfg.max_wait_seconds;
     AggregateBlob *blob = NULL;
     note_seen(c, req->peer_id);   // at both ends of the long poll: a waiting peer is present
-    grpc_status_code code = grpc_status_of(rounds_peer_instance(c->srv->rounds, req->peer_id, req->instance_id, false, "wait"));
+    grpc_status_code code = peer_call_check(c, req->peer_id, req->instance_id, "wait");
     if (code != GRPC_STATUS_OK) log_refusal("wait");
     if (code == GRPC_STATUS_OK) code = grpc_status_of(rounds_get(c->srv->rounds, req->step, timeout, &blob));
     note_seen(c, req->peer_id);

@@ -63,6 +63,7 @@ static SyncClient *client(SyncServer *srv, int peer, const char *token, const ch
     cfg.num_peers = 2;
     cfg.experts_per_node = 2;
     cfg.connect_timeout_s = 0.5;
+    cfg.wait_timeout_s = 3;   // a wait the server takes for a round that never comes fails, not hangs
     cfg.auth_token = token;
     char *ca = in_dir("ca.pem"), *c = in_dir("client.pem"), *k = in_dir("client.key");
     if (tls) cfg.tls_ca = ca;
@@ -213,6 +214,35 @@ static void test_tokens_required(void **state) {
     sync_server_stop(srv);
 }
 
+// A per-peer token waits for and downloads aggregates only as its own peer, as it says Hello and
+// uploads only as it. Its wait as another peer used to be served, and claimed that peer's id for
+// its process: after a server restart (no Hello held), the honest peer's next call was then
+// refused FAILED_PRECONDITION as a "second process" of itself.
+static void test_per_peer_token_waits_only_as_its_peer(void **state) {
+    (void)state;
+    SyncServer *srv = start_server(NULL, "peers", false, false);
+    SyncClient *imposter = client(srv, 0, "tokB", "127.0.0.1", false, false);   // peer 1's token
+    uint8_t *bytes = NULL;
+    size_t len;
+    assert_int_equal(sync_client_wait_and_download(imposter, 2, &bytes, &len), SPES_ERR);
+    assert_int_equal(sync_client_last_status(imposter), GRPC_STATUS_PERMISSION_DENIED);
+    assert_non_null(strstr(spes_last_error(), "wait as peer 0 refused: the caller's token belongs to peer 1"));
+    // Peer 0 itself, going on without a Hello (the server restarted under it), is taken.
+    SyncClient *p0 = client(srv, 0, "tokA", "127.0.0.1", false, false);
+    assert_int_equal(upload(p0, 0, 2), SPES_OK);
+    SyncClient *p1 = client(srv, 1, "tokB", "127.0.0.1", false, false);
+    assert_int_equal(upload(p1, 1, 2), SPES_OK);
+    assert_int_equal(sync_client_wait_and_download(p0, 2, &bytes, &len), SPES_OK);
+    free(bytes);
+    // The round's aggregate is there now: a download of it as the other peer is refused too.
+    assert_int_equal(sync_client_wait_and_download(imposter, 2, &bytes, &len), SPES_ERR);
+    assert_int_equal(sync_client_last_status(imposter), GRPC_STATUS_PERMISSION_DENIED);
+    sync_client_destroy(imposter);
+    sync_client_destroy(p0);
+    sync_client_destroy(p1);
+    sync_server_stop(srv);
+}
+
 // TLS: a client trusting the CA talks to the server (by the name in its certificate); one
 // without TLS does not; with --tls_ca the server also requires a client certificate.
 static void test_tls(void **state) {
@@ -267,6 +297,7 @@ int main(void) {
         cmocka_unit_test(test_token_files_validated),
         cmocka_unit_test(test_duplicate_authorization_refused),
         cmocka_unit_test(test_tokens_required),
+        cmocka_unit_test(test_per_peer_token_waits_only_as_its_peer),
         cmocka_unit_test(test_tls),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
