@@ -2,6 +2,7 @@
 // one handler per RPC.
 #include "server/server.h"
 
+#include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <pthread.h>
@@ -52,6 +53,7 @@ struct SyncServer {
     pthread_cond_t calls_done;
     int active_calls;
     size_t buffered;                // upload bytes reserved by calls in progress (under mu)
+    pthread_mutex_t hello_mu;       // one Hello unpacked and checked at a time (recv_hello)
 };
 
 typedef struct {
@@ -145,10 +147,10 @@ static void finish(Call *c, grpc_status_code code, const ProtobufCMessage *respo
     if (bb) grpc_byte_buffer_destroy(bb);
 }
 
-// Reads the single request of a unary call (at most max_bytes on the wire: unpacking
-// allocates several times a message's size, so each RPC admits only what it can need); on
-// failure finishes the call and returns NULL.
-static ProtobufCMessage *recv_request(Call *c, const ProtobufCMessageDescriptor *desc, size_t max_bytes) {
+// Receives the single request of a unary call, at most max_bytes on the wire (unpacking allocates
+// several times a message's size, so each RPC admits only what it can need); on failure finishes
+// the call and returns NULL.
+static grpc_byte_buffer *recv_request_bytes(Call *c, const ProtobufCMessageDescriptor *desc, size_t max_bytes) {
     bool ok;
     grpc_byte_buffer *bb = recv_message(c, &ok);
     if (!bb) {
@@ -164,6 +166,14 @@ static ProtobufCMessage *recv_request(Call *c, const ProtobufCMessageDescriptor 
         finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
         return NULL;
     }
+    return bb;
+}
+
+// Reads and unpacks the single request of a unary call (recv_request_bytes); on failure
+// finishes the call and returns NULL.
+static ProtobufCMessage *recv_request(Call *c, const ProtobufCMessageDescriptor *desc, size_t max_bytes) {
+    grpc_byte_buffer *bb = recv_request_bytes(c, desc, max_bytes);
+    if (!bb) return NULL;
     ProtobufCMessage *msg = wire_unpack(desc, bb);
     grpc_byte_buffer_destroy(bb);
     if (!msg) {
@@ -547,8 +557,43 @@ static grpc_status_code spec_from_hello(const HelloRequest *req, ModelSpec *spec
     return GRPC_STATUS_OK;
 }
 
+// The Hello request, unpacked with c->srv->hello_mu held (still held when it returns one; on
+// failure the call is finished, unlocked). A tensor entry of ~8 bytes on the wire unpacks to ~140
+// (protobuf-c's struct, name and shape allocations): a 16 MiB Hello of 2 million tiny entries cost
+// ~300 MB, and every concurrent one as much again, until the count was checked after unpacking.
+// The count is read off the wire first, and Hellos are unpacked one at a time.
+static HelloRequest *recv_hello(Call *c) {
+    grpc_byte_buffer *bb = recv_request_bytes(c, &hello_request__descriptor, SYNC_MAX_HELLO_BYTES);
+    if (!bb) return NULL;
+    grpc_byte_buffer_reader reader;
+    grpc_slice flat = grpc_empty_slice();
+    if (grpc_byte_buffer_reader_init(&reader, bb)) {
+        flat = grpc_byte_buffer_reader_readall(&reader);
+        grpc_byte_buffer_reader_destroy(&reader);
+    }
+    grpc_byte_buffer_destroy(bb);
+    const uint8_t *data = GRPC_SLICE_START_PTR(flat);
+    size_t len = GRPC_SLICE_LENGTH(flat), tensors = 0;
+    uint32_t field = (uint32_t)protobuf_c_message_descriptor_get_field_by_name(&hello_request__descriptor, "tensors")->id;
+    HelloRequest *req = NULL;
+    grpc_status_code code = GRPC_STATUS_INVALID_ARGUMENT;
+    pthread_mutex_lock(&c->srv->hello_mu);
+    if (!wire_count_field(data, len, field, &tensors))
+        spes_fail("malformed HelloRequest message");
+    else if (tensors > SYNC_MAX_TENSORS)
+        spes_fail("hello: %zu tensors; at most %d are accepted", tensors, SYNC_MAX_TENSORS);
+    else if (!(req = (HelloRequest *)protobuf_c_message_unpack(&hello_request__descriptor, NULL, len, data)))
+        spes_fail("malformed HelloRequest message");
+    grpc_slice_unref(flat);
+    if (req) return req;
+    pthread_mutex_unlock(&c->srv->hello_mu);
+    log_refusal("hello");
+    finish(c, code, NULL);
+    return NULL;
+}
+
 static void handle_hello(Call *c) {
-    HelloRequest *req = (HelloRequest *)recv_request(c, &hello_request__descriptor, SYNC_MAX_HELLO_BYTES);
+    HelloRequest *req = recv_hello(c);
     if (!req) return;
     ModelSpec spec;
     SyncMode mode = SYNC_MODE_SPES;
@@ -570,9 +615,6 @@ static void handle_hello(Call *c) {
         OuterOptConfig stated = {.lr = req->outer_lr, .momentum = req->outer_momentum};   // lr 0: not stated
         code = grpc_status_of(rounds_hello_outer(c->srv->rounds, req->peer_id, &stated));
     }
-    if (code == GRPC_STATUS_OK && req->n_tensors > SYNC_MAX_TENSORS)
-        code = status_fail(GRPC_STATUS_INVALID_ARGUMENT, "hello from peer %d: %zu tensors; at most %d are accepted",
-                           req->peer_id, req->n_tensors, SYNC_MAX_TENSORS);
     if (code == GRPC_STATUS_OK) code = spec_from_hello(req, &spec);
     if (code == GRPC_STATUS_OK)
         code = grpc_status_of(rounds_hello_delta(c->srv->rounds, req->peer_id, req->num_peers, req->experts_per_node, mode,
@@ -598,9 +640,10 @@ static void handle_hello(Call *c) {
     OuterOptConfig outer = rounds_outer_config(c->srv->rounds);   // the peer checks it too (an older server states none)
     resp.outer_lr = outer.lr;
     resp.outer_momentum = outer.momentum;
-    finish(c, code, &resp.base);
     model_spec_free(&spec);
     hello_request__free_unpacked(req, NULL);
+    pthread_mutex_unlock(&c->srv->hello_mu);   // before the reply, which a slow client may hold up
+    finish(c, code, &resp.base);
 }
 
 static void handle_wait(Call *c) {
@@ -843,6 +886,7 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     }
     srv->cfg.host = srv->host;
     pthread_mutex_init(&srv->mu, NULL);
+    pthread_mutex_init(&srv->hello_mu, NULL);
     pthread_cond_init(&srv->calls_done, NULL);
     grpc_init();
     grpc_arg args[5];
@@ -916,6 +960,7 @@ void sync_server_stop(SyncServer *s) {
     rounds_destroy(s->rounds);
     auth_free(&s->auth);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->hello_mu);
     pthread_cond_destroy(&s->calls_done);
     free(s->host);
     free(s);

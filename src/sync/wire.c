@@ -35,6 +35,44 @@ ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_
     return msg;
 }
 
+// Reads a varint at data[*at..len); false when it runs past the end or beyond 10 bytes.
+static bool read_varint(const uint8_t *data, size_t len, size_t *at, uint64_t *value) {
+    *value = 0;
+    for (int shift = 0; shift < 70 && *at < len; shift += 7) {
+        uint8_t b = data[(*at)++];
+        *value |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) return true;
+    }
+    return false;
+}
+
+bool wire_count_field(const uint8_t *data, size_t len, uint32_t field, size_t *count) {
+    *count = 0;
+    size_t at = 0;
+    while (at < len) {
+        uint64_t tag, n;
+        if (!read_varint(data, len, &at, &tag)) return false;
+        size_t skip;
+        switch (tag & 7) {
+        case 0:   // varint
+            if (!read_varint(data, len, &at, &n)) return false;
+            skip = 0;
+            break;
+        case 1: skip = 8; break;   // fixed64
+        case 2:                    // length-delimited
+            if (!read_varint(data, len, &at, &n) || n > len) return false;
+            skip = (size_t)n;
+            break;
+        case 5: skip = 4; break;   // fixed32
+        default: return false;     // groups (proto2 only) and invalid wire types
+        }
+        if (skip > len - at) return false;
+        at += skip;
+        if (tag >> 3 == field) (*count)++;
+    }
+    return true;
+}
+
 void wire_channel_args(size_t max_message_size, grpc_arg *args, grpc_channel_args *out) {
     int limit = max_message_size > (size_t)0x7fffffff ? 0x7fffffff : (int)max_message_size;
     args[0].type = GRPC_ARG_INTEGER;

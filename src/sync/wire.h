@@ -19,6 +19,10 @@ gpr_timespec wire_deadline(double seconds_from_now);   // <= 0 or huge: infinite
 grpc_byte_buffer *wire_pack(const ProtobufCMessage *msg);
 // Unpacks a byte buffer (NULL when it is not a valid message of that type).
 ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb);
+// Counts the entries of top-level field `field` in a serialized message by reading its tags only:
+// what unpacking a repeated field would allocate, known before it is. False when the bytes are
+// not a well-formed message (a truncated field, a group, an over-long varint).
+bool wire_count_field(const uint8_t *data, size_t len, uint32_t field, size_t *count);
 // Channel args for a message-size limit; args[] must have room for 2.
 void wire_channel_args(size_t max_message_size, grpc_arg *args, grpc_channel_args *out);
 // Starts ops on call and waits (on the call's pluck queue) until they complete or timeout_s

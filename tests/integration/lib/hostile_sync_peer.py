@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""A hostile or buggy CLIENT of a real `spes server` (the other direction of
+hostile_sync_server.py). Usage: hostile_sync_peer.py DESCRIPTOR_SET HOST:PORT SERVER_PID CASE...
+
+Each case attacks the server and checks what it must do: answer every call with a status (never
+crash, hang or answer garbage), keep its memory, threads and file descriptors bounded, and keep
+serving Status. Prints "ok: CASE: ..." per case; exits 1 with "FAIL: CASE: ..." at the first
+broken promise. The server runs 4 peers (tests/integration/server_hostile_peers.sh).
+  hello_fat      6 Hellos at once, each of 2^20 tiny tensors (8 MiB, within the count limit, wrong
+                 fingerprint), then 2 of 2 million (over it, 16 MB): refused, and the server's peak memory
+                 grows by less than HELLO_FAT_MB (each unpacked to ~150 MB at once before)
+  fields         every integer field of every request at INT32_MIN, -1, INT32_MAX (int64 and
+                 fixed64 at their extremes): each call gets a status, none INTERNAL or UNKNOWN
+  chunks         uploads with chunks out of order, twice, past total_chunks, total_chunks 2^31-1,
+                 negative or zero, peer/step changed mid-stream, one message over 64 KiB of metrics
+  far_steps      waits and downloads of steps far in the past and future, chunk ids past the end:
+                 waits return within --max_wait_seconds, downloads NOT_FOUND / OUT_OF_RANGE / not ready
+  abandon        40 uploads, waits and Hellos cancelled mid-call: the server's threads and fds come
+                 back to where they were
+  flood          400 Status, Hello and Download calls from 8 connections at once: answered OK or
+                 "server busy", never hung
+"""
+import os
+import sys
+import threading
+import time
+
+import grpc
+
+from fake_server import messages
+
+HELLO_FAT_MB = 400
+I32 = (-(1 << 31), -1, (1 << 31) - 1)
+
+
+def proc(pid):
+    """VmHWM and VmRSS (MB), threads and open fds of the server."""
+    out = {}
+    for line in open(f"/proc/{pid}/status"):
+        k, v = line.split(":", 1)
+        if k in ("VmHWM", "VmRSS"):
+            out[k] = int(v.split()[0]) // 1024
+        elif k == "Threads":
+            out[k] = int(v)
+    out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+    return out
+
+
+class Peer:
+    def __init__(self, desc, addr, pid):
+        self.M = messages(desc)
+        self.addr, self.pid = addr, pid
+
+    def channel(self):
+        # Its own connection (a shared subchannel would put every call on one TCP connection).
+        return grpc.insecure_channel(self.addr, options=[("grpc.use_local_subchannel_pool", 1),
+                                                         ("grpc.max_send_message_length", 1 << 30),
+                                                         ("grpc.max_receive_message_length", 1 << 30)])
+
+    def unary(self, ch, method, req, timeout=20):
+        """(status code name, details, response bytes) of one unary call."""
+        raw = req if isinstance(req, bytes) else req.SerializeToString()
+        call = ch.unary_unary("/FederatedServer/" + method, request_serializer=None, response_deserializer=None)
+        try:
+            return "OK", "", call(raw, timeout=timeout)
+        except grpc.RpcError as e:
+            return e.code().name, e.details() or "", None
+
+    def upload(self, ch, msgs, timeout=20):
+        call = ch.stream_unary("/FederatedServer/UploadChunk", request_serializer=None, response_deserializer=None)
+        try:
+            call(iter([m if isinstance(m, bytes) else m.SerializeToString() for m in msgs]), timeout=timeout)
+            return "OK", ""
+        except grpc.RpcError as e:
+            return e.code().name, e.details() or ""
+
+    def alive(self, case):
+        ch = self.channel()
+        code, details, _ = self.unary(ch, "Status", self.M["StatusRequest"](), timeout=10)
+        ch.close()
+        if code != "OK":
+            fail(case, f"the server no longer answers Status: {code} {details}")
+
+
+def fail(case, why):
+    print(f"FAIL: {case}: {why}", flush=True)
+    sys.exit(1)
+
+
+def expect(case, what, got, allowed):
+    code, details = got[0], got[1]
+    if code not in allowed:
+        fail(case, f"{what}: {code} ({details[:200]}), wanted one of {sorted(allowed)}")
+
+
+def case_hello_fat(p):
+    one = p.M["TensorInfo"](name="a", shape=[1]).SerializeToString()
+    entry = b"\x32" + bytes([len(one)]) + one
+    head = p.M["HelloRequest"](peer_id=0, num_peers=4, experts_per_node=1, mode="spes", fingerprint=1).SerializeToString()
+    before = proc(p.pid)
+    for count, n, allowed in ((1 << 20, 6, {"INVALID_ARGUMENT"}), (2000000, 2, {"INVALID_ARGUMENT"})):
+        body = head + entry * count
+        results = []
+
+        def one_hello():
+            ch = p.channel()
+            results.append(p.unary(ch, "Hello", body, timeout=120)[:2])
+            ch.close()
+        threads = [threading.Thread(target=one_hello) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in results:
+            expect("hello_fat", f"a Hello of {count} tensors", r, allowed)
+    grew = proc(p.pid)["VmHWM"] - before["VmHWM"]
+    if grew > HELLO_FAT_MB:
+        fail("hello_fat", f"the server's peak memory grew by {grew} MB (limit {HELLO_FAT_MB}) for 8 refused Hellos")
+    p.alive("hello_fat")
+    print(f"ok: hello_fat: refused ({results[0][1][:90]}); peak memory +{grew} MB", flush=True)
+
+
+def case_fields(p):
+    M, ch = p.M, p.channel()
+    seen = set()
+    bad = {"INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED"}
+    for v in I32:
+        big = (1 << 63) - 1 if v > 0 else -(1 << 63)
+        calls = [
+            ("Hello", M["HelloRequest"](peer_id=v, num_peers=v, experts_per_node=v, mode="spes", instance_id=(1 << 64) - 1,
+                                        tensors=[M["TensorInfo"](name="x", shape=[big, v], dtype="F32")])),
+            ("Hello", M["HelloRequest"](peer_id=0, num_peers=4, experts_per_node=1, mode="spes",
+                                        tensors=[M["TensorInfo"](name="x", shape=[big, big], dtype="F32")])),
+            ("WaitAggregate", M["WaitAggregateRequest"](peer_id=v, step=v, timeout_ms=v, has_delta_base=True,
+                                                        delta_base_step=v, omit_own_experts=True, instance_id=(1 << 64) - 1)),
+            ("DownloadChunk", M["DownloadChunkRequest"](peer_id=v, step=v, chunk_id=v, has_delta_base=True,
+                                                        delta_base_step=v, omit_own_experts=True)),
+            ("Status", M["StatusRequest"]()),
+        ]
+        for method, req in calls:
+            t0 = time.time()
+            r = p.unary(ch, method, req, timeout=30)
+            expect("fields", f"{method} with {v}", r, {"OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND",
+                                                      "OUT_OF_RANGE", "RESOURCE_EXHAUSTED"})
+            if time.time() - t0 > 10:
+                fail("fields", f"{method} with {v} took {time.time() - t0:.1f} s")
+            seen.add(f"{method}:{r[0]}")
+        m = M["UploadChunkRequest"](peer_id=v, step=v, chunk_id=v, total_chunks=v, chunk_data=b"x",
+                                    metrics=[M["PeerMetrics"](step=big, loss=float("nan"), mfu=-1e308)])
+        r = p.upload(ch, [m])
+        expect("fields", f"an upload with {v}", r, {"INVALID_ARGUMENT", "OUT_OF_RANGE", "RESOURCE_EXHAUSTED"})
+        if r[0] in bad:
+            fail("fields", f"upload {r}")
+    ch.close()
+    p.alive("fields")
+    print(f"ok: fields: {', '.join(sorted(seen))}", flush=True)
+
+
+def case_chunks(p):
+    M, ch = p.M, p.channel()
+    U = M["UploadChunkRequest"]
+    step = 1 << 30   # never a real step of the run: refused far ahead, or by the chunk checks first
+    cases = [
+        ("out of order", [U(peer_id=0, step=2, chunk_id=0, total_chunks=3, chunk_data=b"a"),
+                          U(peer_id=0, step=2, chunk_id=2, total_chunks=3, chunk_data=b"b")]),
+        ("duplicated", [U(peer_id=0, step=2, chunk_id=0, total_chunks=3, chunk_data=b"a"),
+                        U(peer_id=0, step=2, chunk_id=0, total_chunks=3, chunk_data=b"a")]),
+        ("past the end", [U(peer_id=0, step=2, chunk_id=0, total_chunks=1, chunk_data=b"a"),
+                          U(peer_id=0, step=2, chunk_id=1, total_chunks=1, chunk_data=b"b")]),
+        ("2^31-1 chunks", [U(peer_id=0, step=2, chunk_id=0, total_chunks=(1 << 31) - 1, chunk_data=b"a")]),
+        ("zero chunks", [U(peer_id=0, step=2, chunk_id=0, total_chunks=0, chunk_data=b"a")]),
+        ("negative chunks", [U(peer_id=0, step=2, chunk_id=-1, total_chunks=-1, chunk_data=b"a")]),
+        ("peer changed", [U(peer_id=0, step=2, chunk_id=0, total_chunks=2, chunk_data=b"a"),
+                          U(peer_id=1, step=2, chunk_id=1, total_chunks=2, chunk_data=b"b")]),
+        ("step changed", [U(peer_id=0, step=2, chunk_id=0, total_chunks=2, chunk_data=b"a"),
+                          U(peer_id=0, step=4, chunk_id=1, total_chunks=2, chunk_data=b"b")]),
+        ("step far ahead", [U(peer_id=0, step=step, chunk_id=0, total_chunks=1, chunk_data=b"a")]),
+        ("ends early", [U(peer_id=0, step=2, chunk_id=0, total_chunks=5, chunk_data=b"a")]),
+        ("no chunks", []),
+        ("junk payload", [U(peer_id=0, step=2, chunk_id=0, total_chunks=1, chunk_data=b"\xff" * 4096)]),
+        ("not a message", [b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"]),
+        ("metrics over 64 KiB", [U(peer_id=0, step=2, chunk_id=0, total_chunks=1, chunk_data=b"a",
+                                   metrics=[M["PeerMetrics"](step=i, loss=1.0) for i in range(5000)])]),
+    ]
+    for what, msgs in cases:
+        expect("chunks", what, p.upload(ch, msgs), {"INVALID_ARGUMENT", "OUT_OF_RANGE", "RESOURCE_EXHAUSTED"})
+    ch.close()
+    p.alive("chunks")
+    print(f"ok: chunks: {len(cases)} broken streams refused", flush=True)
+
+
+def case_far_steps(p):
+    M, ch = p.M, p.channel()
+    for step in (-(1 << 31), -1, 0, 10 ** 6, (1 << 31) - 1):
+        t0 = time.time()
+        r = p.unary(ch, "WaitAggregate", M["WaitAggregateRequest"](peer_id=0, step=step, timeout_ms=(1 << 31) - 1), timeout=60)
+        took = time.time() - t0
+        expect("far_steps", f"wait for step {step}", r, {"OK", "NOT_FOUND"})
+        if took > 8:   # the server runs --max_wait_seconds 3
+            fail("far_steps", f"a wait for step {step} took {took:.1f} s")
+        if r[0] == "OK" and M["WaitAggregateResponse"].FromString(r[2]).ready:
+            fail("far_steps", f"a wait for step {step} was answered ready")
+        for chunk in (-1, 0, 1 << 20, (1 << 31) - 1):
+            r = p.unary(ch, "DownloadChunk", M["DownloadChunkRequest"](peer_id=0, step=step, chunk_id=chunk))
+            expect("far_steps", f"download of step {step} chunk {chunk}", r, {"OK", "NOT_FOUND", "OUT_OF_RANGE"})
+            if r[0] == "OK" and M["DownloadChunkResponse"].FromString(r[2]).ready:
+                fail("far_steps", f"download of step {step} chunk {chunk} served data")
+    ch.close()
+    p.alive("far_steps")
+    print("ok: far_steps: waits bounded by --max_wait_seconds, nothing served", flush=True)
+
+
+def settle(p, base, case, slack_threads=2, slack_fds=6):
+    """Waits (up to 15 s) for the server's threads and fds to come back to `base`."""
+    for _ in range(150):
+        now = proc(p.pid)
+        if now["Threads"] <= base["Threads"] + slack_threads and now["fds"] <= base["fds"] + slack_fds:
+            return now
+        time.sleep(0.1)
+    fail(case, f"threads/fds did not come back: {base} before, {now} after")
+
+
+def case_abandon(p):
+    M = p.M
+    base = proc(p.pid)
+    chans = [p.channel() for _ in range(8)]
+    futures = []
+    for i in range(40):
+        ch = chans[i % 8]
+        kind = i % 3
+        if kind == 0:   # an upload whose stream never ends
+            def slow(i=i):
+                yield M["UploadChunkRequest"](peer_id=i % 4, step=2, chunk_id=0, total_chunks=3, chunk_data=b"a").SerializeToString()
+                time.sleep(30)
+            call = ch.stream_unary("/FederatedServer/UploadChunk", request_serializer=None, response_deserializer=None)
+            futures.append(call.future(slow(), timeout=60))
+        elif kind == 1:
+            call = ch.unary_unary("/FederatedServer/WaitAggregate", request_serializer=None, response_deserializer=None)
+            futures.append(call.future(M["WaitAggregateRequest"](peer_id=i % 4, step=1 << 20, timeout_ms=60000).SerializeToString(),
+                                       timeout=60))
+        else:
+            call = ch.unary_unary("/FederatedServer/Hello", request_serializer=None, response_deserializer=None)
+            futures.append(call.future(M["HelloRequest"](peer_id=9, num_peers=4).SerializeToString(), timeout=60))
+    time.sleep(1.0)
+    peak = proc(p.pid)
+    for f in futures:
+        f.cancel()
+    for ch in chans:
+        ch.close()
+    after = settle(p, base, "abandon")
+    p.alive("abandon")
+    print(f"ok: abandon: threads {base['Threads']} -> {peak['Threads']} -> {after['Threads']}, "
+          f"fds {base['fds']} -> {peak['fds']} -> {after['fds']}", flush=True)
+
+
+def case_flood(p):
+    M = p.M
+    base = proc(p.pid)
+    codes = {}
+    lock = threading.Lock()
+
+    def worker(k):
+        ch = p.channel()
+        reqs = [("Status", M["StatusRequest"]()),
+                ("Hello", M["HelloRequest"](peer_id=k % 4, num_peers=3)),
+                ("DownloadChunk", M["DownloadChunkRequest"](peer_id=k % 4, step=1 << 20, chunk_id=0))]
+        for i in range(50):
+            method, req = reqs[i % 3]
+            r = p.unary(ch, method, req, timeout=30)
+            with lock:
+                codes[r[0]] = codes.get(r[0], 0) + 1
+            if r[0] not in ("OK", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "INVALID_ARGUMENT", "NOT_FOUND"):
+                with lock:
+                    codes["bad: " + method + " " + r[0] + " " + r[1][:80]] = 1
+        ch.close()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bad = [k for k in codes if k.startswith("bad")]
+    if bad:
+        fail("flood", f"unexpected answers: {bad}")
+    after = settle(p, base, "flood")
+    p.alive("flood")
+    print(f"ok: flood: 400 calls in {time.time() - t0:.1f} s: {codes}; threads {after['Threads']}, fds {after['fds']}",
+          flush=True)
+
+
+def main():
+    desc, addr, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    p = Peer(desc, addr, pid)
+    for case in sys.argv[4:]:
+        globals()["case_" + case](p)
+
+
+if __name__ == "__main__":
+    main()
