@@ -8,6 +8,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
+#include <dirent.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <grpc/grpc_security.h>
@@ -599,6 +604,30 @@ static void test_bf16_payload_round_trip(void **state) {
     model_spec_free(&spec);
 }
 
+// Waits (up to 20 s) until this process holds a file open whose path contains `name`, then a
+// moment more (what the server does right after opening it). False if none appeared.
+static bool wait_for_open_file(const char *name) {
+    for (int tries = 0; tries < 2000; tries++) {
+        DIR *d = opendir("/proc/self/fd");
+        struct dirent *e;
+        bool found = false;
+        while (d && !found && (e = readdir(d))) {
+            char link[300], target[4096];
+            snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+            ssize_t n = readlink(link, target, sizeof target - 1);
+            if (n > 0) target[n] = '\0';
+            found = n > 0 && strstr(target, name) != NULL;
+        }
+        if (d) closedir(d);
+        if (found) {
+            usleep(200 * 1000);
+            return true;
+        }
+        usleep(10 * 1000);
+    }
+    return false;
+}
+
 // A peer retrying its upload while the server still takes its first stream (its side gave up):
 // the newer stream is taken, and the older one is refused ABORTED ("superseded") at its next
 // chunk, instead of the server taking its bytes to the end and renaming them over the newer.
@@ -613,6 +642,10 @@ static void test_older_upload_stream_superseded(void **state) {
     int total = (int)((len + 99) / 100);
     grpc_call *older = open_call(f, "/FederatedServer/UploadChunk");
     for (int i = 0; i < 3; i++) assert_true(send_bytes(f, older, chunk(0, 4, i, total, bytes + 100 * i, 100)));
+    // "Newer" is the server's order of first messages: the older attempt must have begun there
+    // (its temp file open in this process) before the newer one is sent (a slow handler, under
+    // ASan, began after it and was the newer).
+    assert_true(wait_for_open_file("upload_s4_p0.safetensors.part"));
     grpc_call *newer = open_call(f, "/FederatedServer/UploadChunk");
     for (int i = 0; i < total; i++) {
         size_t n = len - 100 * (size_t)i < 100 ? len - 100 * (size_t)i : 100;
