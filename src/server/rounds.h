@@ -178,7 +178,8 @@ void rounds_retain(Rounds *r, AggregateBlob *blob);
 // would end under one file name. The newest attempt wins: begun, it supersedes every older one
 // of its peer still in flight, which is refused ROUNDS_SUPERSEDED at its next chunk
 // (rounds_upload_current) or at the latest before its file could replace the newer one's
-// (finish). Refusing the newer one instead would lock a retrying peer out until the server
+// (finish); the server also cancels the older call at once (server.c: upload_begin), since a
+// stalled stream sends no next chunk. Refusing the newer one instead would lock a retrying peer out until the server
 // noticed the first stream was dead (its idle timeout); and the older attempt's peer is gone or
 // has moved on. A newer attempt that fails leaves the round without this peer's upload until it
 // retries, as any failed upload does.

@@ -39,6 +39,8 @@ static grpc_status_code grpc_status_of(RoundsResult result) {
     return GRPC_STATUS_INTERNAL;
 }
 
+typedef struct Call Call;
+
 struct SyncServer {
     SyncServerConfig cfg;
     char *host;
@@ -53,10 +55,11 @@ struct SyncServer {
     pthread_cond_t calls_done;
     int active_calls;
     size_t buffered;                // upload bytes reserved by calls in progress (under mu)
+    Call **uploading;               // [P] each peer's newest upload call in progress (under mu; upload_begin)
     pthread_mutex_t hello_mu;       // one Hello unpacked and checked at a time (recv_hello)
 };
 
-typedef struct {
+struct Call {
     SyncServer *srv;
     grpc_call *call;
     grpc_call_details details;
@@ -64,7 +67,9 @@ typedef struct {
     grpc_completion_queue *cq;      // this call's own queue (pluck)
     int bound_peer;                 // the peer a per-peer token belongs to; -1: any
     bool over_limit;                // arrived while max_calls others were in progress
-} Call;
+    int upload_peer;                // the peer whose newest upload this is (srv->uploading); -1: none
+    uint64_t upload_attempt;        // its attempt number (RoundsUpload.attempt)
+};
 
 void sync_server_config_defaults(SyncServerConfig *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -87,6 +92,7 @@ static Call *call_new(SyncServer *srv) {
     Call *c = spes_calloc(1, sizeof *c);
     if (!c) return NULL;
     c->srv = srv;
+    c->upload_peer = -1;
     grpc_call_details_init(&c->details);
     grpc_metadata_array_init(&c->metadata);
     c->cq = grpc_completion_queue_create_for_pluck(NULL);
@@ -287,6 +293,39 @@ static void take_metrics(UploadStream *up, const UploadChunkRequest *m, bool fir
                  m->n_metrics, SYNC_MAX_METRIC_POINTS, skip);
 }
 
+// Begins the upload's attempt (rounds_upload_begin) and makes this call its peer's newest upload
+// call, cancelling the one before if it is still in progress. rounds would refuse that older
+// attempt "superseded" at its next chunk, but a stalled stream sends none: it would keep its
+// call slot and upload budget until the idle timeout, and a peer retrying after its side gave up
+// would find the server "busy" meanwhile. The cancelled call's own thread ends it as any
+// cancelled call (its receive fails: upload_drop); the call stays allocated until then, since
+// its thread takes it out of srv->uploading (under mu) before freeing it (call_main).
+static grpc_status_code upload_begin(Call *c, UploadStream *up) {
+    SyncServer *srv = c->srv;
+    grpc_status_code code = grpc_status_of(rounds_upload_begin(srv->rounds, up->peer, up->step, &up->file));
+    if (code != GRPC_STATUS_OK) return code;
+    up->open = true;
+    char why[200];
+    snprintf(why, sizeof why,
+             "upload from peer %d superseded: a newer upload of peer %d (step %d) began while this one was in "
+             "flight; the newest one is taken, this one cancelled",
+             up->peer, up->peer, up->step);
+    pthread_mutex_lock(&srv->mu);
+    Call *older = srv->uploading[up->peer];
+    // Attempts are numbered when they begin; two beginning at once are registered in that order.
+    bool newest = !older || older->upload_attempt < up->file.attempt;
+    if (newest) {
+        if (older) grpc_call_cancel_with_status(older->call, GRPC_STATUS_ABORTED, why, NULL);
+        srv->uploading[up->peer] = c;
+        c->upload_peer = up->peer;
+        c->upload_attempt = up->file.attempt;
+    }
+    pthread_mutex_unlock(&srv->mu);
+    if (older && newest) log_warn("server: peer %d began a new upload for step %d: its older upload call cancelled",
+                                  up->peer, up->step);
+    return grpc_status_of(rounds_upload_current(srv->rounds, &up->file));   // not newest: a newer one began meanwhile
+}
+
 static grpc_status_code take_chunk(Call *c, UploadStream *up, const UploadChunkRequest *m) {
     take_metrics(up, m, up->next_chunk == 0);
     if (up->next_chunk == 0) {
@@ -324,15 +363,11 @@ static grpc_status_code take_chunk(Call *c, UploadStream *up, const UploadChunkR
             "upload from peer %d step %d: more than %zu bytes, the most its tensors can take (F32 + header)", up->peer,
             up->step, up->cap);
     grpc_status_code code = reserve(c, up, call_cost(add));   // the largest chunk so far
+    if (code != GRPC_STATUS_OK) return code;   // "busy": refused before it begins, superseding nothing
+    // Later chunks: a newer attempt of this peer began meanwhile (it cancelled this call; this
+    // thread may be past its receive already): stop taking its bytes.
+    code = up->open ? grpc_status_of(rounds_upload_current(c->srv->rounds, &up->file)) : upload_begin(c, up);
     if (code != GRPC_STATUS_OK) return code;
-    if (!up->open) {
-        code = grpc_status_of(rounds_upload_begin(c->srv->rounds, up->peer, up->step, &up->file));
-        if (code != GRPC_STATUS_OK) return code;
-        up->open = true;
-    } else {   // a newer attempt of this peer began meanwhile: stop taking this one's bytes
-        code = grpc_status_of(rounds_upload_current(c->srv->rounds, &up->file));
-        if (code != GRPC_STATUS_OK) return code;
-    }
     code = grpc_status_of(rounds_upload_append(&up->file, m->chunk_data.data, add));
     if (code != GRPC_STATUS_OK) return code;
     up->len += add;
@@ -383,6 +418,8 @@ static void handle_upload(Call *c) {
         }
         if (code != GRPC_STATUS_OK) break;
     }
+    // A stream cancelled by a newer attempt ends here too (gRPC ends its receives without an error).
+    if (code == GRPC_STATUS_OK && up.open) code = grpc_status_of(rounds_upload_current(c->srv->rounds, &up.file));
     if (code == GRPC_STATUS_OK && up.next_chunk == 0) {
         code = status_fail(GRPC_STATUS_INVALID_ARGUMENT, "upload stream without chunks");
     } else if (code == GRPC_STATUS_OK && up.next_chunk != up.total_chunks) {
@@ -775,6 +812,9 @@ static void *call_main(void *arg) {
     } else {
         route->handle(c);
     }
+    pthread_mutex_lock(&srv->mu);   // before it is freed: nobody may cancel it any more (upload_begin)
+    if (c->upload_peer >= 0 && srv->uploading[c->upload_peer] == c) srv->uploading[c->upload_peer] = NULL;
+    pthread_mutex_unlock(&srv->mu);
     call_free(c);
     pthread_mutex_lock(&srv->mu);
     if (--srv->active_calls == 0) pthread_cond_broadcast(&srv->calls_done);
@@ -877,9 +917,13 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     srv->cfg = *cfg;
     if (srv->cfg.max_calls <= 0) srv->cfg.max_calls = sync_server_max_calls(cfg->rounds.agg.num_peers);
     srv->host = spes_strdup(cfg->host);
-    if (!srv->host || auth_load(cfg->auth_token_file, cfg->peer_tokens_file, cfg->rounds.agg.num_peers, &srv->auth) != SPES_OK ||
+    size_t peers = cfg->rounds.agg.num_peers > 0 ? (size_t)cfg->rounds.agg.num_peers : 0;   // else refused below
+    srv->uploading = spes_calloc(peers + 1, sizeof *srv->uploading);
+    if (!srv->host || !srv->uploading ||
+        auth_load(cfg->auth_token_file, cfg->peer_tokens_file, cfg->rounds.agg.num_peers, &srv->auth) != SPES_OK ||
         rounds_create(&cfg->rounds, &srv->rounds) != SPES_OK) {
         auth_free(&srv->auth);
+        free(srv->uploading);
         free(srv->host);
         free(srv);
         return SPES_ERR;
@@ -928,6 +972,7 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
         grpc_completion_queue_destroy(srv->cq);
         rounds_destroy(srv->rounds);
         auth_free(&srv->auth);
+        free(srv->uploading);
         free(srv->host);
         free(srv);
         grpc_shutdown();
@@ -962,6 +1007,7 @@ void sync_server_stop(SyncServer *s) {
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->hello_mu);
     pthread_cond_destroy(&s->calls_done);
+    free(s->uploading);
     free(s->host);
     free(s);
     grpc_shutdown();

@@ -159,6 +159,13 @@ static grpc_byte_buffer *chunk(int peer, int step, int id, int total, const uint
     return wire_pack(&m.base);
 }
 
+// Gives the server's call threads time to take what was sent: a send completes when gRPC has
+// sent the bytes, not when the server has read them.
+static void let_server_take(void) {
+    struct timespec settle = {0, 500 * 1000 * 1000};
+    nanosleep(&settle, NULL);
+}
+
 static void test_stalled_upload_blocks_nobody(void **state) {
     Fixture *f = *state;
     uint8_t data[50] = {0};
@@ -444,8 +451,7 @@ static void test_upload_refused_at_first_message(void **state) {
     grpc_call *second = open_call(f, "/FederatedServer/UploadChunk");
     send_bytes(f, second, chunk(1, 1, 0, 5, data, 100));
     send_bytes(f, second, chunk(1, 1, 1, 5, data, 100));   // 300 reserved: fits
-    struct timespec settle = {0, 500 * 1000 * 1000};   // their call threads take the reservations
-    nanosleep(&settle, NULL);
+    let_server_take();   // their call threads take the reservations
     grpc_call *third = open_call(f, "/FederatedServer/UploadChunk");
     uint8_t wide[150] = {0};
     send_bytes(f, third, chunk(1, 2, 0, 5, wide, sizeof wide));   // needs 450
@@ -629,8 +635,8 @@ static bool wait_for_open_file(const char *name) {
 }
 
 // A peer retrying its upload while the server still takes its first stream (its side gave up):
-// the newer stream is taken, and the older one is refused ABORTED ("superseded") at its next
-// chunk, instead of the server taking its bytes to the end and renaming them over the newer.
+// the newer stream is taken, and the older one is cancelled ABORTED ("superseded") when the newer
+// one begins, instead of the server taking its bytes to the end and renaming them over the newer.
 static void test_older_upload_stream_superseded(void **state) {
     Fixture *f = *state;
     char details[512];
@@ -654,9 +660,45 @@ static void test_older_upload_stream_superseded(void **state) {
     assert_int_equal(close_call(f, newer, true, NULL, NULL, details, sizeof details), GRPC_STATUS_OK);
     send_bytes(f, older, chunk(0, 4, 3, total, bytes + 300, 100));   // may fail: the server answers at once
     assert_int_equal(close_call(f, older, true, NULL, NULL, details, sizeof details), GRPC_STATUS_ABORTED);
-    assert_non_null(strstr(details, "upload from peer 0 for step 4 superseded: a newer upload of peer 0 began"));
+    assert_non_null(strstr(details, "upload from peer 0 superseded: a newer upload of peer 0 (step 4) began"));
     free(bytes);
     model_spec_free(&spec);
+}
+
+// A peer's older upload stream that stalls (its connection half-open, its client gone) while a
+// newer attempt of the peer begins: it used to keep its call slot and upload budget until the
+// idle timeout (it sends no next chunk to be refused at); it is cancelled ABORTED at once, and
+// its budget comes back: with room for two calls, two more uploads fit beside the newer one.
+static void test_stalled_older_upload_cancelled_at_once(void **state) {
+    (void)state;
+    Fixture *f = start_fixture_with(256, 600);   // two calls of 100-byte chunks (3 x 100 each)
+    char details[512];
+    uint8_t data[100] = {0};
+    grpc_call *older = open_call(f, "/FederatedServer/UploadChunk");
+    assert_true(send_bytes(f, older, chunk(0, 1, 0, 5, data, sizeof data)));
+    assert_true(wait_for_open_file("upload_s1_p0.safetensors.part"));   // the older attempt begun first
+    grpc_call *newer = open_call(f, "/FederatedServer/UploadChunk");
+    double start = now_seconds();
+    assert_true(send_bytes(f, newer, chunk(0, 1, 0, 5, data, sizeof data)));
+    assert_int_equal(close_call(f, older, false, NULL, NULL, details, sizeof details), GRPC_STATUS_ABORTED);
+    assert_true(now_seconds() - start < 2);   // at once, not at the 3 s idle timeout
+    assert_non_null(strstr(details, "upload from peer 0 superseded: a newer upload of peer 0 (step 1) began"));
+    // The older call's budget came back (once its thread has run): peer 1's upload fits beside
+    // the newer one. Its second message is a wrong chunk, to hear at once that it was taken.
+    grpc_status_code code;
+    do {
+        grpc_call *other = open_call(f, "/FederatedServer/UploadChunk");
+        send_bytes(f, other, chunk(1, 1, 0, 5, data, sizeof data));   // may fail: refused "busy" at once
+        send_bytes(f, other, chunk(1, 1, 2, 5, data, sizeof data));
+        code = close_call(f, other, true, NULL, NULL, details, sizeof details);
+    } while (code == GRPC_STATUS_RESOURCE_EXHAUSTED && now_seconds() - start < 2);
+    assert_int_equal(code, GRPC_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(details, "chunk 2 arrived where chunk 1 was expected"));
+    assert_true(now_seconds() - start < 2);
+    grpc_call_cancel(newer, NULL);
+    close_call(f, newer, false, NULL, NULL, details, sizeof details);
+    void *state_of_f = f;
+    teardown(&state_of_f);
 }
 
 // Every round slot taken (4 open rounds, steps 1-4, waiting for peer 1): an upload for a later
@@ -706,6 +748,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_bf16_payload_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_older_upload_stream_superseded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_round_slot_refused_at_first_message, setup, teardown),
+        cmocka_unit_test(test_stalled_older_upload_cancelled_at_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,8 @@ broken promise. The server runs 4 peers (tests/integration/server_hostile_peers.
                  waits return within --max_wait_seconds, downloads NOT_FOUND / OUT_OF_RANGE / not ready
   abandon        40 uploads, waits and Hellos cancelled mid-call: the server's threads and fds come
                  back to where they were
+  supersede      20 upload attempts of one peer id, each stalled after its first chunk: each cancelled
+                 ABORTED as the next begins (they held a thread and budget each until the idle timeout)
   flood          400 Status, Hello and Download calls from 8 connections at once: answered OK or
                  "server busy", never hung
 """
@@ -253,6 +255,45 @@ def case_abandon(p):
     p.alive("abandon")
     print(f"ok: abandon: threads {base['Threads']} -> {peak['Threads']} -> {after['Threads']}, "
           f"fds {base['fds']} -> {peak['fds']} -> {after['fds']}", flush=True)
+
+
+def case_supersede(p):
+    """One peer id's upload attempts, each stalled after its first chunk, one after another: each
+    newer one cancels the one before at once (ABORTED), so together they hold one call's thread and
+    upload budget, not one each until the idle timeout (the server's budget is 8 calls' worth
+    before the model is known: the 9th stalled attempt used to be refused "server busy")."""
+    M, n = p.M, 20
+    base = proc(p.pid)
+    release = threading.Event()
+    ch = p.channel()
+    calls = []
+    for i in range(n):
+        def stalled():
+            yield M["UploadChunkRequest"](peer_id=3, step=2, chunk_id=0, total_chunks=3, chunk_data=b"a").SerializeToString()
+            release.wait(60)
+        call = ch.stream_unary("/FederatedServer/UploadChunk", request_serializer=None, response_deserializer=None)
+        calls.append((time.time(), call.future(stalled(), timeout=60)))
+        time.sleep(0.2)   # its first chunk taken before the next attempt begins
+        if i > 0:
+            began, older = calls[i - 1]
+            try:
+                older.result(timeout=2)
+                fail("supersede", f"attempt {i - 1} answered OK")
+            except grpc.FutureTimeoutError:
+                fail("supersede", f"attempt {i - 1} still held 2 s after attempt {i} began")
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.ABORTED or "superseded" not in (e.details() or ""):
+                    fail("supersede", f"attempt {i - 1}: {e.code().name} {e.details()} (wanted ABORTED, superseded)")
+    peak = proc(p.pid)
+    if peak["Threads"] > base["Threads"] + 3:
+        fail("supersede", f"{n} superseded stalled uploads hold threads: {base['Threads']} -> {peak['Threads']}")
+    release.set()
+    calls[-1][1].cancel()
+    ch.close()
+    after = settle(p, base, "supersede")
+    p.alive("supersede")
+    print(f"ok: supersede: {n} stalled attempts of one peer, each cancelled when the next began; threads "
+          f"{base['Threads']} -> {peak['Threads']} -> {after['Threads']}", flush=True)
 
 
 def case_flood(p):
