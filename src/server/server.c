@@ -56,6 +56,7 @@ struct SyncServer {
     int active_calls;
     size_t buffered;                // upload bytes reserved by calls in progress (under mu)
     Call **uploading;               // [P] each peer's newest upload call in progress (under mu; upload_begin)
+    int *peer_calls;                // [P] calls in progress of each token-bound peer (under mu)
     pthread_mutex_t hello_mu;       // one Hello unpacked and checked at a time (recv_hello)
 };
 
@@ -784,6 +785,14 @@ static const Route routes[] = {
     {"/FederatedServer/Status", handle_status},
 };
 
+// Adds delta to a token-bound peer's calls in progress; returns the new count.
+static int peer_calls_add(SyncServer *srv, int peer, int delta) {
+    pthread_mutex_lock(&srv->mu);
+    int n = srv->peer_calls[peer] += delta;
+    pthread_mutex_unlock(&srv->mu);
+    return n;
+}
+
 static void *call_main(void *arg) {
     Call *c = arg;
     SyncServer *srv = c->srv;
@@ -794,15 +803,22 @@ static void *call_main(void *arg) {
     c->bound_peer = -1;
     grpc_status_code auth = auth_enabled(&srv->auth) ? auth_check(&srv->auth, &c->metadata, &c->bound_peer)
                                                      : GRPC_STATUS_OK;
+    // A per-peer token says who calls: its holder may not stall calls into every slot.
+    int peer = auth == GRPC_STATUS_OK && !too_many ? c->bound_peer : -1;
+    bool peer_busy = peer >= 0 && peer_calls_add(srv, peer, 1) > SYNC_MAX_CALLS_PER_PEER;
     if (auth != GRPC_STATUS_OK) {   // before reading anything: nothing from this caller is stored
         char *method = grpc_slice_to_c_string(c->details.method);
         if (route == &routes[0]) rounds_count_rejected(srv->rounds);
         log_refusal(method);
         gpr_free(method);
         finish(c, auth, NULL);
-    } else if (too_many) {
+    } else if (too_many || peer_busy) {
         if (route == &routes[0]) rounds_count_rejected(srv->rounds);
-        spes_fail("server busy: more than %d calls in progress", srv->cfg.max_calls);
+        if (too_many)
+            spes_fail("server busy: more than %d calls in progress", srv->cfg.max_calls);
+        else
+            spes_fail("server busy: peer %d (by its token) has %d calls in progress, the most one peer may have",
+                      peer, SYNC_MAX_CALLS_PER_PEER);
         finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
     } else if (!route) {
         char *method = grpc_slice_to_c_string(c->details.method);
@@ -812,6 +828,7 @@ static void *call_main(void *arg) {
     } else {
         route->handle(c);
     }
+    if (peer >= 0) peer_calls_add(srv, peer, -1);
     pthread_mutex_lock(&srv->mu);   // before it is freed: nobody may cancel it any more (upload_begin)
     if (c->upload_peer >= 0 && srv->uploading[c->upload_peer] == c) srv->uploading[c->upload_peer] = NULL;
     pthread_mutex_unlock(&srv->mu);
@@ -919,11 +936,13 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     srv->host = spes_strdup(cfg->host);
     size_t peers = cfg->rounds.agg.num_peers > 0 ? (size_t)cfg->rounds.agg.num_peers : 0;   // else refused below
     srv->uploading = spes_calloc(peers + 1, sizeof *srv->uploading);
-    if (!srv->host || !srv->uploading ||
+    srv->peer_calls = spes_calloc(peers + 1, sizeof *srv->peer_calls);
+    if (!srv->host || !srv->uploading || !srv->peer_calls ||
         auth_load(cfg->auth_token_file, cfg->peer_tokens_file, cfg->rounds.agg.num_peers, &srv->auth) != SPES_OK ||
         rounds_create(&cfg->rounds, &srv->rounds) != SPES_OK) {
         auth_free(&srv->auth);
         free(srv->uploading);
+        free(srv->peer_calls);
         free(srv->host);
         free(srv);
         return SPES_ERR;
@@ -973,6 +992,7 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
         rounds_destroy(srv->rounds);
         auth_free(&srv->auth);
         free(srv->uploading);
+        free(srv->peer_calls);
         free(srv->host);
         free(srv);
         grpc_shutdown();
@@ -1008,6 +1028,7 @@ void sync_server_stop(SyncServer *s) {
     pthread_mutex_destroy(&s->hello_mu);
     pthread_cond_destroy(&s->calls_done);
     free(s->uploading);
+    free(s->peer_calls);
     free(s->host);
     free(s);
     grpc_shutdown();

@@ -46,6 +46,15 @@ void sync_server_config_defaults(SyncServerConfig *cfg);
 #define SYNC_MAX_CALLS_CEILING 16384
 int sync_server_max_calls(int num_peers);
 
+// The most calls one peer bound by its per-peer token (--peer_tokens) may have in progress; more
+// are refused RESOURCE_EXHAUSTED "server busy" (clients retry). An honest peer holds one upload
+// or long poll, or 4 download chunks, and a Hello or Status; after a broken connection the same
+// again until the server notices (the idle timeout): 16 leaves room for that, and a token holder
+// that stalls calls takes 16 of the 4 P + 64 slots, not all of them. Callers with the shared
+// token, or none, are not peers the server knows (a request's peer_id is only a claim): the
+// global limit alone bounds them (docs/operating.md).
+#define SYNC_MAX_CALLS_PER_PEER 16
+
 typedef struct SyncServer SyncServer;
 
 // Binds, starts serving in background threads, returns.

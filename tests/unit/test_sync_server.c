@@ -29,9 +29,11 @@ typedef struct {
     char addr[64];
     grpc_channel *channel;
     grpc_completion_queue *cq;
+    const char *token;              // sent as "authorization: Bearer <token>" when set
 } Fixture;
 
-static Fixture *start_fixture_cfg(int max_calls, size_t max_buffered_bytes, AggregateConfig agg) {
+static Fixture *start_fixture_cfg(int max_calls, size_t max_buffered_bytes, AggregateConfig agg,
+                                  const char *peer_tokens_file) {
     Fixture *f = calloc(1, sizeof *f);
     SyncServerConfig cfg;
     sync_server_config_defaults(&cfg);
@@ -43,6 +45,7 @@ static Fixture *start_fixture_cfg(int max_calls, size_t max_buffered_bytes, Aggr
     cfg.max_buffered_bytes = max_buffered_bytes;
     cfg.rounds.keep_steps = 1;
     cfg.rounds.agg = agg;
+    cfg.peer_tokens_file = peer_tokens_file;
     assert_int_equal(sync_server_start(&cfg, &f->srv), SPES_OK);
     snprintf(f->addr, sizeof f->addr, "127.0.0.1:%d", sync_server_port(f->srv));
     grpc_init();
@@ -55,7 +58,8 @@ static Fixture *start_fixture_cfg(int max_calls, size_t max_buffered_bytes, Aggr
 
 static Fixture *start_fixture_with(int max_calls, size_t max_buffered_bytes) {
     return start_fixture_cfg(max_calls, max_buffered_bytes,
-                             (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4});
+                             (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2, .merge_topk = 4},
+                             NULL);
 }
 
 static Fixture *start_fixture(int max_calls) { return start_fixture_with(max_calls, 0); }
@@ -87,9 +91,16 @@ static int teardown(void **state) {
 static grpc_call *open_call(Fixture *f, const char *method) {
     grpc_call *call = grpc_channel_create_call(f->channel, NULL, GRPC_PROPAGATE_DEFAULTS, f->cq,
                                                grpc_slice_from_static_string(method), NULL, wire_deadline(20), NULL);
+    char bearer[128];
+    snprintf(bearer, sizeof bearer, "Bearer %s", f->token ? f->token : "");
+    grpc_metadata auth = {.key = grpc_slice_from_static_string("authorization"),
+                          .value = grpc_slice_from_copied_string(bearer)};
     grpc_op op = {0};
     op.op = GRPC_OP_SEND_INITIAL_METADATA;
+    op.data.send_initial_metadata.count = f->token ? 1 : 0;
+    op.data.send_initial_metadata.metadata = &auth;
     assert_true(wire_run_batch(call, f->cq, &op, 1, 20));
+    grpc_slice_unref(auth.value);
     return call;
 }
 
@@ -244,7 +255,7 @@ static void test_call_limit(void **state) {
 static void test_hundreds_of_waiters(void **state) {
     (void)state;
     enum { P = 300 };
-    Fixture *f = start_fixture_cfg(0, 0, (AggregateConfig){.mode = SYNC_MODE_FEDAVG, .num_peers = P, .merge_topk = 4});
+    Fixture *f = start_fixture_cfg(0, 0, (AggregateConfig){.mode = SYNC_MODE_FEDAVG, .num_peers = P, .merge_topk = 4}, NULL);
     typedef struct {
         grpc_call *call;
         grpc_byte_buffer *request, *response;
@@ -701,6 +712,49 @@ static void test_stalled_older_upload_cancelled_at_once(void **state) {
     teardown(&state_of_f);
 }
 
+// A per-peer token's holder stalling calls (opened, no request sent) held a call slot each until
+// the idle timeout, so one token could take all of them; beyond SYNC_MAX_CALLS_PER_PEER its calls
+// are refused "server busy" at once, while another peer's calls are still served.
+static void test_calls_per_peer_token_capped(void **state) {
+    (void)state;
+    char tokens[] = "/tmp/spes-test-peer-tokens-XXXXXX";
+    int fd = mkstemp(tokens);
+    assert_true(fd >= 0);
+    const char lines[] = "0 token-of-peer-0\n1 token-of-peer-1\n";
+    assert_int_equal(write(fd, lines, sizeof lines - 1), (ssize_t)(sizeof lines - 1));
+    close(fd);
+    Fixture *f = start_fixture_cfg(64, 0,
+                                   (AggregateConfig){.mode = SYNC_MODE_SPES, .num_peers = 2, .experts_per_node = 2,
+                                                     .merge_topk = 4},
+                                   tokens);
+    f->token = "token-of-peer-0";
+    grpc_call *stalled[SYNC_MAX_CALLS_PER_PEER];
+    for (int i = 0; i < SYNC_MAX_CALLS_PER_PEER; i++) stalled[i] = open_call(f, "/FederatedServer/Status");
+    StatusRequest sreq = STATUS_REQUEST__INIT;
+    char details[512];
+    grpc_status_code code = GRPC_STATUS_OK;   // the stalled calls count once the server took them
+    double start = now_seconds();
+    while (code == GRPC_STATUS_OK && now_seconds() - start < 2.5)
+        code = unary(f, "/FederatedServer/Status", &sreq.base, NULL, NULL, details, sizeof details);
+    assert_int_equal(code, GRPC_STATUS_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(details, "server busy: peer 0 (by its token) has 16 calls in progress"));
+    f->token = "token-of-peer-1";
+    assert_int_equal(unary(f, "/FederatedServer/Status", &sreq.base, NULL, NULL, details, sizeof details),
+                     GRPC_STATUS_OK);
+    for (int i = 0; i < SYNC_MAX_CALLS_PER_PEER; i++) {
+        grpc_call_cancel(stalled[i], NULL);
+        close_call(f, stalled[i], false, NULL, NULL, details, sizeof details);
+    }
+    f->token = "token-of-peer-0";   // its calls back: served again
+    start = now_seconds();
+    do code = unary(f, "/FederatedServer/Status", &sreq.base, NULL, NULL, details, sizeof details);
+    while (code == GRPC_STATUS_RESOURCE_EXHAUSTED && now_seconds() - start < 2.5);
+    assert_int_equal(code, GRPC_STATUS_OK);
+    void *state_of_f = f;
+    teardown(&state_of_f);
+    unlink(tokens);
+}
+
 // Every round slot taken (4 open rounds, steps 1-4, waiting for peer 1): an upload for a later
 // step is refused RESOURCE_EXHAUSTED at its first message, before the peer sends the rest; the
 // server used to read the whole upload, validate and fsync it, and only then find no slot.
@@ -749,6 +803,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_older_upload_stream_superseded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_round_slot_refused_at_first_message, setup, teardown),
         cmocka_unit_test(test_stalled_older_upload_cancelled_at_once),
+        cmocka_unit_test(test_calls_per_peer_token_capped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
