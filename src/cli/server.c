@@ -45,6 +45,8 @@ static void usage(FILE *out) {
             "  --max_upload_buffer BYTES        memory all upload calls together may hold, each 3 chunks (they go to\n"
             "                                   disk chunk by chunk; default: a quarter of the model's F32 size, at least\n"
             "                                   2 calls); more calls: 'server busy' (they retry)\n"
+            "  --max_receive_buffer BYTES       memory gRPC may hold of requests being received; past it, streams\n"
+            "                                   are reset (default: 2 chunks per peer, at least 256 MiB)\n"
             "  --state_dir DIR                  persist spec, uploads, aggregates and round bookkeeping in DIR;\n"
             "                                   a restarted server with the same DIR continues the run. Fixed for\n"
             "                                   a DIR (a restart with others is refused): --total_peers,\n"
@@ -164,6 +166,7 @@ int cmd_server(int argc, char **argv) {
         {"max_wait_seconds", required_argument, NULL, 'w'},
         {"idle_timeout_seconds", required_argument, NULL, 't'},
         {"max_upload_buffer", required_argument, NULL, 'U'},
+        {"max_receive_buffer", required_argument, NULL, 'W'},
         {"spool_dir", required_argument, NULL, 'V'},
         {"state_dir", required_argument, NULL, 'S'},
         {"round_timeout", required_argument, NULL, 'T'},
@@ -218,6 +221,14 @@ int cmd_server(int argc, char **argv) {
                 status = spes_fail("--max_upload_buffer must be in [1 MiB, 16 TiB] bytes (got %s)", optarg);
             cfg.max_buffered_bytes = (size_t)v;
             cfg.rounds.max_upload_bytes = (size_t)v;   // also the first upload's cap before the model is known
+            break;
+        }
+        case 'W': {
+            uint64_t v;
+            status = cli_u64("max_receive_buffer", optarg, &v);
+            if (status == SPES_OK && (v == 0 || v > ((uint64_t)1 << 44)))   // its least: sync_server_start
+                status = spes_fail("--max_receive_buffer must be in [1, 16 TiB] bytes (got %s)", optarg);
+            cfg.max_receive_bytes = (size_t)v;
             break;
         }
         case 'S': cfg.rounds.state_dir = optarg; break;

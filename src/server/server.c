@@ -925,14 +925,27 @@ int sync_server_max_calls(int num_peers) {
     return calls < SYNC_MAX_CALLS_CEILING ? (int)calls : SYNC_MAX_CALLS_CEILING;
 }
 
+size_t sync_server_receive_quota(int num_peers, size_t chunk_size) {
+    size_t peers = num_peers > 0 ? (size_t)num_peers : 0, honest = 2 * peers * chunk_size;
+    return honest > SYNC_MIN_RECEIVE_QUOTA ? honest : SYNC_MIN_RECEIVE_QUOTA;
+}
+
 int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     if (cfg->chunk_size < 1 || cfg->chunk_size + 1024 > cfg->max_message_size)
         return spes_fail("server: chunk_size %zu must be >= 1 and at least 1 KiB below max_message_size %zu",
                          cfg->chunk_size, cfg->max_message_size);
+    // Two of the largest requests must fit: one a call receives, one its retry's.
+    size_t largest = cfg->chunk_size > SYNC_MAX_HELLO_BYTES ? cfg->chunk_size : SYNC_MAX_HELLO_BYTES;
+    if (cfg->max_receive_bytes && cfg->max_receive_bytes < 2 * largest)
+        return spes_fail("server: --max_receive_buffer %zu is below two of the largest requests (2 x %zu bytes: a Hello or "
+                         "an upload chunk)",
+                         cfg->max_receive_bytes, largest);
     SyncServer *srv = spes_calloc(1, sizeof *srv);
     if (!srv) return SPES_ERR;
     srv->cfg = *cfg;
     if (srv->cfg.max_calls <= 0) srv->cfg.max_calls = sync_server_max_calls(cfg->rounds.agg.num_peers);
+    if (!srv->cfg.max_receive_bytes)
+        srv->cfg.max_receive_bytes = sync_server_receive_quota(cfg->rounds.agg.num_peers, cfg->chunk_size);
     srv->host = spes_strdup(cfg->host);
     size_t peers = cfg->rounds.agg.num_peers > 0 ? (size_t)cfg->rounds.agg.num_peers : 0;   // else refused below
     srv->uploading = spes_calloc(peers + 1, sizeof *srv->uploading);
@@ -952,7 +965,7 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     pthread_mutex_init(&srv->hello_mu, NULL);
     pthread_cond_init(&srv->calls_done, NULL);
     grpc_init();
-    grpc_arg args[5];
+    grpc_arg args[6];
     grpc_channel_args channel_args;
     wire_channel_args(cfg->max_message_size, args, &channel_args);
     // gRPC binds with SO_REUSEPORT by default: a second server on the same port would start
@@ -972,8 +985,17 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     args[4].type = GRPC_ARG_INTEGER;
     args[4].key = (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES;
     args[4].value.integer = 64 * 1024;
-    channel_args.num_args = 5;
+    // What gRPC holds of requests being received is bounded by a resource quota: its memory
+    // allocator charges the bytes read from connections until they are freed.
+    grpc_resource_quota *quota = grpc_resource_quota_create("spes-server");
+    grpc_resource_quota_resize(quota, srv->cfg.max_receive_bytes);
+    args[5].type = GRPC_ARG_POINTER;
+    args[5].key = (char *)GRPC_ARG_RESOURCE_QUOTA;
+    args[5].value.pointer.p = quota;
+    args[5].value.pointer.vtable = grpc_resource_quota_arg_vtable();
+    channel_args.num_args = 6;
     srv->server = grpc_server_create(&channel_args, NULL);
+    grpc_resource_quota_unref(quota);   // the server holds its own reference
     srv->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
     char addr[300];
@@ -1003,7 +1025,8 @@ int sync_server_start(const SyncServerConfig *cfg, SyncServer **out) {
     }
     grpc_server_start(srv->server);
     pthread_create(&srv->accept_thread, NULL, accept_loop, srv);
-    log_info("server: listening on %s:%d (at most %d calls at once)", cfg->host, srv->port, srv->cfg.max_calls);
+    log_info("server: listening on %s:%d (at most %d calls at once, %zu MiB for requests being received)", cfg->host,
+             srv->port, srv->cfg.max_calls, srv->cfg.max_receive_bytes >> 20);
     *out = srv;
     return SPES_OK;
 }

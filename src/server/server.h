@@ -29,6 +29,8 @@ typedef struct {
     size_t max_buffered_bytes;      // memory all upload calls together may hold (each 3 chunks: uploads
                                     // go to disk chunk by chunk); 0: a quarter of the
                                     // model's F32 size, at least 2 calls' worth (8 before the model is known)
+    size_t max_receive_bytes;       // gRPC's memory for requests being received (its resource quota; past
+                                    // it gRPC resets streams); 0: sync_server_receive_quota(P, chunk_size)
     const char *auth_token_file;    // shared token (auth.h); NULL: none
     const char *peer_tokens_file;   // "peer_id token" lines (auth.h); NULL: none
     const char *tls_cert, *tls_key; // PEM files: serve TLS (both or neither)
@@ -54,6 +56,17 @@ int sync_server_max_calls(int num_peers);
 // token, or none, are not peers the server knows (a request's peer_id is only a claim): the
 // global limit alone bounds them (docs/operating.md).
 #define SYNC_MAX_CALLS_PER_PEER 16
+
+// The default bound on the memory gRPC may take for requests being received (a resource quota,
+// GRPC_ARG_RESOURCE_QUOTA). Without one, every call may receive a whole max_message_size message
+// (64 MiB) before the server sees its size, and a client that stops one byte short holds it until
+// the idle timeout: 4 P + 64 calls of 64 MiB. Past the quota gRPC resets streams (RST_STREAM
+// ENHANCE_YOUR_CALM; the client sees RESOURCE_EXHAUSTED) until it is back under. An honest peer
+// has at most one upload chunk being received at a time: two chunks per peer (a retry beside a
+// dying attempt), and at least 256 MiB (Hellos of up to 16 MiB at once, 64 KiB of read-ahead per
+// connection).
+#define SYNC_MIN_RECEIVE_QUOTA ((size_t)256 << 20)
+size_t sync_server_receive_quota(int num_peers, size_t chunk_size);
 
 typedef struct SyncServer SyncServer;
 

@@ -2,10 +2,11 @@
 # A real `spes server` against hostile or buggy CLIENTS (tests/integration/lib/hostile_sync_peer.py;
 # the other direction is sync_peer_hostile_server.sh). On a quiet server: fat Hellos at once (the
 # server's peak memory bounded), broken upload streams, calls abandoned mid-way (threads and fds
-# back), a peer's stalled upload attempts (each cancelled as the next begins). Then 4 honest
-# tiny `spes train` peers run 6 steps while the hostile client sends every integer field at its
-# extremes, waits and downloads of steps far in the past and future, and a call flood: the honest
-# run must complete with every peer holding the server's aggregates, and the server must still be up.
+# back), a peer's stalled upload attempts (each cancelled as the next begins), messages stopped one
+# byte short (gRPC's receive memory bounded). Then 4 honest tiny `spes train` peers run 6 steps
+# while the hostile client sends every integer field at its extremes, waits and downloads of steps
+# far in the past and future, and a call flood: the honest run must complete with every peer
+# holding the server's aggregates, and the server must still be up.
 # SPES_HOSTILE_PEER_CASES="fields flood" runs only those cases (no honest run unless named: run).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,7 +18,7 @@ command -v protoc-c >/dev/null || { echo "SKIPPED: protoc-c missing"; exit 77; }
 protoc-c --proto_path=proto --descriptor_set_out="$dir/federated.desc" proto/federated.proto
 reliability_data
 fail() { echo "FAIL: $*"; exit 1; }
-cases=${SPES_HOSTILE_PEER_CASES:-"hello_fat chunks abandon supersede run fields far_steps flood"}
+cases=${SPES_HOSTILE_PEER_CASES:-"hello_fat chunks abandon supersede stall_message run fields far_steps flood"}
 want() { [[ " $cases " == *" $1 "* ]]; }
 
 mkdir -p "$dir/run"
@@ -26,7 +27,7 @@ reliability_server --state_dir "$dir/run/state" --max_wait_seconds 3 --idle_time
 reliability_wait_log "listening on" "$dir/server.log"
 hostile() { /usr/bin/python3 tests/integration/lib/hostile_sync_peer.py "$dir/federated.desc" "127.0.0.1:$port" "$server_pid" "$@"; }
 
-for c in hello_fat chunks abandon supersede; do
+for c in hello_fat chunks abandon supersede stall_message; do
   if want $c; then hostile $c || fail "$c (server log: $(tail -3 "$dir/server.log"))"; fi
 done
 

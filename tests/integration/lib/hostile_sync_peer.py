@@ -19,10 +19,15 @@ broken promise. The server runs 4 peers (tests/integration/server_hostile_peers.
                  back to where they were
   supersede      20 upload attempts of one peer id, each stalled after its first chunk: each cancelled
                  ABORTED as the next begins (they held a thread and budget each until the idle timeout)
+  stall_message  12 Status calls on 6 raw HTTP/2 connections, each announcing a 64 MiB message and
+                 sending all but its last byte: the server's memory grows by less than STALL_MB (gRPC's
+                 resource quota resets streams past --max_receive_buffer; each held 64 MiB before)
   flood          400 Status, Hello and Download calls from 8 connections at once: answered OK or
                  "server busy", never hung
 """
 import os
+import socket
+import struct
 import sys
 import threading
 import time
@@ -32,6 +37,7 @@ import grpc
 from fake_server import messages
 
 HELLO_FAT_MB = 400
+STALL_MB = 400   # the server's default receive quota at P = 4 is 256 MiB; 12 x 64 MiB were held before
 I32 = (-(1 << 31), -1, (1 << 31) - 1)
 
 
@@ -294,6 +300,123 @@ def case_supersede(p):
     p.alive("supersede")
     print(f"ok: supersede: {n} stalled attempts of one peer, each cancelled when the next began; threads "
           f"{base['Threads']} -> {peak['Threads']} -> {after['Threads']}", flush=True)
+
+
+def h2_frame(kind, flags, stream, payload):
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+def hpack_literal(name, value):
+    return b"\x00" + bytes([len(name)]) + name.encode() + bytes([len(value)]) + value.encode()
+
+
+class H2Staller:
+    """A raw HTTP/2 connection (no gRPC library, which only sends whole messages) that opens gRPC
+    calls, announces a message of some length and sends all of it but the last byte, as the
+    server's flow control windows allow. A reader thread follows the windows, answers PINGs and
+    notes streams the server resets or ends."""
+
+    def __init__(self, addr):
+        host, port = addr.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)))
+        self.cv = threading.Condition()
+        self.window, self.initial, self.streams, self.ended = 65535, 65535, {}, set()
+        self.sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0, b""))
+        threading.Thread(target=self.reader, daemon=True).start()
+
+    def read_exactly(self, n):
+        out = b""
+        while len(out) < n:
+            got = self.sock.recv(n - len(out))
+            if not got:
+                raise EOFError
+            out += got
+        return out
+
+    def reader(self):
+        try:
+            while True:
+                head = self.read_exactly(9)
+                kind, flags = head[3], head[4]
+                stream = int.from_bytes(head[5:9], "big") & 0x7fffffff
+                payload = self.read_exactly(int.from_bytes(head[:3], "big"))
+                with self.cv:
+                    if kind == 4 and not flags & 1:   # SETTINGS: INITIAL_WINDOW_SIZE moves every stream's window
+                        for i in range(0, len(payload), 6):
+                            key, value = struct.unpack(">HI", payload[i:i + 6])
+                            if key == 4:
+                                for st in self.streams:
+                                    self.streams[st] += value - self.initial
+                                self.initial = value
+                        self.sock.sendall(h2_frame(4, 1, 0, b""))
+                    elif kind == 8:   # WINDOW_UPDATE
+                        add = struct.unpack(">I", payload)[0] & 0x7fffffff
+                        if stream == 0:
+                            self.window += add
+                        elif stream in self.streams:
+                            self.streams[stream] += add
+                    elif kind == 6 and not flags & 1:
+                        self.sock.sendall(h2_frame(6, 1, 0, payload))
+                    elif kind == 3 or (kind == 1 and flags & 1) or kind == 7:   # RST_STREAM, trailers, GOAWAY
+                        self.ended.add(stream)
+                    self.cv.notify_all()
+        except (EOFError, OSError):
+            with self.cv:
+                self.ended.add(0)
+                self.cv.notify_all()
+
+    def stall(self, stream, method, length):
+        """Sends `length - 1` bytes of a `length`-byte message on a new call; the bytes sent."""
+        block = b"".join(hpack_literal(k, v) for k, v in (
+            (":method", "POST"), (":scheme", "http"), (":path", "/FederatedServer/" + method), (":authority", "x"),
+            ("content-type", "application/grpc"), ("te", "trailers")))
+        with self.cv:
+            self.streams[stream] = self.initial
+            self.sock.sendall(h2_frame(1, 4, stream, block))
+        body = memoryview(b"\x00" + struct.pack(">I", length) + bytes(length - 1))
+        at = 0
+        while at < len(body):
+            with self.cv:
+                while self.window <= 0 or self.streams[stream] <= 0:
+                    if stream in self.ended or 0 in self.ended or not self.cv.wait(timeout=10):
+                        return at
+                n = min(16384, self.window, self.streams[stream], len(body) - at)
+                self.window -= n
+                self.streams[stream] -= n
+                self.sock.sendall(h2_frame(0, 0, stream, bytes(body[at:at + n])))
+            at += n
+        return at
+
+    def close(self):
+        self.sock.close()
+
+
+def case_stall_message(p):
+    base = proc(p.pid)
+    conns = [H2Staller(p.addr) for _ in range(6)]
+    sent = []
+
+    def stall(conn):
+        for stream in (1, 3):
+            sent.append(conn.stall(stream, "Status", (64 << 20) - 100))
+    threads = [threading.Thread(target=stall, args=(c,)) for c in conns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    time.sleep(1)
+    peak = proc(p.pid)
+    ended = sum(len(c.ended - {0}) for c in conns)
+    for c in conns:
+        c.close()
+    grew = peak["VmRSS"] - base["VmRSS"]
+    if grew > STALL_MB:
+        fail("stall_message", f"{len(sent)} calls stalled one byte short of 64 MiB: the server grew by {grew} MB "
+                              f"(limit {STALL_MB}; {sum(sent) >> 20} MiB sent)")
+    after = settle(p, base, "stall_message")
+    p.alive("stall_message")
+    print(f"ok: stall_message: {sum(sent) >> 20} MiB of {len(sent)} unfinished 64 MiB messages sent, {ended} calls reset; "
+          f"server RSS {base['VmRSS']} -> {peak['VmRSS']} MB, threads {after['Threads']}", flush=True)
 
 
 def case_flood(p):
