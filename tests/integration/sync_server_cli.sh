@@ -25,6 +25,12 @@ grep -q -- "--merge_alpha_start: '2' is not a number in \[0, 1\]" "$out/alpha" |
 "$SPES_BIN" server --total_peers 4 --num_train_experts_per_node 2 --mode dilico >"$out/mode" 2>&1
 [ $? -eq 1 ] || fail "bad mode: exit code not 1"
 grep -q "sync mode 'dilico' is not one of spes, fedavg" "$out/mode" || fail "bad mode not named"
+# A receive quota below two of the largest requests would reset every Hello or upload chunk.
+"$SPES_BIN" server --total_peers 4 --num_train_experts_per_node 2 --port 0 --max_receive_buffer 1000 >"$out/quota" 2>&1
+[ $? -eq 1 ] || fail "small --max_receive_buffer: exit code not 1"
+grep -q -- "--max_receive_buffer 1000 is below two of the largest requests (2 x 16777216 bytes" "$out/quota" ||
+  fail "small --max_receive_buffer not named: $(cat "$out/quota")"
+grep -q "listening on" "$out/quota" && fail "small --max_receive_buffer: said 'listening on' before exiting"
 "$SPES_BIN" server --total_peers 4 --num_train_experts_per_node 2 --host 256.1.1.1 >"$out/bind" 2>&1
 [ $? -eq 1 ] || fail "unbindable host: exit code not 1"
 grep -q "cannot listen on 256.1.1.1:50051" "$out/bind" || fail "bind failure not explained"
