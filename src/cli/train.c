@@ -1,5 +1,6 @@
 // `spes train CONFIG [--a.b=value ...] [--resume] [--force-resume] [--peak_gflops=X] [--nproc_per_node N]`
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,23 +35,16 @@ static void usage(FILE *out) {
             "Writes save_folder/stepN/ checkpoints and save_folder/metrics.jsonl (docs/training.md).\n");
 }
 
-static volatile sig_atomic_t stop_requested = 0;
+static volatile sig_atomic_t stop_requested = 0, save_requested = 0;
 
+// SIGINT / SIGTERM: stop after this step (and save); SIGUSR1: save after this step, train on.
 static void on_signal(int sig) {
-    (void)sig;
-    stop_requested = 1;
-    static const char msg[] = "\nspes train: stopping after this step (signal again to abort without saving)\n";
-    ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
-    (void)ignored;
-}
-
-static volatile sig_atomic_t save_requested = 0;
-
-static void on_save_signal(int sig) {
-    (void)sig;
-    save_requested = 1;
-    static const char msg[] = "\nspes train: saving a checkpoint after this step (SIGUSR1), then training on\n";
-    ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
+    static const char stop[] = "\nspes train: stopping after this step (signal again to abort without saving)\n";
+    static const char save[] = "\nspes train: saving a checkpoint after this step (SIGUSR1), then training on\n";
+    bool saving = sig == SIGUSR1;
+    if (saving) save_requested = 1;
+    else stop_requested = 1;
+    ssize_t ignored = write(STDERR_FILENO, saving ? save : stop, saving ? sizeof save - 1 : sizeof stop - 1);
     (void)ignored;
 }
 
@@ -65,7 +59,6 @@ static void install_handlers(void) {
     // SIGUSR1's default action ends the process without a save: a scheduler's warning before its
     // time limit (SLURM's --signal=USR1@120) would lose what was trained since the last checkpoint.
     // It may come many times, so the handler stays, and system calls resume after it.
-    sa.sa_handler = on_save_signal;
     sa.sa_flags = SA_RESTART;
     sigaction(SIGUSR1, &sa, NULL);
 }
