@@ -16,6 +16,7 @@
 #include "train/plan_print.h"
 #include "train/save_space.h"
 #include "train/plan_sync.h"
+#include "train/spes_peer.h"
 
 // The README's bench-gpu figures (1B SPES config, 8 x 2048, amp_bf16, on an H200, 2026-11-28): MFU 0.322
 // of the 989 TFLOP/s bf16 dense peak of an H100/H200.
@@ -129,8 +130,7 @@ static double step_seconds(const TrainConfig *cfg, const Plan *p, const Opts *o)
 // Steps the run trains when max_duration counts steps (stop_at when it comes first); -1 when
 // the length depends on the data (tokens or epochs).
 static int64_t run_length_steps(const TrainConfig *cfg) {
-    if (cfg->max_duration_unit != DURATION_STEPS) return -1;
-    return cfg->stop_at >= 0 && cfg->stop_at < cfg->max_duration ? cfg->stop_at : cfg->max_duration;
+    return cfg->max_duration_unit == DURATION_STEPS ? config_last_step(cfg, cfg->max_duration) : -1;
 }
 
 // The checkpoints' line: one's bytes on disk, and over a run of known length the saves and the
@@ -138,11 +138,9 @@ static int64_t run_length_steps(const TrainConfig *cfg) {
 static void print_checkpoints(const TrainConfig *cfg, const Plan *plan, int64_t run_steps, int64_t saves,
                               size_t folder_bytes) {
     int keep = cfg->save_num_unsharded_checkpoints_to_keep;
-    bool sync_state = (cfg->using_spes || cfg->using_dilico) &&
-                      (cfg->payload_dtype == PAYLOAD_INT8 || cfg->payload_dtype == PAYLOAD_INT4);
     char each[24], most[24];
     printf("checkpoints: %s each on disk (model, AdamW moments%s)", bytes_text(plan->checkpoint_bytes, each, sizeof each),
-           sync_state ? ", sync state" : "");
+           spes_peer_saves_sync_state(cfg) ? ", sync state" : "");
     if (saves < 0) {   // keeping k: k + 1 while a save runs
         if (keep > 0)
             printf("; keeping %d: save_folder holds up to %s\n", keep,

@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "parallel/comm.h"
 #include "parallel/launch.h"
+#include "train/spes_peer.h"
 #include "train/spes_ranks.h"
 #include "train/trainer.h"
 
@@ -69,7 +70,7 @@ static void install_handlers(void) {
 // its last step) has no round left to sync unless that last one is pending.
 static int connect_peer(SpesRanks *peer, Trainer *trainer, const TrainConfig *cfg) {
     TrainState *state = trainer_state(trainer);
-    if (cfg->payload_dtype == PAYLOAD_INT8 || cfg->payload_dtype == PAYLOAD_INT4) {   // checkpoints carry the delta error feedback (spes_peer.h)
+    if (spes_peer_saves_sync_state(cfg)) {   // checkpoints carry the delta error feedback (spes_peer.h)
         state->save_extra = spes_ranks_save_state;
         state->save_extra_ctx = peer;
     }

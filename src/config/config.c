@@ -282,7 +282,7 @@ static int validate_at(TrainConfig *cfg, const YNode *root) {
           MODEL_MAX_LAYERS);
     // OLMo's defaults (50256 for both, GPT-2's ids) are no id of a smaller vocabulary, and training
     // reads neither id (checkpoints' config.json does; a load_path's ids take their place there,
-    // train/source_token_ids.h): a default outside the embedding means none, where a value the
+    // train/source_model.h): a default outside the embedding means none, where a value the
     // YAML sets is checked.
     if (root && !where(root, "model.eos_token_id") && m->eos_token_id >= m->embedding_size) m->eos_token_id = -1;
     if (root && !where(root, "model.pad_token_id") && m->pad_token_id >= m->embedding_size) m->pad_token_id = -1;
@@ -546,6 +546,10 @@ int config_load(const char *path, int n_overrides, char **overrides, TrainConfig
 
 int config_grad_accum_steps(const TrainConfig *cfg) {
     return cfg->global_train_batch_size / cfg->device_train_microbatch_size;
+}
+
+int64_t config_last_step(const TrainConfig *cfg, int64_t max_steps) {
+    return cfg->stop_at >= 0 && cfg->stop_at < max_steps ? cfg->stop_at : max_steps;
 }
 
 int config_max_steps(const TrainConfig *cfg, int64_t dataset_instances, int64_t *steps) {

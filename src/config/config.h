@@ -197,6 +197,8 @@ ScheduleRun config_schedule_run(const TrainConfig *cfg, int64_t max_steps);
 // epochs; pass -1 when unknown: then an epoch duration is an error). Errors name max_duration
 // at the line that set it (config_key_fail).
 int config_max_steps(const TrainConfig *cfg, int64_t dataset_instances, int64_t *steps);
+// The step a run of max_steps ends at: stop_at when it comes first.
+int64_t config_last_step(const TrainConfig *cfg, int64_t max_steps);
 // Micro-batches per optimizer step (global / micro; validated to divide exactly).
 int config_grad_accum_steps(const TrainConfig *cfg);
 

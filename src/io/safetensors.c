@@ -316,6 +316,16 @@ int safetensors_build_header(const StWriteTensor *tensors, int n, const char *co
     return SPES_OK;
 }
 
+int safetensors_serialized_size(const StWriteTensor *tensors, int n, const char *const *meta_keys,
+                                const char *const *meta_values, int n_meta, size_t *len) {
+    char *header = NULL;
+    size_t header_len = 0, data_len = 0;
+    int rc = safetensors_build_header(tensors, n, meta_keys, meta_values, n_meta, &header, &header_len, &data_len);
+    free(header);
+    *len = rc == SPES_OK ? header_len + data_len : 0;
+    return rc;
+}
+
 int safetensors_serialize(const StWriteTensor *tensors, int n, const char *const *meta_keys,
                           const char *const *meta_values, int n_meta, uint8_t **out, size_t *out_len) {
     char *header;

@@ -78,6 +78,10 @@ int safetensors_serialize(const StWriteTensor *tensors, int n, const char *const
 // *out (malloc'd) is header_len bytes; *data_len the bytes of data that follow.
 int safetensors_build_header(const StWriteTensor *tensors, int n, const char *const *meta_keys,
                              const char *const *meta_values, int n_meta, char **out, size_t *out_len, size_t *data_len);
+// The bytes safetensors_serialize would write (header and data), without building them: what a
+// payload or file of these tensors takes (the sync plan, a checkpoint's size on disk).
+int safetensors_serialized_size(const StWriteTensor *tensors, int n, const char *const *meta_keys,
+                                const char *const *meta_values, int n_meta, size_t *len);
 // Writes a file atomically (temp + fsync + rename), streaming tensor data (no full copy).
 int safetensors_write_file(const char *path, const StWriteTensor *tensors, int n, const char *const *meta_keys,
                            const char *const *meta_values, int n_meta);

@@ -109,11 +109,7 @@ static int payload_bytes(const DeltaCodec *c, const DeltaTensor *tensors, int n,
     int n_meta = 3;
     if (step >= 0) keys[n_meta] = SYNC_META_STEP, values[n_meta++] = step_text;
     if (view) keys[n_meta] = "spes_view", values[n_meta++] = view;
-    char *header = NULL;
-    size_t header_len = 0, data_len = 0;
-    if (rc == SPES_OK) rc = safetensors_build_header(w, kept, keys, values, n_meta, &header, &header_len, &data_len);
-    if (rc == SPES_OK) *len = header_len + data_len;
-    free(header);
+    if (rc == SPES_OK) rc = safetensors_serialized_size(w, kept, keys, values, n_meta, len);
     for (int i = 0; names && i < n; i++) free(names[i]);
     free(names);
     free(w);

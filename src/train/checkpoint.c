@@ -81,14 +81,11 @@ static int table_file_bytes(const ParamTable *table, bool grad_layout, int n_buf
                             size_t *bytes) {
     StWriteTensor *ts;
     char **names;
-    char *header = NULL;
     int n;
-    size_t header_len = 0, data_len = 0;
+    *bytes = 0;
     int rc = table_tensors(table, grad_layout, n_bufs, NULL, prefixes, &ts, &names, &n);
-    if (rc == SPES_OK) rc = safetensors_build_header(ts, n, NULL, NULL, 0, &header, &header_len, &data_len);
-    free(header);
+    if (rc == SPES_OK) rc = safetensors_serialized_size(ts, n, NULL, NULL, 0, bytes);
     free_table_tensors(ts, names, n);
-    *bytes = header_len + data_len;
     return rc;
 }
 

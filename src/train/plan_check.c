@@ -15,14 +15,15 @@ int plan_check_device(const TrainConfig *cfg, Backend *be, int ranks, bool speak
     target.layout = *be;            // what the backend opened with decides, not the config's wish
     target.compute = be->compute;
     SPES_TRY(plan_compute(cfg, &target, &plan));
-    size_t free_b, total_b;
-    SPES_TRY(backend_device_memory(be, &free_b, &total_b));
+    // The host's figures once (on the cpu backend they are the device's too), a GPU's its own.
+    HostMemory host;
+    SPES_TRY(host_memory_read("/proc", "/sys/fs/cgroup", &host));
+    size_t free_b = host.available, total_b = host.total;
+    if (!be->host_memory) SPES_TRY(backend_device_memory(be, &free_b, &total_b));
     const double gib = 1073741824.0;
     // One host holds every cpu rank of the node, with their host-side buffers.
     size_t need = be->host_memory ? (size_t)ranks * (plan.mem.peak + plan.mem.host) : plan.mem.peak;
     *planned_peak = plan.mem.peak;
-    HostMemory host;
-    SPES_TRY(host_memory_read("/proc", "/sys/fs/cgroup", &host));
     // A GPU run's host side (page-locked copies, offloaded moments) on the node's host, every rank's.
     size_t host_need = (size_t)ranks * plan.mem.host;
     if (!be->host_memory && host_need > host.available)

@@ -73,11 +73,7 @@ static int plain_bytes(const ParamTable *t, const bool *select, DType dtype, int
     int n_meta = 0;
     if (step >= 0) keys[n_meta] = SYNC_META_STEP, values[n_meta++] = step_text;
     if (view) keys[n_meta] = "spes_view", values[n_meta++] = view;
-    char *header = NULL;
-    size_t header_len = 0, data_len = 0;
-    int rc = safetensors_build_header(w, n, keys, values, n_meta, &header, &header_len, &data_len);
-    *len = header_len + data_len;
-    free(header);
+    int rc = safetensors_serialized_size(w, n, keys, values, n_meta, len);
     free(w);
     return rc;
 }

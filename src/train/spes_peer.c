@@ -240,19 +240,18 @@ int spes_peer_save_state(SpesPeer *p, const char *dir) {
     return rc;
 }
 
+bool spes_peer_saves_sync_state(const TrainConfig *cfg) {
+    return (cfg->using_spes || cfg->using_dilico) &&
+           (cfg->payload_dtype == PAYLOAD_INT8 || cfg->payload_dtype == PAYLOAD_INT4);
+}
+
 int spes_peer_state_bytes(const TrainConfig *cfg, size_t sent, size_t *bytes) {
     *bytes = 0;
-    if (!(cfg->using_spes || cfg->using_dilico) ||
-        !(cfg->payload_dtype == PAYLOAD_INT8 || cfg->payload_dtype == PAYLOAD_INT4))
-        return SPES_OK;   // only a delta run saves one (spes_peer_save_state)
-    char base[24], *header = NULL;
+    if (!spes_peer_saves_sync_state(cfg)) return SPES_OK;
+    char base[24];
     StWriteTensor w = sync_state_tensor(NULL, sent, INT32_MAX, base);   // the longest base step
     const char *values[] = {base};
-    size_t header_len = 0, data_len = 0;
-    int rc = safetensors_build_header(&w, 1, sync_state_keys, values, 1, &header, &header_len, &data_len);
-    free(header);
-    *bytes = header_len + data_len;
-    return rc;
+    return safetensors_serialized_size(&w, 1, sync_state_keys, values, 1, bytes);
 }
 
 // "int8" or "int4": the codes of this delta run, for the log.

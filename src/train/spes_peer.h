@@ -53,6 +53,9 @@ int64_t spes_peer_unsynced_step(const SpesPeer *p);
 // and fetches that aggregate from the server as its base, so that a resumed run sends the same
 // bytes as an uninterrupted one. Other runs: nothing written.
 int spes_peer_save_state(SpesPeer *p, const char *dir);
+// Whether a run of cfg saves a sync state in its checkpoints: a SPES or fedavg peer whose payloads
+// are int8 / int4 deltas (their error feedback and base step).
+bool spes_peer_saves_sync_state(const TrainConfig *cfg);
 // The bytes spes_peer_save_state writes for a run of cfg uploading `sent` values (its
 // trainable ones): 0 when the run saves no sync state; the base step taken at its longest.
 int spes_peer_state_bytes(const TrainConfig *cfg, size_t sent, size_t *bytes);

@@ -273,8 +273,7 @@ static int check_save_space(const Trainer *t) {
     size_t sync_state, each;
     SPES_TRY(spes_peer_state_bytes(t->cfg, t->model.table.trainable_numel, &sync_state));
     SPES_TRY(checkpoint_disk_bytes(&t->model.table, sync_state, &each));
-    int64_t end = t->cfg->stop_at >= 0 && t->cfg->stop_at < t->max_steps ? t->cfg->stop_at : t->max_steps;
-    save_space_check(t->cfg, each, t->state.step, end);
+    save_space_check(t->cfg, each, t->state.step, config_last_step(t->cfg, t->max_steps));
     return SPES_OK;
 }
 
