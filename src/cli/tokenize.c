@@ -472,8 +472,8 @@ static int pick_eos(const TokenizeArgs *a, const Tokenizer *tok, int64_t *eos) {
     if (a->no_eos) return SPES_OK;
     *eos = a->eos_id >= 0 ? a->eos_id : tokenizer_eos_id(tok);
     if (*eos < 0)
-        return spes_fail("%s names no EOS token (its special_tokens_map.json / tokenizer_config.json give no "
-                         "eos_token the vocabulary holds, or set it null; where neither gives the key, no "
+        return spes_fail("%s names no EOS token (its special_tokens_map.json / tokenizer_config.json set "
+                         "eos_token null or to something not a token's text; where neither gives the key, no "
                          "<|endoftext|>, </s>, <eos>, <|end_of_text|> or <|im_end|> is an added token); pass "
                          "--eos_id N or --no_eos",
                          a->tokenizer);

@@ -1,6 +1,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,27 +180,107 @@ static int load_parts(Tokenizer *t, const json_t *root) {
     return build_decode_table(t);
 }
 
-// tokenizer.json text -> *out. eos_token, bos_token: the values the tokenizer's config files give
-// those keys, NULL when they give none (the EOS is then picked by convention; there is no BOS).
-static int load_tokenizer(const char *json, size_t len, const json_t *eos_token, const json_t *bos_token,
-                          const char *origin, Tokenizer **out) {
+// Where the special tokens are named: special_tokens_map.json (`map`) and tokenizer_config.json
+// (`config`), either may be NULL. A key of the map wins, its null included (transformers has no
+// such token then); else the config's; NULL when neither gives the key.
+typedef struct {
+    const json_t *map, *config;
+} SpecialTokenFiles;
+
+static const json_t *special_token(const SpecialTokenFiles *files, const char *key) {
+    const json_t *v = json_object_get(files->map, key);
+    return v ? v : json_object_get(files->config, key);
+}
+
+// The text a special-token value names: a string or {"content": ...}; NULL otherwise.
+static const char *special_token_text(const json_t *value) {
+    if (json_is_object(value)) value = json_object_get(value, "content");
+    return json_string_value(value);
+}
+
+static bool tokenizer_json_has(const json_t *model_vocab, const json_t *added_tokens, const char *text) {
+    if (json_object_get(model_vocab, text)) return true;
+    for (size_t i = 0; i < json_array_size(added_tokens); i++) {
+        const char *content = json_string_value(json_object_get(json_array_get(added_tokens, i), "content"));
+        if (content && !strcmp(content, text)) return true;
+    }
+    return false;
+}
+
+// Appends the token `value` names to `added` with id *next_id (then advanced), unless tokenizer.json
+// has it already. An object's flags are kept (parse_token refuses the unsupported ones by name).
+static int append_special_token(const json_t *model_vocab, json_t *added, const json_t *value, int64_t *next_id) {
+    const char *text = special_token_text(value);
+    if (!text || !*text || tokenizer_json_has(model_vocab, added, text)) return SPES_OK;
+    json_t *entry = json_is_object(value) ? json_deep_copy(value) : json_pack("{s:s}", "content", text);
+    int fail = !entry || json_object_set_new(entry, "id", json_integer(*next_id)) ||
+               json_object_set_new(entry, "special", json_true()) ||
+               (!json_object_get(entry, "normalized") && json_object_set_new(entry, "normalized", json_false()));
+    if (fail || json_array_append_new(added, entry)) {
+        if (fail) json_decref(entry);
+        return spes_fail("out of memory");
+    }
+    (*next_id)++;
+    return SPES_OK;
+}
+
+// transformers appends every special token the config files name and tokenizer.json lacks as a
+// new special token (normalized false) with the next free id, in the order of its special-token
+// attributes, then the additional / extra special tokens (transformers 5.23: an eos_token
+// "<|my_eos|>" missing from GPT-NeoX's vocab becomes id 50281 after a missing bos_token's 50280,
+// and encodes as that id wherever a text holds it). Reading such a token as "none" dropped the
+// EOS. The entries go into tokenizer.json's "added_tokens" before it is parsed, so they match,
+// decode and count in the vocabulary size as the file's own added tokens do.
+static int append_missing_special_tokens(json_t *root, const SpecialTokenFiles *files) {
+    static const char *keys[] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                                 "mask_token", "additional_special_tokens", "extra_special_tokens"};
+    const json_t *model_vocab = json_object_get(json_object_get(root, "model"), "vocab");
+    json_t *added = json_object_get(root, "added_tokens");
+    if (!json_is_object(model_vocab) || (added && !json_is_array(added))) return SPES_OK;   // load_parts says why
+    if (!added) {
+        added = json_array();
+        if (!added || json_object_set_new(root, "added_tokens", added)) return spes_fail("out of memory");
+    }
+    int64_t next_id = (int64_t)json_object_size(model_vocab);
+    for (size_t i = 0; i < json_array_size(added); i++) {
+        json_int_t id = json_integer_value(json_object_get(json_array_get(added, i), "id"));
+        if (id >= next_id) next_id = id + 1;
+    }
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+        const json_t *value = special_token(files, keys[k]), *item;
+        size_t i;
+        const char *name;
+        if (json_is_array(value)) {   // additional_special_tokens: a list
+            json_array_foreach(value, i, item) SPES_TRY(append_special_token(model_vocab, added, item, &next_id));
+        } else if (json_is_object(value) && !json_object_get(value, "content")) {   // named extras {"image_token": ...}
+            json_object_foreach((json_t *)value, name, item)
+                SPES_TRY(append_special_token(model_vocab, added, item, &next_id));
+        } else {
+            SPES_TRY(append_special_token(model_vocab, added, value, &next_id));
+        }
+    }
+    return SPES_OK;
+}
+
+// tokenizer.json text -> *out. files: the config files naming the special tokens (both NULL
+// when there are none: the EOS is then picked by convention; there is no BOS).
+static int load_tokenizer(const char *json, size_t len, const SpecialTokenFiles *files, const char *origin,
+                          Tokenizer **out) {
     *out = NULL;
     json_error_t jerr;
     json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &jerr);
     if (!root) return spes_fail("%s: invalid JSON at line %d column %d: %s", origin, jerr.line, jerr.column, jerr.text);
     Tokenizer *t = spes_calloc(1, sizeof *t);
-    if (!t) {
-        json_decref(root);
-        return SPES_ERR;
-    }
-    int rc = load_parts(t, root);
+    int rc = t ? append_missing_special_tokens(root, files) : SPES_ERR;
+    if (rc == SPES_OK) rc = load_parts(t, root);
     json_decref(root);
     if (rc != SPES_OK) {
         tokenizer_free(t);
         return spes_fail_context("%s", origin);
     }
+    const json_t *eos_token = special_token(files, "eos_token");
     t->eos_id = eos_token ? token_named(t, eos_token) : eos_by_convention(t);
-    t->bos_id = token_named(t, bos_token);
+    t->bos_id = token_named(t, special_token(files, "bos_token"));
     *out = t;
     return SPES_OK;
 }
@@ -207,8 +288,8 @@ static int load_tokenizer(const char *json, size_t len, const json_t *eos_token,
 int tokenizer_load_json(const char *json, size_t len, const char *config_json, const char *origin, Tokenizer **out) {
     // A config that is not JSON names no EOS here (tokenizer_load refuses such a file).
     json_t *config = config_json ? json_loads(config_json, 0, NULL) : NULL;
-    int rc = load_tokenizer(json, len, json_object_get(config, "eos_token"), json_object_get(config, "bos_token"),
-                            origin, out);
+    SpecialTokenFiles files = {NULL, config};
+    int rc = load_tokenizer(json, len, &files, origin, out);
     json_decref(config);
     return rc;
 }
@@ -237,13 +318,6 @@ static int read_config_file(const char *dir, const char *name, json_t **out) {
     free(text);
     free(p);
     return rc;
-}
-
-// special_tokens_map.json's value of `key` (null there too wins: transformers has no such token
-// then), else tokenizer_config.json's; NULL when neither file gives the key.
-static const json_t *special_token(const json_t *map, const json_t *config, const char *key) {
-    const json_t *v = json_object_get(map, key);
-    return v ? v : json_object_get(config, key);
 }
 
 int tokenizer_load(const char *path, Tokenizer **out) {
@@ -278,8 +352,7 @@ int tokenizer_load(const char *path, Tokenizer **out) {
             rc = read_config_file(path, "special_tokens_map.json", &map);
     }
     if (rc == SPES_OK)
-        rc = load_tokenizer((const char *)json, len, special_token(map, config, "eos_token"),
-                            special_token(map, config, "bos_token"), json_path, out);
+        rc = load_tokenizer((const char *)json, len, &(SpecialTokenFiles){map, config}, json_path, out);
     json_decref(config);
     json_decref(map);
     free(json);

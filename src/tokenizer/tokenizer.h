@@ -45,7 +45,9 @@ uint32_t tokenizer_vocab_size(const Tokenizer *tok);
 // tokenizer_config.json has no "added_tokens_decoder" (a legacy one, or none) and that file has
 // the key, else tokenizer_config.json's eos_token; when neither file names one (AutoTokenizer
 // then has none), the first added special token among <|endoftext|>, </s>, <eos>,
-// <|end_of_text|>, <|im_end|>.
+// <|end_of_text|>, <|im_end|>. A special token those files name and tokenizer.json lacks is
+// appended as a new special token with the next free id, as transformers does (so is any other
+// special token they name: unk, sep, pad, cls, mask, additional / extra).
 // Returns -1 when none is known (callers then need an explicit --eos_id).
 int64_t tokenizer_eos_id(const Tokenizer *tok);
 // The BOS id as AutoTokenizer picks it: the bos_token of the same files, in the same order;

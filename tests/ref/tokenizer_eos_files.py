@@ -8,6 +8,11 @@ Per case: transformers' eos_token_id (or its error) and ours (the last id of the
 a refusal): the same id; None <-> refused for naming no EOS (the message naming both files); an
 error <-> refused naming the file. `spes tokenize --help` names both files too.
 Where neither file names an EOS, transformers has none and we pick one by convention: not a case here.
+
+Then special tokens the files name and tokenizer.json lacks: transformers appends each as a new
+special token with the next id (bos, eos, unk, sep, pad, cls, mask, then the additional / extra
+ones) and encodes it wherever a text holds it. Per case the whole id sequence `spes tokenize`
+writes for a text holding those tokens against transformers' encoding + its EOS.
 """
 import glob
 import json
@@ -35,6 +40,17 @@ CASES = {   # name: (tokenizer_config.json, special_tokens_map.json); None = no 
     "legacy config, map broken": ({"eos_token": A}, '{"eos_token": '),
     "config broken": ('{"eos_token": ', {"eos_token": A}),
 }
+MISSING = {   # name: tokenizer_config.json (no special_tokens_map.json)
+    "eos missing": {"eos_token": "<|my_eos|>"},
+    "bos and eos missing": {"eos_token": "<|my_eos|>", "bos_token": "<|my_bos|>"},
+    "eos missing, pad and extras missing, mask present": {
+        "eos_token": "<|my_eos|>", "pad_token": "<|my_pad|>", "unk_token": "<|my_unk|>", "mask_token": B,
+        "additional_special_tokens": ["<|x1|>", A], "added_tokens_decoder": {}},
+    "eos present, named extra missing": {"eos_token": B, "extra_special_tokens": {"image_token": "<|img|>"}},
+}
+MISSING_TEXT = "hello<|my_pad|> world<|my_eos|> <|x1|><|img|> and<|my_bos|>"
+
+
 def write(path, value):
     if value is not None:
         with open(path, "w") as f:
@@ -72,6 +88,23 @@ def main():
             ours = "error"
         else:
             ours = "unexpected: " + log.splitlines()[-1]
+        check(ours == theirs, f"{name}: ours {ours}, transformers {theirs}")
+    with open(text, "w") as f:
+        f.write(MISSING_TEXT)
+    for i, (name, config) in enumerate(MISSING.items()):
+        d = os.path.join(work, f"missing{i}")
+        os.makedirs(d)
+        shutil.copy(tokenizer_json, os.path.join(d, "tokenizer.json"))
+        write(os.path.join(d, "tokenizer_config.json"), config)
+        tok = AutoTokenizer.from_pretrained(d)
+        theirs = tok(MISSING_TEXT, add_special_tokens=False).input_ids + [tok.eos_token_id]
+        prefix = os.path.join(work, f"missing_out{i}_")
+        res = subprocess.run([spes, "tokenize", "--file_glob", text, "--tokenizer_name_or_path", d, "--output_prefix",
+                              prefix], capture_output=True, text=True)
+        if res.returncode != 0:
+            check(False, f"{name}: spes tokenize failed: {(res.stdout + res.stderr).strip().splitlines()[-1]}")
+            continue
+        ours = np.fromfile(sorted(glob.glob(prefix + "*.npy"))[-1], dtype="<u4").tolist()
         check(ours == theirs, f"{name}: ours {ours}, transformers {theirs}")
     res = subprocess.run([spes, "tokenize", "--help"], capture_output=True, text=True)
     check("special_tokens_map.json" in res.stdout and "tokenizer_config.json" in res.stdout,
