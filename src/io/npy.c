@@ -6,11 +6,13 @@
 
 #include <ctype.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/mapped_read.h"
 
 static const uint8_t NPY_MAGIC[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 
@@ -218,32 +220,52 @@ uint64_t token_file_get(const TokenFile *tf, uint64_t i) {
     return v;
 }
 
-int token_file_read_u32(const TokenFile *tf, uint64_t start, size_t n, uint32_t *dst) {
-    if (start > tf->count || n > tf->count - start)
-        return spes_fail("token range [%" PRIu64 ", %" PRIu64 ") is outside a file of %" PRIu64 " tokens", start,
-                         start + n, tf->count);
-    const uint8_t *p = tf->data + start * tf->elem_size;
+typedef struct {
+    const TokenFile *tf;
+    uint64_t start;
+    size_t n;
+    uint32_t *dst;
+} TokenRead;
+
+static int read_tokens(void *ctx) {
+    const TokenRead *r = ctx;
+    const TokenFile *tf = r->tf;
+    const uint8_t *p = tf->data + r->start * tf->elem_size;
     switch (tf->dtype) {
     case TOKEN_U16:
-        for (size_t i = 0; i < n; i++) dst[i] = (uint32_t)p[2 * i] | (uint32_t)p[2 * i + 1] << 8;
+        for (size_t i = 0; i < r->n; i++) r->dst[i] = (uint32_t)p[2 * i] | (uint32_t)p[2 * i + 1] << 8;
         return SPES_OK;
     case TOKEN_U32:
-        memcpy(dst, p, n * 4);    // little-endian host (x86-64, aarch64)
+        memcpy(r->dst, p, r->n * 4);    // little-endian host (x86-64, aarch64)
         return SPES_OK;
     default:
         break;
     }
     int is_signed = tf->dtype == TOKEN_I32 || tf->dtype == TOKEN_I64;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t v = token_file_get(tf, start + i);
+    for (size_t i = 0; i < r->n; i++) {
+        uint64_t v = token_file_get(tf, r->start + i);
         if (is_signed && tf->elem_size == 4 && (v & 0x80000000u))
-            return spes_fail("negative token id %d at position %" PRIu64, (int32_t)(uint32_t)v, start + i);
+            return spes_fail("negative token id %d at position %" PRIu64, (int32_t)(uint32_t)v, r->start + i);
         if (v > UINT32_MAX)
             return spes_fail("token id %" PRId64 " at position %" PRIu64 " does not fit in 32 bits", (int64_t)v,
-                             start + i);
-        dst[i] = (uint32_t)v;
+                             r->start + i);
+        r->dst[i] = (uint32_t)v;
     }
     return SPES_OK;
+}
+
+int token_file_read_u32(const TokenFile *tf, uint64_t start, size_t n, uint32_t *dst) {
+    if (start > tf->count || n > tf->count - start)
+        return spes_fail("token range [%" PRIu64 ", %" PRIu64 ") is outside a file of %" PRIu64 " tokens", start,
+                         start + n, tf->count);
+    bool truncated;
+    int rc = mapped_read(read_tokens, &(TokenRead){tf, start, n, dst}, &truncated);
+    if (truncated)
+        return spes_fail("the file is shorter than the %zu bytes it had when it was opened (reading tokens [%" PRIu64
+                         ", %" PRIu64 ")): it was cut or rewritten in place since; a new version of a data file "
+                         "must get a new name, or be written beside and renamed over it",
+                         tf->file.size, start, start + n);
+    return rc;
 }
 
 // --- writing -----------------------------------------------------------------------------
