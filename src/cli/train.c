@@ -1,4 +1,5 @@
-// `spes train CONFIG [--a.b=value ...] [--resume] [--force-resume] [--peak_gflops=X] [--nproc_per_node N]`
+// `spes train CONFIG [--a.b=value ...] [--resume] [--force-resume] [--peak_gflops=X] [--save_retry=S[,E]]
+//  [--nproc_per_node N]`
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -19,42 +20,67 @@
 static void usage(FILE *out) {
     fprintf(out,
             "usage: spes train CONFIG.yaml [--key.sub=value ...] [--resume] [--force-resume] [--peak_gflops=X]\n"
-            "                  [--nproc_per_node N]\n"
+            "                  [--save_retry=S[,E]] [--nproc_per_node N]\n"
             "\n"
             "Trains from a SPES/OLMo YAML config on token files (data.paths).\n"
             "  --key.sub=value   override any config key, e.g. --optimizer.learning_rate=3e-4 --stop_at=100\n"
             "  --resume          continue from the newest complete save_folder/stepN (as try_load_latest_save)\n"
             "  --force-resume    resume even if the checkpoint was written with a different config hash\n"
             "  --peak_gflops=X   peak GFLOP/s for the MFU column (default: measured sgemm throughput)\n"
+            "  --save_retry=S[,E]  a final (or SIGUSR1) save that cannot be written, e.g. on a full disk, is\n"
+            "                    retried every E seconds for up to S (default 600,30; 0: not retried). A save\n"
+            "                    every save_interval that fails is reported and training goes on\n"
             "  --nproc_per_node N  N ranks on this node (data parallel: distributed_strategy, fsdp.*; started\n"
             "                    through mpirun; `mpirun -np N spes train ...` works too). docs/distributed.md\n"
             "SIGUSR1: save a checkpoint after the current step and train on (a scheduler's warning before a\n"
             "time limit, or a checkpoint on demand; with several ranks rank 0's counts: mpirun passes it on).\n"
-            "Ctrl-C (SIGINT) or SIGTERM: finish the current step, save a checkpoint, exit 0. A SPES peer\n"
+            "Ctrl-C (SIGINT) or SIGTERM: finish the current step, save a checkpoint, exit 0; again: abort at once,\n"
+            "or, while a failed save waits to retry, stop waiting and exit 1 saying what was lost. A SPES peer\n"
             "whose sync round fails or is interrupted saves its local state marked not synced and exits 1;\n"
             "--resume redoes that round.\n"
             "Writes save_folder/stepN/ checkpoints and save_folder/metrics.jsonl (docs/training.md).\n");
 }
 
-static volatile sig_atomic_t stop_requested = 0, save_requested = 0;
+// stop_requested counts SIGINT/SIGTERM; save_waiting is the trainer's: a failed save waits to retry.
+static volatile sig_atomic_t stop_requested = 0, save_requested = 0, save_waiting = 0;
 
-// SIGINT / SIGTERM: stop after this step (and save); SIGUSR1: save after this step, train on.
+static void say(const char *text, size_t len) {
+    ssize_t ignored = write(STDERR_FILENO, text, len);
+    (void)ignored;
+}
+
+// SIGINT / SIGTERM: stop after this step (and save); again: abort at once (the default action),
+// unless a failed save waits to retry, whose wait it ends. SIGUSR1: save after this step, train on.
 static void on_signal(int sig) {
     static const char stop[] = "\nspes train: stopping after this step (signal again to abort without saving)\n";
+    static const char wait[] = "\nspes train: no more waiting to retry the save\n";
     static const char save[] = "\nspes train: saving a checkpoint after this step (SIGUSR1), then training on\n";
-    bool saving = sig == SIGUSR1;
-    if (saving) save_requested = 1;
-    else stop_requested = 1;
-    ssize_t ignored = write(STDERR_FILENO, saving ? save : stop, saving ? sizeof save - 1 : sizeof stop - 1);
-    (void)ignored;
+    if (sig == SIGUSR1) {
+        save_requested = 1;
+        say(save, sizeof save - 1);
+        return;
+    }
+    if (stop_requested && !save_waiting) {
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        sigaction(sig, &dfl, NULL);
+        raise(sig);   // blocked in this handler: delivered, with the default action, as it returns
+        return;
+    }
+    stop_requested = stop_requested + 1;   // both stop signals are blocked in here: no lost count
+    if (save_waiting) say(wait, sizeof wait - 1);
+    else say(stop, sizeof stop - 1);
 }
 
 static void install_handlers(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESETHAND;   // a second signal gets the default action: immediate exit
     sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaddset(&sa.sa_mask, SIGTERM);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     // SIGUSR1's default action ends the process without a save: a scheduler's warning before its
@@ -62,6 +88,19 @@ static void install_handlers(void) {
     // It may come many times, so the handler stays, and system calls resume after it.
     sa.sa_flags = SA_RESTART;
     sigaction(SIGUSR1, &sa, NULL);
+}
+
+// --save_retry=S[,E]: retry for up to S seconds, every E (default SAVE_RETRY_EVERY_S, or S when less).
+static int parse_save_retry(const char *v, SaveRetry *r) {
+    char *end;
+    r->for_s = strtod(v, &end);
+    r->every_s = SAVE_RETRY_EVERY_S < r->for_s ? SAVE_RETRY_EVERY_S : r->for_s;
+    if (end != v && *end == ',') {
+        const char *e = end + 1;
+        r->every_s = strtod(e, &end);
+        if (end == e || !(r->every_s > 0)) return SPES_ERR;
+    }
+    return end != v && !*end && r->for_s >= 0 && r->for_s < 1e9 && r->every_s < 1e9 ? SPES_OK : SPES_ERR;
 }
 
 // Handshake, then catch up with the run. A checkpoint marked not synced holds the local weights
@@ -80,7 +119,8 @@ static int connect_peer(SpesRanks *peer, Trainer *trainer, const TrainConfig *cf
                                 pending));
     if (!pending) return SPES_OK;
     state->unsynced = false;
-    return trainer_save(trainer);
+    // Unsaved, the not-synced checkpoint stays the newest (resume redoes the round again): train on.
+    return trainer_save(trainer, SAVE_ON_INTERVAL);
 }
 
 // The round of the current step failed (server gone, refused, or a signal): keep the local work
@@ -90,7 +130,7 @@ static void save_unsynced(Trainer *trainer) {
     snprintf(why, sizeof why, "%s", spes_last_error());
     int64_t step = trainer_step_count(trainer);
     trainer_state(trainer)->unsynced = true;
-    if (trainer_save(trainer) == SPES_OK)
+    if (trainer_save(trainer, SAVE_FINAL) == SPES_OK)
         log_warn("saved step %lld with this peer's local weights, NOT synced (its round did not complete); "
                  "resume with --resume, which redoes the sync of step %lld", (long long)step, (long long)step);
     else
@@ -100,7 +140,10 @@ static void save_unsynced(Trainer *trainer) {
 
 int cmd_train(int argc, char **argv) {
     const char *config_path = NULL;
-    TrainerOptions opt = {.stop = &stop_requested, .save_now = &save_requested};
+    TrainerOptions opt = {.stop = &stop_requested,
+                          .save_now = &save_requested,
+                          .save_waiting = &save_waiting,
+                          .save_retry = {.for_s = SAVE_RETRY_FOR_S, .every_s = SAVE_RETRY_EVERY_S}};
     int nproc = 1;
     char **overrides = calloc((size_t)argc, sizeof *overrides);
     int n_overrides = 0;
@@ -123,6 +166,13 @@ int cmd_train(int argc, char **argv) {
             opt.peak_flops = strtod(a + 14, &end) * 1e9;
             if (end == a + 14 || *end || !(opt.peak_flops > 0)) {
                 fprintf(stderr, "spes: --peak_gflops needs a positive number, got '%s'\n", a + 14);
+                free(overrides);
+                return 2;
+            }
+        } else if (!strncmp(a, "--save_retry=", 13)) {
+            if (parse_save_retry(a + 13, &opt.save_retry) != SPES_OK) {
+                fprintf(stderr, "spes: --save_retry needs S or S,E: seconds to keep retrying and between tries "
+                                "(E > 0), got '%s'\n", a + 13);
                 free(overrides);
                 return 2;
             }

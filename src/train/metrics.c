@@ -249,9 +249,16 @@ void metrics_format_console(const StepMetrics *s, char *buf, int bufsize) {
     if (s->loss_scale > 0)
         snprintf(scale, sizeof scale, " | scale %g%s", s->loss_scale, s->step_skipped ? " (skipped)" : "");
     if (s->masked_instances > 0) snprintf(masked, sizeof masked, " | masked %" PRId64, s->masked_instances);
+    char unsaved[96] = "";
+    if (s->failed_save_step > 0 && s->newest_checkpoint >= 0)
+        snprintf(unsaved, sizeof unsaved, " | UNSAVED since step %" PRId64 " (save of %" PRId64 " failed)",
+                 s->newest_checkpoint, s->failed_save_step);
+    else if (s->failed_save_step > 0)
+        snprintf(unsaved, sizeof unsaved, " | UNSAVED: no checkpoint yet (save of %" PRId64 " failed)",
+                 s->failed_save_step);
     snprintf(buf, (size_t)bufsize,
              "step %" PRId64 "/%" PRId64 " | loss %.4f (ce %.4f lm_z %.4g lb %.4f rz %.4g) | lr %.2e | gnorm %.3f | "
-             "%s tok/s | MFU %.1f%% | ETA %s | rss %.0fMB%s%s%s%s",
+             "%s tok/s | MFU %.1f%% | ETA %s | rss %.0fMB%s%s%s%s%s",
              s->step, s->max_steps, s->loss.total, s->loss.ce, s->loss.lm_z, s->loss.lb, s->loss.router_z, s->lr,
-             s->grad_norm, tps, 100 * s->mfu, eta, s->peak_rss_mb, device, scale, masked, route);
+             s->grad_norm, tps, 100 * s->mfu, eta, s->peak_rss_mb, device, scale, masked, route, unsaved);
 }

@@ -36,6 +36,8 @@ typedef struct {
     double device_mem_mb, device_peak_mb;   // GPU memory in use / peak (0 on cpu)
     double loss_scale;          // amp_fp16 loss scale (0 when loss scaling is off)
     bool step_skipped;          // amp_fp16: the update was skipped (gradient overflow)
+    int64_t failed_save_step;   // a save that failed since the newest checkpoint (0: none), and
+    int64_t newest_checkpoint;  // that checkpoint's step (-1: none): on the console line, not in metrics.jsonl
 } StepMetrics;
 
 typedef struct {
@@ -65,4 +67,5 @@ void metrics_route_balance(const int64_t *counts, int n_layers, int n_experts, d
 // The console line:
 // "step 12/1000 | loss 3.2140 (ce 3.2010 lm_z 0 lb 1.0120 rz 0) | lr 3.00e-04 | gnorm 0.812 |
 //  12.3k tok/s | MFU 3.1% | ETA 5m02s | rss 512MB | route 0.61-1.52x"
+// and, after a save that failed until one works, "| UNSAVED since step 10 (save of 15 failed)".
 void metrics_format_console(const StepMetrics *s, char *buf, int bufsize);

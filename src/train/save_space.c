@@ -65,3 +65,16 @@ void save_space_check(const TrainConfig *cfg, size_t each, int64_t start_step, i
                  "freed",
                  cfg->save_folder, free_text, saves, saves == 1 ? "" : "s", each_text, kept, needed_text);
 }
+
+void save_space_describe(const char *folder, size_t each, char *out, size_t cap) {
+    char each_text[24], free_text[24];
+    bytes_text(each, each_text, sizeof each_text);
+    struct statvfs fs;
+    if (statvfs(folder, &fs) != 0) {
+        snprintf(out, cap, "a checkpoint takes %s; the free space of %s's filesystem cannot be read (%s)", each_text,
+                 folder, strerror(errno));
+        return;
+    }
+    bytes_text((size_t)fs.f_bavail * (size_t)fs.f_frsize, free_text, sizeof free_text);
+    snprintf(out, cap, "a checkpoint takes %s, and the filesystem of %s has %s free", each_text, folder, free_text);
+}

@@ -22,3 +22,7 @@ size_t save_space_needed(size_t each, int keep, int existing, int64_t saves_left
 // less free space than the next save needs, or than the run's checkpoints need. Never an error
 // (space may be freed before the save comes); a filesystem that cannot be asked is a debug line.
 void save_space_check(const TrainConfig *cfg, size_t each, int64_t start_step, int64_t end_step);
+
+// For a failed save's message: "a checkpoint takes 529 kB, and the filesystem of FOLDER has 120 kB
+// free" (or says the free space could not be read, and why).
+void save_space_describe(const char *folder, size_t each, char *out, size_t cap);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
@@ -29,6 +30,7 @@
 #include "train/optimizer.h"
 #include "train/overlap_step.h"
 #include "train/plan_check.h"
+#include "train/save_failure.h"
 #include "train/save_space.h"
 #include "train/schedule.h"
 #include "train/source_model.h"
@@ -60,7 +62,9 @@ struct Trainer {
     LossWeights weights;
     TrainState state;
     int64_t max_steps;
-    int64_t last_saved_step, last_eval_step;
+    int64_t last_saved_step, last_eval_step;   // last_saved_step: the newest checkpoint (-1: none)
+    int64_t failed_save_step;   // the newest save that failed since the last good one (0: none)
+    size_t checkpoint_bytes;    // rank 0: one checkpoint on disk (for a failed save's message)
     int64_t *step_counts;       // [L*E] tokens per expert, summed over the step's micro-batches
     LossScaler scaler;          // amp_fp16: dynamic loss scaling (disabled otherwise)
     int64_t force_overflow_step;   // SPES_FORCE_GRAD_OVERFLOW_STEP (tests): treat that step as an overflow
@@ -269,11 +273,11 @@ static int claim_save_folder(const TrainConfig *cfg, bool rank0) {
 }
 
 // Warns at start when the save_folder's disk cannot take the run's checkpoints (save_space.h).
-static int check_save_space(const Trainer *t) {
-    size_t sync_state, each;
+static int check_save_space(Trainer *t) {
+    size_t sync_state;
     SPES_TRY(spes_peer_state_bytes(t->cfg, t->model.table.trainable_numel, &sync_state));
-    SPES_TRY(checkpoint_disk_bytes(&t->model.table, sync_state, &each));
-    save_space_check(t->cfg, each, t->state.step, config_last_step(t->cfg, t->max_steps));
+    SPES_TRY(checkpoint_disk_bytes(&t->model.table, sync_state, &t->checkpoint_bytes));
+    save_space_check(t->cfg, t->checkpoint_bytes, t->state.step, config_last_step(t->cfg, t->max_steps));
     return SPES_OK;
 }
 
@@ -857,41 +861,152 @@ int trainer_evaluate(Trainer *t) {
     return rc;
 }
 
-// Several ranks: the optimizer state is gathered into one full state (sharded strategies),
-// rank 0 writes today's files, and every rank learns whether that worked.
-static int save_ranks(Trainer *t) {
-    bool sharded = t->dp.stage != DP_DDP;
-    AdamW full = {0};
-    int rc = adamw_state_to_host(&t->adamw);
-    if (sharded) {
-        if (rc == SPES_OK) rc = adamw_create(&full, &t->model.table, &t->adamw.cfg);
-        // The gathers need every rank: one that failed alone here would leave the others in them.
-        rc = comm_all_ok(t->comm, rc, "bring the optimizer state to the host");
-        if (rc == SPES_OK) rc = dp_gather_state(&t->dp, &t->adamw, &full);
-    }
-    if (rc == SPES_OK && t->rank0) rc = checkpoint_save(t->cfg->save_folder, &t->model, sharded ? &full : &t->adamw,
-                                                        &t->state, t->cfg);
-    if (rc == SPES_OK && t->rank0) rc = checkpoint_prune(t->cfg->save_folder, t->cfg->save_num_unsharded_checkpoints_to_keep);
-    if (sharded) adamw_free(&full);
-    return share_outcome(t, rc, "save");   // a gather that failed has already ended the job (MPI errors are fatal)
-}
-
-int trainer_save(Trainer *t) {
-    double t0 = now_seconds();
-    bool resharded;
-    SPES_TRY(parameters_at_rest(t, &resharded));
+// The checkpoint's contents on the host: the parameters, and the optimizer state (*state: with
+// several ranks under a sharded strategy, gathered into *full, which the caller frees).
+static int save_prepare(Trainer *t, AdamW *full, const AdamW **state) {
+    *state = &t->adamw;
     SPES_TRY(model_params_to_host(&t->model));
     t->state.loss_scale = t->scaler.enabled ? t->scaler.scale : 0;
     t->state.loss_scale_good_steps = t->scaler.enabled ? t->scaler.good_steps : 0;
-    if (t->dist) {
-        SPES_TRY(save_ranks(t));
-    } else {
-        SPES_TRY(adamw_state_to_host(&t->adamw));
-        SPES_TRY(checkpoint_save(t->cfg->save_folder, &t->model, &t->adamw, &t->state, t->cfg));
-        SPES_TRY(checkpoint_prune(t->cfg->save_folder, t->cfg->save_num_unsharded_checkpoints_to_keep));
+    if (!t->dist) return adamw_state_to_host(&t->adamw);
+    bool sharded = t->dp.stage != DP_DDP;
+    int rc = adamw_state_to_host(&t->adamw);
+    if (sharded) {
+        if (rc == SPES_OK) rc = adamw_create(full, &t->model.table, &t->adamw.cfg);
+        // The gathers need every rank: one that failed alone here would leave the others in them.
+        rc = comm_all_ok(t->comm, rc, "bring the optimizer state to the host");
+        if (rc == SPES_OK) rc = dp_gather_state(&t->dp, &t->adamw, full);
+        *state = full;
     }
+    return rc;
+}
+
+// One attempt at writing the checkpoint: rank 0 writes, every rank learns whether that worked.
+// On success the oldest checkpoints are pruned (a prune that fails is a warning: the new one is whole).
+static int save_write(Trainer *t, const AdamW *state) {
+    int rc = t->rank0 ? checkpoint_save(t->cfg->save_folder, &t->model, state, &t->state, t->cfg) : SPES_OK;
+    if (t->dist) rc = share_outcome(t, rc, "save");
+    if (rc == SPES_OK && t->rank0 &&
+        checkpoint_prune(t->cfg->save_folder, t->cfg->save_num_unsharded_checkpoints_to_keep) != SPES_OK)
+        log_warn("saved step %" PRId64 ", but the older checkpoints could not be pruned: %s", t->state.step,
+                 spes_last_error());
+    return rc;
+}
+
+// "step 10" or "none (of this run)": the newest checkpoint a resume would start from.
+static void newest_checkpoint_text(const Trainer *t, char *out, size_t cap) {
+    if (t->last_saved_step >= 0) snprintf(out, cap, "step %" PRId64, t->last_saved_step);
+    else snprintf(out, cap, "none yet");
+}
+
+// The save_interval save after this step's, or the run's last step.
+static int64_t next_save_step(const Trainer *t) {
+    int64_t last = config_last_step(t->cfg, t->max_steps), every = t->cfg->save_interval_unsharded;
+    int64_t next = every > 0 ? (t->state.step / every + 1) * every : last;
+    return next < last ? next : last;
+}
+
+// Rank 0 waits up to every_s before the next attempt; a stop signal (the count past
+// stops_at_start) ends the wait early. Returns whether one came.
+static bool wait_to_retry(const Trainer *t, int stops_at_start) {
+    double until = now_seconds() + t->opt.save_retry.every_s;
+    while (now_seconds() < until) {
+        if (t->opt.stop && *t->opt.stop > stops_at_start) return true;
+        nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
+    }
+    return t->opt.stop && *t->opt.stop > stops_at_start;
+}
+
+// Rank 0's report of a failed attempt and of what follows (save_failure.h).
+static void report_failed_save(const Trainer *t, SaveKind kind, SaveAction action, const char *why, double waited) {
+    char space[4400], newest[48];
+    save_space_describe(t->cfg->save_folder, t->checkpoint_bytes, space, sizeof space);
+    newest_checkpoint_text(t, newest, sizeof newest);
+    const SaveRetry *r = &t->opt.save_retry;
+    if (action == SAVE_RETRY)
+        log_error("could not save step %" PRId64 ": %s (%s). Retrying in %.0fs, for up to %.0fs more (--save_retry); "
+                  "free space there, or SIGINT/SIGTERM to stop waiting. Newest checkpoint: %s",
+                  t->state.step, why, space, r->every_s, r->for_s - waited, newest);
+    else if (action == SAVE_TRAIN_ON)
+        log_error("could not save step %" PRId64 "%s: %s (%s). Training on; the next save, at step %" PRId64
+                  ", tries again. Newest checkpoint: %s",
+                  t->state.step, kind == SAVE_ON_REQUEST ? " (asked for by SIGUSR1)" : "", why, space,
+                  next_save_step(t), newest);
+    else
+        log_error("could not save step %" PRId64 ": %s (%s)", t->state.step, why, space);
+}
+
+// The error a final save that gave up leaves: what is lost.
+static int fail_lost(const Trainer *t, const char *why, bool stopped) {
+    const char *how = stopped ? "stopped while waiting to retry" : "out of retries (--save_retry)";
+    if (t->last_saved_step >= 0)
+        return spes_fail("the final checkpoint, step %" PRId64 ", was not saved (%s; the last attempt: %s): steps %" PRId64
+                         "-%" PRId64 " are lost; the newest checkpoint is step %" PRId64 " in %s",
+                         t->state.step, how, why, t->last_saved_step + 1, t->state.step, t->last_saved_step,
+                         t->cfg->save_folder);
+    return spes_fail("the final checkpoint, step %" PRId64 ", was not saved (%s; the last attempt: %s): the run's "
+                     "training is lost; no checkpoint of it exists in %s",
+                     t->state.step, how, why, t->cfg->save_folder);
+}
+
+// Attempts until one writes the checkpoint or the policy (save_failure.h) says otherwise; rank 0
+// decides and every rank follows. *saved: whether the checkpoint was written.
+static int save_with_retries(Trainer *t, SaveKind kind, const AdamW *state, bool *saved) {
+    int stops_at_start = t->opt.stop ? *t->opt.stop : 0;
+    double first_failure = 0;
+    *saved = false;
+    for (int attempt = 0;; attempt++) {
+        if (save_write(t, state) == SPES_OK) {
+            *saved = true;
+            break;
+        }
+        char why[2048];
+        snprintf(why, sizeof why, "%s", spes_last_error());
+        // From the first failure on, a stop signal only counts (spes train's handler): it ends the wait.
+        if (t->opt.save_waiting) *t->opt.save_waiting = 1;
+        if (attempt == 0) first_failure = now_seconds();
+        int64_t action = SAVE_TRAIN_ON;
+        if (t->rank0) {
+            double waited = now_seconds() - first_failure;
+            bool stopped = t->opt.stop && *t->opt.stop > stops_at_start;
+            action = save_after_failure(kind, &t->opt.save_retry, waited, stopped);
+            report_failed_save(t, kind, (SaveAction)action, why, waited);
+            if (action == SAVE_RETRY && wait_to_retry(t, stops_at_start)) {
+                action = save_after_failure(kind, &t->opt.save_retry, waited, true);
+                log_warn("stop signal: no more retries of the save of step %" PRId64, t->state.step);
+            }
+        }
+        if (t->dist) SPES_TRY(comm_broadcast(t->comm, NULL, &action, sizeof action, 0));
+        if (action == SAVE_RETRY) continue;
+        if (t->opt.save_waiting) *t->opt.save_waiting = 0;
+        if (action == SAVE_GIVE_UP) {
+            bool stopped = t->opt.stop && *t->opt.stop > stops_at_start;
+            return fail_lost(t, why, stopped);
+        }
+        spes_clear_error();
+        break;
+    }
+    if (t->opt.save_waiting) *t->opt.save_waiting = 0;
+    return SPES_OK;
+}
+
+int trainer_save(Trainer *t, SaveKind kind) {
+    double t0 = now_seconds();
+    bool resharded, saved = false;
+    SPES_TRY(parameters_at_rest(t, &resharded));
+    AdamW full = {0};
+    const AdamW *state;
+    int rc = save_prepare(t, &full, &state);
+    if (rc == SPES_OK) rc = save_with_retries(t, kind, state, &saved);
+    if (state == &full) adamw_free(&full);
+    SPES_TRY(rc);
     if (resharded) SPES_TRY(sharded_params_shard(&t->z3));
+    if (!saved) {
+        t->failed_save_step = t->state.step;
+        return SPES_OK;
+    }
     t->last_saved_step = t->state.step;
+    t->failed_save_step = 0;
     log_info("saved %s/step%" PRId64 " (%.1fs)", t->cfg->save_folder, t->state.step, now_seconds() - t0);
     return SPES_OK;
 }
@@ -921,6 +1036,8 @@ int trainer_run(Trainer *t) {
         StepMetrics sm;
         SPES_TRY(trainer_step(t, &sm));
         int64_t step = sm.step;
+        sm.failed_save_step = t->failed_save_step;   // the console says so until a save works
+        sm.newest_checkpoint = t->last_saved_step;
         bool log_step = step % log_every == 0 || step == 1 || step == t->max_steps;
         if (log_step && t->rank0) {
             char line[512];
@@ -941,16 +1058,23 @@ int trainer_run(Trainer *t) {
             interrupted = any[0] > 0;
             save_now = any[1] > 0;
         }
+        // The run's last step (or a stop's) is the final save, which a full disk must not lose (save_failure.h).
+        bool last = step >= t->max_steps || (cfg->stop_at >= 0 && step >= cfg->stop_at) || interrupted;
         bool on_interval = cfg->save_interval_unsharded > 0 && step % cfg->save_interval_unsharded == 0;
-        if (on_interval || save_now) SPES_TRY(trainer_save(t));
-        if (save_now && !interrupted && t->rank0) log_info("saved step %" PRId64 " as asked (SIGUSR1); training on", step);
+        if (last) {
+            SPES_TRY(trainer_save(t, SAVE_FINAL));
+        } else if (on_interval || save_now) {
+            SPES_TRY(trainer_save(t, save_now ? SAVE_ON_REQUEST : SAVE_ON_INTERVAL));
+            if (save_now && t->rank0 && t->last_saved_step == step)
+                log_info("saved step %" PRId64 " as asked (SIGUSR1); training on", step);
+        }
         if (interrupted) {
             log_info("interrupted: finishing at step %" PRId64, step);
             break;
         }
         if (t->n_evals > 0 && cfg->eval_interval > 0 && step % cfg->eval_interval == 0) SPES_TRY(trainer_evaluate(t));
     }
-    if (t->last_saved_step != t->state.step) SPES_TRY(trainer_save(t));
+    if (t->last_saved_step != t->state.step) SPES_TRY(trainer_save(t, SAVE_FINAL));
     // A completed run ends with a validation figure even off the eval_interval grid.
     bool completed = t->state.step >= t->max_steps;
     if (completed && t->n_evals > 0 && t->last_eval_step != t->state.step) SPES_TRY(trainer_evaluate(t));

@@ -26,6 +26,7 @@
 #include "model/model.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
+#include "train/save_failure.h"
 
 typedef struct Trainer Trainer;
 typedef struct Comm Comm;
@@ -45,8 +46,13 @@ typedef struct {
     bool resume;                    // --resume: newest complete checkpoint (as try_load_latest_save)
     bool ignore_config_hash;        // resume although the configuration changed
     double peak_flops;              // FLOP/s that MFU is relative to; <= 0: measured (sgemm) at start
-    volatile sig_atomic_t *stop;    // set asynchronously (SIGINT): finish the step, save, return
+    volatile sig_atomic_t *stop;    // counts stop signals (SIGINT/SIGTERM), set asynchronously: non-zero
+                                    // finishes the step, saves, returns; one more while a save waits to
+                                    // retry ends the wait (save_failure.h)
     volatile sig_atomic_t *save_now;   // set asynchronously (SIGUSR1): save after the step, go on; cleared
+    volatile sig_atomic_t *save_waiting;   // set (NULL: not told) from a save's first failed attempt until it
+                                           // ends: the signal handler then only counts a stop
+    SaveRetry save_retry;           // retries of a final or requested save that failed (zero: none)
     TrainerAfterStep after_step;
     TrainerStepTouchesModel after_step_touches_model;   // NULL: every step touches it
     void *after_step_ctx;
@@ -65,7 +71,9 @@ void trainer_free(Trainer *t);
 
 // Steps until max_duration or stop_at, or until *opt.stop is set; saves every
 // save_interval_unsharded steps, after a step during which rank 0's *opt.save_now was set, and at
-// the end; evaluates every eval_interval steps.
+// the end; evaluates every eval_interval steps. A save that cannot be written is handled as
+// save_failure.h says: an interval's is reported and training goes on; a final one that stays
+// unwritten makes this fail, naming the steps lost.
 int trainer_run(Trainer *t);
 // One optimizer step on the next global batch; fills *out (wall-clock fields too).
 int trainer_step(Trainer *t, StepMetrics *out);
@@ -73,8 +81,10 @@ int trainer_step(Trainer *t, StepMetrics *out);
 // With several ranks every rank calls it (ZeRO-3 gathers the full parameters); rank 0 evaluates.
 int trainer_evaluate(Trainer *t);
 // Writes save_folder/step<N> and prunes old ones to the keep count. With several ranks every
-// rank calls it (sharded optimizer state is gathered); rank 0 writes.
-int trainer_save(Trainer *t);
+// rank calls it (sharded optimizer state is gathered); rank 0 writes. A write that fails is
+// handled by `kind` (save_failure.h): SPES_OK with the step left unsaved (reported) when the run
+// goes on, SPES_ERR naming what is lost when a final save gives up.
+int trainer_save(Trainer *t, SaveKind kind);
 
 Model *trainer_model(Trainer *t);
 int64_t trainer_step_count(const Trainer *t);     // optimizer steps done

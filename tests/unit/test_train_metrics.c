@@ -138,6 +138,14 @@ static void test_non_finite_and_console(void **state) {
     assert_non_null(strstr(line, "ce 2.5000"));
     assert_non_null(strstr(line, "lr 3.00e-04"));
     assert_non_null(strstr(line, "route 0.00-2.00x"));
+    assert_null(strstr(line, "UNSAVED"));
+    // after a save that failed, until one works: the newest checkpoint
+    c.failed_save_step = 15, c.newest_checkpoint = 10;
+    metrics_format_console(&c, line, sizeof line);
+    assert_non_null(strstr(line, " | UNSAVED since step 10 (save of 15 failed)"));
+    c.newest_checkpoint = -1;
+    metrics_format_console(&c, line, sizeof line);
+    assert_non_null(strstr(line, " | UNSAVED: no checkpoint yet (save of 15 failed)"));
     double lo, hi;
     metrics_route_balance(counts, 2, 2, &lo, &hi);
     assert_float_equal(lo, 0.0, 0);

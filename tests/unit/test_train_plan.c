@@ -75,7 +75,7 @@ static void train_child(const TrainConfig *cfg, bool save, Measured *out) {
     int rc = trainer_create(cfg, &opt, &t);
     for (int s = 0; rc == SPES_OK && s < 2; s++) rc = trainer_step(t, &sm);
     if (rc == SPES_OK && cfg->n_evaluators) rc = trainer_evaluate(t);
-    if (rc == SPES_OK && save) rc = trainer_save(t);
+    if (rc == SPES_OK && save) rc = trainer_save(t, SAVE_FINAL);
     Backend *be = backend_cpu();
     be->ops->memory(be, NULL, &out->peak);
     trainer_free(t);
