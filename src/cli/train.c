@@ -37,7 +37,8 @@ static void usage(FILE *out) {
             "Ctrl-C (SIGINT) or SIGTERM: finish the current step, save a checkpoint, exit 0; again: abort at once,\n"
             "or, while a failed save waits to retry, stop waiting and exit 1 saying what was lost. A SPES peer\n"
             "whose sync round fails or is interrupted saves its local state marked not synced and exits 1;\n"
-            "--resume redoes that round.\n"
+            "--resume redoes that round. A signal during the start is kept for the first step boundary (a\n"
+            "stop then exits 0 before step 1, nothing trained or saved).\n"
             "Writes save_folder/stepN/ checkpoints and save_folder/metrics.jsonl (docs/training.md).\n");
 }
 
@@ -78,6 +79,9 @@ static void install_handlers(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
+    // System calls resume after a signal: one that comes while the config or a token file is read,
+    // or a checkpoint written, must not fail that read or write (waits poll the flags).
+    sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaddset(&sa.sa_mask, SIGINT);
     sigaddset(&sa.sa_mask, SIGTERM);
@@ -85,8 +89,7 @@ static void install_handlers(void) {
     sigaction(SIGTERM, &sa, NULL);
     // SIGUSR1's default action ends the process without a save: a scheduler's warning before its
     // time limit (SLURM's --signal=USR1@120) would lose what was trained since the last checkpoint.
-    // It may come many times, so the handler stays, and system calls resume after it.
-    sa.sa_flags = SA_RESTART;
+    // It may come many times, so the handler stays.
     sigaction(SIGUSR1, &sa, NULL);
 }
 
@@ -139,6 +142,10 @@ static void save_unsynced(Trainer *trainer) {
 }
 
 int cmd_train(int argc, char **argv) {
+    // First thing: a signal while the config loads, the ranks join or the data are checked (minutes
+    // on a large corpus) is kept for the first step boundary. SIGUSR1's default action would end
+    // the process, and a stop would kill it without a word.
+    install_handlers();
     const char *config_path = NULL;
     TrainerOptions opt = {.stop = &stop_requested,
                           .save_now = &save_requested,
@@ -253,7 +260,6 @@ int cmd_train(int argc, char **argv) {
     }
     Trainer *trainer = NULL;
     SpesRanks *peer = NULL;
-    install_handlers();
     int rc = SPES_OK;
     // A SPES (or fedavg) peer: sync with the parameter server after every sync_steps steps.
     if (cfg.using_spes || cfg.using_dilico) {
@@ -286,7 +292,7 @@ int cmd_train(int argc, char **argv) {
         comm_abort(comm, 1);
     } else if (rc != SPES_OK) {
         fprintf(stderr, "spes: %s\n", spes_last_error());
-    } else if (stop_requested) {
+    } else if (stop_requested && trainer_step_count(trainer) > 0) {
         log_info("stopped by signal at step %lld; resume with --resume", (long long)trainer_step_count(trainer));
     }
     trainer_free(trainer);

@@ -1025,9 +1025,24 @@ static int after_step(Trainer *t, int64_t step) {
     return resharded ? sharded_params_shard(&t->z3) : SPES_OK;
 }
 
+// A stop signal that came while the run started (spes train's handlers are installed before the
+// config is read): on any rank, every rank stops before the first step.
+static int stopped_at_start(Trainer *t, bool *stopped) {
+    int64_t any = t->opt.stop && *t->opt.stop;
+    if (t->dist) SPES_TRY(comm_allreduce_sum(t->comm, NULL, &any, 1, COMM_I64));
+    *stopped = any > 0;
+    return SPES_OK;
+}
+
 int trainer_run(Trainer *t) {
     const TrainConfig *cfg = t->cfg;
     int64_t log_every = cfg->console_log_interval > 0 ? cfg->console_log_interval : 1;
+    bool stopped;
+    SPES_TRY(stopped_at_start(t, &stopped));
+    if (stopped) {   // nothing trained: no checkpoint to write (a resumed run's stays the newest)
+        log_info("stopped by signal before step %" PRId64 ": nothing trained, no checkpoint written", t->state.step + 1);
+        return SPES_OK;
+    }
     while (t->state.step < t->max_steps) {
         if (cfg->stop_at >= 0 && t->state.step >= cfg->stop_at) {
             log_info("stop_at %" PRId64 " reached", cfg->stop_at);
