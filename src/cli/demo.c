@@ -39,10 +39,16 @@
 #define PEER_STOP_GRACE_S 20.0
 
 // SIGINT/SIGTERM to the demo: stop the children (they save), then exit non-zero. Without this
-// a demo killed from outside left its server and peers running, orphaned.
-static volatile sig_atomic_t demo_stop = 0;
+// a demo killed from outside left its server and peers running, orphaned. SIGUSR1: passed on to
+// every training process (watch()), each of which saves a checkpoint after its step and trains on;
+// its default action ended the demo and orphaned them. The server is not sent it (no handler: it
+// would end).
+static volatile sig_atomic_t demo_stop = 0, demo_save = 0;
 
-static void on_demo_signal(int sig) { demo_stop = sig; }
+static void on_demo_signal(int sig) {
+    if (sig == SIGUSR1) demo_save = 1;
+    else demo_stop = sig;
+}
 
 static void install_demo_handlers(void) {
     struct sigaction sa;
@@ -51,6 +57,8 @@ static void install_demo_handlers(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sa.sa_flags = SA_RESTART;   // may come at any time, many times: reads and writes go on
+    sigaction(SIGUSR1, &sa, NULL);
 }
 
 static int check_demo_stop(void) {
@@ -96,6 +104,8 @@ static void usage(FILE *out) {
             "--inputs_only: write the inputs (train.bin, val.bin, recall.jsonl, arithmetic.jsonl, demo.yaml\n"
             "for these settings) and stop, without training (bench/quality uses them).\n"
             "docs/quality.md has the measurements behind the defaults.\n"
+            "SIGUSR1: passed on to every training process, which saves a checkpoint after its step and trains\n"
+            "on. Ctrl-C / SIGTERM: the peers save and stop, the server is stopped, the demo exits non-zero.\n"
             "Defaults: 2000 steps, batch 8 sequences of 128 bytes per peer, %s.\n",
             "out output/demo");
 }
@@ -230,8 +240,27 @@ typedef struct {
     MetricsTail metrics;
     pid_t pid;
     int done, exit_code;
+    int save_pending;           // a SIGUSR1 to pass on once the process trains (its handlers are then in place)
     char *log_path;
 } Runner;
+
+// SIGUSR1 to the demo: each running trainer gets it once it has logged a step (before that, its
+// handlers may not be installed yet and the signal's default action would end it).
+static void pass_on_save(Runner *runners, int n) {
+    if (demo_save) {
+        demo_save = 0;
+        printf("\ndemo: SIGUSR1: each training process saves a checkpoint after its current step and trains on\n");
+        fflush(stdout);
+        for (int i = 0; i < n; i++)
+            if (!runners[i].done) runners[i].save_pending = 1;
+    }
+    for (int i = 0; i < n; i++) {
+        Runner *r = &runners[i];
+        if (!r->save_pending || r->done) continue;
+        metrics_tail_poll(&r->metrics);
+        if (r->metrics.step > 0 && kill(r->pid, SIGUSR1) == 0) r->save_pending = 0;
+    }
+}
 
 // Waits for every runner, redrawing the table about once a second. Fails if one fails.
 static int watch(Runner *runners, int n, int total_steps) {
@@ -239,6 +268,7 @@ static int watch(Runner *runners, int n, int total_steps) {
     double start = now_seconds(), last_plain = 0;
     while (remaining > 0) {
         SPES_TRY(check_demo_stop());
+        pass_on_save(runners, n);
         for (int i = 0; i < n; i++)
             if (!runners[i].done && process_poll(runners[i].pid, &runners[i].exit_code)) {
                 runners[i].done = 1;
