@@ -54,7 +54,7 @@ static void say(const char *text, size_t len) {
 // unless a failed save waits to retry, whose wait it ends. SIGUSR1: save after this step, train on.
 static void on_signal(int sig) {
     static const char stop[] = "\nspes train: stopping after this step (signal again to abort without saving)\n";
-    static const char wait[] = "\nspes train: no more waiting to retry the save\n";
+    static const char wait[] = "\nspes train: stopping; no more waiting to retry the save\n";
     static const char save[] = "\nspes train: saving a checkpoint after this step (SIGUSR1), then training on\n";
     if (sig == SIGUSR1) {
         save_requested = 1;

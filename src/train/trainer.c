@@ -893,7 +893,7 @@ static int save_write(Trainer *t, const AdamW *state) {
     return rc;
 }
 
-// "step 10" or "none (of this run)": the newest checkpoint a resume would start from.
+// "step 10" or "none yet": the newest checkpoint a resume would start from.
 static void newest_checkpoint_text(const Trainer *t, char *out, size_t cap) {
     if (t->last_saved_step >= 0) snprintf(out, cap, "step %" PRId64, t->last_saved_step);
     else snprintf(out, cap, "none yet");
