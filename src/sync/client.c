@@ -19,6 +19,7 @@
 #include "base/timer.h"
 #include "sync/aggregate_step.h"
 #include "sync/call_deadline.h"
+#include "sync/call_retry.h"
 #include "sync/call_status.h"
 #include "sync/wire.h"
 
@@ -168,7 +169,12 @@ int sync_client_last_status(const SyncClient *c) { return c->last_status; }
 static grpc_status_code call_failed(SyncClient *c, const char *method, grpc_status_code code, grpc_slice details) {
     char *text = grpc_slice_to_c_string(details);
     snprintf(c->last_details, sizeof c->last_details, "%s", text);
-    spes_fail("server %s: %s failed (%s): %s", c->addr, method, wire_status_name(code), text);
+    // gRPC's words for a stream the server's receive quota reset say nothing of why.
+    const char *why = sync_call_retry(code, text) == SYNC_RETRY_QUOTA_RESET
+                          ? " (the server's gRPC receive quota, --max_receive_buffer, reset the call: it was short of "
+                            "memory for requests being received)"
+                          : "";
+    spes_fail("server %s: %s failed (%s): %s%s", c->addr, method, wire_status_name(code), text, why);
     gpr_free(text);
     return c->last_status = code;
 }
@@ -310,11 +316,16 @@ static void sleep_seconds(double s) {
     nanosleep(&ts, NULL);
 }
 
-// Whether a failed call is worth repeating: the server is unreachable (not up yet, or
-// restarting), or it answered "server busy" (its call limit or upload budget is full for now).
-static bool transient(grpc_status_code code) {
-    return code == GRPC_STATUS_UNAVAILABLE ||
-           (code == GRPC_STATUS_RESOURCE_EXHAUSTED && strstr(spes_last_error(), "server busy") != NULL);
+// Whether a failed call is worth repeating (call_retry.h: unreachable, "server busy", or reset
+// by the server's receive quota), judged from the error message the failure left.
+static bool transient(grpc_status_code code) { return sync_call_retry(code, spes_last_error()) != SYNC_RETRY_NO; }
+
+// Says that a call is repeated because the server's receive quota reset it: the server logs
+// nothing of it (gRPC resets the stream), so this line is where an operator sees it.
+static void note_retry(const SyncClient *c, grpc_status_code code) {
+    if (sync_call_retry(code, spes_last_error()) == SYNC_RETRY_QUOTA_RESET)
+        log_warn("server %s: a call was reset by the server's receive quota (--max_receive_buffer: it is short of "
+                 "memory for requests being received); retrying", c->addr);
 }
 
 // Runs attempt(...) until it succeeds, fails with a status that is not transient(), or
@@ -328,6 +339,7 @@ static bool transient(grpc_status_code code) {
             if (!transient(code) ||                                                          \
                 now_seconds() - retry_start_ + backoff_ > (c)->cfg.connect_timeout_s)        \
                 break;                                                                       \
+            note_retry((c), code);                                                           \
             sleep_seconds(backoff_ * (0.5 + 0.5 * rng_uniform(&(c)->jitter)));              \
             backoff_ = backoff_ * 2 > 2.0 ? 2.0 : backoff_ * 2;                              \
         }                                                                                    \

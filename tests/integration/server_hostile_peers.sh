@@ -7,6 +7,10 @@
 # while the hostile client sends every integer field at its extremes, waits and downloads of steps
 # far in the past and future, and a call flood: the honest run must complete with every peer
 # holding the server's aggregates, and the server must still be up.
+# Last, on a server whose gRPC receive quota is at its least (--max_receive_buffer 32 MiB), the
+# hostile client keeps the quota full while the 4 honest peers run 6 steps: gRPC resets streams
+# it picks, honest ones too (RESOURCE_EXHAUSTED "Received RST_STREAM with error code 11"), and
+# the peers must retry them (src/sync/call_retry.h) and complete, holding the server's aggregates.
 # SPES_HOSTILE_PEER_CASES="fields flood" runs only those cases (no honest run unless named: run).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,7 +22,7 @@ command -v protoc-c >/dev/null || { echo "SKIPPED: protoc-c missing"; exit 77; }
 protoc-c --proto_path=proto --descriptor_set_out="$dir/federated.desc" proto/federated.proto
 reliability_data
 fail() { echo "FAIL: $*"; exit 1; }
-cases=${SPES_HOSTILE_PEER_CASES:-"hello_fat chunks abandon supersede stall_message run fields far_steps flood"}
+cases=${SPES_HOSTILE_PEER_CASES:-"hello_fat chunks abandon supersede stall_message run fields far_steps flood quota_reset"}
 want() { [[ " $cases " == *" $1 "* ]]; }
 
 mkdir -p "$dir/run"
@@ -54,4 +58,27 @@ if want run; then
   server_matches_peers "$dir/run" 4 6   # the kept aggregates (--keep_steps 2)
   peers_match_aggregate "$dir/run" 4 2 4 6
   echo "ok: run: 4 honest peers completed 3 rounds while the hostile client misbehaved"
+fi
+
+if want quota_reset; then
+  kill "$server_pid"
+  wait "$server_pid" 2>/dev/null || true
+  mkdir -p "$dir/quota"
+  # The least quota the server takes: two of its largest requests (a 16 MiB Hello).
+  reliability_server --state_dir "$dir/quota/state" --max_receive_buffer $((32 << 20)) --max_wait_seconds 3 \
+    --idle_timeout_seconds 5
+  reliability_wait_log "listening on" "$dir/server.log"
+  SPES_HOSTILE_UNTIL="$dir/quota/done" hostile quota_hold >"$dir/quota/hostile.log" 2>&1 &
+  hostile_pid=$!
+  pids+=("$hostile_pid")
+  reliability_run_peers "$dir/quota" 10 2
+  touch "$dir/quota/done"
+  wait "$hostile_pid" || fail "quota_hold: $(cat "$dir/quota/hostile.log")"
+  cat "$dir/quota/hostile.log"
+  kill -0 "$server_pid" || fail "the server died: $(tail -5 "$dir/server.log")"
+  cp "$dir/server.log" "$dir/quota/server.log"
+  server_matches_peers "$dir/quota" 8 10
+  peers_match_aggregate "$dir/quota" 4 2 4 6 8 10
+  retried=$(cat "$dir"/quota/peer*.log | grep -c "reset by the server's receive quota" || true)
+  echo "ok: quota_reset: 4 honest peers completed 5 rounds under a full receive quota ($retried of their calls reset and retried)"
 fi

@@ -24,6 +24,10 @@ broken promise. The server runs 4 peers (tests/integration/server_hostile_peers.
                  resource quota resets streams past --max_receive_buffer; each held 64 MiB before)
   flood          400 Status, Hello and Download calls from 8 connections at once: answered OK or
                  "server busy", never hung
+  quota_hold     until the file $SPES_HOSTILE_UNTIL exists: 6 raw HTTP/2 connections at a time, each
+                 with 2 Status calls announcing 24 MiB and sending all but the last byte, each replaced
+                 by a new one once gRPC's receive quota reset its calls: the quota stays full while
+                 honest peers run (server_hostile_peers.sh, quota_reset); prints the connections and resets
 """
 import os
 import socket
@@ -417,6 +421,30 @@ def case_stall_message(p):
     p.alive("stall_message")
     print(f"ok: stall_message: {sum(sent) >> 20} MiB of {len(sent)} unfinished 64 MiB messages sent, {ended} calls reset; "
           f"server RSS {base['VmRSS']} -> {peak['VmRSS']} MB, threads {after['Threads']}", flush=True)
+
+
+def case_quota_hold(p):
+    until = os.environ["SPES_HOSTILE_UNTIL"]
+    counts = {"conns": 0, "resets": 0}
+    lock = threading.Lock()
+
+    def worker():   # one connection at a time, a new one as soon as gRPC has reset its calls
+        while not os.path.exists(until):
+            conn = H2Staller(p.addr)
+            for stream in (1, 3):
+                conn.stall(stream, "Status", (24 << 20) - 100)
+            with lock:
+                counts["conns"] += 1
+                counts["resets"] += len(conn.ended - {0})
+            conn.close()
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    p.alive("quota_hold")
+    print(f"ok: quota_hold: {counts['conns']} connections of 2 stalled 24 MiB messages, {counts['resets']} calls reset",
+          flush=True)
 
 
 def case_flood(p):
