@@ -22,6 +22,7 @@
 #include "server/peer_watch.h"
 #include "server/rounds_internal.h"
 #include "server/server_state.h"
+#include "server/state_space.h"
 #include "server/upload_check.h"
 #include "sync/aggregate_step.h"
 #include "sync/expert_owners.h"
@@ -273,6 +274,24 @@ static int outer_state_fresh(Rounds *r) {
     return rc;
 }
 
+// What the upload dir needs for a round of this run (state_space.h): uploads in the peers'
+// payload dtype (F32 in delta runs: a peer without a base uploads whole), aggregates as planned,
+// and beside each its delta (codes and block scales) and the outer optimizer's state.
+void rounds_check_space(Rounds *r, int kept_now) {
+    const ModelSpec *spec = &r->spec;
+    StateSpace s = {.peers = r->cfg.agg.num_peers, .upload = 64 * 1024, .keep_steps = r->cfg.keep_steps};
+    size_t elem = r->wire_dtype == DTYPE_BF16 ? 2 : 4;
+    for (int t = 0; t < spec->count; t++)
+        if (model_spec_peer_sends(spec, r->cfg.agg.mode, r->cfg.agg.experts_per_node, 0, t))
+            s.upload += spec->tensors[t].numel * elem + 256;
+    if (r->cfg.state_dir) {
+        s.aggregate = r->aggregate_cap;
+        if (r->delta_run) s.beside += spec->total_numel + 4 * delta_blocks(spec->total_numel) + 64 * 1024;
+        if (r->outer_on) s.beside += outer_opt_state_size(&r->outer);
+    }
+    state_space_check(r->upload_dir, r->cfg.state_dir ? "--state_dir" : "--spool_dir", &s, kept_now);
+}
+
 // Takes the spec (moving it out of *spec) and plans the aggregate layout; with a state dir and
 // `persist`, writes it there first. Under r->mu.
 RoundsResult rounds_adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, const DeltaCodec *delta, bool persist) {
@@ -299,6 +318,7 @@ RoundsResult rounds_adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, 
     }
     r->have_spec = true;
     r->stats.fingerprint = r->spec.fingerprint;
+    if (persist) rounds_check_space(r, 0);   // a new run (a restored one is checked once its aggregates are in)
     log_info(
         "server: model spec fixed: %d tensors, %zu values, %d experts x %d MoE layers, payload %s, fingerprint %016llx",
         r->spec.count, r->spec.total_numel, r->spec.num_experts, r->spec.num_moe_layers, payload_name,
@@ -696,10 +716,10 @@ RoundsResult rounds_store_upload(Rounds *r, int peer, int step, size_t len, Open
 
 // An upload the upload dir cannot take now (its file could not be written: a full disk):
 // ROUNDS_STORAGE, which peers retry; the message keeps the system's reason.
-static RoundsResult storage_failed(int peer, int step) {
-    spes_fail_context("upload from peer %d for step %d: the server cannot store it now (nothing of it was kept; retry "
-                      "later)",
-                      peer, step);
+static RoundsResult storage_failed(const char *dir, int peer, int step) {
+    spes_fail_context("upload from peer %d for step %d: the server cannot store it now: the server's disk under %s "
+                      "took no more (full? nothing of it was kept; retry later)",
+                      peer, step, dir);
     return ROUNDS_STORAGE;
 }
 
@@ -709,7 +729,7 @@ RoundsResult rounds_upload_begin(Rounds *r, int peer, int step, RoundsUpload *up
     up->peer = peer;
     up->step = step;
     if (state_upload_open(r->upload_dir, step, peer, &up->file) != SPES_OK)
-        return storage_failed(peer, step);
+        return storage_failed(r->upload_dir, peer, step);
     pthread_mutex_lock(&r->mu);
     up->attempt = ++r->attempts;
     if (peer >= 0 && peer < r->cfg.agg.num_peers) r->newest_attempt[peer] = up->attempt;   // else refused at finish
@@ -730,7 +750,7 @@ RoundsResult rounds_upload_current(Rounds *r, const RoundsUpload *up) {
 }
 
 RoundsResult rounds_upload_append(RoundsUpload *up, const void *data, size_t len) {
-    if (state_upload_append(&up->file, data, len) != SPES_OK) return storage_failed(up->peer, up->step);
+    if (state_upload_append(&up->file, data, len) != SPES_OK) return storage_failed(up->file.dir, up->peer, up->step);
     return ROUNDS_OK;
 }
 
@@ -832,14 +852,14 @@ RoundsResult rounds_upload_finish(Rounds *r, RoundsUpload *up) {
     // attempt of the peer is renamed into place: checked and renamed under commit_mu, an older
     // attempt never replaces a newer one's file (RoundsUpload).
     if (!round_accepts(r, peer, step, &code)) return reject_upload(r, code, up);
-    if (state_upload_flush(&up->file) != SPES_OK) return reject_upload(r, storage_failed(peer, step), up);
+    if (state_upload_flush(&up->file) != SPES_OK) return reject_upload(r, storage_failed(r->upload_dir, peer, step), up);
     pthread_mutex_lock(&r->commit_mu);
     code = rounds_upload_current(r, up);
     int committed = code == ROUNDS_OK ? state_upload_commit(&up->file) : SPES_ERR;
     pthread_mutex_unlock(&r->commit_mu);
     if (code != ROUNDS_OK) return reject_upload(r, code, up);
     if (committed != SPES_OK) {
-        code = storage_failed(peer, step);
+        code = storage_failed(r->upload_dir, peer, step);
         drop_unrecorded_upload(r, peer, step);   // renamed, then the directory's fsync failed
         return reject_upload(r, code, up);
     }

@@ -80,6 +80,9 @@ AggregateBlob *rounds_find_kept(Rounds *r, int step);
 int64_t *rounds_outer_numel(const Rounds *r);
 // Takes spec as the run's model (moving its contents out); with persist, writes it to the state dir.
 RoundsResult rounds_adopt_spec(Rounds *r, ModelSpec *spec, DType payload_dtype, const DeltaCodec *delta, bool persist);
+// Warns when the upload dir's filesystem has less free space than a round needs (state_space.h);
+// kept_now: aggregates already in the state dir. Once the spec is known.
+void rounds_check_space(Rounds *r, int kept_now);
 // Validates an upload's bytes against the spec (st parsed from them; row: its tensors in spec order).
 RoundsResult rounds_check_upload(Rounds *r, int peer, int step, const uint8_t *bytes, size_t len, SafeTensors *st,
                                  const StTensor **row);

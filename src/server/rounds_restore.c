@@ -288,6 +288,7 @@ int rounds_restore_state(Rounds *r) {
     if (rc == SPES_OK && !book_applied && r->outer_on) rc = restore_outer(r);
     if (rc != SPES_OK) return rc;
     if (!book_applied) apply_book(r, &book);
+    rounds_check_space(r, kept);
     log_info("server: resumed from state dir %s: model fingerprint %016llx, %lld rounds completed (last step %d), %d "
              "aggregates kept, %d uploads of open rounds reloaded",
              dir, (unsigned long long)r->spec.fingerprint, (long long)r->stats.rounds_completed, r->last_completed_step,
