@@ -473,11 +473,13 @@ RoundsResult rounds_complete_round(Rounds *r, OpenRound *round, int peer) {
         return ROUNDS_OK;
     }
     // Drop this peer's upload so that its retry completes the round again (a partial round
-    // is simply reopened: the next waiter tries again).
+    // is simply reopened: the next waiter tries again). Its file goes too: the peer hears its
+    // upload refused, so a restart must not take it (as for every upload refused after its commit).
     pthread_mutex_lock(&r->mu);
     if (peer >= 0) {
         round->uploaded[peer] = false;
         round->num_uploaded--;
+        state_remove_upload(r->upload_dir, step, peer);
     }
     round->aggregating = false;
     pthread_mutex_unlock(&r->mu);

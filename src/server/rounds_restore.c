@@ -17,9 +17,10 @@
 #include "server/server_state.h"
 
 // Loads one upload file of an open round into it (aggregating when it completes the round);
-// *taken false when it was set aside: its bytes were bad, or its step is beyond the run's window
+// *taken false when it was set aside: its bytes were bad, its step is beyond the run's window
 // (a bogus step, or a far-ahead peer's upload kept by a crash before the round that would have
-// dropped it). The running server drops such a round (rounds_sweep_rounds); refusing to start
+// dropped it), or lower steps hold every open-round slot (an upload never acknowledged). The
+// running server drops or refuses such an upload (rounds_sweep_rounds, no_room); refusing to start
 // instead would keep the whole run down for one file. Every other failure names the file.
 static int restore_upload(Rounds *r, const StateFile *f, bool *taken) {
     *taken = false;
@@ -28,15 +29,19 @@ static int restore_upload(Rounds *r, const StateFile *f, bool *taken) {
     SPES_TRY(state_read(r->cfg.state_dir, f, &bytes, &len));
     SafeTensors st;
     const StTensor **row = spes_calloc((size_t)r->spec.count, sizeof *row);
-    RoundsResult code = !row                              ? ROUNDS_NO_ROOM
-                        : f->peer >= r->cfg.agg.num_peers ? rounds_fail(ROUNDS_BAD_REQUEST, "peer %d is out of range", f->peer)
-                                                          : rounds_check_upload(r, f->peer, f->step, bytes, len, &st, row);
+    if (!row) {
+        free(bytes);
+        return SPES_ERR;
+    }
+    RoundsResult code = f->peer >= r->cfg.agg.num_peers ? rounds_fail(ROUNDS_BAD_REQUEST, "peer %d is out of range", f->peer)
+                                                        : rounds_check_upload(r, f->peer, f->step, bytes, len, &st, row);
     if (code == ROUNDS_OK) safetensors_close(&st);
     free(row);
     free(bytes);   // the file stays: the round reads it back when it aggregates
     OpenRound *round = NULL;
     bool complete = false;
-    if (code == ROUNDS_OK) code = rounds_store_upload(r, f->peer, f->step, len, &round, &complete);
+    bool checked = code == ROUNDS_OK;
+    if (checked) code = rounds_store_upload(r, f->peer, f->step, len, &round, &complete);
     char why[1024];
     if (code == ROUNDS_BAD_REQUEST) {
         snprintf(why, sizeof why, "is damaged (%s): peer %d must upload step %d again", spes_last_error(), f->peer,
@@ -48,6 +53,17 @@ static int restore_upload(Rounds *r, const StateFile *f, bool *taken) {
         snprintf(why, sizeof why, "is beyond the run's window (%s); the running server drops such a round",
                  spes_last_error());
         state_set_aside_upload(r->cfg.state_dir, f->step, f->peer, "far-ahead", why);
+        return SPES_OK;
+    }
+    // Every open-round slot taken by lower steps (files are taken in step order): the running
+    // server refuses such an upload at its first message and removes the files of a round it
+    // evicts, so this one was never acknowledged (a crash between its commit and its store) or
+    // was copied in. As the running server would, the lower steps keep the slots.
+    if (checked && code == ROUNDS_NO_ROOM) {
+        snprintf(why, sizeof why, "finds no open-round slot (%s); never acknowledged to its peer (a crash between its "
+                 "write and its bookkeeping), peer %d uploads step %d again if the run still needs it",
+                 spes_last_error(), f->peer, f->step);
+        state_set_aside_upload(r->cfg.state_dir, f->step, f->peer, "no-slot", why);
         return SPES_OK;
     }
     if (code != ROUNDS_OK) {
