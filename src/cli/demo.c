@@ -41,8 +41,8 @@
 // SIGINT/SIGTERM to the demo: stop the children (they save), then exit non-zero. Without this
 // a demo killed from outside left its server and peers running, orphaned. SIGUSR1: passed on to
 // every training process (watch()), each of which saves a checkpoint after its step and trains on;
-// its default action ended the demo and orphaned them. The server is not sent it (no handler: it
-// would end).
+// its default action ended the demo and orphaned them. The server is not sent it (it has nothing
+// to save: its state dir is written as rounds complete).
 static volatile sig_atomic_t demo_stop = 0, demo_save = 0;
 
 static void on_demo_signal(int sig) {

@@ -1,4 +1,4 @@
-// `spes server`: the SPES parameter server (gRPC). Runs until SIGINT or SIGTERM.
+// `spes server`: the SPES parameter server (gRPC). Runs until SIGINT or SIGTERM (SIGUSR1 is answered).
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
@@ -278,12 +278,15 @@ int cmd_server(int argc, char **argv) {
     }
     if (agg->merge_alpha_start > 0 && agg->merge_interval <= 0)
         log_warn("server: --merge_alpha_start %g has no effect without --merge_interval N > 0", (double)agg->merge_alpha_start);
-    // Block the stop signals before any thread starts, so only sigwait below sees them.
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    // Block the signals before any thread starts, so only sigwait below sees them. SIGUSR1 (a
+    // scheduler's warning before its time limit, `spes train`'s "save now", sent to a whole job)
+    // would end the server by its default action: it is answered and the server goes on.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    sigaddset(&signals, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &signals, NULL);
     // The status page first: "listening on" tells launchers and scripts the server is up, so
     // nothing says it before everything that can still fail (a bad --status_bind, an empty token
     // file) has not.
@@ -302,7 +305,10 @@ int cmd_server(int argc, char **argv) {
            sync_server_port(srv), agg->num_peers, sync_mode_name(agg->mode), agg->experts_per_node);
     fflush(stdout);
     int sig = 0;
-    sigwait(&stop_signals, &sig);
+    while (sigwait(&signals, &sig) == 0 && sig == SIGUSR1)
+        log_info("server: SIGUSR1: nothing to save now (%s); serving on",
+                 cfg.rounds.state_dir ? "the state dir is written as each upload and round completes"
+                               : "no --state_dir: rounds live in memory only, and a restart starts the run's rounds anew");
     log_info("server: signal %d, shutting down", sig);
     status_http_stop(page);
     atomic_store(&page_server, NULL);

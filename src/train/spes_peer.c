@@ -600,7 +600,13 @@ static int start_round(SpesPeer *p, int64_t step, uint8_t *payload, size_t paylo
     *j = (RoundJob){.client = p->client, .step = (int)step, .payload = payload, .payload_len = payload_len,
                     .delta_base = p->delta_run ? p->deltas.base_step : -1};
     pthread_mutex_init(&j->mu, NULL);
-    pthread_cond_init(&j->cv, NULL);
+    // Waits on the monotonic clock: a wall clock set back (NTP, a VM resumed) would stretch a
+    // 50 ms poll by as much as it went back.
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cv, &attr);
+    pthread_condattr_destroy(&attr);
     int err = pthread_create(&out->thread, NULL, round_thread, j);
     if (err != 0) {
         round_job_free(j);
@@ -629,7 +635,7 @@ static int finish_round(SpesPeer *p, Round *r, RoundResult *res) {
     pthread_mutex_lock(&j->mu);
     while (!j->done && !stop_requested(p)) {
         struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
+        clock_gettime(CLOCK_MONOTONIC, &until);
         until.tv_nsec += 50 * 1000 * 1000;   // the stop flag is polled: a signal handler cannot signal a condvar
         if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
         pthread_cond_timedwait(&j->cv, &j->mu, &until);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `spes server` flags: --help, required flags, bad values named, a bind failure explained, a
-# second server on the same port or state dir refused, a clean stop on SIGTERM with the
+# second server on the same port or state dir refused, SIGUSR1 answered, a clean stop on SIGTERM with the
 # summary line, bad status page flags refused before "listening on", and a status page that
 # needs a token when only --peer_tokens are given.
 set -uo pipefail
@@ -47,6 +47,11 @@ grep -q "cannot listen on 127.0.0.1:$port: the port is in use" "$out/second" || 
 "$SPES_BIN" server --total_peers 2 --mode fedavg --host 127.0.0.1 --port 0 --state_dir "$out/state" >"$out/second" 2>&1
 [ $? -eq 1 ] || { kill $pid; fail "a second server on the same state dir started: $(cat "$out/second")"; }
 grep -q -- "--state_dir $out/state is in use by another spes server" "$out/second" || { kill $pid; fail "state dir clash not explained: $(cat "$out/second")"; }
+# SIGUSR1 (a job-wide "save now") is answered and the server serves on (its default action ended it).
+kill -USR1 $pid
+for _ in $(seq 50); do grep -q "SIGUSR1: nothing to save now" "$out/run" && break; sleep 0.1; done
+grep -q "SIGUSR1: nothing to save now (the state dir is written" "$out/run" || { kill $pid; fail "SIGUSR1 not answered: $(tail -2 "$out/run")"; }
+kill -0 $pid 2>/dev/null || fail "SIGUSR1 ended the server"
 kill -TERM $pid
 wait $pid || fail "SIGTERM: server exited non-zero"
 grep -q "stopped after 0 rounds" "$out/run" || fail "no summary line on stop"
