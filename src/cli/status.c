@@ -55,6 +55,7 @@ static void print_status(const char *addr, const RoundsStatus *st) {
             if (i >= st->num_uploaded || st->peers_uploaded[i] != p) printf(" %d", p);
         }
         printf("\n");
+        if (st->aggregate_problem[0]) printf("%-22s %s (retried)\n", "  not published", st->aggregate_problem);
     }
     print_mb("received (uploads)", st->bytes_received);
     print_mb("sent (downloads)", st->bytes_sent);

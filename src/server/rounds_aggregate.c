@@ -317,6 +317,7 @@ int rounds_publish(Rounds *r, OpenRound *round, AggregateBlob *blob, double seco
         r->last_completed_step = blob->step;
     }
     r->stats.rounds_completed++;
+    r->stats.aggregate_problem[0] = '\0';   // written at last
     r->stats.last_aggregate_step = r->last_completed_step;
     r->stats.last_aggregate_seconds = seconds;
     r->stats.last_round_peers = r->cfg.agg.num_peers;
@@ -464,6 +465,10 @@ RoundsResult rounds_complete_round(Rounds *r, OpenRound *round, int peer) {
         pthread_mutex_lock(&r->mu);
         round->aggregating = false;
         round->retry_at = now_seconds() + ROUNDS_PERSIST_RETRY_S;
+        // Said by Status too: the peers that wait on this round log it (client.c: note_waiting).
+        snprintf(r->stats.aggregate_problem, sizeof r->stats.aggregate_problem,
+                 "step %d: cannot write the aggregate to the state dir %s: %s", step,
+                 r->cfg.state_dir ? r->cfg.state_dir : "(none)", spes_last_error());
         pthread_mutex_unlock(&r->mu);
         log_error("server: step %d: cannot write the aggregate to the state dir %s: %s; the round keeps its %d "
                   "uploads and is written again every %.0f s while peers wait (free space there); the kept aggregates "

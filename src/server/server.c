@@ -766,6 +766,7 @@ static void handle_status(Call *c) {
     resp.last_aggregate_seconds = st.last_aggregate_seconds;
     resp.rounds_partial = st.rounds_partial;
     resp.last_round_peers = st.last_round_peers;
+    resp.aggregate_problem = st.aggregate_problem;
     finish(c, GRPC_STATUS_OK, &resp.base);
     free(states);
     free(state_ptrs);

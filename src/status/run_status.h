@@ -29,6 +29,9 @@ typedef struct {
     int last_round_peers;       // peers in the latest aggregate
     int total_peers;            // the run's peer count
     SyncMode mode;
+    // Why a round with every upload in has no aggregate yet: the state dir cannot take it
+    // ("step 4: cannot write the aggregate to the state dir D: No space left on device"); "" none.
+    char aggregate_problem[320];
 } RoundsStatus;
 
 // alive: seen recently and keeping up; late: the open round has waited on it longer than

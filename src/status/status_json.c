@@ -53,13 +53,13 @@ char *status_json_render(const RunStatus *s, StatusJsonLimits limits, size_t *le
     char fingerprint[17];
     snprintf(fingerprint, sizeof fingerprint, "%016" PRIx64, rs->fingerprint);
     json_t *doc = json_pack(
-        "{so sI si so si sI sI sI ss so sI si si ss so so}", "now", number(s->now_unix), "rounds_completed",
+        "{so sI si so si sI sI sI ss so sI si si ss so so ss}", "now", number(s->now_unix), "rounds_completed",
         (json_int_t)rs->rounds_completed, "open_step", rs->open_step, "peers_uploaded", uploaded,
         "last_aggregate_step", rs->last_aggregate_step, "bytes_received", (json_int_t)rs->bytes_received, "bytes_sent",
         (json_int_t)rs->bytes_sent, "uploads_rejected", (json_int_t)rs->uploads_rejected, "fingerprint", fingerprint,
         "last_aggregate_seconds", number(rs->last_aggregate_seconds), "rounds_partial", (json_int_t)rs->rounds_partial,
         "last_round_peers", rs->last_round_peers, "total_peers", rs->total_peers, "mode", sync_mode_name(rs->mode),
-        "peers", peers, "rounds", rounds);
+        "peers", peers, "rounds", rounds, "aggregate_problem", rs->aggregate_problem);
     char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
     json_decref(doc);
     if (!text) {

@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "base/printable.h"
 #include "base/rng.h"
 #include "base/timer.h"
 #include "sync/aggregate_step.h"
@@ -648,14 +649,17 @@ int sync_client_upload(SyncClient *c, int step, const StWriteTensor *tensors, in
 // of the round (the peers it still waits for), or without it when Status fails.
 static void note_waiting(SyncClient *c, int step, double waited) {
     RoundsStatus *st = spes_calloc(1, sizeof *st);   // large (1024 peer ids): not on the stack
-    char why[512] = "";
+    char why[1024] = "";
     if (st && sync_client_status(c, st) == SPES_OK && st->open_step == step && st->total_peers > 0) {
         bool in[1024] = {false};
         for (int i = 0; i < st->num_uploaded && i < 1024; i++)
             if (st->peers_uploaded[i] >= 0 && st->peers_uploaded[i] < 1024) in[st->peers_uploaded[i]] = true;
         int at = snprintf(why, sizeof why, "; the server has the uploads of %d of %d peers", st->num_uploaded,
                           st->total_peers);
-        if (st->num_uploaded >= st->total_peers) {
+        if (st->num_uploaded >= st->total_peers && st->aggregate_problem[0]) {
+            snprintf(why + at, sizeof why - (size_t)at, " but cannot publish the aggregate: %s (it retries)",
+                     st->aggregate_problem);
+        } else if (st->num_uploaded >= st->total_peers) {
             snprintf(why + at, sizeof why - (size_t)at, " but has not published the aggregate (see the server's log)");
         } else {
             at += snprintf(why + at, sizeof why - (size_t)at, ", waiting for peer");
@@ -878,6 +882,10 @@ static void rounds_from_status(const StatusResponse *resp, RoundsStatus *out) {
     out->rounds_partial = resp->rounds_partial;
     out->last_round_peers = resp->last_round_peers;
     out->total_peers = resp->total_peers;
+    // The server's words: escaped, so a hostile server cannot put control sequences on a terminal.
+    if (resp->aggregate_problem && *resp->aggregate_problem)
+        escape_printable(resp->aggregate_problem, strlen(resp->aggregate_problem), out->aggregate_problem,
+                         sizeof out->aggregate_problem);
     // A mode this client does not know stays spes: Status is informational, nothing acts on it.
     if (resp->mode && sync_mode_parse(resp->mode, &out->mode) != SPES_OK) spes_clear_error();
 }

@@ -4,7 +4,7 @@
 #    dir, what a round needs and what is free (server/state_space.h); uploads are refused
 #    UNAVAILABLE naming the server's disk, peers retry, Status still answers;
 # 2. room for the round's uploads but not its aggregate: the uploads are taken, the aggregate waits
-#    unwritten (logged), peers wait;
+#    unwritten (logged, and said by Status: `spes status` and the waiting peers' log lines), peers wait;
 # 3. space comes back: the run goes on by itself and completes, every peer holding the server's
 #    aggregates, no temp file left, and a restart from the state dir resumes where it was.
 set -euo pipefail
@@ -61,6 +61,13 @@ sleep 1
 ls "$state"/upload_s2_p*.safetensors >/dev/null || fail "the round's uploads are not on disk"
 [ ! -f "$state/aggregate_s2.safetensors" ] || fail "an aggregate was written on a full disk"
 kill -0 "$peers_pid" || fail "the peers gave up while the aggregate waited: $(tail -5 "$dir/peers.log")"
+# Status says why (spes status, and the waiting peers' log lines: client.c note_waiting).
+"$SPES" status "127.0.0.1:$port" >"$dir/status.txt" 2>&1 || fail "Status did not answer: $(cat "$dir/status.txt")"
+grep -q "not published *step 2: cannot write the aggregate to the state dir $state: .*No space left on device (retried)" \
+  "$dir/status.txt" || fail "spes status does not say why step 2 is not published: $(cat "$dir/status.txt")"
+for _ in $(seq 150); do grep -qs "but cannot publish the aggregate: step 2: cannot write" "$dir"/run/peer*.log && break; sleep 0.1; done
+grep -qs "still waiting for the aggregate after [0-9]* s; the server has the uploads of 4 of 4 peers but cannot publish the aggregate: step 2: cannot write the aggregate to the state dir $state: .*No space left on device (it retries)" \
+  "$dir"/run/peer*.log || fail "no waiting peer says why: $(grep -h "still waiting" "$dir"/run/peer*.log | tail -2)"
 echo "ok: room for the uploads only: they are taken, the aggregate waits unwritten, peers wait"
 
 # 3. Space comes back.

@@ -57,6 +57,12 @@ static void test_counters(void **state) {
     assert_int_equal(json_integer_value(json_object_get(doc, "last_round_peers")), 3);
     assert_int_equal(json_integer_value(json_object_get(doc, "total_peers")), 4);
     assert_string_equal(json_string_value(json_object_get(doc, "mode")), "spes");
+    assert_string_equal(json_string_value(json_object_get(doc, "aggregate_problem")), "");
+    json_decref(doc);
+    // A round whose aggregate the state dir cannot take says why.
+    snprintf(s.rounds.aggregate_problem, sizeof s.rounds.aggregate_problem, "step 70: cannot write the aggregate");
+    doc = render_and_parse(&s);
+    assert_string_equal(json_string_value(json_object_get(doc, "aggregate_problem")), "step 70: cannot write the aggregate");
     json_decref(doc);
     run_status_free(&s);
 }
