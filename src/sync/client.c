@@ -324,9 +324,13 @@ static bool transient(grpc_status_code code) { return sync_call_retry(code, spes
 // Says that a call is repeated because the server's receive quota reset it: the server logs
 // nothing of it (gRPC resets the stream), so this line is where an operator sees it.
 static void note_retry(const SyncClient *c, grpc_status_code code) {
-    if (sync_call_retry(code, spes_last_error()) == SYNC_RETRY_QUOTA_RESET)
+    SyncRetry why = sync_call_retry(code, spes_last_error());
+    if (why == SYNC_RETRY_QUOTA_RESET)
         log_warn("server %s: a call was reset by the server's receive quota (--max_receive_buffer: it is short of "
                  "memory for requests being received); retrying", c->addr);
+    else if (why == SYNC_RETRY_AGGREGATION)
+        log_warn("server %s: the round this upload completed failed to aggregate (%s); uploading again", c->addr,
+                 spes_last_error());
 }
 
 // Runs attempt(...) until it succeeds, fails with a status that is not transient(), or

@@ -23,7 +23,7 @@ start_server() {
     >"$log" 2>&1 &
   server_pid=$!
   for _ in $(seq 600); do
-    port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\) .*/\1/p' "$log" | head -1)
+    port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\) .*/\1/p' "$log" 2>/dev/null | head -1 || true)
     [ -n "$port" ] && return 0
     kill -0 "$server_pid" 2>/dev/null || { wait "$server_pid" || true; server_pid=""; return 1; }
     sleep 0.02

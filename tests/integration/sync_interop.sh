@@ -16,7 +16,7 @@ protoc-c --proto_path="$REF" --descriptor_set_out="$tmp/federated.desc" "$REF/fe
 server_pid=$!
 port=""
 for _ in $(seq 100); do
-  port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/server.out")
+  port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/server.out" 2>/dev/null || true)
   [ -n "$port" ] && break
   kill -0 "$server_pid" 2>/dev/null || { cat "$tmp/server.err"; echo "server died"; exit 1; }
   sleep 0.1

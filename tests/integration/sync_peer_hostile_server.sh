@@ -25,7 +25,7 @@ hostile() {
   server_pid=$!
   port=""
   for _ in $(seq 100); do
-    port=$(sed -n 's/^listening on \([0-9]*\)$/\1/p' "$dir/server.out" 2>/dev/null)
+    port=$(sed -n 's/^listening on \([0-9]*\)$/\1/p' "$dir/server.out" 2>/dev/null || true)   # not there until the child opens it
     [ -n "$port" ] && return 0
     sleep 0.1
   done

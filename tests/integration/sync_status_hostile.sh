@@ -24,7 +24,7 @@ hostile() {
   server_pid=$!
   port=""
   for _ in $(seq 100); do
-    port=$(sed -n 's/^listening on \([0-9]*\)$/\1/p' "$tmp/server.out")
+    port=$(sed -n 's/^listening on \([0-9]*\)$/\1/p' "$tmp/server.out" 2>/dev/null || true)
     [ -n "$port" ] && return 0
     sleep 0.1
   done

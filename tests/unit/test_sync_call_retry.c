@@ -49,6 +49,18 @@ static void test_quota_reset_is_retried(void **state) {
     assert_int_equal(sync_call_retry(GRPC_STATUS_INTERNAL, "Received RST_STREAM with error code 11"), SYNC_RETRY_NO);
 }
 
+// The round an upload completed failed to aggregate (rounds_aggregate.c: the server dropped the
+// upload and reopened the round, and says "retry the upload"): the peer did not, and saved its
+// step unsynced and exited on a server short of memory for a moment.
+static void test_failed_aggregation_is_retried(void **state) {
+    (void)state;
+    assert_int_equal(sync_call_retry(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                                     FAILED("UploadChunk", "RESOURCE_EXHAUSTED",
+                                            "aggregating step 4 (retry the upload): out of memory")),
+                     SYNC_RETRY_AGGREGATION);
+    assert_int_equal(sync_call_retry(GRPC_STATUS_INTERNAL, "aggregating step 4 (retry the upload)"), SYNC_RETRY_NO);
+}
+
 // RESOURCE_EXHAUSTED that a retry would meet again: final.
 static void test_permanent_exhaustion_is_not_retried(void **state) {
     (void)state;
@@ -84,6 +96,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unreachable_and_busy_are_retried),
         cmocka_unit_test(test_quota_reset_is_retried),
+        cmocka_unit_test(test_failed_aggregation_is_retried),
         cmocka_unit_test(test_permanent_exhaustion_is_not_retried),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -13,7 +13,7 @@ start_fixture_server() {
   fixture_pid=$!
   fixture_port=""
   for _ in $(seq 100); do
-    fixture_port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$dir/serve.out" 2>/dev/null)
+    fixture_port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$dir/serve.out" 2>/dev/null || true)
     [ -n "$fixture_port" ] && return 0
     kill -0 "$fixture_pid" 2>/dev/null || break
     sleep 0.1
