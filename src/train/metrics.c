@@ -10,6 +10,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/file.h"
+#include "base/log.h"
 #include "base/progress.h"
 #include "train/tfevents.h"
 
@@ -48,13 +49,9 @@ int metrics_open(MetricsLog *log, const char *save_folder, int64_t keep_through_
     free(old);
     old = NULL;
     if (rc != SPES_OK) goto fail;
-    if (!(log->fp = fopen(log->path, "a"))) {
-        spes_fail("cannot open %s for appending: %s", log->path, strerror(errno));
-        goto fail;
-    }
+    if (append_log_open(&log->file, log->path, "line", false, NULL, 0) != SPES_OK) goto fail;
     if (tfevents_open(&log->events, save_folder, keep_through_step) != SPES_OK) {
-        fclose(log->fp);
-        log->fp = NULL;
+        append_log_close(&log->file);
         goto fail;
     }
     log->has_events = true;
@@ -67,7 +64,7 @@ fail:
 }
 
 void metrics_close(MetricsLog *log) {
-    if (log->fp) fclose(log->fp);
+    append_log_close(&log->file);
     if (log->has_events) tfevents_close(&log->events);
     free(log->path);
     memset(log, 0, sizeof *log);
@@ -130,10 +127,20 @@ static void put_field(FILE *fp, const Field *f, bool first) {
         fprintf(fp, f->kind == FIELD_FIXED4 ? "%.4f" : f->kind == FIELD_FLOAT ? "%.9g" : "%.17g", f->value);
 }
 
-static int flush_line(MetricsLog *log) {
-    fputc('\n', log->fp);
-    if (fflush(log->fp) != 0 || ferror(log->fp)) return spes_fail("cannot write %s: %s", log->path, strerror(errno));
-    return SPES_OK;
+// A line is built in memory (start_line) and appended whole (end_line): a full disk loses it
+// whole, counted (base/append_log.h), and never fails the run.
+static FILE *start_line(char **buf, size_t *len) {
+    *buf = NULL;
+    *len = 0;
+    return open_memstream(buf, len);
+}
+
+// (buf and len are the memory stream's: set by its fclose)
+static void end_line(MetricsLog *log, FILE *fp, char **buf, const size_t *len, int64_t step) {
+    fputc('\n', fp);
+    if (fclose(fp) == 0) append_log_write(&log->file, *buf, *len, step);
+    else log_warn("metrics line of step %" PRId64 " not written: %s", step, strerror(errno));
+    free(*buf);
 }
 
 // The line's fields as one TensorBoard Event at step ("<prefix><key>" tags).
@@ -166,9 +173,15 @@ void metrics_route_balance(const int64_t *counts, int n_layers, int n_experts, d
 }
 
 int metrics_write_step(MetricsLog *log, const StepMetrics *s, bool with_expert_counts) {
-    FILE *fp = log->fp;
     Field f[MAX_STEP_FIELDS];
     int n = step_fields(s, f), i = 0;
+    char *buf;
+    size_t len;
+    FILE *fp = start_line(&buf, &len);
+    if (!fp) {
+        log_warn("metrics line of step %" PRId64 " not written: %s", s->step, strerror(errno));
+        return SPES_OK;
+    }
     fprintf(fp, "{\"step\":%" PRId64, s->step);
     for (; i < n && !f[i].perf; i++) put_field(fp, &f[i], false);
     if (s->expert_counts && with_expert_counts) {
@@ -185,13 +198,19 @@ int metrics_write_step(MetricsLog *log, const StepMetrics *s, bool with_expert_c
     for (int first = i; i < n; i++) put_field(fp, &f[i], i == first);
     fputc('}', fp);
     fputc('}', fp);
-    SPES_TRY(flush_line(log));
+    end_line(log, fp, &buf, &len, s->step);
     return write_event(log, s->step, f, n, "train/");
 }
 
 // One evaluator's line and its event: {"step", "eval": label, fields...}, tags eval/<label>/<key>.
 static int write_eval_fields(MetricsLog *log, int64_t step, const char *label, const Field *f, int n) {
-    FILE *fp = log->fp;
+    char *buf;
+    size_t len;
+    FILE *fp = start_line(&buf, &len);
+    if (!fp) {
+        log_warn("metrics line of step %" PRId64 " not written: %s", step, strerror(errno));
+        return SPES_OK;
+    }
     fprintf(fp, "{\"step\":%" PRId64 ",\"eval\":\"", step);
     for (const char *c = label; *c; c++)   // labels come from the config: escape what JSON needs
         if (*c == '"' || *c == '\\')
@@ -203,7 +222,7 @@ static int write_eval_fields(MetricsLog *log, int64_t step, const char *label, c
     fputc('"', fp);
     for (int i = 0; i < n; i++) put_field(fp, &f[i], false);
     fputc('}', fp);
-    SPES_TRY(flush_line(log));
+    end_line(log, fp, &buf, &len, step);
     char prefix[128];   // "eval/<label>/": TensorBoard groups tags by their first part
     snprintf(prefix, sizeof prefix, "eval/%s/", label);
     return write_event(log, step, f, n, prefix);

@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "base/append_log.h"
 #include "model/model_config.h"
 #include "eval/mc_task.h"
 #include "train/tfevents.h"
@@ -41,7 +42,7 @@ typedef struct {
 } StepMetrics;
 
 typedef struct {
-    FILE *fp;
+    AppendLog file;             // metrics.jsonl
     char *path;
     TfEvents events;
     bool has_events;            // events is open
@@ -50,8 +51,10 @@ typedef struct {
 // Opens save_folder/metrics.jsonl for appending, first dropping every line whose step is
 // greater than keep_through_step (a resume from step N forgets what came after N; a fresh
 // run passes 0 and starts an empty log); the event files are trimmed the same way and a new
-// one is started (tfevents_open). Each line is flushed to the kernel as it is written, in
-// both files.
+// one is started (tfevents_open). Each line is handed to the kernel whole as it is written, in
+// both files. Once open, neither file can fail the run: a line or record the disk does not take
+// is lost, counted, and said once with its path and cause, and again when writing works again or
+// at metrics_close (base/append_log.h); the write functions fail only when out of memory.
 int metrics_open(MetricsLog *log, const char *save_folder, int64_t keep_through_step);
 void metrics_close(MetricsLog *log);
 // with_expert_counts: add the full [L][E] count table to the line.

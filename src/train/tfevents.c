@@ -3,7 +3,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -63,24 +62,24 @@ TfRecordStatus tfrecord_next(const uint8_t *data, size_t size, size_t *at, const
 
 // ---- writing ----
 
-// One whole record with one write() (see the header: crash safety).
-static int write_event(TfEvents *ev, const Tensorflow__Event *event) {
+// The framed record of event (caller frees), or NULL when out of memory.
+static uint8_t *frame_event(const Tensorflow__Event *event, size_t *total) {
     size_t n = tensorflow__event__get_packed_size(event);
     uint8_t *rec = spes_malloc(n + TFRECORD_OVERHEAD);
-    if (!rec) return spes_fail_context("event file %s", ev->path);
+    if (!rec) return NULL;
     tensorflow__event__pack(event, rec + 12);
     tfrecord_frame(rec + 12, n, rec);
-    size_t done = 0, total = n + TFRECORD_OVERHEAD;
-    while (done < total) {
-        ssize_t w = write(ev->fd, rec + done, total - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int err = w < 0 ? errno : ENOSPC;
-            free(rec);
-            return spes_fail("cannot write %s: %s", ev->path, strerror(err));
-        }
-        done += (size_t)w;
-    }
+    *total = n + TFRECORD_OVERHEAD;
+    return rec;
+}
+
+// One whole record with one write() (see the header: crash safety); a failure is the file's
+// (counted and said, base/append_log.h), not the run's.
+static int write_event(TfEvents *ev, const Tensorflow__Event *event) {
+    size_t total;
+    uint8_t *rec = frame_event(event, &total);
+    if (!rec) return spes_fail_context("event file %s", ev->path);
+    append_log_write(&ev->file, rec, total, event->step);
     free(rec);
     return SPES_OK;
 }
@@ -186,7 +185,7 @@ static int trim_dir(const char *dir, int64_t keep_through_step) {
 
 int tfevents_open(TfEvents *ev, const char *dir, int64_t keep_through_step) {
     static atomic_int files_opened;   // TensorFlow's own names end in a per-process counter too
-    ev->fd = -1;
+    ev->open = false;
     ev->path = NULL;
     if (trim_dir(dir, keep_through_step) != SPES_OK) return spes_fail_context("event files in %s", dir);
     char host[256] = "localhost";
@@ -198,27 +197,28 @@ int tfevents_open(TfEvents *ev, const char *dir, int64_t keep_through_step) {
     snprintf(name, sizeof name, EVENT_FILE_PREFIX "%010" PRId64 ".%s.%d.%d", (int64_t)now, host, (int)getpid(),
              atomic_fetch_add(&files_opened, 1));
     if (!(ev->path = path_join(dir, name))) return SPES_ERR;
-    ev->fd = open(ev->path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
-    if (ev->fd < 0) {
-        spes_fail("cannot create %s: %s", ev->path, strerror(errno));
-        tfevents_close(ev);
-        return SPES_ERR;
-    }
+    // The file_version record: the file's header, also of a file started anew (append_log.h).
     Tensorflow__Event first = TENSORFLOW__EVENT__INIT;
     first.wall_time = now;
     first.what_case = TENSORFLOW__EVENT__WHAT_FILE_VERSION;
     first.file_version = "brain.Event:2";
-    if (write_event(ev, &first) != SPES_OK) {
-        tfevents_close(ev);
+    size_t header_len;
+    uint8_t *header = frame_event(&first, &header_len);
+    int rc = header ? append_log_open(&ev->file, ev->path, "record", true, header, header_len) : SPES_ERR;
+    free(header);
+    if (rc != SPES_OK) {
+        free(ev->path);
+        ev->path = NULL;
         return SPES_ERR;
     }
+    ev->open = true;
     return SPES_OK;
 }
 
 void tfevents_close(TfEvents *ev) {
-    if (ev->fd >= 0) close(ev->fd);
+    if (ev->open) append_log_close(&ev->file);
     free(ev->path);
-    ev->fd = -1;
+    ev->open = false;
     ev->path = NULL;
 }
 

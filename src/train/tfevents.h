@@ -12,12 +12,19 @@
 // write() on an O_APPEND descriptor as soon as its line is logged (no user-space buffering),
 // so the file only ever ends in whole records, or, if the machine dies mid-write or the disk
 // fills, in one torn record that tfevents_open drops at the next start (readers stop there).
+// A record cut short by a full disk is truncated off again, and a record the disk does not take
+// is lost, counted and said, without failing the run (base/append_log.h): each later one is tried
+// again, so the file goes on in whole records when space comes back.
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/append_log.h"
+
 typedef struct {
-    int fd;                     // -1: closed
+    AppendLog file;             // valid while open
+    bool open;
     char *path;
 } TfEvents;
 
