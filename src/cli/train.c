@@ -91,6 +91,10 @@ static void install_handlers(void) {
     // time limit (SLURM's --signal=USR1@120) would lose what was trained since the last checkpoint.
     // It may come many times, so the handler stays.
     sigaction(SIGUSR1, &sa, NULL);
+    // The console is a log, not the run: with its reader gone (`spes train ... 2>&1 | head`, a
+    // closed terminal or ssh session) SIGPIPE's default action would end the run unsaved. Ignored,
+    // a write there fails with EPIPE, and the lines are counted as lost (base/log.h).
+    signal(SIGPIPE, SIG_IGN);
 }
 
 // --save_retry=S[,E]: retry for up to S seconds, every E (default SAVE_RETRY_EVERY_S, or S when less).
@@ -299,5 +303,6 @@ int cmd_train(int argc, char **argv) {
     spes_ranks_free(peer);
     config_free(&cfg);
     comm_finalize(comm);
+    log_report_lost();
     return rc == SPES_OK ? 0 : 1;
 }
