@@ -92,7 +92,7 @@ bool append_log_write(AppendLog *a, const void *record, size_t len, int64_t step
     int err = a->fd < 0 ? open_file(a, 0) : 0;
     if (!err) err = append_whole(a->fd, record, len);
     char msg[1024];
-    if (log_sink_note(&a->sink, err == 0, err, step, msg, sizeof msg) != SINK_QUIET) log_warn("%s", msg);
+    if (log_sink_note(&a->sink, err == 0, err ? strerror(err) : NULL, step, msg, sizeof msg) != SINK_QUIET) log_warn("%s", msg);
     return err == 0;
 }
 

@@ -94,7 +94,7 @@ void log_message(LogLevel level, const char *fmt, ...) {
     int err = write_line(stamp, tags[level], text);
     char msg[512];
     // The first failure cannot be said on the console it is about; a recovery is, before the line.
-    if (log_sink_note(&console, err == 0, err, -1, msg, sizeof msg) == SINK_RECOVERED)
+    if (log_sink_note(&console, err == 0, err ? strerror(err) : NULL, -1, msg, sizeof msg) == SINK_RECOVERED)
         write_line(stamp, tags[LOG_WARN], msg);
     pthread_mutex_unlock(&log_lock);
     if (text != small) free(text);

@@ -20,13 +20,13 @@ static void describe_lost(const LogSink *s, char *out, size_t cap) {
     else snprintf(out + n, cap - (size_t)n, " (steps %" PRId64 "-%" PRId64 ")", s->first_step, s->last_step);
 }
 
-SinkNews log_sink_note(LogSink *s, bool ok, int err, int64_t step, char *msg, size_t cap) {
+SinkNews log_sink_note(LogSink *s, bool ok, const char *cause, int64_t step, char *msg, size_t cap) {
     if (cap) msg[0] = '\0';
     if (ok) {
         if (!s->failing) return SINK_QUIET;
         char lost[96];
         describe_lost(s, lost, sizeof lost);
-        snprintf(msg, cap, "%s is written again; lost while it could not be (%s): %s", s->what, strerror(s->err), lost);
+        snprintf(msg, cap, "%s is written again; lost while it could not be (%s): %s", s->what, s->cause, lost);
         s->failing = false;
         s->lost = 0;
         s->first_step = s->last_step = -1;
@@ -40,13 +40,13 @@ SinkNews log_sink_note(LogSink *s, bool ok, int err, int64_t step, char *msg, si
     }
     if (s->failing) return SINK_QUIET;
     s->failing = true;
-    s->err = err;
+    snprintf(s->cause, sizeof s->cause, "%s", cause ? cause : "unknown error");
     char at[48] = "";
     if (step >= 0) snprintf(at, sizeof at, " at step %" PRId64, step);
     snprintf(msg, cap,
              "cannot write %s%s: %s. Training goes on without it; each later %s is tried again, and what is lost "
              "is counted and said when writing works again or at the end",
-             s->what, at, strerror(err), s->unit);
+             s->what, at, s->cause, s->unit);
     return SINK_FAILING;
 }
 
@@ -55,7 +55,7 @@ bool log_sink_final(LogSink *s, char *msg, size_t cap) {
     if (!s->failing || s->lost == 0) return false;
     char lost[96];
     describe_lost(s, lost, sizeof lost);
-    snprintf(msg, cap, "%s could not be written up to the end of the run (%s); lost: %s", s->what, strerror(s->err), lost);
+    snprintf(msg, cap, "%s could not be written up to the end of the run (%s); lost: %s", s->what, s->cause, lost);
     s->failing = false;
     s->lost = 0;
     s->first_step = s->last_step = -1;

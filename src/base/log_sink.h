@@ -13,7 +13,7 @@ typedef struct {
     const char *what;           // the output, as messages name it (a path, or "stderr")
     const char *unit;           // what one write holds: "line", "record", "file"
     bool failing;               // the last write failed
-    int err;                    // errno of the first failure of the current streak
+    char cause[512];            // why the first write of the current streak failed (errno's text)
     int64_t lost;               // units lost in the current streak
     int64_t first_step, last_step;   // the steps of those (-1: none given)
     int64_t lost_total;         // over the whole run
@@ -26,9 +26,9 @@ typedef enum {
 } SinkNews;
 
 void log_sink_init(LogSink *s, const char *what, const char *unit);
-// After one write of a unit of `step` (-1: none): ok, or failed with errno `err`. On news, the
-// message to log is in msg (always NUL-terminated).
-SinkNews log_sink_note(LogSink *s, bool ok, int err, int64_t step, char *msg, size_t cap);
+// After one write of a unit of `step` (-1: none): ok, or failed for `cause` (strerror's text, or
+// an error message naming the file). On news, the message to log is in msg (always NUL-terminated).
+SinkNews log_sink_note(LogSink *s, bool ok, const char *cause, int64_t step, char *msg, size_t cap);
 // At the end of the run: whether units of a streak that never recovered were lost, and the
 // message saying so; the sink is quiet after.
 bool log_sink_final(LogSink *s, char *msg, size_t cap);

@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "base/log_sink.h"
 #include "base/timer.h"
 #include "io/safetensors.h"
 #include "sync/auth.h"
@@ -52,6 +53,8 @@ struct SpesPeer {
     double blocked_s;           // training-thread time spent in sync work so far (logged each round)
     bool delta_run;                  // spes_config.payload_dtype: int8 or int4 (a delta run)
     DeltaPeer deltas;                // its base aggregate and error feedback (set up by spes_peer_connect)
+    LogSink audit;              // SPES_SYNC_LOG_DIR's copies: one that cannot be written is lost, not the round
+    char audit_what[4200];      // "the sync audit copies in DIR"
 };
 
 float spes_decayed_factor(int64_t step, int64_t total_steps) {
@@ -134,6 +137,8 @@ void spes_peer_free(SpesPeer *p) {
     free(p->snapshot);
     free(p->local);
     delta_peer_free(&p->deltas);
+    char msg[1024];
+    if (p->audit.what && log_sink_final(&p->audit, msg, sizeof msg)) log_warn("%s", msg);
     free(p);
 }
 
@@ -484,23 +489,33 @@ int spes_load_aggregate(Model *m, const uint8_t *bytes, size_t len, const char *
 
 // With SPES_SYNC_LOG_DIR set, every upload and downloaded aggregate is also written there as
 // {up,down}_s<step>_p<peer>.safetensors: an audit trail an independent checker can replay.
-static int audit_log(const SpesPeer *p, const char *kind, int64_t step, const uint8_t *bytes, size_t len) {
+// A copy the disk does not take (full, read-only, the directory gone) is a log's loss, not the
+// round's: counted and said once (base/log_sink.h), the round and training go on.
+static int audit_log(SpesPeer *p, const char *kind, int64_t step, const uint8_t *bytes, size_t len) {
     const char *dir = getenv("SPES_SYNC_LOG_DIR");
     if (!dir || !*dir) return SPES_OK;
     char name[96];
     snprintf(name, sizeof name, "%s_s%" PRId64 "_p%d.safetensors", kind, step, p->cfg->peer_id);
     char *path = path_join(dir, name);
     if (!path) return SPES_ERR;
-    int rc = file_write_atomic(path, bytes, len);
+    bool ok = file_write_atomic(path, bytes, len) == SPES_OK;
     free(path);
-    return rc;
+    if (!p->audit.what) {
+        snprintf(p->audit_what, sizeof p->audit_what, "the sync audit copies in %s (SPES_SYNC_LOG_DIR)", dir);
+        log_sink_init(&p->audit, p->audit_what, "file");
+    }
+    char msg[1024];
+    if (log_sink_note(&p->audit, ok, ok ? NULL : spes_last_error(), step, msg, sizeof msg) != SINK_QUIET)
+        log_warn("%s", msg);
+    if (!ok) spes_clear_error();
+    return SPES_OK;
 }
 
 // An audit copy of whole-model weights src, in the payload dtype (F32 in int8 runs), tensors in
 // table order: an aggregate the peer completed itself (its own experts left out of the download,
 // or an int8 delta), which is byte for byte the server's aggregate image when the reconstruction
 // is exact; and an overlapped round's weights at the upload, before and after applying.
-static int audit_weights(const SpesPeer *p, Model *m, const float *src, const char *kind, int64_t step) {
+static int audit_weights(SpesPeer *p, Model *m, const float *src, const char *kind, int64_t step) {
     const char *dir = getenv("SPES_SYNC_LOG_DIR");
     if (!dir || !*dir) return SPES_OK;
     const ParamTable *table = &m->table;
@@ -521,7 +536,7 @@ static int audit_weights(const SpesPeer *p, Model *m, const float *src, const ch
     return rc;
 }
 
-static int audit_model(const SpesPeer *p, Model *m, const char *kind, int64_t step) {
+static int audit_model(SpesPeer *p, Model *m, const char *kind, int64_t step) {
     return audit_weights(p, m, m->params, kind, step);
 }
 

@@ -26,23 +26,23 @@ static void test_sink_says_once_and_counts(void **state) {
     LogSink s;
     char msg[512];
     log_sink_init(&s, "/x/metrics.jsonl", "line");
-    assert_int_equal(log_sink_note(&s, true, 0, 1, msg, sizeof msg), SINK_QUIET);
+    assert_int_equal(log_sink_note(&s, true, NULL, 1, msg, sizeof msg), SINK_QUIET);
     assert_string_equal(msg, "");
     // the first failure names the path, the step and the cause
-    assert_int_equal(log_sink_note(&s, false, ENOSPC, 5, msg, sizeof msg), SINK_FAILING);
+    assert_int_equal(log_sink_note(&s, false, "No space left on device", 5, msg, sizeof msg), SINK_FAILING);
     assert_non_null(strstr(msg, "cannot write /x/metrics.jsonl at step 5: No space left on device. Training goes on"));
     // later ones, even of another cause, are counted quietly
-    assert_int_equal(log_sink_note(&s, false, ENOSPC, 6, msg, sizeof msg), SINK_QUIET);
-    assert_int_equal(log_sink_note(&s, false, EIO, 7, msg, sizeof msg), SINK_QUIET);
+    assert_int_equal(log_sink_note(&s, false, "No space left on device", 6, msg, sizeof msg), SINK_QUIET);
+    assert_int_equal(log_sink_note(&s, false, "Input/output error", 7, msg, sizeof msg), SINK_QUIET);
     assert_int_equal(s.lost, 3);
     // the first write that works says what was lost, with the first cause
-    assert_int_equal(log_sink_note(&s, true, 0, 8, msg, sizeof msg), SINK_RECOVERED);
+    assert_int_equal(log_sink_note(&s, true, NULL, 8, msg, sizeof msg), SINK_RECOVERED);
     assert_string_equal(msg, "/x/metrics.jsonl is written again; lost while it could not be (No space left on device): "
                              "3 lines (steps 5-7)");
-    assert_int_equal(log_sink_note(&s, true, 0, 9, msg, sizeof msg), SINK_QUIET);
+    assert_int_equal(log_sink_note(&s, true, NULL, 9, msg, sizeof msg), SINK_QUIET);
     // a second streak is said again; one unit of one step
-    assert_int_equal(log_sink_note(&s, false, EROFS, 10, msg, sizeof msg), SINK_FAILING);
-    assert_int_equal(log_sink_note(&s, true, 0, 11, msg, sizeof msg), SINK_RECOVERED);
+    assert_int_equal(log_sink_note(&s, false, "Read-only file system", 10, msg, sizeof msg), SINK_FAILING);
+    assert_int_equal(log_sink_note(&s, true, NULL, 11, msg, sizeof msg), SINK_RECOVERED);
     assert_non_null(strstr(msg, "(Read-only file system): 1 line (step 10)"));
     assert_int_equal(s.lost_total, 4);
     assert_false(log_sink_final(&s, msg, sizeof msg));   // nothing unsaid
@@ -53,15 +53,15 @@ static void test_sink_final_without_steps(void **state) {
     LogSink s;
     char msg[512];
     log_sink_init(&s, "stderr", "log line");
-    assert_int_equal(log_sink_note(&s, false, EPIPE, -1, msg, sizeof msg), SINK_FAILING);
+    assert_int_equal(log_sink_note(&s, false, "Broken pipe", -1, msg, sizeof msg), SINK_FAILING);
     assert_non_null(strstr(msg, "cannot write stderr: Broken pipe."));
-    log_sink_note(&s, false, EPIPE, -1, msg, sizeof msg);
+    log_sink_note(&s, false, "Broken pipe", -1, msg, sizeof msg);
     assert_true(log_sink_final(&s, msg, sizeof msg));
     assert_string_equal(msg, "stderr could not be written up to the end of the run (Broken pipe); lost: 2 log lines");
     assert_false(log_sink_final(&s, msg, sizeof msg));   // said once
     // a tiny buffer is cut, never overrun
     char tiny[8];
-    log_sink_note(&s, false, EPIPE, -1, tiny, sizeof tiny);
+    log_sink_note(&s, false, "Broken pipe", -1, tiny, sizeof tiny);
     assert_int_equal(strlen(tiny), 7);
 }
 
@@ -150,7 +150,7 @@ static void test_append_follows_removal(void **state) {
     assert_int_equal(remove_tree(sub), SPES_OK);
     assert_false(append_log_write(&a, "c|", 2, 3));
     assert_false(append_log_write(&a, "d|", 2, 4));
-    assert_int_equal(a.sink.err, ENOENT);
+    assert_string_equal(a.sink.cause, "No such file or directory");
     assert_int_equal(mkdir_p(sub), SPES_OK);   // as the next checkpoint save does
     assert_true(append_log_write(&a, "e|", 2, 5));
     assert_int_equal(a.sink.lost_total, 2);
