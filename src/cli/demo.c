@@ -59,6 +59,10 @@ static void install_demo_handlers(void) {
     sigaction(SIGTERM, &sa, NULL);
     sa.sa_flags = SA_RESTART;   // may come at any time, many times: reads and writes go on
     sigaction(SIGUSR1, &sa, NULL);
+    // stdout is the view, not the run: with its reader gone (`spes demo | head -1`) SIGPIPE's default
+    // action ended the demo at its next line and orphaned the server and the peers. Ignored, the
+    // writes fail (EPIPE) and the demo runs to its end; its children inherit the ignored signal.
+    signal(SIGPIPE, SIG_IGN);
 }
 
 static int check_demo_stop(void) {

@@ -44,7 +44,11 @@ void metrics_tail_poll(MetricsTail *t) {
     FILE *fp = fopen(t->path, "r");
     if (!fp) return;
     struct stat st;
-    if (fstat(fileno(fp), &st) == 0 && st.st_size < t->offset) forget(t);
+    if (fstat(fileno(fp), &st) == 0) {
+        if (st.st_size < t->offset || st.st_dev != t->dev || st.st_ino != t->ino) forget(t);
+        t->dev = st.st_dev;
+        t->ino = st.st_ino;
+    }
     if (fseeko(fp, t->offset, SEEK_SET) != 0) {
         fclose(fp);
         return;

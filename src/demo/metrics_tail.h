@@ -11,6 +11,8 @@
 typedef struct {
     char *path;
     off_t offset;           // bytes of complete lines read so far
+    dev_t dev;              // the file read (0, 0: none yet): another one at path is read from its start
+    ino_t ino;
     int64_t step;           // newest training record's "step"; 0 before the first
     double loss;            // its "ce"; NAN before the first
     double tokens_per_s;    // its "perf"."tokens_per_s"; NAN before the first
@@ -19,6 +21,6 @@ typedef struct {
 int metrics_tail_init(MetricsTail *t, const char *path);
 // Reads what was appended since the last poll. A file that does not exist yet is no error
 // (the process has not written a step); a file shorter than what was read (rewritten from
-// the start) is read again from its beginning.
+// the start), or another file at the path (removed and started anew), is read from its beginning.
 void metrics_tail_poll(MetricsTail *t);
 void metrics_tail_free(MetricsTail *t);

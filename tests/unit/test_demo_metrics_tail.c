@@ -164,12 +164,33 @@ static void test_rewritten_file(void **state) {
     metrics_tail_free(&t);
 }
 
+// A file removed and started anew (a save_folder removed mid-run: train/metrics.h) is another
+// file, read from its start even when it is already longer than what was read of the old one.
+static void test_replaced_file(void **state) {
+    (void)state;
+    rewrite(RECORD(100, 1.75, 50.5));
+    MetricsTail t;
+    assert_int_equal(metrics_tail_init(&t, path), 0);
+    metrics_tail_poll(&t);
+    assert_progress(&t, 100, 1.75, 50.5);
+    FILE *keep = fopen(path, "r");   // the old file's inode stays in use: the new one gets another
+    assert_non_null(keep);
+    assert_int_equal(remove(path), 0);
+    rewrite(RECORD(200, 1.5, 70.5) RECORD(210, 1.25, 80.5));
+    metrics_tail_poll(&t);
+    assert_progress(&t, 210, 1.25, 80.5);
+    assert_int_equal(t.offset, file_size());
+    fclose(keep);
+    metrics_tail_free(&t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_growing_file),
         cmocka_unit_test(test_reads_only_appended_bytes),
         cmocka_unit_test(test_long_line),
         cmocka_unit_test(test_rewritten_file),
+        cmocka_unit_test(test_replaced_file),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
