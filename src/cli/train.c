@@ -91,8 +91,8 @@ static void install_handlers(void) {
     // time limit (SLURM's --signal=USR1@120) would lose what was trained since the last checkpoint.
     // It may come many times, so the handler stays.
     sigaction(SIGUSR1, &sa, NULL);
-    // The console is a log, not the run: with its reader gone (`spes train ... 2>&1 | head`, a
-    // closed terminal or ssh session) SIGPIPE's default action would end the run unsaved. Ignored,
+    // The console is a log, not the run: with its reader gone (`spes train ... 2>&1 | head`, a log
+    // collector that ended) SIGPIPE's default action would end the run unsaved. Ignored,
     // a write there fails with EPIPE, and the lines are counted as lost (base/log.h).
     signal(SIGPIPE, SIG_IGN);
 }
