@@ -287,6 +287,10 @@ int cmd_server(int argc, char **argv) {
     sigaddset(&signals, SIGTERM);
     sigaddset(&signals, SIGUSR1);
     pthread_sigmask(SIG_BLOCK, &signals, NULL);
+    // The console's reader gone (`spes server 2>&1 | head`, a log collector that ended): SIGPIPE's
+    // default action ended the server, and a run's rounds with it, at its next log line. Ignored,
+    // such a line is lost and the server serves on.
+    signal(SIGPIPE, SIG_IGN);
     // The status page first: "listening on" tells launchers and scripts the server is up, so
     // nothing says it before everything that can still fail (a bad --status_bind, an empty token
     // file) has not.

@@ -54,6 +54,18 @@ grep -q "SIGUSR1: nothing to save now (the state dir is written" "$out/run" || {
 kill -0 $pid 2>/dev/null || fail "SIGUSR1 ended the server"
 kill -TERM $pid
 wait $pid || fail "SIGTERM: server exited non-zero"
+# Its console's reader gone (`spes server 2>&1 | head -1`): the next log line (SIGUSR1's) used to
+# end the server by SIGPIPE; it serves on and still stops cleanly.
+mkfifo "$out/pipe"
+"$SPES_BIN" server --total_peers 2 --mode fedavg --host 127.0.0.1 --port 0 >"$out/pipe" 2>&1 &
+pid=$!
+head -1 "$out/pipe" >/dev/null   # the reader reads one line and goes
+sleep 0.2
+kill -USR1 $pid
+sleep 0.5
+kill -0 $pid 2>/dev/null || fail "a log line to a closed pipe ended the server"
+kill -TERM $pid
+wait $pid || fail "SIGTERM after a closed console: server exited non-zero"
 grep -q "stopped after 0 rounds" "$out/run" || fail "no summary line on stop"
 # The status page's flags (issue 29): a bad --status_bind or an empty --status_token_file exits 1
 # without ever saying "listening on" (launchers take that line as the server being up).
