@@ -64,6 +64,7 @@ struct Trainer {
     int64_t max_steps;
     int64_t last_saved_step, last_eval_step;   // last_saved_step: the newest checkpoint (-1: none)
     int64_t failed_save_step;   // the newest save that failed since the last good one (0: none)
+    bool batch_unread;          // the step failed reading its batch, before anything changed
     size_t checkpoint_bytes;    // rank 0: one checkpoint on disk (for a failed save's message)
     int64_t *step_counts;       // [L*E] tokens per expert, summed over the step's micro-batches
     LossScaler scaler;          // amp_fp16: dynamic loss scaling (disabled otherwise)
@@ -626,9 +627,17 @@ int trainer_step(Trainer *t, StepMetrics *out) {
         last = (int)((int64_t)n_micro * (r + 1) / size);
         SPES_TRY(prepare_micro_losses(t, n_micro));
     }
-    // This rank reads only its micro-batches' rows of the global batch.
+    // This rank reads only its micro-batches' rows of the global batch. Nothing of the last
+    // step's state has changed yet: a read that fails on any rank (a data file cut or damaged
+    // under the run, a network filesystem's I/O error) fails the step on every rank, and the
+    // run saves that state before it stops (trainer_run: save_then_fail).
     const Batch *batch;
-    SPES_TRY(loader_next_range(t->train_dl, first * micro, last * micro, &batch));
+    int read = loader_next_range(t->train_dl, first * micro, last * micro, &batch);
+    if (t->dist) read = comm_all_ok(t->comm, read, "read their rows of the step's batch");
+    if (read != SPES_OK) {
+        t->batch_unread = true;
+        return spes_fail_context("step %" PRId64 ": reading the batch", step);
+    }
     const int T = batch->T;
     size_t n_grad = m->table.trainable_numel;
     // ZeRO-2/3 reduce each part's gradients from the hooks; DDP and ZeRO-1 in buckets.
@@ -1034,6 +1043,21 @@ static int stopped_at_start(Trainer *t, bool *stopped) {
     return SPES_OK;
 }
 
+// A step that could not read its batch, or an evaluation that failed, leaves the model as the
+// last step left it: that state is saved (as a final save: retried on a full disk) before the
+// run stops with the error, so what was trained since the last checkpoint is not lost with it.
+static int save_then_fail(Trainer *t) {
+    char why[2048];
+    snprintf(why, sizeof why, "%s", spes_last_error());
+    if (t->last_saved_step == t->state.step || t->state.step == 0) return spes_fail("%s", why);
+    if (trainer_save(t, SAVE_FINAL) != SPES_OK)
+        return spes_fail("%s; and step %" PRId64 " could not be saved before stopping: %s", why, t->state.step,
+                         spes_last_error());
+    log_error("saved step %" PRId64 " before stopping on this error: %s", t->state.step, why);
+    return spes_fail("%s (step %" PRId64 " was saved first: --resume goes on from it once this is mended)", why,
+                     t->state.step);
+}
+
 int trainer_run(Trainer *t) {
     const TrainConfig *cfg = t->cfg;
     int64_t log_every = cfg->console_log_interval > 0 ? cfg->console_log_interval : 1;
@@ -1049,7 +1073,7 @@ int trainer_run(Trainer *t) {
             break;
         }
         StepMetrics sm;
-        SPES_TRY(trainer_step(t, &sm));
+        if (trainer_step(t, &sm) != SPES_OK) return t->batch_unread ? save_then_fail(t) : SPES_ERR;
         int64_t step = sm.step;
         sm.failed_save_step = t->failed_save_step;   // the console says so until a save works
         sm.newest_checkpoint = t->last_saved_step;
@@ -1087,7 +1111,8 @@ int trainer_run(Trainer *t) {
             log_info("interrupted: finishing at step %" PRId64, step);
             break;
         }
-        if (t->n_evals > 0 && cfg->eval_interval > 0 && step % cfg->eval_interval == 0) SPES_TRY(trainer_evaluate(t));
+        if (t->n_evals > 0 && cfg->eval_interval > 0 && step % cfg->eval_interval == 0 && trainer_evaluate(t) != SPES_OK)
+            return save_then_fail(t);
     }
     if (t->last_saved_step != t->state.step) SPES_TRY(trainer_save(t, SAVE_FINAL));
     // A completed run ends with a validation figure even off the eval_interval grid.
