@@ -26,7 +26,14 @@ int adamw_create_shard(AdamW *opt, const ParamTable *table, const AdamWConfig *c
     opt->lo = lo;
     opt->hi = hi;
     opt->numel = hi - lo;
-    if (!(opt->tensors = spes_calloc((size_t)table->count + 1, sizeof *opt->tensors))) return SPES_ERR;
+    const size_t count = (size_t)table->count + 1;
+    opt->count = table->count;
+    if (!(opt->tensors = spes_calloc(count, sizeof *opt->tensors)) || !(opt->entry = spes_calloc(count, sizeof *opt->entry)) ||
+        !(opt->norm_avg = spes_calloc(count, sizeof *opt->norm_avg)) ||
+        !(opt->norm_avg_set = spes_calloc(count, sizeof *opt->norm_avg_set))) {
+        adamw_free(opt);
+        return SPES_ERR;
+    }
     opt->offload = cfg->cpu_offload;
     if (opt->numel == 0) return SPES_OK;   // nothing trainable: no state
     const size_t bytes = opt->numel * sizeof(float);
@@ -68,8 +75,15 @@ void adamw_free(AdamW *opt) {
         backend_free(be, opt->dv);
     }
     free(opt->tensors);
+    free(opt->entry);
+    free(opt->norm_avg);
+    free(opt->norm_avg_set);
     opt->m = opt->v = opt->dm = opt->dv = opt->hg = opt->hp = NULL;
     opt->tensors = NULL;
+    opt->entry = NULL;
+    opt->norm_avg = NULL;
+    opt->norm_avg_set = NULL;
+    opt->tensor_scale = NULL;
     opt->numel = 0;
 }
 
@@ -86,7 +100,14 @@ int adamw_reset(AdamW *opt) {
         memset(opt->v, 0, opt->numel * sizeof(float));
     }
     opt->step = 0;
+    if (opt->norm_avg_set) memset(opt->norm_avg_set, 0, (size_t)opt->count * sizeof *opt->norm_avg_set);
     return adamw_state_to_device(opt);
+}
+
+void adamw_copy_norm_avg(AdamW *dst, const AdamW *src) {
+    if (!dst->norm_avg || !src->norm_avg || dst->count != src->count) return;
+    memcpy(dst->norm_avg, src->norm_avg, (size_t)src->count * sizeof *src->norm_avg);
+    memcpy(dst->norm_avg_set, src->norm_avg_set, (size_t)src->count * sizeof *src->norm_avg_set);
 }
 
 int adamw_state_to_host(AdamW *opt) {
@@ -168,6 +189,7 @@ static int work_list(AdamW *opt, const ParamTable *table, float *params, bool pa
         if (!piece(opt, pi, &a, &b) || (part >= 0 && param_part(pi, n_layers) != part)) continue;
         size_t at = param_at(opt, pi, a, packed);
         bool on_device = !opt->offload;
+        opt->entry[count] = i;
         opt->tensors[count++] = (AdamWTensor){
             .p = on_device ? params + at : opt->hp + (a - opt->lo),
             .g = g_base + (a - opt->lo),
@@ -179,6 +201,22 @@ static int work_list(AdamW *opt, const ParamTable *table, float *params, bool pa
         };
     }
     return count;
+}
+
+// The work list's `count` items updated by be: in one launch, or with per-tensor factors
+// (opt->tensor_scale) in one launch per run of consecutive items of the same factor.
+static void launch(AdamW *opt, Backend *be, int count, const AdamWScalars *s) {
+    if (!opt->tensor_scale) {
+        be->ops->adamw(be, opt->tensors, count, s);
+        return;
+    }
+    for (int a = 0, b; a < count; a = b) {
+        const float f = opt->tensor_scale[opt->entry[a]];
+        for (b = a + 1; b < count && opt->tensor_scale[opt->entry[b]] == f; b++) {}
+        AdamWScalars run = *s;
+        run.grad_scale = s->grad_scale * f;
+        be->ops->adamw(be, opt->tensors + a, b - a, &run);
+    }
 }
 
 static int step(AdamW *opt, const ParamTable *table, float *params, bool packed, const float *grads,
@@ -196,11 +234,10 @@ static int step(AdamW *opt, const ParamTable *table, float *params, bool packed,
     }
     int count = work_list(opt, table, params, packed, g_base, compute, decay_mul, -1, 0);
     if (!opt->offload) {
-        opt->be->ops->adamw(opt->be, opt->tensors, count, &s);
+        launch(opt, opt->be, count, &s);
         return SPES_OK;
     }
-    Backend *host = backend_cpu();
-    host->ops->adamw(host, opt->tensors, count, &s);
+    launch(opt, backend_cpu(), count, &s);
     return move_params(opt, table, params, packed, compute, true);
 }
 
@@ -221,7 +258,7 @@ int adamw_step_parts(AdamW *opt, const ParamTable *table, int n_layers, float *p
     const AdamWScalars s = begin_update(opt, grad_scale, lr, &decay_mul);
     for (int part = 0; part < n_layers + 2; part++) {
         int count = work_list(opt, table, params, false, grads, compute, decay_mul, part, n_layers);
-        if (count) opt->be->ops->adamw(opt->be, opt->tensors, count, &s);
+        if (count) launch(opt, opt->be, count, &s);
         if (after_part) SPES_TRY(after_part(ctx, part));
     }
     return SPES_OK;

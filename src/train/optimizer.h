@@ -34,7 +34,16 @@ typedef struct {
     bool offload;               // cfg.cpu_offload: the update runs on the host (below)
     float *hg, *hp;             // offload: host staging [numel] of the range's gradients and fp32 parameters
     AdamWTensor *tensors;       // [table.count] per-step work list
+    int *entry;                 // [table.count] the table entry of each work-list item
     int64_t step;               // updates done so far (torch's state["step"])
+    // Adaptive clipping (max_grad_norm_ratio, train/clip_adaptive.h). Per table entry, on the
+    // host, whole on every rank (the norms they come from are all-reduced, so every rank holds
+    // the same values: OLMo's every rank tracks every parameter's too), frozen entries unused.
+    int count;                  // table entries
+    float *norm_avg;            // [count] OLMo's state["grad_norm_exp_avg"] of each tensor
+    bool *norm_avg_set;         // [count] whether the tensor has one yet (none before step 2)
+    const float *tensor_scale;  // [count] or NULL: the next update's extra factor per tensor on top of
+                                // grad_scale (the adaptive clip factors); NULL: grad_scale alone
 } AdamW;
 
 // Zeroed moments for the trainable tensors of `table`, on the cpu / on backend be.
@@ -49,8 +58,12 @@ int adamw_state_to_device(AdamW *opt);
 int adamw_state_to_host(AdamW *opt);
 
 // Zeroes the moments and the update count (bias correction starts over, as for a fresh
-// optimizer) in host and backend memory: spes_config.reset_moments_at_sync.
+// optimizer) in host and backend memory, and forgets the adaptive clipping's norm averages (a
+// fresh optimizer has none): spes_config.reset_moments_at_sync.
 int adamw_reset(AdamW *opt);
+// The adaptive clipping's norm averages of src into dst (both over the same table; the
+// shards' states hold all of them): a sharded state's gather and scatter.
+void adamw_copy_norm_avg(AdamW *dst, const AdamW *src);
 
 // OLMo's get_param_groups: Linear weights (attention, router, experts, lm_head) always
 // decay; norm weights only with decay_norm_and_bias; the embedding only with decay_embeddings.
@@ -58,8 +71,10 @@ bool adamw_param_decays(const AdamWConfig *cfg, ParamKind kind);
 
 // One AdamW update of every trainable tensor at learning rate lr (params, grads: backend
 // fp32 buffers laid out by the table), on the gradient times grad_scale (grad_clip_coef's
-// factor, times 1/loss scale in fp16; 1 for none): the same bits as scaling the gradient
-// buffer first, without that pass; the buffer itself is left as it was. compute: the parameters' low-precision copy, updated
+// factor, times 1/loss scale in fp16; 1 for none), and for table entry i times
+// opt->tensor_scale[i] when that is set (grad_scale * tensor_scale[i] in float; tensors of one
+// factor share a launch): the same bits as scaling the gradient buffer first, without that
+// pass; the buffer itself is left as it was. compute: the parameters' low-precision copy, updated
 // by the same kernel (.p NULL when there is none). Same float32 operation order as torch's
 // single-tensor AdamW, so results agree to rounding. A shard's state updates the values of
 // its range only, tensor pieces element by element as the whole tensor would be; `grads`
