@@ -270,6 +270,7 @@ int dp_gather_params(DataParallel *dp, const ParamTable *table, float *dparams, 
 int dp_gather_state(DataParallel *dp, const AdamW *opt, AdamW *full) {
     if (full->numel != dp->n) return spes_fail("dist: full optimizer state of %zu values, expected %zu", full->numel, dp->n);
     full->step = opt->step;
+    adamw_copy_norm_avg(full, opt);   // every rank holds all of them
     if (dp->n == 0) return SPES_OK;
     size_t lo, hi;
     dp_state_range(dp, &lo, &hi);
@@ -287,6 +288,7 @@ int dp_scatter_state(DataParallel *dp, const AdamW *full, AdamW *opt) {
     dp_state_range(dp, &lo, &hi);
     if (opt->numel != hi - lo) return spes_fail("dist: optimizer shard of %zu values, expected %zu", opt->numel, hi - lo);
     opt->step = full->step;
+    adamw_copy_norm_avg(opt, full);
     if (hi > lo) {
         memcpy(opt->m, full->m + lo, (hi - lo) * sizeof(float));
         memcpy(opt->v, full->v + lo, (hi - lo) * sizeof(float));

@@ -339,6 +339,72 @@ static int write_generation_config(const char *dir, const TrainState *state) {
 }
 
 static const char *const moment_prefixes[2] = {"exp_avg.", "exp_avg_sq."};
+// Adaptive clipping's running norm average of a tensor (AdamW.norm_avg), shape [1], present only
+// for the tensors that have one (none when max_grad_norm_ratio is off: the file is then as before).
+#define NORM_AVG_PREFIX "grad_norm_exp_avg."
+
+// train_state.safetensors: the moments, then the norm averages the optimizer holds.
+static int write_train_state(const char *path, const ParamTable *table, const AdamW *opt) {
+    const float *moments[2] = {opt->m, opt->v};
+    StWriteTensor *ts;
+    char **names;
+    int n;
+    int rc = table_tensors(table, true, 2, moments, moment_prefixes, &ts, &names, &n);
+    int cap = n + table->count;
+    StWriteTensor *more = rc == SPES_OK ? realloc(ts, (size_t)(cap ? cap : 1) * sizeof *ts) : NULL;
+    char **more_names = more ? realloc(names, (size_t)(cap ? cap : 1) * sizeof *names) : NULL;
+    if (more) ts = more;
+    if (more_names) names = more_names;
+    if (rc == SPES_OK && (!more || !more_names)) rc = spes_fail("out of memory listing the optimizer state");
+    for (int i = 0; rc == SPES_OK && opt->norm_avg_set && i < table->count; i++) {
+        const ParamInfo *p = &table->entries[i];
+        if (!p->trainable || p->grad_offset < 0 || !opt->norm_avg_set[i]) continue;
+        size_t len = strlen(NORM_AVG_PREFIX) + strlen(p->name) + 1;
+        char *name = spes_malloc(len);
+        if (!name) {
+            rc = SPES_ERR;
+            break;
+        }
+        snprintf(name, len, "%s%s", NORM_AVG_PREFIX, p->name);
+        names[n] = name;
+        ts[n++] = (StWriteTensor){.name = name, .dtype = DTYPE_F32, .ndim = 1, .shape = {1}, .data = &opt->norm_avg[i]};
+    }
+    if (rc == SPES_OK) rc = safetensors_write_file(path, ts, n, NULL, NULL, 0);
+    free_table_tensors(ts, names, n);
+    return rc;
+}
+
+// The norm averages train_state.safetensors holds into opt (a tensor without one has none: a
+// checkpoint of a run without adaptive clipping, or saved at step 1, starts them as OLMo does).
+static int read_norm_avgs(const char *path, const ParamTable *table, AdamW *opt) {
+    SafeTensors st;
+    SPES_TRY(safetensors_open(path, &st));
+    int rc = SPES_OK;
+    for (int i = 0; rc == SPES_OK && i < table->count; i++) {
+        const ParamInfo *p = &table->entries[i];
+        opt->norm_avg_set[i] = false;
+        if (!p->trainable || p->grad_offset < 0) continue;
+        char name[200];
+        snprintf(name, sizeof name, "%s%s", NORM_AVG_PREFIX, p->name);
+        const StTensor *t = safetensors_find(&st, name);
+        if (!t) continue;
+        if (t->numel != 1) {
+            rc = spes_fail("tensor %s holds %zu values, a norm average is one", name, t->numel);
+            break;
+        }
+        float v;
+        rc = safetensors_to_f32(t, &v);
+        if (rc == SPES_OK && !(isfinite(v) && v >= 0))
+            rc = spes_fail("tensor %s is %g, a norm average is finite and >= 0: the file is damaged", name, (double)v);
+        if (rc == SPES_OK) {
+            opt->norm_avg[i] = v;
+            opt->norm_avg_set[i] = true;
+        }
+    }
+    if (rc != SPES_OK) spes_fail_context("loading %s", path);
+    safetensors_close(&st);
+    return rc;
+}
 
 static char *step_dir_name(const char *save_folder, int64_t step, const char *suffix) {
     char name[64];
@@ -379,8 +445,7 @@ int checkpoint_save(const char *save_folder, const Model *m, const AdamW *opt, c
     if (write_hf_config(files[1], &m->cfg) != SPES_OK) goto done;
     if (write_config_yaml(files[2], cfg) != SPES_OK) goto done;
     if (state->generation_config && write_generation_config(tmp, state) != SPES_OK) goto done;
-    const float *moments[2] = {opt->m, opt->v};
-    if (checkpoint_write_table(files[3], &m->table, true, 2, moments, moment_prefixes) != SPES_OK) goto done;
+    if (write_train_state(files[3], &m->table, opt) != SPES_OK) goto done;
     if (write_state_json(files[4], state, &m->table, opt->step) != SPES_OK) goto done;
     if (state->save_extra && state->save_extra(state->save_extra_ctx, tmp) != SPES_OK) goto done;
     if (fsync_dir(tmp) != SPES_OK) goto done;
@@ -454,6 +519,7 @@ int checkpoint_load(const char *dir, Model *m, AdamW *opt, TrainState *state) {
                 goto done;
             }
     }
+    if (opt->norm_avg_set && read_norm_avgs(moments, &m->table, opt) != SPES_OK) goto done;
     opt->step = opt_step;
     rc = SPES_OK;
 done:
