@@ -448,8 +448,19 @@ static void warn_inert_clip_warmup(const TrainConfig *cfg, const YNode *root) {
     if (steps != factor)
         log_warn("%s: set without scheduler.%s, so no clipping warm-up: OLMo needs both, and so does this run", at,
                  steps ? "grad_clip_warmup_factor" : "grad_clip_warmup_steps");
-    else if (cfg->max_grad_norm <= 0)
-        log_warn("%s: max_grad_norm is null (no clipping), so the clipping warm-up changes nothing", at);
+    else if (cfg->max_grad_norm <= 0 && cfg->max_grad_norm_ratio <= 0)
+        log_warn("%s: max_grad_norm and max_grad_norm_ratio are null (no clipping), so the clipping warm-up changes "
+                 "nothing", at);
+}
+
+// OLMo clips a group adaptively when it has max_grad_norm_ratio and never looks at its
+// max_grad_norm then: say so when both are set.
+static void warn_ignored_max_grad_norm(const TrainConfig *cfg, const YNode *root) {
+    if (cfg->max_grad_norm <= 0 || cfg->max_grad_norm_ratio <= 0) return;
+    char at[600];
+    key_where(where(root, "max_grad_norm"), "max_grad_norm", at, sizeof at);
+    log_warn("%s: ignored: max_grad_norm_ratio is set, and adaptive clipping replaces the global one (as in OLMo)",
+             at);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -497,6 +508,7 @@ static int load_string(const char *yaml_text, const char *name, int n_overrides,
     if (report) report_keys(cfg, &ctx);
     if (report) warn_inert_instance_filter(cfg, root);
     if (report) warn_inert_clip_warmup(cfg, root);
+    if (report) warn_ignored_max_grad_norm(cfg, root);
     cfg->tree = root;   // config_free frees it
     root = NULL;
     rc = SPES_OK;

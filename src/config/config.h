@@ -81,6 +81,7 @@ typedef struct {
     double learning_rate;
     AdamWConfig adamw;                // betas, eps, weight_decay, decay groups
     double max_grad_norm;             // <= 0: no clipping (null), default null
+    double max_grad_norm_ratio;       // adaptive clipping (train/clip_adaptive.h); <= 0: off (null), default null
 
     // scheduler. Default cosine_with_warmup, units steps, t_warmup 100, t_max null (-> the
     // run's max steps), alpha_f 0.1, warmup_min_lr null (-> 0.1 * lr, OLMo).

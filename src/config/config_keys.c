@@ -407,6 +407,7 @@ static bool peer_beta1_unset(const TrainConfig *cfg) { return cfg->peer_beta1 < 
 static bool reset_moments_unset(const TrainConfig *cfg) { return !cfg->reset_moments_at_sync; }
 // One clipping warm-up key without the other changes nothing (OLMo's get_max_grad_norm).
 static bool clip_warmup_unset(const TrainConfig *cfg) { return !schedule_clip_warmup_on(&cfg->schedule); }
+static bool clip_ratio_unset(const TrainConfig *cfg) { return cfg->max_grad_norm_ratio <= 0; }
 static bool scheduler_units_unset(const TrainConfig *cfg) { return cfg->schedule.units == SCHEDULE_UNITS_STEPS; }
 
 // "50000" steps, "1e9T" / "1000000000T" tokens, "2ep" epochs (OLMo's forms).
@@ -631,7 +632,7 @@ static const ConfigKey KEYS[] = {
     {"global_train_batch_size", K_INT, F(global_train_batch_size), MIN_POSITIVE, .hashed = true, .meaning = "Instances per optimizer step."},
     {"device_train_microbatch_size", K_INT, F(device_train_microbatch_size), MIN_POSITIVE, .meaning = "Instances per forward/backward; gradients accumulate over global/micro of them."},
     {"max_grad_norm", K_F64, F(max_grad_norm), MIN_NONNEG, .nullable = true, .null_value = 0, .hashed = true, .meaning = "Global gradient-norm clipping threshold (null: no clipping)."},
-    {"max_grad_norm_ratio", K_FIXED, .fixed = "null", .meaning = "Adaptive clipping is not implemented."},
+    {"max_grad_norm_ratio", K_F64, F(max_grad_norm_ratio), MIN_POSITIVE, .nullable = true, .null_value = 0, .hashed = true, .unset = clip_ratio_unset, .meaning = "Adaptive clipping (OLMo's _do_adaptive_clipping): each trainable tensor's gradient is clipped to this ratio times the running average of its own clipped gradient norm (`grad_norm_exp_avg`, beta max(betas), started from the tensor's norm at step 2, kept in train_state.safetensors), instead of the global max_grad_norm, which is then ignored. The clipping warm-up multiplies it as it does max_grad_norm. null: off."},
     {"save_folder", K_STR, F(save_folder), .meaning = "Checkpoints (`stepN/`) and metrics.jsonl go here."},
     {"save_overwrite", K_BOOL, F(save_overwrite), .meaning = "Allow writing into a save_folder that already holds checkpoints of another run."},
     {"save_interval", K_I64, F(save_interval_sharded), MIN_NONNEG, .nullable = true, .null_value = 0, .meaning = "OLMo's sharded (FSDP) checkpoint interval. Checkpoints here are of one kind (`stepN/`, resumable and HF-loadable): when save_interval_unsharded is null they are saved every save_interval steps instead, keeping save_num_checkpoints_to_keep (a config line says so); when both are set, every save_interval_unsharded steps, with a warning if save_interval is the shorter."},
@@ -717,7 +718,7 @@ static const ConfigKey KEYS[] = {
     {"scheduler.alpha_f", K_F64, F(schedule.alpha_f), MIN_NONNEG, .hashed = true, .meaning = "Final lr = alpha_f * learning_rate; read by the schedulers that read t_max."},
     {"scheduler.warmup_min_lr", K_F64, F(schedule.warmup_min_lr), MIN_NONNEG, .nullable = true, .null_value = -1, .hashed = true, .meaning = "lr at step 0 of the warm-up (null: 0.1 * learning_rate, OLMo)."},
     {"scheduler.grad_clip_warmup_steps", K_I64, F(schedule.grad_clip_warmup_steps), MIN_NONNEG, .nullable = true, .null_value = -1, .hashed = true, .unset = clip_warmup_unset, .meaning = "Clipping warm-up, with grad_clip_warmup_factor (OLMo's get_max_grad_norm): up to this step the clipping threshold is max_grad_norm * grad_clip_warmup_factor. As OLMo's trainer sets it after clipping, step 1 clips at max_grad_norm and steps 2 to this one + 1 at the product. With scheduler.units tokens it counts tokens seen, as OLMo compares it with scheduler_current: a step after one that ended at or below this many tokens clips at the product. null (or factor null): off."},
-    {"scheduler.grad_clip_warmup_factor", K_F64, F(schedule.grad_clip_warmup_factor), MIN_POSITIVE, .nullable = true, .null_value = -1, .hashed = true, .unset = clip_warmup_unset, .meaning = "The clipping warm-up's multiplier of max_grad_norm (see grad_clip_warmup_steps). null: off."},
+    {"scheduler.grad_clip_warmup_factor", K_F64, F(schedule.grad_clip_warmup_factor), MIN_POSITIVE, .nullable = true, .null_value = -1, .hashed = true, .unset = clip_warmup_unset, .meaning = "The clipping warm-up's multiplier of max_grad_norm, or of max_grad_norm_ratio when that is set (see grad_clip_warmup_steps). null: off."},
 
     {"data", K_SECTION, .meaning = "Training token files."},
     {"data.paths", K_STRLIST, F(data.paths), .hashed = true, .meaning = "Token files; an entry ending in `.txt` is a manifest (one path a line). Relative paths resolve against the current directory."},

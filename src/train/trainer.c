@@ -26,6 +26,7 @@
 #include "model/hf_import.h"
 #include "sync/expert_owners.h"
 #include "train/checkpoint.h"
+#include "train/clip_adaptive.h"
 #include "train/loss_scale.h"
 #include "train/optimizer.h"
 #include "train/overlap_step.h"
@@ -92,6 +93,10 @@ struct Trainer {
     bool overlap_on;
     bool update_queued;         // the last step's update may still run (parameters_at_rest waits)
     bool grads_zeroed_by_update;   // the queued update zeroes the gradients behind it
+    // max_grad_norm_ratio: OLMo's adaptive clipping, per tensor (train/clip_adaptive.h)
+    ClipAdaptive clip;
+    bool clip_on;
+    const char *clip_dump_dir;  // SPES_CLIP_DUMP_GRADS (tests, one rank): each step's gradient before clipping
 };
 
 int trainer_own_experts(const TrainConfig *cfg, int experts, int *first, int *last) {
@@ -477,6 +482,14 @@ int trainer_create(const TrainConfig *cfg, const TrainerOptions *opt, Trainer **
     }
     const char *force = getenv("SPES_FORCE_GRAD_OVERFLOW_STEP");
     t->force_overflow_step = force && *force ? strtoll(force, NULL, 10) : -1;
+    if (cfg->max_grad_norm_ratio > 0) {
+        if (clip_adaptive_create(&t->clip, t->be, &t->model.table) != SPES_OK) goto fail;
+        t->clip_on = true;
+        const char *dump = getenv("SPES_CLIP_DUMP_GRADS");
+        t->clip_dump_dir = dump && *dump && !t->dist ? dump : NULL;
+        log_info("optimizer: adaptive clipping, each tensor to %g x its running gradient-norm average "
+                 "(max_grad_norm_ratio)", cfg->max_grad_norm_ratio);
+    }
     int n_trainable = 0;
     for (int i = 0; i < t->model.table.count; i++) n_trainable += t->model.table.entries[i].trainable;
     log_memory(t);
@@ -518,6 +531,7 @@ void trainer_free(Trainer *t) {
     free(t->step_counts);
     free(t->micro_losses);
     adamw_free(&t->adamw);
+    if (t->clip_on) clip_adaptive_free(&t->clip);
     if (t->z3_on) sharded_params_free(&t->z3);
     if (t->zgrads_on) sharded_grads_free(&t->zgrads);
     if (t->dist) dp_free(&t->dp);
@@ -570,8 +584,28 @@ static int combine_ranks(Trainer *t, int n_micro, size_t n_counts, LossValues *m
     return SPES_OK;
 }
 
+// Adaptive clipping: the reduced gradient's per-tensor sums of squares into t->clip.sums (a ZeRO-2/3
+// rank's pieces summed over the ranks in one all-reduce), and the global norm from them.
+static int step_tensor_norms(Trainer *t, double *norm) {
+    const ParamTable *table = &t->model.table;
+    if (!t->zgrads_on) {
+        SPES_TRY(clip_adaptive_sums(&t->clip, table, t->model.grads, 0, table->trainable_numel));
+    } else {
+        const int r = comm_rank(t->comm);
+        int rc = clip_adaptive_sums(&t->clip, table, t->zgrads.shard, t->dp.lo[r], t->dp.lo[r + 1]);
+        // A failed sum still enters the all-reduce, as NaNs: every rank gets them (dp_shard_grad_norm's way).
+        if (rc != SPES_OK)
+            for (int i = 0; i < t->clip.count; i++) t->clip.sums[i] = NAN;
+        SPES_TRY(comm_allreduce_sum(t->comm, NULL, t->clip.sums, (size_t)t->clip.count, COMM_F64));
+        SPES_TRY(rc);
+    }
+    *norm = sqrt(clip_adaptive_total(&t->clip));
+    return SPES_OK;
+}
+
 // The reduced gradient: sharded over the ranks (ZeRO-2/3), else whole on every rank.
 static int step_grad_norm(Trainer *t, double *norm) {
+    if (t->clip_on) return step_tensor_norms(t, norm);
     if (t->zgrads_on) return dp_shard_grad_norm(&t->dp, t->zgrads.shard, norm);
     double sumsq;
     SPES_TRY(grad_sum_of_squares(t->be, t->model.grads, t->model.table.trainable_numel, &sumsq));
@@ -586,6 +620,17 @@ static const ModelHooks *pass_hooks(Trainer *t, bool last_overlapped) {
     if (t->z3_on) return sharded_params_hooks(&t->z3);
     if (t->zgrads_on) return sharded_grads_hooks(&t->zgrads);
     return last_overlapped ? &t->dp.hooks : NULL;
+}
+
+// Adaptive clipping of step `step` from its per-tensor norms (step_tensor_norms): the factors
+// for AdamW and the running averages; with SPES_CLIP_DUMP_GRADS the gradient goes to a file first.
+static int clip_step(Trainer *t, double ratio, double unscale, int64_t step) {
+    if (t->clip_dump_dir)
+        SPES_TRY(clip_adaptive_dump_grads(t->clip_dump_dir, &t->model.table, t->be, t->model.grads,
+                                          t->model.table.trainable_numel, step));
+    clip_adaptive_apply(&t->clip, &t->adamw, &t->model.table, ratio, unscale, step);
+    t->adamw.tensor_scale = t->clip.scale;
+    return SPES_OK;
 }
 
 // data.instance_filter's count for the step: a kept instance has exactly T - 1 targets and a
@@ -707,6 +752,10 @@ int trainer_step(Trainer *t, StepMetrics *out) {
     const SchedulePos pos = schedule_position(&cfg->schedule, &run, step, t->state.tokens_seen + (int64_t)rows * T);
     double lr = schedule_lr(&cfg->schedule, cfg->learning_rate, pos.now, pos.max);
     double max_norm = schedule_clip_max_norm(&cfg->schedule, cfg->max_grad_norm, step, t->state.tokens_seen);
+    // Adaptive clipping replaces the global one (OLMo never reads max_grad_norm then); its ratio
+    // follows the clipping warm-up as max_grad_norm does.
+    double ratio = schedule_clip_max_norm(&cfg->schedule, cfg->max_grad_norm_ratio, step, t->state.tokens_seen);
+    if (t->clip_on) max_norm = 0;
     if (is_peer(cfg) && cfg->lr_scale != 1.0) lr *= cfg->lr_scale;
     double norm = 0.0;
     bool apply = true;
@@ -723,6 +772,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
                      t->scaler.scale);
         } else if (n_grad) {
             grad_scale = (float)(1.0 / t->scaler.scale * grad_clip_coef(norm, max_norm));
+            if (t->clip_on) SPES_TRY(clip_step(t, ratio, 1.0 / t->scaler.scale, step));
         }
     } else if (n_grad) {
         // clip_grad_norm_ over the reduced gradient (whole or sharded), its factor applied by AdamW. A non-finite
@@ -734,6 +784,7 @@ int trainer_step(Trainer *t, StepMetrics *out) {
             return spes_fail("step %" PRId64 ": the gradient norm is %g with a finite loss (%g): an overflow in the "
                              "backward; lower optimizer.learning_rate; the last checkpoint is unaffected", step, norm, mean.total);
         grad_scale = grad_clip_coef(norm, max_norm);
+        if (t->clip_on) SPES_TRY(clip_step(t, ratio, 1.0, step));
     }
     const Buf compute = {m->cparams, t->be->compute};
     bool queued = false;   // this step's update left running under the next forward
