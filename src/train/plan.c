@@ -41,6 +41,7 @@ int plan_target_from_config(const TrainConfig *cfg, int ranks, bool gpu, PlanTar
     out->prefetch = cfg->fsdp_prefetch;
     out->overlap = cfg->ddp_overlap_grad_reduce;
     out->bucket_mb = cfg->ddp_bucket_cap_mb;
+    out->clip_adaptive = cfg->max_grad_norm_ratio > 0;
     for (int i = 0; i < cfg->n_evaluators; i++)   // lm evaluators run forward passes of this batch
         if (!cfg->evaluators[i].requests) out->eval_batch = cfg->device_eval_batch_size;
     return SPES_OK;
@@ -174,6 +175,11 @@ static int plan_memory(const ModelConfig *mc, const ParamTable *t, const PlanTar
         take(&l, state_n * f4);
         take(&l, state_n * f4);
         m->moments = 2 * state_n * f4;
+    }
+    if (g->clip_adaptive) {   // adaptive clipping's per-tensor sums (train/clip_adaptive.h)
+        const size_t sums = ((size_t)t->count + 1) * sizeof(double);
+        take(&l, sums);
+        m->work += sums;
     }
     if (g->gpu) {   // the GEMM that measures the GPU's peak at start (two n x n compute buffers)
         const size_t probe = (size_t)4096 * 4096 * num_type_size(g->compute);

@@ -46,6 +46,7 @@ typedef struct {
     bool overlap;               // ddp.overlap_grad_reduce (ZeRO-2/3: two gradient working buffers)
     double bucket_mb;           // ddp.bucket_cap_mb
     int eval_batch;             // device_eval_batch_size when the run has lm evaluators, else 0
+    bool clip_adaptive;         // max_grad_norm_ratio set: a double per tensor for the per-tensor norms
 } PlanTarget;
 
 // The target `spes train` would have for cfg on `ranks` ranks: the strategy from
