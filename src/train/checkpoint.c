@@ -343,35 +343,66 @@ static const char *const moment_prefixes[2] = {"exp_avg.", "exp_avg_sq."};
 // for the tensors that have one (none when max_grad_norm_ratio is off: the file is then as before).
 #define NORM_AVG_PREFIX "grad_norm_exp_avg."
 
-// train_state.safetensors: the moments, then the norm averages the optimizer holds.
+// train_state.safetensors' tensors: the moments (opt NULL: names and shapes alone, for sizing),
+// then a norm average for each trainable tensor that has one (has[i]; NULL: none). As
+// table_tensors; free with free_table_tensors.
+static int state_tensors(const ParamTable *table, const AdamW *opt, const bool *has, StWriteTensor **ts,
+                         char ***names, int *n) {
+    const float *moments[2] = {opt ? opt->m : NULL, opt ? opt->v : NULL};
+    SPES_TRY(table_tensors(table, true, 2, opt ? moments : NULL, moment_prefixes, ts, names, n));
+    const int cap = *n + table->count + 1;
+    StWriteTensor *more = realloc(*ts, (size_t)cap * sizeof **ts);
+    if (more) *ts = more;
+    char **more_names = more ? realloc(*names, (size_t)cap * sizeof **names) : NULL;
+    if (more_names) *names = more_names;
+    if (!more || !more_names) return spes_fail("out of memory listing the optimizer state");
+    for (int i = 0; has && i < table->count; i++) {
+        const ParamInfo *p = &table->entries[i];
+        if (!p->trainable || p->grad_offset < 0 || !has[i]) continue;
+        size_t len = strlen(NORM_AVG_PREFIX) + strlen(p->name) + 1;
+        char *name = spes_malloc(len);
+        if (!name) return SPES_ERR;
+        snprintf(name, len, "%s%s", NORM_AVG_PREFIX, p->name);
+        (*names)[*n] = name;
+        (*ts)[(*n)++] = (StWriteTensor){
+            .name = name, .dtype = DTYPE_F32, .ndim = 1, .shape = {1}, .data = opt ? &opt->norm_avg[i] : NULL};
+    }
+    return SPES_OK;
+}
+
 static int write_train_state(const char *path, const ParamTable *table, const AdamW *opt) {
-    const float *moments[2] = {opt->m, opt->v};
     StWriteTensor *ts;
     char **names;
     int n;
-    int rc = table_tensors(table, true, 2, moments, moment_prefixes, &ts, &names, &n);
-    int cap = n + table->count;
-    StWriteTensor *more = rc == SPES_OK ? realloc(ts, (size_t)(cap ? cap : 1) * sizeof *ts) : NULL;
-    char **more_names = more ? realloc(names, (size_t)(cap ? cap : 1) * sizeof *names) : NULL;
-    if (more) ts = more;
-    if (more_names) names = more_names;
-    if (rc == SPES_OK && (!more || !more_names)) rc = spes_fail("out of memory listing the optimizer state");
-    for (int i = 0; rc == SPES_OK && opt->norm_avg_set && i < table->count; i++) {
-        const ParamInfo *p = &table->entries[i];
-        if (!p->trainable || p->grad_offset < 0 || !opt->norm_avg_set[i]) continue;
-        size_t len = strlen(NORM_AVG_PREFIX) + strlen(p->name) + 1;
-        char *name = spes_malloc(len);
-        if (!name) {
-            rc = SPES_ERR;
-            break;
-        }
-        snprintf(name, len, "%s%s", NORM_AVG_PREFIX, p->name);
-        names[n] = name;
-        ts[n++] = (StWriteTensor){.name = name, .dtype = DTYPE_F32, .ndim = 1, .shape = {1}, .data = &opt->norm_avg[i]};
-    }
+    int rc = state_tensors(table, opt, opt->norm_avg_set, &ts, &names, &n);
     if (rc == SPES_OK) rc = safetensors_write_file(path, ts, n, NULL, NULL, 0);
     free_table_tensors(ts, names, n);
     return rc;
+}
+
+// Bytes of train_state.safetensors with (or without) a norm average for every trainable tensor.
+static int state_file_bytes(const ParamTable *table, bool norm_avgs, size_t *bytes) {
+    StWriteTensor *ts;
+    char **names;
+    int n;
+    *bytes = 0;
+    bool *all = spes_malloc(((size_t)table->count + 1) * sizeof *all);
+    if (!all) return SPES_ERR;
+    for (int i = 0; i < table->count; i++) all[i] = true;
+    int rc = state_tensors(table, NULL, norm_avgs ? all : NULL, &ts, &names, &n);
+    if (rc == SPES_OK) rc = safetensors_serialized_size(ts, n, NULL, NULL, 0, bytes);
+    free_table_tensors(ts, names, n);
+    free(all);
+    return rc;
+}
+
+int checkpoint_norm_avg_bytes(const ParamTable *table, size_t *bytes) {
+    size_t with, without;
+    *bytes = 0;
+    SPES_TRY(state_file_bytes(table, true, &with));
+    SPES_TRY(state_file_bytes(table, false, &without));
+    *bytes = with - without;
+    return SPES_OK;
 }
 
 // The norm averages train_state.safetensors holds into opt (a tensor without one has none: a

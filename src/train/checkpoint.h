@@ -5,7 +5,8 @@
 //   generation_config.json   only when the run's source model had one (TrainState.generation_config:
 //                            load_path's, or the newest checkpoint's when load_path's is gone),
 //                            which `spes export` writes unchanged
-//   train_state.safetensors  AdamW moments of the trainable tensors: exp_avg.<name>, exp_avg_sq.<name>
+//   train_state.safetensors  AdamW moments of the trainable tensors: exp_avg.<name>, exp_avg_sq.<name>,
+//                            and with max_grad_norm_ratio the norm averages grad_norm_exp_avg.<name>
 //   train_state.json         step, tokens seen, optimizer step, data-loader position and
 //                            seed, config hash, trainable-set summary, schema version, and
 //                            "synced": false when a SPES peer saved its local weights after
@@ -57,6 +58,9 @@ int checkpoint_save(const char *save_folder, const Model *m, const AdamW *opt, c
 // as checkpoint_save writes them (headers included), the small files' allowance, and `extra`
 // (what save_extra adds: a SPES peer's sync state, spes_peer_state_bytes).
 int checkpoint_disk_bytes(const ParamTable *table, size_t extra, size_t *bytes);
+// What max_grad_norm_ratio's norm averages add to train_state.safetensors once every trainable
+// tensor has one (from step 2 on): to add to checkpoint_disk_bytes' `extra`.
+int checkpoint_norm_avg_bytes(const ParamTable *table, size_t *bytes);
 
 // Restores parameters, AdamW moments + step and the train state from a step directory. The
 // model's trainable set must be the one the checkpoint was written with (checked by name).

@@ -235,7 +235,9 @@ int plan_compute(const TrainConfig *cfg, const PlanTarget *target, Plan *out) {
     out->flops_per_token = model_train_flops(&m, 1, target->seq_len) / target->seq_len;
     size_t sync_state = 0;
     if (rc == SPES_OK) rc = spes_peer_state_bytes(cfg, out->params.trainable, &sync_state);
-    if (rc == SPES_OK) rc = checkpoint_disk_bytes(&m.table, sync_state, &out->checkpoint_bytes);
+    size_t norm_avgs = 0;   // max_grad_norm_ratio's averages
+    if (rc == SPES_OK && target->clip_adaptive) rc = checkpoint_norm_avg_bytes(&m.table, &norm_avgs);
+    if (rc == SPES_OK) rc = checkpoint_disk_bytes(&m.table, sync_state + norm_avgs, &out->checkpoint_bytes);
     param_table_free(&m.table);
     return rc;
 }

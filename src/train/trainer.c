@@ -282,7 +282,9 @@ static int claim_save_folder(const TrainConfig *cfg, bool rank0) {
 static int check_save_space(Trainer *t) {
     size_t sync_state;
     SPES_TRY(spes_peer_state_bytes(t->cfg, t->model.table.trainable_numel, &sync_state));
-    SPES_TRY(checkpoint_disk_bytes(&t->model.table, sync_state, &t->checkpoint_bytes));
+    size_t norm_avgs = 0;   // max_grad_norm_ratio's averages
+    if (t->cfg->max_grad_norm_ratio > 0) SPES_TRY(checkpoint_norm_avg_bytes(&t->model.table, &norm_avgs));
+    SPES_TRY(checkpoint_disk_bytes(&t->model.table, sync_state + norm_avgs, &t->checkpoint_bytes));
     save_space_check(t->cfg, t->checkpoint_bytes, t->state.step, config_last_step(t->cfg, t->max_steps));
     return SPES_OK;
 }

@@ -168,6 +168,58 @@ static void test_disk_bytes(void **state) {
     free(step_dir);
 }
 
+// max_grad_norm_ratio's norm averages: saved for the tensors that have one, loaded back exactly
+// (none for the rest), sized by checkpoint_norm_avg_bytes to the byte once all have one, and a
+// negative one refused as damage.
+static void test_norm_averages(void **state) {
+    Fixture *f = *state;
+    TrainState st = sample_state(10);
+    const ParamTable *t = &f->model.table;
+    int first = -1, second = -1;
+    for (int i = 0; i < t->count; i++) {
+        if (!t->entries[i].trainable) continue;
+        f->opt.norm_avg[i] = 0.25f + (float)i;
+        f->opt.norm_avg_set[i] = first >= 0;   // all but the first trainable tensor
+        if (first < 0) first = i;
+        else if (second < 0) second = i;
+    }
+    assert_int_equal(checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg), SPES_OK);
+    char *step_dir = join(f->dir, "step10");
+    AdamW o2;
+    assert_int_equal(adamw_create(&o2, t, &f->opt.cfg), SPES_OK);
+    TrainState back;
+    assert_int_equal(checkpoint_load(step_dir, &f->model, &o2, &back), SPES_OK);
+    for (int i = 0; i < t->count; i++) {
+        assert_true(o2.norm_avg_set[i] == f->opt.norm_avg_set[i]);
+        if (o2.norm_avg_set[i]) assert_true(o2.norm_avg[i] == f->opt.norm_avg[i]);
+    }
+    // all set: the file grows by checkpoint_norm_avg_bytes over one without any
+    struct stat with, without;
+    f->opt.norm_avg_set[first] = true;
+    st.step = 11;
+    assert_int_equal(checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg), SPES_OK);
+    char *d11 = join(f->dir, "step11"), *p11 = join(d11, "train_state.safetensors");
+    assert_int_equal(stat(p11, &with), 0);
+    memset(f->opt.norm_avg_set, 0, (size_t)t->count * sizeof(bool));
+    st.step = 12;
+    assert_int_equal(checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg), SPES_OK);
+    char *d12 = join(f->dir, "step12"), *p12 = join(d12, "train_state.safetensors");
+    assert_int_equal(stat(p12, &without), 0);
+    size_t extra;
+    assert_int_equal(checkpoint_norm_avg_bytes(t, &extra), SPES_OK);
+    assert_int_equal((size_t)with.st_size, (size_t)without.st_size + extra);
+    // a negative average is damage
+    f->opt.norm_avg_set[second] = true;
+    f->opt.norm_avg[second] = -1.0f;
+    st.step = 13;
+    assert_int_equal(checkpoint_save(f->dir, &f->model, &f->opt, &st, &f->cfg), SPES_OK);
+    char *d13 = join(f->dir, "step13");
+    assert_int_equal(checkpoint_load(d13, &f->model, &o2, &back), SPES_ERR);
+    assert_non_null(strstr(spes_last_error(), "grad_norm_exp_avg."));
+    adamw_free(&o2);
+    free(step_dir), free(d11), free(p11), free(d12), free(p12), free(d13);
+}
+
 static void test_latest_and_prune(void **state) {
     Fixture *f = *state;
     char *dir;
@@ -333,6 +385,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_layout_and_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_disk_bytes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_norm_averages, setup, teardown),
         cmocka_unit_test_setup_teardown(test_latest_and_prune, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsynced_marker_and_resave, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_state, setup, teardown),
