@@ -93,6 +93,7 @@ static int step_fields(const StepMetrics *s, Field *f) {
     f[n++] = (Field){"grad_norm", FIELD_DOUBLE, s->grad_norm, false};
     f[n++] = (Field){"tokens", FIELD_INT, (double)s->tokens_seen, false};
     if (s->instance_filter) f[n++] = (Field){"masked_instances", FIELD_INT, (double)s->masked_instances, false};
+    if (s->clip_adaptive) f[n++] = (Field){"clipping_rate", FIELD_DOUBLE, s->clipping_rate, false};
     if (s->loss_scale > 0) {
         f[n++] = (Field){"loss_scale", FIELD_DOUBLE, s->loss_scale, false};
         f[n++] = (Field){"step_skipped", FIELD_BOOL, s->step_skipped, false};

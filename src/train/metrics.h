@@ -37,6 +37,8 @@ typedef struct {
     double device_mem_mb, device_peak_mb;   // GPU memory in use / peak (0 on cpu)
     double loss_scale;          // amp_fp16 loss scale (0 when loss scaling is off)
     bool step_skipped;          // amp_fp16: the update was skipped (gradient overflow)
+    bool clip_adaptive;         // max_grad_norm_ratio is set, and
+    double clipping_rate;       // the share of trainable tensors it clipped (OLMo's optim/clipping_rate)
     int64_t failed_save_step;   // a save that failed since the newest checkpoint (0: none), and
     int64_t newest_checkpoint;  // that checkpoint's step (-1: none): on the console line, not in metrics.jsonl
 } StepMetrics;

@@ -824,6 +824,8 @@ int trainer_step(Trainer *t, StepMetrics *out) {
                          .tokens_seen = t->state.tokens_seen,
                          .instance_filter = cfg->data.instance_filter.enabled,
                          .masked_instances = masked_instances(rows, T, mean.num_targets),
+                         .clip_adaptive = t->clip_on,
+                         .clipping_rate = t->clip_on && t->clip.eligible ? (double)t->clip.clipped / t->clip.eligible : 0,
                          .expert_counts = t->step_counts,
                          .n_layers = m->cfg.n_layers,
                          .n_experts = m->cfg.num_experts,

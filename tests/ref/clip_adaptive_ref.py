@@ -20,6 +20,7 @@ clipping): OLMo's state then has none before step K, whose group ratio is cfg's
 Prints the clipped tensors per step; exits 1 on a mismatch.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -98,6 +99,13 @@ def main():
         # train_step: the ratio for the next step (scheduler_current = global_step, units steps)
         group_ratio = get_max_grad_norm_coeff(ratio, step, warm_steps, warm_factor)
         clipped = sorted(n for n, c in coefs.items() if c < 1)
+        # metrics.jsonl's clipping_rate (OLMo's optim/clipping_rate): the share clipped
+        line = next((json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))
+                     if json.loads(l).get("step") == step and "clipping_rate" in json.loads(l)), None)
+        if line is None or abs(line["clipping_rate"] - len(clipped) / len(coefs)) > 1e-12:
+            print(f"FAILED step {step}: metrics.jsonl clipping_rate {line and line['clipping_rate']!r}, "
+                  f"reference {len(clipped)}/{len(coefs)}")
+            bad += 1
         clipped_total += len(clipped)
         unclipped_total += len(coefs) - len(clipped)
         used = coefs_ratio
