@@ -20,16 +20,22 @@ static void describe_lost(const LogSink *s, char *out, size_t cap) {
     else snprintf(out + n, cap - (size_t)n, " (steps %" PRId64 "-%" PRId64 ")", s->first_step, s->last_step);
 }
 
+// Ends a streak of failures: its message (format: what, cause, what was lost) into msg, and the
+// counts back to none.
+static void close_streak(LogSink *s, const char *format, char *msg, size_t cap) {
+    char lost[96];
+    describe_lost(s, lost, sizeof lost);
+    snprintf(msg, cap, format, s->what, s->cause, lost);
+    s->failing = false;
+    s->lost = 0;
+    s->first_step = s->last_step = -1;
+}
+
 SinkNews log_sink_note(LogSink *s, bool ok, const char *cause, int64_t step, char *msg, size_t cap) {
     if (cap) msg[0] = '\0';
     if (ok) {
         if (!s->failing) return SINK_QUIET;
-        char lost[96];
-        describe_lost(s, lost, sizeof lost);
-        snprintf(msg, cap, "%s is written again; lost while it could not be (%s): %s", s->what, s->cause, lost);
-        s->failing = false;
-        s->lost = 0;
-        s->first_step = s->last_step = -1;
+        close_streak(s, "%s is written again; lost while it could not be (%s): %s", msg, cap);
         return SINK_RECOVERED;
     }
     s->lost++;
@@ -53,11 +59,6 @@ SinkNews log_sink_note(LogSink *s, bool ok, const char *cause, int64_t step, cha
 bool log_sink_final(LogSink *s, char *msg, size_t cap) {
     if (cap) msg[0] = '\0';
     if (!s->failing || s->lost == 0) return false;
-    char lost[96];
-    describe_lost(s, lost, sizeof lost);
-    snprintf(msg, cap, "%s could not be written up to the end of the run (%s); lost: %s", s->what, s->cause, lost);
-    s->failing = false;
-    s->lost = 0;
-    s->first_step = s->last_step = -1;
+    close_streak(s, "%s could not be written up to the end of the run (%s); lost: %s", msg, cap);
     return true;
 }

@@ -16,11 +16,11 @@ cd "$(dirname "$0")/../.."
 . tests/integration/lib/require.sh
 require_spes
 tmp=$(mktemp -d)
-mounted=()
+. tests/integration/lib/tmpfs_disk.sh
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount "${mounted[$i]}" 2>/dev/null || true; done
+  tmpfs_unmount_all
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -28,14 +28,7 @@ trap cleanup EXIT
 export SPES_NUM_THREADS=1
 
 # disk NAME: a 40 MB tmpfs at $tmp/NAME (root only: skipped without it).
-disk() {
-  mkdir -p "$tmp/$1"
-  if ! mount -t tmpfs -o size=40m tmpfs "$tmp/$1" 2>/dev/null; then
-    echo "SKIPPED: cannot mount a tmpfs (needs root) to fill a disk"
-    exit 77
-  fi
-  mounted+=("$tmp/$1")
-}
+disk() { tmpfs_disk "$1" 40m; }
 # fill NAME: a filler file takes every free byte of the disk.
 fill() { cat /dev/zero > "$tmp/$1/filler" 2>/dev/null || true; }
 

@@ -9,21 +9,12 @@ cd "$(dirname "$0")/../.."
 . tests/integration/lib/require.sh
 require_spes
 tmp=$(mktemp -d)
-mounted=()
-cleanup() { for m in "${mounted[@]}"; do umount "$m" 2>/dev/null || true; done; rm -rf "$tmp"; }
+. tests/integration/lib/tmpfs_disk.sh
+cleanup() { tmpfs_unmount_all; rm -rf "$tmp"; }
 trap cleanup EXIT
 [ -n "${KEEP:-}" ] && trap - EXIT
 export SPES_NUM_THREADS=1
 
-# disk NAME SIZE: a tmpfs of SIZE at $tmp/NAME (root only: skipped without it).
-disk() {
-  mkdir -p "$tmp/$1"
-  if ! mount -t tmpfs -o "size=$2" tmpfs "$tmp/$1" 2>/dev/null; then
-    echo "SKIPPED: cannot mount a tmpfs (needs root) to fill a disk"
-    exit 77
-  fi
-  mounted+=("$tmp/$1")
-}
 
 source tests/integration/lib/tiny_model.sh
 tiny_tokens "$tmp" 200
@@ -42,7 +33,7 @@ bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
 warned() { grep -c "warn\] save_folder $1" "$2" || true; }
 
 # One checkpoint (529 kB planned, 468 kB written) does not fit 300 kB: said before step 1, and the saves then fail as said.
-disk tiny 300k
+tmpfs_disk tiny 300k
 # (--save_retry=0: the final save is not retried; train_save_full_disk.sh tests the retries.)
 if "$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/tiny/run" --save_retry=0 > "$tmp/tiny.log" 2>&1; then bad "the run on a 300 kB disk saved"; fi
 grep -q "warn\] save_folder $tmp/tiny/run: [0-9.]* kB free on its filesystem, and a checkpoint takes 529 kB: the save at step 5 will fail unless space is freed" "$tmp/tiny.log" ||
@@ -53,19 +44,19 @@ step_line=$(grep -n "info\] step 1/" "$tmp/tiny.log" | head -1 | cut -d: -f1)
 grep -q "No space left on device" "$tmp/tiny.log" || bad "the save on a 300 kB disk did not fail for space"
 
 # Two fit in 1.1 MB, and keeping 2 holds 3 while the third save runs: said at the start.
-disk two 1100k
+tmpfs_disk two 1100k
 if "$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/two/run" --save_retry=0 > "$tmp/two.log" 2>&1; then bad "the run on a 1.1 MB disk saved 4 times"; fi
 grep -q "warn\] save_folder $tmp/two/run: 1.1[0-9]* MB free on its filesystem; the run's 4 saves left of 529 kB each, keeping 2 (save_num_unsharded_checkpoints_to_keep), need up to 1.59 MB more: a later save will fail unless space is freed" "$tmp/two.log" ||
   bad "no warning of a later save on a 1.1 MB disk"
 [ -d "$tmp/two/run/step10" ] || bad "the 1.1 MB disk did not keep step10"
 # Keeping all four needs more: the same disk, keep everything
-disk all 1100k
+tmpfs_disk all 1100k
 "$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/all/run" --save_num_unsharded_checkpoints_to_keep=-1 \
   --max_duration=10 > "$tmp/all.log" 2>&1 || bad "two saves on a 1.1 MB disk failed"
 [ "$(warned "$tmp/all/run" "$tmp/all.log")" = 0 ] || bad "warned of two saves that fit"
 
 # Room: no warning; the plan's checkpoint is the saved one.
-disk room 20m
+tmpfs_disk room 20m
 "$SPES_BIN" train "$tmp/tiny.yaml" --save_folder="$tmp/room/run" > "$tmp/room.log" 2>&1 || { cat "$tmp/room.log"; bad "the run with room failed"; }
 [ "$(warned "$tmp/room/run" "$tmp/room.log")" = 0 ] || bad "warned with room"
 "$SPES_BIN" plan "$tmp/tiny.yaml" --json > "$tmp/plan.json" 2> "$tmp/plan.log" || { cat "$tmp/plan.log"; bad "spes plan failed"; }
