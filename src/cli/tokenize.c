@@ -7,10 +7,17 @@
 // special tokens, and followed by EOS unless --no_eos. Unlike the script, documents keep their
 // input order (the script shuffles each batch with an unseeded RNG, so no run of it is
 // reproducible) and a shard never exceeds --max_shard_bytes unless one document alone does.
+//
+// A run that fails (a full disk, a bad input, a worker that died, SIGINT/SIGTERM) stops its
+// other workers and removes every shard it wrote, committed ones included: each shard is whole
+// (temp + fsync + rename), but a partial set would pass for a dataset, and a rerun would refuse
+// the prefix for holding shards of an earlier run. The console is only a view: with its reader
+// gone (`spes tokenize ... 2>&1 | head -1`) the run goes on (SIGPIPE ignored; lines are lost).
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <glob.h>
+#include <signal.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -322,6 +329,8 @@ static pid_t start_worker(const TokenizeArgs *a, const Tokenizer *tok, int64_t e
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
+        signal(SIGINT, SIG_DFL);    // the parent's handlers only set a flag
+        signal(SIGTERM, SIG_DFL);
         int rc = run_worker(a, tok, eos, files + start, count, proc, st);
         if (rc != SPES_OK) {
             snprintf(st->error, sizeof st->error, "%s", spes_last_error());
@@ -333,28 +342,43 @@ static pid_t start_worker(const TokenizeArgs *a, const Tokenizer *tok, int64_t e
     return pid;
 }
 
-// 1 when name is one of our shard names for the prefix's file part: {base}{proc:03d}_{shard:06d}.npy.
-static int is_shard_name(const char *name, const char *base) {
+enum { NOT_A_SHARD, SHARD, SHARD_TEMP };
+
+// What name is for the prefix's file part: SHARD for {base}{proc:03d}_{shard:06d}.npy, SHARD_TEMP
+// for a shard's temp file ("<shard>.tmp.<pid>", base/file.h) a killed worker left.
+static int shard_name_kind(const char *name, const char *base) {
     size_t n = strlen(base);
-    if (strncmp(name, base, n)) return 0;
+    if (strncmp(name, base, n)) return NOT_A_SHARD;
     const char *p = name + n, *q = p;
     while (isdigit((unsigned char)*q)) q++;
-    if (q - p < 3 || *q != '_') return 0;
+    if (q - p < 3 || *q != '_') return NOT_A_SHARD;
     p = ++q;
     while (isdigit((unsigned char)*q)) q++;
-    return q - p >= 6 && !strcmp(q, ".npy");
+    if (q - p < 6 || strncmp(q, ".npy", 4)) return NOT_A_SHARD;
+    q += 4;
+    if (!*q) return SHARD;
+    if (strncmp(q, ".tmp.", 5) || !q[5]) return NOT_A_SHARD;
+    for (q += 5; isdigit((unsigned char)*q); q++) {}
+    return *q ? NOT_A_SHARD : SHARD_TEMP;
+}
+
+static int is_shard_name(const char *name, const char *base) { return shard_name_kind(name, base) == SHARD; }
+
+// The prefix's directory ("." for a bare file part) into dir; returns its file part.
+static const char *prefix_dir(const char *prefix, char *dir, size_t size) {
+    const char *slash = strrchr(prefix, '/');
+    if (!slash) snprintf(dir, size, ".");
+    else if (slash == prefix) snprintf(dir, size, "/");   // "/name_": the root, not ""
+    else snprintf(dir, size, "%.*s", (int)(slash - prefix), prefix);
+    return slash ? slash + 1 : prefix;
 }
 
 // Shards of an earlier run under the same prefix are refused before any work: this run would
 // overwrite some and leave the rest (more shards or more workers than now) to be trained on
 // together with the new ones, silently.
 static int check_no_earlier_shards(const char *prefix) {
-    const char *slash = strrchr(prefix, '/');
     char dir[4096];
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == prefix) snprintf(dir, sizeof dir, "/");   // "/name_": the root, not ""
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - prefix), prefix);
-    const char *base = slash ? slash + 1 : prefix;
+    const char *base = prefix_dir(prefix, dir, sizeof dir);
     DIR *d = opendir(dir);
     if (!d) return SPES_OK;   // not there yet (or unreadable: creating the shards will say so)
     char first[512] = "";
@@ -367,6 +391,38 @@ static int check_no_earlier_shards(const char *prefix) {
     return spes_fail("--output_prefix %s: %s/%s%s is already there, from an earlier run; a new run would leave its "
                      "shards mixed with this one's: remove them or choose another prefix",
                      prefix, dir, first, count > 1 ? " (and more shards)" : "");
+}
+
+// After a failed run: removes the shards it wrote and the temp files of workers it stopped (there
+// were none before it: check_no_earlier_shards), so that nothing passes for a dataset and a rerun
+// starts clean. What cannot be removed is said by name.
+static void remove_run_shards(const char *prefix) {
+    char dir[4096];
+    const char *base = prefix_dir(prefix, dir, sizeof dir);
+    DIR *d = opendir(dir);
+    if (!d) return;   // never created
+    int removed = 0, kept = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (shard_name_kind(e->d_name, base) == NOT_A_SHARD) continue;
+        char *path = path_join(dir, e->d_name);
+        if (path && unlink(path) == 0) removed++;
+        else if (path && errno != ENOENT && kept++ < 3) log_error("tokenize: cannot remove %s: %s", path, strerror(errno));
+        free(path);
+    }
+    closedir(d);
+    if (removed) log_warn("tokenize: removed the %d shard files this failed run wrote under %s", removed, prefix);
+    if (kept) log_error("tokenize: %d shard files of this failed run are left under %s: remove them before a rerun", kept,
+                        prefix);
+}
+
+static volatile sig_atomic_t stop_signal;
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+// The workers still running are told to stop (a run that failed is removed whole).
+static void stop_workers(const pid_t *pids, int n) {
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0) kill(pids[i], SIGTERM);
 }
 
 // A glob can match a directory, a broken symlink, a FIFO or a socket: refuse each by name before
@@ -426,6 +482,8 @@ static int run_all(const TokenizeArgs *a, const Tokenizer *tok, int64_t eos) {
                 if (pids[next] < 0) {
                     failed = 1;
                     spes_fail("cannot start worker process %d: %s", next, strerror(errno));
+                    pids[next] = 0;
+                    stop_workers(pids, nchunks);
                     break;
                 }
                 running++;
@@ -433,15 +491,23 @@ static int run_all(const TokenizeArgs *a, const Tokenizer *tok, int64_t eos) {
             next++;
         }
         if (failed && running == 0) break;
+        if (stop_signal && !failed) {
+            failed = 1;
+            spes_fail("stopped by a signal (%s)", strsignal(stop_signal));
+            stop_workers(pids, nchunks);
+        }
         int status;
         pid_t done = waitpid(-1, &status, WNOHANG);
         if (done > 0) {
             running--;
             for (int i = 0; i < nchunks; i++) {
                 if (pids[i] != done) continue;
+                pids[i] = 0;   // reaped
+                if (failed) continue;   // the first failure is the one said; the others were stopped
                 if (STAT_GET(ws[i].failed)) failed = 1, spes_fail("worker %03d: %s", i, ws[i].error);
                 else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
                     failed = 1, spes_fail("worker %03d died (status %d)", i, status);
+                if (failed) stop_workers(pids, nchunks);
             }
             continue;
         }
@@ -460,6 +526,7 @@ static int run_all(const TokenizeArgs *a, const Tokenizer *tok, int64_t eos) {
                  " malformed skipped), %" PRIu64 " tokens in %" PRIu64 " shards; %.1f MB of text in %.1fs (%.1f MB/s)",
                  sum.files_done, sum.docs, sum.dropped, sum.malformed, sum.tokens, sum.shards,
                  (double)sum.text_bytes / 1e6, elapsed, elapsed > 0 ? (double)sum.text_bytes / 1e6 / elapsed : 0.0);
+    if (failed) remove_run_shards(a->output_prefix);
     free(start), free(count), free(pids);
     munmap(ws, stats_size);
     globfree(&g);
@@ -491,6 +558,7 @@ int cmd_tokenize(int argc, char **argv) {
     TokenizeArgs a;
     Tokenizer *tok = NULL;
     int64_t eos;
+    signal(SIGPIPE, SIG_IGN);   // a closed stdout/stderr: an error or lost log lines, not death
     int rc = parse_args(argc, argv, &a);
     if (rc == SPES_OK) rc = tokenizer_load(a.tokenizer, &tok);
     if (rc == SPES_OK && a.dump_ids) rc = dump_ids(&a, tok);
@@ -501,7 +569,11 @@ int cmd_tokenize(int argc, char **argv) {
                            a.tokenizer, tokenizer_vocab_size(tok));
         if (rc == SPES_OK) rc = pick_eos(&a, tok, &eos);
         if (rc == SPES_OK) rc = check_no_earlier_shards(a.output_prefix);
-        if (rc == SPES_OK) rc = run_all(&a, tok, eos);
+        if (rc == SPES_OK) {
+            signal(SIGINT, on_stop_signal);
+            signal(SIGTERM, on_stop_signal);
+            rc = run_all(&a, tok, eos);
+        }
     }
     tokenizer_free(tok);
     if (rc != SPES_OK) {
