@@ -2,10 +2,12 @@
 
 #include <ctype.h>
 #include <dirent.h>
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -247,6 +249,58 @@ static int copy_tokenizer(const char *tokenizer, const char *out_dir) {
     return status;
 }
 
+// Every file of the export, into dir.
+static int write_export(const Model *m, HfFormat format, const char *gen_text, size_t gen_len, const char *dir,
+                        const HfExportOptions *opt) {
+    SPES_TRY(hf_write_tensors(m, dir, opt->dtype, opt->max_shard_bytes));
+    char *config_path = path_join(dir, "config.json");
+    int status = config_path ? hf_config_write(&m->cfg, format == HF_FORMAT_OLMOE ? "olmoe" : "qwen3_moe",
+                                               opt->dtype == DTYPE_BF16 ? "bfloat16" : "float32", config_path)
+                             : SPES_ERR;
+    free(config_path);
+    if (status == SPES_OK) status = write_generation_config(&m->cfg, gen_text, gen_len, dir);
+    if (status == SPES_OK && opt->tokenizer) status = copy_tokenizer(opt->tokenizer, dir);
+    return status;
+}
+
+// rename(2) of stage/name to out_dir/name.
+static int move_in(const char *stage, const char *out_dir, const char *name) {
+    char *from = path_join(stage, name), *to = path_join(out_dir, name);
+    int status = from && to ? SPES_OK : SPES_ERR;
+    if (status == SPES_OK && rename(from, to) != 0)
+        status = spes_fail("cannot move %s to %s: %s", from, to, strerror(errno));
+    free(from);
+    free(to);
+    return status;
+}
+
+// The staged export into out_dir: its old weights go first (a new export may have other shard
+// names), and so does its old config.json, which comes back last: interrupted between two
+// renames, out_dir holds no config.json and so does not pass for a model. Renames need no space.
+static int move_export_in(const char *stage, const char *out_dir) {
+    SPES_TRY(remove_old_weights(out_dir));
+    char *old_config = path_join(out_dir, "config.json");
+    if (!old_config) return SPES_ERR;
+    int status = unlink(old_config) == 0 || errno == ENOENT
+                     ? SPES_OK
+                     : spes_fail("cannot remove the old %s: %s", old_config, strerror(errno));
+    free(old_config);
+    DIR *d = status == SPES_OK ? opendir(stage) : NULL;
+    if (status == SPES_OK && !d) status = spes_fail("cannot list %s: %s", stage, strerror(errno));
+    struct dirent *ent;
+    while (status == SPES_OK && (ent = readdir(d)))
+        if (ent->d_name[0] != '.' && strcmp(ent->d_name, "config.json") != 0)
+            status = move_in(stage, out_dir, ent->d_name);
+    if (d) closedir(d);
+    if (status == SPES_OK) status = move_in(stage, out_dir, "config.json");
+    if (status == SPES_OK) status = fsync_dir(out_dir);
+    return status;
+}
+
+// The export is written into a staging folder inside out_dir (the same filesystem) and moved
+// into place only once every file in it is whole: a failure (a full disk) leaves out_dir as it
+// was, a new out_dir not at all, never weights and config.json without their tokenizer. An
+// export over an older one so needs room for both until the moves.
 int model_export_hf(const Model *m, const char *out_dir, const HfExportOptions *opt) {
     HfFormat format;
     SPES_TRY(hf_format_for_model(&m->cfg, opt->format, &format));
@@ -257,17 +311,24 @@ int model_export_hf(const Model *m, const char *out_dir, const HfExportOptions *
     if (opt->generation_config_dir &&
         hf_generation_config_read(opt->generation_config_dir, &checked, NULL, &gen_text, &gen_len) != SPES_OK)
         return spes_fail_context("export to %s", out_dir);
-    int status = mkdir_p(out_dir);
-    if (status == SPES_OK) status = hf_write_tensors(m, out_dir, opt->dtype, opt->max_shard_bytes);
-    char *config_path = path_join(out_dir, "config.json");
-    if (status == SPES_OK)
-        status = config_path ? hf_config_write(&m->cfg, format == HF_FORMAT_OLMOE ? "olmoe" : "qwen3_moe",
-                                               opt->dtype == DTYPE_BF16 ? "bfloat16" : "float32", config_path)
-                             : SPES_ERR;
-    free(config_path);
-    if (status == SPES_OK) status = write_generation_config(&m->cfg, gen_text, gen_len, out_dir);
+    bool created = !dir_exists(out_dir);
+    char stage_name[64];
+    snprintf(stage_name, sizeof stage_name, ".spes-export.tmp.%ld", (long)getpid());
+    char *stage = path_join(out_dir, stage_name);
+    int status = stage ? mkdir_p(out_dir) : SPES_ERR;
+    if (status == SPES_OK) status = remove_tree(stage);   // a same-pid leftover (a container's pid 1)
+    if (status == SPES_OK) status = mkdir_p(stage);
+    if (status == SPES_OK) status = write_export(m, format, gen_text, gen_len, stage, opt);
     free(gen_text);
-    if (status == SPES_OK && opt->tokenizer) status = copy_tokenizer(opt->tokenizer, out_dir);
-    if (status != SPES_OK) return spes_fail_context("export to %s", out_dir);
+    bool moving = status == SPES_OK;
+    if (moving) status = move_export_in(stage, out_dir);
+    if (stage && remove_tree(stage) != SPES_OK && status == SPES_OK) status = SPES_ERR;
+    if (stage && status != SPES_OK && created && !moving) rmdir(out_dir);   // nothing of it is left
+    free(stage);
+    if (status != SPES_OK)
+        return spes_fail_context("export to %s (%s)", out_dir,
+                                 moving    ? "cut short while moving the export into place: export again"
+                                 : created ? "nothing was left there"
+                                           : "the folder is as it was before the export");
     return SPES_OK;
 }
