@@ -1,4 +1,5 @@
 // `spes generate`: sample text from a model, streaming each token to stdout as it comes.
+#include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -51,14 +52,22 @@ typedef struct {
     bool print_ids;
 } Stream;
 
+// stdout is the command's output: a full disk under it (`> out.txt`) is an error, not a
+// silent exit 0 with the text cut short.
+static int flush_stdout(void) {
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout))
+        return spes_fail("cannot write the generated text to stdout: %s", errno ? strerror(errno) : "write error");
+    return SPES_OK;
+}
+
 // Writes each token's bytes as soon as it is chosen (byte-level BPE: a multi-byte character
 // may span tokens; the terminal reassembles it).
 static int stream_token(void *user, int32_t token) {
     Stream *s = user;
     if (s->print_ids) {
         printf("%d ", token);
-        fflush(stdout);
-        return SPES_OK;
+        return flush_stdout();
     }
     if (model_config_is_eos(s->cfg, token)) return SPES_OK;
     char *text = NULL;
@@ -66,9 +75,8 @@ static int stream_token(void *user, int32_t token) {
     uint32_t id = (uint32_t)token;
     SPES_TRY(tokenizer_decode(s->tok, &id, 1, &text, &len));
     fwrite(text, 1, len, stdout);
-    fflush(stdout);
     free(text);
-    return SPES_OK;
+    return flush_stdout();
 }
 
 // Which of the settings a generation_config.json may give the command line gave: those win.
@@ -301,10 +309,12 @@ int cmd_generate(int argc, char **argv) {
         Stream stream = {.tok = tok, .cfg = &m.cfg, .print_ids = print_ids};
         if (!print_ids) {
             echo_prompt(prompt, prompt_len);
-            fflush(stdout);
+            status = flush_stdout();
         }
-        status = generate_tokens(&m, prompt_ids, (int)ids.len, &opt, stream_token, &stream, out, &n_out);
-        printf("\n");
+        if (status == SPES_OK)
+            status = generate_tokens(&m, prompt_ids, (int)ids.len, &opt, stream_token, &stream, out, &n_out);
+        printf("\n");   // also after a failure: the error is said on a line of its own
+        if (status == SPES_OK) status = flush_stdout();
     }
     double seconds = now_seconds() - start;
     if (status == SPES_OK)
