@@ -106,7 +106,7 @@ static int run_perplexity(Model *m, const char *tokens_path, TokenDtype dtype, c
 }
 
 // One JSON line per scored request (documents kept by --limit and their unconditional twins).
-static int write_request_scores(FILE *out, const McTask *task, const McScore *scores) {
+static int write_request_scores(AtomicFile *out, const McTask *task, const McScore *scores) {
     for (int r = 0; r < task->num_requests; r++) {
         if (scores[r].num_tokens == 0) continue;   // not scored (beyond --limit)
         const McRequest *q = &task->requests[r];
@@ -114,17 +114,17 @@ static int write_request_scores(FILE *out, const McTask *task, const McScore *sc
                                  "idx", q->idx, "sum_logprob", scores[r].sum_logprob, "num_tokens", scores[r].num_tokens);
         char *text = line ? json_dumps(line, JSON_COMPACT) : NULL;
         json_decref(line);
-        if (!text || fprintf(out, "%s\n", text) < 0) {
-            free(text);
-            return spes_fail("cannot write the request scores");
-        }
+        if (!text) return spes_fail("cannot serialise the request scores of %s", task->name);
+        int status = atomic_file_write(out, text, strlen(text));
+        if (status == SPES_OK) status = atomic_file_write(out, "\n", 1);
         free(text);
+        SPES_TRY(status);
     }
     return SPES_OK;
 }
 
 static int run_task(Model *m, const Tokenizer *tok, const char *path, int limit, const McScoreOptions *mopt,
-                    FILE *requests_out, json_t *tasks) {
+                    AtomicFile *requests_out, json_t *tasks) {
     McTask task;
     SPES_TRY(mc_task_load(path, limit, &task));
     McScore *scores = spes_calloc((size_t)task.num_requests, sizeof(McScore));
@@ -175,13 +175,14 @@ static int write_results(AtomicFile *out, json_t *results) {
 }
 
 // --output and --output_requests are created before any work, so a bad path fails at once and
-// not after a whole evaluation.
-static int open_outputs(const char *output, AtomicFile *out, const char *requests_path, FILE **requests_out) {
+// not after a whole evaluation. Both are written atomically (temp + fsync + rename): a failed
+// run (a full disk) leaves neither, nor a torn request-scores file that looks whole.
+static int open_outputs(const char *output, AtomicFile *out, const char *requests_path, AtomicFile *requests_out) {
     if (output && dir_exists(output)) return spes_fail("--output %s is a directory; give a file name", output);
     if (output && atomic_file_open(out, output) != SPES_OK) return spes_fail_context("--output");
-    if (requests_path && !(*requests_out = fopen(requests_path, "w"))) {
+    if (requests_path && atomic_file_open(requests_out, requests_path) != SPES_OK) {
         if (output) atomic_file_abort(out);
-        return spes_fail("--output_requests: cannot create %s: %s", requests_path, strerror(errno));
+        return spes_fail_context("--output_requests");
     }
     return SPES_OK;
 }
@@ -243,15 +244,15 @@ int cmd_eval(int argc, char **argv) {
         return cli_report_error();
     }
     threads_set(threads);
-    AtomicFile out_file = {0};
-    FILE *requests_out = NULL;
-    if (open_outputs(output, &out_file, requests_path, &requests_out) != SPES_OK) return cli_report_error();
+    AtomicFile out_file = {0}, requests_file = {0};
+    AtomicFile *requests_out = requests_path ? &requests_file : NULL;
+    if (open_outputs(output, &out_file, requests_path, &requests_file) != SPES_OK) return cli_report_error();
     Tokenizer *tok = NULL;
     Model m;
     if ((tok_path && tokenizer_load(tok_path, &tok) != SPES_OK) || cli_load_model(model_dir, device, precision, &m) != SPES_OK) {
         tokenizer_free(tok);
         atomic_file_abort(&out_file);
-        if (requests_out) fclose(requests_out);
+        atomic_file_abort(&requests_file);
         return cli_report_error();
     }
     int window = m.cfg.max_seq_len < 2048 ? m.cfg.max_seq_len : 2048;
@@ -266,11 +267,11 @@ int cmd_eval(int argc, char **argv) {
     McScoreOptions mopt = {.max_seq = max_seq > 0 ? max_seq : (seq > 0 ? seq : window), .show_progress = progress};
     for (int i = 0; i < num_tasks && status == SPES_OK; i++)
         status = run_task(&m, tok, tasks[i], limit, &mopt, requests_out, task_results);
-    if (requests_out && fclose(requests_out) != 0 && status == SPES_OK)
-        status = spes_fail("cannot write %s", requests_path);
+    if (requests_out && status == SPES_OK) status = atomic_file_commit(requests_out);
     json_object_set_new(results, "tasks", task_results);
     if (status == SPES_OK && output) status = write_results(&out_file, results);
     atomic_file_abort(&out_file);   // a no-op after the commit
+    atomic_file_abort(&requests_file);
     json_decref(results);
     cli_free_model(&m);
     tokenizer_free(tok);
