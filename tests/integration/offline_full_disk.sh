@@ -19,21 +19,14 @@ cd "$(dirname "$0")/../.."
 . tests/integration/lib/require.sh
 require_spes
 tmp=$(mktemp -d)
-mounted=()
-cleanup() { for m in "${mounted[@]}"; do umount "$m" 2>/dev/null || true; done; rm -rf "$tmp"; }
+. tests/integration/lib/tmpfs_disk.sh
+cleanup() { tmpfs_unmount_all; rm -rf "$tmp"; }
 trap cleanup EXIT
 [ -n "${KEEP:-}" ] && trap - EXIT
 export SPES_NUM_THREADS=1
 
 # disk NAME: a 4 MB tmpfs at $tmp/NAME (root only: skipped without it).
-disk() {
-  mkdir -p "$tmp/$1"
-  if ! mount -t tmpfs -o size=4m tmpfs "$tmp/$1" 2>/dev/null; then
-    echo "SKIPPED: cannot mount a tmpfs (needs root) to fill a disk"
-    exit 77
-  fi
-  mounted+=("$tmp/$1")
-}
+disk() { tmpfs_disk "$1" 4m; }
 # leave NAME BYTES: a filler file takes all but about BYTES of the disk's free space.
 leave() {
   python3 - "$tmp/$1" "$2" <<'PYEND'
