@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -327,10 +328,15 @@ static void progress_extra(const WorkerStats *sum, size_t nfiles, double elapsed
 static pid_t start_worker(const TokenizeArgs *a, const Tokenizer *tok, int64_t eos, char **files, int start, int count,
                           int proc, WorkerStats *st) {
     fflush(NULL);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
         signal(SIGINT, SIG_DFL);    // the parent's handlers only set a flag
         signal(SIGTERM, SIG_DFL);
+        // A parent killed outright (kill -9, the OOM killer) cannot stop its workers: they went on
+        // writing shards for nobody. They end with it (and one that outlived it already ends now).
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1);
         int rc = run_worker(a, tok, eos, files + start, count, proc, st);
         if (rc != SPES_OK) {
             snprintf(st->error, sizeof st->error, "%s", spes_last_error());

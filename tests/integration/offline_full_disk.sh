@@ -4,7 +4,8 @@
 # names the path and "No space left on device", nothing is left under a final name that a later
 # step would take as whole, no temp file remains, and a rerun once space is freed succeeds with
 # output byte-identical to an undisturbed run's.
-#   tokenize    shards of two worker processes (--processes 2), several per worker: a failed
+#   tokenize    shards of two worker processes (--processes 2), several per worker (and a run
+#               stopped by SIGTERM removes its shards too): a failed
 #               run removes every shard it committed (a rerun was refused for "shards of an
 #               earlier run", and the partial set looked like a dataset); with stdout and
 #               stderr a closed pipe (`| head -1`) the run completes whole.
@@ -90,6 +91,38 @@ mkdir -p "$tmp/pipe_tok"
 sleep 0.5   # (workers a killed parent left would still be writing)
 same_tree "tokenize | head" "$tmp/plain_tok" "$tmp/pipe_tok"
 no_temps "tokenize | head" "$tmp/pipe_tok"
+
+# SIGTERM while both workers write (2 x 100 MB, over a second each here): the run stops non-zero
+# saying so, and removes every shard it wrote, its workers' temp files included.
+mkdir -p "$tmp/big" "$tmp/sig_tok"
+for f in 0 1; do yes '{"text": "the quick brown fox jumps over the lazy dog again and again"}' | head -c 100M > "$tmp/big/part$f.jsonl" || true; done
+"$SPES_BIN" tokenize --file_glob "$tmp/big/*.jsonl" --tokenizer_name_or_path bytes --processes 2 --max_shard_bytes 1048576 \
+  --output_prefix "$tmp/sig_tok/t_" > "$tmp/sig_tok.log" 2>&1 &
+sig_pid=$!
+for _ in $(seq 1 500); do [ -n "$(ls "$tmp/sig_tok")" ] && break; sleep 0.01; done
+kill -TERM "$sig_pid"
+rc=0
+wait "$sig_pid" || rc=$?
+[ "$rc" != 0 ] || bad "tokenize: SIGTERM mid-run exited 0 (did it finish first? $(tail -1 "$tmp/sig_tok.log"))"
+grep -q "stopped by a signal" "$tmp/sig_tok.log" || bad "tokenize: SIGTERM not said: $(tail -2 "$tmp/sig_tok.log")"
+sleep 0.3   # (workers a killed parent left would still be writing)
+left=$(ls "$tmp/sig_tok" | head -3)
+[ -z "$left" ] || bad "tokenize: SIGTERM left shards or temp files: $left"
+# kill -9 of the parent (the OOM killer): its workers end with it instead of writing on for nobody.
+mkdir -p "$tmp/kill_tok"
+"$SPES_BIN" tokenize --file_glob "$tmp/big/*.jsonl" --tokenizer_name_or_path bytes --processes 2 --max_shard_bytes 1048576 \
+  --output_prefix "$tmp/kill_tok/t_" > "$tmp/kill_tok.log" 2>&1 &
+kill_pid=$!
+for _ in $(seq 1 500); do [ -n "$(ls "$tmp/kill_tok")" ] && break; sleep 0.01; done
+kill -KILL "$kill_pid"
+wait "$kill_pid" 2>/dev/null || true
+sleep 0.3
+n1=$(ls "$tmp/kill_tok" | wc -l)
+sleep 1
+n2=$(ls "$tmp/kill_tok" | wc -l)
+[ "$n1" = "$n2" ] || bad "tokenize: after kill -9 of the parent its workers wrote on ($n1 then $n2 files)"
+! pgrep -f -- "--output_prefix $tmp/kill_tok/t_" > /dev/null || bad "tokenize: workers outlived a killed parent"
+rm -rf "$tmp/big"
 
 # ---- list-files: a manifest of many long paths onto a full disk.
 mkdir -p "$tmp/many/$(printf 'd%.0s' {1..200})"
