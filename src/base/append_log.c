@@ -10,6 +10,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/file.h"
 #include "base/log.h"
 
 // Writes all of data at the end of fd; a part written before a failure is cut off again.
@@ -17,21 +18,12 @@
 static int append_whole(int fd, const void *data, size_t len) {
     off_t start = lseek(fd, 0, SEEK_END);
     if (start < 0) return errno;
-    size_t done = 0;
-    while (done < len) {
-        ssize_t w = write(fd, (const uint8_t *)data + done, len - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int err = w < 0 ? errno : ENOSPC;
-            if (done > 0) {   // should this fail too, readers drop the torn tail (metrics_open, tfevents_open)
-                int cut = ftruncate(fd, start);
-                (void)cut;
-            }
-            return err;
-        }
-        done += (size_t)w;
+    int err = fd_write_all(fd, data, len);
+    if (err) {   // a torn record cut off again (should this fail too, readers drop a torn tail: metrics_open, tfevents_open)
+        int cut = ftruncate(fd, start);
+        (void)cut;
     }
-    return 0;
+    return err;
 }
 
 // Opens a->path (creating it), records its identity and gives an empty file the header.
@@ -56,7 +48,6 @@ int append_log_open(AppendLog *a, const char *path, const char *unit, bool exclu
                     size_t header_len) {
     memset(a, 0, sizeof *a);
     a->fd = -1;
-    a->exclusive = exclusive;
     if (!(a->path = spes_strdup(path))) return SPES_ERR;
     log_sink_init(&a->sink, a->path, unit);
     if (header_len > 0) {

@@ -21,7 +21,6 @@ typedef struct {
     ino_t ino;
     uint8_t *header;            // written first into a file started anew (NULL: none)
     size_t header_len;
-    bool exclusive;             // the first open must create the file
     LogSink sink;
 } AppendLog;
 

@@ -9,6 +9,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
@@ -308,4 +309,24 @@ char *path_join(const char *a, const char *b) {
     if (na && a[na - 1] != '/') p[at++] = '/';
     memcpy(p + at, b, nb + 1);
     return p;
+}
+
+int fd_write_all(int fd, const void *data, size_t len) {
+    const uint8_t *at = data;
+    while (len > 0) {
+        ssize_t w = write(fd, at, len);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return w < 0 ? errno : ENOSPC;
+        at += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+int fs_free_bytes(const char *path, size_t *bytes) {
+    struct statvfs fs;
+    *bytes = 0;
+    if (statvfs(path, &fs) != 0) return errno;
+    *bytes = (size_t)fs.f_bavail * (size_t)fs.f_frsize;
+    return 0;
 }

@@ -51,5 +51,14 @@ int dir_lock(const char *dir, const char *name, const char *what, const char *ho
 // Renames a directory atomically (used for checkpoint dirs: write stepN.tmp, rename to stepN).
 int rename_durable(const char *from, const char *to);
 
+// All of data[0..len) written to fd, a write interrupted by a signal resumed. 0, or the errno of
+// the failure (ENOSPC for a write that took nothing); what was written before a failure stays.
+// Returns an errno rather than a message: the callers' messages (a log's, a server's) differ.
+int fd_write_all(int fd, const void *data, size_t len);
+
+// The bytes an unprivileged writer may still use on the filesystem holding path (statvfs's
+// f_bavail x f_frsize). 0, or the errno of a failure.
+int fs_free_bytes(const char *path, size_t *bytes);
+
 // "a" + "/" + "b" into a malloc'd string.
 char *path_join(const char *a, const char *b);

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/file.h"
 #include "base/log_sink.h"
 
 static LogLevel current_level = LOG_INFO;
@@ -35,15 +36,14 @@ static void read_level_from_env(void) {
 }
 
 // All of text to stderr with write(2) (one call unless cut short). 0 or the errno of a failure.
-static int write_stderr(const char *text, size_t len) {
-    while (len > 0) {
-        ssize_t w = write(STDERR_FILENO, text, len);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return w < 0 ? errno : ENOSPC;
-        text += w;
-        len -= (size_t)w;
-    }
-    return 0;
+static int write_stderr(const char *text, size_t len) { return fd_write_all(STDERR_FILENO, text, len); }
+
+// "12:00:00" now, local time.
+static void time_stamp(char *out, size_t cap) {
+    time_t now = time(NULL);
+    struct tm tm_now;
+    localtime_r(&now, &tm_now);
+    strftime(out, cap, "%H:%M:%S", &tm_now);
 }
 
 // "[12:00:00 warn] text\n" (caller holds log_lock).
@@ -69,10 +69,7 @@ void log_message(LogLevel level, const char *fmt, ...) {
     if (level < current_level) return;
     static const char *tags[] = {"debug", "info", "warn", "error"};
     char stamp[32];
-    time_t now = time(NULL);
-    struct tm tm_now;
-    localtime_r(&now, &tm_now);
-    strftime(stamp, sizeof stamp, "%H:%M:%S", &tm_now);
+    time_stamp(stamp, sizeof stamp);
     char small[2048], *text = small;
     va_list ap;
     va_start(ap, fmt);
@@ -104,11 +101,8 @@ void log_report_lost(void) {
     pthread_mutex_lock(&log_lock);
     char msg[512];
     if (console_ready && log_sink_final(&console, msg, sizeof msg)) {
-        time_t now = time(NULL);
-        struct tm tm_now;
         char stamp[32];
-        localtime_r(&now, &tm_now);
-        strftime(stamp, sizeof stamp, "%H:%M:%S", &tm_now);
+        time_stamp(stamp, sizeof stamp);
         write_line(stamp, "warn", msg);
     }
     pthread_mutex_unlock(&log_lock);

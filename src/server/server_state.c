@@ -427,15 +427,9 @@ int state_upload_open(const char *dir, int step, int peer, StateUpload *up) {
 }
 
 int state_upload_append(StateUpload *up, const void *data, size_t len) {
-    const uint8_t *at = data;
-    while (len > 0) {
-        ssize_t n = write(up->fd, at, len);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return spes_fail("server: cannot write %s: %s", up->temp_path, n < 0 ? strerror(errno) : "no space");
-        at += n;
-        len -= (size_t)n;
-        up->len += (size_t)n;
-    }
+    int err = fd_write_all(up->fd, data, len);
+    if (err) return spes_fail("server: cannot write %s: %s", up->temp_path, strerror(err));
+    up->len += len;
     return SPES_OK;
 }
 

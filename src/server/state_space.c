@@ -1,11 +1,10 @@
 // Disk space for the parameter server's state or spool dir (state_space.h).
 #include "server/state_space.h"
 
-#include <errno.h>
 #include <string.h>
-#include <sys/statvfs.h>
 
 #include "base/bytes_text.h"
+#include "base/file.h"
 #include "base/log.h"
 
 size_t state_space_needed(const StateSpace *s, int kept_now) {
@@ -18,12 +17,13 @@ size_t state_space_needed(const StateSpace *s, int kept_now) {
 }
 
 void state_space_check(const char *dir, const char *flag, const StateSpace *s, int kept_now) {
-    struct statvfs fs;
-    if (statvfs(dir, &fs) != 0) {
-        log_debug("server: %s %s: free space not checked (%s)", flag, dir, strerror(errno));
+    size_t free_b;
+    int err = fs_free_bytes(dir, &free_b);
+    if (err) {
+        log_debug("server: %s %s: free space not checked (%s)", flag, dir, strerror(err));
         return;
     }
-    size_t free_b = (size_t)fs.f_bavail * (size_t)fs.f_frsize, needed = state_space_needed(s, kept_now);
+    size_t needed = state_space_needed(s, kept_now);
     if (free_b >= needed) return;
     char free_text[24], needed_text[24], upload_text[24], aggregate_text[24];
     bytes_text(free_b, free_text, sizeof free_text);

@@ -129,11 +129,13 @@ static void put_field(FILE *fp, const Field *f, bool first) {
 }
 
 // A line is built in memory (start_line) and appended whole (end_line): a full disk loses it
-// whole, counted (base/append_log.h), and never fails the run.
-static FILE *start_line(char **buf, size_t *len) {
+// whole, counted (base/append_log.h), and never fails the run. NULL (said) when out of memory.
+static FILE *start_line(char **buf, size_t *len, int64_t step) {
     *buf = NULL;
     *len = 0;
-    return open_memstream(buf, len);
+    FILE *fp = open_memstream(buf, len);
+    if (!fp) log_warn("metrics line of step %" PRId64 " not written: %s", step, strerror(errno));
+    return fp;
 }
 
 // (buf and len are the memory stream's: set by its fclose)
@@ -178,11 +180,8 @@ int metrics_write_step(MetricsLog *log, const StepMetrics *s, bool with_expert_c
     int n = step_fields(s, f), i = 0;
     char *buf;
     size_t len;
-    FILE *fp = start_line(&buf, &len);
-    if (!fp) {
-        log_warn("metrics line of step %" PRId64 " not written: %s", s->step, strerror(errno));
-        return SPES_OK;
-    }
+    FILE *fp = start_line(&buf, &len, s->step);
+    if (!fp) return SPES_OK;
     fprintf(fp, "{\"step\":%" PRId64, s->step);
     for (; i < n && !f[i].perf; i++) put_field(fp, &f[i], false);
     if (s->expert_counts && with_expert_counts) {
@@ -207,11 +206,8 @@ int metrics_write_step(MetricsLog *log, const StepMetrics *s, bool with_expert_c
 static int write_eval_fields(MetricsLog *log, int64_t step, const char *label, const Field *f, int n) {
     char *buf;
     size_t len;
-    FILE *fp = start_line(&buf, &len);
-    if (!fp) {
-        log_warn("metrics line of step %" PRId64 " not written: %s", step, strerror(errno));
-        return SPES_OK;
-    }
+    FILE *fp = start_line(&buf, &len, step);
+    if (!fp) return SPES_OK;
     fprintf(fp, "{\"step\":%" PRId64 ",\"eval\":\"", step);
     for (const char *c = label; *c; c++)   // labels come from the config: escape what JSON needs
         if (*c == '"' || *c == '\\')

@@ -10,8 +10,7 @@
 #include "parallel/part_gather.h"
 #include "model/model_internal.h"   // model_acts_bytes: the arena's layout, measured
 #include "model/param_table.h"
-#include "train/checkpoint.h"
-#include "train/spes_peer.h"
+#include "train/save_space.h"
 #include "train/trainer.h"
 
 const char *plan_strategy_name(PlanStrategy s) {
@@ -233,11 +232,7 @@ int plan_compute(const TrainConfig *cfg, const PlanTarget *target, Plan *out) {
     count_params(&m.cfg, &m.table, &out->params);
     int rc = plan_memory(&m.cfg, &m.table, target, &out->mem);
     out->flops_per_token = model_train_flops(&m, 1, target->seq_len) / target->seq_len;
-    size_t sync_state = 0;
-    if (rc == SPES_OK) rc = spes_peer_state_bytes(cfg, out->params.trainable, &sync_state);
-    size_t norm_avgs = 0;   // max_grad_norm_ratio's averages
-    if (rc == SPES_OK && target->clip_adaptive) rc = checkpoint_norm_avg_bytes(&m.table, &norm_avgs);
-    if (rc == SPES_OK) rc = checkpoint_disk_bytes(&m.table, sync_state + norm_avgs, &out->checkpoint_bytes);
+    if (rc == SPES_OK) rc = save_space_checkpoint_bytes(cfg, &m.table, &out->checkpoint_bytes);
     param_table_free(&m.table);
     return rc;
 }

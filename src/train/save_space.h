@@ -6,11 +6,19 @@
 #include <stdint.h>
 
 #include "config/config.h"
+#include "model/param_table.h"
+
+// One checkpoint of this run on disk (checkpoint_disk_bytes), with what the config adds to it: a
+// SPES peer's sync state (spes_peer_state_bytes) and max_grad_norm_ratio's norm averages
+// (checkpoint_norm_avg_bytes).
+int save_space_checkpoint_bytes(const TrainConfig *cfg, const ParamTable *table, size_t *bytes);
 
 // Saves the trainer makes between start_step (done) and end_step: one at every multiple of
 // `interval` (<= 0: none) and the final one when end_step is not a multiple. 0 when
 // end_step <= start_step (a finished run saves nothing more).
 int64_t save_space_saves_left(int64_t start_step, int64_t end_step, int64_t interval);
+// The save after `step`: the next multiple of `interval` (<= 0: none), or end_step when that comes first.
+int64_t save_space_next_save(int64_t step, int64_t end_step, int64_t interval);
 
 // Bytes the save_folder grows by at its fullest over the rest of the run: checkpoints of `each`
 // bytes, `existing` complete ones there now, `keep` kept (<= 0: all, as checkpoint_prune). A

@@ -280,11 +280,7 @@ static int claim_save_folder(const TrainConfig *cfg, bool rank0) {
 
 // Warns at start when the save_folder's disk cannot take the run's checkpoints (save_space.h).
 static int check_save_space(Trainer *t) {
-    size_t sync_state;
-    SPES_TRY(spes_peer_state_bytes(t->cfg, t->model.table.trainable_numel, &sync_state));
-    size_t norm_avgs = 0;   // max_grad_norm_ratio's averages
-    if (t->cfg->max_grad_norm_ratio > 0) SPES_TRY(checkpoint_norm_avg_bytes(&t->model.table, &norm_avgs));
-    SPES_TRY(checkpoint_disk_bytes(&t->model.table, sync_state + norm_avgs, &t->checkpoint_bytes));
+    SPES_TRY(save_space_checkpoint_bytes(t->cfg, &t->model.table, &t->checkpoint_bytes));
     save_space_check(t->cfg, t->checkpoint_bytes, t->state.step, config_last_step(t->cfg, t->max_steps));
     return SPES_OK;
 }
@@ -965,20 +961,19 @@ static void newest_checkpoint_text(const Trainer *t, char *out, size_t cap) {
 
 // The save_interval save after this step's, or the run's last step.
 static int64_t next_save_step(const Trainer *t) {
-    int64_t last = config_last_step(t->cfg, t->max_steps), every = t->cfg->save_interval_unsharded;
-    int64_t next = every > 0 ? (t->state.step / every + 1) * every : last;
-    return next < last ? next : last;
+    return save_space_next_save(t->state.step, config_last_step(t->cfg, t->max_steps), t->cfg->save_interval_unsharded);
 }
 
-// Rank 0 waits up to every_s before the next attempt; a stop signal (the count past
-// stops_at_start) ends the wait early. Returns whether one came.
+// Whether a stop signal came since the count was stops_at_start (spes train's handler counts them).
+static bool stopped_since(const Trainer *t, int stops_at_start) { return t->opt.stop && *t->opt.stop > stops_at_start; }
+
+// Rank 0 waits up to every_s before the next attempt; a stop signal ends the wait early.
+// Returns whether one came.
 static bool wait_to_retry(const Trainer *t, int stops_at_start) {
     double until = now_seconds() + t->opt.save_retry.every_s;
-    while (now_seconds() < until) {
-        if (t->opt.stop && *t->opt.stop > stops_at_start) return true;
+    while (now_seconds() < until && !stopped_since(t, stops_at_start))
         nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
-    }
-    return t->opt.stop && *t->opt.stop > stops_at_start;
+    return stopped_since(t, stops_at_start);
 }
 
 // Rank 0's report of a failed attempt and of what follows (save_failure.h).
@@ -1018,6 +1013,7 @@ static int fail_lost(const Trainer *t, const char *why, bool stopped) {
 static int save_with_retries(Trainer *t, SaveKind kind, const AdamW *state, bool *saved) {
     int stops_at_start = t->opt.stop ? *t->opt.stop : 0;
     double first_failure = 0;
+    int rc = SPES_OK;
     *saved = false;
     for (int attempt = 0;; attempt++) {
         if (save_write(t, state) == SPES_OK) {
@@ -1032,26 +1028,24 @@ static int save_with_retries(Trainer *t, SaveKind kind, const AdamW *state, bool
         int64_t action = SAVE_TRAIN_ON;
         if (t->rank0) {
             double waited = now_seconds() - first_failure;
-            bool stopped = t->opt.stop && *t->opt.stop > stops_at_start;
-            action = save_after_failure(kind, &t->opt.save_retry, waited, stopped);
+            action = save_after_failure(kind, &t->opt.save_retry, waited, stopped_since(t, stops_at_start));
             report_failed_save(t, kind, (SaveAction)action, why, waited);
             if (action == SAVE_RETRY && wait_to_retry(t, stops_at_start)) {
                 action = save_after_failure(kind, &t->opt.save_retry, waited, true);
                 log_warn("stop signal: no more retries of the save of step %" PRId64, t->state.step);
             }
         }
-        if (t->dist) SPES_TRY(comm_broadcast(t->comm, NULL, &action, sizeof action, 0));
-        if (action == SAVE_RETRY) continue;
-        if (t->opt.save_waiting) *t->opt.save_waiting = 0;
-        if (action == SAVE_GIVE_UP) {
-            bool stopped = t->opt.stop && *t->opt.stop > stops_at_start;
-            return fail_lost(t, why, stopped);
+        if (t->dist && comm_broadcast(t->comm, NULL, &action, sizeof action, 0) != SPES_OK) {
+            rc = SPES_ERR;
+            break;
         }
-        spes_clear_error();
+        if (action == SAVE_RETRY) continue;
+        if (action == SAVE_GIVE_UP) rc = fail_lost(t, why, stopped_since(t, stops_at_start));
+        else spes_clear_error();
         break;
     }
     if (t->opt.save_waiting) *t->opt.save_waiting = 0;
-    return SPES_OK;
+    return rc;
 }
 
 int trainer_save(Trainer *t, SaveKind kind) {
@@ -1153,7 +1147,7 @@ int trainer_run(Trainer *t) {
             save_now = any[1] > 0;
         }
         // The run's last step (or a stop's) is the final save, which a full disk must not lose (save_failure.h).
-        bool last = step >= t->max_steps || (cfg->stop_at >= 0 && step >= cfg->stop_at) || interrupted;
+        bool last = step >= config_last_step(cfg, t->max_steps) || interrupted;
         bool on_interval = cfg->save_interval_unsharded > 0 && step % cfg->save_interval_unsharded == 0;
         if (last) {
             SPES_TRY(trainer_save(t, SAVE_FINAL));
